@@ -1,0 +1,3 @@
+from moeaudit.cli import main
+
+main()

@@ -1,0 +1,295 @@
+"""A checkpoint directory: config + safetensors files + the family's layout, validated.
+
+Opening a checkpoint reads headers only. ``layer_weights(i)`` materialises one decoder
+layer in canonical form (SPEC §3 layer-local streaming); ``read_global`` the embeddings,
+final norm and LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.config import ModelSpec, read_config, spec_from_config
+from moeaudit.checkpoint.digest import root_digest
+from moeaudit.checkpoint.safetensors import FLOAT_DTYPES, SafetensorsFile, TensorInfo
+from moeaudit.errors import CheckpointError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt")
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer in canonical names (see ``layouts``), float tensors."""
+
+    layer: int
+    routed: bool
+    params: dict[str, torch.Tensor]
+    experts: list[dict[str, torch.Tensor]] = field(default_factory=list)  # w1, w3, w2 each
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self.params.values()) + [t for e in self.experts for t in e.values()]
+
+    def requires_grad_(self) -> LayerWeights:
+        for t in self.tensors():
+            t.requires_grad_(True)
+        return self
+
+
+class Checkpoint:
+    """A validated Hugging Face ``save_pretrained`` MoE checkpoint directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise CheckpointError("no such checkpoint directory", path=self.path)
+        if not self.path.is_dir():
+            raise CheckpointError("not a directory", path=self.path,
+                                  hint="pass the save_pretrained directory, not a file")
+        self.config: dict[str, Any] = read_config(self.path)
+        self.spec: ModelSpec = spec_from_config(self.config, self.path / "config.json")
+        self.layout = self.spec.layout
+        self.files: dict[str, SafetensorsFile] = {}
+        self.key_file: dict[str, str] = {}
+        self.warnings: list[str] = []
+        self._open_files()
+        self._resolved: dict[str, str] = {}
+        self.fused = self._detect_fused()
+        self._validate()
+
+    # ----- files -------------------------------------------------------------------------
+
+    def _open_files(self) -> None:
+        index = self.path / INDEX_NAME
+        single = self.path / SINGLE_NAME
+        if index.is_file():
+            weight_map = self._read_index(index)
+            for shard in sorted(set(weight_map.values())):
+                shard_path = self.path / shard
+                if Path(shard).name != shard or not shard_path.is_file():
+                    raise CheckpointError(f"index names shard {shard!r}, which is missing", path=index)
+                self.files[shard] = SafetensorsFile(shard_path)
+            for key, shard in weight_map.items():
+                if key not in self.files[shard].tensors:
+                    raise CheckpointError(f"index maps {key!r} to {shard}, which lacks it", path=index)
+                self.key_file[key] = shard
+        elif single.is_file():
+            self.files[SINGLE_NAME] = SafetensorsFile(single)
+            self.key_file = dict.fromkeys(self.files[SINGLE_NAME].tensors, SINGLE_NAME)
+        else:
+            pickled = [n for n in PICKLE_NAMES if (self.path / n).exists()]
+            hint = ("pickled weights are never loaded; convert them to safetensors "
+                    "(save_pretrained(..., safe_serialization=True))" if pickled
+                    else "expected model.safetensors or model.safetensors.index.json")
+            raise CheckpointError("no safetensors weights", path=self.path, hint=hint)
+
+    @staticmethod
+    def _read_index(index: Path) -> dict[str, str]:
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+            weight_map = data["weight_map"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"unreadable shard index ({exc})", path=index) from exc
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise CheckpointError("weight_map must map tensor names to shard files", path=index)
+        return weight_map
+
+    def info(self, key: str) -> TensorInfo:
+        return self.files[self.key_file[key]].tensors[key]
+
+    def read(self, key: str) -> torch.Tensor:
+        return self.files[self.key_file[key]].read(key)
+
+    # ----- layout resolution ---------------------------------------------------------------
+
+    def _resolve(self, name: str, templates: tuple[str, ...], **fmt: int) -> str | None:
+        """The on-disk key for a canonical name; picks the template variant once, by layer."""
+        if name in self._resolved:
+            key = self._resolved[name].format(**fmt)
+            return key if key in self.key_file else None
+        for template in templates:
+            if template.format(**fmt) in self.key_file:
+                self._resolved[name] = template
+                return template.format(**fmt)
+        return None
+
+    def _detect_fused(self) -> bool:
+        first = self.spec.routed_layers[0] if self.spec.routed_layers else None
+        if first is None:
+            return False
+        fused = self._resolve("gate_up", self.layout.fused.get("gate_up", ()), layer=first)
+        return fused is not None
+
+    def global_key(self, name: str) -> str | None:
+        return self._resolve(name, self.layout.globals[name])
+
+    def layer_keys(self, layer: int) -> dict[str, str]:
+        """canonical name → on-disk key for every tensor this layer must have."""
+        out = {}
+        for name in self._expected_layer_names(layer):
+            key = self._resolve(name, self.layout.layer[name], layer=layer)
+            if key is None:
+                key = self.layout.layer[name][0].format(layer=layer)
+            out[name] = key
+        return out
+
+    def expert_keys(self, layer: int) -> dict[str, str] | list[dict[str, str]]:
+        if self.fused:
+            return {n: self._resolve(n, t, layer=layer) or t[0].format(layer=layer)
+                    for n, t in self.layout.fused.items()}
+        return [
+            {n: self._resolve(n, t, layer=layer, expert=e) or t[0].format(layer=layer, expert=e)
+             for n, t in self.layout.expert.items()}
+            for e in range(self.spec.num_experts)
+        ]
+
+    def _expected_layer_names(self, layer: int) -> list[str]:
+        s = self.spec
+        names = ["input_norm", "post_norm", "q", "k", "v", "o"]
+        if s.attention_bias:
+            names += ["q_bias", "k_bias", "v_bias"] + ([] if s.family == "qwen2_moe" else ["o_bias"])
+        if s.qk_norm != "none":
+            names += ["q_norm", "k_norm"]
+        if s.is_routed(layer):
+            names.append("router")
+            if s.shared_dim:
+                names += ["shared_w1", "shared_w3", "shared_w2", "shared_gate"]
+        else:
+            names += ["mlp_w1", "mlp_w3", "mlp_w2"]
+        return names
+
+    # ----- validation ----------------------------------------------------------------------
+
+    def expected_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        s = self.spec
+        H, E, I = s.hidden_size, s.num_experts, s.expert_dim
+        q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        shapes = {
+            "input_norm": (H,), "post_norm": (H,), "q": (q_dim, H), "k": (kv_dim, H),
+            "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
+            "v_bias": (kv_dim,), "o_bias": (H,),
+            "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
+            "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
+            "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),
+            "gate_up": (E, 2 * I, H), "down": (E, H, I),
+            "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
+            "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
+            "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
+        }
+        return shapes
+
+    def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
+        if key not in self.key_file:
+            raise CheckpointError(f"missing tensor {key!r} ({name})", path=self.path,
+                                  hint="the checkpoint is incomplete or of another layout")
+        info = self.info(key)
+        if info.shape != want:
+            raise CheckpointError(
+                f"tensor {key!r} has shape {list(info.shape)} but config.json implies {list(want)}",
+                path=self.path / self.key_file[key],
+            )
+        if info.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}", path=self.path)
+        seen.add(key)
+
+    def _validate(self) -> None:
+        s, seen = self.spec, set()
+        V, H = s.vocab_size, s.hidden_size
+        for name, want in (("embed", (V, H)), ("final_norm", (H,))):
+            self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
+        head = self.global_key("lm_head")
+        if head is not None:
+            self._check("lm_head", head, (V, H), seen)
+        elif not s.tie_embeddings:
+            raise CheckpointError("missing tensor 'lm_head.weight' and embeddings are not tied",
+                                  path=self.path)
+        for layer in range(s.num_layers):
+            shapes = self.expected_shapes(layer)
+            for name, key in self.layer_keys(layer).items():
+                self._check(name, key, shapes[name], seen)
+            if s.is_routed(layer):
+                keys = self.expert_keys(layer)
+                for table in (keys if isinstance(keys, list) else [keys]):
+                    for name, key in table.items():
+                        self._check(name, key, shapes[name], seen)
+        extra = sorted(set(self.key_file) - seen)
+        if extra:
+            shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+            self.warnings.append(f"{len(extra)} unexpected tensor(s) ignored: {shown}")
+
+    # ----- reading -------------------------------------------------------------------------
+
+    def read_global(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        key = self.global_key(name)
+        if key is None and name == "lm_head":
+            key = self.global_key("embed")
+        assert key is not None
+        return self.read(key).to(dtype)
+
+    def layer_weights(self, layer: int, dtype: torch.dtype = torch.float32) -> LayerWeights:
+        params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
+        lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
+        if lw.routed:
+            lw.experts = self._read_experts(layer, dtype)
+        return lw
+
+    def _read_experts(self, layer: int, dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+        keys = self.expert_keys(layer)
+        if isinstance(keys, list):
+            return [{n: self.read(k).to(dtype) for n, k in table.items()} for table in keys]
+        I = self.spec.expert_dim
+        gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
+        return [
+            {"w1": gate_up[e, :I].to(dtype).contiguous(), "w3": gate_up[e, I:].to(dtype).contiguous(),
+             "w2": down[e].to(dtype).contiguous()}
+            for e in range(self.spec.num_experts)
+        ]
+
+    # ----- summary -------------------------------------------------------------------------
+
+    @cached_property
+    def digest(self) -> str:
+        return root_digest(self.path)[0]
+
+    def summary(self, with_digest: bool = True) -> dict[str, Any]:
+        """What ``inspect`` prints: from headers only, no tensor is read."""
+        s = self.spec
+        infos = [self.info(k) for k in self.key_file]
+        dtypes = Counter(i.dtype for i in infos)
+        out: dict[str, Any] = {
+            "path": str(self.path),
+            "family": s.family,
+            "layers": s.num_layers,
+            "routed_layers": list(s.routed_layers),
+            "dense_layers": [i for i in range(s.num_layers) if not s.is_routed(i)],
+            "experts": s.num_experts,
+            "top_k": s.top_k,
+            "routing": s.routing,
+            "shared_expert": bool(s.shared_dim),
+            "expert_storage": "fused" if self.fused else "per-expert",
+            "hidden_size": s.hidden_size,
+            "expert_dim": s.expert_dim,
+            "heads": s.num_heads,
+            "kv_heads": s.num_kv_heads,
+            "head_dim": s.head_dim,
+            "vocab_size": s.vocab_size,
+            "dtypes": dict(sorted(dtypes.items())),
+            "parameters": sum(math.prod(i.shape) for i in infos),
+            "files": sorted(self.files),
+            "tied_embeddings": self.global_key("lm_head") is None,
+            "warnings": list(self.warnings),
+        }
+        if with_digest:
+            out["digest"] = {"sha256": self.digest}
+        return out

@@ -1,0 +1,170 @@
+"""A strict, lazy reader of safetensors files.
+
+Checkpoints are untrusted input. We parse the header ourselves so that every way a file can
+be wrong has its own message (the checklist of ``huggingface/safetensors``), and read one
+tensor at a time with ``seek`` + ``readinto``: answering ``inspect`` never materialises a
+tensor, and a replay holds only the tensors it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moeaudit.errors import CheckpointError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # same ceiling as the reference implementation
+
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F64": (torch.float64, 8),
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+    "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+}
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class SafetensorsFile:
+    """Header of one ``.safetensors`` file, validated; tensors read on demand."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.metadata: dict[str, str] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse()
+
+    def _fail(self, what: str, hint: str | None = None) -> CheckpointError:
+        return CheckpointError(what, path=self.path, hint=hint)
+
+    def _parse(self) -> None:
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                prefix = f.read(8)
+                if len(prefix) < 8:
+                    raise self._fail(
+                        f"file is {size} bytes, too short for a safetensors header",
+                        "the file is truncated; copy it again",
+                    )
+                (n,) = struct.unpack("<Q", prefix)
+                if n > MAX_HEADER_BYTES:
+                    raise self._fail(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+                if 8 + n > size:
+                    raise self._fail(
+                        f"header length {n} runs past the end of the {size}-byte file",
+                        "the file is truncated or not a safetensors file",
+                    )
+                raw = f.read(n)
+        except OSError as exc:
+            raise self._fail(f"cannot read: {exc.strerror or exc}") from exc
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise self._fail(f"header is not valid JSON ({exc})", "not a safetensors file") from exc
+        if not isinstance(header, dict):
+            raise self._fail("header is not a JSON object")
+        self._load_entries(header, data_start=8 + n, data_len=size - 8 - n)
+
+    def _load_entries(self, header: dict[str, Any], data_start: int, data_len: int) -> None:
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise self._fail("__metadata__ must map strings to strings")
+        self.metadata = meta
+        spans = []
+        for name, entry in header.items():
+            info = self._entry(name, entry, data_start, data_len)
+            self.tensors[name] = info
+            spans.append((info.begin, info.end, name))
+        spans.sort()
+        for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise self._fail(f"tensors {n0!r} and {n1!r} overlap in the data section")
+
+    def _entry(self, name: str, entry: Any, data_start: int, data_len: int) -> TensorInfo:
+        if not isinstance(entry, dict) or {"dtype", "shape", "data_offsets"} - set(entry):
+            raise self._fail(f"tensor {name!r}: entry needs dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPES:
+            raise self._fail(f"tensor {name!r}: unsupported dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise self._fail(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            raise self._fail(f"tensor {name!r}: data_offsets {offsets!r} are invalid")
+        begin, end = offsets
+        if end > data_len:
+            raise self._fail(
+                f"tensor {name!r}: data_offsets end {end} past the {data_len}-byte data section",
+                "the file is truncated; copy it again",
+            )
+        want = math.prod(shape) * DTYPES[dtype][1]
+        if end - begin != want:
+            raise self._fail(
+                f"tensor {name!r}: {end - begin} bytes on disk but shape {shape} {dtype} needs {want}"
+            )
+        return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
+
+    def read(self, name: str) -> torch.Tensor:
+        """Read one tensor (a fresh, writable CPU tensor in its on-disk dtype)."""
+        info = self.tensors[name]
+        torch_dtype, _ = DTYPES[info.dtype]
+        buf = bytearray(info.end - info.begin)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(info.begin)
+                got = f.readinto(buf)
+        except OSError as exc:
+            raise self._fail(f"cannot read tensor {name!r}: {exc.strerror or exc}") from exc
+        if got != len(buf):
+            raise self._fail(f"tensor {name!r}: file ended early", "the file changed while reading")
+        if not buf:
+            return torch.empty(info.shape, dtype=torch_dtype)
+        return torch.frombuffer(buf, dtype=torch_dtype).reshape(info.shape)
+
+
+def write_safetensors(
+    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write tensors atomically (temp file + rename), keys sorted, 8-byte aligned header."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        contiguous = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
+        save_file(contiguous, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,122 @@
+"""Layer-local streaming replay: one forward + one backward over the canary (SPEC §3).
+
+Forward: read layer ℓ's weights, run it, keep its *input* (not its activations), hand the
+taps to observers while the weights are resident, drop the weights. Backward: walk the
+layers in reverse, re-read each layer's weights, recompute it from its stored input with
+autograd on, and push the incoming gradient through it. At any time one decoder layer's
+weights are resident; the per-layer state kept is the N×H input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
+from moeaudit.replay.model import MoETap, Routing, decoder_layer, rope_tables, token_nll
+
+Observer = Callable[[MoETap, LayerWeights], None]
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class LayerGrads:
+    """‖∇L‖₂ per weight group of one layer (`000` Def. 6.1)."""
+
+    experts_E: torch.Tensor  # over all of expert e's weights
+    router: float = 0.0
+    shared: float = 0.0
+    attention: float = 0.0
+
+
+@dataclass
+class ReplayResult:
+    nll: float
+    nll_windows_W: torch.Tensor  # mean NLL of each window
+    entropy: float  # teacher-forced predictive entropy, mean over the W·(T−1) positions
+    routing: dict[int, Routing] = field(default_factory=dict)
+    grads: dict[int, LayerGrads] = field(default_factory=dict)
+
+
+def _detached(r: Routing) -> Routing:
+    return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach())
+
+
+def replay(
+    ckpt: Checkpoint,
+    tokens_WT: torch.Tensor,
+    *,
+    backward: bool = True,
+    observers: Sequence[Observer] = (),
+    progress: Progress | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> ReplayResult:
+    spec = ckpt.spec
+    torch.use_deterministic_algorithms(True)
+    tokens_WT = tokens_WT.long()
+    rope = rope_tables(spec, tokens_WT.shape[1])
+    n_steps = spec.num_layers * (2 if backward else 1)
+    tick = progress or (lambda *_: None)
+
+    with torch.no_grad():
+        x = torch.nn.functional.embedding(tokens_WT, ckpt.read_global("embed", dtype))
+    inputs: list[torch.Tensor] = []
+    routing: dict[int, Routing] = {}
+    for i in range(spec.num_layers):
+        lw = ckpt.layer_weights(i, dtype)
+        inputs.append(x)
+        with torch.no_grad():
+            x, tap = decoder_layer(spec, lw, x, rope)
+        if tap is not None:
+            routing[i] = _detached(tap.routing)
+            for observe in observers:
+                observe(tap, lw)
+        del lw, tap
+        tick("forward", i + 1, n_steps)
+
+    final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
+    x = x.detach().requires_grad_(backward)
+    with torch.set_grad_enabled(backward):
+        nll_WT1, logits = token_nll(spec, final_norm, lm_head, x, tokens_WT)
+        loss = nll_WT1.mean()
+    with torch.no_grad():
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        entropy = float(-(logp.exp() * logp).sum(-1).mean())
+    result = ReplayResult(float(loss), nll_WT1.detach().mean(1), entropy, routing)
+    del logits, logp
+    if not backward:
+        return result
+
+    loss.backward()
+    grad = x.grad
+    for step, i in enumerate(reversed(range(spec.num_layers))):
+        lw = ckpt.layer_weights(i, dtype).requires_grad_()
+        x_in = inputs[i].requires_grad_(True)
+        with torch.enable_grad():
+            out, _ = decoder_layer(spec, lw, x_in, rope)
+        torch.autograd.backward(out, grad)
+        grad = x_in.grad
+        if lw.routed:
+            result.grads[i] = layer_grads(lw)
+        inputs[i] = None  # type: ignore[call-overload]
+        del lw, out, x_in
+        tick("backward", spec.num_layers + step + 1, n_steps)
+    return result
+
+
+def _norm(tensors: Sequence[torch.Tensor | None]) -> float:
+    sq = sum(float(t.grad.double().pow(2).sum()) for t in tensors if t is not None and t.grad is not None)
+    return sq**0.5
+
+
+def layer_grads(lw: LayerWeights) -> LayerGrads:
+    experts = torch.tensor(
+        [_norm(list(e.values())) for e in lw.experts], dtype=torch.float64
+    )
+    p = lw.params
+    attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
+                               "q_norm", "k_norm", "input_norm")]
+    shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
+    return LayerGrads(experts, router=_norm([p["router"]]), shared=_norm(shared), attention=_norm(attn))

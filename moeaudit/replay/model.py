@@ -1,0 +1,182 @@
+"""The decoder of every supported family as plain functions of canonical weights.
+
+One implementation serves the streaming replay (weights read one layer at a time), the
+sample-run trainer (weights are leaf parameters) and the oracle tests. It follows
+transformers' modeling code for each family (RMSNorm in float32, rotate-half RoPE, GQA,
+softmax over all experts then top-k, optional renormalisation, SwiGLU experts).
+
+Shape suffixes: B windows, T tokens per window, N = B·T tokens, H hidden size, E experts,
+K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.checkpoint.config import ModelSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window)."""
+    D = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    freqs_TD2 = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    emb_TD = torch.cat((freqs_TD2, freqs_TD2), dim=-1)
+    return emb_TD.cos(), emb_TD.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], w: str, b: str) -> torch.Tensor:
+    return F.linear(x, p[w], p.get(b))
+
+
+def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    B, T, _ = x_BTH.shape
+    D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
+    if spec.qk_norm == "full":  # OLMoE: one norm over all heads, before the head split
+        q, k = rms_norm(q, p["q_norm"], spec.rms_eps), rms_norm(k, p["k_norm"], spec.rms_eps)
+    if spec.clip_qkv is not None:
+        c = spec.clip_qkv
+        q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+    q_BTnD, k_BTnD, v_BTnD = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, D)
+    if spec.qk_norm == "head":  # Qwen3: per-head norm
+        q_BTnD = rms_norm(q_BTnD, p["q_norm"], spec.rms_eps)
+        k_BTnD = rms_norm(k_BTnD, p["k_norm"], spec.rms_eps)
+    cos, sin = rope
+    q_BnTD = q_BTnD.transpose(1, 2)
+    k_BnTD = k_BTnD.transpose(1, 2)
+    q_BnTD = q_BnTD * cos + _rotate_half(q_BnTD) * sin
+    k_BnTD = k_BnTD * cos + _rotate_half(k_BnTD) * sin
+    v_BnTD = v_BTnD.transpose(1, 2)
+    if nkv != nh:
+        k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
+        v_BnTD = v_BnTD.repeat_interleave(nh // nkv, dim=1)
+    mask = _causal_mask(T, spec.sliding_window, x_BTH.device)
+    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
+                                         is_causal=mask is None, scale=D**-0.5)
+    out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
+    return _linear(out_BTH, p, "o", "o_bias")
+
+
+def _causal_mask(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    if window is None or window >= T:
+        return None
+    i = torch.arange(T, device=device)
+    diff = i[:, None] - i[None, :]
+    return (diff >= 0) & (diff < window)
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+@dataclass
+class Routing:
+    """Router outputs for N tokens of one layer (SPEC §3 taps s, ρ, R_k, c_e)."""
+
+    scores_NE: torch.Tensor  # s = W_r y (selection scores)
+    probs_NE: torch.Tensor  # ρ, the full gate distribution
+    topk_NK: torch.Tensor  # R_k, ordered by decreasing score
+    combine_NK: torch.Tensor  # c_e for e in R_k
+
+
+def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor) -> Routing:
+    scores = F.linear(y_NH, router_EH)
+    probs = torch.softmax(scores.float(), dim=-1)
+    top_vals, top_idx = torch.topk(probs, spec.top_k, dim=-1)
+    if spec.norm_topk_prob:
+        top_vals = top_vals / top_vals.sum(dim=-1, keepdim=True)
+    return Routing(scores, probs, top_idx, top_vals)
+
+
+def experts_forward(experts: list[dict[str, torch.Tensor]], y_NH: torch.Tensor,
+                    topk_NK: torch.Tensor) -> torch.Tensor:
+    """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one SwiGLU."""
+    N, K = topk_NK.shape
+    flat = topk_NK.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=len(experts)).tolist()
+    chunks, start = [], 0
+    for e, c in enumerate(counts):
+        if c:
+            tok = order[start:start + c] // K
+            w = experts[e]
+            chunks.append(swiglu(y_NH[tok], w["w1"], w["w3"], w["w2"]))
+        start += c
+    u_sorted = torch.cat(chunks) if chunks else y_NH.new_zeros(0, y_NH.shape[-1])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return u_sorted[inverse].view(N, K, -1)
+
+
+@dataclass
+class MoETap:
+    """Per-layer taps of SPEC §3 for the N canary tokens."""
+
+    layer: int
+    h_NH: torch.Tensor  # residual stream entering the MoE block
+    y_NH: torch.Tensor  # post-gain gate input γ ⊙ z
+    routing: Routing
+    u_NKH: torch.Tensor  # raw expert outputs for the active set
+
+    @property
+    def r_N(self) -> torch.Tensor:
+        return self.h_NH.pow(2).mean(-1).add(self._eps).sqrt()
+
+    _eps: float = 0.0
+
+    @property
+    def z_NH(self) -> torch.Tensor:
+        """Pre-gain normalised state, ‖z‖² ≈ H."""
+        return self.h_NH / self.r_N[:, None]
+
+
+def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor) -> tuple[torch.Tensor, MoETap]:
+    B, T, H = h_BTH.shape
+    p = lw.params
+    h_NH = h_BTH.reshape(-1, H)
+    y_NH = rms_norm(h_NH, p["post_norm"], spec.rms_eps)
+    routing = route(spec, p["router"], y_NH)
+    u_NKH = experts_forward(lw.experts, y_NH, routing.topk_NK)
+    out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
+    if spec.shared_dim:
+        shared = swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+        out_NH = out_NH + torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * shared
+    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, _eps=spec.rms_eps)
+    return out_NH.view(B, T, H), tap
+
+
+def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
+                  rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, MoETap | None]:
+    p = lw.params
+    h = x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope)
+    if lw.routed:
+        mlp_out, tap = moe_block(spec, lw, h)
+        return h + mlp_out, tap
+    y = rms_norm(h, p["post_norm"], spec.rms_eps)
+    return h + swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"]), None
+
+
+def token_nll(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
+              x_BTH: torch.Tensor, tokens_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nll_B(T-1) next-token cross-entropy in nats, logits_BTV)."""
+    logits = F.linear(rms_norm(x_BTH, final_norm, spec.rms_eps), lm_head).float()
+    B, T, V = logits.shape
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens_BT[:, 1:].reshape(-1).long(),
+                          reduction="none")
+    return nll.view(B, T - 1), logits
