@@ -84,7 +84,7 @@ def replay(
     with torch.no_grad():
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         entropy = float(-(logp.exp() * logp).sum(-1).mean())
-    result = ReplayResult(float(loss), nll_WT1.detach().mean(1), entropy, routing)
+    result = ReplayResult(float(loss.detach()), nll_WT1.detach().mean(1), entropy, routing)
     del logits, logp
     if not backward:
         return result

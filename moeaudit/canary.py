@@ -1,0 +1,383 @@
+"""The canary probe set: a fixed, hashed set of equal-length token windows (SPEC §2.2).
+
+Every receipt is measured on a canary, and a certificate names the canary by its digest, so
+the digest must depend on the content only: the SHA-256 of a canonical encoding of (tokens,
+domain ids, domain names) — never of the file bytes, which change with safetensors metadata
+order, header padding or JSON whitespace.
+
+Shape legend: W windows, T tokens per window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from moeaudit.checkpoint.safetensors import SafetensorsFile, write_safetensors
+from moeaudit.errors import CanaryError, CheckpointError
+
+FORMAT = "moeaudit.canary"
+VERSION = "1"
+DIGEST_PREFIX = b"moeaudit.canary/v1\n"
+MIN_WINDOW_LEN = 2  # next-token NLL needs at least one (context, target) pair per window
+MAX_TOKEN_ID = 2**31 - 1  # stored as int32
+Fail = Callable[..., CanaryError]
+BUILD_HINT = "build one with `moeaudit canary build --tokens FILE.jsonl --out CANARY.safetensors`"
+
+
+@dataclass(frozen=True, eq=False)
+class Canary:
+    """W token windows of length T, each labelled with a domain (SPEC §2.2).
+
+    ``domains[i]`` is the name of domain id ``i``. Two canaries are equal when their
+    tokens, domain ids and domain names are equal, i.e. exactly when their digests are.
+    """
+
+    tokens: torch.Tensor  # int32 [W, T]
+    domain_ids: torch.Tensor  # int32 [W]
+    domains: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "domains", tuple(self.domains))
+        object.__setattr__(self, "tokens", self.tokens.detach().cpu().contiguous())
+        object.__setattr__(self, "domain_ids", self.domain_ids.detach().cpu().contiguous())
+        _check_content(self.tokens, self.domain_ids, self.domains, path=None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Canary):
+            return NotImplemented
+        return (
+            self.domains == other.domains
+            and torch.equal(self.tokens, other.tokens)
+            and torch.equal(self.domain_ids, other.domain_ids)
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def window_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_windows * self.window_len
+
+    def canonical_bytes(self) -> bytes:
+        """The byte string the digest hashes (SPEC §2.2), in this order:
+
+        1. the 19 ASCII bytes ``moeaudit.canary/v1\\n``;
+        2. W, then T, each as a little-endian uint64;
+        3. the tokens as little-endian int32, row-major (window by window), W·T values;
+        4. the domain ids as little-endian int32, W values;
+        5. the domain names, in id order (not sorted: ids index into the list), as
+           ``json.dumps(list(domains), separators=(",", ":"), ensure_ascii=False)``
+           encoded as UTF-8.
+
+        Parts 2–4 have lengths fixed by W and T and part 5 runs to the end, so the
+        encoding is injective. Nothing about the file enters it: saving twice, or rewriting
+        the safetensors file with other metadata order, padding or JSON whitespace, leaves
+        the digest unchanged.
+        """
+        return b"".join(
+            [
+                DIGEST_PREFIX,
+                struct.pack("<QQ", self.num_windows, self.window_len),
+                np.ascontiguousarray(self.tokens.numpy(), dtype="<i4").tobytes(),
+                np.ascontiguousarray(self.domain_ids.numpy(), dtype="<i4").tobytes(),
+                _names_json(self.domains).encode("utf-8"),
+            ]
+        )
+
+    @property
+    def digest(self) -> str:
+        """Hex SHA-256 of :meth:`canonical_bytes` — the canary's name in certificates."""
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+    def windows_of(self, domain: str) -> torch.Tensor:
+        """Indices (int64 [n]) of the windows labelled ``domain``, ascending."""
+        if domain not in self.domains:
+            raise CanaryError(
+                f"no domain named {domain!r} in the canary",
+                hint=f"its domains are {', '.join(map(repr, self.domains))}",
+            )
+        return torch.nonzero(self.domain_ids == self.domains.index(domain)).flatten()
+
+    def check_vocab(self, vocab_size: int, where: str) -> None:
+        """Raise unless every token id is below ``vocab_size`` (SPEC §2.2).
+
+        ``where`` names the model the vocabulary comes from (e.g. the checkpoint path); it
+        is the "file" of the error, since the canary is only wrong relative to it.
+        """
+        bad = torch.nonzero(self.tokens >= vocab_size)
+        if bad.numel() == 0:
+            return
+        window, pos = (int(i) for i in bad[0])
+        raise CanaryError(
+            f"canary window {window}, position {pos} has token id "
+            f"{int(self.tokens[window, pos])}, outside the model vocabulary of size {vocab_size} "
+            f"({len(bad)} such token{'s' if len(bad) != 1 else ''} in all)",
+            path=where,
+            hint="build the canary with this model's tokenizer",
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Plain data for ``moeaudit canary show`` (SPEC §10)."""
+        counts = torch.bincount(self.domain_ids.long(), minlength=len(self.domains)).tolist()
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "windows": self.num_windows,
+            "window_len": self.window_len,
+            "tokens": self.num_tokens,
+            "domains": dict(zip(self.domains, counts, strict=True)),
+            "digest": self.digest,
+        }
+
+
+def _names_json(domains: tuple[str, ...] | list[str]) -> str:
+    return json.dumps(list(domains), separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_content(
+    tokens: torch.Tensor, domain_ids: torch.Tensor, domains: tuple[str, ...], path: Path | None
+) -> None:
+    """The invariants of a canary, whether built in memory or read from a file."""
+
+    def fail(what: str) -> CanaryError:
+        return CanaryError(what, path=path, hint=None if path is None else BUILD_HINT)
+
+    if tokens.dtype != torch.int32 or domain_ids.dtype != torch.int32:
+        raise fail(f"tokens and domain ids must be int32, got {tokens.dtype}, {domain_ids.dtype}")
+    if tokens.dim() != 2:
+        raise fail(f"tokens must be 2-D [windows, window length], got shape {list(tokens.shape)}")
+    w, t = tokens.shape
+    if w == 0:
+        raise fail("the canary is empty (0 windows)")
+    if t < MIN_WINDOW_LEN:
+        raise fail(f"window length is {t}; a window needs at least {MIN_WINDOW_LEN} tokens")
+    if list(domain_ids.shape) != [w]:
+        raise fail(
+            f"domain_ids must have shape [{w}] (one per window), got {list(domain_ids.shape)}"
+        )
+    _check_names(domains, fail)
+    if domain_ids.min() < 0 or domain_ids.max() >= len(domains):
+        bad = int(torch.nonzero((domain_ids < 0) | (domain_ids >= len(domains)))[0])
+        raise fail(
+            f"window {bad} has domain id {int(domain_ids[bad])}, but there are "
+            f"{len(domains)} domain names (ids 0..{len(domains) - 1})"
+        )
+    if tokens.min() < 0:
+        window, pos = (int(i) for i in torch.nonzero(tokens < 0)[0])
+        raise fail(
+            f"window {window}, position {pos} has negative token id {int(tokens[window, pos])}"
+        )
+
+
+def _check_names(domains: tuple[str, ...], fail: Fail) -> None:
+    if not domains:
+        raise fail("the canary has no domain names")
+    for name in domains:
+        if not isinstance(name, str) or not name:
+            raise fail(f"domain name {name!r} is not a non-empty string")
+        if not _is_unicode(name):
+            raise fail(f"domain name {name!r} is not valid Unicode text")
+    dupes = sorted({n for n in domains if domains.count(n) > 1})
+    if dupes:
+        raise fail(f"domain names repeat: {', '.join(map(repr, dupes))}")
+
+
+def _is_unicode(text: str) -> bool:
+    """False for strings with lone surrogates (JSON allows "\\ud800"; UTF-8 does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --- building from JSONL -------------------------------------------------------------------
+
+
+def build_from_jsonl(path: str | Path) -> Canary:
+    """Build a canary from JSONL, one ``{"domain": str, "tokens": [int, ...]}`` per line.
+
+    Blank lines are skipped, other keys are ignored, and domains are numbered by first
+    appearance (SPEC §2.2). Every problem is a :class:`CanaryError` naming the line.
+    """
+    path = Path(path)
+    rows: list[list[int]] = []
+    names: list[str] = []
+    ids: list[int] = []
+    first_len: tuple[int, int] | None = None  # (line number, window length) of the first window
+    for lineno, line in _read_lines(path):
+        domain, window = _parse_line(line, lineno, path)
+        if first_len is None:
+            first_len = (lineno, len(window))
+        elif len(window) != first_len[1]:
+            raise CanaryError(
+                f"line {lineno}: window has {len(window)} tokens but the window on line "
+                f"{first_len[0]} has {first_len[1]}; all windows must have the same length",
+                path=path,
+            )
+        if domain not in names:
+            names.append(domain)
+        ids.append(names.index(domain))
+        rows.append(window)
+    if not rows:
+        raise CanaryError("no windows: the file has no non-blank lines", path=path)
+    tokens = torch.tensor(rows, dtype=torch.int32)
+    return Canary(tokens, torch.tensor(ids, dtype=torch.int32), tuple(names))
+
+
+def _read_lines(path: Path) -> list[tuple[int, str]]:
+    """Non-blank lines with their 1-based numbers."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CanaryError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    lines = []
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanaryError(f"line {lineno}: not UTF-8 text ({exc.reason})", path=path) from exc
+        if text.strip():
+            lines.append((lineno, text))
+    return lines
+
+
+def _parse_line(line: str, lineno: int, path: Path) -> tuple[str, list[int]]:
+    def fail(what: str) -> CanaryError:
+        return CanaryError(
+            f"line {lineno}: {what}",
+            path=path,
+            hint='each line must be {"domain": "<name>", "tokens": [<int>, ...]}',
+        )
+
+    try:
+        obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise fail(f"not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise fail(f"expected a JSON object, got {type(obj).__name__}")
+    for key in ("domain", "tokens"):
+        if key not in obj:
+            raise fail(f'missing "{key}"')
+    domain, window = obj["domain"], obj["tokens"]
+    if not isinstance(domain, str) or not domain:
+        raise fail(f'"domain" must be a non-empty string, got {domain!r}')
+    if not _is_unicode(domain):
+        raise fail(f'"domain" {domain!r} is not valid Unicode text')
+    if not isinstance(window, list):
+        raise fail(f'"tokens" must be a list of token ids, got {type(window).__name__}')
+    _check_window(window, fail)
+    return domain, window
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise ValueError(f"duplicate key {dupes[0]!r}")
+    return dict(pairs)
+
+
+def _check_window(window: list[Any], fail: Fail) -> None:
+    if len(window) < MIN_WINDOW_LEN:
+        raise fail(f"window has {len(window)} token(s); a window needs at least {MIN_WINDOW_LEN}")
+    for pos, tok in enumerate(window):
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise fail(f"token {pos} is {tok!r}, not an integer token id")
+        if tok < 0 or tok > MAX_TOKEN_ID:
+            raise fail(f"token {pos} is {tok}, outside the token id range 0..{MAX_TOKEN_ID}")
+
+
+# --- the safetensors file ------------------------------------------------------------------
+
+
+def save(canary: Canary, path: str | Path) -> None:
+    """Write ``canary`` as one safetensors file, atomically (SPEC §2.2)."""
+    metadata = {
+        "format": FORMAT,
+        "version": VERSION,
+        "domains": _names_json(canary.domains),
+        "digest": canary.digest,
+    }
+    tensors = {"tokens": canary.tokens, "domain_ids": canary.domain_ids}
+    try:
+        write_safetensors(path, tensors, metadata)
+    except OSError as exc:
+        raise CanaryError(f"cannot write: {exc.strerror or exc}", path=path) from exc
+
+
+def load(path: str | Path) -> Canary:
+    """Read and fully validate a canary file; the stored digest must match the content."""
+    path = Path(path)
+    if not path.is_file():
+        raise CanaryError("no such canary file", path=path, hint=BUILD_HINT)
+    try:
+        sf = SafetensorsFile(path)
+        domains = _read_header(sf)
+        tokens, domain_ids = sf.read("tokens"), sf.read("domain_ids")
+    except CheckpointError as exc:  # the parser's checklist, relabelled for the canary
+        raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
+    _check_content(tokens, domain_ids, domains, path)
+    canary = Canary(tokens, domain_ids, domains)
+    stored = sf.metadata["digest"]
+    if stored != canary.digest:
+        raise CanaryError(
+            f"digest mismatch: file says {stored}, content hashes to {canary.digest} "
+            "— the file was modified",
+            path=path,
+            hint="rebuild the canary from its JSONL source",
+        )
+    return canary
+
+
+def _read_header(sf: SafetensorsFile) -> tuple[str, ...]:
+    """Validate metadata and tensor entries before reading any data; return the names."""
+
+    def fail(what: str, hint: str | None = BUILD_HINT) -> CanaryError:
+        return CanaryError(what, path=sf.path, hint=hint)
+
+    meta = sf.metadata
+    if meta.get("format") != FORMAT:
+        raise fail(f"not a moeaudit canary (metadata format is {meta.get('format')!r})")
+    if meta.get("version") != VERSION:
+        raise fail(
+            f"canary format version {meta.get('version')!r} is not supported "
+            f"(this moeaudit reads version {VERSION!r})",
+            hint="upgrade moeaudit or rebuild the canary",
+        )
+    for key in ("domains", "digest"):
+        if key not in meta:
+            raise fail(f'metadata has no "{key}"')
+    if set(sf.tensors) != {"tokens", "domain_ids"}:
+        raise fail(f"expected exactly the tensors domain_ids, tokens; found {sorted(sf.tensors)}")
+    for name in ("tokens", "domain_ids"):
+        if sf.tensors[name].dtype != "I32":
+            raise fail(f"tensor {name!r} is {sf.tensors[name].dtype}, expected I32")
+    return _parse_names(meta["domains"], fail)
+
+
+def _parse_names(text: str, fail: Fail) -> tuple[str, ...]:
+    try:
+        names = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"metadata domains is not valid JSON ({exc})") from exc
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise fail(f"metadata domains must be a JSON list of strings, got {text!r}")
+    return tuple(names)

@@ -1,0 +1,380 @@
+"""The command line: parses arguments, prints, exits. Everything else is library code.
+
+Errors are converted to one line and an exit code in one place (``AuditGroup.invoke``):
+0 pass, 1 policy failed, 2 usage, 3 inconclusive, 4 input or operational error, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from moeaudit import __version__
+from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError
+
+def _console(stderr: bool = False) -> Console:
+    """Rich console; off a terminal (pipes, CI logs, tests) a fixed 140 columns, so the
+    output is the same bytes everywhere."""
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 140)
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+class _Exit(click.ClickException):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"moeaudit: error: {self.message}", err=True)
+
+
+class AuditGroup(click.Group):
+    """Turns library errors into a one-line message and a distinct exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except MoeauditError as exc:
+            if ctx.meta.get("verbose"):
+                traceback.print_exc()
+            raise _Exit(exc.diagnostics(), exc.exit_code) from exc
+        except KeyboardInterrupt as exc:
+            raise _Exit("interrupted; no partial output was written", EXIT_INTERRUPTED) from exc
+        except Exception as exc:  # a bug of ours: still one line unless --verbose
+            if ctx.meta.get("verbose"):
+                traceback.print_exc()
+            msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
+            raise _Exit(msg, EXIT_INPUT) from exc
+
+
+def _verbose(ctx: click.Context, _param: Any, value: bool) -> bool:
+    if value:
+        ctx.meta["verbose"] = True
+    return value
+
+
+verbose_option = click.option(
+    "--verbose", is_flag=True, expose_value=False, is_eager=True, callback=_verbose,
+    help="Show tracebacks on errors.",
+)
+
+
+@click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="moeaudit")
+@verbose_option
+def cli() -> None:
+    """Audit Mixture-of-Experts training runs: receipts, envelopes, signed certificates."""
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress callback for long library work (rich, on stderr, only on a terminal)."""
+    if not err.is_terminal:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("replay", total=1)
+
+        def tick(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        yield tick
+
+
+policy_option = click.option(
+    "--policy", "policy_path", type=click.Path(path_type=Path),
+    help="Policy TOML (default: policy.toml next to or above the input, else built-in).")
+
+
+def _load_policy(given: Path | None, start: Path):
+    from moeaudit.locate import find_upwards
+    from moeaudit.policy import load_policy
+
+    path = given or find_upwards(start, "policy.toml")
+    policy = load_policy(path)
+    env = policy.envelope
+    kind = "calibrated" if env.calibrated else "illustrative (000 Table 6)"
+    err.print(f"policy: {policy.source} (envelope constants {kind})")
+    return policy
+
+
+def _open_checkpoint(path: Path):
+    from moeaudit.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(path)
+    for w in ckpt.warnings:
+        err.print(f"warning: {path}: {w}")
+    return ckpt
+
+
+def _check_output(path: Path | None, force: bool) -> None:
+    from moeaudit.errors import InputError
+
+    if path is not None and str(path) != "-" and path.exists() and not force:
+        raise InputError("output exists", path=path, hint="pass --force to overwrite it")
+
+
+def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
+    """``--json -``: the document on stdout only; ``--json FILE``: atomic write, then the table."""
+    from moeaudit.jsonio import atomic_write, dumps
+
+    if json_out is not None and str(json_out) == "-":
+        click.echo(dumps(doc), nl=False)
+        return
+    if json_out is not None:
+        atomic_write(json_out, dumps(doc))
+    show()
+    if json_out is not None:
+        err.print(f"wrote {json_out}")
+
+
+def _print_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False))
+
+
+# ----- inspect ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@verbose_option
+def inspect(ckpt: Path, as_json: bool) -> None:
+    """Describe a checkpoint from its headers (no tensor is loaded)."""
+    from moeaudit.checkpoint import Checkpoint
+
+    summary = Checkpoint(ckpt).summary()
+    if as_json:
+        _print_json(summary)
+        return
+    table = Table(title=f"{ckpt}", show_header=False)
+    for key, value in summary.items():
+        if key == "warnings":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "—"
+        table.add_row(key, str(value))
+    out.print(table)
+    for w in summary["warnings"]:
+        err.print(f"warning: {w}")
+
+
+# ----- canary ----------------------------------------------------------------------------
+
+
+@cli.group()
+def canary() -> None:
+    """Build and show canary probe sets."""
+
+
+@canary.command("build")
+@click.option("--tokens", "tokens", required=True, type=click.Path(path_type=Path),
+              help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
+@click.option("--out", required=True, type=click.Path(path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@verbose_option
+def canary_build(tokens: Path, out: Path, force: bool) -> None:
+    """Package token windows into a hashed canary file."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.errors import InputError
+
+    if out.exists() and not force:
+        raise InputError("output exists", path=out, hint="pass --force to overwrite it")
+    c = canary_mod.build_from_jsonl(tokens)
+    canary_mod.save(c, out)
+    click.echo(f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
+               f"{len(c.domains)} domains, digest sha256:{c.digest}")
+
+
+@canary.command("show")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@verbose_option
+def canary_show(path: Path, as_json: bool) -> None:
+    """Show a canary's shape, domains and digest."""
+    from moeaudit import canary as canary_mod
+
+    summary = canary_mod.load(path).summary()
+    if as_json:
+        _print_json(summary)
+        return
+    table = Table(title=str(path), show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+    out.print(table)
+
+
+# ----- receipts --------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="Canary file (default: canary.safetensors next to or above CKPT).")
+@policy_option
+@click.option("--json", "json_out", type=click.Path(path_type=Path),
+              help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@verbose_option
+def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
+             force: bool) -> None:
+    """State receipts of one checkpoint on the canary (one forward + one backward)."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.locate import require_canary
+    from moeaudit.receipts.state import state_receipts
+
+    _check_output(json_out, force)
+    checkpoint = _open_checkpoint(ckpt)
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
+    policy = _load_policy(policy_path, ckpt)
+    with _progress() as tick:
+        doc = state_receipts(checkpoint, probe, policy, progress=tick)
+    _emit_json(doc, json_out, lambda: _print_receipts(doc))
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _print_receipts(doc: dict[str, Any]) -> None:
+    _receipts_header(doc)
+    table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
+                  "ḡ", "var_grad_norm", title="state receipts per routed layer")
+    for layer in doc["layers"]:
+        o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
+        g = layer.get("gradients", {})
+        dead = f"[red]{o['dead']}[/]" if o["dead"] else "0"
+        table.add_row(str(layer["layer"]), dead, _fmt(o["pi_min"], ".3f"), _fmt(o["cv"], ".3f"),
+                      _fmt(o["entropy_norm"], ".3f"), _fmt(b["margin_mean"], ".4f"),
+                      _fmt(b["flip_rate"], ".3f"), _fmt(c.get("c2"), "+.4f"),
+                      _fmt(c.get("c2_smooth"), "+.4f"), _fmt(g.get("grad_mean")),
+                      _fmt(g.get("var_grad_norm")))
+    out.print(table)
+    _print_nonfinite(doc)
+
+
+def _print_nonfinite(doc: dict[str, Any]) -> None:
+    for item in doc.get("nonfinite", []):
+        err.print(f"warning: {item['path']} is not finite ({item['value']})")
+
+
+def _receipts_header(doc: dict[str, Any]) -> None:
+    ck, cn = doc["checkpoint"], doc["canary"]
+    out.print(f"[bold]{ck['name']}[/] ({ck['family']}, {ck['experts']} experts, top-{ck['top_k']})  "
+              f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…")
+    by_domain = "  ".join(f"{k} {_fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
+    out.print(f"NLL {_fmt(doc['nll'], '.4f')} nats   ({by_domain})")
+
+
+# ----- compare ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="Canary file (default: canary.safetensors next to or above BASE).")
+@click.option("--reference", type=click.Path(path_type=Path),
+              help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.")
+@policy_option
+@click.option("--json", "json_out", type=click.Path(path_type=Path),
+              help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@verbose_option
+def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Path | None,
+            policy_path: Path | None, json_out: Path | None, force: bool) -> None:
+    """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.locate import require_canary
+    from moeaudit.receipts.pair import compare as run_compare
+
+    _check_output(json_out, force)
+    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
+    policy = _load_policy(policy_path, base)
+    with _progress() as tick:
+        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
+    _emit_json(doc, json_out, lambda: _print_compare(doc))
+
+
+def _print_compare(doc: dict[str, Any]) -> None:
+    from moeaudit.claims import TABLE4
+    from moeaudit.margins import describe_handoff, describe_refinement
+
+    base, cand = doc["base"], doc["candidate"]
+    out.print(f"[bold]base[/] {base['checkpoint']['name']}  →  [bold]candidate[/] "
+              f"{cand['checkpoint']['name']}   protected layers {doc['protected_layers']}")
+    out.print(f"NLL {_fmt(base['nll'], '.4f')} → {_fmt(cand['nll'], '.4f')} nats")
+    table = Table("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
+                  "content", "router Δ", title="per routed layer (candidate state; drift from base)")
+    by_layer = {entry["layer"]: entry for entry in cand["layers"]}
+    for entry in doc["layers"]:
+        i, d = entry["layer"], entry["drift"]
+        st = by_layer[i]
+        mark = "*" if i in doc["protected_layers"] else ""
+        table.add_row(f"{i}{mark}", str(st["occupancy"]["dead"]), _fmt(st["occupancy"]["pi_min"], ".3f"),
+                      _fmt(st["boundary"]["margin_mean"], ".4f"), _fmt(st["overlap"].get("c2"), "+.4f"),
+                      _fmt(d["coordinate"], ".4f"), _fmt(d["boundary"], ".3f"),
+                      _fmt(d["transition"], ".4f"), _fmt(d["content"], ".3f"),
+                      _fmt(entry["weights"]["router_drift"], ".3f"))
+    out.print(table)
+    ref, hand = doc["margins"]["refinement"], doc["margins"]["handoff"]
+    out.print(f"refinement margin r_ex = {_fmt(ref['exact'], '+.4f')} (smooth {_fmt(ref['smooth'], '+.4f')}, "
+              f"τ = {ref['tau']}) — {describe_refinement(ref['exact'])}")
+    if hand is not None:
+        out.print(f"handoff margin h_ex = {_fmt(hand['exact'], '+.4f')} (smooth {_fmt(hand['smooth'], '+.4f')}) "
+                  f"vs {hand['reference']} — {describe_handoff(hand['exact'])}")
+    out.print("[dim]What these numbers license (003 Table 4):[/]")
+    for claim in TABLE4:
+        if claim.receipt in ("Loss / State3", "Checkpoint-pair drift", "Refinement margin"):
+            out.print(f"[dim]  {claim.receipt}: licenses “{claim.licenses}”; not “{claim.does_not_license}”.[/]")
+    _print_nonfinite(doc)
+
+
+# ----- samples ---------------------------------------------------------------------------
+
+
+@cli.group()
+def samples() -> None:
+    """The sample training runs shipped with moeaudit."""
+
+
+@samples.command("build")
+@click.option("--out", default="sample_checkpoints", type=click.Path(path_type=Path),
+              show_default=True)
+@click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
+@verbose_option
+def samples_build(out: Path, tiny: bool) -> None:
+    """Train the sample runs on generated data (deterministic, CPU)."""
+    from moeaudit.samples.build import build_samples
+
+    with _progress() as tick:
+        build_samples(out, scale="tiny" if tiny else "full", progress=tick)
+    click.echo(f"wrote sample runs to {out}")
+
+
+def main() -> None:
+    cli(prog_name="moeaudit")
+
+
+if __name__ == "__main__":
+    main()

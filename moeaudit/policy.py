@@ -1,0 +1,211 @@
+"""The audit policy: every constant a verdict depends on, from TOML, validated, digested.
+
+Torch-free (STYLE: policy, verdict and signing take plain data). Unknown keys are errors,
+never silently ignored; the built-in default is named as such wherever it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from moeaudit.errors import InputError
+
+BUILTIN = "built-in default"
+
+
+@dataclass(frozen=True)
+class ReceiptSettings:
+    """SPEC §4 constants."""
+
+    seed: int = 0
+    flip_sigma: float = 0.01
+    boundary_etas: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+    boundary_layer_eta: float = 0.1  # tokens with m_t < this are "boundary-layer" tokens
+    beta_adj: float = 1.0
+    bootstrap: int = 1000  # window-bootstrap resamples for ci95 (`003` §5); 0 disables
+
+
+@dataclass(frozen=True)
+class MarginSettings:
+    """SPEC §6 / `003` Eq. 25–32."""
+
+    protected_layers: tuple[int, ...] | None = None  # None: middle third of routed layers
+    beta: float = 50.0
+    lambda1: float = 1.0
+    lambda2: float = 1.0
+    mu1: float = 1.0
+    mu2: float = 1.0
+    mu3: float = 1.0
+    tau: float = 0.25
+
+
+@dataclass(frozen=True)
+class EnvelopeSettings:
+    """SPEC §7 / `000` Table 6."""
+
+    variant: str = "raw"  # "raw" var_grad or "normalized" var_grad_norm
+    delta: float = 0.05
+    epsilon: float = 1e-5
+    window: int = 1000  # τ, compliance window in steps
+    sampling_interval: int = 250
+    calibrated: bool = False
+    provenance: str = "000 Table 6 (illustrative)"
+    alert_a: float = 1e-4
+    alert_b: float = 0.02
+    alert_n: int = 3
+    dead_grad: float = 1e-6
+    dead_steps: int = 100
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """SPEC §8 / `003` Tables 11, 13."""
+
+    stage: str = "pretraining"
+    escalate_after: int = 4
+    tol_c2: float = 0.02
+    tol_dead: int = 0
+    pi_min_ratio_floor: float = 0.5
+    entropy_ratio_floor: float = 0.9
+    nll_tol: float = 1e-3  # |ΔNLL| below this is "stalling"
+    inconclusive_band: float = 0.01  # evidence within this of a threshold is INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class Policy:
+    receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
+    margins: MarginSettings = field(default_factory=MarginSettings)
+    envelope: EnvelopeSettings = field(default_factory=EnvelopeSettings)
+    gates: GateSettings = field(default_factory=GateSettings)
+    source: str = BUILTIN
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("source")
+        return json.loads(json.dumps(out))  # tuples → lists
+
+    @property
+    def digest(self) -> str:
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+SECTIONS = {"receipts": ReceiptSettings, "margins": MarginSettings,
+            "envelope": EnvelopeSettings, "gates": GateSettings}
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    if path is None:
+        return Policy()
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError("policy file not found", path=path) from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"policy is not valid TOML ({exc})", path=path) from exc
+    return policy_from_dict(data, path)
+
+
+def policy_from_dict(data: dict[str, Any], path: str | Path = "<policy>") -> Policy:
+    unknown = set(data) - set(SECTIONS) - {"policy"}
+    if unknown:
+        raise InputError(f"unknown policy section(s): {', '.join(sorted(unknown))}", path=path,
+                         hint=f"known sections: {', '.join(SECTIONS)}")
+    parts = {name: _section(cls, data.get(name, {}), name, path) for name, cls in SECTIONS.items()}
+    policy = Policy(**parts, source=str(path))
+    validate(policy, path)
+    return policy
+
+
+def _section(cls: type, raw: Any, name: str, path: str | Path) -> Any:
+    if not isinstance(raw, dict):
+        raise InputError(f"[{name}] must be a table", path=path)
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise InputError(f"unknown key(s) in [{name}]: {', '.join(sorted(unknown))}", path=path,
+                         hint=f"known keys: {', '.join(known)}")
+    default = cls()
+    values = {}
+    for key, value in raw.items():
+        values[key] = _coerce(getattr(default, key), value, f"{name}.{key}", path)
+    return replace(default, **values)
+
+
+def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
+    def bad(kind: str) -> InputError:
+        return InputError(f"{where} must be {kind}, got {value!r}", path=path)
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if isinstance(default, int) and not isinstance(default, bool):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise bad("an integer")
+        return value
+    if isinstance(default, float):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise bad("a finite number")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if isinstance(default, tuple) or default is None:  # lists of numbers / layer indices
+        if not isinstance(value, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        ):
+            raise bad("a list of numbers")
+        if where.endswith("protected_layers"):
+            if not all(isinstance(v, int) for v in value) or not value:
+                raise bad("a non-empty list of layer indices")
+            return tuple(value)
+        return tuple(float(v) for v in value)
+    raise bad(type(default).__name__)
+
+
+def validate(policy: Policy, path: str | Path = "<policy>") -> None:
+    """Range checks; a constant out of range is an input error naming the key."""
+    r, m, e, g = policy.receipts, policy.margins, policy.envelope, policy.gates
+    checks = [
+        (r.flip_sigma > 0, "receipts.flip_sigma must be > 0"),
+        (all(x > 0 for x in r.boundary_etas), "receipts.boundary_etas must be > 0"),
+        (r.bootstrap >= 0, "receipts.bootstrap must be ≥ 0"),
+        (m.beta > 0, "margins.beta must be > 0"),
+        (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
+         "margins.protected_layers must be layer indices ≥ 0"),
+        (e.variant in ("raw", "normalized"), "envelope.variant must be 'raw' or 'normalized'"),
+        (0 < e.delta < 1, "envelope.delta must be in (0, 1)"),
+        (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
+        (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),
+        (e.alert_n >= 1 and e.dead_steps >= 1, "envelope.alert_n and dead_steps must be ≥ 1"),
+        (g.stage in ("pretraining", "post-training"), "gates.stage must be 'pretraining' or 'post-training'"),
+        (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
+        (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(message, path=path)
+
+
+def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where: str = "") -> list[int]:
+    """Default: the middle third of the routed layers (at least one), SPEC §6."""
+    routed = list(routed)
+    chosen = policy.margins.protected_layers
+    if chosen is None:
+        n = len(routed)
+        lo, hi = n // 3, n - n // 3
+        return routed[lo:hi] or routed[n // 2 : n // 2 + 1]
+    missing = [i for i in chosen if i not in routed]
+    if missing:
+        raise InputError(f"protected layers {missing} are not routed layers of {where or 'the model'}",
+                         hint=f"routed layers: {routed}")
+    return list(chosen)

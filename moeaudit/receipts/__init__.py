@@ -1,0 +1,1 @@
+"""Replay taps → receipts (SPEC §4–§5)."""

@@ -1,0 +1,62 @@
+"""Boundary receipts (`003` State1, `002` boundary mass and flip rate; SPEC §4 "Boundary").
+
+Shape suffixes: N tokens, E experts, K top-k, H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.policy import ReceiptSettings
+from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.replay.model import route
+
+
+def selection_margin(scores_NE: torch.Tensor, k: int) -> torch.Tensor:
+    """m_t = s_(k) − s_(k+1) of the sorted selection scores (top-1: s_(1) − s_(2))."""
+    top = scores_NE.double().topk(k + 1, dim=-1).values
+    return top[:, k - 1] - top[:, k]
+
+
+def same_sets(a_NK: torch.Tensor, b_NK: torch.Tensor) -> torch.Tensor:
+    return (a_NK.sort(dim=-1).values == b_NK.sort(dim=-1).values).all(dim=-1)
+
+
+def flip_rate(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk_NK: torch.Tensor,
+              sigma: float, seed: int) -> torch.Tensor:
+    """Per-token flips of R_k under W_r ← W_r + σ·rms(W_r)·G, G ~ N(0, 1) seeded (`002` §7.2)."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(router_EH.shape, generator=g, dtype=torch.float64)
+    rms = router_EH.double().pow(2).mean().sqrt()
+    perturbed = (router_EH.double() + sigma * rms * noise).to(router_EH.dtype)
+    return ~same_sets(route(spec, perturbed, y_NH).topk_NK, topk_NK)
+
+
+def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.Tensor,
+                      y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
+                      boot: WindowBootstrap, seed: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """(receipts, per-token margins m_t)."""
+    m_N = selection_margin(scores_NE, spec.top_k)
+    flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed)
+    q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    mass = {_key(eta): float((m_N < eta).double().mean()) for eta in settings.boundary_etas}
+    out = {
+        "margin_mean": float(m_N.mean()),
+        "margin_quantiles": {"p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])},
+        "boundary_mass": mass,
+        "flip_rate": float(flips_N.double().mean()),
+        "flip_sigma": settings.flip_sigma,
+        "ci95": {
+            "margin_mean": boot.mean(m_N),
+            "flip_rate": boot.mean(flips_N),
+            "boundary_mass": {_key(eta): boot.mean((m_N < eta)) for eta in settings.boundary_etas},
+        },
+    }
+    return out, m_N
+
+
+def _key(eta: float) -> str:
+    return repr(float(eta))  # "0.01", …, "1.0"

@@ -1,0 +1,106 @@
+"""Pair receipts of a base θ0 and a candidate θ1 on base-anchored states (`003` §5, Eq. 27–28,
+Table 7; SPEC §5).
+
+Base-anchored states: z^(0) from θ0's replay; y^(0→j) = γ_j ⊙ z^(0) pushes the same state
+through each checkpoint's own gain, isolating routing and expert change from path change.
+Both anchored states are built the same way, so identical checkpoints give exactly zero.
+
+Shape suffixes: N tokens, E experts, K top-k, U = 2K (R^0 then R^1), C candidates, H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.policy import ReceiptSettings
+from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.receipts.observer import AnchorStates
+from moeaudit.receipts.occupancy import js_divergence
+from moeaudit.receipts.overlap import visible_field
+from moeaudit.replay.model import experts_forward, route
+
+EPS_U = 1e-8
+
+
+def one_minus_cos(a_NH: torch.Tensor, b_NH: torch.Tensor) -> torch.Tensor:
+    """1 − cos(a, b) as ‖â − b̂‖²/2: the same number, but exactly 0 when a == b."""
+    a, b = a_NH.double(), b_NH.double()
+    a_hat = a / a.norm(dim=-1, keepdim=True)
+    b_hat = b / b.norm(dim=-1, keepdim=True)
+    return 0.5 * (a_hat - b_hat).pow(2).sum(-1)
+
+
+def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor) -> torch.Tensor:
+    """‖v1 − v0‖ / (‖v1‖ + ‖v0‖ + ε) of the visible fields, per token and expert."""
+    v0, v1 = visible_field(u0, z_NH).double(), visible_field(u1, z_NH).double()
+    return (v1 - v0).norm(dim=-1) / (v1.norm(dim=-1) + v0.norm(dim=-1) + EPS_U)
+
+
+def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
+               cand: AnchorStates, boot: WindowBootstrap) -> dict[str, Any]:
+    K = spec.top_k
+    z = base.z_NH
+    y00 = lw0.params["post_norm"] * z
+    y01 = lw1.params["post_norm"] * z
+    r0 = route(spec, lw0.params["router"], y00)
+    r1 = route(spec, lw1.params["router"], y01)
+
+    coordinate_N = one_minus_cos(base.y_NH, cand.y_NH)
+    shared_N = (r0.topk_NK[:, :, None] == r1.topk_NK[:, None, :]).any(-1).sum(-1)
+    boundary_N = 1.0 - shared_N.double() / K
+    transition_N = js_divergence(r0.probs_NE, r1.probs_NE)
+
+    union_NU = torch.cat([r0.topk_NK, r1.topk_NK], dim=1)
+    ratio_NU = relative_change(experts_forward(lw0.experts, y00, union_NU),
+                               experts_forward(lw1.experts, y01, union_NU), z)
+    dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
+    ratio_NU[:, K:][dup_NK] = float("nan")
+    content_N = torch.nanquantile(ratio_NU, 0.9, dim=1)
+
+    boundary_smooth_N = 1.0 - (r0.probs_NE.double() * r1.probs_NE.double()).sum(-1)
+    rho_bar_NE = 0.5 * (r0.probs_NE.double() + r1.probs_NE.double())
+    n_cand = min(spec.num_experts, 2 * K)
+    cand_NC = rho_bar_NE.topk(n_cand, dim=-1).indices
+    ratio_NC = relative_change(experts_forward(lw0.experts, y00, cand_NC),
+                               experts_forward(lw1.experts, y01, cand_NC), z)
+    rho_NC = rho_bar_NE.gather(1, cand_NC)
+    content_smooth_N = (rho_NC * ratio_NC).sum(-1)
+
+    drift = {
+        "coordinate": float(coordinate_N.mean()),
+        "boundary": float(boundary_N.mean()),
+        "transition": float(transition_N.mean()),
+        "content": float(content_N.mean()),
+        "boundary_smooth": float(boundary_smooth_N.mean()),
+        "content_smooth": float(content_smooth_N.mean()),
+        "content_smooth_truncation_mass": float((1.0 - rho_NC.sum(-1)).mean()),
+        "ci95": {name: boot.mean(v) for name, v in (
+            ("coordinate", coordinate_N), ("boundary", boundary_N), ("transition", transition_N),
+            ("content", content_N), ("boundary_smooth", boundary_smooth_N),
+            ("content_smooth", content_smooth_N))},
+    }
+    return {"drift": drift, "weights": weight_change(lw0, lw1)}
+
+
+def weight_change(lw0: LayerWeights, lw1: LayerWeights) -> dict[str, Any]:
+    """Secondary surface (`003` Table 7): ‖ΔW‖_F / ‖W^θ0‖_F per expert, and router drift."""
+
+    def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        num = sum(float((y.double() - x.double()).pow(2).sum()) for x, y in zip(a, b))
+        den = sum(float(x.double().pow(2).sum()) for x in a)
+        return (num / den) ** 0.5 if den > 0 else float("nan")
+
+    experts = [rel(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts)]
+    return {
+        "expert_relative_change": experts,
+        "router_drift": rel([lw0.params["router"]], [lw1.params["router"]]),
+        "gain_drift": rel([lw0.params["post_norm"]], [lw1.params["post_norm"]]),
+    }
+
+
+def bootstrap_for(settings: ReceiptSettings, num_windows: int, layer: int) -> WindowBootstrap:
+    return WindowBootstrap(num_windows, settings.bootstrap, settings.seed * 1_000_003 + layer + 500_009)

@@ -1,0 +1,53 @@
+"""Computes a layer's state receipts during the forward pass, while its weights are resident
+(SPEC §3: layer-local; no extra full passes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from moeaudit.canary import Canary
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.policy import ReceiptSettings
+from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.receipts.boundary import boundary_receipts
+from moeaudit.receipts.occupancy import domain_routing, occupancy
+from moeaudit.receipts.overlap import overlap_receipts
+from moeaudit.replay.model import MoETap
+
+
+@dataclass
+class AnchorStates:
+    """What a pair comparison needs from one checkpoint's replay of one layer."""
+
+    z_NH: torch.Tensor  # pre-gain normalised state
+    y_NH: torch.Tensor  # this checkpoint's own post-gain gate input
+
+
+@dataclass
+class StateObserver:
+    spec: ModelSpec
+    canary: Canary
+    settings: ReceiptSettings
+    keep_states: bool = False
+    layers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    states: dict[int, AnchorStates] = field(default_factory=dict)
+
+    def __call__(self, tap: MoETap, lw: LayerWeights) -> None:
+        s, r = self.settings, tap.routing
+        seed = s.seed * 1_000_003 + tap.layer  # one stream per layer, fixed by the policy seed
+        boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed)
+        boundary, m_N = boundary_receipts(self.spec, r.scores_NE, lw.params["router"], tap.y_NH,
+                                          r.topk_NK, s, boot, seed)
+        self.layers[tap.layer] = {
+            "occupancy": occupancy(r.topk_NK, r.probs_NE, boot),
+            "boundary": boundary,
+            "overlap": overlap_receipts(tap, lw, m_N, s, boot, seed),
+            "domains": domain_routing(r.topk_NK, self.canary.domain_ids, self.canary.domains,
+                                      self.spec.num_experts),
+        }
+        if self.keep_states:
+            self.states[tap.layer] = AnchorStates(tap.z_NH.detach().clone(), tap.y_NH.detach().clone())

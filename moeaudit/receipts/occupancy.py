@@ -1,0 +1,99 @@
+"""Occupancy receipts of one routed layer (`003` Eq. 16–17, SPEC §4 "Occupancy").
+
+Shape suffixes: N canary tokens, W windows, E experts, K top-k, D domains.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from moeaudit.receipts.bootstrap import WindowBootstrap
+
+
+def _load_stats(counts_XE: torch.Tensor, n_tokens: torch.Tensor | float, k: int) -> dict[str, torch.Tensor]:
+    """Occupancy statistics of (possibly batched, [..., E]) expert counts."""
+    E = counts_XE.shape[-1]
+    mean = counts_XE.mean(-1)
+    p = counts_XE / (k * n_tokens if not torch.is_tensor(n_tokens) else k * n_tokens[..., None])
+    ent = -(torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))).sum(-1)
+    return {
+        "pi_min": counts_XE.min(-1).values / n_tokens,
+        "dead": (counts_XE == 0).sum(-1).double(),
+        "cv": counts_XE.std(-1, unbiased=False) / mean,
+        "imbalance": counts_XE.max(-1).values / mean,
+        "entropy_norm": ent / math.log(E) if E > 1 else ent * 0,
+        "entropy": ent,
+    }
+
+
+def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None) -> dict[str, Any]:
+    """Counts, marginal π, dead experts, CV, imbalance, load entropy, smooth marginal π̃."""
+    N, K = topk_NK.shape
+    E = probs_NE.shape[1]
+    counts_E = torch.bincount(topk_NK.reshape(-1), minlength=E).double()
+    stats = _load_stats(counts_E, float(N), K)
+    out: dict[str, Any] = {
+        "counts": [int(c) for c in counts_E.tolist()],
+        "pi": (counts_E / N).tolist(),
+        "pi_min": float(stats["pi_min"]),
+        "dead": int(stats["dead"]),
+        "cv": float(stats["cv"]),
+        "imbalance": float(stats["imbalance"]),
+        "entropy": float(stats["entropy"]),
+        "entropy_norm": float(stats["entropy_norm"]),
+        "pi_smooth": probs_NE.double().mean(0).tolist(),
+        "active_sets": active_sets(topk_NK),
+    }
+    if boot is not None and boot.idx_BW is not None:
+        onehot_NE = torch.zeros(N, E, dtype=torch.float64).scatter_(1, topk_NK, 1.0)
+        per_window_WE = onehot_NE.view(boot.W, -1, E).sum(1)
+        T = N // boot.W
+        out["ci95"] = {
+            name: boot.statistic(per_window_WE, lambda c, n=name: _load_stats(c, float(boot.W * T), K)[n])
+            for name in ("pi_min", "dead", "cv", "entropy_norm")
+        }
+    return out
+
+
+def active_sets(topk_NK: torch.Tensor, top: int = 10) -> dict[str, Any]:
+    """Active-set occupancy μ (`003` Eq. 16): distinct sets visited, entropy, top-10 mass."""
+    sets, counts = torch.unique(topk_NK.sort(dim=-1).values, dim=0, return_counts=True)
+    mu = counts.double() / counts.sum()
+    order = mu.argsort(descending=True, stable=True)
+    return {
+        "distinct": int(sets.shape[0]),
+        "entropy": float(-(mu * mu.log()).sum()),
+        "top10_mass": float(mu[order[:top]].sum()),
+    }
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen–Shannon divergence in nats along the last dim; exactly 0 when p == q."""
+    p, q = p.double(), q.double()
+    m = 0.5 * (p + q)
+
+    def kl(a: torch.Tensor) -> torch.Tensor:
+        return torch.where(a > 0, a * (a.clamp_min(1e-300) / m.clamp_min(1e-300)).log(), torch.zeros_like(a)).sum(-1)
+
+    return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
+
+
+def domain_routing(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...],
+                   E: int) -> dict[str, Any]:
+    """Per-domain π (the domain routing heatmap) and JS divergence between domains' loads."""
+    N, K = topk_NK.shape
+    W = domain_ids_W.shape[0]
+    dom_N = domain_ids_W.repeat_interleave(N // W)
+    present = [d for d in range(len(domains)) if bool((domain_ids_W == d).any())]
+    pi, load = {}, {}
+    for d in present:
+        sel = topk_NK[dom_N == d]
+        counts = torch.bincount(sel.reshape(-1), minlength=E).double()
+        pi[domains[d]] = (counts / sel.shape[0]).tolist()
+        load[domains[d]] = counts / (K * sel.shape[0])
+    names = [domains[d] for d in present]
+    js = [[float(js_divergence(load[a], load[b])) for b in names] for a in names]
+    return {"domains": names, "pi": pi, "js": js}

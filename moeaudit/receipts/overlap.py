@@ -1,0 +1,109 @@
+"""Overlap-compatibility receipts (`003` State2, Eq. 10, 14, 20–22, Table 2; SPEC §4).
+
+Shape suffixes: N tokens, E experts, K top-k, C = K' candidates (top-K' by score,
+K' = min(E, 2k)), H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.policy import ReceiptSettings
+from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.replay.model import MoETap, experts_forward
+
+EPS_KAPPA = 1e-8
+
+
+def visible_field(u_NXH: torch.Tensor, z_NH: torch.Tensor) -> torch.Tensor:
+    """v = P_z u with P_z = I − z zᵀ/d (`003` Eq. 10)."""
+    d = z_NH.shape[-1]
+    z = z_NH[:, None, :]
+    return u_NXH - z * (u_NXH * z).sum(-1, keepdim=True) / d
+
+
+def kappa(v_NXH: torch.Tensor) -> torch.Tensor:
+    """κ(e, e') for every pair of the X fields of each token (`003` Eq. 20) → [N, X, X]."""
+    v = v_NXH.double()
+    norms = v.norm(dim=-1)
+    return (v @ v.transpose(1, 2)) / (norms[:, :, None] * norms[:, None, :] + EPS_KAPPA)
+
+
+def pair_weighted(kappa_NXX: torch.Tensor, w_NXX: torch.Tensor) -> torch.Tensor:
+    """Σ_{e≠e'} w κ / Σ_{e≠e'} w per token."""
+    off = 1.0 - torch.eye(kappa_NXX.shape[-1], dtype=w_NXX.dtype)
+    w = w_NXX * off
+    return (w * kappa_NXX).sum((1, 2)) / w.sum((1, 2))
+
+
+def candidates(scores_NE: torch.Tensor, topk_NK: torch.Tensor, n: int) -> torch.Tensor:
+    """R_k followed by the next (n − k) experts by score: [N, n]."""
+    k = topk_NK.shape[1]
+    if n <= k:
+        return topk_NK
+    masked = scores_NE.double().scatter(1, topk_NK, float("-inf"))
+    return torch.cat([topk_NK, masked.topk(n - k, dim=-1).indices], dim=1)
+
+
+def random_outside(topk_NK: torch.Tensor, E: int, seed: int) -> torch.Tensor:
+    """A seeded uniformly random expert outside R_k for every token: [N, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand((topk_NK.shape[0], E), generator=g, dtype=torch.float64)
+    return r.scatter(1, topk_NK, -1.0).argmax(dim=-1, keepdim=True)
+
+
+def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
+                     boot: WindowBootstrap, seed: int) -> dict[str, Any]:
+    r = tap.routing
+    N, K = r.topk_NK.shape
+    E = r.probs_NE.shape[1]
+    if E <= K:
+        return {"c2": None, "c2_smooth": None, "reason": "every expert is active (E = k)"}
+    z = tap.z_NH
+    cand_NC = candidates(r.scores_NE, r.topk_NK, min(E, 2 * K))
+    extra = experts_forward(lw.experts, tap.y_NH, cand_NC[:, K:].contiguous())
+    rand_N1 = random_outside(r.topk_NK, E, seed)
+    u_rand = experts_forward(lw.experts, tap.y_NH, rand_N1)
+    v_NCH = visible_field(torch.cat([tap.u_NKH, extra], dim=1), z)
+    v_rand = visible_field(u_rand, z)
+    rho_NC = r.probs_NE.double().gather(1, cand_NC)
+    s_NC = r.scores_NE.double().gather(1, cand_NC)
+    kap_NCC = kappa(v_NCH)
+
+    rho_K = rho_NC[:, :K]
+    c2_N = pair_weighted(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :]) if K > 1 else None
+    w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(
+        -settings.beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
+    c2s_N = pair_weighted(kap_NCC, w_adj)
+    left_out_N = 1.0 - rho_NC.sum(1)
+
+    # Transition incompatibility at the k-th / (k+1)-th swap (`003` Eq. 14).
+    c_k = r.combine_NK[:, K - 1].double()
+    jump_N = c_k * (v_NCH[:, K] - v_NCH[:, K - 1]).double().norm(dim=-1)
+    boundary_N = m_N < settings.boundary_layer_eta
+    # Adjacency specificity (`003` Table 2, ΔBrand): κ(e(k), e_rand) − κ(e(k), e(k+1)).
+    k_rand = kappa(torch.stack([v_NCH[:, K - 1], v_rand[:, 0]], dim=1))[:, 0, 1]
+    spec_N = k_rand - kap_NCC[:, K - 1, K]
+    return {
+        "c2": None if c2_N is None else float(c2_N.mean()),
+        **({"reason": "no co-active pairs (top-1 routing)"} if c2_N is None else {}),
+        "c2_smooth": float(c2s_N.mean()),
+        "c2_smooth_candidates": int(cand_NC.shape[1]),
+        "c2_smooth_truncation_mass": float(left_out_N.mean()),
+        "transition_incompatibility": {
+            "all": float(jump_N.mean()),
+            "boundary": float(jump_N[boundary_N].mean()) if bool(boundary_N.any()) else None,
+            "boundary_tokens": int(boundary_N.sum()),
+        },
+        "adjacency_specificity": float(spec_N.mean()),
+        "ci95": {
+            "c2": None if c2_N is None else boot.mean(c2_N),
+            "c2_smooth": boot.mean(c2s_N),
+            "transition_incompatibility_all": boot.mean(jump_N),
+            "transition_incompatibility_boundary": boot.mean(jump_N, boundary_N),
+            "adjacency_specificity": boot.mean(spec_N),
+        },
+    }

@@ -1,0 +1,87 @@
+"""``moeaudit compare``: both checkpoints' state receipts, pair receipts on base-anchored
+states, and the lifecycle margins (SPEC §5–§6). Cost: one forward + backward per checkpoint,
+then one layer-local pass holding one layer of each checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from moeaudit.canary import Canary
+from moeaudit.checkpoint import Checkpoint
+from moeaudit.errors import InputError
+from moeaudit.jsonio import finite_document
+from moeaudit.margins import handoff, refinement
+from moeaudit.policy import Policy, protected_layers
+from moeaudit.receipts.drift import bootstrap_for, pair_layer
+from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
+from moeaudit.receipts.state import run_state
+from moeaudit.replay.engine import Progress
+
+SCHEMA = "moeaudit.compare/v1"
+ARCH_FIELDS = ("family", "num_layers", "routed_layers", "num_experts", "top_k", "hidden_size",
+               "vocab_size", "expert_dim", "num_heads", "num_kv_heads", "head_dim")
+
+
+def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
+    for name in ARCH_FIELDS:
+        va, vb = getattr(a.spec, name), getattr(b.spec, name)
+        if va != vb:
+            raise InputError(
+                f"{a.path} and {b.path} have different architectures ({name}: {va} vs {vb})",
+                hint="compare checkpoints of the same model",
+            )
+
+
+def load_reference(path: str | Path, canary: Canary, policy: Policy,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """A reference is a healthy checkpoint directory or its receipts JSON on the same canary."""
+    path = Path(path)
+    if path.is_dir():
+        return run_state(Checkpoint(path), canary, policy, progress=progress)[0]
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"reference is neither a checkpoint directory nor receipts JSON ({exc})",
+                         path=path) from exc
+    if not isinstance(doc, dict) or doc.get("schema") != RECEIPTS_SCHEMA:
+        raise InputError(f"reference JSON is not a {RECEIPTS_SCHEMA} document", path=path)
+    if doc["canary"]["digest"]["sha256"] != canary.digest:
+        raise InputError("reference receipts were computed on another canary", path=path,
+                         hint="recompute them with `moeaudit receipts REF --canary ...`")
+    return doc
+
+
+def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, *,
+            reference: str | Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    check_compatible(base, cand)
+    base_doc, base_obs = run_state(base, canary, policy, keep_states=True, progress=progress)
+    cand_doc, cand_obs = run_state(cand, canary, policy, keep_states=True, progress=progress)
+    routed = base.spec.routed_layers
+    layers, drift = [], {}
+    for layer in routed:
+        lw0, lw1 = base.layer_weights(layer), cand.layer_weights(layer)
+        boot = bootstrap_for(policy.receipts, canary.num_windows, layer)
+        entry = pair_layer(base.spec, lw0, lw1, base_obs.states[layer], cand_obs.states[layer], boot)
+        layers.append({"layer": layer, **entry})
+        drift[layer] = entry["drift"]
+        del lw0, lw1
+    protected = protected_layers(policy, routed, str(base.path))
+    margins: dict[str, Any] = {
+        "refinement": refinement(base_doc, cand_doc, drift, protected, policy.margins),
+        "handoff": None,
+    }
+    if reference is not None:
+        ref_doc = load_reference(reference, canary, policy, progress)
+        margins["handoff"] = handoff(cand_doc, ref_doc, protected, policy.margins)
+    doc = {
+        "schema": SCHEMA,
+        "base": base_doc,
+        "candidate": cand_doc,
+        "protected_layers": protected,
+        "policy": {"source": policy.source, "digest": policy.digest, **policy.to_json()},
+        "layers": layers,
+        "margins": margins,
+    }
+    return finite_document(doc)

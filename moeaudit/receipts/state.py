@@ -1,0 +1,89 @@
+"""State receipts of one checkpoint on one canary (SPEC §4), as a ``moeaudit.receipts/v1``
+document. One forward + one backward; every other receipt is computed from its taps."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import torch
+
+from moeaudit import __version__
+from moeaudit.canary import Canary
+from moeaudit.checkpoint import Checkpoint
+from moeaudit.jsonio import finite_document
+from moeaudit.policy import Policy
+from moeaudit.receipts.gradients import grad_stats, gradients
+from moeaudit.receipts.observer import StateObserver
+from moeaudit.replay import ReplayResult, replay
+from moeaudit.replay.engine import Progress
+
+SCHEMA = "moeaudit.receipts/v1"
+
+
+def environment() -> dict[str, Any]:
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "device": "cpu", "dtype": "float32"}
+
+
+def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: bool = False,
+              progress: Progress | None = None) -> tuple[dict[str, Any], StateObserver]:
+    """Replay once and return (receipts document, the observer holding per-layer states)."""
+    canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
+    observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
+    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress)
+    return finite_document(receipts_document(ckpt, canary, result, observer, policy)), observer
+
+
+def state_receipts(ckpt: Checkpoint, canary: Canary, policy: Policy | None = None, *,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    return run_state(ckpt, canary, policy or Policy(), progress=progress)[0]
+
+
+def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
+                      observer: StateObserver, policy: Policy) -> dict[str, Any]:
+    s = ckpt.spec
+    layers = []
+    for i in s.routed_layers:
+        g = result.grads.get(i)
+        entry: dict[str, Any] = {"layer": i, **observer.layers[i]}
+        if g is not None:
+            entry["gradients"] = gradients(g.experts_E, g.router, g.shared if s.shared_dim else None)
+        layers.append(entry)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "tool": {"name": "moeaudit", "version": __version__},
+        "checkpoint": {
+            "name": ckpt.path.name,
+            "digest": {"sha256": ckpt.digest},
+            "family": s.family,
+            "routed_layers": list(s.routed_layers),
+            "experts": s.num_experts,
+            "top_k": s.top_k,
+        },
+        "canary": {
+            "digest": {"sha256": canary.digest},
+            "windows": canary.num_windows,
+            "window_len": canary.window_len,
+            "domains": list(canary.domains),
+        },
+        "settings": {"receipts": policy.to_json()["receipts"], "policy_digest": policy.digest},
+        "environment": environment(),
+        "nll": result.nll,
+        "nll_by_domain": _nll_by_domain(canary, result.nll_windows_W),
+        "predictive_entropy": result.entropy,
+        "layers": layers,
+    }
+    if result.grads:
+        pooled = torch.cat([result.grads[i].experts_E for i in s.routed_layers])
+        doc["pooled"] = {"gradients": grad_stats(pooled)}
+    return doc
+
+
+def _nll_by_domain(canary: Canary, nll_W: torch.Tensor) -> dict[str, float]:
+    out = {}
+    for d, name in enumerate(canary.domains):
+        mask = canary.domain_ids == d
+        if bool(mask.any()):
+            out[name] = float(nll_W[mask].double().mean())
+    return out
