@@ -233,9 +233,13 @@ def canary_show(path: Path, as_json: bool) -> None:
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@click.option("--conflict", is_flag=True,
+              help="Also domain gradient conflict (one extra backward per canary domain).")
+@click.option("--generate", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Also generation receipts from N greedy tokens (N extra forwards).")
 @verbose_option
 def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
-             force: bool) -> None:
+             force: bool, conflict: bool, generate: int) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward)."""
     from moeaudit import canary as canary_mod
     from moeaudit.checkpoint import Checkpoint
@@ -247,7 +251,8 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
     with _progress() as tick:
-        doc = state_receipts(checkpoint, probe, policy, progress=tick)
+        doc = state_receipts(checkpoint, probe, policy, conflict=conflict, generate=generate,
+                             progress=tick)
     _emit_json(doc, json_out, lambda: _print_receipts(doc))
 
 
@@ -269,6 +274,14 @@ def _print_receipts(doc: dict[str, Any]) -> None:
                       _fmt(c.get("c2_smooth"), "+.4f"), _fmt(g.get("grad_mean")),
                       _fmt(g.get("var_grad_norm")))
     out.print(table)
+    if "generation" in doc:
+        gen = doc["generation"]
+        out.print(f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
+                  f"proportion {_fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
+                  f"{_fmt(gen['distinct_2'], '.3f')}, rep-4 {_fmt(gen['rep_4'], '.3f')}")
+    if "conflict" in doc:
+        worst = max(doc["conflict"]["layers"], key=lambda x: x["max_conflict"])
+        out.print(f"domain gradient conflict: max {_fmt(worst['max_conflict'], '.4f')} (layer {worst['layer']})")
     _print_nonfinite(doc)
 
 

@@ -27,17 +27,33 @@ def environment() -> dict[str, Any]:
 
 
 def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: bool = False,
+              conflict: bool = False, generate: int = 0,
               progress: Progress | None = None) -> tuple[dict[str, Any], StateObserver]:
-    """Replay once and return (receipts document, the observer holding per-layer states)."""
+    """Replay once and return (receipts document, the observer holding per-layer states).
+
+    ``conflict`` (one backward per domain) and ``generate`` (G streamed forwards) are the
+    opt-in receipts; everything else comes from the one forward + backward.
+    """
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(ckpt, canary.tokens, observers=[observer], progress=progress)
-    return finite_document(receipts_document(ckpt, canary, result, observer, policy)), observer
+    doc = receipts_document(ckpt, canary, result, observer, policy)
+    if conflict:
+        from moeaudit.receipts.conflict import domain_conflict
+
+        doc["conflict"] = domain_conflict(ckpt, canary)
+    if generate:
+        from moeaudit.receipts.generation import generation_receipts
+
+        doc["generation"] = generation_receipts(ckpt, canary, generate)
+    return finite_document(doc), observer
 
 
 def state_receipts(ckpt: Checkpoint, canary: Canary, policy: Policy | None = None, *,
+                   conflict: bool = False, generate: int = 0,
                    progress: Progress | None = None) -> dict[str, Any]:
-    return run_state(ckpt, canary, policy or Policy(), progress=progress)[0]
+    return run_state(ckpt, canary, policy or Policy(), conflict=conflict, generate=generate,
+                     progress=progress)[0]
 
 
 def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,

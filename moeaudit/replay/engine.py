@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
-from moeaudit.replay.model import MoETap, Routing, decoder_layer, rope_tables, token_nll
+from moeaudit.replay.model import MoETap, Routing, decoder_layer, rms_norm, rope_tables, token_nll
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -44,24 +44,20 @@ def _detached(r: Routing) -> Routing:
     return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach())
 
 
-def replay(
+def forward_pass(
     ckpt: Checkpoint,
     tokens_WT: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
     *,
-    backward: bool = True,
     observers: Sequence[Observer] = (),
-    progress: Progress | None = None,
+    tick: Progress = lambda *_: None,
+    total_steps: int | None = None,
     dtype: torch.dtype = torch.float32,
-) -> ReplayResult:
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing]]:
+    """Stream the decoder once: (final hidden state, each layer's input, routing per layer)."""
     spec = ckpt.spec
-    torch.use_deterministic_algorithms(True)
-    tokens_WT = tokens_WT.long()
-    rope = rope_tables(spec, tokens_WT.shape[1])
-    n_steps = spec.num_layers * (2 if backward else 1)
-    tick = progress or (lambda *_: None)
-
     with torch.no_grad():
-        x = torch.nn.functional.embedding(tokens_WT, ckpt.read_global("embed", dtype))
+        x = torch.nn.functional.embedding(tokens_WT.long(), ckpt.read_global("embed", dtype))
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
     for i in range(spec.num_layers):
@@ -74,17 +70,48 @@ def replay(
             for observe in observers:
                 observe(tap, lw)
         del lw, tap
-        tick("forward", i + 1, n_steps)
+        tick("forward", i + 1, total_steps or spec.num_layers)
+    return x, inputs, routing
+
+
+def replay(
+    ckpt: Checkpoint,
+    tokens_WT: torch.Tensor,
+    *,
+    backward: bool = True,
+    observers: Sequence[Observer] = (),
+    grad_observers: Sequence[Callable[[LayerWeights], None]] = (),
+    window_weights_W: torch.Tensor | None = None,
+    progress: Progress | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> ReplayResult:
+    """One forward (+ one backward) of L = mean next-token NLL over the canary (SPEC §3).
+
+    ``window_weights_W`` replaces the plain mean by Σ_w weight_w · mean_t nll_wt (a domain's
+    mean NLL, for gradient conflict); ``grad_observers`` see each layer's weights with their
+    ``.grad`` filled during the reverse walk.
+    """
+    spec = ckpt.spec
+    torch.use_deterministic_algorithms(True)
+    tokens_WT = tokens_WT.long()
+    rope = rope_tables(spec, tokens_WT.shape[1])
+    n_steps = spec.num_layers * (2 if backward else 1)
+    tick = progress or (lambda *_: None)
+    x, inputs, routing = forward_pass(ckpt, tokens_WT, rope, observers=observers, tick=tick,
+                                      total_steps=n_steps, dtype=dtype)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
     x = x.detach().requires_grad_(backward)
     with torch.set_grad_enabled(backward):
         nll_WT1, logits = token_nll(spec, final_norm, lm_head, x, tokens_WT)
-        loss = nll_WT1.mean()
+        if window_weights_W is None:
+            loss = nll_WT1.mean()
+        else:
+            loss = (nll_WT1.mean(1) * window_weights_W.to(nll_WT1.dtype)).sum()
     with torch.no_grad():
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         entropy = float(-(logp.exp() * logp).sum(-1).mean())
-    result = ReplayResult(float(loss.detach()), nll_WT1.detach().mean(1), entropy, routing)
+    result = ReplayResult(float(nll_WT1.detach().mean()), nll_WT1.detach().mean(1), entropy, routing)
     del logits, logp
     if not backward:
         return result
@@ -100,10 +127,28 @@ def replay(
         grad = x_in.grad
         if lw.routed:
             result.grads[i] = layer_grads(lw)
+        for observe_grad in grad_observers:
+            observe_grad(lw)
         inputs[i] = None  # type: ignore[call-overload]
         del lw, out, x_in
         tick("backward", spec.num_layers + step + 1, n_steps)
     return result
+
+
+def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Greedy continuation [P, new_tokens] (no KV cache: each step re-streams the decoder, which
+    keeps one layer resident; the generation receipts are opt-in because of that cost)."""
+    spec = ckpt.spec
+    final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
+    seq = prompts_PT.long()
+    for _ in range(new_tokens):
+        rope = rope_tables(spec, seq.shape[1])
+        x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype)
+        with torch.no_grad():
+            logits = torch.nn.functional.linear(rms_norm(x[:, -1], final_norm, spec.rms_eps), lm_head)
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+    return seq[:, prompts_PT.shape[1]:]
 
 
 def _norm(tensors: Sequence[torch.Tensor | None]) -> float:

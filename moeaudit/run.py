@@ -1,0 +1,97 @@
+"""A training run directory in the Hugging Face Trainer layout (SPEC §2.3).
+
+``RUN/checkpoint-<step>/`` checkpoints, optional ``metrics.jsonl`` (the training hook's log)
+and ``events.jsonl`` (resumes, regime changes, stage). A checkpoint still being written —
+missing or truncated files — is skipped with a warning and never half-read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moeaudit.checkpoint import Checkpoint
+from moeaudit.errors import CheckpointError, InputError
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+EVENTS = ("resume", "regime_change")
+STAGES = ("pretraining", "post-training")
+
+
+@dataclass(frozen=True)
+class Event:
+    step: int
+    event: str
+    note: str = ""
+
+
+@dataclass
+class Run:
+    path: Path
+    checkpoints: list[tuple[int, Checkpoint]]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    stage: str | None = None  # from events.jsonl; None = not stated there
+    metrics: Path | None = None
+
+    @property
+    def steps(self) -> list[int]:
+        return [s for s, _ in self.checkpoints]
+
+
+def discover(path: str | Path) -> Run:
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError("not a run directory", path=root,
+                         hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
+    found = sorted(
+        (int(m.group(1)), d) for d in root.iterdir() if d.is_dir() and (m := CHECKPOINT_RE.match(d.name))
+    )
+    run = Run(root, [])
+    for step, directory in found:
+        try:
+            run.checkpoints.append((step, Checkpoint(directory)))
+        except CheckpointError as exc:
+            run.skipped.append((directory, exc.diagnostics()))
+    if not run.checkpoints:
+        why = f"; skipped: {run.skipped[0][1]}" if run.skipped else ""
+        raise InputError(f"no usable checkpoint-<step>/ directory{why}", path=root)
+    events_path = root / "events.jsonl"
+    if events_path.is_file():
+        run.events, run.stage = read_events(events_path)
+    if (root / "metrics.jsonl").is_file():
+        run.metrics = root / "metrics.jsonl"
+    return run
+
+
+def read_events(path: Path) -> tuple[list[Event], str | None]:
+    events, stage = [], None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read events ({exc})", path=path) from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"line is not JSON ({exc.msg})", path=where) from exc
+        if not isinstance(obj, dict):
+            raise InputError("line is not a JSON object", path=where)
+        if "stage" in obj and "event" not in obj:  # a metadata line: {"stage": "post-training"}
+            if obj["stage"] not in STAGES:
+                raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)
+            stage = obj["stage"]
+            continue
+        step, event = obj.get("step"), obj.get("event")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise InputError("'step' must be a non-negative integer", path=where)
+        if event not in EVENTS:
+            raise InputError(f"'event' must be one of {EVENTS}, got {event!r}", path=where)
+        note = obj.get("note", "")
+        events.append(Event(step, event, note if isinstance(note, str) else json.dumps(note)))
+    return sorted(events, key=lambda e: e.step), stage
