@@ -1,0 +1,174 @@
+"""Gates and the run verdict (`003` §7–8, Tables 4, 11, 13; SPEC §8). Torch-free.
+
+A run is a sequence of gates, one per checkpoint. The first checkpoint, and the first
+checkpoint at or after every ``resume`` / ``regime_change`` event, is a BASELINE: measured,
+with no preservation claim. Every other gate is compared with the active baseline:
+GREEN when its structure holds, YELLOW on a bad gate, RED when bad for ``escalate_after``
+consecutive gates (Table 13: YELLOW at 500, 1000, 1500, RED at 2000 on Distill-640) or at
+once when structure and scalar are both bad (Table 11, last row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moeaudit.policy import GateSettings
+
+BASELINE, GREEN, YELLOW, RED = "BASELINE", "GREEN", "YELLOW", "RED"
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """One audited checkpoint: its step, receipts document, and why it is a baseline (if)."""
+
+    step: int
+    receipts: Mapping[str, Any]
+    baseline_reason: str | None = None
+
+
+def _layers(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    return {entry["layer"]: entry for entry in doc["layers"]}
+
+
+def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+    """step → reason, for the first checkpoint and the first one at or after each event."""
+    out = {steps[0]: "first checkpoint of the run"}
+    for ev in events:
+        later = [s for s in steps if s >= ev["step"]]
+        if later and later[0] not in out:
+            note = f": {ev['note']}" if ev.get("note") else ""
+            out[later[0]] = f"{ev['event']} at step {ev['step']}{note}"
+    return out
+
+
+def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int],
+               g: GateSettings) -> dict[str, Any]:
+    """c2_ok and occupancy_ok of a gate against its active baseline (SPEC §8)."""
+    now, then = _layers(gate), _layers(base)
+    c2_deltas = {}
+    for layer in protected:
+        a, b = now[layer]["overlap"].get("c2"), then[layer]["overlap"].get("c2")
+        if a is not None and b is not None:
+            c2_deltas[layer] = a - b
+    c2_min = min(c2_deltas.values()) if c2_deltas else None
+    c2_ok = c2_min is None or c2_min >= -g.tol_c2
+    dead_up, pi_ratio, h_ratio = [], [], []
+    for layer, entry in now.items():
+        o, ob = entry["occupancy"], then[layer]["occupancy"]
+        if o["dead"] > ob["dead"] + g.tol_dead:
+            dead_up.append(layer)
+        pi_ratio.append(o["pi_min"] / ob["pi_min"] if ob["pi_min"] > 0 else (1.0 if o["pi_min"] >= 0 else 0.0))
+        h_ratio.append(o["entropy_norm"] / ob["entropy_norm"] if ob["entropy_norm"] > 0 else 1.0)
+    occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
+    return {
+        "c2_ok": c2_ok,
+        "c2_min_delta": c2_min,
+        "occupancy_ok": occupancy_ok,
+        "layers_with_more_dead": dead_up,
+        "pi_min_ratio": min(pi_ratio),
+        "entropy_ratio": min(h_ratio),
+        "ok": c2_ok and occupancy_ok,
+    }
+
+
+def scalar_trend(nll: float, previous: float | None, tol: float) -> str:
+    if previous is None:
+        return "first"
+    if nll < previous - tol:
+        return "improving"
+    if nll > previous + tol:
+        return "worsening"
+    return "stalling"
+
+
+def claims(status: str, trend: str, st: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """What this gate's receipts license and what they do not (Table 4, Table 11)."""
+    lic, not_lic = [], []
+    if trend == "improving":
+        lic.append("the objective improved on the visited region (canary NLL fell)")
+        not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
+    elif trend in ("stalling", "worsening"):
+        lic.append(f"canary NLL is {trend}")
+    if status == BASELINE:
+        lic.append("this is the state of the routed model at this reference point")
+        not_lic.append("any preservation claim about training after this point (needs the next gate)")
+        return {"licensed": lic, "not_licensed": not_lic}
+    assert st is not None
+    if st["occupancy_ok"]:
+        lic.append("expert usage stayed within the occupancy floors of the baseline")
+    else:
+        lic.append("expert usage narrowed against the baseline (occupancy degeneration)")
+    if st["c2_ok"]:
+        lic.append("co-active overlap compatibility (C2) held on the protected layers")
+    else:
+        lic.append("co-active overlap compatibility (C2) fell on a protected layer")
+    if not st["ok"] and trend == "improving":
+        lic.append("scalar improvement without geometric recovery")
+        not_lic.append("structural health or preservation of the routed model")
+    if st["ok"]:
+        lic.append("structure preserved against the active baseline at this gate")
+    not_lic.append("compatibility of co-active experts from occupancy alone, or broad usage from C2 alone")
+    return {"licensed": lic, "not_licensed": not_lic}
+
+
+def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings) -> list[dict[str, Any]]:
+    gates: list[dict[str, Any]] = []
+    base: Checkpointed | None = None
+    previous_nll: float | None = None
+    bad_streak = 0
+    for p in points:
+        nll = p.receipts["nll"]
+        trend = scalar_trend(nll, previous_nll, g.nll_tol)
+        previous_nll = nll
+        summary = gate_summary(p.receipts)
+        if p.baseline_reason is not None or base is None:
+            base, bad_streak = p, 0
+            gates.append({"step": p.step, "status": BASELINE, "baseline": p.step,
+                          "reason": p.baseline_reason or "first checkpoint of the run",
+                          "scalar": trend, "receipts": summary, "claims": claims(BASELINE, trend, None)})
+            continue
+        st = structural(p.receipts, base.receipts, protected, g)
+        bad_streak = 0 if st["ok"] else bad_streak + 1
+        if st["ok"]:
+            status = GREEN
+        elif bad_streak >= g.escalate_after or trend in ("stalling", "worsening"):  # Table 11
+            status = RED
+        else:
+            status = YELLOW
+        gates.append({"step": p.step, "status": status, "baseline": base.step, "scalar": trend,
+                      "structural": st, "consecutive_bad": bad_streak, "receipts": summary,
+                      "claims": claims(status, trend, st)})
+    return gates
+
+
+def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The receipts a gate rests on (`003` Table 3 columns), per layer and in aggregate."""
+    layers = doc["layers"]
+    c2 = [e["overlap"].get("c2") for e in layers if e["overlap"].get("c2") is not None]
+    return {
+        "checkpoint": doc["checkpoint"]["name"],
+        "digest": doc["checkpoint"]["digest"],
+        "nll": doc["nll"],
+        "c2_mean": sum(c2) / len(c2) if c2 else None,
+        "state1_mean": sum(e["boundary"]["margin_mean"] for e in layers) / len(layers),
+        "dead": sum(e["occupancy"]["dead"] for e in layers),
+        "cv_mean": sum(e["occupancy"]["cv"] for e in layers) / len(layers),
+        "entropy_norm_min": min(e["occupancy"]["entropy_norm"] for e in layers),
+        "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"), "dead": e["occupancy"]["dead"],
+                       "pi_min": e["occupancy"]["pi_min"], "state1": e["boundary"]["margin_mean"]}
+                      for e in layers],
+    }
+
+
+def verdict(gates: Sequence[Mapping[str, Any]], checks: Sequence[Mapping[str, Any]]) -> str:
+    """FAIL on any RED or failed evaluated check; PASS when all BASELINE/GREEN and all evaluated
+    checks pass; otherwise INCONCLUSIVE (a YELLOW revokes the success claim)."""
+    evaluated = [c for c in checks if c.get("evaluated")]
+    if any(g["status"] == RED for g in gates) or any(c["status"] == FAIL for c in evaluated):
+        return FAIL
+    if all(g["status"] in (BASELINE, GREEN) for g in gates) and all(c["status"] == PASS for c in evaluated):
+        return PASS
+    return INCONCLUSIVE

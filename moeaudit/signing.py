@@ -1,0 +1,201 @@
+"""DSSE envelopes signed with Ed25519 (default) or ECDSA P-256 (SPEC §9).
+
+The signature covers the DSSE pre-authentication encoding
+``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body``; verification checks it *before* the
+payload is parsed, and hands back only verified bytes. Torch-free, so ``verify`` starts fast.
+keyid = hex SHA-256 of the public key's DER SubjectPublicKeyInfo.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from moeaudit.errors import InputError, MoeauditError, PolicyFailed
+from moeaudit.jsonio import atomic_write
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+PASSPHRASE_ENV = "MOEAUDIT_KEY_PASSPHRASE"
+
+PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+
+
+class SignatureInvalid(PolicyFailed):
+    """The envelope does not verify (exit 1, SPEC §10)."""
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+def keyid(public_key: PublicKey) -> str:
+    der = public_key.public_bytes(serialization.Encoding.DER,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def _check_supported(key: Any, path: Path) -> None:
+    if isinstance(key, (ed25519.Ed25519PrivateKey, ed25519.Ed25519PublicKey)):
+        return
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and isinstance(
+            key.curve, ec.SECP256R1):
+        return
+    raise InputError("unsupported key type", path=path, hint="use Ed25519 or ECDSA P-256 keys")
+
+
+def sign_bytes(key: PrivateKey, data: bytes) -> bytes:
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key.sign(data)
+    return key.sign(data, ec.ECDSA(hashes.SHA256()))
+
+
+def verify_bytes(key: PublicKey, sig: bytes, data: bytes) -> bool:
+    try:
+        if isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(sig, data)
+        else:
+            key.verify(sig, data, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return False
+    return True
+
+
+def sign_envelope(key: PrivateKey, body: bytes, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+    sig = sign_bytes(key, pae(payload_type, body))
+    return {
+        "payload": base64.b64encode(body).decode("ascii"),
+        "payloadType": payload_type,
+        "signatures": [{"keyid": keyid(key.public_key()), "sig": base64.b64encode(sig).decode("ascii")}],
+    }
+
+
+@dataclass(frozen=True)
+class Verified:
+    payload_type: str
+    body: bytes  # the verified payload bytes; parse only these
+    keyid: str
+
+
+def _b64(value: Any, what: str, path: Path) -> bytes:
+    if not isinstance(value, str):
+        raise SignatureInvalid(f"{what} is not a base64 string", path=path)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SignatureInvalid(f"{what} is not valid base64", path=path) from exc
+
+
+def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
+    """Check the DSSE signature over the PAE; only then return the payload bytes."""
+    try:
+        env = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SignatureInvalid(f"not a DSSE envelope (not JSON: {exc})", path=path) from exc
+    if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
+        raise SignatureInvalid("not a DSSE envelope (needs exactly payload, payloadType, signatures)",
+                               path=path)
+    if env["payloadType"] != PAYLOAD_TYPE:
+        raise SignatureInvalid(f"payloadType is {env['payloadType']!r}, expected {PAYLOAD_TYPE!r}", path=path)
+    sigs = env["signatures"]
+    if not isinstance(sigs, list) or len(sigs) != 1:
+        count = len(sigs) if isinstance(sigs, list) else "no"
+        raise SignatureInvalid(f"expected exactly one signature, found {count}", path=path)
+    entry = sigs[0]
+    if not isinstance(entry, dict) or set(entry) - {"keyid", "sig"} or "sig" not in entry:
+        raise SignatureInvalid("signature entry must be {keyid, sig}", path=path)
+    want = keyid(public_key)
+    if entry.get("keyid") != want:
+        raise SignatureInvalid(f"signed by key {str(entry.get('keyid'))[:16]}…, not by this public key "
+                               f"({want[:16]}…)", path=path)
+    body, sig = _b64(env["payload"], "payload", path), _b64(entry["sig"], "signature", path)
+    if not verify_bytes(public_key, sig, pae(PAYLOAD_TYPE, body)):
+        raise SignatureInvalid("signature does not verify: the certificate was modified or signed "
+                               "by another key", path=path)
+    return Verified(PAYLOAD_TYPE, body, want)
+
+
+# ----- keys ------------------------------------------------------------------------------
+
+
+def default_key_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "moeaudit" / "signing-key.pem"
+
+
+def generate_key(path: Path, *, algorithm: str = "ed25519", passphrase: bytes | None = None,
+                 force: bool = False) -> PrivateKey:
+    """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM), atomically."""
+    key: PrivateKey = (ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519"
+                       else ec.generate_private_key(ec.SECP256R1()))
+    enc = (serialization.BestAvailableEncryption(passphrase) if passphrase
+           else serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub_path = path.with_name(path.name + ".pub")
+    if not force:
+        for p in (path, pub_path):
+            if p.exists():
+                raise InputError("key file exists", path=p, hint="pass --force to replace it")
+    atomic_write(path, pem, mode=0o600)
+    atomic_write(pub_path, pub, mode=0o644)
+    return key
+
+
+def load_private_key(path: Path, passphrase: bytes | None = None) -> tuple[PrivateKey, list[str]]:
+    """(key, warnings). The passphrase comes from the argument or $MOEAUDIT_KEY_PASSPHRASE."""
+    warnings = []
+    try:
+        raw = path.read_bytes()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InputError(f"cannot read private key: {exc.strerror or exc}", path=path) from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        warnings.append(f"private key {path} is readable by other users; run: chmod 600 {path}")
+    if passphrase is None and os.environ.get(PASSPHRASE_ENV):
+        passphrase = os.environ[PASSPHRASE_ENV].encode("utf-8")
+    try:
+        key = serialization.load_pem_private_key(raw, password=passphrase)
+    except TypeError as exc:
+        raise KeyNeedsPassphrase("private key is encrypted", path=path,
+                                 hint=f"set {PASSPHRASE_ENV} or answer the prompt") from exc
+    except ValueError as exc:
+        raise InputError(f"not a usable PEM private key ({exc})", path=path,
+                         hint="create one with `moeaudit keygen --out KEY`") from exc
+    _check_supported(key, path)
+    return key, warnings  # type: ignore[return-value]
+
+
+class KeyNeedsPassphrase(InputError):
+    pass
+
+
+def load_public_key(path: Path) -> PublicKey:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read public key: {exc.strerror or exc}", path=path) from exc
+    try:
+        key = serialization.load_pem_public_key(raw)
+    except ValueError as exc:
+        raise InputError("not a PEM public key", path=path,
+                         hint="pass the KEY.pub written by `moeaudit keygen`") from exc
+    _check_supported(key, path)
+    return key  # type: ignore[return-value]
+
+
+__all__ = ["MoeauditError", "SignatureInvalid", "Verified", "default_key_path", "generate_key",
+           "keyid", "load_private_key", "load_public_key", "pae", "sign_envelope", "verify_envelope"]
