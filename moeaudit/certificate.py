@@ -1,0 +1,74 @@
+"""The training-health certificate: an in-toto Statement v1 in a signed DSSE envelope (SPEC §9).
+
+Torch-free. The statement's bytes are canonical JSON (sorted keys, no whitespace, no NaN), so
+the same inputs give the same payload except ``predicate.issued_at``.
+
+Predicate (``https://moeaudit.dev/training-health/v1``)::
+
+    verdict            PASS | FAIL | INCONCLUSIVE
+    run                {name, stage, checkpoints: [step...], skipped: [...], events: [...]}
+    canary             {digest: {sha256}, windows, window_len, domains}
+    policy             {source, digest, calibrated, receipts, margins, envelope, gates}
+    tool               {name, version};  environment {torch, python, device, dtype}
+    protected_layers   [layer...]
+    gates[]            {step, status, baseline, scalar, structural?, receipts{...}, claims{licensed, not_licensed}}
+    checks[]           {name: envelope|refinement|handoff, evaluated, status, value?, reason}
+    envelope           the moeaudit.envelope/v1 summary (series vs Grönwall bound) or null
+    margins            {refinement, handoff} of the last gate against its baseline / reference
+    heatmaps           {occupancy: {layers, pi[layer][expert]}, domains: {names, layers: {layer: {domain: pi[]}}}}
+    claims             the 003 Table 4 rows (receipt, measures, licenses, does_not_license)
+    issued_at          RFC 3339 UTC time of signing (the only non-deterministic field)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from moeaudit.claims import TABLE4
+from moeaudit.errors import InputError
+from moeaudit.signing import PrivateKey, PublicKey, sign_envelope, verify_envelope
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://moeaudit.dev/training-health/v1"
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def statement(subjects: list[dict[str, Any]], predicate: dict[str, Any]) -> dict[str, Any]:
+    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
+            "predicate": predicate}
+
+
+def table4() -> list[dict[str, str]]:
+    return [asdict(c) for c in TABLE4]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def sign_statement(stmt: dict[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
+    stmt = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
+    stmt["predicate"]["issued_at"] = issued_at or now_rfc3339()
+    return sign_envelope(key, canonical_json(stmt))
+
+
+def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
+    """Verify the envelope's signature, then (and only then) parse the statement."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read certificate: {exc.strerror or exc}", path=path) from exc
+    verified = verify_envelope(raw, public_key, path)
+    stmt = json.loads(verified.body.decode("utf-8"))
+    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
+        raise InputError("signed payload is not a moeaudit training-health statement", path=path)
+    stmt["_keyid"] = verified.keyid
+    return stmt
