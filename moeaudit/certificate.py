@@ -72,3 +72,20 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
         raise InputError("signed payload is not a moeaudit training-health statement", path=path)
     stmt["_keyid"] = verified.keyid
     return stmt
+
+
+def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[str]:
+    """Re-hash every subject checkpoint; return a description of each one that changed."""
+    from moeaudit.checkpoint.digest import root_digest
+
+    root = Path(run_dir) if run_dir is not None else Path(stmt["predicate"]["run"]["path"])
+    changed = []
+    for subject in stmt["subject"]:
+        path = root / subject["name"]
+        if not path.is_dir():
+            changed.append(f"{subject['name']} is missing (looked in {path})")
+            continue
+        now = root_digest(path)[0]
+        if now != subject["digest"]["sha256"]:
+            changed.append(f"{subject['name']} now hashes to {now[:16]}…, certified {subject['digest']['sha256'][:16]}…")
+    return changed

@@ -363,6 +363,71 @@ def _print_compare(doc: dict[str, Any]) -> None:
     _print_nonfinite(doc)
 
 
+# ----- keys and verification -------------------------------------------------------------
+
+
+def _passphrase_prompt() -> bytes | None:
+    import os
+    import sys
+
+    from moeaudit.signing import PASSPHRASE_ENV
+
+    if os.environ.get(PASSPHRASE_ENV):
+        return os.environ[PASSPHRASE_ENV].encode()
+    if sys.stdin.isatty():
+        return click.prompt("key passphrase", hide_input=True, default="", show_default=False).encode() or None
+    return None
+
+
+@cli.command()
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Private key path (KEY.pub is written beside it).")
+@click.option("--ecdsa", is_flag=True, help="ECDSA P-256 instead of Ed25519.")
+@click.option("--passphrase-env", is_flag=True,
+              help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
+@click.option("--force", is_flag=True, help="Replace existing key files.")
+@verbose_option
+def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
+    """Create a signing key pair: KEY (mode 0600) and KEY.pub."""
+    import os
+
+    from moeaudit.errors import InputError
+    from moeaudit.signing import PASSPHRASE_ENV, generate_key, keyid
+
+    passphrase = None
+    if passphrase_env:
+        if not os.environ.get(PASSPHRASE_ENV):
+            raise InputError(f"--passphrase-env given but ${PASSPHRASE_ENV} is empty")
+        passphrase = os.environ[PASSPHRASE_ENV].encode()
+    key = generate_key(out, algorithm="ecdsa-p256" if ecdsa else "ed25519", passphrase=passphrase, force=force)
+    click.echo(f"wrote {out} (private, 0600) and {out}.pub; keyid {keyid(key.public_key())}")
+
+
+@cli.command()
+@click.argument("cert", type=click.Path(path_type=Path))
+@click.option("--pubkey", required=True, type=click.Path(path_type=Path))
+@click.option("--recheck", is_flag=True, help="Re-hash the certified checkpoints and compare digests.")
+@click.option("--run-dir", type=click.Path(path_type=Path),
+              help="Where the certified run is now (default: the path recorded in the certificate).")
+@verbose_option
+def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> None:
+    """Verify a certificate's signature (exit 0 valid, 1 invalid)."""
+    from moeaudit.certificate import open_certificate, recheck_subjects
+    from moeaudit.signing import load_public_key
+
+    stmt = open_certificate(cert, load_public_key(pubkey))
+    pred = stmt["predicate"]
+    click.echo(f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
+               f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}")
+    if recheck:
+        changed = recheck_subjects(stmt, run_dir)
+        if changed:
+            from moeaudit.signing import SignatureInvalid
+
+            raise SignatureInvalid("checkpoint(s) changed since certification: " + "; ".join(changed),
+                                   path=cert)
+        click.echo(f"recheck: all {len(stmt['subject'])} checkpoint digests match")
+
+
 # ----- samples ---------------------------------------------------------------------------
 
 
