@@ -363,6 +363,83 @@ def _print_compare(doc: dict[str, Any]) -> None:
     _print_nonfinite(doc)
 
 
+# ----- certify -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).")
+@policy_option
+@click.option("--reference", type=click.Path(path_type=Path),
+              help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.")
+@click.option("--key", type=click.Path(path_type=Path),
+              help="Signing key (default: your moeaudit key, created on first use).")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Output directory (default: ./moeaudit-certificates/<run name>).")
+@click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
+@verbose_option
+def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
+            key: Path | None, out: Path | None, force: bool) -> None:
+    """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.certify import audit_run, write_outputs
+    from moeaudit.locate import require_canary
+
+    out = out or Path("moeaudit-certificates") / run_dir.resolve().name
+    for p in (out / "certificate.json", out / "certificate.html"):
+        if p.exists() and not force:
+            from moeaudit.errors import InputError
+            raise InputError("a certificate already exists here", path=p, hint="pass --force to replace it")
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
+    policy = _load_policy(policy_path, run_dir)
+    signing_key = _signing_key(key)
+    audit = audit_run(run_dir, probe, policy, reference=reference, say=lambda m: err.print(m))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = write_outputs(audit, signing_key, out, force=force)
+    _print_gates(audit.statement["predicate"])
+    click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")
+
+
+def _signing_key(path: Path | None):
+    from moeaudit.signing import KeyNeedsPassphrase, default_key_path, generate_key, load_private_key
+
+    if path is None:
+        path = default_key_path()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            generate_key(path)
+            err.print(f"created your signing key {path} (0600) and {path}.pub — keep the private key safe")
+    try:
+        key, warnings = load_private_key(path)
+    except KeyNeedsPassphrase:
+        key, warnings = load_private_key(path, _passphrase_prompt())
+    for w in warnings:
+        err.print(f"warning: {w}")
+    return key
+
+
+VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
+STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
+
+
+def _print_gates(pred: dict[str, Any]) -> None:
+    table = Table("step", "gate", "vs", "NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
+                  title=f"{pred['run']['name']} ({pred['run']['stage']}) — gates")
+    for g in pred["gates"]:
+        r = g["receipts"]
+        st = STATUS_STYLE.get(g["status"], "")
+        table.add_row(str(g["step"]), f"[{st}]{g['status']}[/]", str(g["baseline"]), _fmt(r["nll"], ".4f"),
+                      g["scalar"], _fmt(r["c2_mean"], "+.4f"), _fmt(r["state1_mean"], ".4f"),
+                      str(r["dead"]), _fmt(r["cv_mean"], ".3f"), _fmt(r["entropy_norm_min"], ".3f"))
+    out.print(table)
+    for c in pred["checks"]:
+        status = c["status"] if c["evaluated"] else "not evaluated"
+        out.print(f"  {c['name']}: {status} — {c['reason']}")
+    v = pred["verdict"]
+    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/]")
+
+
 # ----- keys and verification -------------------------------------------------------------
 
 

@@ -1,0 +1,230 @@
+"""``moeaudit certify``: audit a whole run and issue a signed certificate (SPEC §8–§9).
+
+Discover the checkpoints → replay each once (state receipts) → pair receipts of each gate
+against its active baseline → gates → envelope series (logs and replays) → margins → checks
+→ verdict → in-toto statement → DSSE envelope → files. Only the last step writes, each file
+atomically, the certificate last: an interrupted run leaves no partial certificate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moeaudit import __version__
+from moeaudit.canary import Canary
+from moeaudit.certificate import statement, table4
+from moeaudit.errors import InputError
+from moeaudit.gates import FAIL, PASS, Checkpointed, baselines, evaluate_gates, verdict
+from moeaudit.jsonio import finite_document
+from moeaudit.margins import handoff, refinement
+from moeaudit.policy import Policy, protected_layers
+from moeaudit.receipts.drift import bootstrap_for, pair_layer
+from moeaudit.receipts.state import environment, run_state
+from moeaudit.run import Run, discover
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Audit:
+    """Everything a certificate is made of, before signing."""
+
+    run: Run
+    statement: dict[str, Any]
+    receipts: dict[str, dict[str, Any]] = field(default_factory=dict)  # file name → document
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return self.statement["predicate"]["verdict"]
+
+
+def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
+              reference: str | Path | None = None, say: Say = lambda _m: None) -> Audit:
+    run = discover(run_path)
+    warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
+    for w in warnings:
+        say(f"warning: {w}")
+    first = run.checkpoints[0][1]
+    for _, ckpt in run.checkpoints[1:]:
+        from moeaudit.receipts.pair import check_compatible
+
+        check_compatible(first, ckpt)
+    protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
+    events = [{"step": e.step, "event": e.event, "note": e.note} for e in run.events]
+    base_at = baselines(run.steps, events)
+
+    docs, points, pairs = {}, [], {}
+    base_state = None
+    for n, (step, ckpt) in enumerate(run.checkpoints, 1):
+        say(f"[{n}/{len(run.checkpoints)}] replaying {ckpt.path.name}")
+        doc, obs = run_state(ckpt, canary, policy, keep_states=True)
+        docs[step] = doc
+        points.append(Checkpointed(step, doc, base_at.get(step)))
+        if step in base_at or base_state is None:
+            base_state = (step, ckpt, obs)
+            continue
+        pairs[step] = _pair(base_state, (step, ckpt, obs), canary, policy)
+        del obs
+    gates = evaluate_gates(points, protected, policy.gates)
+
+    stage = run.stage or policy.gates.stage
+    last_step, last_base = gates[-1]["step"], gates[-1]["baseline"]
+    margins = {"refinement": None, "handoff": None}
+    if last_step in pairs:
+        drift = {entry["layer"]: entry["drift"] for entry in pairs[last_step]["layers"]}
+        margins["refinement"] = refinement(docs[last_base], docs[last_step], drift, protected, policy.margins)
+    if reference is not None:
+        from moeaudit.receipts.pair import load_reference
+
+        margins["handoff"] = handoff(docs[last_step], load_reference(reference, canary, policy),
+                                     protected, policy.margins)
+    env_report = _envelope(run, docs, policy, events, say)
+    checks = _checks(stage, margins, env_report, docs)
+    predicate = {
+        "verdict": verdict(gates, checks),
+        "run": {"name": run.path.name, "path": str(run_path), "stage": stage,
+                "checkpoints": run.steps, "skipped": [p.name for p, _ in run.skipped], "events": events},
+        "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
+                   "window_len": canary.window_len, "domains": list(canary.domains)},
+        "policy": {"source": policy.source, "digest": policy.digest,
+                   "calibrated": policy.envelope.calibrated, **policy.to_json()},
+        "tool": {"name": "moeaudit", "version": __version__},
+        "environment": environment(),
+        "protected_layers": protected,
+        "gates": gates,
+        "checks": checks,
+        "envelope": env_report,
+        "margins": margins,
+        "heatmaps": _heatmaps(docs[last_step]),
+        "claims": table4(),
+    }
+    subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
+    audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
+    for step, doc in docs.items():
+        audit.receipts[f"checkpoint-{step}.json"] = doc
+    for step, pair in pairs.items():
+        audit.receipts[f"pair-{step}-vs-{pair['base_step']}.json"] = pair
+    if env_report is not None:
+        audit.receipts["envelope.json"] = env_report
+    return audit
+
+
+def _pair(base: tuple, cand: tuple, canary: Canary, policy: Policy) -> dict[str, Any]:
+    (b_step, b_ckpt, b_obs), (c_step, c_ckpt, c_obs) = base, cand
+    layers = []
+    for layer in b_ckpt.spec.routed_layers:
+        boot = bootstrap_for(policy.receipts, canary.num_windows, layer)
+        entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer), c_ckpt.layer_weights(layer),
+                           b_obs.states[layer], c_obs.states[layer], boot)
+        layers.append({"layer": layer, **entry})
+    return finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
+                            "layers": layers})
+
+
+def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events: list[dict[str, Any]],
+              say: Say) -> dict[str, Any] | None:
+    """The envelope on the logs when the run has them (every logged step), else on replays."""
+    from moeaudit import envelope as env
+    from moeaudit.metrics import read_metrics
+
+    settings = policy.envelope
+    breaks = [e["step"] for e in events]
+    if run.metrics is not None:
+        series = env.from_metrics(read_metrics(run.metrics), settings.variant)
+    elif len(docs) >= 2:
+        steps = sorted(docs)
+        norms = {str(entry["layer"]): [next(e for e in docs[s]["layers"] if e["layer"] == entry["layer"])
+                                       ["gradients"]["grad_norms"] for s in steps]
+                 for entry in docs[steps[0]]["layers"]}
+        series = env.from_norms("replay", steps, norms, settings.variant, origin=str(run.path))
+    else:
+        say("envelope: not evaluated (no metrics.jsonl and fewer than two checkpoints)")
+        return None
+    return env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+
+
+def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | None,
+            docs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """PASS/FAIL checks, each evaluated only where it is the relevant question (`003` Table 5)."""
+    checks = []
+    if env_report is None:
+        checks.append({"name": "envelope", "evaluated": False, "status": None,
+                       "reason": "no series: no metrics.jsonl and fewer than two checkpoints"})
+    else:
+        fv = env_report.get("first_violation")
+        reason = (f"compliant on every window ({env_report['source']})" if env_report["compliant"] else
+                  f"leaves the envelope at step {fv['step']} (series {fv['layer']}, {fv['check']})")
+        checks.append({"name": "envelope", "evaluated": True,
+                       "status": PASS if env_report["compliant"] else FAIL, "reason": reason})
+    ref = margins["refinement"]
+    if ref is None:
+        checks.append({"name": "refinement", "evaluated": False, "status": None,
+                       "reason": "the last checkpoint is a baseline; nothing to compare"})
+    else:
+        gated = stage == "post-training"
+        checks.append({"name": "refinement", "evaluated": gated,
+                       "status": (PASS if ref["exact"] >= 0 else FAIL) if gated else None,
+                       "value": ref["exact"],
+                       "reason": ("post-training run: refinement is gated" if gated
+                                  else "pretraining run: refinement is reported, not gated")})
+    hand = margins["handoff"]
+    checks.append({"name": "handoff", "evaluated": hand is not None,
+                   "status": None if hand is None else (PASS if hand["exact"] >= 0 else FAIL),
+                   **({"value": hand["exact"]} if hand is not None else {}),
+                   "reason": "against the given reference" if hand is not None else "no --reference given"})
+    bad = sorted({f["path"] for d in docs.values() for f in d.get("nonfinite", [])})
+    checks.append({"name": "finite", "evaluated": True, "status": FAIL if bad else PASS,
+                   "reason": ("non-finite receipts: " + ", ".join(bad[:5])) if bad else "every receipt is finite"})
+    return checks
+
+
+def _heatmaps(doc: dict[str, Any]) -> dict[str, Any]:
+    layers = doc["layers"]
+    return {
+        "checkpoint": doc["checkpoint"]["name"],
+        "occupancy": {"layers": [e["layer"] for e in layers], "pi": [e["occupancy"]["pi"] for e in layers]},
+        "domains": {"names": layers[0]["domains"]["domains"] if layers else [],
+                    "layers": {str(e["layer"]): e["domains"]["pi"] for e in layers}},
+    }
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+__all__ = ["Audit", "audit_run", "InputError"]
+
+
+def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
+                  issued_at: str | None = None) -> dict[str, Path]:
+    """Sign and write receipts/, certificate.html and certificate.json (last), each atomically."""
+    import base64
+    import json
+
+    from moeaudit.certificate import canonical_json, sign_statement
+    from moeaudit.jsonio import atomic_write, dumps
+    from moeaudit.render import render_html
+    from moeaudit.signing import keyid
+
+    cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
+    if not force:
+        for p in (cert_path, html_path):
+            if p.exists():
+                raise InputError("a certificate already exists here", path=p, hint="pass --force to replace it")
+    envelope = sign_statement(audit.statement, key, issued_at=issued_at)
+    env_bytes = dumps(envelope).encode("utf-8")
+    body = base64.b64decode(envelope["payload"])
+    signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
+    assert canonical_json(signed) == body
+    html = render_html(signed, keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes))
+    (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
+    for name, doc in sorted(audit.receipts.items()):
+        atomic_write(out_dir / "receipts" / name, dumps(doc))
+    atomic_write(html_path, html)
+    atomic_write(cert_path, env_bytes)
+    return {"certificate": cert_path, "html": html_path, "receipts": out_dir / "receipts"}
