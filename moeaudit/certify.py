@@ -72,7 +72,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         del obs
     gates = evaluate_gates(points, protected, policy.gates)
 
-    stage = run.stage or policy.gates.stage
+    stage = run.stage or policy.gates.stage or "pretraining"
     last_step, last_base = gates[-1]["step"], gates[-1]["baseline"]
     margins = {"refinement": None, "handoff": None}
     if last_step in pairs:
@@ -177,9 +177,11 @@ def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | No
                    "status": None if hand is None else (PASS if hand["exact"] >= 0 else FAIL),
                    **({"value": hand["exact"]} if hand is not None else {}),
                    "reason": "against the given reference" if hand is not None else "no --reference given"})
-    bad = sorted({f["path"] for d in docs.values() for f in d.get("nonfinite", [])})
+    bad = sorted({f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]})
+    bad += sorted({f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])})
     checks.append({"name": "finite", "evaluated": True, "status": FAIL if bad else PASS,
-                   "reason": ("non-finite receipts: " + ", ".join(bad[:5])) if bad else "every receipt is finite"})
+                   "reason": ("NaN/Inf found: " + "; ".join(bad[:5])) if bad
+                   else "every weight and receipt is finite"})
     return checks
 
 

@@ -440,6 +440,50 @@ def _print_gates(pred: dict[str, Any]) -> None:
     out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/]")
 
 
+# ----- gate ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path))
+@policy_option
+@click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
+@click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
+@verbose_option
+def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
+         reference: Path | None, junit: Path | None) -> None:
+    """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3)."""
+    import os
+
+    from moeaudit import canary as canary_mod
+    from moeaudit.jsonio import atomic_write
+    from moeaudit.locate import require_canary
+    from moeaudit.promote import HOLD, INCONCLUSIVE, decide, junit_xml, logs_envelope, markdown_summary
+    from moeaudit.receipts.pair import compare as run_compare
+
+    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
+    policy = _load_policy(policy_path, base)
+    with _progress() as tick:
+        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
+    result = decide(doc, policy, logs_envelope(candidate, policy))
+    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
+    out.print(f"[{style}]{result['decision']}[/] {result['candidate']} over {result['base']} "
+              f"({result['stage']} policy)")
+    for cond in result["conditions"]:
+        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
+        out.print(f"  {mark} {cond['name']}: {cond['status']} — {cond['detail']}")
+    if junit is not None:
+        atomic_write(junit, junit_xml(result))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(markdown_summary(result))
+    code = {HOLD: 1, INCONCLUSIVE: 3}.get(result["decision"], 0)
+    raise SystemExit(code)
+
+
 # ----- keys and verification -------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moeaudit.envelope import alert_rule_problem  # torch-free; imports policy only for types
 from moeaudit.errors import InputError
 
 BUILTIN = "built-in default"
@@ -57,7 +58,9 @@ class EnvelopeSettings:
     calibrated: bool = False
     provenance: str = "000 Table 6 (illustrative)"
     alert_a: float = 1e-4
-    alert_b: float = 0.02
+    # `000` Table 6 has b = 0.02, which can never fire with a = 1e-4 (var < a²/4 = 2.5e-9);
+    # a²/400 is 1% of that ceiling (std of the suppressed norms > a/20). docs/envelope.md.
+    alert_b: float = 2.5e-11
     alert_n: int = 3
     dead_grad: float = 1e-6
     dead_steps: int = 100
@@ -67,7 +70,9 @@ class EnvelopeSettings:
 class GateSettings:
     """SPEC §8 / `003` Tables 11, 13."""
 
-    stage: str = "pretraining"
+    # None: not stated — `certify` then takes the run's own stage (events.jsonl) or pretraining,
+    # and `gate` treats a promotion as post-training (SPEC §8, §9).
+    stage: str | None = None
     escalate_after: int = 4
     tol_c2: float = 0.02
     tol_dead: int = 0
@@ -159,6 +164,10 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
         if not isinstance(value, str):
             raise bad("a string")
         return value
+    if where == "gates.stage":
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
     if isinstance(default, tuple) or default is None:  # lists of numbers / layer indices
         if not isinstance(value, list) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
@@ -187,13 +196,35 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
         (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),
         (e.alert_n >= 1 and e.dead_steps >= 1, "envelope.alert_n and dead_steps must be ≥ 1"),
-        (g.stage in ("pretraining", "post-training"), "gates.stage must be 'pretraining' or 'post-training'"),
+        (g.stage in (None, "pretraining", "post-training"),
+         "gates.stage must be 'pretraining' or 'post-training'"),
         (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
         (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
     ]
     for ok, message in checks:
         if not ok:
             raise InputError(message, path=path)
+    validate_envelope(policy, path)
+
+
+def validate_envelope(policy: Policy, path: str | Path = "<policy>") -> None:
+    """Envelope rules that can never fire are refused, with the reason (SPEC §7, `000` Eq. 21).
+
+    Only what is knowable without the model: the raw-variance ceiling a²/4. The bounds that
+    depend on the expert count E are checked when the series is evaluated (envelope.py).
+    """
+    e = policy.envelope
+    checks = [
+        (e.alert_b >= 0, "envelope.alert_b must be ≥ 0 (a variance is never negative)"),
+        (e.dead_grad > 0, "envelope.dead_grad must be > 0 (norms are ≥ 0; 0 marks no expert dead)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(message, path=path)
+    why = alert_rule_problem(e.alert_a, e.alert_b, e.variant)
+    if why:
+        raise InputError(f"envelope.alert_a / alert_b: {why}", path=path,
+                         hint="000 Table 6 / Eq. 21 as written (a = 1e-4, b = 0.02) is such a rule")
 
 
 def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where: str = "") -> list[int]:

@@ -88,6 +88,7 @@ def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
         "nll": result.nll,
         "nll_by_domain": _nll_by_domain(canary, result.nll_windows_W),
         "predictive_entropy": result.entropy,
+        "nonfinite_weights": result.nonfinite_weights,
         "layers": layers,
     }
     if result.grads:

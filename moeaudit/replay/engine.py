@@ -38,10 +38,19 @@ class ReplayResult:
     entropy: float  # teacher-forced predictive entropy, mean over the W·(T−1) positions
     routing: dict[int, Routing] = field(default_factory=dict)
     grads: dict[int, LayerGrads] = field(default_factory=dict)
+    nonfinite_weights: list[str] = field(default_factory=list)  # "layer 3 router", "lm_head", ...
 
 
 def _detached(r: Routing) -> Routing:
     return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach())
+
+
+def nonfinite_names(lw: LayerWeights) -> list[str]:
+    """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass)."""
+    bad = [f"layer {lw.layer} {n}" for n, t in lw.params.items() if not bool(torch.isfinite(t).all())]
+    bad += [f"layer {lw.layer} expert {e} {n}" for e, w in enumerate(lw.experts)
+            for n, t in w.items() if not bool(torch.isfinite(t).all())]
+    return bad
 
 
 def forward_pass(
@@ -53,15 +62,23 @@ def forward_pass(
     tick: Progress = lambda *_: None,
     total_steps: int | None = None,
     dtype: torch.dtype = torch.float32,
+    nonfinite: list[str] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing]]:
-    """Stream the decoder once: (final hidden state, each layer's input, routing per layer)."""
+    """Stream the decoder once: (final hidden state, each layer's input, routing per layer).
+    Names of weights holding NaN/Inf are appended to ``nonfinite`` when it is given."""
     spec = ckpt.spec
+    embed = ckpt.read_global("embed", dtype)
+    if nonfinite is not None and not bool(torch.isfinite(embed).all()):
+        nonfinite.append("embed")
     with torch.no_grad():
-        x = torch.nn.functional.embedding(tokens_WT.long(), ckpt.read_global("embed", dtype))
+        x = torch.nn.functional.embedding(tokens_WT.long(), embed)
+    del embed
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
     for i in range(spec.num_layers):
         lw = ckpt.layer_weights(i, dtype)
+        if nonfinite is not None:
+            nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
         with torch.no_grad():
             x, tap = decoder_layer(spec, lw, x, rope)
@@ -97,10 +114,12 @@ def replay(
     rope = rope_tables(spec, tokens_WT.shape[1])
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
+    bad: list[str] = []
     x, inputs, routing = forward_pass(ckpt, tokens_WT, rope, observers=observers, tick=tick,
-                                      total_steps=n_steps, dtype=dtype)
+                                      total_steps=n_steps, dtype=dtype, nonfinite=bad)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
+    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head)) if not bool(torch.isfinite(t).all())]
     x = x.detach().requires_grad_(backward)
     with torch.set_grad_enabled(backward):
         nll_WT1, logits = token_nll(spec, final_norm, lm_head, x, tokens_WT)
@@ -111,7 +130,8 @@ def replay(
     with torch.no_grad():
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         entropy = float(-(logp.exp() * logp).sum(-1).mean())
-    result = ReplayResult(float(nll_WT1.detach().mean()), nll_WT1.detach().mean(1), entropy, routing)
+    result = ReplayResult(float(nll_WT1.detach().mean()), nll_WT1.detach().mean(1), entropy, routing,
+                          nonfinite_weights=bad)
     del logits, logp
     if not backward:
         return result

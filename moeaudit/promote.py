@@ -1,0 +1,99 @@
+"""``moeaudit gate``: promote or hold a candidate checkpoint against its base (SPEC §9, CI gate).
+
+Promote (exit 0) when the candidate's gate against the base is GREEN, its exact refinement
+margin is ≥ 0 (dropped for a pretraining policy), its handoff margin is ≥ 0 when a reference
+is given, the envelope holds when training logs are available, and no weight is non-finite;
+otherwise hold (exit 1), naming the failed conditions. Evidence within the policy's
+``inconclusive_band`` of a threshold is INCONCLUSIVE (exit 3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from moeaudit.gates import structural
+from moeaudit.policy import Policy
+
+PROMOTE, HOLD, INCONCLUSIVE = "PROMOTE", "HOLD", "INCONCLUSIVE"
+
+
+def _condition(name: str, ok: bool | None, value: float | None, threshold: float | None, band: float,
+               detail: str) -> dict[str, Any]:
+    near = value is not None and threshold is not None and abs(value - threshold) < band
+    status = "skipped" if ok is None else ("inconclusive" if near else ("pass" if ok else "fail"))
+    return {"name": name, "status": status, "value": value, "threshold": threshold, "detail": detail}
+
+
+def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any] | None) -> dict[str, Any]:
+    g, band = policy.gates, policy.gates.inconclusive_band
+    base, cand = compare_doc["base"], compare_doc["candidate"]
+    st = structural(cand, base, compare_doc["protected_layers"], g)
+    conds = [
+        _condition("gate GREEN (C2)", st["c2_ok"], st["c2_min_delta"], -g.tol_c2, band,
+                   f"min protected-layer ΔC2 {st['c2_min_delta']} vs −tol_c2 {-g.tol_c2}"),
+        _condition("gate GREEN (occupancy)", st["occupancy_ok"], None, None, band,
+                   f"more dead experts on layers {st['layers_with_more_dead']}, π_min ratio "
+                   f"{st['pi_min_ratio']:.3f} (floor {g.pi_min_ratio_floor}), entropy ratio "
+                   f"{st['entropy_ratio']:.3f} (floor {g.entropy_ratio_floor})"),
+    ]
+    ref = compare_doc["margins"]["refinement"]
+    stage = g.stage or "post-training"  # a promotion is post-training unless the policy says otherwise
+    if stage == "pretraining":
+        conds.append(_condition("refinement r_ex ≥ 0", None, ref["exact"], 0.0, band,
+                                "pretraining policy: refinement is reported, not gated"))
+    else:
+        conds.append(_condition("refinement r_ex ≥ 0", ref["exact"] >= 0, ref["exact"], 0.0, band,
+                                f"r_ex = {ref['exact']:+.4f} (τ = {ref['tau']})"))
+    hand = compare_doc["margins"]["handoff"]
+    conds.append(_condition("handoff h_ex ≥ 0", None if hand is None else hand["exact"] >= 0,
+                            None if hand is None else hand["exact"], 0.0, band,
+                            "no --reference" if hand is None else f"h_ex = {hand['exact']:+.4f}"))
+    conds.append(_condition("envelope holds", None if envelope is None else envelope["compliant"], None, None,
+                            band, "no training logs (metrics.jsonl) beside the candidate" if envelope is None
+                            else f"first violation: {envelope['first_violation']}"))
+    bad = cand["nonfinite_weights"] + [f["path"] for f in cand.get("nonfinite", [])]
+    conds.append(_condition("all weights finite", not bad, None, None, band,
+                            "; ".join(bad[:5]) if bad else "every weight and receipt is finite"))
+    statuses = {c["status"] for c in conds}
+    decision = HOLD if "fail" in statuses else INCONCLUSIVE if "inconclusive" in statuses else PROMOTE
+    return {"decision": decision, "conditions": conds, "base": base["checkpoint"]["name"],
+            "candidate": cand["checkpoint"]["name"], "stage": stage}
+
+
+def junit_xml(result: dict[str, Any]) -> str:
+    cases = []
+    for c in result["conditions"]:
+        inner = ""
+        if c["status"] == "fail":
+            inner = f"<failure message={quoteattr(c['detail'])}/>"
+        elif c["status"] in ("skipped", "inconclusive"):
+            inner = f"<skipped message={quoteattr(c['status'] + ': ' + c['detail'])}/>"
+        cases.append(f'  <testcase classname="moeaudit.gate" name={quoteattr(c["name"])}>{inner}</testcase>')
+    failures = sum(c["status"] == "fail" for c in result["conditions"])
+    skipped = sum(c["status"] in ("skipped", "inconclusive") for c in result["conditions"])
+    name = escape(f"{result['base']} → {result['candidate']}")
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="moeaudit gate: {name}" '
+            f'tests="{len(cases)}" failures="{failures}" skipped="{skipped}">\n' + "\n".join(cases)
+            + "\n</testsuite>\n")
+
+
+def markdown_summary(result: dict[str, Any]) -> str:
+    icon = {"PROMOTE": "✅", "HOLD": "⛔", "INCONCLUSIVE": "⚠️"}[result["decision"]]
+    lines = [f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
+             "", "| condition | status | detail |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c['detail'].replace('|', '/')} |" for c in result["conditions"]]
+    return "\n".join(lines) + "\n"
+
+
+def logs_envelope(candidate: Path, policy: Policy) -> dict[str, Any] | None:
+    """The envelope over the candidate's run logs, when its run directory has metrics.jsonl."""
+    metrics = candidate.resolve().parent / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    from moeaudit import envelope as env
+    from moeaudit.metrics import read_metrics
+
+    series = env.from_metrics(read_metrics(metrics), policy.envelope.variant)
+    return env.evaluate(series, policy.envelope, policy_path=policy.source)
