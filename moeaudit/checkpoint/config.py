@@ -18,6 +18,14 @@ from moeaudit.errors import CheckpointError
 # transformers' ``default_theta`` per family (RotaryEmbeddingConfigMixin falls back to 1e4).
 DEFAULT_ROPE_THETA = {"mixtral": 1e6}
 DEFAULT_RMS_EPS = {"mixtral": 1e-5, "olmoe": 1e-5, "qwen2_moe": 1e-6, "qwen3_moe": 1e-6}
+# The expert count under either name transformers' ``attribute_map`` accepts, canonical first:
+# v5 writes Qwen3-MoE's as ``num_local_experts``, the hub's v4 configs as ``num_experts``.
+EXPERT_COUNT_KEYS = {
+    "mixtral": ("num_local_experts", "num_experts"),
+    "olmoe": ("num_experts", "num_local_experts"),
+    "qwen2_moe": ("num_experts",),
+    "qwen3_moe": ("num_experts", "num_local_experts"),
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class ModelSpec:
     dense_dim: int = 0  # intermediate size of a dense MLP layer (mlp_only_layers)
     shared_dim: int = 0  # intermediate size of the shared expert (0 = none)
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()  # layers whose attention uses the window
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,9 +68,13 @@ class ModelSpec:
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
 
+    def attention_window(self, layer: int) -> int | None:
+        return self.sliding_window if layer in self.sliding_layers else None
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["routed_layers"] = list(self.routed_layers)
+        out["sliding_layers"] = list(self.sliding_layers)
         out["routing"] = self.routing
         return out
 
@@ -93,8 +106,9 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
     heads = get("num_attention_heads", int)
     kv_heads = get("num_key_value_heads", int, heads) or heads
     n_layers = get("num_hidden_layers", int)
-    experts_key = "num_local_experts" if family == "mixtral" else "num_experts"
-    num_experts = get(experts_key, int)
+    window = _sliding_window(cfg, family)
+    keys = EXPERT_COUNT_KEYS[family]
+    num_experts = get(next((k for k in keys if cfg.get(k) is not None), keys[0]), int)
     top_k = get("num_experts_per_tok", int)
     if not 1 <= top_k <= num_experts:
         raise CheckpointError(f"num_experts_per_tok={top_k} not in 1..{num_experts}", path=path)
@@ -123,7 +137,8 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         tie_embeddings=bool(get("tie_word_embeddings", bool, False)),
         dense_dim=get("intermediate_size", int, 0) if family.startswith("qwen") else 0,
         shared_dim=get("shared_expert_intermediate_size", int, 0) if family == "qwen2_moe" else 0,
-        sliding_window=_sliding_window(cfg, family),
+        sliding_window=window,
+        sliding_layers=_sliding_layers(cfg, family, n_layers, window, path),
     )
 
 
@@ -182,3 +197,23 @@ def _sliding_window(cfg: dict[str, Any], family: str) -> int | None:
         return None
     window = cfg.get("sliding_window")
     return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def _sliding_layers(cfg: dict[str, Any], family: str, n_layers: int, window: int | None,
+                    path: Path | str) -> tuple[int, ...]:
+    """Mixtral and Qwen3-MoE window every layer; Qwen2-MoE only its ``layer_types`` ones.
+
+    A config without ``layer_types`` gets transformers v5's rule for it: every other layer,
+    starting with the first, below ``max_window_layers``.
+    """
+    if window is None:
+        return ()
+    if family != "qwen2_moe":
+        return tuple(range(n_layers))
+    types = cfg.get("layer_types")
+    if types is None:
+        below = cfg.get("max_window_layers", 28)
+        return tuple(i for i in range(n_layers) if i % 2 == 0 and i < below)
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise CheckpointError(f"config.json: layer_types must list {n_layers} layers", path=path)
+    return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")

@@ -44,7 +44,7 @@ def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], w: str, b: str) -> torc
 
 
 def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+              rope: tuple[torch.Tensor, torch.Tensor], window: int | None) -> torch.Tensor:
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
     q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
@@ -66,7 +66,7 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     if nkv != nh:
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
         v_BnTD = v_BnTD.repeat_interleave(nh // nkv, dim=1)
-    mask = _causal_mask(T, spec.sliding_window, x_BTH.device)
+    mask = _causal_mask(T, window, x_BTH.device)
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
                                          is_causal=mask is None, scale=D**-0.5)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
@@ -164,7 +164,8 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor) -> tuple[t
 def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
                   rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, MoETap | None]:
     p = lw.params
-    h = x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope)
+    window = spec.attention_window(lw.layer)
+    h = x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope, window)
     if lw.routed:
         mlp_out, tap = moe_block(spec, lw, h)
         return h + mlp_out, tap

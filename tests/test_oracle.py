@@ -1,0 +1,417 @@
+"""Replay agrees with Hugging Face transformers on the same checkpoint (SPEC §3).
+
+transformers is the external oracle: it loads the directory ``save_pretrained`` wrote and
+runs it in float32 with eager attention; moeaudit reads the same files with its own reader
+and decoder. Router logits, active sets, combine weights, hidden states, loss and gradient
+norms must agree to float32 tolerance. The last tests check laws of the replay itself:
+storage layout (per-expert, fused, sharded) does not change a bit, two replays are
+bit-identical, and relabelling experts consistently changes nothing but the labels.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+
+from hf_models import FAMILIES, load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import EXPERT_COUNT_KEYS, spec_from_config  # noqa: E402
+from moeaudit.replay import ReplayResult, replay  # noqa: E402
+from moeaudit.replay.model import MoETap, decoder_layer, rms_norm, rope_tables  # noqa: E402
+
+FORWARD = {"rtol": 1e-4, "atol": 1e-5}  # float32 agreement of activations and loss
+GRADIENT = {"rtol": 2e-3, "atol": 1e-6}
+TIE_GAP = 1e-5  # top-k sets are compared where the k-th and (k+1)-th gate values differ by more
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral": ("mixtral", {}),
+    "mixtral-tied-embeddings": ("mixtral", {"tie_word_embeddings": True}),
+    "mixtral-sliding-window": ("mixtral", {"sliding_window": 5}),
+    "olmoe": ("olmoe", {}),  # norm_topk_prob defaults to False
+    "olmoe-norm-topk-attention-bias": ("olmoe", {"norm_topk_prob": True, "attention_bias": True}),
+    "olmoe-clip-qkv": ("olmoe", {"clip_qkv": 0.5}),
+    "qwen2_moe": ("qwen2_moe", {}),  # qkv bias, shared expert with sigmoid gate
+    "qwen2_moe-dense-layer": ("qwen2_moe", {"mlp_only_layers": [1]}),
+    "qwen2_moe-sparse-step": ("qwen2_moe", {"decoder_sparse_step": 2, "num_hidden_layers": 4}),
+    "qwen2_moe-sliding-layers": ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 5}),
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen3_moe-norm-topk": ("qwen3_moe", {"norm_topk_prob": True}),
+}
+
+
+# ----- the oracle --------------------------------------------------------------------------
+
+
+@dataclass
+class Observed:
+    """One forward + backward over a token block, keyed by decoder layer index."""
+
+    loss: torch.Tensor
+    nll_windows_W: torch.Tensor
+    entropy: torch.Tensor
+    layer_inputs: list[torch.Tensor]  # input of each decoder layer, then the final-normed state
+    moe_inputs: dict[int, torch.Tensor]  # h: residual entering the MoE block, [N, H]
+    scores: dict[int, torch.Tensor]  # router logits [N, E]
+    topk: dict[int, torch.Tensor]  # [N, K]
+    combine: dict[int, torch.Tensor]  # [N, K], aligned with topk
+    expert_grads: dict[int, torch.Tensor]  # [E]
+    router_grads: dict[int, float]
+    shared_grads: dict[int, float]
+    attention_grads: dict[int, float]
+
+
+def _norm(tensors: list[torch.Tensor | None]) -> float:
+    return sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5
+
+
+def transformers_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
+    """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3)."""
+    layers = model.model.layers
+    routed = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts")]
+    seen: dict[tuple[str, int], Any] = {}
+
+    def keep(kind: str, i: int):
+        def hook(_module, args, out):
+            seen[kind, i] = args[0].detach().flatten(0, -2) if kind == "h" else out
+
+        return hook
+
+    hooks = [layers[i].post_attention_layernorm.register_forward_hook(keep("h", i)) for i in routed]
+    hooks += [layers[i].mlp.gate.register_forward_hook(keep("gate", i)) for i in routed]
+    try:
+        out = model(tokens_WT, output_hidden_states=True, output_router_logits=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    nll_WT1, loss, entropy = _cross_entropy(out.logits, tokens_WT)
+    loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+
+    def layer_grads(i: int, prefix: str) -> list[torch.Tensor | None]:
+        head = f"model.layers.{i}."
+        return [g for n, g in grads.items() if n.startswith(head + prefix)]
+
+    experts = {}
+    for i in routed:
+        gate_up = layers[i].mlp.experts.gate_up_proj.grad.double()
+        down = layers[i].mlp.experts.down_proj.grad.double()
+        experts[i] = (gate_up.pow(2).sum((1, 2)) + down.pow(2).sum((1, 2))).sqrt()
+    return Observed(
+        loss=loss.detach(),
+        nll_windows_W=nll_WT1.detach().mean(1),
+        entropy=entropy,
+        layer_inputs=[h.detach() for h in out.hidden_states],
+        moe_inputs={i: seen["h", i] for i in routed},
+        scores={i: logits.detach() for i, logits in zip(routed, out.router_logits, strict=True)},
+        topk={i: seen["gate", i][2] for i in routed},
+        combine={i: seen["gate", i][1].detach() for i in routed},
+        expert_grads=experts,
+        router_grads={i: _norm(layer_grads(i, "mlp.gate.")) for i in routed},
+        shared_grads={i: _norm(layer_grads(i, "mlp.shared_expert")) for i in routed},
+        attention_grads={
+            i: _norm(layer_grads(i, "self_attn.") + layer_grads(i, "input_layernorm."))
+            for i in routed
+        },
+    )
+
+
+def _cross_entropy(logits_BTV: torch.Tensor, tokens_BT: torch.Tensor):
+    B, T, V = logits_BTV.shape
+    logits = logits_BTV[:, :-1].float()
+    nll = F.cross_entropy(logits.reshape(-1, V), tokens_BT[:, 1:].reshape(-1), reduction="none")
+    logp = torch.log_softmax(logits.detach(), -1)
+    return nll.view(B, T - 1), nll.mean(), -(logp.exp() * logp).sum(-1).mean()
+
+
+def moeaudit_observed(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> Observed:
+    """The engine's replay; layer inputs by chaining the same decoder layers it runs."""
+    taps: dict[int, torch.Tensor] = {}
+
+    def observe(tap: MoETap, _lw: Any) -> None:
+        taps[tap.layer] = tap.h_NH.detach().clone()
+
+    result = replay(ckpt, tokens_WT, observers=[observe])
+    return Observed(
+        loss=torch.tensor(result.nll),
+        nll_windows_W=result.nll_windows_W,
+        entropy=torch.tensor(result.entropy),
+        layer_inputs=_layer_inputs(ckpt, tokens_WT),
+        moe_inputs=taps,
+        scores={i: r.scores_NE for i, r in result.routing.items()},
+        topk={i: r.topk_NK for i, r in result.routing.items()},
+        combine={i: r.combine_NK for i, r in result.routing.items()},
+        expert_grads={i: g.experts_E for i, g in result.grads.items()},
+        router_grads={i: g.router for i, g in result.grads.items()},
+        shared_grads={i: g.shared for i, g in result.grads.items()},
+        attention_grads={i: g.attention for i, g in result.grads.items()},
+    )
+
+
+@torch.no_grad()
+def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tensor]:
+    spec = ckpt.spec
+    rope = rope_tables(spec, tokens_WT.shape[1])
+    x = F.embedding(tokens_WT, ckpt.read_global("embed"))
+    inputs = []
+    for i in range(spec.num_layers):
+        inputs.append(x)
+        x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
+    return inputs + [rms_norm(x, ckpt.read_global("final_norm"), spec.rms_eps)]
+
+
+# ----- comparison --------------------------------------------------------------------------
+
+
+def _decisive(probs_NE: torch.Tensor, k: int) -> torch.Tensor:
+    """Tokens whose active set is not within float32 noise of a tie."""
+    top = probs_NE.topk(min(k + 1, probs_NE.shape[-1]), dim=-1).values
+    return (
+        torch.ones_like(top[:, 0], dtype=torch.bool)
+        if top.shape[-1] == k
+        else (top[:, k - 1] - top[:, k] > TIE_GAP)
+    )
+
+
+def _by_expert(
+    topk_NK: torch.Tensor, combine_NK: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    order = topk_NK.argsort(-1)
+    return topk_NK.gather(-1, order), combine_NK.gather(-1, order)
+
+
+def assert_agree(ref: Observed, ours: Observed, k: int, forward: dict, gradient: dict) -> None:
+    torch.testing.assert_close(ours.loss, ref.loss, **forward)
+    torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
+    torch.testing.assert_close(ours.entropy, ref.entropy, **forward)
+    for i, (x, x_ref) in enumerate(zip(ours.layer_inputs, ref.layer_inputs, strict=True)):
+        torch.testing.assert_close(x, x_ref, **forward, msg=lambda m, i=i: f"hidden {i}: {m}")
+    assert sorted(ours.scores) == sorted(ref.scores), "routed layers differ"
+    for i in ref.scores:
+        torch.testing.assert_close(ours.moe_inputs[i], ref.moe_inputs[i], **forward)
+        torch.testing.assert_close(ours.scores[i], ref.scores[i], **forward)
+        probs = torch.softmax(ref.scores[i].float(), -1)
+        ok = _decisive(probs, k)
+        assert ok.float().mean() >= 0.9, "too many near-ties to test the active sets"
+        topk_sets = probs.topk(k, dim=-1).indices.sort(-1).values
+        ours_topk, ours_c = _by_expert(ours.topk[i], ours.combine[i])
+        ref_topk, ref_c = _by_expert(ref.topk[i], ref.combine[i])
+        assert torch.equal(ours_topk[ok], topk_sets[ok]), f"layer {i}: top-k sets differ"
+        assert torch.equal(ref_topk[ok], topk_sets[ok])
+        torch.testing.assert_close(ours_c[ok], ref_c[ok].float(), **forward)
+        torch.testing.assert_close(ours.expert_grads[i], ref.expert_grads[i], **gradient)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            got, want = getattr(ours, name)[i], getattr(ref, name)[i]
+            assert got == pytest.approx(want, rel=gradient["rtol"], abs=gradient["atol"]), name
+
+
+def check_against_transformers(
+    path: Path, tokens_WT: torch.Tensor, forward: dict = FORWARD, gradient: dict = GRADIENT
+) -> Checkpoint:
+    ckpt = Checkpoint(path)
+    ref = transformers_observed(load(path), tokens_WT)
+    assert_agree(ref, moeaudit_observed(ckpt, tokens_WT), ckpt.spec.top_k, forward, gradient)
+    return ckpt
+
+
+# ----- agreement with transformers -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    family, overrides = CASES[case]
+    model = save_tiny(tmp_path, family, **overrides)
+    ckpt = check_against_transformers(tmp_path, random_tokens())
+    routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed
+    assert ckpt.warnings == []  # every tensor transformers wrote was resolved and used
+    assert ckpt.summary(with_digest=False)["tied_embeddings"] == bool(
+        overrides.get("tie_word_embeddings")
+    )
+
+
+def test_qwen2_moe_sliding_layers_without_layer_types(tmp_path: Path) -> None:
+    """A config without ``layer_types`` (as v4 wrote) gets transformers' rule for them."""
+    save_tiny(
+        tmp_path,
+        "qwen2_moe",
+        use_sliding_window=True,
+        sliding_window=5,
+        num_hidden_layers=4,
+        max_window_layers=3,
+    )
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg.pop("layer_types") == ["sliding_attention", "full_attention"] * 2
+    cfg_path.write_text(json.dumps(cfg))
+    ckpt = check_against_transformers(tmp_path, random_tokens())
+    assert ckpt.spec.sliding_layers == (0, 2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_defaults_match_transformers(family: str) -> None:
+    """RoPE θ and RMSNorm ε when config.json omits them; v4 top-level ``rope_theta``."""
+    written = tiny_config(family).to_dict()
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rms_norm_eps"):
+        written.pop(key, None)
+    hf = type(tiny_config(family))(**written)
+    spec = spec_from_config(written)
+    assert spec.rope_theta == hf.rope_parameters["rope_theta"]
+    assert spec.rope_theta == (1e6 if family == "mixtral" else 1e4)
+    assert spec.rms_eps == hf.rms_norm_eps
+    assert spec.num_experts == hf.num_experts == 4
+    legacy = {**written, "rope_theta": 5e5}
+    assert spec_from_config(legacy).rope_theta == type(hf)(**legacy).rope_parameters["rope_theta"]
+    for key in EXPERT_COUNT_KEYS[family]:  # either name transformers' attribute_map accepts
+        renamed = {k: v for k, v in written.items() if k not in EXPERT_COUNT_KEYS[family]}
+        renamed[key] = 6
+        assert spec_from_config(renamed).num_experts == type(hf)(**renamed).num_experts == 6
+
+
+def test_sharded_checkpoint_equals_single_file(hf_checkpoint, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "qwen2_moe", max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    tokens = random_tokens()
+    single = replay(Checkpoint(hf_checkpoint("qwen2_moe")), tokens)
+    sharded = replay(Checkpoint(tmp_path), tokens)
+    assert_identical(single, sharded)
+
+
+def test_bf16_checkpoint_matches_transformers_upcast(tmp_path: Path) -> None:
+    """bf16 on disk, both sides compute in float32 from the same upcast weights."""
+    save_tiny(tmp_path, "olmoe", dtype=torch.bfloat16)
+    ckpt = check_against_transformers(
+        tmp_path, random_tokens(), {"rtol": 1e-3, "atol": 1e-4}, {"rtol": 5e-3, "atol": 1e-5}
+    )
+    assert set(ckpt.summary(with_digest=False)["dtypes"]) == {"BF16"}
+
+
+# ----- storage layout does not change a bit -------------------------------------------------
+
+
+def assert_identical(a: ReplayResult, b: ReplayResult) -> None:
+    assert a.nll == b.nll
+    assert torch.equal(a.nll_windows_W, b.nll_windows_W)
+    assert sorted(a.routing) == sorted(b.routing) == sorted(a.grads) == sorted(b.grads)
+    for i in a.routing:
+        for field in ("scores_NE", "probs_NE", "topk_NK", "combine_NK"):
+            assert torch.equal(getattr(a.routing[i], field), getattr(b.routing[i], field)), field
+        assert torch.equal(a.grads[i].experts_E, b.grads[i].experts_E)
+        assert (a.grads[i].router, a.grads[i].shared, a.grads[i].attention) == (
+            b.grads[i].router,
+            b.grads[i].shared,
+            b.grads[i].attention,
+        )
+
+
+def rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy a single-file checkpoint, passing its tensors through ``edit(ckpt, tensors)``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_file(src / "model.safetensors")
+    save_file(edit(Checkpoint(src), tensors), dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def fuse_experts(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """SPEC §2.1 fused layout: ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H, I]``."""
+    out = dict(tensors)
+    for i in ckpt.spec.routed_layers:
+        per_expert = ckpt.expert_keys(i)
+        assert isinstance(per_expert, list)
+        w = [{name: out.pop(key) for name, key in keys.items()} for keys in per_expert]
+        out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([e["w1"], e["w3"]]) for e in w]
+        )
+        out[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack([e["w2"] for e in w])
+        router = ckpt.layer_keys(i)["router"]
+        out[f"model.layers.{i}.mlp.gate.weight"] = out.pop(router)  # v5 names Mixtral's too
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_experts_on_disk_replay_bit_identical(
+    family: str, hf_checkpoint, tmp_path: Path
+) -> None:
+    src = hf_checkpoint(family)
+    fused = rewrite(src, tmp_path / "fused", fuse_experts)
+    model = load(src)
+    on_disk = load_file(fused / "model.safetensors")
+    for i in Checkpoint(src).spec.routed_layers:  # the layout transformers holds in memory
+        experts = model.model.layers[i].mlp.experts
+        assert torch.equal(
+            on_disk[f"model.layers.{i}.mlp.experts.gate_up_proj"], experts.gate_up_proj.detach()
+        )
+        assert torch.equal(
+            on_disk[f"model.layers.{i}.mlp.experts.down_proj"], experts.down_proj.detach()
+        )
+    reloaded = load(fused).state_dict()  # transformers reads the fused file as we do
+    assert all(torch.equal(t, reloaded[name]) for name, t in model.state_dict().items())
+    fused_ckpt = Checkpoint(fused)
+    assert fused_ckpt.fused and fused_ckpt.warnings == []
+    tokens = random_tokens()
+    assert_identical(replay(Checkpoint(src), tokens), replay(fused_ckpt, tokens))
+
+
+# ----- laws of the replay ------------------------------------------------------------------
+
+
+def test_replay_is_deterministic(hf_checkpoint) -> None:
+    ckpt = Checkpoint(hf_checkpoint("qwen2_moe", mlp_only_layers=[1]))
+    tokens = random_tokens()
+    assert_identical(replay(ckpt, tokens), replay(ckpt, tokens))
+
+
+def relabel(perm: list[int]):
+    """Expert e becomes expert perm[e]: router row and weights move together."""
+
+    def edit(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        for i in ckpt.spec.routed_layers:
+            router = ckpt.layer_keys(i)["router"]
+            out[router] = torch.empty_like(tensors[router])
+            out[router][perm] = tensors[router]
+            per_expert = ckpt.expert_keys(i)
+            assert isinstance(per_expert, list)
+            for e, keys in enumerate(per_expert):
+                for name, key in keys.items():
+                    out[per_expert[perm[e]][name]] = tensors[key]
+        return out
+
+    return edit
+
+
+@pytest.fixture(scope="module")
+def relabel_base(hf_checkpoint) -> tuple[Path, ReplayResult]:
+    path = hf_checkpoint("qwen2_moe", num_experts=6)
+    return path, replay(Checkpoint(path), random_tokens())
+
+
+@settings(max_examples=10, deadline=None)
+@given(perm=st.permutations(range(6)))
+def test_relabelling_experts_changes_only_labels(perm: list[int], relabel_base, tmp_path_factory):
+    path, base = relabel_base
+    moved = rewrite(path, tmp_path_factory.mktemp("relabelled"), relabel(perm))
+    got = replay(Checkpoint(moved), random_tokens())
+    assert got.nll == pytest.approx(base.nll, abs=1e-6)
+    for i, r in base.routing.items():
+        counts = torch.bincount(r.topk_NK.flatten(), minlength=6)
+        moved_counts = torch.bincount(got.routing[i].topk_NK.flatten(), minlength=6)
+        assert sorted(moved_counts.tolist()) == sorted(counts.tolist())
+        assert torch.equal(moved_counts[perm], counts)
+        torch.testing.assert_close(
+            got.grads[i].experts_E[perm], base.grads[i].experts_E, rtol=1e-5, atol=1e-8
+        )
