@@ -1,0 +1,539 @@
+"""The Gradient Starvation Envelope (`000` §6, §10; SPEC §7): checks, report, calibration, alerts.
+
+A series ``V(t_j)`` — ``var_grad`` ("raw") or ``var_grad_norm`` ("normalized") per routed layer
+and pooled, at training steps t_0 < t_1 < … from training logs or checkpoint replays — is held
+to two conditions, and is compliant only if both hold everywhere:
+
+* discrete, between consecutive samples Δ = t_{j+1} − t_j steps apart, the Δ-fold composition of
+  `000` Eq. 11: ``V(t_{j+1}) ≤ (1−δ)^Δ V(t_j) + ε (1 − (1−δ)^Δ)/δ``;
+* Grönwall (`000` Eq. 12), in compliance windows of length τ anchored at a sample a:
+  ``B(t) = V(a) e^{−δ(t−a)} + ε/δ`` and margin ``B(t) − V(t) ≥ 0`` at every sample of the window.
+
+Window rule: the first sample anchors window 0; a window holds its anchor and every later sample
+at most τ steps after it (closed, as `000` Clause 1), and at least the next sample (a window
+whose horizon holds none is *stretched* to it and marked so). Its last sample anchors the next
+window, so every sample after the first is checked against a bound anchored strictly before it.
+
+Everything here takes plain Python data (STYLE: torch stays out of the envelope algebra); the
+per-step variances come from :mod:`moeaudit.metrics`. See ``docs/envelope.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from moeaudit.errors import InputError
+from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
+
+if TYPE_CHECKING:
+    from moeaudit.policy import EnvelopeSettings
+
+SCHEMA = "moeaudit.envelope/v1"
+SOURCES = ("logs", "replay")
+RTOL = 1e-9  # floating-point slack on "margin ≥ 0", relative to the bound
+CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin, SPEC §7
+
+
+# --- the bounds (`000` Eq. 11, 12, 18) -----------------------------------------------------------
+
+
+def _decay(delta: float, gap: float) -> tuple[float, float]:
+    """``(1−δ)^Δ`` and ``1 − (1−δ)^Δ``, the latter without cancellation when δΔ is small."""
+    x = gap * math.log1p(-delta)
+    return math.exp(x), -math.expm1(x)
+
+
+def composed_bound(v_prev: float, delta: float, epsilon: float, gap: int) -> float:
+    """Eq. 11 applied Δ times: ``(1−δ)^Δ V + ε (1 − (1−δ)^Δ)/δ``."""
+    q, one_minus_q = _decay(delta, gap)
+    return q * v_prev + epsilon * one_minus_q / delta
+
+
+def gronwall(v0: float, t0: float, t: float, delta: float, epsilon: float) -> float:
+    """Eq. 12 for a window anchored at t0: ``V(t0) e^{−δ(t−t0)} + ε/δ``."""
+    return v0 * math.exp(-delta * (t - t0)) + epsilon / delta
+
+
+def budget(delta: float, epsilon: float) -> float:
+    """Residual imbalance budget ε/δ (Eq. 18)."""
+    return epsilon / delta
+
+
+def _holds(value: float, bound: float) -> bool:
+    return bound - value >= -RTOL * abs(bound)
+
+
+# --- the series ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvelopeSeries:
+    """V per series ("pooled" first, then layers) at common steps, from logs or replays.
+
+    ``norms`` (per-expert gradient norms per layer, [S] vectors of [E]) is optional: without it
+    the alert rule (Eq. 21) and dead experts (§10.3) cannot be evaluated and are reported skipped.
+    """
+
+    source: str  # "logs" | "replay"
+    variant: str  # "raw" | "normalized"
+    steps: tuple[int, ...]
+    values: dict[str, tuple[float | None, ...]]
+    norms: dict[str, tuple[tuple[float | None, ...], ...]] | None = None
+    notes: dict[str, dict[int, str]] = field(default_factory=dict)  # series → sample → why None
+    origin: str = ""  # the run directory or log it came from
+    findings: tuple[dict[str, Any], ...] = ()
+
+    def since(self, step: int) -> EnvelopeSeries:
+        """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
+        keep = [j for j, t in enumerate(self.steps) if t >= step]
+        norms = None if self.norms is None else {
+            k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
+        pos = {j: i for i, j in enumerate(keep)}
+        notes = {k: {pos[j]: why for j, why in n.items() if j in pos}
+                 for k, n in self.notes.items()}
+        return replace(self, steps=tuple(self.steps[j] for j in keep), norms=norms, notes=notes,
+                       values={k: tuple(v[j] for j in keep) for k, v in self.values.items()})
+
+
+def from_norms(source: str, steps: Sequence[int],
+               norms: Mapping[str, Sequence[Sequence[float | None]]], variant: str, *,
+               origin: str = "", findings: Iterable[dict[str, Any]] = ()) -> EnvelopeSeries:
+    """A series from per-expert gradient norms ``{layer: [S] vectors of [E]}`` (logs or replay)."""
+    _check_steps(steps, origin, variant)
+    for layer, vectors in norms.items():
+        if len(vectors) != len(steps):
+            raise InputError(f"layer {layer}: {len(vectors)} norm vectors for {len(steps)} steps",
+                             path=origin or None)
+    values, notes = variance_series(norms, variant)
+    frozen = {k: tuple(tuple(v) for v in vs) for k, vs in norms.items()}
+    return EnvelopeSeries(_source(source), variant, tuple(steps),
+                          {k: tuple(v) for k, v in values.items()}, frozen, notes, origin,
+                          tuple(findings))
+
+
+def from_metrics(metrics: MetricsSeries, variant: str) -> EnvelopeSeries:
+    """A series from a parsed ``metrics.jsonl`` (every logged step)."""
+    return from_norms("logs", metrics.steps, metrics.norms, variant, origin=metrics.path,
+                      findings=[f.to_json() for f in metrics.findings])
+
+
+Record = tuple[int, Mapping[str, float | None], float | None]  # (step, {layer: V}, pooled V)
+
+
+def from_records(source: str, records: Iterable[Record], variant: str, *,
+                 origin: str = "") -> EnvelopeSeries:
+    """A series from ``(step, {layer: V}, pooled V)`` records, V already in ``variant``."""
+    records = list(records)
+    steps = [r[0] for r in records]
+    _check_steps(steps, origin, variant)
+    layers = list(records[0][1]) if records else []
+    values: dict[str, list[float | None]] = {POOLED: [], **{k: [] for k in layers}}
+    notes: dict[str, dict[int, str]] = {}
+    for j, (step, by_layer, pooled) in enumerate(records):
+        if list(by_layer) != layers:
+            raise InputError(f"step {step}: layers {list(by_layer)} differ from {layers}",
+                             path=origin or None)
+        for key, v in [(POOLED, pooled), *by_layer.items()]:
+            finite = v is not None and math.isfinite(v)
+            values[key].append(float(v) if finite else None)  # type: ignore[arg-type]
+            if not finite:
+                notes.setdefault(key, {})[j] = "value is non-finite"
+    return EnvelopeSeries(_source(source), variant, tuple(steps),
+                          {k: tuple(v) for k, v in values.items()}, None, notes, origin)
+
+
+def _source(source: str) -> str:
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    return source
+
+
+def _check_steps(steps: Sequence[int], origin: str, variant: str) -> None:
+    if variant not in VARIANTS:
+        raise InputError(f"envelope variant must be one of {VARIANTS}, got {variant!r}")
+    for a, b in zip(steps, steps[1:], strict=False):
+        if not b > a:
+            raise InputError(f"steps must strictly increase, got {a} then {b}", path=origin or None)
+
+
+# --- windows and checks --------------------------------------------------------------------------
+
+
+def segments(steps: Sequence[int], breaks: Iterable[int] = ()) -> list[range]:
+    """Sample index ranges split before the first sample at or after each break step."""
+    cuts = sorted({j for b in breaks if 0 < (j := bisect_left(steps, b)) < len(steps)})
+    bounds = [0, *cuts, len(steps)]
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
+
+
+def windows(steps: Sequence[int], window: int) -> list[tuple[int, list[int]]]:
+    """``(anchor index, member indices after it)`` per window (rule in the module docstring)."""
+    out: list[tuple[int, list[int]]] = []
+    i = 0
+    while i < len(steps) - 1:
+        members = [i + 1]
+        while members[-1] + 1 < len(steps) and steps[members[-1] + 1] - steps[i] <= window:
+            members.append(members[-1] + 1)
+        out.append((i, members))
+        i = members[-1]
+    return out
+
+
+def discrete_checks(steps: Sequence[int], values: Sequence[float | None], delta: float,
+                    epsilon: float) -> list[dict[str, Any]]:
+    """The composed Eq. 11 condition for every consecutive pair of samples."""
+    out = []
+    for j in range(len(steps) - 1):
+        gap, v0, v1 = steps[j + 1] - steps[j], values[j], values[j + 1]
+        row: dict[str, Any] = {"from_step": steps[j], "to_step": steps[j + 1], "gap": gap,
+                               "value_from": v0, "value": v1}
+        if v0 is None or v1 is None:
+            row.update(bound=None, margin=None, compliant=False, reason="non-finite value")
+        else:
+            bound = composed_bound(v0, delta, epsilon, gap)
+            row.update(bound=bound, margin=bound - v1, compliant=_holds(v1, bound))
+        out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class SeriesCheck:
+    """One series checked: the per-sample log (`000` §8.4), its windows and its discrete pairs."""
+
+    samples: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+    discrete: list[dict[str, Any]]
+
+    @property
+    def compliant(self) -> bool:
+        return all(r["compliant"] for r in self.samples + self.windows + self.discrete)
+
+
+def check_series(steps: Sequence[int], values: Sequence[float | None], delta: float,
+                 epsilon: float, window: int, *, breaks: Iterable[int] = (),
+                 notes: Mapping[int, str] | None = None) -> SeriesCheck:
+    """Grönwall windows and discrete checks of one series, restarting at each break."""
+    notes = notes or {}
+    samples: list[dict[str, Any]] = []
+    wins: list[dict[str, Any]] = []
+    discrete: list[dict[str, Any]] = []
+    for seg in segments(steps, breaks):
+        t, v = [steps[j] for j in seg], [values[j] for j in seg]
+        first = None if v[0] is None else gronwall(v[0], t[0], t[0], delta, epsilon)
+        samples.append(_row(t[0], v[0], first, len(wins) if len(t) > 1 else None,
+                            notes.get(seg[0])))
+        for anchor, members in windows(t, window):
+            v_a, t_a, index = v[anchor], t[anchor], len(wins)
+            rows = [_row(t[m], v[m], None if v_a is None else
+                         gronwall(v_a, t_a, t[m], delta, epsilon), index,
+                         notes.get(seg[m]) or (None if v_a is not None else "anchor is non-finite"))
+                    for m in members]
+            samples.extend(rows)
+            wins.append({"index": index, "start": t_a, "end": t[members[-1]], "anchor_value": v_a,
+                         "samples": len(members) + 1, "stretched": t[members[-1]] - t_a > window,
+                         "min_margin": _min_margin(rows),
+                         "compliant": v_a is not None and all(r["compliant"] for r in rows)})
+        discrete.extend(discrete_checks(t, v, delta, epsilon))
+    return SeriesCheck(samples, wins, discrete)
+
+
+def holds(steps: Sequence[int], values: Sequence[float], delta: float, epsilon: float,
+          window: int, *, breaks: Iterable[int] = ()) -> bool:
+    """``check_series(...).compliant`` for a finite series, stopping at the first violation."""
+    for seg in segments(steps, breaks):
+        t, v = [steps[j] for j in seg], [values[j] for j in seg]
+        for j in range(len(t) - 1):
+            if not _holds(v[j + 1], composed_bound(v[j], delta, epsilon, t[j + 1] - t[j])):
+                return False
+        for anchor, members in windows(t, window):
+            for m in members:
+                if not _holds(v[m], gronwall(v[anchor], t[anchor], t[m], delta, epsilon)):
+                    return False
+    return True
+
+
+def _row(step: int, value: float | None, bound: float | None, window: int | None,
+         why: str | None) -> dict[str, Any]:
+    if value is None or bound is None:
+        return {"step": step, "value": value, "bound": bound, "margin": None, "compliant": False,
+                "window": window, "reason": why or "non-finite value"}
+    return {"step": step, "value": value, "bound": bound, "margin": bound - value,
+            "compliant": _holds(value, bound), "window": window}
+
+
+def _min_margin(rows: list[dict[str, Any]]) -> float | None:
+    margins = [r["margin"] for r in rows if r["margin"] is not None]
+    return min(margins) if margins else None
+
+
+# --- alert rule (`000` Eq. 21) and dead experts (§10.3) ------------------------------------------
+
+
+def alert_rule_problem(a: float, b: float, variant: str,
+                       num_experts: int | None = None) -> str | None:
+    """Why ``max_e g_e < a ∧ V > b`` can never hold, or None if it can.
+
+    Norms are ≥ 0, so ``max_e g_e < a`` puts every g_e in [0, a): their population variance is
+    below a²·⌊E/2⌋⌈E/2⌉/E² ≤ a²/4 (half the experts at 0, half at a). The scale-free
+    ``var/ḡ²`` of E non-negative values is at most E − 1 (one non-zero expert), whatever a is.
+    """
+    if a <= 0:
+        return f"alert_a = {a:g} ≤ 0, but gradient norms are ≥ 0, so max_e g_e < a never holds"
+    if variant == "raw":
+        if num_experts is None:
+            cap, what = a * a / 4, f"a²/4 = {a * a / 4:.6g}"
+        else:
+            lo, hi = num_experts // 2, (num_experts + 1) // 2
+            cap = a * a * lo * hi / num_experts**2
+            what = f"a²·⌊E/2⌋⌈E/2⌉/E² = {cap:.6g} for E = {num_experts} experts"
+        if b >= cap:
+            return (f"the alert rule can never fire: max_e g_e < a = {a:g} puts every g_e in "
+                    f"[0, a), so var_grad < {what}, never > b = {b:g}; choose b < {cap:.6g} "
+                    f"(e.g. b = a²/400 = {a * a / 400:.6g})")
+    elif num_experts is not None and b >= num_experts - 1:
+        return (f"the alert rule can never fire: var_grad_norm = var/ḡ² of {num_experts} "
+                f"non-negative norms is at most E − 1 = {num_experts - 1}, never > b = {b:g}; "
+                f"choose b < {num_experts - 1}")
+    return None
+
+
+def alerts(steps: Sequence[int], norms: Sequence[Sequence[float | None]],
+           values: Sequence[float | None], a: float, b: float, n: int) -> list[dict[str, Any]]:
+    """Eq. 21 on one series: ``max_e g_e < a ∧ V > b`` for n consecutive samples.
+
+    One alert per run of consecutive samples meeting the condition, firing at the n-th; a
+    sample with a non-finite norm or value ends a run (it is already a finding).
+    """
+    out: list[dict[str, Any]] = []
+    run: list[int] = []
+    for j, (g_E, v) in enumerate(zip(norms, values, strict=True)):
+        known = v is not None and all(g is not None for g in g_E)
+        if known and max(g_E) < a and v > b:  # type: ignore[operator, type-var]
+            run.append(j)
+            if len(run) == n:
+                out.append({"step": steps[j], "since": steps[run[0]], "until": steps[j],
+                            "samples": n, "max_grad": max(g_E), "value": v})  # type: ignore[type-var]
+            elif len(run) > n:
+                out[-1].update(until=steps[j], samples=len(run))
+        else:
+            run = []
+    return out
+
+
+def dead_experts(steps: Sequence[int], norms: Sequence[Sequence[float | None]], dead_grad: float,
+                 dead_steps: int) -> list[dict[str, Any]]:
+    """§10.3: expert e is dead once ``g_e < dead_grad`` for more than ``dead_steps`` steps.
+
+    Counted in training steps, not samples (logs may be every K steps): a run of consecutive
+    below-threshold samples from t_i to t_j spans t_j − t_i + 1 steps, assuming the unlogged
+    steps between them were below too. A null norm ends a run.
+    """
+    out: list[dict[str, Any]] = []
+    for e in range(len(norms[0]) if norms else 0):
+        since: int | None = None
+        entry: dict[str, Any] | None = None
+        for j, g_E in enumerate(norms):
+            g = g_E[e]
+            if g is not None and g < dead_grad:
+                since = steps[j] if since is None else since
+                if steps[j] - since + 1 > dead_steps:
+                    if entry is None:
+                        entry = {"expert": e, "since": since, "step": steps[j]}
+                        out.append(entry)
+                    entry.update(until=steps[j], steps=steps[j] - since + 1, recovered=False)
+            else:
+                if entry is not None and g is not None:
+                    entry["recovered"] = True
+                since, entry = None, None
+    return out
+
+
+# --- the report (`moeaudit.envelope/v1`) ---------------------------------------------------------
+
+
+def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iterable[int] = (),
+             policy_path: str | None = None) -> dict[str, Any]:
+    """Check every series of ``series`` under ``settings``; the plain-dict envelope report.
+
+    ``breaks``: steps of resume / regime-change events; windows re-anchor at the first sample at
+    or after each, and the discrete pair across it is not checked (listed under ``skipped``).
+    """
+    _check_fit(series, settings, policy_path)
+    d, e, tau = settings.delta, settings.epsilon, settings.window
+    breaks = sorted(breaks)
+    checks = {key: check_series(series.steps, values, d, e, tau, breaks=breaks,
+                                notes=series.notes.get(key))
+              for key, values in series.values.items()}
+    report: dict[str, Any] = {
+        "schema": SCHEMA, "source": series.source, "origin": series.origin,
+        "variant": series.variant,
+        "constants": {"delta": d, "epsilon": e, "window": tau, "budget": budget(d, e)},
+        "calibrated": settings.calibrated, "provenance": settings.provenance,
+        "rules": {"alert": {"a": settings.alert_a, "b": settings.alert_b, "n": settings.alert_n},
+                  "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps}},
+        "series": {key: c.samples for key, c in checks.items()},
+        "windows": [{"series": key, **w} for key, c in checks.items() for w in c.windows],
+        "discrete": [{"series": key, **r} for key, c in checks.items() for r in c.discrete],
+        "compliant": all(c.compliant for c in checks.values()),
+        "first_violation": first_violation(checks),
+        "alerts": [], "dead_experts": [], "findings": list(series.findings),
+        "skipped": [{"check": "discrete", "series": "*", "from_step": series.steps[s.start - 1],
+                     "to_step": series.steps[s.start], "reason": "resume / regime change between"}
+                    for s in segments(series.steps, breaks)[1:]],
+    }
+    _rules(series, settings, report)
+    return report
+
+
+def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: str | None) -> None:
+    if series.variant != settings.variant:
+        raise InputError(f"the series is {series.variant!r} variance but the policy asks for "
+                         f"{settings.variant!r}", path=policy_path,
+                         hint="build the series with the policy's envelope.variant")
+    if len(series.steps) < 2:
+        raise InputError("the envelope needs at least two samples (steps) of the series",
+                         path=series.origin or None)
+    if series.norms is not None:
+        sizes = {k: len(v[0]) for k, v in with_pooled(series.norms).items()}
+        for key, size in sorted(sizes.items(), key=lambda kv: kv[0] == POOLED):  # layers first
+            why = alert_rule_problem(settings.alert_a, settings.alert_b, settings.variant, size)
+            if why:
+                raise InputError(f"envelope.alert_b: on series {key!r}, {why}", path=policy_path)
+
+
+def first_violation(checks: Mapping[str, SeriesCheck]) -> dict[str, Any] | None:
+    """The earliest step where any series leaves the envelope (a layer before "pooled")."""
+    found = []
+    for order, (key, c) in enumerate(checks.items()):
+        rank = (key == POOLED, order)  # at a tie a layer names the place, pooled last
+        for r in c.samples:
+            if not r["compliant"]:
+                found.append((r["step"], rank, key, "gronwall", r))
+        for r in c.discrete:
+            if not r["compliant"]:
+                found.append((r["to_step"], rank, key, "discrete", r))
+    if not found:
+        return None
+    step, _, key, check, r = min(found, key=lambda f: (f[0], f[1], f[3] != "gronwall"))
+    return {"layer": key, "step": step, "check": check, "value": r["value"],
+            "bound": r["bound"], "series": [f[2] for f in sorted(
+                {f[:3] for f in found if f[0] == step}, key=lambda f: f[1])]}
+
+
+def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str, Any]) -> None:
+    if series.norms is None:
+        for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)"):
+            report["skipped"].append({"check": check, "series": "*",
+                                      "reason": "no per-expert gradient norms in the series"})
+        return
+    s = settings
+    for key, vectors in with_pooled(series.norms).items():
+        for a in alerts(series.steps, vectors, series.values[key], s.alert_a, s.alert_b, s.alert_n):
+            report["alerts"].append({"series": key, **a})
+    for layer, norms in series.norms.items():
+        for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
+            report["dead_experts"].append({"layer": layer, **dead})
+
+
+# --- calibration (`000` Eq. 16, SPEC §7) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants fitted on a healthy run: ε = c·Var_t[V], δ = δ*/2."""
+
+    settings: EnvelopeSettings  # the base settings with variant, δ, ε, calibrated, provenance
+    delta_max: float  # δ*: the largest δ for which the healthy series is compliant with ε
+    temporal_variance: dict[str, float]  # Var_t[V] per series (population)
+    epsilon_series: str  # the series whose Var_t set ε
+    binding: dict[str, Any] | None  # where the series leaves the envelope just above δ*
+    c: float
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.settings
+        return {"variant": s.variant, "delta": s.delta, "epsilon": s.epsilon, "window": s.window,
+                "budget": budget(s.delta, s.epsilon), "c": self.c, "delta_max": self.delta_max,
+                "temporal_variance": self.temporal_variance, "epsilon_series": self.epsilon_series,
+                "binding": self.binding, "eq17_window_min": math.ceil(3 / s.delta),
+                "provenance": s.provenance}
+
+
+def calibrate(series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C,
+              breaks: Iterable[int] = ()) -> Calibration:
+    """Fit ε and δ on a healthy series (SPEC §7), under ``base``'s window τ.
+
+    ε = c·max over series of the population temporal variance Var_t[V] (`000` Eq. 16), so the
+    most variable layer (or pooled) sets the floor every series must share. Compliance only
+    gets easier as δ shrinks (both bounds decrease in δ), so δ* is found by bisection on
+    log δ in (0, 1), under the Grönwall windows and the discrete checks together; δ = δ*/2.
+    """
+    breaks = sorted(breaks)
+    finite = _healthy_values(series, c)
+    tv = {key: var_grad(values) for key, values in finite.items()}
+    key = max(tv, key=lambda k: tv[k])
+    epsilon = c * tv[key]
+    if not epsilon > 0:
+        raise InputError("the healthy series has zero temporal variance, so ε = c·Var_t[V] = 0",
+                         path=series.origin or None, hint="calibrate on a run with real updates")
+
+    def check(delta: float) -> dict[str, SeriesCheck]:
+        return {k: check_series(series.steps, v, delta, epsilon, base.window, breaks=breaks)
+                for k, v in series.values.items()}
+
+    def ok(delta: float) -> bool:
+        return all(holds(series.steps, v, delta, epsilon, base.window, breaks=breaks)
+                   for v in finite.values())
+
+    lo, hi = 1e-12, 1.0 - 1e-12
+    if not ok(lo):
+        where = first_violation(check(lo)) or {}
+        c_min = _epsilon_floor(series.steps, finite, breaks) / tv[key]
+        raise InputError(f"the healthy series is not compliant for any δ with ε = {c:g}·Var_t[V] "
+                         f"= {epsilon:.6g}: series {where.get('layer')!r} leaves the envelope at "
+                         f"step {where.get('step')} ({where.get('check')} check) even as δ → 0",
+                         path=series.origin or None,
+                         hint=f"a rise between samples Δ steps apart must stay below ε·Δ, which "
+                              f"needs c > {c_min:.4g} here (Eq. 16 is not scale-free: Var_t[V] "
+                              f"has units of V²; see docs/envelope.md)")
+    if ok(hi):
+        lo = hi
+    while hi / lo > 1 + 1e-7:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    binding = first_violation(check(hi)) if hi > lo else None
+    delta = lo / 2
+    steps = series.steps
+    provenance = (f"calibrated on {series.origin or 'a healthy run'} ({series.source}, steps "
+                  f"{steps[0]}–{steps[-1]}, {len(steps)} samples, variant {series.variant}): "
+                  f"ε = c·Var_t[V], c = {c:g}, population variance over time of series {key!r}; "
+                  f"δ = δ*/2, δ* = {lo:.6g} under window τ = {base.window}")
+    settings = replace(base, variant=series.variant, delta=delta, epsilon=epsilon, calibrated=True,
+                       provenance=provenance)
+    return Calibration(settings, lo, tv, key, binding, c)
+
+
+def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]],
+                   breaks: Sequence[int]) -> float:
+    """The ε the discrete checks need as δ → 0 (bound → V + εΔ): the largest rise per step."""
+    rises = [(v[j + 1] - v[j]) / (steps[j + 1] - steps[j])
+             for v in finite.values() for seg in segments(steps, breaks) for j in seg[:-1]]
+    return max([0.0, *rises])
+
+
+def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
+    if not c > 0:
+        raise ValueError(f"c must be > 0, got {c}")
+    if len(series.steps) < 3:
+        raise InputError("calibration needs at least three samples of the healthy run",
+                         path=series.origin or None)
+    for key, values in series.values.items():
+        bad = [series.steps[j] for j, v in enumerate(values) if v is None]
+        if bad:
+            raise InputError(f"the healthy series {key!r} has no finite value at step(s) "
+                             f"{bad[:5]}", path=series.origin or None,
+                             hint="a run with non-finite gradient norms is not a healthy reference")
+    return {key: [v for v in values if v is not None] for key, values in series.values.items()}
