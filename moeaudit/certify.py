@@ -132,18 +132,20 @@ def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events:
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
 
+    from moeaudit.series import norms_from_receipts
+
     settings = policy.envelope
     breaks = [e["step"] for e in events]
-    if run.metrics is not None:
+    use_logs = run.metrics is not None and settings.source in ("auto", "logs")
+    if use_logs:
+        assert run.metrics is not None
         series = env.from_metrics(read_metrics(run.metrics), settings.variant)
-    elif len(docs) >= 2:
-        steps = sorted(docs)
-        norms = {str(entry["layer"]): [next(e for e in docs[s]["layers"] if e["layer"] == entry["layer"])
-                                       ["gradients"]["grad_norms"] for s in steps]
-                 for entry in docs[steps[0]]["layers"]}
+    elif len(docs) >= 2 and settings.source in ("auto", "replay"):
+        steps, norms = norms_from_receipts(docs)
         series = env.from_norms("replay", steps, norms, settings.variant, origin=str(run.path))
     else:
-        say("envelope: not evaluated (no metrics.jsonl and fewer than two checkpoints)")
+        say(f"envelope: not evaluated (policy source {settings.source!r}; metrics.jsonl "
+            f"{'present' if run.metrics else 'absent'}; {len(docs)} checkpoint(s))")
         return None
     return env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
 

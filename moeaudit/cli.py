@@ -363,6 +363,105 @@ def _print_compare(doc: dict[str, Any]) -> None:
     _print_nonfinite(doc)
 
 
+# ----- envelope and calibration ----------------------------------------------------------
+
+
+@cli.command()
+@click.argument("source_path", metavar="RUN_DIR|metrics.jsonl", type=click.Path(path_type=Path))
+@policy_option
+@click.option("--source", type=click.Choice(["auto", "logs", "replay"]), default=None,
+              help="Series from training logs or from replaying every checkpoint (default: the policy's).")
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path),
+              help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@verbose_option
+def envelope(source_path: Path, policy_path: Path | None, source: str | None, canary_path: Path | None,
+             json_out: Path | None, force: bool) -> None:
+    """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not)."""
+    from moeaudit import envelope as env
+    from moeaudit.jsonio import finite_document
+    from moeaudit.series import run_series
+
+    _check_output(json_out, force)
+    policy = _load_policy(policy_path, source_path)
+    with _progress() as tick:
+        series, breaks = run_series(source_path, source or policy.envelope.source, policy.envelope.variant,
+                                    canary_path and str(canary_path), tick)
+    report = finite_document(env.evaluate(series, policy.envelope, breaks=breaks, policy_path=policy.source))
+    _emit_json(report, json_out, lambda: _print_envelope(report))
+    raise SystemExit(0 if report["compliant"] else 1)
+
+
+def _print_envelope(report: dict[str, Any]) -> None:
+    k = report["constants"]
+    kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
+    out.print(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
+              f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} [{kind}]")
+    table = Table("series", "samples", "min margin", "violations", "compliant")
+    for key, rows in report["series"].items():
+        margins = [r["margin"] for r in rows if r.get("margin") is not None]
+        bad = sum(not r["compliant"] for r in rows)
+        bad += sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
+        ok = "[green]yes[/]" if bad == 0 else "[red]no[/]"
+        table.add_row(key, str(len(rows)), _fmt(min(margins) if margins else None, ".4g"), str(bad), ok)
+    out.print(table)
+    fv = report["first_violation"]
+    if fv:
+        out.print(f"[red]first leaves the envelope at step {fv['step']} on series {fv['layer']}[/] "
+                  f"({fv['check']} check: V = {_fmt(fv['value'], '.4g')}, bound {_fmt(fv['bound'], '.4g')})")
+    for a in report["alerts"]:
+        out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
+    for d in report["dead_experts"]:
+        out.print(f"[yellow]dead expert[/] (000 §10.3) layer {d['layer']}: {d}")
+    out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
+@policy_option
+@click.option("--source", type=click.Choice(["auto", "logs", "replay"]), default="auto", show_default=True)
+@click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
+              help="normalized (var_grad/ḡ², scale-free) is the default: Eq. 16's ε = c·Var_t[V] is not "
+                   "scale-free for raw variance (docs/envelope.md).")
+@click.option("--since", type=int, default=0, show_default=True, help="Ignore samples before this step (warm-up).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@verbose_option
+def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: Path | None, source: str,
+              variant: str, since: int, force: bool) -> None:
+    """Fit the envelope constants on a healthy run (000 Eq. 16) and write a policy."""
+    from dataclasses import replace
+
+    from moeaudit import envelope as env
+    from moeaudit.jsonio import atomic_write
+    from moeaudit.policy import to_toml
+    from moeaudit.series import run_series
+
+    _check_output(out, force)
+    base = _load_policy(policy_path, run_dir)
+    with _progress() as tick:
+        series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick)
+    if since:
+        series = series.since(since)
+    fit = env.calibrate(series, replace(base.envelope, variant=variant), breaks=[b for b in breaks if b >= since])
+    settings = replace(fit.settings, source=series.source,
+                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0)
+    policy = replace(base, envelope=settings)
+    from moeaudit.policy import validate
+
+    validate(policy, out)
+    header = (f"moeaudit policy — envelope calibrated by `moeaudit calibrate {run_dir}`\n"
+              f"{settings.provenance}\n"
+              f"alert_b for the normalized variant is 1.0: expert-gradient coefficient of variation above 1")
+    atomic_write(out, to_toml(policy, header))
+    out_console = f"δ* = {fit.delta_max:.6g} → δ = {settings.delta:.6g}; ε = {settings.epsilon:.6g}"
+    err.print(f"calibrated on {series.source} ({variant}): {out_console}; budget ε/δ = "
+              f"{settings.epsilon / settings.delta:.6g}")
+    click.echo(f"wrote {out}")
+
+
 # ----- certify -----------------------------------------------------------------------------
 
 

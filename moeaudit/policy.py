@@ -51,6 +51,7 @@ class EnvelopeSettings:
     """SPEC §7 / `000` Table 6."""
 
     variant: str = "raw"  # "raw" var_grad or "normalized" var_grad_norm
+    source: str = "auto"  # which series is gated: "logs", "replay", or "auto" (logs when present)
     delta: float = 0.05
     epsilon: float = 1e-5
     window: int = 1000  # τ, compliance window in steps
@@ -192,6 +193,7 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
          "margins.protected_layers must be layer indices ≥ 0"),
         (e.variant in ("raw", "normalized"), "envelope.variant must be 'raw' or 'normalized'"),
+        (e.source in ("auto", "logs", "replay"), "envelope.source must be 'auto', 'logs' or 'replay'"),
         (0 < e.delta < 1, "envelope.delta must be in (0, 1)"),
         (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
         (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),
@@ -240,3 +242,27 @@ def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where:
         raise InputError(f"protected layers {missing} are not routed layers of {where or 'the model'}",
                          hint=f"routed layers: {routed}")
     return list(chosen)
+
+
+def to_toml(policy: Policy, header: str = "") -> str:
+    """The policy as TOML that ``load_policy`` reads back to an equal policy."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for name, section in policy.to_json().items():
+        lines += ["", f"[{name}]"]
+        for key, value in section.items():
+            if value is None:
+                continue  # absent = the default (e.g. protected_layers = middle third)
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
