@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit import __version__
+from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
 from moeaudit.certificate import statement, table4
 from moeaudit.errors import InputError
@@ -44,7 +45,8 @@ class Audit:
 
 
 def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
-              reference: str | Path | None = None, say: Say = lambda _m: None) -> Audit:
+              reference: str | Path | None = None, say: Say = lambda _m: None,
+              cache: ReceiptsCache | None = None) -> Audit:
     run = discover(run_path)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
@@ -58,18 +60,18 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     events = [{"step": e.step, "event": e.event, "note": e.note} for e in run.events]
     base_at = baselines(run.steps, events)
 
+    replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say, len(run.checkpoints))
     docs, points, pairs = {}, [], {}
-    base_state = None
-    for n, (step, ckpt) in enumerate(run.checkpoints, 1):
-        say(f"[{n}/{len(run.checkpoints)}] replaying {ckpt.path.name}")
-        doc, obs = run_state(ckpt, canary, policy, keep_states=True)
-        docs[step] = doc
-        points.append(Checkpointed(step, doc, base_at.get(step)))
-        if step in base_at or base_state is None:
-            base_state = (step, ckpt, obs)
+    base: tuple[int, Any] | None = None
+    for step, ckpt in run.checkpoints:
+        docs[step] = replayer.receipts(step, ckpt)
+        points.append(Checkpointed(step, docs[step], base_at.get(step)))
+        if step in base_at or base is None:
+            replayer.forget_states(keep=None)
+            base = (step, ckpt)
             continue
-        pairs[step] = _pair(base_state, (step, ckpt, obs), canary, policy)
-        del obs
+        pairs[step] = replayer.pair(base, (step, ckpt))
+        replayer.forget_states(keep=base[0])
     gates = evaluate_gates(points, protected, policy.gates)
 
     stage = run.stage or policy.gates.stage or "pretraining"
@@ -114,16 +116,57 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     return audit
 
 
-def _pair(base: tuple, cand: tuple, canary: Canary, policy: Policy) -> dict[str, Any]:
-    (b_step, b_ckpt, b_obs), (c_step, c_ckpt, c_obs) = base, cand
-    layers = []
-    for layer in b_ckpt.spec.routed_layers:
-        boot = bootstrap_for(policy.receipts, canary.num_windows, layer)
-        entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer), c_ckpt.layer_weights(layer),
-                           b_obs.states[layer], c_obs.states[layer], boot)
-        layers.append({"layer": layer, **entry})
-    return finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
-                            "layers": layers})
+class _Replayer:
+    """Receipts and pair receipts through the cache; replays only what is missing, keeping the
+    anchor states of at most the active baseline and the current checkpoint."""
+
+    def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int):
+        self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
+        self.settings = policy.to_json()["receipts"]
+        self.states: dict[int, Any] = {}
+        self.done = 0
+
+    def _key(self, kind: str, *ckpts: Any) -> str:
+        return self.cache.key(kind, [c.digest for c in ckpts], self.canary.digest, self.settings)
+
+    def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
+        self.say(f"replaying {ckpt.path.name}")
+        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True)
+        self.states[step] = obs
+        self.cache.put(self._key("receipts", ckpt), doc)
+        return doc
+
+    def receipts(self, step: int, ckpt: Any) -> dict[str, Any]:
+        self.done += 1
+        doc = self.cache.get(self._key("receipts", ckpt))
+        if doc is not None:
+            self.say(f"[{self.done}/{self.total}] {ckpt.path.name}: receipts from cache")
+            return doc
+        self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")
+        return self._replay(step, ckpt)
+
+    def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
+        key = self._key("pair", base[1], cand[1])
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        for step, ckpt in (base, cand):
+            if step not in self.states:
+                self._replay(step, ckpt)
+        (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
+        layers = []
+        for layer in b_ckpt.spec.routed_layers:
+            boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
+            entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer), c_ckpt.layer_weights(layer),
+                               self.states[b_step].states[layer], self.states[c_step].states[layer], boot)
+            layers.append({"layer": layer, **entry})
+        doc = finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
+                               "layers": layers})
+        self.cache.put(key, doc)
+        return doc
+
+    def forget_states(self, keep: int | None) -> None:
+        self.states = {s: o for s, o in self.states.items() if s == keep}
 
 
 def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events: list[dict[str, Any]],

@@ -477,9 +477,10 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 @click.option("--out", type=click.Path(path_type=Path),
               help="Output directory (default: ./moeaudit-certificates/<run name>).")
 @click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
+@click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-            key: Path | None, out: Path | None, force: bool) -> None:
+            key: Path | None, out: Path | None, force: bool, no_cache: bool) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
     from moeaudit import canary as canary_mod
     from moeaudit.certify import audit_run, write_outputs
@@ -493,7 +494,10 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
-    audit = audit_run(run_dir, probe, policy, reference=reference, say=lambda m: err.print(m))
+    from moeaudit.cache import ReceiptsCache
+
+    audit = audit_run(run_dir, probe, policy, reference=reference, say=lambda m: err.print(m),
+                      cache=ReceiptsCache(enabled=not no_cache))
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)
     _print_gates(audit.statement["predicate"])
