@@ -67,7 +67,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         docs[step] = replayer.receipts(step, ckpt)
         points.append(Checkpointed(step, docs[step], base_at.get(step)))
         if step in base_at or base is None:
-            replayer.forget_states(keep=None)
+            replayer.forget_states(keep=step)
             base = (step, ckpt)
             continue
         pairs[step] = replayer.pair(base, (step, ckpt))
