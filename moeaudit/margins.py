@@ -38,9 +38,21 @@ def _layer(receipts: Mapping[str, Any], layer: int) -> Mapping[str, Any]:
     raise InputError(f"receipts of {receipts['checkpoint']['name']} have no routed layer {layer}")
 
 
+def _check_same_moe(cand: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
+    """π_min and C2 ratios only compare like with like: same experts, top-k and routed layers."""
+    a, b = cand["checkpoint"], ref["checkpoint"]
+    for key in ("family", "experts", "top_k", "routed_layers"):
+        if a.get(key) != b.get(key):
+            raise InputError(
+                f"reference {b['name']} and candidate {a['name']} have different MoE structure "
+                f"({key}: {b.get(key)} vs {a.get(key)})",
+                hint="use a healthy reference checkpoint of the same model")
+
+
 def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
             m: MarginSettings) -> dict[str, Any]:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
+    _check_same_moe(cand, ref)
     exact, smooth, per_layer = [], [], []
     for layer in protected:
         c, r = _layer(cand, layer), _layer(ref, layer)
@@ -52,7 +64,8 @@ def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence
                 hint="use a healthy reference checkpoint, or change margins.protected_layers")
         c2, c2_ref = c["overlap"]["c2"], r["overlap"]["c2"]
         if c2 is None or c2_ref is None:
-            raise InputError(f"layer {layer} has no C2 (top-1 routing); the handoff margin needs co-active pairs")
+            reason = (c if c2 is None else r)["overlap"].get("reason", "no C2")
+            raise InputError(f"layer {layer} has no C2 ({reason}); the handoff margin needs co-active pairs")
         h_l = m.lambda1 * (c2 - c2_ref) + m.lambda2 * (c["occupancy"]["pi_min"] / ref_pi_min - 1.0)
         tail_c = pi_tail(c["occupancy"]["pi_smooth"], m.beta)
         tail_r = pi_tail(r["occupancy"]["pi_smooth"], m.beta)

@@ -39,6 +39,9 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
                       y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
                       boot: WindowBootstrap, seed: int) -> tuple[dict[str, Any], torch.Tensor]:
     """(receipts, per-token margins m_t)."""
+    if spec.top_k >= scores_NE.shape[1]:  # E = k: no (k+1)-th score, R_k never changes
+        no_margin_N = torch.full(scores_NE.shape[:1], float("inf"), dtype=torch.float64)
+        return _no_boundary(settings), no_margin_N
     m_N = selection_margin(scores_NE, spec.top_k)
     flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed)
     q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
@@ -56,6 +59,18 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
         },
     }
     return out, m_N
+
+
+def _no_boundary(settings: ReceiptSettings) -> dict[str, Any]:
+    return {
+        "margin_mean": None,
+        "margin_quantiles": None,
+        "boundary_mass": {_key(eta): 0.0 for eta in settings.boundary_etas},
+        "flip_rate": 0.0,
+        "flip_sigma": settings.flip_sigma,
+        "reason": "every expert is active (E = k): there is no selection boundary",
+        "ci95": None,
+    }
 
 
 def _key(eta: float) -> str:

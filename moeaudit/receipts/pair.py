@@ -56,6 +56,8 @@ def load_reference(path: str | Path, canary: Canary, policy: Policy,
 def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, *,
             reference: str | Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
     check_compatible(base, cand)
+    # A bad reference (wrong canary, not receipts) should fail before the replays, not after.
+    ref_doc = None if reference is None else load_reference(reference, canary, policy, progress)
     base_doc, base_obs = run_state(base, canary, policy, keep_states=True, progress=progress)
     cand_doc, cand_obs = run_state(cand, canary, policy, keep_states=True, progress=progress)
     routed = base.spec.routed_layers
@@ -72,8 +74,7 @@ def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, 
         "refinement": refinement(base_doc, cand_doc, drift, protected, policy.margins),
         "handoff": None,
     }
-    if reference is not None:
-        ref_doc = load_reference(reference, canary, policy, progress)
+    if ref_doc is not None:
         margins["handoff"] = handoff(cand_doc, ref_doc, protected, policy.margins)
     doc = {
         "schema": SCHEMA,
