@@ -148,12 +148,13 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The receipts a gate rests on (`003` Table 3 columns), per layer and in aggregate."""
     layers = doc["layers"]
     c2 = [e["overlap"].get("c2") for e in layers if e["overlap"].get("c2") is not None]
+    state1 = [e["boundary"]["margin_mean"] for e in layers if e["boundary"].get("margin_mean") is not None]
     return {
         "checkpoint": doc["checkpoint"]["name"],
         "digest": doc["checkpoint"]["digest"],
         "nll": doc["nll"],
         "c2_mean": sum(c2) / len(c2) if c2 else None,
-        "state1_mean": sum(e["boundary"]["margin_mean"] for e in layers) / len(layers),
+        "state1_mean": sum(state1) / len(state1) if state1 else None,
         "dead": sum(e["occupancy"]["dead"] for e in layers),
         "cv_mean": sum(e["occupancy"]["cv"] for e in layers) / len(layers),
         "entropy_norm_min": min(e["occupancy"]["entropy_norm"] for e in layers),

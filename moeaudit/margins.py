@@ -27,8 +27,20 @@ def smax(values: Sequence[float], beta: float) -> float:
 
 
 def pi_tail(pi_smooth: Sequence[float], beta: float) -> float:
-    """Soft lower-tail occupancy π̃_tail = smin_β over experts of π̃ (Eq. 24)."""
+    """Soft lower-tail occupancy π̃_tail = smin_β over experts of π̃ (Eq. 24).
+
+    smin_β ≥ min − ln(E)/β, so with many experts (E = 64 at β = 50) π̃_tail of a perfectly
+    balanced layer is ≤ 0 and the ratios of Eq. 25 / 29 lose their meaning; callers refuse
+    to divide by a non-positive tail (`_tail_ratio`)."""
     return smin(list(pi_smooth), beta)
+
+
+def _tail_ratio(num: float, den: float, notes: list[str], layer: int, beta: float) -> float:
+    if den <= 0:
+        notes.append(f"layer {layer}: π̃_tail = {den:.4g} ≤ 0 at β = {beta:g} (smin_β undershoots "
+                     "min by up to ln(E)/β); the smooth margin is undefined — raise margins.beta")
+        return float("nan")
+    return num / den
 
 
 def _layer(receipts: Mapping[str, Any], layer: int) -> Mapping[str, Any]:
@@ -53,7 +65,7 @@ def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence
             m: MarginSettings) -> dict[str, Any]:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
     _check_same_moe(cand, ref)
-    exact, smooth, per_layer = [], [], []
+    exact, smooth, per_layer, notes = [], [], [], []
     for layer in protected:
         c, r = _layer(cand, layer), _layer(ref, layer)
         ref_pi_min = r["occupancy"]["pi_min"]
@@ -70,12 +82,15 @@ def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence
         tail_c = pi_tail(c["occupancy"]["pi_smooth"], m.beta)
         tail_r = pi_tail(r["occupancy"]["pi_smooth"], m.beta)
         hs_l = m.lambda1 * (c["overlap"]["c2_smooth"] - r["overlap"]["c2_smooth"]) + m.lambda2 * (
-            tail_c / tail_r - 1.0)
+            _tail_ratio(tail_c, tail_r, notes, layer, m.beta) - 1.0)
         exact.append(h_l)
         smooth.append(hs_l)
         per_layer.append({"layer": layer, "exact": h_l, "smooth": hs_l})
-    return {"exact": min(exact), "smooth": smin(smooth, m.beta), "per_layer": per_layer,
-            "reference": ref["checkpoint"]["name"]}
+    out = {"exact": min(exact), "smooth": smin(smooth, m.beta), "per_layer": per_layer,
+           "reference": ref["checkpoint"]["name"]}
+    if notes:
+        out["notes"] = notes
+    return out
 
 
 def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
@@ -93,7 +108,8 @@ def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[
         load = m.mu1 * d["boundary"] + m.mu2 * d["content"] + m.mu3 * occ
         tail_b = pi_tail(b["occupancy"]["pi_smooth"], m.beta)
         tail_c = pi_tail(c["occupancy"]["pi_smooth"], m.beta)
-        load_s = m.mu1 * d["boundary_smooth"] + m.mu2 * d["content_smooth"] + m.mu3 * (1.0 - tail_c / tail_b)
+        load_s = m.mu1 * d["boundary_smooth"] + m.mu2 * d["content_smooth"] + m.mu3 * (
+            1.0 - _tail_ratio(tail_c, tail_b, notes, layer, m.beta))
         exact.append(load)
         smooth.append(load_s)
         per_layer.append({"layer": layer, "load_exact": load, "load_smooth": load_s})
