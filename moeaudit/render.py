@@ -1,0 +1,343 @@
+"""The HTML certificate (SPEC §9): a verified statement rendered into one self-contained page.
+
+``render_html`` takes the statement that :func:`moeaudit.certificate.open_certificate` returned
+(signature already checked) and renders ``templates/certificate.html.j2`` with Jinja2 —
+autoescaped, ``StrictUndefined`` — into inline CSS and SVG, with no script and no URL. The page
+is a pure function of its inputs: no clock, no locale, fixed number formats, and every
+collection in the statement's own order (layers and series in numeric order), so the same
+statement gives the same bytes.
+
+The template sees only the view built here (:func:`page`), never the raw predicate: every field
+it reads exists, and a missing or null one is already "—" with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+from moeaudit import charts
+from moeaudit.resources import templates_dir
+from moeaudit.svg import linear_ticks, sci, signed
+
+TEMPLATE = "certificate.html.j2"
+VERIFY = "moeaudit verify certificate.json --pubkey KEY.pub [--recheck]"
+CHECK_ORDER = ("envelope", "refinement", "handoff")
+MAX_DOMAIN_PANELS = 8
+Doc = Mapping[str, Any]
+
+
+def render_html(statement: Doc, *, keyid: str, envelope_sha256: str) -> str:
+    """The certificate page for a verified statement; ``envelope_sha256`` is the SHA-256 of the
+    signed ``certificate.json`` file the page describes."""
+    return _environment().get_template(TEMPLATE).render(page(statement, keyid, envelope_sha256))
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), autoescape=True,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = num
+    return env
+
+
+def num(value: float | None, spec: str = ".3f") -> str:
+    """A number in a fixed format; ``None`` → "—"; minus signs are true minus signs."""
+    if value is None:
+        return "—"
+    return format(value, spec).replace("-", "−")
+
+
+def layer_key(key: Any) -> tuple[int, int | str]:
+    """Numeric layers in numeric order, then any other key ("pooled") by name."""
+    s = str(key)
+    return (0, int(s)) if s.lstrip("-").isdigit() else (1, s)
+
+
+def _get(doc: Any, *path: str) -> Any:
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, Mapping) else None
+    return doc
+
+
+# --- the view ------------------------------------------------------------------------------------
+
+
+def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
+    p = statement["predicate"]
+    gates = list(p.get("gates") or [])
+    checks = list(p.get("checks") or [])
+    protected = [int(x) for x in p.get("protected_layers") or []]
+    return {
+        "verdict": p["verdict"],
+        "verdict_why": verdict_reasons(p["verdict"], gates, checks),
+        "run": run_view(p.get("run") or {}, len(gates)),
+        "issued_at": p.get("issued_at") or "—",
+        "checks": check_rows(checks),
+        "margins": margin_rows(p.get("margins") or {}),
+        "gates": [gate_row(g, _get(p, "policy", "gates", "tol_c2")) for g in gates],
+        "protected": protected,
+        "figures": figures(gates, protected),
+        "envelope": envelope_view(p.get("envelope"), checks),
+        "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
+        "gate_claims": [claims_row(g) for g in gates],
+        "table4": [{k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses",
+                                                        "does_not_license")}
+                   for row in p.get("claims") or []],
+        "digests": digests(statement, keyid, envelope_sha256),
+        "verify_command": VERIFY,
+    }
+
+
+def run_view(run: Doc, gates: int) -> dict[str, Any]:
+    return {"name": str(run.get("name") or "unnamed run"), "stage": str(run.get("stage") or "—"),
+            "checkpoints": len(run.get("checkpoints") or []) or gates,
+            "skipped": [_named(s) for s in run.get("skipped") or []],
+            "events": [{"step": e.get("step", "—"), "event": e.get("event", "event"),
+                        "note": str(e.get("note") or "")} for e in run.get("events") or []]}
+
+
+def _named(item: Any) -> dict[str, str]:
+    if isinstance(item, Mapping):
+        return {"name": str(item.get("name") or item.get("path") or "—"),
+                "reason": str(item.get("reason") or "")}
+    return {"name": str(item), "reason": ""}
+
+
+def verdict_reasons(verdict: str, gates: Sequence[Doc], checks: Sequence[Doc]) -> list[str]:
+    """Why the verdict is what it is (SPEC §8), in the order the rule reads."""
+    if verdict == "PASS":
+        return ["every gate is BASELINE or GREEN and every evaluated check passed"]
+    out = [f"{g['status']} gate at step {g['step']}" for g in gates
+           if g["status"] not in ("BASELINE", "GREEN")]
+    out += [f"{c.get('name')} check {c.get('status') or 'without a status'}" for c in checks
+            if c.get("evaluated") and c.get("status") != "PASS"]
+    if any(g["status"] == "YELLOW" for g in gates) and verdict == "INCONCLUSIVE":
+        out.append("a YELLOW gate revokes the success claim without calling for intervention")
+    return out or ["the evidence does not support PASS"]
+
+
+def check_rows(checks: Sequence[Doc]) -> list[dict[str, str]]:
+    rank = {name: i for i, name in enumerate(CHECK_ORDER)}
+    rows = []
+    for c in sorted(checks, key=lambda c: rank.get(c.get("name", ""), len(rank))):
+        result = str(c.get("status") or "no status") if c.get("evaluated") else "not evaluated"
+        rows.append({"name": str(c.get("name", "—")), "result": result,
+                     "css": result.lower().replace(" ", "-"), "value": _value(c.get("value")),
+                     "reason": str(c.get("reason") or "—")})
+    return rows
+
+
+def _value(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return sci(v, 2) if v != 0 and abs(v) < 1e-3 else signed(v, 4)
+
+
+def margin_rows(margins: Doc) -> list[dict[str, str]]:
+    rows = []
+    for name in ("refinement", "handoff"):
+        m = margins.get(name)
+        if not isinstance(m, Mapping):
+            why = f": {m}" if isinstance(m, str) else ""
+            rows.append({"name": name, "exact": "—", "smooth": "—", "note": f"not computed{why}"})
+            continue
+        note = [f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
+                f"against {m['reference']}" if m.get("reference") else "",
+                f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
+                *[str(n) for n in m.get("notes") or []]]
+        rows.append({"name": name, "exact": signed(m.get("exact"), 4),
+                     "smooth": signed(m.get("smooth"), 4), "note": "; ".join(n for n in note if n)})
+    return rows
+
+
+def gate_row(g: Doc, tol_c2: float | None) -> dict[str, Any]:
+    r = g.get("receipts") or {}
+    return {"step": g["step"], "status": g["status"], "checkpoint": r.get("checkpoint") or "—",
+            "scalar": g.get("scalar") or "—", "nll": r.get("nll"), "c2": r.get("c2_mean"),
+            "state1": r.get("state1_mean"), "dead": r.get("dead"), "cv": r.get("cv_mean"),
+            "entropy": r.get("entropy_norm_min"), "note": gate_note(g, tol_c2)}
+
+
+def gate_note(g: Doc, tol_c2: float | None) -> str:
+    """The gate rule's reading of this gate (SPEC §8), in words."""
+    if g["status"] == "BASELINE":
+        return f"baseline: {g.get('reason') or 'reference point'}"
+    st, base = g.get("structural") or {}, g.get("baseline")
+    notes = []
+    if st.get("c2_ok") is False:
+        tol = f" (tolerance −{tol_c2:g})" if tol_c2 is not None else ""
+        moved = signed(st.get("c2_min_delta"))
+        notes.append(f"protected-layer C2 moved {moved} vs step {base}{tol}")
+    if st.get("occupancy_ok") is False:
+        more = ", ".join(map(str, st.get("layers_with_more_dead") or []))
+        notes.append(f"occupancy narrowed: more dead experts on layers {more}" if more else
+                     f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}, "
+                     f"entropy ratio {num(st.get('entropy_ratio'), '.2f')})")
+    if st.get("ok"):
+        notes.append(f"structure held vs baseline at step {base}")
+    if g.get("consecutive_bad"):
+        notes.append(f"{g['consecutive_bad']} consecutive bad gate(s)")
+    return "; ".join(notes) or "—"
+
+
+def claims_row(g: Doc) -> dict[str, Any]:
+    c = g.get("claims") or {}
+    return {"step": g["step"], "status": g["status"],
+            "checkpoint": _get(g, "receipts", "checkpoint") or "—",
+            "licensed": [str(x) for x in c.get("licensed") or []],
+            "not_licensed": [str(x) for x in c.get("not_licensed") or []]}
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+
+def figures(gates: Sequence[Doc], protected: Sequence[int]) -> dict[str, Any]:
+    """Per-layer C2 at the last gate against its baseline (Fig. 5); NLL and C2 per gate (Fig. 4)."""
+    if not gates:
+        return {"c2_bars": None, "c2_caption": "no gates", "loss_c2": None}
+    last = gates[-1]
+    base = next((g for g in gates if g["step"] == last.get("baseline") and g is not last), None)
+    per_layer = sorted(_get(last, "receipts", "per_layer") or [],
+                       key=lambda e: layer_key(e["layer"]))
+    base_c2 = {e["layer"]: e.get("c2") for e in _get(base, "receipts", "per_layer") or []}
+    caption = f"Per-layer C2 at step {last['step']} ({last['status']})"
+    if base is not None:
+        caption += f"; ticks: baseline at step {base['step']}"
+    points = [{"step": g["step"], "status": g["status"], "nll": _get(g, "receipts", "nll"),
+               "c2": _get(g, "receipts", "c2_mean")} for g in gates]
+    bars = charts.c2_bars(per_layer, base_c2, protected, caption) if per_layer else None
+    return {"c2_bars": bars, "c2_caption": caption,
+            "loss_c2": charts.loss_c2(points, "Canary NLL and mean C2 at each gate")}
+
+
+def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
+    """The envelope report (`moeaudit.envelope/v1`): pooled chart, per-layer panels, summary."""
+    if not report:
+        check = next((c for c in checks if c.get("name") == "envelope"), {})
+        return {"missing": check.get("reason") or "no envelope series in the certificate"}
+    series = report.get("series") or {}
+    keys = sorted(series, key=lambda k: (k != "pooled", layer_key(k)))
+    const = report.get("constants") or {}
+    first = report.get("first_violation")
+    return {
+        "missing": None,
+        "panels": [_envelope_panel(k, series[k], report, i == 0) for i, k in enumerate(keys)],
+        "source": report.get("source") or "—", "variant": report.get("variant") or "—",
+        "constants": {k: const.get(k) for k in ("delta", "epsilon", "window", "budget")},
+        "calibration": ("calibrated" if report.get("calibrated") else "not calibrated") +
+                       (f": {report['provenance']}" if report.get("provenance") else ""),
+        "compliant": bool(report.get("compliant")),
+        "first_violation": None if not first else
+        f"first leaves the envelope at step {first.get('step')} on series {first.get('layer')} "
+        f"({first.get('check')} check)",
+        "skipped": [_skipped(s) for s in report.get("skipped") or []],
+        "counts": f"{len(report.get('alerts') or [])} alert(s), "
+                  f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
+                  f"{len(report.get('findings') or [])} log finding(s)",
+        "nulls": [{"series": k, "step": r.get("step"), "reason": r.get("reason") or "no value"}
+                  for k in keys for r in series[k] if r.get("value") is None],
+    }
+
+
+def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -> dict[str, Any]:
+    wins = [w for w in report.get("windows") or [] if w.get("series") == key]
+    name = "pooled over all routed layers" if key == "pooled" else f"layer {key}"
+    budget = _get(report, "constants", "budget")
+    chart = charts.envelope_chart(samples, wins, budget, f"Envelope: {name}",
+                                  width=charts.W if main else 470, height=300 if main else 200,
+                                  show_legend=main)
+    margins = [r["margin"] for r in samples if r.get("margin") is not None]
+    outside = [r.get("step") for r in samples if not r.get("compliant", True)]
+    return {"name": name, "svg": chart, "samples": len(samples), "windows": len(wins),
+            "min_margin": min(margins) if margins else None, "outside": outside,
+            "status": "outside the bound" if outside else "within the bound"}
+
+
+def _skipped(s: Doc) -> str:
+    where = (f" between steps {s['from_step']} and {s['to_step']}"
+             if s.get("from_step") is not None else "")
+    return f"{s.get('check', 'check')}{where} — {s.get('reason') or 'no reason given'}"
+
+
+# --- heatmaps ------------------------------------------------------------------------------------
+
+
+def heatmap_view(h: Doc, protected: Sequence[int]) -> dict[str, Any]:
+    return {"occupancy": _occupancy(h.get("occupancy"), protected),
+            "domains": _domains(h.get("domains"), protected)}
+
+
+def _scale_top(values: Sequence[float]) -> float:
+    """The top of a π color scale: the largest value rounded up to a nice tick."""
+    top = max(values or [1.0])
+    return linear_ticks(0.0, top, 6)[1] if top > 0 else 1.0
+
+
+def _is_protected(layer: Any, protected: Sequence[int]) -> bool:
+    return layer_key(layer) in [(0, q) for q in protected]
+
+
+def _occupancy(occ: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
+    """π[layer][expert]: a list aligned with ``layers`` or a map keyed by layer."""
+    if not occ or not occ.get("layers"):
+        return None
+    pi = occ.get("pi") or []
+    rows = []
+    for i, layer in enumerate(occ["layers"]):
+        row = pi.get(str(layer)) if isinstance(pi, Mapping) else (pi[i] if i < len(pi) else None)
+        rows.append((f"layer {layer}" + (" (P)" if _is_protected(layer, protected) else ""),
+                     list(row or [])))
+    vals = [v for _, r in rows for v in r if v is not None]
+    vmax, mean = _scale_top(vals), (sum(vals) / len(vals) if vals else None)
+    return {"svg": charts.heatmap(rows, vmax, "Occupancy π per layer and expert"),
+            "legend": charts.heat_legend(vmax, mean, "Color scale of π"), "step": occ.get("step")}
+
+
+def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
+    """Small multiples of domain × expert π, one per layer (protected ones when there are many)."""
+    if not dom or not dom.get("layers"):
+        return None
+    layers = sorted(dom["layers"], key=layer_key)
+    shown = layers
+    if len(layers) > MAX_DOMAIN_PANELS:
+        shown = ([k for k in layers if _is_protected(k, protected)] or layers)[:MAX_DOMAIN_PANELS]
+    names = [str(n) for n in dom.get("names") or []]
+    grids = {k: [(n, list(dom["layers"][k].get(n) or [])) for n in names or dom["layers"][k]]
+             for k in shown}
+    vmax = _scale_top([v for rows in grids.values() for _, r in rows for v in r if v is not None])
+    panels = []
+    for k, rows in grids.items():
+        title = f"layer {k}" + (" · protected" if _is_protected(k, protected) else "")
+        panels.append(charts.heatmap(rows, vmax, f"Domain routing π, {title}", width=470, left=80,
+                                     cell_h=26, title=title))
+    return {"panels": panels, "legend": charts.heat_legend(vmax, None, "Color scale of π"),
+            "step": dom.get("step"), "omitted": [k for k in layers if k not in shown]}
+
+
+def digests(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
+    """Everything a reader needs to verify the certificate and re-run the audit."""
+    p = statement["predicate"]
+    canary, policy, tool = p.get("canary") or {}, p.get("policy") or {}, p.get("tool") or {}
+    shape = (f"{canary['windows']} windows × {canary.get('window_len', '?')} tokens"
+             if canary.get("windows") is not None else "")
+    if canary.get("domains"):
+        shape += ("; " if shape else "") + "domains: " + ", ".join(map(str, canary["domains"]))
+    calibrated = policy.get("calibrated")
+    return {"subjects": [{"name": str(s.get("name", "—")),
+                          "sha256": str(_get(s, "digest", "sha256") or "—")}
+                         for s in statement.get("subject") or []],
+            "canary": _get(canary, "digest", "sha256") or "—", "canary_shape": shape,
+            "policy": policy.get("digest") or "—",
+            "policy_note": str(policy.get("source") or "source not stated") + (
+                "" if calibrated is None else ", calibrated" if calibrated else ", not calibrated"),
+            "keyid": keyid, "envelope": envelope_sha256,
+            "statement_type": statement.get("_type") or "—",
+            "predicate_type": statement.get("predicateType") or "—",
+            "tool": f"{tool.get('name') or 'moeaudit'} {tool.get('version') or ''}".strip(),
+            "environment": " · ".join(f"{k} {v}" for k, v in sorted((p.get("environment") or
+                                                                       {}).items())) or "—"}

@@ -1,0 +1,395 @@
+"""The HTML certificate (SPEC §9): deterministic, self-contained, escaped — and checked in a real
+headless Chromium: no network request, no console error, a screenshot that shows the verdict.
+
+The browser is driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``: NUL-
+separated JSON on fds 3/4), so the test reads Chromium's own account of the page load — every
+``Network.requestWillBeSent``, console message, log entry and exception — instead of parsing
+stderr. A control page with an ``<img src=http…>`` and a ``console.error`` is loaded in the same
+session to show the harness does see requests and errors when there are some.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import fcntl
+import json
+import os
+import re
+import select
+import shutil
+import struct
+import subprocess
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moeaudit import charts
+from moeaudit.render import VERIFY, render_html
+
+FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
+GOLDEN = Path(__file__).parent / "fixtures" / "certificate_example.html"
+KEYID = "3f1c0e5a9b2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e"
+ENVELOPE_SHA = "9c2e4a6b8d0f1e3c5a7b9d1f3e5c7a9b1d3f5e7c9a1b3d5f7e9c1a3b5d7f9e1c"
+HEADINGS = ("Checks", "Gate progression", "Per-layer C2", "Loss and C2 over steps",
+            "Gradient-variance envelope", "Expert occupancy", "Domain routing", "Claims",
+            "How to verify this certificate", "What this certificate proves — and what it does not")
+AMBER = (245, 166, 35)  # --amber in templates/certificate.css: the INCONCLUSIVE band
+
+
+@pytest.fixture()
+def statement() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+def render(stmt: dict[str, Any]) -> str:
+    return render_html(stmt, keyid=KEYID, envelope_sha256=ENVELOPE_SHA)
+
+
+# --- the page as text ----------------------------------------------------------------------------
+
+
+def test_fixture_is_the_run_it_claims_to_be(statement: dict[str, Any]) -> None:
+    p = statement["predicate"]
+    assert [g["status"] for g in p["gates"]] == ["BASELINE", "GREEN", "YELLOW", "GREEN", "GREEN"]
+    assert p["verdict"] == "INCONCLUSIVE"
+    assert sorted(p["envelope"]["series"]) == ["0", "1", "2", "3", "pooled"]
+    assert "NaN" not in FIXTURE.read_text(encoding="utf-8")
+
+
+def test_same_statement_same_bytes(statement: dict[str, Any]) -> None:
+    first = render(statement).encode("utf-8")
+    assert render(copy.deepcopy(statement)).encode("utf-8") == first
+
+
+def test_golden_page(statement: dict[str, Any]) -> None:
+    """Byte-for-byte across processes and hash seeds; after a deliberate template change run
+    ``MOEAUDIT_UPDATE_GOLDEN=1 pytest tests/test_html.py`` and review the diff."""
+    html = render(statement)
+    if os.environ.get("MOEAUDIT_UPDATE_GOLDEN"):
+        GOLDEN.write_text(html, encoding="utf-8")
+    assert html == GOLDEN.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("verdict", ["PASS", "FAIL", "INCONCLUSIVE"])
+def test_minimal_statement_renders(verdict: str) -> None:
+    """Only what SPEC §9 requires (verdict, gates): every section says what is missing."""
+    gates = [{"step": 0, "status": "BASELINE"}, {"step": 10, "status": "GREEN"}]
+    stmt = {"_type": "t", "subject": [], "predicateType": "p",
+            "predicate": {"verdict": verdict, "gates": gates}}
+    html = render(stmt)
+    assert f'class="verdict verdict-{verdict.lower()}"' in html
+    assert "— not evaluated: no envelope series" in html and "— no per-layer receipts" in html
+
+
+def test_self_contained_and_complete(statement: dict[str, Any]) -> None:
+    html = render(statement)
+    assert "<script" not in html.lower()
+    assert not re.search(r"https?://", html.replace(statement["_type"], "").replace(
+        statement["predicateType"], ""))
+    assert "href=\"http" not in html and " src=" not in html and "url(" not in html
+    assert "default-src 'none'" in html and "@media print" in html
+    assert "NaN" not in html and "Infinity" not in html
+    for heading in HEADINGS:
+        assert f"<h2>{heading}</h2>" in html, heading
+    assert "INCONCLUSIVE" in html and "YELLOW gate at step 1500" in html
+    assert VERIFY in html and KEYID in html and ENVELOPE_SHA in html
+    for subject in statement["subject"]:
+        assert subject["digest"]["sha256"] in html
+    assert statement["predicate"]["canary"]["digest"]["sha256"] in html
+    assert statement["predicate"]["policy"]["digest"] in html
+    # C2 bars, loss/C2, 5 envelope panels, occupancy + legend, 4 domain panels + legend
+    assert html.count("<svg") == 1 + 1 + 5 + 2 + 4 + 1
+
+
+def test_text_is_escaped(statement: dict[str, Any]) -> None:
+    stmt = copy.deepcopy(statement)
+    evil = "<b>ckpt</b>"
+    stmt["predicate"]["gates"][1]["receipts"]["checkpoint"] = evil
+    stmt["subject"][1]["name"] = evil
+    stmt["predicate"]["run"]["name"] = evil
+    stmt["predicate"]["heatmaps"]["domains"]["names"][0] = "<i>web</i>"
+    stmt["predicate"]["heatmaps"]["domains"]["layers"]["0"]["<i>web</i>"] = \
+        stmt["predicate"]["heatmaps"]["domains"]["layers"]["0"]["web"]
+    html = render(stmt)
+    assert "<b>" not in html and "<i>" not in html
+    assert "&lt;b&gt;ckpt&lt;/b&gt;" in html and "&lt;i&gt;web&lt;/i&gt;" in html
+
+
+def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
+    stmt = copy.deepcopy(statement)
+    p = stmt["predicate"]
+    p["gates"][0]["receipts"]["c2_mean"] = None
+    p["envelope"]["series"]["pooled"][3].update(value=None, margin=None, compliant=False,
+                                                reason="value is non-finite")
+    p["margins"]["refinement"] = None
+    html = render(stmt)
+    assert "pooled at step 300: — (value is non-finite)" in html
+    assert "OUTSIDE</span> at step(s) 300" in html
+    assert "not computed" in html
+    p["envelope"], p["heatmaps"] = None, {}
+    html = render(stmt)
+    assert "— not evaluated: every sample" in html  # the envelope check's own reason
+    assert "— no occupancy heatmap" in html and "— no domain routing" in html
+
+
+def test_envelope_chart_marks_samples_outside_the_bound() -> None:
+    samples = [{"step": 0, "value": 1e-3, "bound": 1.2e-3, "compliant": True, "window": 0},
+               {"step": 100, "value": 5e-4, "bound": 3e-4, "compliant": False, "window": 0},
+               {"step": 200, "value": 1e-5, "bound": 2e-4, "compliant": True, "window": 0}]
+    svg = str(charts.envelope_chart(samples, [], 2e-4, "test"))
+    assert svg.count(f'stroke="{charts.BAD}"') == 2  # the marked sample and its legend entry
+    assert "10⁻⁵" in svg and "10⁻³" in svg  # log axis: the values span two decades
+
+
+# --- the page in a browser -----------------------------------------------------------------------
+
+
+def chromium_binary() -> str | None:
+    found = shutil.which("chromium")
+    return found or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+
+
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-extensions", "--hide-scrollbars", "--mute-audio", "--force-color-profile=srgb",
+         # belt and braces: a request that did slip out could not reach anything
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
+         "--proxy-bypass-list=<-loopback>", "--window-size=1280,2000")
+
+
+class DevTools:
+    """A headless Chromium driven over ``--remote-debugging-pipe`` (fd 3 in, fd 4 out)."""
+
+    def __init__(self, binary: str, workdir: Path, deadline: float):
+        self.deadline = deadline
+        self.events: list[dict[str, Any]] = []
+        self._id = 0
+        to_child, self._to_browser = os.pipe()
+        self._from_browser, from_child = os.pipe()
+
+        def wire() -> None:  # runs in the child: the pipes become fds 3 and 4
+            a = fcntl.fcntl(to_child, fcntl.F_DUPFD, 10)  # out of the way of 3 and 4 first
+            b = fcntl.fcntl(from_child, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.stderr = (workdir / "chromium.log").open("wb")
+        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={workdir / 'profile'}",
+                                      "--remote-debugging-pipe", "about:blank"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self.stderr, close_fds=False, preexec_fn=wire)
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer = b""
+
+    def _read(self) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self._from_browser], [], [], left)[0]:
+                raise TimeoutError("Chromium did not answer in time")
+            chunk = os.read(self._from_browser, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            self._buffer += chunk
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def send(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        msg: dict[str, Any] = {"id": self._id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read()
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_for(self, method: str) -> dict[str, Any]:
+        for seen in self.events:
+            if seen.get("method") == method:
+                self.events.remove(seen)
+                return seen
+        while True:
+            event = self._read()
+            if event.get("method") == method:
+                return event
+            self.events.append(event)
+
+    def open(self, url: str) -> str:
+        """A fresh tab with network, console and log reporting on, navigated to ``url``."""
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Network", "Runtime", "Log"):
+            self.send(f"{domain}.enable", session)
+        self.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=2000,
+                  deviceScaleFactor=1, mobile=False)
+        self.events.clear()
+        self.send("Page.navigate", session, url=url)
+        self.wait_for("Page.loadEventFired")
+        self.send("Runtime.evaluate", session, expression="1", awaitPromise=True)  # flush
+        return session
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close")
+        except (RuntimeError, TimeoutError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.stderr.close()
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+
+
+def requests_and_errors(events: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    urls = [e["params"]["request"]["url"] for e in events
+            if e.get("method") == "Network.requestWillBeSent"]
+    errors = []
+    for e in events:
+        m, p = e.get("method"), e.get("params", {})
+        if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert", "warning"):
+            errors.append(f"console.{p['type']}: {[a.get('value') for a in p.get('args', [])]}")
+        elif m == "Runtime.exceptionThrown":
+            errors.append(f"exception: {p['exceptionDetails'].get('text')}")
+        elif m == "Log.entryAdded" and p["entry"]["level"] in ("error", "warning"):
+            errors.append(f"log {p['entry']['level']}: {p['entry']['text']}")
+    return urls, errors
+
+
+PAGE_FACTS = """JSON.stringify((() => {
+  const band = document.querySelector('header.verdict');
+  const r = band.getBoundingClientRect();
+  return {verdict: band.querySelector('h1').innerText, band: [r.x, r.y, r.width, r.height],
+          color: getComputedStyle(band).backgroundColor, scripts: document.scripts.length,
+          resources: performance.getEntriesByType('resource').length,
+          svgs: [...document.querySelectorAll('svg')]
+                  .filter(s => s.getBoundingClientRect().width > 100).length,
+          height: document.documentElement.scrollHeight};
+})())"""
+
+
+def browse(html_path: Path, workdir: Path, screenshot: Path, *,
+           full_page: bool = False) -> dict[str, Any]:
+    """Load the page and a control page in one Chromium; return what the browser saw."""
+    binary = chromium_binary()
+    assert binary is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    tools = DevTools(binary, workdir, time.monotonic() + 30)
+    try:
+        url = html_path.resolve().as_uri()
+        session = tools.open(url)
+        urls, errors = requests_and_errors(tools.events)
+        facts = json.loads(tools.send("Runtime.evaluate", session, expression=PAGE_FACTS,
+                                      returnByValue=True)["result"]["value"])
+        height = facts["height"] if full_page else 2000
+        shot = tools.send("Page.captureScreenshot", session, format="png",
+                          captureBeyondViewport=full_page,
+                          clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1})
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        small = tools.send("Page.captureScreenshot", session, format="png",
+                           clip={"x": 0, "y": 0, "width": 1280, "height": 2000, "scale": 0.25})
+        pdf = tools.send("Page.printToPDF", session, printBackground=True)["data"]
+        control = workdir / "control.html"
+        control.write_text('<!DOCTYPE html><img src="http://example.invalid/pixel.png">'
+                           '<script>console.error("control")</script>')
+        tools.open(control.as_uri())
+        control_urls, control_errors = requests_and_errors(tools.events)
+    finally:
+        tools.close()
+    return {"url": url, "requests": urls, "errors": errors, "facts": facts,
+            "small_png": base64.b64decode(small["data"]), "pdf": base64.b64decode(pdf),
+            "control": (control_urls, control_errors)}
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Rows of RGB pixels of an 8-bit, non-interlaced RGB/RGBA PNG (pure Python + zlib)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+    assert header is not None
+    w, h, depth, ctype, _, _, interlace = header
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, header
+    bpp = 3 if ctype == 2 else 4
+    raw, stride, prev, rows = zlib.decompress(b"".join(idat)), w * bpp, bytearray(w * bpp), []
+    for y in range(h):
+        start = y * (stride + 1)
+        line = unfilter(raw[start], bytearray(raw[start + 1:start + 1 + stride]), prev, bpp)
+        rows.append(bytes(line) if bpp == 3 else bytes(v for i, v in enumerate(line) if i % 4 < 3))
+        prev = line
+    return w, h, rows
+
+
+def unfilter(kind: int, line: bytearray, prev: bytearray, bpp: int) -> bytearray:
+    for i in range(len(line)):
+        a = line[i - bpp] if i >= bpp else 0
+        b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
+        if kind == 1:
+            line[i] = (line[i] + a) & 255
+        elif kind == 2:
+            line[i] = (line[i] + b) & 255
+        elif kind == 3:
+            line[i] = (line[i] + (a + b) // 2) & 255
+        elif kind == 4:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    return line
+
+
+def pixels(rows: list[bytes], x0: int, y0: int, x1: int, y1: int) -> Counter[tuple[int, int, int]]:
+    found: Counter[tuple[int, int, int]] = Counter()
+    for row in rows[y0:y1]:
+        found.update(tuple(row[3 * x:3 * x + 3]) for x in range(x0, x1))  # type: ignore[misc]
+    return found
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="no chromium (apt-get install chromium)")
+def test_chromium_loads_offline_cleanly_and_shows_the_verdict(statement: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    page = tmp_path / "certificate.html"
+    page.write_text(render(statement), encoding="utf-8")
+    seen = browse(page, tmp_path / "chromium", tmp_path / "certificate.png")
+
+    # the harness sees requests and errors when a page makes them …
+    control_urls, control_errors = seen["control"]
+    assert any(u.startswith("http://example.invalid/") for u in control_urls), control_urls
+    assert any("control" in e for e in control_errors), control_errors
+    # … and the certificate makes none: its own navigation is the only request
+    assert seen["requests"] == [seen["url"]], seen["requests"]
+    assert seen["errors"] == [], seen["errors"]
+    facts = seen["facts"]
+    assert facts["verdict"] == "INCONCLUSIVE"
+    assert facts["scripts"] == 0 and facts["resources"] == 0
+    assert facts["svgs"] >= 12  # every chart laid out at a readable width
+    assert facts["color"] == "rgb({}, {}, {})".format(*AMBER)
+
+    w, h, rows = decode_png(seen["small_png"])  # the 1280×2000 viewport at 1/4 scale
+    assert (w, h) == (320, 500)
+    everything = pixels(rows, 0, 0, w, h)
+    assert len(everything) > 50, "screenshot is (nearly) one flat color"
+    assert sum(n for px, n in everything.items() if px != (255, 255, 255)) > 0.2 * w * h
+    x, y, bw, bh = (round(v / 4) for v in facts["band"])
+    band = pixels(rows, x + 1, y + 1, x + bw - 1, y + bh - 1)
+    color, count = band.most_common(1)[0]
+    assert max(abs(a - b) for a, b in zip(color, AMBER, strict=True)) <= 2, color
+    assert count > 0.5 * sum(band.values())  # the band is amber, text on top of it
+    assert len(band) > 10  # and it has the verdict written on it
+    assert seen["pdf"].startswith(b"%PDF") and len(seen["pdf"]) > 50_000  # it prints
