@@ -47,6 +47,12 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True, mode: int | None = None) -> Path:
     path = Path(path)
     if path.exists() and not force:
@@ -60,8 +66,7 @@ def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True, mod
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
