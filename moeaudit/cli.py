@@ -652,6 +652,28 @@ def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> Non
         click.echo(f"recheck: all {len(stmt['subject'])} checkpoint digests match")
 
 
+# ----- export ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("cert", type=click.Path(path_type=Path))
+@click.option("--framework", required=True, type=click.Choice(["eu-ai-act", "nist-ai-600-1", "sr-11-7"]))
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
+@click.option("--out", required=True, type=click.Path(path_type=Path))
+@click.option("--pubkey", type=click.Path(path_type=Path),
+              help="Public key to verify CERT with (default: your moeaudit key's .pub).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@verbose_option
+def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None, force: bool) -> None:
+    """Map a verified certificate's evidence to a compliance framework."""
+    from moeaudit.export import run_export
+    from moeaudit.jsonio import atomic_write
+
+    _check_output(out, force)
+    atomic_write(out, run_export(cert, pubkey, framework, fmt))
+    click.echo(f"wrote {out} ({framework}, {fmt}) from verified {cert}")
+
+
 # ----- samples ---------------------------------------------------------------------------
 
 

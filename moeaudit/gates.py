@@ -158,7 +158,9 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
         "dead": sum(e["occupancy"]["dead"] for e in layers),
         "cv_mean": sum(e["occupancy"]["cv"] for e in layers) / len(layers),
         "entropy_norm_min": min(e["occupancy"]["entropy_norm"] for e in layers),
-        "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"), "dead": e["occupancy"]["dead"],
+        "nll_by_domain": doc.get("nll_by_domain", {}),
+        "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"),
+                       "c2_ci95": e["overlap"].get("ci95", {}).get("c2"), "dead": e["occupancy"]["dead"],
                        "pi_min": e["occupancy"]["pi_min"], "state1": e["boundary"]["margin_mean"]}
                       for e in layers],
     }
