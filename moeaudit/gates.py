@@ -44,33 +44,47 @@ def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict
     return out
 
 
+def _half_width(entry: Mapping[str, Any]) -> float:
+    ci = entry["overlap"].get("ci95", {}).get("c2")
+    return 0.5 * (ci[1] - ci[0]) if ci else 0.0
+
+
 def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int],
                g: GateSettings) -> dict[str, Any]:
-    """c2_ok and occupancy_ok of a gate against its active baseline (SPEC §8)."""
+    """c2_ok and occupancy_ok of a gate against its active baseline (SPEC §8).
+
+    A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, noise), where noise is the
+    95% half-width of the difference from the two window-bootstrap intervals (√(hw_j² + hw_b²)):
+    a drop inside the canary's own sampling noise is not evidence of damage (`003` §5).
+    """
     now, then = _layers(gate), _layers(base)
-    c2_deltas = {}
+    c2_deltas, slack = {}, {}
     for layer in protected:
         a, b = now[layer]["overlap"].get("c2"), then[layer]["overlap"].get("c2")
         if a is not None and b is not None:
             c2_deltas[layer] = a - b
+            noise = (_half_width(now[layer]) ** 2 + _half_width(then[layer]) ** 2) ** 0.5
+            slack[layer] = max(g.tol_c2, noise)
+    fallen = [layer for layer, d in c2_deltas.items() if d < -slack[layer]]
     c2_min = min(c2_deltas.values()) if c2_deltas else None
-    c2_ok = c2_min is None or c2_min >= -g.tol_c2
     dead_up, pi_ratio, h_ratio = [], [], []
     for layer, entry in now.items():
         o, ob = entry["occupancy"], then[layer]["occupancy"]
         if o["dead"] > ob["dead"] + g.tol_dead:
             dead_up.append(layer)
-        pi_ratio.append(o["pi_min"] / ob["pi_min"] if ob["pi_min"] > 0 else (1.0 if o["pi_min"] >= 0 else 0.0))
+        pi_ratio.append(o["pi_min"] / ob["pi_min"] if ob["pi_min"] > 0 else 1.0)
         h_ratio.append(o["entropy_norm"] / ob["entropy_norm"] if ob["entropy_norm"] > 0 else 1.0)
     occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
     return {
-        "c2_ok": c2_ok,
+        "c2_ok": not fallen,
         "c2_min_delta": c2_min,
+        "c2_tolerance": {str(k): v for k, v in slack.items()},
+        "c2_fallen_layers": fallen,
         "occupancy_ok": occupancy_ok,
         "layers_with_more_dead": dead_up,
         "pi_min_ratio": min(pi_ratio),
         "entropy_ratio": min(h_ratio),
-        "ok": c2_ok and occupancy_ok,
+        "ok": not fallen and occupancy_ok,
     }
 
 

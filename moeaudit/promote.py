@@ -26,13 +26,20 @@ def _condition(name: str, ok: bool | None, value: float | None, threshold: float
     return {"name": name, "status": status, "value": value, "threshold": threshold, "detail": detail}
 
 
+def _f(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.4f}"
+
+
 def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any] | None) -> dict[str, Any]:
     g, band = policy.gates, policy.gates.inconclusive_band
     base, cand = compare_doc["base"], compare_doc["candidate"]
     st = structural(cand, base, compare_doc["protected_layers"], g)
     conds = [
-        _condition("gate GREEN (C2)", st["c2_ok"], st["c2_min_delta"], -g.tol_c2, band,
-                   f"min protected-layer ΔC2 {st['c2_min_delta']} vs −tol_c2 {-g.tol_c2}"),
+        _condition("gate GREEN (C2)", st["c2_ok"], st["c2_min_delta"],
+                   -max(st["c2_tolerance"].values(), default=g.tol_c2), band,
+                   f"min protected-layer ΔC2 {_f(st['c2_min_delta'])}; allowed drop per layer "
+                   f"{ {k: round(v, 4) for k, v in st['c2_tolerance'].items()} } (max of tol_c2 and the "
+                   f"bootstrap noise); fallen on {st['c2_fallen_layers'] or 'none'}"),
         _condition("gate GREEN (occupancy)", st["occupancy_ok"], None, None, band,
                    f"more dead experts on layers {st['layers_with_more_dead']}, π_min ratio "
                    f"{st['pi_min_ratio']:.3f} (floor {g.pi_min_ratio_floor}), entropy ratio "
