@@ -44,6 +44,7 @@ class Canary:
     tokens: torch.Tensor  # int32 [W, T]
     domain_ids: torch.Tensor  # int32 [W]
     domains: tuple[str, ...]
+    source: str | None = None  # the file it was loaded from, for messages; not part of the digest
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "domains", tuple(self.domains))
@@ -125,8 +126,9 @@ class Canary:
         if bad.numel() == 0:
             return
         window, pos = (int(i) for i in bad[0])
+        which = f"canary {self.source}" if self.source else "canary"
         raise CanaryError(
-            f"canary window {window}, position {pos} has token id "
+            f"{which} window {window}, position {pos} has token id "
             f"{int(self.tokens[window, pos])}, outside the model vocabulary of size {vocab_size} "
             f"({len(bad)} such token{'s' if len(bad) != 1 else ''} in all)",
             path=where,
@@ -269,7 +271,7 @@ def _parse_line(line: str, lineno: int, path: Path) -> tuple[str, list[int]]:
 
     try:
         obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
-    except (json.JSONDecodeError, ValueError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise fail(f"not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):
         raise fail(f"expected a JSON object, got {type(obj).__name__}")
@@ -335,7 +337,7 @@ def load(path: str | Path) -> Canary:
     except CheckpointError as exc:  # the parser's checklist, relabelled for the canary
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
     _check_content(tokens, domain_ids, domains, path)
-    canary = Canary(tokens, domain_ids, domains)
+    canary = Canary(tokens, domain_ids, domains, source=str(path))
     stored = sf.metadata["digest"]
     if stored != canary.digest:
         raise CanaryError(
@@ -376,7 +378,7 @@ def _read_header(sf: SafetensorsFile) -> tuple[str, ...]:
 def _parse_names(text: str, fail: Fail) -> tuple[str, ...]:
     try:
         names = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:
         raise fail(f"metadata domains is not valid JSON ({exc})") from exc
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise fail(f"metadata domains must be a JSON list of strings, got {text!r}")

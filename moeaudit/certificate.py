@@ -67,20 +67,56 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     except OSError as exc:
         raise InputError(f"cannot read certificate: {exc.strerror or exc}", path=path) from exc
     verified = verify_envelope(raw, public_key, path)
-    stmt = json.loads(verified.body.decode("utf-8"))
-    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
-        raise InputError("signed payload is not a moeaudit training-health statement", path=path)
+    try:
+        stmt = json.loads(verified.body.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
+        raise InputError(f"signed payload is not JSON ({exc})", path=path) from exc
+    _check_statement(stmt, path)
     stmt["_keyid"] = verified.keyid
     return stmt
+
+
+def _check_statement(stmt: Any, path: Path) -> None:
+    """The fields ``verify`` reads; a correctly signed but malformed statement is still refused."""
+    def fail(what: str) -> InputError:
+        return InputError(f"signed payload is not a moeaudit training-health statement ({what})",
+                          path=path)
+
+    if not isinstance(stmt, dict):
+        raise fail("not a JSON object")
+    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
+        raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")
+    predicate = stmt.get("predicate")
+    if not isinstance(predicate, dict) or not isinstance(predicate.get("verdict"), str):
+        raise fail("no predicate.verdict")
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list) or not all(_is_subject(s) for s in subjects):
+        raise fail("subject must list {name, digest: {sha256}}")
+
+
+def _is_subject(subject: Any) -> bool:
+    if not isinstance(subject, dict) or not isinstance(subject.get("digest"), dict):
+        return False
+    return isinstance(subject.get("name"), str) and isinstance(subject["digest"].get("sha256"), str)
 
 
 def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[str]:
     """Re-hash every subject checkpoint; return a description of each one that changed."""
     from moeaudit.checkpoint.digest import root_digest
 
-    root = Path(run_dir) if run_dir is not None else Path(stmt["predicate"]["run"]["path"])
+    run = stmt["predicate"].get("run")
+    recorded = run.get("path") if isinstance(run, dict) else None
+    if run_dir is not None:
+        root = Path(run_dir)
+    elif isinstance(recorded, str):
+        root = Path(recorded)
+    else:
+        raise InputError("the certificate records no run directory", hint="pass --run-dir RUN_DIR")
     changed = []
     for subject in stmt["subject"]:
+        if subject["name"] in ("", ".", "..") or "/" in subject["name"] or "\\" in subject["name"]:
+            raise InputError(f"subject name {subject['name']!r} is not a checkpoint directory name",
+                             hint="recheck only looks inside the run directory")
         path = root / subject["name"]
         if not path.is_dir():
             changed.append(f"{subject['name']} is missing (looked in {path})")

@@ -60,12 +60,13 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     events = [{"step": e.step, "event": e.event, "note": e.note} for e in run.events]
     base_at = baselines(run.steps, events)
 
+    objective = _training_loss(run)
     replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say, len(run.checkpoints))
     docs, points, pairs = {}, [], {}
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
         docs[step] = replayer.receipts(step, ckpt)
-        points.append(Checkpointed(step, docs[step], base_at.get(step)))
+        points.append(Checkpointed(step, docs[step], base_at.get(step), objective(step)))
         if step in base_at or base is None:
             replayer.forget_states(keep=step)
             base = (step, ckpt)
@@ -85,8 +86,11 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
         margins["handoff"] = handoff(docs[last_step], load_reference(reference, canary, policy),
                                      protected, policy.margins)
-    env_report = _envelope(run, docs, policy, events, say)
-    checks = _checks(stage, margins, env_report, docs)
+    from moeaudit.series import envelope_applies
+
+    why_not = envelope_applies(policy.envelope, stage, first.spec)
+    env_report = None if why_not else _envelope(run, docs, policy, events, say)
+    checks = _checks(stage, margins, env_report, docs, why_not)
     predicate = {
         "verdict": verdict(gates, checks),
         "run": {"name": run.path.name, "path": str(run_path), "stage": stage,
@@ -114,6 +118,24 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if env_report is not None:
         audit.receipts["envelope.json"] = env_report
     return audit
+
+
+def _training_loss(run: Run) -> Callable[[int], float | None]:
+    """The run's training objective over the interval that ends at a gate: the mean logged loss
+    over (previous checkpoint step, this step], or None without logs for that interval."""
+    if run.metrics is None:
+        return lambda _step: None
+    from moeaudit.metrics import read_metrics
+
+    series = read_metrics(run.metrics)
+    logged = [(s, v) for s, v in zip(series.steps, series.loss) if v is not None]
+    starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
+
+    def over(step: int) -> float | None:
+        picked = [v for s, v in logged if starts[step] < s <= step]
+        return sum(picked) / len(picked) if picked else None
+
+    return over
 
 
 class _Replayer:
@@ -190,16 +212,17 @@ def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events:
         say(f"envelope: not evaluated (policy source {settings.source!r}; metrics.jsonl "
             f"{'present' if run.metrics else 'absent'}; {len(docs)} checkpoint(s))")
         return None
-    return env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+    return env.evaluate(series.since(settings.warmup_steps), settings, breaks=breaks,
+                        policy_path=policy.source)
 
 
 def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | None,
-            docs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+            docs: dict[int, dict[str, Any]], envelope_skip: str | None = None) -> list[dict[str, Any]]:
     """PASS/FAIL checks, each evaluated only where it is the relevant question (`003` Table 5)."""
     checks = []
     if env_report is None:
         checks.append({"name": "envelope", "evaluated": False, "status": None,
-                       "reason": "no series: no metrics.jsonl and fewer than two checkpoints"})
+                       "reason": envelope_skip or "no series: no metrics.jsonl and fewer than two checkpoints"})
     else:
         fv = env_report.get("first_violation")
         reason = (f"compliant on every window ({env_report['source']})" if env_report["compliant"] else

@@ -388,7 +388,8 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None, ca
     with _progress() as tick:
         series, breaks = run_series(source_path, source or policy.envelope.source, policy.envelope.variant,
                                     canary_path and str(canary_path), tick)
-    report = finite_document(env.evaluate(series, policy.envelope, breaks=breaks, policy_path=policy.source))
+    report = finite_document(env.evaluate(series.since(policy.envelope.warmup_steps), policy.envelope,
+                                          breaks=breaks, policy_path=policy.source))
     _emit_json(report, json_out, lambda: _print_envelope(report))
     raise SystemExit(0 if report["compliant"] else 1)
 
@@ -446,8 +447,14 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     if since:
         series = series.since(since)
     fit = env.calibrate(series, replace(base.envelope, variant=variant), breaks=[b for b in breaks if b >= since])
-    settings = replace(fit.settings, source=series.source,
-                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0)
+    from moeaudit.run import discover
+    from moeaudit.series import model_tag
+
+    run = discover(run_dir)
+    settings = replace(fit.settings, source=series.source, warmup_steps=since,
+                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
+                       calibrated_stage=run.stage or base.gates.stage or "pretraining",
+                       calibrated_model=model_tag(run.checkpoints[0][1].spec))
     policy = replace(base, envelope=settings)
     from moeaudit.policy import validate
 
@@ -570,7 +577,7 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     policy = _load_policy(policy_path, base)
     with _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    result = decide(doc, policy, logs_envelope(candidate, policy))
+    result = decide(doc, policy, logs_envelope(candidate, policy, c.spec))
     style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
     out.print(f"[{style}]{result['decision']}[/] {result['candidate']} over {result['base']} "
               f"({result['stage']} policy)")

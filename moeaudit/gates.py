@@ -27,6 +27,7 @@ class Checkpointed:
     step: int
     receipts: Mapping[str, Any]
     baseline_reason: str | None = None
+    objective: float | None = None  # the run's training loss at this gate (logs), when known
 
 
 def _layers(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
@@ -133,11 +134,18 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
     base: Checkpointed | None = None
     previous_nll: float | None = None
     bad_streak = 0
+    previous_objective: float | None = None
     for p in points:
         nll = p.receipts["nll"]
-        trend = scalar_trend(nll, previous_nll, g.nll_tol)
-        previous_nll = nll
+        if p.objective is not None and previous_objective is not None:
+            # the objective the run optimises (`003` Table 3 "Loss"): mean logged training loss
+            # over this interval vs the previous one
+            trend = scalar_trend(p.objective, previous_objective, g.nll_tol)
+        else:
+            trend = scalar_trend(nll, previous_nll, g.nll_tol)
+        previous_nll, previous_objective = nll, p.objective
         summary = gate_summary(p.receipts)
+        summary["training_loss"] = p.objective
         if p.baseline_reason is not None or base is None:
             base, bad_streak = p, 0
             gates.append({"step": p.step, "status": BASELINE, "baseline": p.step,
@@ -148,7 +156,7 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
         bad_streak = 0 if st["ok"] else bad_streak + 1
         if st["ok"]:
             status = GREEN
-        elif bad_streak >= g.escalate_after or trend in ("stalling", "worsening"):  # Table 11
+        elif bad_streak >= g.escalate_after or trend == "worsening":  # SPEC §8: structure and scalar both bad
             status = RED
         else:
             status = YELLOW

@@ -95,7 +95,7 @@ def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSerie
         where = f"{path}:{n}"
         try:
             obj = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-        except (ValueError, _Refused) as exc:
+        except (ValueError, RecursionError) as exc:  # _Refused is a ValueError
             if n == len(raw_lines):  # no newline after it: a torn write, not a malformed log
                 findings.append(Finding(n, None, "line", "unterminated last line ignored "
                                         "(a write in progress or an interrupted run)"))

@@ -58,6 +58,11 @@ class EnvelopeSettings:
     sampling_interval: int = 250
     calibrated: bool = False
     provenance: str = "000 Table 6 (illustrative)"
+    warmup_steps: int = 0  # samples before this step are warm-up: reported, not checked
+    # What calibrated constants apply to ("" = anything, as for the illustrative Table 6 clause):
+    # constants fitted on one model in one stage license no claim about another (SPEC §7).
+    calibrated_stage: str = ""
+    calibrated_model: str = ""
     alert_a: float = 1e-4
     # `000` Table 6 has b = 0.02, which can never fire with a = 1e-4 (var < a²/4 = 2.5e-9);
     # a²/400 is 1% of that ceiling (std of the suppressed norms > a/20). docs/envelope.md.
@@ -114,15 +119,16 @@ def load_policy(path: str | Path | None) -> Policy:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InputError("policy file not found", path=path) from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: UTF-8, TOML, huge ints
         raise InputError(f"policy is not valid TOML ({exc})", path=path) from exc
     return policy_from_dict(data, path)
 
 
 def policy_from_dict(data: dict[str, Any], path: str | Path = "<policy>") -> Policy:
-    unknown = set(data) - set(SECTIONS) - {"policy"}
+    unknown = set(data) - set(SECTIONS)  # a [policy] table too: nothing read from it
     if unknown:
-        raise InputError(f"unknown policy section(s): {', '.join(sorted(unknown))}", path=path,
+        shown = ", ".join(map(repr, sorted(unknown)))
+        raise InputError(f"unknown policy section(s): {shown}", path=path,
                          hint=f"known sections: {', '.join(SECTIONS)}")
     parts = {name: _section(cls, data.get(name, {}), name, path) for name, cls in SECTIONS.items()}
     policy = Policy(**parts, source=str(path))
@@ -136,7 +142,8 @@ def _section(cls: type, raw: Any, name: str, path: str | Path) -> Any:
     known = {f.name: f for f in fields(cls)}
     unknown = set(raw) - set(known)
     if unknown:
-        raise InputError(f"unknown key(s) in [{name}]: {', '.join(sorted(unknown))}", path=path,
+        shown = ", ".join(map(repr, sorted(unknown)))
+        raise InputError(f"unknown key(s) in [{name}]: {shown}", path=path,
                          hint=f"known keys: {', '.join(known)}")
     default = cls()
     values = {}
@@ -158,7 +165,7 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
             raise bad("an integer")
         return value
     if isinstance(default, float):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        if _finite(value) is None:
             raise bad("a finite number")
         return float(value)
     if isinstance(default, str):
@@ -170,10 +177,8 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
             raise bad("a string")
         return value
     if isinstance(default, tuple) or default is None:  # lists of numbers / layer indices
-        if not isinstance(value, list) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-        ):
-            raise bad("a list of numbers")
+        if not isinstance(value, list) or not all(_finite(v) is not None for v in value):
+            raise bad("a list of finite numbers")
         if where.endswith("protected_layers"):
             if not all(isinstance(v, int) for v in value) or not value:
                 raise bad("a non-empty list of layer indices")
@@ -182,14 +187,31 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
     raise bad(type(default).__name__)
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number, a bool, NaN, ±Inf, or too large)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        as_float = float(value)
+    except OverflowError:  # an integer beyond the float range
+        return None
+    return as_float if math.isfinite(as_float) else None
+
+
 def validate(policy: Policy, path: str | Path = "<policy>") -> None:
     """Range checks; a constant out of range is an input error naming the key."""
     r, m, e, g = policy.receipts, policy.margins, policy.envelope, policy.gates
     checks = [
+        (0 <= r.seed < 2**32, "receipts.seed must be in 0..2³²−1"),
         (r.flip_sigma > 0, "receipts.flip_sigma must be > 0"),
-        (all(x > 0 for x in r.boundary_etas), "receipts.boundary_etas must be > 0"),
+        (bool(r.boundary_etas) and all(x > 0 for x in r.boundary_etas),
+         "receipts.boundary_etas must be a non-empty list of values > 0"),
+        (r.boundary_layer_eta > 0 and r.beta_adj > 0,
+         "receipts.boundary_layer_eta and beta_adj must be > 0"),
         (r.bootstrap >= 0, "receipts.bootstrap must be ≥ 0"),
         (m.beta > 0, "margins.beta must be > 0"),
+        (min(m.lambda1, m.lambda2, m.mu1, m.mu2, m.mu3, m.tau) >= 0,
+         "margins.lambda1, lambda2, mu1, mu2, mu3 and tau must be ≥ 0"),
         (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
          "margins.protected_layers must be layer indices ≥ 0"),
         (e.variant in ("raw", "normalized"), "envelope.variant must be 'raw' or 'normalized'"),
@@ -202,6 +224,8 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
          "gates.stage must be 'pretraining' or 'post-training'"),
         (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
         (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
+        (min(g.pi_min_ratio_floor, g.entropy_ratio_floor, g.nll_tol, g.inconclusive_band) >= 0,
+         "gates.pi_min_ratio_floor, entropy_ratio_floor, nll_tol, inconclusive_band must be ≥ 0"),
     ]
     for ok, message in checks:
         if not ok:

@@ -30,7 +30,7 @@ def _f(x: float | None) -> str:
     return "—" if x is None else f"{x:+.4f}"
 
 
-def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any] | None) -> dict[str, Any]:
+def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any] | str | None) -> dict[str, Any]:
     g, band = policy.gates, policy.gates.inconclusive_band
     base, cand = compare_doc["base"], compare_doc["candidate"]
     st = structural(cand, base, compare_doc["protected_layers"], g)
@@ -57,9 +57,12 @@ def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any]
     conds.append(_condition("handoff h_ex ≥ 0", None if hand is None else hand["exact"] >= 0,
                             None if hand is None else hand["exact"], 0.0, band,
                             "no --reference" if hand is None else f"h_ex = {hand['exact']:+.4f}"))
-    conds.append(_condition("envelope holds", None if envelope is None else envelope["compliant"], None, None,
-                            band, "no training logs (metrics.jsonl) beside the candidate" if envelope is None
-                            else f"first violation: {envelope['first_violation']}"))
+    if envelope is None or isinstance(envelope, str):
+        conds.append(_condition("envelope holds", None, None, None, band,
+                                envelope or "no training logs (metrics.jsonl) beside the candidate"))
+    else:
+        conds.append(_condition("envelope holds", envelope["compliant"], None, None, band,
+                                f"first violation: {envelope['first_violation']}"))
     bad = cand["nonfinite_weights"] + [f["path"] for f in cand.get("nonfinite", [])]
     conds.append(_condition("all weights finite", not bad, None, None, band,
                             "; ".join(bad[:5]) if bad else "every weight and receipt is finite"))
@@ -94,13 +97,20 @@ def markdown_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def logs_envelope(candidate: Path, policy: Policy) -> dict[str, Any] | None:
-    """The envelope over the candidate's run logs, when its run directory has metrics.jsonl."""
+def logs_envelope(candidate: Path, policy: Policy, spec: Any = None) -> dict[str, Any] | str | None:
+    """The envelope over the candidate's run logs, when its run directory has metrics.jsonl;
+    a string when the policy's calibrated constants do not apply to this promotion."""
     metrics = candidate.resolve().parent / "metrics.jsonl"
     if not metrics.is_file():
         return None
+    if spec is not None:
+        from moeaudit.series import envelope_applies
+
+        why = envelope_applies(policy.envelope, policy.gates.stage or "post-training", spec)
+        if why:
+            return why
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
 
     series = env.from_metrics(read_metrics(metrics), policy.envelope.variant)
-    return env.evaluate(series, policy.envelope, policy_path=policy.source)
+    return env.evaluate(series.since(policy.envelope.warmup_steps), policy.envelope, policy_path=policy.source)

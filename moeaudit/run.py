@@ -46,11 +46,13 @@ def discover(path: str | Path) -> Run:
     if not root.is_dir():
         raise InputError("not a run directory", path=root,
                          hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
-    found = sorted(
-        (int(m.group(1)), d) for d in root.iterdir() if d.is_dir() and (m := CHECKPOINT_RE.match(d.name))
-    )
+    found = sorted((int(m.group(1)), d) for d in root.iterdir()
+                   if (m := CHECKPOINT_RE.match(d.name)))
     run = Run(root, [])
     for step, directory in found:
+        if not directory.is_dir():  # a stray file, or a link that loops or dangles
+            run.skipped.append((directory, f"{directory}: not a directory"))
+            continue
         try:
             run.checkpoints.append((step, Checkpoint(directory)))
         except CheckpointError as exc:
@@ -78,8 +80,9 @@ def read_events(path: Path) -> tuple[list[Event], str | None]:
         where = f"{path}:{n}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"line is not JSON ({exc.msg})", path=where) from exc
+        except (ValueError, RecursionError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise InputError(f"line is not JSON ({why})", path=where) from exc
         if not isinstance(obj, dict):
             raise InputError("line is not a JSON object", path=where)
         if "stage" in obj and "event" not in obj:  # a metadata line: {"stage": "post-training"}
@@ -94,4 +97,8 @@ def read_events(path: Path) -> tuple[list[Event], str | None]:
             raise InputError(f"'event' must be one of {EVENTS}, got {event!r}", path=where)
         note = obj.get("note", "")
         events.append(Event(step, event, note if isinstance(note, str) else json.dumps(note)))
+        if "stage" in obj:  # the stage the run is in from this event on
+            if obj["stage"] not in STAGES:
+                raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)
+            stage = obj["stage"]
     return sorted(events, key=lambda e: e.step), stage

@@ -76,3 +76,20 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     canary = canary_mod.load(require_canary(canary_path, path))
     steps, norms = replay_norms(run, canary, progress)
     return env.from_norms("replay", steps, norms, variant, origin=str(path)), breaks
+
+
+def model_tag(spec: Any) -> str:
+    """The architecture an envelope calibration was fitted on (family and MoE shape)."""
+    return (f"{spec.family} L={spec.num_layers} H={spec.hidden_size} E={spec.num_experts} "
+            f"k={spec.top_k} routed={list(spec.routed_layers)}")
+
+
+def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
+    """None when the policy's envelope constants apply to this run, else why they do not."""
+    if settings.calibrated_stage and settings.calibrated_stage != stage:
+        return (f"envelope constants were calibrated on a {settings.calibrated_stage} run; this is a "
+                f"{stage} run — calibrate on a healthy {stage} run to gate it")
+    if settings.calibrated_model and settings.calibrated_model != model_tag(spec):
+        return (f"envelope constants were calibrated on {settings.calibrated_model}; this run is "
+                f"{model_tag(spec)} — calibrate on a healthy run of this model to gate it")
+    return None

@@ -102,7 +102,7 @@ def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     """Check the DSSE signature over the PAE; only then return the payload bytes."""
     try:
         env = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise SignatureInvalid(f"not a DSSE envelope (not JSON: {exc})", path=path) from exc
     if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
         raise SignatureInvalid("not a DSSE envelope (needs exactly payload, payloadType, signatures)",

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -27,6 +28,31 @@ SINGLE_NAME = "model.safetensors"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt")
 
 
+class StoredExperts(Sequence[dict[str, torch.Tensor]]):
+    """A routed layer's experts kept in their on-disk dtype; ``experts[e]`` returns expert e's
+    three matrices in the compute dtype, converted on access (issue 6: upcast per expert, not
+    per layer), so a bf16 layer costs its bf16 bytes plus one float32 expert at a time.
+    Converting bf16/fp16 to float32 is exact: the numbers are those of an eager upcast."""
+
+    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype):
+        self.stored, self.dtype = stored, dtype
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+    @overload
+    def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
+    @overload
+    def __getitem__(self, e: slice) -> list[dict[str, torch.Tensor]]: ...
+    def __getitem__(self, e: int | slice) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
+        if isinstance(e, slice):
+            return [self[i] for i in range(*e.indices(len(self)))]
+        return {n: t.to(self.dtype) for n, t in self.stored[e].items()}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self[e] for e in range(len(self)))
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer in canonical names (see ``layouts``), float tensors."""
@@ -34,10 +60,18 @@ class LayerWeights:
     layer: int
     routed: bool
     params: dict[str, torch.Tensor]
-    experts: list[dict[str, torch.Tensor]] = field(default_factory=list)  # w1, w3, w2 each
+    experts: Sequence[dict[str, torch.Tensor]] = field(default_factory=list)  # w1, w3, w2 each
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self.params.values()) + [t for e in self.experts for t in e.values()]
+
+    def stored_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) as held in memory: lazy experts in their on-disk dtype, not converted."""
+        yield from self.params.items()
+        stored = self.experts.stored if isinstance(self.experts, StoredExperts) else self.experts
+        for e, w in enumerate(stored):
+            for n, t in w.items():
+                yield f"expert {e} {n}", t
 
     def requires_grad_(self) -> LayerWeights:
         for t in self.tensors():
@@ -97,7 +131,7 @@ class Checkpoint:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
             weight_map = data["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
             raise CheckpointError(f"unreadable shard index ({exc})", path=index) from exc
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -200,7 +234,8 @@ class Checkpoint:
                 path=self.path / self.key_file[key],
             )
         if info.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}", path=self.path)
+            raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}",
+                                  path=self.path / self.key_file[key])
         seen.add(key)
 
     def _validate(self) -> None:
@@ -230,31 +265,37 @@ class Checkpoint:
 
     # ----- reading -------------------------------------------------------------------------
 
-    def read_global(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def read_global(self, name: str, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+        """Embeddings, final norm or LM head; ``dtype=None`` keeps the on-disk dtype."""
         key = self.global_key(name)
         if key is None and name == "lm_head":
             key = self.global_key("embed")
         assert key is not None
-        return self.read(key).to(dtype)
+        t = self.read(key)
+        return t if dtype is None else t.to(dtype)
 
-    def layer_weights(self, layer: int, dtype: torch.dtype = torch.float32) -> LayerWeights:
+    def layer_weights(self, layer: int, dtype: torch.dtype = torch.float32, *,
+                      lazy_experts: bool = False) -> LayerWeights:
+        """One decoder layer. ``lazy_experts`` keeps the routed experts in their on-disk dtype
+        and converts one expert at a time on access (:class:`StoredExperts`); otherwise every
+        tensor is converted now (what a trainer that updates them in place needs)."""
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
         lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
         if lw.routed:
-            lw.experts = self._read_experts(layer, dtype)
+            stored = self._read_experts(layer)
+            lw.experts = (StoredExperts(stored, dtype) if lazy_experts
+                          else [{n: t.to(dtype).contiguous() for n, t in w.items()} for w in stored])
         return lw
 
-    def _read_experts(self, layer: int, dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+    def _read_experts(self, layer: int) -> list[dict[str, torch.Tensor]]:
+        """Every expert's w1, w3, w2 in the on-disk dtype (views into the fused tensors)."""
         keys = self.expert_keys(layer)
         if isinstance(keys, list):
-            return [{n: self.read(k).to(dtype) for n, k in table.items()} for table in keys]
+            return [{n: self.read(k) for n, k in table.items()} for table in keys]
         I = self.spec.expert_dim
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
-        return [
-            {"w1": gate_up[e, :I].to(dtype).contiguous(), "w3": gate_up[e, I:].to(dtype).contiguous(),
-             "w2": down[e].to(dtype).contiguous()}
-            for e in range(self.spec.num_experts)
-        ]
+        return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]}
+                for e in range(self.spec.num_experts)]
 
     # ----- summary -------------------------------------------------------------------------
 

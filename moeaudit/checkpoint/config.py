@@ -8,6 +8,7 @@ here as it does there.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ DEFAULT_ROPE_THETA = {"mixtral": 1e6}
 DEFAULT_RMS_EPS = {"mixtral": 1e-5, "olmoe": 1e-5, "qwen2_moe": 1e-6, "qwen3_moe": 1e-6}
 # The expert count under either name transformers' ``attribute_map`` accepts, canonical first:
 # v5 writes Qwen3-MoE's as ``num_local_experts``, the hub's v4 configs as ``num_experts``.
+MAX_COUNT = 1 << 16  # layers or experts; far above any real model
 EXPERT_COUNT_KEYS = {
     "mixtral": ("num_local_experts", "num_experts"),
     "olmoe": ("num_experts", "num_local_experts"),
@@ -87,7 +89,7 @@ def read_config(path: Path) -> dict[str, Any]:
         )
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise CheckpointError(f"config.json is not valid JSON ({exc})", path=cfg_path) from exc
     if not isinstance(cfg, dict):
         raise CheckpointError("config.json is not a JSON object", path=cfg_path)
@@ -96,7 +98,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> ModelSpec:
     family = cfg.get("model_type")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         known = ", ".join(FAMILIES)
         raise CheckpointError(
             f"unknown model family {family!r}", path=path, hint=f"supported: {known}"
@@ -112,6 +114,13 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
     top_k = get("num_experts_per_tok", int)
     if not 1 <= top_k <= num_experts:
         raise CheckpointError(f"num_experts_per_tok={top_k} not in 1..{num_experts}", path=path)
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+        if value < 1:
+            raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)
+    for key, value in (("num_hidden_layers", n_layers), ("the expert count", num_experts)):
+        if value > MAX_COUNT:  # we build per-layer and per-expert tables before reading weights
+            raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})",
+                                  path=path)
     if hidden % heads and "head_dim" not in cfg:
         raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=path)
     if heads % kv_heads:
@@ -152,10 +161,13 @@ def _getter(cfg: dict[str, Any], path: Path | str):
                 raise CheckpointError(f"config.json has no {key!r}", path=path)
             return default
         ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
-        if kind is int and isinstance(value, bool):
+        if kind in (int, float) and isinstance(value, bool):
             ok = False
+        if kind is float and ok:
+            ok = _is_finite(value)
         if not ok:
-            raise CheckpointError(f"config.json: {key!r} must be {kind.__name__}, got {value!r}", path=path)
+            what = "a finite number" if kind is float else kind.__name__
+            raise CheckpointError(f"config.json: {key!r} must be {what}, got {value!r}", path=path)
         if kind is int and value < 0:
             raise CheckpointError(f"config.json: {key!r} must be non-negative, got {value}", path=path)
         return kind(value)
@@ -170,14 +182,25 @@ def _rope_theta(cfg: dict[str, Any], family: str, path: Path | str) -> float:
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     theta = theta or cfg.get("rope_theta") or DEFAULT_ROPE_THETA.get(family, 1e4)
+    number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
+    if not (number and _is_finite(theta) and theta > 0):
+        raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}",
+                              path=path)
     return float(theta)
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the float range
+        return False
 
 
 def _routed_layers(cfg: dict[str, Any], family: str, n_layers: int, path: Path | str) -> tuple[int, ...]:
     """Which decoder layers carry a routed MoE block (transformers' Qwen2-MoE rule)."""
     if family in ("mixtral", "olmoe"):
         return tuple(range(n_layers))
-    step = cfg.get("decoder_sparse_step", 1) or 0
+    step = _getter(cfg, path)("decoder_sparse_step", int, 1)
     only = cfg.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
         raise CheckpointError("config.json: mlp_only_layers must be a list of ints", path=path)
@@ -212,7 +235,7 @@ def _sliding_layers(cfg: dict[str, Any], family: str, n_layers: int, window: int
         return tuple(range(n_layers))
     types = cfg.get("layer_types")
     if types is None:
-        below = cfg.get("max_window_layers", 28)
+        below = _getter(cfg, path)("max_window_layers", int, 28)
         return tuple(i for i in range(n_layers) if i % 2 == 0 and i < below)
     if not isinstance(types, list) or len(types) != n_layers:
         raise CheckpointError(f"config.json: layer_types must list {n_layers} layers", path=path)

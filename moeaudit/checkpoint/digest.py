@@ -20,22 +20,43 @@ IGNORED_AT_ROOT = {".git", ".gitattributes", ".github", ".gitignore"}
 
 
 def iter_files(root: Path) -> list[Path]:
-    """Regular files below ``root`` in sorted POSIX-path order; links are refused."""
+    """Regular files below ``root`` in sorted POSIX-path order; links are refused.
+
+    os.walk lists a link to a directory among the directories and does not descend into it,
+    so both lists are checked: a linked directory is refused, never silently left out of the
+    digest. Pipes, sockets and devices are refused before anything opens them (a pipe would
+    block the read forever).
+    """
     files = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_unlistable, followlinks=False):
         at_root = Path(dirpath) == root
         dirnames[:] = sorted(d for d in dirnames if not (at_root and d in IGNORED_AT_ROOT))
+        for name in dirnames:
+            _refuse_link(Path(dirpath) / name)
         for name in filenames:
             if at_root and name in IGNORED_AT_ROOT:
                 continue
             path = Path(dirpath) / name
-            if path.is_symlink():
-                raise CheckpointError(
-                    "symbolic links are not followed in a checkpoint", path=path,
-                    hint="copy the target file into the checkpoint directory",
-                )
+            _refuse_link(path)
+            if not path.is_file():
+                raise CheckpointError("not a regular file (a pipe, socket or device)", path=path,
+                                      hint="a checkpoint directory holds only regular files")
             files.append(path)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _unlistable(exc: OSError) -> None:
+    """os.walk skips a directory it cannot list unless told otherwise; we refuse instead."""
+    raise CheckpointError(f"cannot list directory: {exc.strerror or exc}",
+                          path=exc.filename) from exc
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise CheckpointError(
+            "symbolic links are not followed in a checkpoint", path=path,
+            hint="copy the target file into the checkpoint directory",
+        )
 
 
 def file_sha256(path: Path) -> bytes:

@@ -87,7 +87,7 @@ class SafetensorsFile:
             raise self._fail(f"cannot read: {exc.strerror or exc}") from exc
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
             raise self._fail(f"header is not valid JSON ({exc})", "not a safetensors file") from exc
         if not isinstance(header, dict):
             raise self._fail("header is not a JSON object")
@@ -107,12 +107,25 @@ class SafetensorsFile:
         for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
             if b1 < e0:
                 raise self._fail(f"tensors {n0!r} and {n1!r} overlap in the data section")
+        self._check_covered(spans, data_start, data_start + data_len)
+
+    def _check_covered(self, spans: list[tuple[int, int, str]], start: int, end: int) -> None:
+        """Tensors tile the data section exactly, as the reference reader requires (it refuses
+        gaps and trailing bytes), so no byte of the file is digested but never read."""
+        hint = "the file was padded or rewritten by a non-standard writer; re-save it"
+        for begin, stop, _name in spans:
+            if begin != start:
+                raise self._fail(f"{begin - start} bytes at offset {start} belong to no tensor",
+                                 hint)
+            start = stop
+        if start != end:
+            raise self._fail(f"{end - start} bytes after the last tensor belong to no tensor", hint)
 
     def _entry(self, name: str, entry: Any, data_start: int, data_len: int) -> TensorInfo:
         if not isinstance(entry, dict) or {"dtype", "shape", "data_offsets"} - set(entry):
             raise self._fail(f"tensor {name!r}: entry needs dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise self._fail(f"tensor {name!r}: unsupported dtype {dtype!r}")
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
             raise self._fail(f"tensor {name!r}: shape {shape!r} is not a list of sizes")

@@ -15,8 +15,8 @@ from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.boundary import boundary_receipts
 from moeaudit.receipts.occupancy import domain_routing, occupancy
-from moeaudit.receipts.overlap import overlap_receipts
-from moeaudit.replay.model import MoETap
+from moeaudit.receipts.overlap import extra_experts, overlap_receipts
+from moeaudit.replay.model import MoETap, Routing
 
 
 @dataclass
@@ -36,9 +36,16 @@ class StateObserver:
     layers: dict[int, dict[str, Any]] = field(default_factory=dict)
     states: dict[int, AnchorStates] = field(default_factory=dict)
 
+    def _seed(self, layer: int) -> int:
+        return self.settings.seed * 1_000_003 + layer  # one stream per layer, fixed by the policy seed
+
+    def extra_experts(self, layer: int, routing: Routing) -> dict[str, torch.Tensor]:
+        """Asked by the replay before it runs a layer's experts (one conversion per expert)."""
+        return extra_experts(routing, self._seed(layer))
+
     def __call__(self, tap: MoETap, lw: LayerWeights) -> None:
         s, r = self.settings, tap.routing
-        seed = s.seed * 1_000_003 + tap.layer  # one stream per layer, fixed by the policy seed
+        seed = self._seed(tap.layer)
         boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed)
         boundary, m_N = boundary_receipts(self.spec, r.scores_NE, lw.params["router"], tap.y_NH,
                                           r.topk_NK, s, boot, seed)

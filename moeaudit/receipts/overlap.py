@@ -13,7 +13,7 @@ import torch
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
-from moeaudit.replay.model import MoETap, experts_forward
+from moeaudit.replay.model import MoETap, Routing, experts_forward_sets
 
 EPS_KAPPA = 1e-8
 
@@ -55,6 +55,19 @@ def random_outside(topk_NK: torch.Tensor, E: int, seed: int) -> torch.Tensor:
     return r.scatter(1, topk_NK, -1.0).argmax(dim=-1, keepdim=True)
 
 
+def extra_experts(routing: Routing, seed: int) -> dict[str, torch.Tensor]:
+    """The experts beyond R_k whose outputs the overlap receipts need: the next K' − k by
+    score (c2_smooth, transition) and one random expert outside R_k (adjacency specificity).
+    The replay computes them in its own sweep over the experts (``MoETap.extra_u``)."""
+    N, K = routing.topk_NK.shape
+    E = routing.probs_NE.shape[1]
+    if E <= K:
+        return {}
+    cand_NC = candidates(routing.scores_NE, routing.topk_NK, min(E, 2 * K))
+    return {"overlap_candidates": cand_NC[:, K:].contiguous(),
+            "overlap_random": random_outside(routing.topk_NK, E, seed)}
+
+
 def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
                      boot: WindowBootstrap, seed: int) -> dict[str, Any]:
     r = tap.routing
@@ -64,9 +77,11 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
         return {"c2": None, "c2_smooth": None, "reason": "every expert is active (E = k)"}
     z = tap.z_NH
     cand_NC = candidates(r.scores_NE, r.topk_NK, min(E, 2 * K))
-    extra = experts_forward(lw.experts, tap.y_NH, cand_NC[:, K:].contiguous())
-    rand_N1 = random_outside(r.topk_NK, E, seed)
-    u_rand = experts_forward(lw.experts, tap.y_NH, rand_N1)
+    if "overlap_candidates" in tap.extra_u:  # computed by the replay's sweep (``extra_experts``)
+        extra, u_rand = tap.extra_u["overlap_candidates"], tap.extra_u["overlap_random"]
+    else:
+        wanted = extra_experts(r, seed)
+        extra, u_rand = experts_forward_sets(lw.experts, tap.y_NH, list(wanted.values()))
     v_NCH = visible_field(torch.cat([tap.u_NKH, extra], dim=1), z)
     v_rand = visible_field(u_rand, z)
     rho_NC = r.probs_NE.double().gather(1, cand_NC)

@@ -5,6 +5,11 @@ taps to observers while the weights are resident, drop the weights. Backward: wa
 layers in reverse, re-read each layer's weights, recompute it from its stored input with
 autograd on, and push the incoming gradient through it. At any time one decoder layer's
 weights are resident; the per-layer state kept is the N×H input.
+
+Memory (issue 6): a layer's routed experts stay in their on-disk dtype and are converted to
+the compute dtype one expert at a time; in the backward each expert's weight gradients are
+formed, measured and dropped before the next (``experts_backward``); the LM head works on
+row chunks, so the [N, V] logits never exist at once.
 """
 
 from __future__ import annotations
@@ -13,9 +18,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
-from moeaudit.replay.model import MoETap, Routing, decoder_layer, rms_norm, rope_tables, token_nll
+from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.replay.model import (
+    ExtraExperts,
+    MoETap,
+    Routing,
+    attention_block,
+    decoder_layer,
+    experts_backward,
+    moe_router,
+    rms_norm,
+    rope_tables,
+    shared_expert,
+)
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -45,12 +63,35 @@ def _detached(r: Routing) -> Routing:
     return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach())
 
 
+_SUMMABLE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN/Inf in ``t``. Fast path: a NaN or ±Inf anywhere makes the float32 sum non-finite,
+    so a finite sum settles it in one pass; only a non-finite sum (which finite values can also
+    reach by overflow) needs the element-wise check."""
+    if t.dtype in _SUMMABLE and bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def nonfinite_names(lw: LayerWeights) -> list[str]:
-    """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass)."""
-    bad = [f"layer {lw.layer} {n}" for n, t in lw.params.items() if not bool(torch.isfinite(t).all())]
-    bad += [f"layer {lw.layer} expert {e} {n}" for e, w in enumerate(lw.experts)
-            for n, t in w.items() if not bool(torch.isfinite(t).all())]
-    return bad
+    """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass, on the
+    tensors as stored: converting to float32 neither creates nor removes a NaN/Inf)."""
+    return [f"layer {lw.layer} {n}" for n, t in lw.stored_tensors() if not all_finite(t)]
+
+
+def _extra_requests(observers: Sequence[Observer]) -> ExtraExperts | None:
+    """Merge the observers' ``extra_experts(layer, routing)`` requests (optional method): the
+    expert outputs they need beyond R_k, computed in the replay's own sweep over the experts."""
+    asks = [ask for o in observers if (ask := getattr(o, "extra_experts", None)) is not None]
+    if not asks:
+        return None
+
+    def extra(layer: int, routing: Routing) -> dict[str, torch.Tensor]:
+        return {name: idx for ask in asks for name, idx in ask(layer, routing).items()}
+
+    return extra
 
 
 def forward_pass(
@@ -67,21 +108,22 @@ def forward_pass(
     """Stream the decoder once: (final hidden state, each layer's input, routing per layer).
     Names of weights holding NaN/Inf are appended to ``nonfinite`` when it is given."""
     spec = ckpt.spec
-    embed = ckpt.read_global("embed", dtype)
-    if nonfinite is not None and not bool(torch.isfinite(embed).all()):
+    embed = ckpt.read_global("embed", None)  # on-disk dtype; only the canary's rows are converted
+    if nonfinite is not None and not all_finite(embed):
         nonfinite.append("embed")
     with torch.no_grad():
-        x = torch.nn.functional.embedding(tokens_WT.long(), embed)
+        x = torch.nn.functional.embedding(tokens_WT.long(), embed).to(dtype)
     del embed
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
+    extra = _extra_requests(observers)
     for i in range(spec.num_layers):
-        lw = ckpt.layer_weights(i, dtype)
+        lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
         if nonfinite is not None:
             nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
         with torch.no_grad():
-            x, tap = decoder_layer(spec, lw, x, rope)
+            x, tap = decoder_layer(spec, lw, x, rope, extra)
         if tap is not None:
             routing[i] = _detached(tap.routing)
             for observe in observers:
@@ -89,6 +131,59 @@ def forward_pass(
         del lw, tap
         tick("forward", i + 1, total_steps or spec.num_layers)
     return x, inputs, routing
+
+
+HEAD_CHUNK_ELEMENTS = 1 << 23  # logits rows per LM-head chunk × vocabulary (32 MB of float32)
+
+
+@dataclass
+class Head:
+    """The LM head over all W·(T−1) predicted positions, computed in row chunks so that the
+    [N, V] logits never exist at once."""
+
+    nll_WT1: torch.Tensor
+    entropy_WT1: torch.Tensor
+    grad_x_WTH: torch.Tensor | None  # dL/dx of the final hidden state, when asked
+
+
+def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor, x_WTH: torch.Tensor,
+                 tokens_WT: torch.Tensor, grad_nll_WT1: torch.Tensor | None) -> Head:
+    """NLL and predictive entropy per position; with ``grad_nll_WT1`` = dL/dnll also dL/dx.
+    Rows are independent through the final norm, the head and the softmax, so chunking them
+    changes no value; the last position of each window predicts nothing and is skipped."""
+    W, T, H = x_WTH.shape
+    x_RH = x_WTH[:, :-1].reshape(-1, H)
+    target_R = tokens_WT[:, 1:].reshape(-1)
+    nll_R, ent_R = x_RH.new_empty(x_RH.shape[0]), x_RH.new_empty(x_RH.shape[0])
+    grad_RH = torch.zeros_like(x_RH) if grad_nll_WT1 is not None else None
+    g_R = None if grad_nll_WT1 is None else grad_nll_WT1.reshape(-1)
+    step = max(1, HEAD_CHUNK_ELEMENTS // lm_head.shape[0])
+    for a in range(0, x_RH.shape[0], step):
+        rows = slice(a, a + step)
+        xc = x_RH[rows].detach().requires_grad_(g_R is not None)
+        with torch.set_grad_enabled(g_R is not None):
+            logits = F.linear(rms_norm(xc, final_norm, spec.rms_eps), lm_head).float()
+            logp = torch.log_softmax(logits, dim=-1)
+            nll = -logp.gather(1, target_R[rows, None]).squeeze(1)  # = F.cross_entropy
+        with torch.no_grad():
+            nll_R[rows] = nll
+            ent_R[rows] = -(logp.exp() * logp).sum(-1)
+        if g_R is not None and grad_RH is not None:
+            torch.autograd.backward(nll, g_R[rows])
+            grad_RH[rows] = xc.grad
+        del logits, logp, nll, xc
+    grad = None
+    if grad_RH is not None:
+        grad = torch.zeros_like(x_WTH)
+        grad[:, :-1] = grad_RH.view(W, T - 1, H)
+    return Head(nll_R.view(W, T - 1), ent_R.view(W, T - 1), grad)
+
+
+def _loss_grad(W: int, T1: int, window_weights_W: torch.Tensor | None) -> torch.Tensor:
+    """dL/dnll_wt for L = mean_wt nll (or Σ_w weight_w · mean_t nll_wt), as autograd forms it."""
+    if window_weights_W is None:
+        return torch.ones(W, T1) / (W * T1)
+    return window_weights_W.to(torch.float32)[:, None].expand(W, T1) / T1
 
 
 def replay(
@@ -105,13 +200,15 @@ def replay(
     """One forward (+ one backward) of L = mean next-token NLL over the canary (SPEC §3).
 
     ``window_weights_W`` replaces the plain mean by Σ_w weight_w · mean_t nll_wt (a domain's
-    mean NLL, for gradient conflict); ``grad_observers`` see each layer's weights with their
-    ``.grad`` filled during the reverse walk.
+    mean NLL, for gradient conflict); ``grad_observers`` see each layer's weights with the
+    ``.grad`` of its non-expert parameters filled during the reverse walk (expert gradients
+    are measured and dropped one expert at a time, see ``experts_backward``).
     """
     spec = ckpt.spec
     torch.use_deterministic_algorithms(True)
     tokens_WT = tokens_WT.long()
-    rope = rope_tables(spec, tokens_WT.shape[1])
+    W, T = tokens_WT.shape
+    rope = rope_tables(spec, T)
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
@@ -119,40 +216,55 @@ def replay(
                                       total_steps=n_steps, dtype=dtype, nonfinite=bad)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
-    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head)) if not bool(torch.isfinite(t).all())]
-    x = x.detach().requires_grad_(backward)
-    with torch.set_grad_enabled(backward):
-        nll_WT1, logits = token_nll(spec, final_norm, lm_head, x, tokens_WT)
-        if window_weights_W is None:
-            loss = nll_WT1.mean()
-        else:
-            loss = (nll_WT1.mean(1) * window_weights_W.to(nll_WT1.dtype)).sum()
-    with torch.no_grad():
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        entropy = float(-(logp.exp() * logp).sum(-1).mean())
-    result = ReplayResult(float(nll_WT1.detach().mean()), nll_WT1.detach().mean(1), entropy, routing,
-                          nonfinite_weights=bad)
-    del logits, logp
+    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head)) if not all_finite(t)]
+    grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
+    head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll)
+    del final_norm, lm_head, x
+    result = ReplayResult(float(head.nll_WT1.mean()), head.nll_WT1.mean(1), float(head.entropy_WT1.mean()),
+                          routing, nonfinite_weights=bad)
     if not backward:
         return result
 
-    loss.backward()
-    grad = x.grad
+    grad = head.grad_x_WTH
     for step, i in enumerate(reversed(range(spec.num_layers))):
-        lw = ckpt.layer_weights(i, dtype).requires_grad_()
-        x_in = inputs[i].requires_grad_(True)
-        with torch.enable_grad():
-            out, _ = decoder_layer(spec, lw, x_in, rope)
-        torch.autograd.backward(out, grad)
-        grad = x_in.grad
-        if lw.routed:
-            result.grads[i] = layer_grads(lw)
+        lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
+        grad, layer = layer_backward(spec, lw, inputs[i], grad, rope)
+        if layer is not None:
+            result.grads[i] = layer
         for observe_grad in grad_observers:
             observe_grad(lw)
         inputs[i] = None  # type: ignore[call-overload]
-        del lw, out, x_in
+        del lw
         tick("backward", spec.num_layers + step + 1, n_steps)
     return result
+
+
+def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_BTH: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, LayerGrads | None]:
+    """Recompute one layer from its input and push dL/d(output) through it: (dL/d(input),
+    gradient norms). Autograd covers attention, norms, router and shared expert (whose
+    ``.grad`` it fills); the routed experts go through ``experts_backward`` one at a time."""
+    for t in lw.params.values():
+        t.requires_grad_(True)
+    x = x_BTH.detach().requires_grad_(True)
+    if not lw.routed:
+        with torch.enable_grad():
+            out, _ = decoder_layer(spec, lw, x, rope)
+        torch.autograd.backward(out, grad_BTH)
+        return x.grad, None
+    B, T, H = x.shape
+    with torch.enable_grad():
+        h = attention_block(spec, lw, x, rope)
+        y_NH, routing = moe_router(spec, lw, h.reshape(-1, H))
+        shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
+    g_NH = grad_BTH.reshape(-1, H)
+    back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK, routing.combine_NK.detach(), g_NH)
+    roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
+    if shared is not None:
+        roots.append(shared)
+        grads.append(g_NH)
+    torch.autograd.backward(roots, grads)
+    return x.grad, layer_grads(lw, back.sq_E.sqrt())
 
 
 def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
@@ -176,12 +288,9 @@ def _norm(tensors: Sequence[torch.Tensor | None]) -> float:
     return sq**0.5
 
 
-def layer_grads(lw: LayerWeights) -> LayerGrads:
-    experts = torch.tensor(
-        [_norm(list(e.values())) for e in lw.experts], dtype=torch.float64
-    )
+def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
     p = lw.params
     attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
                                "q_norm", "k_norm", "input_norm")]
     shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
-    return LayerGrads(experts, router=_norm([p["router"]]), shared=_norm(shared), attention=_norm(attn))
+    return LayerGrads(experts_E, router=_norm([p["router"]]), shared=_norm(shared), attention=_norm(attn))

@@ -11,7 +11,8 @@ K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -104,24 +105,99 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor) -> Routi
     return Routing(scores, probs, top_idx, top_vals)
 
 
-def experts_forward(experts: list[dict[str, torch.Tensor]], y_NH: torch.Tensor,
+def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int]]:
+    """(slots of [N·K] sorted by expert, stable; tokens per expert)."""
+    flat = topk_NK.reshape(-1)
+    return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=E).tolist()
+
+
+def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
+                         sets: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
+    over the experts: each expert is fetched once (lazy experts are converted once), and each
+    set gets its own gathered batch, so its values are exactly those it would get alone."""
+    slots = [_expert_slots(idx, len(experts)) for idx in sets]
+    chunks: list[list[torch.Tensor]] = [[] for _ in sets]
+    starts = [0] * len(sets)
+    for e in range(len(experts)):
+        if not any(counts[e] for _, counts in slots):
+            continue
+        w = experts[e]
+        for i, (order, counts) in enumerate(slots):
+            c = counts[e]
+            if c:
+                tok = order[starts[i]:starts[i] + c] // sets[i].shape[1]
+                chunks[i].append(swiglu(y_NH[tok], w["w1"], w["w3"], w["w2"]))
+            starts[i] += c
+        del w
+    out = []
+    for (order, _), parts, idx in zip(slots, chunks, sets):
+        u_sorted = torch.cat(parts) if parts else y_NH.new_zeros(0, y_NH.shape[-1])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        out.append(u_sorted[inverse].view(idx.shape[0], idx.shape[1], -1))
+    return out
+
+
+def experts_forward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                     topk_NK: torch.Tensor) -> torch.Tensor:
     """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one SwiGLU."""
+    return experts_forward_sets(experts, y_NH, [topk_NK])[0]
+
+
+@dataclass
+class ExpertsBackward:
+    """Gradients through Σ_k c_k u_k(y) of one layer (see :func:`experts_backward`)."""
+
+    y_NH: torch.Tensor  # dL/dy through the experts
+    combine_NK: torch.Tensor  # dL/dc
+    sq_E: torch.Tensor  # ‖∇_{θ_e} L‖² per expert, float64 (`000` Def. 6.1)
+
+
+def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor,
+                  c_M1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Backward of c·W2(silu(W1 x) ⊙ W3 x) given dL/d(out) = g_out: (dL/dx, dL/dc, [dW1, dW3, dW2]).
+    The forward's W2 product is never needed: ⟨u, g⟩ = ⟨silu(a1)⊙a3, g W2⟩."""
+    a1, a3 = F.linear(x_MH, w["w1"]), F.linear(x_MH, w["w3"])
+    s, sig = F.silu(a1), torch.sigmoid(a1)
+    h_MI = s * a3
+    p_MI = g_out_MH @ w["w2"]  # dL/dh before the combine weight
+    dc_M = (h_MI * p_MI).sum(-1)
+    dh_MI = p_MI * c_M1
+    dw2 = (g_out_MH * c_M1).T @ h_MI
+    da3 = dh_MI * s
+    da1 = dh_MI * a3 * sig * (1 + a1 * (1 - sig))  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
+    dx = da1 @ w["w1"] + da3 @ w["w3"]
+    return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, dw2]
+
+
+def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
+                     topk_NK: torch.Tensor, combine_NK: torch.Tensor,
+                     grad_NH: torch.Tensor) -> ExpertsBackward:
+    """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
+    each expert's weight gradients are formed, measured (sum of squares in float64) and
+    dropped before the next expert is converted, so a layer's gradients never coexist."""
     N, K = topk_NK.shape
-    flat = topk_NK.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=len(experts)).tolist()
-    chunks, start = [], 0
+    order, counts = _expert_slots(topk_NK, len(experts))
+    dy_NH = torch.zeros_like(y_NH)
+    dc_S = combine_NK.new_zeros(N * K)
+    c_S = combine_NK.reshape(-1).to(y_NH.dtype)
+    sq_E = torch.zeros(len(experts), dtype=torch.float64)
+    start = 0
     for e, c in enumerate(counts):
         if c:
-            tok = order[start:start + c] // K
-            w = experts[e]
-            chunks.append(swiglu(y_NH[tok], w["w1"], w["w3"], w["w2"]))
+            slots = order[start:start + c]
+            tok = slots // K
+            dx, dc, grads = _swiglu_grads(y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
+            dy_NH.index_add_(0, tok, dx)
+            dc_S[slots] = dc.to(dc_S.dtype)
+            sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 for g in grads)
+            del dx, dc, grads
         start += c
-    u_sorted = torch.cat(chunks) if chunks else y_NH.new_zeros(0, y_NH.shape[-1])
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    return u_sorted[inverse].view(N, K, -1)
+    return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E)
+
+
+ExtraExperts = Callable[[int, Routing], dict[str, torch.Tensor]]  # (layer, routing) → sets
 
 
 @dataclass
@@ -133,6 +209,7 @@ class MoETap:
     y_NH: torch.Tensor  # post-gain gate input γ ⊙ z
     routing: Routing
     u_NKH: torch.Tensor  # raw expert outputs for the active set
+    extra_u: dict[str, torch.Tensor] = field(default_factory=dict)  # outputs observers asked for
 
     @property
     def r_N(self) -> torch.Tensor:
@@ -146,29 +223,50 @@ class MoETap:
         return self.h_NH / self.r_N[:, None]
 
 
-def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor) -> tuple[torch.Tensor, MoETap]:
+def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+    """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
+    y_NH = rms_norm(h_NH, lw.params["post_norm"], spec.rms_eps)
+    return y_NH, route(spec, lw.params["router"], y_NH)
+
+
+def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
+    """Qwen2-MoE's always-on expert behind a sigmoid gate."""
+    return torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+
+
+def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
+              extra: ExtraExperts | None = None) -> tuple[torch.Tensor, MoETap]:
+    """The MoE block; ``extra(layer, routing)`` names more expert-index sets [N, X] whose
+    outputs observers need (overlap receipts): they are computed in the same sweep over the
+    experts, so each expert is converted once, and handed over in ``tap.extra_u``."""
     B, T, H = h_BTH.shape
-    p = lw.params
     h_NH = h_BTH.reshape(-1, H)
-    y_NH = rms_norm(h_NH, p["post_norm"], spec.rms_eps)
-    routing = route(spec, p["router"], y_NH)
-    u_NKH = experts_forward(lw.experts, y_NH, routing.topk_NK)
+    y_NH, routing = moe_router(spec, lw, h_NH)
+    wanted = extra(lw.layer, routing) if extra is not None else {}
+    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, [routing.topk_NK, *wanted.values()])
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
-        shared = swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
-        out_NH = out_NH + torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * shared
-    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, _eps=spec.rms_eps)
+        out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
+    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more)), _eps=spec.rms_eps)
     return out_NH.view(B, T, H), tap
 
 
-def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
-                  rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, MoETap | None]:
+def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
+                    rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block."""
     p = lw.params
     window = spec.attention_window(lw.layer)
-    h = x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope, window)
+    return x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope, window)
+
+
+def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
+                  rope: tuple[torch.Tensor, torch.Tensor],
+                  extra: ExtraExperts | None = None) -> tuple[torch.Tensor, MoETap | None]:
+    h = attention_block(spec, lw, x_BTH, rope)
     if lw.routed:
-        mlp_out, tap = moe_block(spec, lw, h)
+        mlp_out, tap = moe_block(spec, lw, h, extra)
         return h + mlp_out, tap
+    p = lw.params
     y = rms_norm(h, p["post_norm"], spec.rms_eps)
     return h + swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"]), None
 

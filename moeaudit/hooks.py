@@ -1,0 +1,318 @@
+"""A training hook that logs per-expert gradient norms to ``metrics.jsonl`` (SPEC §2.3).
+
+Attach an :class:`ExpertGradLogger` to a training loop and call :meth:`~ExpertGradLogger.log`
+right after ``loss.backward()`` (before clipping and ``optimizer.step()``). On every K-th step
+it appends one line::
+
+    {"step": 500, "loss": 2.31,
+     "expert_grad_norms": {"<layer>": [g_0, ..., g_{E-1}]},
+     "router_grad_norms": {"<layer>": g_router},
+     "shared_grad_norms": {"<layer>": g_shared},      # only for models with a shared expert
+     ...extra fields...}
+
+``g_e = ‖∇_{θ_e} L‖₂`` over all of expert e's weights (`000` Def. 6.1), computed in float64.
+A parameter without a gradient (frozen, or an expert that saw no token) counts as 0.
+Non-finite numbers are written as ``null`` and named under ``"nonfinite"`` (SPEC §10).
+
+The logger reads parameters from either
+
+* our own loop: a sequence of :class:`~moeaudit.checkpoint.LayerWeights`, or
+* any ``torch.nn.Module`` (or ``named_parameters()`` pairs) in a family of
+  :mod:`moeaudit.checkpoint.layouts` — per-expert modules (transformers v4, our on-disk
+  layout) or fused ``experts.gate_up_proj [E,2I,H]`` / ``experts.down_proj [E,H,I]``
+  (transformers v5). Parameter names are matched with regexes generated from the layout
+  key templates, so a new family needs a layout table, not code here.
+
+Each line is written, flushed and fsynced before :meth:`log` returns, so a crash loses at
+most the line being written; a torn last line is dropped when the file is reopened.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.checkpoint.layouts import FAMILIES, Layout
+from moeaudit.errors import InputError
+
+SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
+
+
+# --- parameter name → role, from the layout tables ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    role: str  # "expert" | "fused" | "router" | "shared"
+    regex: re.Pattern[str]
+
+
+def template_regex(template: str) -> re.Pattern[str]:
+    """``model.layers.{layer}.….{expert}.w1.weight`` → a regex with ``layer``/``expert`` groups.
+
+    The leading ``model.`` is optional and any module prefix is allowed (a bare base model,
+    DDP's ``module.``, PEFT's ``base_model.model.``), so we match on a dotted suffix.
+    """
+    body = re.escape(template.removeprefix("model."))
+    body = body.replace(r"\{layer\}", r"(?P<layer>\d+)").replace(r"\{expert\}", r"(?P<expert>\d+)")
+    return re.compile(r"(?:^|\.)" + body + "$")
+
+
+def layout_patterns(layouts: Iterable[Layout]) -> list[_Pattern]:
+    """Regexes for every expert, fused-expert, router and shared-expert template."""
+    seen: dict[str, _Pattern] = {}
+    for layout in layouts:
+        tables: list[tuple[str, list[tuple[str, ...]]]] = [
+            ("expert", list(layout.expert.values())),
+            ("fused", list(layout.fused.values())),
+            ("router", [layout.layer["router"]]),
+            ("shared", [layout.layer[n] for n in SHARED_NAMES if n in layout.layer]),
+        ]
+        for role, template_lists in tables:
+            for templates in template_lists:
+                for t in templates:
+                    seen.setdefault(t, _Pattern(role, template_regex(t)))
+    return list(seen.values())
+
+
+# --- what the logger reads -----------------------------------------------------------------------
+
+
+@dataclass
+class _LayerParams:
+    experts: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # expert → tensors
+    fused: list[torch.Tensor] = field(default_factory=list)  # [E, ...] tensors
+    router: list[torch.Tensor] = field(default_factory=list)
+    shared: list[torch.Tensor] = field(default_factory=list)
+
+    def num_experts(self) -> int:
+        sizes = {t.shape[0] for t in self.fused}
+        if self.experts:
+            sizes.add(max(self.experts) + 1)
+        if len(sizes) != 1:
+            raise InputError(f"inconsistent expert counts {sorted(sizes)} within one layer")
+        return sizes.pop()
+
+
+Source = torch.nn.Module | Sequence[LayerWeights] | Iterable[tuple[str, torch.Tensor]]
+
+
+def _from_layer_weights(layers: Sequence[LayerWeights]) -> dict[int, _LayerParams]:
+    out = {}
+    for lw in layers:
+        if not lw.routed:
+            continue
+        lp = _LayerParams()
+        lp.experts = {e: list(w.values()) for e, w in enumerate(lw.experts)}
+        lp.router = [lw.params["router"]]
+        lp.shared = [lw.params[n] for n in SHARED_NAMES if n in lw.params]
+        out[lw.layer] = lp
+    return out
+
+
+def _from_named(
+    named: Iterable[tuple[str, torch.Tensor]], layouts: Sequence[Layout]
+) -> dict[int, _LayerParams]:
+    patterns = layout_patterns(layouts)
+    out: dict[int, _LayerParams] = {}
+    for name, param in named:
+        for pat in patterns:
+            m = pat.regex.search(name)
+            if m is None:
+                continue
+            lp = out.setdefault(int(m["layer"]), _LayerParams())
+            if pat.role == "expert":
+                lp.experts.setdefault(int(m["expert"]), []).append(param)
+            else:
+                getattr(lp, pat.role).append(param)
+            break
+    return out
+
+
+def _layouts_for(source: Any, family: str | None) -> list[Layout]:
+    if family is not None:
+        if family not in FAMILIES:
+            known = ", ".join(FAMILIES)
+            raise InputError(f"unknown MoE family {family!r}", hint=f"known families: {known}")
+        return [FAMILIES[family]]
+    model_type = getattr(getattr(source, "config", None), "model_type", None)
+    if model_type in FAMILIES:
+        return [FAMILIES[model_type]]
+    return list(FAMILIES.values())  # not a known family: try every layout's names
+
+
+def collect_params(source: Source, family: str | None = None) -> dict[int, _LayerParams]:
+    """Routed layers → their expert/router/shared parameters, validated."""
+    if isinstance(source, torch.nn.Module):
+        layers = _from_named(source.named_parameters(), _layouts_for(source, family))
+    else:
+        items = list(source)
+        if items and all(isinstance(i, LayerWeights) for i in items):
+            layers = _from_layer_weights(items)  # type: ignore[arg-type]
+        else:
+            layers = _from_named(items, _layouts_for(None, family))  # type: ignore[arg-type]
+    if not layers:
+        raise InputError(
+            "no routed-expert parameters found",
+            hint="pass the MoE model, its named_parameters(), or LayerWeights of routed layers",
+        )
+    for layer, lp in layers.items():
+        E = lp.num_experts()
+        missing = [e for e in range(E) if e not in lp.experts] if lp.experts else []
+        if missing:
+            raise InputError(f"layer {layer}: no parameters for experts {missing}")
+        if not lp.router:
+            raise InputError(f"layer {layer}: experts found but no router weight")
+    return dict(sorted(layers.items()))
+
+
+# --- norms ---------------------------------------------------------------------------------------
+
+
+def _sq(t: torch.Tensor) -> float:
+    return 0.0 if t.grad is None else float(t.grad.detach().double().pow(2).sum())
+
+
+def _expert_sq(lp: _LayerParams, E: int) -> list[float]:
+    """Squared gradient norm per expert: its own tensors plus its slices of fused tensors."""
+    sq = [sum(_sq(t) for t in lp.experts.get(e, [])) for e in range(E)]
+    for t in lp.fused:
+        if t.grad is not None:
+            per_e = t.grad.detach().double().pow(2).reshape(E, -1).sum(1).tolist()
+            sq = [a + b for a, b in zip(sq, per_e, strict=True)]
+    return sq
+
+
+def grad_norms(layers: Mapping[int, _LayerParams]) -> dict[str, dict[str, Any]]:
+    """The three norm tables of one metrics line (finite or not; sanitised by the caller)."""
+    experts, router, shared = {}, {}, {}
+    for layer, lp in layers.items():
+        key = str(layer)
+        experts[key] = [math.sqrt(s) for s in _expert_sq(lp, lp.num_experts())]
+        router[key] = math.sqrt(sum(_sq(t) for t in lp.router))
+        if lp.shared:
+            shared[key] = math.sqrt(sum(_sq(t) for t in lp.shared))
+    out: dict[str, dict[str, Any]] = {"expert_grad_norms": experts, "router_grad_norms": router}
+    if shared:
+        out["shared_grad_norms"] = shared
+    return out
+
+
+def _finite(value: Any, path: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(path)
+        return None
+    if isinstance(value, list):
+        return [_finite(v, f"{path}.{i}", bad) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{path}.{k}", bad) for k, v in value.items()}
+    return value
+
+
+# --- the logger ----------------------------------------------------------------------------------
+
+
+class ExpertGradLogger:
+    """Append per-expert gradient norms to ``path`` every ``every`` steps.
+
+    ``source``: a ``torch.nn.Module``, its ``named_parameters()``, or our ``LayerWeights``.
+    ``family``: a layout name (``mixtral``…); by default the module's ``config.model_type``,
+    else every known layout. ``resume_step``: when resuming from a checkpoint at that step,
+    lines logged after it by the interrupted process are dropped first, so the log stays
+    one line per step.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        source: Source,
+        *,
+        every: int = 1,
+        family: str | None = None,
+        resume_step: int | None = None,
+    ):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.path = Path(path)
+        self.every = every
+        self.layers = collect_params(source, family)
+        self._file: TextIO | None = None
+        _repair(self.path, resume_step)
+
+    @property
+    def num_experts(self) -> dict[int, int]:
+        return {layer: lp.num_experts() for layer, lp in self.layers.items()}
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def log(self, step: int, loss: float | torch.Tensor, **extra: Any) -> dict[str, Any] | None:
+        """Write the line for ``step`` if it is due; return the record written (or None)."""
+        if not self.due(step):
+            return None
+        loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        record: dict[str, Any] = {"step": int(step), "loss": loss_value, **grad_norms(self.layers)}
+        record.update(extra)
+        bad: list[str] = []
+        record = {k: _finite(v, k, bad) for k, v in record.items()}
+        if bad:
+            record["nonfinite"] = bad
+        self._write(json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
+        return record
+
+    __call__ = log
+
+    def _write(self, line: str) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+        self._file.write(line)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> ExpertGradLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _repair(path: Path, resume_step: int | None) -> None:
+    """Drop a torn last line, and lines after ``resume_step`` (atomic rewrite)."""
+    if not path.is_file():
+        return
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    keep = lines[:-1]  # the piece after the last newline is empty or a torn write
+    if resume_step is not None:
+        keep = [ln for ln in keep if _step_of(ln) <= resume_step]
+    new = b"".join(ln + b"\n" for ln in keep)
+    if new == raw:
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(new)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _step_of(line: bytes) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1  # not ours to judge: keep it
