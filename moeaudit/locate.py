@@ -14,8 +14,17 @@ def find_upwards(start: str | Path, name: str, levels: int = 2) -> Path | None:
         here = here.parent
     for candidate in [here, *here.parents][: levels + 1]:
         if (candidate / name).is_file():
-            return candidate / name
+            return _relative(candidate / name)
     return None
+
+
+def _relative(path: Path) -> Path:
+    """Relative to the working directory when below it, so outputs do not embed where a
+    checkout happens to live."""
+    try:
+        return path.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
 
 
 def require_canary(given: str | None, start: str | Path) -> Path:
