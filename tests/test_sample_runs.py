@@ -1,0 +1,113 @@
+"""The shipped sample runs show what they were made to show (issues 3, 4, 5): certify verdicts
+and gates, the CI gate's exit codes, refinement/handoff margins — computed, not read back."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from moeaudit.cli import cli
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+pytestmark = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("samples")
+    return {"MOEAUDIT_CACHE_DIR": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory, env) -> Path:
+    path = tmp_path_factory.mktemp("key") / "key"
+    assert CliRunner(env=env).invoke(cli, ["keygen", "--out", str(path)]).exit_code == 0
+    return path
+
+
+def certify(run: str, tmp: Path, env: dict[str, str], key: Path) -> dict:
+    out = tmp / run
+    result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / run), "--key", str(key), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    envelope = json.loads((out / "certificate.json").read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+
+
+def statuses(pred: dict) -> list[tuple[int, str]]:
+    return [(g["step"], g["status"]) for g in pred["gates"]]
+
+
+def check(pred: dict, name: str) -> dict:
+    return next(c for c in pred["checks"] if c["name"] == name)
+
+
+def test_healthy_passes_with_every_gate_green(tmp_path, env, key) -> None:
+    pred = certify("healthy", tmp_path, env, key)
+    assert pred["verdict"] == "PASS"
+    assert [s for _, s in statuses(pred)] == ["BASELINE"] + ["GREEN"] * (len(pred["gates"]) - 1)
+    assert check(pred, "envelope")["status"] == "PASS"
+    assert pred["policy"]["calibrated"] is True
+
+
+def test_collapse_fails_on_occupancy_and_envelope(tmp_path, env, key) -> None:
+    pred = certify("collapse", tmp_path, env, key)
+    assert pred["verdict"] == "FAIL"
+    last = pred["gates"][-1]
+    assert last["status"] == "RED" and not last["structural"]["occupancy_ok"]
+    assert last["structural"]["layers_with_more_dead"]
+    assert check(pred, "envelope")["status"] == "FAIL"
+
+
+def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
+    pred = certify("frozen-drift", tmp_path, env, key)
+    assert statuses(pred) == [(0, "BASELINE"), (500, "YELLOW"), (1000, "YELLOW"), (1500, "YELLOW"), (2000, "RED")]
+    assert pred["verdict"] == "FAIL"
+    claim = "scalar improvement without geometric recovery"
+    assert all(claim in g["claims"]["licensed"] for g in pred["gates"] if g["scalar"] == "improving")
+    assert sum(claim in g["claims"]["licensed"] for g in pred["gates"]) >= 2
+    assert pred["gates"][-1]["structural"]["c2_fallen_layers"]
+
+
+def test_resume_is_a_new_baseline(tmp_path, env, key) -> None:
+    pred = certify("resume", tmp_path, env, key)
+    events = pred["run"]["events"]
+    resume = next(e["step"] for e in events if e["event"] == "resume")
+    by_step = dict(statuses(pred))
+    assert by_step[resume] == "BASELINE"
+    after = [g for g in pred["gates"] if g["step"] > resume]
+    assert after and after[0]["baseline"] == resume and after[0]["status"] in ("GREEN", "YELLOW", "RED")
+    assert "any preservation claim about training after this point (needs the next gate)" in \
+        next(g for g in pred["gates"] if g["step"] == resume)["claims"]["not_licensed"]
+
+
+@pytest.mark.parametrize("candidate, code", [
+    ("sft-refine", 0), ("sft-repurpose", 1), ("collapse", 1),
+])
+def test_ci_gate_exit_codes(tmp_path, env, candidate: str, code: int) -> None:
+    last = sorted((SAMPLES / candidate).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    junit = tmp_path / "gate.xml"
+    result = CliRunner(env=env).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-1500"), str(last),
+                                             "--junit", str(junit)])
+    assert result.exit_code == code, result.output + result.stderr
+    assert ("failures=\"0\"" in junit.read_text()) == (code == 0)
+
+
+def test_compare_margins_on_samples(tmp_path, env) -> None:
+    base = SAMPLES / "healthy" / "checkpoint-1500"
+    runner = CliRunner(env=env)
+    margins = {}
+    for run in ("sft-refine", "sft-repurpose"):
+        out = tmp_path / f"{run}.json"
+        cand = SAMPLES / run / "checkpoint-1000"
+        assert runner.invoke(cli, ["compare", str(base), str(cand), "--json", str(out)]).exit_code == 0
+        margins[run] = json.loads(out.read_text())["margins"]["refinement"]["exact"]
+    assert margins["sft-refine"] > 0 > margins["sft-repurpose"]
+    out = tmp_path / "collapse.json"
+    result = runner.invoke(cli, ["compare", str(base), str(SAMPLES / "collapse" / "checkpoint-1500"),
+                                 "--reference", str(base), "--json", str(out)])
+    assert result.exit_code == 0
+    assert json.loads(out.read_text())["margins"]["handoff"]["exact"] < 0
