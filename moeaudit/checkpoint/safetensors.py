@@ -167,17 +167,37 @@ class SafetensorsFile:
         return torch.frombuffer(buf, dtype=torch_dtype).reshape(info.shape)
 
 
+DTYPE_NAMES = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
+
+
 def write_safetensors(
     path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
-    """Write tensors atomically (temp file + rename), keys sorted, 8-byte aligned header."""
-    from safetensors.torch import save_file
-
+    """Write tensors atomically (temp file + rename) with deterministic bytes: tensors in sorted
+    key order, header JSON with sorted keys (``__metadata__`` too), padded with spaces to a
+    multiple of 8 — the layout the reference writer produces, minus its hash-map key order."""
     path = Path(path)
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    blobs, offset = [], 0
+    for name, tensor in sorted(tensors.items()):
+        t = tensor.detach().contiguous().cpu()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        contiguous = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
-        save_file(contiguous, str(tmp), metadata=metadata)
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(head)) + head)
+            for raw in blobs:
+                f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
