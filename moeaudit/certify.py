@@ -9,7 +9,7 @@ atomically, the certificate last: an interrupted run leaves no partial certifica
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
     why_not = envelope_applies(policy.envelope, stage, first.spec)
     env_report = None if why_not else _envelope(run, docs, policy, events, say)
-    checks = _checks(stage, margins, env_report, docs, why_not)
+    checks = _checks(stage, margins, env_report, docs, why_not, [p.name for p, _ in run.skipped])
     predicate = {
         "verdict": verdict(gates, checks),
         "run": {"name": run.path.name, "path": str(run_path), "stage": stage,
@@ -217,7 +217,8 @@ def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events:
 
 
 def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | None,
-            docs: dict[int, dict[str, Any]], envelope_skip: str | None = None) -> list[dict[str, Any]]:
+            docs: dict[int, dict[str, Any]], envelope_skip: str | None = None,
+            skipped: Sequence[str] = ()) -> list[dict[str, Any]]:
     """PASS/FAIL checks, each evaluated only where it is the relevant question (`003` Table 5)."""
     checks = []
     if env_report is None:
@@ -236,15 +237,20 @@ def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | No
     else:
         gated = stage == "post-training"
         checks.append({"name": "refinement", "evaluated": gated,
-                       "status": (PASS if ref["exact"] >= 0 else FAIL) if gated else None,
+                       "status": (PASS if ref["exact"] is not None and ref["exact"] >= 0 else FAIL)
+                       if gated else None,
                        "value": ref["exact"],
                        "reason": ("post-training run: refinement is gated" if gated
                                   else "pretraining run: refinement is reported, not gated")})
     hand = margins["handoff"]
     checks.append({"name": "handoff", "evaluated": hand is not None,
-                   "status": None if hand is None else (PASS if hand["exact"] >= 0 else FAIL),
+                   "status": None if hand is None else (
+                       PASS if hand["exact"] is not None and hand["exact"] >= 0 else FAIL),
                    **({"value": hand["exact"]} if hand is not None else {}),
                    "reason": "against the given reference" if hand is not None else "no --reference given"})
+    if skipped:
+        checks.append({"name": "coverage", "evaluated": True, "status": "INCONCLUSIVE",
+                       "reason": f"checkpoint(s) skipped as unreadable or still being written: {', '.join(skipped)}"})
     bad = sorted({f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]})
     bad += sorted({f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])})
     checks.append({"name": "finite", "evaluated": True, "status": FAIL if bad else PASS,

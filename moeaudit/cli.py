@@ -31,6 +31,11 @@ out = _console()
 err = _console(stderr=True)
 
 
+def _warn(message: str) -> None:
+    """One line on stderr, never wrapped (warnings are grepped by CI logs and tests)."""
+    err.print(message, soft_wrap=True, markup=False)
+
+
 class _Exit(click.ClickException):
     def __init__(self, message: str, code: int):
         super().__init__(message)
@@ -119,7 +124,7 @@ def _open_checkpoint(path: Path):
 
     ckpt = Checkpoint(path)
     for w in ckpt.warnings:
-        err.print(f"warning: {path}: {w}")
+        _warn(f"warning: {path}: {w}")
     return ckpt
 
 
@@ -286,8 +291,10 @@ def _print_receipts(doc: dict[str, Any]) -> None:
 
 
 def _print_nonfinite(doc: dict[str, Any]) -> None:
+    for name in doc.get("nonfinite_weights", []):
+        _warn(f"warning: weight {name} holds NaN or Inf")
     for item in doc.get("nonfinite", []):
-        err.print(f"warning: {item['path']} is not finite ({item['value']})")
+        _warn(f"warning: {item['path']} is not finite ({item['value']})")
 
 
 def _receipts_header(doc: dict[str, Any]) -> None:
@@ -387,7 +394,7 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None, ca
     policy = _load_policy(policy_path, source_path)
     with _progress() as tick:
         series, breaks = run_series(source_path, source or policy.envelope.source, policy.envelope.variant,
-                                    canary_path and str(canary_path), tick)
+                                    canary_path and str(canary_path), tick, warn=_warn)
     report = finite_document(env.evaluate(series.since(policy.envelope.warmup_steps), policy.envelope,
                                           breaks=breaks, policy_path=policy.source))
     _emit_json(report, json_out, lambda: _print_envelope(report))
@@ -443,7 +450,8 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     _check_output(out, force)
     base = _load_policy(policy_path, run_dir)
     with _progress() as tick:
-        series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick)
+        series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick,
+                                    warn=_warn)
     if since:
         series = series.since(since)
     fit = env.calibrate(series, replace(base.envelope, variant=variant), breaks=[b for b in breaks if b >= since])
@@ -503,7 +511,7 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     signing_key = _signing_key(key)
     from moeaudit.cache import ReceiptsCache
 
-    audit = audit_run(run_dir, probe, policy, reference=reference, say=lambda m: err.print(m),
+    audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
                       cache=ReceiptsCache(enabled=not no_cache))
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)

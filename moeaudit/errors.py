@@ -29,11 +29,16 @@ class MoeauditError(Exception):
         super().__init__(self.diagnostics())
 
     def diagnostics(self) -> str:
-        """The single line printed on stderr."""
+        """The single line printed on stderr (control characters escaped, so a file name with
+        a newline cannot split it)."""
         parts = [f"{self.path}: {self.what}" if self.path else self.what]
         if self.hint:
             parts.append(self.hint)
-        return " — ".join(parts)
+        return _one_line(" — ".join(parts))
+
+
+def _one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)
 
 
 class InputError(MoeauditError):

@@ -45,6 +45,14 @@ def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict
     return out
 
 
+def _ratio(now: float | None, then: float | None) -> float:
+    """now / then; 1 when the baseline is 0 (nothing to lose); 0 when a value is not finite
+    (null in the receipts): unknown occupancy never passes a floor."""
+    if now is None or then is None:
+        return 0.0
+    return now / then if then > 0 else 1.0
+
+
 def _half_width(entry: Mapping[str, Any]) -> float:
     ci = entry["overlap"].get("ci95", {}).get("c2")
     return 0.5 * (ci[1] - ci[0]) if ci else 0.0
@@ -73,8 +81,8 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
         o, ob = entry["occupancy"], then[layer]["occupancy"]
         if o["dead"] > ob["dead"] + g.tol_dead:
             dead_up.append(layer)
-        pi_ratio.append(o["pi_min"] / ob["pi_min"] if ob["pi_min"] > 0 else 1.0)
-        h_ratio.append(o["entropy_norm"] / ob["entropy_norm"] if ob["entropy_norm"] > 0 else 1.0)
+        pi_ratio.append(_ratio(o["pi_min"], ob["pi_min"]))
+        h_ratio.append(_ratio(o["entropy_norm"], ob["entropy_norm"]))
     occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
     return {
         "c2_ok": not fallen,
@@ -89,9 +97,9 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
     }
 
 
-def scalar_trend(nll: float, previous: float | None, tol: float) -> str:
-    if previous is None:
-        return "first"
+def scalar_trend(nll: float | None, previous: float | None, tol: float) -> str:
+    if previous is None or nll is None:
+        return "first" if previous is None else "unknown"
     if nll < previous - tol:
         return "improving"
     if nll > previous + tol:
@@ -171,6 +179,8 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     layers = doc["layers"]
     c2 = [e["overlap"].get("c2") for e in layers if e["overlap"].get("c2") is not None]
     state1 = [e["boundary"]["margin_mean"] for e in layers if e["boundary"].get("margin_mean") is not None]
+    cvs = [e["occupancy"]["cv"] for e in layers if e["occupancy"].get("cv") is not None]
+    ents = [e["occupancy"]["entropy_norm"] for e in layers if e["occupancy"].get("entropy_norm") is not None]
     return {
         "checkpoint": doc["checkpoint"]["name"],
         "digest": doc["checkpoint"]["digest"],
@@ -178,8 +188,8 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
         "c2_mean": sum(c2) / len(c2) if c2 else None,
         "state1_mean": sum(state1) / len(state1) if state1 else None,
         "dead": sum(e["occupancy"]["dead"] for e in layers),
-        "cv_mean": sum(e["occupancy"]["cv"] for e in layers) / len(layers),
-        "entropy_norm_min": min(e["occupancy"]["entropy_norm"] for e in layers),
+        "cv_mean": sum(cvs) / len(cvs) if cvs else None,
+        "entropy_norm_min": min(ents) if ents else None,
         "nll_by_domain": doc.get("nll_by_domain", {}),
         "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"),
                        "c2_ci95": e["overlap"].get("ci95", {}).get("c2"), "dead": e["occupancy"]["dead"],

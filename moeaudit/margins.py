@@ -61,14 +61,46 @@ def _check_same_moe(cand: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
                 hint="use a healthy reference checkpoint of the same model")
 
 
+class _Undefined(Exception):
+    pass
+
+
+def _undefined_margin(exc: _Undefined) -> dict[str, Any]:
+    return {"exact": None, "smooth": None, "per_layer": [], "reason": str(exc)}
+
+
+def _need(*values: Any) -> None:
+    if any(v is None or (isinstance(v, list) and any(x is None for x in v)) for v in values):
+        raise _Undefined("a receipt the margin needs is not finite (NaN/Inf in weights or "
+                         "activations); the margin is undefined")
+
+
 def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
             m: MarginSettings) -> dict[str, Any]:
+    try:
+        return _handoff(cand, ref, protected, m)
+    except _Undefined as exc:
+        return {**_undefined_margin(exc), "reference": ref["checkpoint"]["name"]}
+
+
+def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
+               protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
+    try:
+        return _refinement(base, cand, drift, protected, m)
+    except _Undefined as exc:
+        return {**_undefined_margin(exc), "tau": m.tau}
+
+
+def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
+             m: MarginSettings) -> dict[str, Any]:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
     _check_same_moe(cand, ref)
     exact, smooth, per_layer, notes = [], [], [], []
     for layer in protected:
         c, r = _layer(cand, layer), _layer(ref, layer)
         ref_pi_min = r["occupancy"]["pi_min"]
+        _need(ref_pi_min, c["occupancy"]["pi_min"], c["occupancy"]["pi_smooth"], r["occupancy"]["pi_smooth"],
+              c["overlap"].get("c2_smooth"), r["overlap"].get("c2_smooth"))
         if not ref_pi_min:
             raise InputError(
                 f"reference {ref['checkpoint']['name']} has dead experts on protected layer {layer} "
@@ -93,13 +125,15 @@ def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence
     return out
 
 
-def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
-               protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
+def _refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
+                protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
     """r_ex (Eq. 32) and smooth r (Eq. 29–30) of a candidate against its base."""
     exact, smooth, per_layer, notes = [], [], [], []
     for layer in protected:
         b, c, d = _layer(base, layer), _layer(cand, layer), drift[layer]
         pb, pc = b["occupancy"]["pi_min"], c["occupancy"]["pi_min"]
+        _need(pb, pc, b["occupancy"]["pi_smooth"], c["occupancy"]["pi_smooth"], d.get("boundary"),
+              d.get("content"), d.get("boundary_smooth"), d.get("content_smooth"))
         if pb > 0:
             occ = 1.0 - pc / pb
         else:  # a base with a dead expert: the ratio is undefined; occupancy cannot have narrowed

@@ -26,6 +26,10 @@ def _condition(name: str, ok: bool | None, value: float | None, threshold: float
     return {"name": name, "status": status, "value": value, "threshold": threshold, "detail": detail}
 
 
+def _r(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
 def _f(x: float | None) -> str:
     return "—" if x is None else f"{x:+.4f}"
 
@@ -42,21 +46,26 @@ def decide(compare_doc: dict[str, Any], policy: Policy, envelope: dict[str, Any]
                    f"bootstrap noise); fallen on {st['c2_fallen_layers'] or 'none'}"),
         _condition("gate GREEN (occupancy)", st["occupancy_ok"], None, None, band,
                    f"more dead experts on layers {st['layers_with_more_dead']}, π_min ratio "
-                   f"{st['pi_min_ratio']:.3f} (floor {g.pi_min_ratio_floor}), entropy ratio "
-                   f"{st['entropy_ratio']:.3f} (floor {g.entropy_ratio_floor})"),
+                   f"{_r(st['pi_min_ratio'])} (floor {g.pi_min_ratio_floor}), entropy ratio "
+                   f"{_r(st['entropy_ratio'])} (floor {g.entropy_ratio_floor})"),
     ]
     ref = compare_doc["margins"]["refinement"]
     stage = g.stage or "post-training"  # a promotion is post-training unless the policy says otherwise
     if stage == "pretraining":
         conds.append(_condition("refinement r_ex ≥ 0", None, ref["exact"], 0.0, band,
                                 "pretraining policy: refinement is reported, not gated"))
+    elif ref["exact"] is None:
+        conds.append(_condition("refinement r_ex ≥ 0", False, None, None, band, ref.get("reason", "undefined")))
     else:
         conds.append(_condition("refinement r_ex ≥ 0", ref["exact"] >= 0, ref["exact"], 0.0, band,
                                 f"r_ex = {ref['exact']:+.4f} (τ = {ref['tau']})"))
     hand = compare_doc["margins"]["handoff"]
-    conds.append(_condition("handoff h_ex ≥ 0", None if hand is None else hand["exact"] >= 0,
-                            None if hand is None else hand["exact"], 0.0, band,
-                            "no --reference" if hand is None else f"h_ex = {hand['exact']:+.4f}"))
+    if hand is not None and hand["exact"] is None:
+        conds.append(_condition("handoff h_ex ≥ 0", False, None, None, band, hand.get("reason", "undefined")))
+    else:
+        conds.append(_condition("handoff h_ex ≥ 0", None if hand is None else hand["exact"] >= 0,
+                                None if hand is None else hand["exact"], 0.0, band,
+                                "no --reference" if hand is None else f"h_ex = {hand['exact']:+.4f}"))
     if envelope is None or isinstance(envelope, str):
         conds.append(_condition("envelope holds", None, None, None, band,
                                 envelope or "no training logs (metrics.jsonl) beside the candidate"))

@@ -53,7 +53,7 @@ def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Pat
 
 
 def run_series(path: Path, source: str, variant: str, canary_path: str | None,
-               progress: Any = None, events_breaks: Sequence[int] | None = None) -> tuple[Any, list[int]]:
+               progress: Any = None, warn: Any = None) -> tuple[Any, list[int]]:
     """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
@@ -65,6 +65,9 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     from moeaudit.run import discover
 
     run = discover(path)
+    for skipped, why in run.skipped:
+        if warn:
+            warn(f"warning: skipped {skipped.name}: {why}")
     breaks = [e.step for e in run.events]
     chosen = choose_source(source, run.metrics is not None, len(run.checkpoints), path)
     if chosen == "logs":

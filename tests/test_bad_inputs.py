@@ -222,11 +222,6 @@ def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
     assert "all weights finite: fail — layer 1 expert 2 w1; lm_head" in stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="margins.smin gets the None that finite_document put in place of "
-    "a NaN π: compare/gate/certify exit 4 'internal error: TypeError'",
-)
 def test_nan_router_holds_the_gate(corpus: dict[str, Path]) -> None:
     code, stdout, stderr = run(
         *replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_router"])
@@ -273,11 +268,6 @@ def test_checkpoint_being_written_is_skipped_with_a_warning(
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="series.run_series drops Run.skipped: envelope/calibrate on a "
-    "run directory skip a partial checkpoint without a warning",
-)
 def test_envelope_on_a_run_warns_about_the_partial_checkpoint(corpus: dict[str, Path]) -> None:
     code, _, stderr = run("envelope", corpus["run_writing"])
     no_error(stderr)

@@ -35,6 +35,7 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     opt-in receipts; everything else comes from the one forward + backward.
     """
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
+    _ = ckpt.digest  # hash the files before reading them: fail fast, and certify what was read
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(ckpt, canary.tokens, observers=[observer], progress=progress)
     doc = receipts_document(ckpt, canary, result, observer, policy)
