@@ -120,6 +120,22 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     return audit
 
 
+def _lm_losses(path: Path) -> dict[int, float]:
+    """``lm_loss`` per step where the hook logged it: the language-model part of the objective,
+    without auxiliary (balancing) terms, which is what the scalar trend should follow."""
+    import json
+
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("lm_loss"), (int, float)) and isinstance(obj.get("step"), int):
+            out[obj["step"]] = float(obj["lm_loss"])
+    return out
+
+
 def _training_loss(run: Run) -> Callable[[int], float | None]:
     """The run's training objective over the interval that ends at a gate: the mean logged loss
     over (previous checkpoint step, this step], or None without logs for that interval."""
@@ -127,8 +143,9 @@ def _training_loss(run: Run) -> Callable[[int], float | None]:
         return lambda _step: None
     from moeaudit.metrics import read_metrics
 
-    series = read_metrics(run.metrics)
-    logged = [(s, v) for s, v in zip(series.steps, series.loss) if v is not None]
+    series = read_metrics(run.metrics)  # validates every line
+    lm = _lm_losses(run.metrics)
+    logged = [(s, lm.get(s, v)) for s, v in zip(series.steps, series.loss) if lm.get(s, v) is not None]
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
     def over(step: int) -> float | None:

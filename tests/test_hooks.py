@@ -1,0 +1,246 @@
+"""The training hook (SPEC §2.3): per-expert gradient norms appended to ``metrics.jsonl``.
+
+The logged norms must be the norms of the parameters' gradients — on a transformers v5 model
+(fused ``gate_up_proj``/``down_proj``), on per-expert parameters (transformers v4 / on-disk
+names) and on our own ``LayerWeights`` — and must agree with the replay's per-expert
+gradients on the same checkpoint and tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from moeaudit.errors import InputError
+from moeaudit.hooks import ExpertGradLogger, template_regex
+from moeaudit.replay.model import rope_tables
+from moeaudit.samples.train import Arch, forward_loss, init_model
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def check_spec_format(record: dict, layers: list[int], num_experts: int) -> None:
+    """SPEC §2.3: step int, loss float, expert_grad_norms {"<layer>": [float x E]}."""
+    assert isinstance(record["step"], int)
+    assert isinstance(record["loss"], float)
+    assert sorted(record["expert_grad_norms"]) == sorted(str(i) for i in layers)
+    for norms in record["expert_grad_norms"].values():
+        assert len(norms) == num_experts
+        assert all(isinstance(g, float) and math.isfinite(g) and g >= 0 for g in norms)
+    assert sorted(record["router_grad_norms"]) == sorted(str(i) for i in layers)
+
+
+# --- transformers models -------------------------------------------------------------------------
+
+
+def _hf_backward(family: str):
+    pytest.importorskip("transformers")
+    from hf_models import random_tokens, tiny_model
+
+    model = tiny_model(family)
+    tokens = random_tokens(3, 12)
+    out = model(input_ids=tokens.long(), labels=tokens.long())
+    out.loss.backward()
+    return model, out.loss, tokens
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_fused_transformers_norms_equal_param_grads(tmp_path: Path, family: str) -> None:
+    model, loss, _ = _hf_backward(family)
+    logger = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1)
+    record = logger.log(1, loss)
+    logger.close()
+    layers = list(range(model.config.num_hidden_layers))
+    E = model.config.num_local_experts if family == "mixtral" else model.config.num_experts
+    check_spec_format(record, layers, E)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [record]
+    for i, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        gate_up, down = mlp.experts.gate_up_proj.grad.double(), mlp.experts.down_proj.grad.double()
+        want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
+        assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
+        router = float(mlp.gate.weight.grad.double().norm())
+        assert record["router_grad_norms"][str(i)] == pytest.approx(router, rel=1e-12)
+        if family == "qwen2_moe":
+            shared = [*mlp.shared_expert.parameters(), mlp.shared_expert_gate.weight]
+            want_shared = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in shared))
+            assert record["shared_grad_norms"][str(i)] == pytest.approx(want_shared, rel=1e-12)
+        else:
+            assert "shared_grad_norms" not in record
+
+
+def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
+    """External check: autograd through transformers (hook) vs. our streaming replay."""
+    pytest.importorskip("transformers")
+    from hf_models import load, random_tokens, save_tiny
+
+    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "ckpt", "mixtral")
+    model = load(tmp_path / "ckpt")
+    tokens = random_tokens(3, 12)
+    out = model(input_ids=tokens.long(), labels=tokens.long())
+    out.loss.backward()
+    record = ExpertGradLogger(tmp_path / "m.jsonl", model).log(1, out.loss)
+    result = replay(Checkpoint(tmp_path / "ckpt"), tokens)
+    assert record["loss"] == pytest.approx(result.nll, rel=1e-4)
+    for layer, grads in result.grads.items():
+        torch.testing.assert_close(
+            torch.tensor(record["expert_grad_norms"][str(layer)], dtype=torch.float64),
+            grads.experts_E,
+            rtol=2e-3,
+            atol=1e-7,
+        )
+        assert record["router_grad_norms"][str(layer)] == pytest.approx(grads.router, rel=2e-3)
+
+
+# --- per-expert names (transformers v4, on-disk layout) and our LayerWeights ---------------------
+
+
+def _per_expert_params(prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Per-expert Mixtral names as transformers v4 wrote them, with seeded gradients."""
+    gen = torch.Generator().manual_seed(0)
+    named = []
+    for layer in range(2):
+        base = f"{prefix}model.layers.{layer}.block_sparse_moe."
+        names = (
+            [base + "gate.weight"]
+            + [f"{base}experts.{e}.{w}.weight" for e in range(3) for w in ("w1", "w3", "w2")]
+            + [f"{prefix}model.layers.{layer}.self_attn.q_proj.weight"]
+        )
+        for name in names:
+            t = torch.zeros(4, 5, requires_grad=True)
+            t.grad = torch.randn(4, 5, generator=gen)
+            named.append((name, t))
+    return named
+
+
+@pytest.mark.parametrize("prefix", ["", "module.", "base_model.model."])
+def test_per_expert_names(tmp_path: Path, prefix: str) -> None:
+    named = _per_expert_params(prefix)
+    grads = {n: t.grad.double() for n, t in named}
+    record = ExpertGradLogger(tmp_path / "m.jsonl", named, family="mixtral").log(5, 1.5)
+    check_spec_format(record, [0, 1], 3)
+    for layer in range(2):
+        base = f"{prefix}model.layers.{layer}.block_sparse_moe."
+        want = [
+            math.sqrt(
+                sum(
+                    float(grads[f"{base}experts.{e}.{w}.weight"].pow(2).sum())
+                    for w in ("w1", "w3", "w2")
+                )
+            )
+            for e in range(3)
+        ]
+        assert record["expert_grad_norms"][str(layer)] == pytest.approx(want, rel=1e-12)
+        assert record["router_grad_norms"][str(layer)] == pytest.approx(
+            float(grads[base + "gate.weight"].norm()), rel=1e-12
+        )
+
+
+def test_unknown_family_tries_every_layout(tmp_path: Path) -> None:
+    named = _per_expert_params()
+    record = ExpertGradLogger(tmp_path / "m.jsonl", named).log(1, 0.5)
+    assert sorted(record["expert_grad_norms"]) == ["0", "1"]
+
+
+def test_missing_grad_counts_as_zero(tmp_path: Path) -> None:
+    named = _per_expert_params()
+    for name, t in named:
+        if ".experts.1." in name:
+            t.grad = None
+    record = ExpertGradLogger(tmp_path / "m.jsonl", named).log(1, 0.5)
+    assert record["expert_grad_norms"]["0"][1] == 0.0
+
+
+def test_layer_weights_of_our_training_loop(tmp_path: Path) -> None:
+    arch = Arch(hidden=16, layers=2, heads=2, kv_heads=1, experts=4, expert_dim=8)
+    model = init_model(arch, seed=0)
+    tokens = torch.randint(0, arch.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    ce, _ = forward_loss(model, tokens, rope_tables(model.spec, 8))
+    ce.backward()
+    record = ExpertGradLogger(tmp_path / "m.jsonl", model.layers).log(2, ce)
+    check_spec_format(record, [0, 1], 4)
+    assert record["loss"] == pytest.approx(float(ce.detach()))
+    for lw in model.layers:
+        want = [
+            math.sqrt(sum(float(t.grad.double().pow(2).sum()) for t in w.values()))
+            for w in lw.experts
+        ]
+        assert record["expert_grad_norms"][str(lw.layer)] == pytest.approx(want, rel=1e-12)
+
+
+def test_qwen2_layout_regexes_come_from_the_layout_table() -> None:
+    rx = template_regex("model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight")
+    m = rx.search("model.layers.12.mlp.experts.3.gate_proj.weight")
+    assert m is not None and (m["layer"], m["expert"]) == ("12", "3")
+    assert rx.search("layers.2.mlp.experts.0.gate_proj.weight") is not None  # bare base model
+    assert rx.search("model.layers.2.mlp.experts.0.gate_proj.weight.extra") is None
+    assert rx.search("model.xlayers.2.mlp.experts.0.gate_proj.weight") is None
+
+
+# --- the file ------------------------------------------------------------------------------------
+
+
+def test_every_k_steps(tmp_path: Path) -> None:
+    named = _per_expert_params()
+    with ExpertGradLogger(tmp_path / "m.jsonl", named, every=3) as logger:
+        written = [logger.log(step, 1.0 / step) for step in range(1, 11)]
+    assert [r is not None for r in written] == [s % 3 == 0 for s in range(1, 11)]
+    assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [3, 6, 9]
+
+
+def test_nonfinite_values_are_null_and_named(tmp_path: Path) -> None:
+    named = _per_expert_params()
+    dict(named)["model.layers.1.block_sparse_moe.experts.2.w3.weight"].grad[0, 0] = float("nan")
+    with ExpertGradLogger(tmp_path / "m.jsonl", named) as logger:
+        logger.log(1, float("inf"), lr=1e-3)
+    (record,) = read_jsonl(tmp_path / "m.jsonl")  # strict JSON: no NaN/Infinity tokens
+    assert "NaN" not in (tmp_path / "m.jsonl").read_text()
+    assert record["loss"] is None
+    assert record["expert_grad_norms"]["1"][2] is None
+    assert record["expert_grad_norms"]["1"][1] is not None
+    assert record["nonfinite"] == ["loss", "expert_grad_norms.1.2"]
+    assert record["lr"] == 1e-3
+
+
+def test_appends_and_repairs_on_resume(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    named = _per_expert_params()
+    with ExpertGradLogger(path, named, every=10) as logger:
+        for step in range(1, 51):
+            logger.log(step, 1.0)
+    with open(path, "a") as f:  # a crash in the middle of a write
+        f.write('{"step": 60, "loss": 1.0, "expert_gr')
+    with ExpertGradLogger(path, named, every=10, resume_step=30) as logger:
+        for step in range(31, 41):
+            logger.log(step, 2.0)
+    records = read_jsonl(path)
+    assert [r["step"] for r in records] == [10, 20, 30, 40]
+    assert records[-1]["loss"] == 2.0
+
+
+def test_torn_line_dropped_without_resume(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+    ExpertGradLogger(path, _per_expert_params())
+    assert path.read_text() == '{"step": 1, "loss": 1.0}\n'
+
+
+def test_no_moe_parameters_is_an_error(tmp_path: Path) -> None:
+    dense = torch.nn.Linear(3, 3)
+    with pytest.raises(InputError, match="no routed-expert parameters"):
+        ExpertGradLogger(tmp_path / "m.jsonl", dense)
+    with pytest.raises(InputError, match="unknown MoE family"):
+        ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), family="gpt2")
+    with pytest.raises(ValueError):
+        ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), every=0)
