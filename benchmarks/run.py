@@ -1,0 +1,447 @@
+"""moeaudit benchmarks (issue 6): speed against transformers and against our own floor, peak
+memory on a large bf16 checkpoint, scaling, and the receipts cache. Not part of the tests.
+
+    python benchmarks/run.py                  # everything (≈ 1 h on 2 busy cores; ~10 GB disk)
+    python benchmarks/run.py --only speed     # speed | rss | scaling | cache, comma-separated
+    python benchmarks/run.py --quick          # small sizes, to check the script itself
+
+Every input is built here from a seed, in a temporary directory. Each contender runs as a fresh
+process (imports, reading weights and writing results included, as a user would see it), and
+the contenders of one comparison alternate round by round, so a change of machine load hits
+them alike; the ratios are what to read, the raw seconds are given with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from build import Arch, describe, write_canary, write_checkpoint  # noqa: E402
+
+PY = sys.executable
+MID = Arch(vocab=32000, hidden=512, layers=4, experts=16, top_k=2, inter=1792, heads=8, kv_heads=2)
+BIG = Arch(
+    vocab=32000, hidden=1024, layers=32, experts=8, top_k=2, inter=2560, heads=16, kv_heads=4
+)
+CACHE_SMALL = Arch(
+    vocab=8192, hidden=512, layers=4, experts=8, top_k=2, inter=1024, heads=8, kv_heads=2
+)
+SCALE_BASE = Arch(
+    vocab=8192, hidden=256, layers=4, experts=8, top_k=2, inter=768, heads=4, kv_heads=2
+)
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float  # user + sys of the child
+    rss_mb: float  # ru_maxrss
+    out: str
+
+
+ENVS = {
+    # libgomp's default: a thread that reaches a barrier first spins before sleeping.
+    "default": {},
+    # Waiting threads sleep at once: on an oversubscribed machine the spinning thread otherwise
+    # burns the time slice its partner needs to reach the barrier (see docs/benchmarks.md).
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+}
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None) -> Run:
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed ({status}): {' '.join(cmd)}\n{out[-3000:]}")
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out)
+
+
+def load_note() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "nproc": str(os.cpu_count()),
+        "cpu": model,
+        "torch": torch.__version__,
+        "torch_threads": str(torch.get_num_threads()),
+        "python": platform.python_version(),
+        "load_before": load_note(),
+    }
+
+
+def alternate(
+    contenders: dict[str, list[str]], rounds: int, env: dict[str, str]
+) -> dict[str, list[Run]]:
+    """Run the contenders in turn, ``rounds`` times, rotating the order every round."""
+    names = list(contenders)
+    runs: dict[str, list[Run]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            runs[name].append(result := run(contenders[name], env))
+            print(
+                f"  round {r + 1} {name:>10}: {result.wall:7.2f} s wall {result.cpu:7.2f} s cpu "
+                f"{result.rss_mb:7.0f} MB   ({load_note()})",
+                flush=True,
+            )
+    return runs
+
+
+def ratios(runs: dict[str, list[Run]], num: str, den: str) -> dict[str, object]:
+    per_round = [a.wall / b.wall for a, b in zip(runs[num], runs[den], strict=True)]
+    med = statistics.median(r.wall for r in runs[num]) / statistics.median(
+        r.wall for r in runs[den]
+    )
+    cpu = statistics.median(r.cpu for r in runs[num]) / statistics.median(r.cpu for r in runs[den])
+    return {
+        "per_round": [round(x, 3) for x in per_round],
+        "median_wall": round(med, 3),
+        "median_cpu": round(cpu, 3),
+    }
+
+
+# ----- speed ---------------------------------------------------------------------------------
+
+
+def speed(
+    work: Path, rounds: int, arch: Arch, windows: int, length: int, env_name: str
+) -> dict[str, object]:
+    ckpt, canary = work / "mid", work / "mid-canary.safetensors"
+    if not ckpt.exists():
+        write_checkpoint(ckpt, arch)
+        write_canary(canary, arch.vocab, windows, length)
+    out = work / "mid-receipts.json"
+    contenders = {
+        "moeaudit": [
+            PY,
+            "-m",
+            "moeaudit",
+            "receipts",
+            str(ckpt),
+            "--canary",
+            str(canary),
+            "--json",
+            str(out),
+            "--force",
+        ],
+        "hf_fp32": [PY, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
+        "floor": [PY, str(HERE / "floor.py"), str(ckpt), str(canary)],
+    }
+    print(
+        f"speed ({env_name} env {ENVS[env_name]}): {describe(arch)}, canary {windows}×{length}",
+        flush=True,
+    )
+    runs = alternate(contenders, rounds, ENVS[env_name])
+    return {
+        "arch": describe(arch),
+        "canary": [windows, length],
+        "env": ENVS[env_name],
+        "runs": {n: [vars(r) | {"out": None} for r in rs] for n, rs in runs.items()},
+        "moeaudit/hf_fp32": ratios(runs, "moeaudit", "hf_fp32"),
+        "moeaudit/floor": ratios(runs, "moeaudit", "floor"),
+        "floor/hf_fp32": ratios(runs, "floor", "hf_fp32"),
+    }
+
+
+# ----- peak memory ---------------------------------------------------------------------------
+
+
+def peak_rss(
+    work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]
+) -> dict[str, object]:
+    ckpt, canary = work / "big", work / "big-canary.safetensors"
+    t = time.perf_counter()
+    size = write_checkpoint(ckpt, arch)
+    built = time.perf_counter() - t
+    write_canary(canary, arch.vocab, windows, length)
+    print(f"rss: {describe(arch)}: {size / 1e9:.2f} GB written in {built:.0f} s", flush=True)
+    results = []
+    for _ in range(repeats):
+        r = run(
+            [
+                "/usr/bin/time",
+                "-v",
+                PY,
+                "-m",
+                "moeaudit",
+                "receipts",
+                str(ckpt),
+                "--canary",
+                str(canary),
+                "--json",
+                str(work / "big-receipts.json"),
+                "--force",
+            ],
+            env,
+        )
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.out)
+        assert m, r.out[-2000:]
+        rss = int(m.group(1)) * 1024
+        results.append({"wall": r.wall, "cpu": r.cpu, "max_rss_bytes": rss, "fraction": rss / size})
+        print(
+            f"  max RSS {rss / 1e9:.3f} GB = {rss / size:.1%} of {size / 1e9:.2f} GB, "
+            f"{r.wall:.1f} s ({load_note()})",
+            flush=True,
+        )
+    shutil.rmtree(ckpt)
+    return {
+        "arch": describe(arch),
+        "checkpoint_bytes": size,
+        "canary": [windows, length],
+        "env": env,
+        "runs": results,
+    }
+
+
+# ----- scaling -------------------------------------------------------------------------------
+
+
+def _point(
+    work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]
+) -> dict[str, object]:
+    tag = f"L{arch.layers}-E{arch.experts}"
+    ckpt, canary = work / f"scale-{tag}", work / f"scale-canary-{windows}x{length}.safetensors"
+    if not ckpt.exists():
+        write_checkpoint(ckpt, arch)
+    if not canary.exists():
+        write_canary(canary, arch.vocab, windows, length)
+    times, walls = [], []
+    for _ in range(repeats):
+        r = run([PY, str(HERE / "measure.py"), str(ckpt), str(canary)], env)
+        times.append(json.loads(r.out.strip().splitlines()[-1])["replay_s"])
+        walls.append(r.wall)
+    point = {
+        "layers": arch.layers,
+        "experts": arch.experts,
+        "tokens": windows * length,
+        "replay_s": round(min(times), 3),
+        "process_s": round(min(walls), 3),
+        "parameters": arch.parameters(),
+    }
+    print(f"  {point}  ({load_note()})", flush=True)
+    return point
+
+
+def scaling(
+    work: Path, base: Arch, repeats: int, quick: bool, env: dict[str, str]
+) -> dict[str, list[dict[str, object]]]:
+    T = 256
+    windows = [4, 8, 16] if quick else [4, 8, 16, 32]
+    layers = [2, 4] if quick else [2, 4, 8, 16]
+    experts = [4, 8] if quick else [4, 8, 16, 32]
+    print(
+        "scaling (min of repeats; replay = in-process receipts time, process = whole run)",
+        flush=True,
+    )
+    return {
+        "tokens": [_point(work, base, w, T, repeats, env) for w in windows],
+        "layers": [_point(work, replace(base, layers=n), 8, T, repeats, env) for n in layers],
+        "experts": [_point(work, replace(base, experts=n), 8, T, repeats, env) for n in experts],
+    }
+
+
+# ----- cache ---------------------------------------------------------------------------------
+
+
+def _replayed(out: str) -> list[str]:
+    return [
+        line.split("replaying ", 1)[1].strip() for line in out.splitlines() if "replaying " in line
+    ]
+
+
+def cache(
+    work: Path,
+    name: str,
+    arch: Arch,
+    steps: int,
+    canary_shape: tuple[int, int],
+    rounds: int,
+    env: dict[str, str],
+) -> dict[str, object]:
+    """certify a run twice (cold cache, then warm), then add one checkpoint and certify again."""
+    run_dir, out, key = work / f"run-{name}", work / f"certs-{name}", work / "key"
+    canary = run_dir / "canary.safetensors"
+    for i in range(steps):
+        write_checkpoint(run_dir / f"checkpoint-{100 * (i + 1)}", arch, seed=i)
+    write_canary(canary, arch.vocab, *canary_shape)
+    run([PY, "-m", "moeaudit", "keygen", "--out", str(key), "--force"])
+    added_dir = run_dir / f"checkpoint-{100 * (steps + 1)}"
+    cmd = [
+        PY,
+        "-m",
+        "moeaudit",
+        "certify",
+        str(run_dir),
+        "--canary",
+        str(canary),
+        "--out",
+        str(out),
+        "--key",
+        str(key),
+        "--force",
+    ]
+    print(f"cache ({name} run: {steps} checkpoints, {describe(arch)}, canary {canary_shape})")
+    results = []
+    for r in range(rounds):
+        env_r = {**env, "MOEAUDIT_CACHE_DIR": str(work / f"cache-{name}-{r}")}
+        if added_dir.exists():
+            shutil.rmtree(added_dir)
+        cold, warm = run(cmd, env_r), run(cmd, env_r)
+        write_checkpoint(added_dir, arch, seed=steps)
+        added = run(cmd, env_r)
+        row = {
+            "cold_s": cold.wall,
+            "warm_s": warm.wall,
+            "speedup": cold.wall / warm.wall,
+            "replays_cold": _replayed(cold.out),
+            "replays_warm": _replayed(warm.out),
+            "added_s": added.wall,
+            "replays_added": _replayed(added.out),
+        }
+        results.append(row)
+        print(
+            f"  round {r + 1}: cold {cold.wall:.2f} s (replayed {row['replays_cold']}), warm "
+            f"{warm.wall:.2f} s (replayed {row['replays_warm']}) → {row['speedup']:.1f}×; "
+            f"{added_dir.name} added: {added.wall:.2f} s (replayed {row['replays_added']})"
+            f"  ({load_note()})",
+            flush=True,
+        )
+    return {
+        "arch": describe(arch),
+        "checkpoints": steps,
+        "canary": list(canary_shape),
+        "rounds": results,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="speed,rss,scaling,cache")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--workdir", type=Path, help="keep inputs here instead of a temporary directory"
+    )
+    ap.add_argument("--json", type=Path, help="also write all results to this file")
+    ap.add_argument(
+        "--env",
+        default="default,passive",
+        help="thread wait policies to compare under: default, passive (comma-separated); "
+        "rss, scaling and cache use the last one",
+    )
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="moeaudit-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, object] = {"machine": machine()}
+    print(json.dumps(results["machine"]), flush=True)
+    envs = args.env.split(",")
+    env = ENVS[envs[-1]]
+    try:
+        if "speed" in only:
+            arch, shape = (replace(MID, layers=2), (8, 128)) if args.quick else (MID, (16, 256))
+            results["speed"] = {e: speed(work, args.rounds, arch, *shape, e) for e in envs}
+        if "rss" in only:
+            arch = replace(BIG, layers=4, hidden=512) if args.quick else BIG
+            results["rss"] = peak_rss(work, arch, 8, 256, 1 if args.quick else 2, env)
+        if "scaling" in only:
+            results["scaling"] = scaling(work, SCALE_BASE, 1 if args.quick else 2, args.quick, env)
+        if "cache" in only:
+            results["cache"] = {
+                "tiny": cache(
+                    work, "tiny", replace(SCALE_BASE, layers=2), 2, (8, 128), args.rounds, env
+                ),
+                "small": cache(work, "small", CACHE_SMALL, 3, (16, 256), args.rounds, env),
+            }
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    results["load_after"] = load_note()
+    summarise(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+def summarise(res: dict[str, object]) -> None:
+    print("\n== summary ==")
+    print(json.dumps(res["machine"]))
+    for env_name, s in res.get("speed", {}).items():
+        print(f"speed, {env_name} env {s['env']}:")
+        for name, runs in s["runs"].items():
+            print(
+                f"{name:>10}: wall "
+                + " ".join(f"{r['wall']:.2f}" for r in runs)
+                + "  cpu "
+                + " ".join(f"{r['cpu']:.2f}" for r in runs)
+                + "  maxrss MB "
+                + " ".join(f"{r['rss_mb']:.0f}" for r in runs)
+            )
+        for k in ("moeaudit/hf_fp32", "moeaudit/floor", "floor/hf_fp32"):
+            print(f"{k:>18}: {s[k]}")
+    if "rss" in res:
+        r = res["rss"]
+        print(
+            f"rss: checkpoint {r['checkpoint_bytes'] / 1e9:.2f} GB; max RSS "
+            + ", ".join(
+                f"{x['max_rss_bytes'] / 1e9:.3f} GB ({x['fraction']:.1%}, {x['wall']:.0f} s)"
+                for x in r["runs"]
+            )
+        )
+    if "scaling" in res:
+        for axis, points in res["scaling"].items():
+            print(
+                f"scaling vs {axis}: "
+                + "; ".join(
+                    f"{p[axis if axis != 'tokens' else 'tokens']}: {p['replay_s']:.2f} s"
+                    for p in points
+                )
+            )
+    for name, c in res.get("cache", {}).items():
+        for row in c["rounds"]:
+            print(
+                f"cache ({name}): cold {row['cold_s']:.2f} s, warm {row['warm_s']:.2f} s "
+                f"({row['speedup']:.1f}×), one checkpoint added: {row['added_s']:.2f} s, "
+                f"replayed {row['replays_added']}"
+            )
+    print(res["load_after"])
+
+
+if __name__ == "__main__":
+    main()
