@@ -44,7 +44,9 @@ class StoredExperts(Sequence[dict[str, torch.Tensor]]):
     def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
     @overload
     def __getitem__(self, e: slice) -> list[dict[str, torch.Tensor]]: ...
-    def __getitem__(self, e: int | slice) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
+    def __getitem__(
+        self, e: int | slice
+    ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
         if isinstance(e, slice):
             return [self[i] for i in range(*e.indices(len(self)))]
         return {n: t.to(self.dtype) for n, t in self.stored[e].items()}
@@ -284,7 +286,8 @@ class Checkpoint:
         if lw.routed:
             stored = self._read_experts(layer)
             lw.experts = (StoredExperts(stored, dtype) if lazy_experts
-                          else [{n: t.to(dtype).contiguous() for n, t in w.items()} for w in stored])
+                          else [{n: t.to(dtype).contiguous() for n, t in w.items()}
+                                for w in stored])
         return lw
 
     def _read_experts(self, layer: int) -> list[dict[str, torch.Tensor]]:

@@ -37,7 +37,8 @@ class StateObserver:
     states: dict[int, AnchorStates] = field(default_factory=dict)
 
     def _seed(self, layer: int) -> int:
-        return self.settings.seed * 1_000_003 + layer  # one stream per layer, fixed by the policy seed
+        # one stream per layer, fixed by the policy seed
+        return self.settings.seed * 1_000_003 + layer
 
     def extra_experts(self, layer: int, routing: Routing) -> dict[str, torch.Tensor]:
         """Asked by the replay before it runs a layer's experts (one conversion per expert)."""

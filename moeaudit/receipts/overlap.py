@@ -68,6 +68,33 @@ def extra_experts(routing: Routing, seed: int) -> dict[str, torch.Tensor]:
             "overlap_random": random_outside(routing.topk_NK, E, seed)}
 
 
+TOKEN_CHUNK = 1024  # tokens per step: every quantity is per token, so chunks change no value
+
+
+def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.Tensor,
+               z_NH: torch.Tensor, rho_NC: torch.Tensor, s_NC: torch.Tensor, c_k_N: torch.Tensor,
+               beta_adj: float) -> dict[str, torch.Tensor]:
+    """Per-token c2 (Eq. 20), c2_smooth (Eq. 21–22), transition jump (Eq. 14) and adjacency
+    specificity (Table 2) for a chunk of tokens; the [n, K', H] fields stay small."""
+    K = u_NKH.shape[1]
+    v_NCH = visible_field(torch.cat([u_NKH, extra_NXH], dim=1), z_NH)
+    v_rand = visible_field(u_rand_N1H, z_NH)
+    kap_NCC = kappa(v_NCH)
+    rho_K = rho_NC[:, :K]
+    out = {}
+    if K > 1:
+        out["c2"] = pair_weighted(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :])
+    w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(
+        -beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
+    out["c2s"] = pair_weighted(kap_NCC, w_adj)
+    # Transition incompatibility at the k-th / (k+1)-th swap (`003` Eq. 14).
+    out["jump"] = c_k_N * (v_NCH[:, K] - v_NCH[:, K - 1]).double().norm(dim=-1)
+    # Adjacency specificity (`003` Table 2, ΔBrand): κ(e(k), e_rand) − κ(e(k), e(k+1)).
+    k_rand = kappa(torch.stack([v_NCH[:, K - 1], v_rand[:, 0]], dim=1))[:, 0, 1]
+    out["spec"] = k_rand - kap_NCC[:, K - 1, K]
+    return out
+
+
 def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
                      boot: WindowBootstrap, seed: int) -> dict[str, Any]:
     r = tap.routing
@@ -82,26 +109,16 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
     else:
         wanted = extra_experts(r, seed)
         extra, u_rand = experts_forward_sets(lw.experts, tap.y_NH, list(wanted.values()))
-    v_NCH = visible_field(torch.cat([tap.u_NKH, extra], dim=1), z)
-    v_rand = visible_field(u_rand, z)
     rho_NC = r.probs_NE.double().gather(1, cand_NC)
     s_NC = r.scores_NE.double().gather(1, cand_NC)
-    kap_NCC = kappa(v_NCH)
-
-    rho_K = rho_NC[:, :K]
-    c2_N = pair_weighted(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :]) if K > 1 else None
-    w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(
-        -settings.beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
-    c2s_N = pair_weighted(kap_NCC, w_adj)
-    left_out_N = 1.0 - rho_NC.sum(1)
-
-    # Transition incompatibility at the k-th / (k+1)-th swap (`003` Eq. 14).
     c_k = r.combine_NK[:, K - 1].double()
-    jump_N = c_k * (v_NCH[:, K] - v_NCH[:, K - 1]).double().norm(dim=-1)
+    chunks = [_per_token(tap.u_NKH[t], extra[t], u_rand[t], z[t], rho_NC[t], s_NC[t], c_k[t],
+                         settings.beta_adj)
+              for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, N, TOKEN_CHUNK))]
+    c2_N = torch.cat([c["c2"] for c in chunks]) if K > 1 else None
+    c2s_N, jump_N, spec_N = (torch.cat([c[n] for c in chunks]) for n in ("c2s", "jump", "spec"))
+    left_out_N = 1.0 - rho_NC.sum(1)
     boundary_N = m_N < settings.boundary_layer_eta
-    # Adjacency specificity (`003` Table 2, ΔBrand): κ(e(k), e_rand) − κ(e(k), e(k+1)).
-    k_rand = kappa(torch.stack([v_NCH[:, K - 1], v_rand[:, 0]], dim=1))[:, 0, 1]
-    spec_N = k_rand - kap_NCC[:, K - 1, K]
     return {
         "c2": None if c2_N is None else float(c2_N.mean()),
         **({"reason": "no co-active pairs (top-1 routing)"} if c2_N is None else {}),

@@ -131,7 +131,7 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
             starts[i] += c
         del w
     out = []
-    for (order, _), parts, idx in zip(slots, chunks, sets):
+    for (order, _), parts, idx in zip(slots, chunks, sets, strict=True):
         u_sorted = torch.cat(parts) if parts else y_NH.new_zeros(0, y_NH.shape[-1])
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
@@ -191,7 +191,8 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
             dx, dc, grads = _swiglu_grads(y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
             dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
-            sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 for g in grads)
+            sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
+                          for g in grads)
             del dx, dc, grads
         start += c
     return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E)
@@ -223,7 +224,8 @@ class MoETap:
         return self.h_NH / self.r_N[:, None]
 
 
-def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+def moe_router(spec: ModelSpec, lw: LayerWeights,
+               h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
     y_NH = rms_norm(h_NH, lw.params["post_norm"], spec.rms_eps)
     return y_NH, route(spec, lw.params["router"], y_NH)
@@ -231,7 +233,8 @@ def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[t
 
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
     """Qwen2-MoE's always-on expert behind a sigmoid gate."""
-    return torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+    gate = torch.sigmoid(F.linear(y_NH, p["shared_gate"]))
+    return gate * swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
 
 
 def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
@@ -247,7 +250,8 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
-    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more)), _eps=spec.rms_eps)
+    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more, strict=True)),
+                 _eps=spec.rms_eps)
     return out_NH.view(B, T, H), tap
 
 
