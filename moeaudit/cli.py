@@ -125,6 +125,8 @@ def _open_checkpoint(path: Path):
     ckpt = Checkpoint(path)
     for w in ckpt.warnings:
         _warn(f"warning: {path}: {w}")
+    for n in ckpt.notes:
+        _warn(f"note: {path}: {n}")
     return ckpt
 
 

@@ -18,6 +18,7 @@ import torch
 import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 
 VOCAB = 96
 
@@ -44,6 +45,39 @@ _FAMILY: dict[str, dict[str, Any]] = {
         intermediate_size=56,
     ),
     "qwen3_moe": dict(num_experts=4, moe_intermediate_size=24, intermediate_size=56),
+    # MLA (low-rank q, kv latent, rope/nope split), a dense first layer, one shared expert,
+    # 8 experts in 4 groups of which the best 2 compete, scaled combine weights.
+    "deepseek_v3": dict(
+        num_key_value_heads=4,  # MLA expands every head from the latent
+        n_routed_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        q_lora_rank=16,
+        kv_lora_rank=12,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0,
+    ),
+    "deepseek_v2": dict(
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+        q_lora_rank=16,
+        kv_lora_rank=12,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        routed_scaling_factor=1.5,
+    ),
 }
 
 
@@ -63,6 +97,9 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
             p.copy_(1.0 + 0.2 * noise)
         else:  # biases
             p.copy_(0.1 * noise)
+    for name, b in sorted(model.named_buffers()):
+        if name.endswith("e_score_correction_bias"):  # DeepSeek-V3 selection bias (fp32 buffer)
+            b.copy_(0.2 * torch.randn(b.shape, generator=gen))
 
 
 def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:

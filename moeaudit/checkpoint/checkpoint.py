@@ -81,6 +81,13 @@ class LayerWeights:
         return self
 
 
+def _layer_index(key: str) -> int | None:
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
+        return int(parts[2])
+    return None
+
+
 class Checkpoint:
     """A validated Hugging Face ``save_pretrained`` MoE checkpoint directory."""
 
@@ -97,6 +104,7 @@ class Checkpoint:
         self.files: dict[str, SafetensorsFile] = {}
         self.key_file: dict[str, str] = {}
         self.warnings: list[str] = []
+        self.notes: list[str] = []  # recognised and deliberately left out (not a problem)
         self._open_files()
         self._resolved: dict[str, str] = {}
         self.fused = self._detect_fused()
@@ -192,15 +200,24 @@ class Checkpoint:
 
     def _expected_layer_names(self, layer: int) -> list[str]:
         s = self.spec
-        names = ["input_norm", "post_norm", "q", "k", "v", "o"]
-        if s.attention_bias:
+        if s.mla is not None:
+            names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
+            names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
+            if s.attention_bias:
+                names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
+        else:
+            names = ["input_norm", "post_norm", "q", "k", "v", "o"]
+        if s.attention_bias and s.mla is None:
             names += ["q_bias", "k_bias", "v_bias"] + ([] if s.family == "qwen2_moe" else ["o_bias"])
         if s.qk_norm != "none":
             names += ["q_norm", "k_norm"]
         if s.is_routed(layer):
             names.append("router")
+            if s.gate.selection_bias:
+                names.append("router_bias")
             if s.shared_dim:
-                names += ["shared_w1", "shared_w3", "shared_w2", "shared_gate"]
+                names += ["shared_w1", "shared_w3", "shared_w2"]
+                names += ["shared_gate"] if s.shared_gated else []
         else:
             names += ["mlp_w1", "mlp_w3", "mlp_w2"]
         return names
@@ -222,7 +239,19 @@ class Checkpoint:
             "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
             "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
             "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
+            "router_bias": (E,),
         }
+        if s.mla is not None:
+            m, nh = s.mla, s.num_heads
+            shapes.update({
+                "q": (nh * m.qk_head_dim, H), "q_a": (m.q_lora_rank, H),
+                "q_a_bias": (m.q_lora_rank,), "q_a_norm": (m.q_lora_rank,),
+                "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
+                "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
+                "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,), "kv_a_norm": (m.kv_lora_rank,),
+                "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
+                "o": (H, nh * m.v_head_dim),
+            })
         return shapes
 
     def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
@@ -261,6 +290,13 @@ class Checkpoint:
                     for name, key in table.items():
                         self._check(name, key, shapes[name], seen)
         extra = sorted(set(self.key_file) - seen)
+        mtp = [k for k in extra if _layer_index(k) is not None and _layer_index(k) >= s.num_layers]
+        if mtp and s.mtp_layers:
+            layers = sorted({_layer_index(k) for k in mtp})
+            self.notes.append(
+                f"multi-token-prediction layer(s) {', '.join(map(str, layers))} ({len(mtp)} "
+                "tensors) left out: the replay scores next-token prediction only")
+            extra = [k for k in extra if k not in set(mtp)]
         if extra:
             shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
             self.warnings.append(f"{len(extra)} unexpected tensor(s) ignored: {shown}")
@@ -333,6 +369,7 @@ class Checkpoint:
             "files": sorted(self.files),
             "tied_embeddings": self.global_key("lm_head") is None,
             "warnings": list(self.warnings),
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
         if with_digest:
             out["digest"] = {"sha256": self.digest}

@@ -18,7 +18,11 @@ from moeaudit.errors import CheckpointError
 
 # transformers' ``default_theta`` per family (RotaryEmbeddingConfigMixin falls back to 1e4).
 DEFAULT_ROPE_THETA = {"mixtral": 1e6}
-DEFAULT_RMS_EPS = {"mixtral": 1e-5, "olmoe": 1e-5, "qwen2_moe": 1e-6, "qwen3_moe": 1e-6}
+DEFAULT_RMS_EPS = {"mixtral": 1e-5, "olmoe": 1e-5, "qwen2_moe": 1e-6, "qwen3_moe": 1e-6,
+                   "deepseek_v2": 1e-6, "deepseek_v3": 1e-6}
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+# DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
+MLA_NORM_EPS = 1e-6
 # The expert count under either name transformers' ``attribute_map`` accepts, canonical first:
 # v5 writes Qwen3-MoE's as ``num_local_experts``, the hub's v4 configs as ``num_experts``.
 MAX_COUNT = 1 << 16  # layers or experts; far above any real model
@@ -27,7 +31,47 @@ EXPERT_COUNT_KEYS = {
     "olmoe": ("num_experts", "num_local_experts"),
     "qwen2_moe": ("num_experts",),
     "qwen3_moe": ("num_experts", "num_local_experts"),
+    "deepseek_v2": ("n_routed_experts", "num_experts", "num_local_experts"),
+    "deepseek_v3": ("n_routed_experts", "num_local_experts", "num_experts"),
 }
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and a shared kv latent."""
+
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # rotary pairs (x0, x1), (x2, x3), … as DeepSeek lays them out
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_dim + self.qk_rope_dim
+
+
+@dataclass(frozen=True)
+class Gate:
+    """How a router turns scores into an active set, beyond softmax-then-top-k.
+
+    ``scoring`` "softmax" or "sigmoid"; ``selection_bias``: a per-expert bias added to the
+    scores for choosing experts only (DeepSeek-V3 ``e_score_correction_bias``); groups: the
+    experts split into ``n_group`` equal groups, each scored by ``group_score`` ("top2sum" of
+    its selection scores, V3; "max", V2), and only the ``topk_group`` best groups compete;
+    ``scaling`` multiplies the combine weights (``routed_scaling_factor``)."""
+
+    scoring: str = "softmax"
+    selection_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    group_score: str = "none"
+    scaling: float = 1.0
+
+    @property
+    def grouped(self) -> bool:
+        return self.n_group > 1 and self.topk_group < self.n_group
 
 
 @dataclass(frozen=True)
@@ -56,6 +100,11 @@ class ModelSpec:
     shared_dim: int = 0  # intermediate size of the shared expert (0 = none)
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()  # layers whose attention uses the window
+    gate: Gate = Gate()
+    mla: MLA | None = None
+    shared_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; DeepSeek: none
+    mtp_layers: int = 0  # multi-token-prediction modules stored after the decoder (not replayed)
+    attention_scale: float | None = None  # None: head_dim ** -0.5
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -64,8 +113,17 @@ class ModelSpec:
 
     @property
     def routing(self) -> str:
+        g = self.gate
         renorm = "renormalised" if self.norm_topk_prob else "not renormalised"
-        return f"softmax top-{self.top_k} of {self.num_experts}, {renorm}"
+        out = f"{g.scoring} top-{self.top_k} of {self.num_experts}"
+        if g.grouped:
+            out += f" within the best {g.topk_group} of {g.n_group} groups"
+        if g.selection_bias:
+            out += ", selection bias"
+        out += f", {renorm}"
+        if g.scaling != 1.0:
+            out += f", ×{g.scaling:g}"
+        return out
 
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
@@ -77,6 +135,8 @@ class ModelSpec:
         out = asdict(self)
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
+        if self.mla is None:
+            del out["mla"]
         out["routing"] = self.routing
         return out
 
@@ -121,10 +181,13 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         if value > MAX_COUNT:  # we build per-layer and per-expert tables before reading weights
             raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})",
                                   path=path)
-    if hidden % heads and "head_dim" not in cfg:
+    deepseek = family in DEEPSEEK
+    if hidden % heads and "head_dim" not in cfg and not deepseek:
         raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=path)
     if heads % kv_heads:
         raise CheckpointError(f"{heads} heads not divisible by {kv_heads} kv heads", path=path)
+    mla = _mla(cfg, family, path) if deepseek else None
+    rope_theta, attention_scale = _rope(cfg, family, path, mla)
     return ModelSpec(
         family=family,
         vocab_size=get("vocab_size", int),
@@ -132,22 +195,101 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         num_layers=n_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=get("head_dim", int, None) or hidden // heads,
-        rope_theta=_rope_theta(cfg, family, path),
+        head_dim=mla.qk_rope_dim if mla else get("head_dim", int, None) or hidden // heads,
+        rope_theta=rope_theta,
         rms_eps=get("rms_norm_eps", float, DEFAULT_RMS_EPS[family]),
         num_experts=num_experts,
         top_k=top_k,
         expert_dim=get("intermediate_size" if family in ("mixtral", "olmoe") else "moe_intermediate_size", int),
         routed_layers=_routed_layers(cfg, family, n_layers, path),
-        norm_topk_prob=True if family == "mixtral" else bool(get("norm_topk_prob", bool, False)),
+        norm_topk_prob=_norm_topk_prob(cfg, family, path),
         attention_bias=_attention_bias(cfg, family),
         qk_norm={"olmoe": "full", "qwen3_moe": "head"}.get(family, "none"),
         clip_qkv=get("clip_qkv", float, None) if family == "olmoe" else None,
         tie_embeddings=bool(get("tie_word_embeddings", bool, False)),
-        dense_dim=get("intermediate_size", int, 0) if family.startswith("qwen") else 0,
-        shared_dim=get("shared_expert_intermediate_size", int, 0) if family == "qwen2_moe" else 0,
+        dense_dim=get("intermediate_size", int, 0) if family.startswith(("qwen", "deepseek")) else 0,
+        shared_dim=_shared_dim(cfg, family, path),
         sliding_window=window,
         sliding_layers=_sliding_layers(cfg, family, n_layers, window, path),
+        gate=_gate(cfg, family, num_experts, top_k, path),
+        mla=mla,
+        shared_gated=family == "qwen2_moe",
+        mtp_layers=get("num_nextn_predict_layers", int, 0) if deepseek else 0,
+        attention_scale=attention_scale,
+    )
+
+
+def _norm_topk_prob(cfg: dict[str, Any], family: str, path: Path | str) -> bool:
+    """Mixtral always renormalises; transformers' DeepSeek-V2 never does (its router has no
+    such step, whatever the config says); V3 defaults to it; the others default to not."""
+    if family == "mixtral":
+        return True
+    if family == "deepseek_v2":
+        return False
+    return bool(_getter(cfg, path)("norm_topk_prob", bool, family == "deepseek_v3"))
+
+
+def _shared_dim(cfg: dict[str, Any], family: str, path: Path | str) -> int:
+    get = _getter(cfg, path)
+    if family == "qwen2_moe":
+        return get("shared_expert_intermediate_size", int, 0)
+    if family in DEEPSEEK:
+        n_shared = get("n_shared_experts", int, 1 if family == "deepseek_v3" else 2)
+        return n_shared * get("moe_intermediate_size", int)
+    return 0
+
+
+def _mla(cfg: dict[str, Any], family: str, path: Path | str) -> MLA:
+    get = _getter(cfg, path)
+    mla = MLA(
+        q_lora_rank=get("q_lora_rank", int, 0),
+        kv_lora_rank=get("kv_lora_rank", int, 512),
+        qk_nope_dim=get("qk_nope_head_dim", int, 128),
+        qk_rope_dim=get("qk_rope_head_dim", int, 64),
+        v_head_dim=get("v_head_dim", int, 128),
+        # transformers' V2 applies RoPE to complex pairs: the interleaved layout, always.
+        rope_interleave=family == "deepseek_v2" or bool(get("rope_interleave", bool, True)),
+    )
+    if mla.kv_lora_rank < 1 or mla.qk_rope_dim < 2 or mla.qk_rope_dim % 2 or mla.v_head_dim < 1:
+        raise CheckpointError("config.json: MLA needs kv_lora_rank ≥ 1, an even "
+                              "qk_rope_head_dim ≥ 2 and v_head_dim ≥ 1", path=path)
+    return mla
+
+
+def _gate(cfg: dict[str, Any], family: str, num_experts: int, top_k: int,
+          path: Path | str) -> Gate:
+    if family not in DEEPSEEK:
+        return Gate()
+    get = _getter(cfg, path)
+    v3 = family == "deepseek_v3"
+    method = "noaux_tc" if v3 else get("topk_method", str, "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise CheckpointError(f"config.json: topk_method {method!r} is not supported", path=path,
+                              hint="supported: greedy, group_limited_greedy (V2), noaux_tc (V3)")
+    scoring = "sigmoid" if v3 else "softmax"
+    grouped = v3 or method == "group_limited_greedy"
+    n_group = get("n_group", int, 8 if v3 else 1) if grouped else 1
+    topk_group = get("topk_group", int, 4 if v3 else 1) if grouped else 1
+    if grouped:
+        if n_group < 1 or num_experts % n_group:
+            raise CheckpointError(f"config.json: {num_experts} experts do not split into "
+                                  f"n_group={n_group} equal groups", path=path)
+        if not 1 <= topk_group <= n_group:
+            raise CheckpointError(f"config.json: topk_group={topk_group} not in 1..{n_group}",
+                                  path=path)
+        if topk_group * (num_experts // n_group) < top_k:
+            raise CheckpointError(f"config.json: the best {topk_group} groups hold fewer than "
+                                  f"num_experts_per_tok={top_k} experts", path=path)
+        if v3 and num_experts // n_group < 2:
+            raise CheckpointError("config.json: DeepSeek-V3 group scores need ≥ 2 experts per "
+                                  "group", path=path)
+    return Gate(
+        scoring=scoring,
+        selection_bias=v3,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score=("top2sum" if v3 else "max") if grouped else "none",
+        scaling=get("routed_scaling_factor", float, 2.5 if v3 else 1.0),
     )
 
 
@@ -175,6 +317,14 @@ def _getter(cfg: dict[str, Any], path: Path | str):
     return get
 
 
+def _rope(cfg: dict[str, Any], family: str, path: Path | str,
+          mla: MLA | None) -> tuple[float, float | None]:
+    """(θ, softmax scale): the scale is None (head_dim ** -0.5) except for MLA, whose query and
+    key heads are ``qk_nope + qk_rope`` wide."""
+    theta = _rope_theta(cfg, family, path)
+    return theta, (None if mla is None else mla.qk_head_dim ** -0.5)
+
+
 def _rope_theta(cfg: dict[str, Any], family: str, path: Path | str) -> float:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
@@ -197,9 +347,13 @@ def _is_finite(value: int | float) -> bool:
 
 
 def _routed_layers(cfg: dict[str, Any], family: str, n_layers: int, path: Path | str) -> tuple[int, ...]:
-    """Which decoder layers carry a routed MoE block (transformers' Qwen2-MoE rule)."""
+    """Which decoder layers carry a routed MoE block (transformers' Qwen2-MoE rule; DeepSeek:
+    all after the first ``first_k_dense_replace``)."""
     if family in ("mixtral", "olmoe"):
         return tuple(range(n_layers))
+    if family in DEEPSEEK:
+        dense = _getter(cfg, path)("first_k_dense_replace", int, 3 if family == "deepseek_v3" else 0)
+        return tuple(range(min(dense, n_layers), n_layers))
     step = _getter(cfg, path)("decoder_sparse_step", int, 1)
     only = cfg.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(isinstance(i, int) for i in only):

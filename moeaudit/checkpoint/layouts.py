@@ -16,6 +16,9 @@ Canonical per-layer names::
     gate_up down                    fused: [E, 2I, H] (gate rows first), [E, H, I]
     shared_w1 shared_w3 shared_w2 shared_gate    Qwen2-MoE shared expert and its sigmoid gate
     mlp_w1 mlp_w3 mlp_w2            dense MLP of a non-routed layer
+    router_bias                     DeepSeek-V3 selection bias ``e_score_correction_bias`` [E]
+    q_a q_a_bias q_a_norm q_b       MLA low-rank query (or ``q`` when q_lora_rank is null)
+    kv_a kv_a_bias kv_a_norm kv_b   MLA shared kv latent + rope key, its norm, its expansion
 """
 
 from __future__ import annotations
@@ -146,6 +149,51 @@ QWEN3_MOE = Layout(
     notes="per-head q_norm/k_norm; norm_topk_prob",
 )
 
+_DEEPSEEK_LAYER = {
+    "input_norm": "input_layernorm.weight",
+    "post_norm": "post_attention_layernorm.weight",
+    "q": "self_attn.q_proj.weight",
+    "q_a": "self_attn.q_a_proj.weight",
+    "q_a_bias": "self_attn.q_a_proj.bias",
+    "q_a_norm": "self_attn.q_a_layernorm.weight",
+    "q_b": "self_attn.q_b_proj.weight",
+    "kv_a": "self_attn.kv_a_proj_with_mqa.weight",
+    "kv_a_bias": "self_attn.kv_a_proj_with_mqa.bias",
+    "kv_a_norm": "self_attn.kv_a_layernorm.weight",
+    "kv_b": "self_attn.kv_b_proj.weight",
+    "o": "self_attn.o_proj.weight",
+    "o_bias": "self_attn.o_proj.bias",
+    **_MLP_MOE,
+    "router_bias": "mlp.gate.e_score_correction_bias",
+    "shared_w1": "mlp.shared_experts.gate_proj.weight",
+    "shared_w3": "mlp.shared_experts.up_proj.weight",
+    "shared_w2": "mlp.shared_experts.down_proj.weight",
+    "mlp_w1": "mlp.gate_proj.weight",
+    "mlp_w3": "mlp.up_proj.weight",
+    "mlp_w2": "mlp.down_proj.weight",
+}
+
+DEEPSEEK_V3 = Layout(
+    family="deepseek_v3",
+    globals=_GLOBALS,
+    layer=_prefixed(L, _DEEPSEEK_LAYER),
+    expert=_prefixed(L, _MLP_EXPERTS),
+    fused=_prefixed(L, _MLP_FUSED),
+    notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine "
+          "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
+)
+
+DEEPSEEK_V2 = Layout(
+    family="deepseek_v2",
+    globals=_GLOBALS,
+    layer=_prefixed(L, {k: v for k, v in _DEEPSEEK_LAYER.items() if k != "router_bias"}),
+    expert=_prefixed(L, _MLP_EXPERTS),
+    fused=_prefixed(L, _MLP_FUSED),
+    notes="MLA attention; softmax scores, greedy or group-limited top-k (group max); "
+          "shared experts; first_k_dense_replace dense layers",
+)
+
 FAMILIES: dict[str, Layout] = {
-    layout.family: layout for layout in (MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE)
+    layout.family: layout
+    for layout in (MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE, DEEPSEEK_V3, DEEPSEEK_V2)
 }

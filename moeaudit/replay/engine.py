@@ -62,7 +62,8 @@ class ReplayResult:
 
 
 def _detached(r: Routing) -> Routing:
-    return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach())
+    return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach(),
+                   None if r.logits_NE is None else r.logits_NE.detach(), r.margin_N)
 
 
 def deterministic() -> None:
@@ -337,7 +338,8 @@ def _norm(tensors: Sequence[torch.Tensor | None]) -> float:
 def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
     p = lw.params
     attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
-                               "q_norm", "k_norm", "input_norm")]
+                               "q_norm", "k_norm", "input_norm", "q_a", "q_a_bias", "q_a_norm",
+                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b")]
     shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
     return LayerGrads(experts_E, router=_norm([p["router"]]), shared=_norm(shared),
                       attention=_norm(attn))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.checkpoint.config import MLA_NORM_EPS, Gate, ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,12 +40,57 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on adjacent pairs (x0, x1), (x2, x3), … (DeepSeek's layout), output de-interleaved
+    as transformers' ``apply_rotary_pos_emb_interleave`` writes it; the same permutation hits
+    q and k, so q·k equals that of the complex-pair form (V2)."""
+    half = cos.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], w: str, b: str) -> torch.Tensor:
     return F.linear(x, p[w], p.get(b))
 
 
+def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
+                  rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Multi-head latent attention (DeepSeek-V2/V3): the query through a low-rank bottleneck
+    with its own RMSNorm, keys and values expanded from one normalised latent per token, and a
+    single rotary key shared by every head; heads are ``qk_nope + qk_rope`` wide."""
+    m = spec.mla
+    assert m is not None
+    B, T, _ = x_BTH.shape
+    nh, nope, rot = spec.num_heads, m.qk_nope_dim, m.qk_rope_dim
+    if m.q_lora_rank:
+        q_lat = rms_norm(_linear(x_BTH, p, "q_a", "q_a_bias"), p["q_a_norm"], MLA_NORM_EPS)
+        q = F.linear(q_lat, p["q_b"])
+    else:
+        q = F.linear(x_BTH, p["q"])
+    q_nope, q_rot = q.view(B, T, nh, m.qk_head_dim).transpose(1, 2).split([nope, rot], dim=-1)
+    kv_lat, k_rot = _linear(x_BTH, p, "kv_a", "kv_a_bias").split([m.kv_lora_rank, rot], dim=-1)
+    kv_lat = rms_norm(kv_lat, p["kv_a_norm"], MLA_NORM_EPS)
+    k_rot = k_rot.view(B, 1, T, rot)
+    cos, sin = rope
+    if m.rope_interleave:
+        q_rot, k_rot = _rotate_interleaved(q_rot, cos, sin), _rotate_interleaved(k_rot, cos, sin)
+    else:
+        q_rot = q_rot * cos + _rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + _rotate_half(k_rot) * sin
+    kv = F.linear(kv_lat, p["kv_b"]).view(B, T, nh, nope + m.v_head_dim).transpose(1, 2)
+    k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
+    q_BnTD = torch.cat([q_nope, q_rot], dim=-1)
+    k_BnTD = torch.cat([k_nope, k_rot.expand(B, nh, T, rot)], dim=-1)
+    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, is_causal=True,
+                                         scale=spec.attention_scale)
+    return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
+
+
 def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
               rope: tuple[torch.Tensor, torch.Tensor], window: int | None) -> torch.Tensor:
+    if spec.mla is not None:
+        return mla_attention(spec, p, x_BTH, rope)
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
     q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
@@ -90,19 +135,67 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
 class Routing:
     """Router outputs for N tokens of one layer (SPEC §3 taps s, ρ, R_k, c_e)."""
 
-    scores_NE: torch.Tensor  # s = W_r y (selection scores)
-    probs_NE: torch.Tensor  # ρ, the full gate distribution
+    scores_NE: torch.Tensor  # s: the selection scores (W_r y; DeepSeek-V3: σ(W_r y) + b)
+    probs_NE: torch.Tensor  # ρ, the full gate distribution (sigmoid routers: σ(W_r y)/Σσ)
     topk_NK: torch.Tensor  # R_k, ordered by decreasing score
     combine_NK: torch.Tensor  # c_e for e in R_k
+    logits_NE: torch.Tensor | None = None  # W_r y when s is not it (what transformers returns)
+    margin_N: torch.Tensor | None = None  # distance to a routing change when groups limit R_k
 
 
-def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor) -> Routing:
-    scores = F.linear(y_NH, router_EH)
-    probs = torch.softmax(scores.float(), dim=-1)
-    top_vals, top_idx = torch.topk(probs, spec.top_k, dim=-1)
+def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
+          bias_E: torch.Tensor | None = None) -> Routing:
+    """The family's routing rule (transformers' routers): softmax then top-k (Mixtral, OLMoE,
+    Qwen, DeepSeek-V2 greedy) or sigmoid scores, a selection-only bias and group-limited top-k
+    (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``."""
+    g = spec.gate
+    logits = F.linear(y_NH, router_EH)
+    if g.scoring == "softmax":
+        probs = torch.softmax(logits.float(), dim=-1)
+        select, weights, margin = probs, probs, None
+        if g.grouped:  # DeepSeek-V2 group_limited_greedy: group = max softmax score
+            allowed, margin = _group_limit(g, logits.double(), spec.top_k)
+            select = probs.masked_fill(~allowed, 0.0)
+        top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
+        scores, extra_logits = logits, None
+    else:
+        sig = torch.sigmoid(logits.float())
+        probs = sig / sig.sum(dim=-1, keepdim=True)
+        scores = sig if bias_E is None else sig + bias_E.float()
+        select, margin = scores, None
+        if g.grouped:
+            allowed, margin = _group_limit(g, scores.double(), spec.top_k)
+            select = scores.masked_fill(~allowed, float("-inf"))
+        top_idx = torch.topk(select, spec.top_k, dim=-1).indices
+        top_vals, extra_logits = sig.gather(1, top_idx), logits
     if spec.norm_topk_prob:
-        top_vals = top_vals / top_vals.sum(dim=-1, keepdim=True)
-    return Routing(scores, probs, top_idx, top_vals)
+        eps = 1e-20 if g.scoring == "sigmoid" else 0.0  # transformers' V3 denominator
+        top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + eps)
+    if g.scaling != 1.0:
+        top_vals = top_vals * g.scaling
+    return Routing(scores, probs, top_idx, top_vals, extra_logits, margin)
+
+
+def _group_limit(g: Gate, s_NE: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(experts allowed to compete [N, E], margin to a routing change [N]).
+
+    The margin is the smaller of the in-group margin s_(k) − s_(k+1) among the allowed experts
+    and the gap between the ``topk_group``-th and the next group score, divided by what moving
+    every score by ±m/2 can change it by (2 for a sum of two scores, 1 for a max), so both are
+    in the units of the ungrouped margin (docs/decisions.md)."""
+    N, E = s_NE.shape
+    per_group = s_NE.view(N, g.n_group, E // g.n_group)
+    if g.group_score == "top2sum":
+        group_NG, unit = per_group.topk(2, dim=-1).values.sum(-1), 2.0
+    else:
+        group_NG, unit = per_group.max(dim=-1).values, 1.0
+    best = group_NG.topk(g.topk_group + 1, dim=-1)
+    chosen = torch.zeros_like(group_NG, dtype=torch.bool).scatter_(1, best.indices[:, :-1], True)
+    allowed = chosen[:, :, None].expand(N, g.n_group, E // g.n_group).reshape(N, E)
+    group_gap = (best.values[:, -2] - best.values[:, -1]) / unit
+    ranked = s_NE.masked_fill(~allowed, float("-inf")).topk(min(k + 1, E), dim=-1).values
+    inner = ranked[:, k - 1] - ranked[:, k] if ranked.shape[1] > k else torch.full_like(group_gap, float("inf"))
+    return allowed, torch.minimum(inner, group_gap)
 
 
 def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int]]:
@@ -228,13 +321,16 @@ def moe_router(spec: ModelSpec, lw: LayerWeights,
                h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
     y_NH = rms_norm(h_NH, lw.params["post_norm"], spec.rms_eps)
-    return y_NH, route(spec, lw.params["router"], y_NH)
+    return y_NH, route(spec, lw.params["router"], y_NH, lw.params.get("router_bias"))
 
 
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
-    """Qwen2-MoE's always-on expert behind a sigmoid gate."""
-    gate = torch.sigmoid(F.linear(y_NH, p["shared_gate"]))
-    return gate * swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+    """The always-on expert: behind a sigmoid gate (Qwen2-MoE) or not (DeepSeek, whose
+    ``n_shared_experts`` are stored as one MLP of their summed width)."""
+    out = swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+    if spec.shared_gated:
+        out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
+    return out
 
 
 def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,

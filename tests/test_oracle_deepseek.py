@@ -1,0 +1,271 @@
+"""DeepSeek-V3 / V2 replay against transformers' ``DeepseekV3ForCausalLM`` /
+``DeepseekV2ForCausalLM`` (issue 8).
+
+The tiny models have MLA attention (low-rank q, a shared kv latent, rope/nope split), a dense
+first layer, shared experts, 8 routed experts in 4 groups of which the best 2 compete, a
+non-trivial selection bias (drawn at std 0.2, comparable to the sigmoid scores' spread) and
+scaled combine weights. Same tolerances as the other families (``test_oracle``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_models import load, random_tokens, save_tiny, tiny_model  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from test_oracle import (  # noqa: E402
+    FORWARD,
+    GRADIENT,
+    TIE_GAP,
+    Observed,
+    _by_expert,
+    assert_identical,
+    fuse_experts,
+    moeaudit_observed,
+    rewrite,
+    transformers_observed,
+)
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "v3": ("deepseek_v3", {}),
+    "v3-no-q-lora": ("deepseek_v3", {"q_lora_rank": None}),
+    "v3-rope-not-interleaved": ("deepseek_v3", {"rope_interleave": False}),
+    "v3-one-group-no-renorm": ("deepseek_v3", {"n_group": 1, "topk_group": 1,
+                                               "norm_topk_prob": False}),
+    "v3-attention-bias-two-shared-top3": ("deepseek_v3", {"attention_bias": True,
+                                                          "n_shared_experts": 2,
+                                                          "num_experts_per_tok": 3}),
+    "v3-all-routed-top1-group": ("deepseek_v3", {"first_k_dense_replace": 0, "topk_group": 1}),
+    "v2-greedy": ("deepseek_v2", {}),
+    "v2-group-limited": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4,
+                                         "topk_group": 2}),
+}
+
+
+def assert_agree_deepseek(ref: Observed, ours: Observed, ckpt: Checkpoint,
+                          forward: dict = FORWARD, gradient: dict = GRADIENT) -> None:
+    torch.testing.assert_close(ours.loss, ref.loss, **forward)
+    torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
+    torch.testing.assert_close(ours.entropy, ref.entropy, **forward)
+    for i, (x, x_ref) in enumerate(zip(ours.layer_inputs, ref.layer_inputs, strict=True)):
+        torch.testing.assert_close(x, x_ref, **forward, msg=lambda m, i=i: f"hidden {i}: {m}")
+    assert sorted(ours.scores) == sorted(ref.scores) == list(ckpt.spec.routed_layers)
+    for i in ref.scores:
+        torch.testing.assert_close(ours.moe_inputs[i], ref.moe_inputs[i], **forward)
+        torch.testing.assert_close(ours.scores[i], ref.scores[i], **forward)  # raw logits
+        ok = ours.decisive[i]
+        assert ok.float().mean() >= 0.9, "too many near-ties to test the active sets"
+        ours_topk, ours_c = _by_expert(ours.topk[i], ours.combine[i])
+        ref_topk, ref_c = _by_expert(ref.topk[i], ref.combine[i])
+        assert torch.equal(ours_topk[ok], ref_topk[ok]), f"layer {i}: top-k sets differ"
+        torch.testing.assert_close(ours_c[ok], ref_c[ok].float(), **forward)
+        torch.testing.assert_close(ours.expert_grads[i], ref.expert_grads[i], **gradient)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            got, want = getattr(ours, name)[i], getattr(ref, name)[i]
+            assert got == pytest.approx(want, rel=gradient["rtol"], abs=gradient["atol"]), name
+
+
+def observed(ckpt: Checkpoint, tokens: torch.Tensor) -> Observed:
+    """Our replay with the raw router logits (what transformers returns) as ``scores`` and the
+    tokens whose active set is not within float32 noise of a tie as ``decisive``."""
+    ours = moeaudit_observed(ckpt, tokens)
+    result = replay(ckpt, tokens)
+    ours.scores = {i: r.logits_NE if r.logits_NE is not None else r.scores_NE
+                   for i, r in result.routing.items()}
+    ours.decisive = {}  # type: ignore[attr-defined]
+    for i, r in result.routing.items():
+        if r.margin_N is not None:
+            ours.decisive[i] = r.margin_N > TIE_GAP  # type: ignore[attr-defined]
+        else:
+            top = r.scores_NE.topk(ckpt.spec.top_k + 1, dim=-1).values
+            ours.decisive[i] = top[:, -2] - top[:, -1] > TIE_GAP  # type: ignore[attr-defined]
+    return ours
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_deepseek_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    family, overrides = CASES[case]
+    model = save_tiny(tmp_path, family, **overrides)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens),
+                          ckpt)
+    routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed
+    assert ckpt.warnings == [] and ckpt.notes == []
+    if family == "deepseek_v3":
+        bias = model.model.layers[routed[0]].mlp.gate.e_score_correction_bias
+        assert bias.abs().min() > 0  # the oracle ran with a real selection bias
+
+
+def test_the_bias_changes_the_active_sets_but_not_the_combine_weights(tmp_path: Path) -> None:
+    """Zeroing the bias moves tokens to other experts (it is used for selection), while the
+    weights of the experts chosen in both cases are the unbiased sigmoid scores. Compared at
+    the first routed layer, whose input the bias cannot have changed yet."""
+    save_tiny(tmp_path / "a", "deepseek_v3", n_group=1, topk_group=1)
+    unbiased = rewrite(tmp_path / "a", tmp_path / "b", _scale_bias(0.0))
+    tokens = random_tokens()
+    r_bias, r_zero = replay(Checkpoint(tmp_path / "a"), tokens), replay(Checkpoint(unbiased), tokens)
+    for i in r_bias.routing:
+        a, b = r_bias.routing[i], r_zero.routing[i]
+        if i != min(r_bias.routing):
+            assert not torch.equal(a.logits_NE, b.logits_NE)  # downstream inputs did change
+            continue
+        torch.testing.assert_close(a.logits_NE, b.logits_NE)
+        torch.testing.assert_close(a.probs_NE, b.probs_NE)  # ρ ignores the bias
+        moved = (a.topk_NK.sort(-1).values != b.topk_NK.sort(-1).values).any(-1)
+        assert moved.float().mean() > 0.2
+        same = ~moved
+        ka, ca = _by_expert(a.topk_NK[same], a.combine_NK[same])
+        kb, cb = _by_expert(b.topk_NK[same], b.combine_NK[same])
+        assert torch.equal(ka, kb)
+        torch.testing.assert_close(ca, cb)
+
+
+def _scale_bias(factor: float, expert: int | None = None, value: float | None = None):
+    def edit(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        for i in ckpt.spec.routed_layers:
+            key = ckpt.layer_keys(i)["router_bias"]
+            out[key] = tensors[key] * factor
+            if expert is not None:
+                out[key][expert] = value
+        return out
+
+    return edit
+
+
+def test_an_expert_excluded_by_a_very_negative_bias_is_reported_dead(tmp_path: Path) -> None:
+    from moeaudit.canary import Canary
+    from moeaudit.receipts.state import state_receipts
+
+    save_tiny(tmp_path / "a", "deepseek_v3")
+    excluded = rewrite(tmp_path / "a", tmp_path / "b", _scale_bias(1.0, expert=5, value=-100.0))
+    tokens = random_tokens(windows=4, length=16).int()
+    canary = Canary(tokens, torch.zeros(4, dtype=torch.int32), ("d",))
+    before = state_receipts(Checkpoint(tmp_path / "a"), canary)
+    after = state_receipts(Checkpoint(excluded), canary)
+    for j, (was, layer) in enumerate(zip(before["layers"], after["layers"], strict=True)):
+        assert was["occupancy"]["counts"][5] > 0  # a live expert …
+        occ = layer["occupancy"]
+        assert occ["counts"][5] == 0  # … is dead wherever the bias excludes it
+        assert layer["gradients"]["grad_norms"][5] == 0.0
+        if j == 0:  # the first routed layer sees the same inputs: exactly one more dead expert
+            assert occ["dead"] == was["occupancy"]["dead"] + 1
+
+
+def test_mtp_layers_are_recognised_and_left_out(tmp_path: Path) -> None:
+    """Released V3 checkpoints store the multi-token-prediction module as layer 61 (here: 3);
+    it is named in a note, never a warning, and changes no number."""
+    save_tiny(tmp_path / "a", "deepseek_v3")
+    base = Checkpoint(tmp_path / "a")
+    n = base.spec.num_layers
+
+    def add_mtp(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        for key, t in tensors.items():
+            if key.startswith(f"model.layers.{n - 1}."):
+                out[key.replace(f"layers.{n - 1}.", f"layers.{n}.")] = t.clone()
+        H = ckpt.spec.hidden_size
+        out[f"model.layers.{n}.eh_proj.weight"] = torch.zeros(H, 2 * H)
+        out[f"model.layers.{n}.enorm.weight"] = torch.ones(H)
+        return out
+
+    with_mtp = rewrite(tmp_path / "a", tmp_path / "b", add_mtp)
+    cfg_path = with_mtp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    cfg_path.write_text(json.dumps(cfg))
+    ckpt = Checkpoint(with_mtp)
+    assert ckpt.warnings == []
+    assert len(ckpt.notes) == 1 and f"multi-token-prediction layer(s) {n}" in ckpt.notes[0]
+    assert ckpt.summary(with_digest=False)["notes"] == ckpt.notes
+    tokens = random_tokens()
+    assert_identical(replay(base, tokens), replay(ckpt, tokens))
+
+
+def test_fused_and_bf16_deepseek_checkpoints(tmp_path: Path) -> None:
+    """v5's fused expert tensors replay bit-identically; bf16 on disk (the bias stays float32,
+    as transformers keeps it) agrees with transformers' upcast."""
+    src = tmp_path / "src"
+    save_tiny(src, "deepseek_v3")
+    fused = rewrite(src, tmp_path / "fused", fuse_experts)
+    tokens = random_tokens()
+    assert Checkpoint(fused).fused
+    assert_identical(replay(Checkpoint(src), tokens), replay(Checkpoint(fused), tokens))
+
+    bf16 = tmp_path / "bf16"
+    model = tiny_model("deepseek_v3")
+    biases = {i: layer.mlp.gate.e_score_correction_bias.clone()
+              for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")}
+    model = model.to(torch.bfloat16)
+    for i, bias in biases.items():  # the released checkpoints keep the bias in float32
+        model.model.layers[i].mlp.gate.e_score_correction_bias.data = bias
+    model.save_pretrained(bf16)
+    stored = load_file(bf16 / "model.safetensors")
+    assert stored["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+    ckpt = Checkpoint(bf16)
+    assert_agree_deepseek(transformers_observed(load(bf16), tokens), observed(ckpt, tokens), ckpt,
+                          {"rtol": 1e-3, "atol": 1e-4}, {"rtol": 5e-3, "atol": 1e-5})
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"n_group": 3}, "do not split into n_group=3"),
+    ({"topk_group": 5}, "topk_group=5 not in 1..4"),
+    ({"n_group": 8, "topk_group": 4}, "≥ 2 experts per group"),
+    ({"kv_lora_rank": 0}, "MLA needs"),
+])
+def test_inconsistent_deepseek_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    from moeaudit.errors import CheckpointError
+
+    cfg = {**tiny_model_config(), **bad}
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config(cfg)
+
+
+def tiny_model_config() -> dict[str, Any]:
+    from hf_models import tiny_config
+
+    return tiny_config("deepseek_v3").to_dict()
+
+
+def test_deepseek_config_defaults_match_transformers() -> None:
+    """Omitted keys read as transformers' DeepseekV3Config / V2 defaults."""
+    import transformers
+
+    v3 = spec_from_config(transformers.AutoConfig.for_model("deepseek_v3").to_dict())
+    assert (v3.num_experts, v3.top_k, v3.gate.n_group, v3.gate.topk_group) == (256, 8, 8, 4)
+    assert v3.gate.scaling == 2.5 and v3.norm_topk_prob and v3.gate.selection_bias
+    assert v3.routed_layers[0] == 3 and v3.shared_dim == 2048 and v3.dense_dim == 18432
+    assert v3.mla is not None and v3.mla.qk_head_dim == 192 and v3.head_dim == 64
+    assert v3.mtp_layers == 1
+    cfg = transformers.AutoConfig.for_model("deepseek_v2", num_experts_per_tok=6).to_dict()
+    v2 = spec_from_config(cfg)
+    assert (v2.num_experts, v2.gate.scoring, v2.gate.grouped, v2.norm_topk_prob) == (
+        64, "softmax", False, False)
+    assert v2.shared_dim == 2 * 1407 and v2.routed_layers[0] == 0
+
+
+def test_a_v3_checkpoint_without_its_bias_is_incomplete(tmp_path: Path) -> None:
+    from moeaudit.errors import CheckpointError
+
+    save_tiny(tmp_path / "a", "deepseek_v3")
+    dst = tmp_path / "b"
+    dst.mkdir()
+    (dst / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+    tensors = {k: v for k, v in load_file(tmp_path / "a" / "model.safetensors").items()
+               if "e_score_correction_bias" not in k}
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="e_score_correction_bias"):
+        Checkpoint(dst)
