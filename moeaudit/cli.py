@@ -281,6 +281,17 @@ def _print_receipts(doc: dict[str, Any]) -> None:
                       _fmt(c.get("c2_smooth"), "+.4f"), _fmt(g.get("grad_mean")),
                       _fmt(g.get("var_grad_norm")))
     out.print(table)
+    gated = [layer for layer in doc["layers"] if layer.get("gate")]
+    if gated:
+        g = gated[0]["gate"]
+        out.print(f"gate of layers {', '.join(str(x['layer']) for x in gated)}: {g['gate']}. "
+                  f"{g['why']}: State1 and flip are on the selection scores, C2~ on the unbiased "
+                  "gate (see 'gate' in the JSON for what still holds)")
+        biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
+        for x in biased:
+            b = x["gate"]["selection_bias"]
+            out.print(f"  layer {x['layer']} selection bias: {_fmt(b['min'], '+.4f')} … "
+                      f"{_fmt(b['max'], '+.4f')} (std {_fmt(b['std'], '.4f')})")
     if "generation" in doc:
         gen = doc["generation"]
         out.print(f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
@@ -359,6 +370,12 @@ def _print_compare(doc: dict[str, Any]) -> None:
                       _fmt(d["transition"], ".4f"), _fmt(d["content"], ".3f"),
                       _fmt(entry["weights"]["router_drift"], ".3f"))
     out.print(table)
+    for entry in doc["layers"]:
+        b = entry.get("selection_bias")
+        if b is not None:
+            out.print(f"layer {entry['layer']} selection bias: ‖Δb‖ {_fmt(b['l2'], '.4f')}, "
+                      f"max |Δb| {_fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
+                      f"{_fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}")
     ref, hand = doc["margins"]["refinement"], doc["margins"]["handoff"]
     out.print(f"refinement margin r_ex = {_fmt(ref['exact'], '+.4f')} (smooth {_fmt(ref['smooth'], '+.4f')}, "
               f"τ = {ref['tau']}) — {describe_refinement(ref['exact'])}")
@@ -381,24 +398,36 @@ def _print_compare(doc: dict[str, Any]) -> None:
 @click.option("--source", type=click.Choice(["auto", "logs", "replay"]), default=None,
               help="Series from training logs or from replaying every checkpoint (default: the policy's).")
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
+@click.option("--compare", is_flag=True,
+              help="Also evaluate the other source and compare logs with replays window by window "
+                   "(between consecutive checkpoints).")
+@click.option("--calibrate-on", "calibrate_on", type=click.Path(path_type=Path),
+              metavar="HEALTHY_RUN",
+              help="Judge each source under constants fitted on this healthy run from the same "
+                   "source and sampling, instead of the policy's.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@click.option("--no-cache", is_flag=True,
+              help="Replay every checkpoint (ignore and do not fill the cache).")
 @verbose_option
-def envelope(source_path: Path, policy_path: Path | None, source: str | None, canary_path: Path | None,
-             json_out: Path | None, force: bool) -> None:
+def envelope(source_path: Path, policy_path: Path | None, source: str | None,
+             canary_path: Path | None, compare: bool, calibrate_on: Path | None,
+             json_out: Path | None, force: bool, no_cache: bool) -> None:
     """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not)."""
-    from moeaudit import envelope as env
+    from moeaudit.cache import ReceiptsCache
     from moeaudit.jsonio import finite_document
-    from moeaudit.series import run_series
+    from moeaudit.series import evaluate_run
 
     _check_output(json_out, force)
     policy = _load_policy(policy_path, source_path)
     with _progress() as tick:
-        series, breaks = run_series(source_path, source or policy.envelope.source, policy.envelope.variant,
-                                    canary_path and str(canary_path), tick, warn=_warn)
-    report = finite_document(env.evaluate(series.since(policy.envelope.warmup_steps), policy.envelope,
-                                          breaks=breaks, policy_path=policy.source))
+        report = evaluate_run(
+            source_path, policy.envelope, source=source or policy.envelope.source,
+            canary_path=canary_path and str(canary_path), compare=compare,
+            calibrate_on=calibrate_on, policy_path=policy.source, progress=tick, warn=_warn,
+            cache=ReceiptsCache(enabled=not no_cache))
+    report = finite_document(report)
     _emit_json(report, json_out, lambda: _print_envelope(report))
     raise SystemExit(0 if report["compliant"] else 1)
 
@@ -424,7 +453,35 @@ def _print_envelope(report: dict[str, Any]) -> None:
         out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
     for d in report["dead_experts"]:
         out.print(f"[yellow]dead expert[/] (000 §10.3) layer {d['layer']}: {d}")
+    if report.get("comparison"):
+        _print_comparison(report["comparison"])
     out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
+
+
+def _print_comparison(c: dict[str, Any]) -> None:
+    mark = {True: "+", False: "-", None: "·"}
+    for view, k in c["constants"].items():
+        out.print(f"{view}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
+    spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
+    table = Table("series", *[f"{a}–{b}" for a, b in spans],
+                  title="per window: replay / logs / logs at the endpoints (+ complies, - leaves)")
+    for key in dict.fromkeys(w["series"] for w in c["windows"]):
+        cells = []
+        for w in (w for w in c["windows"] if w["series"] == key):
+            cell = "/".join(mark[w[v]["compliant"]] for v in ("replay", "logs", "logs_endpoints"))
+            differ = False in (w["agree"], w["agree_endpoints"])
+            cells.append(f"[yellow]{cell}[/]" if differ else cell)
+        table.add_row(key, *cells)
+    out.print(table)
+    for s in c["skipped"]:
+        where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
+        out.print(f"not compared: {where} ({s['reason']})")
+    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints")):
+        r = c["agreement"][view]
+        rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
+        out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
+    if c.get("note"):
+        out.print(f"[yellow]note:[/] {c['note']}")
 
 
 @cli.command()

@@ -89,7 +89,14 @@ class EnvelopeSeries:
 
     def since(self, step: int) -> EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
-        keep = [j for j, t in enumerate(self.steps) if t >= step]
+        return self._keep([j for j, t in enumerate(self.steps) if t >= step])
+
+    def at(self, steps: Iterable[int]) -> EnvelopeSeries:
+        """Only the samples at ``steps`` (e.g. logs at a run's checkpoint steps)."""
+        wanted = set(steps)
+        return self._keep([j for j, t in enumerate(self.steps) if t in wanted])
+
+    def _keep(self, keep: list[int]) -> EnvelopeSeries:
         norms = None if self.norms is None else {
             k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
         pos = {j: i for i, j in enumerate(keep)}

@@ -25,20 +25,40 @@ def norms_from_receipts(docs: Mapping[int, Mapping[str, Any]]) -> tuple[list[int
     return steps, norms
 
 
-def replay_norms(run: Any, canary: Any, progress: Any = None) -> tuple[list[int], dict[str, list[list[float]]]]:
-    """Replay (forward + backward) every checkpoint of ``run`` on the canary."""
-    from moeaudit.replay import replay
+def replay_norms(run: Any, canary: Any, progress: Any = None,
+                 cache: Any = None) -> tuple[list[int], dict[str, list[list[float]]]]:
+    """Replay (forward + backward) every checkpoint of ``run`` on the canary.
 
-    steps, norms = [], {}
+    ``cache`` (a :class:`moeaudit.cache.ReceiptsCache`) keeps each checkpoint's per-expert
+    gradient norms under (checkpoint digest, canary digest, tool version), so an unchanged run
+    is replayed once.
+    """
+    steps: list[int] = []
+    norms: dict[str, list[list[float]]] = {}
     for n, (step, ckpt) in enumerate(run.checkpoints, 1):
         canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
         if progress:
             progress(f"replaying {ckpt.path.name}", n - 1, len(run.checkpoints))
-        result = replay(ckpt, canary.tokens)
         steps.append(step)
-        for layer in ckpt.spec.routed_layers:
-            norms.setdefault(str(layer), []).append(result.grads[layer].experts_E.tolist())
+        for layer, g_E in _checkpoint_norms(ckpt, canary, cache).items():
+            norms.setdefault(layer, []).append(g_E)
     return steps, norms
+
+
+def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[float]]:
+    layers = [str(layer) for layer in ckpt.spec.routed_layers]
+    use = cache is not None and cache.enabled
+    key = cache.key("grad_norms", ckpt.digest, canary.digest) if use else None
+    doc = cache.get(key) if key is not None else None
+    if doc is not None and isinstance(doc.get("norms"), dict) and list(doc["norms"]) == layers:
+        return doc["norms"]
+    from moeaudit.replay import replay
+
+    result = replay(ckpt, canary.tokens)
+    norms = {str(layer): result.grads[layer].experts_E.tolist() for layer in ckpt.spec.routed_layers}
+    if key is not None:
+        cache.put(key, {"norms": norms})
+    return norms
 
 
 def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path) -> str:
@@ -53,7 +73,7 @@ def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Pat
 
 
 def run_series(path: Path, source: str, variant: str, canary_path: str | None,
-               progress: Any = None, warn: Any = None) -> tuple[Any, list[int]]:
+               progress: Any = None, warn: Any = None, cache: Any = None) -> tuple[Any, list[int]]:
     """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
@@ -77,7 +97,7 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     from moeaudit.locate import require_canary
 
     canary = canary_mod.load(require_canary(canary_path, path))
-    steps, norms = replay_norms(run, canary, progress)
+    steps, norms = replay_norms(run, canary, progress, cache)
     return env.from_norms("replay", steps, norms, variant, origin=str(path)), breaks
 
 
@@ -96,3 +116,49 @@ def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
         return (f"envelope constants were calibrated on {settings.calibrated_model}; this run is "
                 f"{model_tag(spec)} — calibrate on a healthy run of this model to gate it")
     return None
+
+
+def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | None = None,
+                 compare: bool = False, calibrate_on: Path | None = None,
+                 policy_path: str | None = None, progress: Any = None, warn: Any = None,
+                 cache: Any = None) -> dict[str, Any]:
+    """The ``moeaudit.envelope/v1`` report of a run (or a bare metrics.jsonl) under ``settings``.
+
+    ``compare``: also evaluate the other source and add ``comparison`` — the logs and the
+    replays window by window between consecutive checkpoints (:mod:`moeaudit.envelope_compare`).
+    ``calibrate_on``: a healthy run; every source is then judged under constants fitted on it
+    from the same source and sampling, instead of the policy's.
+    """
+    from moeaudit import envelope as env
+    from moeaudit import envelope_compare as cmp
+
+    def get(where: Path, src: str) -> tuple[Any, list[int]]:
+        return run_series(where, src, settings.variant, canary_path, progress, warn, cache)
+
+    primary, breaks = get(path, source)
+    series = {primary.source: primary}
+    other = "replay" if primary.source == "logs" else "logs"
+    if compare:
+        if path.is_file():
+            raise InputError("comparing logs with replays needs a run directory", path=path)
+        series[other] = get(path, other)[0]
+    constants = {view: settings for view in cmp.VIEWS}
+    if calibrate_on is not None:
+        w = settings.warmup_steps
+        ref = {src: get(calibrate_on, src) for src in series}
+        ref_breaks = [b for b in next(iter(ref.values()))[1] if b >= w]
+        constants.update(cmp.calibrate_sources(
+            settings, breaks=ref_breaks, **{src: s.since(w) for src, (s, _) in ref.items()}))
+    trimmed = {src: s.since(settings.warmup_steps) for src, s in series.items()}
+    reports = {src: env.evaluate(s, constants[src], breaks=breaks, policy_path=policy_path)
+               for src, s in trimmed.items()}
+    report = reports[primary.source]
+    if compare:
+        report["comparison"] = {
+            "calibrated_on": None if calibrate_on is None else str(calibrate_on),
+            **({} if calibrate_on is not None else {"note": (
+                "every verdict uses the policy's constants; fit each source on a healthy run "
+                "from the same source and sampling (--calibrate-on) to compare like with like")}),
+            **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks),
+            "report": reports[other]}
+    return report

@@ -1,0 +1,167 @@
+"""Training logs vs checkpoint replays, window by window (issue #4; SPEC §7; docs/envelope.md).
+
+The windows are the intervals ``[t_a, t_b]`` between consecutive checkpoints (consecutive replay
+samples). For every window and series (each routed layer and ``pooled``) three verdicts:
+
+* ``replay`` — the Δ-step composed condition (`000` Eq. 11 applied Δ = t_b − t_a times) between
+  the replays at t_a and t_b, under the replay constants;
+* ``logs`` — every logged discrete pair ending in (t_a, t_b], each the composed condition over
+  its own gap, under the logs constants. By the composition law, passing all of them implies
+  passing the composed condition between any two logged steps of the window;
+* ``logs_endpoints`` — the Δ-step condition between the logged samples at t_a and t_b only: the
+  replay's check, on the other source, under the constants for logs sampled at checkpoints.
+
+Within one segment (no break), a series is compliant iff all its discrete pairs are (the
+Grönwall windows are implied by the pairs), so the windows partition the run verdict between
+the first and last checkpoint. Torch-free, plain data (STYLE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from moeaudit.envelope import (
+    Calibration,
+    EnvelopeSeries,
+    budget,
+    calibrate,
+    discrete_checks,
+    segments,
+)
+
+if TYPE_CHECKING:
+    from moeaudit.policy import EnvelopeSettings
+
+VIEWS = ("replay", "logs", "logs_endpoints")  # which constants each verdict is judged under
+
+
+def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = None,
+                      replay: EnvelopeSeries | None = None,
+                      breaks: Iterable[int] = ()) -> dict[str, EnvelopeSettings]:
+    """Each view's constants fitted on one healthy run, from the same source and sampling.
+
+    ``logs`` on every logged step, ``replay`` on the replays, and with both, ``logs_endpoints``
+    on the logs at the replay's (checkpoint) steps only. Trim warm-up before calling.
+    """
+    breaks = list(breaks)
+    fits: dict[str, Calibration] = {}
+    if replay is not None:
+        fits["replay"] = calibrate(replay, base, breaks=breaks)
+    if logs is not None:
+        fits["logs"] = calibrate(logs, base, breaks=breaks)
+    if logs is not None and replay is not None:
+        fits["logs_endpoints"] = calibrate(logs.at(replay.steps), base, breaks=breaks)
+    out = {v: f.settings for v, f in fits.items()}
+    if "logs_endpoints" in out:
+        s = out["logs_endpoints"]
+        out["logs_endpoints"] = replace(
+            s, provenance="logs at the checkpoint steps only; " + s.provenance)
+    return out
+
+
+def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str, EnvelopeSettings],
+            *, breaks: Iterable[int] = ()) -> dict[str, Any]:
+    """The per-window side-by-side comparison (the ``comparison`` field of the report).
+
+    ``constants``: settings per view (:data:`VIEWS`). A window that a break (resume / regime
+    change) falls in, ``t_a < b ≤ t_b``, is not compared and is listed under ``skipped``.
+    """
+    keys = [k for k in replay.values if k in logs.values]
+    breaks = sorted(breaks)
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = [
+        {"series": k, "reason": f"only in the {name} series"}
+        for name, a, b in (("replay", replay, logs), ("logs", logs, replay))
+        for k in a.values if k not in b.values]
+    pairs = {k: _logged_pairs(logs, k, constants["logs"], breaks) for k in keys}
+    for index, (t_a, t_b) in enumerate(zip(replay.steps, replay.steps[1:], strict=False)):
+        cut = [b for b in breaks if t_a < b <= t_b]
+        if cut:
+            skipped.append({"window": index, "start": t_a, "end": t_b,
+                            "reason": f"resume / regime change at step {cut[0]} in the window"})
+            continue
+        for key in keys:
+            rows.append(_window(index, t_a, t_b, key, logs, replay, constants, pairs[key]))
+    return {"windows": rows, "skipped": skipped, "agreement": agreement(rows),
+            "constants": {v: _constants(constants[v]) for v in VIEWS}}
+
+
+def _window(index: int, t_a: int, t_b: int, key: str, logs: EnvelopeSeries,
+            replay: EnvelopeSeries, constants: Mapping[str, EnvelopeSettings],
+            logged_pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    j = replay.steps.index(t_a)
+    r = _endpoint_check(t_a, t_b, replay.values[key][j], replay.values[key][j + 1],
+                        constants["replay"])
+    at = dict(zip(logs.steps, logs.values[key], strict=True))
+    if t_a in at and t_b in at:
+        e = _endpoint_check(t_a, t_b, at[t_a], at[t_b], constants["logs_endpoints"])
+    else:
+        missing = [t for t in (t_a, t_b) if t not in at]
+        e = {"value_from": at.get(t_a), "value": at.get(t_b), "bound": None, "margin": None,
+             "compliant": None, "reason": f"no logged sample at step {missing[0]}"}
+    w = _logs_window([p for p in logged_pairs if t_a < p["to_step"] <= t_b],
+                     sum(t_a <= t <= t_b for t in logs.steps))
+    return {"series": key, "window": index, "start": t_a, "end": t_b, "gap": t_b - t_a,
+            "replay": r, "logs": w, "logs_endpoints": e,
+            "agree": _same(r["compliant"], w["compliant"]),
+            "agree_endpoints": _same(r["compliant"], e["compliant"])}
+
+
+def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None,
+                    s: EnvelopeSettings) -> dict[str, Any]:
+    """The Δ-step composed condition between two samples (a one-pair ``discrete_checks``)."""
+    row = discrete_checks([t_a, t_b], [v_a, v_b], s.delta, s.epsilon)[0]
+    return {k: v for k, v in row.items() if k not in ("from_step", "to_step", "gap")}
+
+
+def _logged_pairs(logs: EnvelopeSeries, key: str, s: EnvelopeSettings,
+                  breaks: Sequence[int]) -> list[dict[str, Any]]:
+    """The logs' discrete pairs of one series, none across a break (as in ``evaluate``)."""
+    out = []
+    for seg in segments(logs.steps, breaks):
+        t = [logs.steps[j] for j in seg]
+        out += discrete_checks(t, [logs.values[key][j] for j in seg], s.delta, s.epsilon)
+    return out
+
+
+def _logs_window(pairs: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+    """The logs' verdict on one window: every logged pair ending in it must comply."""
+    bad = [p for p in pairs if not p["compliant"]]
+    finite = [p for p in pairs if p["margin"] is not None]
+    worst = bad[0] if bad and bad[0]["margin"] is None else min(
+        finite, key=lambda p: p["margin"], default=None)
+    out = {"samples": samples, "pairs": len(pairs), "violations": len(bad),
+           "first_violation": bad[0]["to_step"] if bad else None,
+           "min_margin": None if worst is None else worst["margin"],
+           "worst": None if worst is None else {k: worst[k] for k in (
+               "from_step", "to_step", "value_from", "value", "bound")},
+           "compliant": (not bad) if pairs else None}
+    if not pairs:
+        out["reason"] = "no logged pair ends in the window"
+    return out
+
+
+def _same(a: bool | None, b: bool | None) -> bool | None:
+    return None if a is None or b is None else a == b
+
+
+def agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Agreement rates over every compared (window, series), overall and per series."""
+    def rate(subset: Sequence[Mapping[str, Any]], field: str) -> dict[str, Any]:
+        known = [r[field] for r in subset if r[field] is not None]
+        return {"compared": len(known), "agree": sum(known),
+                "rate": sum(known) / len(known) if known else None}
+
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    by = {k: [r for r in rows if r["series"] == k] for k in series}
+    def both(subset: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return {"logs": rate(subset, "agree"), "logs_endpoints": rate(subset, "agree_endpoints")}
+
+    return {**both(rows), "by_series": {k: both(v) for k, v in by.items()}}
+
+
+def _constants(s: EnvelopeSettings) -> dict[str, Any]:
+    return {"delta": s.delta, "epsilon": s.epsilon, "budget": budget(s.delta, s.epsilon),
+            "calibrated": s.calibrated, "provenance": s.provenance}
