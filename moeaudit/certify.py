@@ -109,6 +109,9 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         "heatmaps": _heatmaps(docs[last_step]),
         "claims": table4(),
     }
+    router = _router_section(first.spec, docs)
+    if router is not None:  # only for gates the atlas theorem does not cover (issue 8)
+        predicate["router"] = router
     subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
@@ -118,6 +121,36 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if env_report is not None:
         audit.receipts["envelope.json"] = env_report
     return audit
+
+
+def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """What a biased / group-limited gate changes (per layer, from ``gate_note``) and the
+    bias-balancing telemetry over the run: per layer and checkpoint the selection bias's
+    spread, its drift since the previous checkpoint, next to π_min and dead experts."""
+    from moeaudit.receipts.gate import gate_note
+
+    note = gate_note(spec)
+    if note is None:
+        return None
+    steps = sorted(docs)
+    layers = []
+    for i in spec.routed_layers:
+        rows, prev = [], None
+        for step in steps:
+            entry = next(e for e in docs[step]["layers"] if e["layer"] == i)
+            bias = (entry.get("gate") or {}).get("selection_bias")
+            occ = entry["occupancy"]
+            row = {"step": step, "pi_min": occ["pi_min"], "dead": occ["dead"],
+                   "bias_min": None, "bias_max": None, "bias_std": None, "bias_drift": None}
+            if bias is not None:
+                row.update(bias_min=bias["min"], bias_max=bias["max"], bias_std=bias["std"])
+                if prev is not None:
+                    row["bias_drift"] = sum((a - b) ** 2 for a, b in
+                                            zip(bias["values"], prev, strict=True)) ** 0.5
+                prev = bias["values"]
+            rows.append(row)
+        layers.append({"layer": i, "checkpoints": rows})
+    return {**note, "layers": layers}
 
 
 def _lm_losses(path: Path) -> dict[int, float]:

@@ -84,6 +84,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "figures": figures(gates, protected),
         "envelope": envelope_view(p.get("envelope"), checks),
         "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
+        "router": router_view(p.get("router")),
         "gate_claims": [claims_row(g) for g in gates],
         "table4": [{k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses",
                                                         "does_not_license")}
@@ -91,6 +92,31 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "digests": digests(statement, keyid, envelope_sha256),
         "verify_command": VERIFY,
     }
+
+
+def router_view(router: Doc | None) -> dict[str, Any] | None:
+    """The gate statement and, per routed layer, the selection bias at the last checkpoint and
+    its drift over the run next to the occupancy it steers."""
+    if not router:
+        return None
+    rows = []
+    for layer in sorted(router.get("layers") or [], key=lambda e: layer_key(e["layer"])):
+        cps = layer.get("checkpoints") or []
+        if not cps:
+            continue
+        first, last = cps[0], cps[-1]
+        drift = [c["bias_drift"] for c in cps if c.get("bias_drift") is not None]
+        rows.append({
+            "layer": str(layer["layer"]),
+            "bias": (f"{num(last.get('bias_min'))} … {num(last.get('bias_max'))}"
+                     if last.get("bias_min") is not None else "—"),
+            "drift": num(sum(drift)) if drift else "—",
+            "pi_min": f"{num(first.get('pi_min'))} → {num(last.get('pi_min'))}",
+            "dead": f"{first.get('dead')} → {last.get('dead')}",
+        })
+    return {"gate": router.get("gate") or "—", "why": router.get("why") or "",
+            "holds": list(router.get("holds") or []), "changed": list(router.get("changed") or []),
+            "not_certified": list(router.get("not_certified") or []), "rows": rows}
 
 
 def run_view(run: Doc, gates: int) -> dict[str, Any]:

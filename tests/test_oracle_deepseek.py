@@ -37,6 +37,10 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 16}
+
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v3": ("deepseek_v3", {}),
     "v3-no-q-lora": ("deepseek_v3", {"q_lora_rank": None}),
@@ -47,6 +51,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                           "n_shared_experts": 2,
                                                           "num_experts_per_tok": 3}),
     "v3-all-routed-top1-group": ("deepseek_v3", {"first_k_dense_replace": 0, "topk_group": 1}),
+    # the released configs' RoPE: YaRN with mscale_all_dim (softmax scale × mscale²)
+    "v3-yarn": ("deepseek_v3", {"rope_parameters": YARN}),
+    "v2-yarn-no-mscale": ("deepseek_v2", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+        "original_max_position_embeddings": 8}}),
     "v2-greedy": ("deepseek_v2", {}),
     "v2-group-limited": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4,
                                          "topk_group": 2}),
@@ -269,3 +278,32 @@ def test_a_v3_checkpoint_without_its_bias_is_incomplete(tmp_path: Path) -> None:
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="e_score_correction_bias"):
         Checkpoint(dst)
+
+
+def test_fp8_weights_are_refused_not_misread(tmp_path: Path) -> None:
+    """Released DeepSeek-V3 weights are FP8 with block scales, not applied yet: one clear error
+    instead of wrong numbers."""
+    from moeaudit.errors import CheckpointError
+
+    save_tiny(tmp_path / "a", "deepseek_v3")
+    key = "model.layers.1.mlp.experts.0.gate_proj.weight"
+
+    def to_fp8(_ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(tensors)
+        out[key] = tensors[key].to(torch.float8_e4m3fn)
+        out[key + "_scale_inv"] = torch.ones(1, 1)
+        return out
+
+    with pytest.raises(CheckpointError, match="FP8 weights need their block scales"):
+        Checkpoint(rewrite(tmp_path / "a", tmp_path / "fp8", to_fp8))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe"])  # transformers 5.23 mixtral: YaRN crashes
+def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path: Path) -> None:
+    """YaRN without MLA: cos/sin scaled by the attention factor, the softmax scale unchanged."""
+    from test_oracle import check_against_transformers
+
+    save_tiny(tmp_path, family, rope_parameters={**YARN, "mscale_all_dim": None,
+                                                 "mscale": None})
+    ckpt = check_against_transformers(tmp_path, random_tokens())
+    assert ckpt.spec.yarn is not None and ckpt.spec.attention_scale is None

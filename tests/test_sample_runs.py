@@ -72,6 +72,30 @@ def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     assert pred["gates"][-1]["structural"]["c2_fallen_layers"]
 
 
+def test_deepseek_certificate_names_its_biased_gate(tmp_path, env, key) -> None:
+    """The deepseek_v3 run (aux-loss-free bias balancing) passes, says per layer that its gate
+    is outside the atlas theorem's assumption, and its bias telemetry shows the balancer at
+    work: between checkpoints the bias moves against each expert's excess load."""
+    pred = certify("deepseek", tmp_path, env, key)
+    assert pred["verdict"] == "PASS"
+    router = pred["router"]
+    assert router["bias_free_linear"] is False and "selection bias" in router["why"]
+    assert [layer["layer"] for layer in router["layers"]] == [1, 2, 3]
+    drift = [c["bias_drift"] for layer in router["layers"] for c in layer["checkpoints"][1:]]
+    assert all(d > 0 for d in drift)
+    pairs = sorted((tmp_path / "deepseek" / "receipts").glob("pair-*.json"))
+    assert pairs
+    for path in pairs:
+        for layer in json.loads(path.read_text())["layers"]:
+            assert layer["selection_bias"]["corr_delta_bias_vs_load_excess"] < 0
+    receipts = json.loads((tmp_path / "deepseek" / "receipts" / "checkpoint-1500.json").read_text())
+    assert all(layer["gate"]["selection_bias"]["values"] for layer in receipts["layers"])
+    html = (tmp_path / "deepseek" / "certificate.html").read_text()
+    assert "Router: biased or group-limited gate" in html
+    healthy = certify("healthy", tmp_path, env, key)
+    assert "router" not in healthy  # a bias-free softmax gate needs no such statement
+
+
 def test_resume_is_a_new_baseline(tmp_path, env, key) -> None:
     pred = certify("resume", tmp_path, env, key)
     events = pred["run"]["events"]

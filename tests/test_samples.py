@@ -91,7 +91,7 @@ def test_tiny_run_directories(tiny: Path) -> None:
         assert event["event"] == "regime_change" and event["stage"] == "post-training"
 
 
-@pytest.mark.parametrize("run", ["healthy", "resume"])  # mixtral and qwen2_moe layouts
+@pytest.mark.parametrize("run", ["healthy", "resume", "deepseek"])  # mixtral, qwen2_moe, deepseek_v3
 def test_tiny_checkpoint_loads_in_transformers(tiny: Path, run: str) -> None:
     transformers = pytest.importorskip("transformers")
     path = checkpoints(tiny / run)[-1]
@@ -122,6 +122,22 @@ def test_shipped_tree_and_size() -> None:
         assert 4 <= len(ckpts) <= 6, run
         assert all(int(c.name.split("-")[1]) % 250 == 0 for c in ckpts), run
         assert (SHIPPED / run / "metrics.jsonl").is_file()
+
+
+def test_shipped_deepseek_is_balanced_by_its_bias_alone(shipped_canary) -> None:
+    """No auxiliary loss in its metrics, every expert used at the end, and a selection bias
+    that moved away from zero: the b_i ± γ balancer did the balancing."""
+    run = SHIPPED / "deepseek"
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert all(m["loss"] == pytest.approx(m["lm_loss"]) for m in logged)
+    last = checkpoints(run)[-1]
+    stats = measure(last, shipped_canary)
+    assert stats.dead == (0,) * len(stats.dead) and min(stats.entropy_norm) > 0.99
+    ckpt = Checkpoint(last)
+    assert ckpt.spec.family == "deepseek_v3" and ckpt.spec.routed_layers == (1, 2, 3)
+    for i in ckpt.spec.routed_layers:
+        bias = ckpt.layer_weights(i).params["router_bias"]
+        assert 0.01 < float(bias.abs().max()) <= 1e-3 * 1500 + 1e-6  # |b| ≤ γ · steps
 
 
 def test_shipped_healthy_uses_every_expert(shipped_canary) -> None:

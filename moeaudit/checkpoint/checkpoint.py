@@ -267,6 +267,12 @@ class Checkpoint:
         if info.dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}",
                                   path=self.path / self.key_file[key])
+        if info.dtype.startswith("F8"):  # block-scaled FP8 (DeepSeek-V3 as released)
+            raise CheckpointError(
+                f"tensor {key!r} is {info.dtype}: FP8 weights need their block scales "
+                "(weight_scale_inv), which moeaudit does not apply yet",
+                path=self.path / self.key_file[key],
+                hint="dequantise to bf16 first (e.g. DeepSeek's fp8_cast_bf16.py)")
         seen.add(key)
 
     def _validate(self) -> None:

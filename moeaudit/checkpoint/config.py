@@ -53,6 +53,19 @@ class MLA:
 
 
 @dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling (the released DeepSeek-V2/V3 configs use it)."""
+
+    factor: float
+    original_max_positions: float
+    beta_fast: float
+    beta_slow: float
+    attention_factor: float  # multiplies cos and sin
+    mscale_all_dim: float  # MLA: the softmax scale gets yarn_mscale(factor, this)² (0: none)
+    truncate: bool
+
+
+@dataclass(frozen=True)
 class Gate:
     """How a router turns scores into an active set, beyond softmax-then-top-k.
 
@@ -105,6 +118,7 @@ class ModelSpec:
     shared_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; DeepSeek: none
     mtp_layers: int = 0  # multi-token-prediction modules stored after the decoder (not replayed)
     attention_scale: float | None = None  # None: head_dim ** -0.5
+    yarn: Yarn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -187,7 +201,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
     if heads % kv_heads:
         raise CheckpointError(f"{heads} heads not divisible by {kv_heads} kv heads", path=path)
     mla = _mla(cfg, family, path) if deepseek else None
-    rope_theta, attention_scale = _rope(cfg, family, path, mla)
+    rope_theta, attention_scale, yarn = _rope(cfg, family, path, mla)
     return ModelSpec(
         family=family,
         vocab_size=get("vocab_size", int),
@@ -216,6 +230,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         shared_gated=family == "qwen2_moe",
         mtp_layers=get("num_nextn_predict_layers", int, 0) if deepseek else 0,
         attention_scale=attention_scale,
+        yarn=yarn,
     )
 
 
@@ -318,17 +333,64 @@ def _getter(cfg: dict[str, Any], path: Path | str):
 
 
 def _rope(cfg: dict[str, Any], family: str, path: Path | str,
-          mla: MLA | None) -> tuple[float, float | None]:
-    """(θ, softmax scale): the scale is None (head_dim ** -0.5) except for MLA, whose query and
-    key heads are ``qk_nope + qk_rope`` wide."""
+          mla: MLA | None) -> tuple[float, float | None, Yarn | None]:
+    """(θ, softmax scale, YaRN): the scale is None (head_dim ** -0.5) except for MLA, whose
+    query and key heads are ``qk_nope + qk_rope`` wide, and whose scale YaRN's
+    ``mscale_all_dim`` multiplies by mscale² (transformers' ``yarn_apply_mscale``)."""
     theta = _rope_theta(cfg, family, path)
-    return theta, (None if mla is None else mla.qk_head_dim ** -0.5)
+    yarn = _yarn(cfg, path)
+    scale = None if mla is None else mla.qk_head_dim ** -0.5
+    if scale is not None and yarn is not None and yarn.mscale_all_dim:
+        scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
+    return theta, scale, yarn
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return params if isinstance(params, dict) else {}
+
+
+def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
+    """transformers' ``_compute_yarn_parameters`` inputs, validated; None for default RoPE."""
+    p = _rope_params(cfg)
+    if p.get("rope_type", p.get("type", "default")) != "yarn":
+        return None
+
+    def num(key: str, default: float | None) -> float | None:
+        value = p.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _is_finite(value):
+            raise CheckpointError(f"config.json: rope {key!r} must be a number, got {value!r}",
+                                  path=path)
+        return float(value)
+
+    original = num("original_max_position_embeddings", None)
+    if original is None or original <= 0:
+        raise CheckpointError("config.json: YaRN RoPE needs original_max_position_embeddings",
+                              path=path)
+    factor = num("factor", None)
+    if factor is None:
+        factor = float(_getter(cfg, path)("max_position_embeddings", int)) / original
+    mscale, mscale_all_dim = num("mscale", None), num("mscale_all_dim", None)
+    attention_factor = num("attention_factor", None)
+    if attention_factor is None:
+        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else yarn_mscale(factor))
+    return Yarn(factor=factor, original_max_positions=original,
+                beta_fast=num("beta_fast", None) or 32.0, beta_slow=num("beta_slow", None) or 1.0,
+                attention_factor=attention_factor, mscale_all_dim=mscale_all_dim or 0.0,
+                truncate=bool(p.get("truncate", True)))
 
 
 def _rope_theta(cfg: dict[str, Any], family: str, path: Path | str) -> float:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
-    if rope_type not in ("default", None):
+    params = _rope_params(cfg)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", "yarn", None):
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     theta = theta or cfg.get("rope_theta") or DEFAULT_ROPE_THETA.get(family, 1e4)

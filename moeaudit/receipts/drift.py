@@ -18,6 +18,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
@@ -46,8 +47,8 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     z = base.z_NH
     y00 = lw0.params["post_norm"] * z
     y01 = lw1.params["post_norm"] * z
-    r0 = route(spec, lw0.params["router"], y00)
-    r1 = route(spec, lw1.params["router"], y01)
+    r0 = route(spec, lw0.params["router"], y00, lw0.params.get("router_bias"))
+    r1 = route(spec, lw1.params["router"], y01, lw1.params.get("router_bias"))
 
     coordinate_N = one_minus_cos(base.y_NH, cand.y_NH)
     shared_N = (r0.topk_NK[:, :, None] == r1.topk_NK[:, None, :]).any(-1).sum(-1)
@@ -83,7 +84,14 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
             ("content", content_N), ("boundary_smooth", boundary_smooth_N),
             ("content_smooth", content_smooth_N))},
     }
-    return {"drift": drift, "weights": weight_change(lw0, lw1)}
+    out = {"drift": drift, "weights": weight_change(lw0, lw1)}
+    b0, b1 = lw0.params.get("router_bias"), lw1.params.get("router_bias")
+    if b0 is not None and b1 is not None:  # the balancer's control input, next to its result
+        E = spec.num_experts
+        pi0 = torch.bincount(r0.topk_NK.flatten(), minlength=E).double() / r0.topk_NK.shape[0]
+        pi1 = torch.bincount(r1.topk_NK.flatten(), minlength=E).double() / r1.topk_NK.shape[0]
+        out["selection_bias"] = bias_drift(b0, b1, pi0, pi1)
+    return out
 
 
 def weight_change(lw0: LayerWeights, lw1: LayerWeights) -> dict[str, Any]:

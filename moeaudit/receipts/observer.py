@@ -14,6 +14,7 @@ from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.boundary import boundary_receipts
+from moeaudit.receipts.gate import bias_telemetry, gate_note
 from moeaudit.receipts.occupancy import domain_routing, occupancy
 from moeaudit.receipts.overlap import extra_experts, overlap_receipts
 from moeaudit.replay.model import MoETap, Routing
@@ -48,9 +49,14 @@ class StateObserver:
         s, r = self.settings, tap.routing
         seed = self._seed(tap.layer)
         boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed)
+        bias_E = lw.params.get("router_bias")
         boundary, m_N = boundary_receipts(self.spec, r.scores_NE, lw.params["router"], tap.y_NH,
-                                          r.topk_NK, s, boot, seed)
+                                          r.topk_NK, s, boot, seed, bias_E=bias_E,
+                                          margin_N=r.margin_N)
+        note = gate_note(self.spec)
         self.layers[tap.layer] = {
+            **({} if note is None else
+               {"gate": {**note, "selection_bias": bias_telemetry(bias_E)}}),
             "occupancy": occupancy(r.topk_NK, r.probs_NE, boot),
             "boundary": boundary,
             "overlap": overlap_receipts(tap, lw, m_N, s, boot, seed),

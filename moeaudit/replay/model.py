@@ -11,6 +11,7 @@ K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,9 +31,36 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
     """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window)."""
     D = spec.head_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    if spec.yarn is not None:
+        inv_freq = _yarn_inv_freq(spec, D, device)
     freqs_TD2 = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TD2, freqs_TD2), dim=-1)
+    if spec.yarn is not None:
+        a = spec.yarn.attention_factor
+        return emb_TD.cos() * a, emb_TD.sin() * a
     return emb_TD.cos(), emb_TD.sin()
+
+
+def _yarn_inv_freq(spec: ModelSpec, D: int, device: torch.device | str) -> torch.Tensor:
+    """transformers' ``_compute_yarn_parameters``: interpolate the low frequencies by the
+    factor, keep the high ones, ramp linearly between the correction dims."""
+    y, base = spec.yarn, spec.rope_theta
+    assert y is not None
+
+    def correction_dim(rotations: float) -> float:
+        return D * math.log(y.original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(y.beta_fast), correction_dim(y.beta_slow)
+    if y.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (torch.arange(0, D, 2).to(device=device, dtype=torch.float) / D)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (y.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp.to(device=device, dtype=torch.float)
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

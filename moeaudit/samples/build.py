@@ -1,6 +1,6 @@
 """Build the shipped sample runs and their canary (``moeaudit samples build``).
 
-Six runs, trained for real by :mod:`moeaudit.samples.train` on :mod:`moeaudit.samples.data`
+Seven runs, trained for real by :mod:`moeaudit.samples.train` on :mod:`moeaudit.samples.data`
 (see ``sample_checkpoints/README.md`` for the observed numbers):
 
 * ``healthy`` — load-balanced pretraining (Switch aux loss, coefficient 0.05).
@@ -14,6 +14,9 @@ Six runs, trained for real by :mod:`moeaudit.samples.train` on :mod:`moeaudit.sa
   (``events.jsonl``).
 * ``sft-refine`` / ``sft-repurpose`` — from healthy's last checkpoint, code-only fine-tuning:
   low rate with the router frozen, vs. high rate with the router free.
+* ``deepseek`` — deepseek_v3 layout (MLA, a dense first layer, a shared expert, sigmoid gate
+  with a selection bias, 8 experts in 4 groups of which 2 compete), no auxiliary loss:
+  balanced by DeepSeek-V3's bias update ``b_i ← b_i ± γ`` after every step (`000` Eq. 2).
 
 Plus ``canary.jsonl`` (held-out windows from every domain) and ``canary.safetensors``.
 Everything is deterministic: fixed seeds, deterministic algorithms, one intra-op thread
@@ -51,7 +54,7 @@ from moeaudit.samples.train import (
     train,
 )
 
-RUNS = ("healthy", "collapse", "frozen-drift", "resume", "sft-refine", "sft-repurpose")
+RUNS = ("healthy", "collapse", "frozen-drift", "resume", "sft-refine", "sft-repurpose", "deepseek")
 POST_TRAINING = "post-training"
 
 
@@ -61,6 +64,7 @@ class Scale:
 
     arch: Arch
     qwen_arch: Arch
+    deepseek_arch: Arch
     batch: int
     seq_len: int
     canary_per_domain: int
@@ -74,6 +78,7 @@ class Scale:
 FULL = Scale(
     arch=Arch(),
     qwen_arch=Arch(family="qwen2_moe", shared_dim=48),
+    deepseek_arch=Arch(family="deepseek_v3", shared_dim=32),
     batch=16,
     seq_len=64,
     canary_per_domain=8,
@@ -95,6 +100,24 @@ TINY = Scale(
         expert_dim=8,
         shared_dim=8,
         max_positions=32,
+    ),
+    deepseek_arch=Arch(
+        family="deepseek_v3",
+        hidden=16,
+        layers=2,
+        heads=2,
+        experts=4,
+        expert_dim=8,
+        shared_dim=8,
+        max_positions=32,
+        q_lora=8,
+        kv_lora=8,
+        qk_nope=4,
+        qk_rope=4,
+        v_dim=4,
+        dense_dim=16,
+        n_group=2,
+        topk_group=1,
     ),
     batch=4,
     seq_len=16,
@@ -272,6 +295,12 @@ def run_sft_repurpose(ctx: Context) -> None:
     )
 
 
+def run_deepseek(ctx: Context) -> None:
+    """No auxiliary loss: the selection bias alone balances the load (γ = 1e-3 per step, the
+    rate DeepSeek-V3 used for most of its pretraining)."""
+    _pretrain(ctx, "deepseek", ctx.scale.deepseek_arch, lr=3e-3, bias_rate=1e-3, seed=1)
+
+
 BUILDERS: dict[str, Callable[[Context], None]] = {
     "healthy": run_healthy,
     "collapse": run_collapse,
@@ -279,6 +308,7 @@ BUILDERS: dict[str, Callable[[Context], None]] = {
     "resume": run_resume,
     "sft-refine": run_sft_refine,
     "sft-repurpose": run_sft_repurpose,
+    "deepseek": run_deepseek,
 }
 
 

@@ -42,8 +42,9 @@ from moeaudit.samples.data import UNIFORM, VOCAB_SIZE, Batches, Mix
 
 Progress = Callable[[str, int, int], None]
 COMPONENTS = ("embed", "lm_head", "norms", "attention", "router", "experts", "shared")
-_ATTN = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias")
-_NORMS = ("input_norm", "post_norm", "q_norm", "k_norm")
+_ATTN = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_a", "q_b", "kv_a",
+         "kv_b")
+_NORMS = ("input_norm", "post_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm")
 _SHARED = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
 
@@ -52,7 +53,7 @@ _SHARED = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
 @dataclass(frozen=True)
 class Arch:
-    """A tiny MoE decoder in the ``mixtral`` or ``qwen2_moe`` layout."""
+    """A tiny MoE decoder in the ``mixtral``, ``qwen2_moe`` or ``deepseek_v3`` layout."""
 
     family: str = "mixtral"
     vocab_size: int = VOCAB_SIZE
@@ -63,10 +64,21 @@ class Arch:
     experts: int = 8
     top_k: int = 2
     expert_dim: int = 32
-    shared_dim: int = 0  # qwen2_moe: shared expert (with sigmoid gate)
+    shared_dim: int = 0  # qwen2_moe: shared expert (with sigmoid gate); deepseek: ungated
     max_positions: int = 128
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    # deepseek_v3 only: MLA sizes, the dense first layers, expert groups, combine scaling
+    q_lora: int = 24
+    kv_lora: int = 16
+    qk_nope: int = 8
+    qk_rope: int = 4
+    v_dim: int = 12
+    dense_layers: int = 1
+    dense_dim: int = 96
+    n_group: int = 4
+    topk_group: int = 2
+    scaling: float = 2.5
 
 
 def hf_config(arch: Arch, aux_coef: float = 0.0) -> dict[str, Any]:
@@ -124,7 +136,33 @@ def hf_config(arch: Arch, aux_coef: float = 0.0) -> dict[str, Any]:
             "sliding_window": None,
             "use_sliding_window": False,
         }
-    raise ValueError(f"sample runs support mixtral and qwen2_moe, not {arch.family!r}")
+    if arch.family == "deepseek_v3":
+        mla = {k: v for k, v in common.items() if k != "head_dim"}
+        return {
+            **mla,
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "first_k_dense_replace": arch.dense_layers,
+            "intermediate_size": arch.dense_dim,
+            "kv_lora_rank": arch.kv_lora,
+            "moe_intermediate_size": arch.expert_dim,
+            "n_group": arch.n_group,
+            "n_routed_experts": arch.experts,
+            "n_shared_experts": max(1, arch.shared_dim // arch.expert_dim),
+            "norm_topk_prob": True,
+            "num_key_value_heads": arch.heads,
+            "num_nextn_predict_layers": 0,
+            "q_lora_rank": arch.q_lora,
+            "qk_nope_head_dim": arch.qk_nope,
+            "qk_rope_head_dim": arch.qk_rope,
+            "rms_norm_eps": 1e-6,
+            "rope_interleave": True,
+            "routed_scaling_factor": arch.scaling,
+            "topk_group": arch.topk_group,
+            "topk_method": "noaux_tc",
+            "v_head_dim": arch.v_dim,
+        }
+    raise ValueError(f"sample runs support mixtral, qwen2_moe and deepseek_v3, "
+                     f"not {arch.family!r}")
 
 
 # --- the model as leaf tensors -------------------------------------------------------------------
@@ -143,6 +181,11 @@ class Model:
         return [self.embed, self.final_norm, self.lm_head] + [
             t for lw in self.layers for t in lw.tensors()
         ]
+
+    def selection_biases(self) -> dict[int, torch.Tensor]:
+        """DeepSeek-V3's per-expert selection bias by layer: a control input, not trained."""
+        return {lw.layer: lw.params["router_bias"] for lw in self.layers
+                if "router_bias" in lw.params}
 
     def component(self, name: str) -> list[torch.Tensor]:
         """The tensors of one freezable component (see :data:`COMPONENTS`)."""
@@ -177,7 +220,25 @@ def _named(layers: list[LayerWeights], names: tuple[str, ...]) -> list[torch.Ten
     return [lw.params[n] for lw in layers for n in names if n in lw.params]
 
 
-def _layer_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:
+def _deepseek_shapes(arch: Arch, routed: bool) -> dict[str, tuple[int, ...]]:
+    H, nh, qk = arch.hidden, arch.heads, arch.qk_nope + arch.qk_rope
+    shapes: dict[str, tuple[int, ...]] = {
+        "input_norm": (H,), "post_norm": (H,),
+        "q_a": (arch.q_lora, H), "q_a_norm": (arch.q_lora,), "q_b": (nh * qk, arch.q_lora),
+        "kv_a": (arch.kv_lora + arch.qk_rope, H), "kv_a_norm": (arch.kv_lora,),
+        "kv_b": (nh * (arch.qk_nope + arch.v_dim), arch.kv_lora), "o": (H, nh * arch.v_dim),
+    }
+    if not routed:
+        D = arch.dense_dim
+        return {**shapes, "mlp_w1": (D, H), "mlp_w3": (D, H), "mlp_w2": (H, D)}
+    S = max(1, arch.shared_dim // arch.expert_dim) * arch.expert_dim
+    return {**shapes, "router": (arch.experts, H), "router_bias": (arch.experts,),
+            "shared_w1": (S, H), "shared_w3": (S, H), "shared_w2": (H, S)}
+
+
+def _layer_shapes(arch: Arch, routed: bool = True) -> dict[str, tuple[int, ...]]:
+    if arch.family == "deepseek_v3":
+        return _deepseek_shapes(arch, routed)
     H, D = arch.hidden, arch.hidden // arch.heads
     q, kv = arch.heads * D, arch.kv_heads * D
     shapes: dict[str, tuple[int, ...]] = {
@@ -219,15 +280,17 @@ def init_model(arch: Arch, seed: int) -> Model:
     H, V, I = arch.hidden, arch.vocab_size, arch.expert_dim  # noqa: E741 (paper notation)
     config = hf_config(arch)
     embed, lm_head = draw((V, H), "embed"), draw((V, H), "lm_head")
+    spec = spec_from_config(config)
     layers = []
     for i in range(arch.layers):
-        params = {n: draw(s, n) for n, s in _layer_shapes(arch).items()}
+        routed = spec.is_routed(i)
+        params = {n: draw(s, n) for n, s in _layer_shapes(arch, routed).items()}
         experts = [
             {"w1": draw((I, H), "w1"), "w3": draw((I, H), "w3"), "w2": draw((H, I), "w2")}
-            for _ in range(arch.experts)
+            for _ in range(arch.experts if routed else 0)
         ]
-        layers.append(LayerWeights(i, True, params, experts))
-    model = Model(spec_from_config(config), config, embed, torch.ones(H), lm_head, layers)
+        layers.append(LayerWeights(i, routed, params, experts))
+    model = Model(spec, config, embed, torch.ones(H), lm_head, layers)
     return _leaf(model)
 
 
@@ -249,6 +312,8 @@ def load_model(path: str | Path) -> Model:
 def _leaf(model: Model) -> Model:
     for t in model.tensors():
         t.requires_grad_(True)
+    for t in model.selection_biases().values():  # set by the balancer, not by gradients
+        t.requires_grad_(False)
     return model
 
 
@@ -267,9 +332,11 @@ def switch_aux(tap: MoETap, num_experts: int) -> torch.Tensor:
 
 
 def forward_loss(
-    model: Model, tokens_BT: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    model: Model, tokens_BT: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    loads: dict[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean next-token CE, mean Switch aux loss over routed layers)."""
+    """(mean next-token CE, mean Switch aux loss over routed layers); ``loads`` receives each
+    routed layer's top-k assignment counts per expert."""
     spec = model.spec
     x = F.embedding(tokens_BT, model.embed)
     aux = []
@@ -277,6 +344,9 @@ def forward_loss(
         x, tap = decoder_layer(spec, lw, x, rope)
         if tap is not None:
             aux.append(switch_aux(tap, spec.num_experts))
+            if loads is not None:
+                loads[lw.layer] = torch.bincount(tap.routing.topk_NK.reshape(-1),
+                                                 minlength=spec.num_experts)
     nll_BT1, _ = token_nll(spec, model.final_norm, model.lm_head, x, tokens_BT)
     return nll_BT1.mean(), torch.stack(aux).mean()
 
@@ -298,6 +368,7 @@ class TrainConfig:
     clip: float = 1.0
     aux_coef: float = 0.0
     aux_ramp: bool = False  # scale aux_coef linearly from 0 at the start to 1 at ``steps``
+    bias_rate: float = 0.0  # γ of the aux-loss-free balancer b_i ← b_i ± γ (`000` Eq. 2)
     freeze: frozenset[str] = frozenset()
     log_every: int = 10  # metrics.jsonl and trainer_state log_history
     seed: int = 0
@@ -385,8 +456,18 @@ def append_event(run_dir: Path, step: int, event: str, note: str, **extra: Any) 
         f.write(json.dumps({"step": step, "event": event, "note": note, **extra}) + "\n")
 
 
+@torch.no_grad()
+def balance_biases(model: Model, loads: dict[int, torch.Tensor], rate: float) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing (`000` Eq. 2): after each step, raise the
+    selection bias of every expert loaded below the mean by γ and lower it above the mean."""
+    for layer, bias in model.selection_biases().items():
+        load = loads[layer].to(bias.dtype)
+        bias.add_(rate * torch.sign(load.mean() - load))
+
+
 def _optimizer(model: Model, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
     frozen = {id(t) for name in cfg.freeze for t in model.component(name)}
+    frozen |= {id(t) for t in model.selection_biases().values()}
     live = [t for t in model.tensors() if id(t) not in frozen]
     decay = [t for t in live if t.dim() >= 2]
     no_decay = [t for t in live if t.dim() < 2]
@@ -456,13 +537,16 @@ def _step(
         group["lr"] = lr
     for t in model.tensors():
         t.grad = None
-    ce, aux = forward_loss(model, tokens_BT, rope)
+    loads: dict[int, torch.Tensor] = {}
+    ce, aux = forward_loss(model, tokens_BT, rope, loads)
     coef = cfg.aux_at(step, start)
     loss = ce + coef * aux if coef else ce
     loss.backward()
     logger.log(step, loss, lm_loss=float(ce.detach()), aux_loss=float(aux.detach()), lr=lr)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(live, cfg.clip, foreach=False))
     opt.step()
+    if cfg.bias_rate:
+        balance_biases(model, loads, cfg.bias_rate)
     state.global_step = step
     if step % cfg.log_every == 0:
         state.log_history.append(

@@ -1,0 +1,116 @@
+"""What the receipts of a layer mean when its gate is not a bias-free linear softmax gate
+(issue 8), and the bias-balancing telemetry of DeepSeek-V3-style routers.
+
+The atlas theorem (`003` §4.1, Theorem 1) assumes router logits that are bias-free linear in
+the post-gain coordinate, so that the active-set cells are cut by linear strict inequalities.
+A selection bias (``σ(W_r y) + b``, DeepSeek-V3) or a group limit (only the best groups
+compete) breaks that assumption: the cells are still open and still partition the routed
+region (the selection scores are continuous), but their walls are no longer hyperplanes in y.
+Every layer whose gate is like this carries a ``gate`` entry saying so, and which receipts
+keep, change or lose their meaning.
+
+Shape suffixes: E experts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.config import ModelSpec
+
+HOLDS = [
+    "occupancy, dead experts, active sets and per-domain routing: counted on the active sets "
+    "the router really selected (bias and groups included)",
+    "exact C2, transition incompatibility and adjacency specificity: taken over those active "
+    "sets with the combine weights the model uses",
+    "expert, router and shared-expert gradient norms, the envelope series, NLL and entropy",
+    "the expert cover of `003` Theorem 1 (charts from the down-projections): it does not "
+    "involve the gate",
+]
+
+
+def bias_free_linear(spec: ModelSpec) -> bool:
+    """True when the atlas theorem's routing assumption holds for this family's gate."""
+    g = spec.gate
+    return g.scoring == "softmax" and not g.selection_bias and not g.grouped
+
+
+def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
+    """The per-layer statement for a gate the atlas theorem does not cover; None otherwise."""
+    if bias_free_linear(spec):
+        return None
+    g = spec.gate
+    why = []
+    if g.selection_bias:
+        why.append("a per-expert selection bias b (σ(W_r y) + b is not linear in y)")
+    elif g.scoring == "sigmoid":
+        why.append("sigmoid selection scores")
+    if g.grouped:
+        why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups "
+                   "compete)")
+    score = ("σ(W_r y) + b" if g.selection_bias else "σ(W_r y)") if g.scoring == "sigmoid" \
+        else "W_r y"
+    changed = [
+        f"margins, boundary mass and flip rate are measured on the selection scores {score}"
+        + (" in sigmoid units, not comparable with softmax-logit margins of other families"
+           if g.scoring == "sigmoid" else "")
+        + (", as the distance to the nearer of an in-group swap and a group swap "
+           "(docs/decisions.md)" if g.grouped else ""),
+        "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe the gate "
+        "without the bias" + (" and without the group limit" if g.grouped else "")
+        + " (ρ = σ(s)/Σσ(s) on the unbiased scores): their top-k need not be the active set",
+    ]
+    not_certified = [
+        "`003` Theorem 1's cells as linear cones (the routing assumption fails): cell walls "
+        "are curved" if g.selection_bias else "`003` Theorem 1's cells as linear cones: the "
+        "group limit adds a second partition",
+        "the Gaussian boundary-mass closed form of `002`, which assumes a linear gate",
+    ]
+    return {
+        "gate": spec.routing,
+        "bias_free_linear": False,
+        "why": "the atlas theorem (`003` §4.1) assumes a bias-free linear gate; this layer has "
+               + " and ".join(why),
+        "holds": HOLDS,
+        "changed": changed,
+        "not_certified": not_certified,
+    }
+
+
+def bias_telemetry(bias_E: torch.Tensor | None) -> dict[str, Any] | None:
+    """The operator's control input as the checkpoint holds it: per-expert bias and its spread."""
+    if bias_E is None:
+        return None
+    b = bias_E.double()
+    return {
+        "values": b.tolist(),
+        "mean": float(b.mean()),
+        "std": float(b.std(unbiased=False)),
+        "min": float(b.min()),
+        "max": float(b.max()),
+    }
+
+
+def bias_drift(b0_E: torch.Tensor, b1_E: torch.Tensor, pi0_E: torch.Tensor,
+               pi1_E: torch.Tensor) -> dict[str, Any]:
+    """Δb per expert between two checkpoints next to Δπ, the result of that control (both π on
+    the base checkpoint's states, so only the router moved). An aux-loss-free balancer
+    (``b_i ← b_i + γ·sign(load deficit)``, `000` Eq. 2) lowers the bias of over-loaded
+    experts: a working one shows Δb anti-correlated with the base load's excess over k/E."""
+    d_b = b1_E.double() - b0_E.double()
+    p0 = pi0_E.double()
+    return {
+        "delta": d_b.tolist(),
+        "delta_pi": (pi1_E.double() - p0).tolist(),
+        "l2": float(d_b.norm()),
+        "max_abs": float(d_b.abs().max()),
+        "corr_delta_bias_vs_load_excess": _corr(d_b, p0 - p0.mean()),
+    }
+
+
+def _corr(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    a, b = a - a.mean(), b - b.mean()
+    den = float(a.norm() * b.norm())
+    return float((a * b).sum()) / den if den > 0 else None
