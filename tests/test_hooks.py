@@ -77,6 +77,27 @@ def test_fused_transformers_norms_equal_param_grads(tmp_path: Path, family: str)
             assert "shared_grad_norms" not in record
 
 
+def test_hook_on_transformers_deepseek_v3(tmp_path: Path) -> None:
+    """Dense first layer skipped, routed layers' fused experts, router weight (not the bias
+    buffer), ungated shared experts."""
+    model, loss, _ = _hf_backward("deepseek_v3")
+    record = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1).log(1, loss)
+    routed = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
+    assert routed == [1, 2]
+    E = model.config.n_routed_experts
+    check_spec_format(record, routed, E)
+    for i in routed:
+        mlp = model.model.layers[i].mlp
+        gate_up, down = mlp.experts.gate_up_proj.grad.double(), mlp.experts.down_proj.grad.double()
+        want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
+        assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
+        assert record["router_grad_norms"][str(i)] == pytest.approx(
+            float(mlp.gate.weight.grad.double().norm()), rel=1e-12)
+        shared = math.sqrt(sum(float(p.grad.double().pow(2).sum())
+                               for p in mlp.shared_experts.parameters()))
+        assert record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
+
+
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")
