@@ -99,11 +99,36 @@ def machine() -> dict[str, str]:
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "nproc": str(os.cpu_count()),
         "cpu": model,
+        "ram_gb": f"{_mem_total_gb():.1f}",
         "torch": torch.__version__,
         "torch_threads": str(torch.get_num_threads()),
+        "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_", "GOMP_"))},
         "python": platform.python_version(),
+        "moeaudit_commit": _commit(),
         "load_before": load_note(),
     }
+
+
+def _mem_total_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _commit() -> str:
+    """The moeaudit commit measured (``BENCH_COMMIT`` when running from an exported tree)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
 
 
 def alternate(

@@ -21,24 +21,25 @@ from moeaudit.replay.engine import Progress
 SCHEMA = "moeaudit.receipts/v1"
 
 
-def environment() -> dict[str, Any]:
+def environment(device: str | None = None) -> dict[str, Any]:
     return {"torch": torch.__version__, "python": platform.python_version(),
-            "device": "cpu", "dtype": "float32"}
+            "device": device or "cpu", "dtype": "float32"}
 
 
 def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: bool = False,
-              conflict: bool = False, generate: int = 0,
-              progress: Progress | None = None) -> tuple[dict[str, Any], StateObserver]:
+              conflict: bool = False, generate: int = 0, progress: Progress | None = None,
+              device: str | None = None) -> tuple[dict[str, Any], StateObserver]:
     """Replay once and return (receipts document, the observer holding per-layer states).
 
     ``conflict`` (one backward per domain) and ``generate`` (G streamed forwards) are the
-    opt-in receipts; everything else comes from the one forward + backward.
+    opt-in receipts; everything else comes from the one forward + backward, computed on
+    ``device`` (default the CPU; receipts are deterministic per device, not across devices).
     """
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     _ = ckpt.digest  # hash the files before reading them: fail fast, and certify what was read
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
-    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress)
-    doc = receipts_document(ckpt, canary, result, observer, policy)
+    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device)
+    doc = receipts_document(ckpt, canary, result, observer, policy, device)
     if conflict:
         from moeaudit.receipts.conflict import domain_conflict
 
@@ -52,13 +53,14 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
 
 def state_receipts(ckpt: Checkpoint, canary: Canary, policy: Policy | None = None, *,
                    conflict: bool = False, generate: int = 0,
-                   progress: Progress | None = None) -> dict[str, Any]:
+                   progress: Progress | None = None, device: str | None = None) -> dict[str, Any]:
     return run_state(ckpt, canary, policy or Policy(), conflict=conflict, generate=generate,
-                     progress=progress)[0]
+                     progress=progress, device=device)[0]
 
 
 def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
-                      observer: StateObserver, policy: Policy) -> dict[str, Any]:
+                      observer: StateObserver, policy: Policy,
+                      device: str | None = None) -> dict[str, Any]:
     s = ckpt.spec
     layers = []
     for i in s.routed_layers:
@@ -85,7 +87,7 @@ def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
             "domains": list(canary.domains),
         },
         "settings": {"receipts": policy.to_json()["receipts"], "policy_digest": policy.digest},
-        "environment": environment(),
+        "environment": environment(device),
         "nll": result.nll,
         "nll_by_domain": _nll_by_domain(canary, result.nll_windows_W),
         "nll_windows": result.nll_windows_W.double().tolist(),

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Callable, Sequence
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +42,7 @@ from moeaudit.replay.model import (
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
+Device = torch.device | str | None  # None: the CPU, with no copies at all
 
 
 @dataclass
@@ -69,7 +73,14 @@ def _detached(r: Routing) -> Routing:
 def deterministic() -> None:
     """``torch.use_deterministic_algorithms(True)`` (SPEC §3) without its side effect of
     importing ``torch._inductor`` and ``torch._dynamo`` to set the compiler's flag: ≈0.9 s of
-    every run, for a compiler the replay never uses. Falls back to the public call."""
+    every run, for a compiler the replay never uses. Falls back to the public call.
+
+    Deterministic mode also fills every new tensor with NaN before use, one extra write of
+    every allocation (3–7 % of a replay's CPU time, issue 6). The replay never reads memory it
+    has not written, so the fill is switched off; the receipts are bit-identical either way."""
+    fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
+    if fill is not None:
+        fill(False)
     if torch.are_deterministic_algorithms_enabled():
         return
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
@@ -112,6 +123,61 @@ def nonfinite_names(lw: LayerWeights) -> list[str]:
     return [f"layer {lw.layer} {n}" for n, t in lw.stored_tensors() if not all_finite(t)]
 
 
+def moved(obj: Any, device: Device) -> Any:
+    """``obj`` with every tensor in it (dicts, taps, routings) on ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: moved(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        return type(obj)(moved(v, device) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: moved(getattr(obj, f.name), device)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
+    """A layer's experts on an accelerator, one at a time: expert e's stored bytes are copied
+    over and converted there (``--device cuda``; the host keeps the on-disk dtype)."""
+
+    def __init__(self, experts: Sequence[dict[str, torch.Tensor]], device: Device):
+        self.experts, self.device = experts, device
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    def __getitem__(self, e: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        stored = getattr(self.experts, "stored", None)
+        if stored is not None:  # StoredExperts: convert on the device, not on the host
+            dtype = self.experts.dtype  # type: ignore[attr-defined]
+            return {n: t.to(self.device).to(dtype) for n, t in stored[e].items()}
+        return {n: t.to(self.device) for n, t in self.experts[e].items()}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self[e] for e in range(len(self)))
+
+
+def on_device(lw: LayerWeights, device: Device) -> LayerWeights:
+    """The layer's weights for computing on ``device`` (the same object on the CPU)."""
+    if device is None:
+        return lw
+    return dataclasses.replace(lw, params={n: t.to(device) for n, t in lw.params.items()},
+                               experts=DeviceExperts(lw.experts, device))
+
+
+def prepare_device(device: Device) -> Device:
+    """None for the CPU; for CUDA the settings that keep receipts deterministic (SPEC §3):
+    cuBLAS's fixed workspace, and float32 matmuls without TF32 (docs/scaling.md)."""
+    if device is None or torch.device(device).type == "cpu":
+        return None
+    if torch.device(device).type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return torch.device(device)
+
+
 def _extra_requests(observers: Sequence[Observer]) -> ExtraExperts | None:
     """Merge the observers' ``extra_experts(layer, routing)`` requests (optional method): the
     expert outputs they need beyond R_k, computed in the replay's own sweep over the experts."""
@@ -135,27 +201,40 @@ def forward_pass(
     total_steps: int | None = None,
     dtype: torch.dtype = torch.float32,
     nonfinite: list[str] | None = None,
+    device: Device = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing]]:
     """Stream the decoder once: (final hidden state, each layer's input, routing per layer).
-    Names of weights holding NaN/Inf are appended to ``nonfinite`` when it is given."""
+    Names of weights holding NaN/Inf are appended to ``nonfinite`` when it is given.
+
+    On a ``device`` each layer is computed there; observers still get host tensors (the taps
+    and the layer's weights as read), and the routing returned is on the host."""
     spec = ckpt.spec
     embed = ckpt.read_global("embed", None)  # on-disk dtype; only the canary's rows are converted
     if nonfinite is not None and not all_finite(embed):
         nonfinite.append("embed")
     with torch.no_grad():
-        x = torch.nn.functional.embedding(tokens_WT.long(), embed).to(dtype)
+        x = torch.nn.functional.embedding(tokens_WT.long().cpu(), embed).to(dtype)
     del embed
+    x = moved(x, device) if device is not None else x
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
+    if extra is not None and device is not None:
+        host_extra = extra
+
+        def extra(layer: int, r: Routing) -> dict[str, torch.Tensor]:
+            return moved(host_extra(layer, moved(r, "cpu")), device)
+
     for i in range(spec.num_layers):
         lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
         if nonfinite is not None:
             nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
         with torch.no_grad():
-            x, tap = decoder_layer(spec, lw, x, rope, extra)
+            x, tap = decoder_layer(spec, on_device(lw, device), x, rope, extra)
         if tap is not None:
+            if device is not None:
+                tap = moved(tap, "cpu")
             routing[i] = _detached(tap.routing)
             for observe in observers:
                 observe(tap, lw)
@@ -237,31 +316,38 @@ def replay(
     window_weights_W: torch.Tensor | None = None,
     progress: Progress | None = None,
     dtype: torch.dtype = torch.float32,
+    device: Device = None,
 ) -> ReplayResult:
     """One forward (+ one backward) of L = mean next-token NLL over the canary (SPEC §3).
 
     ``window_weights_W`` replaces the plain mean by Σ_w weight_w · mean_t nll_wt (a domain's
     mean NLL, for gradient conflict); ``grad_observers`` see each layer's weights with the
     ``.grad`` of its non-expert parameters filled during the reverse walk (expert gradients
-    are measured and dropped one expert at a time, see ``experts_backward``).
+    are measured and dropped one expert at a time, see ``experts_backward``). ``device``
+    (e.g. "cuda") computes there, one layer's weights at a time; receipts come back on the host.
     """
     spec = ckpt.spec
+    device = prepare_device(device)
     deterministic()
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
-    rope = rope_tables(spec, T)
+    rope = rope_tables(spec, T) if device is None else moved(rope_tables(spec, T), device)
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
     x, inputs, routing = forward_pass(ckpt, tokens_WT, rope, observers=observers, tick=tick,
-                                      total_steps=n_steps, dtype=dtype, nonfinite=bad)
+                                      total_steps=n_steps, dtype=dtype, nonfinite=bad,
+                                      device=device)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
     bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head)) if not all_finite(t)]
     grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
+    if device is not None:
+        final_norm, lm_head, tokens_WT, grad_nll = moved((final_norm, lm_head, tokens_WT, grad_nll),
+                                                         device)
     head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll)
     del final_norm, lm_head, x
-    result = ReplayResult(float(head.nll_WT1.mean()), head.nll_WT1.mean(1),
+    result = ReplayResult(float(head.nll_WT1.mean()), head.nll_WT1.mean(1).cpu(),
                           float(head.entropy_WT1.mean()), routing, nonfinite_weights=bad)
     if not backward:
         return result
@@ -269,7 +355,7 @@ def replay(
     grad = head.grad_x_WTH
     assert grad is not None
     for step, i in enumerate(reversed(range(spec.num_layers))):
-        lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
+        lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True), device)
         grad, layer = layer_backward(spec, lw, inputs[i], grad, rope)
         if layer is not None:
             result.grads[i] = layer

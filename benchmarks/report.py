@@ -1,0 +1,101 @@
+"""Markdown tables from ``run.py --json`` results, for docs/benchmarks.md:
+``python benchmarks/report.py RESULTS.json [MORE.json ...]`` prints them to stdout."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGETS = {"moeaudit/hf_fp32": 0.8, "moeaudit/floor": 1.3}
+
+
+def speed(env_name: str, s: dict[str, Any]) -> list[str]:
+    names = list(s["runs"])
+    rounds = len(s["runs"][names[0]])
+    lines = [f"#### {env_name} environment {s['env'] or '(nothing set)'}", "",
+             "| contender | " + " | ".join(f"round {r + 1} wall (cpu) s" for r in range(rounds))
+             + " | median wall s | median cpu s | max RSS MB |",
+             "|---|" + "---|" * (rounds + 3)]
+    for n in names:
+        runs = s["runs"][n]
+        cells = [f"{r['wall']:.2f} ({r['cpu']:.2f})" for r in runs]
+        lines.append(f"| {n} | " + " | ".join(cells)
+                     + f" | {statistics.median(r['wall'] for r in runs):.2f}"
+                     + f" | {statistics.median(r['cpu'] for r in runs):.2f}"
+                     + f" | {max(r['rss_mb'] for r in runs):.0f} |")
+    lines += ["", "| ratio | per round (wall) | median wall | median cpu | target | met? |",
+              "|---|---|---|---|---|---|"]
+    for key in ("moeaudit/hf_fp32", "moeaudit/floor", "floor/hf_fp32"):
+        r = s[key]
+        target = TARGETS.get(key)
+        met = "—" if target is None else ("met" if r["median_wall"] <= target else "**not met**")
+        lines.append(f"| {key} | {', '.join(f'{x:.3f}' for x in r['per_round'])} | "
+                     f"{r['median_wall']:.3f} | {r['median_cpu']:.3f} | "
+                     f"{'—' if target is None else f'≤ {target}'} | {met} |")
+    return lines + [""]
+
+
+def rss(r: dict[str, Any]) -> list[str]:
+    size = r["checkpoint_bytes"]
+    lines = [f"Checkpoint: {size / 1e9:.3f} GB ({size} bytes), bf16, {r['arch']}; canary "
+             f"{r['canary'][0]}×{r['canary'][1]}.", "",
+             "| run | max RSS (GB) | fraction of checkpoint | target | met? | wall s | cpu s |",
+             "|---|---|---|---|---|---|---|"]
+    for i, x in enumerate(r["runs"], 1):
+        met = "met" if x["fraction"] <= 0.35 else "**not met**"
+        lines.append(f"| {i} | {x['max_rss_bytes'] / 1e9:.3f} | {x['fraction']:.1%} | ≤ 35% "
+                     f"| {met} | {x['wall']:.1f} | {x['cpu']:.1f} |")
+    return lines + [""]
+
+
+def scaling(sc: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = []
+    for axis, points in sc.items():
+        base = points[0]
+        lines += [f"**vs {axis}** (others fixed: layers {base['layers']}, experts "
+                  f"{base['experts']}, tokens {base['tokens']} unless varied)", "",
+                  f"| {axis} | replay s | process s | replay s per {axis[:-1]} "
+                  "| relative to the first row, per unit |", "|---|---|---|---|---|"]
+        for p in points:
+            unit = p[axis]
+            per = p["replay_s"] / unit
+            rel = per / (base["replay_s"] / base[axis])
+            lines.append(f"| {unit} | {p['replay_s']:.2f} | {p['process_s']:.2f} | "
+                         f"{per * 1000:.3f} ms | {rel:.2f} |")
+        lines.append("")
+    return lines
+
+
+def cache(name: str, c: dict[str, Any]) -> list[str]:
+    lines = [f"**{name}** run: {c['checkpoints']} checkpoints, {c['arch']}, canary "
+             f"{c['canary'][0]}×{c['canary'][1]}", "",
+             "| round | first certify s | second s | speed-up | replayed (second) "
+             "| one checkpoint added s | replayed then |", "|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(c["rounds"], 1):
+        lines.append(f"| {i} | {row['cold_s']:.2f} | {row['warm_s']:.2f} | "
+                     f"{row['speedup']:.1f}× | {', '.join(row['replays_warm']) or 'none'} | "
+                     f"{row['added_s']:.2f} | {', '.join(row['replays_added']) or 'none'} |")
+    return lines + [""]
+
+
+def main(paths: list[str]) -> None:
+    out: list[str] = []
+    for path in paths:
+        res = json.loads(Path(path).read_text())
+        out += [f"### {Path(path).name}", "", "```", json.dumps(res["machine"]), "```", ""]
+        for env_name, s in res.get("speed", {}).items():
+            out += speed(env_name, s)
+        if "rss" in res:
+            out += rss(res["rss"])
+        if "scaling" in res:
+            out += scaling(res["scaling"])
+        for name, c in res.get("cache", {}).items():
+            out += cache(name, c)
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
