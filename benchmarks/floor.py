@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import moeaudit.cli  # noqa: F401  (first: the process settings the CLI makes before torch loads)
 from moeaudit import canary as canary_mod
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.replay import replay

@@ -52,19 +52,23 @@ def rss(r: dict[str, Any]) -> list[str]:
 
 
 def scaling(sc: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each axis with its least-squares line t = a + b·n: linear cost means the points sit on
+    it (a is what a run costs whatever n: reading the canary, embeddings, LM head, setup)."""
     lines = []
     for axis, points in sc.items():
+        xs, ys = [float(p[axis]) for p in points], [p["replay_s"] for p in points]
+        fit = statistics.linear_regression(xs, ys)
+        r2 = statistics.correlation(xs, ys) ** 2
         base = points[0]
-        lines += [f"**vs {axis}** (others fixed: layers {base['layers']}, experts "
-                  f"{base['experts']}, tokens {base['tokens']} unless varied)", "",
-                  f"| {axis} | replay s | process s | replay s per {axis[:-1]} "
-                  "| relative to the first row, per unit |", "|---|---|---|---|---|"]
-        for p in points:
-            unit = p[axis]
-            per = p["replay_s"] / unit
-            rel = per / (base["replay_s"] / base[axis])
-            lines.append(f"| {unit} | {p['replay_s']:.2f} | {p['process_s']:.2f} | "
-                         f"{per * 1000:.3f} ms | {rel:.2f} |")
+        fixed = {k: base[k] for k in ("layers", "experts", "tokens") if k != axis}
+        lines += [f"**vs {axis}** ({', '.join(f'{k} {v}' for k, v in fixed.items())}): fit "
+                  f"{fit.intercept:.2f} s + {fit.slope * 1000:.3g} ms × {axis}, R² = {r2:.3f}", "",
+                  f"| {axis} | replay s (min of repeats) | fit s | residual | whole process s |",
+                  "|---|---|---|---|---|"]
+        for p, x, y in zip(points, xs, ys, strict=True):
+            pred = fit.intercept + fit.slope * x
+            lines.append(f"| {p[axis]} | {y:.2f} | {pred:.2f} | {(y - pred) / pred:+.0%} "
+                         f"| {p['process_s']:.2f} |")
         lines.append("")
     return lines
 
