@@ -24,6 +24,7 @@ from moeaudit.jsonio import finite_document
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
+from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.state import environment, run_state
 from moeaudit.run import Run, discover
 
@@ -68,7 +69,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         docs[step] = replayer.receipts(step, ckpt)
         points.append(Checkpointed(step, docs[step], base_at.get(step), objective(step)))
         if step in base_at or base is None:
-            replayer.forget_states(keep=step)
+            replayer.new_base(step, ckpt)
             base = (step, ckpt)
             continue
         pairs[step] = replayer.pair(base, (step, ckpt))
@@ -190,12 +191,13 @@ def _training_loss(run: Run) -> Callable[[int], float | None]:
 
 class _Replayer:
     """Receipts and pair receipts through the cache; replays only what is missing, keeping the
-    anchor states of at most the active baseline and the current checkpoint."""
+    anchor states of at most the active baseline and the current checkpoint. A baseline's
+    anchor states are cached too, so adding a checkpoint to a run replays only that one."""
 
     def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int):
         self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
         self.settings = policy.to_json()["receipts"]
-        self.states: dict[int, Any] = {}
+        self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
 
     def _key(self, kind: str, *ckpts: Any) -> str:
@@ -204,7 +206,7 @@ class _Replayer:
     def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
         self.say(f"replaying {ckpt.path.name}")
         doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True)
-        self.states[step] = obs
+        self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc
 
@@ -217,20 +219,37 @@ class _Replayer:
         self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")
         return self._replay(step, ckpt)
 
+    def _anchor_states(self, step: int, ckpt: Any) -> dict[int, AnchorStates]:
+        if step not in self.states:
+            cached = self.cache.get_tensors(self._key("states", ckpt))
+            layers = ckpt.spec.routed_layers
+            if cached is not None and all(f"{i}.{n}" in cached for i in layers for n in "zy"):
+                self.states[step] = {i: AnchorStates(cached[f"{i}.z"], cached[f"{i}.y"])
+                                     for i in layers}
+            else:
+                self._replay(step, ckpt)
+        return self.states[step]
+
+    def new_base(self, step: int, ckpt: Any) -> None:
+        """``step`` becomes the active baseline: keep its anchor states, and cache them."""
+        self.forget_states(keep=step)
+        if step in self.states:
+            tensors = {f"{i}.{n}": t for i, s in self.states[step].items()
+                       for n, t in (("z", s.z_NH), ("y", s.y_NH))}
+            self.cache.put_tensors(self._key("states", ckpt), tensors)
+
     def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
         key = self._key("pair", base[1], cand[1])
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        for step, ckpt in (base, cand):
-            if step not in self.states:
-                self._replay(step, ckpt)
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
+        b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
         layers = []
         for layer in b_ckpt.spec.routed_layers:
             boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
             entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer), c_ckpt.layer_weights(layer),
-                               self.states[b_step].states[layer], self.states[c_step].states[layer], boot)
+                               b_states[layer], c_states[layer], boot)
             layers.append({"layer": layer, **entry})
         doc = finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
                                "layers": layers})

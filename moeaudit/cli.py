@@ -7,6 +7,7 @@ Errors are converted to one line and an exit code in one place (``AuditGroup.inv
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,12 @@ from rich.table import Table
 
 from moeaudit import __version__
 from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError
+
+# Threads that wait at the end of a parallel op sleep at once instead of spinning (libgomp reads
+# this when torch loads, so it is set before any command imports torch; a user's own setting
+# wins). On a shared machine a spinning thread burns the time slice its partner needs: the
+# replay's CPU time grew 2.5× under load with spinning, not at all without (docs/benchmarks.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def _console(stderr: bool = False) -> Console:
     """Rich console; off a terminal (pipes, CI logs, tests) a fixed 140 columns, so the
@@ -244,9 +251,12 @@ def canary_show(path: Path, as_json: bool) -> None:
               help="Also domain gradient conflict (one extra backward per canary domain).")
 @click.option("--generate", type=click.IntRange(min=0), default=0, metavar="N",
               help="Also generation receipts from N greedy tokens (N extra forwards).")
+@click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
+              help="Compute the replay on this torch device, e.g. cuda or cuda:1 (one layer's "
+                   "weights at a time); receipts are deterministic per device.")
 @verbose_option
 def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
-             force: bool, conflict: bool, generate: int) -> None:
+             force: bool, conflict: bool, generate: int, device: str) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward)."""
     from moeaudit import canary as canary_mod
     from moeaudit.checkpoint import Checkpoint
@@ -259,8 +269,21 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     policy = _load_policy(policy_path, ckpt)
     with _progress() as tick:
         doc = state_receipts(checkpoint, probe, policy, conflict=conflict, generate=generate,
-                             progress=tick)
+                             progress=tick, device=None if device == "cpu" else _device(device))
     _emit_json(doc, json_out, lambda: _print_receipts(doc))
+
+
+def _device(name: str) -> str:
+    """A usable torch device name, or a usage error (exit 2) saying why not."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+    return str(dev)
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
