@@ -307,3 +307,22 @@ def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path:
                                                  "mscale": None})
     ckpt = check_against_transformers(tmp_path, random_tokens())
     assert ckpt.spec.yarn is not None and ckpt.spec.attention_scale is None
+
+
+def test_group_limited_margin_by_hand() -> None:
+    """docs/decisions.md: m = min(in-group margin, group gap / 2) for V3's top-2-sum groups."""
+    from moeaudit.checkpoint.config import Gate
+    from moeaudit.replay.model import _group_limit
+
+    g = Gate(scoring="sigmoid", selection_bias=True, n_group=2, topk_group=1,
+             group_score="top2sum")
+    s = torch.tensor([[0.9, 0.8, 0.85, 0.1],    # group 0 (1.7) beats group 1 (0.95)
+                      [0.9, 0.2, 0.85, 0.8],    # group 1 (1.65) wins: expert 0 cannot compete
+                      [0.6, 0.5, 0.9, 0.19]], dtype=torch.float64)  # 1.1 vs 1.09: gap decides
+    allowed, m = _group_limit(g, s, s, k=1)
+    assert allowed.tolist() == [[True, True, False, False], [False, False, True, True],
+                                [True, True, False, False]]
+    torch.testing.assert_close(m, torch.tensor([0.1, 0.05, 0.005], dtype=torch.float64))
+    v2 = Gate(n_group=2, topk_group=1, group_score="max")
+    _, m2 = _group_limit(v2, s, s, k=1)  # max: group 1 wins row 3 (0.9 > 0.6), gap counts once
+    torch.testing.assert_close(m2, torch.tensor([0.05, 0.05, 0.3], dtype=torch.float64))

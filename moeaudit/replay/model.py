@@ -178,51 +178,63 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
     (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``."""
     g = spec.gate
     logits = F.linear(y_NH, router_EH)
+    margin = None
     if g.scoring == "softmax":
         probs = torch.softmax(logits.float(), dim=-1)
-        select, weights, margin = probs, probs, None
-        if g.grouped:  # DeepSeek-V2 group_limited_greedy: group = max softmax score
-            allowed, margin = _group_limit(g, logits.double(), spec.top_k)
+        select = probs
+        if g.grouped:  # DeepSeek-V2 group_limited_greedy: a group's score is its max
+            allowed, margin = _group_limit(g, probs, logits.double(), spec.top_k)
             select = probs.masked_fill(~allowed, 0.0)
         top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
-        scores, extra_logits = logits, None
+        scores, raw_logits = logits, None
     else:
         sig = torch.sigmoid(logits.float())
         probs = sig / sig.sum(dim=-1, keepdim=True)
         scores = sig if bias_E is None else sig + bias_E.float()
-        select, margin = scores, None
+        select = scores
         if g.grouped:
-            allowed, margin = _group_limit(g, scores.double(), spec.top_k)
+            allowed, margin = _group_limit(g, scores, scores.double(), spec.top_k)
             select = scores.masked_fill(~allowed, float("-inf"))
         top_idx = torch.topk(select, spec.top_k, dim=-1).indices
-        top_vals, extra_logits = sig.gather(1, top_idx), logits
+        top_vals, raw_logits = sig.gather(1, top_idx), logits
     if spec.norm_topk_prob:
         eps = 1e-20 if g.scoring == "sigmoid" else 0.0  # transformers' V3 denominator
         top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + eps)
     if g.scaling != 1.0:
         top_vals = top_vals * g.scaling
-    return Routing(scores, probs, top_idx, top_vals, extra_logits, margin)
+    return Routing(scores, probs, top_idx, top_vals, raw_logits, margin)
 
 
-def _group_limit(g: Gate, s_NE: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(experts allowed to compete [N, E], margin to a routing change [N]).
 
-    The margin is the smaller of the in-group margin s_(k) − s_(k+1) among the allowed experts
-    and the gap between the ``topk_group``-th and the next group score, divided by what moving
-    every score by ±m/2 can change it by (2 for a sum of two scores, 1 for a max), so both are
-    in the units of the ungrouped margin (docs/decisions.md)."""
-    N, E = s_NE.shape
-    per_group = s_NE.view(N, g.n_group, E // g.n_group)
-    if g.group_score == "top2sum":
-        group_NG, unit = per_group.topk(2, dim=-1).values.sum(-1), 2.0
-    else:
-        group_NG, unit = per_group.max(dim=-1).values, 1.0
-    best = group_NG.topk(g.topk_group + 1, dim=-1)
-    chosen = torch.zeros_like(group_NG, dtype=torch.bool).scatter_(1, best.indices[:, :-1], True)
-    allowed = chosen[:, :, None].expand(N, g.n_group, E // g.n_group).reshape(N, E)
-    group_gap = (best.values[:, -2] - best.values[:, -1]) / unit
-    ranked = s_NE.masked_fill(~allowed, float("-inf")).topk(min(k + 1, E), dim=-1).values
-    inner = ranked[:, k - 1] - ranked[:, k] if ranked.shape[1] > k else torch.full_like(group_gap, float("inf"))
+    The groups are chosen on ``select_NE`` exactly as transformers chooses them (float32; V2:
+    softmax probabilities, V3: biased sigmoid scores). The margin, in float64 on the selection
+    scores ``s_NE`` (V2: the logits, in which softmax margins are measured), is the smaller of
+    the in-group margin s_(k) − s_(k+1) among the allowed experts and the gap between the
+    weakest chosen and the strongest other group score, divided by how much moving every score
+    by ±m/2 moves that gap (2 for a sum of two scores, 1 for a max), so both are in the units
+    of the ungrouped margin (docs/decisions.md)."""
+    N, E = select_NE.shape
+    per = E // g.n_group
+
+    def group_scores(x_NE: torch.Tensor) -> torch.Tensor:
+        x = x_NE.view(N, g.n_group, per)
+        return x.topk(2, dim=-1).values.sum(-1) if g.group_score == "top2sum" else x.amax(-1)
+
+    chosen_idx = group_scores(select_NE).topk(g.topk_group, dim=-1).indices
+    chosen = torch.zeros(N, g.n_group, dtype=torch.bool, device=select_NE.device)
+    chosen.scatter_(1, chosen_idx, True)
+    allowed = chosen[:, :, None].expand(N, g.n_group, per).reshape(N, E)
+    g_NG = group_scores(s_NE)
+    unit = 2.0 if g.group_score == "top2sum" else 1.0
+    group_gap = (g_NG.masked_fill(~chosen, float("inf")).amin(-1)
+                 - g_NG.masked_fill(chosen, float("-inf")).amax(-1)) / unit
+    inner = torch.full_like(group_gap, float("inf"))
+    if per * g.topk_group > k:
+        ranked = s_NE.masked_fill(~allowed, float("-inf")).topk(k + 1, dim=-1).values
+        inner = ranked[:, k - 1] - ranked[:, k]
     return allowed, torch.minimum(inner, group_gap)
 
 
