@@ -370,6 +370,11 @@ class Checkpoint:
             "kv_heads": s.num_kv_heads,
             "head_dim": s.head_dim,
             "vocab_size": s.vocab_size,
+            **({"mla": {"q_lora_rank": s.mla.q_lora_rank, "kv_lora_rank": s.mla.kv_lora_rank,
+                        "qk_nope_head_dim": s.mla.qk_nope_dim,
+                        "qk_rope_head_dim": s.mla.qk_rope_dim, "v_head_dim": s.mla.v_head_dim}}
+               if s.mla is not None else {}),
+            **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
             "dtypes": dict(sorted(dtypes.items())),
             "parameters": sum(math.prod(i.shape) for i in infos),
             "files": sorted(self.files),
