@@ -47,7 +47,7 @@ class Audit:
 
 def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
               reference: str | Path | None = None, say: Say = lambda _m: None,
-              cache: ReceiptsCache | None = None) -> Audit:
+              cache: ReceiptsCache | None = None, device: str | None = None) -> Audit:
     run = discover(run_path)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
@@ -62,7 +62,8 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     base_at = baselines(run.steps, events)
 
     objective = _training_loss(run)
-    replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say, len(run.checkpoints))
+    replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say,
+                         len(run.checkpoints), device)
     docs, points, pairs = {}, [], {}
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
@@ -194,18 +195,22 @@ class _Replayer:
     anchor states of at most the active baseline and the current checkpoint. A baseline's
     anchor states are cached too, so adding a checkpoint to a run replays only that one."""
 
-    def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int):
+    def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int,
+                 device: str | None = None):
         self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
+        self.device = device
         self.settings = policy.to_json()["receipts"]
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
 
     def _key(self, kind: str, *ckpts: Any) -> str:
-        return self.cache.key(kind, [c.digest for c in ckpts], self.canary.digest, self.settings)
+        # receipts are bit-identical per device, not across devices: a GPU gets its own entries
+        parts: list[Any] = [[c.digest for c in ckpts], self.canary.digest, self.settings]
+        return self.cache.key(kind, *parts, *([self.device] if self.device else []))
 
     def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
         self.say(f"replaying {ckpt.path.name}")
-        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True)
+        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc

@@ -575,14 +575,17 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
               help="Output directory (default: ./moeaudit-certificates/<run name>).")
 @click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
+@click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
+              help="Compute the replays on this torch device, e.g. cuda (see receipts --device).")
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-            key: Path | None, out: Path | None, force: bool, no_cache: bool) -> None:
+            key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
     from moeaudit import canary as canary_mod
     from moeaudit.certify import audit_run, write_outputs
     from moeaudit.locate import require_canary
 
+    dev = None if device == "cpu" else _device(device)  # before anything is read or written
     out = out or Path("moeaudit-certificates") / run_dir.resolve().name
     for p in (out / "certificate.json", out / "certificate.html"):
         if p.exists() and not force:
@@ -594,7 +597,8 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     from moeaudit.cache import ReceiptsCache
 
     audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
-                      cache=ReceiptsCache(enabled=not no_cache))
+                      cache=ReceiptsCache(enabled=not no_cache),
+                      device=dev)
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)
     _print_gates(audit.statement["predicate"])

@@ -59,3 +59,21 @@ def test_cuda_receipts_match_cpu(inputs: tuple[Checkpoint, canary_mod.Canary]) -
 def test_cuda_receipts_are_deterministic(inputs: tuple[Checkpoint, canary_mod.Canary]) -> None:
     ckpt, probe = inputs
     assert state_receipts(ckpt, probe, device="cuda") == state_receipts(ckpt, probe, device="cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+@pytest.mark.parametrize("command", ["receipts", "certify"])
+def test_cuda_without_a_gpu_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    """Exit 2, one line naming the option, nothing written."""
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    samples = Path(__file__).resolve().parents[1] / "sample_checkpoints"
+    target = samples / "healthy" / ("checkpoint-250" if command == "receipts" else "")
+    out = ["--json", str(tmp_path / "r.json")] if command == "receipts" else [
+        "--out", str(tmp_path / "cert")]
+    result = CliRunner().invoke(cli, [command, str(target), "--device", "cuda", *out])
+    assert result.exit_code == 2
+    assert "--device" in result.output and "CUDA is not available" in result.output
+    assert list(tmp_path.iterdir()) == []
