@@ -415,3 +415,16 @@ def test_relabelling_experts_changes_only_labels(perm: list[int], relabel_base, 
         torch.testing.assert_close(
             got.grads[i].experts_E[perm], base.grads[i].experts_E, rtol=1e-5, atol=1e-8
         )
+
+
+def test_replay_leaves_the_callers_torch_flags_alone(hf_checkpoint) -> None:
+    """Deterministic algorithms on (SPEC §3) during the replay only: moeaudit also runs inside
+    training processes (the hook, library use), whose torch settings it must not change."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch._C._get_deterministic_fill_uninitialized_memory())
+    seen = []
+    replay(Checkpoint(hf_checkpoint("mixtral")), random_tokens(),
+           observers=[lambda *_: seen.append(torch.are_deterministic_algorithms_enabled())])
+    assert seen and all(seen)
+    assert (torch.are_deterministic_algorithms_enabled(),
+            torch._C._get_deterministic_fill_uninitialized_memory()) == before

@@ -22,6 +22,7 @@ from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
+from moeaudit.replay.engine import deterministic
 from moeaudit.replay.model import experts_forward, route
 
 EPS_U = 1e-8
@@ -41,6 +42,7 @@ def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor) -> t
     return (v1 - v0).norm(dim=-1) / (v1.norm(dim=-1) + v0.norm(dim=-1) + EPS_U)
 
 
+@deterministic()
 def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
                cand: AnchorStates, boot: WindowBootstrap) -> dict[str, Any]:
     K = spec.top_k

@@ -19,6 +19,7 @@ import ctypes.util
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,24 +71,41 @@ def _detached(r: Routing) -> Routing:
                    None if r.logits_NE is None else r.logits_NE.detach(), r.margin_N)
 
 
-def deterministic() -> None:
-    """``torch.use_deterministic_algorithms(True)`` (SPEC §3) without its side effect of
-    importing ``torch._inductor`` and ``torch._dynamo`` to set the compiler's flag: ≈0.9 s of
-    every run, for a compiler the replay never uses. Falls back to the public call.
+def _set_deterministic(on: bool, warn_only: bool) -> None:
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    else:
+        setter(on, warn_only=warn_only)
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` (SPEC §3) for the duration, then the
+    caller's settings back: moeaudit runs inside training processes too (the hook, library
+    use), whose torch flags it must not change. Set through ``torch._C`` where it exists, which
+    skips the public call's import of ``torch._inductor`` and ``torch._dynamo`` to set the
+    compiler's flag (≈0.9 s of every run, for a compiler the replay never uses).
 
     Deterministic mode also fills every new tensor with NaN before use, one extra write of
     every allocation (3–7 % of a replay's CPU time, issue 6). The replay never reads memory it
-    has not written, so the fill is switched off; the receipts are bit-identical either way."""
-    fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
-    if fill is not None:
-        fill(False)
-    if torch.are_deterministic_algorithms_enabled():
-        return
-    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if setter is None:
-        torch.use_deterministic_algorithms(True)
-    else:
-        setter(True, warn_only=False)
+    has not written, so the fill is off inside; the receipts are bit-identical either way."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    get_fill = getattr(torch._C, "_get_deterministic_fill_uninitialized_memory", None)
+    set_fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
+    was_fill = get_fill() if get_fill is not None else None
+    if not was_on or was_warn:
+        _set_deterministic(True, False)
+    if set_fill is not None:
+        set_fill(False)
+    try:
+        yield
+    finally:
+        if not was_on or was_warn:
+            _set_deterministic(was_on, was_warn)
+        if set_fill is not None and was_fill is not None:
+            set_fill(was_fill)
 
 
 def _load_trim() -> Callable[[], object]:
@@ -326,9 +344,18 @@ def replay(
     are measured and dropped one expert at a time, see ``experts_backward``). ``device``
     (e.g. "cuda") computes there, one layer's weights at a time; receipts come back on the host.
     """
+    with deterministic():
+        return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
+                       grad_observers=grad_observers, window_weights_W=window_weights_W,
+                       progress=progress, dtype=dtype, device=device)
+
+
+def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
+            observers: Sequence[Observer], grad_observers: Sequence[Callable[[LayerWeights], None]],
+            window_weights_W: torch.Tensor | None, progress: Progress | None, dtype: torch.dtype,
+            device: Device) -> ReplayResult:
     spec = ckpt.spec
     device = prepare_device(device)
-    deterministic()
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
     rope = rope_tables(spec, T) if device is None else moved(rope_tables(spec, T), device)
@@ -400,6 +427,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     return x.grad, layer_grads(lw, back.sq_E.sqrt())
 
 
+@deterministic()
 def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Greedy continuation [P, new_tokens] (no KV cache: each step re-streams the decoder, which
