@@ -245,9 +245,16 @@ def claims(stmt: Mapping[str, Any]) -> Evidence:
     if not rows:
         return Evidence("predicate.claims", "no claims table", False)
     gated = sum(len((g.get("claims") or {}).get("not_licensed") or []) for g in _gates(stmt))
-    return Evidence("predicate.claims, predicate.gates[].claims", f"{len(rows)} receipts, each "
-                    "with what it measures, licenses and does not license (003 Table 4); "
-                    f"{gated} not-licensed claim(s) written at the gates")
+    text = (f"{len(rows)} receipts, each with what it measures, licenses and does not license "
+            f"(003 Table 4); {gated} not-licensed claim(s) written at the gates")
+    where = "predicate.claims, predicate.gates[].claims"
+    router = _p(stmt).get("router")
+    if router:  # a biased or group-limited gate: the certificate narrows what it covers
+        text += (f"; router gate '{router.get('gate')}' is outside 003 Theorem 1's bias-free "
+                 f"linear assumption: {len(router.get('not_certified') or [])} statement(s) "
+                 "not certified for it")
+        where += ", predicate.router"
+    return Evidence(where, text)
 
 
 def envelope(stmt: Mapping[str, Any]) -> Evidence:

@@ -92,6 +92,12 @@ def test_deepseek_certificate_names_its_biased_gate(tmp_path, env, key) -> None:
     assert all(layer["gate"]["selection_bias"]["values"] for layer in receipts["layers"])
     html = (tmp_path / "deepseek" / "certificate.html").read_text()
     assert "Router: biased or group-limited gate" in html
+    out = tmp_path / "sr-11-7.md"
+    result = CliRunner(env=env).invoke(cli, [
+        "export", str(tmp_path / "deepseek" / "certificate.json"), "--framework", "sr-11-7",
+        "--out", str(out), "--pubkey", f"{key}.pub"])
+    assert result.exit_code == 0, result.output
+    assert "outside 003 Theorem 1's bias-free linear assumption" in out.read_text()
     healthy = certify("healthy", tmp_path, env, key)
     assert "router" not in healthy  # a bias-free softmax gate needs no such statement
 
