@@ -280,22 +280,99 @@ def test_a_v3_checkpoint_without_its_bias_is_incomplete(tmp_path: Path) -> None:
         Checkpoint(dst)
 
 
-def test_fp8_weights_are_refused_not_misread(tmp_path: Path) -> None:
-    """Released DeepSeek-V3 weights are FP8 with block scales, not applied yet: one clear error
-    instead of wrong numbers."""
-    from moeaudit.errors import CheckpointError
+def _quantize_fp8(block: tuple[int, int]):
+    """DeepSeek-V3's release format: every linear weight of the decoder layers (not the router,
+    norms, embeddings or LM head) as float8_e4m3fn with one float32 scale per block, the
+    scale = the block's max |w| / 448 (e4m3's largest value), stored as ``weight_scale_inv``."""
+    bm, bn = block
 
-    save_tiny(tmp_path / "a", "deepseek_v3")
-    key = "model.layers.1.mlp.experts.0.gate_proj.weight"
-
-    def to_fp8(_ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def edit(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = dict(tensors)
-        out[key] = tensors[key].to(torch.float8_e4m3fn)
-        out[key + "_scale_inv"] = torch.ones(1, 1)
+        for key, w in tensors.items():
+            if (w.dim() != 2 or not key.startswith("model.layers.") or "norm" in key
+                    or key.endswith("mlp.gate.weight")):
+                continue
+            rows, cols = w.shape
+            gr, gc = -(-rows // bm), -(-cols // bn)
+            padded = torch.zeros(gr * bm, gc * bn)
+            padded[:rows, :cols] = w
+            amax = padded.view(gr, bm, gc, bn).abs().amax(dim=(1, 3))
+            scale = (amax / 448.0).clamp_min(1e-12)
+            full = scale.repeat_interleave(bm, 0)[:rows].repeat_interleave(bn, 1)[:, :cols]
+            out[key] = (w / full).to(torch.float8_e4m3fn)
+            out[key + "_scale_inv"] = scale
         return out
 
-    with pytest.raises(CheckpointError, match="FP8 weights need their block scales"):
-        Checkpoint(rewrite(tmp_path / "a", tmp_path / "fp8", to_fp8))
+    return edit
+
+
+def _fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int]) -> Path:
+    rewrite(src, dst, _quantize_fp8(block))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                  "activation_scheme": "dynamic",
+                                  "weight_block_size": list(block)}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_fp8_block_scaled_weights_match_transformers_dequantised(tmp_path: Path) -> None:
+    """DeepSeek-V3 as released stores FP8 weights with 128×128 block scales; transformers
+    dequantises them on a CPU-only machine. Both read the same float32 products w·s, so the
+    replay agrees at float32 tolerance — and differs from the unquantised model."""
+    pytest.importorskip("accelerate")  # transformers' FP8 loader needs it
+    save_tiny(tmp_path / "src", "deepseek_v3")
+    # Every dimension divides by 4: where one does not, transformers derives the block from the
+    # scale grid instead of using weight_block_size (DeepSeek's partial last block; next test).
+    fp8 = _fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", (4, 4))
+    ckpt = Checkpoint(fp8)
+    assert ckpt.warnings == [] and ckpt.fp8_block == (4, 4)
+    assert "F8_E4M3" in ckpt.summary(with_digest=False)["dtypes"]
+    tokens = random_tokens()
+    assert_agree_deepseek(transformers_observed(load(fp8), tokens), observed(ckpt, tokens), ckpt)
+    assert replay(ckpt, tokens).nll != replay(Checkpoint(tmp_path / "src"), tokens).nll
+
+
+def test_fp8_partial_blocks_dequantise_blockwise(tmp_path: Path) -> None:
+    """Dimensions that are not multiples of the block (V3's kv_a_proj_with_mqa is 576 rows of
+    128-blocks) use partial last blocks, as DeepSeek's ``weight_dequant`` does; checked against
+    a block-by-block loop, exactly."""
+    from moeaudit.checkpoint.checkpoint import dequantize_fp8
+
+    save_tiny(tmp_path / "src", "deepseek_v3")
+    block = (5, 7)
+    ckpt = Checkpoint(_fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", block))
+    stored = load_file(tmp_path / "fp8" / "model.safetensors")
+    key = "model.layers.1.self_attn.kv_b_proj.weight"  # 56 × 12: partial blocks both ways
+    w, s = stored[key], stored[key + "_scale_inv"]
+    want = torch.empty(w.shape)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            rows, cols = slice(i * 5, (i + 1) * 5), slice(j * 7, (j + 1) * 7)
+            want[rows, cols] = w[rows, cols].float() * s[i, j]
+    assert torch.equal(ckpt.read(key), want)
+    assert torch.equal(dequantize_fp8(w, s, block), want)
+    original = load_file(tmp_path / "src" / "model.safetensors")[key]
+    torch.testing.assert_close(want, original, rtol=0.07, atol=1e-6)  # e4m3: 3 mantissa bits
+
+
+def test_fp8_without_or_with_wrong_scales_is_refused(tmp_path: Path) -> None:
+    from moeaudit.errors import CheckpointError
+
+    save_tiny(tmp_path / "src", "deepseek_v3")
+    fp8 = _fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", (8, 8))
+    key = "model.layers.1.mlp.experts.0.gate_proj.weight"
+
+    def drop(_c: Checkpoint, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in t.items() if k != key + "_scale_inv"}
+
+    def reshape(_c: Checkpoint, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**t, key + "_scale_inv": torch.ones(1, 1)}
+
+    with pytest.raises(CheckpointError, match="without .*_scale_inv.*needs its block scales"):
+        Checkpoint(rewrite(fp8, tmp_path / "a", drop))
+    with pytest.raises(CheckpointError, match=r"8×8 blocks .* need float \[3, 4\]"):
+        Checkpoint(rewrite(fp8, tmp_path / "b", reshape))
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe"])  # transformers 5.23 mixtral: YaRN crashes

@@ -81,6 +81,31 @@ class LayerWeights:
         return self
 
 
+SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
+
+
+def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
+    """``quantization_config.weight_block_size`` of an FP8 checkpoint (DeepSeek-V3: 128×128)."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        return None
+    block = q.get("weight_block_size", [128, 128])
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise CheckpointError(f"config.json: weight_block_size must be two positive ints, got "
+                              f"{block!r}", path=path)
+    return block[0], block[1]
+
+
+def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """w · s per (bm × bn) block, in float32 (DeepSeek-V3's ``weight_dequant``; the last blocks
+    of a dimension that is not a multiple of the block size are partial)."""
+    bm, bn = block
+    rows, cols = w.shape
+    s = scale.float().repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols]
+    return w.float() * s
+
+
 def _layer_index(key: str) -> int | None:
     parts = key.split(".")
     if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
@@ -106,6 +131,9 @@ class Checkpoint:
         self.warnings: list[str] = []
         self.notes: list[str] = []  # recognised and deliberately left out (not a problem)
         self._open_files()
+        self.fp8_block = _fp8_block(self.config, self.path / "config.json")
+        self.scales = {k[: -len(SCALE_SUFFIX)]: k for k in self.key_file
+                       if k.endswith(SCALE_SUFFIX)}  # weight key → its block scales' key
         self._resolved: dict[str, str] = {}
         self.fused = self._detect_fused()
         self._validate()
@@ -153,7 +181,13 @@ class Checkpoint:
         return self.files[self.key_file[key]].tensors[key]
 
     def read(self, key: str) -> torch.Tensor:
-        return self.files[self.key_file[key]].read(key)
+        """The tensor as stored; a block-scaled FP8 weight comes back dequantised in float32."""
+        t = self.files[self.key_file[key]].read(key)
+        scale_key = self.scales.get(key)
+        if scale_key is None:
+            return t
+        return dequantize_fp8(t, self.files[self.key_file[scale_key]].read(scale_key),
+                              self.fp8_block or (128, 128))
 
     # ----- layout resolution ---------------------------------------------------------------
 
@@ -267,13 +301,28 @@ class Checkpoint:
         if info.dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}",
                                   path=self.path / self.key_file[key])
-        if info.dtype.startswith("F8"):  # block-scaled FP8 (DeepSeek-V3 as released)
+        if key in self.scales:
+            self._check_scale(key, info, seen)
+        elif info.dtype.startswith("F8"):
             raise CheckpointError(
-                f"tensor {key!r} is {info.dtype}: FP8 weights need their block scales "
-                "(weight_scale_inv), which moeaudit does not apply yet",
-                path=self.path / self.key_file[key],
-                hint="dequantise to bf16 first (e.g. DeepSeek's fp8_cast_bf16.py)")
+                f"tensor {key!r} is {info.dtype} without {key + SCALE_SUFFIX!r}: an FP8 weight "
+                "needs its block scales", path=self.path / self.key_file[key])
         seen.add(key)
+
+    def _check_scale(self, key: str, info: TensorInfo, seen: set[str]) -> None:
+        """DeepSeek-V3's block FP8: weight [out, in] with float scales [⌈out/bm⌉, ⌈in/bn⌉]."""
+        scale_key = self.scales[key]
+        scale = self.info(scale_key)
+        where = self.path / self.key_file[scale_key]
+        if len(info.shape) != 2:
+            raise CheckpointError(f"block scales for {key!r}, which is not a matrix", path=where)
+        bm, bn = self.fp8_block or (128, 128)
+        want = (-(-info.shape[0] // bm), -(-info.shape[1] // bn))
+        if scale.shape != want or scale.dtype not in ("F32", "BF16", "F16"):
+            raise CheckpointError(
+                f"tensor {scale_key!r} is {scale.dtype} {list(scale.shape)}; {bm}×{bn} blocks of "
+                f"{key!r} {list(info.shape)} need float {list(want)}", path=where)
+        seen.add(scale_key)
 
     def _validate(self) -> None:
         s, seen = self.spec, set()
@@ -375,6 +424,9 @@ class Checkpoint:
                         "qk_rope_head_dim": s.mla.qk_rope_dim, "v_head_dim": s.mla.v_head_dim}}
                if s.mla is not None else {}),
             **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
+            **({"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} "
+                              f"({len(self.scales)} block-scaled weights)"}
+               if self.scales and self.fp8_block else {}),
             "dtypes": dict(sorted(dtypes.items())),
             "parameters": sum(math.prod(i.shape) for i in infos),
             "files": sorted(self.files),
