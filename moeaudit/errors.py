@@ -31,7 +31,11 @@ class MoeauditError(Exception):
     def diagnostics(self) -> str:
         """The single line printed on stderr (control characters escaped, so a file name with
         a newline cannot split it)."""
-        parts = [f"{self.path}: {self.what}" if self.path else self.what]
+        what = self.what
+        if self.path is not None:
+            name = Path(self.path).name  # "config.json: …" after ".../config.json" says it twice
+            what = what.removeprefix(f"{name}: ") if name else what
+        parts = [f"{self.path}: {what}" if self.path else what]
         if self.hint:
             parts.append(self.hint)
         return _one_line(" — ".join(parts))

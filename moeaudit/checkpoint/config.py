@@ -376,6 +376,9 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
     factor = num("factor", None)
     if factor is None:
         factor = float(_getter(cfg, path)("max_position_embeddings", int)) / original
+    if factor <= 0:
+        raise CheckpointError(f"config.json: YaRN factor must be positive, got {factor!r}",
+                              path=path)
     mscale, mscale_all_dim = num("mscale", None), num("mscale_all_dim", None)
     attention_factor = num("attention_factor", None)
     if attention_factor is None:
