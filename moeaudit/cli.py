@@ -418,12 +418,13 @@ def _print_compare(doc: dict[str, Any]) -> None:
 @cli.command()
 @click.argument("source_path", metavar="RUN_DIR|metrics.jsonl", type=click.Path(path_type=Path))
 @policy_option
-@click.option("--source", type=click.Choice(["auto", "logs", "replay"]), default=None,
-              help="Series from training logs or from replaying every checkpoint (default: the policy's).")
+@click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default=None,
+              help="Series from training logs, from replaying every checkpoint, or from the hook's "
+                   "canary probe at saves (canary_probe.jsonl) (default: the policy's).")
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
 @click.option("--compare", is_flag=True,
-              help="Also evaluate the other source and compare logs with replays window by window "
-                   "(between consecutive checkpoints).")
+              help="Also evaluate the other sources and compare logs (and the canary probe, when "
+                   "logged) with replays window by window (between consecutive checkpoints).")
 @click.option("--calibrate-on", "calibrate_on", type=click.Path(path_type=Path),
               metavar="HEALTHY_RUN",
               help="Judge each source under constants fitted on this healthy run from the same "
@@ -486,23 +487,32 @@ def _print_comparison(c: dict[str, Any]) -> None:
     for view, k in c["constants"].items():
         out.print(f"{view}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
     spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
+    views = ("replay", "logs", "logs_endpoints", "probe") if "probe" in c["constants"] else (
+        "replay", "logs", "logs_endpoints")
+    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[:len(views)])
     table = Table("series", *[f"{a}–{b}" for a, b in spans],
-                  title="per window: replay / logs / logs at the endpoints (+ complies, - leaves)")
+                  title=f"per window: {title} (+ complies, - leaves)")
     for key in dict.fromkeys(w["series"] for w in c["windows"]):
         cells = []
         for w in (w for w in c["windows"] if w["series"] == key):
-            cell = "/".join(mark[w[v]["compliant"]] for v in ("replay", "logs", "logs_endpoints"))
-            differ = False in (w["agree"], w["agree_endpoints"])
+            cell = "/".join(mark[w[v]["compliant"]] for v in views)
+            differ = False in (w["agree"], w["agree_endpoints"], w.get("agree_probe"))
             cells.append(f"[yellow]{cell}[/]" if differ else cell)
         table.add_row(key, *cells)
     out.print(table)
     for s in c["skipped"]:
         where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
         out.print(f"not compared: {where} ({s['reason']})")
-    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints")):
+    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints"),
+                       ("probe", "the canary probe")):
+        if view not in c["agreement"]:
+            continue
         r = c["agreement"][view]
         rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
         out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
+    if c.get("probe_vs_replay", {}).get("max_rel_diff") is not None:
+        out.print(f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
+                  "(relative) at the checkpoints")
     if c.get("note"):
         out.print(f"[yellow]note:[/] {c['note']}")
 
@@ -512,7 +522,8 @@ def _print_comparison(c: dict[str, Any]) -> None:
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
 @policy_option
-@click.option("--source", type=click.Choice(["auto", "logs", "replay"]), default="auto", show_default=True)
+@click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default="auto",
+              show_default=True)
 @click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
               help="normalized (var_grad/ḡ², scale-free) is the default: Eq. 16's ε = c·Var_t[V] is not "
                    "scale-free for raw variance (docs/envelope.md).")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from moeaudit.policy import EnvelopeSettings
 
 SCHEMA = "moeaudit.envelope/v1"
-SOURCES = ("logs", "replay")
+SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
 RTOL = 1e-9  # floating-point slack on "margin ≥ 0", relative to the bound
 CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin, SPEC §7
 
@@ -78,7 +78,7 @@ class EnvelopeSeries:
     the alert rule (Eq. 21) and dead experts (§10.3) cannot be evaluated and are reported skipped.
     """
 
-    source: str  # "logs" | "replay"
+    source: str  # "logs" | "replay" | "probe"
     variant: str  # "raw" | "normalized"
     steps: tuple[int, ...]
     values: dict[str, tuple[float | None, ...]]
@@ -122,9 +122,10 @@ def from_norms(source: str, steps: Sequence[int],
                           tuple(findings))
 
 
-def from_metrics(metrics: MetricsSeries, variant: str) -> EnvelopeSeries:
-    """A series from a parsed ``metrics.jsonl`` (every logged step)."""
-    return from_norms("logs", metrics.steps, metrics.norms, variant, origin=metrics.path,
+def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> EnvelopeSeries:
+    """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
+    ``canary_probe.jsonl`` (same format, ``source="probe"``)."""
+    return from_norms(source, metrics.steps, metrics.norms, variant, origin=metrics.path,
                       findings=[f.to_json() for f in metrics.findings])
 
 

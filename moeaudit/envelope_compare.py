@@ -9,7 +9,11 @@ samples). For every window and series (each routed layer and ``pooled``) three v
   its own gap, under the logs constants. By the composition law, passing all of them implies
   passing the composed condition between any two logged steps of the window;
 * ``logs_endpoints`` — the Δ-step condition between the logged samples at t_a and t_b only: the
-  replay's check, on the other source, under the constants for logs sampled at checkpoints.
+  replay's check, on the other source, under the constants for logs sampled at checkpoints;
+* ``probe`` (when the run has the hook's ``canary_probe.jsonl``) — the same check on the
+  canary gradients the training process logged at its saves: the replay's quantity computed
+  by other code (the trainer's autograd, in the trainer's numerics), so where the replay and
+  the probe disagree, one of them is wrong.
 
 Within one segment (no break), a series is compliant iff all its discrete pairs are (the
 Grönwall windows are implied by the pairs), so the windows partition the run verdict between
@@ -38,7 +42,7 @@ VIEWS = ("replay", "logs", "logs_endpoints")  # which constants each verdict is 
 
 
 def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = None,
-                      replay: EnvelopeSeries | None = None,
+                      replay: EnvelopeSeries | None = None, probe: EnvelopeSeries | None = None,
                       breaks: Iterable[int] = ()) -> dict[str, EnvelopeSettings]:
     """Each view's constants fitted on one healthy run, from the same source and sampling.
 
@@ -53,6 +57,8 @@ def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = N
         fits["logs"] = calibrate(logs, base, breaks=breaks)
     if logs is not None and replay is not None:
         fits["logs_endpoints"] = calibrate(logs.at(replay.steps), base, breaks=breaks)
+    if probe is not None:
+        fits["probe"] = calibrate(probe, base, breaks=breaks)
     out = {v: f.settings for v, f in fits.items()}
     if "logs_endpoints" in out:
         s = out["logs_endpoints"]
@@ -62,11 +68,12 @@ def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = N
 
 
 def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str, EnvelopeSettings],
-            *, breaks: Iterable[int] = ()) -> dict[str, Any]:
+            *, breaks: Iterable[int] = (), probe: EnvelopeSeries | None = None) -> dict[str, Any]:
     """The per-window side-by-side comparison (the ``comparison`` field of the report).
 
-    ``constants``: settings per view (:data:`VIEWS`). A window that a break (resume / regime
-    change) falls in, ``t_a < b ≤ t_b``, is not compared and is listed under ``skipped``.
+    ``constants``: settings per view (:data:`VIEWS`, plus ``probe`` with a ``probe`` series).
+    A window that a break (resume / regime change) falls in, ``t_a < b ≤ t_b``, is not
+    compared and is listed under ``skipped``.
     """
     keys = [k for k in replay.values if k in logs.values]
     breaks = sorted(breaks)
@@ -83,9 +90,17 @@ def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str
                             "reason": f"resume / regime change at step {cut[0]} in the window"})
             continue
         for key in keys:
-            rows.append(_window(index, t_a, t_b, key, logs, replay, constants, pairs[key]))
-    return {"windows": rows, "skipped": skipped, "agreement": agreement(rows),
-            "constants": {v: _constants(constants[v]) for v in VIEWS}}
+            row = _window(index, t_a, t_b, key, logs, replay, constants, pairs[key])
+            if probe is not None:
+                row["probe"] = _at_endpoints(t_a, t_b, probe, key, constants["probe"])
+                row["agree_probe"] = _same(row["replay"]["compliant"], row["probe"]["compliant"])
+            rows.append(row)
+    views = (*VIEWS, "probe") if probe is not None else VIEWS
+    out = {"windows": rows, "skipped": skipped, "agreement": agreement(rows),
+           "constants": {v: _constants(constants[v]) for v in views}}
+    if probe is not None:
+        out["probe_vs_replay"] = _value_agreement(probe, replay)
+    return out
 
 
 def _window(index: int, t_a: int, t_b: int, key: str, logs: EnvelopeSeries,
@@ -94,19 +109,41 @@ def _window(index: int, t_a: int, t_b: int, key: str, logs: EnvelopeSeries,
     j = replay.steps.index(t_a)
     r = _endpoint_check(t_a, t_b, replay.values[key][j], replay.values[key][j + 1],
                         constants["replay"])
-    at = dict(zip(logs.steps, logs.values[key], strict=True))
-    if t_a in at and t_b in at:
-        e = _endpoint_check(t_a, t_b, at[t_a], at[t_b], constants["logs_endpoints"])
-    else:
-        missing = [t for t in (t_a, t_b) if t not in at]
-        e = {"value_from": at.get(t_a), "value": at.get(t_b), "bound": None, "margin": None,
-             "compliant": None, "reason": f"no logged sample at step {missing[0]}"}
+    e = _at_endpoints(t_a, t_b, logs, key, constants["logs_endpoints"])
     w = _logs_window([p for p in logged_pairs if t_a < p["to_step"] <= t_b],
                      sum(t_a <= t <= t_b for t in logs.steps))
     return {"series": key, "window": index, "start": t_a, "end": t_b, "gap": t_b - t_a,
             "replay": r, "logs": w, "logs_endpoints": e,
             "agree": _same(r["compliant"], w["compliant"]),
             "agree_endpoints": _same(r["compliant"], e["compliant"])}
+
+
+def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str,
+                  s: EnvelopeSettings) -> dict[str, Any]:
+    """The endpoint check on a logged source's samples at t_a and t_b (when it has both)."""
+    at = dict(zip(source.steps, source.values.get(key, ()), strict=False))
+    if t_a in at and t_b in at:
+        return _endpoint_check(t_a, t_b, at[t_a], at[t_b], s)
+    missing = [t for t in (t_a, t_b) if t not in at]
+    return {"value_from": at.get(t_a), "value": at.get(t_b), "bound": None, "margin": None,
+            "compliant": None, "reason": f"no logged sample at step {missing[0]}"}
+
+
+def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> dict[str, Any]:
+    """How close the probe's V is to the replay's at the steps both have: the largest relative
+    difference per series (a cross-check of the replay against the trainer's own autograd)."""
+    steps = [t for t in replay.steps if t in probe.steps]
+    worst: dict[str, float | None] = {}
+    for key, r_values in replay.values.items():
+        if key not in probe.values:
+            continue
+        p_at = dict(zip(probe.steps, probe.values[key], strict=True))
+        r_at = dict(zip(replay.steps, r_values, strict=True))
+        pairs = [(p, r) for t in steps if (p := p_at[t]) is not None and (r := r_at[t]) is not None]
+        diffs = [abs(p - r) / max(abs(r), 1e-30) for p, r in pairs]
+        worst[key] = max(diffs) if diffs else None
+    known = [v for v in worst.values() if v is not None]
+    return {"steps": steps, "max_rel_diff": max(known) if known else None, "by_series": worst}
 
 
 def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None,
@@ -157,7 +194,10 @@ def agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     series = list(dict.fromkeys(r["series"] for r in rows))
     by = {k: [r for r in rows if r["series"] == k] for k in series}
     def both(subset: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        return {"logs": rate(subset, "agree"), "logs_endpoints": rate(subset, "agree_endpoints")}
+        out = {"logs": rate(subset, "agree"), "logs_endpoints": rate(subset, "agree_endpoints")}
+        if any("agree_probe" in r for r in subset):
+            out["probe"] = rate(subset, "agree_probe")
+        return out
 
     return {**both(rows), "by_series": {k: both(v) for k, v in by.items()}}
 

@@ -25,6 +25,13 @@ The logger reads parameters from either
 
 Each line is written, flushed and fsynced before :meth:`log` returns, so a crash loses at
 most the line being written; a torn last line is dropped when the file is reopened.
+
+**Canary probe** (:meth:`~ExpertGradLogger.probe`, optional): at save steps, the same norms of
+the *canary* loss — the quantity ``moeaudit`` replays from the checkpoint — appended to
+``canary_probe.jsonl`` next to ``metrics.jsonl``, in the same line format plus the canary's
+digest. The training batches and the canary are different data: the per-step log says what
+the training gradient did, the probe what a replay of that checkpoint will say
+(docs/envelope.md, "Three sources").
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,6 +50,7 @@ import torch
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.layouts import FAMILIES, Layout
 from moeaudit.errors import InputError
+from moeaudit.run import PROBE_FILE  # the probe's log, next to metrics.jsonl
 
 SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
@@ -93,6 +101,10 @@ class _LayerParams:
     fused: list[torch.Tensor] = field(default_factory=list)  # [E, ...] tensors
     router: list[torch.Tensor] = field(default_factory=list)
     shared: list[torch.Tensor] = field(default_factory=list)
+
+    def tensors(self) -> list[torch.Tensor]:
+        own = [t for ts in self.experts.values() for t in ts]
+        return own + self.fused + self.router + self.shared
 
     def num_experts(self) -> int:
         sizes = {t.shape[0] for t in self.fused}
@@ -178,29 +190,40 @@ def collect_params(source: Source, family: str | None = None) -> dict[int, _Laye
 # --- norms ---------------------------------------------------------------------------------------
 
 
-def _sq(t: torch.Tensor) -> float:
-    return 0.0 if t.grad is None else float(t.grad.detach().double().pow(2).sum())
+GradOf = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
-def _expert_sq(lp: _LayerParams, E: int) -> list[float]:
+def _dot_grad(t: torch.Tensor) -> torch.Tensor | None:
+    return t.grad
+
+
+def _sq(t: torch.Tensor, grad_of: GradOf) -> float:
+    g = grad_of(t)
+    return 0.0 if g is None else float(g.detach().double().pow(2).sum())
+
+
+def _expert_sq(lp: _LayerParams, E: int, grad_of: GradOf) -> list[float]:
     """Squared gradient norm per expert: its own tensors plus its slices of fused tensors."""
-    sq = [sum(_sq(t) for t in lp.experts.get(e, [])) for e in range(E)]
+    sq = [sum(_sq(t, grad_of) for t in lp.experts.get(e, [])) for e in range(E)]
     for t in lp.fused:
-        if t.grad is not None:
-            per_e = t.grad.detach().double().pow(2).reshape(E, -1).sum(1).tolist()
+        g = grad_of(t)
+        if g is not None:
+            per_e = g.detach().double().pow(2).reshape(E, -1).sum(1).tolist()
             sq = [a + b for a, b in zip(sq, per_e, strict=True)]
     return sq
 
 
-def grad_norms(layers: Mapping[int, _LayerParams]) -> dict[str, dict[str, Any]]:
-    """The three norm tables of one metrics line (finite or not; sanitised by the caller)."""
+def grad_norms(layers: Mapping[int, _LayerParams],
+               grad_of: GradOf = _dot_grad) -> dict[str, dict[str, Any]]:
+    """The three norm tables of one metrics line (finite or not; sanitised by the caller).
+    ``grad_of(tensor)``: its gradient (default ``tensor.grad``), None for no gradient."""
     experts, router, shared = {}, {}, {}
     for layer, lp in layers.items():
         key = str(layer)
-        experts[key] = [math.sqrt(s) for s in _expert_sq(lp, lp.num_experts())]
-        router[key] = math.sqrt(sum(_sq(t) for t in lp.router))
+        experts[key] = [math.sqrt(s) for s in _expert_sq(lp, lp.num_experts(), grad_of)]
+        router[key] = math.sqrt(sum(_sq(t, grad_of) for t in lp.router))
         if lp.shared:
-            shared[key] = math.sqrt(sum(_sq(t) for t in lp.shared))
+            shared[key] = math.sqrt(sum(_sq(t, grad_of) for t in lp.shared))
     out: dict[str, dict[str, Any]] = {"expert_grad_norms": experts, "router_grad_norms": router}
     if shared:
         out["shared_grad_norms"] = shared
@@ -228,7 +251,8 @@ class ExpertGradLogger:
     ``family``: a layout name (``mixtral``…); by default the module's ``config.model_type``,
     else every known layout. ``resume_step``: when resuming from a checkpoint at that step,
     lines logged after it by the interrupted process are dropped first, so the log stays
-    one line per step.
+    one line per step. ``probe_path``: where :meth:`probe` writes (default
+    ``canary_probe.jsonl`` next to ``path``); it is repaired the same way.
     """
 
     def __init__(
@@ -239,14 +263,18 @@ class ExpertGradLogger:
         every: int = 1,
         family: str | None = None,
         resume_step: int | None = None,
+        probe_path: str | Path | None = None,
     ):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.path = Path(path)
+        self.probe_path = (Path(probe_path) if probe_path is not None
+                           else self.path.with_name(PROBE_FILE))
         self.every = every
         self.layers = collect_params(source, family)
-        self._file: TextIO | None = None
+        self._files: dict[Path, TextIO] = {}
         _repair(self.path, resume_step)
+        _repair(self.probe_path, resume_step)
 
     @property
     def num_experts(self) -> dict[int, int]:
@@ -261,28 +289,55 @@ class ExpertGradLogger:
             return None
         loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         record: dict[str, Any] = {"step": int(step), "loss": loss_value, **grad_norms(self.layers)}
+        return self._record(self.path, record, extra)
+
+    __call__ = log
+
+    def probe(self, step: int, loss: torch.Tensor, *, canary: str | None = None,
+              **extra: Any) -> dict[str, Any]:
+        """Log the per-expert gradient norms of a canary ``loss`` to :attr:`probe_path`.
+
+        Call it at save steps with the mean next-token NLL of the canary windows under the
+        weights being saved (no auxiliary terms: the loss ``moeaudit`` replays, SPEC §3), and
+        pass the canary's digest as ``canary``. The gradients come from
+        ``torch.autograd.grad``: the parameters' ``.grad`` (the training step's) are left
+        untouched and nothing accumulates. A parameter that does not require grad counts as 0.
+        """
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
+        tensors = list(dict.fromkeys(
+            t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
+        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+        by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
+        record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()),
+                                  **grad_norms(self.layers, lambda t: by_id.get(id(t)))}
+        if canary is not None:
+            record["canary"] = canary
+        return self._record(self.probe_path, record, extra)
+
+    def _record(self, path: Path, record: dict[str, Any],
+                extra: Mapping[str, Any]) -> dict[str, Any]:
         record.update(extra)
         bad: list[str] = []
         record = {k: _finite(v, k, bad) for k, v in record.items()}
         if bad:
             record["nonfinite"] = bad
-        self._write(json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
+        self._write(path, json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
         return record
 
-    __call__ = log
-
-    def _write(self, line: str) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
-        self._file.write(line)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+    def _write(self, path: Path, line: str) -> None:
+        f = self._files.get(path)
+        if f is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = self._files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def __enter__(self) -> ExpertGradLogger:
         return self

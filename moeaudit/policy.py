@@ -51,7 +51,7 @@ class EnvelopeSettings:
     """SPEC §7 / `000` Table 6."""
 
     variant: str = "raw"  # "raw" var_grad or "normalized" var_grad_norm
-    source: str = "auto"  # which series is gated: "logs", "replay", or "auto" (logs when present)
+    source: str = "auto"  # which series is gated: "logs", "replay", "probe", or "auto" (logs when present)
     delta: float = 0.05
     epsilon: float = 1e-5
     window: int = 1000  # τ, compliance window in steps
@@ -215,7 +215,8 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
          "margins.protected_layers must be layer indices ≥ 0"),
         (e.variant in ("raw", "normalized"), "envelope.variant must be 'raw' or 'normalized'"),
-        (e.source in ("auto", "logs", "replay"), "envelope.source must be 'auto', 'logs' or 'replay'"),
+        (e.source in ("auto", "logs", "replay", "probe"),
+         "envelope.source must be 'auto', 'logs', 'replay' or 'probe'"),
         (0 < e.delta < 1, "envelope.delta must be in (0, 1)"),
         (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
         (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),

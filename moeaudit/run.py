@@ -15,6 +15,8 @@ from pathlib import Path
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
 
+PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 EVENTS = ("resume", "regime_change")
 STAGES = ("pretraining", "post-training")
@@ -35,6 +37,7 @@ class Run:
     events: list[Event] = field(default_factory=list)
     stage: str | None = None  # from events.jsonl; None = not stated there
     metrics: Path | None = None
+    probe: Path | None = None  # the hook's canary_probe.jsonl (canary gradients at saves)
 
     @property
     def steps(self) -> list[int]:
@@ -65,6 +68,8 @@ def discover(path: str | Path) -> Run:
         run.events, run.stage = read_events(events_path)
     if (root / "metrics.jsonl").is_file():
         run.metrics = root / "metrics.jsonl"
+    if (root / PROBE_FILE).is_file():
+        run.probe = root / PROBE_FILE
     return run
 
 

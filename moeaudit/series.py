@@ -1,13 +1,17 @@
 """Gradient-variance series of a run for the envelope (SPEC §7): from the training hook's
-``metrics.jsonl`` (every logged step) or from replaying every checkpoint on the canary."""
+``metrics.jsonl`` (every logged step), from replaying every checkpoint on the canary, or from
+the hook's canary probe at saves (``canary_probe.jsonl``, the replay's quantity logged by the
+training process itself)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
+from moeaudit.run import PROBE_FILE
 
 
 def norms_from_receipts(docs: Mapping[int, Mapping[str, Any]]) -> tuple[list[int], dict[str, list[list[float]]]]:
@@ -61,12 +65,17 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
     return norms
 
 
-def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path) -> str:
+def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path,
+                  has_probe: bool = False) -> str:
     if requested == "auto":
         requested = "logs" if has_logs else "replay"
     if requested == "logs" and not has_logs:
         raise InputError("no metrics.jsonl in the run directory", path=where,
                          hint="log with moeaudit.hooks.ExpertGradLogger, or use --source replay")
+    if requested == "probe" and not has_probe:
+        raise InputError("no canary_probe.jsonl in the run directory", path=where,
+                         hint="call ExpertGradLogger.probe(step, canary_loss) at every save, "
+                              "or use --source replay")
     if requested == "replay" and n_checkpoints < 2:
         raise InputError(f"a replay series needs at least two checkpoints, found {n_checkpoints}", path=where)
     return requested
@@ -81,7 +90,8 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     if path.is_file():
         if source == "replay":
             raise InputError("a replay series needs a run directory, not a log file", path=path)
-        return env.from_metrics(read_metrics(path), variant), []
+        kind = "probe" if source == "probe" else "logs"
+        return env.from_metrics(read_metrics(path), variant, kind), []
     from moeaudit.run import discover
 
     run = discover(path)
@@ -89,10 +99,14 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
         if warn:
             warn(f"warning: skipped {skipped.name}: {why}")
     breaks = [e.step for e in run.events]
-    chosen = choose_source(source, run.metrics is not None, len(run.checkpoints), path)
+    chosen = choose_source(source, run.metrics is not None, len(run.checkpoints), path,
+                           run.probe is not None)
     if chosen == "logs":
         assert run.metrics is not None
         return env.from_metrics(read_metrics(run.metrics), variant), breaks
+    if chosen == "probe":
+        assert run.probe is not None
+        return env.from_metrics(read_metrics(run.probe), variant, "probe"), breaks
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary
 
@@ -138,11 +152,20 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | N
     primary, breaks = get(path, source)
     series = {primary.source: primary}
     other = "replay" if primary.source == "logs" else "logs"
+    probe_note = None
     if compare:
         if path.is_file():
             raise InputError("comparing logs with replays needs a run directory", path=path)
-        series[other] = get(path, other)[0]
-    constants = {view: settings for view in cmp.VIEWS}
+        for src in ("logs", "replay"):
+            if src not in series:
+                series[src] = get(path, src)[0]
+        if "probe" not in series and (path / PROBE_FILE).is_file():
+            series["probe"] = get(path, "probe")[0]
+        if "probe" in series:
+            probe_note = _probe_mismatch(path / PROBE_FILE, canary_path, path)
+            if probe_note is not None:
+                del series["probe"]
+    constants = {view: settings for view in (*cmp.VIEWS, "probe")}
     if calibrate_on is not None:
         w = settings.warmup_steps
         ref = {src: get(calibrate_on, src) for src in series}
@@ -159,6 +182,28 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | N
             **({} if calibrate_on is not None else {"note": (
                 "every verdict uses the policy's constants; fit each source on a healthy run "
                 "from the same source and sampling (--calibrate-on) to compare like with like")}),
-            **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks),
+            **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks,
+                          probe=trimmed.get("probe")),
             "report": reports[other]}
+        if "probe" in reports and primary.source != "probe":
+            report["comparison"]["probe_report"] = reports["probe"]
+        if probe_note is not None:
+            report["comparison"]["skipped"].append({"series": "probe", "reason": probe_note})
     return report
+
+
+def _probe_mismatch(probe: Path, canary_path: str | None, run_dir: Path) -> str | None:
+    """Why the hook's canary probe cannot stand next to the replays (another canary), or None."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.locate import require_canary
+
+    digest = canary_mod.load(require_canary(canary_path, run_dir)).digest
+    logged = set()
+    for line in probe.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            logged.add(json.loads(line).get("canary"))
+    if logged == {digest}:
+        return None
+    shown = ", ".join(sorted(str(d)[:12] for d in logged))
+    return (f"not compared: the probe logged canary {shown}, the replays use {digest[:12]} "
+            "(the probe is only the replay's quantity on the same canary)")

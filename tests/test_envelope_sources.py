@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -112,6 +113,27 @@ def test_logs_endpoints_are_calibrated_at_the_checkpoint_steps() -> None:
     assert fits["logs_endpoints"].epsilon == pytest.approx(3 * statistics.pvariance(wavy[::10]))
 
 
+def test_the_probe_is_judged_at_the_checkpoints_beside_the_replays(synthetic) -> None:
+    """The hook's canary probe: one more endpoint check per window, under its own constants,
+    and the largest relative difference of V from the replay's at the shared steps."""
+    logs, replay = synthetic
+    probe_v = {**REPLAY, 300: 0.3 * (1 + 2e-7), 400: 0.1}  # 400: the probe sees a drop
+    probe = from_records("probe", [(t, {"0": v}, v) for t, v in probe_v.items()], "normalized")
+    doc = compare(logs, replay, {**SAME, "probe": SETTINGS}, probe=probe)
+    rows = by_window(doc)
+    assert [w["probe"]["compliant"] for w in rows] == [True, True, False, True, True]
+    assert [w["agree_probe"] for w in rows] == [True, True, True, False, True]
+    assert rows[3]["probe"]["value"] == 0.1 and rows[3]["replay"]["value"] == 0.35
+    assert doc["agreement"]["by_series"]["0"]["probe"] == {"compared": 5, "agree": 4, "rate": 0.8}
+    assert set(doc["constants"]) == {*VIEWS, "probe"}
+    worst = doc["probe_vs_replay"]
+    assert worst["steps"] == sorted(REPLAY)
+    assert worst["by_series"]["0"] == pytest.approx(abs(0.1 - 0.35) / 0.35)
+    assert "probe" not in compare(logs, replay, SAME)["agreement"]  # no probe, no probe view
+    fits = calibrate_sources(SETTINGS, logs=logs, replay=replay, probe=probe)
+    assert set(fits) == {*VIEWS, "probe"} and "6 samples" in fits["probe"].provenance
+
+
 @given(st.lists(st.floats(0.0, 1.0), min_size=11, max_size=11))
 def test_every_logged_step_complying_implies_the_endpoints_comply(values: list[float]) -> None:
     """The composition law: the logs can fail at the endpoints only if some logged pair fails."""
@@ -161,6 +183,38 @@ def test_healthy_complies_in_every_window_on_both_sources(reports) -> None:
     assert c["agreement"]["logs"] == {"compared": 25, "agree": 25, "rate": 1.0}
     assert c["agreement"]["logs_endpoints"] == {"compared": 25, "agree": 25, "rate": 1.0}
     assert c["calibrated_on"] == str(SAMPLES / "healthy") and "note" not in c
+
+
+@samples
+@pytest.mark.parametrize("run", ["healthy", "collapse"])
+def test_the_canary_probe_logged_in_training_agrees_with_the_replays(reports, run) -> None:
+    """Same weights, same canary, other code (the trainer's autograd, one thread): V within
+    1e-5 relative at every checkpoint, and the same verdict in every window."""
+    c = reports[run]["comparison"]
+    assert c["agreement"]["probe"] == {"compared": 25, "agree": 25, "rate": 1.0}
+    assert c["probe_vs_replay"]["steps"] == [250, 500, 750, 1000, 1250, 1500]
+    assert c["probe_vs_replay"]["max_rel_diff"] < 1e-5
+    assert c["probe_report"]["source"] == "probe"
+    assert c["probe_report"]["compliant"] is (run == "healthy")
+    assert "(probe, steps 250" in c["constants"]["probe"]["provenance"]
+
+
+@samples
+def test_a_probe_of_another_canary_is_not_compared(env, tmp_path) -> None:
+    run = tmp_path / "healthy"
+    shutil.copytree(SAMPLES / "healthy", run)
+    lines = [json.loads(x) for x in (run / "canary_probe.jsonl").read_text().splitlines()]
+    (run / "canary_probe.jsonl").write_text(
+        "".join(json.dumps({**x, "canary": "0" * 64}) + "\n" for x in lines))
+    out = tmp_path / "r.json"
+    result = CliRunner(env=env).invoke(cli, ["envelope", str(run), "--compare", "--canary",
+                                             str(SAMPLES / "canary.safetensors"), "--policy",
+                                             str(SAMPLES / "policy.toml"), "--json", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    c = json.loads(out.read_text())["comparison"]
+    assert "probe" not in c["agreement"] and "probe_report" not in c
+    (skip,) = [s for s in c["skipped"] if s.get("series") == "probe"]
+    assert "the probe logged canary 000000000000" in skip["reason"]
 
 
 @samples

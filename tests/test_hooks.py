@@ -124,6 +124,55 @@ def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
         assert record["router_grad_norms"][str(layer)] == pytest.approx(grads.router, rel=2e-3)
 
 
+def test_probe_on_transformers_equals_replay_and_leaves_grad_alone(tmp_path: Path) -> None:
+    """The canary probe inside a transformers training step: its norms are the replay's on
+    the same checkpoint and tokens (external check: HF autograd vs our streaming replay), and
+    the training step's ``.grad`` are the same bytes before and after."""
+    pytest.importorskip("transformers")
+    from hf_models import load, random_tokens, save_tiny
+
+    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "ckpt", "qwen2_moe")
+    model = load(tmp_path / "ckpt")
+    batch, canary = random_tokens(2, 10, seed=2), random_tokens(3, 12)
+    model(input_ids=batch.long(), labels=batch.long()).loss.backward()  # the training step's
+    before = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    logger = ExpertGradLogger(tmp_path / "metrics.jsonl", model)
+    probe_loss = model(input_ids=canary.long(), labels=canary.long()).loss
+    record = logger.probe(250, probe_loss, canary="sha256:test")
+    logger.close()
+    after = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert read_jsonl(tmp_path / "canary_probe.jsonl") == [record]
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert record["step"] == 250 and record["canary"] == "sha256:test"
+    result = replay(Checkpoint(tmp_path / "ckpt"), canary)
+    assert record["loss"] == pytest.approx(result.nll, rel=1e-5)
+    for layer, grads in result.grads.items():
+        torch.testing.assert_close(
+            torch.tensor(record["expert_grad_norms"][str(layer)], dtype=torch.float64),
+            grads.experts_E, rtol=2e-4, atol=1e-9)
+        assert record["router_grad_norms"][str(layer)] == pytest.approx(grads.router, rel=2e-4)
+        assert record["shared_grad_norms"][str(layer)] == pytest.approx(grads.shared, rel=2e-4)
+
+
+def test_probe_needs_a_loss_with_a_graph(tmp_path: Path) -> None:
+    logger = ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params())
+    with pytest.raises(ValueError, match="scalar tensor with a graph"):
+        logger.probe(1, torch.tensor(1.0))
+
+
+def test_probe_file_repaired_on_resume(tmp_path: Path) -> None:
+    named = _per_expert_params()
+    probe = tmp_path / "canary_probe.jsonl"
+    probe.write_text('{"step": 250, "loss": 1.0}\n{"step": 500, "loss": 1.0}\n{"step": 7')
+    ExpertGradLogger(tmp_path / "metrics.jsonl", named, resume_step=250)
+    assert probe.read_text() == '{"step": 250, "loss": 1.0}\n'
+
+
 # --- per-expert names (transformers v4, on-disk layout) and our LayerWeights ---------------------
 
 

@@ -82,6 +82,9 @@ def test_tiny_run_directories(tiny: Path) -> None:
             assert Checkpoint(ckpt).warnings == []
         steps = [json.loads(line)["step"] for line in (tiny / run / "metrics.jsonl").open()]
         assert steps == sorted(set(steps)) and steps
+        probed = [json.loads(line) for line in (tiny / run / "canary_probe.jsonl").open()]
+        assert [p["step"] for p in probed] == [int(c.name.split("-")[1]) for c in ckpts]
+        assert {p["canary"] for p in probed} == {canary.digest}
     resume_events = [json.loads(x) for x in (tiny / "resume" / "events.jsonl").open()]
     assert [e["event"] for e in resume_events] == ["resume"]
     assert (tiny / "resume" / f"checkpoint-{resume_events[0]['step']}").is_dir()
@@ -122,6 +125,8 @@ def test_shipped_tree_and_size() -> None:
         assert 4 <= len(ckpts) <= 6, run
         assert all(int(c.name.split("-")[1]) % 250 == 0 for c in ckpts), run
         assert (SHIPPED / run / "metrics.jsonl").is_file()
+        probed = [json.loads(line) for line in (SHIPPED / run / "canary_probe.jsonl").open()]
+        assert [p["step"] for p in probed] == [int(c.name.split("-")[1]) for c in ckpts], run
 
 
 def test_shipped_deepseek_is_balanced_by_its_bias_alone(shipped_canary) -> None:

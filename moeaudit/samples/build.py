@@ -136,6 +136,7 @@ class Context:
     out: Path
     scale: Scale
     progress: Progress | None
+    canary: canary_mod.Canary | None = None  # probed at every save (canary_probe.jsonl)
 
     def steps(self, n: int, first: int = 1) -> tuple[int, ...]:
         return tuple(self.scale.interval * i for i in range(first, n + 1))
@@ -172,7 +173,7 @@ def _pretrain(ctx: Context, name: str, arch: Arch, **kw: Any) -> None:
     cfg = ctx.config(steps=steps[-1], save_steps=steps, **kw)
     model = init_model(arch, seed=1)
     model.config["router_aux_loss_coef"] = max(cfg.aux_coef, 0.0)
-    train(model, ctx.out / name, cfg, name=name, progress=ctx.progress)
+    train(model, ctx.out / name, cfg, name=name, progress=ctx.progress, probe=ctx.canary)
 
 
 def run_healthy(ctx: Context) -> None:
@@ -198,7 +199,7 @@ def run_resume(ctx: Context) -> None:
     )
     model = init_model(s.qwen_arch, seed=2)
     model.config["router_aux_loss_coef"] = 0.05
-    train(model, run, first, name="resume", progress=ctx.progress)
+    train(model, run, first, name="resume", progress=ctx.progress, probe=ctx.canary)
     ckpt = run / f"checkpoint-{resume_at}"
     note = (
         f"process stopped at step {first.stop_at}; resumed from checkpoint-{resume_at} "
@@ -214,6 +215,7 @@ def run_resume(ctx: Context) -> None:
         state=TrainerState.read(ckpt),
         name="resume",
         progress=ctx.progress,
+        probe=ctx.canary,
     )
 
 
@@ -235,7 +237,7 @@ def _continue(ctx: Context, name: str, note: str, *, every: int = 1, **kw: Any) 
     )
     model = load_model(source)
     model.config["router_aux_loss_coef"] = 0.0
-    train(model, run, cfg, name=name, progress=ctx.progress)
+    train(model, run, cfg, name=name, progress=ctx.progress, probe=ctx.canary)
 
 
 # `003` Distill-640's "data-regime change": the post-shift mix is mostly arithmetic.
@@ -358,9 +360,8 @@ def build_samples(
         raise UsageError(f"unknown sample run(s) {unknown}", hint=f"runs: {', '.join(RUNS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(out, SCALES[scale], progress)
     with deterministic():
-        build_canary(out, ctx.scale)
+        ctx = Context(out, SCALES[scale], progress, build_canary(out, SCALES[scale]))
         for name in RUNS:  # dependency order: healthy before the runs continuing from it
             if name in runs:
                 shutil.rmtree(out / name, ignore_errors=True)

@@ -11,6 +11,7 @@ Runs are written like a Hugging Face Trainer output directory (SPEC §2.3)::
 
     RUN/checkpoint-<step>/{config.json, model.safetensors, trainer_state.json}
     RUN/metrics.jsonl      (moeaudit.hooks.ExpertGradLogger)
+    RUN/canary_probe.jsonl (the same hook's canary probe at every save, when given a canary)
     RUN/events.jsonl       (resume / regime_change, where relevant)
 
 Each checkpoint is written into ``checkpoint-<step>.tmp/`` and renamed into place. Nothing
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
 from moeaudit.checkpoint.config import ModelSpec, spec_from_config
 from moeaudit.checkpoint.safetensors import write_safetensors
@@ -488,14 +490,20 @@ def train(
     state: TrainerState | None = None,
     name: str = "",
     progress: Progress | None = None,
+    probe: Canary | None = None,
 ) -> TrainerState:
     """Train from ``start_step`` to ``cfg.steps`` (or ``cfg.stop_at``), writing the run dir.
 
     A fresh optimizer is created (so a resume resets AdamW state, as when ``optimizer.pt`` is
     lost); ``metrics.jsonl`` lines after ``start_step`` from an interrupted attempt are dropped.
+    ``probe``: after every checkpoint save, log the gradient norms of this canary's loss
+    (``canary_probe.jsonl``). A resumed run does not probe its starting checkpoint again:
+    the interrupted process did. The probe reads the weights and writes nothing else, so the
+    checkpoints are the same bytes with or without it.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    resumed = state is not None
     state = state or TrainerState(start_step, cfg.steps)
     state.max_steps = cfg.steps
     state.log_history = [h for h in state.log_history if h["step"] <= start_step]
@@ -507,17 +515,29 @@ def train(
     logger = ExpertGradLogger(
         run_dir / "metrics.jsonl", model.layers, every=cfg.log_every, resume_step=start_step
     )
-    if start_step in cfg.save_steps:
-        save_checkpoint(model, run_dir, state, cfg)
     last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     with logger:
+        if start_step in cfg.save_steps:
+            save_checkpoint(model, run_dir, state, cfg)
+            if probe is not None and not resumed:
+                probe_canary(model, probe, logger, start_step)
         for step in range(start_step + 1, last + 1):
             _step(model, opt, live, batches.next(), rope, cfg, step, start_step, logger, state)
             if step in cfg.save_steps:
                 save_checkpoint(model, run_dir, state, cfg)
+                if probe is not None:
+                    probe_canary(model, probe, logger, step)
             if progress is not None:
                 progress(name, step, cfg.steps)
     return state
+
+
+def probe_canary(model: Model, canary: Canary, logger: ExpertGradLogger, step: int) -> None:
+    """The hook's canary probe: per-expert gradient norms of the canary's mean next-token NLL
+    (no auxiliary loss) under the weights just saved."""
+    tokens_WT = canary.tokens.long()
+    nll, _ = forward_loss(model, tokens_WT, rope_tables(model.spec, tokens_WT.shape[1]))
+    logger.probe(step, nll, canary=canary.digest)
 
 
 def _step(
