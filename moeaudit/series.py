@@ -90,7 +90,7 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     if path.is_file():
         if source == "replay":
             raise InputError("a replay series needs a run directory, not a log file", path=path)
-        kind = "probe" if source == "probe" else "logs"
+        kind = "probe" if source == "probe" or path.name == PROBE_FILE else "logs"
         return env.from_metrics(read_metrics(path), variant, kind), []
     from moeaudit.run import discover
 

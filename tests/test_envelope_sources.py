@@ -249,3 +249,16 @@ def test_compare_only_adds_to_the_envelope_report(reports, env, tmp_path) -> Non
     c = both["comparison"]
     assert c["calibrated_on"] is None and "--calibrate-on" in c["note"]
     assert c["constants"]["replay"] == c["constants"]["logs"]  # the policy's, for every view
+
+
+@samples
+def test_a_bare_probe_log_is_read_as_the_probe_source(env, tmp_path) -> None:
+    out = tmp_path / "p.json"
+    result = CliRunner(env=env).invoke(cli, [
+        "envelope", str(SAMPLES / "healthy" / "canary_probe.jsonl"), "--policy",
+        str(SAMPLES / "policy.toml"), "--json", str(out)])
+    assert result.exit_code in (0, 1), result.output + result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["source"] == "probe"
+    assert [r["step"] for r in doc["series"]["pooled"]][-1] == 1500
+
