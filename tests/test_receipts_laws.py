@@ -347,3 +347,23 @@ def test_receipts_json_is_byte_identical_across_runs(
     for layer in doc["layers"]:
         occ = layer["occupancy"]
         assert sum(occ["counts"]) == doc["checkpoint"]["top_k"] * 8 * 16  # k·N, N = W·T
+
+
+@pytest.mark.parametrize("run", ["healthy", "resume", "deepseek"])  # mixtral, qwen2_moe, MLA
+def test_backward_through_scalar_roots_is_bit_identical(monkeypatch, run: str) -> None:
+    """``backward_from`` (Σ root ⊙ grad, to skip torch's sympy import) gives exactly the
+    gradients of ``torch.autograd.backward(roots, grads)``, shared expert and MLA included."""
+    from moeaudit.replay import engine, replay
+
+    samples = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+    ckpt = Checkpoint(sorted((samples / run).glob("checkpoint-1500"))[0])
+    tokens = canary_mod.load(samples / "canary.safetensors").tokens[:6]
+    ours = replay(ckpt, tokens)
+    monkeypatch.setattr(engine, "backward_from",
+                        lambda roots, grads: torch.autograd.backward(list(roots), list(grads)))
+    ref = replay(ckpt, tokens)
+    assert ours.grads.keys() == ref.grads.keys() and ours.grads
+    for layer, g in ours.grads.items():
+        r = ref.grads[layer]
+        assert torch.equal(g.experts_E, r.experts_E), layer
+        assert (g.router, g.shared, g.attention) == (r.router, r.shared, r.attention), layer

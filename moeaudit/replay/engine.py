@@ -306,7 +306,7 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
             g = g_R[rows, None]
             dlogits = p_RV.mul_(g)
             dlogits.scatter_add_(1, tgt, -g)
-            torch.autograd.backward(xn, (dlogits @ lm_head).to(xn.dtype))
+            backward_from([xn], [(dlogits @ lm_head).to(xn.dtype)])
             assert xc.grad is not None
             grad_RH[rows] = xc.grad
         del p_RV, xn, xc
@@ -315,6 +315,18 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
         grad = torch.zeros_like(x_WTH)
         grad[:, :-1] = grad_RH.view(W, T - 1, H)
     return Head(nll_R.view(W, T - 1), ent_R.view(W, T - 1), grad)
+
+
+def backward_from(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+    """``torch.autograd.backward(roots, grads)``, through the scalar roots Σ root ⊙ grad.
+
+    The gradients are the same bits: d/d(root) of Σ root ⊙ g is 1·g = g exactly, and the new
+    sum and product nodes all run before any node of the original graph, which then runs in
+    its own order (tested: golden certificate, oracle gradients). What it avoids is torch's
+    explicit-gradient path, whose first use in a process imports ``torch.fx``'s symbolic
+    shapes and with them sympy — 0.55 s (482 modules) of every replay (docs/benchmarks.md §1d).
+    """
+    torch.autograd.backward([(r * g.detach()).sum() for r, g in zip(roots, grads, strict=True)])
 
 
 def _loss_grad(W: int, T1: int, window_weights_W: torch.Tensor | None) -> torch.Tensor:
@@ -407,7 +419,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     if not lw.routed:
         with torch.enable_grad():
             out, _ = decoder_layer(spec, lw, x, rope)
-        torch.autograd.backward(out, grad_BTH)
+        backward_from([out], [grad_BTH])
         assert x.grad is not None
         return x.grad, None
     B, T, H = x.shape
@@ -422,7 +434,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     if shared is not None:
         roots.append(shared)
         grads.append(g_NH)
-    torch.autograd.backward(roots, grads)
+    backward_from(roots, grads)
     assert x.grad is not None
     return x.grad, layer_grads(lw, back.sq_E.sqrt())
 
