@@ -267,7 +267,8 @@ class _Replayer:
 
 def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events: list[dict[str, Any]],
               say: Say) -> dict[str, Any] | None:
-    """The envelope on the logs when the run has them (every logged step), else on replays."""
+    """The envelope on the logs when the run has them (every logged step), else on replays; on
+    the hook's canary probe (``canary_probe.jsonl``) when the policy's source is ``probe``."""
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
 
@@ -279,12 +280,15 @@ def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events:
     if use_logs:
         assert run.metrics is not None
         series = env.from_metrics(read_metrics(run.metrics), settings.variant)
+    elif settings.source == "probe" and run.probe is not None:
+        series = env.from_metrics(read_metrics(run.probe), settings.variant, "probe")
     elif len(docs) >= 2 and settings.source in ("auto", "replay"):
         steps, norms = norms_from_receipts(docs)
         series = env.from_norms("replay", steps, norms, settings.variant, origin=str(run.path))
     else:
         say(f"envelope: not evaluated (policy source {settings.source!r}; metrics.jsonl "
-            f"{'present' if run.metrics else 'absent'}; {len(docs)} checkpoint(s))")
+            f"{'present' if run.metrics else 'absent'}; canary_probe.jsonl "
+            f"{'present' if run.probe else 'absent'}; {len(docs)} checkpoint(s))")
         return None
     return env.evaluate(series.since(settings.warmup_steps), settings, breaks=breaks,
                         policy_path=policy.source)

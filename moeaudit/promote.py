@@ -107,9 +107,13 @@ def markdown_summary(result: dict[str, Any]) -> str:
 
 
 def logs_envelope(candidate: Path, policy: Policy, spec: Any = None) -> dict[str, Any] | str | None:
-    """The envelope over the candidate's run logs, when its run directory has metrics.jsonl;
-    a string when the policy's calibrated constants do not apply to this promotion."""
-    metrics = candidate.resolve().parent / "metrics.jsonl"
+    """The envelope over the candidate's run logs, when its run directory has metrics.jsonl
+    (canary_probe.jsonl when the policy's source is ``probe``); a string when the policy's
+    calibrated constants do not apply to this promotion."""
+    from moeaudit.run import PROBE_FILE
+
+    probe = policy.envelope.source == "probe"
+    metrics = candidate.resolve().parent / (PROBE_FILE if probe else "metrics.jsonl")
     if not metrics.is_file():
         return None
     if spec is not None:
@@ -121,5 +125,6 @@ def logs_envelope(candidate: Path, policy: Policy, spec: Any = None) -> dict[str
     from moeaudit import envelope as env
     from moeaudit.metrics import read_metrics
 
-    series = env.from_metrics(read_metrics(metrics), policy.envelope.variant)
+    series = env.from_metrics(read_metrics(metrics), policy.envelope.variant,
+                              "probe" if probe else "logs")
     return env.evaluate(series.since(policy.envelope.warmup_steps), policy.envelope, policy_path=policy.source)

@@ -141,3 +141,27 @@ def test_compare_margins_on_samples(tmp_path, env) -> None:
                                  "--reference", str(base), "--json", str(out)])
     assert result.exit_code == 0
     assert json.loads(out.read_text())["margins"]["handoff"]["exact"] < 0
+
+
+def test_a_policy_calibrated_on_the_canary_probe_gates_on_it(tmp_path, env, key) -> None:
+    """calibrate --source probe on healthy → a policy whose envelope reads canary_probe.jsonl:
+    healthy complies, collapse does not, in `envelope` and in `certify`."""
+    policy = tmp_path / "probe-policy.toml"
+    result = CliRunner(env=env).invoke(cli, ["calibrate", str(SAMPLES / "healthy"), "--source", "probe",
+                                             "--variant", "normalized", "--since", "200",
+                                             "--out", str(policy)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert 'source = "probe"' in policy.read_text()
+    for run, code in (("healthy", 0), ("collapse", 1)):
+        out = tmp_path / f"{run}-envelope.json"
+        result = CliRunner(env=env).invoke(cli, ["envelope", str(SAMPLES / run), "--policy", str(policy),
+                                                 "--json", str(out)])
+        assert result.exit_code == code, result.output + result.stderr
+        assert json.loads(out.read_text())["source"] == "probe"
+        cert = tmp_path / f"{run}-cert"
+        result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / run), "--policy", str(policy),
+                                                 "--key", str(key), "--out", str(cert)])
+        assert result.exit_code == 0, result.stderr
+        pred = json.loads(base64.b64decode(json.loads((cert / "certificate.json").read_text())["payload"]))
+        assert check(pred["predicate"], "envelope")["status"] == ("PASS" if code == 0 else "FAIL")
+        assert pred["predicate"]["envelope"]["source"] == "probe"
