@@ -307,7 +307,7 @@ class ExpertGradLogger:
             raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
         tensors = list(dict.fromkeys(
             t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
-        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+        grads = torch.autograd.grad(loss, tensors, allow_unused=True) if tensors else ()
         by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
         record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()),
                                   **grad_norms(self.layers, lambda t: by_id.get(id(t)))}

@@ -166,6 +166,10 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | N
             if probe_note is not None:
                 del series["probe"]
     constants = {view: settings for view in (*cmp.VIEWS, "probe")}
+    if calibrate_on is not None and "probe" in series and not (calibrate_on / PROBE_FILE).is_file():
+        del series["probe"]  # its constants could not be fitted like for like
+        probe_note = (f"not compared: {calibrate_on} has no {PROBE_FILE} to fit the probe's "
+                      "constants on")
     if calibrate_on is not None:
         w = settings.warmup_steps
         ref = {src: get(calibrate_on, src) for src in series}

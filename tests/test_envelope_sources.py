@@ -262,3 +262,20 @@ def test_a_bare_probe_log_is_read_as_the_probe_source(env, tmp_path) -> None:
     assert doc["source"] == "probe"
     assert [r["step"] for r in doc["series"]["pooled"]][-1] == 1500
 
+
+
+@samples
+def test_a_probe_is_not_compared_when_the_calibration_run_has_none(env, tmp_path) -> None:
+    healthy = tmp_path / "healthy"
+    shutil.copytree(SAMPLES / "healthy", healthy)
+    (healthy / "canary_probe.jsonl").unlink()
+    out = tmp_path / "r.json"
+    result = CliRunner(env=env).invoke(cli, [
+        "envelope", str(SAMPLES / "collapse"), "--compare", "--calibrate-on", str(healthy),
+        "--canary", str(SAMPLES / "canary.safetensors"), "--json", str(out)])
+    assert result.exit_code == 1, result.output + result.stderr
+    c = json.loads(out.read_text())["comparison"]
+    assert "probe" not in c["agreement"] and "probe" not in c["constants"]
+    (skip,) = [s for s in c["skipped"] if s.get("series") == "probe"]
+    assert "has no canary_probe.jsonl" in skip["reason"]
+    assert c["agreement"]["logs_endpoints"]["compared"] == 25

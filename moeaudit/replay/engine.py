@@ -322,9 +322,10 @@ def backward_from(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) 
 
     The gradients are the same bits: d/d(root) of Σ root ⊙ g is 1·g = g exactly, and the new
     sum and product nodes all run before any node of the original graph, which then runs in
-    its own order (tested: golden certificate, oracle gradients). What it avoids is torch's
-    explicit-gradient path, whose first use in a process imports ``torch.fx``'s symbolic
-    shapes and with them sympy — 0.55 s (482 modules) of every replay (docs/benchmarks.md §1d).
+    its own order (tested bit for bit against ``torch.autograd.backward`` on mixtral, qwen2_moe
+    and deepseek checkpoints). What it avoids is torch's explicit-gradient path, whose first use
+    in a process imports ``torch.fx``'s symbolic shapes and with them sympy — 0.55 s (482
+    modules) of every replay (docs/benchmarks.md §1e).
     """
     torch.autograd.backward([(r * g.detach()).sum() for r, g in zip(roots, grads, strict=True)])
 
