@@ -304,10 +304,15 @@ def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | No
                        "reason": envelope_skip or "no series: no metrics.jsonl and fewer than two checkpoints"})
     else:
         fv = env_report.get("first_violation")
-        reason = (f"compliant on every window ({env_report['source']})" if env_report["compliant"] else
-                  f"leaves the envelope at step {fv['step']} (series {fv['layer']}, {fv['check']})")
-        checks.append({"name": "envelope", "evaluated": True,
-                       "status": PASS if env_report["compliant"] else FAIL, "reason": reason})
+        vacuous = env_report.get("sampling", {}).get("vacuous", [])
+        if env_report["compliant"] and vacuous and set(vacuous) >= set(env_report["series"]):
+            checks.append({"name": "envelope", "evaluated": False, "status": None,
+                           "reason": env_report["sampling"]["warnings"][-1]})
+        else:
+            reason = (f"compliant on every window ({env_report['source']})" if env_report["compliant"]
+                      else f"leaves the envelope at step {fv['step']} (series {fv['layer']}, {fv['check']})")
+            checks.append({"name": "envelope", "evaluated": True,
+                           "status": PASS if env_report["compliant"] else FAIL, "reason": reason})
     ref = margins["refinement"]
     if ref is None:
         checks.append({"name": "refinement", "evaluated": False, "status": None,

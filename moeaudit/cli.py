@@ -473,6 +473,8 @@ def _print_envelope(report: dict[str, Any]) -> None:
     if fv:
         out.print(f"[red]first leaves the envelope at step {fv['step']} on series {fv['layer']}[/] "
                   f"({fv['check']} check: V = {_fmt(fv['value'], '.4g')}, bound {_fmt(fv['bound'], '.4g')})")
+    for w in report.get("sampling", {}).get("warnings", []):
+        out.print(f"[yellow]warning:[/] {w}")
     for a in report["alerts"]:
         out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
     for d in report["dead_experts"]:

@@ -393,8 +393,45 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
                      "to_step": series.steps[s.start], "reason": "resume / regime change between"}
                     for s in segments(series.steps, breaks)[1:]],
     }
+    report["sampling"] = sampling(series, settings)
     _rules(series, settings, report)
     return report
+
+
+def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, Any]:
+    """Is the series sampled as the constants assume, and can it fail at this sampling at all?
+
+    ``envelope.sampling_interval`` is the gap the constants were fitted at (``calibrate``
+    records it). Constants do not transfer between gaps: the Δ-step bound from V = 0,
+    ``ε(1 − (1−δ)^Δ)/δ``, grows with Δ. For the normalized variant V of E experts is at most
+    E − 1 (a variance over a squared mean of non-negative values), so where that bound
+    reaches E − 1 no value can fail the discrete check, nor the Grönwall windows (whose bound
+    is at least ε/δ): such series are listed under ``vacuous``.
+    """
+    gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
+    gap = gaps[len(gaps) // 2] if gaps else None
+    out: dict[str, Any] = {"policy_interval": settings.sampling_interval, "median_gap": gap,
+                           "floor_bound": None, "vacuous": [], "warnings": []}
+    if gap is None:
+        return out
+    if gap != settings.sampling_interval:
+        out["warnings"].append(
+            f"the constants are for samples every {settings.sampling_interval} steps "
+            f"(envelope.sampling_interval); this series is sampled every {gap} (median gap) — "
+            "constants fitted at one sampling do not transfer to another; calibrate at this one")
+    floor = composed_bound(0.0, settings.delta, settings.epsilon, gap)
+    out["floor_bound"] = floor
+    if series.variant != "normalized" or not series.norms:
+        return out
+    sizes = {k: len(next((v for v in vs if v is not None), ())) for k, vs in series.norms.items()}
+    sizes[POOLED] = sum(sizes.values())
+    out["vacuous"] = [k for k in series.values if k in sizes and floor >= sizes[k] - 1]
+    if out["vacuous"]:
+        out["warnings"].append(
+            f"vacuous at this sampling: from V = 0 the {gap}-step bound is {floor:.4g}, at or above "
+            f"the largest possible var_grad_norm (E − 1) of series {', '.join(out['vacuous'])}; "
+            "nothing there can leave the envelope")
+    return out
 
 
 def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: str | None) -> None:
@@ -519,8 +556,9 @@ def calibrate(series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALI
                   f"{steps[0]}–{steps[-1]}, {len(steps)} samples, variant {series.variant}): "
                   f"ε = c·Var_t[V], c = {c:g}, population variance over time of series {key!r}; "
                   f"δ = δ*/2, δ* = {lo:.6g} under window τ = {base.window}")
+    gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
     settings = replace(base, variant=series.variant, delta=delta, epsilon=epsilon, calibrated=True,
-                       provenance=provenance)
+                       provenance=provenance, sampling_interval=gaps[len(gaps) // 2])
     return Calibration(settings, lo, tv, key, binding, c)
 
 

@@ -426,3 +426,56 @@ def test_since_trims_a_reference_past_its_warmup() -> None:
     assert late.steps == (200, 300)
     assert late.values["0"] == (1.0, None) and late.norms == {"0": ((1.0, 3.0), (None, 1.0))}
     assert late.notes == {"0": {1: s.notes["0"][3]}, "pooled": {1: s.notes["pooled"][3]}}
+
+
+# --- sampling: the gap the constants were fitted at, and vacuous checks ---------------------------
+
+
+def _norm_series(gap: int, samples: int = 7) -> EnvelopeSeries:
+    """Two layers of 8 experts, gently wobbling norms, sampled every ``gap`` steps."""
+    rng = random.Random(3)
+    norms = {layer: [[1 + 0.1 * rng.random() for _ in range(8)] for _ in range(samples)]
+             for layer in ("0", "1")}
+    return from_norms("logs", [gap * (j + 1) for j in range(samples)], norms, "normalized")
+
+
+def test_calibrate_records_the_sampling_it_was_fitted_at() -> None:
+    wavy = [0.1 + 0.05 * math.sin(j / 5) for j in range(31)]
+    for gap in (10, 250):
+        series = from_records("logs", [(gap * j, {"0": v}, v) for j, v in enumerate(wavy)], "normalized")
+        fit = calibrate(series, EnvelopeSettings(variant="normalized"))
+        assert fit.settings.sampling_interval == gap
+
+
+def test_a_series_at_another_sampling_is_warned_and_a_check_that_cannot_fail_is_named() -> None:
+    # budget 7.92 at Δ = 10 as in the shipped sample policy: from V = 0 the 250-step bound is
+    # 0.0833·(1 − 0.98948^250)/0.010519 = 7.356 ≥ 8 − 1 for each 8-expert layer, < 16 − 1 pooled
+    s = EnvelopeSettings(variant="normalized", delta=0.010519192639469804,
+                         epsilon=0.08329853807980177, sampling_interval=10)
+    report = evaluate(_norm_series(250), s)
+    sampling = report["sampling"]
+    assert (sampling["policy_interval"], sampling["median_gap"]) == (10, 250)
+    assert sampling["floor_bound"] == pytest.approx(composed_bound(0.0, s.delta, s.epsilon, 250))
+    assert sampling["floor_bound"] == pytest.approx(7.356, abs=1e-3)
+    assert sampling["vacuous"] == ["0", "1"]
+    assert len(sampling["warnings"]) == 2 and "sampled every 250" in sampling["warnings"][0]
+    same = evaluate(_norm_series(10), s)["sampling"]
+    assert same["vacuous"] == [] and same["warnings"] == []
+    raw_s = EnvelopeSettings(variant="raw", delta=s.delta, epsilon=s.epsilon, sampling_interval=10)
+    raw = evaluate(from_norms("logs", [250, 500, 750], {"0": [[1.0, 2.0]] * 3}, "raw"), raw_s)["sampling"]
+    assert raw["vacuous"] == [] and len(raw["warnings"]) == 1  # no E − 1 ceiling for raw variance
+
+
+def test_certify_does_not_pass_an_envelope_nothing_could_fail() -> None:
+    from moeaudit.certify import _checks
+
+    margins = {"refinement": None, "handoff": None}
+    report = {"compliant": True, "first_violation": None, "source": "replay",
+              "series": {"pooled": [], "0": []},
+              "sampling": {"vacuous": ["pooled", "0"], "warnings": ["vacuous at this sampling: …"]}}
+    check = next(c for c in _checks("pretraining", margins, report, {}) if c["name"] == "envelope")
+    assert (check["evaluated"], check["status"]) == (False, None)
+    assert check["reason"].startswith("vacuous at this sampling")
+    report["sampling"]["vacuous"] = ["0"]
+    check = next(c for c in _checks("pretraining", margins, report, {}) if c["name"] == "envelope")
+    assert (check["evaluated"], check["status"]) == (True, "PASS")
