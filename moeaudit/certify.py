@@ -19,10 +19,10 @@ from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
 from moeaudit.certificate import statement, table4
 from moeaudit.errors import InputError
-from moeaudit.gates import FAIL, PASS, Checkpointed, baselines, evaluate_gates, verdict
+from moeaudit.judge.gates import FAIL, PASS, Checkpointed, baselines, evaluate_gates, verdict
 from moeaudit.jsonio import finite_document
-from moeaudit.margins import handoff, refinement
-from moeaudit.policy import Policy, protected_layers
+from moeaudit.judge.margins import handoff, refinement
+from moeaudit.judge.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.state import environment, run_state
@@ -269,7 +269,7 @@ def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events:
               say: Say) -> dict[str, Any] | None:
     """The envelope on the logs when the run has them (every logged step), else on replays; on
     the hook's canary probe (``canary_probe.jsonl``) when the policy's source is ``probe``."""
-    from moeaudit import envelope as env
+    from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
 
     from moeaudit.series import norms_from_receipts
@@ -367,7 +367,7 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
 
     from moeaudit.certificate import canonical_json, sign_statement
     from moeaudit.jsonio import atomic_write, dumps
-    from moeaudit.render import render_html
+    from moeaudit.report.html import render_html
     from moeaudit.signing import keyid
 
     cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"

@@ -116,7 +116,7 @@ policy_option = click.option(
 
 def _load_policy(given: Path | None, start: Path):
     from moeaudit.locate import find_upwards
-    from moeaudit.policy import load_policy
+    from moeaudit.judge.policy import load_policy
 
     path = given or find_upwards(start, "policy.toml")
     policy = load_policy(path)
@@ -374,7 +374,7 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
 
 def _print_compare(doc: dict[str, Any]) -> None:
     from moeaudit.claims import TABLE4
-    from moeaudit.margins import describe_handoff, describe_refinement
+    from moeaudit.judge.margins import describe_handoff, describe_refinement
 
     base, cand = doc["base"], doc["candidate"]
     out.print(f"[bold]base[/] {base['checkpoint']['name']}  →  [bold]candidate[/] "
@@ -537,9 +537,9 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     """Fit the envelope constants on a healthy run (000 Eq. 16) and write a policy."""
     from dataclasses import replace
 
-    from moeaudit import envelope as env
+    from moeaudit.judge import envelope as env
     from moeaudit.jsonio import atomic_write
-    from moeaudit.policy import to_toml
+    from moeaudit.judge.policy import to_toml
     from moeaudit.series import run_series
 
     _check_output(out, force)
@@ -559,7 +559,7 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
                        calibrated_stage=run.stage or base.gates.stage or "pretraining",
                        calibrated_model=model_tag(run.checkpoints[0][1].spec))
     policy = replace(base, envelope=settings)
-    from moeaudit.policy import validate
+    from moeaudit.judge.policy import validate
 
     validate(policy, out)
     header = (f"moeaudit policy — envelope calibrated by `moeaudit calibrate {run_dir}`\n"
@@ -676,7 +676,7 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     from moeaudit import canary as canary_mod
     from moeaudit.jsonio import atomic_write
     from moeaudit.locate import require_canary
-    from moeaudit.promote import HOLD, INCONCLUSIVE, decide, junit_xml, logs_envelope, markdown_summary
+    from moeaudit.judge.promote import HOLD, INCONCLUSIVE, decide, junit_xml, logs_envelope, markdown_summary
     from moeaudit.receipts.pair import compare as run_compare
 
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
@@ -780,7 +780,7 @@ def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> Non
 @verbose_option
 def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None, force: bool) -> None:
     """Map a verified certificate's evidence to a compliance framework."""
-    from moeaudit.export import run_export
+    from moeaudit.report.export import run_export
     from moeaudit.jsonio import atomic_write
 
     _check_output(out, force)

@@ -84,7 +84,7 @@ def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Pat
 def run_series(path: Path, source: str, variant: str, canary_path: str | None,
                progress: Any = None, warn: Any = None, cache: Any = None) -> tuple[Any, list[int]]:
     """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
-    from moeaudit import envelope as env
+    from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
 
     if path.is_file():
@@ -139,12 +139,12 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | N
     """The ``moeaudit.envelope/v1`` report of a run (or a bare metrics.jsonl) under ``settings``.
 
     ``compare``: also evaluate the other source and add ``comparison`` — the logs and the
-    replays window by window between consecutive checkpoints (:mod:`moeaudit.envelope_compare`).
+    replays window by window between consecutive checkpoints (:mod:`moeaudit.judge.envelope_compare`).
     ``calibrate_on``: a healthy run; every source is then judged under constants fitted on it
     from the same source and sampling, instead of the policy's.
     """
-    from moeaudit import envelope as env
-    from moeaudit import envelope_compare as cmp
+    from moeaudit.judge import envelope as env
+    from moeaudit.judge import envelope_compare as cmp
 
     def get(where: Path, src: str) -> tuple[Any, list[int]]:
         return run_series(where, src, settings.variant, canary_path, progress, warn, cache)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import moeaudit.render
+import moeaudit.report.html
 from moeaudit.cli import cli
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
@@ -19,7 +19,7 @@ def test_failure_while_rendering_leaves_no_certificate(tmp_path: Path, monkeypat
     def boom(*_a, **_k):
         raise KeyboardInterrupt  # as if Ctrl-C arrived while the page was being rendered
 
-    monkeypatch.setattr(moeaudit.render, "render_html", boom)
+    monkeypatch.setattr(moeaudit.report.html, "render_html", boom)
     env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     out = tmp_path / "out"
     result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / "sft-refine"), "--out", str(out)])

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moeaudit.envelope import (
+from moeaudit.judge.envelope import (
     SCHEMA,
     EnvelopeSeries,
     alert_rule_problem,
@@ -34,7 +34,7 @@ from moeaudit.envelope import (
 from moeaudit.errors import EXIT_INPUT, InputError
 from moeaudit.jsonio import dumps
 from moeaudit.metrics import parse_metrics
-from moeaudit.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
+from moeaudit.judge.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
 
 DELTA, EPS = 0.05, 1e-5  # `000` Table 6
 TABLE6 = EnvelopeSettings()

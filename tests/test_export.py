@@ -20,7 +20,7 @@ from moeaudit.certificate import (
     table4,
 )
 from moeaudit.errors import InputError, UsageError
-from moeaudit.export import (
+from moeaudit.report.export import (
     COVERED,
     FORMATS,
     FRAMEWORKS,

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from moeaudit import canary as canary_mod
-from moeaudit import metrics, policy, signing
+from moeaudit import metrics, signing
+from moeaudit.judge import policy
 from moeaudit.certificate import canonical_json, open_certificate
 from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.checkpoint.safetensors import SafetensorsFile

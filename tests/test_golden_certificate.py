@@ -17,7 +17,7 @@ import pytest
 
 from moeaudit.canary import load
 from moeaudit.certify import audit_run, write_outputs
-from moeaudit.policy import load_policy
+from moeaudit.judge.policy import load_policy
 from moeaudit.signing import load_private_key, load_public_key, verify_envelope
 
 ROOT = Path(__file__).resolve().parent.parent

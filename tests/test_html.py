@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from moeaudit import charts
-from moeaudit.render import VERIFY, render_html
+from moeaudit.report import charts
+from moeaudit.report.html import VERIFY, render_html
 
 FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
 GOLDEN = Path(__file__).parent / "fixtures" / "certificate_example.html"

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.policy import ReceiptSettings
+from moeaudit.judge.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.replay.model import MoETap, Routing, experts_forward_sets
 

@@ -12,8 +12,8 @@ from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
-from moeaudit.margins import handoff, refinement
-from moeaudit.policy import Policy, protected_layers
+from moeaudit.judge.margins import handoff, refinement
+from moeaudit.judge.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state

@@ -19,9 +19,9 @@ from typing import Any
 
 import jinja2
 
-from moeaudit import charts
+from moeaudit.report import charts
 from moeaudit.resources import templates_dir
-from moeaudit.svg import linear_ticks, sci, signed
+from moeaudit.report.svg import linear_ticks, sci, signed
 
 TEMPLATE = "certificate.html.j2"
 VERIFY = "moeaudit verify certificate.json --pubkey KEY.pub [--recheck]"

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moeaudit.errors import InputError
-from moeaudit.policy import MarginSettings
+from moeaudit.judge.policy import MarginSettings
 
 
 def smin(values: Sequence[float], beta: float) -> float:

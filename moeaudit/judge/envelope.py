@@ -24,13 +24,11 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moeaudit.errors import InputError
 from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
-
-if TYPE_CHECKING:
-    from moeaudit.policy import EnvelopeSettings
+from moeaudit.judge.policy import EnvelopeSettings, alert_rule_problem
 
 SCHEMA = "moeaudit.envelope/v1"
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
@@ -279,34 +277,6 @@ def _min_margin(rows: list[dict[str, Any]]) -> float | None:
 
 
 # --- alert rule (`000` Eq. 21) and dead experts (§10.3) ------------------------------------------
-
-
-def alert_rule_problem(a: float, b: float, variant: str,
-                       num_experts: int | None = None) -> str | None:
-    """Why ``max_e g_e < a ∧ V > b`` can never hold, or None if it can.
-
-    Norms are ≥ 0, so ``max_e g_e < a`` puts every g_e in [0, a): their population variance is
-    below a²·⌊E/2⌋⌈E/2⌉/E² ≤ a²/4 (half the experts at 0, half at a). The scale-free
-    ``var/ḡ²`` of E non-negative values is at most E − 1 (one non-zero expert), whatever a is.
-    """
-    if a <= 0:
-        return f"alert_a = {a:g} ≤ 0, but gradient norms are ≥ 0, so max_e g_e < a never holds"
-    if variant == "raw":
-        if num_experts is None:
-            cap, what = a * a / 4, f"a²/4 = {a * a / 4:.6g}"
-        else:
-            lo, hi = num_experts // 2, (num_experts + 1) // 2
-            cap = a * a * lo * hi / num_experts**2
-            what = f"a²·⌊E/2⌋⌈E/2⌉/E² = {cap:.6g} for E = {num_experts} experts"
-        if b >= cap:
-            return (f"the alert rule can never fire: max_e g_e < a = {a:g} puts every g_e in "
-                    f"[0, a), so var_grad < {what}, never > b = {b:g}; choose b < {cap:.6g} "
-                    f"(e.g. b = a²/400 = {a * a / 400:.6g})")
-    elif num_experts is not None and b >= num_experts - 1:
-        return (f"the alert rule can never fire: var_grad_norm = var/ḡ² of {num_experts} "
-                f"non-negative norms is at most E − 1 = {num_experts - 1}, never > b = {b:g}; "
-                f"choose b < {num_experts - 1}")
-    return None
 
 
 def alerts(steps: Sequence[int], norms: Sequence[Sequence[float | None]],

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from moeaudit.gates import structural
-from moeaudit.policy import Policy
+from moeaudit.judge.gates import structural
+from moeaudit.judge.policy import Policy
 
 PROMOTE, HOLD, INCONCLUSIVE = "PROMOTE", "HOLD", "INCONCLUSIVE"
 
@@ -122,7 +122,7 @@ def logs_envelope(candidate: Path, policy: Policy, spec: Any = None) -> dict[str
         why = envelope_applies(policy.envelope, policy.gates.stage or "post-training", spec)
         if why:
             return why
-    from moeaudit import envelope as env
+    from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
 
     series = env.from_metrics(read_metrics(metrics), policy.envelope.variant,

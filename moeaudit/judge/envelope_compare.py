@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from moeaudit.envelope import (
+from moeaudit.judge.envelope import (
     Calibration,
     EnvelopeSeries,
     budget,
@@ -36,7 +36,7 @@ from moeaudit.envelope import (
 )
 
 if TYPE_CHECKING:
-    from moeaudit.policy import EnvelopeSettings
+    from moeaudit.judge.policy import EnvelopeSettings
 
 VIEWS = ("replay", "logs", "logs_endpoints")  # which constants each verdict is judged under
 

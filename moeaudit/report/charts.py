@@ -18,7 +18,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from moeaudit.svg import (
+from moeaudit.report.svg import (
     BAD,
     BOUND,
     C2_LINE,
