@@ -9,7 +9,7 @@ atomically, the certificate last: an interrupted run leaves no partial certifica
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,11 @@ from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
 from moeaudit.certificate import statement, table4
 from moeaudit.errors import InputError
-from moeaudit.judge.gates import FAIL, PASS, Checkpointed, baselines, evaluate_gates, verdict
 from moeaudit.jsonio import finite_document
+from moeaudit.judge.decide import Evidence, decide, resolve_stage
+from moeaudit.judge.gates import Checkpointed, baselines, evaluate_gates
 from moeaudit.judge.margins import handoff, refinement
-from moeaudit.judge.policy import Policy, protected_layers
+from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.state import environment, run_state
@@ -47,7 +48,8 @@ class Audit:
 
 def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
               reference: str | Path | None = None, say: Say = lambda _m: None,
-              cache: ReceiptsCache | None = None, device: str | None = None) -> Audit:
+              cache: ReceiptsCache | None = None, device: str | None = None,
+              stage: str | None = None) -> Audit:
     run = discover(run_path)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
@@ -60,43 +62,58 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
     events = [{"step": e.step, "event": e.event, "note": e.note} for e in run.events]
     base_at = baselines(run.steps, events)
+    stage, stage_source = resolve_stage(stage, policy.gates.stage, run.stage, "pretraining")
 
-    objective = _training_loss(run)
+    training_loss = _training_loss(run)
     replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say,
                          len(run.checkpoints), device)
     docs, points, pairs = {}, [], {}
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
         docs[step] = replayer.receipts(step, ckpt)
-        points.append(Checkpointed(step, docs[step], base_at.get(step), objective(step)))
+        points.append(Checkpointed(step, docs[step], base_at.get(step), training_loss(step)))
+        if base is not None:  # a post-resume baseline is compared with the one before it too
+            pairs[step] = replayer.pair(base, (step, ckpt))
         if step in base_at or base is None:
             replayer.new_base(step, ckpt)
             base = (step, ckpt)
-            continue
-        pairs[step] = replayer.pair(base, (step, ckpt))
         replayer.forget_states(keep=base[0])
-    gates = evaluate_gates(points, protected, policy.gates)
+    gates = evaluate_gates(points, protected, policy.gates, resamples=policy.receipts.bootstrap,
+                           seed=policy.receipts.seed)
+    for gate in gates:
+        if gate["step"] in pairs:
+            gate["drift"] = _drift_summary(pairs[gate["step"]])
 
-    stage = run.stage or policy.gates.stage or "pretraining"
-    last_step, last_base = gates[-1]["step"], gates[-1]["baseline"]
-    margins = {"refinement": None, "handoff": None}
-    if last_step in pairs:
-        drift = {entry["layer"]: entry["drift"] for entry in pairs[last_step]["layers"]}
-        margins["refinement"] = refinement(docs[last_base], docs[last_step], drift, protected, policy.margins)
+    last = gates[-1]
+    margins: dict[str, Any] = {"refinement": None, "handoff": None}
+    if last["step"] in pairs:
+        drift = {entry["layer"]: entry["drift"] for entry in pairs[last["step"]]["layers"]}
+        margins["refinement"] = refinement(docs[last["baseline"]], docs[last["step"]], drift,
+                                           protected, policy.margins)
+    inputs = _inputs(run, policy)
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
 
-        margins["handoff"] = handoff(docs[last_step], load_reference(reference, canary, policy),
-                                     protected, policy.margins)
-    from moeaudit.series import envelope_applies
+        ref_doc = load_reference(reference, canary, policy)
+        margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
+        inputs["reference"] = _reference_digest(Path(reference), ref_doc)
+    from moeaudit.series import envelope_evidence
 
-    why_not = envelope_applies(policy.envelope, stage, first.spec)
-    env_report = None if why_not else _envelope(run, docs, policy, events, say)
-    checks = _checks(stage, margins, env_report, docs, why_not, [p.name for p, _ in run.skipped])
+    env_report, env_why = envelope_evidence(run, docs, policy, stage, first.spec,
+                                            start=run.steps[0], end=run.steps[-1],
+                                            breaks=[e["step"] for e in events], origin=str(run.path))
+    evidence = Evidence(stage=stage, stage_source=stage_source, gates=gates, margins=margins,
+                        envelope=env_report, envelope_reason=env_why,
+                        skipped=[p.name for p, _ in run.skipped], nonfinite=_nonfinite(docs),
+                        band=policy.gates.inconclusive_band)
+    decision = decide(evidence)
     predicate = {
-        "verdict": verdict(gates, checks),
+        "verdict": decision["verdict"],
+        "verdict_reason": decision["verdict_reason"],
         "run": {"name": run.path.name, "path": str(run_path), "stage": stage,
-                "checkpoints": run.steps, "skipped": [p.name for p, _ in run.skipped], "events": events},
+                "stage_source": stage_source, "checkpoints": run.steps,
+                "skipped": [p.name for p, _ in run.skipped], "events": events},
+        "inputs": inputs,
         "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
                    "window_len": canary.window_len, "domains": list(canary.domains)},
         "policy": {"source": policy.source, "digest": policy.digest,
@@ -105,10 +122,10 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         "environment": environment(),
         "protected_layers": protected,
         "gates": gates,
-        "checks": checks,
+        "checks": decision["checks"],
         "envelope": env_report,
         "margins": margins,
-        "heatmaps": _heatmaps(docs[last_step]),
+        "heatmaps": _heatmaps(docs[last["step"]]),
         "claims": table4(),
     }
     router = _router_section(first.spec, docs)
@@ -123,6 +140,46 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if env_report is not None:
         audit.receipts["envelope.json"] = env_report
     return audit
+
+
+DRIFTS = ("coordinate", "boundary", "transition", "content")
+
+
+def _drift_summary(pair: dict[str, Any]) -> dict[str, Any]:
+    """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
+    return {"against_step": pair["base_step"],
+            "layers": [{"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
+                        "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}}
+                       for e in pair["layers"]]}
+
+
+def _file_digest(path: Path) -> dict[str, Any]:
+    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "bytes": path.stat().st_size}
+
+
+def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
+    """SHA-256 of every file besides the checkpoints that a signed number rests on."""
+    out: dict[str, Any] = {}
+    for name, path in (("metrics", run.metrics), ("probe", run.probe),
+                       ("events", run.path / "events.jsonl")):
+        if path is not None and path.is_file():
+            out[name] = _file_digest(path)
+    if policy.source != BUILTIN and Path(policy.source).is_file():
+        out["policy_file"] = _file_digest(Path(policy.source))
+    return out
+
+
+def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
+        return {"path": path.name, "kind": "checkpoint", "root_sha256": doc["checkpoint"]["digest"]}
+    return {**_file_digest(path), "kind": "receipts"}
+
+
+def _nonfinite(docs: dict[int, dict[str, Any]]) -> list[str]:
+    bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]]
+    bad += [f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])]
+    return bad
 
 
 def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -263,83 +320,6 @@ class _Replayer:
 
     def forget_states(self, keep: int | None) -> None:
         self.states = {s: o for s, o in self.states.items() if s == keep}
-
-
-def _envelope(run: Run, docs: dict[int, dict[str, Any]], policy: Policy, events: list[dict[str, Any]],
-              say: Say) -> dict[str, Any] | None:
-    """The envelope on the logs when the run has them (every logged step), else on replays; on
-    the hook's canary probe (``canary_probe.jsonl``) when the policy's source is ``probe``."""
-    from moeaudit.judge import envelope as env
-    from moeaudit.metrics import read_metrics
-
-    from moeaudit.series import norms_from_receipts
-
-    settings = policy.envelope
-    breaks = [e["step"] for e in events]
-    use_logs = run.metrics is not None and settings.source in ("auto", "logs")
-    if use_logs:
-        assert run.metrics is not None
-        series = env.from_metrics(read_metrics(run.metrics), settings.variant)
-    elif settings.source == "probe" and run.probe is not None:
-        series = env.from_metrics(read_metrics(run.probe), settings.variant, "probe")
-    elif len(docs) >= 2 and settings.source in ("auto", "replay"):
-        steps, norms = norms_from_receipts(docs)
-        series = env.from_norms("replay", steps, norms, settings.variant, origin=str(run.path))
-    else:
-        say(f"envelope: not evaluated (policy source {settings.source!r}; metrics.jsonl "
-            f"{'present' if run.metrics else 'absent'}; canary_probe.jsonl "
-            f"{'present' if run.probe else 'absent'}; {len(docs)} checkpoint(s))")
-        return None
-    return env.evaluate(series.since(settings.warmup_steps), settings, breaks=breaks,
-                        policy_path=policy.source)
-
-
-def _checks(stage: str, margins: dict[str, Any], env_report: dict[str, Any] | None,
-            docs: dict[int, dict[str, Any]], envelope_skip: str | None = None,
-            skipped: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """PASS/FAIL checks, each evaluated only where it is the relevant question (`003` Table 5)."""
-    checks = []
-    if env_report is None:
-        checks.append({"name": "envelope", "evaluated": False, "status": None,
-                       "reason": envelope_skip or "no series: no metrics.jsonl and fewer than two checkpoints"})
-    else:
-        fv = env_report.get("first_violation")
-        vacuous = env_report.get("sampling", {}).get("vacuous", [])
-        if env_report["compliant"] and vacuous and set(vacuous) >= set(env_report["series"]):
-            checks.append({"name": "envelope", "evaluated": False, "status": None,
-                           "reason": env_report["sampling"]["warnings"][-1]})
-        else:
-            reason = (f"compliant on every window ({env_report['source']})" if env_report["compliant"]
-                      else f"leaves the envelope at step {fv['step']} (series {fv['layer']}, {fv['check']})")
-            checks.append({"name": "envelope", "evaluated": True,
-                           "status": PASS if env_report["compliant"] else FAIL, "reason": reason})
-    ref = margins["refinement"]
-    if ref is None:
-        checks.append({"name": "refinement", "evaluated": False, "status": None,
-                       "reason": "the last checkpoint is a baseline; nothing to compare"})
-    else:
-        gated = stage == "post-training"
-        checks.append({"name": "refinement", "evaluated": gated,
-                       "status": (PASS if ref["exact"] is not None and ref["exact"] >= 0 else FAIL)
-                       if gated else None,
-                       "value": ref["exact"],
-                       "reason": ("post-training run: refinement is gated" if gated
-                                  else "pretraining run: refinement is reported, not gated")})
-    hand = margins["handoff"]
-    checks.append({"name": "handoff", "evaluated": hand is not None,
-                   "status": None if hand is None else (
-                       PASS if hand["exact"] is not None and hand["exact"] >= 0 else FAIL),
-                   **({"value": hand["exact"]} if hand is not None else {}),
-                   "reason": "against the given reference" if hand is not None else "no --reference given"})
-    if skipped:
-        checks.append({"name": "coverage", "evaluated": True, "status": "INCONCLUSIVE",
-                       "reason": f"checkpoint(s) skipped as unreadable or still being written: {', '.join(skipped)}"})
-    bad = sorted({f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]})
-    bad += sorted({f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])})
-    checks.append({"name": "finite", "evaluated": True, "status": FAIL if bad else PASS,
-                   "reason": ("NaN/Inf found: " + "; ".join(bad[:5])) if bad
-                   else "every weight and receipt is finite"})
-    return checks
 
 
 def _heatmaps(doc: dict[str, Any]) -> dict[str, Any]:

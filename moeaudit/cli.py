@@ -529,46 +529,61 @@ def _print_comparison(c: dict[str, Any]) -> None:
 @click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
               help="normalized (var_grad/ḡ², scale-free) is the default: Eq. 16's ε = c·Var_t[V] is not "
                    "scale-free for raw variance (docs/envelope.md).")
-@click.option("--since", type=int, default=0, show_default=True, help="Ignore samples before this step (warm-up).")
+@click.option("--since", type=click.IntRange(min=0), default=None,
+              help="Ignore samples before this step (warm-up). Default: the learning-rate peak in "
+                   "the last checkpoint's trainer_state.json, else 0.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
 def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: Path | None, source: str,
-              variant: str, since: int, force: bool) -> None:
+              variant: str, since: int | None, force: bool) -> None:
     """Fit the envelope constants on a healthy run (000 Eq. 16) and write a policy."""
     from dataclasses import replace
 
     from moeaudit.judge import envelope as env
     from moeaudit.jsonio import atomic_write
-    from moeaudit.judge.policy import to_toml
-    from moeaudit.series import run_series
+    from moeaudit.judge.policy import to_toml, validate
+    from moeaudit.run import discover
+    from moeaudit.series import infer_warmup, model_tag, run_series
 
     _check_output(out, force)
     base = _load_policy(policy_path, run_dir)
+    run = discover(run_dir)
+    if since is None:
+        since, how = infer_warmup(run)
+        err.print(f"warm-up: samples before step {since} are left out ({how}; --since overrides)")
     with _progress() as tick:
         series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick,
                                     warn=_warn)
-    if since:
-        series = series.since(since)
-    fit = env.calibrate(series, replace(base.envelope, variant=variant), breaks=[b for b in breaks if b >= since])
-    from moeaudit.run import discover
-    from moeaudit.series import model_tag
-
-    run = discover(run_dir)
+    series = series.since(since)
+    kept = [b for b in breaks if b >= since]
+    fit = env.calibrate_tightest(series, replace(base.envelope, variant=variant), breaks=kept)
     settings = replace(fit.settings, source=series.source, warmup_steps=since,
                        alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
                        calibrated_stage=run.stage or base.gates.stage or "pretraining",
                        calibrated_model=model_tag(run.checkpoints[0][1].spec))
-    policy = replace(base, envelope=settings)
-    from moeaudit.judge.policy import validate
+    check = env.falsifiability(series, settings, breaks=kept)
+    if not check["known_bad_rejected"]:
+        from moeaudit.errors import InputError
 
+        raise InputError(f"the fitted envelope (budget ε/δ = {check['budget']:.4g}) accepts a starved "
+                         "run — one expert per layer carrying the gradient — so it could certify nothing",
+                         path=run_dir, hint="calibrate on a longer healthy run, or at a coarser sampling")
+    if check["variance_side_falsifiable"] is False:
+        _warn(f"warning: the variance bound alone is loose (ε/δ = {check['budget']:.4g} ≥ (E − 1)/2 = "
+              f"{check['variance_cap'] / 2:g}); starvation is caught by the level check")
+    settings = replace(settings, provenance=settings.provenance + (
+        f"; falsifiable: a starved version of this run leaves the envelope at step {check['at_step']} "
+        f"({check['caught_by']} check)"))
+    policy = replace(base, envelope=settings)
     validate(policy, out)
     header = (f"moeaudit policy — envelope calibrated by `moeaudit calibrate {run_dir}`\n"
               f"{settings.provenance}\n"
               f"alert_b for the normalized variant is 1.0: expert-gradient coefficient of variation above 1")
     atomic_write(out, to_toml(policy, header))
-    out_console = f"δ* = {fit.delta_max:.6g} → δ = {settings.delta:.6g}; ε = {settings.epsilon:.6g}"
-    err.print(f"calibrated on {series.source} ({variant}): {out_console}; budget ε/δ = "
-              f"{settings.epsilon / settings.delta:.6g}")
+    err.print(f"calibrated on {series.source} ({variant}), c = {settings.calibration_c:g}: "
+              f"δ* = {fit.delta_max:.6g} → δ = {settings.delta:.6g}; ε = {settings.epsilon:.6g}; "
+              f"budget ε/δ = {settings.epsilon / settings.delta:.6g}; starve_share = "
+              f"{settings.starve_share:.4g}; a starved run is rejected ({check['caught_by']} check)")
     click.echo(f"wrote {out}")
 
 
@@ -590,9 +605,12 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 @click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
 @click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
               help="Compute the replays on this torch device, e.g. cuda (see receipts --device).")
+@click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
+              help="Training stage (default: the policy's, else events.jsonl's, else pretraining).")
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-            key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str) -> None:
+            key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
+            stage: str | None) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
     from moeaudit import canary as canary_mod
     from moeaudit.certify import audit_run, write_outputs
@@ -610,8 +628,7 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     from moeaudit.cache import ReceiptsCache
 
     audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
-                      cache=ReceiptsCache(enabled=not no_cache),
-                      device=dev)
+                      cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage)
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)
     _print_gates(audit.statement["predicate"])
@@ -641,7 +658,7 @@ STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED":
 
 
 def _print_gates(pred: dict[str, Any]) -> None:
-    table = Table("step", "gate", "vs", "NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
+    table = Table("step", "gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
                   title=f"{pred['run']['name']} ({pred['run']['stage']}) — gates")
     for g in pred["gates"]:
         r = g["receipts"]
@@ -654,7 +671,7 @@ def _print_gates(pred: dict[str, Any]) -> None:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(f"  {c['name']}: {status} — {c['reason']}")
     v = pred["verdict"]
-    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/]")
+    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {pred['verdict_reason']}")
 
 
 # ----- gate ------------------------------------------------------------------------------
@@ -663,36 +680,47 @@ def _print_gates(pred: dict[str, Any]) -> None:
 @cli.command()
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="Canary file (default: canary.safetensors beside BASE or up to two levels above).")
 @policy_option
 @click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
+@click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
+              help="Training stage the promotion belongs to (default: the policy's, else the run's "
+                   "events.jsonl, else pretraining within one run and post-training across runs).")
 @click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path),
+              help="Also write the decision, its conditions and the gate as JSON here.")
 @verbose_option
 def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
-         reference: Path | None, junit: Path | None) -> None:
+         reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3)."""
     import os
 
     from moeaudit import canary as canary_mod
-    from moeaudit.jsonio import atomic_write
+    from moeaudit.jsonio import atomic_write, dumps
+    from moeaudit.judge.decide import HOLD, INCONCLUSIVE
+    from moeaudit.judge.promote import gate_candidate
     from moeaudit.locate import require_canary
-    from moeaudit.judge.promote import HOLD, INCONCLUSIVE, decide, junit_xml, logs_envelope, markdown_summary
     from moeaudit.receipts.pair import compare as run_compare
+    from moeaudit.report.ci import junit_xml, markdown_summary
 
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
     policy = _load_policy(policy_path, base)
     with _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    result = decide(doc, policy, logs_envelope(candidate, policy, c.spec))
+    result = gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
     style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
     out.print(f"[{style}]{result['decision']}[/] {result['candidate']} over {result['base']} "
-              f"({result['stage']} policy)")
+              f"(stage {result['stage']}, from {result['stage_source']}; verdict {result['verdict']}: "
+              f"{result['verdict_reason']})")
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(f"  {mark} {cond['name']}: {cond['status']} — {cond['detail']}")
+        out.print(f"  {mark} {cond['name']}: {cond['detail']}")
     if junit is not None:
         atomic_write(junit, junit_xml(result))
+    if json_out is not None:
+        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as f:

@@ -63,14 +63,39 @@ def discover(path: str | Path) -> Run:
     if not run.checkpoints:
         why = f"; skipped: {run.skipped[0][1]}" if run.skipped else ""
         raise InputError(f"no usable checkpoint-<step>/ directory{why}", path=root)
-    events_path = root / "events.jsonl"
-    if events_path.is_file():
-        run.events, run.stage = read_events(events_path)
-    if (root / "metrics.jsonl").is_file():
-        run.metrics = root / "metrics.jsonl"
-    if (root / PROBE_FILE).is_file():
-        run.probe = root / PROBE_FILE
+    logs = read_logs(root)
+    run.events, run.stage, run.metrics, run.probe = logs.events, logs.stage, logs.metrics, logs.probe
     return run
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """What a run directory says besides its checkpoints (SPEC §2.3)."""
+
+    events: list[Event]
+    stage: str | None
+    metrics: Path | None
+    probe: Path | None
+
+
+def read_logs(root: Path) -> RunLogs:
+    """events.jsonl, metrics.jsonl and canary_probe.jsonl at a run's root, where present."""
+    events, stage = read_events(root / "events.jsonl") if (root / "events.jsonl").is_file() else ([], None)
+    metrics = root / "metrics.jsonl"
+    probe = root / PROBE_FILE
+    return RunLogs(events, stage, metrics if metrics.is_file() else None,
+                   probe if probe.is_file() else None)
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run directory a ``checkpoint-<step>`` directory belongs to, or None."""
+    resolved = checkpoint.resolve()
+    return resolved.parent if CHECKPOINT_RE.match(resolved.name) else None
+
+
+def step_of(checkpoint: Path) -> int | None:
+    m = CHECKPOINT_RE.match(checkpoint.resolve().name)
+    return int(m.group(1)) if m else None
 
 
 def read_events(path: Path) -> tuple[list[Event], str | None]:

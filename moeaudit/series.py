@@ -211,3 +211,66 @@ def _probe_mismatch(probe: Path, canary_path: str | None, run_dir: Path) -> str 
     shown = ", ".join(sorted(str(d)[:12] for d in logged))
     return (f"not compared: the probe logged canary {shown}, the replays use {digest[:12]} "
             "(the probe is only the replay's quantity on the same canary)")
+
+
+def envelope_evidence(logs: Any, docs: Mapping[int, Mapping[str, Any]], policy: Any, stage: str,
+                      spec: Any, *, start: int, end: int, breaks: Sequence[int] = (),
+                      origin: str = "") -> tuple[dict[str, Any] | None, str | None]:
+    """(report, None) or (None, why not): the envelope over the window a verdict speaks for.
+
+    One rule for ``certify`` and ``gate``. The series is the training logs (``metrics.jsonl``,
+    every logged step in (start, end]: the training after ``start``), else the hook's canary
+    probe or the checkpoint replays ([start, end]: states at the checkpoints, ``start`` being
+    the anchor), as the policy's ``envelope.source`` allows. Warm-up samples are dropped.
+    """
+    from moeaudit.judge import envelope as env
+    from moeaudit.metrics import read_metrics
+
+    settings = policy.envelope
+    why = envelope_applies(settings, stage, spec)
+    if why:
+        return None, why
+    metrics = getattr(logs, "metrics", None)
+    probe = getattr(logs, "probe", None)
+    in_window = [s for s in sorted(docs) if start <= s <= end]
+    if metrics is not None and settings.source in ("auto", "logs"):
+        series = env.from_metrics(read_metrics(metrics), settings.variant)
+        series = series.between(start, end, include_start=False)
+    elif probe is not None and settings.source == "probe":
+        series = env.from_metrics(read_metrics(probe), settings.variant, "probe")
+        series = series.between(start, end, include_start=True)
+    elif len(in_window) >= 2 and settings.source in ("auto", "replay"):
+        steps, norms = norms_from_receipts({s: docs[s] for s in in_window})
+        series = env.from_norms("replay", steps, norms, settings.variant, origin=origin)
+    else:
+        have = {"logs": "metrics.jsonl " + ("present" if metrics else "absent"),
+                "probe": f"{PROBE_FILE} " + ("present" if probe else "absent"),
+                "replay": f"{len(in_window)} checkpoint(s) in steps {start}–{end}"}
+        return None, (f"no series for policy source {settings.source!r}: "
+                      f"{'; '.join(have.values())}")
+    series = series.since(settings.warmup_steps)
+    if len(series.steps) < 2:
+        return None, (f"fewer than two samples of the {series.source} series in steps "
+                      f"{start}–{end} after the warm-up (step {settings.warmup_steps})")
+    report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+    return report, None
+
+
+def infer_warmup(run: Any) -> tuple[int, str]:
+    """(step, how): the learning-rate warm-up of a run, from the last checkpoint's
+    ``trainer_state.json`` (the step its logged learning rate first peaks), else 0."""
+    for _, ckpt in reversed(run.checkpoints):
+        state = Path(ckpt.path) / "trainer_state.json"
+        if not state.is_file() or state.stat().st_size > 64 << 20:
+            continue
+        try:
+            history = json.loads(state.read_text(encoding="utf-8")).get("log_history")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            continue
+        rates = [(h["step"], h["learning_rate"]) for h in history or [] if isinstance(h, dict)
+                 and isinstance(h.get("step"), int) and isinstance(h.get("learning_rate"), (int, float))]
+        if len(rates) >= 2:
+            peak = max(lr for _, lr in rates)
+            step = next(s for s, lr in rates if lr >= peak * (1 - 1e-6))
+            return step, f"learning-rate peak at step {step} in {state}"
+    return 0, "no trainer_state.json with a learning-rate history"

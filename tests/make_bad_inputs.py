@@ -454,7 +454,7 @@ POLICIES = {
     "section_not_table": "receipts = 3\n",
     "out_of_range": "[envelope]\ndelta = 1.5\n",
     "negative_bootstrap": "[receipts]\nbootstrap = -1\n",
-    "nan_value": "[margins]\nbeta = nan\n",
+    "nan_value": "[margins]\nbeta_h = nan\n",
     "never_fires": "[envelope]\nalert_a = 1e-4\nalert_b = 0.02\n",
     "not_toml": "[envelope\ndelta = 0.05\n",
 }

@@ -219,7 +219,7 @@ def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
     )
     no_error(stderr)
     assert code == 1 and "HOLD" in stdout
-    assert "all weights finite: fail — layer 1 expert 2 w1; lm_head" in stdout
+    assert "finite: NaN/Inf found: nonfinite_weights: weight layer 1 expert 2 w1; nonfinite_weights: weight lm_head" in stdout.replace("\n", "")
 
 
 def test_nan_router_holds_the_gate(corpus: dict[str, Path]) -> None:
@@ -227,7 +227,7 @@ def test_nan_router_holds_the_gate(corpus: dict[str, Path]) -> None:
         *replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_router"])
     )
     no_error(stderr)
-    assert code == 1 and "all weights finite: fail — layer 0 router" in stdout
+    assert code == 1 and "finite: NaN/Inf found: nonfinite_router: weight layer 0 router" in stdout.replace("\n", "")
 
 
 def _signed_statement(cert: Path) -> dict[str, Any]:
@@ -350,7 +350,7 @@ POLICIES = [
     ("section_not_table", "[receipts] must be a table"),
     ("out_of_range", "envelope.delta must be in (0, 1)"),
     ("negative_bootstrap", "receipts.bootstrap must be ≥ 0"),
-    ("nan_value", "margins.beta must be a finite number, got nan"),
+    ("nan_value", "margins.beta_h must be a finite number, got nan"),
     ("never_fires", "envelope.alert_a / alert_b: the alert rule can never fire"),
     ("not_toml", "policy is not valid TOML"),
 ]

@@ -206,7 +206,8 @@ def test_report_is_plain_json_with_the_schema_fields() -> None:
                                              "window"}
     assert json.loads(dumps(report)) == json.loads(json.dumps(report))
     assert {s["check"] for s in report["skipped"]} == {"alert rule (000 Eq. 21)",
-                                                      "dead experts (000 §10.3)"}
+                                                      "dead experts (000 §10.3)",
+                                                      "starvation (000 §8.1 level side)"}
 
 
 def test_a_series_needs_two_samples_and_the_policy_variant() -> None:
@@ -467,15 +468,14 @@ def test_a_series_at_another_sampling_is_warned_and_a_check_that_cannot_fail_is_
 
 
 def test_certify_does_not_pass_an_envelope_nothing_could_fail() -> None:
-    from moeaudit.certify import _checks
+    from moeaudit.judge.decide import envelope_check
 
-    margins = {"refinement": None, "handoff": None}
     report = {"compliant": True, "first_violation": None, "source": "replay",
               "series": {"pooled": [], "0": []},
               "sampling": {"vacuous": ["pooled", "0"], "warnings": ["vacuous at this sampling: …"]}}
-    check = next(c for c in _checks("pretraining", margins, report, {}) if c["name"] == "envelope")
+    check = envelope_check(report, None)
     assert (check["evaluated"], check["status"]) == (False, None)
     assert check["reason"].startswith("vacuous at this sampling")
     report["sampling"]["vacuous"] = ["0"]
-    check = next(c for c in _checks("pretraining", margins, report, {}) if c["name"] == "envelope")
+    check = envelope_check(report, None)
     assert (check["evaluated"], check["status"]) == (True, "PASS")

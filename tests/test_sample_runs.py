@@ -64,11 +64,14 @@ def test_collapse_fails_on_occupancy_and_envelope(tmp_path, env, key) -> None:
 
 def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     pred = certify("frozen-drift", tmp_path, env, key)
-    assert statuses(pred) == [(0, "BASELINE"), (500, "YELLOW"), (1000, "YELLOW"), (1500, "YELLOW"), (2000, "RED")]
+    # 1500: C2 fell and occupancy narrowed while canary NLL stalls — 003 Table 11's last row
+    assert statuses(pred) == [(0, "BASELINE"), (500, "YELLOW"), (1000, "YELLOW"), (1500, "RED"), (2000, "RED")]
+    assert [g["scalar"] for g in pred["gates"][1:]] == ["stalling"] * 4
     assert pred["verdict"] == "FAIL"
-    claim = "scalar improvement without geometric recovery"
-    assert all(claim in g["claims"]["licensed"] for g in pred["gates"] if g["scalar"] == "improving")
-    assert sum(claim in g["claims"]["licensed"] for g in pred["gates"]) >= 2
+    # the training loss fell while the canary NLL stalled: the claim names the training loss
+    claim = "training-loss improvement without geometric recovery"
+    assert sum(any(c.startswith(claim) for c in g["claims"]["licensed"]) for g in pred["gates"]) >= 2
+    assert not any("canary NLL fell" in c for g in pred["gates"] for c in g["claims"]["licensed"])
     assert pred["gates"][-1]["structural"]["c2_fallen_layers"]
 
 
@@ -115,7 +118,7 @@ def test_resume_is_a_new_baseline(tmp_path, env, key) -> None:
 
 
 @pytest.mark.parametrize("candidate, code", [
-    ("sft-refine", 0), ("sft-repurpose", 1), ("collapse", 1),
+    ("sft-refine", 3), ("sft-repurpose", 1), ("collapse", 1),
 ])
 def test_ci_gate_exit_codes(tmp_path, env, candidate: str, code: int) -> None:
     last = sorted((SAMPLES / candidate).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
@@ -123,7 +126,7 @@ def test_ci_gate_exit_codes(tmp_path, env, candidate: str, code: int) -> None:
     result = CliRunner(env=env).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-1500"), str(last),
                                              "--junit", str(junit)])
     assert result.exit_code == code, result.output + result.stderr
-    assert ("failures=\"0\"" in junit.read_text()) == (code == 0)
+    assert ("failures=\"0\"" in junit.read_text()) == (code != 1)
 
 
 def test_compare_margins_on_samples(tmp_path, env) -> None:

@@ -89,6 +89,14 @@ class EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
         return self._keep([j for j, t in enumerate(self.steps) if t >= step])
 
+    def between(self, start: int | None, end: int | None, *, include_start: bool) -> EnvelopeSeries:
+        """The samples in (start, end] — or [start, end] with ``include_start`` — the window a
+        verdict speaks for (a gate's (base, candidate], a run's first to last checkpoint)."""
+        def inside(t: int) -> bool:
+            after = start is None or (t >= start if include_start else t > start)
+            return after and (end is None or t <= end)
+        return self._keep([j for j, t in enumerate(self.steps) if inside(t)])
+
     def at(self, steps: Iterable[int]) -> EnvelopeSeries:
         """Only the samples at ``steps`` (e.g. logs at a run's checkpoint steps)."""
         wanted = set(steps)
@@ -330,6 +338,31 @@ def dead_experts(steps: Sequence[int], norms: Sequence[Sequence[float | None]], 
     return out
 
 
+def starvation(steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float,
+               max_steps: int) -> list[dict[str, Any]]:
+    """The level side of `000` §8.1 / Eq. 13: expert e is starved once its share of the layer's
+    gradient signal, g_e / mean_e g, stays below ``share`` for more than ``max_steps`` steps
+    (counted like dead experts, §10.3). A null norm or an all-zero sample ends a run."""
+    out: list[dict[str, Any]] = []
+    for e in range(len(norms[0]) if norms else 0):
+        since: int | None = None
+        entry: dict[str, Any] | None = None
+        for j, g_E in enumerate(norms):
+            known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
+            ratio = g_E[e] * len(g_E) / sum(g_E) if known else None  # type: ignore[operator, arg-type]
+            if ratio is not None and ratio < share:
+                since = steps[j] if since is None else since
+                if steps[j] - since + 1 > max_steps:
+                    if entry is None:
+                        entry = {"expert": e, "since": since, "step": steps[j], "share": ratio}
+                        out.append(entry)
+                    entry.update(until=steps[j], steps=steps[j] - since + 1,
+                                 share=min(entry["share"], ratio))
+            else:
+                since, entry = None, None
+    return out
+
+
 # --- the report (`moeaudit.envelope/v1`) ---------------------------------------------------------
 
 
@@ -352,19 +385,31 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
         "constants": {"delta": d, "epsilon": e, "window": tau, "budget": budget(d, e)},
         "calibrated": settings.calibrated, "provenance": settings.provenance,
         "rules": {"alert": {"a": settings.alert_a, "b": settings.alert_b, "n": settings.alert_n},
-                  "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps}},
+                  "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps},
+                  "starvation": {"share": settings.starve_share, "steps": settings.starve_steps}},
         "series": {key: c.samples for key, c in checks.items()},
         "windows": [{"series": key, **w} for key, c in checks.items() for w in c.windows],
         "discrete": [{"series": key, **r} for key, c in checks.items() for r in c.discrete],
         "compliant": all(c.compliant for c in checks.values()),
         "first_violation": first_violation(checks),
-        "alerts": [], "dead_experts": [], "findings": list(series.findings),
+        "alerts": [], "dead_experts": [], "starvation": [], "findings": list(series.findings),
         "skipped": [{"check": "discrete", "series": "*", "from_step": series.steps[s.start - 1],
                      "to_step": series.steps[s.start], "reason": "resume / regime change between"}
                     for s in segments(series.steps, breaks)[1:]],
     }
     report["sampling"] = sampling(series, settings)
+    if series.steps:
+        report["window"] = {"from": series.steps[0], "to": series.steps[-1]}
     _rules(series, settings, report)
+    if report["starvation"]:
+        report["compliant"] = False
+        first = min(report["starvation"], key=lambda r: (r["step"], r["layer"] == POOLED))
+        fv = report["first_violation"]
+        if fv is None or first["step"] < fv["step"]:
+            report["first_violation"] = {
+                "layer": first["layer"], "step": first["step"], "check": "starvation",
+                "expert": first["expert"], "value": first["share"], "bound": settings.starve_share,
+                "steps": first["steps"], "series": [first["layer"]]}
     return report
 
 
@@ -435,13 +480,15 @@ def first_violation(checks: Mapping[str, SeriesCheck]) -> dict[str, Any] | None:
         return None
     step, _, key, check, r = min(found, key=lambda f: (f[0], f[1], f[3] != "gronwall"))
     return {"layer": key, "step": step, "check": check, "value": r["value"],
-            "bound": r["bound"], "series": [f[2] for f in sorted(
+            "bound": r["bound"], **({"from_step": r["from_step"]} if check == "discrete" else {}),
+            "series": [f[2] for f in sorted(
                 {f[:3] for f in found if f[0] == step}, key=lambda f: f[1])]}
 
 
 def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str, Any]) -> None:
     if series.norms is None:
-        for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)"):
+        for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)",
+                      "starvation (000 §8.1 level side)"):
             report["skipped"].append({"check": check, "series": "*",
                                       "reason": "no per-expert gradient norms in the series"})
         return
@@ -452,6 +499,8 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
     for layer, norms in series.norms.items():
         for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
+        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps):
+            report["starvation"].append({"layer": layer, **starved})
 
 
 # --- calibration (`000` Eq. 16, SPEC §7) ---------------------------------------------------------
@@ -553,3 +602,90 @@ def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
                              f"{bad[:5]}", path=series.origin or None,
                              hint="a run with non-finite gradient norms is not a healthy reference")
     return {key: [v for v in values if v is not None] for key, values in series.values.items()}
+
+
+# --- falsifiable constants (issue 13: an envelope nothing can fail certifies nothing) -----------
+
+C_RANGE = (2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)  # `000` §6.5.2: "typically c ∈ [2, 5]"
+LEVEL_SAFETY = 2.0  # starve_share = (lowest share the healthy run showed) / 2
+
+
+def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
+                       breaks: Iterable[int] = (), cs: Sequence[float] = C_RANGE) -> Calibration:
+    """Eq. 16 for every c in ``cs``; keep the fit with the smallest residual budget ε/δ.
+
+    With noisy logged norms the Δ-step check binds: a rise between samples needs ε·Δ, so a
+    small c forces δ* → 0 and ε/δ up to the largest possible value (E − 1 for the normalized
+    variant) — constants no series can fail. The paper leaves c in [2, 5]; the tightest
+    envelope the healthy run still satisfies is the most falsifiable choice.
+    """
+    fits, errors = [], []
+    for c in cs:
+        try:
+            fits.append(calibrate(series, base, c=c, breaks=breaks))
+        except InputError as exc:
+            errors.append(exc)
+    if not fits:
+        raise errors[-1]
+    best = min(fits, key=lambda f: budget(f.settings.delta, f.settings.epsilon))
+    s = best.settings
+    share = _healthy_share(series)
+    level = {} if share is None else {"starve_share": share / LEVEL_SAFETY}
+    window = s.window
+    if window < 3 / s.delta:
+        raise InputError(f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
+                         f"{math.ceil(3 / s.delta)} steps (000 Eq. 17), the policy has {window}",
+                         path=series.origin or None, hint="raise envelope.window and calibrate again")
+    provenance = (s.provenance + f"; c = {best.c:g} chosen in [{cs[0]:g}, {cs[-1]:g}] for the smallest "
+                  f"budget ε/δ = {budget(s.delta, s.epsilon):.4g}")
+    if share is not None:
+        provenance += (f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (lowest expert share of the "
+                       "healthy run, halved)")
+    settings = replace(s, calibration_c=best.c, provenance=provenance, **level)
+    return replace(best, settings=settings)
+
+
+def _healthy_share(series: EnvelopeSeries) -> float | None:
+    """The lowest g_e / mean_e g over the healthy run's layers and samples."""
+    if not series.norms:
+        return None
+    shares = [min(g_E) * len(g_E) / sum(g_E) for vectors in series.norms.values() for g_E in vectors
+              if all(g is not None for g in g_E) and sum(g_E) > 0]  # type: ignore[arg-type, misc]
+    return min(shares) if shares else None
+
+
+def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
+    """The healthy run's steps with one expert per layer carrying the gradient signal and the
+    others at 1e-5 of it (a starved layer) — a series every useful envelope must reject."""
+    if not series.norms:
+        raise InputError("a falsifiability check needs per-expert gradient norms",
+                         path=series.origin or None)
+    norms = {}
+    for layer, vectors in series.norms.items():
+        rows = []
+        for g_E in vectors:
+            known = [g for g in g_E if g is not None]
+            top = max(known) if known else 1.0
+            rows.append([top, *([top * 1e-5] * (len(g_E) - 1))])
+        norms[layer] = rows
+    return from_norms(series.source, series.steps, norms, series.variant,
+                      origin=f"{series.origin} (starved: one expert per layer, others ×1e-5)")
+
+
+def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings,
+                   breaks: Iterable[int] = ()) -> dict[str, Any]:
+    """Does the envelope under ``settings`` reject a starved version of ``series``, and which
+    side rejects it? The normalized variance of E non-negative norms is at most E − 1; a budget
+    ε/δ at or above half of that is flagged as too loose to be evidence."""
+    bad = evaluate(known_bad(series), settings, breaks=breaks)
+    fv = bad["first_violation"] or {}
+    sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
+    E = min(sizes) if sizes else None
+    b = budget(settings.delta, settings.epsilon)
+    out: dict[str, Any] = {"known_bad_rejected": not bad["compliant"], "caught_by": fv.get("check"),
+                           "at_step": fv.get("step"), "budget": b, "variance_cap": None,
+                           "variance_side_falsifiable": None}
+    if settings.variant == "normalized" and E:
+        out["variance_cap"] = E - 1
+        out["variance_side_falsifiable"] = b < (E - 1) / 2
+    return out

@@ -1,15 +1,27 @@
-"""Gates and the run verdict (`003` §7–8, Tables 4, 11, 13; SPEC §8). Torch-free.
+"""Gates of a run (`003` §7–8, Tables 4, 11, 13; SPEC §8). Torch-free.
 
 A run is a sequence of gates, one per checkpoint. The first checkpoint, and the first
-checkpoint at or after every ``resume`` / ``regime_change`` event, is a BASELINE: measured,
-with no preservation claim. Every other gate is compared with the active baseline:
+checkpoint at or after every ``resume`` / ``regime_change`` event, is a new baseline: later
+gates are compared with it. Every other gate is compared with the active baseline:
 GREEN when its structure holds, YELLOW on a bad gate, RED when bad for ``escalate_after``
-consecutive gates (Table 13: YELLOW at 500, 1000, 1500, RED at 2000 on Distill-640) or at
-once when structure and scalar are both bad (Table 11, last row).
+consecutive gates (Table 13: YELLOW at 500, 1000, 1500, RED at 2000 on Distill-640) or at once
+in Table 11's last row (C2 worsening, occupancy degrading, scalar not improving).
+
+A resume cannot erase a regression: a post-resume baseline is still compared with the baseline
+that was active before it ("continuity"); when that comparison is bad the gate is YELLOW/RED
+(and still the reference for later gates), and the bad streak goes on. Every checkpoint,
+baselines included, is also held to absolute health floors (dead experts, π_min against the
+uniform share k/E, normalised load entropy), so a run that starts collapsed is not healthy
+merely because it stays as collapsed as it started.
+
+Scalar trend is the canary NLL — the quantity the claims name — with a paired window
+bootstrap of its change (the same canary windows at both gates). The logged training loss is
+reported beside it under its own name and never stands in for it.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +30,7 @@ from moeaudit.judge.policy import GateSettings
 
 BASELINE, GREEN, YELLOW, RED = "BASELINE", "GREEN", "YELLOW", "RED"
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+IMPROVING, STALLING, WORSENING = "improving", "stalling", "worsening"
 
 
 @dataclass(frozen=True)
@@ -27,7 +40,7 @@ class Checkpointed:
     step: int
     receipts: Mapping[str, Any]
     baseline_reason: str | None = None
-    objective: float | None = None  # the run's training loss at this gate (logs), when known
+    training_loss: float | None = None  # mean logged training loss over (previous gate, step]
 
 
 def _layers(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
@@ -43,6 +56,9 @@ def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict
             note = f": {ev['note']}" if ev.get("note") else ""
             out[later[0]] = f"{ev['event']} at step {ev['step']}{note}"
     return out
+
+
+# --- structure against the active baseline (SPEC §8) ----------------------------------------------
 
 
 def _ratio(now: float | None, then: float | None) -> float:
@@ -83,8 +99,10 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
             dead_up.append(layer)
         pi_ratio.append(_ratio(o["pi_min"], ob["pi_min"]))
         h_ratio.append(_ratio(o["entropy_norm"], ob["entropy_norm"]))
-    occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
+    occupancy_ok = (not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor
+                    and min(h_ratio) >= g.entropy_ratio_floor)
     return {
+        "against": base["checkpoint"]["name"],
         "c2_ok": not fallen,
         "c2_min_delta": c2_min,
         "c2_tolerance": {str(k): v for k, v in slack.items()},
@@ -97,80 +115,167 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
     }
 
 
-def scalar_trend(nll: float | None, previous: float | None, tol: float) -> str:
-    if previous is None or nll is None:
-        return "first" if previous is None else "unknown"
-    if nll < previous - tol:
-        return "improving"
-    if nll > previous + tol:
-        return "worsening"
-    return "stalling"
+# --- absolute health floors (every checkpoint, baselines included) -------------------------------
 
 
-def claims(status: str, trend: str, st: Mapping[str, Any] | None) -> dict[str, list[str]]:
-    """What this gate's receipts license and what they do not (Table 4, Table 11)."""
+def health(doc: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
+    """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
+    floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer."""
+    ck = doc["checkpoint"]
+    E, k = ck.get("experts"), ck.get("top_k")
+    problems = []
+    for entry in doc["layers"]:
+        o, layer = entry["occupancy"], entry["layer"]
+        dead_max = int(g.floor_dead_fraction * E) if E else 0
+        if o["dead"] > dead_max:
+            problems.append(f"layer {layer}: {o['dead']} dead expert(s) (floor: at most {dead_max})")
+        share = None if o["pi_min"] is None or not E or not k else o["pi_min"] * E / k
+        if share is None or share < g.floor_pi_share:
+            shown = "unknown" if share is None else f"{share:.3f}"
+            problems.append(f"layer {layer}: π_min is {shown} of the uniform share k/E "
+                            f"(floor {g.floor_pi_share})")
+        h = o["entropy_norm"]
+        if h is None or h < g.floor_entropy_norm:
+            shown = "unknown" if h is None else f"{h:.3f}"
+            problems.append(f"layer {layer}: H_norm {shown} (floor {g.floor_entropy_norm})")
+    return {"ok": not problems, "problems": problems}
+
+
+# --- the scalar trend: canary NLL with a paired window bootstrap ---------------------------------
+
+
+def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int,
+               seed: int) -> dict[str, Any]:
+    """Change of canary NLL between two gates, with a 95% paired window-bootstrap interval.
+
+    The canary is the same at both gates, so windows are resampled jointly (`003` §5: windows,
+    not tokens, are the independent units); the interval is of the mean per-window difference.
+    """
+    a, b = previous.get("nll"), now.get("nll")
+    out: dict[str, Any] = {"from": a, "to": b, "delta": None if a is None or b is None else b - a,
+                           "ci95": None}
+    wa, wb = previous.get("nll_windows"), now.get("nll_windows")
+    if (resamples and isinstance(wa, list) and isinstance(wb, list) and len(wa) == len(wb) and wa
+            and all(x is not None for x in wa + wb)):
+        diffs = [y - x for x, y in zip(wa, wb, strict=True)]
+        rng, W = random.Random(seed), len(diffs)
+        stats = sorted(sum(diffs[rng.randrange(W)] for _ in range(W)) / W for _ in range(resamples))
+        out["ci95"] = [stats[int(0.025 * (resamples - 1))], stats[int(0.975 * (resamples - 1))]]
+    return out
+
+
+def scalar_trend(change: Mapping[str, Any], tol: float) -> str:
+    """improving / worsening only when the change exceeds ``tol`` and its interval excludes 0;
+    anything else is stalling (`003` Table 11: stalling is not improving)."""
+    d, ci = change["delta"], change["ci95"]
+    if d is None:
+        return "unknown"
+    if d < -tol and (ci is None or ci[1] < 0):
+        return IMPROVING
+    if d > tol and (ci is None or ci[0] > 0):
+        return WORSENING
+    return STALLING
+
+
+def _fmt_change(c: Mapping[str, Any]) -> str:
+    ci = c["ci95"]
+    interval = "" if ci is None else f", 95% CI of the change [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f"from {c['from']:.4f} to {c['to']:.4f} (Δ {c['delta']:+.4f}{interval})"
+
+
+# --- claims (Table 4, Table 11), from the quantities they name ---------------------------------
+
+
+def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mapping[str, Any] | None,
+           training: Mapping[str, Any] | None = None, tol: float = 0.0) -> dict[str, list[str]]:
+    """What this gate's receipts license and what they do not, each sentence naming its numbers."""
     lic, not_lic = [], []
-    if trend == "improving":
-        lic.append("the objective improved on the visited region (canary NLL fell)")
-        not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
-    elif trend in ("stalling", "worsening"):
-        lic.append(f"canary NLL is {trend}")
-    if status == BASELINE:
+    if change is not None and change["delta"] is not None:
+        if trend == IMPROVING:
+            lic.append(f"the objective improved on the visited region: canary NLL fell {_fmt_change(change)}")
+            not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
+        elif trend == WORSENING:
+            lic.append(f"the objective worsened on the canary: canary NLL rose {_fmt_change(change)}")
+        else:
+            lic.append(f"canary NLL is stalling: no change beyond tolerance and bootstrap noise, "
+                       f"{_fmt_change(change)}")
+    training_fell = False
+    if training is not None and training.get("from") is not None and training.get("to") is not None:
+        training_fell = training["to"] < training["from"] - tol
+        verb = "fell" if training["to"] < training["from"] else "rose" if training["to"] > training["from"] else "held"
+        lic.append(f"the logged training loss (the run's own objective, not the canary) {verb} from "
+                   f"{training['from']:.4f} to {training['to']:.4f} (interval means)")
+    if st is None:
         lic.append("this is the state of the routed model at this reference point")
         not_lic.append("any preservation claim about training after this point (needs the next gate)")
         return {"licensed": lic, "not_licensed": not_lic}
-    assert st is not None
+    against = st.get("against", "the baseline")
     if st["occupancy_ok"]:
-        lic.append("expert usage stayed within the occupancy floors of the baseline")
+        lic.append(f"expert usage stayed within the occupancy floors of {against}")
     else:
-        lic.append("expert usage narrowed against the baseline (occupancy degeneration)")
+        lic.append(f"expert usage narrowed against {against} (occupancy degeneration)")
     if st["c2_ok"]:
         lic.append("co-active overlap compatibility (C2) held on the protected layers")
     else:
         lic.append("co-active overlap compatibility (C2) fell on a protected layer")
-    if not st["ok"] and trend == "improving":
-        lic.append("scalar improvement without geometric recovery")
+    if not st["ok"] and trend == IMPROVING:
+        lic.append("scalar improvement without geometric recovery (canary NLL fell, structure did not hold)")
+        not_lic.append("structural health or preservation of the routed model")
+    elif not st["ok"] and training_fell:
+        lic.append("training-loss improvement without geometric recovery (the logged training loss "
+                   "fell, structure did not hold; canary NLL did not fall)")
         not_lic.append("structural health or preservation of the routed model")
     if st["ok"]:
-        lic.append("structure preserved against the active baseline at this gate")
+        lic.append(f"structure preserved against {against} at this gate")
+    if status == BASELINE:
+        not_lic.append("any preservation claim about training after this point (needs the next gate)")
     not_lic.append("compatibility of co-active experts from occupancy alone, or broad usage from C2 alone")
     return {"licensed": lic, "not_licensed": not_lic}
 
 
-def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings) -> list[dict[str, Any]]:
+# --- the gates ------------------------------------------------------------------------------------
+
+
+def _status(st: Mapping[str, Any], trend: str, streak: int, g: GateSettings) -> str:
+    if st["ok"]:
+        return GREEN
+    table11_last_row = not st["c2_ok"] and not st["occupancy_ok"] and trend != IMPROVING
+    return RED if streak >= g.escalate_after or table11_last_row else YELLOW
+
+
+def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
+                   resamples: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
     gates: list[dict[str, Any]] = []
     base: Checkpointed | None = None
-    previous_nll: float | None = None
-    bad_streak = 0
-    previous_objective: float | None = None
+    previous: Checkpointed | None = None
+    streak = 0
     for p in points:
-        nll = p.receipts["nll"]
-        if p.objective is not None and previous_objective is not None:
-            # the objective the run optimises (`003` Table 3 "Loss"): mean logged training loss
-            # over this interval vs the previous one
-            trend = scalar_trend(p.objective, previous_objective, g.nll_tol)
-        else:
-            trend = scalar_trend(nll, previous_nll, g.nll_tol)
-        previous_nll, previous_objective = nll, p.objective
+        change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed)
+        trend = "first" if change is None else scalar_trend(change, g.nll_tol)
+        training = None if previous is None else {"from": previous.training_loss, "to": p.training_loss}
         summary = gate_summary(p.receipts)
-        summary["training_loss"] = p.objective
-        if p.baseline_reason is not None or base is None:
-            base, bad_streak = p, 0
-            gates.append({"step": p.step, "status": BASELINE, "baseline": p.step,
-                          "reason": p.baseline_reason or "first checkpoint of the run",
-                          "scalar": trend, "receipts": summary, "claims": claims(BASELINE, trend, None)})
-            continue
-        st = structural(p.receipts, base.receipts, protected, g)
-        bad_streak = 0 if st["ok"] else bad_streak + 1
-        if st["ok"]:
-            status = GREEN
-        elif bad_streak >= g.escalate_after or trend == "worsening":  # SPEC §8: structure and scalar both bad
-            status = RED
+        summary["training_loss"] = p.training_loss
+        gate: dict[str, Any] = {"step": p.step, "scalar": trend, "nll_change": change,
+                                "receipts": summary, "health": health(p.receipts, g)}
+        new_base = base is None or p.baseline_reason is not None
+        st = None if base is None else structural(p.receipts, base.receipts, protected, g)
+        if st is not None:
+            streak = 0 if st["ok"] else streak + 1
+        if new_base:
+            gate["reason"] = p.baseline_reason or "first checkpoint of the run"
+            gate["new_baseline"] = True
+            if st is not None:
+                gate["continuity"] = st  # a resume cannot erase a regression
+            gate["status"] = BASELINE if st is None or st["ok"] else _status(st, trend, streak, g)
+            gate["baseline"] = p.step if st is None else base.step  # type: ignore[union-attr]
+            base = p
         else:
-            status = YELLOW
-        gates.append({"step": p.step, "status": status, "baseline": base.step, "scalar": trend,
-                      "structural": st, "consecutive_bad": bad_streak, "receipts": summary,
-                      "claims": claims(status, trend, st)})
+            assert base is not None and st is not None
+            gate.update(status=_status(st, trend, streak, g), baseline=base.step, structural=st)
+        gate["consecutive_bad"] = streak
+        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol)
+        gates.append(gate)
+        previous = p
     return gates
 
 
@@ -193,17 +298,7 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
         "nll_by_domain": doc.get("nll_by_domain", {}),
         "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"),
                        "c2_ci95": e["overlap"].get("ci95", {}).get("c2"), "dead": e["occupancy"]["dead"],
-                       "pi_min": e["occupancy"]["pi_min"], "state1": e["boundary"]["margin_mean"]}
+                       "pi_min": e["occupancy"]["pi_min"], "state1": e["boundary"]["margin_mean"],
+                       "entropy_norm": e["occupancy"]["entropy_norm"]}
                       for e in layers],
     }
-
-
-def verdict(gates: Sequence[Mapping[str, Any]], checks: Sequence[Mapping[str, Any]]) -> str:
-    """FAIL on any RED or failed evaluated check; PASS when all BASELINE/GREEN and all evaluated
-    checks pass; otherwise INCONCLUSIVE (a YELLOW revokes the success claim)."""
-    evaluated = [c for c in checks if c.get("evaluated")]
-    if any(g["status"] == RED for g in gates) or any(c["status"] == FAIL for c in evaluated):
-        return FAIL
-    if all(g["status"] in (BASELINE, GREEN) for g in gates) and all(c["status"] == PASS for c in evaluated):
-        return PASS
-    return INCONCLUSIVE

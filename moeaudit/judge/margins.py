@@ -37,10 +37,36 @@ def pi_tail(pi_smooth: Sequence[float], beta: float) -> float:
 
 def _tail_ratio(num: float, den: float, notes: list[str], layer: int, beta: float) -> float:
     if den <= 0:
-        notes.append(f"layer {layer}: π̃_tail = {den:.4g} ≤ 0 at β = {beta:g} (smin_β undershoots "
-                     "min by up to ln(E)/β); the smooth margin is undefined — raise margins.beta")
+        notes.append(f"layer {layer}: π̃_tail = {den:.4g} ≤ 0 at β_π = {beta:g} (smin_β undershoots "
+                     "min by up to ln(E)/β); the smooth margin is undefined — raise margins.beta_pi")
         return float("nan")
     return num / den
+
+
+def beta_pi(m: MarginSettings, experts: int, top_k: int) -> float:
+    """β_π of the soft lower tail: the policy's, or 10·E·ln(E)/k, so that smin_β undershoots
+    min_e π̃ by at most ln(E)/β_π = a tenth of the uniform share k/E."""
+    if m.beta_pi > 0:
+        return m.beta_pi
+    return 10.0 * experts * math.log(max(experts, 2)) / max(top_k, 1)
+
+
+SMOOTH_NOTE = ("smooth margins are 003's differentiable surrogates (Eq. 25–30: soft tail of π̃, "
+               "C2 over the top-2k candidates, Eq. 27–28 drifts); they describe the soft router, "
+               "are not zero at θ = θ̄, and never decide a gate — the exact margin does")
+
+
+def _hw(ci: Sequence[float] | None) -> float:
+    return 0.0 if not ci else 0.5 * (ci[1] - ci[0])
+
+
+def _interval(values: Sequence[tuple[float, float]], pick: Any) -> list[float]:
+    """[lo, hi] of min/max over layers of (value ± half-width) — an interval for the margin."""
+    return [pick(v - w for v, w in values), pick(v + w for v, w in values)]
+
+
+def _ci(entry: Mapping[str, Any], group: str, name: str) -> Sequence[float] | None:
+    return (entry[group].get("ci95") or {}).get(name)
 
 
 def _layer(receipts: Mapping[str, Any], layer: int) -> Mapping[str, Any]:
@@ -66,7 +92,7 @@ class _Undefined(Exception):
 
 
 def _undefined_margin(exc: _Undefined) -> dict[str, Any]:
-    return {"exact": None, "smooth": None, "per_layer": [], "reason": str(exc)}
+    return {"exact": None, "ci95": None, "smooth": None, "per_layer": [], "reason": str(exc)}
 
 
 def _need(*values: Any) -> None:
@@ -95,7 +121,8 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
              m: MarginSettings) -> dict[str, Any]:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
     _check_same_moe(cand, ref)
-    exact, smooth, per_layer, notes = [], [], [], []
+    exact, smooth, per_layer, notes, spread = [], [], [], [], []
+    bp = beta_pi(m, cand["checkpoint"].get("experts") or 2, cand["checkpoint"].get("top_k") or 1)
     for layer in protected:
         c, r = _layer(cand, layer), _layer(ref, layer)
         ref_pi_min = r["occupancy"]["pi_min"]
@@ -110,15 +137,23 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
         if c2 is None or c2_ref is None:
             reason = (c if c2 is None else r)["overlap"].get("reason", "no C2")
             raise InputError(f"layer {layer} has no C2 ({reason}); the handoff margin needs co-active pairs")
-        h_l = m.lambda1 * (c2 - c2_ref) + m.lambda2 * (c["occupancy"]["pi_min"] / ref_pi_min - 1.0)
-        tail_c = pi_tail(c["occupancy"]["pi_smooth"], m.beta)
-        tail_r = pi_tail(r["occupancy"]["pi_smooth"], m.beta)
+        pi_c = c["occupancy"]["pi_min"]
+        h_l = m.lambda1 * (c2 - c2_ref) + m.lambda2 * (pi_c / ref_pi_min - 1.0)
+        # 95% half-width from the receipts' window-bootstrap intervals, terms taken as
+        # independent (candidate and reference are different checkpoints): delta method
+        w = math.hypot(m.lambda1 * _hw(_ci(c, "overlap", "c2")), m.lambda1 * _hw(_ci(r, "overlap", "c2")),
+                       m.lambda2 * _hw(_ci(c, "occupancy", "pi_min")) / ref_pi_min,
+                       m.lambda2 * pi_c * _hw(_ci(r, "occupancy", "pi_min")) / ref_pi_min**2)
+        tail_c = pi_tail(c["occupancy"]["pi_smooth"], bp)
+        tail_r = pi_tail(r["occupancy"]["pi_smooth"], bp)
         hs_l = m.lambda1 * (c["overlap"]["c2_smooth"] - r["overlap"]["c2_smooth"]) + m.lambda2 * (
-            _tail_ratio(tail_c, tail_r, notes, layer, m.beta) - 1.0)
+            _tail_ratio(tail_c, tail_r, notes, layer, bp) - 1.0)
         exact.append(h_l)
         smooth.append(hs_l)
-        per_layer.append({"layer": layer, "exact": h_l, "smooth": hs_l})
-    out = {"exact": min(exact), "smooth": smin(smooth, m.beta), "per_layer": per_layer,
+        spread.append((h_l, w))
+        per_layer.append({"layer": layer, "exact": h_l, "ci95": [h_l - w, h_l + w], "smooth": hs_l})
+    out = {"exact": min(exact), "ci95": _interval(spread, min), "smooth": smin(smooth, m.beta_h),
+           "betas": {"pi": bp, "h": m.beta_h}, "smooth_note": SMOOTH_NOTE, "per_layer": per_layer,
            "reference": ref["checkpoint"]["name"]}
     if notes:
         out["notes"] = notes
@@ -128,27 +163,38 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
 def _refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
                 protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
     """r_ex (Eq. 32) and smooth r (Eq. 29–30) of a candidate against its base."""
-    exact, smooth, per_layer, notes = [], [], [], []
+    exact, smooth, per_layer, notes, spread = [], [], [], [], []
+    bp = beta_pi(m, cand["checkpoint"].get("experts") or 2, cand["checkpoint"].get("top_k") or 1)
     for layer in protected:
         b, c, d = _layer(base, layer), _layer(cand, layer), drift[layer]
         pb, pc = b["occupancy"]["pi_min"], c["occupancy"]["pi_min"]
         _need(pb, pc, b["occupancy"]["pi_smooth"], c["occupancy"]["pi_smooth"], d.get("boundary"),
               d.get("content"), d.get("boundary_smooth"), d.get("content_smooth"))
+        w_occ = 0.0
         if pb > 0:
             occ = 1.0 - pc / pb
+            w_occ = math.hypot(_hw(_ci(c, "occupancy", "pi_min")) / pb,
+                               pc * _hw(_ci(b, "occupancy", "pi_min")) / pb**2)
         else:  # a base with a dead expert: the ratio is undefined; occupancy cannot have narrowed
             occ = 0.0
             notes.append(f"base has dead experts on layer {layer}; occupancy term set to 0")
         load = m.mu1 * d["boundary"] + m.mu2 * d["content"] + m.mu3 * occ
-        tail_b = pi_tail(b["occupancy"]["pi_smooth"], m.beta)
-        tail_c = pi_tail(c["occupancy"]["pi_smooth"], m.beta)
+        dci = d.get("ci95") or {}
+        w = math.hypot(m.mu1 * _hw(dci.get("boundary")), m.mu2 * _hw(dci.get("content")), m.mu3 * w_occ)
+        tail_b = pi_tail(b["occupancy"]["pi_smooth"], bp)
+        tail_c = pi_tail(c["occupancy"]["pi_smooth"], bp)
         load_s = m.mu1 * d["boundary_smooth"] + m.mu2 * d["content_smooth"] + m.mu3 * (
-            1.0 - _tail_ratio(tail_c, tail_b, notes, layer, m.beta))
+            1.0 - _tail_ratio(tail_c, tail_b, notes, layer, bp))
         exact.append(load)
         smooth.append(load_s)
-        per_layer.append({"layer": layer, "load_exact": load, "load_smooth": load_s})
-    out: dict[str, Any] = {"exact": m.tau - max(exact), "smooth": m.tau - smax(smooth, m.beta),
-                           "tau": m.tau, "per_layer": per_layer}
+        spread.append((load, w))
+        per_layer.append({"layer": layer, "load_exact": load, "load_ci95": [load - w, load + w],
+                          "load_smooth": load_s})
+    hi_lo = _interval(spread, max)
+    out: dict[str, Any] = {"exact": m.tau - max(exact), "ci95": [m.tau - hi_lo[1], m.tau - hi_lo[0]],
+                           "smooth": m.tau - smax(smooth, m.beta_r), "tau": m.tau,
+                           "betas": {"pi": bp, "r": m.beta_r}, "smooth_note": SMOOTH_NOTE,
+                           "per_layer": per_layer}
     if notes:
         out["notes"] = notes
     return out

@@ -36,7 +36,12 @@ class MarginSettings:
     """SPEC §6 / `003` Eq. 25–32."""
 
     protected_layers: tuple[int, ...] | None = None  # None: middle third of routed layers
-    beta: float = 50.0
+    # `003` uses one β per soft operator; one β for all three makes π̃_tail ≤ 0 for E ≳ 20
+    # (smin undershoots min by up to ln(E)/β). β_π = 0: 10·E·ln(E)/k, so the undershoot is at
+    # most a tenth of the uniform share k/E.
+    beta_pi: float = 0.0  # smin over experts of π̃ (Eq. 24)
+    beta_h: float = 50.0  # smin over protected layers of the handoff terms (Eq. 26)
+    beta_r: float = 50.0  # smax over protected layers of the refinement loads (Eq. 30)
     lambda1: float = 1.0
     lambda2: float = 1.0
     mu1: float = 1.0
@@ -69,6 +74,12 @@ class EnvelopeSettings:
     alert_n: int = 3
     dead_grad: float = 1e-6
     dead_steps: int = 100
+    # The level (starvation) side of `000` §8.1 / Eq. 13: every expert keeps a share of the
+    # gradient signal, g_e / mean_e g ≥ starve_share, never below it for more than starve_steps
+    # steps. The variance bound alone cannot see starvation of raw norms (they shrink with it).
+    starve_share: float = 0.01
+    starve_steps: int = 100
+    calibration_c: float = 0.0  # the c of Eq. 16 the constants were fitted with (0: not fitted)
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,12 @@ class GateSettings:
     entropy_ratio_floor: float = 0.9
     nll_tol: float = 1e-3  # |ΔNLL| below this is "stalling"
     inconclusive_band: float = 0.01  # evidence within this of a threshold is INCONCLUSIVE
+    # Absolute health floors, on every checkpoint including baselines (docs/decisions.md):
+    # justified on the sample runs — healthy/deepseek/resume never go below 0.33 / 0.98, the
+    # collapse run starts at 0.00 / 0.36 with dead experts.
+    floor_dead_fraction: float = 0.0  # at most this fraction of a layer's experts dead
+    floor_pi_share: float = 0.1  # π_min ≥ this × the uniform share k/E
+    floor_entropy_norm: float = 0.6  # normalised load entropy H/ln E
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,10 @@ def _section(cls: type, raw: Any, name: str, path: str | Path) -> Any:
     if not isinstance(raw, dict):
         raise InputError(f"[{name}] must be a table", path=path)
     known = {f.name: f for f in fields(cls)}
+    if name == "margins" and "beta" in raw:  # a policy from before β was split
+        raise InputError("margins.beta was split into beta_pi, beta_h and beta_r (003 uses one "
+                         "β per soft operator)", path=path,
+                         hint="replace `beta = …` by beta_h / beta_r (and beta_pi, 0 = auto)")
     unknown = set(raw) - set(known)
     if unknown:
         shown = ", ".join(map(repr, sorted(unknown)))
@@ -208,7 +229,8 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (r.boundary_layer_eta > 0 and r.beta_adj > 0,
          "receipts.boundary_layer_eta and beta_adj must be > 0"),
         (r.bootstrap >= 0, "receipts.bootstrap must be ≥ 0"),
-        (m.beta > 0, "margins.beta must be > 0"),
+        (m.beta_pi >= 0 and m.beta_h > 0 and m.beta_r > 0,
+         "margins.beta_h and beta_r must be > 0, beta_pi ≥ 0 (0: 10·E·ln(E)/k)"),
         (min(m.lambda1, m.lambda2, m.mu1, m.mu2, m.mu3, m.tau) >= 0,
          "margins.lambda1, lambda2, mu1, mu2, mu3 and tau must be ≥ 0"),
         (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
@@ -219,11 +241,18 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (0 < e.delta < 1, "envelope.delta must be in (0, 1)"),
         (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
         (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),
-        (e.alert_n >= 1 and e.dead_steps >= 1, "envelope.alert_n and dead_steps must be ≥ 1"),
+        (e.alert_n >= 1 and e.dead_steps >= 1 and e.starve_steps >= 1,
+         "envelope.alert_n, dead_steps and starve_steps must be ≥ 1"),
+        (0 <= e.starve_share < 1, "envelope.starve_share must be in [0, 1)"),
+        (e.window >= 3 / e.delta if 0 < e.delta < 1 else True,
+         f"envelope.window must be ≥ 3/δ (000 Eq. 17: three time constants), here "
+         f"{e.window} < {3 / e.delta if 0 < e.delta < 1 else 0:.0f}"),
         (g.stage in (None, "pretraining", "post-training"),
          "gates.stage must be 'pretraining' or 'post-training'"),
         (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
         (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
+        (0 <= g.floor_dead_fraction <= 1 and g.floor_pi_share >= 0 and 0 <= g.floor_entropy_norm <= 1,
+         "gates.floor_dead_fraction and floor_entropy_norm must be in [0, 1], floor_pi_share ≥ 0"),
         (min(g.pi_min_ratio_floor, g.entropy_ratio_floor, g.nll_tol, g.inconclusive_band) >= 0,
          "gates.pi_min_ratio_floor, entropy_ratio_floor, nll_tol, inconclusive_band must be ≥ 0"),
     ]

@@ -1,0 +1,214 @@
+"""The one decision path: evidence → check list → verdict (certify) and promotion (gate).
+
+``certify`` (a whole run) and ``gate`` (a base and a candidate) gather the same kind of
+evidence — gates, margins, an envelope report over a window, finiteness, coverage — and both
+call :func:`decide`; neither computes a verdict of its own, so they cannot disagree on the same
+evidence (SPEC §8–§9, ``tests/test_decide.py``). Torch-free.
+
+Checks, each evaluated only where it is the relevant question (`003` Table 5):
+
+* ``health`` — absolute floors on every checkpoint, baselines included (gates.health);
+* ``comparison`` — at least one checkpoint was compared with a baseline; a baseline-only run
+  has no preservation evidence, so its verdict is INCONCLUSIVE, never PASS;
+* ``envelope`` — evaluated when a series exists, the policy's constants apply, and the series
+  can fail at its sampling at all (a vacuous envelope is "not evaluated", never PASS);
+* ``refinement`` — gated for post-training, reported for pretraining;
+* ``handoff`` — gated when a reference is given;
+* ``coverage`` — only when a checkpoint had to be skipped;
+* ``finite`` — every weight and receipt finite.
+
+A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within the policy's
+``inconclusive_band`` of 0; PASS/FAIL only when the evidence clears the threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moeaudit.judge.gates import BASELINE, FAIL, GREEN, INCONCLUSIVE, PASS, RED, YELLOW
+
+PROMOTE, HOLD = "PROMOTE", "HOLD"
+STAGES = ("pretraining", "post-training")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything a verdict is made of; plain data."""
+
+    stage: str
+    gates: Sequence[Mapping[str, Any]]
+    margins: Mapping[str, Any]  # {"refinement": margin | None, "handoff": margin | None}
+    envelope: Mapping[str, Any] | None  # a moeaudit.envelope/v1 report over the window
+    envelope_reason: str | None = None  # why there is no report
+    skipped: Sequence[str] = ()  # checkpoints that could not be read
+    nonfinite: Sequence[str] = ()  # "checkpoint: what" for NaN/Inf weights or receipts
+    band: float = 0.0
+    stage_source: str = ""
+    notes: Sequence[str] = field(default_factory=tuple)
+
+
+def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None,
+                  default: str) -> tuple[str, str]:
+    """(stage, where it came from): --stage, then the policy, then the run's events.jsonl,
+    then the command's default (SPEC §8 pretraining for a run, §9 post-training for a
+    promotion between runs)."""
+    for value, source in ((flag, "--stage"), (policy_stage, "policy gates.stage"),
+                          (run_stage, "the run's events.jsonl")):
+        if value:
+            return value, source
+    return default, "default"
+
+
+# --- checks ---------------------------------------------------------------------------------------
+
+
+def _check(name: str, status: str | None, reason: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "evaluated": status is not None, "status": status, "reason": reason, **extra}
+
+
+def health_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    bad = [f"{g['receipts']['checkpoint']}: {p}" for g in gates for p in g["health"]["problems"]]
+    if bad:
+        more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
+        return _check("health", FAIL, "below an absolute health floor — " + "; ".join(bad[:4]) + more,
+                      problems=bad)
+    return _check("health", PASS, f"every checkpoint ({len(gates)}) clears the dead-expert, π_min "
+                                  "and load-entropy floors")
+
+
+def comparison_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    compared = [g for g in gates if "structural" in g or "continuity" in g]
+    if compared:
+        return _check("comparison", PASS, f"{len(compared)} checkpoint(s) compared with a baseline")
+    return _check("comparison", INCONCLUSIVE,
+                  "baseline only: every checkpoint is a baseline, so nothing was compared and no "
+                  "preservation claim can be made (add a later checkpoint)", basis="baseline-only")
+
+
+def _series_name(key: str) -> str:
+    return "all layers pooled" if key == "pooled" else f"layer {key}"
+
+
+def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dict[str, Any]:
+    if report is None:
+        return _check("envelope", None, why_not or "no gradient series for this window")
+    vacuous = report.get("sampling", {}).get("vacuous", [])
+    if vacuous and set(vacuous) >= set(report["series"]):
+        return _check("envelope", None, report["sampling"]["warnings"][-1])
+    window = report.get("window") or {}
+    span = f" over steps {window['from']}–{window['to']}" if window else ""
+    if report["compliant"]:
+        return _check("envelope", PASS, f"compliant on every window and level check{span} "
+                                        f"({report['source']})")
+    fv = report["first_violation"]
+    what = {"gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
+            "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
+            "starvation": "has an expert starved of gradient (000 §8.1 level side)"}.get(
+        fv["check"], fv["check"])
+    value = "" if fv.get("value") is None else f": value {fv['value']:.4g} vs bound {fv['bound']:.4g}"
+    if fv["check"] == "starvation":
+        value = f": expert {fv['expert']} share {fv['value']:.3g} < {fv['bound']:.3g} for {fv['steps']} steps"
+    return _check("envelope", FAIL, f"{_series_name(fv['layer'])} {what} at step {fv['step']}{value}{span}",
+                  deciding=dict(fv))
+
+
+def margin_status(margin: Mapping[str, Any], band: float) -> str:
+    value, ci = margin.get("exact"), margin.get("ci95")
+    if value is None:
+        return FAIL
+    if abs(value) < band or (ci is not None and ci[0] < 0 <= ci[1]):
+        return INCONCLUSIVE
+    return PASS if value >= 0 else FAIL
+
+
+def _margin_text(name: str, symbol: str, m: Mapping[str, Any]) -> str:
+    if m.get("exact") is None:
+        return f"{name} margin undefined: {m.get('reason', 'a receipt is not finite')}"
+    ci = m.get("ci95")
+    interval = "" if ci is None else f", 95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f"{symbol} = {m['exact']:+.4f}{interval}"
+
+
+def refinement_check(margin: Mapping[str, Any] | None, stage: str, band: float) -> dict[str, Any]:
+    if margin is None:
+        return _check("refinement", None, "the last checkpoint is a baseline; nothing to compare")
+    text = _margin_text("refinement", "r_ex", margin)
+    value = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
+    if stage != "post-training":
+        return _check("refinement", None, f"pretraining run: reported, not gated ({text})", **value)
+    status = margin_status(margin, band)
+    verdict = {PASS: "refinement: the protected layers stayed within the budget τ",
+               FAIL: "repurposing: a protected layer exceeds the budget τ",
+               INCONCLUSIVE: "within noise of the budget τ"}[status]
+    return _check("refinement", status, f"{verdict} ({text}, τ = {margin.get('tau')})", **value)
+
+
+def handoff_check(margin: Mapping[str, Any] | None, band: float) -> dict[str, Any]:
+    if margin is None:
+        return _check("handoff", None, "no --reference given")
+    status = margin_status(margin, band)
+    verdict = {PASS: "clears the reference's overlap-and-occupancy floor",
+               FAIL: "falls below the reference on a protected layer",
+               INCONCLUSIVE: "within noise of the reference"}[status]
+    return _check("handoff", status, f"{verdict} against {margin.get('reference')} "
+                                     f"({_margin_text('handoff', 'h_ex', margin)})",
+                  value=margin.get("exact"), ci95=margin.get("ci95"))
+
+
+def checks(ev: Evidence) -> list[dict[str, Any]]:
+    out = [health_check(ev.gates), comparison_check(ev.gates),
+           envelope_check(ev.envelope, ev.envelope_reason),
+           refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
+           handoff_check(ev.margins.get("handoff"), ev.band)]
+    if ev.skipped:
+        out.append(_check("coverage", INCONCLUSIVE, "checkpoint(s) skipped as unreadable or still "
+                                                    f"being written: {', '.join(ev.skipped)}"))
+    bad = list(dict.fromkeys(ev.nonfinite))  # weights first, then receipts, each once
+    out.append(_check("finite", FAIL if bad else PASS,
+                      ("NaN/Inf found: " + "; ".join(bad[:5])) if bad
+                      else "every weight and receipt is finite"))
+    return out
+
+
+# --- verdict and promotion ------------------------------------------------------------------------
+
+
+def verdict(gates: Sequence[Mapping[str, Any]], check_list: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """(verdict, why): FAIL on any RED or failed evaluated check; PASS when every gate is
+    BASELINE/GREEN and every evaluated check passes (comparison included, so never on a
+    baseline-only run); otherwise INCONCLUSIVE (a YELLOW revokes the success claim)."""
+    evaluated = [c for c in check_list if c["evaluated"]]
+    red = [g["step"] for g in gates if g["status"] == RED]
+    failed = [c["name"] for c in evaluated if c["status"] == FAIL]
+    if red or failed:
+        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red else []) + \
+                [f"{name} failed" for name in failed]
+        return FAIL, "; ".join(parts)
+    yellow = [g["step"] for g in gates if g["status"] == YELLOW]
+    open_checks = [c["name"] for c in evaluated if c["status"] != PASS]
+    if not yellow and not open_checks:
+        assert all(g["status"] in (BASELINE, GREEN) for g in gates)
+        return PASS, "every gate BASELINE or GREEN and every evaluated check passes"
+    parts = ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else []) + \
+            [f"{name} inconclusive" for name in open_checks]
+    return INCONCLUSIVE, "; ".join(parts)
+
+
+def promotion(verdict_: str, gates: Sequence[Mapping[str, Any]]) -> str:
+    """The CI gate's reading of the same verdict: promote only on PASS; a FAIL or a candidate
+    that is not GREEN (SPEC §9) holds; anything else (evidence within noise or tolerance of a
+    threshold) is INCONCLUSIVE."""
+    if verdict_ == PASS:
+        return PROMOTE
+    if verdict_ == FAIL or any(g["status"] in (YELLOW, RED) for g in gates):
+        return HOLD
+    return INCONCLUSIVE
+
+
+def decide(ev: Evidence) -> dict[str, Any]:
+    check_list = checks(ev)
+    v, why = verdict(ev.gates, check_list)
+    return {"verdict": v, "verdict_reason": why, "promotion": promotion(v, ev.gates),
+            "checks": check_list, "stage": ev.stage, "stage_source": ev.stage_source}

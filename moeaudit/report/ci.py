@@ -1,0 +1,31 @@
+"""CI outputs of ``moeaudit gate``: JUnit XML and the GitHub step summary (Markdown)."""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+
+def junit_xml(result: dict[str, Any]) -> str:
+    cases = []
+    for c in result["conditions"]:
+        inner = ""
+        if c["status"] == "fail":
+            inner = f"<failure message={quoteattr(c['detail'])}/>"
+        elif c["status"] in ("skipped", "inconclusive"):
+            inner = f"<skipped message={quoteattr(c['status'] + ': ' + c['detail'])}/>"
+        cases.append(f'  <testcase classname="moeaudit.gate" name={quoteattr(c["name"])}>{inner}</testcase>')
+    failures = sum(c["status"] == "fail" for c in result["conditions"])
+    skipped = sum(c["status"] in ("skipped", "inconclusive") for c in result["conditions"])
+    name = escape(f"{result['base']} → {result['candidate']}")
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="moeaudit gate: {name}" '
+            f'tests="{len(cases)}" failures="{failures}" skipped="{skipped}">\n' + "\n".join(cases)
+            + "\n</testsuite>\n")
+
+
+def markdown_summary(result: dict[str, Any]) -> str:
+    icon = {"PROMOTE": "✅", "HOLD": "⛔", "INCONCLUSIVE": "⚠️"}[result["decision"]]
+    lines = [f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
+             "", "| condition | status | detail |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c['detail'].replace('|', '/')} |" for c in result["conditions"]]
+    return "\n".join(lines) + "\n"
