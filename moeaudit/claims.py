@@ -19,7 +19,7 @@ class Claim:
 
 TABLE4: tuple[Claim, ...] = (
     Claim("Loss / State3", "objective quality on the visited region",
-          "the objective improved (canary NLL improved)",
+          "falling canary NLL (beyond its bootstrap noise): the objective improved on the visited region",
           "atlas preservation, overlap compatibility, or whether progress came from a narrowed visited region"),
     Claim("Occupancy", "breadth of expert usage",
           "the run uses a broad / narrow subset of experts",

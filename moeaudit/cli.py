@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from moeaudit import __version__
 from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError
+from moeaudit.report.terminal import (
+    err,
+    out,
+    print_compare,
+    print_envelope,
+    print_gates,
+    print_json,
+    print_receipts,
+    warn,
+)
 
 # Threads that wait at the end of a parallel op sleep at once instead of spinning (libgomp reads
 # this when torch loads, so it is set before any command imports torch; a user's own setting
@@ -27,20 +36,7 @@ from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError
 # replay's CPU time grew 2.5× under load with spinning, not at all without (docs/benchmarks.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-def _console(stderr: bool = False) -> Console:
-    """Rich console; off a terminal (pipes, CI logs, tests) a fixed 140 columns, so the
-    output is the same bytes everywhere."""
-    probe = Console(stderr=stderr)
-    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 140)
-
-
-out = _console()
-err = _console(stderr=True)
-
-
-def _warn(message: str) -> None:
-    """One line on stderr, never wrapped (warnings are grepped by CI logs and tests)."""
-    err.print(message, soft_wrap=True, markup=False)
+_warn = warn
 
 
 class _Exit(click.ClickException):
@@ -115,8 +111,8 @@ policy_option = click.option(
 
 
 def _load_policy(given: Path | None, start: Path):
-    from moeaudit.locate import find_upwards
     from moeaudit.judge.policy import load_policy
+    from moeaudit.locate import find_upwards
 
     path = given or find_upwards(start, "policy.toml")
     policy = load_policy(path)
@@ -158,10 +154,6 @@ def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> Non
         err.print(f"wrote {json_out}")
 
 
-def _print_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False))
-
-
 # ----- inspect ---------------------------------------------------------------------------
 
 
@@ -175,7 +167,7 @@ def inspect(ckpt: Path, as_json: bool) -> None:
 
     summary = Checkpoint(ckpt).summary()
     if as_json:
-        _print_json(summary)
+        print_json(summary)
         return
     table = Table(title=f"{ckpt}", show_header=False)
     for key, value in summary.items():
@@ -228,7 +220,7 @@ def canary_show(path: Path, as_json: bool) -> None:
 
     summary = canary_mod.load(path).summary()
     if as_json:
-        _print_json(summary)
+        print_json(summary)
         return
     table = Table(title=str(path), show_header=False)
     for key, value in summary.items():
@@ -259,7 +251,6 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
              force: bool, conflict: bool, generate: int, device: str) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward)."""
     from moeaudit import canary as canary_mod
-    from moeaudit.checkpoint import Checkpoint
     from moeaudit.locate import require_canary
     from moeaudit.receipts.state import state_receipts
 
@@ -270,7 +261,7 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     with _progress() as tick:
         doc = state_receipts(checkpoint, probe, policy, conflict=conflict, generate=generate,
                              progress=tick, device=None if device == "cpu" else _device(device))
-    _emit_json(doc, json_out, lambda: _print_receipts(doc))
+    _emit_json(doc, json_out, lambda: print_receipts(doc))
 
 
 def _device(name: str) -> str:
@@ -284,61 +275,6 @@ def _device(name: str) -> str:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
     return str(dev)
-
-
-def _fmt(x: Any, spec: str = ".4g") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def _print_receipts(doc: dict[str, Any]) -> None:
-    _receipts_header(doc)
-    table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
-                  "ḡ", "var_grad_norm", title="state receipts per routed layer")
-    for layer in doc["layers"]:
-        o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
-        g = layer.get("gradients", {})
-        dead = f"[red]{o['dead']}[/]" if o["dead"] else "0"
-        table.add_row(str(layer["layer"]), dead, _fmt(o["pi_min"], ".3f"), _fmt(o["cv"], ".3f"),
-                      _fmt(o["entropy_norm"], ".3f"), _fmt(b["margin_mean"], ".4f"),
-                      _fmt(b["flip_rate"], ".3f"), _fmt(c.get("c2"), "+.4f"),
-                      _fmt(c.get("c2_smooth"), "+.4f"), _fmt(g.get("grad_mean")),
-                      _fmt(g.get("var_grad_norm")))
-    out.print(table)
-    gated = [layer for layer in doc["layers"] if layer.get("gate")]
-    if gated:
-        g = gated[0]["gate"]
-        out.print(f"gate of layers {', '.join(str(x['layer']) for x in gated)}: {g['gate']}. "
-                  f"{g['why']}: State1 and flip are on the selection scores, C2~ on the unbiased "
-                  "gate (see 'gate' in the JSON for what still holds)")
-        biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
-        for x in biased:
-            b = x["gate"]["selection_bias"]
-            out.print(f"  layer {x['layer']} selection bias: {_fmt(b['min'], '+.4f')} … "
-                      f"{_fmt(b['max'], '+.4f')} (std {_fmt(b['std'], '.4f')})")
-    if "generation" in doc:
-        gen = doc["generation"]
-        out.print(f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
-                  f"proportion {_fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
-                  f"{_fmt(gen['distinct_2'], '.3f')}, rep-4 {_fmt(gen['rep_4'], '.3f')}")
-    if "conflict" in doc:
-        worst = max(doc["conflict"]["layers"], key=lambda x: x["max_conflict"])
-        out.print(f"domain gradient conflict: max {_fmt(worst['max_conflict'], '.4f')} (layer {worst['layer']})")
-    _print_nonfinite(doc)
-
-
-def _print_nonfinite(doc: dict[str, Any]) -> None:
-    for name in doc.get("nonfinite_weights", []):
-        _warn(f"warning: weight {name} holds NaN or Inf")
-    for item in doc.get("nonfinite", []):
-        _warn(f"warning: {item['path']} is not finite ({item['value']})")
-
-
-def _receipts_header(doc: dict[str, Any]) -> None:
-    ck, cn = doc["checkpoint"], doc["canary"]
-    out.print(f"[bold]{ck['name']}[/] ({ck['family']}, {ck['experts']} experts, top-{ck['top_k']})  "
-              f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…")
-    by_domain = "  ".join(f"{k} {_fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
-    out.print(f"NLL {_fmt(doc['nll'], '.4f')} nats   ({by_domain})")
 
 
 # ----- compare ---------------------------------------------------------------------------
@@ -369,47 +305,7 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
     policy = _load_policy(policy_path, base)
     with _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    _emit_json(doc, json_out, lambda: _print_compare(doc))
-
-
-def _print_compare(doc: dict[str, Any]) -> None:
-    from moeaudit.claims import TABLE4
-    from moeaudit.judge.margins import describe_handoff, describe_refinement
-
-    base, cand = doc["base"], doc["candidate"]
-    out.print(f"[bold]base[/] {base['checkpoint']['name']}  →  [bold]candidate[/] "
-              f"{cand['checkpoint']['name']}   protected layers {doc['protected_layers']}")
-    out.print(f"NLL {_fmt(base['nll'], '.4f')} → {_fmt(cand['nll'], '.4f')} nats")
-    table = Table("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
-                  "content", "router Δ", title="per routed layer (candidate state; drift from base)")
-    by_layer = {entry["layer"]: entry for entry in cand["layers"]}
-    for entry in doc["layers"]:
-        i, d = entry["layer"], entry["drift"]
-        st = by_layer[i]
-        mark = "*" if i in doc["protected_layers"] else ""
-        table.add_row(f"{i}{mark}", str(st["occupancy"]["dead"]), _fmt(st["occupancy"]["pi_min"], ".3f"),
-                      _fmt(st["boundary"]["margin_mean"], ".4f"), _fmt(st["overlap"].get("c2"), "+.4f"),
-                      _fmt(d["coordinate"], ".4f"), _fmt(d["boundary"], ".3f"),
-                      _fmt(d["transition"], ".4f"), _fmt(d["content"], ".3f"),
-                      _fmt(entry["weights"]["router_drift"], ".3f"))
-    out.print(table)
-    for entry in doc["layers"]:
-        b = entry.get("selection_bias")
-        if b is not None:
-            out.print(f"layer {entry['layer']} selection bias: ‖Δb‖ {_fmt(b['l2'], '.4f')}, "
-                      f"max |Δb| {_fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
-                      f"{_fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}")
-    ref, hand = doc["margins"]["refinement"], doc["margins"]["handoff"]
-    out.print(f"refinement margin r_ex = {_fmt(ref['exact'], '+.4f')} (smooth {_fmt(ref['smooth'], '+.4f')}, "
-              f"τ = {ref['tau']}) — {describe_refinement(ref['exact'])}")
-    if hand is not None:
-        out.print(f"handoff margin h_ex = {_fmt(hand['exact'], '+.4f')} (smooth {_fmt(hand['smooth'], '+.4f')}) "
-                  f"vs {hand['reference']} — {describe_handoff(hand['exact'])}")
-    out.print("[dim]What these numbers license (003 Table 4):[/]")
-    for claim in TABLE4:
-        if claim.receipt in ("Loss / State3", "Checkpoint-pair drift", "Refinement margin"):
-            out.print(f"[dim]  {claim.receipt}: licenses “{claim.licenses}”; not “{claim.does_not_license}”.[/]")
-    _print_nonfinite(doc)
+    _emit_json(doc, json_out, lambda: print_compare(doc, policy))
 
 
 # ----- envelope and calibration ----------------------------------------------------------
@@ -452,71 +348,8 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
             calibrate_on=calibrate_on, policy_path=policy.source, progress=tick, warn=_warn,
             cache=ReceiptsCache(enabled=not no_cache))
     report = finite_document(report)
-    _emit_json(report, json_out, lambda: _print_envelope(report))
+    _emit_json(report, json_out, lambda: print_envelope(report))
     raise SystemExit(0 if report["compliant"] else 1)
-
-
-def _print_envelope(report: dict[str, Any]) -> None:
-    k = report["constants"]
-    kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
-    out.print(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
-              f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} [{kind}]")
-    table = Table("series", "samples", "min margin", "violations", "compliant")
-    for key, rows in report["series"].items():
-        margins = [r["margin"] for r in rows if r.get("margin") is not None]
-        bad = sum(not r["compliant"] for r in rows)
-        bad += sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
-        ok = "[green]yes[/]" if bad == 0 else "[red]no[/]"
-        table.add_row(key, str(len(rows)), _fmt(min(margins) if margins else None, ".4g"), str(bad), ok)
-    out.print(table)
-    fv = report["first_violation"]
-    if fv:
-        out.print(f"[red]first leaves the envelope at step {fv['step']} on series {fv['layer']}[/] "
-                  f"({fv['check']} check: V = {_fmt(fv['value'], '.4g')}, bound {_fmt(fv['bound'], '.4g')})")
-    for w in report.get("sampling", {}).get("warnings", []):
-        out.print(f"[yellow]warning:[/] {w}")
-    for a in report["alerts"]:
-        out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
-    for d in report["dead_experts"]:
-        out.print(f"[yellow]dead expert[/] (000 §10.3) layer {d['layer']}: {d}")
-    if report.get("comparison"):
-        _print_comparison(report["comparison"])
-    out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
-
-
-def _print_comparison(c: dict[str, Any]) -> None:
-    mark = {True: "+", False: "-", None: "·"}
-    for view, k in c["constants"].items():
-        out.print(f"{view}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
-    spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
-    views = ("replay", "logs", "logs_endpoints", "probe") if "probe" in c["constants"] else (
-        "replay", "logs", "logs_endpoints")
-    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[:len(views)])
-    table = Table("series", *[f"{a}–{b}" for a, b in spans],
-                  title=f"per window: {title} (+ complies, - leaves)")
-    for key in dict.fromkeys(w["series"] for w in c["windows"]):
-        cells = []
-        for w in (w for w in c["windows"] if w["series"] == key):
-            cell = "/".join(mark[w[v]["compliant"]] for v in views)
-            differ = False in (w["agree"], w["agree_endpoints"], w.get("agree_probe"))
-            cells.append(f"[yellow]{cell}[/]" if differ else cell)
-        table.add_row(key, *cells)
-    out.print(table)
-    for s in c["skipped"]:
-        where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
-        out.print(f"not compared: {where} ({s['reason']})")
-    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints"),
-                       ("probe", "the canary probe")):
-        if view not in c["agreement"]:
-            continue
-        r = c["agreement"][view]
-        rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
-        out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
-    if c.get("probe_vs_replay", {}).get("max_rel_diff") is not None:
-        out.print(f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
-                  "(relative) at the checkpoints")
-    if c.get("note"):
-        out.print(f"[yellow]note:[/] {c['note']}")
 
 
 @cli.command()
@@ -539,8 +372,8 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     """Fit the envelope constants on a healthy run (000 Eq. 16) and write a policy."""
     from dataclasses import replace
 
-    from moeaudit.judge import envelope as env
     from moeaudit.jsonio import atomic_write
+    from moeaudit.judge import envelope as env
     from moeaudit.judge.policy import to_toml, validate
     from moeaudit.run import discover
     from moeaudit.series import infer_warmup, model_tag, run_series
@@ -606,7 +439,7 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 @click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
               help="Compute the replays on this torch device, e.g. cuda (see receipts --device).")
 @click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
-              help="Training stage (default: the policy's, else events.jsonl's, else pretraining).")
+              help="Training stage (default: events.jsonl's, else the policy's, else pretraining).")
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
             key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
@@ -631,12 +464,17 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
                       cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage)
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)
-    _print_gates(audit.statement["predicate"])
+    print_gates(audit.statement["predicate"])
     click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")
 
 
 def _signing_key(path: Path | None):
-    from moeaudit.signing import KeyNeedsPassphrase, default_key_path, generate_key, load_private_key
+    from moeaudit.signing import (
+        KeyNeedsPassphrase,
+        default_key_path,
+        generate_key,
+        load_private_key,
+    )
 
     if path is None:
         path = default_key_path()
@@ -653,27 +491,6 @@ def _signing_key(path: Path | None):
     return key
 
 
-VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
-STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
-
-
-def _print_gates(pred: dict[str, Any]) -> None:
-    table = Table("step", "gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
-                  title=f"{pred['run']['name']} ({pred['run']['stage']}) — gates")
-    for g in pred["gates"]:
-        r = g["receipts"]
-        st = STATUS_STYLE.get(g["status"], "")
-        table.add_row(str(g["step"]), f"[{st}]{g['status']}[/]", str(g["baseline"]), _fmt(r["nll"], ".4f"),
-                      g["scalar"], _fmt(r["c2_mean"], "+.4f"), _fmt(r["state1_mean"], ".4f"),
-                      str(r["dead"]), _fmt(r["cv_mean"], ".3f"), _fmt(r["entropy_norm_min"], ".3f"))
-    out.print(table)
-    for c in pred["checks"]:
-        status = c["status"] if c["evaluated"] else "not evaluated"
-        out.print(f"  {c['name']}: {status} — {c['reason']}")
-    v = pred["verdict"]
-    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {pred['verdict_reason']}")
-
-
 # ----- gate ------------------------------------------------------------------------------
 
 
@@ -685,8 +502,8 @@ def _print_gates(pred: dict[str, Any]) -> None:
 @policy_option
 @click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
 @click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
-              help="Training stage the promotion belongs to (default: the policy's, else the run's "
-                   "events.jsonl, else pretraining within one run and post-training across runs).")
+              help="Training stage the promotion belongs to (default: the run's events.jsonl, else the "
+                   "policy's, else pretraining within one run and post-training across runs).")
 @click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Also write the decision, its conditions and the gate as JSON here.")
@@ -808,8 +625,8 @@ def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> Non
 @verbose_option
 def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None, force: bool) -> None:
     """Map a verified certificate's evidence to a compliance framework."""
-    from moeaudit.report.export import run_export
     from moeaudit.jsonio import atomic_write
+    from moeaudit.report.export import run_export
 
     _check_output(out, force)
     atomic_write(out, run_export(cert, pubkey, framework, fmt))

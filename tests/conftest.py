@@ -30,3 +30,10 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def samples_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One receipts cache for every test that audits the shipped sample runs: each sample
+    checkpoint is replayed once per session, whichever test needs it first."""
+    return tmp_path_factory.mktemp("samples-cache")

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="samp
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
+def env(tmp_path_factory, samples_cache) -> dict[str, str]:
     root = tmp_path_factory.mktemp("samples")
-    return {"MOEAUDIT_CACHE_DIR": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
+    return {"MOEAUDIT_CACHE_DIR": str(samples_cache), "XDG_CONFIG_HOME": str(root / "config")}
 
 
 @pytest.fixture(scope="module")

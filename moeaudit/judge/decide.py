@@ -51,11 +51,11 @@ class Evidence:
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None,
                   default: str) -> tuple[str, str]:
-    """(stage, where it came from): --stage, then the policy, then the run's events.jsonl,
-    then the command's default (SPEC §8 pretraining for a run, §9 post-training for a
-    promotion between runs)."""
-    for value, source in ((flag, "--stage"), (policy_stage, "policy gates.stage"),
-                          (run_stage, "the run's events.jsonl")):
+    """(stage, where it came from): --stage, then the run's own events.jsonl (run metadata,
+    more specific than a shared policy), then the policy, then the command's default (SPEC §8
+    pretraining for a run, §9 post-training for a promotion between runs)."""
+    for value, source in ((flag, "--stage"), (run_stage, "the run's events.jsonl"),
+                          (policy_stage, "policy gates.stage")):
         if value:
             return value, source
     return default, "default"

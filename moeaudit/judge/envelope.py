@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moeaudit.errors import InputError
-from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
 from moeaudit.judge.policy import EnvelopeSettings, alert_rule_problem
+from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
 
 SCHEMA = "moeaudit.envelope/v1"
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)

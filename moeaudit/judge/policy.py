@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from moeaudit.errors import InputError
 

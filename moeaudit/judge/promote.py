@@ -5,7 +5,7 @@ decided by the same check list as ``certify`` (:func:`moeaudit.judge.decide.deci
 (exit 0) only when that verdict is PASS, hold (exit 1) on a FAIL or a candidate that is not
 GREEN, INCONCLUSIVE (exit 3) when the evidence is within noise or tolerance of a threshold.
 
-Stage: ``--stage``, else the policy's, else the candidate run's ``events.jsonl``, else
+Stage: ``--stage``, else the candidate run's ``events.jsonl``, else the policy's, else
 pretraining when base and candidate are checkpoints of one run (a step of that run, as
 ``certify`` would judge it) and post-training when they are not (a promotion, SPEC §9).
 The envelope window is (base, candidate] of the candidate's run logs.

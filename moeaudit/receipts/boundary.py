@@ -48,7 +48,8 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
     m_N = selection_margin(scores_NE, spec.top_k) if margin_N is None else margin_N.double()
     flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed, bias_E)
     q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
-    mass = {_key(eta): float((m_N < eta).double().mean()) for eta in settings.boundary_etas}
+    scale = eta_scale(spec)
+    mass = {_key(eta): float((m_N < eta * scale).double().mean()) for eta in settings.boundary_etas}
     out = {
         "margin_mean": float(m_N.mean()),
         "margin_quantiles": {"p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])},
@@ -58,10 +59,22 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
         "ci95": {
             "margin_mean": boot.mean(m_N),
             "flip_rate": boot.mean(flips_N),
-            "boundary_mass": {_key(eta): boot.mean((m_N < eta)) for eta in settings.boundary_etas},
+            "boundary_mass": {_key(eta): boot.mean((m_N < eta * scale)) for eta in settings.boundary_etas},
         },
     }
+    if scale != 1.0:
+        out["boundary_mass_units"] = (
+            f"sigmoid selection scores: B(η) counts margins below η·σ'(0) = {scale:g}·η, the score "
+            "gap a logit gap η makes at the decision point, so the η grid means the same as for "
+            "softmax (logit) routers")
     return out, m_N
+
+
+def eta_scale(spec: ModelSpec) -> float:
+    """Units of the η grid: 1 for logit-scale scores (softmax routers); σ'(0) = 1/4 for sigmoid
+    scores, whose margins live in (0, 1) — a logit grid there would call nearly every token a
+    boundary token (B(0.1) = 0.92 on the deepseek sample)."""
+    return 0.25 if spec.gate.scoring == "sigmoid" else 1.0
 
 
 def _no_boundary(settings: ReceiptSettings) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.judge.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
-from moeaudit.receipts.boundary import boundary_receipts
+from moeaudit.receipts.boundary import boundary_receipts, eta_scale
 from moeaudit.receipts.gate import bias_telemetry, gate_note
 from moeaudit.receipts.occupancy import domain_routing, occupancy
 from moeaudit.receipts.overlap import extra_experts, overlap_receipts
@@ -59,7 +59,8 @@ class StateObserver:
                {"gate": {**note, "selection_bias": bias_telemetry(bias_E)}}),
             "occupancy": occupancy(r.topk_NK, r.probs_NE, boot),
             "boundary": boundary,
-            "overlap": overlap_receipts(tap, lw, m_N, s, boot, seed),
+            # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
+            "overlap": overlap_receipts(tap, lw, m_N / eta_scale(self.spec), s, boot, seed),
             "domains": domain_routing(r.topk_NK, self.canary.domain_ids, self.canary.domains,
                                       self.spec.num_experts),
         }

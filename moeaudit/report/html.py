@@ -20,12 +20,12 @@ from typing import Any
 import jinja2
 
 from moeaudit.report import charts
-from moeaudit.resources import templates_dir
 from moeaudit.report.svg import linear_ticks, sci, signed
+from moeaudit.resources import templates_dir
 
 TEMPLATE = "certificate.html.j2"
 VERIFY = "moeaudit verify certificate.json --pubkey KEY.pub [--recheck]"
-CHECK_ORDER = ("envelope", "refinement", "handoff")
+CHECK_ORDER = ("health", "comparison", "envelope", "refinement", "handoff")
 MAX_DOMAIN_PANELS = 8
 Doc = Mapping[str, Any]
 
@@ -74,7 +74,8 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     protected = [int(x) for x in p.get("protected_layers") or []]
     return {
         "verdict": p["verdict"],
-        "verdict_why": verdict_reasons(p["verdict"], gates, checks),
+        "verdict_why": ([p["verdict_reason"]] if p.get("verdict_reason")
+                        else verdict_reasons(p["verdict"], gates, checks)),
         "run": run_view(p.get("run") or {}, len(gates)),
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
@@ -250,6 +251,8 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     keys = sorted(series, key=lambda k: (k != "pooled", layer_key(k)))
     const = report.get("constants") or {}
     first = report.get("first_violation")
+    check = next((c for c in checks if c.get("name") == "envelope"), {})
+    decided = check.get("reason") if check.get("status") == "FAIL" else None
     return {
         "missing": None,
         "panels": [_envelope_panel(k, series[k], report, i == 0) for i, k in enumerate(keys)],
@@ -258,9 +261,11 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
         "calibration": ("calibrated" if report.get("calibrated") else "not calibrated") +
                        (f": {report['provenance']}" if report.get("provenance") else ""),
         "compliant": bool(report.get("compliant")),
-        "first_violation": None if not first else
-        f"first leaves the envelope at step {first.get('step')} on series {first.get('layer')} "
+        "first_violation": None if not first else decided or
+        f"first leaves the envelope at step {first.get('step')} on "
+        f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
         f"({first.get('check')} check)",
+        "deciding_check": None if not first else first.get("check"),
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
                   f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
@@ -279,9 +284,15 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
                                   show_legend=main)
     margins = [r["margin"] for r in samples if r.get("margin") is not None]
     outside = [r.get("step") for r in samples if not r.get("compliant", True)]
+    discrete = [r.get("to_step") for r in report.get("discrete") or []
+                if r.get("series") == key and not r.get("compliant", True)]
+    starved = [f"expert {r.get('expert')} from step {r.get('since')}" for r in report.get("starvation") or []
+               if str(r.get("layer")) == key]
+    failing = bool(outside or discrete or starved)
     return {"name": name, "svg": chart, "samples": len(samples), "windows": len(wins),
             "min_margin": min(margins) if margins else None, "outside": outside,
-            "status": "outside the bound" if outside else "within the bound"}
+            "discrete": discrete, "starved": starved,
+            "status": "leaves the envelope" if failing else "within every check"}
 
 
 def _skipped(s: Doc) -> str:

@@ -1,0 +1,228 @@
+"""What the commands print on a terminal (rich), apart from the commands themselves.
+
+Off a terminal (pipes, CI logs, tests) the consoles are a fixed 140 columns, so the output is
+the same bytes everywhere. The library never prints; ``cli.py`` calls these with its results.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+def _console(stderr: bool = False) -> Console:
+    """Rich console; off a terminal a fixed 140 columns."""
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 140)
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+def warn(message: str) -> None:
+    """One line on stderr, never wrapped (warnings are grepped by CI logs and tests)."""
+    err.print(message, soft_wrap=True, markup=False)
+
+
+def print_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False))
+
+
+def fmt(x: Any, spec: str = ".4g") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def print_receipts(doc: dict[str, Any]) -> None:
+    receipts_header(doc)
+    table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
+                  "ḡ", "var_grad_norm", title="state receipts per routed layer")
+    for layer in doc["layers"]:
+        o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
+        g = layer.get("gradients", {})
+        dead = f"[red]{o['dead']}[/]" if o["dead"] else "0"
+        table.add_row(str(layer["layer"]), dead, fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
+                      fmt(o["entropy_norm"], ".3f"), fmt(b["margin_mean"], ".4f"),
+                      fmt(b["flip_rate"], ".3f"), fmt(c.get("c2"), "+.4f"),
+                      fmt(c.get("c2_smooth"), "+.4f"), fmt(g.get("grad_mean")),
+                      fmt(g.get("var_grad_norm")))
+    out.print(table)
+    gated = [layer for layer in doc["layers"] if layer.get("gate")]
+    if gated:
+        g = gated[0]["gate"]
+        out.print(f"gate of layers {', '.join(str(x['layer']) for x in gated)}: {g['gate']}. "
+                  f"{g['why']}: State1 and flip are on the selection scores, C2~ on the unbiased "
+                  "gate (see 'gate' in the JSON for what still holds)")
+        biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
+        for x in biased:
+            b = x["gate"]["selection_bias"]
+            out.print(f"  layer {x['layer']} selection bias: {fmt(b['min'], '+.4f')} … "
+                      f"{fmt(b['max'], '+.4f')} (std {fmt(b['std'], '.4f')})")
+    if "generation" in doc:
+        gen = doc["generation"]
+        out.print(f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
+                  f"proportion {fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
+                  f"{fmt(gen['distinct_2'], '.3f')}, rep-4 {fmt(gen['rep_4'], '.3f')}")
+    if "conflict" in doc:
+        worst = max(doc["conflict"]["layers"], key=lambda x: x["max_conflict"])
+        out.print(f"domain gradient conflict: max {fmt(worst['max_conflict'], '.4f')} (layer {worst['layer']})")
+    print_nonfinite(doc)
+
+
+def print_nonfinite(doc: dict[str, Any]) -> None:
+    for name in doc.get("nonfinite_weights", []):
+        warn(f"warning: weight {name} holds NaN or Inf")
+    for item in doc.get("nonfinite", []):
+        warn(f"warning: {item['path']} is not finite ({item['value']})")
+
+
+def receipts_header(doc: dict[str, Any]) -> None:
+    ck, cn = doc["checkpoint"], doc["canary"]
+    out.print(f"[bold]{ck['name']}[/] ({ck['family']}, {ck['experts']} experts, top-{ck['top_k']})  "
+              f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…")
+    by_domain = "  ".join(f"{k} {fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
+    out.print(f"NLL {fmt(doc['nll'], '.4f')} nats   ({by_domain})")
+
+
+def print_compare(doc: dict[str, Any], policy: Any) -> None:
+    from moeaudit.judge.decide import margin_status
+    from moeaudit.judge.gates import Checkpointed, evaluate_gates
+    from moeaudit.judge.margins import SMOOTH_NOTE
+
+    base, cand = doc["base"], doc["candidate"]
+    out.print(f"[bold]base[/] {base['checkpoint']['name']}  →  [bold]candidate[/] "
+              f"{cand['checkpoint']['name']}   protected layers {doc['protected_layers']}")
+    out.print(f"NLL {fmt(base['nll'], '.4f')} → {fmt(cand['nll'], '.4f')} nats")
+    table = Table("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
+                  "content", "router Δ", title="per routed layer (candidate state; drift from base)")
+    by_layer = {entry["layer"]: entry for entry in cand["layers"]}
+    for entry in doc["layers"]:
+        i, d = entry["layer"], entry["drift"]
+        st = by_layer[i]
+        mark = "*" if i in doc["protected_layers"] else ""
+        table.add_row(f"{i}{mark}", str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
+                      fmt(st["boundary"]["margin_mean"], ".4f"), fmt(st["overlap"].get("c2"), "+.4f"),
+                      fmt(d["coordinate"], ".4f"), fmt(d["boundary"], ".3f"),
+                      fmt(d["transition"], ".4f"), fmt(d["content"], ".3f"),
+                      fmt(entry["weights"]["router_drift"], ".3f"))
+    out.print(table)
+    for entry in doc["layers"]:
+        b = entry.get("selection_bias")
+        if b is not None:
+            out.print(f"layer {entry['layer']} selection bias: ‖Δb‖ {fmt(b['l2'], '.4f')}, "
+                      f"max |Δb| {fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
+                      f"{fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}")
+    band = policy.gates.inconclusive_band
+    words = {"refinement": {"PASS": "refinement (within the budget τ)", "FAIL": "repurposing (beyond τ)",
+                            "INCONCLUSIVE": "within noise of the budget τ — neither claim is licensed"},
+             "handoff": {"PASS": "handoff licensed", "FAIL": "handoff not licensed",
+                         "INCONCLUSIVE": "within noise of the reference — neither claim is licensed"}}
+    for name, symbol in (("refinement", "r_ex"), ("handoff", "h_ex")):
+        m = doc["margins"][name]
+        if m is None:
+            continue
+        ci = m.get("ci95")
+        interval = "" if not ci else f", 95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+        why = m.get("reason") if m["exact"] is None else words[name][margin_status(m, band)]
+        out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {why}")
+        out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {SMOOTH_NOTE}[/]")
+    gates = evaluate_gates([Checkpointed(0, doc["base"], "base"), Checkpointed(1, doc["candidate"])],
+                           doc["protected_layers"], policy.gates,
+                           resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
+    claims = gates[1]["claims"]
+    out.print("[dim]What these receipts license (003 Table 4, computed from the numbers above):[/]")
+    for text in claims["licensed"]:
+        out.print(f"[dim]  ✓ {text}[/]")
+    for text in claims["not_licensed"]:
+        out.print(f"[dim]  ✗ not: {text}[/]")
+    print_nonfinite(doc)
+
+
+def print_envelope(report: dict[str, Any]) -> None:
+    k = report["constants"]
+    kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
+    out.print(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
+              f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} [{kind}]")
+    table = Table("series", "samples", "min margin", "violations", "compliant")
+    for key, rows in report["series"].items():
+        margins = [r["margin"] for r in rows if r.get("margin") is not None]
+        bad = sum(not r["compliant"] for r in rows)
+        bad += sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
+        ok = "[green]yes[/]" if bad == 0 else "[red]no[/]"
+        table.add_row(key, str(len(rows)), fmt(min(margins) if margins else None, ".4g"), str(bad), ok)
+    out.print(table)
+    fv = report["first_violation"]
+    if fv:
+        out.print(f"[red]first leaves the envelope at step {fv['step']} on series {fv['layer']}[/] "
+                  f"({fv['check']} check: V = {fmt(fv['value'], '.4g')}, bound {fmt(fv['bound'], '.4g')})")
+    for w in report.get("sampling", {}).get("warnings", []):
+        out.print(f"[yellow]warning:[/] {w}")
+    for a in report["alerts"]:
+        out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
+    for d in report["dead_experts"]:
+        out.print(f"[yellow]dead expert[/] (000 §10.3) layer {d['layer']}: {d}")
+    if report.get("comparison"):
+        print_comparison(report["comparison"])
+    out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
+
+
+def print_comparison(c: dict[str, Any]) -> None:
+    mark = {True: "+", False: "-", None: "·"}
+    for view, k in c["constants"].items():
+        out.print(f"{view}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
+    spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
+    views = ("replay", "logs", "logs_endpoints", "probe") if "probe" in c["constants"] else (
+        "replay", "logs", "logs_endpoints")
+    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[:len(views)])
+    table = Table("series", *[f"{a}–{b}" for a, b in spans],
+                  title=f"per window: {title} (+ complies, - leaves)")
+    for key in dict.fromkeys(w["series"] for w in c["windows"]):
+        cells = []
+        for w in (w for w in c["windows"] if w["series"] == key):
+            cell = "/".join(mark[w[v]["compliant"]] for v in views)
+            differ = False in (w["agree"], w["agree_endpoints"], w.get("agree_probe"))
+            cells.append(f"[yellow]{cell}[/]" if differ else cell)
+        table.add_row(key, *cells)
+    out.print(table)
+    for s in c["skipped"]:
+        where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
+        out.print(f"not compared: {where} ({s['reason']})")
+    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints"),
+                       ("probe", "the canary probe")):
+        if view not in c["agreement"]:
+            continue
+        r = c["agreement"][view]
+        rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
+        out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
+    if c.get("probe_vs_replay", {}).get("max_rel_diff") is not None:
+        out.print(f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
+                  "(relative) at the checkpoints")
+    if c.get("note"):
+        out.print(f"[yellow]note:[/] {c['note']}")
+
+
+VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
+
+
+STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
+
+
+def print_gates(pred: dict[str, Any]) -> None:
+    table = Table("step", "gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
+                  title=f"{pred['run']['name']} ({pred['run']['stage']}) — gates")
+    for g in pred["gates"]:
+        r = g["receipts"]
+        st = STATUS_STYLE.get(g["status"], "")
+        table.add_row(str(g["step"]), f"[{st}]{g['status']}[/]", str(g["baseline"]), fmt(r["nll"], ".4f"),
+                      g["scalar"], fmt(r["c2_mean"], "+.4f"), fmt(r["state1_mean"], ".4f"),
+                      str(r["dead"]), fmt(r["cv_mean"], ".3f"), fmt(r["entropy_norm_min"], ".3f"))
+    out.print(table)
+    for c in pred["checks"]:
+        status = c["status"] if c["evaluated"] else "not evaluated"
+        out.print(f"  {c['name']}: {status} — {c['reason']}")
+    v = pred["verdict"]
+    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {pred['verdict_reason']}")
