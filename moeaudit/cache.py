@@ -3,8 +3,15 @@
 Entries are JSON documents keyed by SHA-256 of (kind, checkpoint root digest(s), canary digest,
 tool version, receipt settings). They live under ``$MOEAUDIT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/moeaudit``, else ``~/.cache/moeaudit``. Writes are atomic (temp + rename), so
-concurrent runs at worst compute the same entry twice; a corrupt or foreign entry is ignored
-and recomputed, never trusted.
+concurrent runs at worst compute the same entry twice.
+
+A cached number ends up in a signed certificate, so an entry is trusted only if this machine's
+moeaudit wrote it (issue 14): every entry carries an HMAC-SHA256 over its key and content,
+keyed by a local secret (``hmac.key`` in the cache directory, 32 random bytes, mode 0600,
+created once). An entry that is absent, unreadable, malformed, of the wrong shape, for another
+key, or whose MAC does not verify is a miss: it is recomputed, never trusted and never an error.
+``served`` lists the keys answered from the cache, so a certificate can say which receipts
+were not recomputed by the run that signed them.
 
 Tensor entries (safetensors, never pickle) hold a baseline's anchor states, so that adding one
 checkpoint to a run replays only that checkpoint: its pair receipts need the baseline's states
@@ -15,8 +22,12 @@ layer, so entries above ``TENSORS_MAX_BYTES`` are not written (the baseline is t
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +38,11 @@ if TYPE_CHECKING:
     import torch
 
 TENSORS_MAX_BYTES = 1 << 30  # z and y of a 4096-token canary at H = 4096 over 8 routed layers
+SECRET_NAME = "hmac.key"
+SECRET_BYTES = 32
+MAC_DOMAIN = b"moeaudit.cache/v1\0"
+# Reading a cache entry may fail in any of these ways; each is a miss, never an error.
+_BAD_ENTRY = (OSError, ValueError, TypeError, LookupError, AttributeError, RecursionError)
 
 
 def cache_dir() -> Path:
@@ -36,76 +52,226 @@ def cache_dir() -> Path:
     return Path(base) / "moeaudit"
 
 
+class SecretUnusable(Exception):
+    """The cache's key file exists but cannot be trusted (the cache is then not used)."""
+
+
+def load_or_create_secret(root: Path) -> bytes:
+    """The cache's HMAC key: read ``root/hmac.key``, or create it if absent.
+
+    Creation is race-free: the random bytes go to a private temp file (O_EXCL, 0600), which is
+    then hard-linked to the final name — link fails if the name exists, so of two processes
+    creating it at once exactly one wins, and the other reads the winner's complete file.
+    """
+    path = root / SECRET_NAME
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{SECRET_NAME}.", dir=root)  # O_EXCL, mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SECRET_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process won the race: use its key
+        except OSError:  # a filesystem without hard links: exclusive create instead
+            _create_exclusive(path, Path(tmp).read_bytes())
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return _read_secret(path)
+
+
+def _create_exclusive(path: Path, secret: bytes) -> None:
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SecretUnusable(f"cannot read {path} ({exc.strerror or exc})") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        secret = f.read(SECRET_BYTES + 1)
+    hint = "; delete it and moeaudit creates a new one (cached receipts are then recomputed)"
+    if not stat.S_ISREG(st.st_mode):
+        raise SecretUnusable(f"{path} is not a regular file{hint}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise SecretUnusable(f"{path} belongs to another user{hint}")
+    if st.st_mode & 0o077:
+        raise SecretUnusable(f"{path} is readable or writable by others "
+                             f"(mode {stat.S_IMODE(st.st_mode):o}){hint}")
+    if len(secret) != SECRET_BYTES:
+        raise SecretUnusable(f"{path} is not a {SECRET_BYTES}-byte key{hint}")
+    return secret
+
+
+def _canonical(document: Any) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
 class ReceiptsCache:
     def __init__(self, root: Path | None = None, enabled: bool = True):
         self.root = root or cache_dir()
         self.enabled = enabled
         self.hits = self.misses = 0
+        self.served: list[str] = []  # keys answered from the cache, in order
+        self._problem: str | None = None
+        self._secret: bytes | None = None
 
     @staticmethod
     def key(kind: str, *parts: Any) -> str:
         material = json.dumps([kind, __version__, *parts], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(material.encode()).hexdigest()
 
+    # ----- authentication ----------------------------------------------------------------
+
+    @property
+    def problem(self) -> str | None:
+        """Why the cache is off although it was enabled (its key file cannot be trusted or
+        created), or None."""
+        self._usable()
+        return self._problem
+
+    def _usable(self) -> bool:
+        """Enabled and holding its key (created on first use); False turns the cache off."""
+        if not self.enabled:
+            return False
+        if self._secret is None:
+            try:
+                self._secret = load_or_create_secret(self.root)
+            except SecretUnusable as exc:
+                self._problem = f"receipts cache not used: {exc}"
+                self.enabled = False
+                return False
+            except OSError as exc:  # no cache directory can be made: a slower run, not a failure
+                self._problem = f"receipts cache not used: {exc.strerror or exc}"
+                self.enabled = False
+                return False
+        return True
+
+    def _mac(self, kind: bytes, key: str, *parts: bytes) -> str:
+        assert self._secret is not None
+        h = hmac.new(self._secret, MAC_DOMAIN + kind + b"\0" + key.encode() + b"\0", "sha256")
+        for part in parts:
+            h.update(part)
+        return h.hexdigest()
+
+    def _served(self, key: str) -> None:
+        self.hits += 1
+        self.served.append(key)
+
+    # ----- JSON documents ----------------------------------------------------------------
+
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        if not self.enabled:
+    def get(self, key: str, check: Callable[[dict[str, Any]], object] | None = None
+            ) -> dict[str, Any] | None:
+        """The document stored under ``key`` if this machine's moeaudit wrote it and ``check``
+        (the caller's shape test) accepts it; else None (counted as a miss)."""
+        if not self._usable():
             return None
         try:
-            entry = json.loads(self._path(key).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            entry = json.loads(self._path(key).read_bytes().decode("utf-8"))
+            document, mac = entry["document"], entry["mac"]
+            ok = (entry["key"] == key and isinstance(document, dict) and isinstance(mac, str)
+                  and hmac.compare_digest(mac, self._mac(b"json", key, _canonical(document)))
+                  and (check is None or bool(check(document))))
+        except _BAD_ENTRY:
+            ok = False
+        if not ok:
             self.misses += 1
             return None
-        if not isinstance(entry, dict) or entry.get("key") != key or "document" not in entry:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return entry["document"]
+        self._served(key)
+        return document
 
     def put(self, key: str, document: dict[str, Any]) -> None:
-        if not self.enabled:
+        if not self._usable():
             return
         path = self._path(key)
         try:
+            # the MAC is over the document as it will be read back (JSON turns tuples into lists,
+            # keys into strings), so a stored entry verifies
+            stored = json.loads(_canonical(document))
+            entry = {"key": key, "mac": self._mac(b"json", key, _canonical(stored)),
+                     "document": stored}
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, dumps({"key": key, "document": document}))
-        except OSError:
-            pass  # a cache that cannot be written is a slower run, not a failed one
+            atomic_write(path, dumps(entry))
+        except (OSError, ValueError):
+            pass  # a cache that cannot be written (or a non-finite document) is a slower run
+
+    # ----- tensors -----------------------------------------------------------------------
 
     def _tensor_path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.safetensors"
 
+    def _tensor_mac(self, key: str, tensors: dict[str, Any]) -> str:
+        """Over every tensor's name, dtype, shape and bytes, in name order (not over the file's
+        header bytes, which the writer may lay out as it likes)."""
+        parts = []
+        for name in sorted(tensors):
+            t = tensors[name].detach().contiguous().cpu()
+            raw = t.reshape(-1).view(_uint8()).numpy().tobytes() if t.numel() else b""
+            head = json.dumps([name, str(t.dtype), list(t.shape), len(raw)]).encode()
+            parts += [len(head).to_bytes(8, "little"), head, raw]
+        return self._mac(b"tensors", key, *parts)
+
     def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
-        """Tensors stored under ``key``, or None (disabled, absent, corrupt or foreign)."""
-        if not self.enabled:
+        """Tensors stored under ``key``, or None (disabled, absent, corrupt, foreign or forged)."""
+        if not self._usable():
             return None
         from moeaudit.checkpoint.safetensors import SafetensorsFile
         from moeaudit.errors import MoeauditError
 
         try:
             f = SafetensorsFile(self._tensor_path(key))
-            if f.metadata.get("key") != key:
-                raise ValueError("foreign entry")
-            tensors = {name: f.read(name) for name in f.tensors}
-        except (OSError, ValueError, MoeauditError):
+            mac = f.metadata.get("mac", "")
+            ok = f.metadata.get("key") == key and bool(mac) and bool(f.tensors)
+            tensors = {name: f.read(name) for name in f.tensors} if ok else {}
+            ok = ok and hmac.compare_digest(mac, self._tensor_mac(key, tensors))
+        except (*_BAD_ENTRY, MoeauditError):
+            ok = False
+        if not ok:
             self.misses += 1
             return None
-        self.hits += 1
+        self._served(key)
         return tensors
 
     def put_tensors(self, key: str, tensors: dict[str, torch.Tensor]) -> bool:
         """Store ``tensors`` under ``key`` unless disabled or larger than TENSORS_MAX_BYTES."""
         size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if not self.enabled or size > TENSORS_MAX_BYTES:
+        if size > TENSORS_MAX_BYTES or not self._usable():
             return False
         from moeaudit.checkpoint.safetensors import write_safetensors
 
         path = self._tensor_path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_safetensors(path, tensors, metadata={"key": key})
+            write_safetensors(path, tensors, metadata={"key": key,
+                                                       "mac": self._tensor_mac(key, tensors)})
         except OSError:
             return False
         return True
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8

@@ -13,16 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from moeaudit.checkpoint.safetensors import SafetensorsFile, write_safetensors
 from moeaudit.errors import CanaryError, CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "moeaudit.canary"
 VERSION = "1"
@@ -33,32 +35,95 @@ Fail = Callable[..., CanaryError]
 BUILD_HINT = "build one with `moeaudit canary build --tokens FILE.jsonl --out CANARY.safetensors`"
 
 
-@dataclass(frozen=True, eq=False)
+def _as_array(x: Any) -> Any:
+    """A numpy copy of a torch tensor or an array (no torch import: a torch tensor is only
+    handed in by code that has imported torch already)."""
+    if hasattr(x, "detach"):  # a torch tensor
+        t = x.detach().cpu()
+        try:
+            return np.array(t.numpy(), copy=True)
+        except (TypeError, RuntimeError):  # bfloat16, float8: numpy has no such dtype
+            return _Foreign(t)
+    return np.array(x, copy=True)
+
+
+class _Foreign:
+    """Stands in for a tensor numpy cannot hold, so that the dtype check can name it."""
+
+    def __init__(self, t: Any):
+        self.dtype = t.dtype
+
+
 class Canary:
     """W token windows of length T, each labelled with a domain (SPEC §2.2).
 
     ``domains[i]`` is the name of domain id ``i``. Two canaries are equal when their
     tokens, domain ids and domain names are equal, i.e. exactly when their digests are.
+    The content is held as numpy arrays, so loading and showing a canary needs no torch;
+    ``tokens`` and ``domain_ids`` are torch views of them, made on first use.
     """
 
-    tokens: torch.Tensor  # int32 [W, T]
-    domain_ids: torch.Tensor  # int32 [W]
+    __slots__ = ("_tokens_WT", "_ids_W", "domains", "source", "_torch")
+    _tokens_WT: np.ndarray
+    _ids_W: np.ndarray
     domains: tuple[str, ...]
-    source: str | None = None  # the file it was loaded from, for messages; not part of the digest
+    source: str | None
+    _torch: tuple[torch.Tensor, torch.Tensor] | None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "domains", tuple(self.domains))
-        object.__setattr__(self, "tokens", self.tokens.detach().cpu().contiguous())
-        object.__setattr__(self, "domain_ids", self.domain_ids.detach().cpu().contiguous())
-        _check_content(self.tokens, self.domain_ids, self.domains, path=None)
+    def __init__(self, tokens: Any, domain_ids: Any, domains: tuple[str, ...] | list[str],
+                 source: str | None = None):
+        tokens_WT, ids_W = _as_array(tokens), _as_array(domain_ids)
+        names = tuple(domains)
+        _check_content(tokens_WT, ids_W, names, path=None)
+        object.__setattr__(self, "_tokens_WT", np.ascontiguousarray(tokens_WT))
+        object.__setattr__(self, "_ids_W", np.ascontiguousarray(ids_W))
+        object.__setattr__(self, "domains", names)
+        object.__setattr__(self, "source", source)  # for messages; not part of the digest
+        object.__setattr__(self, "_torch", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a Canary is immutable ({name})")
+
+    def __repr__(self) -> str:
+        return (f"Canary({self.num_windows}×{self.window_len} tokens, {len(self.domains)} "
+                f"domains, sha256:{self.digest[:16]}…)")
+
+    @property
+    def tokens_array(self) -> np.ndarray:
+        """int32 [W, T] (numpy)."""
+        return self._tokens_WT
+
+    @property
+    def domain_ids_array(self) -> np.ndarray:
+        """int32 [W] (numpy)."""
+        return self._ids_W
+
+    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._torch is not None:
+            return self._torch
+        import torch
+
+        pair = (torch.from_numpy(self._tokens_WT), torch.from_numpy(self._ids_W))
+        object.__setattr__(self, "_torch", pair)
+        return pair
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """int32 [W, T] (torch; shares memory with the canary)."""
+        return self._tensors()[0]
+
+    @property
+    def domain_ids(self) -> torch.Tensor:
+        """int32 [W] (torch; shares memory with the canary)."""
+        return self._tensors()[1]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Canary):
             return NotImplemented
         return (
             self.domains == other.domains
-            and torch.equal(self.tokens, other.tokens)
-            and torch.equal(self.domain_ids, other.domain_ids)
+            and np.array_equal(self._tokens_WT, other._tokens_WT)
+            and np.array_equal(self._ids_W, other._ids_W)
         )
 
     def __hash__(self) -> int:
@@ -66,11 +131,11 @@ class Canary:
 
     @property
     def num_windows(self) -> int:
-        return int(self.tokens.shape[0])
+        return int(self._tokens_WT.shape[0])
 
     @property
     def window_len(self) -> int:
-        return int(self.tokens.shape[1])
+        return int(self._tokens_WT.shape[1])
 
     @property
     def num_tokens(self) -> int:
@@ -96,8 +161,8 @@ class Canary:
             [
                 DIGEST_PREFIX,
                 struct.pack("<QQ", self.num_windows, self.window_len),
-                np.ascontiguousarray(self.tokens.numpy(), dtype="<i4").tobytes(),
-                np.ascontiguousarray(self.domain_ids.numpy(), dtype="<i4").tobytes(),
+                np.ascontiguousarray(self._tokens_WT, dtype="<i4").tobytes(),
+                np.ascontiguousarray(self._ids_W, dtype="<i4").tobytes(),
                 _names_json(self.domains).encode("utf-8"),
             ]
         )
@@ -109,12 +174,15 @@ class Canary:
 
     def windows_of(self, domain: str) -> torch.Tensor:
         """Indices (int64 [n]) of the windows labelled ``domain``, ascending."""
+        import torch
+
         if domain not in self.domains:
             raise CanaryError(
                 f"no domain named {domain!r} in the canary",
                 hint=f"its domains are {', '.join(map(repr, self.domains))}",
             )
-        return torch.nonzero(self.domain_ids == self.domains.index(domain)).flatten()
+        idx = np.flatnonzero(self._ids_W == self.domains.index(domain))
+        return torch.from_numpy(idx.astype(np.int64))
 
     def check_vocab(self, vocab_size: int, where: str) -> None:
         """Raise unless every token id is below ``vocab_size`` (SPEC §2.2).
@@ -122,14 +190,15 @@ class Canary:
         ``where`` names the model the vocabulary comes from (e.g. the checkpoint path); it
         is the "file" of the error, since the canary is only wrong relative to it.
         """
-        bad = torch.nonzero(self.tokens >= vocab_size)
-        if bad.numel() == 0:
+        bad = np.argwhere(self._tokens_WT >= vocab_size)
+        if len(bad) == 0:
             return
         window, pos = (int(i) for i in bad[0])
         which = f"canary {self.source}" if self.source else "canary"
         raise CanaryError(
             f"{which} window {window}, position {pos} has token id "
-            f"{int(self.tokens[window, pos])}, outside the model vocabulary of size {vocab_size} "
+            f"{int(self._tokens_WT[window, pos])}, outside the model vocabulary of size "
+            f"{vocab_size} "
             f"({len(bad)} such token{'s' if len(bad) != 1 else ''} in all)",
             path=where,
             hint="build the canary with this model's tokenizer",
@@ -137,7 +206,7 @@ class Canary:
 
     def summary(self) -> dict[str, Any]:
         """Plain data for ``moeaudit canary show`` (SPEC §10)."""
-        counts = torch.bincount(self.domain_ids.long(), minlength=len(self.domains)).tolist()
+        counts = np.bincount(self._ids_W.astype(np.int64), minlength=len(self.domains)).tolist()
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -153,17 +222,23 @@ def _names_json(domains: tuple[str, ...] | list[str]) -> str:
     return json.dumps(list(domains), separators=(",", ":"), ensure_ascii=False)
 
 
+def _dtype_name(a: Any) -> str:
+    return str(a.dtype).removeprefix("torch.")
+
+
 def _check_content(
-    tokens: torch.Tensor, domain_ids: torch.Tensor, domains: tuple[str, ...], path: Path | None
+    tokens: np.ndarray, domain_ids: np.ndarray, domains: tuple[str, ...], path: Path | None
 ) -> None:
     """The invariants of a canary, whether built in memory or read from a file."""
 
     def fail(what: str) -> CanaryError:
         return CanaryError(what, path=path, hint=None if path is None else BUILD_HINT)
 
-    if tokens.dtype != torch.int32 or domain_ids.dtype != torch.int32:
-        raise fail(f"tokens and domain ids must be int32, got {tokens.dtype}, {domain_ids.dtype}")
-    if tokens.dim() != 2:
+    int32 = np.dtype("int32")
+    if getattr(tokens, "dtype", None) != int32 or getattr(domain_ids, "dtype", None) != int32:
+        raise fail(f"tokens and domain ids must be int32, got {_dtype_name(tokens)}, "
+                   f"{_dtype_name(domain_ids)}")
+    if tokens.ndim != 2:
         raise fail(f"tokens must be 2-D [windows, window length], got shape {list(tokens.shape)}")
     w, t = tokens.shape
     if w == 0:
@@ -175,20 +250,22 @@ def _check_content(
             f"domain_ids must have shape [{w}] (one per window), got {list(domain_ids.shape)}"
         )
     _check_names(domains, fail)
-    if domain_ids.min() < 0 or domain_ids.max() >= len(domains):
-        bad = int(torch.nonzero((domain_ids < 0) | (domain_ids >= len(domains)))[0])
+    out_of_range = (domain_ids < 0) | (domain_ids >= len(domains))
+    if out_of_range.any():
+        bad = int(np.flatnonzero(out_of_range)[0])
         raise fail(
             f"window {bad} has domain id {int(domain_ids[bad])}, but there are "
             f"{len(domains)} domain names (ids 0..{len(domains) - 1})"
         )
     if tokens.min() < 0:
-        window, pos = (int(i) for i in torch.nonzero(tokens < 0)[0])
+        window, pos = (int(i) for i in np.argwhere(tokens < 0)[0])
         raise fail(
             f"window {window}, position {pos} has negative token id {int(tokens[window, pos])}"
         )
 
 
 def _check_names(domains: tuple[str, ...], fail: Fail) -> None:
+    """Linear in the number of names (issue 14: 20k domains took 7 s when this was quadratic)."""
     if not domains:
         raise fail("the canary has no domain names")
     for name in domains:
@@ -196,7 +273,7 @@ def _check_names(domains: tuple[str, ...], fail: Fail) -> None:
             raise fail(f"domain name {name!r} is not a non-empty string")
         if not _is_unicode(name):
             raise fail(f"domain name {name!r} is not valid Unicode text")
-    dupes = sorted({n for n in domains if domains.count(n) > 1})
+    dupes = sorted(n for n, c in Counter(domains).items() if c > 1)
     if dupes:
         raise fail(f"domain names repeat: {', '.join(map(repr, dupes))}")
 
@@ -221,7 +298,7 @@ def build_from_jsonl(path: str | Path) -> Canary:
     """
     path = Path(path)
     rows: list[list[int]] = []
-    names: list[str] = []
+    names: dict[str, int] = {}  # name → id, in order of first appearance
     ids: list[int] = []
     first_len: tuple[int, int] | None = None  # (line number, window length) of the first window
     for lineno, line in _read_lines(path):
@@ -234,14 +311,12 @@ def build_from_jsonl(path: str | Path) -> Canary:
                 f"{first_len[0]} has {first_len[1]}; all windows must have the same length",
                 path=path,
             )
-        if domain not in names:
-            names.append(domain)
-        ids.append(names.index(domain))
+        ids.append(names.setdefault(domain, len(names)))
         rows.append(window)
     if not rows:
         raise CanaryError("no windows: the file has no non-blank lines", path=path)
-    tokens = torch.tensor(rows, dtype=torch.int32)
-    return Canary(tokens, torch.tensor(ids, dtype=torch.int32), tuple(names))
+    tokens = np.array(rows, dtype=np.int32)
+    return Canary(tokens, np.array(ids, dtype=np.int32), tuple(names))
 
 
 def _read_lines(path: Path) -> list[tuple[int, str]]:
@@ -290,11 +365,12 @@ def _parse_line(line: str, lineno: int, path: Path) -> tuple[str, list[int]]:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
-    if dupes:
-        raise ValueError(f"duplicate key {dupes[0]!r}")
-    return dict(pairs)
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
 
 
 def _check_window(window: list[Any], fail: Fail) -> None:
@@ -333,7 +409,7 @@ def load(path: str | Path) -> Canary:
     try:
         sf = SafetensorsFile(path)
         domains = _read_header(sf)
-        tokens, domain_ids = sf.read("tokens"), sf.read("domain_ids")
+        tokens, domain_ids = sf.read_array("tokens"), sf.read_array("domain_ids")
     except CheckpointError as exc:  # the parser's checklist, relabelled for the canary
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
     _check_content(tokens, domain_ids, domains, path)

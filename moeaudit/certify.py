@@ -131,6 +131,10 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     router = _router_section(first.spec, docs)
     if router is not None:  # only for gates the atlas theorem does not cover (issue 8)
         predicate["router"] = router
+    if replayer.from_cache:  # authenticated by the local cache key, not recomputed (issue 14)
+        predicate["from_cache"] = replayer.from_cache
+    for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
+        ckpt.verify_unchanged()
     subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
@@ -180,6 +184,13 @@ def _nonfinite(docs: dict[int, dict[str, Any]]) -> list[str]:
     bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]]
     bad += [f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])]
     return bad
+
+
+def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
+    """A cached receipts document must be one of this checkpoint's routed layers."""
+    layers = list(ckpt.spec.routed_layers)
+    return lambda d: (d["schema"] == "moeaudit.receipts/v1" and isinstance(d["checkpoint"], dict)
+                      and [e["layer"] for e in d["layers"]] == layers)
 
 
 def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -259,6 +270,9 @@ class _Replayer:
         self.settings = policy.to_json()["receipts"]
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
+        self.from_cache: list[dict[str, Any]] = []  # what this run did not recompute
+        if cache.problem:
+            say(f"warning: {cache.problem}")
 
     def _key(self, kind: str, *ckpts: Any) -> str:
         # receipts are bit-identical per device, not across devices: a GPU gets its own entries
@@ -274,9 +288,12 @@ class _Replayer:
 
     def receipts(self, step: int, ckpt: Any) -> dict[str, Any]:
         self.done += 1
-        doc = self.cache.get(self._key("receipts", ckpt))
+        doc = self.cache.get(self._key("receipts", ckpt), check=_receipts_shape(ckpt))
         if doc is not None:
             self.say(f"[{self.done}/{self.total}] {ckpt.path.name}: receipts from cache")
+            # cached by digest: the name is of whichever identical checkpoint filled the cache
+            doc["checkpoint"]["name"] = ckpt.path.name
+            self.from_cache.append({"kind": "receipts", "checkpoints": [ckpt.path.name]})
             return doc
         self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")
         return self._replay(step, ckpt)
@@ -288,6 +305,7 @@ class _Replayer:
             if cached is not None and all(f"{i}.{n}" in cached for i in layers for n in "zy"):
                 self.states[step] = {i: AnchorStates(cached[f"{i}.z"], cached[f"{i}.y"])
                                      for i in layers}
+                self.from_cache.append({"kind": "anchor_states", "checkpoints": [ckpt.path.name]})
             else:
                 self._replay(step, ckpt)
         return self.states[step]
@@ -302,8 +320,11 @@ class _Replayer:
 
     def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
         key = self._key("pair", base[1], cand[1])
-        cached = self.cache.get(key)
-        if cached is not None:
+        cached = self.cache.get(key, check=lambda d: d["schema"] == "moeaudit.pair/v1")
+        if cached is not None:  # cached by digests: the steps are this run's
+            cached.update(base_step=base[0], step=cand[0])
+            self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name,
+                                                                    cand[1].path.name]})
             return cached
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
         b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
@@ -315,6 +336,8 @@ class _Replayer:
             layers.append({"layer": layer, **entry})
         doc = finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
                                "layers": layers})
+        b_ckpt.verify_unchanged()  # the bytes read are the bytes hashed, before caching them
+        c_ckpt.verify_unchanged()
         self.cache.put(key, doc)
         return doc
 

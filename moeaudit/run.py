@@ -17,7 +17,8 @@ from moeaudit.errors import CheckpointError, InputError
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
 
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (issue 14).
+CHECKPOINT_RE = re.compile(r"^checkpoint-([0-9]+)$", re.ASCII)
 EVENTS = ("resume", "regime_change")
 STAGES = ("pretraining", "post-training")
 
@@ -49,8 +50,7 @@ def discover(path: str | Path) -> Run:
     if not root.is_dir():
         raise InputError("not a run directory", path=root,
                          hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
-    found = sorted((int(m.group(1)), d) for d in root.iterdir()
-                   if (m := CHECKPOINT_RE.match(d.name)))
+    found = _checkpoint_dirs(root)
     run = Run(root, [])
     for step, directory in found:
         if not directory.is_dir():  # a stray file, or a link that loops or dangles
@@ -96,6 +96,27 @@ def run_of(checkpoint: Path) -> Path | None:
 def step_of(checkpoint: Path) -> int | None:
     m = CHECKPOINT_RE.match(checkpoint.resolve().name)
     return int(m.group(1)) if m else None
+
+
+def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``checkpoint-<step>`` entries by step. A step written in other than ASCII digits, or two
+    entries with the same step (``checkpoint-0100`` beside ``checkpoint-100``), are errors:
+    which one is "step 100" would be a guess, and the second would overwrite the first's
+    receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md)."""
+    found: dict[int, Path] = {}
+    for d in sorted(root.iterdir()):
+        suffix = d.name.removeprefix("checkpoint-")
+        if suffix != d.name and suffix.isdecimal() and not suffix.isascii():
+            raise InputError(f"step {suffix!r} is not written in ASCII digits 0-9", path=d,
+                             hint="rename it checkpoint-<step> with digits 0-9")
+        if not (m := CHECKPOINT_RE.match(d.name)):
+            continue
+        step = int(m.group(1))
+        if step in found:
+            raise InputError(f"{found[step].name} and {d.name} are both step {step}", path=root,
+                             hint="keep one checkpoint directory per step")
+        found[step] = d
+    return sorted(found.items())
 
 
 def read_events(path: Path) -> tuple[list[Event], str | None]:

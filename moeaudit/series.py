@@ -53,16 +53,26 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
     layers = [str(layer) for layer in ckpt.spec.routed_layers]
     use = cache is not None and cache.enabled
     key = cache.key("grad_norms", ckpt.digest, canary.digest) if use else None
-    doc = cache.get(key) if key is not None else None
-    if doc is not None and isinstance(doc.get("norms"), dict) and list(doc["norms"]) == layers:
+    doc = cache.get(key, check=lambda d: _norms_shape(d["norms"], layers, ckpt.spec.num_experts)) \
+        if key is not None else None
+    if doc is not None:
         return doc["norms"]
     from moeaudit.replay import replay
 
     result = replay(ckpt, canary.tokens)
     norms = {str(layer): result.grads[layer].experts_E.tolist() for layer in ckpt.spec.routed_layers}
+    ckpt.verify_unchanged()  # what was read is what was hashed (issue 14), before caching it
     if key is not None:
         cache.put(key, {"norms": norms})
     return norms
+
+
+def _norms_shape(norms: Any, layers: list[str], experts: int) -> bool:
+    """Per routed layer, ``experts`` numbers (a cache entry of another shape is recomputed)."""
+    return (isinstance(norms, dict) and list(norms) == layers
+            and all(isinstance(v, list) and len(v) == experts
+                    and all(isinstance(x, (int, float)) for x in v)
+                    for v in norms.values()))
 
 
 def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path,

@@ -21,6 +21,8 @@ Layout of OUT_DIR (~1 MB)::
     runs/         writing/ (checkpoint-100 complete, checkpoint-300 a symlink loop,
                            checkpoint-500 still being written, metrics.jsonl)
                   nonfinite/ (checkpoint-100 with a NaN and an Inf weight)
+                  duplicate_step/ (checkpoint-100 and checkpoint-0100)
+                  non_ascii_step/ (checkpoint-100 and checkpoint-٣٠٠)
 """
 
 from __future__ import annotations
@@ -246,14 +248,14 @@ def _nonfinite_router(ts: Tensors) -> None:  # NaN from the first layer on: ever
     ts[ROUTER][0, 0] = float("nan")
 
 
-def _missing_shard(ckpt: Path) -> None:
+def _shard(ckpt: Path) -> None:
+    """Write the weights as two shards and their index (and leave model.safetensors alone)."""
     ts = tensors()
     names = sorted(ts)
     shards = {
         "model-00001-of-00002.safetensors": names[: len(names) // 2],
         "model-00002-of-00002.safetensors": names[len(names) // 2 :],
     }
-    _weights(ckpt).unlink()
     weight_map = {}
     for shard, keys in shards.items():
         (ckpt / shard).write_bytes(pack({k: ts[k] for k in keys}, {"format": "pt"}))
@@ -263,7 +265,28 @@ def _missing_shard(ckpt: Path) -> None:
         "weight_map": weight_map,
     }
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _missing_shard(ckpt: Path) -> None:
+    _shard(ckpt)
+    _weights(ckpt).unlink()
     (ckpt / "model-00002-of-00002.safetensors").unlink()
+
+
+def _header_duplicate_key(ckpt: Path) -> None:
+    """The router's entry twice: the second copy points at layer 1's router (same shape). A
+    JSON reader keeps one of them; which one is up to the reader (issue 14)."""
+    header, data = split(_weights(ckpt).read_bytes())
+    other = header[ROUTER.replace("layers.0", "layers.1")]
+    text = json.dumps(header, separators=(",", ":"))
+    text = text[:-1] + "," + json.dumps(ROUTER) + ":" + json.dumps(other) + "}"
+    blob = text.encode() + b" " * (-len(text.encode()) % 8)
+    _weights(ckpt).write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def _config_duplicate_key(ckpt: Path) -> None:
+    text = json.dumps(config(), indent=2)
+    (ckpt / "config.json").write_text(text[:-2] + f',\n  "vocab_size": {VOCAB * 2}\n}}\n')
 
 
 def _file_symlink_loop(ckpt: Path) -> None:
@@ -318,6 +341,11 @@ CHECKPOINT_DEFECTS: dict[str, Callable[[Path], None]] = {
     "nonfinite_weights": _rewrite(_nonfinite),
     "nonfinite_router": _rewrite(_nonfinite_router),
     "missing_shard": _missing_shard,
+    "ambiguous_weights": _shard,  # model.safetensors and a shard index side by side (issue 14)
+    "header_duplicate_key": _header_duplicate_key,
+    "config_duplicate_key": _config_duplicate_key,
+    "config_no_layers": _config(num_hidden_layers=0),
+    "config_odd_head_dim": _config(head_dim=3),
     "symlink_loop_files": _file_symlink_loop,
     "symlink_loop_dir": _dir_symlink_loop,
     "named_pipe": _named_pipe,
@@ -571,7 +599,13 @@ def write_runs(good: Path, nonfinite_ckpt: Path, out: Path) -> dict[str, Path]:
     shutil.copy(good / "metrics.jsonl", run / "metrics.jsonl")
     os.symlink("checkpoint-300", run / "checkpoint-300")
     shutil.copytree(nonfinite_ckpt, out / "nonfinite" / "checkpoint-100")
-    return {"run_writing": run, "run_nonfinite": out / "nonfinite"}
+    for name, dirs in (("duplicate_step", ("checkpoint-100", "checkpoint-0100")),
+                       ("non_ascii_step", ("checkpoint-100", "checkpoint-\u0663\u0660\u0660"))):
+        for d in dirs:  # checkpoint-٣٠٠: Arabic-Indic digits, which int() reads as 300
+            shutil.copytree(good / "ckpt", out / name / d)
+    return {"run_writing": run, "run_nonfinite": out / "nonfinite",
+            "run_duplicate_step": out / "duplicate_step",
+            "run_non_ascii_step": out / "non_ascii_step"}
 
 
 # ----- everything -------------------------------------------------------------------------------

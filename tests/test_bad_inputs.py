@@ -139,6 +139,22 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     ("symlink_loop_dir", ["{%s}/loop: symbolic links are not followed"]),
     ("named_pipe", ["{%s}/train.log: not a regular file"]),
     ("pickle_only", ["{%s}: no safetensors weights", "pickled weights are never loaded"]),
+    # issue 14: inputs that two readers would read differently, and sizes that crash later
+    (
+        "ambiguous_weights",
+        ["{%s}: both model.safetensors and model.safetensors.index.json", "ambiguous",
+         "transformers would load model.safetensors"],
+    ),
+    (
+        "header_duplicate_key",
+        [ST, "header repeats the key 'model.layers.0.block_sparse_moe.gate.weight'"],
+    ),
+    ("config_duplicate_key", ["{%s}/config.json: repeats the key 'vocab_size'"]),
+    ("config_no_layers", ["{%s}/config.json: num_hidden_layers must be ≥ 1, got 0"]),
+    (
+        "config_odd_head_dim",
+        ["{%s}/config.json: the attention head size must be even and ≥ 2", "head_dim 3"],
+    ),
 ]
 
 
@@ -213,6 +229,23 @@ def test_nonfinite_weights_are_reported_not_crashed_on(
     assert doc["nll"] is None and any(f["path"] == "nll" for f in doc["nonfinite"])
 
 
+def test_nonfinite_weights_warn_in_one_line(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 14 item 11: one NaN weight spoils ~30 receipt values; that used to print one
+    warning per value. Now one line names the weights and counts the nulled values."""
+    out = tmp_path / "receipts.json"
+    args = replaying(corpus, "receipts", corpus["ckpt_nonfinite_weights"])
+    code, _, stderr = run(*args, "--json", out)
+    assert code == 0
+    nulled = len(strict_json(out.read_text())["nonfinite"])
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: NaN/Inf in weights layer 1 expert 2 w1, lm_head; {nulled} receipt values "
+        'became null (nll, nll_by_domain.code, nll_by_domain.prose, …; all listed under '
+        '"nonfinite" in the JSON)'
+    ]
+    assert nulled > 20
+
+
 def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
     code, stdout, stderr = run(
         *replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_weights"])
@@ -266,6 +299,24 @@ def test_checkpoint_being_written_is_skipped_with_a_warning(
         "checkpoint-300",
         "checkpoint-500",
     ]
+
+
+@pytest.mark.parametrize(
+    "item, needles",
+    [
+        ("run_duplicate_step", ["{run_duplicate_step}: checkpoint-0100 and checkpoint-100 are both "
+                                "step 100", "one checkpoint directory per step"]),
+        ("run_non_ascii_step", ["{run_non_ascii_step}/checkpoint-\u0663\u0660\u0660: step "
+                                "'\u0663\u0660\u0660' is not written in ASCII digits"]),
+    ],
+)
+def test_ambiguous_steps_are_refused(
+    corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]
+) -> None:
+    """Issue 14 item 8: two directories for one step, or a step int() reads from non-ASCII
+    digits, would give one checkpoint's receipts another's name; certify refuses the run."""
+    argv = [*certify(corpus, Path(f"{{{item}}}"), tmp_path / "cert")]
+    check_matrix(corpus, tmp_path, [str(a) for a in argv], 4, needles)
 
 
 def test_envelope_on_a_run_warns_about_the_partial_checkpoint(corpus: dict[str, Path]) -> None:

@@ -1,8 +1,12 @@
 """A checkpoint directory: config + safetensors files + the family's layout, validated.
 
-Opening a checkpoint reads headers only. ``layer_weights(i)`` materialises one decoder
-layer in canonical form (SPEC §3 layer-local streaming); ``read_global`` the embeddings,
-final norm and LM head.
+Opening a checkpoint reads headers only (torch is imported by the methods that build tensors,
+not by this module). ``layer_weights(i)`` materialises one decoder layer in canonical form
+(SPEC §3 layer-local streaming); ``read_global`` the embeddings, final norm and LM head.
+
+Every file is pinned from its first read on (``digest``): the root digest is of the bytes the
+replay reads, and :meth:`Checkpoint.verify_unchanged` says, after a replay, that nothing was
+swapped or rewritten meanwhile (issue 14).
 """
 
 from __future__ import annotations
@@ -14,21 +18,28 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import torch
-
-from moeaudit.checkpoint.config import ModelSpec, read_config, spec_from_config
-from moeaudit.checkpoint.digest import root_digest
-from moeaudit.checkpoint.safetensors import FLOAT_DTYPES, SafetensorsFile, TensorInfo
+from moeaudit.checkpoint.config import ModelSpec, parse_config, spec_from_config
+from moeaudit.checkpoint.digest import FileId, Snapshot, read_bytes, snapshot
+from moeaudit.checkpoint.safetensors import (
+    FLOAT_DTYPES,
+    DuplicateKey,
+    SafetensorsFile,
+    TensorInfo,
+    no_duplicate_keys,
+)
 from moeaudit.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt")
 
 
-class StoredExperts(Sequence[dict[str, torch.Tensor]]):
+class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
     """A routed layer's experts kept in their on-disk dtype; ``experts[e]`` returns expert e's
     three matrices in the compute dtype, converted on access (issue 6: upcast per expert, not
     per layer), so a bf16 layer costs its bf16 bytes plus one float32 expert at a time.
@@ -123,7 +134,9 @@ class Checkpoint:
         if not self.path.is_dir():
             raise CheckpointError("not a directory", path=self.path,
                                   hint="pass the save_pretrained directory, not a file")
-        self.config: dict[str, Any] = read_config(self.path)
+        self._pins: dict[str, FileId] = {}  # relative path → identity at its first read
+        self._snapshot: Snapshot | None = None
+        self.config: dict[str, Any] = self._read_config()
         self.spec: ModelSpec = spec_from_config(self.config, self.path / "config.json")
         self.layout = self.spec.layout
         self.files: dict[str, SafetensorsFile] = {}
@@ -140,22 +153,38 @@ class Checkpoint:
 
     # ----- files -------------------------------------------------------------------------
 
+    def _read_config(self) -> dict[str, Any]:
+        cfg_path = self.path / "config.json"
+        if not cfg_path.is_file():
+            raise CheckpointError(
+                "no config.json", path=self.path, hint="a checkpoint is a save_pretrained directory"
+            )
+        raw, self._pins["config.json"] = read_bytes(cfg_path)
+        return parse_config(raw, cfg_path)
+
     def _open_files(self) -> None:
         index = self.path / INDEX_NAME
         single = self.path / SINGLE_NAME
+        if index.is_file() and single.is_file():
+            # transformers loads model.safetensors and never reads the index; we would read
+            # the shards: two readers, two models. Refuse rather than pick one (issue 14).
+            raise CheckpointError(
+                f"both {SINGLE_NAME} and {INDEX_NAME}: which weights are the checkpoint is "
+                "ambiguous", path=self.path,
+                hint=f"delete the stale one (transformers would load {SINGLE_NAME})")
         if index.is_file():
             weight_map = self._read_index(index)
             for shard in sorted(set(weight_map.values())):
                 shard_path = self.path / shard
                 if Path(shard).name != shard or not shard_path.is_file():
                     raise CheckpointError(f"index names shard {shard!r}, which is missing", path=index)
-                self.files[shard] = SafetensorsFile(shard_path)
+                self._open_shard(shard)
             for key, shard in weight_map.items():
                 if key not in self.files[shard].tensors:
                     raise CheckpointError(f"index maps {key!r} to {shard}, which lacks it", path=index)
                 self.key_file[key] = shard
         elif single.is_file():
-            self.files[SINGLE_NAME] = SafetensorsFile(single)
+            self._open_shard(SINGLE_NAME)
             self.key_file = dict.fromkeys(self.files[SINGLE_NAME].tensors, SINGLE_NAME)
         else:
             pickled = [n for n in PICKLE_NAMES if (self.path / n).exists()]
@@ -164,12 +193,20 @@ class Checkpoint:
                     else "expected model.safetensors or model.safetensors.index.json")
             raise CheckpointError("no safetensors weights", path=self.path, hint=hint)
 
-    @staticmethod
-    def _read_index(index: Path) -> dict[str, str]:
+    def _open_shard(self, name: str) -> None:
+        sf = SafetensorsFile(self.path / name)
+        assert sf.identity is not None
+        self.files[name], self._pins[name] = sf, sf.identity
+
+    def _read_index(self, index: Path) -> dict[str, str]:
+        raw, self._pins[INDEX_NAME] = read_bytes(index)
         try:
-            data = json.loads(index.read_text(encoding="utf-8"))
+            data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
             weight_map = data["weight_map"]
-        except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
+        except DuplicateKey as exc:
+            raise CheckpointError(f"the shard index repeats the key {exc.key!r}",
+                                  path=index) from exc
+        except (ValueError, RecursionError, KeyError, TypeError) as exc:
             raise CheckpointError(f"unreadable shard index ({exc})", path=index) from exc
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -358,8 +395,13 @@ class Checkpoint:
 
     # ----- reading -------------------------------------------------------------------------
 
-    def read_global(self, name: str, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
-        """Embeddings, final norm or LM head; ``dtype=None`` keeps the on-disk dtype."""
+    def read_global(self, name: str, dtype: torch.dtype | None | str = "float32") -> torch.Tensor:
+        """Embeddings, final norm or LM head (float32 unless told); ``dtype=None`` keeps the
+        on-disk dtype."""
+        import torch
+
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
         key = self.global_key(name)
         if key is None and name == "lm_head":
             key = self.global_key("embed")
@@ -367,11 +409,15 @@ class Checkpoint:
         t = self.read(key)
         return t if dtype is None else t.to(dtype)
 
-    def layer_weights(self, layer: int, dtype: torch.dtype = torch.float32, *,
+    def layer_weights(self, layer: int, dtype: torch.dtype | None = None, *,
                       lazy_experts: bool = False) -> LayerWeights:
-        """One decoder layer. ``lazy_experts`` keeps the routed experts in their on-disk dtype
-        and converts one expert at a time on access (:class:`StoredExperts`); otherwise every
-        tensor is converted now (what a trainer that updates them in place needs)."""
+        """One decoder layer in ``dtype`` (default float32). ``lazy_experts`` keeps the routed
+        experts in their on-disk dtype and converts one expert at a time on access
+        (:class:`StoredExperts`); otherwise every tensor is converted now (what a trainer that
+        updates them in place needs)."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
         lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
         if lw.routed:
@@ -395,7 +441,18 @@ class Checkpoint:
 
     @cached_property
     def digest(self) -> str:
-        return root_digest(self.path)[0]
+        """The root digest, of the very files the headers were read from (pinned)."""
+        self._snapshot = snapshot(self.path, self._pins)
+        return self._snapshot.digest
+
+    def verify_unchanged(self) -> None:
+        """Raise :class:`CheckpointError` naming the file if anything hashed or read has been
+        replaced, rewritten, added or removed since (call it after a replay, before trusting
+        or caching what the replay computed)."""
+        if self._snapshot is None:
+            _ = self.digest
+        assert self._snapshot is not None
+        self._snapshot.verify()
 
     def summary(self, with_digest: bool = True) -> dict[str, Any]:
         """What ``inspect`` prints: from headers only, no tensor is read."""

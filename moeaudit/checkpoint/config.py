@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.checkpoint.layouts import FAMILIES, Layout
+from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import CheckpointError
 
 # transformers' ``default_theta`` per family (RotaryEmbeddingConfigMixin falls back to 1e4).
@@ -162,8 +163,21 @@ def read_config(path: Path) -> dict[str, Any]:
             "no config.json", path=path, hint="a checkpoint is a save_pretrained directory"
         )
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
+        raw = cfg_path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=cfg_path) from exc
+    return parse_config(raw, cfg_path)
+
+
+def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
+    """The bytes of a ``config.json`` as a JSON object; a repeated key is an error (which of
+    the two values counts would be up to the reader)."""
+    try:
+        cfg = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:
+        raise CheckpointError(f"config.json: repeats the key {exc.key!r}", path=cfg_path,
+                              hint="keep one of the two values") from exc
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise CheckpointError(f"config.json is not valid JSON ({exc})", path=cfg_path) from exc
     if not isinstance(cfg, dict):
         raise CheckpointError("config.json is not a JSON object", path=cfg_path)
@@ -202,7 +216,7 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         raise CheckpointError(f"{heads} heads not divisible by {kv_heads} kv heads", path=path)
     mla = _mla(cfg, family, path) if deepseek else None
     rope_theta, attention_scale, yarn = _rope(cfg, family, path, mla)
-    return ModelSpec(
+    spec = ModelSpec(
         family=family,
         vocab_size=get("vocab_size", int),
         hidden_size=hidden,
@@ -232,6 +246,35 @@ def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> M
         attention_scale=attention_scale,
         yarn=yarn,
     )
+    _check_sizes(spec, cfg, path)
+    return spec
+
+
+def _check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
+    """Sizes the replay divides by or loops over: zero (or odd, for RoPE) would be a crash
+    or a silently empty audit later, so they are errors here, naming the config key."""
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"config.json: {what}", path=path)
+
+    for key, value in (("num_hidden_layers", spec.num_layers), ("vocab_size", spec.vocab_size),
+                       ("the expert intermediate size", spec.expert_dim)):
+        if value < 1:
+            raise fail(f"{key} must be ≥ 1, got {value}")
+    if spec.head_dim < 2 or spec.head_dim % 2:
+        given = cfg.get("head_dim")
+        source = (f"head_dim {given}" if given else
+                  f"hidden_size {spec.hidden_size} // {spec.num_heads} heads = {spec.head_dim}")
+        if spec.mla is not None:
+            source = f"qk_rope_head_dim {spec.head_dim}"
+        raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); "
+                   f"{source}")
+    if spec.rms_eps < 0:
+        raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
+    if not spec.routed_layers:
+        raise CheckpointError(
+            f"config.json: none of the {spec.num_layers} decoder layers is a routed MoE layer",
+            path=path, hint="check decoder_sparse_step, mlp_only_layers or first_k_dense_replace; "
+                            "moeaudit audits MoE routing")
 
 
 def _norm_topk_prob(cfg: dict[str, Any], family: str, path: Path | str) -> bool:

@@ -1,15 +1,29 @@
-"""The OpenSSF model-signing root digest of a checkpoint directory.
+"""The OpenSSF model-signing root digest of a checkpoint directory, and pinned reads.
 
 model-signing (``sigstore/model-transparency``) hashes every file of a model directory with
 SHA-256, then hashes the raw 32-byte file digests concatenated in sorted path order; that root
 is the in-toto subject digest. We do the same, so a moeaudit certificate names a checkpoint by
 the digest a model-signing signature names it by.
+
+Hash exactly the bytes that are read (issue 14): a file is hashed once and read many times
+(header, then tensor by tensor), each time through a fresh descriptor. Every such open is
+*pinned*: ``fstat`` before and after the I/O must give the identity recorded the first time
+the file was opened (device, inode, size, mtime, ctime), so a file renamed over, rewritten in
+place or grown between hashing and reading is an error naming it, never a certificate that
+names one file's digest with another file's receipts. ctime cannot be set back by a user, but
+it has the clock's granularity: a file changed within ``RACY_NS`` of when we first saw it may
+keep its timestamps through one more write, so such a file is hashed again at the end
+(:meth:`Snapshot.verify`), as git does for its "racily clean" index entries.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from moeaudit.errors import CheckpointError
@@ -17,6 +31,133 @@ from moeaudit.errors import CheckpointError
 CHUNK = 1 << 20
 # model-signing ignores git metadata at the model root by default (hashing.Config).
 IGNORED_AT_ROOT = {".git", ".gitattributes", ".github", ".gitignore"}
+RACY_NS = 2_000_000_000  # timestamps this close to our first look do not prove "unchanged"
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+CHANGED_HINT = ("audit a checkpoint only once it is completely written, and leave it alone "
+                "until the audit ends; then rerun")
+
+
+@dataclass(frozen=True)
+class FileId:
+    """What must not change between hashing a file and reading it."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    seen_ns: int = field(default=0, compare=False)  # when we took it (wall clock)
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileId:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, time.time_ns())
+
+    @property
+    def racy(self) -> bool:
+        """Changed so shortly before we first saw it that its timestamps may not move again."""
+        return self.seen_ns - max(self.mtime_ns, self.ctime_ns) < RACY_NS
+
+    def differs(self, other: FileId) -> str | None:
+        """How ``other`` differs from this identity, in words; None when it does not."""
+        if (self.dev, self.ino) != (other.dev, other.ino):
+            return "it was replaced by another file"
+        if self.size != other.size:
+            return f"its size went from {self.size} to {other.size} bytes"
+        if (self.mtime_ns, self.ctime_ns) != (other.mtime_ns, other.ctime_ns):
+            return "it was modified"
+        return None
+
+
+def changed(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"changed while it was being audited: {why}", path=path,
+                           hint=CHANGED_HINT)
+
+
+def _open(path: Path) -> tuple[int, FileId]:
+    """A descriptor on the regular file ``path`` (never a link, pipe or device) and its id."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise _link_error(path) from exc
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CheckpointError("not a regular file (a pipe, socket or device)", path=path,
+                              hint="a checkpoint directory holds only regular files")
+    return fd, FileId.of(st)
+
+
+def pinned(path: Path, expect: FileId | None, io: Callable[[int], object]) -> FileId:
+    """Run ``io(fd)`` on ``path`` and return its identity as seen now; raise if it is not
+    ``expect`` (the identity of an earlier open) or if it changes while ``io`` runs."""
+    fd, before = _open(path)
+    try:
+        if expect is not None and (why := expect.differs(before)):
+            raise changed(path, why)
+        try:
+            io(fd)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+        after = FileId.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    if why := before.differs(after):
+        raise changed(path, why)
+    return before
+
+
+def read_bytes(path: Path, expect: FileId | None = None) -> tuple[bytes, FileId]:
+    """The whole file, pinned."""
+    chunks: list[bytes] = []
+
+    def io(fd: int) -> None:
+        while chunk := os.read(fd, CHUNK):
+            chunks.append(chunk)
+
+    fid = pinned(path, expect, io)
+    return b"".join(chunks), fid
+
+
+def pread_into(path: Path, expect: FileId | None, offset: int, buf: bytearray) -> int:
+    """Fill ``buf`` from ``offset`` (pinned); the number of bytes read (short at end of file)."""
+    got = 0
+
+    def io(fd: int) -> None:
+        nonlocal got
+        view = memoryview(buf)
+        while got < len(buf):
+            n = os.preadv(fd, [view[got:]], offset + got) if hasattr(os, "preadv") else \
+                _pread_copy(fd, view[got:], offset + got)
+            if n == 0:
+                break
+            got += n
+
+    pinned(path, expect, io)
+    return got
+
+
+def _pread_copy(fd: int, view: memoryview, offset: int) -> int:
+    data = os.pread(fd, min(len(view), 1 << 30), offset)
+    view[: len(data)] = data
+    return len(data)
+
+
+def file_sha256(path: Path, expect: FileId | None = None) -> bytes:
+    return hash_file(path, expect)[0]
+
+
+def hash_file(path: Path, expect: FileId | None = None) -> tuple[bytes, FileId]:
+    h = hashlib.sha256()
+
+    def io(fd: int) -> None:
+        while chunk := os.read(fd, CHUNK):
+            h.update(chunk)
+
+    fid = pinned(path, expect, io)
+    return h.digest(), fid
 
 
 def iter_files(root: Path) -> list[Path]:
@@ -51,32 +192,63 @@ def _unlistable(exc: OSError) -> None:
                           path=exc.filename) from exc
 
 
+def _link_error(path: Path) -> CheckpointError:
+    return CheckpointError("symbolic links are not followed in a checkpoint", path=path,
+                           hint="copy the target file into the checkpoint directory")
+
+
 def _refuse_link(path: Path) -> None:
     if path.is_symlink():
-        raise CheckpointError(
-            "symbolic links are not followed in a checkpoint", path=path,
-            hint="copy the target file into the checkpoint directory",
-        )
+        raise _link_error(path)
 
 
-def file_sha256(path: Path) -> bytes:
+@dataclass
+class Snapshot:
+    """A directory's root digest with the identity of every file it hashed."""
+
+    root: Path
+    digest: str
+    files: dict[str, tuple[FileId, str]]  # relative POSIX path → (identity, hex SHA-256)
+
+    @property
+    def per_file(self) -> dict[str, str]:
+        return {rel: hexd for rel, (_fid, hexd) in self.files.items()}
+
+    def verify(self) -> None:
+        """Raise unless the directory still holds exactly the files hashed, unchanged: same
+        names, same identities, and (for racy files) the same SHA-256."""
+        now = {p.relative_to(self.root).as_posix() for p in iter_files(self.root)}
+        for rel in sorted(now ^ set(self.files)):
+            why = "it appeared after hashing" if rel in now else "it was removed"
+            raise changed(self.root / rel, why)
+        for rel, (fid, hexd) in self.files.items():
+            if fid.racy:
+                d, fresh = hash_file(self.root / rel, fid)
+                if d.hex() != hexd:
+                    raise changed(self.root / rel, "its bytes no longer hash to the digest")
+                if fresh.seen_ns - max(fid.mtime_ns, fid.ctime_ns) >= RACY_NS:
+                    self.files[rel] = (replace(fid, seen_ns=fresh.seen_ns), hexd)
+            else:
+                pinned(self.root / rel, fid, lambda _fd: None)
+
+
+def snapshot(root: Path, known: dict[str, FileId] | None = None) -> Snapshot:
+    """Hash every file below ``root``; a file in ``known`` (relative path → the identity it had
+    when it was first read) must still have that identity."""
+    known = known or {}
     h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=path) from exc
-    return h.digest()
+    files = {}
+    for path in iter_files(root):
+        rel = path.relative_to(root).as_posix()
+        d, seen = hash_file(path, known.get(rel))
+        h.update(d)
+        files[rel] = (known.get(rel, seen), d.hex())  # the first look decides what is racy
+    for rel in sorted(set(known) - set(files)):
+        raise changed(root / rel, "it was removed")
+    return Snapshot(root, h.hexdigest(), files)
 
 
 def root_digest(root: Path) -> tuple[str, dict[str, str]]:
     """(hex root digest, {relative path: hex file digest})."""
-    files = iter_files(root)
-    h = hashlib.sha256()
-    per_file = {}
-    for path in files:
-        d = file_sha256(path)
-        h.update(d)
-        per_file[path.relative_to(root).as_posix()] = d.hex()
-    return h.hexdigest(), per_file
+    snap = snapshot(root)
+    return snap.digest, snap.per_file

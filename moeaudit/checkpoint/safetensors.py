@@ -2,8 +2,12 @@
 
 Checkpoints are untrusted input. We parse the header ourselves so that every way a file can
 be wrong has its own message (the checklist of ``huggingface/safetensors``), and read one
-tensor at a time with ``seek`` + ``readinto``: answering ``inspect`` never materialises a
-tensor, and a replay holds only the tensors it asked for.
+tensor at a time by offset: answering ``inspect`` never materialises a tensor, and a replay
+holds only the tensors it asked for. Every read is pinned to the file the header came from
+(``digest.pinned``): a file replaced or rewritten after its header was parsed is an error.
+
+Torch is imported only by the functions that build tensors, so reading headers (``inspect``,
+``canary show``) does not pay for it.
 """
 
 from __future__ import annotations
@@ -14,29 +18,57 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from moeaudit.checkpoint.digest import FileId, pinned, pread_into
 from moeaudit.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # same ceiling as the reference implementation
 
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F64": (torch.float64, 8),
-    "F32": (torch.float32, 4),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "BOOL": (torch.bool, 1),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
+# safetensors dtype → (torch dtype name, bytes per element, numpy dtype or None)
+DTYPES: dict[str, tuple[str, int, str | None]] = {
+    "F64": ("float64", 8, "<f8"),
+    "F32": ("float32", 4, "<f4"),
+    "F16": ("float16", 2, "<f2"),
+    "BF16": ("bfloat16", 2, None),
+    "I64": ("int64", 8, "<i8"),
+    "I32": ("int32", 4, "<i4"),
+    "I16": ("int16", 2, "<i2"),
+    "I8": ("int8", 1, "i1"),
+    "U8": ("uint8", 1, "u1"),
+    "BOOL": ("bool", 1, "?"),
+    "F8_E4M3": ("float8_e4m3fn", 1, None),
+    "F8_E5M2": ("float8_e5m2", 1, None),
 }
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (imports torch)."""
+    import torch
+
+    return getattr(torch, DTYPES[name][0])
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """JSON objects whose keys repeat are refused: which entry wins is up to the parser, so a
+    repeated tensor name would describe different bytes to different readers."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -59,39 +91,51 @@ class SafetensorsFile:
         self.path = Path(path)
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorInfo] = {}
+        self.identity: FileId | None = None  # the file the header was read from
         self._parse()
 
     def _fail(self, what: str, hint: str | None = None) -> CheckpointError:
         return CheckpointError(what, path=self.path, hint=hint)
 
     def _parse(self) -> None:
+        got: dict[str, Any] = {}
+        self.identity = pinned(self.path, None, lambda fd: got.update(self._read_header(fd)))
+        raw, n, size = got["raw"], got["n"], got["size"]
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
-                prefix = f.read(8)
-                if len(prefix) < 8:
-                    raise self._fail(
-                        f"file is {size} bytes, too short for a safetensors header",
-                        "the file is truncated; copy it again",
-                    )
-                (n,) = struct.unpack("<Q", prefix)
-                if n > MAX_HEADER_BYTES:
-                    raise self._fail(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
-                if 8 + n > size:
-                    raise self._fail(
-                        f"header length {n} runs past the end of the {size}-byte file",
-                        "the file is truncated or not a safetensors file",
-                    )
-                raw = f.read(n)
-        except OSError as exc:
-            raise self._fail(f"cannot read: {exc.strerror or exc}") from exc
-        try:
-            header = json.loads(raw.decode("utf-8"))
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+        except DuplicateKey as exc:
+            raise self._fail(f"header repeats the key {exc.key!r}",
+                             "the file was written by a non-standard writer; re-save it") from exc
         except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
             raise self._fail(f"header is not valid JSON ({exc})", "not a safetensors file") from exc
         if not isinstance(header, dict):
             raise self._fail("header is not a JSON object")
         self._load_entries(header, data_start=8 + n, data_len=size - 8 - n)
+
+    def _read_header(self, fd: int) -> dict[str, Any]:
+        size = os.fstat(fd).st_size
+        prefix = os.pread(fd, 8, 0)
+        if len(prefix) < 8:
+            raise self._fail(
+                f"file is {size} bytes, too short for a safetensors header",
+                "the file is truncated; copy it again",
+            )
+        (n,) = struct.unpack("<Q", prefix)
+        if n > MAX_HEADER_BYTES:
+            raise self._fail(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        if 8 + n > size:
+            raise self._fail(
+                f"header length {n} runs past the end of the {size}-byte file",
+                "the file is truncated or not a safetensors file",
+            )
+        raw = bytearray(n)
+        view, got = memoryview(raw), 0
+        while got < n and (chunk := os.pread(fd, n - got, 8 + got)):
+            view[got:got + len(chunk)] = chunk
+            got += len(chunk)
+        if got != n:
+            raise self._fail("file ended inside its header", "the file changed while reading")
+        return {"raw": raw, "n": n, "size": size}
 
     def _load_entries(self, header: dict[str, Any], data_start: int, data_len: int) -> None:
         meta = header.pop("__metadata__", None) or {}
@@ -149,25 +193,37 @@ class SafetensorsFile:
             )
         return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
-    def read(self, name: str) -> torch.Tensor:
-        """Read one tensor (a fresh, writable CPU tensor in its on-disk dtype)."""
+    def _read_bytes(self, name: str) -> bytearray:
         info = self.tensors[name]
-        torch_dtype, _ = DTYPES[info.dtype]
         buf = bytearray(info.end - info.begin)
         try:
-            with open(self.path, "rb") as f:
-                f.seek(info.begin)
-                got = f.readinto(buf)
-        except OSError as exc:
-            raise self._fail(f"cannot read tensor {name!r}: {exc.strerror or exc}") from exc
+            got = pread_into(self.path, self.identity, info.begin, buf)
+        except CheckpointError as exc:
+            raise self._fail(f"cannot read tensor {name!r}: {exc.what}", exc.hint) from exc
         if got != len(buf):
             raise self._fail(f"tensor {name!r}: file ended early", "the file changed while reading")
+        return buf
+
+    def read(self, name: str) -> torch.Tensor:
+        """Read one tensor (a fresh, writable CPU tensor in its on-disk dtype)."""
+        import torch
+
+        info = self.tensors[name]
+        dtype = torch_dtype(info.dtype)
+        buf = self._read_bytes(name)
         if not buf:
-            return torch.empty(info.shape, dtype=torch_dtype)
-        return torch.frombuffer(buf, dtype=torch_dtype).reshape(info.shape)
+            return torch.empty(info.shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
 
+    def read_array(self, name: str) -> np.ndarray:
+        """Read one tensor as a fresh numpy array (dtypes numpy has; no torch needed)."""
+        import numpy as np
 
-DTYPE_NAMES = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
+        info = self.tensors[name]
+        np_dtype = DTYPES[info.dtype][2]
+        if np_dtype is None:
+            raise self._fail(f"tensor {name!r}: {info.dtype} cannot be read without torch")
+        return np.frombuffer(self._read_bytes(name), dtype=np_dtype).reshape(info.shape)
 
 
 def write_safetensors(
@@ -176,6 +232,9 @@ def write_safetensors(
     """Write tensors atomically (temp file + rename) with deterministic bytes: tensors in sorted
     key order, header JSON with sorted keys (``__metadata__`` too), padded with spaces to a
     multiple of 8 — the layout the reference writer produces, minus its hash-map key order."""
+    import torch
+
+    names = {torch_dtype(name): name for name in DTYPES}
     path = Path(path)
     header: dict[str, object] = {}
     if metadata:
@@ -184,7 +243,7 @@ def write_safetensors(
     for name, tensor in sorted(tensors.items()):
         t = tensor.detach().contiguous().cpu()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)

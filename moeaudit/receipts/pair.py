@@ -76,6 +76,8 @@ def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, 
     }
     if ref_doc is not None:
         margins["handoff"] = handoff(cand_doc, ref_doc, protected, policy.margins)
+    base.verify_unchanged()  # the pass above read both again
+    cand.verify_unchanged()
     doc = {
         "schema": SCHEMA,
         "base": base_doc,

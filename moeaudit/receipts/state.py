@@ -36,7 +36,7 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     ``device`` (default the CPU; receipts are deterministic per device, not across devices).
     """
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
-    _ = ckpt.digest  # hash the files before reading them: fail fast, and certify what was read
+    _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device)
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
@@ -48,6 +48,7 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
         from moeaudit.receipts.generation import generation_receipts
 
         doc["generation"] = generation_receipts(ckpt, canary, generate)
+    ckpt.verify_unchanged()  # what was read is what was hashed (issue 14), before any cache
     return finite_document(doc), observer
 
 

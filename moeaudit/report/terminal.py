@@ -74,10 +74,17 @@ def print_receipts(doc: dict[str, Any]) -> None:
 
 
 def print_nonfinite(doc: dict[str, Any]) -> None:
-    for name in doc.get("nonfinite_weights", []):
-        warn(f"warning: weight {name} holds NaN or Inf")
-    for item in doc.get("nonfinite", []):
-        warn(f"warning: {item['path']} is not finite ({item['value']})")
+    """One line, however many numbers a NaN weight spoils (the JSON lists every one)."""
+    weights, nulled = doc.get("nonfinite_weights", []), doc.get("nonfinite", [])
+    if not weights and not nulled:
+        return
+    plural = "s" if len(weights) > 1 else ""
+    parts = [f"NaN/Inf in weight{plural} {', '.join(weights)}"] if weights else []
+    if nulled:
+        first = ", ".join(item["path"] for item in nulled[:3]) + (", …" if len(nulled) > 3 else "")
+        parts.append(f"{len(nulled)} receipt value{'s' if len(nulled) > 1 else ''} became null "
+                     f"({first}; all listed under \"nonfinite\" in the JSON)")
+    warn("warning: " + "; ".join(parts))
 
 
 def receipts_header(doc: dict[str, Any]) -> None:

@@ -1,0 +1,58 @@
+"""Header-only commands do not import torch (issue 13 design, issue 16): ``inspect``,
+``canary show`` and ``verify --recheck`` read safetensors headers, canary arrays and file
+digests, which need numpy at most; importing torch cost each of them ~1.5–3 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_checkpoints"
+CKPT = SAMPLES / "healthy" / "checkpoint-250"
+
+pytestmark = pytest.mark.skipif(not CKPT.is_dir(), reason="sample runs not built")
+
+PROBE = """
+import json, sys
+from moeaudit.cli import cli
+for argv in json.loads(sys.argv[1]):
+    cli.main(argv, prog_name="moeaudit", standalone_mode=False)
+print(json.dumps(sorted(m for m in ("torch", "numpy") if m in sys.modules)))
+"""
+
+
+def _modules_after(argv: list[list[str]]) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_inspect_and_canary_show_do_not_import_torch() -> None:
+    loaded = _modules_after([["inspect", str(CKPT)], ["inspect", str(CKPT), "--json"],
+                             ["canary", "show", str(SAMPLES / "canary.safetensors")]])
+    assert "torch" not in loaded and "numpy" in loaded
+
+
+def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
+    from moeaudit.certificate import sign_statement, statement
+    from moeaudit.checkpoint.digest import root_digest
+    from moeaudit.jsonio import dumps
+    from moeaudit.signing import generate_key
+
+    key = generate_key(tmp_path / "key")
+    subject = {"name": CKPT.name, "digest": {"sha256": root_digest(CKPT)[0]}}
+    stmt = statement([subject], {"verdict": "PASS", "gates": [],
+                                 "run": {"name": "healthy", "path": str(CKPT.parent)}})
+    signed = sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z")
+    (tmp_path / "cert.json").write_text(dumps(signed))
+    loaded = _modules_after([["verify", str(tmp_path / "cert.json"), "--pubkey",
+                              str(tmp_path / "key.pub"), "--recheck"]])
+    assert "torch" not in loaded
