@@ -8,12 +8,14 @@ missing or truncated files — is skipped with a warning and never half-read.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.limits import iter_lines
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
 
@@ -63,29 +65,27 @@ def discover(path: str | Path) -> Run:
     if not run.checkpoints:
         why = f"; skipped: {run.skipped[0][1]}" if run.skipped else ""
         raise InputError(f"no usable checkpoint-<step>/ directory{why}", path=root)
+    # present = any directory entry, so that a FIFO, device or directory under a log's name is
+    # refused by the reader (it is not a regular file) instead of being silently ignored
     events_path = root / "events.jsonl"
-    if events_path.is_file():
+    if os.path.lexists(events_path):
         run.events, run.stage = read_events(events_path)
-    if (root / "metrics.jsonl").is_file():
+    if os.path.lexists(root / "metrics.jsonl"):
         run.metrics = root / "metrics.jsonl"
-    if (root / PROBE_FILE).is_file():
+    if os.path.lexists(root / PROBE_FILE):
         run.probe = root / PROBE_FILE
     return run
 
 
 def read_events(path: Path) -> tuple[list[Event], str | None]:
     events, stage = [], None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read events ({exc})", path=path) from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+    for n, raw, _ in iter_lines(path, "events log"):  # a regular file, lines of at most 4 MiB
+        if not raw.strip():
             continue
         where = f"{path}:{n}"
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as exc:
+            obj = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise InputError(f"line is not JSON ({why})", path=where) from exc
         if not isinstance(obj, dict):

@@ -176,7 +176,10 @@ def write_safetensors(
     """Write tensors atomically (temp file + rename) with deterministic bytes: tensors in sorted
     key order, header JSON with sorted keys (``__metadata__`` too), padded with spaces to a
     multiple of 8 — the layout the reference writer produces, minus its hash-map key order."""
+    from moeaudit.jsonio import check_output_target
+
     path = Path(path)
+    check_output_target(path, force=True)  # never replace a device, FIFO or link (docs/security.md)
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(sorted(metadata.items()))

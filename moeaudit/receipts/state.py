@@ -12,6 +12,7 @@ from moeaudit import __version__
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
+from moeaudit.limits import check_window_len
 from moeaudit.policy import Policy
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
@@ -35,6 +36,7 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     opt-in receipts; everything else comes from the one forward + backward, computed on
     ``device`` (default the CPU; receipts are deterministic per device, not across devices).
     """
+    check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     _ = ckpt.digest  # hash the files before reading them: fail fast, and certify what was read
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
