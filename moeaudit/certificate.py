@@ -30,7 +30,15 @@ from typing import Any
 
 from moeaudit.claims import TABLE4
 from moeaudit.errors import InputError
-from moeaudit.signing import PrivateKey, PublicKey, sign_envelope, verify_envelope
+from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
+from moeaudit.signing import (
+    DuplicateKey,
+    PrivateKey,
+    PublicKey,
+    no_duplicate_keys,
+    sign_envelope,
+    verify_envelope,
+)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v1"
@@ -62,13 +70,13 @@ def sign_statement(stmt: dict[str, Any], key: PrivateKey, issued_at: str | None 
 
 def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     """Verify the envelope's signature, then (and only then) parse the statement."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read certificate: {exc.strerror or exc}", path=path) from exc
+    raw = read_regular(path, "certificate", MAX_CERTIFICATE_BYTES)  # no FIFO, device, or 10 GB
     verified = verify_envelope(raw, public_key, path)
     try:
-        stmt = json.loads(verified.body.decode("utf-8"))
+        stmt = json.loads(verified.body.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:  # readers would disagree on which value was signed
+        raise InputError(f"signed payload names a key twice ({exc})", path=path,
+                         hint="moeaudit never writes one; do not trust this certificate") from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise InputError(f"signed payload is not JSON ({exc})", path=path) from exc
     _check_statement(stmt, path)
@@ -101,17 +109,15 @@ def _is_subject(subject: Any) -> bool:
 
 
 def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[str]:
-    """Re-hash every subject checkpoint; return a description of each one that changed."""
+    """Re-hash every subject checkpoint; return a description of each one that changed.
+
+    The run directory is ``run_dir`` or the (absolute) path the certificate records. A
+    checkpoint that is not there cannot be rechecked: that is an input error (exit 4) naming
+    where it was looked for, not a "changed" checkpoint.
+    """
     from moeaudit.checkpoint.digest import root_digest
 
-    run = stmt["predicate"].get("run")
-    recorded = run.get("path") if isinstance(run, dict) else None
-    if run_dir is not None:
-        root = Path(run_dir)
-    elif isinstance(recorded, str):
-        root = Path(recorded)
-    else:
-        raise InputError("the certificate records no run directory", hint="pass --run-dir RUN_DIR")
+    root = _run_root(stmt, run_dir)
     changed = []
     for subject in stmt["subject"]:
         if subject["name"] in ("", ".", "..") or "/" in subject["name"] or "\\" in subject["name"]:
@@ -119,9 +125,25 @@ def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[
                              hint="recheck only looks inside the run directory")
         path = root / subject["name"]
         if not path.is_dir():
-            changed.append(f"{subject['name']} is missing (looked in {path})")
-            continue
+            raise InputError(f"certified checkpoint {subject['name']} is not in the run directory",
+                             path=path, hint="pass --run-dir where the run is now")
         now = root_digest(path)[0]
         if now != subject["digest"]["sha256"]:
             changed.append(f"{subject['name']} now hashes to {now[:16]}…, certified {subject['digest']['sha256'][:16]}…")
     return changed
+
+
+def _run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
+    if run_dir is not None:
+        root, where = Path(run_dir), "--run-dir"
+    else:
+        run = stmt["predicate"].get("run")
+        recorded = run.get("path") if isinstance(run, dict) else None
+        if not isinstance(recorded, str) or not recorded:
+            raise InputError("the certificate records no run directory",
+                             hint="pass --run-dir RUN_DIR")
+        root, where = Path(recorded), "the path the certificate records"
+    if not root.is_dir():
+        raise InputError(f"run directory not found ({where})", path=root,
+                         hint="pass --run-dir where the run is now")
+    return root

@@ -380,6 +380,12 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
                 raise InputError("a certificate already exists here", path=p, hint="pass --force to replace it")
     envelope = sign_statement(audit.statement, key, issued_at=issued_at)
     env_bytes = dumps(envelope).encode("utf-8")
+    from moeaudit.limits import MAX_CERTIFICATE_BYTES  # what verify reads (docs/security.md)
+
+    if len(env_bytes) > MAX_CERTIFICATE_BYTES:
+        raise InputError(f"the certificate would be {len(env_bytes)} bytes, over the "
+                         f"{MAX_CERTIFICATE_BYTES >> 20} MiB that verify reads", path=cert_path,
+                         hint="certify fewer checkpoints or a shorter log at a time")
     body = base64.b64decode(envelope["payload"])
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body

@@ -18,7 +18,7 @@ import click
 from rich.table import Table
 
 from moeaudit import __version__
-from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError
+from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, from_os_error
 from moeaudit.report.terminal import (
     err,
     out,
@@ -62,6 +62,10 @@ class AuditGroup(click.Group):
             raise _Exit(exc.diagnostics(), exc.exit_code) from exc
         except KeyboardInterrupt as exc:
             raise _Exit("interrupted; no partial output was written", EXIT_INTERRUPTED) from exc
+        except OSError as exc:  # full disk, permission, a directory where a file belongs
+            if ctx.meta.get("verbose"):
+                traceback.print_exc()
+            raise _Exit(from_os_error(exc).diagnostics(), EXIT_INPUT) from exc
         except Exception as exc:  # a bug of ours: still one line unless --verbose
             if ctx.meta.get("verbose"):
                 traceback.print_exc()
@@ -134,10 +138,10 @@ def _open_checkpoint(path: Path):
 
 
 def _check_output(path: Path | None, force: bool) -> None:
-    from moeaudit.errors import InputError
+    from moeaudit.jsonio import check_output_target
 
-    if path is not None and str(path) != "-" and path.exists() and not force:
-        raise InputError("output exists", path=path, hint="pass --force to overwrite it")
+    if path is not None and str(path) != "-":
+        check_output_target(path, force=force)
 
 
 def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
@@ -200,10 +204,8 @@ def canary() -> None:
 def canary_build(tokens: Path, out: Path, force: bool) -> None:
     """Package token windows into a hashed canary file."""
     from moeaudit import canary as canary_mod
-    from moeaudit.errors import InputError
 
-    if out.exists() and not force:
-        raise InputError("output exists", path=out, hint="pass --force to overwrite it")
+    _check_output(out, force)
     c = canary_mod.build_from_jsonl(tokens)
     canary_mod.save(c, out)
     click.echo(f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
@@ -460,7 +462,8 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     signing_key = _signing_key(key)
     from moeaudit.cache import ReceiptsCache
 
-    audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
+    # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
+    audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
                       cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage)
     out.mkdir(parents=True, exist_ok=True)
     paths = write_outputs(audit, signing_key, out, force=force)
@@ -469,18 +472,11 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
 
 
 def _signing_key(path: Path | None):
-    from moeaudit.signing import (
-        KeyNeedsPassphrase,
-        default_key_path,
-        generate_key,
-        load_private_key,
-    )
+    from moeaudit.signing import KeyNeedsPassphrase, default_key_path, ensure_key, load_private_key
 
     if path is None:
         path = default_key_path()
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            generate_key(path)
+        if ensure_key(path):  # under a lock: a concurrent first use gets the same key
             err.print(f"created your signing key {path} (0600) and {path}.pub — keep the private key safe")
     try:
         key, warnings = load_private_key(path)
@@ -507,9 +503,11 @@ def _signing_key(path: Path | None):
 @click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Also write the decision, its conditions and the gate as JSON here.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --junit or --json file.")
 @verbose_option
 def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
-         reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None) -> None:
+         reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None,
+         force: bool) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3)."""
     import os
 
@@ -521,6 +519,8 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     from moeaudit.receipts.pair import compare as run_compare
     from moeaudit.report.ci import junit_xml, markdown_summary
 
+    _check_output(junit, force)
+    _check_output(json_out, force)
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
     policy = _load_policy(policy_path, base)
@@ -535,9 +535,9 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
         out.print(f"  {mark} {cond['name']}: {cond['detail']}")
     if junit is not None:
-        atomic_write(junit, junit_xml(result))
+        atomic_write(junit, junit_xml(result), force=force)
     if json_out is not None:
-        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}))
+        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}), force=force)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as f:

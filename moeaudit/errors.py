@@ -7,6 +7,7 @@ code (SPEC §10: 0 pass, 1 policy failed / signature invalid, 2 usage, 3 inconcl
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 EXIT_OK = 0
@@ -47,6 +48,32 @@ def _one_line(text: str) -> str:
 
 class InputError(MoeauditError):
     """The input (checkpoint, canary, log, policy) is malformed or does not fit."""
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "free disk space (or write somewhere else) and rerun",
+    errno.EDQUOT: "free space in your quota (or write somewhere else) and rerun",
+    errno.EACCES: "check the permissions of the file and of its directory",
+    errno.EPERM: "check the permissions of the file and of its directory",
+    errno.EROFS: "the file system is read-only: write somewhere else",
+    errno.EISDIR: "name a file, not a directory",
+    errno.ENOTDIR: "a part of the path is not a directory: check the path",
+    errno.ENOENT: "check the path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) and rerun",
+    errno.EIO: "the disk or network file system reported an I/O error: check it and rerun",
+}
+
+
+def from_os_error(exc: OSError, doing: str | None = None,
+                  path: str | Path | None = None) -> InputError:
+    """An operating-system error (full disk, permission, a directory where a file belongs) as
+    the one-line input error: what failed, on which file, and what to do (exit 4)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    name = exc.filename if exc.filename is not None else path
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "backslashreplace")
+    what = f"{doing}: {reason}" if doing else reason
+    return InputError(what, path=name, hint=_OS_HINTS.get(exc.errno or 0))
 
 
 class CheckpointError(InputError):

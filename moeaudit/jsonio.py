@@ -7,14 +7,17 @@ is renamed into place, so an interrupted run leaves the old file or none, never 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from moeaudit.errors import InputError
+from moeaudit.errors import InputError, from_os_error
+from moeaudit.limits import kind_of
 
 
 def sanitize(obj: Any, path: str = "", found: list[dict[str, str]] | None = None) -> Any:
@@ -53,22 +56,67 @@ def _umask() -> int:
     return current
 
 
-def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True, mode: int | None = None) -> Path:
-    path = Path(path)
-    if path.exists() and not force:
+def check_output_target(path: str | Path, *, force: bool) -> None:
+    """Refuse to write over anything but a regular file, and over that only with ``force``.
+
+    ``lstat``, so a symbolic link is refused rather than followed: writing "through" a link
+    (or replacing a device such as /dev/null, a FIFO or a socket with a regular file) is never
+    what an output option means.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise from_os_error(exc, "cannot check the output path", path) from exc
+    if not stat.S_ISREG(mode):
+        raise InputError(f"output is {kind_of(mode)}, not a regular file", path=path,
+                         hint="moeaudit writes only regular files: choose another path")
+    if not force:
         raise InputError("output exists", path=path, hint="pass --force to overwrite it")
+
+
+def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True,
+                 mode: int | None = None) -> Path:
+    """Write ``data`` to a temp file beside ``path``, flush, and move it into place.
+
+    Without ``force`` the temp file is hard-linked into place, which fails if ``path`` appeared
+    in the meantime (O_EXCL semantics). An operating-system error (full disk, permission) is
+    re-raised as an OSError naming ``path``, not the temp file.
+    """
+    path = Path(path)
+    check_output_target(path, force=force)
     if not path.parent.is_dir():
         raise InputError("output directory does not exist", path=path.parent)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
+        _move_into_place(tmp, path, force)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
     return path
+
+
+def _move_into_place(tmp: str, path: Path, force: bool) -> None:
+    if not force:
+        try:
+            os.link(tmp, path)  # fails if path exists, whatever appeared there since the check
+            return
+        except FileExistsError:
+            check_output_target(path, force=False)  # says what is there now
+            raise
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise  # a file system without hard links falls back to replace below
+    check_output_target(path, force=True)  # it may have become a link or a FIFO since the check
+    os.replace(tmp, path)

@@ -7,8 +7,10 @@
 
 Every malformed line is an :class:`InputError` naming ``file:line``. Two things are findings,
 not errors, because the hook writes them on purpose: a ``null`` norm or loss (a non-finite
-number, SPEC §10), and an unterminated, unparseable last line (the write in progress when a
+number, SPEC §10; a literal beyond the float range such as ``1e999``, which JSON reads as Inf,
+is the same finding), and an unterminated, unparseable last line (the write in progress when a
 run was interrupted; the hook drops it when it reopens the file). Nothing is dropped silently.
+The file is streamed, one line of at most 4 MiB at a time (``moeaudit.limits``).
 
 Variance definitions follow `000` Def. 6.2 and SPEC §4 "Gradients": the population variance
 over experts ``var_grad = (1/E) Σ (g_e − ḡ)²``, its scale-free form ``var_grad / ḡ²``, and the
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
+from moeaudit.limits import iter_lines
 
 POOLED = "pooled"
 VARIANTS = ("raw", "normalized")
@@ -71,32 +74,33 @@ class MetricsSeries:
 
 
 def read_metrics(path: str | Path) -> MetricsSeries:
+    """Stream ``path`` line by line (a regular file; each line at most MAX_JSONL_LINE_BYTES)."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError as exc:
-        raise InputError("metrics log not found", path=path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read metrics log ({exc})", path=path) from exc
-    return parse_metrics(text, path)
+    return _parse(iter_lines(path, "metrics log"), path)
 
 
 def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSeries:
     """Parse the text of a ``metrics.jsonl``; see the module docstring for what is refused."""
+    raw_lines = text.split("\n")
+    return _parse(((n, line, n < len(raw_lines)) for n, line in enumerate(raw_lines, 1)), path)
+
+
+def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) -> MetricsSeries:
+    """(line number, line, terminated by a newline) → the series; the file is never one string."""
     steps: list[int] = []
     loss: list[float | None] = []
     lines: list[int] = []
     norms: dict[str, list[Norms]] = {}
     findings: list[Finding] = []
-    raw_lines = text.split("\n")
-    for n, line in enumerate(raw_lines, 1):
+    for n, line, terminated in numbered:
         if not line.strip():
             continue
         where = f"{path}:{n}"
         try:
-            obj = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as exc:  # _Refused is a ValueError
-            if n == len(raw_lines):  # no newline after it: a torn write, not a malformed log
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+            obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:  # _Refused, UnicodeDecodeError: ValueErrors
+            if not terminated:  # no newline after it: a torn write, not a malformed log
                 findings.append(Finding(n, None, "line", "unterminated last line ignored "
                                         "(a write in progress or an interrupted run)"))
                 continue
@@ -153,7 +157,7 @@ def _parse_line(obj: Any, where: str, n: int,
         raise InputError("line has no 'loss' (a number, or null when non-finite)", path=where)
     line_loss = _number(obj["loss"], "loss", where)
     if line_loss is None:
-        findings.append(Finding(n, step, "loss", "non-finite loss (logged as null)"))
+        findings.append(Finding(n, step, "loss", _nonfinite("loss", obj["loss"])))
     table = obj.get("expert_grad_norms")
     if not isinstance(table, dict) or not table:
         raise InputError("line has no 'expert_grad_norms' object of {\"<layer>\": [norms]}",
@@ -167,7 +171,7 @@ def _parse_line(obj: Any, where: str, n: int,
         for e, v in enumerate(values):
             if v is None:
                 findings.append(Finding(n, step, f"{label}[{e}]",
-                                        "non-finite expert gradient norm (logged as null)"))
+                                        _nonfinite("expert gradient norm", vector[e])))
             elif v < 0:
                 raise InputError(f"{label}[{e}] = {v!r} is negative; a norm is ≥ 0", path=where)
         out[str(layer)] = values
@@ -175,11 +179,23 @@ def _parse_line(obj: Any, where: str, n: int,
 
 
 def _number(value: Any, label: str, where: str) -> float | None:
+    """A finite float, or None for null and for a literal beyond the float range (``1e999``
+    parses to Inf): both are findings, never numbers that reach the envelope."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{label} must be a number or null, got {value!r}", path=where)
-    return float(value)
+    try:
+        as_float = float(value)
+    except OverflowError:  # an integer literal beyond the float range
+        return None
+    return as_float if math.isfinite(as_float) else None
+
+
+def _nonfinite(what: str, logged: Any) -> str:
+    if logged is None:
+        return f"non-finite {what} (logged as null)"
+    return f"non-finite {what} (a number beyond the float range, read as Inf)"
 
 
 def _check_layers(line_norms: dict[str, Norms], seen: dict[str, list[Norms]],

@@ -8,12 +8,14 @@ missing or truncated files — is skipped with a warning and never half-read.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.limits import iter_lines
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
 
@@ -79,12 +81,14 @@ class RunLogs:
 
 
 def read_logs(root: Path) -> RunLogs:
-    """events.jsonl, metrics.jsonl and canary_probe.jsonl at a run's root, where present."""
-    events, stage = read_events(root / "events.jsonl") if (root / "events.jsonl").is_file() else ([], None)
-    metrics = root / "metrics.jsonl"
-    probe = root / PROBE_FILE
-    return RunLogs(events, stage, metrics if metrics.is_file() else None,
-                   probe if probe.is_file() else None)
+    """events.jsonl, metrics.jsonl and canary_probe.jsonl at a run's root, where present.
+
+    Present = any directory entry, so that a FIFO, device or directory under a log's name is
+    refused by the reader (it is not a regular file) instead of being silently ignored."""
+    events_path, metrics, probe = root / "events.jsonl", root / "metrics.jsonl", root / PROBE_FILE
+    events, stage = read_events(events_path) if os.path.lexists(events_path) else ([], None)
+    return RunLogs(events, stage, metrics if os.path.lexists(metrics) else None,
+                   probe if os.path.lexists(probe) else None)
 
 
 def run_of(checkpoint: Path) -> Path | None:
@@ -121,17 +125,13 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
 
 def read_events(path: Path) -> tuple[list[Event], str | None]:
     events, stage = [], None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read events ({exc})", path=path) from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+    for n, raw, _ in iter_lines(path, "events log"):  # a regular file, lines of at most 4 MiB
+        if not raw.strip():
             continue
         where = f"{path}:{n}"
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as exc:
+            obj = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise InputError(f"line is not JSON ({why})", path=where) from exc
         if not isinstance(obj, dict):

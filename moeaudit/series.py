@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
+from moeaudit.limits import check_window_len, iter_lines
 from moeaudit.run import PROBE_FILE
 
 
@@ -39,6 +40,7 @@ def replay_norms(run: Any, canary: Any, progress: Any = None,
     """
     steps: list[int] = []
     norms: dict[str, list[list[float]]] = {}
+    check_window_len(canary.window_len, canary.source or None)
     for n, (step, ckpt) in enumerate(run.checkpoints, 1):
         canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
         if progress:
@@ -97,7 +99,7 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | None,
     from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
 
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a log file (read_metrics refuses a FIFO or device)
         if source == "replay":
             raise InputError("a replay series needs a run directory, not a log file", path=path)
         kind = "probe" if source == "probe" or path.name == PROBE_FILE else "logs"
@@ -213,9 +215,12 @@ def _probe_mismatch(probe: Path, canary_path: str | None, run_dir: Path) -> str 
 
     digest = canary_mod.load(require_canary(canary_path, run_dir)).digest
     logged = set()
-    for line in probe.read_text(encoding="utf-8").splitlines():
+    for _, line, _ in iter_lines(probe, "canary probe log"):  # read_metrics has validated it
         if line.strip():
-            logged.add(json.loads(line).get("canary"))
+            try:
+                logged.add(json.loads(line).get("canary"))
+            except (ValueError, RecursionError):  # the torn last line read_metrics let through
+                continue
     if logged == {digest}:
         return None
     shown = ", ".join(sorted(str(d)[:12] for d in logged))

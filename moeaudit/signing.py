@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from moeaudit.errors import InputError, MoeauditError, PolicyFailed
-from moeaudit.jsonio import atomic_write
+from moeaudit.jsonio import atomic_write, check_output_target
+from moeaudit.limits import MAX_KEY_BYTES, read_regular
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PASSPHRASE_ENV = "MOEAUDIT_KEY_PASSPHRASE"
@@ -98,10 +101,27 @@ def _b64(value: Any, what: str, path: Path) -> bytes:
         raise SignatureInvalid(f"{what} is not valid base64", path=path) from exc
 
 
+class DuplicateKey(ValueError):
+    pass
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing an object that names a key twice: parsers disagree on
+    which one wins, so a verifier must not pick one (a signed "verdict" shadowed by another)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     """Check the DSSE signature over the PAE; only then return the payload bytes."""
     try:
-        env = json.loads(raw.decode("utf-8"))
+        env = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:
+        raise SignatureInvalid(f"not a DSSE envelope ({exc})", path=path) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise SignatureInvalid(f"not a DSSE envelope (not JSON: {exc})", path=path) from exc
     if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
@@ -137,29 +157,83 @@ def default_key_path() -> Path:
 
 def generate_key(path: Path, *, algorithm: str = "ed25519", passphrase: bytes | None = None,
                  force: bool = False) -> PrivateKey:
-    """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM), atomically."""
-    key: PrivateKey = (ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519"
-                       else ec.generate_private_key(ec.SECP256R1()))
+    """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM) as a pair, under KEY.lock."""
+    key = _new_key(algorithm)
+    with _key_lock(path):
+        _write_pair(path, key, passphrase, force)
+    return key
+
+
+def ensure_key(path: Path) -> bool:
+    """Create the default key pair at ``path`` unless it exists; True when this call created it.
+
+    Two first-use runs at once: both take KEY.lock in turn; the second finds the first's key
+    and uses it, so the private key and KEY.pub always match.
+    """
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path.parent)) from exc
+    with _key_lock(path):
+        if os.path.lexists(path):
+            return False
+        pub = path.with_name(path.name + ".pub")
+        if os.path.lexists(pub):
+            raise InputError("a public key exists without its private key", path=pub,
+                             hint="move it away to create a new key pair, or pass --key KEY")
+        _write_pair(path, _new_key("ed25519"), None, force=False)
+    return True
+
+
+def _new_key(algorithm: str) -> PrivateKey:
+    return (ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519"
+            else ec.generate_private_key(ec.SECP256R1()))
+
+
+@contextmanager
+def _key_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on KEY.lock (left in place: removing it would race a waiter)."""
+    import fcntl
+
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(lock)) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_pair(path: Path, key: PrivateKey, passphrase: bytes | None, force: bool) -> None:
+    """Both files written to temps first; KEY.pub is linked into place before KEY, so a KEY
+    that exists always has its KEY.pub. Without ``force`` the links fail if either exists."""
     enc = (serialization.BestAvailableEncryption(passphrase) if passphrase
            else serialization.NoEncryption())
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM,
                                         serialization.PublicFormat.SubjectPublicKeyInfo)
     pub_path = path.with_name(path.name + ".pub")
-    if not force:
-        for p in (path, pub_path):
-            if p.exists():
-                raise InputError("key file exists", path=p, hint="pass --force to replace it")
-    atomic_write(path, pem, mode=0o600)
-    atomic_write(pub_path, pub, mode=0o644)
-    return key
+    for p in (path, pub_path):
+        check_output_target(p, force=True)  # a link, device or FIFO is never a key file
+        if not force and os.path.lexists(p):
+            raise InputError("key file exists", path=p, hint="pass --force to replace it")
+    atomic_write(pub_path, pub, mode=0o644, force=force)
+    try:
+        atomic_write(path, pem, mode=0o600, force=force)
+    except BaseException:
+        if not force:
+            pub_path.unlink(missing_ok=True)  # ours: linked above, under the lock
+        raise
 
 
 def load_private_key(path: Path, passphrase: bytes | None = None) -> tuple[PrivateKey, list[str]]:
     """(key, warnings). The passphrase comes from the argument or $MOEAUDIT_KEY_PASSPHRASE."""
     warnings = []
+    raw = read_regular(path, "private key", MAX_KEY_BYTES)
     try:
-        raw = path.read_bytes()
         mode = path.stat().st_mode
     except OSError as exc:
         raise InputError(f"cannot read private key: {exc.strerror or exc}", path=path) from exc
@@ -184,10 +258,7 @@ class KeyNeedsPassphrase(InputError):
 
 
 def load_public_key(path: Path) -> PublicKey:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read public key: {exc.strerror or exc}", path=path) from exc
+    raw = read_regular(path, "public key", MAX_KEY_BYTES)
     try:
         key = serialization.load_pem_public_key(raw)
     except ValueError as exc:
@@ -197,5 +268,6 @@ def load_public_key(path: Path) -> PublicKey:
     return key  # type: ignore[return-value]
 
 
-__all__ = ["MoeauditError", "SignatureInvalid", "Verified", "default_key_path", "generate_key",
-           "keyid", "load_private_key", "load_public_key", "pae", "sign_envelope", "verify_envelope"]
+__all__ = ["MoeauditError", "SignatureInvalid", "Verified", "default_key_path", "ensure_key",
+           "generate_key", "keyid", "load_private_key", "load_public_key", "no_duplicate_keys",
+           "pae", "sign_envelope", "verify_envelope"]

@@ -460,6 +460,7 @@ def write_metrics(good: Path, out: Path) -> dict[str, Path]:
         "step_repeated": lines[:3] + [lines[2]] + lines[3:],
         "negative_norm": lines[:2] + [lines[2].replace('"0": [', '"0": [-')] + lines[3:],
         "expert_count_changes": lines[:2] + [lines[2].replace('"0": [', '"0": [0.5, ')] + lines[3:],
+        "deep_nesting": lines[:2] + ["[" * 100_000] + lines[3:],  # RecursionError in json
         "empty": [],
     }
     paths = {}
@@ -482,6 +483,7 @@ POLICIES = {
     "section_not_table": "receipts = 3\n",
     "out_of_range": "[envelope]\ndelta = 1.5\n",
     "negative_bootstrap": "[receipts]\nbootstrap = -1\n",
+    "huge_bootstrap": "[receipts]\nbootstrap = 1000000000\n",  # 10⁹ resamples: out of memory
     "nan_value": "[margins]\nbeta_h = nan\n",
     "never_fires": "[envelope]\nalert_a = 1e-4\nalert_b = 0.02\n",
     "not_toml": "[envelope\ndelta = 0.05\n",
@@ -520,6 +522,17 @@ def certificate(key: Any, ckpt_digest: str) -> dict[str, Any]:
     predicate = {"verdict": "PASS", "gates": [], "run": {"name": "run", "path": "run"}}
     stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": ckpt_digest}}], predicate)
     return sign_statement(stmt, key, issued_at=ISSUED_AT)
+
+
+def _shadowed_verdict(key: Any, ckpt_digest: str) -> dict[str, Any]:
+    """Correctly signed, but the statement names "verdict" twice (FAIL, then PASS)."""
+    from moeaudit.certificate import canonical_json, statement
+    from moeaudit.signing import sign_envelope
+
+    predicate = {"verdict": "FAIL", "gates": [], "run": {"name": "run", "path": "run"}}
+    stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": ckpt_digest}}], predicate)
+    body = canonical_json(stmt).replace(b'"verdict":"FAIL"', b'"verdict":"FAIL","verdict":"PASS"')
+    return sign_envelope(key, body)
 
 
 def _flip_b64(value: str, index: int) -> str:
@@ -573,6 +586,11 @@ def write_certificates(good: Path, out: Path, ckpt_digest: str) -> dict[str, Pat
         paths[f"cert_{name}"] = out / f"{name}.json"
     (out / "truncated.json").write_text(json.dumps(env)[:-20])
     paths["cert_truncated"] = out / "truncated.json"
+    # a second payloadType before the real one: json.loads keeps the last, other parsers the first
+    (out / "duplicate_key.json").write_text('{"payloadType": "text/plain", ' + json.dumps(env)[1:])
+    paths["cert_duplicate_key"] = out / "duplicate_key.json"
+    (out / "payload_duplicate_key.json").write_text(json.dumps(_shadowed_verdict(key, ckpt_digest)))
+    paths["cert_payload_duplicate_key"] = out / "payload_duplicate_key.json"
     (out / "garbage.pub").write_text(
         "-----BEGIN PUBLIC KEY-----\nbm90IGEga2V5\n-----END PUBLIC KEY-----\n"
     )

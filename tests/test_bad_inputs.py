@@ -378,6 +378,7 @@ METRICS = [
     ("step_repeated", "{%s}:4: step 30 is duplicate"),
     ("negative_norm", "{%s}:3: expert_grad_norms['0'][0] = -"),
     ("expert_count_changes", "{%s}:3: layer '0' logs 5 experts here but 4 at line 1"),
+    ("deep_nesting", "{%s}:3: line is not valid JSON (maximum recursion depth exceeded"),
     ("empty", "{%s}: metrics log has no logged steps"),
 ]
 
@@ -401,6 +402,7 @@ POLICIES = [
     ("section_not_table", "[receipts] must be a table"),
     ("out_of_range", "envelope.delta must be in (0, 1)"),
     ("negative_bootstrap", "receipts.bootstrap must be ≥ 0"),
+    ("huge_bootstrap", "receipts.bootstrap must be ≤ 100000"),
     ("nan_value", "margins.beta_h must be a finite number, got nan"),
     ("never_fires", "envelope.alert_a / alert_b: the alert rule can never fire"),
     ("not_toml", "policy is not valid TOML"),
@@ -443,6 +445,18 @@ CERTIFICATES = [  # certificate, public key, exit code, what the one line must s
         "{cert_two_signatures}: expected exactly one signature, found 2",
     ),
     ("cert_truncated", "good_key_pub", 1, "{cert_truncated}: not a DSSE envelope"),
+    (
+        "cert_duplicate_key",
+        "good_key_pub",
+        1,
+        "{cert_duplicate_key}: not a DSSE envelope (duplicate key 'payloadType')",
+    ),
+    (
+        "cert_payload_duplicate_key",
+        "good_key_pub",
+        4,
+        "{cert_payload_duplicate_key}: signed payload names a key twice (duplicate key 'verdict')",
+    ),
     ("good_certificate_json", "pubkey_garbage", 4, "{pubkey_garbage}: not a PEM public key"),
     ("good_certificate_json", "pubkey_wrong", 1, "{good_certificate_json}: signed by key "),
 ]
@@ -456,6 +470,75 @@ def test_bad_certificate(
 ) -> None:
     check_matrix(
         corpus, tmp_path, ["verify", f"{{{cert}}}", "--pubkey", f"{{{pub}}}"], code, [needle]
+    )
+
+
+# ----- output targets (issue 14) ----------------------------------------------------------------
+
+
+def test_gate_junit_follows_the_overwrite_rule(corpus: dict[str, Path], tmp_path: Path) -> None:
+    junit = tmp_path / "gate.xml"
+    junit.write_text("the previous report\n")
+    argv = replaying(corpus, "gate", corpus["good_ckpt"], corpus["good_ckpt"])
+    code, stdout, stderr = run(*argv, "--junit", junit)
+    assert code == 4 and stdout == ""  # refused before any replay
+    assert one_error(stderr) == (
+        f"moeaudit: error: {junit}: output exists — pass --force to overwrite it"
+    )
+    assert junit.read_text() == "the previous report\n"
+    code, _, stderr = run(*argv, "--junit", junit, "--force")
+    no_error(stderr)
+    assert code in (0, 1, 3) and "<testcase" in junit.read_text()
+
+
+# ----- verify --recheck (issue 14) --------------------------------------------------------------
+
+
+def test_recheck_works_from_another_directory(
+    corpus: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """certify records the run's absolute path, so a relative RUN_DIR still rechecks later."""
+    monkeypatch.chdir(corpus["run_writing"].parent)
+    out = tmp_path / "cert"
+    code, _, stderr = run(*certify(corpus, Path("writing"), out))
+    no_error(stderr)
+    assert code == 0
+    run_info = _signed_statement(out / "certificate.json")["predicate"]["run"]
+    assert run_info["path"] == str(corpus["run_writing"].resolve())
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run(
+        "verify", out / "certificate.json", "--pubkey", corpus["good_key_pub"], "--recheck"
+    )
+    no_error(stderr)
+    assert code == 0 and "recheck: all 1 checkpoint digests match" in stdout
+
+
+def _signed_for_run(corpus: dict[str, Path], run_path: Path, out: Path) -> Path:
+    from moeaudit.certificate import sign_statement, statement
+    from moeaudit.signing import load_private_key
+
+    predicate = {"verdict": "PASS", "gates": [], "run": {"name": "run", "path": str(run_path)}}
+    stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": "ab" * 32}}], predicate)
+    out.write_text(json.dumps(sign_statement(stmt, load_private_key(corpus["good_key_pem"])[0])))
+    return out
+
+
+def test_recheck_of_a_missing_checkpoint_is_an_input_error(
+    corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    (tmp_path / "run").mkdir()  # the run directory is there, the certified checkpoint is not
+    cert = _signed_for_run(corpus, tmp_path / "run", tmp_path / "c.json")
+    code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")
+    assert code == 4
+    assert one_error(stderr) == (
+        f"moeaudit: error: {tmp_path / 'run' / 'checkpoint-100'}: certified checkpoint "
+        "checkpoint-100 is not in the run directory — pass --run-dir where the run is now"
+    )
+    cert = _signed_for_run(corpus, tmp_path / "moved", tmp_path / "c2.json")
+    code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")
+    assert code == 4 and (
+        f"{tmp_path / 'moved'}: run directory not found (the path the certificate records)"
+        in one_error(stderr)
     )
 
 

@@ -235,7 +235,10 @@ def write_safetensors(
     import torch
 
     names = {torch_dtype(name): name for name in DTYPES}
+    from moeaudit.jsonio import check_output_target
+
     path = Path(path)
+    check_output_target(path, force=True)  # never replace a device, FIFO or link (docs/security.md)
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(sorted(metadata.items()))

@@ -16,6 +16,7 @@ from typing import Any
 import tomllib
 
 from moeaudit.errors import InputError
+from moeaudit.limits import MAX_BOOTSTRAP, MAX_POLICY_BYTES, read_regular
 
 BUILTIN = "built-in default"
 
@@ -132,11 +133,10 @@ def load_policy(path: str | Path | None) -> Policy:
     if path is None:
         return Policy()
     path = Path(path)
+    raw = read_regular(path, "policy file", MAX_POLICY_BYTES)  # no FIFO, device or directory
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError("policy file not found", path=path) from exc
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: UTF-8, TOML, huge ints
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: UTF-8, TOML, huge ints
         raise InputError(f"policy is not valid TOML ({exc})", path=path) from exc
     return policy_from_dict(data, path)
 
@@ -230,6 +230,8 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (r.boundary_layer_eta > 0 and r.beta_adj > 0,
          "receipts.boundary_layer_eta and beta_adj must be > 0"),
         (r.bootstrap >= 0, "receipts.bootstrap must be ≥ 0"),
+        (r.bootstrap <= MAX_BOOTSTRAP, f"receipts.bootstrap must be ≤ {MAX_BOOTSTRAP} (1000 is the "
+         f"default; {MAX_BOOTSTRAP // 10} resamples are plenty for a 95% interval)"),
         (m.beta_pi >= 0 and m.beta_h > 0 and m.beta_r > 0,
          "margins.beta_h and beta_r must be > 0, beta_pi ≥ 0 (0: 10·E·ln(E)/k)"),
         (min(m.lambda1, m.lambda2, m.mu1, m.mu2, m.mu3, m.tau) >= 0,

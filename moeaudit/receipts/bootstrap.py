@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+GATHER_ELEMENTS = 1 << 24  # float64: 128 MiB per block of resamples
+
 
 class WindowBootstrap:
     """Seeded resamples of W windows, shared by every receipt of one layer."""
@@ -41,7 +43,15 @@ class WindowBootstrap:
         """Interval of ``fn`` applied to resampled sums of per-window vectors [W, X] → [B, X]."""
         if self.idx_BW is None:
             return None
-        return _interval(fn(per_window_WX.double()[self.idx_BW].sum(1)))
+        values_WX = per_window_WX.double()
+        return _interval(fn(torch.cat([values_WX[idx].sum(1) for idx in self._chunks(values_WX)])))
+
+    def _chunks(self, values_WX: torch.Tensor) -> list[torch.Tensor]:
+        """Rows of ``idx_BW`` in blocks whose gather [b, W, X] holds at most GATHER_ELEMENTS
+        numbers (each resample's sum is unchanged, bit for bit; memory no longer grows as B·W·X)."""
+        assert self.idx_BW is not None
+        per_row = max(1, values_WX[0].numel() * self.W)
+        return list(self.idx_BW.split(max(1, GATHER_ELEMENTS // per_row)))
 
 
 def _interval(stat_B: torch.Tensor) -> list[float] | None:

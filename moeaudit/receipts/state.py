@@ -13,6 +13,7 @@ from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.policy import Policy
+from moeaudit.limits import check_window_len
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
 from moeaudit.replay import ReplayResult, replay
@@ -35,6 +36,7 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     opt-in receipts; everything else comes from the one forward + backward, computed on
     ``device`` (default the CPU; receipts are deterministic per device, not across devices).
     """
+    check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)

@@ -357,6 +357,9 @@ def replay(
     are measured and dropped one expert at a time, see ``experts_backward``). ``device``
     (e.g. "cuda") computes there, one layer's weights at a time; receipts come back on the host.
     """
+    from moeaudit.limits import check_window_len
+
+    check_window_len(tokens_WT.shape[-1])  # callers check first, naming the canary file
     with deterministic():
         return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
                        grad_observers=grad_observers, window_weights_W=window_weights_W,
