@@ -49,7 +49,7 @@ class Audit:
 def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
               reference: str | Path | None = None, say: Say = lambda _m: None,
               cache: ReceiptsCache | None = None, device: str | None = None,
-              stage: str | None = None) -> Audit:
+              stage: str | None = None, canary_origin: str = "") -> Audit:
     run = discover(run_path)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
@@ -115,8 +115,10 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                 "skipped": [p.name for p, _ in run.skipped], "events": events},
         "inputs": inputs,
         "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
-                   "window_len": canary.window_len, "domains": list(canary.domains)},
+                   "window_len": canary.window_len, "domains": list(canary.domains),
+                   **({"origin": canary_origin} if canary_origin else {})},
         "policy": {"source": policy.source, "digest": policy.digest,
+                   **({"origin": policy.origin} if policy.origin else {}),
                    "calibrated": policy.envelope.calibrated, **policy.to_json()},
         "tool": {"name": "moeaudit", "version": __version__},
         "environment": environment(),
@@ -176,7 +178,9 @@ def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
 
 def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
-        return {"path": path.name, "kind": "checkpoint", "root_sha256": doc["checkpoint"]["digest"]}
+        digest = doc["checkpoint"]["digest"]
+        return {"path": path.name, "kind": "checkpoint",
+                "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest}
     return {**_file_digest(path), "kind": "receipts"}
 
 
@@ -363,8 +367,22 @@ __all__ = ["Audit", "audit_run", "InputError"]
 
 
 def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
-                  issued_at: str | None = None) -> dict[str, Path]:
-    """Sign and write receipts/, certificate.html and certificate.json (last), each atomically."""
+                  issued_at: str | None = None, target: Any = None) -> dict[str, Path]:
+    """Sign and write receipts/, certificate.html and certificate.json as one output set: staged
+    beside ``out_dir`` and renamed into place whole (:class:`moeaudit.output.OutputSet`;
+    ``target`` is one the caller opened before the replay, holding the output's lock)."""
+    from moeaudit.output import OutputSet
+
+    if target is None:
+        with OutputSet(out_dir, force) as own:
+            return write_outputs(audit, key, out_dir, issued_at=issued_at, target=own)
+    _write_set(audit, key, target.staging, issued_at)
+    target.commit()
+    return {"certificate": out_dir / "certificate.json", "html": out_dir / "certificate.html",
+            "receipts": out_dir / "receipts"}
+
+
+def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None) -> None:
     import base64
     import json
 
@@ -374,10 +392,6 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
     from moeaudit.signing import keyid
 
     cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
-    if not force:
-        for p in (cert_path, html_path):
-            if p.exists():
-                raise InputError("a certificate already exists here", path=p, hint="pass --force to replace it")
     envelope = sign_statement(audit.statement, key, issued_at=issued_at)
     env_bytes = dumps(envelope).encode("utf-8")
     from moeaudit.limits import MAX_CERTIFICATE_BYTES  # what verify reads (docs/security.md)
@@ -395,4 +409,3 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
         atomic_write(out_dir / "receipts" / name, dumps(doc))
     atomic_write(html_path, html)
     atomic_write(cert_path, env_bytes)
-    return {"certificate": cert_path, "html": html_path, "receipts": out_dir / "receipts"}

@@ -114,15 +114,19 @@ policy_option = click.option(
     help="Policy TOML (default: policy.toml next to or above the input, else built-in).")
 
 
-def _load_policy(given: Path | None, start: Path):
-    from moeaudit.judge.policy import load_policy
-    from moeaudit.locate import find_upwards
+def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
+    from dataclasses import replace
 
-    path = given or find_upwards(start, "policy.toml")
-    policy = load_policy(path)
+    from moeaudit.judge.policy import load_policy
+    from moeaudit.locate import find_upwards, origin
+
+    found, ignored = (None, []) if given else find_upwards(start, "policy.toml", also=also)
+    policy = load_policy(given or found)
+    how = origin(given, found, ignored, "--policy")
+    policy = replace(policy, origin=how if (given or found) else "built-in default; " + how)
     env = policy.envelope
     kind = "calibrated" if env.calibrated else "illustrative (000 Table 6)"
-    err.print(f"policy: {policy.source} (envelope constants {kind})")
+    err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})")
     return policy
 
 
@@ -449,24 +453,27 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
     from moeaudit import canary as canary_mod
     from moeaudit.certify import audit_run, write_outputs
-    from moeaudit.locate import require_canary
+    from moeaudit.locate import locate_canary
+
+    from moeaudit.cache import ReceiptsCache
+    from moeaudit.output import OutputSet
 
     dev = None if device == "cpu" else _device(device)  # before anything is read or written
+    if not run_dir.exists():
+        from moeaudit.errors import InputError
+        raise InputError("no such run directory", path=run_dir)
     out = out or Path("moeaudit-certificates") / run_dir.resolve().name
-    for p in (out / "certificate.json", out / "certificate.html"):
-        if p.exists() and not force:
-            from moeaudit.errors import InputError
-            raise InputError("a certificate already exists here", path=p, hint="pass --force to replace it")
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
+    canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
+    probe = canary_mod.load(canary_file)
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
-    from moeaudit.cache import ReceiptsCache
-
-    # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
-    audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
-                      cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = write_outputs(audit, signing_key, out, force=force)
+    # the output is locked, checked and proven writable before the replay (issue 14)
+    with OutputSet(out, force) as target:
+        # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
+        audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
+                          cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage,
+                          canary_origin=canary_origin)
+        paths = write_outputs(audit, signing_key, out, target=target)
     print_gates(audit.statement["predicate"])
     click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")
 
@@ -522,8 +529,8 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     _check_output(junit, force)
     _check_output(json_out, force)
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
-    policy = _load_policy(policy_path, base)
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
+    policy = _load_policy(policy_path, base, (candidate,))
     with _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
     result = gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
@@ -655,7 +662,14 @@ def samples_build(out: Path, tiny: bool) -> None:
     click.echo(f"wrote sample runs to {out}")
 
 
+def _terminate(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a CI cancel, `kill`) cleans up exactly like Ctrl-C
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     cli(prog_name="moeaudit")
 
 

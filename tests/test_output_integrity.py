@@ -338,12 +338,12 @@ def test_a_full_disk_is_one_line_naming_the_output(
 
 def test_a_permission_error_is_one_line_with_what_to_do(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import moeaudit.export
+    import moeaudit.report.export
 
     def denied(*_a: Any, **_k: Any) -> str:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/srv/certs/cert.json")
 
-    monkeypatch.setattr(moeaudit.export, "run_export", denied)
+    monkeypatch.setattr(moeaudit.report.export, "run_export", denied)
     code, _, stderr = run("export", tmp_path / "c.json", "--framework", "eu-ai-act",
                           "--out", tmp_path / "x.md")
     assert code == 4

@@ -332,7 +332,7 @@ def test_separate_betas_keep_the_smooth_margin_defined_for_many_experts() -> Non
     from moeaudit.judge.margins import beta_pi, pi_tail
 
     m = policy_from_dict({}).margins
-    E, k = 64, 8
+    E, k = 64, 2
     balanced = [k / E] * E
     assert pi_tail(balanced, m.beta_h) <= 0  # one β = 50 for everything: undefined (issue 13)
     assert pi_tail(balanced, beta_pi(m, E, k)) >= 0.9 * k / E

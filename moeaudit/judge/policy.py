@@ -113,10 +113,12 @@ class Policy:
     envelope: EnvelopeSettings = field(default_factory=EnvelopeSettings)
     gates: GateSettings = field(default_factory=GateSettings)
     source: str = BUILTIN
+    origin: str = ""  # how it was chosen (--policy, found outside the run, built-in): not hashed
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("source")
+        out.pop("origin")
         return json.loads(json.dumps(out))  # tuples → lists
 
     @property
