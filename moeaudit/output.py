@@ -53,7 +53,7 @@ class OutputSet:
     def _lock(self) -> None:
         import fcntl
 
-        lock = self.out_dir.parent / f".{self.out_dir.name}.lock"
+        lock = self._lock_path = self.out_dir.parent / f".{self.out_dir.name}.lock"
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
@@ -67,11 +67,23 @@ class OutputSet:
                 raise InputError("another moeaudit run is writing to this output directory",
                                  path=self.out_dir, hint="wait for it, or choose another --out") from exc
             raise
+        try:  # the lock file we hold must still be the one at the path (a finished run unlinks it)
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            raise InputError("another moeaudit run was writing to this output directory",
+                             path=self.out_dir, hint="run the command again")
         self._lock_fd = fd
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock; the lock file stays (harmless, reused)
+            try:  # unlink while holding it, so nothing is left behind (see the check in _lock)
+                os.unlink(self._lock_path)
+            except OSError:
+                pass
+            os.close(self._lock_fd)
             self._lock_fd = None
 
     def _check_existing(self) -> None:
