@@ -17,7 +17,7 @@ from typing import Any
 from moeaudit import __version__
 from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
-from moeaudit.certificate import statement, table4
+from moeaudit.attest.certificate import statement, table4
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
@@ -386,10 +386,10 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None) -> 
     import base64
     import json
 
-    from moeaudit.certificate import canonical_json, sign_statement
+    from moeaudit.attest.certificate import canonical_json, sign_statement
     from moeaudit.jsonio import atomic_write, dumps
     from moeaudit.report.html import render_html
-    from moeaudit.signing import keyid
+    from moeaudit.attest.signing import keyid
 
     cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
     envelope = sign_statement(audit.statement, key, issued_at=issued_at)

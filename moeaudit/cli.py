@@ -479,7 +479,7 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
 
 
 def _signing_key(path: Path | None):
-    from moeaudit.signing import KeyNeedsPassphrase, default_key_path, ensure_key, load_private_key
+    from moeaudit.attest.signing import KeyNeedsPassphrase, default_key_path, ensure_key, load_private_key
 
     if path is None:
         path = default_key_path()
@@ -560,7 +560,7 @@ def _passphrase_prompt() -> bytes | None:
     import os
     import sys
 
-    from moeaudit.signing import PASSPHRASE_ENV
+    from moeaudit.attest.signing import PASSPHRASE_ENV
 
     if os.environ.get(PASSPHRASE_ENV):
         return os.environ[PASSPHRASE_ENV].encode()
@@ -581,7 +581,7 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
     import os
 
     from moeaudit.errors import InputError
-    from moeaudit.signing import PASSPHRASE_ENV, generate_key, keyid
+    from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
 
     passphrase = None
     if passphrase_env:
@@ -601,8 +601,8 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
 @verbose_option
 def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid)."""
-    from moeaudit.certificate import open_certificate, recheck_subjects
-    from moeaudit.signing import load_public_key
+    from moeaudit.attest.certificate import open_certificate, recheck_subjects
+    from moeaudit.attest.signing import load_public_key
 
     stmt = open_certificate(cert, load_public_key(pubkey))
     pred = stmt["predicate"]
@@ -611,7 +611,7 @@ def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> Non
     if recheck:
         changed = recheck_subjects(stmt, run_dir)
         if changed:
-            from moeaudit.signing import SignatureInvalid
+            from moeaudit.attest.signing import SignatureInvalid
 
             raise SignatureInvalid("checkpoint(s) changed since certification: " + "; ".join(changed),
                                    path=cert)

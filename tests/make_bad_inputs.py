@@ -517,7 +517,7 @@ def _pem(key: Any, private: bool) -> bytes:
 
 
 def certificate(key: Any, ckpt_digest: str) -> dict[str, Any]:
-    from moeaudit.certificate import sign_statement, statement
+    from moeaudit.attest.certificate import sign_statement, statement
 
     predicate = {"verdict": "PASS", "gates": [], "run": {"name": "run", "path": "run"}}
     stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": ckpt_digest}}], predicate)
@@ -526,8 +526,8 @@ def certificate(key: Any, ckpt_digest: str) -> dict[str, Any]:
 
 def _shadowed_verdict(key: Any, ckpt_digest: str) -> dict[str, Any]:
     """Correctly signed, but the statement names "verdict" twice (FAIL, then PASS)."""
-    from moeaudit.certificate import canonical_json, statement
-    from moeaudit.signing import sign_envelope
+    from moeaudit.attest.certificate import canonical_json, statement
+    from moeaudit.attest.signing import sign_envelope
 
     predicate = {"verdict": "FAIL", "gates": [], "run": {"name": "run", "path": "run"}}
     stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": ckpt_digest}}], predicate)

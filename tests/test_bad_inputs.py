@@ -514,8 +514,8 @@ def test_recheck_works_from_another_directory(
 
 
 def _signed_for_run(corpus: dict[str, Path], run_path: Path, out: Path) -> Path:
-    from moeaudit.certificate import sign_statement, statement
-    from moeaudit.signing import load_private_key
+    from moeaudit.attest.certificate import sign_statement, statement
+    from moeaudit.attest.signing import load_private_key
 
     predicate = {"verdict": "PASS", "gates": [], "run": {"name": "run", "path": str(run_path)}}
     stmt = statement([{"name": "checkpoint-100", "digest": {"sha256": "ab" * 32}}], predicate)

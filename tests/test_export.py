@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from moeaudit.certificate import (
+from moeaudit.attest.certificate import (
     PREDICATE_TYPE,
     STATEMENT_TYPE,
     open_certificate,
@@ -36,7 +36,7 @@ from moeaudit.report.export import (
     to_markdown,
 )
 from moeaudit.jsonio import atomic_write, dumps
-from moeaudit.signing import SignatureInvalid, generate_key, load_public_key
+from moeaudit.attest.signing import SignatureInvalid, generate_key, load_public_key
 
 FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
 ISSUED = "2026-05-02T14:03:11Z"
@@ -157,7 +157,7 @@ def test_certificate_signed_by_another_key_is_refused(key_pair, tmp_path: Path) 
 
 def test_default_public_key_is_the_users_key(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    from moeaudit.signing import default_key_path
+    from moeaudit.attest.signing import default_key_path
 
     default_key_path().parent.mkdir(parents=True)
     key = generate_key(default_key_path())

@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from moeaudit import canary as canary_mod
-from moeaudit import metrics, signing
+from moeaudit import metrics
+from moeaudit.attest import signing
 from moeaudit.judge import policy
-from moeaudit.certificate import canonical_json, open_certificate
+from moeaudit.attest.certificate import canonical_json, open_certificate
 from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.checkpoint.safetensors import SafetensorsFile
 from moeaudit.errors import MoeauditError

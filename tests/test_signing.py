@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moeaudit.certificate import PREDICATE_TYPE, STATEMENT_TYPE, canonical_json, sign_statement
+from moeaudit.attest.certificate import PREDICATE_TYPE, STATEMENT_TYPE, canonical_json, sign_statement
 from moeaudit.cli import cli
 from moeaudit.errors import InputError
-from moeaudit.signing import (PAYLOAD_TYPE, SignatureInvalid, generate_key, keyid, load_private_key,
+from moeaudit.attest.signing import (PAYLOAD_TYPE, SignatureInvalid, generate_key, keyid, load_private_key,
                               load_public_key, pae, sign_envelope, verify_envelope)
 
 

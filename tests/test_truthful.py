@@ -415,8 +415,8 @@ def test_decision_and_report_modules_do_not_import_torch() -> None:
 
     code = ("import sys; import moeaudit.judge.decide, moeaudit.judge.gates, moeaudit.judge.margins, "
             "moeaudit.judge.envelope, moeaudit.judge.policy, moeaudit.judge.promote, "
-            "moeaudit.report.html, moeaudit.report.ci, moeaudit.report.export, moeaudit.certificate, "
-            "moeaudit.signing; assert 'torch' not in sys.modules, 'torch imported'")
+            "moeaudit.report.html, moeaudit.report.ci, moeaudit.report.export, moeaudit.attest.certificate, "
+            "moeaudit.attest.signing; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

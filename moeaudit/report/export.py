@@ -13,7 +13,7 @@ An aspect with no selector is one no training-health certificate can show (train
 compute, organisational acts); it is listed, never dropped. Requirements are one-sentence
 paraphrases, not the frameworks' text; ``docs/compliance.md`` cites the sources and explains
 each mapping. Exports are made only from a statement that
-:func:`moeaudit.certificate.open_certificate` verified. Torch-free.
+:func:`moeaudit.attest.certificate.open_certificate` verified. Torch-free.
 """
 
 from __future__ import annotations
@@ -526,7 +526,7 @@ def export(statement: Mapping[str, Any], framework_key: str) -> dict[str, Any]:
     """The JSON-ready report of a statement returned by ``open_certificate``, for one framework."""
     if not statement.get("_keyid"):  # set only by open_certificate, after the signature verified
         raise InputError("export needs a verified certificate",
-                         hint="open it with moeaudit.certificate.open_certificate")
+                         hint="open it with moeaudit.attest.certificate.open_certificate")
     fw = framework(framework_key)
     items = [assess(item, statement) for item in fw.items]
     counts = {s: sum(i["status"] == s for i in items) for s in (COVERED, PARTIAL, NOT_COVERED)}
@@ -538,9 +538,9 @@ def export(statement: Mapping[str, Any], framework_key: str) -> dict[str, Any]:
 def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_key: str,
                fmt: str) -> str:
     """Verify the certificate (default key: the user's signing key + ".pub"), export, render."""
-    from moeaudit.certificate import open_certificate
+    from moeaudit.attest.certificate import open_certificate
     from moeaudit.jsonio import dumps
-    from moeaudit.signing import default_key_path, load_public_key
+    from moeaudit.attest.signing import default_key_path, load_public_key
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint="choose one of " + ", ".join(FORMATS))

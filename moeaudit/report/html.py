@@ -1,6 +1,6 @@
 """The HTML certificate (SPEC §9): a verified statement rendered into one self-contained page.
 
-``render_html`` takes the statement that :func:`moeaudit.certificate.open_certificate` returned
+``render_html`` takes the statement that :func:`moeaudit.attest.certificate.open_certificate` returned
 (signature already checked) and renders ``templates/certificate.html.j2`` with Jinja2 —
 autoescaped, ``StrictUndefined`` — into inline CSS and SVG, with no script and no URL. The page
 is a pure function of its inputs: no clock, no locale, fixed number formats, and every

@@ -28,10 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from moeaudit.claims import TABLE4
+from moeaudit.attest.claims import TABLE4
 from moeaudit.errors import InputError
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
-from moeaudit.signing import (
+from moeaudit.attest.signing import (
     DuplicateKey,
     PrivateKey,
     PublicKey,
