@@ -405,7 +405,9 @@ def load(path: str | Path) -> Canary:
     """Read and fully validate a canary file; the stored digest must match the content."""
     path = Path(path)
     if not path.is_file():
-        raise CanaryError("no such canary file", path=path, hint=BUILD_HINT)
+        why = "is not a regular file" if path.exists() else "no such canary file"
+        raise CanaryError(why if why.startswith("no") else f"the canary {why}", path=path,
+                          hint=BUILD_HINT)
     try:
         sf = SafetensorsFile(path)
         domains = _read_header(sf)
