@@ -24,10 +24,10 @@ from moeaudit.judge.decide import Evidence, decide, resolve_stage
 from moeaudit.judge.gates import Checkpointed, baselines, evaluate_gates
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
-from moeaudit.receipts.drift import bootstrap_for, pair_layer
-from moeaudit.receipts.observer import AnchorStates
-from moeaudit.receipts.state import environment, run_state
 from moeaudit.run import Run, discover
+
+# The replay (torch) is imported only when something is not in the cache: a fully cached
+# certify never loads torch (issue 16; test_torch_free.py).
 
 Say = Callable[[str], None]
 
@@ -56,7 +56,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         say(f"warning: {w}")
     first = run.checkpoints[0][1]
     for _, ckpt in run.checkpoints[1:]:
-        from moeaudit.receipts.pair import check_compatible
+        from moeaudit.checkpoint.checkpoint import check_compatible
 
         check_compatible(first, ckpt)
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
@@ -121,7 +121,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                    **({"origin": policy.origin} if policy.origin else {}),
                    "calibrated": policy.envelope.calibrated, **policy.to_json()},
         "tool": {"name": "moeaudit", "version": __version__},
-        "environment": environment(),
+        "environment": _environment(),
         "protected_layers": protected,
         "gates": gates,
         "checks": decision["checks"],
@@ -149,6 +149,22 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
 
 DRIFTS = ("coordinate", "boundary", "transition", "content")
+
+
+def _environment() -> dict[str, Any]:
+    """As :func:`moeaudit.receipts.state.environment`, without importing torch: the version of
+    the installed torch distribution is the same string as ``torch.__version__``."""
+    import importlib.metadata
+    import platform
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        version = torch.__version__
+    return {"torch": version, "python": platform.python_version(), "device": "cpu",
+            "dtype": "float32"}
 
 
 def _drift_summary(pair: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +300,8 @@ class _Replayer:
         return self.cache.key(kind, *parts, *([self.device] if self.device else []))
 
     def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
+        from moeaudit.receipts.state import run_state
+
         self.say(f"replaying {ckpt.path.name}")
         doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device)
         self.states[step] = obs.states
@@ -306,6 +324,8 @@ class _Replayer:
         if step not in self.states:
             cached = self.cache.get_tensors(self._key("states", ckpt))
             layers = ckpt.spec.routed_layers
+            from moeaudit.receipts.observer import AnchorStates
+
             if cached is not None and all(f"{i}.{n}" in cached for i in layers for n in "zy"):
                 self.states[step] = {i: AnchorStates(cached[f"{i}.z"], cached[f"{i}.y"])
                                      for i in layers}
@@ -330,6 +350,8 @@ class _Replayer:
             self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name,
                                                                     cand[1].path.name]})
             return cached
+        from moeaudit.receipts.drift import bootstrap_for, pair_layer
+
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
         b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
         layers = []

@@ -127,6 +127,9 @@ def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
     env = policy.envelope
     kind = "calibrated" if env.calibrated else "illustrative (000 Table 6)"
     err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})")
+    if not (given or found):
+        _warn("warning: no policy file: the built-in constants are illustrative, not calibrated on "
+              "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`")
     return policy
 
 
@@ -594,16 +597,22 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
 
 @cli.command()
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option("--pubkey", required=True, type=click.Path(path_type=Path))
+@click.option("--pubkey", type=click.Path(path_type=Path),
+              help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).")
 @click.option("--recheck", is_flag=True, help="Re-hash the certified checkpoints and compare digests.")
 @click.option("--run-dir", type=click.Path(path_type=Path),
               help="Where the certified run is now (default: the path recorded in the certificate).")
 @verbose_option
-def verify(cert: Path, pubkey: Path, recheck: bool, run_dir: Path | None) -> None:
+def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid)."""
     from moeaudit.attest.certificate import open_certificate, recheck_subjects
     from moeaudit.attest.signing import load_public_key
 
+    if pubkey is None:
+        from moeaudit.attest.signing import default_key_path
+
+        pubkey = Path(str(default_key_path()) + ".pub")
+        err.print(f"verifying with your key {pubkey} (--pubkey names another)")
     stmt = open_certificate(cert, load_public_key(pubkey))
     pred = stmt["predicate"]
     click.echo(f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "

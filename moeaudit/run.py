@@ -49,9 +49,16 @@ class Run:
 
 def discover(path: str | Path) -> Run:
     root = Path(path)
+    if not root.exists():
+        raise InputError("no such run directory", path=root,
+                         hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
     if not root.is_dir():
         raise InputError("not a run directory", path=root,
                          hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
+    if (root / "config.json").is_file() and not any(CHECKPOINT_RE.match(p.name) for p in root.iterdir()):
+        raise InputError("this is a checkpoint, not a run directory", path=root,
+                         hint=f"audit its run: {root.parent} (or one checkpoint: "
+                              f"`moeaudit receipts {root}`)")
     found = _checkpoint_dirs(root)
     run = Run(root, [])
     for step, directory in found:

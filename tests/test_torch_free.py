@@ -56,3 +56,30 @@ def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
     loaded = _modules_after([["verify", str(tmp_path / "cert.json"), "--pubkey",
                               str(tmp_path / "key.pub"), "--recheck"]])
     assert "torch" not in loaded
+
+
+def test_a_fully_cached_certify_does_not_import_torch(tmp_path: Path) -> None:
+    """Issue 16 item 5: with every receipt and pair in the cache, certify is JSON and algebra."""
+    from moeaudit.attest.signing import generate_key
+
+    generate_key(tmp_path / "key")
+    run = ["certify", str(SAMPLES / "healthy"), "--key", str(tmp_path / "key"),
+           "--canary", str(SAMPLES / "canary.safetensors"), "--policy", str(SAMPLES / "policy.toml")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "a")]])],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "torch" in json.loads(first.stdout.strip().splitlines()[-1])  # it replayed
+    second = subprocess.run([sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "b")]])],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "torch" not in json.loads(second.stdout.strip().splitlines()[-1])
+    a = json.loads((tmp_path / "a" / "certificate.json").read_text())
+    b = json.loads((tmp_path / "b" / "certificate.json").read_text())
+    import base64
+
+    pa = json.loads(base64.b64decode(a["payload"]))["predicate"]
+    pb = json.loads(base64.b64decode(b["payload"]))["predicate"]
+    for p in (pa, pb):
+        p.pop("issued_at"), p.pop("from_cache", None)
+    assert pa == pb  # the same numbers, from the cache

@@ -494,3 +494,17 @@ class Checkpoint:
         if with_digest:
             out["digest"] = {"sha256": self.digest}
         return out
+
+
+ARCH_FIELDS = ("family", "num_layers", "routed_layers", "num_experts", "top_k", "hidden_size",
+               "vocab_size", "expert_dim", "num_heads", "num_kv_heads", "head_dim")
+
+
+def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
+    for name in ARCH_FIELDS:
+        va, vb = getattr(a.spec, name), getattr(b.spec, name)
+        if va != vb:
+            raise InputError(
+                f"{a.path} and {b.path} have different architectures ({name}: {va} vs {vb})",
+                hint="compare checkpoints of the same model",
+            )

@@ -14,11 +14,12 @@ Shape suffixes: E experts.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from moeaudit.checkpoint.config import ModelSpec
+
+if TYPE_CHECKING:  # the gate statements are read torch-free (a fully cached certify)
+    import torch
 
 HOLDS = [
     "occupancy, dead experts, active sets and per-domain routing: counted on the active sets "

@@ -10,6 +10,7 @@ from typing import Any
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
+from moeaudit.checkpoint.checkpoint import ARCH_FIELDS, check_compatible  # noqa: F401 (re-export)
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.margins import handoff, refinement
@@ -20,20 +21,6 @@ from moeaudit.receipts.state import run_state
 from moeaudit.replay.engine import Progress
 
 SCHEMA = "moeaudit.compare/v1"
-ARCH_FIELDS = ("family", "num_layers", "routed_layers", "num_experts", "top_k", "hidden_size",
-               "vocab_size", "expert_dim", "num_heads", "num_kv_heads", "head_dim")
-
-
-def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
-    for name in ARCH_FIELDS:
-        va, vb = getattr(a.spec, name), getattr(b.spec, name)
-        if va != vb:
-            raise InputError(
-                f"{a.path} and {b.path} have different architectures ({name}: {va} vs {vb})",
-                hint="compare checkpoints of the same model",
-            )
-
-
 def load_reference(path: str | Path, canary: Canary, policy: Policy,
                    progress: Progress | None = None) -> dict[str, Any]:
     """A reference is a healthy checkpoint directory or its receipts JSON on the same canary."""
