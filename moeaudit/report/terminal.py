@@ -154,27 +154,52 @@ def print_envelope(report: dict[str, Any]) -> None:
     kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
     out.print(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
               f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} [{kind}]")
-    table = Table("series", "samples", "min margin", "violations", "compliant")
+    table = Table("series", "samples", "min Grönwall margin", "Grönwall (Eq. 12)",
+                  "Δ-step (Eq. 11)", "starved experts", "compliant")
     for key, rows in report["series"].items():
         margins = [r["margin"] for r in rows if r.get("margin") is not None]
-        bad = sum(not r["compliant"] for r in rows)
-        bad += sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
-        ok = "[green]yes[/]" if bad == 0 else "[red]no[/]"
-        table.add_row(key, str(len(rows)), fmt(min(margins) if margins else None, ".4g"), str(bad), ok)
+        gronwall = sum(not r["compliant"] for r in rows)
+        discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
+        starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))
+        ok = "[green]yes[/]" if gronwall + discrete + starved == 0 else "[red]no[/]"
+        table.add_row(series_name(key), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
+                      _count(gronwall, "sample"), _count(discrete, "pair"), str(starved), ok)
     out.print(table)
     fv = report["first_violation"]
     if fv:
-        out.print(f"[red]first leaves the envelope at step {fv['step']} on series {fv['layer']}[/] "
-                  f"({fv['check']} check: V = {fmt(fv['value'], '.4g')}, bound {fmt(fv['bound'], '.4g')})")
+        what = {"gronwall": "is above its Grönwall bound", "discrete":
+                f"rose above the Δ-step bound from step {fv.get('from_step')}",
+                "starvation": f"starves expert {fv.get('expert')} (share of the layer's gradient)"
+                }.get(fv["check"], fv["check"])
+        out.print(f"[red]first leaves the envelope at step {fv['step']}: {series_name(fv['layer'])} "
+                  f"{what}[/] — {fmt(fv['value'], '.4g')} against a bound of {fmt(fv['bound'], '.4g')}")
     for w in report.get("sampling", {}).get("warnings", []):
         out.print(f"[yellow]warning:[/] {w}")
     for a in report["alerts"]:
-        out.print(f"[yellow]alert[/] (000 Eq. 21) on {a['series']} at step {a.get('step')}")
+        out.print(f"[yellow]alert[/] (000 Eq. 21) on {series_name(a['series'])}: every expert's gradient "
+                  f"below {report['rules']['alert']['a']:g} with V above {report['rules']['alert']['b']:g} "
+                  f"for {a['samples']} samples, steps {a['since']}–{a['until']}")
     for d in report["dead_experts"]:
-        out.print(f"[yellow]dead expert[/] (000 §10.3) layer {d['layer']}: {d}")
+        state = "recovered" if d.get("recovered") else "still dead at the last sample"
+        out.print(f"[yellow]dead expert[/] (000 §10.3): layer {d['layer']} expert {d['expert']} had a "
+                  f"gradient norm below {report['rules']['dead_expert']['grad']:g} for {d['steps']} steps "
+                  f"({d['since']}–{d['until']}), {state}")
+    for s in report.get("starvation", []):
+        out.print(f"[yellow]starved expert[/] (000 §8.1): layer {s['layer']} expert {s['expert']} got "
+                  f"under {report['rules']['starvation']['share']:.3g} of the mean expert gradient for "
+                  f"{s['steps']} steps ({s['since']}–{s['until']}; lowest share {s['share']:.3g})")
     if report.get("comparison"):
         print_comparison(report["comparison"])
     out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
+
+
+def series_name(key: Any) -> str:
+    """"pooled" and layer keys as a reader says them."""
+    return "all layers pooled" if str(key) == "pooled" else f"layer {key}"
+
+
+def _count(n: int, what: str) -> str:
+    return "within" if n == 0 else f"[red]{n} {what}{'s' if n > 1 else ''} over[/]"
 
 
 def print_comparison(c: dict[str, Any]) -> None:
