@@ -12,12 +12,12 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moeaudit import __version__
+from moeaudit.attest.certificate import statement, table4
 from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
-from moeaudit.attest.certificate import statement, table4
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
@@ -25,6 +25,9 @@ from moeaudit.judge.gates import Checkpointed, baselines, evaluate_gates
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
 from moeaudit.run import Run, discover
+
+if TYPE_CHECKING:
+    from moeaudit.receipts.observer import AnchorStates
 
 # The replay (torch) is imported only when something is not in the cache: a fully cached
 # certify never loads torch (issue 16; test_torch_free.py).
@@ -409,9 +412,9 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None) -> 
     import json
 
     from moeaudit.attest.certificate import canonical_json, sign_statement
+    from moeaudit.attest.signing import keyid
     from moeaudit.jsonio import atomic_write, dumps
     from moeaudit.report.html import render_html
-    from moeaudit.attest.signing import keyid
 
     cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
     envelope = sign_statement(audit.statement, key, issued_at=issued_at)

@@ -455,10 +455,9 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
             stage: str | None) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
     from moeaudit import canary as canary_mod
+    from moeaudit.cache import ReceiptsCache
     from moeaudit.certify import audit_run, write_outputs
     from moeaudit.locate import locate_canary
-
-    from moeaudit.cache import ReceiptsCache
     from moeaudit.output import OutputSet
 
     dev = None if device == "cpu" else _device(device)  # before anything is read or written
@@ -573,7 +572,8 @@ def _passphrase_prompt() -> bytes | None:
 
 
 @cli.command()
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Private key path (KEY.pub is written beside it).")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Private key path (KEY.pub is written beside it).")
 @click.option("--ecdsa", is_flag=True, help="ECDSA P-256 instead of Ed25519.")
 @click.option("--passphrase-env", is_flag=True,
               help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
@@ -583,8 +583,8 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
     """Create a signing key pair: KEY (mode 0600) and KEY.pub."""
     import os
 
-    from moeaudit.errors import InputError
     from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
+    from moeaudit.errors import InputError
 
     passphrase = None
     if passphrase_env:

@@ -252,7 +252,8 @@ def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
     )
     no_error(stderr)
     assert code == 1 and "HOLD" in stdout
-    assert "finite: NaN/Inf found: nonfinite_weights: weight layer 1 expert 2 w1; nonfinite_weights: weight lm_head" in stdout.replace("\n", "")
+    expected = "finite: NaN/Inf found: nonfinite_weights: weight layer 1 expert 2 w1; nonfinite_weights: weight lm_head"
+    assert expected in stdout.replace("\n", "")
 
 
 def test_nan_router_holds_the_gate(corpus: dict[str, Path]) -> None:

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moeaudit.errors import EXIT_INPUT, InputError
+from moeaudit.jsonio import dumps
 from moeaudit.judge.envelope import (
     SCHEMA,
     EnvelopeSeries,
@@ -31,10 +33,8 @@ from moeaudit.judge.envelope import (
     holds,
     windows,
 )
-from moeaudit.errors import EXIT_INPUT, InputError
-from moeaudit.jsonio import dumps
-from moeaudit.metrics import parse_metrics
 from moeaudit.judge.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
+from moeaudit.metrics import parse_metrics
 
 DELTA, EPS = 0.05, 1e-5  # `000` Table 6
 TABLE6 = EnvelopeSettings()

@@ -19,7 +19,9 @@ from moeaudit.attest.certificate import (
     sign_statement,
     table4,
 )
+from moeaudit.attest.signing import SignatureInvalid, generate_key, load_public_key
 from moeaudit.errors import InputError, UsageError
+from moeaudit.jsonio import atomic_write, dumps
 from moeaudit.report.export import (
     COVERED,
     FORMATS,
@@ -35,8 +37,6 @@ from moeaudit.report.export import (
     to_html,
     to_markdown,
 )
-from moeaudit.jsonio import atomic_write, dumps
-from moeaudit.attest.signing import SignatureInvalid, generate_key, load_public_key
 
 FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
 ISSUED = "2026-05-02T14:03:11Z"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from moeaudit.attest.signing import load_private_key, load_public_key, verify_envelope
 from moeaudit.canary import load
 from moeaudit.certify import audit_run, write_outputs
 from moeaudit.judge.policy import load_policy
-from moeaudit.attest.signing import load_private_key, load_public_key, verify_envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

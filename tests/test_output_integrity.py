@@ -21,6 +21,7 @@ import torch
 from click.testing import CliRunner
 
 import moeaudit.jsonio as jsonio
+from moeaudit.attest.signing import ensure_key, generate_key, keyid, load_private_key, load_public_key
 from moeaudit.cli import cli
 from moeaudit.errors import InputError
 from moeaudit.jsonio import atomic_write
@@ -31,7 +32,6 @@ from moeaudit.limits import (
     read_regular,
 )
 from moeaudit.metrics import parse_metrics
-from moeaudit.attest.signing import ensure_key, generate_key, keyid, load_private_key, load_public_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,8 +140,8 @@ def test_canary_build_refuses_a_fifo_output(tmp_path: Path) -> None:
 
 def _first_use(config_home: str, barrier: Any, results: Any) -> None:
     os.environ["XDG_CONFIG_HOME"] = config_home
-    from moeaudit.cli import _signing_key
     from moeaudit.attest.signing import keyid
+    from moeaudit.cli import _signing_key
 
     barrier.wait()  # every process reaches the "no key yet" check at once
     try:

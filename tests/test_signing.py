@@ -15,10 +15,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moeaudit.attest.certificate import PREDICATE_TYPE, STATEMENT_TYPE, canonical_json, sign_statement
+from moeaudit.attest.signing import (
+    PAYLOAD_TYPE,
+    SignatureInvalid,
+    generate_key,
+    keyid,
+    load_private_key,
+    load_public_key,
+    pae,
+    sign_envelope,
+    verify_envelope,
+)
 from moeaudit.cli import cli
 from moeaudit.errors import InputError
-from moeaudit.attest.signing import (PAYLOAD_TYPE, SignatureInvalid, generate_key, keyid, load_private_key,
-                              load_public_key, pae, sign_envelope, verify_envelope)
 
 
 def test_pae_vector() -> None:

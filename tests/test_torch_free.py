@@ -43,9 +43,9 @@ def test_inspect_and_canary_show_do_not_import_torch() -> None:
 
 def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
     from moeaudit.attest.certificate import sign_statement, statement
+    from moeaudit.attest.signing import generate_key
     from moeaudit.checkpoint.digest import root_digest
     from moeaudit.jsonio import dumps
-    from moeaudit.attest.signing import generate_key
 
     key = generate_key(tmp_path / "key")
     subject = {"name": CKPT.name, "digest": {"sha256": root_digest(CKPT)[0]}}

@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.attest.claims import TABLE4
-from moeaudit.errors import InputError
-from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 from moeaudit.attest.signing import (
     DuplicateKey,
     PrivateKey,
@@ -39,6 +37,8 @@ from moeaudit.attest.signing import (
     sign_envelope,
     verify_envelope,
 )
+from moeaudit.errors import InputError
+from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v1"
@@ -129,7 +129,8 @@ def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[
                              path=path, hint="pass --run-dir where the run is now")
         now = root_digest(path)[0]
         if now != subject["digest"]["sha256"]:
-            changed.append(f"{subject['name']} now hashes to {now[:16]}…, certified {subject['digest']['sha256'][:16]}…")
+            certified = subject["digest"]["sha256"]
+            changed.append(f"{subject['name']} now hashes to {now[:16]}…, certified {certified[:16]}…")
     return changed
 
 

@@ -29,7 +29,7 @@ from moeaudit.checkpoint.safetensors import (
     TensorInfo,
     no_duplicate_keys,
 )
-from moeaudit.errors import CheckpointError
+from moeaudit.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:
     import torch

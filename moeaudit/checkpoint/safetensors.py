@@ -148,7 +148,7 @@ class SafetensorsFile:
             self.tensors[name] = info
             spans.append((info.begin, info.end, name))
         spans.sort()
-        for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+        for (_b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
             if b1 < e0:
                 raise self._fail(f"tensors {n0!r} and {n1!r} overlap in the data section")
         self._check_covered(spans, data_start, data_start + data_len)

@@ -23,7 +23,8 @@ class WindowBootstrap:
         g = torch.Generator().manual_seed(seed)
         self.idx_BW = torch.randint(num_windows, (resamples, num_windows), generator=g) if resamples else None
 
-    def per_window(self, values_N: torch.Tensor, mask_N: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_window(self, values_N: torch.Tensor,
+                   mask_N: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ values, count) per window for token-level values [W·T] (optionally masked)."""
         v = values_N.double().view(self.W, -1)
         m = torch.ones_like(v) if mask_N is None else mask_N.double().view(self.W, -1)

@@ -59,7 +59,7 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
         "ci95": {
             "margin_mean": boot.mean(m_N),
             "flip_rate": boot.mean(flips_N),
-            "boundary_mass": {_key(eta): boot.mean((m_N < eta * scale)) for eta in settings.boundary_etas},
+            "boundary_mass": {_key(eta): boot.mean(m_N < eta * scale) for eta in settings.boundary_etas},
         },
     }
     if scale != 1.0:

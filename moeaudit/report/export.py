@@ -539,8 +539,8 @@ def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_
                fmt: str) -> str:
     """Verify the certificate (default key: the user's signing key + ".pub"), export, render."""
     from moeaudit.attest.certificate import open_certificate
-    from moeaudit.jsonio import dumps
     from moeaudit.attest.signing import default_key_path, load_public_key
+    from moeaudit.jsonio import dumps
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint="choose one of " + ", ".join(FORMATS))
