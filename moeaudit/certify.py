@@ -52,7 +52,8 @@ class Audit:
 def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
               reference: str | Path | None = None, say: Say = lambda _m: None,
               cache: ReceiptsCache | None = None, device: str | None = None,
-              stage: str | None = None, canary_origin: str = "") -> Audit:
+              stage: str | None = None, canary_origin: str = "",
+              progress: Callable[[str, int, int], None] | None = None) -> Audit:
     run = discover(run_path)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
@@ -69,7 +70,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
     training_loss = _training_loss(run)
     replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say,
-                         len(run.checkpoints), device)
+                         len(run.checkpoints), device, progress)
     docs, points, pairs = {}, [], {}
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
@@ -287,7 +288,8 @@ class _Replayer:
     anchor states are cached too, so adding a checkpoint to a run replays only that one."""
 
     def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int,
-                 device: str | None = None):
+                 device: str | None = None, progress: Callable[[str, int, int], None] | None = None):
+        self.progress = progress
         self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
         self.device = device
         self.settings = policy.to_json()["receipts"]
@@ -306,7 +308,14 @@ class _Replayer:
         from moeaudit.receipts.state import run_state
 
         self.say(f"replaying {ckpt.path.name}")
-        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device)
+        tick = None
+        if self.progress is not None:
+            outer, label = self.progress, f"[{self.done}/{self.total}] {ckpt.path.name}"
+
+            def tick(stage: str, done: int, total: int) -> None:  # per layer, forward and backward
+                outer(f"{label} {stage}", done, total)
+        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device,
+                             progress=tick)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc

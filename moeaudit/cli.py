@@ -98,9 +98,12 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
     if not err.is_terminal:
         yield None
         return
-    from rich.progress import Progress
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-    with Progress(console=err, transient=True) as bar:
+    # per layer, forward then backward, with the time left of the current replay (ETA)
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("replay", total=1)
 
         def tick(stage: str, done: int, total: int) -> None:
@@ -470,11 +473,11 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
     # the output is locked, checked and proven writable before the replay (issue 14)
-    with OutputSet(out, force) as target:
+    with OutputSet(out, force) as target, _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
         audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
                           cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage,
-                          canary_origin=canary_origin)
+                          canary_origin=canary_origin, progress=tick)
         paths = write_outputs(audit, signing_key, out, target=target)
     print_gates(audit.statement["predicate"])
     click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")

@@ -258,7 +258,7 @@ def forward_pass(
                 observe(tap, lw)
         del lw, tap
         release_freed_memory()
-        tick("forward", i + 1, total_steps or spec.num_layers)
+        tick(f"forward layer {i + 1}/{spec.num_layers}", i + 1, total_steps or spec.num_layers)
     return x, inputs, routing
 
 
@@ -407,7 +407,7 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
         inputs[i] = None  # type: ignore[call-overload]
         del lw
         release_freed_memory()
-        tick("backward", spec.num_layers + step + 1, n_steps)
+        tick(f"backward layer {i + 1}/{spec.num_layers}", spec.num_layers + step + 1, n_steps)
     return result
 
 
