@@ -127,7 +127,8 @@ def gate_progression(stmt: Mapping[str, Any]) -> Evidence:
 
 def compared_gates(stmt: Mapping[str, Any]) -> Evidence:
     field = "predicate.gates[].structural"
-    compared = [g for g in _gates(stmt) if g.get("status") != "BASELINE"]
+    compared = [g for g in _gates(stmt) if "structural" in g or "continuity" in g
+                or (g.get("status") != "BASELINE" and "new_baseline" not in g)]
     if not compared:
         return Evidence(field, "every gate is a baseline: nothing was compared", False)
     bad = [f"{g['step']} {g['status']}" for g in compared if g.get("status") != "GREEN"]

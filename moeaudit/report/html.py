@@ -192,10 +192,11 @@ def gate_row(g: Doc, tol_c2: float | None) -> dict[str, Any]:
 
 def gate_note(g: Doc, tol_c2: float | None) -> str:
     """The gate rule's reading of this gate (SPEC §8), in words."""
+    held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
     if g["status"] == "BASELINE":
-        return f"baseline: {g.get('reason') or 'reference point'}"
-    st, base = g.get("structural") or {}, g.get("baseline")
-    notes = []
+        return f"baseline: {g.get('reason') or 'reference point'}{held}"
+    st, base = g.get("structural") or g.get("continuity") or {}, g.get("baseline")
+    notes = [f"new baseline ({g.get('reason')}), compared with the one before it"] if g.get("new_baseline") else []
     if st.get("c2_ok") is False:
         tol = f" (tolerance −{tol_c2:g})" if tol_c2 is not None else ""
         moved = signed(st.get("c2_min_delta"))
@@ -209,6 +210,9 @@ def gate_note(g: Doc, tol_c2: float | None) -> str:
         notes.append(f"structure held vs baseline at step {base}")
     if g.get("consecutive_bad"):
         notes.append(f"{g['consecutive_bad']} consecutive bad gate(s)")
+    problems = (g.get("health") or {}).get("problems") or []
+    if problems:
+        notes.append("below a health floor: " + "; ".join(problems[:2]) + (" …" if len(problems) > 2 else ""))
     return "; ".join(notes) or "—"
 
 
