@@ -105,7 +105,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
     env_report, env_why = envelope_evidence(run, docs, policy, stage, first.spec,
                                             start=run.steps[0], end=run.steps[-1],
-                                            breaks=[e["step"] for e in events], origin=str(run.path))
+                                            breaks=[e.step for e in run.events], origin=str(run.path))
     evidence = Evidence(stage=stage, stage_source=stage_source, gates=gates, margins=margins,
                         envelope=env_report, envelope_reason=env_why,
                         skipped=[p.name for p, _ in run.skipped], nonfinite=_nonfinite(docs),
@@ -272,7 +272,7 @@ def _training_loss(run: Run) -> Callable[[int], float | None]:
 
     series = read_metrics(run.metrics)  # validates every line
     lm = _lm_losses(run.metrics)
-    logged = [(s, lm.get(s, v)) for s, v in zip(series.steps, series.loss) if lm.get(s, v) is not None]
+    logged = [(s, x) for s, v in zip(series.steps, series.loss) if (x := lm.get(s, v)) is not None]
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
     def over(step: int) -> float | None:

@@ -42,7 +42,9 @@ _warn = warn
 class _Exit(click.ClickException):
     def __init__(self, message: str, code: int):
         super().__init__(message)
-        self.exit_code = code
+        # click declares exit_code a ClassVar but reads it from the instance (Command.main): one
+        # _Exit carries any of our codes, so it is set per instance.
+        self.exit_code = code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"moeaudit: error: {self.message}", err=True)

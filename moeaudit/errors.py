@@ -10,10 +10,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-EXIT_OK = 0
 EXIT_POLICY_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INCONCLUSIVE = 3
 EXIT_INPUT = 4
 EXIT_INTERRUPTED = 130
 

@@ -73,11 +73,11 @@ def origin(given: str | Path | None, found: Path | None, ignored: list[Path], fl
     return f"found at {found}, outside the audited run{passed}"
 
 
-def require_canary(given: str | None, start: str | Path, also: tuple[str | Path, ...] = ()) -> Path:
+def require_canary(given: str | Path | None, start: str | Path, also: tuple[str | Path, ...] = ()) -> Path:
     return locate_canary(given, start, also)[0]
 
 
-def locate_canary(given: str | None, start: str | Path,
+def locate_canary(given: str | Path | None, start: str | Path,
                   also: tuple[str | Path, ...] = ()) -> tuple[Path, str]:
     if given:
         return Path(given), origin(given, None, [], "--canary")

@@ -93,7 +93,7 @@ def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Pat
     return requested
 
 
-def run_series(path: Path, source: str, variant: str, canary_path: str | None,
+def run_series(path: Path, source: str, variant: str, canary_path: str | Path | None,
                progress: Any = None, warn: Any = None, cache: Any = None) -> tuple[Any, list[int]]:
     """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
     from moeaudit.judge import envelope as env
@@ -144,7 +144,7 @@ def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
     return None
 
 
-def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | None = None,
+def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | Path | None = None,
                  compare: bool = False, calibrate_on: Path | None = None,
                  policy_path: str | None = None, progress: Any = None, warn: Any = None,
                  cache: Any = None) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | N
     return report
 
 
-def _probe_mismatch(probe: Path, canary_path: str | None, run_dir: Path) -> str | None:
+def _probe_mismatch(probe: Path, canary_path: str | Path | None, run_dir: Path) -> str | None:
     """Why the hook's canary probe cannot stand next to the replays (another canary), or None."""
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary

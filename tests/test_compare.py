@@ -61,6 +61,18 @@ def one_line_error(stderr: str) -> str:
     return lines[0]
 
 
+def receipts_json(ckpt: Path, canary: Path, out: Path) -> Path:
+    code, stderr = run("receipts", ckpt, "--canary", canary, "--json", out)
+    assert code == 0, stderr
+    return out
+
+
+def compare_against(workspace: dict[str, Path], reference: Path, *more: str | Path) -> tuple[int, str]:
+    """``compare base cand`` on the workspace canary with ``--reference``."""
+    return run("compare", workspace["base"], workspace["cand"], "--canary", workspace["canary"],
+               "--reference", reference, *more)
+
+
 def expert_noise(
     layer: int, scale: float = 0.3, seed: int = 5
 ) -> Callable[[dict[str, torch.Tensor]], None]:
@@ -93,17 +105,7 @@ def workspace(hf_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def noisy(workspace: dict[str, Path]) -> dict[str, Any]:
     """compare(base, base + noise in the protected layer's experts), reference = base."""
     out = workspace["root"] / "noisy.json"
-    code, stderr = run(
-        "compare",
-        workspace["base"],
-        workspace["cand"],
-        "--canary",
-        workspace["canary"],
-        "--reference",
-        workspace["base"],
-        "--json",
-        out,
-    )
+    code, stderr = compare_against(workspace, workspace["base"], "--json", out)
     assert code == 0, stderr
     return json.loads(out.read_text())
 
@@ -184,94 +186,57 @@ def test_margins_are_eq_31_and_32_of_the_receipts(noisy: dict[str, Any]) -> None
 def test_reference_receipts_json_gives_the_same_handoff(
     noisy: dict[str, Any], workspace: dict[str, Path], tmp_path: Path
 ) -> None:
-    ref = tmp_path / "ref.json"
-    code, stderr = run(
-        "receipts", workspace["base"], "--canary", workspace["canary"], "--json", ref
-    )
-    assert code == 0, stderr
+    ref = receipts_json(workspace["base"], workspace["canary"], tmp_path / "ref.json")
     out = tmp_path / "out.json"
-    code, stderr = run(
-        "compare",
-        workspace["base"],
-        workspace["cand"],
-        "--canary",
-        workspace["canary"],
-        "--reference",
-        ref,
-        "--json",
-        out,
-    )
+    code, stderr = compare_against(workspace, ref, "--json", out)
     assert code == 0, stderr
     assert json.loads(out.read_text())["margins"]["handoff"] == noisy["margins"]["handoff"]
 
 
-def test_reference_receipts_of_another_canary_are_refused_before_any_replay(
-    workspace: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def receipts_on_another_canary(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
     other = make_canary(tmp_path / "other.safetensors", seed=4)
+    return receipts_json(workspace["base"], other, tmp_path / "ref.json")
+
+
+def not_receipts(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
     ref = tmp_path / "ref.json"
-    code, stderr = run("receipts", workspace["base"], "--canary", other, "--json", ref)
-    assert code == 0, stderr
+    ref.write_text(json.dumps({"schema": "moeaudit.compare/v1"}))
+    return ref
+
+
+def receipts_of_another_moe_structure(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
+    return receipts_json(hf_checkpoint("mixtral", num_local_experts=3), workspace["canary"], tmp_path / "ref.json")
+
+
+@pytest.mark.parametrize(
+    ("make_reference", "before_replay", "message"),
+    [
+        (receipts_on_another_canary, True, "another canary"),
+        (not_receipts, True, RECEIPTS),
+        # The MoE structure is compared with the candidate's receipts, so only after its replay.
+        (receipts_of_another_moe_structure, False, "different MoE structure (experts: 3 vs 4)"),
+    ],
+    ids=["another-canary", "not-receipts", "another-moe-structure"],
+)
+def test_unusable_reference_receipts_are_refused(
+    hf_checkpoint,
+    workspace: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_reference: Callable[..., Path],
+    before_replay: bool,
+    message: str,
+) -> None:
+    ref = make_reference(hf_checkpoint, workspace, tmp_path)
 
     def no_replay(*_a: Any, **_k: Any) -> None:
         raise AssertionError("compare replayed a checkpoint before checking its reference")
 
-    monkeypatch.setattr("moeaudit.receipts.pair.run_state", no_replay)
-    code, stderr = run(
-        "compare",
-        workspace["base"],
-        workspace["cand"],
-        "--canary",
-        workspace["canary"],
-        "--reference",
-        ref,
-    )
+    if before_replay:
+        monkeypatch.setattr("moeaudit.receipts.pair.run_state", no_replay)
+    code, stderr = compare_against(workspace, ref)
     assert code == 4
-    assert "another canary" in one_line_error(stderr)
-
-
-def test_reference_of_another_moe_structure_is_refused(
-    hf_checkpoint, workspace: dict[str, Path], tmp_path: Path
-) -> None:
-    ref = tmp_path / "ref.json"
-    code, stderr = run(
-        "receipts",
-        hf_checkpoint("mixtral", num_local_experts=3),
-        "--canary",
-        workspace["canary"],
-        "--json",
-        ref,
-    )
-    assert code == 0, stderr
-    code, stderr = run(
-        "compare",
-        workspace["base"],
-        workspace["cand"],
-        "--canary",
-        workspace["canary"],
-        "--reference",
-        ref,
-    )
-    assert code == 4
-    assert "different MoE structure (experts: 3 vs 4)" in one_line_error(stderr)
-
-
-def test_reference_that_is_not_receipts_is_refused(
-    workspace: dict[str, Path], tmp_path: Path
-) -> None:
-    ref = tmp_path / "ref.json"
-    ref.write_text(json.dumps({"schema": "moeaudit.compare/v1"}))
-    code, stderr = run(
-        "compare",
-        workspace["base"],
-        workspace["base"],
-        "--canary",
-        workspace["canary"],
-        "--reference",
-        ref,
-    )
-    assert code == 4
-    assert RECEIPTS in one_line_error(stderr)
+    assert message in one_line_error(stderr)
 
 
 # ----- input errors (exit 4) ----------------------------------------------------------------
@@ -336,21 +301,11 @@ def test_reference_with_a_dead_protected_expert_is_an_input_error(
     workspace: dict[str, Path], tmp_path: Path
 ) -> None:
     ref = rewrite(workspace["base"], tmp_path / "dead-ref", dead_expert(PROTECTED, expert=3))
-    receipts = tmp_path / "dead.json"
-    code, stderr = run("receipts", ref, "--canary", workspace["canary"], "--json", receipts)
-    assert code == 0, stderr
+    receipts = receipts_json(ref, workspace["canary"], tmp_path / "dead.json")
     occupancy = layer_of(json.loads(receipts.read_text()), PROTECTED)["occupancy"]
     assert occupancy["counts"][3] == 0 and occupancy["pi_min"] == 0.0  # the construction worked
     for reference in (ref, receipts):  # as a checkpoint and as its receipts
-        code, stderr = run(
-            "compare",
-            workspace["base"],
-            workspace["cand"],
-            "--canary",
-            workspace["canary"],
-            "--reference",
-            reference,
-        )
+        code, stderr = compare_against(workspace, reference)
         assert code == 4
         line = one_line_error(stderr)
         assert f"dead experts on protected layer {PROTECTED}" in line

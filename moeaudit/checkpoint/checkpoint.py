@@ -362,7 +362,8 @@ class Checkpoint:
         seen.add(scale_key)
 
     def _validate(self) -> None:
-        s, seen = self.spec, set()
+        s = self.spec
+        seen: set[str] = set()
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
@@ -382,9 +383,10 @@ class Checkpoint:
                     for name, key in table.items():
                         self._check(name, key, shapes[name], seen)
         extra = sorted(set(self.key_file) - seen)
-        mtp = [k for k in extra if _layer_index(k) is not None and _layer_index(k) >= s.num_layers]
+        beyond = {k: i for k in extra if (i := _layer_index(k)) is not None and i >= s.num_layers}
+        mtp = list(beyond)
         if mtp and s.mtp_layers:
-            layers = sorted({_layer_index(k) for k in mtp})
+            layers = sorted(set(beyond.values()))
             self.notes.append(
                 f"multi-token-prediction layer(s) {', '.join(map(str, layers))} ({len(mtp)} "
                 "tensors) left out: the replay scores next-token prediction only")

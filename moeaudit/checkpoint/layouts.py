@@ -23,6 +23,7 @@ Canonical per-layer names::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 Templates = tuple[str, ...]
@@ -31,15 +32,15 @@ Templates = tuple[str, ...]
 @dataclass(frozen=True)
 class Layout:
     family: str
-    globals: dict[str, Templates]
-    layer: dict[str, Templates]
-    expert: dict[str, Templates]  # contains {expert}
-    fused: dict[str, Templates] = field(default_factory=dict)
+    globals: Mapping[str, Templates]
+    layer: Mapping[str, Templates]
+    expert: Mapping[str, Templates]  # contains {expert}
+    fused: Mapping[str, Templates] = field(default_factory=dict)
     notes: str = ""
 
 
-def _prefixed(prefix: str, table: dict[str, str | Templates]) -> dict[str, Templates]:
-    out = {}
+def _prefixed(prefix: str, table: Mapping[str, str | Templates]) -> dict[str, Templates]:
+    out: dict[str, Templates] = {}
     for name, keys in table.items():
         keys = (keys,) if isinstance(keys, str) else keys
         out[name] = tuple(prefix + k for k in keys)

@@ -630,7 +630,6 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
     best = min(fits, key=lambda f: budget(f.settings.delta, f.settings.epsilon))
     s = best.settings
     share = _healthy_share(series)
-    level = {} if share is None else {"starve_share": share / LEVEL_SAFETY}
     window = s.window
     if window < 3 / s.delta:
         raise InputError(f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
@@ -641,7 +640,8 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
     if share is not None:
         provenance += (f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (lowest expert share of the "
                        "healthy run, halved)")
-    settings = replace(s, calibration_c=best.c, provenance=provenance, **level)
+    starve_share = s.starve_share if share is None else share / LEVEL_SAFETY
+    settings = replace(s, calibration_c=best.c, provenance=provenance, starve_share=starve_share)
     return replace(best, settings=settings)
 
 
@@ -649,8 +649,12 @@ def _healthy_share(series: EnvelopeSeries) -> float | None:
     """The lowest g_e / mean_e g over the healthy run's layers and samples."""
     if not series.norms:
         return None
-    shares = [min(g_E) * len(g_E) / sum(g_E) for vectors in series.norms.values() for g_E in vectors
-              if all(g is not None for g in g_E) and sum(g_E) > 0]  # type: ignore[arg-type, misc]
+    shares = []
+    for vectors in series.norms.values():
+        for g_E in vectors:
+            known_E = [g for g in g_E if g is not None]
+            if len(known_E) == len(g_E) and sum(known_E) > 0:
+                shares.append(min(known_E) * len(known_E) / sum(known_E))
     return min(shares) if shares else None
 
 

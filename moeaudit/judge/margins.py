@@ -121,7 +121,8 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
              m: MarginSettings) -> dict[str, Any]:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
     _check_same_moe(cand, ref)
-    exact, smooth, per_layer, notes, spread = [], [], [], [], []
+    exact, smooth, per_layer, spread = [], [], [], []
+    notes: list[str] = []
     bp = beta_pi(m, cand["checkpoint"].get("experts") or 2, cand["checkpoint"].get("top_k") or 1)
     for layer in protected:
         c, r = _layer(cand, layer), _layer(ref, layer)

@@ -49,6 +49,8 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
     gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
                            resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
     gates[1]["drift"] = _drift_summary({"base_step": b_step, "layers": compare_doc["layers"]})
+    env_report: dict[str, Any] | None
+    env_why: str | None
     if (b_step, c_step) == (0, 1) and step_of(candidate) != 1:
         env_report, env_why = None, ("base and candidate are not checkpoint-<step> directories of "
                                      "increasing steps; the envelope window is unknown")

@@ -20,8 +20,8 @@ SHARED = ("router", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", 
 
 
 def _flat_grad(lw: LayerWeights) -> torch.Tensor:
-    parts = [lw.params[n].grad.double().reshape(-1) for n in SHARED
-             if n in lw.params and lw.params[n].grad is not None]
+    grads = [lw.params[n].grad for n in SHARED if n in lw.params]
+    parts = [g.double().reshape(-1) for g in grads if g is not None]
     return torch.cat(parts)
 
 

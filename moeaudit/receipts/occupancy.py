@@ -6,6 +6,7 @@ Shape suffixes: N canary tokens, W windows, E experts, K top-k, D domains.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +28,11 @@ def _load_stats(counts_XE: torch.Tensor, n_tokens: torch.Tensor | float, k: int)
         "entropy_norm": ent / math.log(E) if E > 1 else ent * 0,
         "entropy": ent,
     }
+
+
+def _one_stat(name: str, n_tokens: float, k: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Statistic ``name`` of batched counts [B, E] → [B], for the window bootstrap."""
+    return lambda counts_BE: _load_stats(counts_BE, n_tokens, k)[name]
 
 
 def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None) -> dict[str, Any]:
@@ -52,7 +58,7 @@ def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstr
         per_window_WE = onehot_NE.view(boot.W, -1, E).sum(1)
         T = N // boot.W
         out["ci95"] = {
-            name: boot.statistic(per_window_WE, lambda c, n=name: _load_stats(c, float(boot.W * T), K)[n])
+            name: boot.statistic(per_window_WE, _one_stat(name, float(boot.W * T), K))
             for name in ("pi_min", "dead", "cv", "entropy_norm")
         }
     return out

@@ -439,24 +439,3 @@ def measure(ckpt_dir: Path, canary: canary_mod.Canary) -> CheckpointStats:
         tuple(c2[i] for i in ckpt.spec.routed_layers),
         by_domain,
     )
-
-
-def measure_samples(
-    out_dir: str | Path, runs: Sequence[str] = RUNS
-) -> dict[str, list[CheckpointStats]]:
-    out = Path(out_dir)
-    canary = canary_mod.load(out / "canary.safetensors")
-    return {run: [measure(c, canary) for c in checkpoints(out / run)] for run in runs}
-
-
-def format_table(stats: list[CheckpointStats]) -> str:
-    """A Markdown table: one row per checkpoint."""
-    rows = [
-        "| step | canary NLL | dead / layer | min pi / layer | H_norm / layer | C2 / layer |",
-        "|---:|---:|---|---|---|---|",
-    ]
-    for s in stats:
-        cells = [str(s.step), f"{s.nll:.4f}", " ".join(map(str, s.dead))]
-        cells += [" ".join(f"{v:.3f}" for v in col) for col in (s.pi_min, s.entropy_norm, s.c2)]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
