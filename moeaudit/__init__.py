@@ -1,3 +1,3 @@
 """moeaudit: training-health audits and signed certificates for Mixture-of-Experts runs."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -431,3 +431,24 @@ def test_decide_is_the_only_verdict(audits) -> None:
         again = decide(ev)
         assert again["verdict"] == pred["verdict"], run
         assert [c["status"] for c in again["checks"]] == [c["status"] for c in pred["checks"]], run
+
+
+def test_margin_intervals_are_paired_bootstraps_and_narrower(audits, policy) -> None:
+    """The receipts carry bootstrap replicates drawn on the same windows at every checkpoint, so a
+    margin's interval is a paired bootstrap of the margin itself; sft-refine's refinement is then
+    certified (its interval excludes 0), which the independent-terms interval could not do."""
+    from moeaudit.judge.margins import INDEPENDENT, PAIRED, refinement
+
+    pred = audits["sft-refine"].statement["predicate"]
+    r = pred["margins"]["refinement"]
+    assert r["ci_method"] == PAIRED and 0 < r["ci95"][0] <= r["exact"] <= r["ci95"][1]
+    assert next(c for c in pred["checks"] if c["name"] == "refinement")["status"] == "PASS"
+    docs = audits["sft-refine"].receipts
+    base, cand = docs["checkpoint-0.json"], docs["checkpoint-1000.json"]
+    drift = {e["layer"]: e["drift"] for e in docs["pair-1000-vs-0.json"]["layers"]}
+    protected = pred["protected_layers"]
+    stripped = {k: {kk: vv for kk, vv in v.items() if kk != "replicates"} for k, v in drift.items()}
+    loose = refinement(base, cand, stripped, protected, policy.margins)  # no replicates: fallback
+    assert loose["ci_method"] == INDEPENDENT and loose["exact"] == r["exact"]
+    assert loose["ci95"][0] < 0 < loose["ci95"][1]  # the conservative interval straddles 0
+    assert (r["ci95"][1] - r["ci95"][0]) < 0.6 * (loose["ci95"][1] - loose["ci95"][0])

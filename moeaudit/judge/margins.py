@@ -56,6 +56,31 @@ SMOOTH_NOTE = ("smooth margins are 003's differentiable surrogates (Eq. 25–30:
                "are not zero at θ = θ̄, and never decide a gate — the exact margin does")
 
 
+def _reps(entry: Mapping[str, Any], group: str, name: str) -> list[float] | None:
+    value = (entry.get(group) or {}).get("replicates") or {}
+    got = value.get(name)
+    return got if isinstance(got, list) and got and all(isinstance(x, (int, float)) for x in got) else None
+
+
+def _same_draws(*docs: Mapping[str, Any]) -> bool:
+    """Receipts whose replicates are paired draws: same canary, same bootstrap seed and size."""
+    def key(d: Mapping[str, Any]) -> tuple[Any, ...]:
+        canary = d.get("canary") or {}
+        digest = canary.get("digest") or {}
+        receipts = (d.get("settings") or {}).get("receipts") or {}
+        return (digest.get("sha256") if isinstance(digest, Mapping) else digest,
+                receipts.get("seed"), receipts.get("bootstrap"))
+
+    keys = {key(d) for d in docs}
+    return len(keys) == 1 and None not in next(iter(keys))
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    n = len(ordered)
+    return [ordered[int(0.025 * (n - 1))], ordered[int(0.975 * (n - 1))]]
+
+
 def _hw(ci: Sequence[float] | None) -> float:
     return 0.0 if not ci else 0.5 * (ci[1] - ci[0])
 
@@ -153,7 +178,11 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
         smooth.append(hs_l)
         spread.append((h_l, w))
         per_layer.append({"layer": layer, "exact": h_l, "ci95": [h_l - w, h_l + w], "smooth": hs_l})
-    out = {"exact": min(exact), "ci95": _interval(spread, min), "smooth": smin(smooth, m.beta_h),
+    ci, method = _interval(spread, min), INDEPENDENT
+    paired = _paired_handoff(cand, ref, protected, m)
+    if paired is not None:
+        ci, method = paired, PAIRED
+    out = {"exact": min(exact), "ci95": ci, "ci_method": method, "smooth": smin(smooth, m.beta_h),
            "betas": {"pi": bp, "h": m.beta_h}, "smooth_note": SMOOTH_NOTE, "per_layer": per_layer,
            "reference": ref["checkpoint"]["name"]}
     if notes:
@@ -192,13 +221,69 @@ def _refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping
         per_layer.append({"layer": layer, "load_exact": load, "load_ci95": [load - w, load + w],
                           "load_smooth": load_s})
     hi_lo = _interval(spread, max)
-    out: dict[str, Any] = {"exact": m.tau - max(exact), "ci95": [m.tau - hi_lo[1], m.tau - hi_lo[0]],
+    ci, method = [m.tau - hi_lo[1], m.tau - hi_lo[0]], INDEPENDENT
+    paired = _paired_refinement(base, cand, drift, protected, m)
+    if paired is not None:
+        ci, method = paired, PAIRED
+    out: dict[str, Any] = {"exact": m.tau - max(exact), "ci95": ci, "ci_method": method,
                            "smooth": m.tau - smax(smooth, m.beta_r), "tau": m.tau,
                            "betas": {"pi": bp, "r": m.beta_r}, "smooth_note": SMOOTH_NOTE,
                            "per_layer": per_layer}
     if notes:
         out["notes"] = notes
     return out
+
+
+PAIRED = ("paired window bootstrap: each replicate recomputes the margin from the same "
+          "resampled canary windows in every receipt it uses")
+INDEPENDENT = ("per-term window-bootstrap half-widths combined as independent (conservative: "
+               "the receipts carry no paired replicates)")
+
+
+def _aligned(*series: list[float] | None) -> list[list[float]] | None:
+    """The replicate lists when every one is present and of one length, else None."""
+    present = [x for x in series if x is not None]
+    if len(present) != len(series) or len({len(x) for x in present}) != 1:
+        return None
+    return present
+
+
+def _paired_refinement(base: Mapping[str, Any], cand: Mapping[str, Any],
+                       drift: Mapping[int, Mapping[str, Any]], protected: Sequence[int],
+                       m: MarginSettings) -> list[float] | None:
+    """r_ex per bootstrap replicate (Eq. 32 on replicate b of every term), its 95% interval."""
+    if not _same_draws(base, cand):
+        return None
+    rows = []
+    for layer in protected:
+        d_reps = drift[layer].get("replicates") or {}
+        terms = _aligned(_reps(_layer(base, layer), "occupancy", "pi_min"),
+                         _reps(_layer(cand, layer), "occupancy", "pi_min"),
+                         d_reps.get("boundary"), d_reps.get("content"))
+        if terms is None:
+            return None
+        pb, pc, bnd, cnt = terms
+        rows.append([m.mu1 * bnd[j] + m.mu2 * cnt[j] + m.mu3 * ((1.0 - pc[j] / pb[j]) if pb[j] > 0 else 0.0)
+                     for j in range(len(pb))])
+    return _quantiles([m.tau - max(col) for col in zip(*rows, strict=True)])
+
+
+def _paired_handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
+                    m: MarginSettings) -> list[float] | None:
+    """h_ex per replicate (Eq. 31): candidate and reference on the same canary windows."""
+    if not _same_draws(cand, ref):
+        return None
+    rows = []
+    for layer in protected:
+        c, r = _layer(cand, layer), _layer(ref, layer)
+        terms = _aligned(_reps(c, "overlap", "c2"), _reps(r, "overlap", "c2"),
+                         _reps(c, "occupancy", "pi_min"), _reps(r, "occupancy", "pi_min"))
+        if terms is None or any(x <= 0 for x in terms[3]):
+            return None
+        c2c, c2r, pc, pr = terms
+        rows.append([m.lambda1 * (c2c[j] - c2r[j]) + m.lambda2 * (pc[j] / pr[j] - 1.0)
+                     for j in range(len(pc))])
+    return _quantiles([min(col) for col in zip(*rows, strict=True)])
 
 
 def describe_refinement(r_ex: float) -> str:

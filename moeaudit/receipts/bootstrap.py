@@ -40,6 +40,22 @@ class WindowBootstrap:
     def mean(self, values_N: torch.Tensor, mask_N: torch.Tensor | None = None) -> list[float] | None:
         return self.ratio(*self.per_window(values_N, mask_N))
 
+    def mean_replicates(self, values_N: torch.Tensor) -> list[float] | None:
+        """The B resampled means themselves, in resample order. Every checkpoint's receipts of
+        one layer resample the same windows (same seed), so replicate b of two checkpoints is a
+        paired draw: margins built from several receipts get a paired interval (judge/margins)."""
+        if self.idx_BW is None:
+            return None
+        num, den = self.per_window(values_N)
+        return replicates(num[self.idx_BW].sum(1) / den[self.idx_BW].sum(1))
+
+    def statistic_replicates(self, per_window_WX: torch.Tensor,
+                             fn: Callable[[torch.Tensor], torch.Tensor]) -> list[float] | None:
+        if self.idx_BW is None:
+            return None
+        values_WX = per_window_WX.double()
+        return replicates(fn(torch.cat([values_WX[idx].sum(1) for idx in self._chunks(values_WX)])))
+
     def statistic(self, per_window_WX: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> list[float] | None:
         """Interval of ``fn`` applied to resampled sums of per-window vectors [W, X] → [B, X]."""
         if self.idx_BW is None:
@@ -53,6 +69,13 @@ class WindowBootstrap:
         assert self.idx_BW is not None
         per_row = max(1, values_WX[0].numel() * self.W)
         return list(self.idx_BW.split(max(1, GATHER_ELEMENTS // per_row)))
+
+
+def replicates(stat_B: torch.Tensor) -> list[float] | None:
+    """Replicates as JSON numbers, 7 significant digits (none when any is not finite)."""
+    if not bool(torch.isfinite(stat_B).all()):
+        return None
+    return [float(f"{x:.7g}") for x in stat_B.double().tolist()]
 
 
 def _interval(stat_B: torch.Tensor) -> list[float] | None:

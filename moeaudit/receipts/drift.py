@@ -85,6 +85,8 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
             ("coordinate", coordinate_N), ("boundary", boundary_N), ("transition", transition_N),
             ("content", content_N), ("boundary_smooth", boundary_smooth_N),
             ("content_smooth", content_smooth_N))},
+        "replicates": {"boundary": boot.mean_replicates(boundary_N),
+                       "content": boot.mean_replicates(content_N)},
     }
     out = {"drift": drift, "weights": weight_change(lw0, lw1)}
     b0, b1 = lw0.params.get("router_bias"), lw1.params.get("router_bias")
@@ -113,4 +115,6 @@ def weight_change(lw0: LayerWeights, lw1: LayerWeights) -> dict[str, Any]:
 
 
 def bootstrap_for(settings: ReceiptSettings, num_windows: int, layer: int) -> WindowBootstrap:
-    return WindowBootstrap(num_windows, settings.bootstrap, settings.seed * 1_000_003 + layer + 500_009)
+    # the same windows as the layer's state receipts (receipts/observer.py), so that pair and state
+    # replicates are paired draws (judge/margins.py)
+    return WindowBootstrap(num_windows, settings.bootstrap, settings.seed * 1_000_003 + layer)

@@ -61,6 +61,8 @@ def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstr
             name: boot.statistic(per_window_WE, _one_stat(name, float(boot.W * T), K))
             for name in ("pi_min", "dead", "cv", "entropy_norm")
         }
+        out["replicates"] = {"pi_min": boot.statistic_replicates(
+            per_window_WE, _one_stat("pi_min", float(boot.W * T), K))}
     return out
 
 

@@ -131,6 +131,7 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
             "boundary_tokens": int(boundary_N.sum()),
         },
         "adjacency_specificity": float(spec_N.mean()),
+        "replicates": {"c2": None if c2_N is None else boot.mean_replicates(c2_N)},
         "ci95": {
             "c2": None if c2_N is None else boot.mean(c2_N),
             "c2_smooth": boot.mean(c2s_N),
