@@ -393,3 +393,21 @@ def test_chromium_loads_offline_cleanly_and_shows_the_verdict(statement: dict[st
     assert count > 0.5 * sum(band.values())  # the band is amber, text on top of it
     assert len(band) > 10  # and it has the verdict written on it
     assert seen["pdf"].startswith(b"%PDF") and len(seen["pdf"]) > 50_000  # it prints
+
+
+def test_occupancy_heatmaps_share_one_fixed_scale(statement: dict[str, Any]) -> None:
+    """Issue 16 item 6: two runs with very different π ranges get the same colour scale and
+    legend, in units of the uniform share k/E."""
+    import copy
+
+    from moeaudit.report.html import _occupancy, _shares
+
+    narrow = copy.deepcopy(statement["predicate"]["heatmaps"]["occupancy"])
+    wide = copy.deepcopy(narrow)
+    E = len(narrow["pi"][0])
+    wide["pi"] = [[2.0] + [0.0] * (E - 1) for _ in wide["pi"]]  # one expert takes all (k = 2)
+    a, b = _occupancy(narrow, [1]), _occupancy(wide, [1])
+    assert a is not None and b is not None and a["legend"] == b["legend"]
+    assert "fixed scale 0–2" in str(a["legend"]) and "uniform share" in str(a["legend"])
+    assert _shares([0.25, 0.25, 0.25, 0.25]) == [1.0, 1.0, 1.0, 1.0]
+    assert _shares([0.5, 0.0, 1.0, 0.5]) == [1.0, 0.0, 2.0, 1.0]

@@ -304,7 +304,7 @@ def heatmap(rows: Sequence[tuple[str, Sequence[float | None]]], vmax: float, lab
 
 def _cell(x: float, y: float, w: float, h: float, v: float | None, vmax: float,
           show: bool) -> list[Markup]:
-    t = 0.0 if v is None else v / vmax if vmax > 0 else 0.0
+    t = 0.0 if v is None else min(1.0, v / vmax) if vmax > 0 else 0.0  # above vmax: saturated
     fill = "#ffffff" if v is None or v == 0 else blues(t)
     out = [tag("rect", {"x": x, "y": y, "width": w, "height": h, "fill": fill, "stroke": "#ffffff",
                         "stroke-width": 1})]
@@ -318,11 +318,13 @@ def _cell(x: float, y: float, w: float, h: float, v: float | None, vmax: float,
     return out
 
 
-def heat_legend(vmax: float, mean: float | None, label: str, width: float = W) -> Markup:
+def heat_legend(vmax: float, mean: float | None, label: str, width: float = W, *,
+                caption: str = "π: share of canary tokens routed to the expert",
+                mean_label: str = "mean π") -> Markup:
     """The color scale with its ticks, the mean π (uniform load) marked, and the dead marker."""
     x0, x1, steps = 90, 90 + 360, 36
     x, dx = scale(0, vmax, x0, x1), (x1 - x0) / steps
-    body = [text(x0, 12, "π: share of canary tokens routed to the expert", size=11, fill=MUTED)]
+    body = [text(x0, 12, caption, size=11, fill=MUTED)]
     body += [tag("rect", {"x": x0 + k * dx, "y": 18, "width": dx + 0.5, "height": 14,
                           "fill": blues((k + 0.5) / steps)}) for k in range(steps)]
     _, _, ticks, dec = linear_ticks(0, vmax, 6)
@@ -331,7 +333,7 @@ def heat_legend(vmax: float, mean: float | None, label: str, width: float = W) -
                  text(x(t), 49, f"{t:.{dec}f}", anchor="middle", size=10, fill=MUTED)]
     if mean is not None and 0 < mean <= vmax:
         body += [line(x(mean), 15, x(mean), 35, stroke=INK, width=2),
-                 text(x(mean), 62, f"mean π = {mean:.3f}", anchor="middle", size=10)]
+                 text(x(mean), 62, f"{mean_label} = {mean:.3f}", anchor="middle", size=10)]
     body += [tag("rect", {"x": x1 + 40, "y": 18, "width": 22, "height": 14, "fill": "#ffffff",
                           "stroke": GRID}),
              text(x1 + 51, 30, "×", anchor="middle", size=13, fill=BAD, weight="bold"),

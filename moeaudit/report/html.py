@@ -20,7 +20,7 @@ from typing import Any
 import jinja2
 
 from moeaudit.report import charts
-from moeaudit.report.svg import linear_ticks, sci, signed
+from moeaudit.report.svg import sci, signed
 from moeaudit.resources import templates_dir
 
 TEMPLATE = "certificate.html.j2"
@@ -313,12 +313,6 @@ def heatmap_view(h: Doc, protected: Sequence[int]) -> dict[str, Any]:
             "domains": _domains(h.get("domains"), protected)}
 
 
-def _scale_top(values: Sequence[float]) -> float:
-    """The top of a π color scale: the largest value rounded up to a nice tick."""
-    top = max(values or [1.0])
-    return linear_ticks(0.0, top, 6)[1] if top > 0 else 1.0
-
-
 def _is_protected(layer: Any, protected: Sequence[int]) -> bool:
     return layer_key(layer) in [(0, q) for q in protected]
 
@@ -332,11 +326,29 @@ def _occupancy(occ: Doc | None, protected: Sequence[int]) -> dict[str, Any] | No
     for i, layer in enumerate(occ["layers"]):
         row = pi.get(str(layer)) if isinstance(pi, Mapping) else (pi[i] if i < len(pi) else None)
         rows.append((f"layer {layer}" + (" (P)" if _is_protected(layer, protected) else ""),
-                     list(row or [])))
-    vals = [v for _, r in rows for v in r if v is not None]
-    vmax, mean = _scale_top(vals), (sum(vals) / len(vals) if vals else None)
-    return {"svg": charts.heatmap(rows, vmax, "Occupancy π per layer and expert"),
-            "legend": charts.heat_legend(vmax, mean, "Color scale of π"), "step": occ.get("step")}
+                     _shares(list(row or []))))
+    return {"svg": charts.heatmap(rows, SHARE_SCALE, "Occupancy: π per layer and expert, in units "
+                                  "of the uniform share k/E"),
+            "legend": _share_legend("Color scale of π / (k/E)"), "step": occ.get("step")}
+
+
+SHARE_SCALE = 2.0  # a fixed scale, so that any two certificates compare by eye (issue 16)
+
+
+def _shares(row: list[float | None]) -> list[float | None]:
+    """π in units of the uniform share k/E. π sums to k over the E experts (top-k routing), so
+    k/E = Σπ/E: 1 is a perfectly balanced expert, 0 an unused one, 2 or more saturates."""
+    known = [v for v in row if v is not None]
+    total = sum(known)
+    if not known or total <= 0:
+        return row
+    return [None if v is None else v * len(row) / total for v in row]
+
+
+def _share_legend(label: str) -> Any:
+    return charts.heat_legend(SHARE_SCALE, 1.0, label, caption="π / (k/E): an expert's share of the "
+                              "routed tokens against a uniform split (fixed scale 0–2; ≥ 2 saturates)",
+                              mean_label="uniform share")
 
 
 def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
@@ -348,15 +360,14 @@ def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None
     if len(layers) > MAX_DOMAIN_PANELS:
         shown = ([k for k in layers if _is_protected(k, protected)] or layers)[:MAX_DOMAIN_PANELS]
     names = [str(n) for n in dom.get("names") or []]
-    grids = {k: [(n, list(dom["layers"][k].get(n) or [])) for n in names or dom["layers"][k]]
+    grids = {k: [(n, _shares(list(dom["layers"][k].get(n) or []))) for n in names or dom["layers"][k]]
              for k in shown}
-    vmax = _scale_top([v for rows in grids.values() for _, r in rows for v in r if v is not None])
     panels = []
     for k, rows in grids.items():
         title = f"layer {k}" + (" · protected" if _is_protected(k, protected) else "")
-        panels.append(charts.heatmap(rows, vmax, f"Domain routing π, {title}", width=470, left=80,
-                                     cell_h=26, title=title))
-    return {"panels": panels, "legend": charts.heat_legend(vmax, None, "Color scale of π"),
+        panels.append(charts.heatmap(rows, SHARE_SCALE, f"Domain routing: π / (k/E), {title}", width=470,
+                                     left=80, cell_h=26, title=title))
+    return {"panels": panels, "legend": _share_legend("Color scale of π / (k/E)"),
             "step": dom.get("step"), "omitted": [k for k in layers if k not in shown]}
 
 
