@@ -210,7 +210,8 @@ def canary() -> None:
 @canary.command("build")
 @click.option("--tokens", "tokens", required=True, type=click.Path(path_type=Path),
               help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
-@click.option("--out", required=True, type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="The canary file to write (.safetensors).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
 def canary_build(tokens: Path, out: Path, force: bool) -> None:
@@ -226,7 +227,7 @@ def canary_build(tokens: Path, out: Path, force: bool) -> None:
 
 @canary.command("show")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a summary.")
 @verbose_option
 def canary_show(path: Path, as_json: bool) -> None:
     """Show a canary's shape, domains and digest."""
@@ -245,7 +246,7 @@ def canary_show(path: Path, as_json: bool) -> None:
 # ----- receipts --------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="State receipts of one checkpoint.")
 @click.argument("ckpt", type=click.Path(path_type=Path))
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path),
               help="Canary file (default: canary.safetensors next to or above CKPT).")
@@ -294,7 +295,7 @@ def _device(name: str) -> str:
 # ----- compare ---------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Drift and margins of CANDIDATE against BASE.")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path),
@@ -325,7 +326,7 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
 # ----- envelope and calibration ----------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Gradient Starvation Envelope of a run.")
 @click.argument("source_path", metavar="RUN_DIR|metrics.jsonl", type=click.Path(path_type=Path))
 @policy_option
 @click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default=None,
@@ -366,13 +367,15 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
     raise SystemExit(0 if report["compliant"] else 1)
 
 
-@cli.command()
+@cli.command(short_help="Fit the envelope constants on a healthy run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path))
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="Canary for --source replay (default: canary.safetensors found outside the run).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
 @policy_option
 @click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default="auto",
-              show_default=True)
+              show_default=True, help="Series to fit on: training logs, checkpoint replays or the "
+                                      "canary probe (auto: logs when present).")
 @click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
               help="normalized (var_grad/ḡ², scale-free) is the default: Eq. 16's ε = c·Var_t[V] is not "
                    "scale-free for raw variance (docs/envelope.md).")
@@ -437,7 +440,7 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 # ----- certify -----------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Audit a run and write a signed certificate.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path),
               help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).")
@@ -504,7 +507,7 @@ def _signing_key(path: Path | None):
 # ----- gate ------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="CI gate: promote (0), hold (1), inconclusive (3).")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path),
@@ -635,11 +638,13 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None)
 # ----- export ----------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Map a certificate to a compliance framework.")
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option("--framework", required=True, type=click.Choice(["eu-ai-act", "nist-ai-600-1", "sr-11-7"]))
-@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
-@click.option("--out", required=True, type=click.Path(path_type=Path))
+@click.option("--framework", required=True, type=click.Choice(["eu-ai-act", "nist-ai-600-1", "sr-11-7"]),
+              help="Framework to map the certificate's evidence to.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True,
+              help="Report format.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")
 @click.option("--pubkey", type=click.Path(path_type=Path),
               help="Public key to verify CERT with (default: your moeaudit key's .pub).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
@@ -664,7 +669,7 @@ def samples() -> None:
 
 @samples.command("build")
 @click.option("--out", default="sample_checkpoints", type=click.Path(path_type=Path),
-              show_default=True)
+              show_default=True, help="Directory to write the sample runs into.")
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
 @verbose_option
 def samples_build(out: Path, tiny: bool) -> None:
