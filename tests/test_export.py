@@ -311,3 +311,23 @@ def test_docs_explain_every_item() -> None:
     for fw in FRAMEWORKS.values():
         for item in fw.items:
             assert item.id in doc, item.id
+
+
+def test_html_export_shows_the_verdict_in_colour_and_the_backing_charts(key_pair, tmp_path) -> None:
+    """Issue 16 item 6: the export page shows the verdict as the certificate page does, and each
+    item whose evidence cites gates, the envelope or the occupancy heatmap shows that chart."""
+    from moeaudit.attest.certificate import open_certificate
+
+    key, pub = key_pair
+    cert = write_certificate(json.loads(FIXTURE.read_text()), key, tmp_path / "c.json")
+    stmt = open_certificate(cert, load_public_key(pub))
+    for key in ("eu-ai-act", "nist-ai-600-1", "sr-11-7"):
+        report = export(stmt, key)
+        page = to_html(report, stmt)
+        verdict = stmt["predicate"]["verdict"]
+        assert f'class="badge v-{verdict}"' in page
+        backed = [i for i in report["items"] if any(
+            k in " ".join(e["field"] for e in i["evidence"]) for k in ("gates", "envelope", "heatmaps"))]
+        assert backed and page.count("<figure><svg") >= len(backed)
+        assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+        assert to_html(report, stmt) == page  # deterministic

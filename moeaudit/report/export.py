@@ -547,8 +547,11 @@ def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_
         raise UsageError(f"unknown format {fmt!r}", hint="choose one of " + ", ".join(FORMATS))
     framework(framework_key)  # a usage error before any file is read
     key = Path(pubkey_path) if pubkey_path else Path(str(default_key_path()) + ".pub")
-    report = export(open_certificate(Path(cert_path), load_public_key(key)), framework_key)
-    return {"json": dumps, "md": to_markdown, "html": to_html}[fmt](report)
+    stmt = open_certificate(Path(cert_path), load_public_key(key))
+    report = export(stmt, framework_key)
+    if fmt == "html":
+        return to_html(report, stmt)
+    return {"json": dumps, "md": to_markdown}[fmt](report)
 
 
 # --- renderers ------------------------------------------------------------------------------------
@@ -606,10 +609,43 @@ def _environment() -> Any:
                               trim_blocks=True, lstrip_blocks=True)
 
 
-def to_html(report: Mapping[str, Any]) -> str:
-    """One self-contained page: inline CSS, every value autoescaped, no script, no URL."""
+def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = None) -> str:
+    """One self-contained page: inline CSS, every value autoescaped, no script, no URL. Given the
+    verified statement, each item shows the chart that backs its evidence (issue 16)."""
     return _environment().get_template(TEMPLATE).render(
-        r=report, COVERED=COVERED, PARTIAL=PARTIAL, NOT_COVERED=NOT_COVERED)
+        r=report, COVERED=COVERED, PARTIAL=PARTIAL, NOT_COVERED=NOT_COVERED,
+        charts=_charts(statement), chart_for=_chart_for)
+
+
+def _charts(statement: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The certificate page's figures, drawn from the same verified statement."""
+    if statement is None:
+        return {}
+    from moeaudit.report import html
+
+    p = statement.get("predicate") or {}
+    gates, protected = list(p.get("gates") or []), [int(x) for x in p.get("protected_layers") or []]
+    out: dict[str, Any] = {}
+    figs = html.figures(gates, protected) if gates else {}
+    if figs.get("loss_c2") is not None:
+        out["gates"] = figs["loss_c2"]
+    env = html.envelope_view(p.get("envelope"), list(p.get("checks") or []))
+    if not env.get("missing") and env.get("panels"):
+        out["envelope"] = env["panels"][0]["svg"]
+    occupancy = html.heatmap_view(p.get("heatmaps") or {}, protected).get("occupancy")
+    if occupancy:
+        out["occupancy"] = occupancy["svg"]
+    return out
+
+
+def _chart_for(item: Mapping[str, Any], charts: Mapping[str, Any]) -> list[Any]:
+    """The charts an item's evidence rests on, by the statement fields it cites."""
+    fields = " ".join(str(e.get("field", "")) for e in item.get("evidence") or [])
+    wanted = [name for name, key in (("gates", "gates"), ("envelope", "envelope"),
+                                     ("occupancy", "heatmaps")) if key in fields]
+    if "occupancy" not in wanted and "occupancy" in fields:
+        wanted.append("occupancy")
+    return [charts[name] for name in wanted if name in charts]
 
 
 __all__ = ["COVERED", "FORMATS", "FRAMEWORKS", "NOT_COVERED", "PARTIAL", "Aspect", "Evidence",
