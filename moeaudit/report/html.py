@@ -173,7 +173,9 @@ def margin_rows(margins: Doc) -> list[dict[str, str]]:
             why = f": {m}" if isinstance(m, str) else ""
             rows.append({"name": name, "exact": "—", "smooth": "—", "note": f"not computed{why}"})
             continue
-        note = [f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
+        ci = m.get("ci95")
+        note = [f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
+                f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
                 f"against {m['reference']}" if m.get("reference") else "",
                 f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
                 *[str(n) for n in m.get("notes") or []]]
