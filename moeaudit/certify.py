@@ -21,7 +21,7 @@ from moeaudit.canary import Canary
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
-from moeaudit.judge.gates import Checkpointed, baselines, evaluate_gates
+from moeaudit.judge.gates import Checkpointed, baselines, drift_summary, evaluate_gates, nonfinite_findings
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
 from moeaudit.run import Run, discover
@@ -86,7 +86,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                            seed=policy.receipts.seed)
     for gate in gates:
         if gate["step"] in pairs:
-            gate["drift"] = _drift_summary(pairs[gate["step"]])
+            gate["drift"] = drift_summary(pairs[gate["step"]])
 
     last = gates[-1]
     margins: dict[str, Any] = {"refinement": None, "handoff": None}
@@ -108,7 +108,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                                             breaks=[e.step for e in run.events], origin=str(run.path))
     evidence = Evidence(stage=stage, stage_source=stage_source, gates=gates, margins=margins,
                         envelope=env_report, envelope_reason=env_why,
-                        skipped=[p.name for p, _ in run.skipped], nonfinite=_nonfinite(docs),
+                        skipped=[p.name for p, _ in run.skipped], nonfinite=nonfinite_findings(docs.values()),
                         band=policy.gates.inconclusive_band)
     decision = decide(evidence)
     predicate = {
@@ -152,9 +152,6 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     return audit
 
 
-DRIFTS = ("coordinate", "boundary", "transition", "content")
-
-
 def _environment() -> dict[str, Any]:
     """As :func:`moeaudit.receipts.state.environment`, without importing torch: the version of
     the installed torch distribution is the same string as ``torch.__version__``."""
@@ -169,14 +166,6 @@ def _environment() -> dict[str, Any]:
         version = torch.__version__
     return {"torch": version, "python": platform.python_version(), "device": "cpu",
             "dtype": "float32"}
-
-
-def _drift_summary(pair: dict[str, Any]) -> dict[str, Any]:
-    """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
-    return {"against_step": pair["base_step"],
-            "layers": [{"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
-                        "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}}
-                       for e in pair["layers"]]}
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
@@ -202,12 +191,6 @@ def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
         return {"path": path.name, "kind": "checkpoint",
                 "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest}
     return {**_file_digest(path), "kind": "receipts"}
-
-
-def _nonfinite(docs: dict[int, dict[str, Any]]) -> list[str]:
-    bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs.values() for w in d["nonfinite_weights"]]
-    bad += [f"{d['checkpoint']['name']}: {f['path']}" for d in docs.values() for f in d.get("nonfinite", [])]
-    return bad
 
 
 def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:

@@ -21,7 +21,7 @@ reported beside it under its own name and never stands in for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,3 +304,22 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
                        "entropy_norm": e["occupancy"]["entropy_norm"]}
                       for e in layers],
     }
+
+
+DRIFTS = ("coordinate", "boundary", "transition", "content")
+
+
+def drift_summary(pair: Mapping[str, Any]) -> dict[str, Any]:
+    """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
+    return {"against_step": pair["base_step"],
+            "layers": [{"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
+                        "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}}
+                       for e in pair["layers"]]}
+
+
+def nonfinite_findings(docs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """"checkpoint: what" for every NaN/Inf weight, then every non-finite receipt."""
+    docs = list(docs)
+    bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs for w in d["nonfinite_weights"]]
+    bad += [f"{d['checkpoint']['name']}: {f['path']}" for d in docs for f in d.get("nonfinite", [])]
+    return bad

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
-from moeaudit.judge.gates import GREEN, Checkpointed, evaluate_gates
+from moeaudit.judge.gates import GREEN, Checkpointed, drift_summary, evaluate_gates, nonfinite_findings
 from moeaudit.judge.policy import Policy
 from moeaudit.run import read_logs, run_of, step_of
 
@@ -37,7 +37,6 @@ def _steps(base: Path, candidate: Path) -> tuple[int, int, Path | None, bool]:
 def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path,
                    spec: Any, stage: str | None = None) -> dict[str, Any]:
     """The promotion decision on ``compare``'s evidence (a ``moeaudit.compare/v1`` document)."""
-    from moeaudit.certify import _drift_summary
     from moeaudit.series import envelope_evidence
 
     b_step, c_step, run_dir, same_run = _steps(base, candidate)
@@ -48,7 +47,7 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
     points = [Checkpointed(b_step, base_doc, "base of the promotion"), Checkpointed(c_step, cand_doc)]
     gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
                            resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
-    gates[1]["drift"] = _drift_summary({"base_step": b_step, "layers": compare_doc["layers"]})
+    gates[1]["drift"] = drift_summary({"base_step": b_step, "layers": compare_doc["layers"]})
     env_report: dict[str, Any] | None
     env_why: str | None
     if (b_step, c_step) == (0, 1) and step_of(candidate) != 1:
@@ -59,8 +58,7 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
         env_report, env_why = envelope_evidence(logs, {b_step: base_doc, c_step: cand_doc}, policy,
                                                 stage, spec, start=b_step, end=c_step, breaks=breaks,
                                                 origin=str(run_dir or candidate))
-    bad = [f"{d['checkpoint']['name']}: weight {w}" for d in (cand_doc,) for w in d["nonfinite_weights"]]
-    bad += [f"{cand_doc['checkpoint']['name']}: {f['path']}" for f in cand_doc.get("nonfinite", [])]
+    bad = nonfinite_findings([cand_doc])
     decision = decide(Evidence(stage=stage, stage_source=stage_source, gates=gates,
                                margins=compare_doc["margins"], envelope=env_report,
                                envelope_reason=env_why, nonfinite=bad,
