@@ -411,3 +411,38 @@ def test_occupancy_heatmaps_share_one_fixed_scale(statement: dict[str, Any]) -> 
     assert "fixed scale 0–2" in str(a["legend"]) and "uniform share" in str(a["legend"])
     assert _shares([0.25, 0.25, 0.25, 0.25]) == [1.0, 1.0, 1.0, 1.0]
     assert _shares([0.5, 0.0, 1.0, 0.5]) == [1.0, 0.0, 2.0, 1.0]
+
+
+EXPORT_FACTS = """JSON.stringify((() => {
+  const badge = document.querySelector('.badge[class*="v-"]');
+  return {verdict: badge.innerText, color: getComputedStyle(badge).backgroundColor,
+          scripts: document.scripts.length, resources: performance.getEntriesByType('resource').length,
+          figures: [...document.querySelectorAll('figure svg')]
+                     .filter(s => s.getBoundingClientRect().width > 100).length};
+})())"""
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="no chromium (apt-get install chromium)")
+def test_chromium_renders_the_export_page_with_its_verdict_and_charts(statement: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """Issue 16 item 6: the compliance export, as a browser shows it: verdict badge in colour,
+    the backing charts laid out, nothing fetched, no script."""
+    from moeaudit.report.export import export, to_html
+
+    verified = {**statement, "_keyid": "0" * 64}  # as open_certificate returns it
+    page = tmp_path / "export.html"
+    page.write_text(to_html(export(verified, "eu-ai-act"), verified), encoding="utf-8")
+    (tmp_path / "chromium").mkdir()
+    tools = DevTools(chromium_binary() or "", tmp_path / "chromium", time.monotonic() + 30)
+    try:
+        url = page.resolve().as_uri()
+        session = tools.open(url)
+        urls, errors = requests_and_errors(tools.events)
+        facts = json.loads(tools.send("Runtime.evaluate", session, expression=EXPORT_FACTS,
+                                      returnByValue=True)["result"]["value"])
+    finally:
+        tools.close()
+    assert urls == [url] and errors == []
+    assert facts["verdict"] == statement["predicate"]["verdict"] == "INCONCLUSIVE"
+    assert facts["color"] == "rgb(191, 135, 0)"  # the amber of .v-INCONCLUSIVE
+    assert facts["scripts"] == 0 and facts["resources"] == 0 and facts["figures"] >= 2
