@@ -109,7 +109,8 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
         task = bar.add_task("replay", total=1)
 
         def tick(stage: str, done: int, total: int) -> None:
-            bar.update(task, description=stage, completed=done, total=total)
+            # redraw at every layer: a layer can take less than the bar's refresh interval
+            bar.update(task, description=stage, completed=done, total=total, refresh=True)
 
         yield tick
 

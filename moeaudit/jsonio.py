@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -46,8 +47,46 @@ def finite_document(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def dumps(doc: Any) -> str:
-    """Stable, human-readable JSON (keys in insertion order, no NaN allowed)."""
-    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    """Stable, human-readable JSON (keys in insertion order, no NaN allowed). Lists of plain
+    numbers (per-expert vectors, bootstrap replicates) sit on one line each: more readable, and
+    encoded by the C encoder — with ``indent`` Python's json falls back to its pure-Python
+    encoder, which spent ~0.4 s per warm certify on the replicates alone."""
+    packed: list[str] = []
+    try:
+        shell = _pack_numbers(doc, packed)
+    except _HasNul:  # a string could look like a placeholder: the plain (slower) path
+        return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json.dumps(shell, indent=2, ensure_ascii=False, allow_nan=False)
+    if packed:
+        text = _PACKED.sub(lambda m: packed[int(m.group(1))], text)
+    return text + "\n"
+
+
+_PACKED = re.compile(r'"\\u0000(\d+)\\u0000"')
+
+
+_NUMBERS = {int, float}
+
+
+class _HasNul(Exception):
+    pass
+
+
+def _pack_numbers(value: Any, packed: list[str]) -> Any:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise _HasNul
+        return value
+    if isinstance(value, dict):
+        if any("\x00" in str(k) for k in value):
+            raise _HasNul
+        return {k: _pack_numbers(v, packed) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if len(value) > 1 and set(map(type, value)) <= _NUMBERS:  # bools are not numbers here
+            packed.append(json.dumps(list(value), separators=(", ", ": "), allow_nan=False))
+            return f"\u0000{len(packed) - 1}\u0000"
+        return [_pack_numbers(v, packed) for v in value]
+    return value
 
 
 def _umask() -> int:
