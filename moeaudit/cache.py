@@ -177,6 +177,35 @@ class ReceiptsCache:
         self.hits += 1
         self.served.append(key)
 
+    # ----- opaque bytes (compiled certificate templates) -----------------------------------
+
+    def _bytes_path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.bin"
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """Bytes stored under ``key`` by this machine's moeaudit, or None. Used for Jinja2's
+        compiled templates (marshalled code), so the MAC is checked before anything reads them."""
+        if not self._usable():
+            return None
+        try:
+            raw = self._bytes_path(key).read_bytes()
+        except OSError:
+            return None
+        mac, sep, data = raw.partition(b"\n")
+        if not sep or not hmac.compare_digest(mac, self._mac(b"bytes", key, data).encode()):
+            return None
+        return data
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        if not self._usable():
+            return
+        path = self._bytes_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, self._mac(b"bytes", key, data).encode() + b"\n" + data)
+        except (OSError, ValueError):
+            pass  # a slower next run, not a failure
+
     # ----- JSON documents ----------------------------------------------------------------
 
     def _path(self, key: str) -> Path:

@@ -384,22 +384,25 @@ __all__ = ["Audit", "audit_run", "InputError"]
 
 
 def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
-                  issued_at: str | None = None, target: Any = None) -> dict[str, Path]:
+                  issued_at: str | None = None, target: Any = None,
+                  compiled: ReceiptsCache | None = None) -> dict[str, Path]:
     """Sign and write receipts/, certificate.html and certificate.json as one output set: staged
     beside ``out_dir`` and renamed into place whole (:class:`moeaudit.output.OutputSet`;
-    ``target`` is one the caller opened before the replay, holding the output's lock)."""
+    ``target`` is one the caller opened before the replay, holding the output's lock;
+    ``compiled``: a cache for the compiled certificate template)."""
     from moeaudit.output import OutputSet
 
     if target is None:
         with OutputSet(out_dir, force) as own:
-            return write_outputs(audit, key, out_dir, issued_at=issued_at, target=own)
-    _write_set(audit, key, target.staging, issued_at)
+            return write_outputs(audit, key, out_dir, issued_at=issued_at, target=own, compiled=compiled)
+    _write_set(audit, key, target.staging, issued_at, compiled)
     target.commit()
     return {"certificate": out_dir / "certificate.json", "html": out_dir / "certificate.html",
             "receipts": out_dir / "receipts"}
 
 
-def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None) -> None:
+def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
+               compiled: ReceiptsCache | None = None) -> None:
     import base64
     import json
 
@@ -420,7 +423,8 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None) -> 
     body = base64.b64decode(envelope["payload"])
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body
-    html = render_html(signed, keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes))
+    html = render_html(signed, keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes),
+                       compiled=compiled)
     (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
     for name, doc in sorted(audit.receipts.items()):
         atomic_write(out_dir / "receipts" / name, dumps(doc))

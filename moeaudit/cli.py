@@ -481,10 +481,11 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     # the output is locked, checked and proven writable before the replay (issue 14)
     with OutputSet(out, force) as target, _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
+        cache = ReceiptsCache(enabled=not no_cache)
         audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
-                          cache=ReceiptsCache(enabled=not no_cache), device=dev, stage=stage,
+                          cache=cache, device=dev, stage=stage,
                           canary_origin=canary_origin, progress=tick)
-        paths = write_outputs(audit, signing_key, out, target=target)
+        paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])
     click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")
 
