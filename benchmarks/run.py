@@ -307,6 +307,9 @@ def scaling(
 # ----- cache ---------------------------------------------------------------------------------
 
 
+WARM_SAMPLES = 5
+
+
 def _replayed(out: str) -> list[str]:
     return [
         line.split("replaying ", 1)[1].strip() for line in out.splitlines() if "replaying " in line
@@ -354,22 +357,28 @@ def cache(
         env_r = {**env, "MOEAUDIT_CACHE_DIR": str(work / f"cache-{name}-{r}")}
         if added_dir.exists():
             shutil.rmtree(added_dir)
-        cold, warm = run(cmd, env_r), run(cmd, env_r)
+        # a warm run is a few tenths of a second, so one sample is mostly the machine's noise:
+        # take the median of WARM_SAMPLES (the cold run is seconds to minutes; one suffices)
+        cold = run(cmd, env_r)
+        warms = [run(cmd, env_r) for _ in range(WARM_SAMPLES)]
+        warm = sorted(warms, key=lambda r: r.wall)[len(warms) // 2]
         write_checkpoint(added_dir, arch, seed=steps)
         added = run(cmd, env_r)
         row = {
             "cold_s": cold.wall,
             "warm_s": warm.wall,
+            "warm_samples_s": [round(r.wall, 3) for r in warms],
             "speedup": cold.wall / warm.wall,
             "replays_cold": _replayed(cold.out),
-            "replays_warm": _replayed(warm.out),
+            "replays_warm": sorted({c for r in warms for c in _replayed(r.out)}),  # all must be []
             "added_s": added.wall,
             "replays_added": _replayed(added.out),
         }
         results.append(row)
         print(
             f"  round {r + 1}: cold {cold.wall:.2f} s (replayed {row['replays_cold']}), warm "
-            f"{warm.wall:.2f} s (replayed {row['replays_warm']}) → {row['speedup']:.1f}×; "
+            f"{warm.wall:.2f} s median of {row['warm_samples_s']} (replayed {row['replays_warm']}) "
+            f"→ {row['speedup']:.1f}×; "
             f"{added_dir.name} added: {added.wall:.2f} s (replayed {row['replays_added']})"
             f"  ({load_note()})",
             flush=True,
