@@ -379,3 +379,30 @@ def test_export_and_certificate_show_a_verdict_in_the_same_colours(verdict: str,
                 "INCONCLUSIVE": ("#f5a623", "#2b1d00")}[verdict]
     assert _colours(cert_page, f".verdict-{verdict.lower()}") == expected
     assert _colours(export_page, f".v-{verdict}") == expected
+
+
+def test_templates_are_found_in_an_installed_package(tmp_path: Path) -> None:
+    """A wheel installs templates/ as moeaudit/_templates without an __init__.py (a namespace
+    package): both pages must render from there, with the shared verdict.css, in a fresh process."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    site = tmp_path / "site-packages"
+    shutil.copytree(root / "moeaudit", site / "moeaudit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "templates", site / "moeaudit" / "_templates")
+    code = ("import json, sys\n"
+            "from moeaudit.resources import templates_dir\n"
+            "from moeaudit.report.export import export, to_html\n"
+            "from moeaudit.report.html import render_html\n"
+            "s = json.load(open(sys.argv[1]))\n"
+            "v = {**s, '_keyid': '0' * 64}\n"
+            "print(templates_dir())\n"
+            "print('.v-INCONCLUSIVE' in render_html(s, keyid='k' * 64, envelope_sha256='e' * 64))\n"
+            "print('.v-INCONCLUSIVE' in to_html(export(v, 'eu-ai-act'), v))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(FIXTURE)], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(site / "moeaudit" / "_templates")
+    assert lines[1:] == ["True", "True"]
