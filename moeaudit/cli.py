@@ -49,7 +49,7 @@ class _Exit(click.ClickException):
         self.exit_code = code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"moeaudit: error: {self.message}", err=True)
+        click.echo(f"moeaudit: error: {named(self.message)}", err=True)
 
 
 class AuditGroup(click.Group):

@@ -23,9 +23,9 @@ PAPERS: dict[str, tuple[str, str]] = {
 }
 GLOSSARY = "docs/glossary.md"
 
-# "(000)" after its name, or a paper number standing alone ("000 Eq. 16", "003's"), not part of a
-# number ("1.000", "1,000", a digest)
-_MENTION = re.compile(r"\((00[0-4])\)|(?<![\w.,/−-])(00[0-4])(?![\w.)])")
+# "(000)" after its name, or a paper number standing alone ("000 Eq. 16", "003's", "`003`"), not
+# part of a number ("1.000", "1,000", a digest)
+_MENTION = re.compile(r"\((00[0-4])\)|`?(?<![\w.,/−-])(00[0-4])(?![\w.)])`?")
 
 
 def named(text: str, seen: set[str] | None = None) -> str:
@@ -41,7 +41,7 @@ def named(text: str, seen: set[str] | None = None) -> str:
             return m.group(0)
         number = m.group(2)
         if number in seen:
-            return number
+            return m.group(0)
         seen.add(number)
         return f"{PAPERS[number][0]} ({number})"
 

@@ -56,6 +56,7 @@ def test_named_names_the_first_mention_only() -> None:
     seen: set[str] = set()
     assert named("MoE atlas (003) Table 4", seen) == "MoE atlas (003) Table 4" and seen == {"003"}
     assert named("(003 Table 5), 002 §7", seen) == "(003 Table 5), boundary mass (002) §7"
+    assert named("cells of `003` Theorem 1; `003` §4.1") == "cells of MoE atlas (003) Theorem 1; `003` §4.1"
 
 
 def _help_pages(group: click.Group = cli, path: tuple[str, ...] = ()) -> dict[str, str]:
@@ -128,3 +129,12 @@ def test_certificate_names_papers_and_has_a_legend_in_the_footer(calibrated: boo
     legend = "000 Gradient Starvation Envelope; 001 gradient conflict; 002 boundary mass; 003 MoE atlas; " \
              "004 stability/entropy collapse"
     assert legend in footer and "docs/glossary.md" in footer
+
+
+def test_error_messages_name_the_paper(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[envelope]\ndelta = 0.05\nwindow = 10\n", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["envelope", str(SAMPLES / "healthy"), "--policy", str(policy)])
+    assert result.exit_code == 4, result.output
+    assert "envelope.window must be ≥ 3/δ (Gradient Starvation Envelope (000) Eq. 17" in result.stderr
+    assert unnamed_first_mentions(result.stderr) == []

@@ -33,7 +33,7 @@ err = _console(stderr=True)
 
 def warn(message: str) -> None:
     """One line on stderr, never wrapped (warnings are grepped by CI logs and tests)."""
-    err.print(message, soft_wrap=True, markup=False)
+    err.print(named(message), soft_wrap=True, markup=False)
 
 
 def esc(value: Any) -> str:
@@ -50,6 +50,7 @@ def fmt(x: Any, spec: str = ".4g") -> str:
 
 
 def print_receipts(doc: dict[str, Any]) -> None:
+    seen: set[str] = set()  # papers named so far in this report
     receipts_header(doc)
     table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
                   "ḡ", "var_grad_norm", title="state receipts per routed layer")
@@ -67,7 +68,7 @@ def print_receipts(doc: dict[str, Any]) -> None:
     if gated:
         g = gated[0]["gate"]
         out.print(f"gate of layers {esc(', '.join(str(x['layer']) for x in gated))}: {esc(g['gate'])}. "
-                  f"{esc(g['why'])}: State1 and flip are on the selection scores, C2~ on the unbiased "
+                  f"{esc(named(g['why'], seen))}: State1 and flip are on the selection scores, C2~ on the unbiased "
                   "gate (see 'gate' in the JSON for what still holds)")
         biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
         for x in biased:
