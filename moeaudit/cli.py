@@ -19,8 +19,10 @@ from rich.table import Table
 
 from moeaudit import __version__
 from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, from_os_error
+from moeaudit.papers import named
 from moeaudit.report.terminal import (
     err,
+    esc,
     out,
     print_compare,
     print_envelope,
@@ -47,7 +49,7 @@ class _Exit(click.ClickException):
         self.exit_code = code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"moeaudit: error: {self.message}", err=True)
+        click.echo(f"moeaudit: error: {named(self.message)}", err=True)
 
 
 class AuditGroup(click.Group):
@@ -91,7 +93,14 @@ verbose_option = click.option(
 @click.version_option(__version__, prog_name="moeaudit")
 @verbose_option
 def cli() -> None:
-    """Audit Mixture-of-Experts training runs: receipts, envelopes, signed certificates."""
+    """Audit Mixture-of-Experts training runs: receipts, envelopes, signed certificates.
+
+    
+    Examples:
+      moeaudit certify sample_checkpoints/healthy
+      moeaudit verify moeaudit-certificates/healthy/certificate.json
+      moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
+    """
 
 
 @contextmanager
@@ -131,8 +140,8 @@ def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
     how = origin(given, found, ignored, "--policy")
     policy = replace(policy, origin=how if (given or found) else "built-in default; " + how)
     env = policy.envelope
-    kind = "calibrated" if env.calibrated else "illustrative (000 Table 6)"
-    err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})")
+    kind = "calibrated" if env.calibrated else "illustrative (Gradient Starvation Envelope (000) Table 6)"
+    err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})", markup=False)
     if not (given or found):
         _warn("warning: no policy file: the built-in constants are illustrative, not calibrated on "
               "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`")
@@ -168,7 +177,7 @@ def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> Non
         atomic_write(json_out, dumps(doc))
     show()
     if json_out is not None:
-        err.print(f"wrote {json_out}")
+        err.print(f"wrote {json_out}", markup=False)
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -179,14 +188,20 @@ def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @verbose_option
 def inspect(ckpt: Path, as_json: bool) -> None:
-    """Describe a checkpoint from its headers (no tensor is loaded)."""
+    """Describe a checkpoint from its headers (no tensor is loaded).
+
+    
+    Examples:
+      moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
+      moeaudit inspect --json sample_checkpoints/deepseek/checkpoint-250
+    """
     from moeaudit.checkpoint import Checkpoint
 
     summary = Checkpoint(ckpt).summary()
     if as_json:
         print_json(summary)
         return
-    table = Table(title=f"{ckpt}", show_header=False)
+    table = Table(title=esc(ckpt), show_header=False)
     for key, value in summary.items():
         if key == "warnings":
             continue
@@ -194,10 +209,10 @@ def inspect(ckpt: Path, as_json: bool) -> None:
             value = ", ".join(f"{k}: {v}" for k, v in value.items())
         elif isinstance(value, list):
             value = ", ".join(map(str, value)) or "—"
-        table.add_row(key, str(value))
+        table.add_row(esc(key), esc(value))
     out.print(table)
     for w in summary["warnings"]:
-        err.print(f"warning: {w}")
+        err.print(f"warning: {w}", markup=False)
 
 
 # ----- canary ----------------------------------------------------------------------------
@@ -205,7 +220,13 @@ def inspect(ckpt: Path, as_json: bool) -> None:
 
 @cli.group()
 def canary() -> None:
-    """Build and show canary probe sets."""
+    """Build and show canary probe sets.
+
+    
+    Examples:
+      moeaudit canary show sample_checkpoints/canary.safetensors
+      moeaudit canary build --tokens sample_checkpoints/canary.jsonl --out canary.safetensors
+    """
 
 
 @canary.command("build")
@@ -216,7 +237,12 @@ def canary() -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
 def canary_build(tokens: Path, out: Path, force: bool) -> None:
-    """Package token windows into a hashed canary file."""
+    """Package token windows into a hashed canary file.
+
+    
+    Examples:
+      moeaudit canary build --tokens sample_checkpoints/canary.jsonl --out canary.safetensors
+    """
     from moeaudit import canary as canary_mod
 
     _check_output(out, force)
@@ -231,16 +257,22 @@ def canary_build(tokens: Path, out: Path, force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a summary.")
 @verbose_option
 def canary_show(path: Path, as_json: bool) -> None:
-    """Show a canary's shape, domains and digest."""
+    """Show a canary's shape, domains and digest.
+
+    
+    Examples:
+      moeaudit canary show sample_checkpoints/canary.safetensors
+      moeaudit canary show --json sample_checkpoints/canary.safetensors
+    """
     from moeaudit import canary as canary_mod
 
     summary = canary_mod.load(path).summary()
     if as_json:
         print_json(summary)
         return
-    table = Table(title=str(path), show_header=False)
+    table = Table(title=esc(path), show_header=False)
     for key, value in summary.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+        table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
     out.print(table)
 
 
@@ -265,7 +297,13 @@ def canary_show(path: Path, as_json: bool) -> None:
 @verbose_option
 def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
              force: bool, conflict: bool, generate: int, device: str) -> None:
-    """State receipts of one checkpoint on the canary (one forward + one backward)."""
+    """State receipts of one checkpoint on the canary (one forward + one backward).
+
+    
+    Examples:
+      moeaudit receipts sample_checkpoints/healthy/checkpoint-1500
+      moeaudit receipts sample_checkpoints/healthy/checkpoint-1500 --conflict --json receipts.json
+    """
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary
     from moeaudit.receipts.state import state_receipts
@@ -310,7 +348,13 @@ def _device(name: str) -> str:
 @verbose_option
 def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Path | None,
             policy_path: Path | None, json_out: Path | None, force: bool) -> None:
-    """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins."""
+    """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins.
+
+    
+    Examples:
+      moeaudit compare sample_checkpoints/sft-refine/checkpoint-0 sample_checkpoints/sft-refine/checkpoint-1000
+      moeaudit compare sample_checkpoints/healthy/checkpoint-250 sample_checkpoints/healthy/checkpoint-1500 --json -
+    """
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary
     from moeaudit.receipts.pair import compare as run_compare
@@ -350,7 +394,14 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
 def envelope(source_path: Path, policy_path: Path | None, source: str | None,
              canary_path: Path | None, compare: bool, calibrate_on: Path | None,
              json_out: Path | None, force: bool, no_cache: bool) -> None:
-    """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not)."""
+    """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not).
+
+    
+    Examples:
+      moeaudit envelope sample_checkpoints/healthy
+      moeaudit envelope sample_checkpoints/collapse --source logs
+      moeaudit envelope sample_checkpoints/collapse --compare --calibrate-on sample_checkpoints/healthy
+    """
     from moeaudit.cache import ReceiptsCache
     from moeaudit.jsonio import finite_document
     from moeaudit.series import evaluate_run
@@ -378,8 +429,8 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
               show_default=True, help="Series to fit on: training logs, checkpoint replays or the "
                                       "canary probe (auto: logs when present).")
 @click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
-              help="normalized (var_grad/ḡ², scale-free) is the default: Eq. 16's ε = c·Var_t[V] is not "
-                   "scale-free for raw variance (docs/envelope.md).")
+              help="normalized (var_grad/ḡ², scale-free) is the default: the ε = c·Var_t[V] of Gradient "
+                   "Starvation Envelope (000) Eq. 16 is not scale-free for raw variance (docs/envelope.md).")
 @click.option("--since", type=click.IntRange(min=0), default=None,
               help="Ignore samples before this step (warm-up). Default: the learning-rate peak in "
                    "the last checkpoint's trainer_state.json, else 0.")
@@ -387,7 +438,14 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
 @verbose_option
 def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: Path | None, source: str,
               variant: str, since: int | None, force: bool) -> None:
-    """Fit the envelope constants on a healthy run (000 Eq. 16) and write a policy."""
+    """Fit the envelope constants on a healthy run (Gradient Starvation Envelope (000) Eq. 16) and write
+    a policy.
+
+    
+    Examples:
+      moeaudit calibrate sample_checkpoints/healthy --out policy.toml
+      moeaudit calibrate sample_checkpoints/healthy --source replay --out policy.toml
+    """
     from dataclasses import replace
 
     from moeaudit.jsonio import atomic_write
@@ -401,7 +459,7 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     run = discover(run_dir)
     if since is None:
         since, how = infer_warmup(run)
-        err.print(f"warm-up: samples before step {since} are left out ({how}; --since overrides)")
+        err.print(f"warm-up: samples before step {since} are left out ({how}; --since overrides)", markup=False)
     with _progress() as tick:
         series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick,
                                     warn=_warn)
@@ -434,7 +492,7 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     err.print(f"calibrated on {series.source} ({variant}), c = {settings.calibration_c:g}: "
               f"δ* = {fit.delta_max:.6g} → δ = {settings.delta:.6g}; ε = {settings.epsilon:.6g}; "
               f"budget ε/δ = {settings.epsilon / settings.delta:.6g}; starve_share = "
-              f"{settings.starve_share:.4g}; a starved run is rejected ({check['caught_by']} check)")
+              f"{settings.starve_share:.4g}; a starved run is rejected ({check['caught_by']} check)", markup=False)
     click.echo(f"wrote {out}")
 
 
@@ -462,7 +520,14 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
             key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
             stage: str | None) -> None:
-    """Audit a training run and write a signed certificate (exit 0 whenever one was written)."""
+    """Audit a training run and write a signed certificate (exit 0 whenever one was written).
+
+    
+    Examples:
+      moeaudit certify sample_checkpoints/healthy
+      moeaudit certify sample_checkpoints/collapse --out certs/collapse
+      moeaudit certify sample_checkpoints/sft-refine --stage post-training
+    """
     from moeaudit import canary as canary_mod
     from moeaudit.cache import ReceiptsCache
     from moeaudit.certify import audit_run, write_outputs
@@ -496,13 +561,14 @@ def _signing_key(path: Path | None):
     if path is None:
         path = default_key_path()
         if ensure_key(path):  # under a lock: a concurrent first use gets the same key
-            err.print(f"created your signing key {path} (0600) and {path}.pub — keep the private key safe")
+            err.print(f"created your signing key {path} (0600) and {path}.pub — keep the private key safe",
+                      markup=False)
     try:
         key, warnings = load_private_key(path)
     except KeyNeedsPassphrase:
         key, warnings = load_private_key(path, _passphrase_prompt())
     for w in warnings:
-        err.print(f"warning: {w}")
+        err.print(f"warning: {w}", markup=False)
     return key
 
 
@@ -527,7 +593,13 @@ def _signing_key(path: Path | None):
 def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
          reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None,
          force: bool) -> None:
-    """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3)."""
+    """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
+
+    
+    Examples:
+      moeaudit gate sample_checkpoints/sft-refine/checkpoint-0 sample_checkpoints/sft-refine/checkpoint-1000
+      moeaudit gate sample_checkpoints/sft-repurpose/checkpoint-0 sample_checkpoints/sft-repurpose/checkpoint-1000
+    """
     import os
 
     from moeaudit import canary as canary_mod
@@ -547,12 +619,13 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
     result = gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
     style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
-    out.print(f"[{style}]{result['decision']}[/] {result['candidate']} over {result['base']} "
-              f"(stage {result['stage']}, from {result['stage_source']}; verdict {result['verdict']}: "
-              f"{result['verdict_reason']})")
+    seen: set[str] = set()  # papers named so far in this output
+    out.print(f"[{style}]{result['decision']}[/] " + esc(named(
+        f"{result['candidate']} over {result['base']} (stage {result['stage']}, from {result['stage_source']}; "
+        f"verdict {result['verdict']}: {result['verdict_reason']})", seen)))
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(f"  {mark} {cond['name']}: {cond['detail']}")
+        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
     if json_out is not None:
@@ -590,7 +663,13 @@ def _passphrase_prompt() -> bytes | None:
 @click.option("--force", is_flag=True, help="Replace existing key files.")
 @verbose_option
 def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
-    """Create a signing key pair: KEY (mode 0600) and KEY.pub."""
+    """Create a signing key pair: KEY (mode 0600) and KEY.pub.
+
+    
+    Examples:
+      moeaudit keygen --out release-key
+      moeaudit keygen --out release-key --ecdsa
+    """
     import os
 
     from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
@@ -614,7 +693,13 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
               help="Where the certified run is now (default: the path recorded in the certificate).")
 @verbose_option
 def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None) -> None:
-    """Verify a certificate's signature (exit 0 valid, 1 invalid)."""
+    """Verify a certificate's signature (exit 0 valid, 1 invalid).
+
+    
+    Examples:
+      moeaudit verify moeaudit-certificates/healthy/certificate.json
+      moeaudit verify moeaudit-certificates/healthy/certificate.json --pubkey release-key.pub --recheck
+    """
     from moeaudit.attest.certificate import open_certificate, recheck_subjects
     from moeaudit.attest.signing import load_public_key
 
@@ -622,7 +707,7 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None)
         from moeaudit.attest.signing import default_key_path
 
         pubkey = Path(str(default_key_path()) + ".pub")
-        err.print(f"verifying with your key {pubkey} (--pubkey names another)")
+        err.print(f"verifying with your key {pubkey} (--pubkey names another)", markup=False)
     stmt = open_certificate(cert, load_public_key(pubkey))
     pred = stmt["predicate"]
     click.echo(f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
@@ -652,7 +737,13 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
 def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None, force: bool) -> None:
-    """Map a verified certificate's evidence to a compliance framework."""
+    """Map a verified certificate's evidence to a compliance framework.
+
+    
+    Examples:
+      moeaudit export moeaudit-certificates/healthy/certificate.json --framework eu-ai-act --out eu.md
+      moeaudit export moeaudit-certificates/healthy/certificate.json --framework sr-11-7 --format html --out sr.html
+    """
     from moeaudit.jsonio import atomic_write
     from moeaudit.report.export import run_export
 
@@ -666,7 +757,12 @@ def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None,
 
 @cli.group()
 def samples() -> None:
-    """The sample training runs shipped with moeaudit."""
+    """The sample training runs shipped with moeaudit.
+
+    
+    Examples:
+      moeaudit samples build --tiny --out /tmp/moeaudit-samples
+    """
 
 
 @samples.command("build")
@@ -675,7 +771,13 @@ def samples() -> None:
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
 @verbose_option
 def samples_build(out: Path, tiny: bool) -> None:
-    """Train the sample runs on generated data (deterministic, CPU)."""
+    """Train the sample runs on generated data (deterministic, CPU).
+
+    
+    Examples:
+      moeaudit samples build --tiny --out /tmp/moeaudit-samples
+      moeaudit samples build --out my-samples
+    """
     from moeaudit.samples.build import build_samples
 
     with _progress() as tick:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,77 @@ def test_html_export_shows_the_verdict_in_colour_and_the_backing_charts(key_pair
         assert backed and page.count("<figure><svg") >= len(backed)
         assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
         assert to_html(report, stmt) == page  # deterministic
+
+
+def _style_rules(page: str) -> list[tuple[list[str], dict[str, str]]]:
+    """The page's top-level CSS rules in order (selectors, declarations); @media blocks dropped."""
+    css = "\n".join(re.findall(r"<style>(.*?)</style>", page, flags=re.S))
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    css = re.sub(r"@media[^{]*\{(?:[^{}]*\{[^{}]*\})*[^{}]*\}", "", css)
+    rules = []
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        decls = dict((k.strip(), v.strip()) for k, _, v in
+                     (d.partition(":") for d in body.split(";") if ":" in d))
+        rules.append(([s.strip() for s in selectors.split(",")], decls))
+    return rules
+
+
+def _colours(page: str, selector: str) -> tuple[str, str]:
+    """(background, color) the page's stylesheet gives ``selector`` alone, var() resolved."""
+    rules = _style_rules(page)
+    root = {k: v for sels, decls in rules if ":root" in sels for k, v in decls.items()}
+    got: dict[str, str] = {}
+    for sels, decls in rules:
+        if selector in sels:
+            got.update(decls)
+
+    def resolve(value: str) -> str:
+        m = re.fullmatch(r"var\((--[\w-]+)\)", value)
+        return resolve(root[m.group(1)]) if m else value.lower()
+
+    return resolve(got["background"]), resolve(got["color"])
+
+
+@pytest.mark.parametrize("verdict", ["PASS", "FAIL", "INCONCLUSIVE"])
+def test_export_and_certificate_show_a_verdict_in_the_same_colours(verdict: str, key_pair, tmp_path) -> None:
+    """Issue 16 item 6: the verdict badge of the export page and the verdict band of the
+    certificate page get their colours from one stylesheet (templates/verdict.css)."""
+    from moeaudit.report.html import render_html
+
+    stmt = minimal_statement()
+    stmt["predicate"]["verdict"] = verdict
+    cert_page = render_html(stmt, keyid="k" * 64, envelope_sha256="e" * 64)
+    export_page = to_html(export(verified(stmt, key_pair, tmp_path), "eu-ai-act"), stmt)
+    assert f'class="verdict verdict-{verdict.lower()}"' in cert_page
+    assert f'class="badge v-{verdict}"' in export_page
+    expected = {"PASS": ("#1a7f37", "#fff"), "FAIL": ("#b42318", "#fff"),
+                "INCONCLUSIVE": ("#f5a623", "#2b1d00")}[verdict]
+    assert _colours(cert_page, f".verdict-{verdict.lower()}") == expected
+    assert _colours(export_page, f".v-{verdict}") == expected
+
+
+def test_templates_are_found_in_an_installed_package(tmp_path: Path) -> None:
+    """A wheel installs templates/ as moeaudit/_templates without an __init__.py (a namespace
+    package): both pages must render from there, with the shared verdict.css, in a fresh process."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    site = tmp_path / "site-packages"
+    shutil.copytree(root / "moeaudit", site / "moeaudit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "templates", site / "moeaudit" / "_templates")
+    code = ("import json, sys\n"
+            "from moeaudit.resources import templates_dir\n"
+            "from moeaudit.report.export import export, to_html\n"
+            "from moeaudit.report.html import render_html\n"
+            "s = json.load(open(sys.argv[1]))\n"
+            "v = {**s, '_keyid': '0' * 64}\n"
+            "print(templates_dir())\n"
+            "print('.v-INCONCLUSIVE' in render_html(s, keyid='k' * 64, envelope_sha256='e' * 64))\n"
+            "print('.v-INCONCLUSIVE' in to_html(export(v, 'eu-ai-act'), v))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(FIXTURE)], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(site / "moeaudit" / "_templates")
+    assert lines[1:] == ["True", "True"]

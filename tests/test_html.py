@@ -38,7 +38,7 @@ ENVELOPE_SHA = "9c2e4a6b8d0f1e3c5a7b9d1f3e5c7a9b1d3f5e7c9a1b3d5f7e9c1a3b5d7f9e1c
 HEADINGS = ("Checks", "Gate progression", "Per-layer C2", "Loss and C2 over steps",
             "Gradient-variance envelope", "Expert occupancy", "Domain routing", "Claims",
             "How to verify this certificate", "What this certificate proves — and what it does not")
-AMBER = (245, 166, 35)  # --amber in templates/certificate.css: the INCONCLUSIVE band
+AMBER = (245, 166, 35)  # --amber in templates/verdict.css: the INCONCLUSIVE band
 
 
 @pytest.fixture()
@@ -416,6 +416,7 @@ def test_occupancy_heatmaps_share_one_fixed_scale(statement: dict[str, Any]) -> 
 EXPORT_FACTS = """JSON.stringify((() => {
   const badge = document.querySelector('.badge[class*="v-"]');
   return {verdict: badge.innerText, color: getComputedStyle(badge).backgroundColor,
+          ink: getComputedStyle(badge).color,
           scripts: document.scripts.length, resources: performance.getEntriesByType('resource').length,
           figures: [...document.querySelectorAll('figure svg')]
                      .filter(s => s.getBoundingClientRect().width > 100).length};
@@ -444,5 +445,6 @@ def test_chromium_renders_the_export_page_with_its_verdict_and_charts(statement:
         tools.close()
     assert urls == [url] and errors == []
     assert facts["verdict"] == statement["predicate"]["verdict"] == "INCONCLUSIVE"
-    assert facts["color"] == "rgb(191, 135, 0)"  # the amber of .v-INCONCLUSIVE
+    assert facts["color"] == "rgb({}, {}, {})".format(*AMBER)  # verdict.css: as the certificate's band
+    assert facts["ink"] == "rgb(43, 29, 0)"  # --amber-ink: dark text on amber, as on the certificate
     assert facts["scripts"] == 0 and facts["resources"] == 0 and facts["figures"] >= 2

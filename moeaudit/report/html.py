@@ -22,6 +22,7 @@ import jinja2
 import jinja2.bccache
 
 from moeaudit.cache import ReceiptsCache
+from moeaudit.papers import GLOSSARY, PAPERS, legend, named
 from moeaudit.report import charts
 from moeaudit.report.svg import sci, signed
 from moeaudit.resources import templates_dir
@@ -68,7 +69,13 @@ def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True,
                              bytecode_cache=SignedBytecode(compiled) if compiled is not None else None)
     env.filters["num"] = num
+    env.filters["cite"] = cite
     return env
+
+
+def cite(text: Any) -> str:
+    """Document text with each paper it cites by number named at its first mention in it."""
+    return named(str(text))
 
 
 def num(value: float | None, spec: str = ".3f") -> str:
@@ -118,6 +125,9 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
                    for row in p.get("claims") or []],
         "digests": digests(statement, keyid, envelope_sha256),
         "verify_command": VERIFY,
+        "papers": [{"number": n, "short": short, "title": title} for n, (short, title) in PAPERS.items()],
+        "papers_legend": legend(),
+        "glossary": GLOSSARY,
     }
 
 

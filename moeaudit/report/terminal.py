@@ -2,6 +2,10 @@
 
 Off a terminal (pipes, CI logs, tests) the consoles are a fixed 140 columns, so the output is
 the same bytes everywhere. The library never prints; ``cli.py`` calls these with its results.
+
+Text from a document (names, reasons, paths, domains) goes through :func:`esc` before rich sees
+it: rich reads "[calibrated]" or "[/b]" as markup and would drop it or fail. A paper cited by
+number is named at its first mention in each report (:func:`moeaudit.papers.named`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from moeaudit.papers import named
 
 
 def _console(stderr: bool = False) -> Console:
@@ -26,7 +33,12 @@ err = _console(stderr=True)
 
 def warn(message: str) -> None:
     """One line on stderr, never wrapped (warnings are grepped by CI logs and tests)."""
-    err.print(message, soft_wrap=True, markup=False)
+    err.print(named(message), soft_wrap=True, markup=False)
+
+
+def esc(value: Any) -> str:
+    """Any value as literal text for a rich markup string."""
+    return escape(str(value))
 
 
 def print_json(doc: Any) -> None:
@@ -38,6 +50,7 @@ def fmt(x: Any, spec: str = ".4g") -> str:
 
 
 def print_receipts(doc: dict[str, Any]) -> None:
+    seen: set[str] = set()  # papers named so far in this report
     receipts_header(doc)
     table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
                   "ḡ", "var_grad_norm", title="state receipts per routed layer")
@@ -45,7 +58,7 @@ def print_receipts(doc: dict[str, Any]) -> None:
         o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
         g = layer.get("gradients", {})
         dead = f"[red]{o['dead']}[/]" if o["dead"] else "0"
-        table.add_row(str(layer["layer"]), dead, fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
+        table.add_row(esc(layer["layer"]), dead, fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
                       fmt(o["entropy_norm"], ".3f"), fmt(b["margin_mean"], ".4f"),
                       fmt(b["flip_rate"], ".3f"), fmt(c.get("c2"), "+.4f"),
                       fmt(c.get("c2_smooth"), "+.4f"), fmt(g.get("grad_mean")),
@@ -54,13 +67,13 @@ def print_receipts(doc: dict[str, Any]) -> None:
     gated = [layer for layer in doc["layers"] if layer.get("gate")]
     if gated:
         g = gated[0]["gate"]
-        out.print(f"gate of layers {', '.join(str(x['layer']) for x in gated)}: {g['gate']}. "
-                  f"{g['why']}: State1 and flip are on the selection scores, C2~ on the unbiased "
+        out.print(f"gate of layers {esc(', '.join(str(x['layer']) for x in gated))}: {esc(g['gate'])}. "
+                  f"{esc(named(g['why'], seen))}: State1 and flip are on the selection scores, C2~ on the unbiased "
                   "gate (see 'gate' in the JSON for what still holds)")
         biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
         for x in biased:
             b = x["gate"]["selection_bias"]
-            out.print(f"  layer {x['layer']} selection bias: {fmt(b['min'], '+.4f')} … "
+            out.print(f"  layer {esc(x['layer'])} selection bias: {fmt(b['min'], '+.4f')} … "
                       f"{fmt(b['max'], '+.4f')} (std {fmt(b['std'], '.4f')})")
     if "generation" in doc:
         gen = doc["generation"]
@@ -69,7 +82,7 @@ def print_receipts(doc: dict[str, Any]) -> None:
                   f"{fmt(gen['distinct_2'], '.3f')}, rep-4 {fmt(gen['rep_4'], '.3f')}")
     if "conflict" in doc:
         worst = max(doc["conflict"]["layers"], key=lambda x: x["max_conflict"])
-        out.print(f"domain gradient conflict: max {fmt(worst['max_conflict'], '.4f')} (layer {worst['layer']})")
+        out.print(f"domain gradient conflict: max {fmt(worst['max_conflict'], '.4f')} (layer {esc(worst['layer'])})")
     print_nonfinite(doc)
 
 
@@ -89,9 +102,9 @@ def print_nonfinite(doc: dict[str, Any]) -> None:
 
 def receipts_header(doc: dict[str, Any]) -> None:
     ck, cn = doc["checkpoint"], doc["canary"]
-    out.print(f"[bold]{ck['name']}[/] ({ck['family']}, {ck['experts']} experts, top-{ck['top_k']})  "
+    out.print(f"[bold]{esc(ck['name'])}[/] ({esc(ck['family'])}, {ck['experts']} experts, top-{ck['top_k']})  "
               f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…")
-    by_domain = "  ".join(f"{k} {fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
+    by_domain = "  ".join(f"{esc(k)} {fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
     out.print(f"NLL {fmt(doc['nll'], '.4f')} nats   ({by_domain})")
 
 
@@ -101,8 +114,9 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
     from moeaudit.judge.margins import SMOOTH_NOTE
 
     base, cand = doc["base"], doc["candidate"]
-    out.print(f"[bold]base[/] {base['checkpoint']['name']}  →  [bold]candidate[/] "
-              f"{cand['checkpoint']['name']}   protected layers {doc['protected_layers']}")
+    seen: set[str] = set()  # papers named so far in this report
+    out.print(f"[bold]base[/] {esc(base['checkpoint']['name'])}  →  [bold]candidate[/] "
+              f"{esc(cand['checkpoint']['name'])}   protected layers {esc(doc['protected_layers'])}")
     out.print(f"NLL {fmt(base['nll'], '.4f')} → {fmt(cand['nll'], '.4f')} nats")
     table = Table("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
                   "content", "router Δ", title="per routed layer (candidate state; drift from base)")
@@ -111,7 +125,7 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
         i, d = entry["layer"], entry["drift"]
         st = by_layer[i]
         mark = "*" if i in doc["protected_layers"] else ""
-        table.add_row(f"{i}{mark}", str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
+        table.add_row(esc(f"{i}{mark}"), str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
                       fmt(st["boundary"]["margin_mean"], ".4f"), fmt(st["overlap"].get("c2"), "+.4f"),
                       fmt(d["coordinate"], ".4f"), fmt(d["boundary"], ".3f"),
                       fmt(d["transition"], ".4f"), fmt(d["content"], ".3f"),
@@ -120,7 +134,7 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
     for entry in doc["layers"]:
         b = entry.get("selection_bias")
         if b is not None:
-            out.print(f"layer {entry['layer']} selection bias: ‖Δb‖ {fmt(b['l2'], '.4f')}, "
+            out.print(f"layer {esc(entry['layer'])} selection bias: ‖Δb‖ {fmt(b['l2'], '.4f')}, "
                       f"max |Δb| {fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
                       f"{fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}")
     band = policy.gates.inconclusive_band
@@ -135,34 +149,38 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
         ci = m.get("ci95")
         interval = "" if not ci else f", 95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]"
         why = m.get("reason") if m["exact"] is None else words[name][margin_status(m, band)]
-        out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {why}")
-        out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {SMOOTH_NOTE}[/]")
+        out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {esc(named(why, seen))}")
+        out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {esc(named(SMOOTH_NOTE, seen))}[/]")
     gates = evaluate_gates([Checkpointed(0, doc["base"], "base"), Checkpointed(1, doc["candidate"])],
                            doc["protected_layers"], policy.gates,
                            resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
     claims = gates[1]["claims"]
-    out.print("[dim]What these receipts license (003 Table 4, computed from the numbers above):[/]")
+    heading = named("What these receipts license (003 Table 4, computed from the numbers above):", seen)
+    out.print(f"[dim]{esc(heading)}[/]")
     for text in claims["licensed"]:
-        out.print(f"[dim]  ✓ {text}[/]")
+        out.print(f"[dim]  ✓ {esc(named(text, seen))}[/]")
     for text in claims["not_licensed"]:
-        out.print(f"[dim]  ✗ not: {text}[/]")
+        out.print(f"[dim]  ✗ not: {esc(named(text, seen))}[/]")
     print_nonfinite(doc)
 
 
 def print_envelope(report: dict[str, Any]) -> None:
     k = report["constants"]
+    seen: set[str] = set()  # papers named so far in this report
     kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
-    out.print(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
-              f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} [{kind}]")
+    out.print(esc(named(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
+                        f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} "
+                        f"[{kind}]", seen)))
     table = Table("series", "samples", "min Grönwall margin", "Grönwall (Eq. 12)",
-                  "Δ-step (Eq. 11)", "starved experts", "compliant")
+                  "Δ-step (Eq. 11)", "starved experts", "compliant",
+                  title=esc(named("bounds of the Gradient Starvation Envelope (000), per series", seen)))
     for key, rows in report["series"].items():
         margins = [r["margin"] for r in rows if r.get("margin") is not None]
         gronwall = sum(not r["compliant"] for r in rows)
         discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
         starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))
         ok = "[green]yes[/]" if gronwall + discrete + starved == 0 else "[red]no[/]"
-        table.add_row(series_name(key), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
+        table.add_row(esc(series_name(key)), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
                       _count(gronwall, "sample"), _count(discrete, "pair"), str(starved), ok)
     out.print(table)
     fv = report["first_violation"]
@@ -171,25 +189,28 @@ def print_envelope(report: dict[str, Any]) -> None:
                 f"rose above the Δ-step bound from step {fv.get('from_step')}",
                 "starvation": f"starves expert {fv.get('expert')} (share of the layer's gradient)"
                 }.get(fv["check"], fv["check"])
-        out.print(f"[red]first leaves the envelope at step {fv['step']}: {series_name(fv['layer'])} "
-                  f"{what}[/] — {fmt(fv['value'], '.4g')} against a bound of {fmt(fv['bound'], '.4g')}")
+        out.print(f"[red]first leaves the envelope at step {esc(fv['step'])}: {esc(series_name(fv['layer']))} "
+                  f"{esc(what)}[/] — {fmt(fv['value'], '.4g')} against a bound of {fmt(fv['bound'], '.4g')}")
     for w in report.get("sampling", {}).get("warnings", []):
-        out.print(f"[yellow]warning:[/] {w}")
+        out.print(f"[yellow]warning:[/] {esc(named(w, seen))}")
     for a in report["alerts"]:
-        out.print(f"[yellow]alert[/] (000 Eq. 21) on {series_name(a['series'])}: every expert's gradient "
+        out.print(f"[yellow]alert[/] ({named('000 Eq. 21', seen)}) on {esc(series_name(a['series']))}: "
+                  "every expert's gradient "
                   f"below {report['rules']['alert']['a']:g} with V above {report['rules']['alert']['b']:g} "
                   f"for {a['samples']} samples, steps {a['since']}–{a['until']}")
     for d in report["dead_experts"]:
         state = "recovered" if d.get("recovered") else "still dead at the last sample"
-        out.print(f"[yellow]dead expert[/] (000 §10.3): layer {d['layer']} expert {d['expert']} had a "
+        out.print(f"[yellow]dead expert[/] ({named('000 §10.3', seen)}): layer {esc(d['layer'])} expert "
+                  f"{esc(d['expert'])} had a "
                   f"gradient norm below {report['rules']['dead_expert']['grad']:g} for {d['steps']} steps "
                   f"({d['since']}–{d['until']}), {state}")
     for s in report.get("starvation", []):
-        out.print(f"[yellow]starved expert[/] (000 §8.1): layer {s['layer']} expert {s['expert']} got "
+        out.print(f"[yellow]starved expert[/] ({named('000 §8.1', seen)}): layer {esc(s['layer'])} expert "
+                  f"{esc(s['expert'])} got "
                   f"under {report['rules']['starvation']['share']:.3g} of the mean expert gradient for "
                   f"{s['steps']} steps ({s['since']}–{s['until']}; lowest share {s['share']:.3g})")
     if report.get("comparison"):
-        print_comparison(report["comparison"])
+        print_comparison(report["comparison"], seen)
     out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
 
 
@@ -202,10 +223,10 @@ def _count(n: int, what: str) -> str:
     return "within" if n == 0 else f"[red]{n} {what}{'s' if n > 1 else ''} over[/]"
 
 
-def print_comparison(c: dict[str, Any]) -> None:
+def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
     mark = {True: "+", False: "-", None: "·"}
     for view, k in c["constants"].items():
-        out.print(f"{view}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
+        out.print(f"{esc(view)}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
     spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
     views = ("replay", "logs", "logs_endpoints", "probe") if "probe" in c["constants"] else (
         "replay", "logs", "logs_endpoints")
@@ -218,11 +239,11 @@ def print_comparison(c: dict[str, Any]) -> None:
             cell = "/".join(mark[w[v]["compliant"]] for v in views)
             differ = False in (w["agree"], w["agree_endpoints"], w.get("agree_probe"))
             cells.append(f"[yellow]{cell}[/]" if differ else cell)
-        table.add_row(key, *cells)
+        table.add_row(esc(key), *cells)
     out.print(table)
     for s in c["skipped"]:
         where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
-        out.print(f"not compared: {where} ({s['reason']})")
+        out.print(esc(named(f"not compared: {where} ({s['reason']})", seen)))
     for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints"),
                        ("probe", "the canary probe")):
         if view not in c["agreement"]:
@@ -234,7 +255,7 @@ def print_comparison(c: dict[str, Any]) -> None:
         out.print(f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
                   "(relative) at the checkpoints")
     if c.get("note"):
-        out.print(f"[yellow]note:[/] {c['note']}")
+        out.print(f"[yellow]note:[/] {esc(named(c['note'], seen))}")
 
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
@@ -244,17 +265,18 @@ STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED":
 
 
 def print_gates(pred: dict[str, Any]) -> None:
+    seen: set[str] = set()  # papers named so far in this report
     table = Table("step", "gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
-                  title=f"{pred['run']['name']} ({pred['run']['stage']}) — gates")
+                  title=esc(f"{pred['run']['name']} ({pred['run']['stage']}) — gates"))
     for g in pred["gates"]:
         r = g["receipts"]
         st = STATUS_STYLE.get(g["status"], "")
-        table.add_row(str(g["step"]), f"[{st}]{g['status']}[/]", str(g["baseline"]), fmt(r["nll"], ".4f"),
-                      g["scalar"], fmt(r["c2_mean"], "+.4f"), fmt(r["state1_mean"], ".4f"),
+        table.add_row(esc(g["step"]), f"[{st}]{esc(g['status'])}[/]", esc(g["baseline"]), fmt(r["nll"], ".4f"),
+                      esc(g["scalar"]), fmt(r["c2_mean"], "+.4f"), fmt(r["state1_mean"], ".4f"),
                       str(r["dead"]), fmt(r["cv_mean"], ".3f"), fmt(r["entropy_norm_min"], ".3f"))
     out.print(table)
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
-        out.print(f"  {c['name']}: {status} — {c['reason']}")
+        out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
     v = pred["verdict"]
-    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {pred['verdict_reason']}")
+    out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {esc(named(pred['verdict_reason'], seen))}")
