@@ -241,17 +241,18 @@ class DcpTensor:
     chunks: tuple[Chunk, ...]
 
 
-def _chunks_tile(fqn: str, shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
+def _chunks_tile(shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
     """Why the chunks do not cover the tensor exactly once (None when they do)."""
     for c in chunks:
         if len(c.offsets) != len(shape) or len(c.sizes) != len(shape):
             return f"a chunk of rank {len(c.sizes)} for a tensor of rank {len(shape)}"
         if any(o + s > d for o, s, d in zip(c.offsets, c.sizes, shape)):
             return f"chunk at {list(c.offsets)} of size {list(c.sizes)} runs past {list(shape)}"
-    for i, a in enumerate(chunks):
-        for b in chunks[i + 1:]:
+    boxes = [c for c in chunks if 0 not in c.sizes]  # an empty chunk overlaps nothing
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
             if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs
-                   in zip(a.offsets, a.sizes, b.offsets, b.sizes)) and math.prod(a.sizes) and math.prod(b.sizes):
+                   in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
                 return f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap"
     covered = sum(math.prod(c.sizes) for c in chunks)
     if covered != math.prod(shape):
@@ -350,14 +351,15 @@ class DcpDirectory:
             raise self._fail(f"tensor {fqn!r} has no size or no chunks")
         placed = []
         for c in chunks:
-            offsets, sizes = (c.get("offsets"), c.get("sizes")) if isinstance(c, _ChunkStorageMetadata) else (None, None)
+            ok = isinstance(c, _ChunkStorageMetadata)
+            offsets, sizes = (c.get("offsets"), c.get("sizes")) if ok else (None, None)
             if not isinstance(offsets, tuple) or not isinstance(sizes, tuple):
                 raise self._fail(f"tensor {fqn!r} has a malformed chunk")
             stored = where.get((fqn, offsets))
             if stored is None:
                 raise self._fail(f"tensor {fqn!r}: chunk at {list(offsets)} has no storage entry")
             placed.append(Chunk(offsets, sizes, stored.file, stored.begin, stored.length))
-        if why := _chunks_tile(fqn, shape, placed):
+        if why := _chunks_tile(shape, placed):
             raise self._fail(f"tensor {fqn!r}: {why}", "the checkpoint's shards do not form whole tensors")
         return DcpTensor(fqn, dtype.name, shape, tuple(placed))
 
