@@ -68,6 +68,57 @@ def torchtitan_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# torchtitan deepseek_v3 names (its state_dict_adapter's from_hf_map), written out by hand
+DEEPSEEK_TT = {
+    "self_attn.q_a_proj.weight": "attention.wq_a.weight",
+    "self_attn.q_a_layernorm.weight": "attention.q_norm.weight",
+    "self_attn.q_b_proj.weight": "attention.wq_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attention.wkv_a.weight",
+    "self_attn.kv_a_layernorm.weight": "attention.kv_norm.weight",
+    "self_attn.kv_b_proj.weight": "attention.wkv_b.weight",
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate.weight": "moe.router.gate.weight",
+    "mlp.gate.e_score_correction_bias": "moe.expert_bias",
+    "mlp.shared_experts.gate_proj.weight": "moe.shared_experts.w1.weight",
+    "mlp.shared_experts.up_proj.weight": "moe.shared_experts.w3.weight",
+    "mlp.shared_experts.down_proj.weight": "moe.shared_experts.w2.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+}
+
+
+def deepseek_torchtitan_names(sd: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    out = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
+           "output.weight": sd["lm_head.weight"]}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for hf, tt in DEEPSEEK_TT.items():
+            if p + hf in sd:
+                out[f"layers.{i}.{tt}"] = sd[p + hf]
+        if p + "mlp.gate.weight" in sd:
+            for w, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[f"layers.{i}.moe.experts.{w}"] = torch.stack(
+                    [sd[p + f"mlp.experts.{e}.{hf}.weight"] for e in range(cfg["n_routed_experts"])])
+    assert len(out) < len(sd)
+    return out
+
+
+def test_deepseek_torchtitan_names_bit_exact(tmp_path: Path) -> None:
+    src = SAMPLES / "deepseek" / "checkpoint-250"
+    cfg = json.loads((src / "config.json").read_text())
+    save(deepseek_torchtitan_names(hf_weights(src), cfg), tmp_path / "c")
+    shutil.copy(src / "config.json", tmp_path / "c")
+    ours, ref = Checkpoint(tmp_path / "c"), Checkpoint(src)
+    assert ours.spec.family == "deepseek_v3" and ours.warnings == [] and ours.fused
+    n = assert_same_weights(ours, ref)
+    # 3 globals + dense layer 0 (2 norms, 7 MLA, 3 MLP) + 3 routed layers × (2 + 7 + router, bias,
+    # 3 shared + 8 experts × 3)
+    assert n == 3 + 12 + 3 * (14 + 24)
+
+
 def dcp_copy(src: Path, dst: Path, form: str) -> Path:
     """``src`` (a safetensors checkpoint) as a DCP directory with its config.json beside."""
     sd = hf_weights(src)
@@ -99,7 +150,7 @@ def assert_same_weights(a: Checkpoint, b: Checkpoint) -> int:
         for k in x.params:
             assert x.params[k].dtype == y.params[k].dtype and torch.equal(x.params[k], y.params[k]), k
             n += 1
-        assert len(x.experts) == len(y.experts) == a.spec.num_experts
+        assert len(x.experts) == len(y.experts) == (a.spec.num_experts if a.spec.is_routed(layer) else 0)
         for u, v in zip(x.experts, y.experts):
             for k in u:
                 assert torch.equal(u[k], v[k]), (layer, k)
