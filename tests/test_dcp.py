@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -329,6 +330,15 @@ def test_no_config_and_ambiguous_format(tmp_path: Path) -> None:
         Checkpoint(ckpt)
 
 
+def json_diff(a: object, b: object, at: str = "") -> list[str]:
+    """Where two JSON values differ (paths), for a readable failure."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in json_diff(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in json_diff(x, y, f"{at}[{i}]")]
+    return [] if a == b and type(a) is type(b) else [f"{at}: {a!r} != {b!r}"]
+
+
 def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
     """A run whose checkpoints are DCP (torchtitan names) certifies with the numbers of the
     same run saved as safetensors."""
@@ -339,7 +349,7 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
         for step in (250, 500):
             src = SAMPLES / "healthy" / f"checkpoint-{step}"
             if kind == "dcp":
-                dcp_copy(src, run / f"checkpoint-{step}", "torchtitan")
+                dcp_copy(src, run / f"step-{step}", "torchtitan")  # torchtitan's directory name
             else:
                 shutil.copytree(src, run / f"checkpoint-{step}")
         for log in ("metrics.jsonl", "canary_probe.jsonl"):
@@ -359,7 +369,7 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
         docs[kind]["predicate"] = base64.b64decode(envelope["payload"]).decode()
     assert sorted(docs["dcp"]) == sorted(docs["safetensors"]) == \
         ["checkpoint-250.json", "checkpoint-500.json", "envelope.json", "pair-500-vs-250.json", "predicate"]
-    # the checkpoints' digests and the run's path differ; every other byte must be the same
+    # the checkpoints' digests, names and the run's path differ; every other byte must be the same
     renames = {str(runs["dcp"]): str(runs["safetensors"])}
     for step in (250, 500):
         ours, ref = (json.loads(docs[k][f"checkpoint-{step}.json"])["checkpoint"]["digest"]["sha256"]
@@ -369,10 +379,9 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
     for name, text in docs["dcp"].items():
         for old, new in renames.items():
             text = text.replace(old, new)
+        text = re.sub(r"\bstep-(250|500)\b", r"checkpoint-\1", text)  # the checkpoints' directory names
+        ours, ref = json.loads(text), json.loads(docs["safetensors"][name])
         if name == "predicate":  # when it was signed
-            text, ref = (json.loads(t) for t in (text, docs["safetensors"][name]))
-            for doc in (text, ref):
+            for doc in (ours, ref):
                 del doc["predicate"]["issued_at"]
-        else:
-            ref = docs["safetensors"][name]
-        assert text == ref, name
+        assert json_diff(ours, ref) == [], name
