@@ -385,3 +385,15 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
             for doc in (ours, ref):
                 del doc["predicate"]["issued_at"]
         assert json_diff(ours, ref) == [], name
+
+
+def test_torchtitan_step_dirs_are_a_run_and_may_not_repeat_a_step(tmp_path: Path) -> None:
+    from moeaudit.errors import InputError
+    from moeaudit.run import discover
+
+    dcp_copy(SOURCE, tmp_path / "step-250", "hf")
+    run = discover(tmp_path)
+    assert run.steps == [250] and run.checkpoints[0][1].is_dcp
+    shutil.copytree(SOURCE, tmp_path / "checkpoint-250")
+    with pytest.raises(InputError, match="checkpoint-250 and step-250 are both step 250"):
+        discover(tmp_path)
