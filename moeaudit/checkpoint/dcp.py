@@ -14,8 +14,9 @@ general:
   ``.distcp`` file (``filesystem._write_item``, the default ``SerializationFormat.TORCH_SAVE``).
   Its zip directory is read with :mod:`zipfile`; its ``data.pkl`` (storage offset, size and
   strides) goes through :class:`TensorUnpickler`, which knows only ``_rebuild_tensor_v2``,
-  typed-storage names and ``OrderedDict`` (again stand-ins) and maps persistent ids to storage
-  records; the bytes come from the archive's ``data/<key>`` record.
+  typed-storage names (stand-ins again) and the empty hooks ``OrderedDict``, and maps persistent
+  ids to storage records; the bytes are the archive's ``data/<key>`` record, CRC-checked and
+  used in place.
 
 Only whole tensors are returned: a tensor saved as several chunks (FSDP/TP shards) is
 reassembled after checking that its chunks tile it exactly. ``BytesStorageMetadata`` entries
@@ -34,6 +35,7 @@ import os
 import pickle
 import re
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -221,6 +223,45 @@ _UNPICKLE_ERRORS = (pickle.UnpicklingError, EOFError, TypeError, ValueError, Att
                     IndexError, KeyError, RecursionError, UnicodeDecodeError, OverflowError)
 
 
+class _View(io.RawIOBase):
+    """A seekable read-only file over a memoryview (``zipfile`` without copying the buffer)."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = max(0, pos + (0, self.pos, len(self.view))[whence])
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self.view) - self.pos))
+        b[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+def _stored_range(raw: bytearray, info: zipfile.ZipInfo) -> range:
+    """The bytes of an uncompressed zip member, after its local header, CRC-checked."""
+    head = bytes(raw[info.header_offset:info.header_offset + 30])
+    if len(head) != 30 or not head.startswith(TORCH_SAVE_MAGIC):
+        raise ValueError(f"no local header for {info.filename}")
+    start = info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
+    if info.compress_size != info.file_size or start + info.file_size > len(raw):
+        raise ValueError(f"{info.filename} runs past its archive")
+    if zlib.crc32(memoryview(raw)[start:start + info.file_size]) != info.CRC:
+        raise ValueError(f"{info.filename} fails its CRC")
+    return range(start, start + info.file_size)
+
+
 # ----- the metadata as plain data --------------------------------------------------------------
 
 
@@ -278,7 +319,6 @@ class DcpDirectory:
         # filled by map_names: Hugging Face name → how to make it
         self.tensors: dict[str, TensorInfo] = {}
         self._sources: dict[str, tuple[str, ...]] = {}
-        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def _fail(self, what: str, hint: str | None = None, path: Path | None = None) -> CheckpointError:
         return CheckpointError(what, path=path or self.meta_path, hint=hint)
@@ -391,7 +431,7 @@ class DcpDirectory:
         if not buf.startswith(TORCH_SAVE_MAGIC):
             raise self._fail(f"{name}: bytes at {c.begin} are not a torch.save record",
                              "only DCP's default torch_save serialization format is read", file)
-        ref, data = self._archive(name, bytes(buf), file)
+        ref, data = self._archive(name, buf, file)
         if ref.storage.dtype != entry.dtype:
             raise self._fail(f"{name}: stored as {ref.storage.dtype}, metadata says {entry.dtype}", path=file)
         if ref.size != c.sizes:
@@ -407,13 +447,17 @@ class DcpDirectory:
         last = ref.offset + sum((n - 1) * s for n, s in zip(ref.size, ref.stride))
         if len(ref.stride) != len(ref.size) or last >= ref.storage.numel:
             raise self._fail(f"{name}: view runs past its {ref.storage.numel}-element storage", path=file)
-        flat = torch.frombuffer(bytearray(data), dtype=dtype)
-        return flat.as_strided(ref.size, ref.stride, ref.offset).clone(memory_format=torch.contiguous_format)
+        flat = torch.frombuffer(buf, dtype=dtype, offset=data.start, count=ref.storage.numel)
+        view = flat.as_strided(ref.size, ref.stride, ref.offset)
+        if view.is_contiguous() and numel == ref.storage.numel:
+            return view  # the whole storage, in order: a view into our own fresh buffer
+        return view.clone(memory_format=torch.contiguous_format)
 
-    def _archive(self, name: str, raw: bytes, file: Path) -> tuple[_TensorRef, bytes]:
-        """(tensor record, storage bytes) of one torch.save zip archive."""
+    def _archive(self, name: str, raw: bytearray, file: Path) -> tuple[_TensorRef, range]:
+        """(tensor record, where in ``raw`` its storage bytes are) of one torch.save zip
+        archive (read in place: a storage is not copied out of the archive)."""
         try:
-            with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            with zipfile.ZipFile(_View(memoryview(raw))) as z:
                 pkls = [i for i in z.infolist() if i.filename.endswith("/data.pkl")
                         and i.filename.count("/") == 1]
                 if len(pkls) != 1:
@@ -429,7 +473,7 @@ class DcpDirectory:
                 record = names.get(f"{prefix}data/{ref.storage.key}")
                 if record is None or record.compress_type != zipfile.ZIP_STORED:
                     raise ValueError(f"storage record data/{ref.storage.key} missing or compressed")
-                return ref, z.read(record)
+                return ref, _stored_range(raw, record)
         except CheckpointError:
             raise
         except (*_UNPICKLE_ERRORS, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as exc:
@@ -512,17 +556,8 @@ class DcpDirectory:
         """The tensor of Hugging Face name ``hf`` (a fresh CPU tensor in its stored dtype)."""
         import torch
 
-        parts = [self._read_cached(fqn) for fqn in self._sources[hf]]
+        parts = [self.read_entry(fqn) for fqn in self._sources[hf]]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-    def _read_cached(self, fqn: str) -> torch.Tensor:
-        if fqn in self._cache:  # a layer's stacks are read once per layer, not once per expert
-            return self._cache[fqn]
-        t = self.read_entry(fqn)
-        self._cache[fqn] = t
-        while len(self._cache) > 3:
-            self._cache.popitem(last=False)
-        return t
 
     @property
     def data_files(self) -> list[str]:
