@@ -397,3 +397,27 @@ def test_torchtitan_step_dirs_are_a_run_and_may_not_repeat_a_step(tmp_path: Path
     shutil.copytree(SOURCE, tmp_path / "checkpoint-250")
     with pytest.raises(InputError, match="checkpoint-250 and step-250 are both step 250"):
         discover(tmp_path)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("metadata", r"unreadable DCP metadata \(UnpicklingError"),
+    ("magic", r"tensor 'model.embed_tokens.weight': bytes at \d+ are not a torch.save record"),
+    ("storage", r"tensor 'model.embed_tokens.weight': unreadable torch.save record \(archive/data/0 fails its CRC\)"),
+])
+def test_damaged_files_are_clear_errors(tmp_path: Path, damage: str, message: str) -> None:
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    save({"model.embed_tokens.weight": w}, tmp_path)
+    if damage == "metadata":
+        meta = tmp_path / ".metadata"
+        meta.write_bytes(meta.read_bytes()[:200])
+        with pytest.raises(CheckpointError, match=message):
+            DcpDirectory(tmp_path)
+        return
+    chunk = DcpDirectory(tmp_path).entries["model.embed_tokens.weight"].chunks[0]
+    data = tmp_path / chunk.file
+    raw = bytearray(data.read_bytes())
+    at = chunk.begin if damage == "magic" else raw.index(w.numpy().tobytes()) + 5
+    raw[at] ^= 0x40
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=message):
+        DcpDirectory(tmp_path).read_entry("model.embed_tokens.weight")
