@@ -310,8 +310,10 @@ class DcpDirectory:
         self.path = Path(path)
         self.meta_path = self.path / METADATA_NAME
         self.pins: dict[str, FileId] = {}
+        if self.meta_path.is_file() and (size := self.meta_path.stat().st_size) > MAX_METADATA_BYTES:
+            raise self._fail(f"{size} bytes, over the {MAX_METADATA_BYTES}-byte limit")
         raw, self.pins[METADATA_NAME] = read_bytes(self.meta_path)
-        if len(raw) > MAX_METADATA_BYTES:
+        if len(raw) > MAX_METADATA_BYTES:  # grew since
             raise self._fail(f"{len(raw)} bytes, over the {MAX_METADATA_BYTES}-byte limit")
         self.entries: dict[str, DcpTensor] = {}
         self.byte_entries: list[str] = []
