@@ -9,10 +9,12 @@ from pathlib import Path
 
 from moeaudit.errors import InputError
 
+CHECKPOINT_PREFIXES = ("checkpoint-", "step-")  # torchtitan: step-<N>
+
 
 def _is_run(path: Path) -> bool:
     try:
-        return any(p.name.startswith("checkpoint-") for p in path.iterdir())
+        return any(p.name.startswith(CHECKPOINT_PREFIXES) for p in path.iterdir())
     except OSError:
         return False
 
@@ -25,7 +27,7 @@ def audited_dirs(*starts: str | Path) -> set[Path]:
         here = Path(start).resolve()
         if here.is_file():
             here = here.parent
-        if here.name.startswith("checkpoint-") or (here / "config.json").is_file():
+        if here.name.startswith(CHECKPOINT_PREFIXES) or (here / "config.json").is_file():
             out.add(here)
             if _is_run(here.parent):
                 out.add(here.parent)

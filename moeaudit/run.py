@@ -16,11 +16,13 @@ from pathlib import Path
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.limits import iter_lines
+from moeaudit.locate import CHECKPOINT_PREFIXES
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
 
-# ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (issue 14).
-CHECKPOINT_RE = re.compile(r"^checkpoint-([0-9]+)$", re.ASCII)
+# ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (issue 14). ``step-<N>`` is
+# torchtitan's name for its DCP checkpoint directories (``<dump_folder>/checkpoint/step-<N>``).
+CHECKPOINT_RE = re.compile(r"^(?:checkpoint|step)-([0-9]+)$", re.ASCII)
 EVENTS = ("resume", "regime_change")
 STAGES = ("pretraining", "post-training")
 
@@ -110,14 +112,16 @@ def step_of(checkpoint: Path) -> int | None:
 
 
 def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
-    """``checkpoint-<step>`` entries by step. A step written in other than ASCII digits, or two
-    entries with the same step (``checkpoint-0100`` beside ``checkpoint-100``), are errors:
+    """``checkpoint-<step>`` (or torchtitan's ``step-<step>``) entries by step. A step written
+    in other than ASCII digits, or two entries with the same step (``checkpoint-0100`` beside
+    ``checkpoint-100``, or ``step-100``), are errors:
     which one is "step 100" would be a guess, and the second would overwrite the first's
     receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md)."""
     found: dict[int, Path] = {}
     for d in sorted(root.iterdir()):
-        suffix = d.name.removeprefix("checkpoint-")
-        if suffix != d.name and suffix.isdecimal() and not suffix.isascii():
+        prefix = next((p for p in CHECKPOINT_PREFIXES if d.name.startswith(p)), "")
+        suffix = d.name.removeprefix(prefix)
+        if prefix and suffix.isdecimal() and not suffix.isascii():
             raise InputError(f"step {suffix!r} is not written in ASCII digits 0-9", path=d,
                              hint="rename it checkpoint-<step> with digits 0-9")
         if not (m := CHECKPOINT_RE.match(d.name)):

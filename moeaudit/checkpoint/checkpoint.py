@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from moeaudit.checkpoint.config import ModelSpec, parse_config, spec_from_config
+from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, read_bytes, snapshot
 from moeaudit.checkpoint.safetensors import (
     FLOAT_DTYPES,
@@ -125,7 +126,9 @@ def _layer_index(key: str) -> int | None:
 
 
 class Checkpoint:
-    """A validated Hugging Face ``save_pretrained`` MoE checkpoint directory."""
+    """A validated MoE checkpoint directory: Hugging Face ``save_pretrained`` safetensors, or a
+    torch.distributed.checkpoint (DCP) directory with the model's ``config.json`` beside its
+    ``.metadata`` (``dcp``)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -139,7 +142,7 @@ class Checkpoint:
         self.config: dict[str, Any] = self._read_config()
         self.spec: ModelSpec = spec_from_config(self.config, self.path / "config.json")
         self.layout = self.spec.layout
-        self.files: dict[str, SafetensorsFile] = {}
+        self.files: dict[str, SafetensorsFile | DcpDirectory] = {}
         self.key_file: dict[str, str] = {}
         self.warnings: list[str] = []
         self.notes: list[str] = []  # recognised and deliberately left out (not a problem)
@@ -156,15 +159,19 @@ class Checkpoint:
     def _read_config(self) -> dict[str, Any]:
         cfg_path = self.path / "config.json"
         if not cfg_path.is_file():
-            raise CheckpointError(
-                "no config.json", path=self.path, hint="a checkpoint is a save_pretrained directory"
-            )
+            hint = ("copy the model's Hugging Face config.json next to .metadata (a DCP directory "
+                    "does not say its architecture)" if is_dcp(self.path)
+                    else "a checkpoint is a save_pretrained directory")
+            raise CheckpointError("no config.json", path=self.path, hint=hint)
         raw, self._pins["config.json"] = read_bytes(cfg_path)
         return parse_config(raw, cfg_path)
 
     def _open_files(self) -> None:
         index = self.path / INDEX_NAME
         single = self.path / SINGLE_NAME
+        if is_dcp(self.path):
+            self._open_dcp(index, single)
+            return
         if index.is_file() and single.is_file():
             # transformers loads model.safetensors and never reads the index; we would read
             # the shards: two readers, two models. Refuse rather than pick one (issue 14).
@@ -192,6 +199,24 @@ class Checkpoint:
                     "(save_pretrained(..., safe_serialization=True))" if pickled
                     else "expected model.safetensors or model.safetensors.index.json")
             raise CheckpointError("no safetensors weights", path=self.path, hint=hint)
+
+    def _open_dcp(self, index: Path, single: Path) -> None:
+        """A DCP directory: tensors named as Hugging Face names (``DcpDirectory.map_names``)."""
+        others = [p.name for p in (single, index) if p.exists()]
+        if others:  # as for model.safetensors beside its index: two readers, two models
+            raise CheckpointError(f"both {METADATA_NAME} and {others[0]}: which weights are the "
+                                  "checkpoint is ambiguous", path=self.path,
+                                  hint="keep one format per checkpoint directory")
+        dcp = DcpDirectory(self.path)
+        left = dcp.map_names(self.spec.family)
+        self.files[METADATA_NAME] = dcp
+        self._pins.update(dcp.pins)
+        self.key_file = dict.fromkeys(dcp.tensors, METADATA_NAME)
+        if left or dcp.byte_entries:
+            shown = ", ".join((left + dcp.byte_entries)[:3])
+            self.notes.append(f"{len(left)} DCP tensor(s) and {len(dcp.byte_entries)} pickled entr"
+                              f"{'y' if len(dcp.byte_entries) == 1 else 'ies'} that are not model "
+                              f"weights left out (optimizer or trainer state: {shown}…)")
 
     def _open_shard(self, name: str) -> None:
         sf = SafetensorsFile(self.path / name)
@@ -447,6 +472,16 @@ class Checkpoint:
         self._snapshot = snapshot(self.path, self._pins)
         return self._snapshot.digest
 
+    @property
+    def is_dcp(self) -> bool:
+        return isinstance(self.files.get(METADATA_NAME), DcpDirectory)
+
+    @property
+    def data_files(self) -> list[str]:
+        """The weight files read (a DCP directory's .metadata and .distcp files)."""
+        dcp = self.files.get(METADATA_NAME)
+        return dcp.data_files if isinstance(dcp, DcpDirectory) else sorted(self.files)
+
     def verify_unchanged(self) -> None:
         """Raise :class:`CheckpointError` naming the file if anything hashed or read has been
         replaced, rewritten, added or removed since (call it after a replay, before trusting
@@ -488,7 +523,8 @@ class Checkpoint:
                if self.scales and self.fp8_block else {}),
             "dtypes": dict(sorted(dtypes.items())),
             "parameters": sum(math.prod(i.shape) for i in infos),
-            "files": sorted(self.files),
+            "files": self.data_files,
+            **({"format": "torch.distributed.checkpoint"} if self.is_dcp else {}),
             "tied_embeddings": self.global_key("lm_head") is None,
             "warnings": list(self.warnings),
             **({"notes": list(self.notes)} if self.notes else {}),
