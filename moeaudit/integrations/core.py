@@ -57,6 +57,7 @@ class RunRecorder:
         self.probe_enabled = probe and canary is not None
         self.active = rank_zero
         self.logger: ExpertGradLogger | None = None
+        self.meter = LossMeter()
         if not rank_zero:
             return
         if canary is not None:
@@ -97,11 +98,13 @@ class RunRecorder:
         assert self.canary is not None
         was_training = self.model.training
         self.model.eval()
+        self.meter.paused = True
         try:
             with torch.enable_grad():
                 loss = canary_loss(self.model, self.canary)
             return self.logger.probe(step, loss, canary=self.canary.digest)
         finally:
+            self.meter.paused = False
             self.model.train(was_training)
 
     def close(self) -> None:
@@ -124,7 +127,8 @@ class LossMeter:
 
     A micro-batch loss normalised by ``num_items_in_batch`` (the Trainer's token-count
     normalisation across gradient accumulation) is a share of the step's loss and is summed;
-    a per-micro-batch mean is averaged."""
+    a per-micro-batch mean is averaged. Forward passes without autograd (evaluation) and the
+    canary probe (``paused``) are not training steps and are not counted."""
 
     def __init__(self) -> None:
         self._values: list[float] = []
@@ -133,7 +137,7 @@ class LossMeter:
 
     def hook(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         loss = getattr(output, "loss", None)
-        if self.paused or not module.training or not isinstance(loss, torch.Tensor):
+        if self.paused or not torch.is_grad_enabled() or not isinstance(loss, torch.Tensor):
             return
         self._values.append(float(loss.detach()))
         self._shares = kwargs.get("num_items_in_batch") is not None

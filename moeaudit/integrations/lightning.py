@@ -32,7 +32,7 @@ from lightning.pytorch import Callback
 
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
-from moeaudit.integrations.core import LossMeter, RunRecorder, hf_model, load_canary
+from moeaudit.integrations.core import RunRecorder, hf_model, load_canary
 
 
 class MoeauditCallback(Callback):  # type: ignore[misc]
@@ -51,7 +51,6 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         self.every, self.save_every, self.probe = every, save_every, probe
         self.model = model
         self.recorder: RunRecorder | None = None
-        self.meter = LossMeter()
         self._handle: Any = None
         self._saved: int | None = None
 
@@ -63,10 +62,10 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
                                     probe=self.probe, resume_step=trainer.global_step or None,
                                     rank_zero=trainer.is_global_zero)
         self._saved = trainer.global_step
-        self._handle = model.register_forward_hook(self.meter.hook, with_kwargs=True)
+        self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        loss = self.meter.take()
+        loss = self.recorder.meter.take() if self.recorder is not None else None
         step = trainer.global_step + 1  # incremented by the optimizer step that follows
         if self.recorder is not None and self.recorder.due(step):
             self.recorder.log_step(step, loss)

@@ -28,7 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from moeaudit.canary import Canary
-from moeaudit.integrations.core import LossMeter, RunRecorder, load_canary
+from moeaudit.integrations.core import RunRecorder, load_canary
 
 CLIP_TOLERANCE = 1e-3  # relative: torch clips to max_norm / (norm + 1e-6), just under max_norm
 
@@ -46,7 +46,6 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         self.every = every
         self.probe = probe
         self.recorder: RunRecorder | None = None
-        self.meter = LossMeter()
         self._handle: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None,
@@ -56,11 +55,11 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         self.recorder = RunRecorder(args.output_dir, model, canary=self.canary, every=self.every,
                                     probe=self.probe, resume_step=state.global_step or None,
                                     rank_zero=state.is_world_process_zero)
-        self._handle = model.register_forward_hook(self.meter.hook, with_kwargs=True)
+        self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
                               model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        loss = self.meter.take()
+        loss = self.recorder.meter.take() if self.recorder is not None else None
         step = state.global_step + 1  # the Trainer increments after the update
         if self.recorder is None or not self.recorder.due(step):
             return
