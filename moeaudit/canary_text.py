@@ -1,6 +1,7 @@
 """A canary from raw text and a ``tokenizer.json`` (SPEC §2.2, "with the optional tokenizer extra").
 
-Input: JSONL, one ``{"text": str, "domain": str}`` per line. Each text is tokenized with the
+Input: JSONL, one ``{"text": str, "domain": str}`` per line (a line of at most 4 MiB, as every
+JSONL input; split longer documents). Each text is tokenized with the
 model's tokenizer (the Hugging Face ``tokenizers`` package, ``pip install 'moeaudit[text]'``),
 with the tokenizer's own special tokens (a BOS per document where the tokenizer adds one, as
 training data is tokenized). A domain's documents are concatenated in file order into one

@@ -77,6 +77,7 @@ def _certify_and_check(run: Path, canary: Canary, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output  # a certificate was written (SPEC §10)
     receipts = {s: json.loads((out / "receipts" / f"checkpoint-{s}.json").read_text()) for s in (3, 6)}
     assert all(r["canary"]["digest"]["sha256"] == canary.digest for r in receipts.values())
+    assert all(math.isfinite(r["nll"]) and r["nonfinite_weights"] == [] for r in receipts.values())
 
     envelope = json.loads((out / "receipts" / "envelope.json").read_text())
     assert envelope["source"] == "logs" and envelope["origin"].endswith("metrics.jsonl")

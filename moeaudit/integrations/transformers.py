@@ -82,6 +82,6 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
 def _clipped(model: torch.nn.Module, max_norm: float) -> bool:
     """Whether the Trainer's clipping scaled this step's gradient (the post-clip global norm
     over all parameters reached ``max_norm``)."""
-    sq = [p.grad.detach().double().pow(2).sum() for p in model.parameters() if p.grad is not None]
-    total = math.sqrt(float(torch.stack(sq).sum())) if sq else 0.0
-    return total >= max_norm * (1 - CLIP_TOLERANCE)
+    sq = math.fsum(float(p.grad.detach().double().pow(2).sum()) for p in model.parameters()
+                   if p.grad is not None)  # floats: parameters may sit on several devices
+    return math.sqrt(sq) >= max_norm * (1 - CLIP_TOLERANCE)
