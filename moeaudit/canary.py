@@ -405,11 +405,16 @@ def load(path: str | Path) -> Canary:
     """Read and fully validate a canary file; the stored digest must match the content."""
     path = Path(path)
     if not path.is_file():
-        why = "is not a regular file" if path.exists() else "no such canary file"
-        raise CanaryError(why if why.startswith("no") else f"the canary {why}", path=path,
-                          hint=BUILD_HINT)
+        if not path.exists():
+            raise CanaryError("no such canary file", path=path, hint=BUILD_HINT)
+        raise not_a_canary(path, "a directory" if path.is_dir() else "not a regular file")
     try:
         sf = SafetensorsFile(path)
+    except CheckpointError as exc:
+        if not _claims_to_be_a_canary(path):  # some other file; else a damaged canary, below
+            raise not_a_canary(path, f"not a safetensors file: {exc.what}") from exc
+        raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
+    try:
         domains = _read_header(sf)
         tokens, domain_ids = sf.read_array("tokens"), sf.read_array("domain_ids")
     except CheckpointError as exc:  # the parser's checklist, relabelled for the canary
@@ -427,6 +432,22 @@ def load(path: str | Path) -> Canary:
     return canary
 
 
+def not_a_canary(path: Path, why: str) -> CanaryError:
+    """The plain answer for a file that is something else (a model, a JSON file, random bytes)."""
+    return CanaryError(f"not a moeaudit canary ({why})", path=path, hint=BUILD_HINT)
+
+
+def _claims_to_be_a_canary(path: Path) -> bool:
+    """Whether the start of the file names our format: a canary is told apart from a damaged one
+    by its header's metadata, which is written before any tensor data."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return False
+    return f'"{FORMAT}"'.encode() in head
+
+
 def _read_header(sf: SafetensorsFile) -> tuple[str, ...]:
     """Validate metadata and tensor entries before reading any data; return the names."""
 
@@ -435,7 +456,10 @@ def _read_header(sf: SafetensorsFile) -> tuple[str, ...]:
 
     meta = sf.metadata
     if meta.get("format") != FORMAT:
-        raise fail(f"not a moeaudit canary (metadata format is {meta.get('format')!r})")
+        fmt = meta.get("format")
+        kind = " — model weights, by the look of it" if fmt == "pt" else ""
+        raise not_a_canary(sf.path, f"a safetensors file of {len(sf.tensors)} tensor(s) whose metadata format "
+                                    f"is {fmt!r}{kind}")
     if meta.get("version") != VERSION:
         raise fail(
             f"canary format version {meta.get('version')!r} is not supported "

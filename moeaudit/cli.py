@@ -18,7 +18,8 @@ import click
 from rich.table import Table
 
 from moeaudit import __version__
-from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, from_os_error
+from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error
+from moeaudit.limits import MAX_WINDOW_TOKENS
 from moeaudit.papers import named
 from moeaudit.report.terminal import (
     err,
@@ -230,23 +231,49 @@ def canary() -> None:
 
 
 @canary.command("build")
-@click.option("--tokens", "tokens", required=True, type=click.Path(path_type=Path),
+@click.option("--tokens", "tokens", type=click.Path(path_type=Path),
               help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
+@click.option("--text", "text", type=click.Path(path_type=Path),
+              help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.')
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="The model's tokenizer.json, for --text (needs the tokenizers package).")
+@click.option("--window-len", type=click.IntRange(2, MAX_WINDOW_TOKENS), default=256, show_default=True,
+              help="With --text: tokens per window (T).")
+@click.option("--windows", type=click.IntRange(min=1), default=64, show_default=True,
+              help="With --text: number of windows (W), shared evenly between the domains.")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="The canary file to write (.safetensors).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
-def canary_build(tokens: Path, out: Path, force: bool) -> None:
-    """Package token windows into a hashed canary file.
+@click.pass_context
+def canary_build(ctx: click.Context, tokens: Path | None, text: Path | None, tokenizer: Path | None,
+                 window_len: int, windows: int, out: Path, force: bool) -> None:
+    """Package token windows (or tokenized text) into a hashed canary file.
 
     
     Examples:
       moeaudit canary build --tokens sample_checkpoints/canary.jsonl --out canary.safetensors
+      moeaudit canary build --text docs.jsonl --tokenizer tokenizer.json --out canary.safetensors
     """
     from moeaudit import canary as canary_mod
 
+    if (tokens is None) == (text is None):
+        raise UsageError("give exactly one of --tokens FILE.jsonl or --text FILE.jsonl")
+    if (text is None) != (tokenizer is None):
+        raise UsageError("--tokenizer goes with --text (and --text needs it)")
+    defaulted = {n: ctx.get_parameter_source(n) == click.core.ParameterSource.DEFAULT
+                 for n in ("window_len", "windows")}
+    if tokens is not None and not all(defaulted.values()):
+        raise UsageError("--window-len and --windows apply to --text; --tokens windows are given as is")
     _check_output(out, force)
-    c = canary_mod.build_from_jsonl(tokens)
+    if text is not None:
+        from moeaudit.canary_text import build_from_text
+
+        assert tokenizer is not None
+        c = build_from_text(text, tokenizer, window_len=window_len, windows=windows)
+    else:
+        assert tokens is not None
+        c = canary_mod.build_from_jsonl(tokens)
     canary_mod.save(c, out)
     click.echo(f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
                f"{len(c.domains)} domains, digest sha256:{c.digest}")

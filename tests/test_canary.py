@@ -353,9 +353,9 @@ LOAD_CASES = [
     (
         "format",
         lambda t, m: m.update(format="other"),
-        "not a moeaudit canary (metadata format is 'other')",
+        "not a moeaudit canary (a safetensors file of 2 tensor(s) whose metadata format is 'other')",
     ),
-    ("no-format", lambda t, m: m.pop("format"), "metadata format is None"),
+    ("no-format", lambda t, m: m.pop("format"), "metadata format is None)"),
     ("version", lambda t, m: m.update(version="2"), "canary format version '2' is not supported"),
     ("no-domains", lambda t, m: m.pop("domains"), 'metadata has no "domains"'),
     ("no-digest", lambda t, m: m.pop("digest"), 'metadata has no "digest"'),
@@ -454,7 +454,7 @@ def test_load_missing_file(tmp_path: Path) -> None:
 def test_load_not_safetensors(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text('{"domain": "a", "tokens": [1, 2]}\n')
-    raises("c.jsonl: header length", load, path)
+    raises("c.jsonl: not a moeaudit canary (not a safetensors file: header length", load, path)
 
 
 def test_load_truncated(tmp_path: Path, canary: Canary) -> None:
@@ -466,7 +466,8 @@ def test_load_truncated(tmp_path: Path, canary: Canary) -> None:
 
 def test_load_tiny_file(tmp_path: Path) -> None:
     (tmp_path / "tiny.safetensors").write_bytes(b"abc")
-    raises("tiny.safetensors: file is 3 bytes, too short", load, tmp_path / "tiny.safetensors")
+    raises("tiny.safetensors: not a moeaudit canary (not a safetensors file: file is 3 bytes, too short",
+           load, tmp_path / "tiny.safetensors")
 
 
 def test_in_memory_invariants_are_checked() -> None:
@@ -475,3 +476,46 @@ def test_in_memory_invariants_are_checked() -> None:
     raises("domain names repeat", make, [[1, 2], [3, 4]], [0, 1], ("a", "a"))
     raises("window 0 has domain id 1", make, [[1, 2]], [1], ("a",))
     raises("is not valid Unicode text", make, [[1, 2]], [0], ("\ud800",))
+
+
+# --- `canary show` on files that are not canaries (issue 15.3) -------------------------------
+
+
+def _model_safetensors(path: Path) -> Path:
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2), "lm_head.weight": torch.zeros(4, 2)},
+              str(path), {"format": "pt"})
+    return path
+
+
+NOT_CANARIES = [
+    ("model.safetensors", _model_safetensors,
+     "not a moeaudit canary (a safetensors file of 2 tensor(s) whose metadata format is 'pt' — model weights"),
+    ("config.json", lambda p: p.write_text('{"model_type": "mixtral", "hidden_size": 32}') and p,
+     "not a moeaudit canary (not a safetensors file: header length"),
+    ("random.bin", lambda p: p.write_bytes(bytes(range(256)) * 8) and p,
+     "not a moeaudit canary (not a safetensors file: header length"),
+    ("tokens.jsonl", lambda p: write_jsonl(p, LINES), "not a moeaudit canary (not a safetensors file"),
+    ("a-directory", lambda p: p.mkdir(), "not a moeaudit canary (a directory)"),
+]
+
+
+@pytest.mark.parametrize(("name", "make_file", "says"), NOT_CANARIES, ids=[c[0] for c in NOT_CANARIES])
+def test_canary_show_says_a_file_is_not_a_canary(tmp_path: Path, name: str, make_file, says: str) -> None:
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    path = tmp_path / name
+    make_file(path)
+    result = CliRunner().invoke(cli, ["canary", "show", str(path)])
+    assert result.exit_code == EXIT_INPUT
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"moeaudit: error: {path}: {says}"), lines
+
+
+def test_a_damaged_canary_is_still_called_a_canary(tmp_path: Path, canary: Canary) -> None:
+    """A canary cut short in its data keeps its header: the error names the damage, not 'not a canary'."""
+    save(canary, tmp_path / "c.safetensors")
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "c.safetensors").read_bytes()[:-4])
+    err = raises("cut.safetensors: tensor", load, tmp_path / "cut.safetensors")
+    assert "not a moeaudit canary" not in str(err)
