@@ -120,10 +120,21 @@ def test_verify_cli_reads_the_bundle(certified, tmp_path: Path) -> None:
     ok = CliRunner().invoke(cli, ["verify", str(bundle), "--pubkey", str(pub), "--recheck"])
     assert ok.exit_code == 0, ok.stderr
     assert "verdict PASS" in ok.stdout and "all 2 checkpoint digests match" in ok.stdout
+    report = tmp_path / "report.json"
+    exported = CliRunner().invoke(cli, ["export", str(bundle), "--framework", "eu-ai-act", "--format", "json",
+                                        "--out", str(report), "--pubkey", str(pub)])
+    assert exported.exit_code == 0, exported.stderr
+    assert json.loads(report.read_text()) == _export_of(out / "certificate.json", pub)  # the same statement
     bad = tmp_path / "tampered.sigstore.json"
     bad.write_bytes(_tampered(bundle.read_bytes()))
     result = CliRunner().invoke(cli, ["verify", str(bad), "--pubkey", str(pub)])
     assert result.exit_code == 1 and "signature does not verify" in result.stderr
+
+
+def _export_of(cert: Path, pub: Path) -> dict:
+    from moeaudit.report.export import run_export
+
+    return json.loads(run_export(cert, pub, "eu-ai-act", "json"))
 
 
 def _signed_bundle(tmp_path: Path, algorithm: str) -> tuple[dict, Path]:
