@@ -1,7 +1,8 @@
 """Issue 15 item 4: the certificate as a key-based Sigstore bundle v0.3, read by independent
 implementations — sigstore-python's protobuf-specs model (strict, unknown fields refused) parses
-it, securesystemslib's DSSE verifies its signature — and by `moeaudit verify`; new keys are
-ECDSA P-256 (cosign and model_signing do not verify Ed25519)."""
+it, securesystemslib's DSSE verifies its signature, and sigstore-js (npm's Sigstore verifier,
+when installed: ``npm install --prefix tests/sigstore_js``) verifies the bundle as a whole — and
+by `moeaudit verify`; new keys are ECDSA P-256 (cosign and model_signing do not verify Ed25519)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_checkpoints"
 BUNDLE_V03 = "application/vnd.dev.sigstore.bundle.v0.3+json"
 needs_samples = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
+SIGSTORE_JS = Path(__file__).resolve().parent / "sigstore_js"
 
 
 @pytest.fixture()
@@ -188,3 +191,29 @@ def test_keygen_default_is_p256_and_ed25519_on_request(tmp_path: Path) -> None:
     assert isinstance(serialization.load_pem_public_key((tmp_path / "e.pub").read_bytes()), ed25519.Ed25519PublicKey)
     clash = runner.invoke(cli, ["keygen", "--out", str(tmp_path / "x"), "--ecdsa", "--key-type", "ed25519"])
     assert clash.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+def _sigstore_js(bundle: Path, pub: Path, digest: str) -> subprocess.CompletedProcess:
+    return subprocess.run([shutil.which("node") or "node", str(SIGSTORE_JS / "verify_bundle.js"), str(bundle),
+                           str(pub), digest], cwd=SIGSTORE_JS, capture_output=True, text=True, timeout=60)
+
+
+@needs_samples
+@pytest.mark.skipif(shutil.which("node") is None or not (SIGSTORE_JS / "node_modules/@sigstore/verify").is_dir(),
+                    reason="sigstore-js not installed (npm install --prefix tests/sigstore_js)")
+def test_sigstore_js_verifies_the_bundle(certified, tmp_path: Path) -> None:
+    """sigstore-js finds the key by the bundle's hint, checks the DSSE signature with no log
+    entry or timestamp required, and the statement names the checkpoint's root digest."""
+    out, run, pub = certified
+    bundle = out / "certificate.sigstore.json"
+    digest = root_digest(run / "checkpoint-1500")[0]
+    ok = _sigstore_js(bundle, pub, digest)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"verified": True, "predicateType": PREDICATE_TYPE, "subjects": 2}
+    bad = tmp_path / "tampered.json"
+    bad.write_bytes(_tampered(bundle.read_bytes()))
+    failed = _sigstore_js(bad, pub, digest)
+    assert failed.returncode != 0 and "signature verification failed" in failed.stderr
+    generate_key(tmp_path / "other")
+    assert "key not found" in _sigstore_js(bundle, tmp_path / "other.pub", digest).stderr
+    assert "no subject" in _sigstore_js(bundle, pub, "00" * 32).stderr
