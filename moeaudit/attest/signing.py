@@ -151,7 +151,7 @@ def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
 
 def verify_signed(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     """A DSSE envelope, or a Sigstore bundle (told apart by its ``mediaType``): verified bytes."""
-    doc = _parse(raw, "DSSE envelope or Sigstore bundle", path)
+    doc = _parse(raw, "DSSE envelope", path)  # not JSON: neither, named as before bundles
     if isinstance(doc, dict) and "mediaType" in doc:
         return verify_bundle(doc, public_key, path)
     return _verify_dsse(doc, public_key, path, in_bundle=False)
