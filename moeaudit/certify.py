@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 # certify never loads torch (issue 16; test_torch_free.py).
 
 Say = Callable[[str], None]
+BUNDLE_NAME = "certificate.sigstore.json"  # the signed statement as a Sigstore bundle v0.3 (cosign)
 
 
 @dataclass
@@ -386,7 +387,8 @@ __all__ = ["Audit", "audit_run", "InputError"]
 def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
                   issued_at: str | None = None, target: Any = None,
                   compiled: ReceiptsCache | None = None) -> dict[str, Path]:
-    """Sign and write receipts/, certificate.html and certificate.json as one output set: staged
+    """Sign and write receipts/, certificate.html, certificate.json and certificate.sigstore.json
+    (the same signed statement as a Sigstore bundle) as one output set: staged
     beside ``out_dir`` and renamed into place whole (:class:`moeaudit.output.OutputSet`;
     ``target`` is one the caller opened before the replay, holding the output's lock;
     ``compiled``: a cache for the compiled certificate template)."""
@@ -398,7 +400,7 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
     _write_set(audit, key, target.staging, issued_at, compiled)
     target.commit()
     return {"certificate": out_dir / "certificate.json", "html": out_dir / "certificate.html",
-            "receipts": out_dir / "receipts"}
+            "bundle": out_dir / BUNDLE_NAME, "receipts": out_dir / "receipts"}
 
 
 def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
@@ -407,17 +409,19 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
     import json
 
     from moeaudit.attest.certificate import canonical_json, sign_statement
-    from moeaudit.attest.signing import keyid
+    from moeaudit.attest.signing import keyid, to_bundle
     from moeaudit.jsonio import atomic_write, dumps
     from moeaudit.report.html import render_html
 
     cert_path, html_path = out_dir / "certificate.json", out_dir / "certificate.html"
     envelope = sign_statement(audit.statement, key, issued_at=issued_at)
     env_bytes = dumps(envelope).encode("utf-8")
+    bundle_bytes = dumps(to_bundle(envelope, key.public_key())).encode("utf-8")
     from moeaudit.limits import MAX_CERTIFICATE_BYTES  # what verify reads (docs/security.md)
 
-    if len(env_bytes) > MAX_CERTIFICATE_BYTES:
-        raise InputError(f"the certificate would be {len(env_bytes)} bytes, over the "
+    size = max(len(env_bytes), len(bundle_bytes))  # the bundle: the envelope and ~0.1 KB
+    if size > MAX_CERTIFICATE_BYTES:
+        raise InputError(f"the certificate would be {size} bytes, over the "
                          f"{MAX_CERTIFICATE_BYTES >> 20} MiB that verify reads", path=cert_path,
                          hint="certify fewer checkpoints or a shorter log at a time")
     body = base64.b64decode(envelope["payload"])
@@ -429,4 +433,5 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
     for name, doc in sorted(audit.receipts.items()):
         atomic_write(out_dir / "receipts" / name, dumps(doc))
     atomic_write(html_path, html)
+    atomic_write(out_dir / BUNDLE_NAME, bundle_bytes)
     atomic_write(cert_path, env_bytes)

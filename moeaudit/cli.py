@@ -579,7 +579,8 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
                           canary_origin=canary_origin, progress=tick)
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])
-    click.echo(f"wrote {paths['certificate']}, {paths['html']} and {paths['receipts']}/")
+    click.echo(f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} "
+               f"and {paths['receipts']}/")
 
 
 def _signing_key(path: Path | None):
@@ -684,31 +685,36 @@ def _passphrase_prompt() -> bytes | None:
 @cli.command()
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="Private key path (KEY.pub is written beside it).")
-@click.option("--ecdsa", is_flag=True, help="ECDSA P-256 instead of Ed25519.")
+@click.option("--key-type", type=click.Choice(["ecdsa-p256", "ed25519"]), default="ecdsa-p256",
+              show_default=True, help="ECDSA P-256 verifies with cosign and model_signing; Ed25519 does not.")
+@click.option("--ecdsa", is_flag=True, hidden=True, help="Same as --key-type ecdsa-p256 (the default).")
 @click.option("--passphrase-env", is_flag=True,
               help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
 @click.option("--force", is_flag=True, help="Replace existing key files.")
 @verbose_option
-def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
+def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
     """Create a signing key pair: KEY (mode 0600) and KEY.pub.
 
     
     Examples:
       moeaudit keygen --out release-key
-      moeaudit keygen --out release-key --ecdsa
+      moeaudit keygen --out release-key --key-type ed25519
     """
     import os
 
     from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
-    from moeaudit.errors import InputError
+    from moeaudit.errors import InputError, UsageError
+
+    if ecdsa and key_type != "ecdsa-p256":
+        raise UsageError("--ecdsa contradicts --key-type ed25519", hint="pass one of them")
 
     passphrase = None
     if passphrase_env:
         if not os.environ.get(PASSPHRASE_ENV):
             raise InputError(f"--passphrase-env given but ${PASSPHRASE_ENV} is empty")
         passphrase = os.environ[PASSPHRASE_ENV].encode()
-    key = generate_key(out, algorithm="ecdsa-p256" if ecdsa else "ed25519", passphrase=passphrase, force=force)
-    click.echo(f"wrote {out} (private, 0600) and {out}.pub; keyid {keyid(key.public_key())}")
+    key = generate_key(out, algorithm=key_type, passphrase=passphrase, force=force)
+    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid(key.public_key())}")
 
 
 @cli.command()
@@ -722,10 +728,12 @@ def keygen(out: Path, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
 def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
+    CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
+
     
     Examples:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
-      moeaudit verify moeaudit-certificates/healthy/certificate.json --pubkey release-key.pub --recheck
+      moeaudit verify moeaudit-certificates/healthy/certificate.sigstore.json --pubkey release-key.pub --recheck
     """
     from moeaudit.attest.certificate import open_certificate, recheck_subjects
     from moeaudit.attest.signing import load_public_key

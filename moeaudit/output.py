@@ -1,4 +1,5 @@
-"""The certificate's output set — receipts/, certificate.html, certificate.json — appears whole
+"""The certificate's output set — receipts/, certificate.html, certificate.json,
+certificate.sigstore.json — appears whole
 or not at all (issue 14).
 
 Everything is written into a staging directory beside the output (same filesystem), then put in
@@ -20,7 +21,7 @@ from typing import Any
 
 from moeaudit.errors import InputError
 
-OURS = {"certificate.json", "certificate.html", "receipts"}
+OURS = {"certificate.json", "certificate.html", "certificate.sigstore.json", "receipts"}
 
 
 class OutputSet:

@@ -69,7 +69,8 @@ def test_a_full_disk_leaves_no_partial_set_and_no_false_already_exists(tmp_path,
     monkeypatch.setattr(moeaudit.jsonio, "atomic_write", real)
     result = certify(env, run, out)  # no "a certificate already exists"
     assert result.exit_code == 0, result.stderr
-    assert {p.name for p in out.iterdir()} == {"certificate.json", "certificate.html", "receipts"}
+    assert {p.name for p in out.iterdir()} == {"certificate.json", "certificate.html", "certificate.sigstore.json",
+                                               "receipts"}
 
 
 def test_force_replaces_the_whole_set_no_stale_receipts(tmp_path, env) -> None:

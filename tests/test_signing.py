@@ -68,10 +68,22 @@ def test_round_trip_and_independent_verifier(keypair, tmp_path: Path) -> None:
 
 
 def test_ed25519_is_deterministic(tmp_path: Path) -> None:
-    key = generate_key(tmp_path / "k")
+    key = generate_key(tmp_path / "k", algorithm="ed25519")
     a = sign_statement(_statement(), key, issued_at="2026-01-01T00:00:00Z")
     b = sign_statement(_statement(), key, issued_at="2026-01-01T00:00:00Z")
     assert a == b
+
+
+def test_p256_same_payload_fresh_signature(tmp_path: Path) -> None:
+    """ECDSA signatures are randomized: the signed bytes are identical, the signatures are not,
+    and both verify (the determinism rule is about the payload; docs/decisions.md)."""
+    key = generate_key(tmp_path / "k")  # the default: P-256
+    a = sign_statement(_statement(), key, issued_at="2026-01-01T00:00:00Z")
+    b = sign_statement(_statement(), key, issued_at="2026-01-01T00:00:00Z")
+    assert a["payload"] == b["payload"] and a["signatures"][0]["sig"] != b["signatures"][0]["sig"]
+    for env in (a, b):
+        assert verify_envelope(json.dumps(env).encode(), key.public_key(), tmp_path / "c.json").body == \
+            base64.b64decode(a["payload"])
 
 
 def _flip(b64: str, index: int) -> str:

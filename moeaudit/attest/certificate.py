@@ -35,7 +35,7 @@ from moeaudit.attest.signing import (
     PublicKey,
     no_duplicate_keys,
     sign_envelope,
-    verify_envelope,
+    verify_signed,
 )
 from moeaudit.errors import InputError
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
@@ -69,9 +69,10 @@ def sign_statement(stmt: dict[str, Any], key: PrivateKey, issued_at: str | None 
 
 
 def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
-    """Verify the envelope's signature, then (and only then) parse the statement."""
+    """Verify the signature of the DSSE envelope or Sigstore bundle (``certificate.json`` or
+    ``certificate.sigstore.json``), then (and only then) parse the statement."""
     raw = read_regular(path, "certificate", MAX_CERTIFICATE_BYTES)  # no FIFO, device, or 10 GB
-    verified = verify_envelope(raw, public_key, path)
+    verified = verify_signed(raw, public_key, path)
     try:
         stmt = json.loads(verified.body.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:  # readers would disagree on which value was signed

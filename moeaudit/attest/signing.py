@@ -1,9 +1,14 @@
-"""DSSE envelopes signed with Ed25519 (default) or ECDSA P-256 (SPEC §9).
+"""DSSE envelopes signed with ECDSA P-256 (new keys) or Ed25519 (SPEC §9, docs/decisions.md).
 
 The signature covers the DSSE pre-authentication encoding
-``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body``; verification checks it *before* the
-payload is parsed, and hands back only verified bytes. Torch-free, so ``verify`` starts fast.
+``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body`` — for P-256 a DER ECDSA signature over
+its SHA-256, as DSSE and cosign sign; verification checks it *before* the payload is parsed, and
+hands back only verified bytes. Torch-free, so ``verify`` starts fast.
 keyid = hex SHA-256 of the public key's DER SubjectPublicKeyInfo.
+
+The same envelope also goes into a key-based Sigstore bundle v0.3 (:func:`to_bundle`), which
+cosign verifies: ``verificationMaterial.publicKey.hint`` = base64 SHA-256 of the DER SPKI (as
+cosign writes it), no transparency-log entries, the DSSE signature without a keyid.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from moeaudit.jsonio import atomic_write, check_output_target
 from moeaudit.limits import MAX_KEY_BYTES, read_regular
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+# the same version as cosign names it (`cosign attest-blob --new-bundle-format` writes this one)
+BUNDLE_MEDIA_TYPES = (BUNDLE_MEDIA_TYPE, "application/vnd.dev.sigstore.bundle+json;version=0.3")
+DEFAULT_ALGORITHM = "ecdsa-p256"  # cosign and model_signing verify P-256, not Ed25519
+ALGORITHMS = ("ecdsa-p256", "ed25519")
 PASSPHRASE_ENV = "MOEAUDIT_KEY_PASSPHRASE"
 
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -44,10 +54,19 @@ def pae(payload_type: str, body: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
 
 
-def keyid(public_key: PublicKey) -> str:
+def _spki_sha256(public_key: PublicKey) -> bytes:
     der = public_key.public_bytes(serialization.Encoding.DER,
                                   serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()
+    return hashlib.sha256(der).digest()
+
+
+def keyid(public_key: PublicKey) -> str:
+    return _spki_sha256(public_key).hex()
+
+
+def key_hint(public_key: PublicKey) -> str:
+    """The Sigstore bundle's ``publicKey.hint``: base64 SHA-256 of the DER SPKI, as cosign writes."""
+    return base64.b64encode(_spki_sha256(public_key)).decode("ascii")
 
 
 def _check_supported(key: Any, path: Path) -> None:
@@ -116,17 +135,32 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _parse(raw: bytes, what: str, path: Path) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:
+        raise SignatureInvalid(f"not a {what} ({exc})", path=path) from exc
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
+        raise SignatureInvalid(f"not a {what} (not JSON: {exc})", path=path) from exc
+
+
 def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     """Check the DSSE signature over the PAE; only then return the payload bytes."""
-    try:
-        env = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
-    except DuplicateKey as exc:
-        raise SignatureInvalid(f"not a DSSE envelope ({exc})", path=path) from exc
-    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
-        raise SignatureInvalid(f"not a DSSE envelope (not JSON: {exc})", path=path) from exc
+    return _verify_dsse(_parse(raw, "DSSE envelope", path), public_key, path, in_bundle=False)
+
+
+def verify_signed(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
+    """A DSSE envelope, or a Sigstore bundle (told apart by its ``mediaType``): verified bytes."""
+    doc = _parse(raw, "DSSE envelope", path)  # not JSON: neither, named as before bundles
+    if isinstance(doc, dict) and "mediaType" in doc:
+        return verify_bundle(doc, public_key, path)
+    return _verify_dsse(doc, public_key, path, in_bundle=False)
+
+
+def _verify_dsse(env: Any, public_key: PublicKey, path: Path, *, in_bundle: bool) -> Verified:
+    where = "the bundle's dsseEnvelope is not a DSSE envelope" if in_bundle else "not a DSSE envelope"
     if not isinstance(env, dict) or set(env) != {"payload", "payloadType", "signatures"}:
-        raise SignatureInvalid("not a DSSE envelope (needs exactly payload, payloadType, signatures)",
-                               path=path)
+        raise SignatureInvalid(f"{where} (needs exactly payload, payloadType, signatures)", path=path)
     if env["payloadType"] != PAYLOAD_TYPE:
         raise SignatureInvalid(f"payloadType is {env['payloadType']!r}, expected {PAYLOAD_TYPE!r}", path=path)
     sigs = env["signatures"]
@@ -137,7 +171,9 @@ def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     if not isinstance(entry, dict) or set(entry) - {"keyid", "sig"} or "sig" not in entry:
         raise SignatureInvalid("signature entry must be {keyid, sig}", path=path)
     want = keyid(public_key)
-    if entry.get("keyid") != want:
+    # a bundle's signature carries no keyid (cosign writes none; sigstore-go would compare one
+    # with an SSH fingerprint): its key is named by verificationMaterial.publicKey.hint instead
+    if entry.get("keyid") != want and not (in_bundle and entry.get("keyid", "") == ""):
         raise SignatureInvalid(f"signed by key {str(entry.get('keyid'))[:16]}…, not by this public key "
                                f"({want[:16]}…)", path=path)
     body, sig = _b64(env["payload"], "payload", path), _b64(entry["sig"], "signature", path)
@@ -145,6 +181,42 @@ def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
         raise SignatureInvalid("signature does not verify: the certificate was modified or signed "
                                "by another key", path=path)
     return Verified(PAYLOAD_TYPE, body, want)
+
+
+def to_bundle(envelope: dict[str, Any], public_key: PublicKey) -> dict[str, Any]:
+    """The signed envelope as a key-based Sigstore bundle v0.3: the same payload and signature."""
+    return {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": key_hint(public_key)}, "tlogEntries": []},
+        "dsseEnvelope": {"payload": envelope["payload"], "payloadType": envelope["payloadType"],
+                         "signatures": [{"sig": s["sig"]} for s in envelope["signatures"]]},
+    }
+
+
+def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> Verified:
+    """A key-based Sigstore bundle: the key named by its hint, then its DSSE envelope.
+
+    Transparency-log entries and timestamps, if any, are not checked: moeaudit verifies against
+    the public key it is given (cosign: ``--insecure-ignore-tlog``)."""
+    if bundle.get("mediaType") not in BUNDLE_MEDIA_TYPES:
+        raise SignatureInvalid(f"mediaType is {str(bundle.get('mediaType'))[:80]!r}, expected "
+                               f"{BUNDLE_MEDIA_TYPE!r}", path=path)
+    extra = set(bundle) - {"mediaType", "verificationMaterial", "dsseEnvelope"}
+    if extra:
+        what = "a message signature, not an attestation" if "messageSignature" in extra else \
+            f"unexpected {', '.join(sorted(extra))}"
+        raise SignatureInvalid(f"not a moeaudit certificate bundle ({what})", path=path)
+    material = bundle.get("verificationMaterial")
+    if not isinstance(material, dict) or not isinstance(material.get("publicKey"), dict):
+        raise SignatureInvalid("the bundle is not key-based (no verificationMaterial.publicKey)", path=path,
+                               hint="verify certificate-based (keyless) bundles with cosign or sigstore")
+    if set(material) - {"publicKey", "tlogEntries", "timestampVerificationData"}:
+        raise SignatureInvalid("the bundle's verificationMaterial holds a certificate and a key", path=path)
+    hint = material["publicKey"].get("hint")
+    if hint is not None and hint != key_hint(public_key):
+        raise SignatureInvalid(f"signed by key hint {str(hint)[:16]}…, not by this public key "
+                               f"({key_hint(public_key)[:16]}…)", path=path)
+    return _verify_dsse(bundle.get("dsseEnvelope"), public_key, path, in_bundle=True)
 
 
 # ----- keys ------------------------------------------------------------------------------
@@ -155,7 +227,7 @@ def default_key_path() -> Path:
     return Path(base) / "moeaudit" / "signing-key.pem"
 
 
-def generate_key(path: Path, *, algorithm: str = "ed25519", passphrase: bytes | None = None,
+def generate_key(path: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,
                  force: bool = False) -> PrivateKey:
     """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM) as a pair, under KEY.lock."""
     key = _new_key(algorithm)
@@ -181,11 +253,13 @@ def ensure_key(path: Path) -> bool:
         if os.path.lexists(pub):
             raise InputError("a public key exists without its private key", path=pub,
                              hint="move it away to create a new key pair, or pass --key KEY")
-        _write_pair(path, _new_key("ed25519"), None, force=False)
+        _write_pair(path, _new_key(DEFAULT_ALGORITHM), None, force=False)
     return True
 
 
 def _new_key(algorithm: str) -> PrivateKey:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown key algorithm {algorithm!r}")
     return (ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519"
             else ec.generate_private_key(ec.SECP256R1()))
 
@@ -268,6 +342,7 @@ def load_public_key(path: Path) -> PublicKey:
     return key  # type: ignore[return-value]
 
 
-__all__ = ["MoeauditError", "SignatureInvalid", "Verified", "default_key_path", "ensure_key",
-           "generate_key", "keyid", "load_private_key", "load_public_key", "no_duplicate_keys",
-           "pae", "sign_envelope", "verify_envelope"]
+__all__ = ["BUNDLE_MEDIA_TYPE", "MoeauditError", "SignatureInvalid", "Verified", "default_key_path",
+           "ensure_key", "generate_key", "key_hint", "keyid", "load_private_key", "load_public_key",
+           "no_duplicate_keys", "pae", "sign_envelope", "to_bundle", "verify_bundle", "verify_envelope",
+           "verify_signed"]
