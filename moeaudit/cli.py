@@ -248,7 +248,7 @@ def canary() -> None:
 @click.pass_context
 def canary_build(ctx: click.Context, tokens: Path | None, text: Path | None, tokenizer: Path | None,
                  window_len: int, windows: int, out: Path, force: bool) -> None:
-    """Package token windows (or tokenized text) into a hashed canary file.
+    """Package token windows or tokenized text into a hashed canary.
 
     
     Examples:
