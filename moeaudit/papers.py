@@ -8,6 +8,7 @@ numbers stay for brevity after that. ``docs/glossary.md`` has the full titles an
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # number → (short name used in the output, full title)
 PAPERS: dict[str, tuple[str, str]] = {
@@ -51,3 +52,17 @@ def named(text: str, seen: set[str] | None = None) -> str:
 def legend() -> str:
     """One line: every paper by number and short name."""
     return "; ".join(f"{number} {short}" for number, (short, _) in PAPERS.items())
+
+
+def named_strings(obj: Any, seen: set[str] | None = None) -> Any:
+    """A copy of a JSON-like document with ``named`` applied to every string in reading order
+    (dict values in insertion order, lists in order), sharing ``seen``: one output document, one
+    first mention per paper. For derived outputs (export, CI summaries), never for signed bytes."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, str):
+        return named(obj, seen)
+    if isinstance(obj, dict):
+        return {k: named_strings(v, seen) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [named_strings(v, seen) for v in obj]
+    return obj

@@ -138,3 +138,30 @@ def test_error_messages_name_the_paper(tmp_path: Path) -> None:
     assert result.exit_code == 4, result.output
     assert "envelope.window must be ≥ 3/δ (Gradient Starvation Envelope (000) Eq. 17" in result.stderr
     assert unnamed_first_mentions(result.stderr) == []
+
+
+def test_export_and_ci_outputs_name_the_papers(tmp_path: Path) -> None:
+    """The compliance export (Markdown, HTML) and gate's CI outputs are read by people too: the
+    first mention names the paper; the JSON export stays as signed (bare numbers)."""
+    from moeaudit.attest.certificate import open_certificate, sign_statement
+    from moeaudit.attest.signing import generate_key, load_public_key
+    from moeaudit.jsonio import atomic_write, dumps
+    from moeaudit.report.ci import junit_xml, markdown_summary
+    from moeaudit.report.export import export, to_html, to_markdown
+
+    key = generate_key(tmp_path / "key.pem")
+    cert = tmp_path / "certificate.json"
+    stmt = json.loads(FIXTURE.read_text())
+    atomic_write(cert, dumps(sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z")))
+    statement = open_certificate(cert, load_public_key(tmp_path / "key.pem.pub"))
+    report = export(statement, "eu-ai-act")
+    assert "003 Table 4" in json.dumps(report)  # the machine-readable report keeps the signed text
+    for text in (to_markdown(report), to_html(report, statement)):
+        assert "MoE atlas (003) Table" in text
+        assert unnamed_first_mentions(re.sub(r"<[^>]+>", " ", text)) == []
+    result = {"base": "a", "candidate": "b", "decision": "HOLD", "conditions": [
+        {"name": "claims", "status": "fail", "detail": "not licensed by 003 Table 4; see 003 Eq. 27"},
+        {"name": "envelope", "status": "inconclusive", "detail": "000 Eq. 16 budget within tolerance"}]}
+    for text in (junit_xml(result), markdown_summary(result)):
+        assert "MoE atlas (003) Table 4" in text and "see 003 Eq. 27" in text
+        assert "Gradient Starvation Envelope (000) Eq. 16" in text

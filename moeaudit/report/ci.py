@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from moeaudit.papers import named_strings
+
 
 def junit_xml(result: dict[str, Any]) -> str:
+    result = named_strings(result)  # papers by name at their first mention (issue 16)
     cases = []
     for c in result["conditions"]:
         inner = ""
@@ -24,6 +27,7 @@ def junit_xml(result: dict[str, Any]) -> str:
 
 
 def markdown_summary(result: dict[str, Any]) -> str:
+    result = named_strings(result)
     icon = {"PROMOTE": "✅", "HOLD": "⛔", "INCONCLUSIVE": "⚠️"}[result["decision"]]
     lines = [f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
              "", "| condition | status | detail |", "|---|---|---|"]

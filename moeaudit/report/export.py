@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError, UsageError
+from moeaudit.papers import named_strings
 
 SCHEMA = "moeaudit.export/v1"
 COVERED, PARTIAL, NOT_COVERED = "covered", "partial", "not covered"
@@ -572,6 +573,7 @@ CERT_ROWS = (("verdict", "verdict"), ("run", "run"), ("stage", "stage"), ("issue
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:
+    report = named_strings(report)  # papers by name at their first mention (issue 16)
     fw, cert, n = report["framework"], report["certificate"], report["summary"]
     out = [f"# {_md(fw['title'])}", "", f"Source: {_md(fw['source'])}.", "", _md(fw["note"]), "",
            "## Certificate", "", "| field | value |", "|---|---|"]
@@ -613,7 +615,7 @@ def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = Non
     """One self-contained page: inline CSS, every value autoescaped, no script, no URL. Given the
     verified statement, each item shows the chart that backs its evidence (issue 16)."""
     return _environment().get_template(TEMPLATE).render(
-        r=report, COVERED=COVERED, PARTIAL=PARTIAL, NOT_COVERED=NOT_COVERED,
+        r=named_strings(report), COVERED=COVERED, PARTIAL=PARTIAL, NOT_COVERED=NOT_COVERED,
         charts=_charts(statement), chart_for=_chart_for)
 
 
