@@ -304,7 +304,7 @@ class Checkpoint:
         else:
             names = ["input_norm", "post_norm", "q", "k", "v", "o"]
         if s.attention_bias and s.mla is None:
-            names += ["q_bias", "k_bias", "v_bias"] + ([] if s.family == "qwen2_moe" else ["o_bias"])
+            names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
         if s.qk_norm != "none":
             names += ["q_norm", "k_norm"]
         if s.is_routed(layer):
