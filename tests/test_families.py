@@ -30,7 +30,8 @@ def test_refused_family_names_itself_and_why(model_type: str) -> None:
     cfg = {**hf_config(Arch()), "model_type": model_type}
     with pytest.raises(CheckpointError) as err:
         spec_from_config(cfg)
-    assert str(err.value).startswith(f"config.json: model family {model_type!r} cannot be replayed: {REFUSED[model_type]}")
+    want = f"config.json: model family {model_type!r} cannot be replayed: {REFUSED[model_type]}"
+    assert str(err.value).startswith(want)
     assert err.value.exit_code == EXIT_INPUT
 
 
