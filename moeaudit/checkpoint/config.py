@@ -120,6 +120,7 @@ class ModelSpec:
     # Fields added for new families carry ``NEW``: left out of ``to_json`` at their default, so
     # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
     o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
+    rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
 
     @property
     def layout(self) -> Layout:
@@ -139,6 +140,11 @@ class ModelSpec:
         if g.scaling != 1.0:
             out += f", ×{g.scaling:g}"
         return out
+
+    @property
+    def rope_dim(self) -> int:
+        """How many leading dims of a head RoPE rotates (partial rotary: fewer than head_dim)."""
+        return self.rotary_dim or self.head_dim
 
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
@@ -212,6 +218,9 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
             source = f"qk_rope_head_dim {spec.head_dim}"
         raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); "
                    f"{source}")
+    if spec.rotary_dim and not (2 <= spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
+        raise fail(f"the rotary part of a head must be even and in 2..{spec.head_dim}, got "
+                   f"{spec.rotary_dim} (head_dim × partial_rotary_factor)")
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
     if not spec.routed_layers:

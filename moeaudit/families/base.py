@@ -179,3 +179,13 @@ def grouped_gate(c: Ctx, *, scoring: str, selection_bias: bool, grouped: bool, n
     return Gate(scoring=scoring, selection_bias=selection_bias, n_group=n, topk_group=kg,
                 group_score=group_score if grouped else "none",
                 scaling=get("routed_scaling_factor", float, scaling))
+
+
+def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
+    """transformers' ``int(head_dim * partial_rotary_factor)``, which must be even and ≥ 2
+    (``ModelSpec.rotary_dim``; 0 there means the whole head)."""
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise CheckpointError(f"config.json: the rotary part of a head must be even and in 2..{head_dim}, "
+                              f"got {dim} (head_dim {head_dim} × partial_rotary_factor {factor:g})", path=c.path)
+    return dim

@@ -28,8 +28,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window)."""
-    D = spec.head_dim
+    """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window); D is the rotated
+    part of a head (``spec.rope_dim``: all of it unless the rotary is partial)."""
+    D = spec.rope_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
     if spec.yarn is not None:
         inv_freq = _yarn_inv_freq(spec, D, device)
@@ -134,8 +135,7 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     cos, sin = rope
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
-    q_BnTD = q_BnTD * cos + _rotate_half(q_BnTD) * sin
-    k_BnTD = k_BnTD * cos + _rotate_half(k_BnTD) * sin
+    q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
     v_BnTD = v_BTnD.transpose(1, 2)
     if nkv != nh:
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
@@ -145,6 +145,16 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
                                          is_causal=mask is None, scale=D**-0.5)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     return _linear(out_BTH, p, "o", "o_bias")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``cos.shape[-1]`` dims of each head, the rest passed
+    through (partial rotary, transformers' ``apply_rotary_pos_emb`` of GLM-4-MoE and others)."""
+    R = cos.shape[-1]
+    if R == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :R], x[..., R:]
+    return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
 def _causal_mask(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
