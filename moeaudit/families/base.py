@@ -22,10 +22,27 @@ from moeaudit.checkpoint.config import (
     getter,
     rope,
 )
+from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
 from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import CheckpointError
 
 Getter = Callable[..., Any]
+
+# torchtitan's DeepSeek-V3 state-dict adapter names (DeepSeek's and GLM's ``shared_experts``)
+TORCHTITAN_SHARED_EXPERTS: Rules = (
+    (TT_LAYER + r"moe\.shared_experts\.w1\.weight", HF_LAYER + "mlp.shared_experts.gate_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts\.w3\.weight", HF_LAYER + "mlp.shared_experts.up_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts\.w2\.weight", HF_LAYER + "mlp.shared_experts.down_proj.weight"),
+)
+TORCHTITAN_MLA: Rules = (
+    (TT_LAYER + r"attention\.wq_a\.weight", HF_LAYER + "self_attn.q_a_proj.weight"),
+    (TT_LAYER + r"attention\.q_norm\.weight", HF_LAYER + "self_attn.q_a_layernorm.weight"),
+    (TT_LAYER + r"attention\.wq_b\.weight", HF_LAYER + "self_attn.q_b_proj.weight"),
+    (TT_LAYER + r"attention\.wkv_a\.weight", HF_LAYER + "self_attn.kv_a_proj_with_mqa.weight"),
+    (TT_LAYER + r"attention\.kv_norm\.weight", HF_LAYER + "self_attn.kv_a_layernorm.weight"),
+    (TT_LAYER + r"attention\.wkv_b\.weight", HF_LAYER + "self_attn.kv_b_proj.weight"),
+    *TORCHTITAN_SHARED_EXPERTS,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class Family:
     default_rms_eps: float = 1e-6
     default_rope_theta: float = 1e4  # transformers' ``default_theta`` (1e4 unless overridden)
     mla: Callable[[Ctx], MLA] | None = None  # multi-head latent attention parser
+    torchtitan: Rules = ()  # torchtitan DCP name → HF key rules tried before the common ones
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:

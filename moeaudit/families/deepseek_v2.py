@@ -8,7 +8,16 @@ from typing import Any
 
 from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, parse_mla, sliding_window, windowed_all
+from moeaudit.families.base import (
+    TORCHTITAN_MLA,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    parse_mla,
+    sliding_window,
+    windowed_all,
+)
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -42,4 +51,5 @@ LAYOUT = Layout(
 
 FAMILY = Family(name="deepseek_v2", layout=LAYOUT, fields=_fields,
                 expert_count_keys=("n_routed_experts", "num_experts", "num_local_experts"),
-                mla=lambda c: parse_mla(c, always_interleave=True))
+                mla=lambda c: parse_mla(c, always_interleave=True),
+                torchtitan=TORCHTITAN_MLA)

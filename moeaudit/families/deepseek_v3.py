@@ -8,7 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, parse_mla, sliding_window, windowed_all
+from moeaudit.families.base import (
+    TORCHTITAN_MLA,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    parse_mla,
+    sliding_window,
+    windowed_all,
+)
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -37,4 +46,5 @@ LAYOUT = Layout(
 
 FAMILY = Family(name="deepseek_v3", layout=LAYOUT, fields=_fields,
                 expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
-                mla=parse_mla)
+                mla=parse_mla,
+                torchtitan=TORCHTITAN_MLA)

@@ -11,7 +11,14 @@ from typing import Any
 
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, partial_rotary_dim
+from moeaudit.families.base import (
+    TORCHTITAN_SHARED_EXPERTS,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    partial_rotary_dim,
+)
 
 
 def _partial_rotary_factor(c: Ctx) -> float:
@@ -68,4 +75,5 @@ LAYOUT = Layout(
 )
 
 FAMILY = Family(name="glm4_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-5)
+                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-5,
+                torchtitan=TORCHTITAN_SHARED_EXPERTS)
