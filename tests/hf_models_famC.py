@@ -1,0 +1,33 @@
+"""Tiny random configs of the families added in issue 15 (DeepSeek-V3.2, Qwen3-Next), same
+conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hf_models
+
+_MLA = dict(
+    num_key_value_heads=4,
+    n_routed_experts=8,
+    moe_intermediate_size=24,
+    intermediate_size=56,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    q_lora_rank=16,
+    kv_lora_rank=12,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    routed_scaling_factor=2.5,
+)
+
+FAMC: dict[str, dict[str, Any]] = {
+    # DeepSeek-V3 MLA + MoE with the DSA lightning indexer: 8 indexer heads of width 8 (the
+    # first qk_rope_head_dim=4 rotated), and index_topk=5 < T so the selection matters.
+    "deepseek_v32": dict(_MLA, index_topk=5, index_n_heads=8, index_head_dim=8),
+}
+
+hf_models._FAMILY.update(FAMC)
