@@ -1,0 +1,83 @@
+"""DeepSeek-V3.2 and Qwen3-Next replay against transformers (issue 15), same checks and
+tolerances as ``test_oracle`` / ``test_oracle_deepseek``.
+
+DeepSeek-V3.2's tiny model keeps index_topk=5 below the window length T=12, so the DSA
+indexer's key selection changes the attention of every query past the fifth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_famC  # noqa: E402, F401  (registers the tiny configs)
+from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from test_oracle import transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+
+V32: dict[str, dict[str, Any]] = {
+    "v32-sparse": {},
+    "v32-dense-when-the-window-fits": {"index_topk": 16},
+    "v32-top1-indexer-one-head": {"index_topk": 1, "index_n_heads": 1},
+    "v32-yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0,
+                                     "original_max_position_embeddings": 16}},
+}
+
+
+@pytest.mark.parametrize("case", V32)
+def test_deepseek_v32_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "deepseek_v32", **V32[case])
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    assert ckpt.spec.family == "deepseek_v32" and ckpt.spec.routed_layers == (1, 2)
+    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens),
+                          ckpt)
+    assert ckpt.warnings == [] and ckpt.notes == []
+
+
+def test_the_indexer_changes_the_loss_when_it_selects(tmp_path: Path) -> None:
+    """Same weights, index_topk 5 vs 16 (≥ T): a different loss, so the oracle above could
+    not pass with the indexer ignored."""
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "a", "deepseek_v32")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    (tmp_path / "b").mkdir()
+    for f in (tmp_path / "a").iterdir():
+        (tmp_path / "b" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "b" / "config.json").write_text(json.dumps({**cfg, "index_topk": 16}))
+    tokens = random_tokens()
+    sparse, dense = replay(Checkpoint(tmp_path / "a"), tokens), replay(Checkpoint(tmp_path / "b"), tokens)
+    assert abs(sparse.nll - dense.nll) > 1e-3
+
+
+def test_deepseek_v32_config_defaults_match_transformers() -> None:
+    import transformers
+
+    spec = spec_from_config(transformers.AutoConfig.for_model("deepseek_v32").to_dict())
+    assert spec.mla is not None and spec.mla.rope_interleave and spec.mla.q_lora_rank == 1536
+    assert (spec.num_experts, spec.top_k, spec.gate.n_group, spec.gate.topk_group) == (256, 8, 8, 4)
+    assert spec.routed_layers[0] == 3 and spec.gate.selection_bias
+    assert spec.sparse_index is not None
+    assert (spec.sparse_index.topk, spec.sparse_index.n_heads, spec.sparse_index.head_dim) == (
+        2048, 64, 128)
+
+
+def test_deepseek_v32_without_a_query_latent_is_refused() -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("deepseek_v32").to_dict()
+    with pytest.raises(CheckpointError, match="q_lora_rank"):
+        spec_from_config({**cfg, "q_lora_rank": None})
