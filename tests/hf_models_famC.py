@@ -28,6 +28,23 @@ FAMC: dict[str, dict[str, Any]] = {
     # DeepSeek-V3 MLA + MoE with the DSA lightning indexer: 8 indexer heads of width 8 (the
     # first qk_rope_head_dim=4 rotated), and index_topk=5 < T so the selection matters.
     "deepseek_v32": dict(_MLA, index_topk=5, index_n_heads=8, index_head_dim=8),
+    # Hybrid: layers 0, 2 gated DeltaNet (2 key heads, 4 value heads), layer 1 gated full
+    # attention with per-head q/k norms and RoPE on half of each head; zero-centred norms
+    # (gain 1 + w); 8 experts, top-2 renormalised, a sigmoid-gated shared expert.
+    "qwen3_next": dict(
+        head_dim=8,
+        partial_rotary_factor=0.5,
+        full_attention_interval=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        num_experts=8,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        intermediate_size=56,
+    ),
 }
 
 hf_models._FAMILY.update(FAMC)
