@@ -17,7 +17,14 @@ pytest.importorskip("transformers")
 
 import hf_models_famC  # noqa: E402, F401  (registers the tiny configs)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
+from test_oracle import (  # noqa: E402
+    FORWARD,
+    GRADIENT,
+    _norm,
+    assert_agree,
+    moeaudit_observed,
+    transformers_observed,
+)
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
@@ -80,3 +87,52 @@ def test_deepseek_v32_without_a_query_latent_is_refused() -> None:
     cfg = transformers.AutoConfig.for_model("deepseek_v32").to_dict()
     with pytest.raises(CheckpointError, match="q_lora_rank"):
         spec_from_config({**cfg, "q_lora_rank": None})
+
+
+# ----- Qwen3-Next: gated DeltaNet + gated full attention, zero-centred norms ------------------
+
+NEXT: dict[str, dict[str, Any]] = {
+    "next": {},  # layers: linear, full, linear; all routed
+    "next-dense-layer-no-renorm": {"mlp_only_layers": [0], "norm_topk_prob": False},
+    "next-equal-heads-full-rotary": {"linear_num_value_heads": 2, "partial_rotary_factor": 1.0,
+                                     "layer_types": ["full_attention", "linear_attention",
+                                                     "linear_attention"]},
+}
+
+
+def _attention_grads_with_linear_layers(model: Any) -> dict[int, float]:
+    """``transformers_observed`` sums ``self_attn.`` and ``input_layernorm.`` gradients; a
+    DeltaNet layer's token mixer is ``linear_attn.``, which our attention norm includes."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        mixer = layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
+        out[i] = _norm([p.grad for p in [*mixer.parameters(), *layer.input_layernorm.parameters()]])
+    return out
+
+
+@pytest.mark.parametrize("case", NEXT)
+def test_qwen3_next_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "qwen3_next", **NEXT[case])
+    ckpt = Checkpoint(tmp_path)
+    model = load(tmp_path)
+    tokens = random_tokens()
+    ref = transformers_observed(model, tokens)
+    attention = _attention_grads_with_linear_layers(model)
+    ref.attention_grads = {i: attention[i] for i in ref.attention_grads}
+    assert_agree(ref, moeaudit_observed(ckpt, tokens), ckpt.spec.top_k, FORWARD, GRADIENT)
+    routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed and ckpt.warnings == []
+    types = model.config.layer_types
+    assert ckpt.spec.linear_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
+
+
+def test_qwen3_next_config_defaults_match_transformers() -> None:
+    import transformers
+
+    spec = spec_from_config(transformers.AutoConfig.for_model("qwen3_next").to_dict())
+    assert (spec.num_experts, spec.top_k, spec.norm_topk_prob, spec.head_dim) == (512, 10, True, 256)
+    assert spec.rotary_dim == 64 and spec.norm_offset == 1.0 and spec.gated_attention
+    assert spec.linear_layers == tuple(i for i in range(48) if (i + 1) % 4)
+    la = spec.linear_attention
+    assert la is not None and (la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (
+        16, 32, 128, 128, 4)
