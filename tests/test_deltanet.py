@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 import hf_models_famC  # noqa: E402, F401  (registers the tiny qwen3_next config)
 from hf_models import tiny_model  # noqa: E402
 
-from moeaudit.replay.deltanet import LinearAttention, gated_delta_rule, gated_deltanet  # noqa: E402
+from moeaudit.checkpoint.config import LinearAttention  # noqa: E402
+from moeaudit.replay.deltanet import gated_delta_rule, gated_deltanet  # noqa: E402
 
 
 def _params(mod) -> dict[str, torch.Tensor]:
@@ -46,12 +47,13 @@ def test_deltanet_matches_transformers_forward_and_backward(T: int) -> None:
 
 
 def test_delta_rule_recurrence_by_hand() -> None:
-    """One head, d_k = d_v = 1: S_t = α S + β k (v − α S k), o_t = S_t q (q, k → ±1 by L2)."""
+    """One head, d_k = d_v = 1: S_t = α S + β k (v − α S k), o_t = S_t q (q, k → ±1 by L2),
+    the state carried across chunks of 2."""
     q = torch.tensor([1.0, 1.0, -1.0]).view(1, 3, 1, 1)
     k = torch.tensor([1.0, -2.0, 3.0]).view(1, 3, 1, 1)
     v = torch.tensor([2.0, 1.0, -1.0]).view(1, 3, 1, 1)
     alpha, beta = torch.tensor([0.5, 0.8, 1.0]), torch.tensor([1.0, 0.5, 0.25])
-    out = gated_delta_rule(q, k, v, alpha.log().view(1, 3, 1), beta.view(1, 3, 1))
+    out = gated_delta_rule(q, k, v, alpha.log().view(1, 3, 1), beta.view(1, 3, 1), chunk=2)
     S, want = 0.0, []
     for t in range(3):
         kt, qt = float(k.flatten()[t] > 0) * 2 - 1, float(q.flatten()[t] > 0) * 2 - 1

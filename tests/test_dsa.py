@@ -67,6 +67,16 @@ def test_indexer_scores_match_the_reference_formula() -> None:
     assert (ours != 0).float().mean() > 0.9  # ReLU did not zero whole rows of heads
 
 
+def test_query_blocks_do_not_change_the_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import moeaudit.replay.dsa as dsa
+
+    model = tiny_model("deepseek_v32", seed=2)
+    ix, p, x, q_lat, (cos, sin) = _indexer_inputs(model, 1, random_tokens(2, 11))
+    whole = index_scores(p, x, q_lat, cos[0], sin[0], ix.n_heads, ix.head_dim)
+    monkeypatch.setattr(dsa, "QUERY_BLOCK", 4)  # 11 queries: blocks of 4, 4, 3
+    assert torch.equal(index_scores(p, x, q_lat, cos[0], sin[0], ix.n_heads, ix.head_dim), whole)
+
+
 def test_no_mask_when_every_causal_key_fits() -> None:
     model = tiny_model("deepseek_v32")
     ix, p, x, q_lat, (cos, sin) = _indexer_inputs(model, 0, random_tokens(2, ix_top := 5))

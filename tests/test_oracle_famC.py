@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -94,6 +95,7 @@ def test_deepseek_v32_without_a_query_latent_is_refused() -> None:
 NEXT: dict[str, dict[str, Any]] = {
     "next": {},  # layers: linear, full, linear; all routed
     "next-dense-layer-no-renorm": {"mlp_only_layers": [0], "norm_topk_prob": False},
+    "next-attention-bias": {"attention_bias": True},
     "next-equal-heads-full-rotary": {"linear_num_value_heads": 2, "partial_rotary_factor": 1.0,
                                      "layer_types": ["full_attention", "linear_attention",
                                                      "linear_attention"]},
@@ -136,3 +138,71 @@ def test_qwen3_next_config_defaults_match_transformers() -> None:
     la = spec.linear_attention
     assert la is not None and (la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (
         16, 32, 128, 128, 4)
+
+
+def test_qwen3_next_mtp_module_is_noted_and_changes_nothing(tmp_path: Path) -> None:
+    """Released Qwen3-Next checkpoints carry the MTP module as top-level ``mtp.*`` tensors."""
+    from safetensors.torch import load_file, save_file
+
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "a", "qwen3_next")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+    tensors = load_file(tmp_path / "a" / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.zeros(32, 64)
+    tensors["mtp.norm.weight"] = torch.zeros(32)
+    save_file(tensors, tmp_path / "b" / "model.safetensors")
+    base, ckpt = Checkpoint(tmp_path / "a"), Checkpoint(tmp_path / "b")
+    assert ckpt.warnings == [] and len(ckpt.notes) == 1 and "mtp.* (2 tensors) left out" in ckpt.notes[0]
+    tokens = random_tokens()
+    assert replay(base, tokens).nll == replay(ckpt, tokens).nll
+
+
+@pytest.mark.parametrize("overrides", [{}, {"linear_num_value_heads": 2}], ids=["grouped-v", "equal"])
+def test_qwen3_5_moe_text_replay_matches_transformers(overrides: dict, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "qwen3_5_moe_text", **overrides)
+    ckpt = Checkpoint(tmp_path)
+    model = load(tmp_path)
+    tokens = random_tokens()
+    ref = transformers_observed(model, tokens)
+    attention = _attention_grads_with_linear_layers(model)
+    ref.attention_grads = {i: attention[i] for i in ref.attention_grads}
+    assert_agree(ref, moeaudit_observed(ckpt, tokens), ckpt.spec.top_k, FORWARD, GRADIENT)
+    assert ckpt.spec.routed_layers == (0, 1, 2) and ckpt.spec.norm_topk_prob
+    assert ckpt.spec.linear_layers == (0, 2) and ckpt.warnings == []
+
+
+def test_qwen3_5_moe_vision_language_checkpoint_replays_its_text_decoder(tmp_path: Path) -> None:
+    """The released Qwen3.5-MoE checkpoints are vision-language: the text decoder lives under
+    ``model.language_model`` with its config in ``text_config``; the vision tower is noted."""
+    import torch.nn.functional as F
+
+    from moeaudit.replay import replay
+
+    model = hf_models_famC.save_tiny_qwen3_5_moe(tmp_path)
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.family == "qwen3_5_moe" and ckpt.spec.linear_layers == (0, 2)
+    assert ckpt.warnings == [] and len(ckpt.notes) == 1 and "model.visual.*" in ckpt.notes[0]
+    tokens = random_tokens()
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits[:, :-1]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
+                          reduction="none").view(tokens.shape[0], -1)
+    result = replay(ckpt, tokens)
+    torch.testing.assert_close(result.nll_windows_W, nll.mean(1), **FORWARD)
+    assert result.nll == pytest.approx(float(nll.mean()), rel=1e-4)
+
+
+def test_qwen3_5_moe_without_a_text_config_is_refused() -> None:
+    with pytest.raises(CheckpointError, match="text_config"):
+        spec_from_config({"model_type": "qwen3_5_moe", "vision_config": {}})
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "qwen3_next"])
+def test_a_non_silu_activation_is_refused_naming_the_family(family: str) -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(family).to_dict()
+    with pytest.raises(CheckpointError, match=f"model family '{family}' with hidden_act 'gelu'"):
+        spec_from_config({**cfg, "hidden_act": "gelu"})

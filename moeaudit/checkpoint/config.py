@@ -85,6 +85,31 @@ NEW = {"omit_default": True}
 
 
 @dataclass(frozen=True)
+class SparseIndex:
+    """DeepSeek Sparse Attention (V3.2): each query attends to the ``topk`` causal keys its
+    lightning indexer (``n_heads`` heads of ``head_dim``) scores highest."""
+
+    topk: int
+    n_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """Sizes of a gated DeltaNet layer (Qwen3-Next ``linear_*`` config keys)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one checkpoint, as the replay sees it."""
 
@@ -121,6 +146,13 @@ class ModelSpec:
     # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
     o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
     rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
+    sparse_index: SparseIndex | None = field(default=None, metadata=NEW)  # DSA indexer (DeepSeek-V3.2)
+    # zero-centred RMSNorm gains (Qwen3-Next): the norm applies offset + stored w; the checkpoint
+    # reader hands the replay the applied gain
+    norm_offset: float = field(default=0.0, metadata=NEW)
+    gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
+    linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
+    linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
 
     @property
     def layout(self) -> Layout:
@@ -159,6 +191,8 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
+        if "linear_layers" in out:
+            out["linear_layers"] = list(self.linear_layers)
         if self.mla is None:
             del out["mla"]
         out["routing"] = self.routing

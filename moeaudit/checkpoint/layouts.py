@@ -39,6 +39,9 @@ class Layout:
     expert: Mapping[str, Templates]  # contains {expert}
     fused: Mapping[str, Templates] = field(default_factory=dict)
     notes: str = ""
+    # key prefix → what it holds, for tensors recognised and deliberately not replayed (noted,
+    # not warned about): an MTP module, a vision encoder
+    left_out: Mapping[str, str] = field(default_factory=dict)
 
 
 def prefixed(prefix: str, table: Mapping[str, str | Templates]) -> dict[str, Templates]:

@@ -77,8 +77,6 @@ _REFUSED_ALL: dict[str, str] = {
     "minimax": "not supported yet (lightning linear attention)",
     "minimax_m2": "not supported yet",
     "phimoe": "not supported yet",
-    "deepseek_v32": "not supported yet (sparse attention indexer)",
-    "qwen3_next": "not supported yet (gated DeltaNet linear attention)",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",
 }
 REFUSED: dict[str, str] = {k: v for k, v in _REFUSED_ALL.items() if k not in FAMILIES}

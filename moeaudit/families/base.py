@@ -72,9 +72,17 @@ class Family:
     default_rope_theta: float = 1e4  # transformers' ``default_theta`` (1e4 unless overridden)
     mla: Callable[[Ctx], MLA] | None = None  # multi-head latent attention parser
     torchtitan: Rules = ()  # torchtitan DCP name → HF key rules tried before the common ones
+    # a vision-language checkpoint: the config of the text decoder it replays (``text_config``)
+    decoder_config: Callable[[dict[str, Any], Path | str], dict[str, Any]] | None = None
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
+    if fam.decoder_config is not None:
+        cfg = fam.decoder_config(cfg, path)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":  # the experts and MLPs are SwiGLU, the DeltaNet conv is SiLU
+        raise CheckpointError(f"model family {fam.name!r} with hidden_act {act!r} cannot be "
+                              "replayed: the replay implements SiLU (SwiGLU) only", path=path)
     get = getter(cfg, path)
     hidden = get("hidden_size", int)
     heads = get("num_attention_heads", int)
@@ -207,3 +215,14 @@ def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
         raise CheckpointError(f"config.json: the rotary part of a head must be even and in 2..{head_dim}, "
                               f"got {dim} (head_dim {head_dim} × partial_rotary_factor {factor:g})", path=c.path)
     return dim
+
+
+def text_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """The text decoder's config of a vision-language checkpoint (``text_config``);
+    ``tie_word_embeddings`` is read at the top level, where transformers writes it."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"config.json: model_type {cfg.get('model_type')!r} needs a "
+                              "text_config object", path=path)
+    return {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings",
+                                                   text.get("tie_word_embeddings", False))}

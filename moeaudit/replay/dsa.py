@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 INDEXER_NORM_EPS = 1e-6  # transformers builds the indexer's k_norm LayerNorm with eps=1e-6
+QUERY_BLOCK = 256  # queries scored at once: bounds the [B, block, heads, T] intermediate
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -39,10 +40,13 @@ def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: tor
     q = torch.cat([q_rot * cos + _rotate_half(q_rot) * sin, q_pass], dim=-1)  # [B, T, n, D]
     k_rot, k_pass = k.split([rot, head_dim - rot], dim=-1)
     k = torch.cat([k_rot * cos_TD + _rotate_half(k_rot) * sin_TD, k_pass], dim=-1)  # [B, T, D]
-    scores_BTnT = F.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
-                         * head_dim**-0.5)
+    kT_B1DT = k.transpose(-1, -2).float().unsqueeze(1)
     w_BTn = F.linear(x_BTH, p["idx_weights"]).float() * n_heads**-0.5
-    return torch.matmul(w_BTn.unsqueeze(-2), scores_BTnT).squeeze(-2)
+    out = []
+    for s0 in range(0, T, QUERY_BLOCK):  # [B, block, n, T] at a time, not [B, T, n, T]
+        scores = F.relu(torch.matmul(q[:, s0:s0 + QUERY_BLOCK].float(), kT_B1DT) * head_dim**-0.5)
+        out.append(torch.matmul(w_BTn[:, s0:s0 + QUERY_BLOCK].unsqueeze(-2), scores).squeeze(-2))
+    return torch.cat(out, dim=1)
 
 
 @torch.no_grad()
