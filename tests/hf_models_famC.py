@@ -1,4 +1,4 @@
-"""Tiny random configs of the families added in issue 15 (DeepSeek-V3.2, Qwen3-Next), same
+"""Tiny random configs of the families added in issue 15 (DeepSeek-V3.2, Qwen3-Next, Qwen3.5-MoE), same
 conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""DeepSeek-V3.2 and Qwen3-Next replay against transformers (issue 15), same checks and
-tolerances as ``test_oracle`` / ``test_oracle_deepseek``.
+"""DeepSeek-V3.2, Qwen3-Next and Qwen3.5-MoE replay against transformers (issue 15), same
+checks and tolerances as ``test_oracle`` / ``test_oracle_deepseek``.
 
 DeepSeek-V3.2's tiny model keeps index_topk=5 below the window length T=12, so the DSA
 indexer's key selection changes the attention of every query past the fifth.
