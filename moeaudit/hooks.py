@@ -18,7 +18,7 @@ The logger reads parameters from either
 
 * our own loop: a sequence of :class:`~moeaudit.checkpoint.LayerWeights`, or
 * any ``torch.nn.Module`` (or ``named_parameters()`` pairs) in a family of
-  :mod:`moeaudit.checkpoint.layouts` — per-expert modules (transformers v4, our on-disk
+  :mod:`moeaudit.families` — per-expert modules (transformers v4, our on-disk
   layout) or fused ``experts.gate_up_proj [E,2I,H]`` / ``experts.down_proj [E,H,I]``
   (transformers v5). Parameter names are matched with regexes generated from the layout
   key templates, so a new family needs a layout table, not code here.
@@ -48,8 +48,9 @@ from typing import Any, TextIO
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.layouts import FAMILIES, Layout
+from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import InputError
+from moeaudit.families import FAMILIES
 from moeaudit.run import PROBE_FILE  # the probe's log, next to metrics.jsonl
 
 SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
@@ -155,11 +156,11 @@ def _layouts_for(source: Any, family: str | None) -> list[Layout]:
         if family not in FAMILIES:
             known = ", ".join(FAMILIES)
             raise InputError(f"unknown MoE family {family!r}", hint=f"known families: {known}")
-        return [FAMILIES[family]]
+        return [FAMILIES[family].layout]
     model_type = getattr(getattr(source, "config", None), "model_type", None)
     if model_type in FAMILIES:
-        return [FAMILIES[model_type]]
-    return list(FAMILIES.values())  # not a known family: try every layout's names
+        return [FAMILIES[model_type].layout]
+    return [f.layout for f in FAMILIES.values()]  # not a known family: try every layout's names
 
 
 def collect_params(source: Source, family: str | None = None) -> dict[int, _LayerParams]:

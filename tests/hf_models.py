@@ -19,6 +19,7 @@ import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
+NEW_FAMILIES = ("glm4_moe",)  # registry-era families, each with its own oracle test file
 
 VOCAB = 96
 
@@ -77,6 +78,23 @@ _FAMILY: dict[str, dict[str, Any]] = {
         qk_rope_head_dim=4,
         v_head_dim=6,
         routed_scaling_factor=1.5,
+    ),
+    # q/k/v bias, per-head qk norm, RoPE on half of each head, V3's router (8 experts in 4
+    # groups, best 2 compete, selection bias), one shared expert, a dense first layer.
+    "glm4_moe": dict(
+        n_routed_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.0,
+        attention_bias=True,
+        use_qk_norm=True,
+        head_dim=8,
+        partial_rotary_factor=0.5,
+        num_nextn_predict_layers=0,
     ),
 }
 

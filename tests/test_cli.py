@@ -112,6 +112,12 @@ def _unknown_family(ckpt: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps(cfg))
 
 
+def _refused_family(ckpt: Path) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["model_type"] = "jamba"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+
 def _truncate(ckpt: Path) -> None:
     f = ckpt / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
@@ -132,6 +138,7 @@ def _missing_expert(ckpt: Path) -> None:
 @pytest.mark.parametrize("breaks, message", [
     (_shape_mismatch, "config.json implies"),
     (_unknown_family, "unknown model family 'llama'"),
+    (_refused_family, "model family 'jamba' cannot be replayed: its Mamba (state-space) layers"),
     (_truncate, "truncated"),
     (_pickle_only, "pickled weights are never loaded"),
     (_missing_expert, "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),

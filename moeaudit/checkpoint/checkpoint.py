@@ -94,6 +94,14 @@ class LayerWeights:
 
 
 SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
+LINEAR_ATTENTION_NAMES = ("lin_qkvz", "lin_ba", "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv",
+                          "lin_dt_bias", "lin_A_log", "lin_norm", "lin_out")
+# Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
+GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
+FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
+# RMSNorm gains stored as w with the norm applying 1 + w (Qwen3-Next); the DeltaNet's gated
+# output norm (lin_norm) applies its weight as stored.
+ZERO_CENTRED_NORMS = frozenset({"input_norm", "post_norm", "q_norm", "k_norm"})
 
 
 def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
@@ -301,11 +309,16 @@ class Checkpoint:
             names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
             if s.attention_bias:
                 names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
+            if s.sparse_index is not None:
+                names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
+        elif layer in s.linear_layers:
+            skip = FLAT_PROJECTIONS if "lin_qkvz" in self.layout.layer else GROUPED_PROJECTIONS
+            names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
         else:
             names = ["input_norm", "post_norm", "q", "k", "v", "o"]
-        if s.attention_bias and s.mla is None:
-            names += ["q_bias", "k_bias", "v_bias"] + ([] if s.family == "qwen2_moe" else ["o_bias"])
-        if s.qk_norm != "none":
+        if s.attention_bias and s.mla is None and layer not in s.linear_layers:
+            names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
+        if s.qk_norm != "none" and layer not in s.linear_layers:
             names += ["q_norm", "k_norm"]
         if s.is_routed(layer):
             names.append("router")
@@ -337,6 +350,22 @@ class Checkpoint:
             "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
             "router_bias": (E,),
         }
+        if s.gated_attention:  # q_proj emits [query | gate] per head
+            shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
+        if s.sparse_index is not None and s.mla is not None:
+            x = s.sparse_index
+            shapes.update({"idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
+                           "idx_wk": (x.head_dim, H), "idx_k_norm": (x.head_dim,),
+                           "idx_k_norm_bias": (x.head_dim,), "idx_weights": (x.n_heads, H)})
+        if (la := s.linear_attention) is not None:
+            key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
+            shapes.update({"lin_qkvz": (2 * key_dim + 2 * value_dim, H),
+                           "lin_ba": (2 * la.num_v_heads, H),
+                           "lin_qkv": (2 * key_dim + value_dim, H), "lin_z": (value_dim, H),
+                           "lin_b": (la.num_v_heads, H), "lin_a": (la.num_v_heads, H),
+                           "lin_conv": (la.conv_channels, 1, la.conv_kernel),
+                           "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
+                           "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
         if s.mla is not None:
             m, nh = s.mla, s.num_heads
             shapes.update({
@@ -416,6 +445,12 @@ class Checkpoint:
                 f"multi-token-prediction layer(s) {', '.join(map(str, layers))} ({len(mtp)} "
                 "tensors) left out: the replay scores next-token prediction only")
             extra = [k for k in extra if k not in set(mtp)]
+        for prefix, what in self.layout.left_out.items():
+            left = [k for k in extra if k.startswith(prefix)]
+            if left:
+                self.notes.append(f"{what} ({len(left)} tensors) left out: the replay audits "
+                                  "next-token prediction of the text decoder")
+                extra = [k for k in extra if not k.startswith(prefix)]
         if extra:
             shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
             self.warnings.append(f"{len(extra)} unexpected tensor(s) ignored: {shown}")
@@ -434,7 +469,8 @@ class Checkpoint:
             key = self.global_key("embed")
         assert key is not None
         t = self.read(key)
-        return t if dtype is None else t.to(dtype)
+        t = t if dtype is None else t.to(dtype)
+        return t + self.spec.norm_offset if name == "final_norm" and self.spec.norm_offset else t
 
     def layer_weights(self, layer: int, dtype: torch.dtype | None = None, *,
                       lazy_experts: bool = False) -> LayerWeights:
@@ -446,6 +482,9 @@ class Checkpoint:
 
         dtype = torch.float32 if dtype is None else dtype
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
+        if self.spec.norm_offset:  # canonical gains: γ = 1 + w for zero-centred norms
+            for n in ZERO_CENTRED_NORMS & params.keys():
+                params[n] = params[n] + self.spec.norm_offset
         lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
         if lw.routed:
             stored = self._read_experts(layer)

@@ -9,32 +9,25 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.layouts import FAMILIES, Layout
+from moeaudit.checkpoint.layouts import Layout
 from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import CheckpointError
 
-# transformers' ``default_theta`` per family (RotaryEmbeddingConfigMixin falls back to 1e4).
-DEFAULT_ROPE_THETA = {"mixtral": 1e6}
-DEFAULT_RMS_EPS = {"mixtral": 1e-5, "olmoe": 1e-5, "qwen2_moe": 1e-6, "qwen3_moe": 1e-6,
-                   "deepseek_v2": 1e-6, "deepseek_v3": 1e-6}
-DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
 MLA_NORM_EPS = 1e-6
-# The expert count under either name transformers' ``attribute_map`` accepts, canonical first:
-# v5 writes Qwen3-MoE's as ``num_local_experts``, the hub's v4 configs as ``num_experts``.
 MAX_COUNT = 1 << 16  # layers or experts; far above any real model
-EXPERT_COUNT_KEYS = {
-    "mixtral": ("num_local_experts", "num_experts"),
-    "olmoe": ("num_experts", "num_local_experts"),
-    "qwen2_moe": ("num_experts",),
-    "qwen3_moe": ("num_experts", "num_local_experts"),
-    "deepseek_v2": ("n_routed_experts", "num_experts", "num_local_experts"),
-    "deepseek_v3": ("n_routed_experts", "num_local_experts", "num_experts"),
-}
+
+
+def __getattr__(name: str) -> Any:
+    """``EXPERT_COUNT_KEYS`` (family → the expert-count keys) from the family registry."""
+    if name == "EXPERT_COUNT_KEYS":
+        from moeaudit.families import FAMILIES
+        return {n: f.expert_count_keys for n, f in FAMILIES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +81,34 @@ class Gate:
         return self.n_group > 1 and self.topk_group < self.n_group
 
 
+NEW = {"omit_default": True}
+
+
+@dataclass(frozen=True)
+class SparseIndex:
+    """DeepSeek Sparse Attention (V3.2): each query attends to the ``topk`` causal keys its
+    lightning indexer (``n_heads`` heads of ``head_dim``) scores highest."""
+
+    topk: int
+    n_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """Sizes of a gated DeltaNet layer (Qwen3-Next ``linear_*`` config keys)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one checkpoint, as the replay sees it."""
@@ -121,10 +142,22 @@ class ModelSpec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     yarn: Yarn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Fields added for new families carry ``NEW``: left out of ``to_json`` at their default, so
+    # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
+    o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
+    rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
+    sparse_index: SparseIndex | None = field(default=None, metadata=NEW)  # DSA indexer (DeepSeek-V3.2)
+    # zero-centred RMSNorm gains (Qwen3-Next): the norm applies offset + stored w; the checkpoint
+    # reader hands the replay the applied gain
+    norm_offset: float = field(default=0.0, metadata=NEW)
+    gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
+    linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
+    linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
 
     @property
     def layout(self) -> Layout:
-        return FAMILIES[self.family]
+        from moeaudit.families import FAMILIES
+        return FAMILIES[self.family].layout
 
     @property
     def routing(self) -> str:
@@ -140,6 +173,11 @@ class ModelSpec:
             out += f", ×{g.scaling:g}"
         return out
 
+    @property
+    def rope_dim(self) -> int:
+        """How many leading dims of a head RoPE rotates (partial rotary: fewer than head_dim)."""
+        return self.rotary_dim or self.head_dim
+
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
 
@@ -148,8 +186,13 @@ class ModelSpec:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("omit_default") and getattr(self, f.name) == f.default:
+                del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
+        if "linear_layers" in out:
+            out["linear_layers"] = list(self.linear_layers)
         if self.mla is None:
             del out["mla"]
         out["routing"] = self.routing
@@ -185,72 +228,13 @@ def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
 
 
 def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> ModelSpec:
-    family = cfg.get("model_type")
-    if not isinstance(family, str) or family not in FAMILIES:
-        known = ", ".join(FAMILIES)
-        raise CheckpointError(
-            f"unknown model family {family!r}", path=path, hint=f"supported: {known}"
-        )
-    get = _getter(cfg, path)
-    hidden = get("hidden_size", int)
-    heads = get("num_attention_heads", int)
-    kv_heads = get("num_key_value_heads", int, heads) or heads
-    n_layers = get("num_hidden_layers", int)
-    window = _sliding_window(cfg, family)
-    keys = EXPERT_COUNT_KEYS[family]
-    num_experts = get(next((k for k in keys if cfg.get(k) is not None), keys[0]), int)
-    top_k = get("num_experts_per_tok", int)
-    if not 1 <= top_k <= num_experts:
-        raise CheckpointError(f"num_experts_per_tok={top_k} not in 1..{num_experts}", path=path)
-    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
-        if value < 1:
-            raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)
-    for key, value in (("num_hidden_layers", n_layers), ("the expert count", num_experts)):
-        if value > MAX_COUNT:  # we build per-layer and per-expert tables before reading weights
-            raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})",
-                                  path=path)
-    deepseek = family in DEEPSEEK
-    if hidden % heads and "head_dim" not in cfg and not deepseek:
-        raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=path)
-    if heads % kv_heads:
-        raise CheckpointError(f"{heads} heads not divisible by {kv_heads} kv heads", path=path)
-    mla = _mla(cfg, family, path) if deepseek else None
-    rope_theta, attention_scale, yarn = _rope(cfg, family, path, mla)
-    spec = ModelSpec(
-        family=family,
-        vocab_size=get("vocab_size", int),
-        hidden_size=hidden,
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=mla.qk_rope_dim if mla else get("head_dim", int, None) or hidden // heads,
-        rope_theta=rope_theta,
-        rms_eps=get("rms_norm_eps", float, DEFAULT_RMS_EPS[family]),
-        num_experts=num_experts,
-        top_k=top_k,
-        expert_dim=get("intermediate_size" if family in ("mixtral", "olmoe") else "moe_intermediate_size", int),
-        routed_layers=_routed_layers(cfg, family, n_layers, path),
-        norm_topk_prob=_norm_topk_prob(cfg, family, path),
-        attention_bias=_attention_bias(cfg, family),
-        qk_norm={"olmoe": "full", "qwen3_moe": "head"}.get(family, "none"),
-        clip_qkv=get("clip_qkv", float, None) if family == "olmoe" else None,
-        tie_embeddings=bool(get("tie_word_embeddings", bool, False)),
-        dense_dim=get("intermediate_size", int, 0) if family.startswith(("qwen", "deepseek")) else 0,
-        shared_dim=_shared_dim(cfg, family, path),
-        sliding_window=window,
-        sliding_layers=_sliding_layers(cfg, family, n_layers, window, path),
-        gate=_gate(cfg, family, num_experts, top_k, path),
-        mla=mla,
-        shared_gated=family == "qwen2_moe",
-        mtp_layers=get("num_nextn_predict_layers", int, 0) if deepseek else 0,
-        attention_scale=attention_scale,
-        yarn=yarn,
-    )
-    _check_sizes(spec, cfg, path)
-    return spec
+    """The family's rules (``moeaudit/families/<model_type>.py``) applied to ``cfg``."""
+    from moeaudit.families import family_of
+    from moeaudit.families.base import build_spec
+    return build_spec(family_of(cfg.get("model_type"), path), cfg, path)
 
 
-def _check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
+def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
     """Sizes the replay divides by or loops over: zero (or odd, for RoPE) would be a crash
     or a silently empty audit later, so they are errors here, naming the config key."""
     def fail(what: str) -> CheckpointError:
@@ -268,6 +252,9 @@ def _check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None
             source = f"qk_rope_head_dim {spec.head_dim}"
         raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); "
                    f"{source}")
+    if spec.rotary_dim and not (2 <= spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
+        raise fail(f"the rotary part of a head must be even and in 2..{spec.head_dim}, got "
+                   f"{spec.rotary_dim} (head_dim × partial_rotary_factor)")
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
     if not spec.routed_layers:
@@ -277,81 +264,7 @@ def _check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None
                             "moeaudit audits MoE routing")
 
 
-def _norm_topk_prob(cfg: dict[str, Any], family: str, path: Path | str) -> bool:
-    """Mixtral always renormalises; transformers' DeepSeek-V2 never does (its router has no
-    such step, whatever the config says); V3 defaults to it; the others default to not."""
-    if family == "mixtral":
-        return True
-    if family == "deepseek_v2":
-        return False
-    return bool(_getter(cfg, path)("norm_topk_prob", bool, family == "deepseek_v3"))
-
-
-def _shared_dim(cfg: dict[str, Any], family: str, path: Path | str) -> int:
-    get = _getter(cfg, path)
-    if family == "qwen2_moe":
-        return get("shared_expert_intermediate_size", int, 0)
-    if family in DEEPSEEK:
-        n_shared = get("n_shared_experts", int, 1 if family == "deepseek_v3" else 2)
-        return n_shared * get("moe_intermediate_size", int)
-    return 0
-
-
-def _mla(cfg: dict[str, Any], family: str, path: Path | str) -> MLA:
-    get = _getter(cfg, path)
-    mla = MLA(
-        q_lora_rank=get("q_lora_rank", int, 0),
-        kv_lora_rank=get("kv_lora_rank", int, 512),
-        qk_nope_dim=get("qk_nope_head_dim", int, 128),
-        qk_rope_dim=get("qk_rope_head_dim", int, 64),
-        v_head_dim=get("v_head_dim", int, 128),
-        # transformers' V2 applies RoPE to complex pairs: the interleaved layout, always.
-        rope_interleave=family == "deepseek_v2" or bool(get("rope_interleave", bool, True)),
-    )
-    if mla.kv_lora_rank < 1 or mla.qk_rope_dim < 2 or mla.qk_rope_dim % 2 or mla.v_head_dim < 1:
-        raise CheckpointError("config.json: MLA needs kv_lora_rank ≥ 1, an even "
-                              "qk_rope_head_dim ≥ 2 and v_head_dim ≥ 1", path=path)
-    return mla
-
-
-def _gate(cfg: dict[str, Any], family: str, num_experts: int, top_k: int,
-          path: Path | str) -> Gate:
-    if family not in DEEPSEEK:
-        return Gate()
-    get = _getter(cfg, path)
-    v3 = family == "deepseek_v3"
-    method = "noaux_tc" if v3 else get("topk_method", str, "greedy")
-    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
-        raise CheckpointError(f"config.json: topk_method {method!r} is not supported", path=path,
-                              hint="supported: greedy, group_limited_greedy (V2), noaux_tc (V3)")
-    scoring = "sigmoid" if v3 else "softmax"
-    grouped = v3 or method == "group_limited_greedy"
-    n_group = get("n_group", int, 8 if v3 else 1) if grouped else 1
-    topk_group = get("topk_group", int, 4 if v3 else 1) if grouped else 1
-    if grouped:
-        if n_group < 1 or num_experts % n_group:
-            raise CheckpointError(f"config.json: {num_experts} experts do not split into "
-                                  f"n_group={n_group} equal groups", path=path)
-        if not 1 <= topk_group <= n_group:
-            raise CheckpointError(f"config.json: topk_group={topk_group} not in 1..{n_group}",
-                                  path=path)
-        if topk_group * (num_experts // n_group) < top_k:
-            raise CheckpointError(f"config.json: the best {topk_group} groups hold fewer than "
-                                  f"num_experts_per_tok={top_k} experts", path=path)
-        if v3 and num_experts // n_group < 2:
-            raise CheckpointError("config.json: DeepSeek-V3 group scores need ≥ 2 experts per "
-                                  "group", path=path)
-    return Gate(
-        scoring=scoring,
-        selection_bias=v3,
-        n_group=n_group,
-        topk_group=topk_group,
-        group_score=("top2sum" if v3 else "max") if grouped else "none",
-        scaling=get("routed_scaling_factor", float, 2.5 if v3 else 1.0),
-    )
-
-
-def _getter(cfg: dict[str, Any], path: Path | str):
+def getter(cfg: dict[str, Any], path: Path | str):
     missing = object()
 
     def get(key: str, kind: type, default: Any = missing) -> Any:
@@ -375,12 +288,12 @@ def _getter(cfg: dict[str, Any], path: Path | str):
     return get
 
 
-def _rope(cfg: dict[str, Any], family: str, path: Path | str,
-          mla: MLA | None) -> tuple[float, float | None, Yarn | None]:
+def rope(cfg: dict[str, Any], default_theta: float, path: Path | str,
+         mla: MLA | None) -> tuple[float, float | None, Yarn | None]:
     """(θ, softmax scale, YaRN): the scale is None (head_dim ** -0.5) except for MLA, whose
     query and key heads are ``qk_nope + qk_rope`` wide, and whose scale YaRN's
     ``mscale_all_dim`` multiplies by mscale² (transformers' ``yarn_apply_mscale``)."""
-    theta = _rope_theta(cfg, family, path)
+    theta = _rope_theta(cfg, default_theta, path)
     yarn = _yarn(cfg, path)
     scale = None if mla is None else mla.qk_head_dim ** -0.5
     if scale is not None and yarn is not None and yarn.mscale_all_dim:
@@ -418,7 +331,7 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
                               path=path)
     factor = num("factor", None)
     if factor is None:
-        factor = float(_getter(cfg, path)("max_position_embeddings", int)) / original
+        factor = float(getter(cfg, path)("max_position_embeddings", int)) / original
     if factor <= 0:
         raise CheckpointError(f"config.json: YaRN factor must be positive, got {factor!r}",
                               path=path)
@@ -433,13 +346,13 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
                 truncate=bool(p.get("truncate", True)))
 
 
-def _rope_theta(cfg: dict[str, Any], family: str, path: Path | str) -> float:
+def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> float:
     params = _rope_params(cfg)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", "yarn", None):
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     theta = params.get("rope_theta") if isinstance(params, dict) else None
-    theta = theta or cfg.get("rope_theta") or DEFAULT_ROPE_THETA.get(family, 1e4)
+    theta = theta or cfg.get("rope_theta") or default_theta
     number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
     if not (number and _is_finite(theta) and theta > 0):
         raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}",
@@ -452,53 +365,3 @@ def _is_finite(value: int | float) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an integer beyond the float range
         return False
-
-
-def _routed_layers(cfg: dict[str, Any], family: str, n_layers: int, path: Path | str) -> tuple[int, ...]:
-    """Which decoder layers carry a routed MoE block (transformers' Qwen2-MoE rule; DeepSeek:
-    all after the first ``first_k_dense_replace``)."""
-    if family in ("mixtral", "olmoe"):
-        return tuple(range(n_layers))
-    if family in DEEPSEEK:
-        dense = _getter(cfg, path)("first_k_dense_replace", int, 3 if family == "deepseek_v3" else 0)
-        return tuple(range(min(dense, n_layers), n_layers))
-    step = _getter(cfg, path)("decoder_sparse_step", int, 1)
-    only = cfg.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
-        raise CheckpointError("config.json: mlp_only_layers must be a list of ints", path=path)
-    return tuple(
-        i for i in range(n_layers) if i not in only and step > 0 and (i + 1) % step == 0
-    )
-
-
-def _attention_bias(cfg: dict[str, Any], family: str) -> bool:
-    if family == "qwen2_moe":
-        return bool(cfg.get("qkv_bias", True))
-    return bool(cfg.get("attention_bias", False))
-
-
-def _sliding_window(cfg: dict[str, Any], family: str) -> int | None:
-    if family.startswith("qwen") and not cfg.get("use_sliding_window", False):
-        return None
-    window = cfg.get("sliding_window")
-    return int(window) if isinstance(window, int) and window > 0 else None
-
-
-def _sliding_layers(cfg: dict[str, Any], family: str, n_layers: int, window: int | None,
-                    path: Path | str) -> tuple[int, ...]:
-    """Mixtral and Qwen3-MoE window every layer; Qwen2-MoE only its ``layer_types`` ones.
-
-    A config without ``layer_types`` gets transformers v5's rule for it: every other layer,
-    starting with the first, below ``max_window_layers``.
-    """
-    if window is None:
-        return ()
-    if family != "qwen2_moe":
-        return tuple(range(n_layers))
-    types = cfg.get("layer_types")
-    if types is None:
-        below = _getter(cfg, path)("max_window_layers", int, 28)
-        return tuple(i for i in range(n_layers) if i % 2 == 0 and i < below)
-    if not isinstance(types, list) or len(types) != n_layers:
-        raise CheckpointError(f"config.json: layer_types must list {n_layers} layers", path=path)
-    return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")

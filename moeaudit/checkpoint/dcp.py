@@ -490,7 +490,10 @@ class DcpDirectory:
         model weights: optimizer state and the like)."""
         naming, prefix = self._naming()
         left: list[str] = []
-        rules = TORCHTITAN_RULES.get(family, ()) + TORCHTITAN_COMMON
+        from moeaudit.families import FAMILIES
+
+        fam = FAMILIES.get(family)
+        rules = (fam.torchtitan if fam is not None else ()) + TORCHTITAN_COMMON
         for fqn in self.entries:
             if not fqn.startswith(prefix):
                 left.append(fqn)
@@ -574,10 +577,12 @@ class DcpDirectory:
 # older llama3/llama4-style names. A ``None`` template drops the tensor (RoPE buffers). The
 # stacked routed experts ``layers.{i}.moe.experts.w1/w3/w2`` are fused by ``_fuse_experts``.
 
-_L = "model.layers.{layer}."
-_T = r"layers\.(?P<layer>\d+)\."
+_L = HF_LAYER = "model.layers.{layer}."
+_T = TT_LAYER = r"layers\.(?P<layer>\d+)\."
+Rules = tuple[tuple[str, str | None], ...]  # (torchtitan name regex, HF key template or None)
 
-TORCHTITAN_COMMON: tuple[tuple[str, str | None], ...] = (
+# common rules; a family's own (``Family.torchtitan``, e.g. MLA names) are tried before these
+TORCHTITAN_COMMON: Rules = (
     (r"tok_embeddings\.weight", "model.embed_tokens.weight"),
     (r"norm\.weight", "model.norm.weight"),
     (r"output\.weight", "lm_head.weight"),
@@ -602,25 +607,6 @@ TORCHTITAN_COMMON: tuple[tuple[str, str | None], ...] = (
     (_T + r"feed_forward\.w3\.weight", _L + "mlp.up_proj.weight"),
     (_T + r"feed_forward\.w2\.weight", _L + "mlp.down_proj.weight"),
 )
-
-_MLA: tuple[tuple[str, str | None], ...] = (
-    (_T + r"attention\.wq_a\.weight", _L + "self_attn.q_a_proj.weight"),
-    (_T + r"attention\.q_norm\.weight", _L + "self_attn.q_a_layernorm.weight"),
-    (_T + r"attention\.wq_b\.weight", _L + "self_attn.q_b_proj.weight"),
-    (_T + r"attention\.wkv_a\.weight", _L + "self_attn.kv_a_proj_with_mqa.weight"),
-    (_T + r"attention\.kv_norm\.weight", _L + "self_attn.kv_a_layernorm.weight"),
-    (_T + r"attention\.wkv_b\.weight", _L + "self_attn.kv_b_proj.weight"),
-    (_T + r"moe\.shared_experts\.w1\.weight", _L + "mlp.shared_experts.gate_proj.weight"),
-    (_T + r"moe\.shared_experts\.w3\.weight", _L + "mlp.shared_experts.up_proj.weight"),
-    (_T + r"moe\.shared_experts\.w2\.weight", _L + "mlp.shared_experts.down_proj.weight"),
-)
-
-# family-specific rules, tried before the common ones
-TORCHTITAN_RULES: dict[str, tuple[tuple[str, str | None], ...]] = {
-    "deepseek_v3": _MLA,
-    "deepseek_v2": _MLA,
-}
-
 
 def is_dcp(path: Path) -> bool:
     return os.path.lexists(path / METADATA_NAME)

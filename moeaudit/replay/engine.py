@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
+from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.replay.model import (
     ExtraExperts,
@@ -469,7 +469,8 @@ def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
     p = lw.params
     attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
                                "q_norm", "k_norm", "input_norm", "q_a", "q_a_bias", "q_a_norm",
-                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b")]
+                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b",
+                               *LINEAR_ATTENTION_NAMES)]
     shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
     return LayerGrads(experts_E, router=_norm([p["router"]]), shared=_norm(shared),
                       attention=_norm(attn))

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import MLA_NORM_EPS, Gate, ModelSpec
+from moeaudit.replay.deltanet import gated_deltanet
+from moeaudit.replay.dsa import sparse_causal_mask
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,8 +30,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window)."""
-    D = spec.head_dim
+    """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window); D is the rotated
+    part of a head (``spec.rope_dim``: all of it unless the rotary is partial)."""
+    D = spec.rope_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
     if spec.yarn is not None:
         inv_freq = _yarn_inv_freq(spec, D, device)
@@ -91,6 +94,7 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
     assert m is not None
     B, T, _ = x_BTH.shape
     nh, nope, rot = spec.num_heads, m.qk_nope_dim, m.qk_rope_dim
+    q_lat = None
     if m.q_lora_rank:
         q_lat = rms_norm(_linear(x_BTH, p, "q_a", "q_a_bias"), p["q_a_norm"], MLA_NORM_EPS)
         q = F.linear(q_lat, p["q_b"])
@@ -110,7 +114,11 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
     k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
     q_BnTD = torch.cat([q_nope, q_rot], dim=-1)
     k_BnTD = torch.cat([k_nope, k_rot.expand(B, nh, T, rot)], dim=-1)
-    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, is_causal=True,
+    mask = None
+    if (si := spec.sparse_index) is not None:
+        assert q_lat is not None  # the config reader requires q_lora_rank for DSA
+        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk)
+    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None,
                                          scale=spec.attention_scale)
     return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
 
@@ -122,6 +130,10 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
     q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
+    gate = None
+    if spec.gated_attention:  # Qwen3-Next: per head [query | gate], the gate σ'd onto the output
+        q, gate = q.view(B, T, nh, 2 * D).chunk(2, dim=-1)
+        q, gate = q.reshape(B, T, nh * D), gate.reshape(B, T, nh * D)
     if spec.qk_norm == "full":  # OLMoE: one norm over all heads, before the head split
         q, k = rms_norm(q, p["q_norm"], spec.rms_eps), rms_norm(k, p["k_norm"], spec.rms_eps)
     if spec.clip_qkv is not None:
@@ -134,8 +146,7 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     cos, sin = rope
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
-    q_BnTD = q_BnTD * cos + _rotate_half(q_BnTD) * sin
-    k_BnTD = k_BnTD * cos + _rotate_half(k_BnTD) * sin
+    q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
     v_BnTD = v_BTnD.transpose(1, 2)
     if nkv != nh:
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
@@ -144,7 +155,19 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
                                          is_causal=mask is None, scale=D**-0.5)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
+    if gate is not None:
+        out_BTH = out_BTH * torch.sigmoid(gate)
     return _linear(out_BTH, p, "o", "o_bias")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``cos.shape[-1]`` dims of each head, the rest passed
+    through (partial rotary, transformers' ``apply_rotary_pos_emb`` of GLM-4-MoE and others)."""
+    R = cos.shape[-1]
+    if R == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :R], x[..., R:]
+    return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
 def _causal_mask(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
@@ -395,8 +418,11 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
                     rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block."""
     p = lw.params
-    window = spec.attention_window(lw.layer)
-    return x_BTH + attention(spec, p, rms_norm(x_BTH, p["input_norm"], spec.rms_eps), rope, window)
+    x_norm = rms_norm(x_BTH, p["input_norm"], spec.rms_eps)
+    if lw.layer in spec.linear_layers:
+        assert spec.linear_attention is not None
+        return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
+    return x_BTH + attention(spec, p, x_norm, rope, spec.attention_window(lw.layer))
 
 
 def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,

@@ -1,0 +1,228 @@
+"""What every family file builds on: the :class:`Family` record and the generic parts of
+``config.json`` → :class:`ModelSpec` (getter, RoPE/YaRN parsing, MLA parsing, validation).
+
+A family file (``moeaudit/families/<model_type>.py``) defines ``FAMILY = Family(...)``: its
+key templates (a :class:`Layout`), the defaults transformers' configuration class uses, and a
+``fields`` function returning the few ModelSpec fields where it differs from the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moeaudit.checkpoint.config import (
+    MAX_COUNT,
+    MLA,
+    Gate,
+    ModelSpec,
+    check_sizes,
+    getter,
+    rope,
+)
+from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
+from moeaudit.checkpoint.layouts import Layout
+from moeaudit.errors import CheckpointError
+
+Getter = Callable[..., Any]
+
+# torchtitan's DeepSeek-V3 state-dict adapter names (DeepSeek's and GLM's ``shared_experts``)
+TORCHTITAN_SHARED_EXPERTS: Rules = (
+    (TT_LAYER + r"moe\.shared_experts\.w1\.weight", HF_LAYER + "mlp.shared_experts.gate_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts\.w3\.weight", HF_LAYER + "mlp.shared_experts.up_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts\.w2\.weight", HF_LAYER + "mlp.shared_experts.down_proj.weight"),
+)
+TORCHTITAN_MLA: Rules = (
+    (TT_LAYER + r"attention\.wq_a\.weight", HF_LAYER + "self_attn.q_a_proj.weight"),
+    (TT_LAYER + r"attention\.q_norm\.weight", HF_LAYER + "self_attn.q_a_layernorm.weight"),
+    (TT_LAYER + r"attention\.wq_b\.weight", HF_LAYER + "self_attn.q_b_proj.weight"),
+    (TT_LAYER + r"attention\.wkv_a\.weight", HF_LAYER + "self_attn.kv_a_proj_with_mqa.weight"),
+    (TT_LAYER + r"attention\.kv_norm\.weight", HF_LAYER + "self_attn.kv_a_layernorm.weight"),
+    (TT_LAYER + r"attention\.wkv_b\.weight", HF_LAYER + "self_attn.kv_b_proj.weight"),
+    *TORCHTITAN_SHARED_EXPERTS,
+)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """The parts of a config every family reads, parsed once, for a family's ``fields``."""
+
+    cfg: dict[str, Any]
+    path: Path | str
+    get: Getter
+    family: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    mla: MLA | None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: layout data plus its few real differences."""
+
+    name: str  # transformers' model_type
+    layout: Layout
+    fields: Callable[[Ctx], dict[str, Any]]  # the ModelSpec fields beyond the common ones
+    expert_count_keys: tuple[str, ...]  # either name transformers' attribute_map accepts
+    expert_dim_key: str = "moe_intermediate_size"
+    default_rms_eps: float = 1e-6
+    default_rope_theta: float = 1e4  # transformers' ``default_theta`` (1e4 unless overridden)
+    mla: Callable[[Ctx], MLA] | None = None  # multi-head latent attention parser
+    torchtitan: Rules = ()  # torchtitan DCP name → HF key rules tried before the common ones
+    # a vision-language checkpoint: the config of the text decoder it replays (``text_config``)
+    decoder_config: Callable[[dict[str, Any], Path | str], dict[str, Any]] | None = None
+
+
+def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
+    if fam.decoder_config is not None:
+        cfg = fam.decoder_config(cfg, path)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":  # the experts and MLPs are SwiGLU, the DeltaNet conv is SiLU
+        raise CheckpointError(f"model family {fam.name!r} with hidden_act {act!r} cannot be "
+                              "replayed: the replay implements SiLU (SwiGLU) only", path=path)
+    get = getter(cfg, path)
+    hidden = get("hidden_size", int)
+    heads = get("num_attention_heads", int)
+    kv_heads = get("num_key_value_heads", int, heads) or heads
+    n_layers = get("num_hidden_layers", int)
+    keys = fam.expert_count_keys
+    num_experts = get(next((k for k in keys if cfg.get(k) is not None), keys[0]), int)
+    top_k = get("num_experts_per_tok", int)
+    if not 1 <= top_k <= num_experts:
+        raise CheckpointError(f"num_experts_per_tok={top_k} not in 1..{num_experts}", path=path)
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+        if value < 1:
+            raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)
+    for key, value in (("num_hidden_layers", n_layers), ("the expert count", num_experts)):
+        if value > MAX_COUNT:  # we build per-layer and per-expert tables before reading weights
+            raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})",
+                                  path=path)
+    if hidden % heads and "head_dim" not in cfg and fam.mla is None:
+        raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=path)
+    if heads % kv_heads:
+        raise CheckpointError(f"{heads} heads not divisible by {kv_heads} kv heads", path=path)
+    ctx = Ctx(cfg, path, get, fam.name, n_layers, num_experts, top_k, None)
+    mla = fam.mla(ctx) if fam.mla is not None else None
+    ctx = Ctx(cfg, path, get, fam.name, n_layers, num_experts, top_k, mla)
+    rope_theta, attention_scale, yarn = rope(cfg, fam.default_rope_theta, path, mla)
+    common: dict[str, Any] = dict(
+        family=fam.name,
+        vocab_size=get("vocab_size", int),
+        hidden_size=hidden,
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=mla.qk_rope_dim if mla else get("head_dim", int, None) or hidden // heads,
+        rope_theta=rope_theta,
+        rms_eps=get("rms_norm_eps", float, fam.default_rms_eps),
+        num_experts=num_experts,
+        top_k=top_k,
+        expert_dim=get(fam.expert_dim_key, int),
+        tie_embeddings=bool(get("tie_word_embeddings", bool, False)),
+        mla=mla,
+        attention_scale=attention_scale,
+        yarn=yarn,
+    )
+    defaults: dict[str, Any] = dict(norm_topk_prob=False, attention_bias=bool(cfg.get("attention_bias", False)),
+                                    qk_norm="none", clip_qkv=None, shared_gated=False)
+    spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
+    check_sizes(spec, cfg, path)
+    return spec
+
+
+# --- shared rules several families use -----------------------------------------------------------
+
+
+def all_layers(c: Ctx) -> tuple[int, ...]:
+    return tuple(range(c.num_layers))
+
+
+def first_k_dense(c: Ctx, default: int) -> tuple[int, ...]:
+    """DeepSeek's rule: every layer after the first ``first_k_dense_replace`` is routed."""
+    dense = c.get("first_k_dense_replace", int, default)
+    return tuple(range(min(dense, c.num_layers), c.num_layers))
+
+
+def sparse_step_layers(c: Ctx) -> tuple[int, ...]:
+    """Qwen-MoE's rule: ``decoder_sparse_step`` and ``mlp_only_layers``."""
+    step = c.get("decoder_sparse_step", int, 1)
+    only = c.cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        raise CheckpointError("config.json: mlp_only_layers must be a list of ints", path=c.path)
+    return tuple(i for i in range(c.num_layers) if i not in only and step > 0 and (i + 1) % step == 0)
+
+
+def sliding_window(c: Ctx, switch: str | None = None) -> int | None:
+    """``sliding_window`` when positive (and, for Qwen, when ``use_sliding_window`` is on)."""
+    if switch is not None and not c.cfg.get(switch, False):
+        return None
+    window = c.cfg.get("sliding_window")
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def windowed_all(c: Ctx, window: int | None) -> dict[str, Any]:
+    return {"sliding_window": window, "sliding_layers": all_layers(c) if window is not None else ()}
+
+
+def parse_mla(c: Ctx, always_interleave: bool = False) -> MLA:
+    get = c.get
+    mla = MLA(
+        q_lora_rank=get("q_lora_rank", int, 0),
+        kv_lora_rank=get("kv_lora_rank", int, 512),
+        qk_nope_dim=get("qk_nope_head_dim", int, 128),
+        qk_rope_dim=get("qk_rope_head_dim", int, 64),
+        v_head_dim=get("v_head_dim", int, 128),
+        rope_interleave=always_interleave or bool(get("rope_interleave", bool, True)),
+    )
+    if mla.kv_lora_rank < 1 or mla.qk_rope_dim < 2 or mla.qk_rope_dim % 2 or mla.v_head_dim < 1:
+        raise CheckpointError("config.json: MLA needs kv_lora_rank ≥ 1, an even "
+                              "qk_rope_head_dim ≥ 2 and v_head_dim ≥ 1", path=c.path)
+    return mla
+
+
+def grouped_gate(c: Ctx, *, scoring: str, selection_bias: bool, grouped: bool, n_group: int,
+                 topk_group: int, group_score: str, scaling: float) -> Gate:
+    """A DeepSeek-style gate: ``n_group``/``topk_group`` read (with these defaults) and
+    validated when ``grouped``; ``routed_scaling_factor`` read with ``scaling`` as default."""
+    get = c.get
+    n = get("n_group", int, n_group) if grouped else 1
+    kg = get("topk_group", int, topk_group) if grouped else 1
+    if grouped:
+        if n < 1 or c.num_experts % n:
+            raise CheckpointError(f"config.json: {c.num_experts} experts do not split into "
+                                  f"n_group={n} equal groups", path=c.path)
+        if not 1 <= kg <= n:
+            raise CheckpointError(f"config.json: topk_group={kg} not in 1..{n}", path=c.path)
+        if kg * (c.num_experts // n) < c.top_k:
+            raise CheckpointError(f"config.json: the best {kg} groups hold fewer than "
+                                  f"num_experts_per_tok={c.top_k} experts", path=c.path)
+        if group_score == "top2sum" and c.num_experts // n < 2:
+            raise CheckpointError(f"config.json: {c.family} group scores need ≥ 2 experts per "
+                                  "group", path=c.path)
+    return Gate(scoring=scoring, selection_bias=selection_bias, n_group=n, topk_group=kg,
+                group_score=group_score if grouped else "none",
+                scaling=get("routed_scaling_factor", float, scaling))
+
+
+def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
+    """transformers' ``int(head_dim * partial_rotary_factor)``, which must be even and ≥ 2
+    (``ModelSpec.rotary_dim``; 0 there means the whole head)."""
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise CheckpointError(f"config.json: the rotary part of a head must be even and in 2..{head_dim}, "
+                              f"got {dim} (head_dim {head_dim} × partial_rotary_factor {factor:g})", path=c.path)
+    return dim
+
+
+def text_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """The text decoder's config of a vision-language checkpoint (``text_config``);
+    ``tie_word_embeddings`` is read at the top level, where transformers writes it."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"config.json: model_type {cfg.get('model_type')!r} needs a "
+                              "text_config object", path=path)
+    return {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings",
+                                                   text.get("tie_word_embeddings", False))}

@@ -1,0 +1,55 @@
+"""DeepSeek-V2: MLA attention (RoPE on complex pairs: interleaved, always), softmax scores,
+greedy or group-limited top-k (group max), never renormalised in transformers' router, shared
+experts, ``first_k_dense_replace`` dense layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import (
+    TORCHTITAN_MLA,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    parse_mla,
+    sliding_window,
+    windowed_all,
+)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    method = c.get("topk_method", str, "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):  # noaux_tc: greedy here
+        raise CheckpointError(f"config.json: topk_method {method!r} is not supported", path=c.path,
+                              hint="supported: greedy, group_limited_greedy (V2), noaux_tc (V3)")
+    return {
+        "routed_layers": first_k_dense(c, 0),
+        "norm_topk_prob": False,  # transformers' V2 router has no such step, whatever the config says
+        "dense_dim": c.get("intermediate_size", int, 0),
+        "shared_dim": c.get("n_shared_experts", int, 2) * c.get("moe_intermediate_size", int),
+        **windowed_all(c, sliding_window(c)),
+        "gate": grouped_gate(c, scoring="softmax", selection_bias=False,
+                             grouped=method == "group_limited_greedy", n_group=1, topk_group=1,
+                             group_score="max", scaling=1.0),
+        "shared_gated": False,
+        "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
+    }
+
+
+LAYOUT = Layout(
+    family="deepseek_v2",
+    globals=GLOBALS,
+    layer=prefixed(L, {k: v for k, v in DEEPSEEK_LAYER.items() if k != "router_bias"}),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="MLA attention; softmax scores, greedy or group-limited top-k (group max); "
+          "shared experts; first_k_dense_replace dense layers",
+)
+
+FAMILY = Family(name="deepseek_v2", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("n_routed_experts", "num_experts", "num_local_experts"),
+                mla=lambda c: parse_mla(c, always_interleave=True),
+                torchtitan=TORCHTITAN_MLA)

@@ -1,0 +1,50 @@
+"""DeepSeek-V3: MLA attention, sigmoid scores with a selection bias
+(``e_score_correction_bias``), group-limited top-k (top-2 sum per group), renormalised and
+scaled combine weights, shared experts, ``first_k_dense_replace`` dense layers; MTP layers
+stored after the decoder are left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.families.base import (
+    TORCHTITAN_MLA,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    parse_mla,
+    sliding_window,
+    windowed_all,
+)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    return {
+        "routed_layers": first_k_dense(c, 3),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
+        "dense_dim": c.get("intermediate_size", int, 0),
+        "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
+        **windowed_all(c, sliding_window(c)),
+        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=8,
+                             topk_group=4, group_score="top2sum", scaling=2.5),
+        "shared_gated": False,
+        "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
+    }
+
+
+LAYOUT = Layout(
+    family="deepseek_v3",
+    globals=GLOBALS,
+    layer=prefixed(L, DEEPSEEK_LAYER),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine "
+          "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
+)
+
+FAMILY = Family(name="deepseek_v3", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
+                mla=parse_mla,
+                torchtitan=TORCHTITAN_MLA)

@@ -1,0 +1,58 @@
+"""DeepSeek-V3.2: DeepSeek-V3 (MLA, sigmoid + selection-bias group-limited routing, shared
+experts, dense first layers, MTP left out) plus DeepSeek Sparse Attention: a lightning indexer
+per layer picks the ``index_topk`` causal keys each query attends to
+(:mod:`moeaudit.replay.dsa`). Its MLA always rotates interleaved pairs and always has a query
+latent (the indexer reads it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.config import MLA, SparseIndex
+from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families import deepseek_v3
+from moeaudit.families.base import Ctx, Family, parse_mla
+
+
+def _mla(c: Ctx) -> MLA:
+    mla = parse_mla(c, always_interleave=True)  # the V3.2 config has no rope_interleave
+    if mla.q_lora_rank < 1:
+        raise CheckpointError("config.json: DeepSeek-V3.2 needs q_lora_rank ≥ 1 (its sparse-"
+                              "attention indexer reads the query latent)", path=c.path)
+    return mla
+
+
+def _sparse_index(c: Ctx) -> SparseIndex:
+    index = SparseIndex(topk=c.get("index_topk", int, 2048), n_heads=c.get("index_n_heads", int, 64),
+                        head_dim=c.get("index_head_dim", int, 128))
+    assert c.mla is not None
+    if index.topk < 1 or index.n_heads < 1 or index.head_dim < c.mla.qk_rope_dim:
+        raise CheckpointError("config.json: the DSA indexer needs index_topk ≥ 1, index_n_heads ≥ 1 "
+                              f"and index_head_dim ≥ qk_rope_head_dim ({c.mla.qk_rope_dim})", path=c.path)
+    return index
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    return {**deepseek_v3.FAMILY.fields(c), "sparse_index": _sparse_index(c)}
+
+
+LAYOUT = Layout(
+    family="deepseek_v32",
+    globals=GLOBALS,
+    layer=prefixed(L, {
+        **DEEPSEEK_LAYER,
+        "idx_wq_b": "self_attn.indexer.wq_b.weight",
+        "idx_wk": "self_attn.indexer.wk.weight",
+        "idx_k_norm": "self_attn.indexer.k_norm.weight",
+        "idx_k_norm_bias": "self_attn.indexer.k_norm.bias",
+        "idx_weights": "self_attn.indexer.weights_proj.weight",
+    }),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="DeepSeek-V3 plus the DSA lightning indexer (each query attends to its index_topk best "
+          "causal keys); MTP layers left out",
+)
+
+FAMILY = Family(name="deepseek_v32", layout=LAYOUT, fields=_fields,
+                expert_count_keys=deepseek_v3.FAMILY.expert_count_keys, mla=_mla)

@@ -1,0 +1,79 @@
+"""GLM-4.5 / GLM-4.6 (``glm4_moe``): grouped-query attention with q/k/v bias (no o_proj bias),
+optional per-head q/k RMSNorm (``use_qk_norm``), rotate-half RoPE on the first
+``partial_rotary_factor`` (default 0.5) of each head; DeepSeek-V3's router (sigmoid scores,
+``e_score_correction_bias`` for selection only, group-limited top-k on top-2 sums,
+renormalised and scaled combine weights), shared experts, ``first_k_dense_replace`` dense
+layers; MTP layers stored after the decoder are left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import (
+    TORCHTITAN_SHARED_EXPERTS,
+    Ctx,
+    Family,
+    first_k_dense,
+    grouped_gate,
+    partial_rotary_dim,
+)
+
+
+def _partial_rotary_factor(c: Ctx) -> float:
+    """From ``rope_parameters`` (v5) or the top level (the hub's v4 configs); 0.5 when absent,
+    as transformers' Glm4MoeConfig sets it."""
+    params = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling") or {}
+    value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    if value is None:
+        value = c.cfg.get("partial_rotary_factor", 0.5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}",
+                              path=c.path)
+    return float(value)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
+    head_dim = c.get("head_dim", int, None) or hidden // heads
+    return {
+        "routed_layers": first_k_dense(c, 1),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
+        "o_bias": False,
+        "qk_norm": "head" if c.get("use_qk_norm", bool, False) else "none",
+        "rotary_dim": partial_rotary_dim(c, head_dim, _partial_rotary_factor(c)),
+        "dense_dim": c.get("intermediate_size", int, 0),
+        "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
+        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
+                             topk_group=1, group_score="top2sum", scaling=1.0),
+        "mtp_layers": c.get("num_nextn_predict_layers", int, 1),
+    }
+
+
+LAYOUT = Layout(
+    family="glm4_moe",
+    globals=GLOBALS,
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            **MLP_MOE,
+            "router_bias": "mlp.gate.e_score_correction_bias",
+            "shared_w1": "mlp.shared_experts.gate_proj.weight",
+            "shared_w3": "mlp.shared_experts.up_proj.weight",
+            "shared_w2": "mlp.shared_experts.down_proj.weight",
+            "mlp_w1": "mlp.gate_proj.weight",
+            "mlp_w3": "mlp.up_proj.weight",
+            "mlp_w2": "mlp.down_proj.weight",
+        },
+    ),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="q/k/v bias, optional per-head qk norm, partial rotary; sigmoid router with selection "
+          "bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
+)
+
+FAMILY = Family(name="glm4_moe", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-5,
+                torchtitan=TORCHTITAN_SHARED_EXPERTS)

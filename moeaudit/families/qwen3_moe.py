@@ -1,0 +1,41 @@
+"""Qwen3-MoE: per-head q_norm/k_norm, ``norm_topk_prob``, Qwen's sparse-step rule, a sliding
+window on every layer when ``use_sliding_window``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers, windowed_all
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    return {
+        "routed_layers": sparse_step_layers(c),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, False)),
+        "qk_norm": "head",
+        "dense_dim": c.get("intermediate_size", int, 0),
+        **windowed_all(c, sliding_window(c, "use_sliding_window")),
+    }
+
+
+LAYOUT = Layout(
+    family="qwen3_moe",
+    globals=GLOBALS,
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            **MLP_MOE,
+            "mlp_w1": "mlp.gate_proj.weight",
+            "mlp_w3": "mlp.up_proj.weight",
+            "mlp_w2": "mlp.down_proj.weight",
+        },
+    ),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="per-head q_norm/k_norm; norm_topk_prob",
+)
+
+FAMILY = Family(name="qwen3_moe", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("num_experts", "num_local_experts"))

@@ -1,0 +1,113 @@
+"""Qwen3-Next: a hybrid decoder. ``layer_types`` (or every ``full_attention_interval``-th
+layer) is gated full attention (q_proj emits [query | gate] per head, per-head q/k norms,
+partial RoPE, output ⊙ σ(gate)); the others are gated DeltaNet linear attention
+(:mod:`moeaudit.replay.deltanet`). Zero-centred RMSNorms (gain 1 + w). MoE as Qwen2-MoE:
+softmax top-k (renormalised by default), a sigmoid-gated shared expert, the sparse-step rule.
+The MTP module (``mtp.*``) is left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.config import LinearAttention
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import Ctx, Family, partial_rotary_dim, sparse_step_layers
+
+QWEN_MOE_LAYER = {
+    **ATTN,
+    **MLP_MOE,
+    "shared_w1": "mlp.shared_expert.gate_proj.weight",
+    "shared_w3": "mlp.shared_expert.up_proj.weight",
+    "shared_w2": "mlp.shared_expert.down_proj.weight",
+    "shared_gate": "mlp.shared_expert_gate.weight",
+    "mlp_w1": "mlp.gate_proj.weight",
+    "mlp_w3": "mlp.up_proj.weight",
+    "mlp_w2": "mlp.down_proj.weight",
+}
+DELTANET = {
+    "lin_conv": "linear_attn.conv1d.weight",
+    "lin_dt_bias": "linear_attn.dt_bias",
+    "lin_A_log": "linear_attn.A_log",
+    "lin_norm": "linear_attn.norm.weight",
+    "lin_out": "linear_attn.out_proj.weight",
+}
+MTP = {"mtp.": "multi-token-prediction module mtp.*"}
+
+
+def _partial_rotary(c: Ctx) -> float:
+    """A quarter of each head by default (transformers' BC default for these configs)."""
+    params = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = factor if factor is not None else c.cfg.get("partial_rotary_factor", 0.25)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}",
+                              path=c.path)
+    return float(factor)
+
+
+def _linear_attention(c: Ctx) -> LinearAttention:
+    la = LinearAttention(num_k_heads=c.get("linear_num_key_heads", int, 16),
+                         num_v_heads=c.get("linear_num_value_heads", int, 32),
+                         k_dim=c.get("linear_key_head_dim", int, 128),
+                         v_dim=c.get("linear_value_head_dim", int, 128),
+                         conv_kernel=c.get("linear_conv_kernel_dim", int, 4))
+    if min(la.num_k_heads, la.k_dim, la.v_dim, la.conv_kernel) < 1 or la.num_v_heads % la.num_k_heads:
+        raise CheckpointError("config.json: linear attention needs positive sizes and "
+                              "linear_num_value_heads divisible by linear_num_key_heads", path=c.path)
+    return la
+
+
+def _linear_layers(c: Ctx) -> tuple[int, ...]:
+    """``layer_types``, else every ``full_attention_interval``-th layer (default 4) full."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        every = c.get("full_attention_interval", int, 4)
+        if every < 1:
+            raise CheckpointError("config.json: full_attention_interval must be ≥ 1", path=c.path)
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(c.num_layers)]
+    kinds = {"linear_attention", "full_attention"}
+    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= kinds:
+        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} layers, each "
+                              "'linear_attention' or 'full_attention'", path=c.path)
+    return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
+
+
+def hybrid_fields(c: Ctx) -> dict[str, Any]:
+    """What Qwen3-Next and Qwen3.5-MoE's text decoder share."""
+    return {
+        "qk_norm": "head",
+        "shared_dim": c.get("shared_expert_intermediate_size", int, 0),
+        "shared_gated": True,
+        "norm_offset": 1.0,
+        "gated_attention": True,
+        "rotary_dim": partial_rotary_dim(c, c.get("head_dim", int, None) or c.get("hidden_size", int)
+                                         // c.get("num_attention_heads", int), _partial_rotary(c)),
+        "linear_attention": _linear_attention(c),
+        "linear_layers": _linear_layers(c),
+    }
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    return {
+        **hybrid_fields(c),
+        "routed_layers": sparse_step_layers(c),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
+        "dense_dim": c.get("intermediate_size", int, 0),
+    }
+
+
+LAYOUT = Layout(
+    family="qwen3_next",
+    globals=GLOBALS,
+    layer=prefixed(L, {**QWEN_MOE_LAYER, **DELTANET,
+                       "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
+                       "lin_ba": "linear_attn.in_proj_ba.weight"}),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="hybrid: gated DeltaNet and gated full attention (partial RoPE, per-head q/k norms); "
+          "zero-centred norms (1 + w); shared expert with sigmoid gate; mtp.* left out",
+    left_out=MTP,
+)
+
+FAMILY = Family(name="qwen3_next", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",))
