@@ -470,6 +470,7 @@ class Checkpoint:
                         "qk_rope_head_dim": s.mla.qk_rope_dim, "v_head_dim": s.mla.v_head_dim}}
                if s.mla is not None else {}),
             **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
+            **({"rotary_dim": s.rotary_dim} if s.rotary_dim else {}),  # partial rotary
             **({"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} "
                               f"({len(self.scales)} block-scaled weights)"}
                if self.scales and self.fp8_block else {}),
