@@ -77,10 +77,11 @@ def test_fused_transformers_norms_equal_param_grads(tmp_path: Path, family: str)
             assert "shared_grad_norms" not in record
 
 
-def test_hook_on_transformers_deepseek_v3(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_hook_on_transformers_deepseek_v3_and_glm(tmp_path: Path, family: str) -> None:
     """Dense first layer skipped, routed layers' fused experts, router weight (not the bias
     buffer), ungated shared experts."""
-    model, loss, _ = _hf_backward("deepseek_v3")
+    model, loss, _ = _hf_backward(family)
     record = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1).log(1, loss)
     routed = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
     assert routed == [1, 2]

@@ -174,10 +174,11 @@ def test_an_expert_excluded_by_a_very_negative_bias_is_reported_dead(tmp_path: P
             assert occ["dead"] == was["occupancy"]["dead"] + 1
 
 
-def test_mtp_layers_are_recognised_and_left_out(tmp_path: Path) -> None:
-    """Released V3 checkpoints store the multi-token-prediction module as layer 61 (here: 3);
-    it is named in a note, never a warning, and changes no number."""
-    save_tiny(tmp_path / "a", "deepseek_v3")
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_mtp_layers_are_recognised_and_left_out(tmp_path: Path, family: str) -> None:
+    """Released V3 checkpoints store the multi-token-prediction module as layer 61 (here: 3),
+    GLM-4.5 as layer 46; it is named in a note, never a warning, and changes no number."""
+    save_tiny(tmp_path / "a", family)
     base = Checkpoint(tmp_path / "a")
     n = base.spec.num_layers
 

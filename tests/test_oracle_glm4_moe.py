@@ -17,12 +17,13 @@ import torch
 pytest.importorskip("transformers")
 
 from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
+from test_oracle import assert_identical, fuse_experts, rewrite, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.model import apply_rope, rope_tables  # noqa: E402
 
 CASES: dict[str, dict[str, Any]] = {
@@ -54,6 +55,14 @@ def test_glm4_moe_replay_matches_transformers(case: str, tmp_path: Path) -> None
     factor = overrides.get("partial_rotary_factor", 0.5)
     assert ckpt.spec.rope_dim == int(head_dim * factor)
     assert ckpt.spec.qk_norm == ("head" if getattr(attn, "use_qk_norm", False) else "none")
+
+
+def test_fused_glm4_moe_experts_replay_bit_identically(tmp_path: Path) -> None:
+    save_tiny(tmp_path / "src", "glm4_moe")
+    fused = rewrite(tmp_path / "src", tmp_path / "fused", fuse_experts)
+    tokens = random_tokens()
+    assert Checkpoint(fused).fused and not Checkpoint(tmp_path / "src").fused
+    assert_identical(replay(Checkpoint(tmp_path / "src"), tokens), replay(Checkpoint(fused), tokens))
 
 
 def test_partial_rope_matches_transformers_apply_rotary_pos_emb() -> None:

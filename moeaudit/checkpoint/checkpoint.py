@@ -303,81 +303,12 @@ class Checkpoint:
         ]
 
     def _expected_layer_names(self, layer: int) -> list[str]:
-        s = self.spec
-        if s.mla is not None:
-            names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
-            names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
-            if s.attention_bias:
-                names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
-            if s.sparse_index is not None:
-                names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
-        elif layer in s.linear_layers:
-            skip = FLAT_PROJECTIONS if "lin_qkvz" in self.layout.layer else GROUPED_PROJECTIONS
-            names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
-        else:
-            names = ["input_norm", "post_norm", "q", "k", "v", "o"]
-        if s.attention_bias and s.mla is None and layer not in s.linear_layers:
-            names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
-        if s.qk_norm != "none" and layer not in s.linear_layers:
-            names += ["q_norm", "k_norm"]
-        if s.is_routed(layer):
-            names.append("router")
-            if s.gate.selection_bias:
-                names.append("router_bias")
-            if s.shared_dim:
-                names += ["shared_w1", "shared_w3", "shared_w2"]
-                names += ["shared_gate"] if s.shared_gated else []
-        else:
-            names += ["mlp_w1", "mlp_w3", "mlp_w2"]
-        return names
+        return expected_layer_names(self.spec, layer)
 
     # ----- validation ----------------------------------------------------------------------
 
     def expected_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        s = self.spec
-        H, E, I = s.hidden_size, s.num_experts, s.expert_dim
-        q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        shapes = {
-            "input_norm": (H,), "post_norm": (H,), "q": (q_dim, H), "k": (kv_dim, H),
-            "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
-            "v_bias": (kv_dim,), "o_bias": (H,),
-            "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
-            "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
-            "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),
-            "gate_up": (E, 2 * I, H), "down": (E, H, I),
-            "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
-            "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
-            "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
-            "router_bias": (E,),
-        }
-        if s.gated_attention:  # q_proj emits [query | gate] per head
-            shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
-        if s.sparse_index is not None and s.mla is not None:
-            x = s.sparse_index
-            shapes.update({"idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
-                           "idx_wk": (x.head_dim, H), "idx_k_norm": (x.head_dim,),
-                           "idx_k_norm_bias": (x.head_dim,), "idx_weights": (x.n_heads, H)})
-        if (la := s.linear_attention) is not None:
-            key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
-            shapes.update({"lin_qkvz": (2 * key_dim + 2 * value_dim, H),
-                           "lin_ba": (2 * la.num_v_heads, H),
-                           "lin_qkv": (2 * key_dim + value_dim, H), "lin_z": (value_dim, H),
-                           "lin_b": (la.num_v_heads, H), "lin_a": (la.num_v_heads, H),
-                           "lin_conv": (la.conv_channels, 1, la.conv_kernel),
-                           "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
-                           "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
-        if s.mla is not None:
-            m, nh = s.mla, s.num_heads
-            shapes.update({
-                "q": (nh * m.qk_head_dim, H), "q_a": (m.q_lora_rank, H),
-                "q_a_bias": (m.q_lora_rank,), "q_a_norm": (m.q_lora_rank,),
-                "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
-                "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
-                "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,), "kv_a_norm": (m.kv_lora_rank,),
-                "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
-                "o": (H, nh * m.v_head_dim),
-            })
-        return shapes
+        return expected_shapes(self.spec)
 
     def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
         if key not in self.key_file:
@@ -557,6 +488,7 @@ class Checkpoint:
                         "qk_rope_head_dim": s.mla.qk_rope_dim, "v_head_dim": s.mla.v_head_dim}}
                if s.mla is not None else {}),
             **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
+            **({"rotary_dim": s.rotary_dim} if s.rotary_dim else {}),  # partial rotary
             **({"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} "
                               f"({len(self.scales)} block-scaled weights)"}
                if self.scales and self.fp8_block else {}),
@@ -571,6 +503,83 @@ class Checkpoint:
         if with_digest:
             out["digest"] = {"sha256": self.digest}
         return out
+
+
+def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
+    """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``."""
+    if s.mla is not None:
+        names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
+        names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
+        if s.attention_bias:
+            names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
+        if s.sparse_index is not None:
+            names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
+    elif layer in s.linear_layers:
+        skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
+        names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
+    else:
+        names = ["input_norm", "post_norm", "q", "k", "v", "o"]
+    if s.attention_bias and s.mla is None and layer not in s.linear_layers:
+        names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
+    if s.qk_norm != "none" and layer not in s.linear_layers:
+        names += ["q_norm", "k_norm"]
+    if s.is_routed(layer):
+        names.append("router")
+        if s.gate.selection_bias:
+            names.append("router_bias")
+        if s.shared_dim:
+            names += ["shared_w1", "shared_w3", "shared_w2"]
+            names += ["shared_gate"] if s.shared_gated else []
+    else:
+        names += ["mlp_w1", "mlp_w3", "mlp_w2"]
+    return names
+
+
+def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """The shape of every canonical per-layer tensor name under ``s`` (a superset of a layer's)."""
+    H, E, I = s.hidden_size, s.num_experts, s.expert_dim
+    q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    shapes = {
+        "input_norm": (H,), "post_norm": (H,), "q": (q_dim, H), "k": (kv_dim, H),
+        "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
+        "v_bias": (kv_dim,), "o_bias": (H,),
+        "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
+        "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
+        "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),
+        "gate_up": (E, 2 * I, H), "down": (E, H, I),
+        "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
+        "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
+        "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
+        "router_bias": (E,),
+    }
+    if s.gated_attention:  # q_proj emits [query | gate] per head
+        shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
+    if s.sparse_index is not None and s.mla is not None:
+        x = s.sparse_index
+        shapes.update({"idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
+                       "idx_wk": (x.head_dim, H), "idx_k_norm": (x.head_dim,),
+                       "idx_k_norm_bias": (x.head_dim,), "idx_weights": (x.n_heads, H)})
+    if (la := s.linear_attention) is not None:
+        key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
+        shapes.update({"lin_qkvz": (2 * key_dim + 2 * value_dim, H),
+                       "lin_ba": (2 * la.num_v_heads, H),
+                       "lin_qkv": (2 * key_dim + value_dim, H), "lin_z": (value_dim, H),
+                       "lin_b": (la.num_v_heads, H), "lin_a": (la.num_v_heads, H),
+                       "lin_conv": (la.conv_channels, 1, la.conv_kernel),
+                       "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
+                       "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
+    if s.mla is not None:
+        m, nh = s.mla, s.num_heads
+        shapes.update({
+            "q": (nh * m.qk_head_dim, H), "q_a": (m.q_lora_rank, H),
+            "q_a_bias": (m.q_lora_rank,), "q_a_norm": (m.q_lora_rank,),
+            "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
+            "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
+            "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,), "kv_a_norm": (m.kv_lora_rank,),
+            "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
+            "o": (H, nh * m.v_head_dim),
+        })
+    return shapes
 
 
 ARCH_FIELDS = ("family", "num_layers", "routed_layers", "num_experts", "top_k", "hidden_size",

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.canary import Canary
-from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
+from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, expected_layer_names, expected_shapes
 from moeaudit.checkpoint.config import ModelSpec, spec_from_config
 from moeaudit.checkpoint.safetensors import write_safetensors
 from moeaudit.hooks import ExpertGradLogger
@@ -222,50 +222,19 @@ def _named(layers: list[LayerWeights], names: tuple[str, ...]) -> list[torch.Ten
     return [lw.params[n] for lw in layers for n in names if n in lw.params]
 
 
-def _deepseek_shapes(arch: Arch, routed: bool) -> dict[str, tuple[int, ...]]:
-    H, nh, qk = arch.hidden, arch.heads, arch.qk_nope + arch.qk_rope
-    shapes: dict[str, tuple[int, ...]] = {
-        "input_norm": (H,), "post_norm": (H,),
-        "q_a": (arch.q_lora, H), "q_a_norm": (arch.q_lora,), "q_b": (nh * qk, arch.q_lora),
-        "kv_a": (arch.kv_lora + arch.qk_rope, H), "kv_a_norm": (arch.kv_lora,),
-        "kv_b": (nh * (arch.qk_nope + arch.v_dim), arch.kv_lora), "o": (H, nh * arch.v_dim),
-    }
-    if not routed:
-        D = arch.dense_dim
-        return {**shapes, "mlp_w1": (D, H), "mlp_w3": (D, H), "mlp_w2": (H, D)}
-    S = max(1, arch.shared_dim // arch.expert_dim) * arch.expert_dim
-    return {**shapes, "router": (arch.experts, H), "router_bias": (arch.experts,),
-            "shared_w1": (S, H), "shared_w3": (S, H), "shared_w2": (H, S)}
+# The order in which a layer's tensors are drawn from the seeded generator (and listed): fixed,
+# so a sample run's weights do not depend on how a family's layout orders its names.
+_DRAW_ORDER = ("input_norm", "post_norm", "q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "kv_b",
+               "q", "k", "v", "o", "mlp_w1", "mlp_w3", "mlp_w2", "router", "router_bias",
+               "q_bias", "k_bias", "v_bias", "shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
 
-def _layer_shapes(arch: Arch, routed: bool = True) -> dict[str, tuple[int, ...]]:
-    if arch.family == "deepseek_v3":
-        return _deepseek_shapes(arch, routed)
-    H, D = arch.hidden, arch.hidden // arch.heads
-    q, kv = arch.heads * D, arch.kv_heads * D
-    shapes: dict[str, tuple[int, ...]] = {
-        "input_norm": (H,),
-        "post_norm": (H,),
-        "q": (q, H),
-        "k": (kv, H),
-        "v": (kv, H),
-        "o": (H, q),
-        "router": (arch.experts, H),
-    }
-    if arch.family == "qwen2_moe":
-        S = arch.shared_dim
-        shapes.update(
-            {
-                "q_bias": (q,),
-                "k_bias": (kv,),
-                "v_bias": (kv,),
-                "shared_w1": (S, H),
-                "shared_w3": (S, H),
-                "shared_w2": (H, S),
-                "shared_gate": (1, H),
-            }
-        )
-    return shapes
+def _layer_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
+    """The layer's tensors as the checkpoint reader expects them for ``spec``, in draw order."""
+    shapes = expected_shapes(spec)
+    names = expected_layer_names(spec, layer)
+    rank = {n: i for i, n in enumerate(_DRAW_ORDER)}
+    return {n: shapes[n] for n in sorted(names, key=lambda n: (rank.get(n, len(rank)), n))}
 
 
 def init_model(arch: Arch, seed: int) -> Model:
@@ -286,7 +255,7 @@ def init_model(arch: Arch, seed: int) -> Model:
     layers = []
     for i in range(arch.layers):
         routed = spec.is_routed(i)
-        params = {n: draw(s, n) for n, s in _layer_shapes(arch, routed).items()}
+        params = {n: draw(s, n) for n, s in _layer_shapes(spec, i).items()}
         experts = [
             {"w1": draw((I, H), "w1"), "w3": draw((I, H), "w3"), "w2": draw((H, I), "w2")}
             for _ in range(arch.experts if routed else 0)
