@@ -19,7 +19,7 @@ import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
-NEW_FAMILIES = ("glm4_moe",)  # registry-era families, each with its own oracle test file
+NEW_FAMILIES = ("glm4_moe", "dots1")  # registry-era families, each with its own oracle test file
 
 VOCAB = 96
 
@@ -95,6 +95,23 @@ _FAMILY: dict[str, dict[str, Any]] = {
         head_dim=8,
         partial_rotary_factor=0.5,
         num_nextn_predict_layers=0,
+    ),
+    # Qwen3 attention (per-head qk norm) with bias, V3's router (8 experts in 4 groups, best 2
+    # compete, selection bias), one shared expert, a dense first layer, a sliding last layer.
+    "dots1": dict(
+        n_routed_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.0,
+        attention_bias=True,
+        head_dim=8,
+        sliding_window=5,
+        max_window_layers=2,
     ),
 }
 

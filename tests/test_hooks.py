@@ -77,7 +77,7 @@ def test_fused_transformers_norms_equal_param_grads(tmp_path: Path, family: str)
             assert "shared_grad_norms" not in record
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "dots1"])
 def test_hook_on_transformers_deepseek_v3_and_glm(tmp_path: Path, family: str) -> None:
     """Dense first layer skipped, routed layers' fused experts, router weight (not the bias
     buffer), ungated shared experts."""

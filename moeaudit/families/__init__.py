@@ -69,7 +69,6 @@ _REFUSED_ALL: dict[str, str] = {
     "ernie4_5_moe": "not supported yet",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
     "hunyuan_v1_moe": "not supported yet",
-    "dots1": "not supported yet",
     "gpt_oss": "not supported yet",
     "llama4": "not supported yet",
     "llama4_text": "not supported yet",
