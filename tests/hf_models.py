@@ -19,7 +19,7 @@ import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
-NEW_FAMILIES = ("glm4_moe", "dots1")  # registry-era families, each with its own oracle test file
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe")  # registry-era families, each with its own oracle test file
 
 VOCAB = 96
 
@@ -112,6 +112,19 @@ _FAMILY: dict[str, dict[str, Any]] = {
         head_dim=8,
         sliding_window=5,
         max_window_layers=2,
+    ),
+    # per-head qk norm after RoPE, softmax top-k renormalised, shared MLP (as wide as an expert)
+    "hunyuan_v1_moe": dict(
+        num_experts=4,
+        moe_topk=2,
+        intermediate_size=40,
+        attention_bias=True,
+        head_dim=8,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        eod_token_id=None,
+        sep_token_id=None,
     ),
 }
 

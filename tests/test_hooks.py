@@ -99,6 +99,23 @@ def test_hook_on_transformers_deepseek_v3_and_glm(tmp_path: Path, family: str) -
         assert record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
 
 
+def test_hook_on_transformers_hunyuan(tmp_path: Path) -> None:
+    """Hunyuan's names: router ``mlp.gate.wg``, ungated shared MLP ``mlp.shared_mlp``."""
+    model, loss, _ = _hf_backward("hunyuan_v1_moe")
+    record = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1).log(1, loss)
+    E = model.config.num_experts
+    check_spec_format(record, [0, 1, 2], E)
+    for i, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        gate_up, down = mlp.experts.gate_up_proj.grad.double(), mlp.experts.down_proj.grad.double()
+        want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
+        assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
+        assert record["router_grad_norms"][str(i)] == pytest.approx(
+            float(mlp.gate.wg.weight.grad.double().norm()), rel=1e-12)
+        shared = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in mlp.shared_mlp.parameters()))
+        assert shared > 0 and record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
+
+
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")

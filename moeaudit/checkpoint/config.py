@@ -128,7 +128,9 @@ class ModelSpec:
     routed_layers: tuple[int, ...]
     norm_topk_prob: bool
     attention_bias: bool
-    qk_norm: str  # "none" | "full" (OLMoE, over all heads) | "head" (Qwen3, per head)
+    # "none" | "full" (OLMoE, over all heads) | "head" (Qwen3, per head) | "head_after_rope"
+    # (Hunyuan: per head, applied to the rotated q and k)
+    qk_norm: str
     clip_qkv: float | None
     tie_embeddings: bool
     dense_dim: int = 0  # intermediate size of a dense MLP layer (mlp_only_layers)

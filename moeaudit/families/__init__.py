@@ -68,7 +68,6 @@ _REFUSED_ALL: dict[str, str] = {
     "lfm2_moe": "not supported yet (short convolution layers)",
     "ernie4_5_moe": "not supported yet",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
-    "hunyuan_v1_moe": "not supported yet",
     "gpt_oss": "not supported yet",
     "llama4": "not supported yet",
     "llama4_text": "not supported yet",

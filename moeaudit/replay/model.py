@@ -147,6 +147,9 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
     q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
+    if spec.qk_norm == "head_after_rope":  # Hunyuan: per-head norm of the rotated q and k
+        q_BnTD = rms_norm(q_BnTD, p["q_norm"], spec.rms_eps)
+        k_BnTD = rms_norm(k_BnTD, p["k_norm"], spec.rms_eps)
     v_BnTD = v_BTnD.transpose(1, 2)
     if nkv != nh:
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
