@@ -19,7 +19,8 @@ import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe")  # registry-era families, each with its own oracle test file
+# registry-era families, each with its own oracle test file
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe")
 
 VOCAB = 96
 
@@ -126,6 +127,17 @@ _FAMILY: dict[str, dict[str, Any]] = {
         eod_token_id=None,
         sep_token_id=None,
     ),
+    # softmax + selection bias router, two shared experts, a dense first layer, GLM-style RoPE
+    "ernie4_5_moe": dict(
+        moe_num_experts=8,
+        moe_k=2,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        moe_num_shared_experts=2,
+        moe_layer_start_index=1,
+        tie_word_embeddings=False,
+        head_dim=8,
+    ),
 }
 
 
@@ -148,6 +160,9 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     for name, b in sorted(model.named_buffers()):
         if name.endswith("e_score_correction_bias"):  # DeepSeek-V3 selection bias (fp32 buffer)
             b.copy_(0.2 * torch.randn(b.shape, generator=gen))
+    for name, p in sorted(model.named_parameters(remove_duplicate=False)):
+        if name.endswith("e_score_correction_bias"):  # ERNIE 4.5: a frozen parameter, [1, E]
+            p.copy_(0.05 * torch.randn(p.shape, generator=gen))
 
 
 def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:

@@ -315,6 +315,8 @@ class Checkpoint:
             raise CheckpointError(f"missing tensor {key!r} ({name})", path=self.path,
                                   hint="the checkpoint is incomplete or of another layout")
         info = self.info(key)
+        if name == "router_bias" and info.shape == (1, *want):  # ERNIE 4.5 stores it as [1, E]
+            want = info.shape
         if info.shape != want:
             raise CheckpointError(
                 f"tensor {key!r} has shape {list(info.shape)} but config.json implies {list(want)}",
@@ -413,6 +415,8 @@ class Checkpoint:
 
         dtype = torch.float32 if dtype is None else dtype
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
+        if "router_bias" in params:
+            params["router_bias"] = params["router_bias"].reshape(-1)  # [1, E] (ERNIE) → [E]
         if self.spec.norm_offset:  # canonical gains: γ = 1 + w for zero-centred norms
             for n in ZERO_CENTRED_NORMS & params.keys():
                 params[n] = params[n] + self.spec.norm_offset

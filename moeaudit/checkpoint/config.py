@@ -155,6 +155,8 @@ class ModelSpec:
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
     linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
+    # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
+    rope_interleaved: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

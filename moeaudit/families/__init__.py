@@ -66,7 +66,6 @@ _REFUSED_ALL: dict[str, str] = {
     "bailing_moe_v2": "not supported yet",
     "afmoe": "not supported yet",
     "lfm2_moe": "not supported yet (short convolution layers)",
-    "ernie4_5_moe": "not supported yet",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
     "gpt_oss": "not supported yet",
     "llama4": "not supported yet",

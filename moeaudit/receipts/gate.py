@@ -44,24 +44,27 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
         return None
     g = spec.gate
     why = []
+    sel = "σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"  # ERNIE 4.5: softmax + b
     if g.selection_bias:
-        why.append("a per-expert selection bias b (σ(W_r y) + b is not linear in y)")
+        why.append(f"a per-expert selection bias b ({sel} is not linear in y)")
     elif g.scoring == "sigmoid":
         why.append("sigmoid selection scores")
     if g.grouped:
         why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups "
                    "compete)")
-    score = ("σ(W_r y) + b" if g.selection_bias else "σ(W_r y)") if g.scoring == "sigmoid" \
-        else "W_r y"
+    score = sel if g.selection_bias else "σ(W_r y)" if g.scoring == "sigmoid" else "W_r y"
+    units = ("sigmoid" if g.scoring == "sigmoid" else "probability") if g.selection_bias or g.scoring == "sigmoid" \
+        else ""
+    rho = "ρ = σ(s)/Σσ(s) on the unbiased scores" if g.scoring == "sigmoid" else "ρ = softmax(W_r y)"
     changed = [
         f"margins, boundary mass and flip rate are measured on the selection scores {score}"
-        + (" in sigmoid units, not comparable with softmax-logit margins of other families"
-           if g.scoring == "sigmoid" else "")
+        + (f" in {units} units, not comparable with softmax-logit margins of other families"
+           if units else "")
         + (", as the distance to the nearer of an in-group swap and a group swap "
            "(docs/decisions.md)" if g.grouped else ""),
         "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe the gate "
         "without the bias" + (" and without the group limit" if g.grouped else "")
-        + " (ρ = σ(s)/Σσ(s) on the unbiased scores): their top-k need not be the active set",
+        + f" ({rho}): their top-k need not be the active set",
     ]
     not_certified = [
         "`003` Theorem 1's cells as linear cones (the routing assumption fails): cell walls "

@@ -146,7 +146,10 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     cos, sin = rope
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
-    q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
+    if spec.rope_interleaved:  # ERNIE 4.5: adjacent pairs; q and k permuted alike, q·k unchanged
+        q_BnTD, k_BnTD = _rotate_interleaved(q_BnTD, cos, sin), _rotate_interleaved(k_BnTD, cos, sin)
+    else:
+        q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
     if spec.qk_norm == "head_after_rope":  # Hunyuan: per-head norm of the rotated q and k
         q_BnTD = rms_norm(q_BnTD, p["q_norm"], spec.rms_eps)
         k_BnTD = rms_norm(k_BnTD, p["k_norm"], spec.rms_eps)
@@ -208,11 +211,16 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
     if g.scoring == "softmax":
         probs = torch.softmax(logits.float(), dim=-1)
         select = probs
-        if g.grouped:  # DeepSeek-V2 group_limited_greedy: a group's score is its max
-            allowed, margin = _group_limit(g, probs, logits.double(), spec.top_k)
-            select = probs.masked_fill(~allowed, 0.0)
-        top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
-        scores, raw_logits = logits, None
+        if bias_E is not None:  # ERNIE 4.5: softmax probabilities + a selection-only bias
+            scores = probs + bias_E.float()
+            top_idx = torch.topk(scores, spec.top_k, dim=-1).indices
+            top_vals, raw_logits = probs.gather(1, top_idx), logits
+        else:
+            if g.grouped:  # DeepSeek-V2 group_limited_greedy: a group's score is its max
+                allowed, margin = _group_limit(g, probs, logits.double(), spec.top_k)
+                select = probs.masked_fill(~allowed, 0.0)
+            top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
+            scores, raw_logits = logits, None
     else:
         sig = torch.sigmoid(logits.float())
         probs = sig / sig.sum(dim=-1, keepdim=True)
