@@ -20,7 +20,7 @@ import transformers
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe")
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2")
 
 VOCAB = 96
 
@@ -137,6 +137,13 @@ _FAMILY: dict[str, dict[str, Any]] = {
         moe_layer_start_index=1,
         tie_word_embeddings=False,
         head_dim=8,
+    ),
+    # q/k norm over all heads, RoPE on half of each head, sigmoid router with selection bias
+    "minimax_m2": dict(
+        num_local_experts=8,
+        intermediate_size=24,
+        head_dim=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     ),
 }
 

@@ -72,7 +72,6 @@ _REFUSED_ALL: dict[str, str] = {
     "llama4_text": "not supported yet",
     "granitemoe": "not supported yet",
     "minimax": "not supported yet (lightning linear attention)",
-    "minimax_m2": "not supported yet",
     "phimoe": "not supported yet",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",
 }

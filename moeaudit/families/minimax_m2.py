@@ -1,0 +1,71 @@
+"""MiniMax-M2 (``minimax_m2``): q/k RMSNorm over all heads before the head split (OLMoE's
+"full" norm), partial rotary (rotate-half on the first ``rotary_dim`` of each head), a sigmoid
+router whose top-k is chosen on σ(W_r y) + ``e_score_correction_bias`` (a buffer of the MoE
+block, not of the gate) and whose chosen σ are renormalised; no shared expert, every layer
+routed, no sliding window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.config import Gate
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import Ctx, Family, all_layers, partial_rotary_dim
+
+
+def _rotary_factor(c: Ctx, head_dim: int) -> float:
+    """``rope_parameters.partial_rotary_factor`` (v5), else the released checkpoints' legacy
+    top-level ``rotary_dim`` / head_dim (``MiniMaxM2Config.convert_rope_params_to_dict``), else 1."""
+    params = c.cfg.get("rope_parameters") or {}
+    value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    if value is None and c.cfg.get("rotary_dim") is not None:
+        value = c.get("rotary_dim", int) / head_dim
+    if value is None:
+        value = c.cfg.get("partial_rotary_factor", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}", path=c.path)
+    return float(value)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
+    head_dim = c.get("head_dim", int, None) or hidden // heads
+    return {
+        "routed_layers": all_layers(c),
+        "norm_topk_prob": True,
+        "attention_bias": False,
+        "qk_norm": "full",
+        "rotary_dim": partial_rotary_dim(c, head_dim, _rotary_factor(c, head_dim)),
+        "gate": Gate(scoring="sigmoid", selection_bias=True),
+    }
+
+
+# The released checkpoints (and transformers' save_pretrained) use Mixtral's v4 names,
+# ``block_sparse_moe`` with w1/w3/w2 experts; v5 module names are accepted too.
+LAYOUT = Layout(
+    family="minimax_m2",
+    globals=GLOBALS,
+    layer=prefixed(L, {**ATTN, "router": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+                       "router_bias": ("block_sparse_moe.e_score_correction_bias", "mlp.e_score_correction_bias")}),
+    expert=prefixed(
+        L,
+        {
+            "w1": ("block_sparse_moe.experts.{expert}.w1.weight", "mlp.experts.{expert}.gate_proj.weight"),
+            "w3": ("block_sparse_moe.experts.{expert}.w3.weight", "mlp.experts.{expert}.up_proj.weight"),
+            "w2": ("block_sparse_moe.experts.{expert}.w2.weight", "mlp.experts.{expert}.down_proj.weight"),
+        },
+    ),
+    fused=prefixed(
+        L,
+        {
+            "gate_up": ("mlp.experts.gate_up_proj", "block_sparse_moe.experts.gate_up_proj"),
+            "down": ("mlp.experts.down_proj", "block_sparse_moe.experts.down_proj"),
+        },
+    ),
+    notes="q/k norm over all heads, partial rotary; sigmoid router with a selection bias",
+)
+
+FAMILY = Family(name="minimax_m2", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size",
+                default_rope_theta=5e6)
