@@ -20,7 +20,7 @@ import transformers
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2")
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe")
 
 VOCAB = 96
 
@@ -144,6 +144,15 @@ _FAMILY: dict[str, dict[str, Any]] = {
         intermediate_size=24,
         head_dim=8,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
+    # Mixtral routing with all four µP multipliers away from 1 (Granite-3.0-1B-A400M's values)
+    "granitemoe": dict(
+        num_local_experts=4,
+        intermediate_size=24,
+        embedding_multiplier=12.0,
+        attention_multiplier=0.015625,
+        residual_multiplier=0.22,
+        logits_scaling=6.0,
     ),
 }
 

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import EXPERT_COUNT_KEYS, spec_from_config  # noqa: E402
 from moeaudit.replay import ReplayResult, replay  # noqa: E402
-from moeaudit.replay.model import MoETap, decoder_layer, rms_norm, rope_tables  # noqa: E402
+from moeaudit.replay.model import MoETap, decoder_layer, embed, rms_norm, rope_tables  # noqa: E402
 
 FORWARD = {"rtol": 1e-4, "atol": 1e-5}  # float32 agreement of activations and loss
 GRADIENT = {"rtol": 2e-3, "atol": 1e-6}
@@ -77,10 +77,12 @@ def _norm(tensors: list[torch.Tensor | None]) -> float:
     return sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5
 
 
-def transformers_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
-    """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3)."""
+def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate") -> Observed:
+    """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3).
+    ``moe``/``gate``: the decoder layer's MoE block and its router module (Granite:
+    ``block_sparse_moe``/``router``)."""
     layers = model.model.layers
-    routed = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts")]
+    routed = [i for i, layer in enumerate(layers) if hasattr(getattr(layer, moe), "experts")]
     seen: dict[tuple[str, int], Any] = {}
 
     def keep(kind: str, i: int):
@@ -90,7 +92,7 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
         return hook
 
     hooks = [layers[i].post_attention_layernorm.register_forward_hook(keep("h", i)) for i in routed]
-    hooks += [layers[i].mlp.gate.register_forward_hook(keep("gate", i)) for i in routed]
+    hooks += [getattr(getattr(layers[i], moe), gate).register_forward_hook(keep("gate", i)) for i in routed]
     try:
         out = model(tokens_WT, output_hidden_states=True, output_router_logits=True)
     finally:
@@ -106,8 +108,8 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
 
     experts = {}
     for i in routed:
-        gate_up = layers[i].mlp.experts.gate_up_proj.grad.double()
-        down = layers[i].mlp.experts.down_proj.grad.double()
+        gate_up = getattr(layers[i], moe).experts.gate_up_proj.grad.double()
+        down = getattr(layers[i], moe).experts.down_proj.grad.double()
         experts[i] = (gate_up.pow(2).sum((1, 2)) + down.pow(2).sum((1, 2))).sqrt()
     return Observed(
         loss=loss.detach(),
@@ -119,8 +121,8 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
         topk={i: seen["gate", i][2] for i in routed},
         combine={i: seen["gate", i][1].detach() for i in routed},
         expert_grads=experts,
-        router_grads={i: _norm(layer_grads(i, "mlp.gate.")) for i in routed},
-        shared_grads={i: _norm(layer_grads(i, "mlp.shared_expert")) for i in routed},
+        router_grads={i: _norm(layer_grads(i, f"{moe}.{gate}.")) for i in routed},
+        shared_grads={i: _norm(layer_grads(i, f"{moe}.shared_expert")) for i in routed},
         attention_grads={
             i: _norm(layer_grads(i, "self_attn.") + layer_grads(i, "input_layernorm."))
             for i in routed
@@ -164,7 +166,7 @@ def moeaudit_observed(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> Observed:
 def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tensor]:
     spec = ckpt.spec
     rope = rope_tables(spec, tokens_WT.shape[1])
-    x = F.embedding(tokens_WT, ckpt.read_global("embed"))
+    x = embed(spec, ckpt.read_global("embed"), tokens_WT)
     inputs = []
     for i in range(spec.num_layers):
         inputs.append(x)

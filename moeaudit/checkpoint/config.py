@@ -157,6 +157,11 @@ class ModelSpec:
     linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
     # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
     rope_interleaved: bool = field(default=False, metadata=NEW)
+    # Granite's µP-style multipliers: embeddings × e, each block's output × r before the
+    # residual add, logits ÷ s (the attention softmax scale is ``attention_scale``)
+    embedding_multiplier: float = field(default=1.0, metadata=NEW)
+    residual_multiplier: float = field(default=1.0, metadata=NEW)
+    logits_scaling: float = field(default=1.0, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

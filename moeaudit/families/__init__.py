@@ -70,7 +70,6 @@ _REFUSED_ALL: dict[str, str] = {
     "gpt_oss": "not supported yet",
     "llama4": "not supported yet",
     "llama4_text": "not supported yet",
-    "granitemoe": "not supported yet",
     "minimax": "not supported yet (lightning linear attention)",
     "phimoe": "not supported yet",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",

@@ -40,6 +40,9 @@ from moeaudit.replay.model import (
     rope_tables,
     shared_expert,
 )
+from moeaudit.replay.model import (
+    embed as embed_tokens,
+)
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -231,7 +234,7 @@ def forward_pass(
     if nonfinite is not None and not all_finite(embed):
         nonfinite.append("embed")
     with torch.no_grad():
-        x = torch.nn.functional.embedding(tokens_WT.long().cpu(), embed).to(dtype)
+        x = embed_tokens(spec, embed, tokens_WT.cpu()).to(dtype)
     del embed
     x = moved(x, device) if device is not None else x
     inputs: list[torch.Tensor] = []
@@ -294,7 +297,10 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
         with torch.set_grad_enabled(g_R is not None):
             xn = rms_norm(xc, final_norm, spec.rms_eps)
         with torch.no_grad():
-            logp = torch.log_softmax(F.linear(xn, lm_head).float(), dim=-1)
+            logits = F.linear(xn, lm_head).float()
+            if spec.logits_scaling != 1.0:  # Granite: logits ÷ s
+                logits = logits / spec.logits_scaling
+            logp = torch.log_softmax(logits, dim=-1)
             tgt = target_R[rows, None]
             nll_R[rows] = -logp.gather(1, tgt).squeeze(1)  # = F.cross_entropy
             p_RV = logp.exp()
@@ -306,6 +312,8 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
             g = g_R[rows, None]
             dlogits = p_RV.mul_(g)
             dlogits.scatter_add_(1, tgt, -g)
+            if spec.logits_scaling != 1.0:
+                dlogits.div_(spec.logits_scaling)
             backward_from([xn], [(dlogits @ lm_head).to(xn.dtype)])
             assert xc.grad is not None
             grad_RH[rows] = xc.grad
@@ -431,7 +439,8 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
         h = attention_block(spec, lw, x, rope)
         y_NH, routing = moe_router(spec, lw, h.reshape(-1, H))
         shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
-    g_NH = grad_BTH.reshape(-1, H)
+    g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
+    g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
                             routing.combine_NK.detach(), g_NH)
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]

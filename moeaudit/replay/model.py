@@ -29,6 +29,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def embed(spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``)."""
+    x = F.embedding(tokens.long(), table_VH)
+    return x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier
+
+
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window); D is the rotated
     part of a head (``spec.rope_dim``: all of it unless the rotary is partial)."""
@@ -158,8 +164,9 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
         v_BnTD = v_BnTD.repeat_interleave(nh // nkv, dim=1)
     mask = _causal_mask(T, window, x_BTH.device)
+    scale = D**-0.5 if spec.attention_scale is None else spec.attention_scale  # Granite: attention_multiplier
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
-                                         is_causal=mask is None, scale=D**-0.5)
+                                         is_causal=mask is None, scale=scale)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
@@ -433,25 +440,30 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
-    return x_BTH + attention(spec, p, x_norm, rope, spec.attention_window(lw.layer))
+    out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer))
+    return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
 
 def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
                   rope: tuple[torch.Tensor, torch.Tensor],
                   extra: ExtraExperts | None = None) -> tuple[torch.Tensor, MoETap | None]:
     h = attention_block(spec, lw, x_BTH, rope)
+    r = spec.residual_multiplier
     if lw.routed:
         mlp_out, tap = moe_block(spec, lw, h, extra)
-        return h + mlp_out, tap
+        return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
     y = rms_norm(h, p["post_norm"], spec.rms_eps)
-    return h + swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"]), None
+    out = swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"])
+    return h + (out if r == 1.0 else out * r), None
 
 
 def token_nll(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
               x_BTH: torch.Tensor, tokens_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(nll_B(T-1) next-token cross-entropy in nats, logits_BTV)."""
     logits = F.linear(rms_norm(x_BTH, final_norm, spec.rms_eps), lm_head).float()
+    if spec.logits_scaling != 1.0:
+        logits = logits / spec.logits_scaling
     B, T, V = logits.shape
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens_BT[:, 1:].reshape(-1).long(),
                           reduction="none")

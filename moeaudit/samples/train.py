@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, expected_layer_names, expected_shapes
 from moeaudit.checkpoint.config import ModelSpec, spec_from_config
 from moeaudit.checkpoint.safetensors import write_safetensors
 from moeaudit.hooks import ExpertGradLogger
-from moeaudit.replay.model import MoETap, decoder_layer, rope_tables, token_nll
+from moeaudit.replay.model import MoETap, decoder_layer, embed, rope_tables, token_nll
 from moeaudit.samples.data import UNIFORM, VOCAB_SIZE, Batches, Mix
 
 Progress = Callable[[str, int, int], None]
@@ -309,7 +308,7 @@ def forward_loss(
     """(mean next-token CE, mean Switch aux loss over routed layers); ``loads`` receives each
     routed layer's top-k assignment counts per expert."""
     spec = model.spec
-    x = F.embedding(tokens_BT, model.embed)
+    x = embed(spec, model.embed, tokens_BT)
     aux = []
     for lw in model.layers:
         x, tap = decoder_layer(spec, lw, x, rope)
