@@ -67,11 +67,11 @@ _REFUSED_ALL: dict[str, str] = {
     "afmoe": "not supported yet",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
-    "gpt_oss": "not supported yet",
-    "llama4": "not supported yet",
-    "llama4_text": "not supported yet",
+    "gpt_oss": "not supported yet (attention sinks, biased clamped-SwiGLU experts and MXFP4 weights are not implemented)",
+    "llama4": "not supported yet (a vision-language model; its text decoder is not implemented either)",
+    "llama4_text": "not supported yet (router-scaled expert inputs, chunked and NoPE attention are not implemented)",
     "minimax": "not supported yet (lightning linear attention)",
-    "phimoe": "not supported yet",
+    "phimoe": "not supported yet (sparsemixer routing and LayerNorm are not implemented)",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",
 }
 REFUSED: dict[str, str] = {k: v for k, v in _REFUSED_ALL.items() if k not in FAMILIES}
