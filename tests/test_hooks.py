@@ -116,6 +116,24 @@ def test_hook_on_transformers_hunyuan(tmp_path: Path) -> None:
         assert shared > 0 and record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
 
 
+@pytest.mark.parametrize("family, moe, router", [("granitemoe", "block_sparse_moe", "router"),
+                                                  ("ernie4_5_moe", "mlp", "gate"), ("minimax_m2", "mlp", "gate")])
+def test_hook_on_registry_era_families(tmp_path: Path, family: str, moe: str, router: str) -> None:
+    """The layouts' module-name alternatives find these families' live parameters: per-expert
+    norms and the router norm equal the parameters' gradients."""
+    model, loss, _ = _hf_backward(family)
+    record = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1).log(1, loss)
+    routed = [i for i, layer in enumerate(model.model.layers) if hasattr(getattr(layer, moe), "experts")]
+    assert routed and sorted(record["expert_grad_norms"]) == [str(i) for i in routed]
+    for i in routed:
+        block = getattr(model.model.layers[i], moe)
+        gate_up, down = block.experts.gate_up_proj.grad.double(), block.experts.down_proj.grad.double()
+        want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(gate_up.shape[0])]
+        assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
+        assert record["router_grad_norms"][str(i)] == pytest.approx(
+            float(getattr(block, router).weight.grad.double().norm()), rel=1e-12)
+
+
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")
