@@ -54,6 +54,7 @@ from moeaudit.families import FAMILIES
 from moeaudit.run import PROBE_FILE  # the probe's log, next to metrics.jsonl
 
 SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
+ROUTER_NAMES = ("router", "router_logit_bias")  # gpt-oss: the router is a biased linear layer
 
 
 # --- parameter name → role, from the layout tables ----------------------------------------------
@@ -83,7 +84,7 @@ def layout_patterns(layouts: Iterable[Layout]) -> list[_Pattern]:
         tables: list[tuple[str, list[tuple[str, ...]]]] = [
             ("expert", list(layout.expert.values())),
             ("fused", list(layout.fused.values())),
-            ("router", [layout.layer["router"]]),
+            ("router", [layout.layer[n] for n in ROUTER_NAMES if n in layout.layer]),
             ("shared", [layout.layer[n] for n in SHARED_NAMES if n in layout.layer]),
         ]
         for role, template_lists in tables:
@@ -126,7 +127,7 @@ def _from_layer_weights(layers: Sequence[LayerWeights]) -> dict[int, _LayerParam
             continue
         lp = _LayerParams()
         lp.experts = {e: list(w.values()) for e, w in enumerate(lw.experts)}
-        lp.router = [lw.params["router"]]
+        lp.router = [lw.params[n] for n in ROUTER_NAMES if n in lw.params]
         lp.shared = [lw.params[n] for n in SHARED_NAMES if n in lw.params]
         out[lw.layer] = lp
     return out

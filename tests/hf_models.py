@@ -20,7 +20,7 @@ import transformers
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe")
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe", "gpt_oss")
 
 VOCAB = 96
 
@@ -153,6 +153,15 @@ _FAMILY: dict[str, dict[str, Any]] = {
         attention_multiplier=0.015625,
         residual_multiplier=0.22,
         logits_scaling=6.0,
+    ),
+    # sinks, alternating sliding (window 5 < the 12-token windows) and full attention, biased
+    # router and experts; a clamp limit the O(1) activations cross, so both clamps act
+    "gpt_oss": dict(
+        num_local_experts=4,
+        intermediate_size=24,
+        head_dim=8,
+        sliding_window=5,
+        swiglu_limit=1.0,
     ),
 }
 

@@ -134,6 +134,24 @@ def test_hook_on_registry_era_families(tmp_path: Path, family: str, moe: str, ro
             float(getattr(block, router).weight.grad.double().norm()), rel=1e-12)
 
 
+def test_hook_on_transformers_gpt_oss(tmp_path: Path) -> None:
+    """gpt-oss: an expert's norm covers its slices of the fused weights and biases; the
+    router's covers its weight and its bias."""
+    model, loss, _ = _hf_backward("gpt_oss")
+    record = ExpertGradLogger(tmp_path / "metrics.jsonl", model, every=1).log(1, loss)
+    E = model.config.num_local_experts
+    check_spec_format(record, [0, 1, 2], E)
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        fused = [ex.gate_up_proj, ex.down_proj, ex.gate_up_proj_bias, ex.down_proj_bias]
+        want = [math.sqrt(sum(float(p.grad[e].double().pow(2).sum()) for p in fused)) for e in range(E)]
+        assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
+        router = layer.mlp.router
+        want_router = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in (router.weight, router.bias)))
+        assert router.bias.grad.abs().sum() > 0
+        assert record["router_grad_norms"][str(i)] == pytest.approx(want_router, rel=1e-12)
+
+
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")

@@ -108,9 +108,10 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp",
 
     experts = {}
     for i in routed:
-        gate_up = getattr(layers[i], moe).experts.gate_up_proj.grad.double()
-        down = getattr(layers[i], moe).experts.down_proj.grad.double()
-        experts[i] = (gate_up.pow(2).sum((1, 2)) + down.pow(2).sum((1, 2))).sqrt()
+        fused = getattr(layers[i], moe).experts
+        names = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")  # biases: gpt-oss
+        sq = [p.grad.double().pow(2).flatten(1).sum(1) for n in names if (p := getattr(fused, n, None)) is not None]
+        experts[i] = sum(sq).sqrt()
     return Observed(
         loss=loss.detach(),
         nll_windows_W=nll_WT1.detach().mean(1),

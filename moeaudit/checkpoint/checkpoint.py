@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+from moeaudit.checkpoint import mxfp4
 from moeaudit.checkpoint.config import ModelSpec, parse_config, spec_from_config
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, read_bytes, snapshot
@@ -156,6 +157,7 @@ class Checkpoint:
         self.notes: list[str] = []  # recognised and deliberately left out (not a problem)
         self._open_files()
         self.fp8_block = _fp8_block(self.config, self.path / "config.json")
+        self.packed = self._find_mxfp4()  # dequantised key → (blocks key, scales key)
         self.scales = {k[: -len(SCALE_SUFFIX)]: k for k in self.key_file
                        if k.endswith(SCALE_SUFFIX)}  # weight key → its block scales' key
         self._resolved: dict[str, str] = {}
@@ -247,11 +249,29 @@ class Checkpoint:
             raise CheckpointError("weight_map must map tensor names to shard files", path=index)
         return weight_map
 
+    def _find_mxfp4(self) -> dict[str, tuple[str, str]]:
+        """MXFP4 expert tensors (``<key>_blocks`` + ``<key>_scales``), when config.json says the
+        weights are MXFP4; only the interleaved expert layout (gpt-oss) is stored so."""
+        if not mxfp4.is_mxfp4(self.config):
+            return {}
+        if self.layout.fused_format != "interleaved":
+            raise CheckpointError(f"MXFP4 weights are read for gpt_oss only, not {self.spec.family!r}",
+                                  path=self.path / "config.json")
+        stems = [k[: -len(mxfp4.BLOCKS_SUFFIX)] for k in self.key_file if k.endswith(mxfp4.BLOCKS_SUFFIX)]
+        return {s: (s + mxfp4.BLOCKS_SUFFIX, s + mxfp4.SCALES_SUFFIX) for s in stems
+                if s + mxfp4.SCALES_SUFFIX in self.key_file}
+
     def info(self, key: str) -> TensorInfo:
         return self.files[self.key_file[key]].tensors[key]
 
     def read(self, key: str) -> torch.Tensor:
-        """The tensor as stored; a block-scaled FP8 weight comes back dequantised in float32."""
+        """The tensor as stored; a block-scaled FP8 weight comes back dequantised in float32, an
+        MXFP4 one (``key`` names its blocks and scales) in bfloat16, both exactly."""
+        if key in self.packed:
+            import torch
+
+            blocks, scales = (self.files[self.key_file[k]].read(k) for k in self.packed[key])
+            return mxfp4.dequantize(blocks, scales, torch.bfloat16)
         t = self.files[self.key_file[key]].read(key)
         scale_key = self.scales.get(key)
         if scale_key is None:
@@ -265,9 +285,9 @@ class Checkpoint:
         """The on-disk key for a canonical name; picks the template variant once, by layer."""
         if name in self._resolved:
             key = self._resolved[name].format(**fmt)
-            return key if key in self.key_file else None
+            return key if key in self.key_file or key in self.packed else None
         for template in templates:
-            if template.format(**fmt) in self.key_file:
+            if template.format(**fmt) in self.key_file or template.format(**fmt) in self.packed:
                 self._resolved[name] = template
                 return template.format(**fmt)
         return None
@@ -311,6 +331,9 @@ class Checkpoint:
         return expected_shapes(self.spec)
 
     def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
+        if key in self.packed:
+            self._check_mxfp4(key, want, seen)
+            return
         if key not in self.key_file:
             raise CheckpointError(f"missing tensor {key!r} ({name})", path=self.path,
                                   hint="the checkpoint is incomplete or of another layout")
@@ -332,6 +355,18 @@ class Checkpoint:
                 f"tensor {key!r} is {info.dtype} without {key + SCALE_SUFFIX!r}: an FP8 weight "
                 "needs its block scales", path=self.path / self.key_file[key])
         seen.add(key)
+
+    def _check_mxfp4(self, key: str, want: tuple[int, ...], seen: set[str]) -> None:
+        """``key``'s uint8 blocks and scales hold a [E, in, out] = ``want`` tensor."""
+        shapes = mxfp4.packed_shapes(want)
+        for k, shape in zip(self.packed[key], shapes or ((), ()), strict=True):
+            info = self.info(k)
+            if shapes is None or info.shape != shape or info.dtype != "U8":
+                need = (f"uint8 {list(shape)}" if shapes else
+                        f"an input size that is a multiple of {mxfp4.BLOCK} (got {want[1]})")
+                raise CheckpointError(f"MXFP4 tensor {k!r} is {info.dtype} {list(info.shape)}; "
+                                      f"{list(want)} needs {need}", path=self.path / self.key_file[k])
+            seen.add(k)
 
     def _check_scale(self, key: str, info: TensorInfo, seen: set[str]) -> None:
         """DeepSeek-V3's block FP8: weight [out, in] with float scales [⌈out/bm⌉, ⌈in/bn⌉]."""
@@ -435,10 +470,25 @@ class Checkpoint:
             return [{n: self.read(k) for n, k in table.items()} for table in keys]
         I = self.spec.expert_dim
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
+        if self.layout.fused_format == "interleaved":  # gpt-oss: [E, H, 2I] gate/up columns alternate
+            b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
+            return [{"w1": gate_up[e, :, 0::2].T, "w3": gate_up[e, :, 1::2].T, "w2": down[e].T,
+                     "b1": b_gu[e, 0::2], "b3": b_gu[e, 1::2], "b2": b_down[e]}
+                    for e in range(self.spec.num_experts)]
         return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]}
                 for e in range(self.spec.num_experts)]
 
     # ----- summary -------------------------------------------------------------------------
+
+    @property
+    def quantization(self) -> str | None:
+        """How quantised weights were read, for receipts (None: every weight read as stored)."""
+        if self.packed:
+            return f"MXFP4 experts ({len(self.packed)} tensors) dequantised exactly to bfloat16"
+        if self.scales and self.fp8_block:
+            bm, bn = self.fp8_block
+            return f"FP8 weights ({len(self.scales)} tensors, {bm}×{bn} block scales) dequantised to float32"
+        return None
 
     @cached_property
     def digest(self) -> str:
@@ -496,6 +546,8 @@ class Checkpoint:
             **({"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} "
                               f"({len(self.scales)} block-scaled weights)"}
                if self.scales and self.fp8_block else {}),
+            **({"mxfp4": f"{len(self.packed)} expert tensors in MXFP4 (blocks of {mxfp4.BLOCK})"}
+               if self.packed else {}),
             "dtypes": dict(sorted(dtypes.items())),
             "parameters": sum(math.prod(i.shape) for i in infos),
             "files": self.data_files,
@@ -523,6 +575,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
     else:
         names = ["input_norm", "post_norm", "q", "k", "v", "o"]
+        names += ["sinks"] if s.attention_sinks else []
     if s.attention_bias and s.mla is None and layer not in s.linear_layers:
         names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
     if s.qk_norm != "none" and layer not in s.linear_layers:
@@ -531,6 +584,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names.append("router")
         if s.gate.selection_bias:
             names.append("router_bias")
+        if s.router_logit_bias:
+            names.append("router_logit_bias")
         if s.shared_dim:
             names += ["shared_w1", "shared_w3", "shared_w2"]
             names += ["shared_gate"] if s.shared_gated else []
@@ -554,8 +609,11 @@ def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
         "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
         "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
         "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
-        "router_bias": (E,),
+        "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
+        "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
     }
+    if s.layout.fused_format == "interleaved":
+        shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
     if s.sparse_index is not None and s.mla is not None:

@@ -95,6 +95,15 @@ class SparseIndex:
 
 
 @dataclass(frozen=True)
+class ClampedGLU:
+    """gpt-oss's expert activation: with a = W1 y + b1 (gate) and u = W3 y + b3 (up),
+    h = (clamp(u, −limit, limit) + 1) ⊙ g σ(α g) where g = min(a, limit)."""
+
+    alpha: float
+    limit: float
+
+
+@dataclass(frozen=True)
 class LinearAttention:
     """Sizes of a gated DeltaNet layer (Qwen3-Next ``linear_*`` config keys)."""
 
@@ -162,6 +171,12 @@ class ModelSpec:
     embedding_multiplier: float = field(default=1.0, metadata=NEW)
     residual_multiplier: float = field(default=1.0, metadata=NEW)
     logits_scaling: float = field(default=1.0, metadata=NEW)
+    # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no
+    # value), a router bias added to the logits, biased experts with a clamped GLU
+    attention_sinks: bool = field(default=False, metadata=NEW)
+    router_logit_bias: bool = field(default=False, metadata=NEW)
+    expert_bias: bool = field(default=False, metadata=NEW)
+    clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -177,6 +192,8 @@ class ModelSpec:
             out += f" within the best {g.topk_group} of {g.n_group} groups"
         if g.selection_bias:
             out += ", selection bias"
+        if self.router_logit_bias:
+            out += ", biased logits"
         out += f", {renorm}"
         if g.scaling != 1.0:
             out += f", ×{g.scaling:g}"

@@ -14,7 +14,13 @@ Canonical per-layer names::
     q k v o  q_bias k_bias v_bias o_bias  q_norm k_norm
     router                          [E, H] gate weight
     w1 w3 w2                        per expert: gate [I, H], up [I, H], down [H, I]
-    gate_up down                    fused: [E, 2I, H] (gate rows first), [E, H, I]
+    gate_up down                    fused: [E, 2I, H] (gate rows first), [E, H, I]; gpt-oss
+                                    (``fused_format`` "interleaved"): [E, H, 2I] with gate and
+                                    up alternating columns, [E, I, H]
+    gate_up_bias down_bias          gpt-oss fused expert biases [E, 2I] (interleaved), [E, H]
+    b1 b3 b2                        per expert biases of gate, up, down (gpt-oss)
+    sinks                           gpt-oss attention sink logits [heads]
+    router_logit_bias               a router bias added to the logits (gpt-oss) [E]
     shared_w1 shared_w3 shared_w2 shared_gate    Qwen2-MoE shared expert and its sigmoid gate
     mlp_w1 mlp_w3 mlp_w2            dense MLP of a non-routed layer
     router_bias                     DeepSeek-V3 selection bias ``e_score_correction_bias`` [E]
@@ -38,6 +44,9 @@ class Layout:
     layer: Mapping[str, Templates]
     expert: Mapping[str, Templates]  # contains {expert}
     fused: Mapping[str, Templates] = field(default_factory=dict)
+    # "stacked": gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers v5, Granite);
+    # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss)
+    fused_format: str = "stacked"
     notes: str = ""
     # key prefix → what it holds, for tensors recognised and deliberately not replayed (noted,
     # not warned about): an MTP module, a vision encoder

@@ -26,27 +26,29 @@ def same_sets(a_NK: torch.Tensor, b_NK: torch.Tensor) -> torch.Tensor:
 
 
 def flip_rate(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk_NK: torch.Tensor,
-              sigma: float, seed: int, bias_E: torch.Tensor | None = None) -> torch.Tensor:
+              sigma: float, seed: int, bias_E: torch.Tensor | None = None,
+              logit_bias_E: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token flips of R_k under W_r ← W_r + σ·rms(W_r)·G, G ~ N(0, 1) seeded (`002` §7.2);
-    a selection bias, the operator's setting, is kept as it is."""
+    a selection bias, the operator's setting, and a logit bias (gpt-oss) are kept as they are."""
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(router_EH.shape, generator=g, dtype=torch.float64)
     rms = router_EH.double().pow(2).mean().sqrt()
     perturbed = (router_EH.double() + sigma * rms * noise).to(router_EH.dtype)
-    return ~same_sets(route(spec, perturbed, y_NH, bias_E).topk_NK, topk_NK)
+    return ~same_sets(route(spec, perturbed, y_NH, bias_E, logit_bias_E).topk_NK, topk_NK)
 
 
 def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.Tensor,
                       y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
                       boot: WindowBootstrap, seed: int, *, bias_E: torch.Tensor | None = None,
-                      margin_N: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+                      margin_N: torch.Tensor | None = None,
+                      logit_bias_E: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """(receipts, per-token margins m_t). ``margin_N``: the router's own margin where a group
     limit decides R_k (:func:`moeaudit.replay.model.route`), else s_(k) − s_(k+1)."""
     if spec.top_k >= scores_NE.shape[1]:  # E = k: no (k+1)-th score, R_k never changes
         no_margin_N = torch.full(scores_NE.shape[:1], float("inf"), dtype=torch.float64)
         return _no_boundary(settings), no_margin_N
     m_N = selection_margin(scores_NE, spec.top_k) if margin_N is None else margin_N.double()
-    flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed, bias_E)
+    flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed, bias_E, logit_bias_E)
     q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
     scale = eta_scale(spec)
     mass = {_key(eta): float((m_N < eta * scale).double().mean()) for eta in settings.boundary_etas}

@@ -23,7 +23,7 @@ from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
 from moeaudit.replay.engine import deterministic
-from moeaudit.replay.model import experts_forward, route
+from moeaudit.replay.model import experts_forward, route_layer
 
 EPS_U = 1e-8
 
@@ -49,8 +49,7 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     z = base.z_NH
     y00 = lw0.params["post_norm"] * z
     y01 = lw1.params["post_norm"] * z
-    r0 = route(spec, lw0.params["router"], y00, lw0.params.get("router_bias"))
-    r1 = route(spec, lw1.params["router"], y01, lw1.params.get("router_bias"))
+    r0, r1 = route_layer(spec, lw0.params, y00), route_layer(spec, lw1.params, y01)
 
     coordinate_N = one_minus_cos(base.y_NH, cand.y_NH)
     shared_N = (r0.topk_NK[:, :, None] == r1.topk_NK[:, None, :]).any(-1).sum(-1)
@@ -58,8 +57,9 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     transition_N = js_divergence(r0.probs_NE, r1.probs_NE)
 
     union_NU = torch.cat([r0.topk_NK, r1.topk_NK], dim=1)
-    ratio_NU = relative_change(experts_forward(lw0.experts, y00, union_NU),
-                               experts_forward(lw1.experts, y01, union_NU), z)
+    glu = spec.clamped_glu
+    ratio_NU = relative_change(experts_forward(lw0.experts, y00, union_NU, glu),
+                               experts_forward(lw1.experts, y01, union_NU, glu), z)
     dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
     ratio_NU[:, K:][dup_NK] = float("nan")
     content_N = torch.nanquantile(ratio_NU, 0.9, dim=1)
@@ -68,8 +68,8 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     rho_bar_NE = 0.5 * (r0.probs_NE.double() + r1.probs_NE.double())
     n_cand = min(spec.num_experts, 2 * K)
     cand_NC = rho_bar_NE.topk(n_cand, dim=-1).indices
-    ratio_NC = relative_change(experts_forward(lw0.experts, y00, cand_NC),
-                               experts_forward(lw1.experts, y01, cand_NC), z)
+    ratio_NC = relative_change(experts_forward(lw0.experts, y00, cand_NC, glu),
+                               experts_forward(lw1.experts, y01, cand_NC, glu), z)
     rho_NC = rho_bar_NE.gather(1, cand_NC)
     content_smooth_N = (rho_NC * ratio_NC).sum(-1)
 
@@ -109,7 +109,8 @@ def weight_change(lw0: LayerWeights, lw1: LayerWeights) -> dict[str, Any]:
     experts = [rel(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts)]
     return {
         "expert_relative_change": experts,
-        "router_drift": rel([lw0.params["router"]], [lw1.params["router"]]),
+        "router_drift": rel(*([lw.params[n] for n in ("router", "router_logit_bias") if n in lw0.params]
+                              for lw in (lw0, lw1))),
         "gain_drift": rel([lw0.params["post_norm"]], [lw1.params["post_norm"]]),
     }
 

@@ -52,7 +52,7 @@ class StateObserver:
         bias_E = lw.params.get("router_bias")
         boundary, m_N = boundary_receipts(self.spec, r.scores_NE, lw.params["router"], tap.y_NH,
                                           r.topk_NK, s, boot, seed, bias_E=bias_E,
-                                          margin_N=r.margin_N)
+                                          margin_N=r.margin_N, logit_bias_E=lw.params.get("router_logit_bias"))
         note = gate_note(self.spec)
         self.layers[tap.layer] = {
             **({} if note is None else
@@ -60,7 +60,8 @@ class StateObserver:
             "occupancy": occupancy(r.topk_NK, r.probs_NE, boot),
             "boundary": boundary,
             # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
-            "overlap": overlap_receipts(tap, lw, m_N / eta_scale(self.spec), s, boot, seed),
+            "overlap": overlap_receipts(tap, lw, m_N / eta_scale(self.spec), s, boot, seed,
+                                        self.spec.clamped_glu),
             "domains": domain_routing(r.topk_NK, self.canary.domain_ids, self.canary.domains,
                                       self.spec.num_experts),
         }

@@ -82,6 +82,7 @@ def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
             "routed_layers": list(s.routed_layers),
             "experts": s.num_experts,
             "top_k": s.top_k,
+            **({"quantization": q} if (q := ckpt.quantization) else {}),
         },
         "canary": {
             "digest": {"sha256": canary.digest},

@@ -442,7 +442,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
-                            routing.combine_NK.detach(), g_NH)
+                            routing.combine_NK.detach(), g_NH, spec.clamped_glu)
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
     if shared is not None:
         roots.append(shared)
@@ -478,8 +478,8 @@ def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
     p = lw.params
     attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
                                "q_norm", "k_norm", "input_norm", "q_a", "q_a_bias", "q_a_norm",
-                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b",
+                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b", "sinks",
                                *LINEAR_ATTENTION_NAMES)]
     shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
-    return LayerGrads(experts_E, router=_norm([p["router"]]), shared=_norm(shared),
+    return LayerGrads(experts_E, router=_norm([p["router"], p.get("router_logit_bias")]), shared=_norm(shared),
                       attention=_norm(attn))

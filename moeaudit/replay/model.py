@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import MLA_NORM_EPS, Gate, ModelSpec
+from moeaudit.checkpoint.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.dsa import sparse_causal_mask
 
@@ -165,12 +165,34 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
         v_BnTD = v_BnTD.repeat_interleave(nh // nkv, dim=1)
     mask = _causal_mask(T, window, x_BTH.device)
     scale = D**-0.5 if spec.attention_scale is None else spec.attention_scale  # Granite: attention_multiplier
+    if spec.attention_sinks:
+        q_BnTD, k_BnTD, v_BnTD, mask = _with_sink_key(p["sinks"], q_BnTD, k_BnTD, v_BnTD, mask, scale)
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
                                          is_causal=mask is None, scale=scale)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
     return _linear(out_BTH, p, "o", "o_bias")
+
+
+def _with_sink_key(sinks_n: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask_TT: torch.Tensor | None, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gpt-oss's attention sinks as one more key: softmax over [q·k_j·scale …, sink_h], the
+    sink's share dropped, is attention with an extra key scoring sink_h for every query and
+    carrying a zero value. Each head gets a (D+1)-th dim: 1 in the queries, 0 in the real keys,
+    sink_h/scale in the sink key; the sink key is visible to every query. So the kernel stays
+    ``scaled_dot_product_attention`` (no [T, T] scores in Python) and autograd reaches the sinks."""
+    B, nh, T, D = q.shape
+    q1 = torch.cat([q, q.new_ones(B, nh, T, 1)], dim=-1)
+    k1 = torch.cat([k, k.new_zeros(B, nh, T, 1)], dim=-1)
+    sink_key = torch.cat([k.new_zeros(nh, D), (sinks_n.to(k.dtype) / scale)[:, None]], dim=-1)
+    k1 = torch.cat([sink_key[None, :, None].expand(B, nh, 1, D + 1), k1], dim=2)
+    v1 = torch.cat([v.new_zeros(B, nh, 1, D), v], dim=2)
+    causal = mask_TT if mask_TT is not None else _causal_mask(T, None, q.device, force=True)
+    assert causal is not None
+    mask = torch.cat([causal.new_ones(T, 1), causal], dim=1)
+    return q1, k1, v1, mask
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -183,9 +205,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
-def _causal_mask(T: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    if window is None or window >= T:
+def _causal_mask(T: int, window: int | None, device: torch.device, force: bool = False) -> torch.Tensor | None:
+    """The [T, T] boolean mask of a (sliding-window) causal attention; None where plain causal
+    attention (``is_causal``) is the same, unless ``force``."""
+    if (window is None or window >= T) and not force:
         return None
+    window = T if window is None else window
     i = torch.arange(T, device=device)
     diff = i[:, None] - i[None, :]
     return (diff >= 0) & (diff < window)
@@ -193,6 +218,20 @@ def _causal_mask(T: int, window: int | None, device: torch.device) -> torch.Tens
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Tensor:
+    """gpt-oss: (clamp(up, ±limit) + 1) ⊙ g σ(α g), g = min(gate, limit)."""
+    g = a1.clamp(max=glu.limit)
+    return (a3.clamp(-glu.limit, glu.limit) + 1) * (g * torch.sigmoid(glu.alpha * g))
+
+
+def expert_mlp(w: dict[str, torch.Tensor], x: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
+    """One routed expert's output u(x): SwiGLU, or gpt-oss's biased clamped GLU."""
+    if glu is None:
+        return swiglu(x, w["w1"], w["w3"], w["w2"])
+    h = clamped_glu(glu, F.linear(x, w["w1"], w.get("b1")), F.linear(x, w["w3"], w.get("b3")))
+    return F.linear(h, w["w2"], w.get("b2"))
 
 
 @dataclass
@@ -208,12 +247,13 @@ class Routing:
 
 
 def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
-          bias_E: torch.Tensor | None = None) -> Routing:
+          bias_E: torch.Tensor | None = None, logit_bias_E: torch.Tensor | None = None) -> Routing:
     """The family's routing rule (transformers' routers): softmax then top-k (Mixtral, OLMoE,
-    Qwen, DeepSeek-V2 greedy) or sigmoid scores, a selection-only bias and group-limited top-k
-    (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``."""
+    Qwen, DeepSeek-V2 greedy) or sigmoid scores, a selection-only bias ``bias_E`` and
+    group-limited top-k (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``.
+    ``logit_bias_E`` is part of the logits (gpt-oss's router is a biased linear layer)."""
     g = spec.gate
-    logits = F.linear(y_NH, router_EH)
+    logits = F.linear(y_NH, router_EH, logit_bias_E)
     margin = None
     if g.scoring == "softmax":
         probs = torch.softmax(logits.float(), dim=-1)
@@ -286,7 +326,7 @@ def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int
 
 
 def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                         sets: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                         sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone."""
@@ -301,7 +341,7 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
             c = counts[e]
             if c:
                 tok = order[starts[i]:starts[i] + c] // sets[i].shape[1]
-                chunks[i].append(swiglu(y_NH[tok], w["w1"], w["w3"], w["w2"]))
+                chunks[i].append(expert_mlp(w, y_NH[tok], glu))
             starts[i] += c
         del w
     out = []
@@ -314,9 +354,9 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
 
 
 def experts_forward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                    topk_NK: torch.Tensor) -> torch.Tensor:
-    """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one SwiGLU."""
-    return experts_forward_sets(experts, y_NH, [topk_NK])[0]
+                    topk_NK: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
+    """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one MLP."""
+    return experts_forward_sets(experts, y_NH, [topk_NK], glu)[0]
 
 
 @dataclass
@@ -345,9 +385,30 @@ def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torc
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, dw2]
 
 
+def _clamped_glu_grads(glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor,
+                       c_M1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """:func:`_swiglu_grads` for gpt-oss's c·(W2 h + b2), h = (clamp(u, ±L) + 1) ⊙ g σ(α g),
+    g = min(a, L), a = W1 x + b1, u = W3 x + b3: (dL/dx, dL/dc, [dW1, dW3, dW2, db1, db3, db2]).
+    A clamped entry passes no gradient (torch's clamp backward: only min ≤ x ≤ max does)."""
+    L, alpha = glu.limit, glu.alpha
+    a1, a3 = F.linear(x_MH, w["w1"], w["b1"]), F.linear(x_MH, w["w3"], w["b3"])
+    g, u = a1.clamp(max=L), a3.clamp(-L, L)
+    sig = torch.sigmoid(alpha * g)
+    act = g * sig
+    h_MI = (u + 1) * act
+    p_MI = g_out_MH @ w["w2"]
+    dc_M = (h_MI * p_MI).sum(-1) + g_out_MH @ w["b2"]
+    gc_MH = g_out_MH * c_M1
+    dh_MI = p_MI * c_M1
+    da3 = (dh_MI * act).masked_fill_((a3 < -L) | (a3 > L), 0.0)
+    da1 = (dh_MI * (u + 1) * sig * (1 + alpha * g * (1 - sig))).masked_fill_(a1 > L, 0.0)
+    dx = da1 @ w["w1"] + da3 @ w["w3"]
+    return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, gc_MH.T @ h_MI, da1.sum(0), da3.sum(0), gc_MH.sum(0)]
+
+
 def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                      topk_NK: torch.Tensor, combine_NK: torch.Tensor,
-                     grad_NH: torch.Tensor) -> ExpertsBackward:
+                     grad_NH: torch.Tensor, glu: ClampedGLU | None = None) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
     dropped before the next expert is converted, so a layer's gradients never coexist."""
@@ -362,7 +423,10 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
         if c:
             slots = order[start:start + c]
             tok = slots // K
-            dx, dc, grads = _swiglu_grads(y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
+            if glu is None:
+                dx, dc, grads = _swiglu_grads(y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
+            else:
+                dx, dc, grads = _clamped_glu_grads(glu, y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
             dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
             sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
@@ -402,7 +466,14 @@ def moe_router(spec: ModelSpec, lw: LayerWeights,
                h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
     y_NH = rms_norm(h_NH, lw.params["post_norm"], spec.rms_eps)
-    return y_NH, route(spec, lw.params["router"], y_NH, lw.params.get("router_bias"))
+    return y_NH, route_layer(spec, lw.params, y_NH)
+
+
+def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor,
+                router_EH: torch.Tensor | None = None) -> Routing:
+    """:func:`route` with a layer's router tensors (``router_EH`` replaces its weight)."""
+    router = p["router"] if router_EH is None else router_EH
+    return route(spec, router, y_NH, p.get("router_bias"), p.get("router_logit_bias"))
 
 
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
@@ -423,7 +494,7 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
     h_NH = h_BTH.reshape(-1, H)
     y_NH, routing = moe_router(spec, lw, h_NH)
     wanted = extra(lw.layer, routing) if extra is not None else {}
-    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, [routing.topk_NK, *wanted.values()])
+    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, [routing.topk_NK, *wanted.values()], spec.clamped_glu)
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)

@@ -1,0 +1,94 @@
+"""gpt-oss (``gpt_oss``): attention with a learned sink logit per head in every softmax,
+alternating sliding-window (``layer_types``) and full attention, q/k/v/o biases, YaRN RoPE; a
+biased router (top-k of W_r y + b, softmax over those k: the renormalised top-k of the full
+softmax); experts with biases and a clamped GLU, (clamp(u, ±limit) + 1) ⊙ g σ(α g) with
+g = min(gate, limit), stored fused as ``gate_up_proj`` [E, H, 2I] whose gate and up columns
+alternate and ``down_proj`` [E, I, H]. No shared expert, every layer routed.
+
+Weights quantised to MXFP4 (the released checkpoints' ``*_blocks``/``*_scales``) are read
+through :mod:`moeaudit.checkpoint.mxfp4`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moeaudit.checkpoint.config import ClampedGLU
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import Ctx, Family, all_layers
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+# transformers' GptOssConfig when config.json names no RoPE scaling
+DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def _with_defaults(cfg: dict[str, Any], _path: Any) -> dict[str, Any]:
+    """The config as ``GptOssConfig`` completes it: YaRN RoPE unless one is given."""
+    if cfg.get("rope_parameters") or cfg.get("rope_scaling"):
+        return cfg
+    return {**cfg, "rope_parameters": {**DEFAULT_ROPE, "rope_theta": cfg.get("rope_theta", 150000.0)}}
+
+
+def _sliding_layers(c: Ctx) -> tuple[int, ...]:
+    """``layer_types`` (sliding on even layers when absent, as ``GptOssConfig`` fills it in)."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        return tuple(i for i in range(c.num_layers) if (i + 1) % 2)
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in LAYER_TYPES for t in types):
+        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} of "
+                              f"{' / '.join(LAYER_TYPES)}", path=c.path)
+    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
+def _positive(c: Ctx, key: str, default: float) -> float:
+    value = c.get(key, float, default)
+    if not value > 0:
+        raise CheckpointError(f"config.json: {key} must be positive, got {value!r}", path=c.path)
+    return float(value)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    window = c.cfg.get("sliding_window", 128)  # null: every layer attends fully
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise CheckpointError(f"config.json: sliding_window must be a positive integer or null, got {window!r}",
+                              path=c.path)
+    sliding = _sliding_layers(c)
+    if sliding and window is None:  # transformers cannot build such a model either
+        raise CheckpointError("config.json: layer_types name sliding layers but sliding_window is null",
+                              path=c.path)
+    return {
+        "routed_layers": all_layers(c),
+        "norm_topk_prob": True,
+        "attention_bias": bool(c.get("attention_bias", bool, True)),
+        "sliding_window": window or None,
+        "sliding_layers": sliding,
+        "attention_sinks": True,
+        "router_logit_bias": True,
+        "expert_bias": True,
+        "clamped_glu": ClampedGLU(alpha=_positive(c, "swiglu_alpha", 1.702),
+                                  limit=_positive(c, "swiglu_limit", 7.0)),
+    }
+
+
+LAYOUT = Layout(
+    family="gpt_oss",
+    globals=GLOBALS,
+    layer=prefixed(L, {**ATTN, "sinks": "self_attn.sinks", "router": "mlp.router.weight",
+                       "router_logit_bias": "mlp.router.bias"}),
+    expert={},
+    fused=prefixed(L, {
+        "gate_up": "mlp.experts.gate_up_proj",
+        "gate_up_bias": "mlp.experts.gate_up_proj_bias",
+        "down": "mlp.experts.down_proj",
+        "down_bias": "mlp.experts.down_proj_bias",
+    }),
+    fused_format="interleaved",
+    notes="attention sinks, alternating sliding windows, biased router, biased clamped-GLU experts "
+          "stored [E, H, 2I] with gate/up columns interleaved",
+)
+
+FAMILY = Family(name="gpt_oss", layout=LAYOUT, fields=_fields, expert_count_keys=("num_local_experts", "num_experts"),
+                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=150000.0,
+                decoder_config=_with_defaults)

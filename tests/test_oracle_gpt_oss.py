@@ -1,0 +1,318 @@
+"""gpt-oss (``gpt_oss``) replay against transformers' ``GptOssForCausalLM`` (issue 15).
+
+The tiny models carry what sets gpt-oss apart: a sink logit per head in every attention softmax,
+sliding-window attention on even layers (window 5 < the 12-token windows) and full attention on
+odd ones, q/k/v/o biases, YaRN RoPE, a biased router, biased experts whose clamped GLU is set to
+``swiglu_limit`` 1.0 so that the O(1) activations cross both clamps, and the fused
+``gate_up_proj`` [E, H, 2I] with gate and up columns interleaved. MXFP4 checkpoints (the
+released format) are written by a quantiser here and read back against transformers' own
+dequantisation. Same checks and tolerances as the other families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from test_oracle import transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.checkpoint.mxfp4 import FP4_VALUES  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
+from moeaudit.replay.model import clamped_glu, experts_backward, route_layer  # noqa: E402
+
+CASES: dict[str, dict[str, Any]] = {
+    "sinks-sliding-clamped": {},
+    "released-limit-mha-top1": {"swiglu_limit": 7.0, "num_key_value_heads": 4, "num_experts_per_tok": 1},
+    "window-beyond-the-canary-top3": {"sliding_window": 64, "num_experts_per_tok": 3},
+    "full-layers-only": {"layer_types": ["full_attention"] * 3},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gpt_oss_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "gpt_oss", **CASES[case])
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    want = transformers_observed(load(tmp_path), tokens, moe="mlp", gate="router")
+    assert_agree_deepseek(want, observed(ckpt, tokens), ckpt)
+    assert ckpt.fused and ckpt.spec.routed_layers == (0, 1, 2) and ckpt.warnings == [] and ckpt.notes == []
+
+
+def test_bf16_checkpoint_matches_transformers(tmp_path: Path) -> None:
+    save_tiny(tmp_path, "gpt_oss", dtype=torch.bfloat16)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    want = transformers_observed(load(tmp_path), tokens, moe="mlp", gate="router")
+    assert_agree_deepseek(want, observed(ckpt, tokens), ckpt)
+
+
+def test_both_clamps_act_in_the_oracle_cases(tmp_path: Path) -> None:
+    """With swiglu_limit 1 a real share of gate and up pre-activations lie beyond the limit, so
+    the agreement above covers the clamped branches (forward and the masked backward)."""
+    save_tiny(tmp_path, "gpt_oss")
+    ckpt = Checkpoint(tmp_path)
+    result = replay(ckpt, random_tokens(), backward=False)
+    lw = ckpt.layer_weights(0)
+    y = torch.randn(64, ckpt.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    w = lw.experts[0]
+    a1, a3 = y @ w["w1"].T + w["b1"], y @ w["w3"].T + w["b3"]
+    assert 0.05 < float((a1 > 1.0).double().mean()) < 0.95
+    assert 0.05 < float((a3.abs() > 1.0).double().mean()) < 0.95
+    assert math.isfinite(result.nll)
+
+
+@pytest.mark.parametrize("feature", ["attention_sinks", "router_logit_bias", "expert_bias", "limit", "alpha",
+                                     "sliding_layers"])
+def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_path: Path) -> None:
+    """Turning any one difference off changes the NLL on the same weights, so the agreement
+    above pins each of them."""
+    save_tiny(tmp_path, "gpt_oss")
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    ref = replay(ckpt, tokens, backward=False)
+    spec = ckpt.spec
+    glu = spec.clamped_glu
+    assert glu is not None
+    change: dict[str, Any] = {
+        "attention_sinks": {"attention_sinks": False},
+        "router_logit_bias": {"router_logit_bias": False},  # the reader then leaves the bias out
+        "limit": {"clamped_glu": dataclasses.replace(glu, limit=7.0)},
+        "alpha": {"clamped_glu": dataclasses.replace(glu, alpha=1.0)},
+        "sliding_layers": {"sliding_layers": ()},
+        "expert_bias": {},
+    }[feature]
+    ckpt.spec = dataclasses.replace(spec, **change)
+    if feature == "expert_bias":
+        real_read = ckpt._read_experts
+        ckpt._read_experts = lambda i: [{**w, "b1": 0 * w["b1"], "b3": 0 * w["b3"], "b2": 0 * w["b2"]}  # type: ignore[method-assign]
+                                        for w in real_read(i)]
+    assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
+
+
+def test_clamped_glu_backward_equals_autograd() -> None:
+    """The hand-written expert backward (the clamps' masks, the biases' gradients, dL/dc)
+    against autograd on the same expert, with both clamps active."""
+    gen = torch.Generator().manual_seed(3)
+    H, I, N, K = 16, 12, 40, 2
+    spec = spec_from_config({**tiny_config("gpt_oss").to_dict(), "hidden_size": H, "intermediate_size": I})
+    glu = spec.clamped_glu
+    assert glu is not None
+    experts = [{"w1": torch.randn(I, H, generator=gen) / 2, "w3": torch.randn(I, H, generator=gen) / 2,
+                "w2": torch.randn(H, I, generator=gen) / 3, "b1": torch.randn(I, generator=gen) / 5,
+                "b3": torch.randn(I, generator=gen) / 5, "b2": torch.randn(H, generator=gen) / 5} for _ in range(3)]
+    y = torch.randn(N, H, generator=gen)
+    topk = torch.stack([torch.randperm(3, generator=gen)[:K] for _ in range(N)])
+    c = torch.rand(N, K, generator=gen)
+    g_out = torch.randn(N, H, generator=gen)
+    back = experts_backward(experts, y, topk, c, g_out, glu)
+
+    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
+    y_ = y.clone().requires_grad_(True)
+    c_ = c.clone().requires_grad_(True)
+    out = torch.zeros(N, H)
+    for k in range(K):
+        for e, w in enumerate(leaves):
+            rows = topk[:, k] == e
+            x = y_[rows]
+            h = clamped_glu(glu, x @ w["w1"].T + w["b1"], x @ w["w3"].T + w["b3"])
+            out = out.index_add(0, rows.nonzero()[:, 0], c_[rows, k, None] * (h @ w["w2"].T + w["b2"]))
+    (out * g_out).sum().backward()
+    assert y_.grad is not None and c_.grad is not None
+    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
+    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
+                         for w in leaves], dtype=torch.float64)
+    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
+
+
+def test_router_bias_is_part_of_the_logits(tmp_path: Path) -> None:
+    """The scores are W_r y + b (what transformers returns as router logits): the margins and the
+    flip test see the bias."""
+    save_tiny(tmp_path, "gpt_oss")
+    lw = Checkpoint(tmp_path).layer_weights(1)
+    y = torch.randn(10, 32, generator=torch.Generator().manual_seed(0))
+    r = route_layer(Checkpoint(tmp_path).spec, lw.params, y)
+    torch.testing.assert_close(r.scores_NE, y @ lw.params["router"].T + lw.params["router_logit_bias"])
+
+
+# --- MXFP4 ----------------------------------------------------------------------------------------
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [E, in, out] → (blocks [E, out, in/32, 16] uint8, scales [E, out, in/32] uint8): the
+    smallest power-of-two scale that fits each block's largest value under 6, codes rounded to
+    the nearest E2M1 value (a test quantiser; the reader is checked against transformers')."""
+    rows = w.transpose(1, 2).double()
+    E, n_out, n_in = rows.shape
+    blocks = rows.reshape(E, n_out, n_in // 32, 32)
+    amax = blocks.abs().amax(-1).clamp_min(1e-30)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    grid = torch.tensor(FP4_VALUES[:8], dtype=torch.float64)
+    scaled = blocks / torch.exp2(exp)[..., None]
+    mag = (scaled.abs()[..., None] - grid).abs().argmin(-1)
+    codes = (mag + 8 * (scaled < 0)).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (exp + 127).to(torch.uint8).contiguous()
+
+
+def _mxfp4_checkpoint(src: Path, dst: Path) -> None:
+    tensors = load_file(str(src / "model.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            out[key + "_blocks"], out[key + "_scales"] = quantize_mxfp4(t)
+        else:
+            out[key] = t.to(torch.bfloat16)
+    dst.mkdir()
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+
+
+def _transformers_dequantised(src: Path, dst: Path) -> Any:
+    """The HF model with the MXFP4 checkpoint's weights, dequantised by transformers'
+    ``convert_moe_packed_tensors`` (what ``Mxfp4Config(dequantize=True)`` loads)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = load(src)
+    packed = load_file(str(dst / "model.safetensors"))
+    state = {}
+    for key, t in packed.items():
+        if key.endswith("_blocks"):
+            stem = key.removesuffix("_blocks")
+            state[stem] = convert_moe_packed_tensors(t, packed[stem + "_scales"], dtype=torch.float32)
+        elif not key.endswith("_scales"):
+            state[key] = t.float()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def test_mxfp4_checkpoint_matches_transformers_dequantised(tmp_path: Path) -> None:
+    src, dst = tmp_path / "dense", tmp_path / "mxfp4"
+    save_tiny(src, "gpt_oss", intermediate_size=32)  # MXFP4 blocks: in-dims multiples of 32
+    _mxfp4_checkpoint(src, dst)
+    ckpt = Checkpoint(dst)
+    assert len(ckpt.packed) == 6 and ckpt.warnings == []
+    assert ckpt.summary(with_digest=False)["mxfp4"] == "6 expert tensors in MXFP4 (blocks of 32)"
+    tokens = random_tokens()
+    want = transformers_observed(_transformers_dequantised(src, dst), tokens, moe="mlp", gate="router")
+    assert_agree_deepseek(want, observed(ckpt, tokens), ckpt)
+    dense = replay(Checkpoint(src), tokens, backward=False).nll
+    assert abs(float(want.loss) - dense) > 1e-4  # the quantisation is in the numbers compared
+
+
+def test_bad_mxfp4_tensors_are_refused(tmp_path: Path) -> None:
+    src, dst = tmp_path / "dense", tmp_path / "mxfp4"
+    save_tiny(src, "gpt_oss", intermediate_size=32)
+    _mxfp4_checkpoint(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    key = "model.layers.1.mlp.experts.down_proj_scales"
+    tensors[key] = tensors[key].float()
+    save_file(tensors, str(dst / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="MXFP4 tensor .*down_proj_scales.* is F32"):
+        Checkpoint(dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "model_type": "mixtral", "num_local_experts": 4}))
+    with pytest.raises(CheckpointError, match="MXFP4 weights are read for gpt_oss only"):
+        Checkpoint(dst)
+
+
+# --- config ---------------------------------------------------------------------------------------
+
+
+def released_20b_config() -> dict[str, Any]:
+    """openai/gpt-oss-20b's config.json (transformers 4.55 era: ``rope_scaling``, MXFP4)."""
+    return {
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+        "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+        "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+        "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                         "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
+    }
+
+
+def test_released_config_reads_as_transformers_does() -> None:
+    import transformers
+
+    cfg = released_20b_config()
+    s = spec_from_config(cfg)
+    hf = transformers.GptOssConfig(**{k: v for k, v in cfg.items() if k not in ("quantization_config",)})
+    assert s.sliding_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")
+    assert (s.sliding_window, s.rms_eps, s.rope_theta, s.top_k, s.num_experts) == (128, 1e-5, 150000.0, 4, 32)
+    assert s.yarn is not None and (s.yarn.factor, s.yarn.truncate) == (32.0, False)
+    assert s.clamped_glu is not None and (s.clamped_glu.alpha, s.clamped_glu.limit) == (1.702, 7.0)
+    assert s.routing == "softmax top-4 of 32, biased logits, renormalised"
+    # no layer_types and no rope scaling: GptOssConfig's defaults (even layers slide, YaRN ×32)
+    bare = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_scaling")}
+    s2 = spec_from_config(bare)
+    assert s2.sliding_layers == tuple(range(0, 24, 2)) and s2.yarn is not None and s2.yarn.factor == 32.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"layer_types": ["sliding_attention"]}, "layer_types must list 3"),
+    ({"layer_types": ["local", "full_attention", "sliding_attention"]}, "layer_types must list 3"),
+    ({"swiglu_limit": 0.0}, "swiglu_limit must be positive"),
+    ({"sliding_window": -4}, "sliding_window must be a positive integer or null"),
+    ({"sliding_window": None}, "layer_types name sliding layers but sliding_window is null"),
+])
+def test_bad_gpt_oss_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("gpt_oss").to_dict()
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**cfg, **bad})
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+def test_certify_a_gpt_oss_run_with_an_mxfp4_checkpoint(tmp_path: Path) -> None:
+    """A run of a dense checkpoint and its MXFP4 quantisation: certify writes a certificate that
+    verifies, and the receipts name the MXFP4 storage; inspect reads the packed checkpoint."""
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    samples = Path(__file__).resolve().parents[1] / "sample_checkpoints"
+    run = tmp_path / "run"
+    save_tiny(run / "checkpoint-100", "gpt_oss", intermediate_size=32)
+    _mxfp4_checkpoint(run / "checkpoint-100", run / "checkpoint-200")
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    runner = CliRunner(env=env)
+    key, out = tmp_path / "key", tmp_path / "out"
+    assert runner.invoke(cli, ["keygen", "--out", str(key)]).exit_code == 0
+    result = runner.invoke(cli, ["certify", str(run), "--key", str(key), "--out", str(out),
+                                 "--canary", str(samples / "canary.safetensors")])
+    assert result.exit_code == 0, result.output
+    receipt = json.loads((out / "receipts" / "checkpoint-200.json").read_text())
+    assert receipt["checkpoint"]["quantization"] == "MXFP4 experts (6 tensors) dequantised exactly to bfloat16"
+    assert "quantization" not in json.loads((out / "receipts" / "checkpoint-100.json").read_text())["checkpoint"]
+    assert receipt["checkpoint"]["family"] == "gpt_oss"
+    verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
+    assert verified.exit_code == 0, verified.output
+    shown = runner.invoke(cli, ["inspect", str(run / "checkpoint-200"), "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["mxfp4"].startswith("6 expert tensors")
