@@ -20,7 +20,8 @@ import transformers
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe", "gpt_oss")
+NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe", "gpt_oss",
+                "llama4_text")
 
 VOCAB = 96
 
@@ -162,6 +163,21 @@ _FAMILY: dict[str, dict[str, Any]] = {
         head_dim=8,
         sliding_window=5,
         swiglu_limit=1.0,
+    ),
+    # 4 layers: dense 0 and 2, routed 1 and 3 (top-1 of 4 plus the shared expert, inputs scaled by
+    # σ); NoPE on layer 3 with a temperature that changes within 12 tokens (floor_scale 4);
+    # chunked attention (chunks of 5 tokens) on the RoPE layers 0-2
+    "llama4_text": dict(
+        num_hidden_layers=4,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        intermediate_size=24,
+        intermediate_size_mlp=40,
+        interleave_moe_layer_step=2,
+        head_dim=8,
+        attention_chunk_size=5,
+        floor_scale=4,
+        attn_scale=0.5,
     ),
 }
 

@@ -9,7 +9,7 @@ from decimal import Decimal, getcontext
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from moeaudit.errors import EXIT_INPUT, InputError
@@ -144,6 +144,9 @@ def test_composed_bound_composes(v: float, delta: float, eps: float, d1: int, d2
 def test_checking_two_gaps_agrees_with_checking_their_sum_on_exact_trajectories(
         v0: float, delta: float, eps: float, d1: int, d2: int) -> None:
     v = exact(v0, d1 + d2, delta, eps)
+    # a trajectory that decays into subnormal floats (δ ≈ 0.9 over 300 steps: 1e-317) has lost
+    # its precision, and no gradient variance is one; the law is for normal floats
+    assume(all(x == 0.0 or x >= 2.3e-308 for x in v))
     split = discrete_checks([0, d1, d1 + d2], [v[0], v[d1], v[-1]], delta, eps)
     whole = discrete_checks([0, d1 + d2], [v[0], v[-1]], delta, eps)
     assert all(r["compliant"] for r in split) and all(r["compliant"] for r in whole)

@@ -77,10 +77,13 @@ def _norm(tensors: list[torch.Tensor | None]) -> float:
     return sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5
 
 
-def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate") -> Observed:
+def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate",
+                          chosen: Any = None) -> Observed:
     """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3).
     ``moe``/``gate``: the decoder layer's MoE block and its router module (Granite:
-    ``block_sparse_moe``/``router``)."""
+    ``block_sparse_moe``/``router``); ``chosen(router output) → (top-k [N, K], combine [N, K])``
+    where the router does not return them as (…, combine, top-k) (Llama 4)."""
+    chosen = chosen or (lambda out: (out[2], out[1]))
     layers = model.model.layers
     routed = [i for i, layer in enumerate(layers) if hasattr(getattr(layer, moe), "experts")]
     seen: dict[tuple[str, int], Any] = {}
@@ -119,8 +122,8 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp",
         layer_inputs=[h.detach() for h in out.hidden_states],
         moe_inputs={i: seen["h", i] for i in routed},
         scores={i: logits.detach() for i, logits in zip(routed, out.router_logits, strict=True)},
-        topk={i: seen["gate", i][2] for i in routed},
-        combine={i: seen["gate", i][1].detach() for i in routed},
+        topk={i: chosen(seen["gate", i])[0] for i in routed},
+        combine={i: chosen(seen["gate", i])[1].detach() for i in routed},
         expert_grads=experts,
         router_grads={i: _norm(layer_grads(i, f"{moe}.{gate}.")) for i in routed},
         shared_grads={i: _norm(layer_grads(i, f"{moe}.shared_expert")) for i in routed},

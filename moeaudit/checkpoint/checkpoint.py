@@ -475,6 +475,9 @@ class Checkpoint:
             return [{"w1": gate_up[e, :, 0::2].T, "w3": gate_up[e, :, 1::2].T, "w2": down[e].T,
                      "b1": b_gu[e, 0::2], "b3": b_gu[e, 1::2], "b2": b_down[e]}
                     for e in range(self.spec.num_experts)]
+        if self.layout.fused_format == "transposed":  # Llama 4: [E, H, 2I], gate columns first
+            return [{"w1": gate_up[e, :, :I].T, "w3": gate_up[e, :, I:].T, "w2": down[e].T}
+                    for e in range(self.spec.num_experts)]
         return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]}
                 for e in range(self.spec.num_experts)]
 
@@ -578,7 +581,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["sinks"] if s.attention_sinks else []
     if s.attention_bias and s.mla is None and layer not in s.linear_layers:
         names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
-    if s.qk_norm != "none" and layer not in s.linear_layers:
+    if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers:
         names += ["q_norm", "k_norm"]
     if s.is_routed(layer):
         names.append("router")
@@ -612,7 +615,7 @@ def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
         "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
         "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
     }
-    if s.layout.fused_format == "interleaved":
+    if s.layout.fused_format in ("interleaved", "transposed"):
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)

@@ -60,6 +60,18 @@ class Yarn:
 
 
 @dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3's RoPE frequency scaling (``rope_type: "llama3"``, Llama 4's released configs):
+    wavelengths above ``original / low_freq_factor`` divided by ``factor``, those below
+    ``original / high_freq_factor`` kept, a smooth blend between."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_positions: float
+
+
+@dataclass(frozen=True)
 class Gate:
     """How a router turns scores into an active set, beyond softmax-then-top-k.
 
@@ -177,6 +189,17 @@ class ModelSpec:
     router_logit_bias: bool = field(default=False, metadata=NEW)
     expert_bias: bool = field(default=False, metadata=NEW)
     clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
+    # Llama 4: each chosen expert gets its input scaled by its combine weight, u_e(c_e y), and the
+    # outputs are summed unweighted; NoPE layers (no RoPE; query temperature tuning when
+    # ``attn_temperature`` = (attn_scale, floor_scale) is set); chunked local attention
+    # (attention within ``attention_chunk`` token blocks) on ``chunked_layers``; Llama 3 RoPE
+    # scaling. ``qk_norm`` "l2": a weightless RMS norm of q and k after RoPE, on RoPE layers
+    scaled_expert_inputs: bool = field(default=False, metadata=NEW)
+    nope_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    attn_temperature: tuple[float, float] | None = field(default=None, metadata=NEW)
+    attention_chunk: int | None = field(default=None, metadata=NEW)
+    chunked_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -217,8 +240,11 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
-        if "linear_layers" in out:
-            out["linear_layers"] = list(self.linear_layers)
+        for name in ("linear_layers", "nope_layers", "chunked_layers"):
+            if name in out:
+                out[name] = list(getattr(self, name))
+        if "attn_temperature" in out and out["attn_temperature"] is not None:
+            out["attn_temperature"] = list(out["attn_temperature"])
         if self.mla is None:
             del out["mla"]
         out["routing"] = self.routing
@@ -372,10 +398,27 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
                 truncate=bool(p.get("truncate", True)))
 
 
+def llama3_rope(cfg: dict[str, Any], path: Path | str) -> Llama3Rope | None:
+    """transformers' ``_compute_llama3_parameters`` inputs, validated; None for other RoPE."""
+    p = _rope_params(cfg)
+    if p.get("rope_type", p.get("type", "default")) != "llama3":
+        return None
+    values = {}
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        v = p.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _is_finite(v) or v <= 0:
+            raise CheckpointError(f"config.json: llama3 RoPE needs a positive {key!r}, got {v!r}", path=path)
+        values[key] = float(v)
+    if values["high_freq_factor"] < values["low_freq_factor"]:
+        raise CheckpointError("config.json: llama3 RoPE needs high_freq_factor ≥ low_freq_factor", path=path)
+    return Llama3Rope(values["factor"], values["low_freq_factor"], values["high_freq_factor"],
+                      values["original_max_position_embeddings"])
+
+
 def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> float:
     params = _rope_params(cfg)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "yarn", None):
+    if rope_type not in ("default", "yarn", "llama3", None):
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     theta = theta or cfg.get("rope_theta") or default_theta

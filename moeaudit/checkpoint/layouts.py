@@ -45,7 +45,8 @@ class Layout:
     expert: Mapping[str, Templates]  # contains {expert}
     fused: Mapping[str, Templates] = field(default_factory=dict)
     # "stacked": gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers v5, Granite);
-    # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss)
+    # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss);
+    # "transposed": gate_up [E, H, 2I] with the gate columns first, down [E, I, H] (Llama 4)
     fused_format: str = "stacked"
     notes: str = ""
     # key prefix → what it holds, for tensors recognised and deliberately not replayed (noted,

@@ -67,8 +67,6 @@ _REFUSED_ALL: dict[str, str] = {
     "afmoe": "not supported yet",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
-    "llama4": "not supported yet (a vision-language model; its text decoder is not implemented either)",
-    "llama4_text": "not supported yet (router-scaled expert inputs, chunked and NoPE attention are not implemented)",
     "minimax": "not supported yet (lightning linear attention)",
     "phimoe": "not supported yet (sparsemixer routing and LayerNorm are not implemented)",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",

@@ -20,6 +20,7 @@ from moeaudit.checkpoint.config import (
     ModelSpec,
     check_sizes,
     getter,
+    llama3_rope,
     rope,
 )
 from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
@@ -126,6 +127,7 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         mla=mla,
         attention_scale=attention_scale,
         yarn=yarn,
+        llama3_rope=llama3_rope(cfg, path),
     )
     defaults: dict[str, Any] = dict(norm_topk_prob=False, attention_bias=bool(cfg.get("attention_bias", False)),
                                     qk_norm="none", clip_qkv=None, shared_gated=False)

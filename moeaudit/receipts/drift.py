@@ -23,7 +23,7 @@ from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
 from moeaudit.replay.engine import deterministic
-from moeaudit.replay.model import experts_forward, route_layer
+from moeaudit.replay.model import Routing, experts_forward, input_scales, route_layer
 
 EPS_U = 1e-8
 
@@ -57,9 +57,11 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     transition_N = js_divergence(r0.probs_NE, r1.probs_NE)
 
     union_NU = torch.cat([r0.topk_NK, r1.topk_NK], dim=1)
-    glu = spec.clamped_glu
-    ratio_NU = relative_change(experts_forward(lw0.experts, y00, union_NU, glu),
-                               experts_forward(lw1.experts, y01, union_NU, glu), z)
+    def outputs(lw: LayerWeights, y: torch.Tensor, r: Routing, idx: torch.Tensor) -> torch.Tensor:
+        scales = input_scales(spec, r, [idx])
+        return experts_forward(lw.experts, y, idx, spec.clamped_glu, None if scales is None else scales[0])
+
+    ratio_NU = relative_change(outputs(lw0, y00, r0, union_NU), outputs(lw1, y01, r1, union_NU), z)
     dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
     ratio_NU[:, K:][dup_NK] = float("nan")
     content_N = torch.nanquantile(ratio_NU, 0.9, dim=1)
@@ -68,8 +70,7 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     rho_bar_NE = 0.5 * (r0.probs_NE.double() + r1.probs_NE.double())
     n_cand = min(spec.num_experts, 2 * K)
     cand_NC = rho_bar_NE.topk(n_cand, dim=-1).indices
-    ratio_NC = relative_change(experts_forward(lw0.experts, y00, cand_NC, glu),
-                               experts_forward(lw1.experts, y01, cand_NC, glu), z)
+    ratio_NC = relative_change(outputs(lw0, y00, r0, cand_NC), outputs(lw1, y01, r1, cand_NC), z)
     rho_NC = rho_bar_NE.gather(1, cand_NC)
     content_smooth_N = (rho_NC * ratio_NC).sum(-1)
 

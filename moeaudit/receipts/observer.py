@@ -61,7 +61,7 @@ class StateObserver:
             "boundary": boundary,
             # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
             "overlap": overlap_receipts(tap, lw, m_N / eta_scale(self.spec), s, boot, seed,
-                                        self.spec.clamped_glu),
+                                        self.spec),
             "domains": domain_routing(r.topk_NK, self.canary.domain_ids, self.canary.domains,
                                       self.spec.num_experts),
         }

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import ClampedGLU
+from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.judge.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
-from moeaudit.replay.model import MoETap, Routing, experts_forward_sets
+from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_scales
 
 EPS_KAPPA = 1e-8
 
@@ -97,7 +97,7 @@ def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.T
 
 
 def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
-                     boot: WindowBootstrap, seed: int, glu: ClampedGLU | None = None) -> dict[str, Any]:
+                     boot: WindowBootstrap, seed: int, spec: ModelSpec | None = None) -> dict[str, Any]:
     r = tap.routing
     N, K = r.topk_NK.shape
     E = r.probs_NE.shape[1]
@@ -109,7 +109,9 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
         extra, u_rand = tap.extra_u["overlap_candidates"], tap.extra_u["overlap_random"]
     else:
         wanted = extra_experts(r, seed)
-        extra, u_rand = experts_forward_sets(lw.experts, tap.y_NH, list(wanted.values()), glu)
+        sets = list(wanted.values())
+        glu, scales = (None, None) if spec is None else (spec.clamped_glu, input_scales(spec, r, sets))
+        extra, u_rand = experts_forward_sets(lw.experts, tap.y_NH, sets, glu, scales)
     rho_NC = r.probs_NE.double().gather(1, cand_NC)
     s_NC = r.scores_NE.double().gather(1, cand_NC)
     c_k = r.combine_NK[:, K - 1].double()

@@ -442,7 +442,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
-                            routing.combine_NK.detach(), g_NH, spec.clamped_glu)
+                            routing.combine_NK.detach(), g_NH, spec.clamped_glu, spec.scaled_expert_inputs)
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
     if shared is not None:
         roots.append(shared)

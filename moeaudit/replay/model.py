@@ -42,6 +42,8 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
     if spec.yarn is not None:
         inv_freq = _yarn_inv_freq(spec, D, device)
+    if spec.llama3_rope is not None:
+        inv_freq = _llama3_inv_freq(spec, inv_freq)
     freqs_TD2 = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TD2, freqs_TD2), dim=-1)
     if spec.yarn is not None:
@@ -70,6 +72,23 @@ def _yarn_inv_freq(spec: ModelSpec, D: int, device: torch.device | str) -> torch
     ramp = torch.clamp((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     keep = 1 - ramp.to(device=device, dtype=torch.float)
     return interpolation * (1 - keep) + extrapolation * keep
+
+
+def _llama3_inv_freq(spec: ModelSpec, inv_freq: torch.Tensor) -> torch.Tensor:
+    """transformers' ``_compute_llama3_parameters``: long wavelengths ÷ factor, short ones kept,
+    a linear blend in 1/wavelength between."""
+    r = spec.llama3_rope
+    assert r is not None
+    low_wavelen = r.original_max_positions / r.low_freq_factor
+    high_wavelen = r.original_max_positions / r.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq)
+    if r.high_freq_factor == r.low_freq_factor:  # no band between: nothing to blend
+        return scaled
+    smooth = (r.original_max_positions / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    blended = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, blended, scaled)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -130,7 +149,7 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
 
 
 def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor], window: int | None) -> torch.Tensor:
+              rope: tuple[torch.Tensor, torch.Tensor], window: int | None, layer: int = -1) -> torch.Tensor:
     if spec.mla is not None:
         return mla_attention(spec, p, x_BTH, rope)
     B, T, _ = x_BTH.shape
@@ -152,10 +171,20 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     cos, sin = rope
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
-    if spec.rope_interleaved:  # ERNIE 4.5: adjacent pairs; q and k permuted alike, q·k unchanged
+    nope = layer in spec.nope_layers  # Llama 4: no RoPE on these layers
+    if nope:
+        pass
+    elif spec.rope_interleaved:  # ERNIE 4.5, Llama 4: adjacent pairs; q and k permuted alike, q·k unchanged
         q_BnTD, k_BnTD = _rotate_interleaved(q_BnTD, cos, sin), _rotate_interleaved(k_BnTD, cos, sin)
     else:
         q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
+    if spec.qk_norm == "l2" and not nope:  # Llama 4: weightless RMS norm of the rotated q and k
+        q_BnTD = _l2_norm(q_BnTD, spec.rms_eps)
+        k_BnTD = _l2_norm(k_BnTD, spec.rms_eps)
+    if nope and spec.attn_temperature is not None:  # Llama 4: query temperature grows with position
+        attn_scale, floor_scale = spec.attn_temperature
+        pos = torch.arange(T, device=x_BTH.device, dtype=torch.float32)
+        q_BnTD = q_BnTD * (torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None]
     if spec.qk_norm == "head_after_rope":  # Hunyuan: per-head norm of the rotated q and k
         q_BnTD = rms_norm(q_BnTD, p["q_norm"], spec.rms_eps)
         k_BnTD = rms_norm(k_BnTD, p["k_norm"], spec.rms_eps)
@@ -164,6 +193,8 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
         k_BnTD = k_BnTD.repeat_interleave(nh // nkv, dim=1)
         v_BnTD = v_BnTD.repeat_interleave(nh // nkv, dim=1)
     mask = _causal_mask(T, window, x_BTH.device)
+    if layer in spec.chunked_layers and spec.attention_chunk is not None and spec.attention_chunk < T:
+        mask = _chunked_mask(T, spec.attention_chunk, x_BTH.device)
     scale = D**-0.5 if spec.attention_scale is None else spec.attention_scale  # Granite: attention_multiplier
     if spec.attention_sinks:
         q_BnTD, k_BnTD, v_BnTD, mask = _with_sink_key(p["sinks"], q_BnTD, k_BnTD, v_BnTD, mask, scale)
@@ -173,6 +204,17 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
     return _linear(out_BTH, p, "o", "o_bias")
+
+
+def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
+def _chunked_mask(T: int, chunk: int, device: torch.device) -> torch.Tensor:
+    """Causal attention within blocks of ``chunk`` tokens (Llama 4's chunked attention)."""
+    i = torch.arange(T, device=device)
+    return (i[:, None] >= i[None, :]) & (i[:, None] // chunk == i[None, :] // chunk)
 
 
 def _with_sink_key(sinks_n: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -272,7 +314,9 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
         sig = torch.sigmoid(logits.float())
         probs = sig / sig.sum(dim=-1, keepdim=True)
         scores = sig if bias_E is None else sig + bias_E.float()
-        select = scores
+        # without a bias or groups, choose on the logits (Llama 4's router does): σ is monotone,
+        # but saturates to 1.0 in float32 above ~17, where choosing on σ would meet ties
+        select = scores if bias_E is not None or g.grouped else logits.float()
         if g.grouped:
             allowed, margin = _group_limit(g, scores, scores.double(), spec.top_k)
             select = scores.masked_fill(~allowed, float("-inf"))
@@ -326,10 +370,15 @@ def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int
 
 
 def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                         sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None) -> list[torch.Tensor]:
+                         sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None,
+                         scales: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
-    set gets its own gathered batch, so its values are exactly those it would get alone."""
+    set gets its own gathered batch, so its values are exactly those it would get alone.
+
+    ``scales`` (Llama 4, one [N, X] per set: the combine weight c each expert gets or would
+    get) makes the input of expert e c·y and its output u_e(c·y)/c, so that Σ_k c_k u_k is the
+    block's output Σ_k u_k(c_k y) and the receipts keep their (c, u) form (docs/families.md)."""
     slots = [_expert_slots(idx, len(experts)) for idx in sets]
     chunks: list[list[torch.Tensor]] = [[] for _ in sets]
     starts = [0] * len(sets)
@@ -340,8 +389,14 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
         for i, (order, counts) in enumerate(slots):
             c = counts[e]
             if c:
-                tok = order[starts[i]:starts[i] + c] // sets[i].shape[1]
-                chunks[i].append(expert_mlp(w, y_NH[tok], glu))
+                slots_c = order[starts[i]:starts[i] + c]
+                tok = slots_c // sets[i].shape[1]
+                if scales is None:
+                    chunks[i].append(expert_mlp(w, y_NH[tok], glu))
+                else:
+                    s_C1 = scales[i].reshape(-1)[slots_c].to(y_NH.dtype)[:, None]
+                    u = expert_mlp(w, y_NH[tok] * s_C1, glu)
+                    chunks[i].append(torch.where(s_C1 > 0, u / s_C1.clamp_min(torch.finfo(u.dtype).tiny), 0.0))
             starts[i] += c
         del w
     out = []
@@ -354,9 +409,21 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
 
 
 def experts_forward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                    topk_NK: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
+                    topk_NK: torch.Tensor, glu: ClampedGLU | None = None,
+                    scales_NK: torch.Tensor | None = None) -> torch.Tensor:
     """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one MLP."""
-    return experts_forward_sets(experts, y_NH, [topk_NK], glu)[0]
+    return experts_forward_sets(experts, y_NH, [topk_NK], glu, None if scales_NK is None else [scales_NK])[0]
+
+
+def input_scales(spec: ModelSpec, routing: Routing, sets: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Llama 4: the combine weight σ(W_r y)_e each (token, expert) of ``sets`` gets, or would get
+    were the expert chosen — the scale of that expert's input (``experts_forward_sets``); None
+    for the other families."""
+    if not spec.scaled_expert_inputs:
+        return None
+    assert routing.logits_NE is not None  # sigmoid routers keep their logits
+    sig_NE = torch.sigmoid(routing.logits_NE.float())
+    return [sig_NE.gather(1, idx) for idx in sets]
 
 
 @dataclass
@@ -408,7 +475,8 @@ def _clamped_glu_grads(glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.T
 
 def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                      topk_NK: torch.Tensor, combine_NK: torch.Tensor,
-                     grad_NH: torch.Tensor, glu: ClampedGLU | None = None) -> ExpertsBackward:
+                     grad_NH: torch.Tensor, glu: ClampedGLU | None = None,
+                     scaled_inputs: bool = False) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
     dropped before the next expert is converted, so a layer's gradients never coexist."""
@@ -423,10 +491,18 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
         if c:
             slots = order[start:start + c]
             tok = slots // K
-            if glu is None:
-                dx, dc, grads = _swiglu_grads(y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
+            x, c_M1 = y_NH[tok], c_S[slots, None]
+            if scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
+                xs, ones = x * c_M1, torch.ones_like(c_M1)
+                if glu is None:
+                    dxs, _, grads = _swiglu_grads(xs, experts[e], grad_NH[tok], ones)
+                else:
+                    dxs, _, grads = _clamped_glu_grads(glu, xs, experts[e], grad_NH[tok], ones)
+                dx, dc = dxs * c_M1, (dxs * x).sum(-1)
+            elif glu is None:
+                dx, dc, grads = _swiglu_grads(x, experts[e], grad_NH[tok], c_M1)
             else:
-                dx, dc, grads = _clamped_glu_grads(glu, y_NH[tok], experts[e], grad_NH[tok], c_S[slots, None])
+                dx, dc, grads = _clamped_glu_grads(glu, x, experts[e], grad_NH[tok], c_M1)
             dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
             sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
@@ -494,7 +570,8 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
     h_NH = h_BTH.reshape(-1, H)
     y_NH, routing = moe_router(spec, lw, h_NH)
     wanted = extra(lw.layer, routing) if extra is not None else {}
-    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, [routing.topk_NK, *wanted.values()], spec.clamped_glu)
+    sets = [routing.topk_NK, *wanted.values()]
+    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets))
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
@@ -511,7 +588,7 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
-    out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer))
+    out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
 

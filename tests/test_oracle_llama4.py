@@ -1,0 +1,202 @@
+"""Llama 4 (``llama4_text``, and ``llama4``'s text decoder) replay against transformers'
+``Llama4ForCausalLM`` (issue 15).
+
+The tiny models carry what sets Llama 4 apart: dense and MoE layers interleaved, a sigmoid
+router whose weight scales each chosen expert's *input* (Σ_k u_k(c_k y)) next to an ungated
+shared expert, RoPE on adjacent pairs, chunked attention (chunks of 5 < the 12-token windows) on
+the RoPE layers, a NoPE layer whose query temperature changes within the window (floor_scale 4),
+and a weightless L2 norm of q and k. Same checks and tolerances as the other families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_models import _redraw, load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from test_oracle import transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
+from moeaudit.replay.model import experts_backward, swiglu  # noqa: E402
+
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+CASES: dict[str, dict[str, Any]] = {
+    "scout-like-top1": {},
+    "top2-all-routed": {"num_experts_per_tok": 2, "interleave_moe_layer_step": 1},
+    "llama3-rope": {"rope_parameters": LLAMA3},
+    "no-qk-norm-no-temperature-no-chunks": {"use_qk_norm": False, "attn_temperature_tuning": False,
+                                            "attention_chunk_size": None},
+    "explicit-layers": {"moe_layers": [0, 2], "no_rope_layers": [1, 0, 1, 1]},
+}
+
+
+def _chosen(top_k: int):
+    """Llama4Router returns (scores [N, E]: σ of the chosen logits, 0 elsewhere; logits)."""
+    def chosen(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        scores, logits = out
+        idx = logits.topk(top_k, dim=1).indices
+        return idx, scores.gather(1, idx)
+
+    return chosen
+
+
+def hf_observed(model: Any, ckpt: Checkpoint, tokens: torch.Tensor):
+    return transformers_observed(model, tokens, moe="feed_forward", gate="router", chosen=_chosen(ckpt.spec.top_k))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_llama4_text_replay_matches_transformers(case: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "llama4_text", **CASES[case])
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    assert_agree_deepseek(hf_observed(load(tmp_path), ckpt, tokens), observed(ckpt, tokens), ckpt)
+    assert ckpt.fused and ckpt.warnings == [] and ckpt.notes == []
+
+
+def test_bf16_checkpoint_matches_transformers(tmp_path: Path) -> None:
+    save_tiny(tmp_path, "llama4_text", dtype=torch.bfloat16)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    assert_agree_deepseek(hf_observed(load(tmp_path), ckpt, tokens), observed(ckpt, tokens), ckpt)
+
+
+def test_the_released_vision_language_checkpoint_replays_its_text_decoder(tmp_path: Path) -> None:
+    """``llama4`` (Llama4ForConditionalGeneration, as Scout and Maverick are released): the text
+    decoder under ``language_model.*`` against transformers' own language model; the vision
+    encoder and projector are recognised and left out with a note."""
+    import transformers
+
+    text = tiny_config("llama4_text").to_dict()
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=28,
+                  patch_size=14, vision_output_dim=16, projector_input_dim=16, projector_output_dim=32,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config = transformers.Llama4Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = transformers.Llama4ForConditionalGeneration(config).float()
+    _redraw(model, 0)
+    model.save_pretrained(tmp_path)
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.family == "llama4" and ckpt.spec.routed_layers == (1, 3) and ckpt.warnings == []
+    assert any("vision encoder" in n for n in ckpt.notes) and any("projector" in n for n in ckpt.notes)
+    lm = transformers.Llama4ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32,
+                                                                     attn_implementation="eager").eval()
+    tokens = random_tokens()
+    assert_agree_deepseek(hf_observed(lm.language_model, ckpt, tokens), observed(ckpt, tokens), ckpt)
+
+
+@pytest.mark.parametrize("feature", ["scaled_expert_inputs", "nope_layers", "attn_temperature", "chunked_layers",
+                                     "qk_norm", "rope_interleaved", "llama3_rope"])
+def test_each_llama4_difference_is_what_the_oracle_checks(feature: str, tmp_path: Path) -> None:
+    """Turning any one difference off changes the NLL on the same weights, so the agreement
+    above pins each of them."""
+    save_tiny(tmp_path, "llama4_text", rope_parameters=LLAMA3)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    ref = replay(ckpt, tokens, backward=False)
+    off: dict[str, Any] = {"scaled_expert_inputs": False, "nope_layers": (), "attn_temperature": None,
+                           "chunked_layers": (), "qk_norm": "none", "rope_interleaved": False, "llama3_rope": None}
+    ckpt.spec = dataclasses.replace(ckpt.spec, **{feature: off[feature]})
+    assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
+
+
+def test_scaled_input_expert_backward_equals_autograd() -> None:
+    """out = Σ_k u_k(c_k y): the hand-written backward (dL/dy, dL/dc, weight gradients) against
+    autograd on the same experts."""
+    gen = torch.Generator().manual_seed(4)
+    H, I, N, K, E = 16, 12, 40, 2, 3
+    experts = [{"w1": torch.randn(I, H, generator=gen) / 2, "w3": torch.randn(I, H, generator=gen) / 2,
+                "w2": torch.randn(H, I, generator=gen) / 3} for _ in range(E)]
+    y = torch.randn(N, H, generator=gen)
+    topk = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(N)])
+    c = torch.rand(N, K, generator=gen)
+    g_out = torch.randn(N, H, generator=gen)
+    back = experts_backward(experts, y, topk, c, g_out, scaled_inputs=True)
+
+    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
+    y_, c_ = y.clone().requires_grad_(True), c.clone().requires_grad_(True)
+    out = torch.zeros(N, H)
+    for k in range(K):
+        for e, w in enumerate(leaves):
+            rows = topk[:, k] == e
+            u = swiglu(c_[rows, k, None] * y_[rows], w["w1"], w["w3"], w["w2"])
+            out = out.index_add(0, rows.nonzero()[:, 0], u)
+    (out * g_out).sum().backward()
+    assert y_.grad is not None and c_.grad is not None
+    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
+    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
+                         for w in leaves], dtype=torch.float64)
+    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
+
+
+def test_expert_outputs_keep_the_combine_form(tmp_path: Path) -> None:
+    """The taps' u_k are u_k(c_k y)/c_k, so Σ_k c_k u_k is the routed part of the block's output
+    (what the overlap receipts decompose)."""
+    save_tiny(tmp_path, "llama4_text", num_experts_per_tok=2)
+    ckpt = Checkpoint(tmp_path)
+    taps: dict[int, Any] = {}
+    replay(ckpt, random_tokens(), backward=False, observers=[lambda tap, lw: taps.setdefault(tap.layer, (tap, lw))])
+    tap, lw = taps[1]
+    r = tap.routing
+    direct = torch.zeros_like(tap.y_NH)
+    for k in range(2):
+        for e in range(4):
+            rows = r.topk_NK[:, k] == e
+            w = lw.experts[e]
+            direct[rows] += swiglu(r.combine_NK[rows, k, None] * tap.y_NH[rows], w["w1"], w["w3"], w["w2"])
+    torch.testing.assert_close((tap.u_NKH * r.combine_NK[..., None]).sum(1), direct, rtol=1e-5, atol=1e-6)
+
+
+def scout_config() -> dict[str, Any]:
+    """meta-llama/Llama-4-Scout-17B-16E's text_config (the keys the replay reads)."""
+    return {
+        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192,
+        "attn_scale": 0.1, "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 5120, "interleave_moe_layer_step": 1,
+        "intermediate_size": 8192, "intermediate_size_mlp": 16384, "max_position_embeddings": 10485760,
+        "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+        "num_local_experts": 16, "no_rope_layers": [], "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "use_qk_norm": True, "vocab_size": 202048, "tie_word_embeddings": False,
+    }
+
+
+def test_scout_config_reads_as_transformers_does() -> None:
+    import transformers
+
+    cfg = scout_config()
+    s = spec_from_config(cfg)
+    hf = transformers.Llama4TextConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    assert s.routed_layers == tuple(hf.moe_layers) == tuple(range(48))
+    assert s.nope_layers == tuple(i for i, f in enumerate(hf.no_rope_layers) if not f) == tuple(range(3, 48, 4))
+    assert s.chunked_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "chunked_attention")
+    assert s.llama3_rope is not None and s.llama3_rope.factor == 16.0 and s.qk_norm == "l2"
+    assert s.attn_temperature == (0.1, 8192.0) and s.attention_chunk == 8192 and s.dense_dim == 0
+    assert s.routing == "sigmoid top-1 of 16, not renormalised" and s.shared_dim == 8192
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"moe_layers": [0, 9]}, "moe_layers must be layer indices in 0..3"),
+    ({"no_rope_layers": [1, 1]}, "no_rope_layers must hold a 0 or 1 for each of the 4"),
+    ({"attention_chunk_size": 0}, "attention_chunk_size must be a positive integer or null"),
+    ({"layer_types": ["chunked_attention"] * 4, "attention_chunk_size": None}, "attention_chunk_size is null"),
+    ({"rope_parameters": {**LLAMA3, "high_freq_factor": 0.5}}, "high_freq_factor ≥ low_freq_factor"),
+    ({"rope_parameters": {**LLAMA3, "factor": None}}, "llama3 RoPE needs a positive 'factor'"),
+])
+def test_bad_llama4_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("llama4_text").to_dict()
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**cfg, **bad})
