@@ -316,3 +316,22 @@ def test_certify_a_gpt_oss_run_with_an_mxfp4_checkpoint(tmp_path: Path) -> None:
     assert verified.exit_code == 0, verified.output
     shown = runner.invoke(cli, ["inspect", str(run / "checkpoint-200"), "--json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["mxfp4"].startswith("6 expert tensors")
+
+
+def test_the_biased_router_carries_a_gate_note(tmp_path: Path) -> None:
+    """The atlas theorem assumes bias-free linear logits: a gpt-oss layer says its cells are
+    polyhedra cut by affine walls, and that the Gaussian closed form is not certified; its ρ is
+    the gate's own softmax, whose top-k is the active set (checked on a replay)."""
+    from moeaudit.receipts.gate import gate_note
+
+    save_tiny(tmp_path, "gpt_oss")
+    ckpt = Checkpoint(tmp_path)
+    note = gate_note(ckpt.spec)
+    assert note is not None and "a router bias b in the logits W_r y + b" in note["why"]
+    assert any("affine hyperplanes" in n for n in note["not_certified"])
+    assert any("Gaussian boundary-mass closed form" in n for n in note["not_certified"])
+    assert "the gate's own softmax (ρ = softmax(W_r y + b)), bias included" in note["changed"][1]
+    result = replay(ckpt, random_tokens(), backward=False)
+    for r in result.routing.values():
+        top = r.probs_NE.topk(ckpt.spec.top_k, dim=-1).indices
+        assert torch.equal(top.sort(-1).values, r.topk_NK.sort(-1).values)

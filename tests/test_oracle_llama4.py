@@ -200,3 +200,21 @@ def test_bad_llama4_configs_are_refused(bad: dict[str, Any], message: str) -> No
     cfg = tiny_config("llama4_text").to_dict()
     with pytest.raises(CheckpointError, match=message):
         spec_from_config({**cfg, **bad})
+
+
+def test_the_sigmoid_router_note_says_what_rho_is(tmp_path: Path) -> None:
+    """Llama 4's gate note: sigmoid combine weights without renormalisation, chosen on the
+    linear logits (so Theorem 1's cones still hold and are not listed as uncertified), scaled
+    expert inputs; ρ = σ/Σσ has the active set as its top-k (checked on a replay)."""
+    from moeaudit.receipts.gate import gate_note
+
+    save_tiny(tmp_path, "llama4_text", num_experts_per_tok=2)
+    ckpt = Checkpoint(tmp_path)
+    note = gate_note(ckpt.spec)
+    assert note is not None and "scale each chosen expert's input" in note["why"]
+    assert not any("cones" in n for n in note["not_certified"])
+    assert "their top-k is the active set" in note["changed"][1]
+    result = replay(ckpt, random_tokens(), backward=False)
+    for r in result.routing.values():
+        top = r.probs_NE.topk(2, dim=-1).indices
+        assert torch.equal(top.sort(-1).values, r.topk_NK.sort(-1).values)

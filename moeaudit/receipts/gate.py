@@ -33,45 +33,79 @@ HOLDS = [
 
 
 def bias_free_linear(spec: ModelSpec) -> bool:
-    """True when the atlas theorem's routing assumption holds for this family's gate."""
+    """True when the gate is what the atlas theorem assumes: softmax of bias-free linear logits,
+    top-k, no groups (Mixtral, OLMoE, Qwen, DeepSeek-V2 greedy)."""
     g = spec.gate
-    return g.scoring == "softmax" and not g.selection_bias and not g.grouped
+    return g.scoring == "softmax" and not g.selection_bias and not g.grouped and not spec.router_logit_bias
+
+
+def _score(spec: ModelSpec) -> tuple[str, str]:
+    """(the selection scores, the units their margins are in; "" for logit units)."""
+    g = spec.gate
+    if g.selection_bias:  # ERNIE 4.5: softmax + b; DeepSeek-V3 and others: σ + b
+        return ("σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"), \
+            ("sigmoid" if g.scoring == "sigmoid" else "probability")
+    if g.scoring == "sigmoid":
+        return "σ(W_r y)", "sigmoid"
+    return ("W_r y + b" if spec.router_logit_bias else "W_r y"), ""
 
 
 def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
-    """The per-layer statement for a gate the atlas theorem does not cover; None otherwise."""
+    """The per-layer statement for a gate the atlas theorem does not cover as it is stated;
+    None otherwise. It says what differs, which receipts keep their meaning (``holds``), which
+    change it (``changed``) and which statements are not certified for this gate."""
     if bias_free_linear(spec):
         return None
     g = spec.gate
+    score, units = _score(spec)
     why = []
-    sel = "σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"  # ERNIE 4.5: softmax + b
     if g.selection_bias:
-        why.append(f"a per-expert selection bias b ({sel} is not linear in y)")
+        why.append(f"a per-expert selection bias b ({score} is not linear in y)")
     elif g.scoring == "sigmoid":
-        why.append("sigmoid selection scores")
+        why.append("sigmoid combine weights σ(W_r y), not renormalised (the choice is the top-k of the "
+                   "bias-free linear logits W_r y)")
+    if spec.router_logit_bias:
+        why.append("a router bias b in the logits W_r y + b (affine, not linear, in y)")
+    if g.scoring == "sparsemixer":
+        why.append("sparsemixer combine weights (each chosen expert's softmax over the experts within a "
+                   "relative jitter band of it; the choice is the top-2 of the bias-free linear logits W_r y)")
     if g.grouped:
-        why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups "
-                   "compete)")
-    score = sel if g.selection_bias else "σ(W_r y)" if g.scoring == "sigmoid" else "W_r y"
-    units = ("sigmoid" if g.scoring == "sigmoid" else "probability") if g.selection_bias or g.scoring == "sigmoid" \
-        else ""
-    rho = "ρ = σ(s)/Σσ(s) on the unbiased scores" if g.scoring == "sigmoid" else "ρ = softmax(W_r y)"
+        why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups compete)")
+    if spec.scaled_expert_inputs:
+        why.append("combine weights that scale each chosen expert's input, u_e(c_e y) (the receipts use "
+                   "u_e(c_e y)/c_e as the expert output, docs/families.md)")
+    rho = ("ρ = σ(s)/Σσ(s) on the unbiased scores" if g.scoring == "sigmoid" else
+           "ρ = softmax(W_r y + b)" if spec.router_logit_bias else "ρ = softmax(W_r y)")
+    smooth = "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe "
+    if g.selection_bias or g.grouped:
+        without = [w for w, on in (("the bias", g.selection_bias), ("the group limit", g.grouped)) if on]
+        smooth += f"the gate without {' and without '.join(without)} ({rho}): their top-k need not be the active set"
+    elif g.scoring == "sigmoid":
+        smooth += (f"σ(W_r y) normalised over all experts ({rho}), not the combine weights σ(W_r y) the model "
+                   "uses; their top-k is the active set")
+    elif g.scoring == "sparsemixer":
+        smooth += f"the softmax over all experts ({rho}), not the sparsemixer's combine weights; their top-2 is " \
+                  "the active set"
+    else:
+        smooth += f"the gate's own softmax ({rho}), bias included"
     changed = [
         f"margins, boundary mass and flip rate are measured on the selection scores {score}"
-        + (f" in {units} units, not comparable with softmax-logit margins of other families"
-           if units else "")
-        + (", as the distance to the nearer of an in-group swap and a group swap "
-           "(docs/decisions.md)" if g.grouped else ""),
-        "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe the gate "
-        "without the bias" + (" and without the group limit" if g.grouped else "")
-        + f" ({rho}): their top-k need not be the active set",
+        + (f" in {units} units, not comparable with softmax-logit margins of other families" if units else "")
+        + (", as the distance to the nearer of an in-group swap and a group swap (docs/decisions.md)"
+           if g.grouped else ""),
+        smooth,
     ]
-    not_certified = [
-        "`003` Theorem 1's cells as linear cones (the routing assumption fails): cell walls "
-        "are curved" if g.selection_bias else "`003` Theorem 1's cells as linear cones: the "
-        "group limit adds a second partition",
-        "the Gaussian boundary-mass closed form of `002`, which assumes a linear gate",
-    ]
+    not_certified = []
+    if g.selection_bias:
+        not_certified.append("`003` Theorem 1's cells as linear cones (the routing assumption fails): cell "
+                             "walls are curved")
+    elif g.grouped:
+        not_certified.append("`003` Theorem 1's cells as linear cones: the group limit adds a second partition")
+    if spec.router_logit_bias:
+        not_certified.append("`003` Theorem 1's cells as linear cones: the logit bias makes the cell walls "
+                             "affine hyperplanes, so the cells are convex polyhedra, not cones through the origin")
+    if g.selection_bias or g.grouped or spec.router_logit_bias or units:
+        not_certified.append("the Gaussian boundary-mass closed form of `002`, which assumes a linear gate")
     return {
         "gate": spec.routing,
         "bias_free_linear": False,
