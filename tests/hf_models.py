@@ -21,7 +21,7 @@ FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
 NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe", "gpt_oss",
-                "llama4_text")
+                "llama4_text", "phimoe")
 
 VOCAB = 96
 
@@ -178,6 +178,15 @@ _FAMILY: dict[str, dict[str, Any]] = {
         attention_chunk_size=5,
         floor_scale=4,
         attn_scale=0.5,
+    ),
+    # LayerNorms with bias, q/k/v/o and LM-head biases, sparsemixer top-2 with a jitter band wide
+    # enough (0.3) that the combine softmaxes include rivals
+    "phimoe": dict(
+        num_local_experts=4,
+        intermediate_size=24,
+        attention_bias=True,
+        lm_head_bias=True,
+        router_jitter_noise=0.3,
     ),
 }
 

@@ -118,7 +118,8 @@ def test_hook_on_transformers_hunyuan(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family, moe, router", [("granitemoe", "block_sparse_moe", "router"),
                                                   ("ernie4_5_moe", "mlp", "gate"), ("minimax_m2", "mlp", "gate"),
-                                                  ("llama4_text", "feed_forward", "router")])
+                                                  ("llama4_text", "feed_forward", "router"),
+                                                  ("phimoe", "mlp", "router")])
 def test_hook_on_registry_era_families(tmp_path: Path, family: str, moe: str, router: str) -> None:
     """The layouts' module-name alternatives find these families' live parameters: per-expert
     norms and the router norm equal the parameters' gradients."""

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import EXPERT_COUNT_KEYS, spec_from_config  # noqa: E402
 from moeaudit.replay import ReplayResult, replay  # noqa: E402
-from moeaudit.replay.model import MoETap, decoder_layer, embed, rms_norm, rope_tables  # noqa: E402
+from moeaudit.replay.model import MoETap, block_norm, decoder_layer, embed, rope_tables  # noqa: E402
 
 FORWARD = {"rtol": 1e-4, "atol": 1e-5}  # float32 agreement of activations and loss
 GRADIENT = {"rtol": 2e-3, "atol": 1e-6}
@@ -175,7 +175,8 @@ def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tenso
     for i in range(spec.num_layers):
         inputs.append(x)
         x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
-    return inputs + [rms_norm(x, ckpt.read_global("final_norm"), spec.rms_eps)]
+    bias = ckpt.read_global("final_norm_bias") if spec.layer_norm else None
+    return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"), bias)]
 
 
 # ----- comparison --------------------------------------------------------------------------

@@ -389,6 +389,10 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
+        for name, on in (("final_norm_bias", s.layer_norm), ("lm_head_bias", s.lm_head_bias)):
+            if on:
+                self._check(name, self.global_key(name) or self.layout.globals[name][0], (H if name == "final_norm_bias"
+                                                                                           else V,), seen)
         head = self.global_key("lm_head")
         if head is not None:
             self._check("lm_head", head, (V, H), seen)
@@ -581,6 +585,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["sinks"] if s.attention_sinks else []
     if s.attention_bias and s.mla is None and layer not in s.linear_layers:
         names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
+    if s.layer_norm:
+        names += ["input_norm_bias", "post_norm_bias"]
     if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers:
         names += ["q_norm", "k_norm"]
     if s.is_routed(layer):
@@ -602,7 +608,8 @@ def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
     H, E, I = s.hidden_size, s.num_experts, s.expert_dim
     q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     shapes = {
-        "input_norm": (H,), "post_norm": (H,), "q": (q_dim, H), "k": (kv_dim, H),
+        "input_norm": (H,), "post_norm": (H,), "input_norm_bias": (H,), "post_norm_bias": (H,),
+        "q": (q_dim, H), "k": (kv_dim, H),
         "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
         "v_bias": (kv_dim,), "o_bias": (H,),
         "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),

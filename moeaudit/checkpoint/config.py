@@ -72,6 +72,18 @@ class Llama3Rope:
 
 
 @dataclass(frozen=True)
+class LongRope:
+    """Phi's "longrope" RoPE as transformers' Phi-3.5-MoE applies it: frequencies divided by the
+    per-dimension ``short_factor``; cos and sin × ``short_mscale``, or × ``long_mscale`` once
+    the sequence is longer than ``original_max_positions``."""
+
+    short_factor: tuple[float, ...]
+    short_mscale: float
+    long_mscale: float
+    original_max_positions: float
+
+
+@dataclass(frozen=True)
 class Gate:
     """How a router turns scores into an active set, beyond softmax-then-top-k.
 
@@ -200,6 +212,13 @@ class ModelSpec:
     attention_chunk: int | None = field(default=None, metadata=NEW)
     chunked_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
+    # Phi-3.5-MoE: LayerNorm (mean-centred, with a bias) for the block and final norms, a bias on
+    # the LM head, sparsemixer routing (``gate.scoring`` "sparsemixer" with this jitter ε),
+    # longrope RoPE
+    layer_norm: bool = field(default=False, metadata=NEW)
+    lm_head_bias: bool = field(default=False, metadata=NEW)
+    sparsemixer_eps: float | None = field(default=None, metadata=NEW)
+    longrope: LongRope | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -418,7 +437,7 @@ def llama3_rope(cfg: dict[str, Any], path: Path | str) -> Llama3Rope | None:
 def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> float:
     params = _rope_params(cfg)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "yarn", "llama3", None):
+    if rope_type not in ("default", "yarn", "llama3", "longrope", None):
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     theta = theta or cfg.get("rope_theta") or default_theta

@@ -68,7 +68,6 @@ _REFUSED_ALL: dict[str, str] = {
     "lfm2_moe": "not supported yet (short convolution layers)",
     "ernie4_5_vl_moe": "a vision-language model: its vision tower is not replayed",
     "minimax": "not supported yet (lightning linear attention)",
-    "phimoe": "not supported yet (sparsemixer routing and LayerNorm are not implemented)",
     "qwen2_moe_vl": "a vision-language model: its vision tower is not replayed",
 }
 REFUSED: dict[str, str] = {k: v for k, v in _REFUSED_ALL.items() if k not in FAMILIES}

@@ -132,6 +132,9 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
     defaults: dict[str, Any] = dict(norm_topk_prob=False, attention_bias=bool(cfg.get("attention_bias", False)),
                                     qk_norm="none", clip_qkv=None, shared_gated=False)
     spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
+        raise CheckpointError(f"rope type 'longrope' is read for phimoe only, not {fam.name!r}", path=path)
     check_sizes(spec, cfg, path)
     return spec
 

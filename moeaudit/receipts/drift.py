@@ -36,9 +36,9 @@ def one_minus_cos(a_NH: torch.Tensor, b_NH: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a_hat - b_hat).pow(2).sum(-1)
 
 
-def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor) -> torch.Tensor:
+def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor, centred: bool = False) -> torch.Tensor:
     """‖v1 − v0‖ / (‖v1‖ + ‖v0‖ + ε) of the visible fields, per token and expert."""
-    v0, v1 = visible_field(u0, z_NH).double(), visible_field(u1, z_NH).double()
+    v0, v1 = visible_field(u0, z_NH, centred).double(), visible_field(u1, z_NH, centred).double()
     return (v1 - v0).norm(dim=-1) / (v1.norm(dim=-1) + v0.norm(dim=-1) + EPS_U)
 
 
@@ -47,8 +47,7 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
                cand: AnchorStates, boot: WindowBootstrap) -> dict[str, Any]:
     K = spec.top_k
     z = base.z_NH
-    y00 = lw0.params["post_norm"] * z
-    y01 = lw1.params["post_norm"] * z
+    y00, y01 = (lw.params["post_norm"] * z + lw.params.get("post_norm_bias", 0.0) for lw in (lw0, lw1))
     r0, r1 = route_layer(spec, lw0.params, y00), route_layer(spec, lw1.params, y01)
 
     coordinate_N = one_minus_cos(base.y_NH, cand.y_NH)
@@ -61,7 +60,7 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
         scales = input_scales(spec, r, [idx])
         return experts_forward(lw.experts, y, idx, spec.clamped_glu, None if scales is None else scales[0])
 
-    ratio_NU = relative_change(outputs(lw0, y00, r0, union_NU), outputs(lw1, y01, r1, union_NU), z)
+    ratio_NU = relative_change(outputs(lw0, y00, r0, union_NU), outputs(lw1, y01, r1, union_NU), z, spec.layer_norm)
     dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
     ratio_NU[:, K:][dup_NK] = float("nan")
     content_N = torch.nanquantile(ratio_NU, 0.9, dim=1)
@@ -70,7 +69,7 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     rho_bar_NE = 0.5 * (r0.probs_NE.double() + r1.probs_NE.double())
     n_cand = min(spec.num_experts, 2 * K)
     cand_NC = rho_bar_NE.topk(n_cand, dim=-1).indices
-    ratio_NC = relative_change(outputs(lw0, y00, r0, cand_NC), outputs(lw1, y01, r1, cand_NC), z)
+    ratio_NC = relative_change(outputs(lw0, y00, r0, cand_NC), outputs(lw1, y01, r1, cand_NC), z, spec.layer_norm)
     rho_NC = rho_bar_NE.gather(1, cand_NC)
     content_smooth_N = (rho_NC * ratio_NC).sum(-1)
 

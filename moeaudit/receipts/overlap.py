@@ -19,10 +19,14 @@ from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_s
 EPS_KAPPA = 1e-8
 
 
-def visible_field(u_NXH: torch.Tensor, z_NH: torch.Tensor) -> torch.Tensor:
-    """v = P_z u with P_z = I − z zᵀ/d (`003` Eq. 10)."""
+def visible_field(u_NXH: torch.Tensor, z_NH: torch.Tensor, centred: bool = False) -> torch.Tensor:
+    """v = P_z u with P_z = I − z zᵀ/d (`003` Eq. 10), the directions the next RMSNorm passes.
+    ``centred`` (LayerNorm, Phi-3.5-MoE, whose Jacobian also removes the mean): P = I − 11ᵀ/d −
+    z zᵀ/d, z of mean 0 and ‖z‖² = d, so the two projections are orthogonal."""
     d = z_NH.shape[-1]
     z = z_NH[:, None, :]
+    if centred:
+        u_NXH = u_NXH - u_NXH.mean(-1, keepdim=True)
     return u_NXH - z * (u_NXH * z).sum(-1, keepdim=True) / d
 
 
@@ -74,12 +78,12 @@ TOKEN_CHUNK = 1024  # tokens per step: every quantity is per token, so chunks ch
 
 def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.Tensor,
                z_NH: torch.Tensor, rho_NC: torch.Tensor, s_NC: torch.Tensor, c_k_N: torch.Tensor,
-               beta_adj: float) -> dict[str, torch.Tensor]:
+               beta_adj: float, centred: bool = False) -> dict[str, torch.Tensor]:
     """Per-token c2 (Eq. 20), c2_smooth (Eq. 21–22), transition jump (Eq. 14) and adjacency
     specificity (Table 2) for a chunk of tokens; the [n, K', H] fields stay small."""
     K = u_NKH.shape[1]
-    v_NCH = visible_field(torch.cat([u_NKH, extra_NXH], dim=1), z_NH)
-    v_rand = visible_field(u_rand_N1H, z_NH)
+    v_NCH = visible_field(torch.cat([u_NKH, extra_NXH], dim=1), z_NH, centred)
+    v_rand = visible_field(u_rand_N1H, z_NH, centred)
     kap_NCC = kappa(v_NCH)
     rho_K = rho_NC[:, :K]
     out = {}
@@ -115,8 +119,9 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
     rho_NC = r.probs_NE.double().gather(1, cand_NC)
     s_NC = r.scores_NE.double().gather(1, cand_NC)
     c_k = r.combine_NK[:, K - 1].double()
+    centred = spec is not None and spec.layer_norm
     chunks = [_per_token(tap.u_NKH[t], extra[t], u_rand[t], z[t], rho_NC[t], s_NC[t], c_k[t],
-                         settings.beta_adj)
+                         settings.beta_adj, centred)
               for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, N, TOKEN_CHUNK))]
     c2_N = torch.cat([c["c2"] for c in chunks]) if K > 1 else None
     c2s_N, jump_N, spec_N = (torch.cat([c[n] for c in chunks]) for n in ("c2s", "jump", "spec"))

@@ -33,10 +33,10 @@ from moeaudit.replay.model import (
     MoETap,
     Routing,
     attention_block,
+    block_norm,
     decoder_layer,
     experts_backward,
     moe_router,
-    rms_norm,
     rope_tables,
     shared_expert,
 )
@@ -280,7 +280,8 @@ class Head:
 
 def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
                  x_WTH: torch.Tensor, tokens_WT: torch.Tensor,
-                 grad_nll_WT1: torch.Tensor | None) -> Head:
+                 grad_nll_WT1: torch.Tensor | None, *, final_norm_bias: torch.Tensor | None = None,
+                 lm_head_bias: torch.Tensor | None = None) -> Head:
     """NLL and predictive entropy per position; with ``grad_nll_WT1`` = dL/dnll also dL/dx.
     Rows are independent through the final norm, the head and the softmax, so chunking them
     changes no value; the last position of each window predicts nothing and is skipped."""
@@ -295,9 +296,9 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
         rows = slice(a, a + step)
         xc = x_RH[rows].detach().requires_grad_(g_R is not None)
         with torch.set_grad_enabled(g_R is not None):
-            xn = rms_norm(xc, final_norm, spec.rms_eps)
+            xn = block_norm(spec, xc, final_norm, final_norm_bias)
         with torch.no_grad():
-            logits = F.linear(xn, lm_head).float()
+            logits = F.linear(xn, lm_head, lm_head_bias).float()
             if spec.logits_scaling != 1.0:  # Granite: logits ÷ s
                 logits = logits / spec.logits_scaling
             logp = torch.log_softmax(logits, dim=-1)
@@ -323,6 +324,13 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
         grad = torch.zeros_like(x_WTH)
         grad[:, :-1] = grad_RH.view(W, T - 1, H)
     return Head(nll_R.view(W, T - 1), ent_R.view(W, T - 1), grad)
+
+
+def head_biases(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The final LayerNorm's bias and the LM head's bias, where the family has them (Phi-3.5-MoE)."""
+    s = ckpt.spec
+    names = (["final_norm_bias"] if s.layer_norm else []) + (["lm_head_bias"] if s.lm_head_bias else [])
+    return {n: ckpt.read_global(n, dtype) for n in names}
 
 
 def backward_from(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
@@ -391,12 +399,14 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
                                       device=device)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
-    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head)) if not all_finite(t)]
+    biases = head_biases(ckpt, dtype)
+    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items())
+            if not all_finite(t)]
     grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
     if device is not None:
-        final_norm, lm_head, tokens_WT, grad_nll = moved((final_norm, lm_head, tokens_WT, grad_nll),
-                                                         device)
-    head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll)
+        final_norm, lm_head, tokens_WT, grad_nll, biases = moved((final_norm, lm_head, tokens_WT, grad_nll, biases),
+                                                                 device)
+    head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll, **biases)
     del final_norm, lm_head, x
     result = ReplayResult(float(head.nll_WT1.mean()), head.nll_WT1.mean(1).cpu(),
                           float(head.entropy_WT1.mean()), routing, nonfinite_weights=bad)
@@ -459,12 +469,14 @@ def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
     keeps one layer resident; the generation receipts are opt-in because of that cost)."""
     spec = ckpt.spec
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
+    biases = head_biases(ckpt, dtype)
     seq = prompts_PT.long()
     for _ in range(new_tokens):
         rope = rope_tables(spec, seq.shape[1])
         x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype)
         with torch.no_grad():
-            logits = torch.nn.functional.linear(rms_norm(x[:, -1], final_norm, spec.rms_eps), lm_head)
+            logits = torch.nn.functional.linear(block_norm(spec, x[:, -1], final_norm, biases.get("final_norm_bias")),
+                                                lm_head, biases.get("lm_head_bias"))
         seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
     return seq[:, prompts_PT.shape[1]:]
 
@@ -477,7 +489,7 @@ def _norm(tensors: Sequence[torch.Tensor | None]) -> float:
 def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
     p = lw.params
     attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
-                               "q_norm", "k_norm", "input_norm", "q_a", "q_a_bias", "q_a_norm",
+                               "q_norm", "k_norm", "input_norm", "input_norm_bias", "q_a", "q_a_bias", "q_a_norm",
                                "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b", "sinks",
                                *LINEAR_ATTENTION_NAMES)]
     shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]

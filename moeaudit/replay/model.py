@@ -29,6 +29,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def block_norm(spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The decoder's block and final norm: RMSNorm, or LayerNorm with a bias (Phi-3.5-MoE)."""
+    if spec.layer_norm:
+        return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, spec.rms_eps)
+    return rms_norm(x, weight, spec.rms_eps)
+
+
 def embed(spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``)."""
     x = F.embedding(tokens.long(), table_VH)
@@ -44,8 +52,14 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
         inv_freq = _yarn_inv_freq(spec, D, device)
     if spec.llama3_rope is not None:
         inv_freq = _llama3_inv_freq(spec, inv_freq)
+    if (lr := spec.longrope) is not None:  # transformers' Phi-3.5-MoE: short factors at every length
+        shape = torch.arange(0, D, 2, dtype=torch.int64, device=device).float() / D
+        inv_freq = 1.0 / (torch.tensor(lr.short_factor, dtype=torch.float32, device=device) * spec.rope_theta**shape)
     freqs_TD2 = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TD2, freqs_TD2), dim=-1)
+    if lr is not None:
+        m = lr.short_mscale if T <= lr.original_max_positions else lr.long_mscale
+        return emb_TD.cos() * m, emb_TD.sin() * m
     if spec.yarn is not None:
         a = spec.yarn.attention_factor
         return emb_TD.cos() * a, emb_TD.sin() * a
@@ -297,6 +311,8 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
     g = spec.gate
     logits = F.linear(y_NH, router_EH, logit_bias_E)
     margin = None
+    if g.scoring == "sparsemixer":
+        return _sparsemixer(spec, logits)
     if g.scoring == "softmax":
         probs = torch.softmax(logits.float(), dim=-1)
         select = probs
@@ -328,6 +344,25 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
     if g.scaling != 1.0:
         top_vals = top_vals * g.scaling
     return Routing(scores, probs, top_idx, top_vals, raw_logits, margin)
+
+
+def _sparsemixer(spec: ModelSpec, logits_NE: torch.Tensor) -> Routing:
+    """Phi-3.5-MoE's sparsemixer in evaluation mode (transformers' ``sparsemixer`` with
+    ``training=False``): the top-2 of the logits; each chosen expert's combine weight is its
+    softmax over the experts whose logit lies within a relative band 2ε of its own (the first
+    expert's rivals include every expert; the second's exclude the first). ρ is the plain
+    softmax of the logits; the selection scores are the logits."""
+    eps = spec.sparsemixer_eps or 0.0
+    s = logits_NE.float()
+    first_val, first = s.max(dim=-1, keepdim=True)
+    masked = s.scatter(-1, first, float("-inf"))
+    second_val, second = masked.max(dim=-1, keepdim=True)
+    combine = []
+    for rivals, top_val, idx in ((s, first_val, first), (masked, second_val, second)):
+        with torch.no_grad():  # transformers computes the band without gradient
+            far = ((top_val - s) / s.abs().clamp(min=top_val)) > 2 * eps
+        combine.append(torch.softmax(rivals.masked_fill(far, float("-inf")), dim=-1).gather(-1, idx))
+    return Routing(s, torch.softmax(s, dim=-1), torch.cat([first, second], dim=-1), torch.cat(combine, dim=-1))
 
 
 def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor,
@@ -528,20 +563,24 @@ class MoETap:
 
     @property
     def r_N(self) -> torch.Tensor:
-        return self.h_NH.pow(2).mean(-1).add(self._eps).sqrt()
+        return self._h_centred().pow(2).mean(-1).add(self._eps).sqrt()
 
     _eps: float = 0.0
+    _centred: bool = False  # LayerNorm (Phi-3.5-MoE): the norm subtracts the mean first
+
+    def _h_centred(self) -> torch.Tensor:
+        return self.h_NH - self.h_NH.mean(-1, keepdim=True) if self._centred else self.h_NH
 
     @property
     def z_NH(self) -> torch.Tensor:
-        """Pre-gain normalised state, ‖z‖² ≈ H."""
-        return self.h_NH / self.r_N[:, None]
+        """Pre-gain normalised state, ‖z‖² ≈ H (LayerNorm: also mean 0)."""
+        return self._h_centred() / self.r_N[:, None]
 
 
 def moe_router(spec: ModelSpec, lw: LayerWeights,
                h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
-    y_NH = rms_norm(h_NH, lw.params["post_norm"], spec.rms_eps)
+    y_NH = block_norm(spec, h_NH, lw.params["post_norm"], lw.params.get("post_norm_bias"))
     return y_NH, route_layer(spec, lw.params, y_NH)
 
 
@@ -576,7 +615,7 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
     tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more, strict=True)),
-                 _eps=spec.rms_eps)
+                 _eps=spec.rms_eps, _centred=spec.layer_norm)
     return out_NH.view(B, T, H), tap
 
 
@@ -584,7 +623,7 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
                     rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block."""
     p = lw.params
-    x_norm = rms_norm(x_BTH, p["input_norm"], spec.rms_eps)
+    x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias"))
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
@@ -601,15 +640,16 @@ def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
         mlp_out, tap = moe_block(spec, lw, h, extra)
         return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
-    y = rms_norm(h, p["post_norm"], spec.rms_eps)
+    y = block_norm(spec, h, p["post_norm"], p.get("post_norm_bias"))
     out = swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"])
     return h + (out if r == 1.0 else out * r), None
 
 
 def token_nll(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
-              x_BTH: torch.Tensor, tokens_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              x_BTH: torch.Tensor, tokens_BT: torch.Tensor, *, final_norm_bias: torch.Tensor | None = None,
+              lm_head_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(nll_B(T-1) next-token cross-entropy in nats, logits_BTV)."""
-    logits = F.linear(rms_norm(x_BTH, final_norm, spec.rms_eps), lm_head).float()
+    logits = F.linear(block_norm(spec, x_BTH, final_norm, final_norm_bias), lm_head, lm_head_bias).float()
     if spec.logits_scaling != 1.0:
         logits = logits / spec.logits_scaling
     B, T, V = logits.shape
