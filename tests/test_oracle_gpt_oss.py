@@ -209,7 +209,9 @@ def test_mxfp4_checkpoint_matches_transformers_dequantised(tmp_path: Path) -> No
     _mxfp4_checkpoint(src, dst)
     ckpt = Checkpoint(dst)
     assert len(ckpt.packed) == 6 and ckpt.warnings == []
-    assert ckpt.summary(with_digest=False)["mxfp4"] == "6 expert tensors in MXFP4 (blocks of 32)"
+    summary = ckpt.summary(with_digest=False)
+    assert summary["mxfp4"] == "6 expert tensors in MXFP4 (blocks of 32)"
+    assert summary["parameters"] == Checkpoint(src).summary(with_digest=False)["parameters"]  # values, not bytes
     tokens = random_tokens()
     want = transformers_observed(_transformers_dequantised(src, dst), tokens, moe="mlp", gate="router")
     assert_agree_deepseek(want, observed(ckpt, tokens), ckpt)

@@ -487,6 +487,13 @@ class Checkpoint:
 
     # ----- summary -------------------------------------------------------------------------
 
+    def _parameter_count(self) -> int:
+        """Model parameters: an MXFP4 tensor counts its values (two per packed byte), not its bytes
+        or its scales."""
+        packed = {k for pair in self.packed.values() for k in pair}
+        count = sum(math.prod(self.info(k).shape) for k in self.key_file if k not in packed)
+        return count + sum(2 * math.prod(self.info(blocks).shape) for blocks, _ in self.packed.values())
+
     @property
     def quantization(self) -> str | None:
         """How quantised weights were read, for receipts (None: every weight read as stored)."""
@@ -556,7 +563,7 @@ class Checkpoint:
             **({"mxfp4": f"{len(self.packed)} expert tensors in MXFP4 (blocks of {mxfp4.BLOCK})"}
                if self.packed else {}),
             "dtypes": dict(sorted(dtypes.items())),
-            "parameters": sum(math.prod(i.shape) for i in infos),
+            "parameters": self._parameter_count(),
             "files": self.data_files,
             **({"format": "torch.distributed.checkpoint"} if self.is_dcp else {}),
             "tied_embeddings": self.global_key("lm_head") is None,
