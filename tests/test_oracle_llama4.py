@@ -218,3 +218,88 @@ def test_the_sigmoid_router_note_says_what_rho_is(tmp_path: Path) -> None:
     for r in result.routing.values():
         top = r.probs_NE.topk(2, dim=-1).indices
         assert torch.equal(top.sort(-1).values, r.topk_NK.sort(-1).values)
+
+
+# --- torchtitan DCP -------------------------------------------------------------------------------
+
+# torchtitan's Llama 4 names (its state_dict_adapter's from_hf_map), written out by hand
+LLAMA4_TT = {
+    "self_attn.q_proj.weight": "attention.wq.weight",
+    "self_attn.k_proj.weight": "attention.wk.weight",
+    "self_attn.v_proj.weight": "attention.wv.weight",
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "feed_forward.router.weight": "moe.router.gate.weight",
+    "feed_forward.shared_expert.gate_proj.weight": "moe.shared_experts.w1.weight",
+    "feed_forward.shared_expert.up_proj.weight": "moe.shared_experts.w3.weight",
+    "feed_forward.shared_expert.down_proj.weight": "moe.shared_experts.w2.weight",
+    "feed_forward.gate_proj.weight": "feed_forward.w1.weight",
+    "feed_forward.up_proj.weight": "feed_forward.w3.weight",
+    "feed_forward.down_proj.weight": "feed_forward.w2.weight",
+}
+
+
+def llama4_torchtitan_state(sd: dict[str, torch.Tensor], layers: int, prefix: str = "model.") -> dict:
+    """A Llama 4 state dict as torchtitan holds it: its ``from_hf`` splits ``gate_up_proj``
+    [E, H, 2I] into w1, w3 and transposes them to [E, I, H], and transposes ``down_proj``
+    [E, I, H] to w2 [E, H, I]; a training state rides along."""
+    lm_head = "language_model.lm_head.weight" if prefix != "model." else "lm_head.weight"
+    out: dict[str, Any] = {"tok_embeddings.weight": sd[prefix + "embed_tokens.weight"],
+                           "norm.weight": sd[prefix + "norm.weight"], "lm_head.weight": sd[lm_head]}
+    for i in range(layers):
+        p = f"{prefix}layers.{i}."
+        for hf, tt in LLAMA4_TT.items():
+            if p + hf in sd:
+                out[f"layers.{i}.{tt}"] = sd[p + hf]
+        if p + "feed_forward.experts.gate_up_proj" in sd:
+            w1, w3 = sd[p + "feed_forward.experts.gate_up_proj"].chunk(2, dim=-1)
+            out[f"layers.{i}.moe.experts.w1"] = w1.transpose(-1, -2).contiguous()
+            out[f"layers.{i}.moe.experts.w3"] = w3.transpose(-1, -2).contiguous()
+            out[f"layers.{i}.moe.experts.w2"] = sd[p + "feed_forward.experts.down_proj"].transpose(-1, -2).contiguous()
+    return {**out, "train_state": {"step": 10}}
+
+
+@pytest.mark.parametrize("vl", [False, True])
+def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(vl: bool, tmp_path: Path) -> None:
+    """A torchtitan Llama 4 DCP directory, with the text config (``llama4_text``) or with the
+    released vision-language config.json beside it (``llama4``, as torchtitan's adapter pairs
+    them): every tensor the replay reads equals the safetensors original bit for bit, and the
+    replay gives the same NLL."""
+    import json
+
+    from safetensors.torch import load_file
+    from test_dcp import assert_same_weights, save
+
+    src = tmp_path / "hf"
+    save_tiny(src, "llama4_text")
+    sd = load_file(str(src / "model.safetensors"))
+    dst = tmp_path / "dcp"
+    save(llama4_torchtitan_state(sd, 4), dst)
+    cfg = json.loads((src / "config.json").read_text())
+    if vl:
+        cfg = {"model_type": "llama4", "text_config": cfg, "tie_word_embeddings": False}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    ours, ref = Checkpoint(dst), Checkpoint(src)
+    assert ours.is_dcp and ours.warnings == [] and ours.fused and ours.fused_format == "stacked"
+    assert ours.spec.family == ("llama4" if vl else "llama4_text")
+    # 3 globals + 4 layers × (4 attention + 2 norms) + 2 dense × 3 + 2 routed × (router + 3 shared + 4 experts × 3)
+    assert assert_same_weights(ours, ref) == 3 + 4 * 6 + 2 * 3 + 2 * (1 + 3 + 4 * 3)
+    tokens = random_tokens()
+    assert replay(ours, tokens).nll == replay(ref, tokens).nll
+
+
+def test_a_torchtitan_load_balancing_bias_is_reported_not_dropped_silently(tmp_path: Path) -> None:
+    """torchtitan adds ``moe.expert_bias`` to the scores when it chooses experts; transformers'
+    Llama 4 has no such term, so the replay cannot honour it: the tensor is named as ignored."""
+    from safetensors.torch import load_file
+    from test_dcp import save
+
+    src = tmp_path / "hf"
+    save_tiny(src, "llama4_text")
+    state = llama4_torchtitan_state(load_file(str(src / "model.safetensors")), 4)
+    state["layers.1.moe.expert_bias"] = torch.tensor([0.1, -0.1, 0.0, 0.0])
+    save(state, tmp_path / "dcp")
+    (tmp_path / "dcp" / "config.json").write_bytes((src / "config.json").read_bytes())
+    ckpt = Checkpoint(tmp_path / "dcp")
+    assert ckpt.warnings == ["1 unexpected tensor(s) ignored: model.layers.1.feed_forward.router.expert_bias"]

@@ -293,10 +293,13 @@ class Checkpoint:
         return None
 
     def _detect_fused(self) -> bool:
+        self.fused_format = self.layout.fused_format
         first = self.spec.routed_layers[0] if self.spec.routed_layers else None
         if first is None:
             return False
         fused = self._resolve("gate_up", self.layout.fused.get("gate_up", ()), layer=first)
+        if fused is not None:
+            self.fused_format = self.layout.fused_formats.get(self._resolved["gate_up"], self.fused_format)
         return fused is not None
 
     def global_key(self, name: str) -> str | None:
@@ -328,7 +331,7 @@ class Checkpoint:
     # ----- validation ----------------------------------------------------------------------
 
     def expected_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        return expected_shapes(self.spec)
+        return expected_shapes(self.spec, self.fused_format)
 
     def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
         if key in self.packed:
@@ -474,12 +477,12 @@ class Checkpoint:
             return [{n: self.read(k) for n, k in table.items()} for table in keys]
         I = self.spec.expert_dim
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
-        if self.layout.fused_format == "interleaved":  # gpt-oss: [E, H, 2I] gate/up columns alternate
+        if self.fused_format == "interleaved":  # gpt-oss: [E, H, 2I] gate/up columns alternate
             b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
             return [{"w1": gate_up[e, :, 0::2].T, "w3": gate_up[e, :, 1::2].T, "w2": down[e].T,
                      "b1": b_gu[e, 0::2], "b3": b_gu[e, 1::2], "b2": b_down[e]}
                     for e in range(self.spec.num_experts)]
-        if self.layout.fused_format == "transposed":  # Llama 4: [E, H, 2I], gate columns first
+        if self.fused_format == "transposed":  # Llama 4: [E, H, 2I], gate columns first
             return [{"w1": gate_up[e, :, :I].T, "w3": gate_up[e, :, I:].T, "w2": down[e].T}
                     for e in range(self.spec.num_experts)]
         return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]}
@@ -610,7 +613,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     return names
 
 
-def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
+def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, tuple[int, ...]]:
     """The shape of every canonical per-layer tensor name under ``s`` (a superset of a layer's)."""
     H, E, I = s.hidden_size, s.num_experts, s.expert_dim
     q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -629,7 +632,7 @@ def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
         "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
         "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
     }
-    if s.layout.fused_format in ("interleaved", "transposed"):
+    if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)

@@ -48,6 +48,9 @@ class Layout:
     # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss);
     # "transposed": gate_up [E, H, 2I] with the gate columns first, down [E, I, H] (Llama 4)
     fused_format: str = "stacked"
+    # a fused template stored in another format than ``fused_format`` (Llama 4's experts as the
+    # torchtitan DCP reader fuses them: "stacked" under ``mlp.experts``)
+    fused_formats: Mapping[str, str] = field(default_factory=dict)
     notes: str = ""
     # key prefix → what it holds, for tensors recognised and deliberately not replayed (noted,
     # not warned about): an MTP module, a vision encoder

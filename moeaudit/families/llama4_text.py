@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.checkpoint.config import Gate
+from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
@@ -113,11 +114,29 @@ TEXT_LAYER = {
     "mlp_w2": "feed_forward.down_proj.weight",
 }
 TEXT_FUSED = {"gate_up": "feed_forward.experts.gate_up_proj", "down": "feed_forward.experts.down_proj"}
+# torchtitan's Llama 4 (its state_dict_adapter's from_hf_map): router, shared expert and dense FFN
+# under other names; GroupedExperts w1/w3 [E, I, H] and w2 [E, H, I] are fused by the DCP reader
+# into ``mlp.experts.gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] ("stacked"). A load-
+# balancing ``moe.expert_bias`` (torchtitan adds it to the scores when choosing experts) has no
+# place in transformers' Llama 4: it stays unmapped, and is reported as an ignored tensor.
+TORCHTITAN: Rules = (
+    (TT_LAYER + r"moe\.router\.gate\.weight", HF_LAYER + "feed_forward.router.weight"),
+    (TT_LAYER + r"moe\.shared_experts?\.w1\.weight", HF_LAYER + "feed_forward.shared_expert.gate_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts?\.w3\.weight", HF_LAYER + "feed_forward.shared_expert.up_proj.weight"),
+    (TT_LAYER + r"moe\.shared_experts?\.w2\.weight", HF_LAYER + "feed_forward.shared_expert.down_proj.weight"),
+    (TT_LAYER + r"feed_forward\.w1\.weight", HF_LAYER + "feed_forward.gate_proj.weight"),
+    (TT_LAYER + r"feed_forward\.w3\.weight", HF_LAYER + "feed_forward.up_proj.weight"),
+    (TT_LAYER + r"feed_forward\.w2\.weight", HF_LAYER + "feed_forward.down_proj.weight"),
+    (TT_LAYER + r"moe\.expert_bias(?:_E)?", HF_LAYER + "feed_forward.router.expert_bias"),
+)
+TT_FUSED = {"gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj"}
 NOTES = ("sigmoid top-k router scaling each expert's input, ungated shared expert, interleaved dense layers, "
          "NoPE layers with temperature tuning, chunked attention, L2 qk norm, Llama 3 RoPE")
 
 LAYOUT = Layout(family="llama4_text", globals=GLOBALS, layer=prefixed(L, TEXT_LAYER), expert={},
-                fused=prefixed(L, TEXT_FUSED), fused_format="transposed", notes=NOTES)
+                fused={n: (L + TEXT_FUSED[n], L + TT_FUSED[n]) for n in TEXT_FUSED}, fused_format="transposed",
+                fused_formats={L + TT_FUSED["gate_up"]: "stacked"}, notes=NOTES)
 
 FAMILY = Family(name="llama4_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_local_experts",),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=500000.0)
+                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=500000.0,
+                torchtitan=TORCHTITAN)
