@@ -337,3 +337,47 @@ def test_the_biased_router_carries_a_gate_note(tmp_path: Path) -> None:
     for r in result.routing.values():
         top = r.probs_NE.topk(ckpt.spec.top_k, dim=-1).indices
         assert torch.equal(top.sort(-1).values, r.topk_NK.sort(-1).values)
+
+
+# --- torchtitan DCP -------------------------------------------------------------------------------
+
+GPT_OSS_TT = {  # torchtitan's gpt-oss names (its state_dict_adapter's from_hf_map), by hand
+    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo", "mlp.router": "moe.router.gate",
+}
+
+
+def gpt_oss_torchtitan_state(sd: dict[str, torch.Tensor], layers: int) -> dict[str, Any]:
+    """The model as torchtitan's GroupedExperts hold it: mlp1 [E, 2I, H] (out × in, gate and up
+    rows interleaved) and mlp2 [E, H, I], the transposes of transformers' tensors; the newer
+    parameter names with their shape suffixes; the embedding, norm and head under torchtitan's names."""
+    out: dict[str, Any] = {"tok_embeddings.weight": sd["model.embed_tokens.weight"],
+                           "norm.weight": sd["model.norm.weight"], "output.weight": sd["lm_head.weight"]}
+    for i in range(layers):
+        p, t = f"model.layers.{i}.", f"layers.{i}."
+        for hf, tt in GPT_OSS_TT.items():
+            for part in ("weight", "bias"):
+                out[f"{t}{tt}.{part}"] = sd[f"{p}{hf}.{part}"]
+        out[t + "attention.sinks"] = sd[p + "self_attn.sinks"]
+        out[t + "attention_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[t + "ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        out[t + "moe.experts.mlp1_weight_EGD"] = sd[p + "mlp.experts.gate_up_proj"].transpose(1, 2).contiguous()
+        out[t + "moe.experts.mlp1_bias_EG"] = sd[p + "mlp.experts.gate_up_proj_bias"]
+        out[t + "moe.experts.mlp2_weight_EDF"] = sd[p + "mlp.experts.down_proj"].transpose(1, 2).contiguous()
+        out[t + "moe.experts.mlp2_bias_ED"] = sd[p + "mlp.experts.down_proj_bias"]
+    return {**out, "train_state": {"step": 10}}
+
+
+def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(tmp_path: Path) -> None:
+    from test_dcp import assert_same_weights, save
+
+    src, dst = tmp_path / "hf", tmp_path / "dcp"
+    save_tiny(src, "gpt_oss")
+    save(gpt_oss_torchtitan_state(load_file(str(src / "model.safetensors")), 3), dst)
+    (dst / "config.json").write_bytes((src / "config.json").read_bytes())
+    ours, ref = Checkpoint(dst), Checkpoint(src)
+    assert ours.is_dcp and ours.warnings == [] and ours.fused_format == "interleaved_rows"
+    # 3 globals + 3 layers × (2 norms + 4 attention + 4 biases + sinks + router + its bias) + 3 × 4 experts × 6
+    assert assert_same_weights(ours, ref) == 3 + 3 * 13 + 3 * 4 * 6
+    tokens = random_tokens()
+    assert replay(ours, tokens).nll == replay(ref, tokens).nll

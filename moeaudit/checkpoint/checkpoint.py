@@ -477,9 +477,11 @@ class Checkpoint:
             return [{n: self.read(k) for n, k in table.items()} for table in keys]
         I = self.spec.expert_dim
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
-        if self.fused_format == "interleaved":  # gpt-oss: [E, H, 2I] gate/up columns alternate
+        if self.fused_format in ("interleaved", "interleaved_rows"):  # gpt-oss: gate/up alternate
+            if self.fused_format == "interleaved":  # transformers: [E, H, 2I], [E, I, H]
+                gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
             b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
-            return [{"w1": gate_up[e, :, 0::2].T, "w3": gate_up[e, :, 1::2].T, "w2": down[e].T,
+            return [{"w1": gate_up[e, 0::2], "w3": gate_up[e, 1::2], "w2": down[e],
                      "b1": b_gu[e, 0::2], "b3": b_gu[e, 1::2], "b2": b_down[e]}
                     for e in range(self.spec.num_experts)]
         if self.fused_format == "transposed":  # Llama 4: [E, H, 2I], gate columns first

@@ -46,7 +46,9 @@ class Layout:
     fused: Mapping[str, Templates] = field(default_factory=dict)
     # "stacked": gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers v5, Granite);
     # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss);
-    # "transposed": gate_up [E, H, 2I] with the gate columns first, down [E, I, H] (Llama 4)
+    # "transposed": gate_up [E, H, 2I] with the gate columns first, down [E, I, H] (Llama 4);
+    # "interleaved_rows": gate_up [E, 2I, H] with gate/up alternating rows, down [E, H, I]
+    # (torchtitan's gpt-oss)
     fused_format: str = "stacked"
     # a fused template stored in another format than ``fused_format`` (Llama 4's experts as the
     # torchtitan DCP reader fuses them: "stacked" under ``mlp.experts``)

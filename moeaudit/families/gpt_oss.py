@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.checkpoint.config import ClampedGLU
+from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
@@ -72,6 +73,21 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
+# torchtitan's gpt-oss (its state_dict_adapter's from_hf_map; the newer parameter names carry a
+# shape suffix): sinks, the biased router, and GroupedExperts mlp1 [E, 2I, H] (gate and up rows
+# interleaved, out × in) and mlp2 [E, H, I] with their biases. A load-balancing ``expert_bias``
+# has no place in transformers' gpt-oss: it stays unmapped and is reported as ignored.
+TORCHTITAN: Rules = (
+    (TT_LAYER + r"attention\.sinks", HF_LAYER + "self_attn.sinks"),
+    (TT_LAYER + r"moe\.router\.gate\.weight", HF_LAYER + "mlp.router.weight"),
+    (TT_LAYER + r"moe\.router\.gate\.bias", HF_LAYER + "mlp.router.bias"),
+    (TT_LAYER + r"moe\.experts\.mlp1_weight(?:_EGD)?", HF_LAYER + "mlp.experts.mlp1_weight"),
+    (TT_LAYER + r"moe\.experts\.mlp1_bias(?:_EG)?", HF_LAYER + "mlp.experts.gate_up_proj_bias"),
+    (TT_LAYER + r"moe\.experts\.mlp2_weight(?:_EDF)?", HF_LAYER + "mlp.experts.mlp2_weight"),
+    (TT_LAYER + r"moe\.experts\.mlp2_bias(?:_ED)?", HF_LAYER + "mlp.experts.down_proj_bias"),
+    (TT_LAYER + r"moe\.expert_bias(?:_E)?", HF_LAYER + "mlp.router.expert_bias"),
+)
+
 LAYOUT = Layout(
     family="gpt_oss",
     globals=GLOBALS,
@@ -79,16 +95,17 @@ LAYOUT = Layout(
                        "router_logit_bias": "mlp.router.bias"}),
     expert={},
     fused=prefixed(L, {
-        "gate_up": "mlp.experts.gate_up_proj",
+        "gate_up": ("mlp.experts.gate_up_proj", "mlp.experts.mlp1_weight"),
         "gate_up_bias": "mlp.experts.gate_up_proj_bias",
-        "down": "mlp.experts.down_proj",
+        "down": ("mlp.experts.down_proj", "mlp.experts.mlp2_weight"),
         "down_bias": "mlp.experts.down_proj_bias",
     }),
     fused_format="interleaved",
+    fused_formats={L + "mlp.experts.mlp1_weight": "interleaved_rows"},
     notes="attention sinks, alternating sliding windows, biased router, biased clamped-GLU experts "
           "stored [E, H, 2I] with gate/up columns interleaved",
 )
 
 FAMILY = Family(name="gpt_oss", layout=LAYOUT, fields=_fields, expert_count_keys=("num_local_experts", "num_experts"),
                 expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=150000.0,
-                decoder_config=_with_defaults)
+                decoder_config=_with_defaults, torchtitan=TORCHTITAN)
