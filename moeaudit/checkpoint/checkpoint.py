@@ -392,10 +392,9 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
-        for name, on in (("final_norm_bias", s.layer_norm), ("lm_head_bias", s.lm_head_bias)):
+        for name, on, want in (("final_norm_bias", s.layer_norm, (H,)), ("lm_head_bias", s.lm_head_bias, (V,))):
             if on:
-                self._check(name, self.global_key(name) or self.layout.globals[name][0], (H if name == "final_norm_bias"
-                                                                                           else V,), seen)
+                self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
         head = self.global_key("lm_head")
         if head is not None:
             self._check("lm_head", head, (V, H), seen)

@@ -196,10 +196,10 @@ class ModelSpec:
     residual_multiplier: float = field(default=1.0, metadata=NEW)
     logits_scaling: float = field(default=1.0, metadata=NEW)
     # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no
-    # value), a router bias added to the logits, biased experts with a clamped GLU
+    # value), a router bias added to the logits, experts with a clamped GLU (their biases come
+    # with the interleaved expert layout, ``Layout.fused_format``)
     attention_sinks: bool = field(default=False, metadata=NEW)
     router_logit_bias: bool = field(default=False, metadata=NEW)
-    expert_bias: bool = field(default=False, metadata=NEW)
     clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
     # Llama 4: each chosen expert gets its input scaled by its combine weight, u_e(c_e y), and the
     # outputs are summed unweighted; NoPE layers (no RoPE; query temperature tuning when

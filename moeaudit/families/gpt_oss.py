@@ -67,7 +67,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "sliding_layers": sliding,
         "attention_sinks": True,
         "router_logit_bias": True,
-        "expert_bias": True,
         "clamped_glu": ClampedGLU(alpha=_positive(c, "swiglu_alpha", 1.702),
                                   limit=_positive(c, "swiglu_limit", 7.0)),
     }

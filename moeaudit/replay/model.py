@@ -33,7 +33,8 @@ def block_norm(spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder's block and final norm: RMSNorm, or LayerNorm with a bias (Phi-3.5-MoE)."""
     if spec.layer_norm:
-        return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, spec.rms_eps)
+        return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(),
+                            spec.rms_eps)
     return rms_norm(x, weight, spec.rms_eps)
 
 
@@ -186,11 +187,9 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
     nope = layer in spec.nope_layers  # Llama 4: no RoPE on these layers
-    if nope:
-        pass
-    elif spec.rope_interleaved:  # ERNIE 4.5, Llama 4: adjacent pairs; q and k permuted alike, q·k unchanged
+    if not nope and spec.rope_interleaved:  # ERNIE 4.5, Llama 4: adjacent pairs; q and k permuted alike
         q_BnTD, k_BnTD = _rotate_interleaved(q_BnTD, cos, sin), _rotate_interleaved(k_BnTD, cos, sin)
-    else:
+    elif not nope:
         q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)
     if spec.qk_norm == "l2" and not nope:  # Llama 4: weightless RMS norm of the rotated q and k
         q_BnTD = _l2_norm(q_BnTD, spec.rms_eps)
@@ -584,11 +583,9 @@ def moe_router(spec: ModelSpec, lw: LayerWeights,
     return y_NH, route_layer(spec, lw.params, y_NH)
 
 
-def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor,
-                router_EH: torch.Tensor | None = None) -> Routing:
-    """:func:`route` with a layer's router tensors (``router_EH`` replaces its weight)."""
-    router = p["router"] if router_EH is None else router_EH
-    return route(spec, router, y_NH, p.get("router_bias"), p.get("router_logit_bias"))
+def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> Routing:
+    """:func:`route` with a layer's router tensors (weight, selection bias, logit bias)."""
+    return route(spec, p["router"], y_NH, p.get("router_bias"), p.get("router_logit_bias"))
 
 
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
