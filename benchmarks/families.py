@@ -87,8 +87,8 @@ def main() -> None:
             ckpt = Checkpoint(path)
             ours_s, hf_s = [], []
             for r in range(args.rounds):
-                order = [("moeaudit", lambda: replay(ckpt, tokens).nll), ("transformers",
-                                                                          lambda: transformers_step(model, tokens))]
+                order = [("moeaudit", lambda c=ckpt: replay(c, tokens).nll),
+                         ("transformers", lambda m=model: transformers_step(m, tokens))]
                 if r % 2:
                     order.reverse()
                 for name, run in order:
@@ -99,7 +99,6 @@ def main() -> None:
                     print(f"  {family:12s} round {r + 1} {name:12s} {dt:6.2f} s  loss {loss:.6f}", flush=True)
             ratios = [a / b for a, b in zip(ours_s, hf_s, strict=True)]
             rows.append((family, statistics.median(ours_s), statistics.median(hf_s), ratios))
-            del model
     print("\n| family | moeaudit s (median) | transformers s (median) | ratio per round | median ratio |")
     print("|---|---|---|---|---|")
     for family, ours, hf, ratios in rows:
