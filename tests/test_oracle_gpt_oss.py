@@ -5,7 +5,7 @@ sliding-window attention on even layers (window 5 < the 12-token windows) and fu
 odd ones, q/k/v/o biases, YaRN RoPE, a biased router, biased experts whose clamped GLU is set to
 ``swiglu_limit`` 1.0 so that the O(1) activations cross both clamps, and the fused
 ``gate_up_proj`` [E, H, 2I] with gate and up columns interleaved. MXFP4 checkpoints (the
-released format) are written by a quantiser here and read back against transformers' own
+released format) are written by ``mxfp4.quantize`` and read back against transformers' own
 dequantisation. Same checks and tolerances as the other families.
 """
 
@@ -27,9 +27,11 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
-from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint import (
+    Checkpoint,  # noqa: E402
+    mxfp4,  # noqa: E402
+)
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
-from moeaudit.checkpoint.mxfp4 import FP4_VALUES  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.model import clamped_glu, experts_backward, route_layer  # noqa: E402
@@ -152,29 +154,12 @@ def test_router_bias_is_part_of_the_logits(tmp_path: Path) -> None:
 # --- MXFP4 ----------------------------------------------------------------------------------------
 
 
-def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [E, in, out] → (blocks [E, out, in/32, 16] uint8, scales [E, out, in/32] uint8): the
-    smallest power-of-two scale that fits each block's largest value under 6, codes rounded to
-    the nearest E2M1 value (a test quantiser; the reader is checked against transformers')."""
-    rows = w.transpose(1, 2).double()
-    E, n_out, n_in = rows.shape
-    blocks = rows.reshape(E, n_out, n_in // 32, 32)
-    amax = blocks.abs().amax(-1).clamp_min(1e-30)
-    exp = torch.ceil(torch.log2(amax / 6.0))
-    grid = torch.tensor(FP4_VALUES[:8], dtype=torch.float64)
-    scaled = blocks / torch.exp2(exp)[..., None]
-    mag = (scaled.abs()[..., None] - grid).abs().argmin(-1)
-    codes = (mag + 8 * (scaled < 0)).to(torch.uint8)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return packed.contiguous(), (exp + 127).to(torch.uint8).contiguous()
-
-
 def _mxfp4_checkpoint(src: Path, dst: Path) -> None:
     tensors = load_file(str(src / "model.safetensors"))
     out: dict[str, torch.Tensor] = {}
     for key, t in tensors.items():
         if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            out[key + "_blocks"], out[key + "_scales"] = quantize_mxfp4(t)
+            out[key + "_blocks"], out[key + "_scales"] = mxfp4.quantize(t)
         else:
             out[key] = t.to(torch.bfloat16)
     dst.mkdir()
@@ -201,6 +186,18 @@ def _transformers_dequantised(src: Path, dst: Path) -> Any:
             state[key] = t.float()
     model.load_state_dict(state, strict=True)
     return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_dequantisation_is_transformers_bit_for_bit(dtype: torch.dtype) -> None:
+    """Every code and every finite exponent (0..254, subnormal results included) against
+    transformers' ``convert_moe_packed_tensors``."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 255, 4, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.arange(255, dtype=torch.uint8)[None, :, None].expand(3, 255, 4).contiguous()
+    assert torch.equal(mxfp4.dequantize(blocks, scales, dtype), convert_moe_packed_tensors(blocks, scales, dtype=dtype))
 
 
 def test_mxfp4_checkpoint_matches_transformers_dequantised(tmp_path: Path) -> None:
@@ -381,3 +378,42 @@ def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(tmp_path: Path) -> 
     assert assert_same_weights(ours, ref) == 3 + 3 * 13 + 3 * 4 * 6
     tokens = random_tokens()
     assert replay(ours, tokens).nll == replay(ref, tokens).nll
+
+
+def test_mxfp4_experts_stay_packed_until_used(tmp_path: Path) -> None:
+    """A routed layer holds its experts as MXFP4 codes and exponents (uint8), dequantised one
+    expert at a time on access, bit for bit what dequantising the whole tensor gives; the
+    device path (``DeviceExperts``) converts the same way after moving the packed bytes."""
+    from moeaudit.checkpoint.checkpoint import MXFP4Experts
+    from moeaudit.replay.engine import DeviceExperts
+
+    src, dst = tmp_path / "dense", tmp_path / "mxfp4"
+    save_tiny(src, "gpt_oss", intermediate_size=32)
+    _mxfp4_checkpoint(src, dst)
+    ckpt = Checkpoint(dst)
+    lazy = ckpt.layer_weights(1, lazy_experts=True).experts
+    assert isinstance(lazy, MXFP4Experts)
+    assert {t.dtype for w in lazy.stored for n, t in w.items() if not n.endswith("bias")} == {torch.uint8}
+    keys = ckpt.expert_keys(1)
+    assert isinstance(keys, dict)
+    gate_up, down = ckpt.read(keys["gate_up"]).float(), ckpt.read(keys["down"]).float()  # whole tensors
+    eager = ckpt.layer_weights(1).experts
+    on_cpu = DeviceExperts(lazy, torch.device("cpu"))
+    for e in range(4):
+        want = {"w1": gate_up[e, :, 0::2].T, "w3": gate_up[e, :, 1::2].T, "w2": down[e].T}
+        for got in (lazy[e], eager[e], on_cpu[e]):
+            for n, t in want.items():
+                assert torch.equal(got[n], t), (e, n)
+
+
+def test_a_nan_exponent_is_reported_as_a_non_finite_weight(tmp_path: Path) -> None:
+    """E8M0's code 255 is NaN: the forward pass names the tensor among the non-finite weights,
+    as it names a NaN in a dense tensor."""
+    src, dst = tmp_path / "dense", tmp_path / "mxfp4"
+    save_tiny(src, "gpt_oss", intermediate_size=32)
+    _mxfp4_checkpoint(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["model.layers.1.mlp.experts.down_proj_scales"][2, 0, 0] = 255
+    save_file(tensors, str(dst / "model.safetensors"))
+    result = replay(Checkpoint(dst), random_tokens(), backward=False)
+    assert result.nonfinite_weights == ["layer 1 expert 2 down_scales"]

@@ -53,6 +53,17 @@ class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
     def __len__(self) -> int:
         return len(self.stored)
 
+    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
+        """One expert's stored tensors → its canonical tensors in the compute dtype (moved to
+        ``device`` first, so that the conversion runs there)."""
+        return {n: (t if device is None else t.to(device)).to(self.dtype) for n, t in w.items()}
+
+    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) as held, for the non-finite check."""
+        for e, w in enumerate(self.stored):
+            for n, t in w.items():
+                yield f"expert {e} {n}", t
+
     @overload
     def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
     @overload
@@ -62,10 +73,32 @@ class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
     ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
         if isinstance(e, slice):
             return [self[i] for i in range(*e.indices(len(self)))]
-        return {n: t.to(self.dtype) for n, t in self.stored[e].items()}
+        return self.convert(self.stored[e])
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return (self[e] for e in range(len(self)))
+
+
+class MXFP4Experts(StoredExperts):
+    """gpt-oss experts kept packed (MXFP4 codes and exponents, 4.25 bits a value); expert e is
+    dequantised on access, exactly, into W1, W3 [I, H] (the gate and up rows of its
+    ``gate_up_proj``, which alternate), W2 [H, I] and its three biases."""
+
+    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
+        if device is not None:
+            w = {n: t.to(device) for n, t in w.items()}
+        gate_up = mxfp4.dequantize_rows(w["gate_up_blocks"], w["gate_up_scales"], self.dtype)  # [2I, H]
+        b_gu = w["gate_up_bias"].to(self.dtype)
+        return {"w1": gate_up[0::2], "w3": gate_up[1::2],
+                "w2": mxfp4.dequantize_rows(w["down_blocks"], w["down_scales"], self.dtype),  # [H, I]
+                "b1": b_gu[0::2], "b3": b_gu[1::2], "b2": w["down_bias"].to(self.dtype)}
+
+    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for e, w in enumerate(self.stored):
+            for n, t in w.items():
+                if n.endswith("_blocks"):
+                    continue  # E2M1 codes: no NaN or Inf among them
+                yield f"expert {e} {n}", mxfp4.nan_marker(t) if n.endswith("_scales") else t
 
 
 @dataclass
@@ -83,8 +116,10 @@ class LayerWeights:
     def stored_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) as held in memory: lazy experts in their on-disk dtype, not converted."""
         yield from self.params.items()
-        stored = self.experts.stored if isinstance(self.experts, StoredExperts) else self.experts
-        for e, w in enumerate(stored):
+        if isinstance(self.experts, StoredExperts):
+            yield from self.experts.stored_items()
+            return
+        for e, w in enumerate(self.experts):
             for n, t in w.items():
                 yield f"expert {e} {n}", t
 
@@ -463,11 +498,25 @@ class Checkpoint:
                 params[n] = params[n] + self.spec.norm_offset
         lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
         if lw.routed:
-            stored = self._read_experts(layer)
-            lw.experts = (StoredExperts(stored, dtype) if lazy_experts
-                          else [{n: t.to(dtype).contiguous() for n, t in w.items()}
-                                for w in stored])
+            experts = self._stored_experts(layer, dtype)
+            lw.experts = (experts if lazy_experts
+                          else [{n: t.contiguous() for n, t in w.items()} for w in experts])
         return lw
+
+    def _stored_experts(self, layer: int, dtype: torch.dtype) -> StoredExperts:
+        """The layer's experts as stored, converted one at a time on access; MXFP4 experts stay
+        packed until then."""
+        keys = self.expert_keys(layer)
+        if isinstance(keys, dict) and keys["gate_up"] in self.packed and keys["down"] in self.packed:
+            (gu_b, gu_s), (d_b, d_s) = self.packed[keys["gate_up"]], self.packed[keys["down"]]
+            gate_up_b, gate_up_s, down_b, down_s = (self.files[self.key_file[k]].read(k)
+                                                    for k in (gu_b, gu_s, d_b, d_s))
+            b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
+            return MXFP4Experts([{"gate_up_blocks": gate_up_b[e], "gate_up_scales": gate_up_s[e],
+                                  "down_blocks": down_b[e], "down_scales": down_s[e],
+                                  "gate_up_bias": b_gu[e], "down_bias": b_down[e]}
+                                 for e in range(self.spec.num_experts)], dtype)
+        return StoredExperts(self._read_experts(layer), dtype)
 
     def _read_experts(self, layer: int) -> list[dict[str, torch.Tensor]]:
         """Every expert's w1, w3, w2 in the on-disk dtype (views into the fused tensors)."""

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
+from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights, StoredExperts
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.replay.model import (
     ExtraExperts,
@@ -169,10 +169,8 @@ class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
         return len(self.experts)
 
     def __getitem__(self, e: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        stored = getattr(self.experts, "stored", None)
-        if stored is not None:  # StoredExperts: convert on the device, not on the host
-            dtype = self.experts.dtype  # type: ignore[attr-defined]
-            return {n: t.to(self.device).to(dtype) for n, t in stored[e].items()}
+        if isinstance(self.experts, StoredExperts):  # convert on the device, not on the host
+            return self.experts.convert(self.experts.stored[e], self.device)
         return {n: t.to(self.device) for n, t in self.experts[e].items()}
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
