@@ -228,6 +228,8 @@ class ModelSpec:
     @property
     def routing(self) -> str:
         g = self.gate
+        if g.scoring == "sparsemixer":  # each weight its own banded softmax: renormalisation does not apply
+            return f"sparsemixer top-{self.top_k} of {self.num_experts}, jitter ε {self.sparsemixer_eps or 0:g}"
         renorm = "renormalised" if self.norm_topk_prob else "not renormalised"
         out = f"{g.scoring} top-{self.top_k} of {self.num_experts}"
         if g.grouped:
