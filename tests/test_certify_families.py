@@ -48,11 +48,9 @@ def _nudged_copy(src: Path, dst: Path) -> None:
             (dst / f.name).write_bytes(f.read_bytes())
 
 
-@pytest.mark.parametrize("family", TINY)
-def test_certify_a_run_of_each_family(family: str, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    save_tiny(run / "checkpoint-100", family)
-    _nudged_copy(run / "checkpoint-100", run / "checkpoint-200")
+def certify_and_verify(run: Path, tmp_path: Path) -> tuple[CliRunner, Path]:
+    """``certify`` the run with a fresh key and the sample canary, then ``verify`` the
+    certificate; (the runner, the output directory)."""
     env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     runner = CliRunner(env=env)
     key, out = tmp_path / "key", tmp_path / "out"
@@ -60,6 +58,17 @@ def test_certify_a_run_of_each_family(family: str, tmp_path: Path) -> None:
     result = runner.invoke(cli, ["certify", str(run), "--key", str(key), "--out", str(out),
                                  "--canary", str(SAMPLES / "canary.safetensors")])
     assert result.exit_code == 0, result.output
+    verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
+    assert verified.exit_code == 0, verified.output
+    return runner, out
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_certify_a_run_of_each_family(family: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    save_tiny(run / "checkpoint-100", family)
+    _nudged_copy(run / "checkpoint-100", run / "checkpoint-200")
+    _, out = certify_and_verify(run, tmp_path)
     routed = list(Checkpoint(run / "checkpoint-100").spec.routed_layers)
     for step in (100, 200):
         receipt = json.loads((out / "receipts" / f"checkpoint-{step}.json").read_text())
@@ -67,5 +76,3 @@ def test_certify_a_run_of_each_family(family: str, tmp_path: Path) -> None:
         assert math.isfinite(receipt["nll"]) and receipt["nonfinite_weights"] == []
         assert [layer["layer"] for layer in receipt["layers"]] == routed
     assert (out / "receipts" / "pair-200-vs-100.json").is_file()
-    verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
-    assert verified.exit_code == 0, verified.output

@@ -111,6 +111,27 @@ def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_pat
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
+def assert_experts_backward_is_autograd(back: Any, experts: list[dict[str, torch.Tensor]], y: torch.Tensor,
+                                        topk: torch.Tensor, c: torch.Tensor, g_out: torch.Tensor,
+                                        contribution: Any) -> None:
+    """``experts_backward``'s dL/dy, dL/dc and per-expert ‖∇θ‖² against autograd through
+    out = Σ_k contribution(w_{e_k}, y, c_k) for L = ⟨out, g_out⟩."""
+    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
+    y_, c_ = y.clone().requires_grad_(True), c.clone().requires_grad_(True)
+    out = torch.zeros_like(y)
+    for k in range(topk.shape[1]):
+        for e, w in enumerate(leaves):
+            rows = topk[:, k] == e
+            out = out.index_add(0, rows.nonzero()[:, 0], contribution(w, y_[rows], c_[rows, k, None]))
+    (out * g_out).sum().backward()
+    assert y_.grad is not None and c_.grad is not None
+    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
+    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
+                         for w in leaves], dtype=torch.float64)
+    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
+
+
 def test_clamped_glu_backward_equals_autograd() -> None:
     """The hand-written expert backward (the clamps' masks, the biases' gradients, dL/dc)
     against autograd on the same expert, with both clamps active."""
@@ -126,25 +147,13 @@ def test_clamped_glu_backward_equals_autograd() -> None:
     topk = torch.stack([torch.randperm(3, generator=gen)[:K] for _ in range(N)])
     c = torch.rand(N, K, generator=gen)
     g_out = torch.randn(N, H, generator=gen)
-    back = experts_backward(experts, y, topk, c, g_out, glu)
 
-    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
-    y_ = y.clone().requires_grad_(True)
-    c_ = c.clone().requires_grad_(True)
-    out = torch.zeros(N, H)
-    for k in range(K):
-        for e, w in enumerate(leaves):
-            rows = topk[:, k] == e
-            x = y_[rows]
-            h = clamped_glu(glu, x @ w["w1"].T + w["b1"], x @ w["w3"].T + w["b3"])
-            out = out.index_add(0, rows.nonzero()[:, 0], c_[rows, k, None] * (h @ w["w2"].T + w["b2"]))
-    (out * g_out).sum().backward()
-    assert y_.grad is not None and c_.grad is not None
-    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
-    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
-                         for w in leaves], dtype=torch.float64)
-    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
+    def contribution(w: dict[str, torch.Tensor], x: torch.Tensor, c_M1: torch.Tensor) -> torch.Tensor:
+        h = clamped_glu(glu, x @ w["w1"].T + w["b1"], x @ w["w3"].T + w["b3"])
+        return c_M1 * (h @ w["w2"].T + w["b2"])
+
+    assert_experts_backward_is_autograd(experts_backward(experts, y, topk, c, g_out, glu), experts, y, topk, c,
+                                        g_out, contribution)
 
 
 def test_router_bias_is_part_of_the_logits(tmp_path: Path) -> None:
@@ -298,27 +307,19 @@ def test_bad_gpt_oss_configs_are_refused(bad: dict[str, Any], message: str) -> N
 def test_certify_a_gpt_oss_run_with_an_mxfp4_checkpoint(tmp_path: Path) -> None:
     """A run of a dense checkpoint and its MXFP4 quantisation: certify writes a certificate that
     verifies, and the receipts name the MXFP4 storage; inspect reads the packed checkpoint."""
-    from click.testing import CliRunner
+    from test_certify_families import certify_and_verify
 
     from moeaudit.cli import cli
 
-    samples = Path(__file__).resolve().parents[1] / "sample_checkpoints"
     run = tmp_path / "run"
     save_tiny(run / "checkpoint-100", "gpt_oss", intermediate_size=32)
     _mxfp4_checkpoint(run / "checkpoint-100", run / "checkpoint-200")
-    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    runner = CliRunner(env=env)
-    key, out = tmp_path / "key", tmp_path / "out"
-    assert runner.invoke(cli, ["keygen", "--out", str(key)]).exit_code == 0
-    result = runner.invoke(cli, ["certify", str(run), "--key", str(key), "--out", str(out),
-                                 "--canary", str(samples / "canary.safetensors")])
-    assert result.exit_code == 0, result.output
+    runner, out = certify_and_verify(run, tmp_path)
     receipt = json.loads((out / "receipts" / "checkpoint-200.json").read_text())
-    assert receipt["checkpoint"]["quantization"] == "MXFP4 experts (6 tensors) dequantised exactly to bfloat16"
+    quantization = receipt["checkpoint"]["quantization"]
+    assert quantization == "MXFP4 experts (6 tensors) dequantised exactly, one expert at a time"
     assert "quantization" not in json.loads((out / "receipts" / "checkpoint-100.json").read_text())["checkpoint"]
     assert receipt["checkpoint"]["family"] == "gpt_oss"
-    verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
-    assert verified.exit_code == 0, verified.output
     shown = runner.invoke(cli, ["inspect", str(run / "checkpoint-200"), "--json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["mxfp4"].startswith("6 expert tensors")
 

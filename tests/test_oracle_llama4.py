@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from hf_models import _redraw, load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from test_oracle_gpt_oss import assert_experts_backward_is_autograd  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
@@ -123,22 +124,8 @@ def test_scaled_input_expert_backward_equals_autograd() -> None:
     c = torch.rand(N, K, generator=gen)
     g_out = torch.randn(N, H, generator=gen)
     back = experts_backward(experts, y, topk, c, g_out, scaled_inputs=True)
-
-    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
-    y_, c_ = y.clone().requires_grad_(True), c.clone().requires_grad_(True)
-    out = torch.zeros(N, H)
-    for k in range(K):
-        for e, w in enumerate(leaves):
-            rows = topk[:, k] == e
-            u = swiglu(c_[rows, k, None] * y_[rows], w["w1"], w["w3"], w["w2"])
-            out = out.index_add(0, rows.nonzero()[:, 0], u)
-    (out * g_out).sum().backward()
-    assert y_.grad is not None and c_.grad is not None
-    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
-    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
-                         for w in leaves], dtype=torch.float64)
-    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
+    assert_experts_backward_is_autograd(back, experts, y, topk, c, g_out,
+                                        lambda w, x, c_M1: swiglu(c_M1 * x, w["w1"], w["w3"], w["w2"]))
 
 
 def test_expert_outputs_keep_the_combine_form(tmp_path: Path) -> None:

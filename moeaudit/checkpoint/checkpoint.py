@@ -551,7 +551,7 @@ class Checkpoint:
     def quantization(self) -> str | None:
         """How quantised weights were read, for receipts (None: every weight read as stored)."""
         if self.packed:
-            return f"MXFP4 experts ({len(self.packed)} tensors) dequantised exactly to bfloat16"
+            return f"MXFP4 experts ({len(self.packed)} tensors) dequantised exactly, one expert at a time"
         if self.scales and self.fp8_block:
             bm, bn = self.fp8_block
             return f"FP8 weights ({len(self.scales)} tensors, {bm}×{bn} block scales) dequantised to float32"
