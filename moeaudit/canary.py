@@ -13,18 +13,23 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
+from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from moeaudit.checkpoint.safetensors import SafetensorsFile, write_safetensors
 from moeaudit.errors import CanaryError, CheckpointError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+
+# numpy is imported where arrays are made, not here: a canary read from its file keeps the
+# stored int32 bytes, and its digest, shape and names need nothing else, so a fully cached
+# certify loads neither numpy nor torch (issue 16).
 
 FORMAT = "moeaudit.canary"
 VERSION = "1"
@@ -38,6 +43,8 @@ BUILD_HINT = "build one with `moeaudit canary build --tokens FILE.jsonl --out CA
 def _as_array(x: Any) -> Any:
     """A numpy copy of a torch tensor or an array (no torch import: a torch tensor is only
     handed in by code that has imported torch already)."""
+    import numpy as np
+
     if hasattr(x, "detach"):  # a torch tensor
         t = x.detach().cpu()
         try:
@@ -59,27 +66,43 @@ class Canary:
 
     ``domains[i]`` is the name of domain id ``i``. Two canaries are equal when their
     tokens, domain ids and domain names are equal, i.e. exactly when their digests are.
-    The content is held as numpy arrays, so loading and showing a canary needs no torch;
-    ``tokens`` and ``domain_ids`` are torch views of them, made on first use.
+    A canary read from its file holds the stored little-endian int32 bytes: its digest, shape
+    and names need no numpy. ``tokens_array`` / ``domain_ids_array`` are numpy views of them
+    and ``tokens`` / ``domain_ids`` torch views, each made on first use.
     """
 
-    __slots__ = ("_tokens_WT", "_ids_W", "domains", "source", "_torch")
-    _tokens_WT: np.ndarray
-    _ids_W: np.ndarray
+    __slots__ = ("_raw", "_shape", "_arrays", "domains", "source", "_torch")
+    _raw: tuple[bytearray, bytearray] | None  # (tokens, domain ids) as little-endian int32
+    _shape: tuple[int, int]  # (W, T)
+    _arrays: tuple[np.ndarray, np.ndarray] | None
     domains: tuple[str, ...]
     source: str | None
     _torch: tuple[torch.Tensor, torch.Tensor] | None
 
     def __init__(self, tokens: Any, domain_ids: Any, domains: tuple[str, ...] | list[str],
                  source: str | None = None):
+        import numpy as np
+
         tokens_WT, ids_W = _as_array(tokens), _as_array(domain_ids)
         names = tuple(domains)
-        _check_content(tokens_WT, ids_W, names, path=None)
-        object.__setattr__(self, "_tokens_WT", np.ascontiguousarray(tokens_WT))
-        object.__setattr__(self, "_ids_W", np.ascontiguousarray(ids_W))
-        object.__setattr__(self, "domains", names)
-        object.__setattr__(self, "source", source)  # for messages; not part of the digest
-        object.__setattr__(self, "_torch", None)
+        _check_dtypes(tokens_WT, ids_W, None)
+        _check_content(tuple(tokens_WT.shape), tuple(ids_W.shape), tokens_WT.reshape(-1), ids_W, names, None)
+        arrays = (np.ascontiguousarray(tokens_WT), np.ascontiguousarray(ids_W))
+        self._init(None, arrays, (int(tokens_WT.shape[0]), int(tokens_WT.shape[1])), names, source)
+
+    def _init(self, raw: tuple[bytearray, bytearray] | None, arrays: tuple[np.ndarray, np.ndarray] | None,
+              shape: tuple[int, int], domains: tuple[str, ...], source: str | None) -> None:
+        for name, value in (("_raw", raw), ("_arrays", arrays), ("_shape", shape), ("domains", domains),
+                            ("source", source), ("_torch", None)):  # source: for messages, not the digest
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _from_stored(cls, tokens: bytearray, ids: bytearray, shape: tuple[int, int], domains: tuple[str, ...],
+                     source: str) -> Canary:
+        """A canary over the stored bytes of a file, already validated by :func:`load`."""
+        canary = cls.__new__(cls)
+        canary._init((tokens, ids), None, shape, domains, source)
+        return canary
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a Canary is immutable ({name})")
@@ -88,22 +111,35 @@ class Canary:
         return (f"Canary({self.num_windows}×{self.window_len} tokens, {len(self.domains)} "
                 f"domains, sha256:{self.digest[:16]}…)")
 
+    def _np(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            import numpy as np
+
+            assert self._raw is not None
+            tokens, ids = self._raw
+            pair = (np.frombuffer(tokens, dtype="<i4").reshape(self._shape).astype(np.int32, copy=False),
+                    np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False))
+            object.__setattr__(self, "_arrays", pair)
+        assert self._arrays is not None
+        return self._arrays
+
     @property
     def tokens_array(self) -> np.ndarray:
         """int32 [W, T] (numpy)."""
-        return self._tokens_WT
+        return self._np()[0]
 
     @property
     def domain_ids_array(self) -> np.ndarray:
         """int32 [W] (numpy)."""
-        return self._ids_W
+        return self._np()[1]
 
     def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._torch is not None:
             return self._torch
         import torch
 
-        pair = (torch.from_numpy(self._tokens_WT), torch.from_numpy(self._ids_W))
+        tokens_WT, ids_W = self._np()
+        pair = (torch.from_numpy(tokens_WT), torch.from_numpy(ids_W))
         object.__setattr__(self, "_torch", pair)
         return pair
 
@@ -120,22 +156,18 @@ class Canary:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Canary):
             return NotImplemented
-        return (
-            self.domains == other.domains
-            and np.array_equal(self._tokens_WT, other._tokens_WT)
-            and np.array_equal(self._ids_W, other._ids_W)
-        )
+        return self.domains == other.domains and self.canonical_bytes() == other.canonical_bytes()
 
     def __hash__(self) -> int:
         return hash(self.digest)
 
     @property
     def num_windows(self) -> int:
-        return int(self._tokens_WT.shape[0])
+        return self._shape[0]
 
     @property
     def window_len(self) -> int:
-        return int(self._tokens_WT.shape[1])
+        return self._shape[1]
 
     @property
     def num_tokens(self) -> int:
@@ -157,12 +189,22 @@ class Canary:
         the safetensors file with other metadata order, padding or JSON whitespace, leaves
         the digest unchanged.
         """
+        tokens: bytes | bytearray
+        ids: bytes | bytearray
+        if self._raw is not None:  # the file's bytes are this encoding already
+            tokens, ids = self._raw
+        else:
+            import numpy as np
+
+            tokens_WT, ids_W = self._np()
+            tokens = np.ascontiguousarray(tokens_WT, dtype="<i4").tobytes()
+            ids = np.ascontiguousarray(ids_W, dtype="<i4").tobytes()
         return b"".join(
             [
                 DIGEST_PREFIX,
                 struct.pack("<QQ", self.num_windows, self.window_len),
-                np.ascontiguousarray(self._tokens_WT, dtype="<i4").tobytes(),
-                np.ascontiguousarray(self._ids_W, dtype="<i4").tobytes(),
+                tokens,
+                ids,
                 _names_json(self.domains).encode("utf-8"),
             ]
         )
@@ -174,6 +216,7 @@ class Canary:
 
     def windows_of(self, domain: str) -> torch.Tensor:
         """Indices (int64 [n]) of the windows labelled ``domain``, ascending."""
+        import numpy as np
         import torch
 
         if domain not in self.domains:
@@ -181,7 +224,7 @@ class Canary:
                 f"no domain named {domain!r} in the canary",
                 hint=f"its domains are {', '.join(map(repr, self.domains))}",
             )
-        idx = np.flatnonzero(self._ids_W == self.domains.index(domain))
+        idx = np.flatnonzero(self.domain_ids_array == self.domains.index(domain))
         return torch.from_numpy(idx.astype(np.int64))
 
     def check_vocab(self, vocab_size: int, where: str) -> None:
@@ -190,23 +233,34 @@ class Canary:
         ``where`` names the model the vocabulary comes from (e.g. the checkpoint path); it
         is the "file" of the error, since the canary is only wrong relative to it.
         """
-        bad = np.argwhere(self._tokens_WT >= vocab_size)
+        import numpy as np
+
+        tokens_WT = self.tokens_array
+        bad = np.argwhere(tokens_WT >= vocab_size)
         if len(bad) == 0:
             return
         window, pos = (int(i) for i in bad[0])
         which = f"canary {self.source}" if self.source else "canary"
         raise CanaryError(
             f"{which} window {window}, position {pos} has token id "
-            f"{int(self._tokens_WT[window, pos])}, outside the model vocabulary of size "
+            f"{int(tokens_WT[window, pos])}, outside the model vocabulary of size "
             f"{vocab_size} "
             f"({len(bad)} such token{'s' if len(bad) != 1 else ''} in all)",
             path=where,
             hint="build the canary with this model's tokenizer",
         )
 
+    def _ids(self) -> Sequence[int]:
+        """The domain ids as a sequence of ints (no numpy for a canary read from its file)."""
+        if self._raw is not None:
+            return _int32s(self._raw[1])
+        return self._np()[1].tolist()
+
     def summary(self) -> dict[str, Any]:
         """Plain data for ``moeaudit canary show`` (SPEC §10)."""
-        counts = np.bincount(self._ids_W.astype(np.int64), minlength=len(self.domains)).tolist()
+        counts = [0] * len(self.domains)
+        for d in self._ids():
+            counts[d] += 1
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -226,42 +280,67 @@ def _dtype_name(a: Any) -> str:
     return str(a.dtype).removeprefix("torch.")
 
 
-def _check_content(
-    tokens: np.ndarray, domain_ids: np.ndarray, domains: tuple[str, ...], path: Path | None
-) -> None:
-    """The invariants of a canary, whether built in memory or read from a file."""
-
+def _failing(path: Path | None) -> Fail:
     def fail(what: str) -> CanaryError:
         return CanaryError(what, path=path, hint=None if path is None else BUILD_HINT)
 
+    return fail
+
+
+def _check_dtypes(tokens: Any, domain_ids: Any, path: Path | None) -> None:
+    import numpy as np
+
     int32 = np.dtype("int32")
     if getattr(tokens, "dtype", None) != int32 or getattr(domain_ids, "dtype", None) != int32:
-        raise fail(f"tokens and domain ids must be int32, got {_dtype_name(tokens)}, "
-                   f"{_dtype_name(domain_ids)}")
+        raise _failing(path)(f"tokens and domain ids must be int32, got {_dtype_name(tokens)}, "
+                             f"{_dtype_name(domain_ids)}")
     if tokens.ndim != 2:
-        raise fail(f"tokens must be 2-D [windows, window length], got shape {list(tokens.shape)}")
-    w, t = tokens.shape
+        raise _failing(path)(f"tokens must be 2-D [windows, window length], got shape {list(tokens.shape)}")
+
+
+def _check_content(tokens_shape: tuple[int, ...], ids_shape: tuple[int, ...], tokens: Sequence[int],
+                   domain_ids: Sequence[int], domains: tuple[str, ...], path: Path | None) -> None:
+    """The invariants of a canary, whether built in memory or read from a file. ``tokens`` is
+    flat (row-major); both are anything with ``min``/``max``: numpy arrays or int32 arrays."""
+    fail = _failing(path)
+    if len(tokens_shape) != 2:
+        raise fail(f"tokens must be 2-D [windows, window length], got shape {list(tokens_shape)}")
+    w, t = tokens_shape
     if w == 0:
         raise fail("the canary is empty (0 windows)")
     if t < MIN_WINDOW_LEN:
         raise fail(f"window length is {t}; a window needs at least {MIN_WINDOW_LEN} tokens")
-    if list(domain_ids.shape) != [w]:
-        raise fail(
-            f"domain_ids must have shape [{w}] (one per window), got {list(domain_ids.shape)}"
-        )
+    if list(ids_shape) != [w]:
+        raise fail(f"domain_ids must have shape [{w}] (one per window), got {list(ids_shape)}")
     _check_names(domains, fail)
-    out_of_range = (domain_ids < 0) | (domain_ids >= len(domains))
-    if out_of_range.any():
-        bad = int(np.flatnonzero(out_of_range)[0])
+    lo, hi = _bounds(domain_ids)
+    if lo < 0 or hi >= len(domains):
+        bad = next(i for i, d in enumerate(domain_ids) if not 0 <= d < len(domains))
         raise fail(
             f"window {bad} has domain id {int(domain_ids[bad])}, but there are "
             f"{len(domains)} domain names (ids 0..{len(domains) - 1})"
         )
-    if tokens.min() < 0:
-        window, pos = (int(i) for i in np.argwhere(tokens < 0)[0])
-        raise fail(
-            f"window {window}, position {pos} has negative token id {int(tokens[window, pos])}"
-        )
+    if _bounds(tokens)[0] < 0:
+        at = next(i for i, tok in enumerate(tokens) if tok < 0)
+        raise fail(f"window {at // t}, position {at % t} has negative token id {int(tokens[at])}")
+
+
+def _bounds(values: Any) -> tuple[int, int]:
+    """(min, max) of a non-empty numpy or int32 array, each in one pass in C."""
+    if hasattr(values, "min"):
+        return int(values.min()), int(values.max())
+    return min(values), max(values)
+
+
+def _int32s(buf: bytearray) -> array:
+    """Little-endian int32 bytes as an int32 array (a copy; byte-swapped on a big-endian host)."""
+    out = array("i")
+    if out.itemsize != 4:  # pragma: no cover - no mainstream platform
+        out = array("l")
+    out.frombytes(buf)
+    if sys.byteorder == "big":  # pragma: no cover
+        out.byteswap()
+    return out
 
 
 def _check_names(domains: tuple[str, ...], fail: Fail) -> None:
@@ -315,6 +394,8 @@ def build_from_jsonl(path: str | Path) -> Canary:
         rows.append(window)
     if not rows:
         raise CanaryError("no windows: the file has no non-blank lines", path=path)
+    import numpy as np
+
     tokens = np.array(rows, dtype=np.int32)
     return Canary(tokens, np.array(ids, dtype=np.int32), tuple(names))
 
@@ -416,11 +497,12 @@ def load(path: str | Path) -> Canary:
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
     try:
         domains = _read_header(sf)
-        tokens, domain_ids = sf.read_array("tokens"), sf.read_array("domain_ids")
+        tokens, domain_ids = sf.read_raw("tokens"), sf.read_raw("domain_ids")
     except CheckpointError as exc:  # the parser's checklist, relabelled for the canary
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
-    _check_content(tokens, domain_ids, domains, path)
-    canary = Canary(tokens, domain_ids, domains, source=str(path))
+    shape, ids_shape = tuple(sf.tensors["tokens"].shape), tuple(sf.tensors["domain_ids"].shape)
+    _check_content(shape, ids_shape, _int32s(tokens), _int32s(domain_ids), domains, path)
+    canary = Canary._from_stored(tokens, domain_ids, (shape[0], shape[1]), domains, source=str(path))
     stored = sf.metadata["digest"]
     if stored != canary.digest:
         raise CanaryError(

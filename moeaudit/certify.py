@@ -9,6 +9,7 @@ atomically, the certificate last: an interrupted run leaves no partial certifica
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,14 @@ from moeaudit.canary import Canary
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
-from moeaudit.judge.gates import Checkpointed, baselines, drift_summary, evaluate_gates, nonfinite_findings
+from moeaudit.judge.gates import (
+    Checkpointed,
+    baselines,
+    drift_summary,
+    evaluate_gates,
+    nonfinite_findings,
+    paired_interval,
+)
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
 from moeaudit.run import Run, discover
@@ -84,7 +92,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
             base = (step, ckpt)
         replayer.forget_states(keep=base[0])
     gates = evaluate_gates(points, protected, policy.gates, resamples=policy.receipts.bootstrap,
-                           seed=policy.receipts.seed)
+                           seed=policy.receipts.seed, interval=replayer.nll_interval)
     for gate in gates:
         if gate["step"] in pairs:
             gate["drift"] = drift_summary(pairs[gate["step"]])
@@ -283,6 +291,18 @@ class _Replayer:
         if cache.problem:
             say(f"warning: {cache.problem}")
 
+    def nll_interval(self, wa: list[float], wb: list[float], resamples: int, seed: int) -> list[float]:
+        """:func:`paired_interval`, kept in the cache under its inputs: a pure function of cached
+        receipts, and the only numpy a fully cached certify would otherwise load (issue 16)."""
+        key = self.cache.key("nll-interval", wa, wb, resamples, seed)
+        hit = self.cache.get(key, check=lambda d: _two_floats(d.get("ci95")))
+        if hit is not None:
+            self.from_cache.append({"kind": "nll_interval"})
+            return hit["ci95"]
+        ci = paired_interval(wa, wb, resamples, seed)
+        self.cache.put(key, {"ci95": ci})
+        return ci
+
     def _key(self, kind: str, *ckpts: Any) -> str:
         # receipts are bit-identical per device, not across devices: a GPU gets its own entries
         parts: list[Any] = [[c.digest for c in ckpts], self.canary.digest, self.settings]
@@ -435,3 +455,8 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
     atomic_write(html_path, html)
     atomic_write(out_dir / BUNDLE_NAME, bundle_bytes)
     atomic_write(cert_path, env_bytes)
+
+
+def _two_floats(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, float) and math.isfinite(v) for v in value))

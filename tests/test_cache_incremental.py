@@ -225,3 +225,26 @@ def test_identical_checkpoints_keep_their_own_names(tiny: Path, tmp_path: Path) 
     assert (pair["base_step"], pair["step"]) == (1, 3)
     served = audit.statement["predicate"]["from_cache"]
     assert {"kind": "receipts", "checkpoints": ["checkpoint-2"]} in served
+
+
+def test_the_nll_interval_is_cached_and_a_tampered_one_recomputed(tiny: Path, tmp_path: Path) -> None:
+    """Issue 16 item 5: the NLL change's bootstrap interval (numpy) is kept in the cache, so a
+    fully cached certify loads no numpy; a forged interval is a miss and is recomputed."""
+    canary = canary_mod.load(tiny / "canary.safetensors")
+    run = tmp_path / "run"
+    for ckpt in (tiny / "healthy").glob("checkpoint-*"):  # two checkpoints with different NLLs
+        shutil.copytree(ckpt, run / ckpt.name)
+    cold, _ = _certify(run, canary, ReceiptsCache(tmp_path / "cache"))
+    warm, replayed = _certify(run, canary, ReceiptsCache(tmp_path / "cache"))
+    assert replayed == [] and {"kind": "nll_interval"} in warm["from_cache"]
+    ci = cold["gates"][1]["nll_change"]["ci95"]
+    assert ci is not None and ci[0] < ci[1] and warm["gates"][1]["nll_change"]["ci95"] == ci
+
+    [entry] = [p for p in (tmp_path / "cache").rglob("*.json")
+               if set(json.loads(p.read_text())["document"]) == {"ci95"}]
+    doc = json.loads(entry.read_text())
+    doc["document"]["ci95"] = [-9.0, -8.0]  # "clearly improving"; the MAC is left as it was
+    entry.write_text(json.dumps(doc))
+    again, _ = _certify(run, canary, ReceiptsCache(tmp_path / "cache"))
+    assert again["gates"][1]["nll_change"]["ci95"] == ci
+    assert {"kind": "nll_interval"} not in again["from_cache"]

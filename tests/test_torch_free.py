@@ -1,6 +1,7 @@
 """Header-only commands do not import torch (issue 13 design, issue 16): ``inspect``,
-``canary show`` and ``verify --recheck`` read safetensors headers, canary arrays and file
-digests, which need numpy at most; importing torch cost each of them ~1.5–3 s."""
+``canary show`` and ``verify --recheck`` read safetensors headers, the canary's stored bytes
+and file digests; importing torch cost each of them ~1.5–3 s. They, and a fully cached
+``certify``, load no numpy either (~0.05 s of a 0.3 s warm certify)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _modules_after(argv: list[list[str]]) -> list[str]:
 def test_inspect_and_canary_show_do_not_import_torch() -> None:
     loaded = _modules_after([["inspect", str(CKPT)], ["inspect", str(CKPT), "--json"],
                              ["canary", "show", str(SAMPLES / "canary.safetensors")]])
-    assert "torch" not in loaded and "numpy" in loaded
+    assert loaded == []  # neither torch nor numpy
 
 
 def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_a_fully_cached_certify_does_not_import_torch(tmp_path: Path) -> None:
     second = subprocess.run([sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "b")]])],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
-    assert "torch" not in json.loads(second.stdout.strip().splitlines()[-1])
+    assert json.loads(second.stdout.strip().splitlines()[-1]) == []  # neither torch nor numpy
     a = json.loads((tmp_path / "a" / "certificate.json").read_text())
     b = json.loads((tmp_path / "b" / "certificate.json").read_text())
     import base64

@@ -54,8 +54,8 @@ TORCH_SAVE_MAGIC = b"PK\x03\x04"
 REFUSED_HINT = "the file is not a DCP .metadata written by torch.distributed.checkpoint; do not load it"
 
 # torch dtype name → safetensors dtype name (what TensorInfo and the layout checks speak)
-ST_DTYPE = {torch_name: st for st, (torch_name, _size, _np) in DTYPES.items()}
-ITEMSIZE = {torch_name: size for _st, (torch_name, size, _np) in DTYPES.items()}
+ST_DTYPE = {torch_name: st for st, (torch_name, _size) in DTYPES.items()}
+ITEMSIZE = {torch_name: size for _st, (torch_name, size) in DTYPES.items()}
 # typed-storage class names torch.save writes (torch/storage.py) → dtype name
 STORAGE_DTYPE = {
     "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",

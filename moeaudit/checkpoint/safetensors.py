@@ -24,25 +24,24 @@ from moeaudit.checkpoint.digest import FileId, pinned, pread_into
 from moeaudit.errors import CheckpointError
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # same ceiling as the reference implementation
 
-# safetensors dtype → (torch dtype name, bytes per element, numpy dtype or None)
-DTYPES: dict[str, tuple[str, int, str | None]] = {
-    "F64": ("float64", 8, "<f8"),
-    "F32": ("float32", 4, "<f4"),
-    "F16": ("float16", 2, "<f2"),
-    "BF16": ("bfloat16", 2, None),
-    "I64": ("int64", 8, "<i8"),
-    "I32": ("int32", 4, "<i4"),
-    "I16": ("int16", 2, "<i2"),
-    "I8": ("int8", 1, "i1"),
-    "U8": ("uint8", 1, "u1"),
-    "BOOL": ("bool", 1, "?"),
-    "F8_E4M3": ("float8_e4m3fn", 1, None),
-    "F8_E5M2": ("float8_e5m2", 1, None),
+# safetensors dtype → (torch dtype name, bytes per element)
+DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("float64", 8),
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
 }
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
@@ -215,15 +214,10 @@ class SafetensorsFile:
             return torch.empty(info.shape, dtype=dtype)
         return torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
 
-    def read_array(self, name: str) -> np.ndarray:
-        """Read one tensor as a fresh numpy array (dtypes numpy has; no torch needed)."""
-        import numpy as np
-
-        info = self.tensors[name]
-        np_dtype = DTYPES[info.dtype][2]
-        if np_dtype is None:
-            raise self._fail(f"tensor {name!r}: {info.dtype} cannot be read without torch")
-        return np.frombuffer(self._read_bytes(name), dtype=np_dtype).reshape(info.shape)
+    def read_raw(self, name: str) -> bytearray:
+        """One tensor's stored bytes (little-endian, row-major), as a fresh buffer; no numpy or
+        torch needed (the canary reads its int32 tensors so)."""
+        return self._read_bytes(name)
 
 
 def write_safetensors(

@@ -21,7 +21,7 @@ reported beside it under its own name and never stands in for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,26 +143,32 @@ def health(doc: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
 # --- the scalar trend: canary NLL with a paired window bootstrap ---------------------------------
 
 
-def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int,
-               seed: int) -> dict[str, Any]:
-    """Change of canary NLL between two gates, with a 95% paired window-bootstrap interval.
+Interval = Callable[[list[float], list[float], int, int], list[float]]
 
-    The canary is the same at both gates, so windows are resampled jointly (`003` §5: windows,
-    not tokens, are the independent units); the interval is of the mean per-window difference.
-    """
+
+def paired_interval(wa: list[float], wb: list[float], resamples: int, seed: int) -> list[float]:
+    """95% paired window-bootstrap interval of mean(wb − wa): the canary is the same at both
+    gates, so windows are resampled jointly (`003` §5: windows, not tokens, are the independent
+    units)."""
+    import numpy as np
+
+    diffs = np.asarray(wb, dtype=np.float64) - np.asarray(wa, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(len(diffs), size=(resamples, len(diffs)))
+    stats = np.sort(diffs[idx].mean(axis=1))  # PCG64: the same draws on every platform
+    return [float(stats[int(0.025 * (resamples - 1))]), float(stats[int(0.975 * (resamples - 1))])]
+
+
+def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int,
+               seed: int, interval: Interval = paired_interval) -> dict[str, Any]:
+    """Change of canary NLL between two gates, with its 95% paired window-bootstrap interval
+    (``interval``: :func:`paired_interval`, or a cached copy of it)."""
     a, b = previous.get("nll"), now.get("nll")
     out: dict[str, Any] = {"from": a, "to": b, "delta": None if a is None or b is None else b - a,
                            "ci95": None}
     wa, wb = previous.get("nll_windows"), now.get("nll_windows")
     if (resamples and isinstance(wa, list) and isinstance(wb, list) and len(wa) == len(wb) and wa
             and all(x is not None for x in wa + wb)):
-        import numpy as np
-
-        diffs = np.asarray(wb, dtype=np.float64) - np.asarray(wa, dtype=np.float64)
-        idx = np.random.default_rng(seed).integers(len(diffs), size=(resamples, len(diffs)))
-        stats = np.sort(diffs[idx].mean(axis=1))  # PCG64: the same draws on every platform
-        out["ci95"] = [float(stats[int(0.025 * (resamples - 1))]),
-                       float(stats[int(0.975 * (resamples - 1))])]
+        out["ci95"] = interval(wa, wb, resamples, seed)
     return out
 
 
@@ -246,13 +252,15 @@ def _status(st: Mapping[str, Any], trend: str, streak: int, g: GateSettings) -> 
 
 
 def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
-                   resamples: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+                   resamples: int = 1000, seed: int = 0,
+                   interval: Interval = paired_interval) -> list[dict[str, Any]]:
     gates: list[dict[str, Any]] = []
     base: Checkpointed | None = None
     previous: Checkpointed | None = None
     streak = 0
     for p in points:
-        change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed)
+        change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed,
+                                                          interval)
         trend = "first" if change is None else scalar_trend(change, g.nll_tol)
         training = None if previous is None else {"from": previous.training_loss, "to": p.training_loss}
         summary = gate_summary(p.receipts)
