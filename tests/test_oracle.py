@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
+import oracle_log  # noqa: E402
 from hf_models import FAMILIES, load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -199,7 +200,18 @@ def _by_expert(
     return topk_NK.gather(-1, order), combine_NK.gather(-1, order)
 
 
+def _same_topk(ours: Observed, ref: Observed, decisive: dict[int, torch.Tensor]) -> dict[int, bool]:
+    """Per routed layer: are the active sets equal on every decisive token?"""
+    same = {}
+    for i, ok in decisive.items():
+        ours_topk, ref_topk = _by_expert(ours.topk[i], ours.combine[i])[0], _by_expert(ref.topk[i], ref.combine[i])[0]
+        same[i] = bool(torch.equal(ours_topk[ok], ref_topk[ok]))
+    return same
+
+
 def assert_agree(ref: Observed, ours: Observed, k: int, forward: dict, gradient: dict) -> None:
+    decisive = {i: _decisive(torch.softmax(ref.scores[i].float(), -1), k) for i in ref.scores}
+    oracle_log.record(ref, ours, decisive, _same_topk(ours, ref, decisive))
     torch.testing.assert_close(ours.loss, ref.loss, **forward)
     torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
     torch.testing.assert_close(ours.entropy, ref.entropy, **forward)

@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import oracle_log  # noqa: E402
 from hf_models import load, random_tokens, save_tiny, tiny_model  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import (  # noqa: E402
@@ -26,6 +27,7 @@ from test_oracle import (  # noqa: E402
     TIE_GAP,
     Observed,
     _by_expert,
+    _same_topk,
     assert_identical,
     fuse_experts,
     moeaudit_observed,
@@ -64,6 +66,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def assert_agree_deepseek(ref: Observed, ours: Observed, ckpt: Checkpoint,
                           forward: dict = FORWARD, gradient: dict = GRADIENT) -> None:
+    oracle_log.record(ref, ours, ours.decisive, _same_topk(ours, ref, ours.decisive))
     torch.testing.assert_close(ours.loss, ref.loss, **forward)
     torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
     torch.testing.assert_close(ours.entropy, ref.entropy, **forward)
