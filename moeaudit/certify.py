@@ -428,7 +428,7 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
     import base64
     import json
 
-    from moeaudit.attest.certificate import canonical_json, sign_statement
+    from moeaudit.attest.certificate import canonical_json, internal, sign_statement
     from moeaudit.attest.signing import keyid, to_bundle
     from moeaudit.jsonio import atomic_write, dumps
     from moeaudit.report.html import render_html
@@ -447,7 +447,7 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
     body = base64.b64decode(envelope["payload"])
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body
-    html = render_html(signed, keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes),
+    html = render_html(internal(signed), keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes),
                        compiled=compiled)
     (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
     for name, doc in sorted(audit.receipts.items()):

@@ -4,7 +4,6 @@ unless named."""
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from signed import signed_statement
 
 import moeaudit.jsonio
 from moeaudit.cli import cli
@@ -161,7 +161,7 @@ def test_a_policy_inside_the_audited_run_is_not_picked_up(tmp_path, env) -> None
     shutil.copy(SAMPLES / "canary.safetensors", work / "canary.safetensors")
     result = CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    pred = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))[
+    pred = signed_statement(json.loads((out / "certificate.json").read_text()))[
         "predicate"]
     assert pred["policy"]["source"] == "built-in default"
     assert pred["policy"]["gates"]["tol_c2"] != 0.9
@@ -170,7 +170,7 @@ def test_a_policy_inside_the_audited_run_is_not_picked_up(tmp_path, env) -> None
     named = CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(out), "--force",
                                             "--policy", str(run / "policy.toml")])
     assert named.exit_code == 0, named.stderr
-    pred = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))[
+    pred = signed_statement(json.loads((out / "certificate.json").read_text()))[
         "predicate"]
     assert pred["policy"]["gates"]["tol_c2"] == 0.9 and pred["policy"]["origin"] == "named with --policy"
 

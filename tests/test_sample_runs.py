@@ -3,12 +3,12 @@ and gates, the CI gate's exit codes, refinement/handoff margins — computed, no
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from signed import signed_statement
 
 from moeaudit.cli import cli
 
@@ -34,7 +34,7 @@ def certify(run: str, tmp: Path, env: dict[str, str], key: Path) -> dict:
     result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / run), "--key", str(key), "--out", str(out)])
     assert result.exit_code == 0, result.stderr
     envelope = json.loads((out / "certificate.json").read_text())
-    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    return signed_statement(envelope)["predicate"]
 
 
 def statuses(pred: dict) -> list[tuple[int, str]]:
@@ -165,6 +165,6 @@ def test_a_policy_calibrated_on_the_canary_probe_gates_on_it(tmp_path, env, key)
         result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / run), "--policy", str(policy),
                                                  "--key", str(key), "--out", str(cert)])
         assert result.exit_code == 0, result.stderr
-        pred = json.loads(base64.b64decode(json.loads((cert / "certificate.json").read_text())["payload"]))
+        pred = signed_statement(json.loads((cert / "certificate.json").read_text()))
         assert check(pred["predicate"], "envelope")["status"] == ("PASS" if code == 0 else "FAIL")
         assert pred["predicate"]["envelope"]["source"] == "probe"

@@ -61,7 +61,8 @@ def test_round_trip_and_independent_verifier(keypair, tmp_path: Path) -> None:
     raw = json.dumps(env).encode()
     verified = verify_envelope(raw, load_public_key(pub_path), tmp_path / "c.json")
     body = json.loads(verified.body)
-    assert body["predicate"]["verdict"] == "PASS" and body["predicate"]["issued_at"] == "2026-01-01T00:00:00Z"
+    # v2 predicate: lowerCamelCase on the wire (in-toto's convention), as an independent reader sees it
+    assert body["predicate"]["verdict"] == "PASS" and body["predicate"]["issuedAt"] == "2026-01-01T00:00:00Z"
     assert verified.body == canonical_json(body)
     ssl_key = SSlibKey.from_crypto(key.public_key(), keyid=keyid(key.public_key()))
     assert Envelope.from_dict(env).verify([ssl_key], 1)

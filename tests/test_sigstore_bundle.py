@@ -151,7 +151,7 @@ def _signed_bundle(tmp_path: Path, algorithm: str) -> tuple[dict, Path]:
 def test_both_key_types_verify_independently_and_in_the_cli(tmp_path: Path, algorithm: str) -> None:
     bundle, pub = _signed_bundle(tmp_path, algorithm)
     raw = json.dumps(bundle).encode()
-    assert _independent_verify(raw, pub)["predicate"]["issued_at"] == "2026-01-01T00:00:00Z"
+    assert _independent_verify(raw, pub)["predicate"]["issuedAt"] == "2026-01-01T00:00:00Z"
     (tmp_path / "b.json").write_bytes(raw)
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "b.json"), "--pubkey", str(pub)])
     assert result.exit_code == 0, result.stderr

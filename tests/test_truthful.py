@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from signed import signed_statement
 
 from moeaudit.canary import load
 from moeaudit.certify import audit_run
@@ -357,9 +358,8 @@ def test_html_names_the_deciding_envelope_check(tmp_path, cache_dir) -> None:
     out = tmp_path / "out"
     result = CliRunner(env=env_).invoke(cli, ["certify", str(SAMPLES / "collapse"), "--out", str(out)])
     assert result.exit_code == 0, result.output + result.stderr
-    import base64
 
-    stmt = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))
+    stmt = signed_statement(json.loads((out / "certificate.json").read_text()))
     check = next(c for c in stmt["predicate"]["checks"] if c["name"] == "envelope")
     assert check["status"] == "FAIL"
     html = render_html(stmt, keyid="k", envelope_sha256="0" * 64)

@@ -1,9 +1,12 @@
 """The training-health certificate: an in-toto Statement v1 in a signed DSSE envelope (SPEC §9).
 
 Torch-free. The statement's bytes are canonical JSON (sorted keys, no whitespace, no NaN), so
-the same inputs give the same payload except ``predicate.issued_at``.
+the same inputs give the same payload except ``predicate.issuedAt``.
 
-Predicate (``https://moeaudit.dev/training-health/v1``)::
+Predicate (``https://moeaudit.dev/training-health/v2``), named here as moeaudit uses it; on
+the wire every field name is its lowerCamelCase form (``issued_at`` → ``issuedAt``,
+:mod:`moeaudit.attest.naming`), and reading a certificate converts back. v1 certificates
+(snake_case on the wire) still verify and read::
 
     verdict            PASS | FAIL | INCONCLUSIVE
     run                {name, stage, checkpoints: [step...], skipped: [...], events: [...]}
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.attest.claims import TABLE4
+from moeaudit.attest.naming import from_wire, to_wire
 from moeaudit.attest.signing import (
     DuplicateKey,
     PrivateKey,
@@ -41,7 +45,8 @@ from moeaudit.errors import InputError
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://moeaudit.dev/training-health/v1"
+PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
+PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -63,9 +68,20 @@ def now_rfc3339() -> str:
 
 
 def sign_statement(stmt: dict[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
+    """The DSSE envelope of ``stmt`` (moeaudit's names) with its predicate in wire names."""
     stmt = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
     stmt["predicate"]["issued_at"] = issued_at or now_rfc3339()
+    if stmt.get("predicateType") == PREDICATE_TYPE:
+        stmt["predicate"] = to_wire(stmt["predicate"])
     return sign_envelope(key, canonical_json(stmt))
+
+
+def internal(stmt: dict[str, Any]) -> dict[str, Any]:
+    """A signed statement with moeaudit's own field names (a v2 predicate converted back; v1 as
+    it is): what the renderers, the export and ``verify`` read."""
+    if stmt.get("predicateType") == PREDICATE_TYPE and isinstance(stmt.get("predicate"), dict):
+        return {**stmt, "predicate": from_wire(stmt["predicate"])}
+    return stmt
 
 
 def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
@@ -81,6 +97,7 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise InputError(f"signed payload is not JSON ({exc})", path=path) from exc
     _check_statement(stmt, path)
+    stmt = internal(stmt)
     stmt["_keyid"] = verified.keyid
     return stmt
 
@@ -93,7 +110,7 @@ def _check_statement(stmt: Any, path: Path) -> None:
 
     if not isinstance(stmt, dict):
         raise fail("not a JSON object")
-    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
+    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") not in (PREDICATE_TYPE, PREDICATE_TYPE_V1):
         raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")
     predicate = stmt.get("predicate")
     if not isinstance(predicate, dict) or not isinstance(predicate.get("verdict"), str):

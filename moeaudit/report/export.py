@@ -98,7 +98,7 @@ def _find(obj: Any, key: str) -> list[Any]:
 
 
 def signature(stmt: Mapping[str, Any]) -> Evidence:
-    keyid, at, field = stmt.get("_keyid"), _p(stmt).get("issued_at"), "DSSE signature, issued_at"
+    keyid, at, field = stmt.get("_keyid"), _p(stmt).get("issued_at"), "DSSE signature, predicate.issued_at"
     if not keyid or not at:
         return Evidence(field, "no verified signature or issue time", False)
     return Evidence(field, f"DSSE signature over the whole statement, verified against key "
@@ -486,18 +486,23 @@ def status_of(backed: Sequence[bool]) -> str:
 
 
 def assess(item: Item, stmt: Mapping[str, Any]) -> dict[str, Any]:
-    """One item against one verified statement: status, evidence, what is not shown, context."""
+    """One item against one verified statement: status, evidence, what is not shown, context.
+    Fields are named as the signed statement spells them (lowerCamelCase in a v2 predicate)."""
+    from moeaudit.attest.certificate import PREDICATE_TYPE
+    from moeaudit.attest.naming import wire_path
+
+    where = wire_path if stmt.get("predicateType") == PREDICATE_TYPE else str
     evidence, not_shown, backed = [], [], []
     for aspect in item.aspects:
         found = [select(stmt) for select in aspect.selectors]
         shown = [e for e in found if e.shown]
         backed.append(bool(shown))
-        evidence += [{"aspect": aspect.what, "field": e.field, "summary": e.summary} for e in shown]
+        evidence += [{"aspect": aspect.what, "field": where(e.field), "summary": e.summary} for e in shown]
         if not shown:
             why = "; ".join(e.summary for e in found) or OUTSIDE
             not_shown.append({"aspect": aspect.what, "reason": why})
     related = ((select(stmt), why) for select, why in item.context)
-    context = [{"field": e.field, "summary": e.summary, "why": why}
+    context = [{"field": where(e.field), "summary": e.summary, "why": why}
                for e, why in related if e.shown]
     return {"id": item.id, "requirement": item.requirement, "status": status_of(backed),
             "evidence": evidence, "not_shown": not_shown, "context": context, "note": item.note}
