@@ -7,6 +7,7 @@ The oracle tests check the numbers; this checks that every family goes through t
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from test_naming import LOWER_CAMEL, _field_names  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.cli import cli  # noqa: E402
@@ -60,6 +62,9 @@ def certify_and_verify(run: Path, tmp_path: Path) -> tuple[CliRunner, Path]:
     assert result.exit_code == 0, result.output
     verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
     assert verified.exit_code == 0, verified.output
+    signed = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))
+    odd = [name for name in _field_names(signed["predicate"]) if not LOWER_CAMEL.fullmatch(name[1])]
+    assert odd == []  # in-toto naming on the wire, whatever the family's gate notes hold
     return runner, out
 
 

@@ -22,7 +22,7 @@ from moeaudit.attest.certificate import (
     statement,
 )
 from moeaudit.attest.naming import DATA_MAPS, camel, from_wire, snake, to_wire, wire_path
-from moeaudit.attest.signing import generate_key
+from moeaudit.attest.signing import generate_key, load_public_key
 from moeaudit.cli import cli
 from moeaudit.jsonio import dumps
 from moeaudit.report.export import export
@@ -116,3 +116,34 @@ def test_another_predicate_type_is_refused(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text(dumps(sign_statement(stmt, key)))
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "c.json"), "--pubkey", str(tmp_path / "k.pub")])
     assert result.exit_code == 4 and "training-health/v3" in result.stderr
+
+
+def test_domain_names_survive_a_real_certificate(tmp_path: Path) -> None:
+    """A canary whose domains look like field names (``web_text``, ``codeBase``): the signed
+    predicate and what ``verify`` reads both keep them exactly."""
+    import base64
+    import shutil
+
+    from moeaudit import canary as canary_mod
+
+    samples = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+    lines = [json.dumps({"domain": ("web_text", "codeBase")[w % 2], "tokens": [(7 * w + t) % 97 for t in range(16)]})
+             for w in range(8)]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines))
+    canary_mod.save(canary_mod.build_from_jsonl(tmp_path / "c.jsonl"), tmp_path / "canary.safetensors")
+    run = tmp_path / "run"
+    for step in (1250, 1500):
+        shutil.copytree(samples / "healthy" / f"checkpoint-{step}", run / f"checkpoint-{step}")
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    runner = CliRunner(env=env)
+    assert runner.invoke(cli, ["keygen", "--out", str(tmp_path / "k")]).exit_code == 0
+    done = runner.invoke(cli, ["certify", str(run), "--key", str(tmp_path / "k"), "--out", str(tmp_path / "out"),
+                               "--canary", str(tmp_path / "canary.safetensors")])
+    assert done.exit_code == 0, done.stderr
+    cert = tmp_path / "out" / "certificate.json"
+    wire = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]
+    read = open_certificate(cert, load_public_key(tmp_path / "k.pub"))["predicate"]
+    for predicate, by_domain in ((wire, "nllByDomain"), (read, "nll_by_domain")):
+        assert set(predicate["gates"][1]["receipts"][by_domain]) == {"web_text", "codeBase"}
+    assert set(wire["heatmaps"]["domains"]["layers"]["1"]) == {"web_text", "codeBase"}
+    assert read["heatmaps"] == internal({"predicateType": PREDICATE_TYPE, "predicate": wire})["predicate"]["heatmaps"]
