@@ -18,7 +18,7 @@ from typing import Any
 
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
 from moeaudit.judge.gates import GREEN, Checkpointed, drift_summary, evaluate_gates, nonfinite_findings
-from moeaudit.judge.policy import Policy
+from moeaudit.judge.policy import GateSettings, Policy
 from moeaudit.run import read_logs, run_of, step_of
 
 CONDITION_STATUS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", None: "skipped"}
@@ -65,19 +65,20 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
                                band=policy.gates.inconclusive_band))
     return {"decision": decision["promotion"], "verdict": decision["verdict"],
             "verdict_reason": decision["verdict_reason"],
-            "conditions": conditions(gates[1], decision["checks"]),
+            "conditions": conditions(gates[1], decision["checks"], policy.gates),
             "base": base_doc["checkpoint"]["name"], "candidate": cand_doc["checkpoint"]["name"],
             "stage": stage, "stage_source": stage_source, "gates": gates,
             "checks": decision["checks"], "envelope": env_report}
 
 
-def candidate_condition(gate: dict[str, Any]) -> dict[str, Any]:
+def candidate_condition(gate: dict[str, Any], g: GateSettings) -> dict[str, Any]:
     st = gate["structural"]
     tol = max(st["c2_tolerance"].values(), default=0.0)
     parts = [f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
              f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
              f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
-             f"{_plain(st['pi_min_ratio'])}, entropy ratio {_plain(st['entropy_ratio'])}"
+             f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
+             f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}"
              + (f", more dead experts on layers {st['layers_with_more_dead']}" if st['layers_with_more_dead'] else "")
              + ")"]
     if gate["health"]["problems"]:
@@ -87,8 +88,8 @@ def candidate_condition(gate: dict[str, Any]) -> dict[str, Any]:
             "detail": f"{gate['status']}: " + "; ".join(parts)}
 
 
-def conditions(gate: dict[str, Any], checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = [candidate_condition(gate)]
+def conditions(gate: dict[str, Any], checks: list[dict[str, Any]], g: GateSettings) -> list[dict[str, Any]]:
+    out = [candidate_condition(gate, g)]
     for c in checks:
         out.append({"name": c["name"], "status": CONDITION_STATUS[c["status"]],
                     "value": c.get("value"), "threshold": 0.0 if "value" in c else None,
