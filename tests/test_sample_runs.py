@@ -73,6 +73,9 @@ def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     assert sum(any(c.startswith(claim) for c in g["claims"]["licensed"]) for g in pred["gates"]) >= 2
     assert not any("canary NLL fell" in c for g in pred["gates"] for c in g["claims"]["licensed"])
     assert pred["gates"][-1]["structural"]["c2_fallen_layers"]
+    # the HTML gate notes give each number with the policy's threshold (issue 16 item 2)
+    html = (tmp_path / "frozen-drift" / "certificate.html").read_text()
+    assert "occupancy narrowed (π_min ratio 0.44, floor 0.5; entropy ratio 0.94, floor 0.9)" in html
 
 
 def test_deepseek_certificate_names_its_biased_gate(tmp_path, env, key) -> None:

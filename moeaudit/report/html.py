@@ -113,7 +113,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
         "margins": margin_rows(p.get("margins") or {}),
-        "gates": [gate_row(g, _get(p, "policy", "gates", "tol_c2")) for g in gates],
+        "gates": [gate_row(g, _get(p, "policy", "gates") or {}) for g in gates],
         "protected": protected,
         "figures": figures(gates, protected),
         "envelope": envelope_view(p.get("envelope"), checks),
@@ -220,16 +220,23 @@ def margin_rows(margins: Doc) -> list[dict[str, str]]:
     return rows
 
 
-def gate_row(g: Doc, tol_c2: float | None) -> dict[str, Any]:
+def gate_row(g: Doc, rules: Doc) -> dict[str, Any]:
     r = g.get("receipts") or {}
     return {"step": g["step"], "status": g["status"], "checkpoint": r.get("checkpoint") or "—",
             "scalar": g.get("scalar") or "—", "nll": r.get("nll"), "c2": r.get("c2_mean"),
             "state1": r.get("state1_mean"), "dead": r.get("dead"), "cv": r.get("cv_mean"),
-            "entropy": r.get("entropy_norm_min"), "note": gate_note(g, tol_c2)}
+            "entropy": r.get("entropy_norm_min"), "note": gate_note(g, rules)}
 
 
-def gate_note(g: Doc, tol_c2: float | None) -> str:
-    """The gate rule's reading of this gate (SPEC §8), in words."""
+def _floor(rules: Doc, name: str) -> str:
+    value = rules.get(name)
+    return f", floor {value:g}" if isinstance(value, (int, float)) else ""
+
+
+def gate_note(g: Doc, rules: Doc) -> str:
+    """The gate rule's reading of this gate (SPEC §8), in words, with the policy's thresholds
+    (``rules``: the certificate's ``policy.gates``)."""
+    tol_c2 = rules.get("tol_c2")
     held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
     if g["status"] == "BASELINE":
         return f"baseline: {g.get('reason') or 'reference point'}{held}"
@@ -242,8 +249,9 @@ def gate_note(g: Doc, tol_c2: float | None) -> str:
     if st.get("occupancy_ok") is False:
         more = ", ".join(map(str, st.get("layers_with_more_dead") or []))
         notes.append(f"occupancy narrowed: more dead experts on layers {more}" if more else
-                     f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}, "
-                     f"entropy ratio {num(st.get('entropy_ratio'), '.2f')})")
+                     f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}"
+                     f"{_floor(rules, 'pi_min_ratio_floor')}; entropy ratio "
+                     f"{num(st.get('entropy_ratio'), '.2f')}{_floor(rules, 'entropy_ratio_floor')})")
     if st.get("ok"):
         notes.append(f"structure held vs baseline at step {base}")
     if g.get("consecutive_bad"):
