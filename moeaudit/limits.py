@@ -27,6 +27,13 @@ MiB = 1 << 20
 # 40k logged steps. certify refuses to write a larger one, so verify reads all that certify writes.
 MAX_CERTIFICATE_BYTES = 256 * MiB
 MAX_KEY_BYTES = 64 * 1024  # a PEM key is under 1 KB
+# A receipts JSON (a --reference) carries 3 × 1000 bootstrap replicates per routed layer, ~25 KB
+# a layer: ~1.5 MB for 60 layers. 64 MiB is 40× that.
+MAX_RECEIPTS_BYTES = 64 * MiB
+# config.json is a few KB (Llama 4's vision-language config ~10 KB); a shard index ~100 bytes a
+# tensor (~9 MB for DeepSeek-V3's ~91k FP8 tensors and scales).
+MAX_CONFIG_BYTES = 16 * MiB
+MAX_INDEX_BYTES = 64 * MiB
 MAX_POLICY_BYTES = 1 * MiB  # the shipped policy is ~1.5 KB
 # One metrics.jsonl line holds E norms per routed layer: ~22 bytes a norm, so 64 experts × 100
 # layers is ~140 KB and 384 experts × 61 layers (the largest MoE layouts of 2025) is ~0.5 MB.

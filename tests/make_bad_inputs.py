@@ -289,6 +289,17 @@ def _config_duplicate_key(ckpt: Path) -> None:
     (ckpt / "config.json").write_text(text[:-2] + f',\n  "vocab_size": {VOCAB * 2}\n}}\n')
 
 
+def _sparse_tail(name: str, size: int) -> Callable[[Path], None]:
+    """The file grown to ``size`` bytes by a sparse tail (no disk used): a reader that holds the
+    whole file before looking at its size would allocate all of it."""
+    def edit(ckpt: Path) -> None:
+        if name == "model.safetensors.index.json":
+            _shard(ckpt)
+            _weights(ckpt).unlink()
+        os.truncate(ckpt / name, size)
+    return edit
+
+
 def _file_symlink_loop(ckpt: Path) -> None:
     (ckpt / "extra").mkdir()
     os.symlink("b.safetensors", ckpt / "extra" / "a.safetensors")
@@ -345,6 +356,8 @@ CHECKPOINT_DEFECTS: dict[str, Callable[[Path], None]] = {
     "header_duplicate_key": _header_duplicate_key,
     "config_duplicate_key": _config_duplicate_key,
     "config_no_layers": _config(num_hidden_layers=0),
+    "config_huge": _sparse_tail("config.json", 17 << 20),
+    "index_huge": _sparse_tail("model.safetensors.index.json", 65 << 20),
     "config_odd_head_dim": _config(head_dim=3),
     "symlink_loop_files": _file_symlink_loop,
     "symlink_loop_dir": _dir_symlink_loop,

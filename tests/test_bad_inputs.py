@@ -151,6 +151,8 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     ),
     ("config_duplicate_key", ["{%s}/config.json: repeats the key 'vocab_size'"]),
     ("config_no_layers", ["{%s}/config.json: num_hidden_layers must be ≥ 1, got 0"]),
+    ("config_huge", ["{%s}/config.json: 17825792 bytes, over the 16777216-byte limit for this file"]),
+    ("index_huge", ["{%s}/model.safetensors.index.json: 68157440 bytes, over the 67108864-byte limit"]),
     (
         "config_odd_head_dim",
         ["{%s}/config.json: the attention head size must be even and ≥ 2", "head_dim 3"],

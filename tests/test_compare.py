@@ -208,15 +208,41 @@ def receipts_of_another_moe_structure(hf_checkpoint, workspace: dict[str, Path],
     return receipts_json(hf_checkpoint("mixtral", num_local_experts=3), workspace["canary"], tmp_path / "ref.json")
 
 
+def _edited_receipts(workspace: dict[str, Path], tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    ref = receipts_json(workspace["base"], workspace["canary"], tmp_path / "ref.json")
+    doc = json.loads(ref.read_text())
+    edit(doc)
+    ref.write_text(json.dumps(doc))
+    return ref
+
+
+def receipts_without_canary(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
+    return _edited_receipts(workspace, tmp_path, lambda doc: doc.pop("canary"))
+
+
+def receipts_without_occupancy(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
+    return _edited_receipts(workspace, tmp_path, lambda doc: [layer.pop("occupancy") for layer in doc["layers"]])
+
+
+def receipts_with_a_repeated_key(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
+    ref = receipts_json(workspace["base"], workspace["canary"], tmp_path / "ref.json")
+    ref.write_text(ref.read_text().rstrip()[:-1] + ', "nll": 0.5}')
+    return ref
+
+
 @pytest.mark.parametrize(
     ("make_reference", "before_replay", "message"),
     [
         (receipts_on_another_canary, True, "another canary"),
         (not_receipts, True, RECEIPTS),
+        # issue 14's leftovers: untrusted receipts JSON read like every other input
+        (receipts_without_canary, True, "reference receipts name no canary digest"),
+        (receipts_without_occupancy, True, "lacks or garbles a field the handoff margin reads (KeyError: 'occupancy')"),
+        (receipts_with_a_repeated_key, True, "repeats the key 'nll'"),
         # The MoE structure is compared with the candidate's receipts, so only after its replay.
         (receipts_of_another_moe_structure, False, "different MoE structure (experts: 3 vs 4)"),
     ],
-    ids=["another-canary", "not-receipts", "another-moe-structure"],
+    ids=["another-canary", "not-receipts", "no-canary", "no-occupancy", "repeated-key", "another-moe-structure"],
 )
 def test_unusable_reference_receipts_are_refused(
     hf_checkpoint,

@@ -32,6 +32,7 @@ from moeaudit.checkpoint.safetensors import (
     no_duplicate_keys,
 )
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -208,7 +209,7 @@ class Checkpoint:
                     "does not say its architecture)" if is_dcp(self.path)
                     else "a checkpoint is a save_pretrained directory")
             raise CheckpointError("no config.json", path=self.path, hint=hint)
-        raw, self._pins["config.json"] = read_bytes(cfg_path)
+        raw, self._pins["config.json"] = read_bytes(cfg_path, limit=MAX_CONFIG_BYTES)
         return parse_config(raw, cfg_path)
 
     def _open_files(self) -> None:
@@ -269,7 +270,7 @@ class Checkpoint:
         self.files[name], self._pins[name] = sf, sf.identity
 
     def _read_index(self, index: Path) -> dict[str, str]:
-        raw, self._pins[INDEX_NAME] = read_bytes(index)
+        raw, self._pins[INDEX_NAME] = read_bytes(index, limit=MAX_INDEX_BYTES)
         try:
             data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
             weight_map = data["weight_map"]

@@ -272,19 +272,6 @@ class ModelSpec:
         return out
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(
-            "no config.json", path=path, hint="a checkpoint is a save_pretrained directory"
-        )
-    try:
-        raw = cfg_path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=cfg_path) from exc
-    return parse_config(raw, cfg_path)
-
-
 def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
     """The bytes of a ``config.json`` as a JSON object; a repeated key is an error (which of
     the two values counts would be up to the reader)."""

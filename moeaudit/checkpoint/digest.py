@@ -109,12 +109,22 @@ def pinned(path: Path, expect: FileId | None, io: Callable[[int], object]) -> Fi
     return before
 
 
-def read_bytes(path: Path, expect: FileId | None = None) -> tuple[bytes, FileId]:
-    """The whole file, pinned."""
+def read_bytes(path: Path, expect: FileId | None = None, limit: int | None = None) -> tuple[bytes, FileId]:
+    """The whole file, pinned; a file over ``limit`` bytes is refused before (or while) it is read."""
     chunks: list[bytes] = []
 
+    def too_big(size: int) -> CheckpointError:
+        return CheckpointError(f"{size} bytes, over the {limit}-byte limit for this file", path=path,
+                               hint="this is not a file save_pretrained writes; check the checkpoint")
+
     def io(fd: int) -> None:
+        if limit is not None and (size := os.fstat(fd).st_size) > limit:
+            raise too_big(size)
+        total = 0
         while chunk := os.read(fd, CHUNK):
+            total += len(chunk)
+            if limit is not None and total > limit:  # it grew while we read it
+                raise too_big(total)
             chunks.append(chunk)
 
     fid = pinned(path, expect, io)

@@ -11,10 +11,12 @@ from typing import Any
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.checkpoint.checkpoint import ARCH_FIELDS, check_compatible  # noqa: F401 (re-export)
+from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import Policy, protected_layers
+from moeaudit.limits import MAX_RECEIPTS_BYTES, read_regular
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state
@@ -27,17 +29,41 @@ def load_reference(path: str | Path, canary: Canary, policy: Policy,
     path = Path(path)
     if path.is_dir():
         return run_state(Checkpoint(path), canary, policy, progress=progress)[0]
+    raw = read_regular(path, "reference receipts", MAX_RECEIPTS_BYTES)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:  # readers would disagree on which value counts
+        raise InputError(f"reference receipts JSON repeats the key {exc.key!r}", path=path) from exc
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8 or JSON
         raise InputError(f"reference is neither a checkpoint directory nor receipts JSON ({exc})",
                          path=path) from exc
     if not isinstance(doc, dict) or doc.get("schema") != RECEIPTS_SCHEMA:
         raise InputError(f"reference JSON is not a {RECEIPTS_SCHEMA} document", path=path)
-    if doc["canary"]["digest"]["sha256"] != canary.digest:
-        raise InputError("reference receipts were computed on another canary", path=path,
+    digest = _field(doc, "canary", "digest", "sha256")
+    if digest != canary.digest:
+        raise InputError("reference receipts were computed on another canary" if isinstance(digest, str)
+                         else "reference receipts name no canary digest", path=path,
                          hint="recompute them with `moeaudit receipts REF --canary ...`")
+    _check_reference(doc, policy, path)
     return doc
+
+
+def _field(doc: Any, *keys: str) -> Any:
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def _check_reference(doc: dict[str, Any], policy: Policy, path: Path) -> None:
+    """Fail now, naming the file, if the receipts lack what the handoff margin reads: the
+    margin of the reference against itself reads every field it will read later."""
+    try:
+        routed = [int(entry["layer"]) for entry in doc["layers"]]
+        handoff(doc, doc, protected_layers(policy, routed, str(path)), policy.margins)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+        raise InputError(f"reference receipts JSON lacks or garbles a field the handoff margin reads "
+                         f"({type(exc).__name__}: {exc})", path=path,
+                         hint="use receipts written by `moeaudit receipts REF --json OUT`") from exc
 
 
 def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, *,
