@@ -19,7 +19,8 @@ from typing import Any
 
 # Paths (from the predicate; ``[]`` for a list's items, ``*`` for a data map's keys) of the
 # maps whose keys are data. A new map of data in the predicate must be added here;
-# tests/test_naming.py converts every sample certificate both ways and checks it.
+# tests/test_naming.py checks the golden certificate both ways and a canary whose domain names
+# look like field names, and test_certify_families checks every family's wire names.
 DATA_MAPS = frozenset({
     "envelope.series",                    # "0", "1", …, "pooled"
     "gates[].structural.c2_tolerance",    # layer → tolerance
