@@ -543,16 +543,22 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
               help="Compute the replays on this torch device, e.g. cuda (see receipts --device).")
 @click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
               help="Training stage (default: events.jsonl's, else the policy's, else pretraining).")
+@click.option("--fail-on", type=click.Choice(["fail", "inconclusive"]), default=None,
+              help="After writing the certificate, exit 1 on a FAIL verdict; 'inconclusive' also "
+                   "exits 3 on INCONCLUSIVE (default: exit 0 whatever the verdict).")
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
             key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
-            stage: str | None) -> None:
+            stage: str | None, fail_on: str | None) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
+
+    With --fail-on, a FAIL verdict exits 1 (and, with --fail-on inconclusive, an INCONCLUSIVE one
+    exits 3) after the certificate is written.
 
     
     Examples:
       moeaudit certify sample_checkpoints/healthy
-      moeaudit certify sample_checkpoints/collapse --out certs/collapse
+      moeaudit certify sample_checkpoints/collapse --out certs/collapse --fail-on fail
       moeaudit certify sample_checkpoints/sft-refine --stage post-training
     """
     from moeaudit import canary as canary_mod
@@ -567,6 +573,8 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
         raise InputError("no such run directory", path=run_dir)
     out = out or Path("moeaudit-certificates") / run_dir.resolve().name
     canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
+    if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
+        canary_origin = f"{canary_origin} at {canary_file}"
     probe = canary_mod.load(canary_file)
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
@@ -581,6 +589,16 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     print_gates(audit.statement["predicate"])
     click.echo(f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} "
                f"and {paths['receipts']}/")
+    _fail_on(audit.verdict, fail_on)
+
+
+def _fail_on(verdict: str, fail_on: str | None) -> None:
+    """certify --fail-on: the verdict as an exit code, once the certificate is written."""
+    code = {"FAIL": 1, "INCONCLUSIVE": 3 if fail_on == "inconclusive" else 0}.get(verdict, 0)
+    if fail_on is not None and code:
+        err.print(f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate "
+                  "was written", markup=False)
+        raise SystemExit(code)
 
 
 def _signing_key(path: Path | None):
@@ -717,27 +735,61 @@ def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: b
     click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid(key.public_key())}")
 
 
+def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--require-verdict PASS --require-verdict INCONCLUSIVE, or PASS,INCONCLUSIVE (any case)."""
+    from moeaudit.attest.certificate import VERDICTS
+
+    names = tuple(v.strip().upper() for value in values for v in value.split(","))
+    wrong = [v for v in names if v not in VERDICTS]
+    if wrong:
+        raise click.BadParameter(f"{', '.join(map(repr, wrong))}: a verdict is one of "
+                                 f"{', '.join(VERDICTS)}")
+    return names
+
+
 @cli.command()
 @click.argument("cert", type=click.Path(path_type=Path))
 @click.option("--pubkey", type=click.Path(path_type=Path),
               help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).")
-@click.option("--recheck", is_flag=True, help="Re-hash the certified checkpoints and compare digests.")
+@click.option("--recheck", is_flag=True,
+              help="Recompute the digest of every input the certificate binds (checkpoints, logs, "
+                   "canary, policy file, reference) and name each one changed or missing (exit 1).")
 @click.option("--run-dir", type=click.Path(path_type=Path),
               help="Where the certified run is now (default: the path recorded in the certificate).")
+@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
+              help="With --recheck: where the certified canary is now (default: the path recorded).")
+@click.option("--policy", "policy_path", type=click.Path(path_type=Path),
+              help="With --recheck: where the certified policy file is now (default: the path recorded).")
+@click.option("--reference", type=click.Path(path_type=Path),
+              help="With --recheck: where the certified reference is now (the certificate records "
+                   "only its name).")
+@click.option("--require-verdict", "required", multiple=True, metavar="VERDICT", callback=_verdicts,
+              help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
+                   "(repeat the option or separate with commas).")
 @verbose_option
-def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None) -> None:
+def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None, canary_path: Path | None,
+           policy_path: Path | None, reference: Path | None, required: tuple[str, ...]) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
+    --recheck exits 1 when any bound input changed or is missing since certification;
+    --require-verdict exits 1 when the signed verdict is not one of those named.
 
     
     Examples:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
       moeaudit verify moeaudit-certificates/healthy/certificate.sigstore.json --pubkey release-key.pub --recheck
+      moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE
     """
-    from moeaudit.attest.certificate import open_certificate, recheck_subjects
+    from moeaudit.attest.certificate import open_certificate
+    from moeaudit.attest.recheck import Overrides
     from moeaudit.attest.signing import load_public_key
+    from moeaudit.errors import PolicyFailed
 
+    given = Overrides(run_dir, canary_path, policy_path, reference)
+    if not recheck and (canary_path or policy_path or reference):
+        raise UsageError("--canary, --policy and --reference say where to recheck inputs",
+                         hint="add --recheck")
     if pubkey is None:
         from moeaudit.attest.signing import default_key_path
 
@@ -747,14 +799,32 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None)
     pred = stmt["predicate"]
     click.echo(f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
                f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}")
-    if recheck:
-        changed = recheck_subjects(stmt, run_dir)
-        if changed:
-            from moeaudit.attest.signing import SignatureInvalid
+    problems = [_recheck(stmt, given)] if recheck else []
+    if required and pred["verdict"] not in required:
+        problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} "
+                        "(--require-verdict)")
+    if any(problems):
+        raise PolicyFailed("; ".join(p for p in problems if p), path=cert)
 
-            raise SignatureInvalid("checkpoint(s) changed since certification: " + "; ".join(changed),
-                                   path=cert)
-        click.echo(f"recheck: all {len(stmt['subject'])} checkpoint digests match")
+
+def _recheck(stmt: dict[str, Any], given: Any) -> str:
+    """Print a line per bound input that differs (or one line: all match); return the failure
+    (empty when none)."""
+    from moeaudit.attest.recheck import recheck
+
+    result = recheck(stmt, given)
+    for finding in result.findings:
+        click.echo(f"recheck: {finding.line()}")
+    if result.findings:
+        counts = [(n, status) for status in ("changed", "missing", "added")
+                  if (n := sum(f.status == status for f in result.findings))]
+        (n, status), rest = counts[0], counts[1:]
+        return (f"{n} bound input{'s' if n > 1 else ''} {status}"
+                + "".join(f", {m} {s}" for m, s in rest) + " since certification (listed above)")
+    others = f", and the {len(result.matched)} other bound input(s): " + "; ".join(result.matched)
+    click.echo(f"recheck: all {result.checkpoints} checkpoint digests match"
+               + (others if result.matched else ""))
+    return ""
 
 
 # ----- export ----------------------------------------------------------------------------

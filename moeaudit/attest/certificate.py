@@ -47,6 +47,7 @@ from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
+VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (SPEC §9)
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -124,45 +125,3 @@ def _is_subject(subject: Any) -> bool:
     if not isinstance(subject, dict) or not isinstance(subject.get("digest"), dict):
         return False
     return isinstance(subject.get("name"), str) and isinstance(subject["digest"].get("sha256"), str)
-
-
-def recheck_subjects(stmt: dict[str, Any], run_dir: Path | None = None) -> list[str]:
-    """Re-hash every subject checkpoint; return a description of each one that changed.
-
-    The run directory is ``run_dir`` or the (absolute) path the certificate records. A
-    checkpoint that is not there cannot be rechecked: that is an input error (exit 4) naming
-    where it was looked for, not a "changed" checkpoint.
-    """
-    from moeaudit.checkpoint.digest import root_digest
-
-    root = _run_root(stmt, run_dir)
-    changed = []
-    for subject in stmt["subject"]:
-        if subject["name"] in ("", ".", "..") or "/" in subject["name"] or "\\" in subject["name"]:
-            raise InputError(f"subject name {subject['name']!r} is not a checkpoint directory name",
-                             hint="recheck only looks inside the run directory")
-        path = root / subject["name"]
-        if not path.is_dir():
-            raise InputError(f"certified checkpoint {subject['name']} is not in the run directory",
-                             path=path, hint="pass --run-dir where the run is now")
-        now = root_digest(path)[0]
-        if now != subject["digest"]["sha256"]:
-            certified = subject["digest"]["sha256"]
-            changed.append(f"{subject['name']} now hashes to {now[:16]}…, certified {certified[:16]}…")
-    return changed
-
-
-def _run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
-    if run_dir is not None:
-        root, where = Path(run_dir), "--run-dir"
-    else:
-        run = stmt["predicate"].get("run")
-        recorded = run.get("path") if isinstance(run, dict) else None
-        if not isinstance(recorded, str) or not recorded:
-            raise InputError("the certificate records no run directory",
-                             hint="pass --run-dir RUN_DIR")
-        root, where = Path(recorded), "the path the certificate records"
-    if not root.is_dir():
-        raise InputError(f"run directory not found ({where})", path=root,
-                         hint="pass --run-dir where the run is now")
-    return root

@@ -1,0 +1,294 @@
+"""``verify --recheck``: are the files a certificate binds still the files it certified?
+
+Torch-free (tests/test_torch_free.py). A certificate binds by digest every checkpoint
+(``subject``: the OpenSSF model-signing root digest), the run's logs (``inputs.metrics``,
+``inputs.events``, ``inputs.probe``: the file's SHA-256), the policy file
+(``inputs.policy_file``), a ``--reference`` (``inputs.reference``: a checkpoint's root digest or
+a receipts file's SHA-256) and the canary (``canary.digest``: moeaudit's content digest, SPEC
+§2.2, so the canary is compared by its windows, not its file bytes). Each is looked for:
+
+* checkpoints and logs: in the run directory (``--run-dir``, else the absolute ``run.path``),
+  under the recorded name;
+* the policy file: ``--policy``, else ``policy.source``;
+* the canary: ``--canary``, else ``canary.path`` when recorded, else the path in
+  ``canary.origin`` (``found at P, …``, or ``named with --canary at P``);
+* the reference: ``--reference``, else ``inputs.reference.path`` when it is more than a bare
+  name. certify records only the reference's name, which is not guessed at: it is missing.
+
+A recorded relative path is relative to the directory certify ran in, which the certificate does
+not record: it is looked for under the run directory and its ancestors, nearest first (certify's
+directory is one of them whenever the run was below it), then under the current directory.
+
+Every bound input that changed (or can no longer be read as what was certified) or is missing,
+and every run log added since, is one :class:`Finding`. A certified checkpoint that is not in the
+run directory is an input error instead (exit 4, issue 14): the run is elsewhere, and
+``--run-dir`` says where.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moeaudit.errors import InputError, MoeauditError
+
+# ``canary.origin`` as moeaudit.locate and the certify command write it
+_CANARY_AT = re.compile(r"(?:found|named with --canary) at (?P<path>.+?)"
+                        r"(?:, outside the audited run(?:;.*)?)?", re.DOTALL)
+_LOGS = {"metrics": "metrics log", "events": "events log", "probe": "canary probe log"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One bound input that is not as certified."""
+
+    status: str  # changed | missing | added
+    what: str  # "metrics log", "canary", …
+    where: str  # the path looked at, or the name the certificate records
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.status}: {self.where} ({self.what}): {self.detail}"
+
+
+@dataclass(frozen=True)
+class Recheck:
+    checkpoints: int  # subjects re-hashed
+    matched: list[str]  # the other inputs that match, as "what where"
+    findings: list[Finding]
+
+
+@dataclass(frozen=True)
+class _Bound:
+    what: str
+    where: str  # a path, or the recorded name when there is none
+    path: Path | None  # None: nowhere to look (``unlocated`` says why)
+    certified: str  # hex digest as signed
+    digest: Callable[[Path], str]
+    hint: str = ""  # what to pass when it is not found
+    unlocated: str = ""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Where the inputs are now, when not where the certificate says (verify's options)."""
+
+    run_dir: Path | None = None
+    canary: Path | None = None
+    policy: Path | None = None
+    reference: Path | None = None
+
+
+def recheck(stmt: dict[str, Any], given: Overrides | None = None) -> Recheck:
+    """Recompute the digest of every input ``stmt`` (a verified statement, moeaudit's field
+    names) binds; raise for a checkpoint that is not there, report everything else."""
+    given = given or Overrides()
+    root = run_root(stmt, given.run_dir)
+    pred = stmt["predicate"]
+    inputs = pred.get("inputs")
+    bound = [*_subjects(stmt, root), *_inputs(inputs, pred, root, given), *_canary(pred, root, given)]
+    _check_overrides(given, bound)
+    findings, matched = [], []
+    for item in bound:
+        finding = _check(item)
+        if finding is not None:
+            findings.append(finding)
+        elif item.what != "checkpoint":
+            matched.append(f"{item.what} {item.where}")
+    if isinstance(inputs, dict):
+        findings += _added(inputs, root)
+    return Recheck(len(stmt["subject"]), matched, findings)
+
+
+def run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
+    if run_dir is not None:
+        root, where = Path(run_dir), "--run-dir"
+    else:
+        run = stmt["predicate"].get("run")
+        recorded = run.get("path") if isinstance(run, dict) else None
+        if not isinstance(recorded, str) or not recorded:
+            raise InputError("the certificate records no run directory",
+                             hint="pass --run-dir RUN_DIR")
+        root, where = Path(recorded), "the path the certificate records"
+    if not root.is_dir():
+        raise InputError(f"run directory not found ({where})", path=root,
+                         hint="pass --run-dir where the run is now")
+    return root
+
+
+# ----- what is bound, and where it is now -------------------------------------------------
+
+
+def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
+    out = []
+    for subject in stmt["subject"]:
+        name = _bare_name(subject["name"], "subject name")
+        path = root / name
+        if not path.is_dir():
+            raise InputError(f"certified checkpoint {name} is not in the run directory",
+                             path=path, hint="pass --run-dir where the run is now")
+        out.append(_Bound("checkpoint", str(path), path, subject["digest"]["sha256"], _root_digest))
+    return out
+
+
+def _inputs(inputs: Any, pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
+    if inputs is None:  # a certificate from before inputs were bound (checkpoints only)
+        return []
+    if not isinstance(inputs, dict):
+        raise InputError("the signed predicate's inputs is not an object",
+                         hint="moeaudit never writes one; do not trust this certificate")
+    out = []
+    for key, entry in inputs.items():
+        if key == "policy_file":
+            out.append(_policy(entry, pred, root, given.policy))
+        elif key == "reference":
+            out.append(_reference(entry, root, given.reference))
+        else:  # a run log (metrics, events, probe), or a file this version does not know
+            out.append(_run_file(key, entry, root))
+    return out
+
+
+def _run_file(key: str, entry: Any, root: Path) -> _Bound:
+    name = _bare_name(_field(entry, "path", key), f"inputs.{key}.path")
+    path = root / name
+    return _Bound(_LOGS.get(key, f"input {key}"), str(path), path, _field(entry, "sha256", key),
+                  _file_sha256)
+
+
+def _policy(entry: Any, pred: dict[str, Any], root: Path, given: Path | None) -> _Bound:
+    certified = _field(entry, "sha256", "policy_file")
+    source = pred.get("policy", {}).get("source") if isinstance(pred.get("policy"), dict) else None
+    recorded = source if isinstance(source, str) and source else _field(entry, "path", "policy_file")
+    return _placed("policy file", given, recorded, root, certified, _file_sha256, "pass --policy FILE")
+
+
+def _reference(entry: Any, root: Path, given: Path | None) -> _Bound:
+    recorded = _field(entry, "path", "reference")
+    kind = entry.get("kind")
+    certified = _field(entry, "root_sha256" if kind == "checkpoint" else "sha256", "reference")
+    digest = _root_digest if kind == "checkpoint" else _file_sha256
+    hint = "pass --reference PATH"
+    if given is None and Path(recorded).name == recorded:  # a bare name: nowhere to look
+        return _Bound("reference", recorded, None, certified, digest, hint,
+                      "the certificate records only its name")
+    return _placed("reference", given, recorded, root, certified, digest, hint)
+
+
+def _canary(pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
+    canary = pred.get("canary")
+    digest = canary.get("digest") if isinstance(canary, dict) else None
+    if not isinstance(canary, dict) or not isinstance(digest, dict) or not isinstance(digest.get("sha256"), str):
+        return []  # nothing signed about a canary
+    recorded = canary.get("path") if isinstance(canary.get("path"), str) else _origin_path(canary)
+    certified = f"sha256:{digest['sha256'][:16]}…"
+    hint = "pass --canary FILE"
+    if given.canary is None and recorded is None:
+        return [_Bound("canary", certified, None, digest["sha256"], _canary_digest, hint,
+                       "the certificate records no path for it")]
+    return [_placed("canary", given.canary, recorded or "", root, digest["sha256"], _canary_digest, hint)]
+
+
+def _origin_path(canary: dict[str, Any]) -> str | None:
+    origin = canary.get("origin")
+    m = _CANARY_AT.fullmatch(origin) if isinstance(origin, str) else None
+    return m.group("path") if m else None
+
+
+def _placed(what: str, given: Path | None, recorded: str, root: Path, certified: str,
+            digest: Callable[[Path], str], hint: str) -> _Bound:
+    """The input where it is: ``given`` as it is; a recorded absolute path as it is; a recorded
+    relative one (relative to where certify ran) under the run directory and its ancestors,
+    nearest first, then the current directory; nowhere when none of them has it."""
+    if given is not None or Path(recorded).is_absolute():
+        path = given if given is not None else Path(recorded)
+        return _Bound(what, str(path), path, certified, digest, hint)
+    for base in (root, *root.parents, Path.cwd()):
+        if os.path.lexists(base / recorded):
+            return _Bound(what, str(base / recorded), base / recorded, certified, digest, hint)
+    return _Bound(what, recorded, None, certified, digest, hint,
+                  "not found under the run directory, its parents or the current directory")
+
+
+def _added(inputs: dict[str, Any], root: Path) -> list[Finding]:
+    """Run logs present now that the certificate does not bind: certify binds every log it
+    finds, so each was added since (and could change the verdict: events, issue 23 §5)."""
+    from moeaudit.run import PROBE_FILE
+
+    names = {"metrics": "metrics.jsonl", "events": "events.jsonl", "probe": PROBE_FILE}
+    return [Finding("added", _LOGS[key], str(root / name),
+                    "not bound by the certificate: added since certification")
+            for key, name in names.items() if key not in inputs and os.path.lexists(root / name)]
+
+
+def _check_overrides(given: Overrides, bound: list[_Bound]) -> None:
+    for flag, value, what in (("--canary", given.canary, "canary"), ("--policy", given.policy, "policy file"),
+                              ("--reference", given.reference, "reference")):
+        if value is not None and not any(b.what == what for b in bound):
+            from moeaudit.errors import UsageError
+
+            raise UsageError(f"{flag} given, but the certificate binds no {what}",
+                             hint=f"drop {flag}")
+
+
+# ----- digests ----------------------------------------------------------------------------
+
+
+def _check(item: _Bound) -> Finding | None:
+    if item.path is None:
+        return Finding("missing", item.what, item.where, f"{item.unlocated} — {item.hint}")
+    if not os.path.lexists(item.path):
+        return Finding("missing", item.what, item.where,
+                       "not found" + (f" — {item.hint}" if item.hint else ""))
+    try:
+        now = item.digest(item.path)
+    except (MoeauditError, OSError) as exc:
+        why = exc.what if isinstance(exc, MoeauditError) else (exc.strerror or str(exc))
+        return Finding("changed", item.what, item.where, f"cannot be read as certified ({why})")
+    if now != item.certified:
+        return Finding("changed", item.what, item.where,
+                       f"digest now {now[:16]}…, certified {item.certified[:16]}…")
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    from moeaudit.limits import open_regular
+
+    digest = hashlib.sha256()
+    with open_regular(path, "certified input") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _root_digest(path: Path) -> str:
+    from moeaudit.checkpoint.digest import root_digest
+
+    if not path.is_dir():
+        raise InputError("not a checkpoint directory", path=path)
+    return root_digest(path)[0]
+
+
+def _canary_digest(path: Path) -> str:
+    from moeaudit.canary import load
+
+    return load(path).digest
+
+
+def _bare_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise InputError(f"{what} {name!r} is not a file name in the run directory",
+                         hint="recheck only looks inside the run directory")
+    return name
+
+
+def _field(entry: Any, key: str, name: str) -> Any:
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if not isinstance(value, str) or not value:
+        raise InputError(f"the signed inputs.{name} has no {key}",
+                         hint="moeaudit never writes one; do not trust this certificate")
+    return value
