@@ -2,17 +2,27 @@
 
 For each canary domain a, the gradient of the domain's mean NLL with respect to each routed
 layer's shared parameters (router, attention, shared expert); conflict(a, b) =
-max(0, −cos(∇_a, ∇_b)). Opt-in: one extra backward per domain.
+max(0, −cos(∇_a, ∇_b)). Opt-in: one extra backward per domain, each over that domain's windows
+only, so the domains together replay the canary once (plus one weight read per domain).
+
+Linear in the number of domains P (issue 24 §4): ``conflict_to_pooled`` is each domain's
+conflict with the gradient of the whole canary's mean NLL, Σ_a (W_a/W) ∇_a. The pairwise ``cos``
+and ``conflict`` (P × P) only up to ``MAX_PAIRWISE_DOMAINS``; beyond it they are null and
+``max_conflict_upper`` bounds every pair: the angle between unit vectors is a metric, so
+∠(a, b) ≤ ∠(a, pooled) + ∠(pooled, b).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint, LayerWeights
+from moeaudit.receipts.occupancy import MAX_PAIRWISE_DOMAINS
+from moeaudit.receipts.state import domain_windows
 from moeaudit.replay import replay
 
 SHARED = ("router", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm",
@@ -25,26 +35,47 @@ def _flat_grad(lw: LayerWeights) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each routed layer's shared-parameter gradient of the mean NLL over ``tokens_WT``."""
+    per_layer: dict[int, torch.Tensor] = {}
+
+    def keep(lw: LayerWeights) -> None:
+        if lw.routed:
+            per_layer[lw.layer] = _flat_grad(lw)
+
+    W = tokens_WT.shape[0]
+    replay(ckpt, tokens_WT, grad_observers=[keep], window_weights_W=torch.ones(W, dtype=torch.float64) / W)
+    return per_layer
+
+
+def _layer(layer: int, grads_PX: torch.Tensor, share_P: torch.Tensor, names: list[str]) -> dict[str, Any]:
+    unit_PX = grads_PX / grads_PX.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    pooled_X = share_P @ grads_PX  # = the gradient of the whole canary's mean NLL
+    cos_P = (unit_PX @ (pooled_X / pooled_X.norm().clamp_min(1e-300))).clamp(-1.0, 1.0)
+    out: dict[str, Any] = {"layer": layer,
+                           "conflict_to_pooled": dict(zip(names, (-cos_P).clamp_min(0).tolist(), strict=True))}
+    if len(names) <= MAX_PAIRWISE_DOMAINS:
+        cos = unit_PX @ unit_PX.T
+        conflict = (-cos).clamp_min(0)
+        return {**out, "cos": cos.tolist(), "conflict": conflict.tolist(), "max_conflict": float(conflict.max())}
+    widest = float(cos_P.acos().topk(2).values.sum())
+    return {**out, "cos": None, "conflict": None, "max_conflict": None,
+            "max_conflict_upper": max(0.0, -math.cos(min(math.pi, widest)))}
+
+
 def domain_conflict(ckpt: Checkpoint, canary: Canary) -> dict[str, Any]:
-    names = [n for d, n in enumerate(canary.domains) if bool((canary.domain_ids == d).any())]
-    grads: dict[str, dict[int, torch.Tensor]] = {}
-    for d, name in enumerate(canary.domains):
-        mask = (canary.domain_ids == d).double()
-        if not bool(mask.any()):
-            continue
-        per_layer: dict[int, torch.Tensor] = {}
-
-        def keep(lw: LayerWeights, store: dict[int, torch.Tensor] = per_layer) -> None:
-            if lw.routed:
-                store[lw.layer] = _flat_grad(lw)
-
-        replay(ckpt, canary.tokens, grad_observers=[keep], window_weights_W=mask / mask.sum())
-        grads[name] = per_layer
-    layers = []
-    for layer in ckpt.spec.routed_layers:
-        g = torch.stack([grads[n][layer] for n in names])
-        unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        cos = unit @ unit.T
-        layers.append({"layer": layer, "cos": cos.tolist(), "conflict": (-cos).clamp_min(0).tolist(),
-                       "max_conflict": float((-cos).clamp_min(0).max())})
-    return {"domains": names, "parameters": list(SHARED), "layers": layers}
+    windows = [(n, idx) for n, idx in zip(canary.domains, domain_windows(canary), strict=True) if idx.numel()]
+    names = [n for n, _ in windows]
+    grads = [_domain_grads(ckpt, canary.tokens[idx]) for _, idx in windows]
+    share_P = torch.tensor([idx.numel() / canary.num_windows for _, idx in windows], dtype=torch.float64)
+    layers = [_layer(layer, torch.stack([g[layer] for g in grads]), share_P, names)
+              for layer in ckpt.spec.routed_layers]
+    out: dict[str, Any] = {"domains": names, "parameters": list(SHARED), "layers": layers}
+    if len(names) > MAX_PAIRWISE_DOMAINS:
+        out["bounded"] = {"conflict": {
+            "max_domains": MAX_PAIRWISE_DOMAINS,
+            "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise cos/conflict matrices "
+                      "(O(D²) per layer) are omitted; conflict_to_pooled gives each domain's conflict "
+                      "with the whole canary's gradient",
+        }}
+    return out

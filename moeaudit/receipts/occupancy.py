@@ -13,6 +13,10 @@ import torch
 
 from moeaudit.receipts.bootstrap import WindowBootstrap
 
+# Pairwise domain receipts (JS of routing, gradient conflict) are P × P per layer: written in
+# full up to this many domains, beyond it replaced by linear summaries (issue 24 §4).
+MAX_PAIRWISE_DOMAINS = 32
+
 
 def _load_stats(counts_XE: torch.Tensor, n_tokens: torch.Tensor | float, k: int) -> dict[str, torch.Tensor]:
     """Occupancy statistics of (possibly batched, [..., E]) expert counts."""
@@ -105,19 +109,49 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
 
 
+def domain_counts(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor,
+                  num_domains: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens_D, counts_DE): each domain's token count and expert counts, in one bincount
+    each (a mask per domain would be O(D·N): quadratic when the canary grows with D)."""
+    N, K = topk_NK.shape
+    D = num_domains
+    dom_N = domain_ids_W.long().repeat_interleave(N // domain_ids_W.shape[0])
+    keys_NK = dom_N[:, None] * E + topk_NK.long()
+    counts_DE = torch.bincount(keys_NK.reshape(-1), minlength=D * E)[: D * E].view(D, E)
+    return torch.bincount(dom_N, minlength=D)[:D].double(), counts_DE.double()
+
+
 def domain_routing(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...],
                    E: int) -> dict[str, Any]:
-    """Per-domain π (the domain routing heatmap) and JS divergence between domains' loads."""
-    N, K = topk_NK.shape
-    W = domain_ids_W.shape[0]
-    dom_N = domain_ids_W.repeat_interleave(N // W)
-    present = [d for d in range(len(domains)) if bool((domain_ids_W == d).any())]
-    pi, load = {}, {}
-    for d in present:
-        sel = topk_NK[dom_N == d]
-        counts = torch.bincount(sel.reshape(-1), minlength=E).double()
-        pi[domains[d]] = (counts / sel.shape[0]).tolist()
-        load[domains[d]] = counts / (K * sel.shape[0])
-    names = [domains[d] for d in present]
-    js = [[float(js_divergence(load[a], load[b])) for b in names] for a in names]
-    return {"domains": names, "pi": pi, "js": js}
+    """Per-domain π (the domain routing heatmap) and JS divergence between domains' loads.
+
+    Linear in the number of domains P present: ``pi`` (P × E) and ``js_to_pooled``, each
+    domain's JS to the layer's pooled load (all canary tokens). The pairwise ``js`` (P × P)
+    only up to :data:`MAX_PAIRWISE_DOMAINS`; beyond it ``js`` is null and ``bounded.js`` says
+    why and gives an upper bound on every pair: √JS is a metric (Endres & Schindelin 2003),
+    so √JS(a, b) ≤ √JS(a, pooled) + √JS(pooled, b).
+    """
+    K = topk_NK.shape[1]
+    tokens_D, counts_DE = domain_counts(topk_NK, domain_ids_W, len(domains), E)
+    present = torch.bincount(domain_ids_W.long(), minlength=len(domains))[: len(domains)].nonzero()[:, 0]
+    names = [domains[d] for d in present.tolist()]
+    tokens_P, counts_PE = tokens_D[present], counts_DE[present]
+    load_PE = counts_PE / (K * tokens_P[:, None])
+    pooled_E = counts_PE.sum(0) / (K * tokens_P.sum())
+    to_pooled_P = js_divergence(load_PE, pooled_E[None, :])
+    out: dict[str, Any] = {"domains": names,
+                           "pi": dict(zip(names, (counts_PE / tokens_P[:, None]).tolist(), strict=True)),
+                           "js_to_pooled": dict(zip(names, to_pooled_P.tolist(), strict=True))}
+    if len(names) <= MAX_PAIRWISE_DOMAINS:
+        # entry by entry the same float ops as js_divergence(load[a], load[b])
+        out["js"] = js_divergence(load_PE[:, None, :], load_PE[None, :, :]).tolist()
+        return out
+    top2 = to_pooled_P.sqrt().topk(2).values
+    out["js"] = None
+    out["bounded"] = {"js": {
+        "max_domains": MAX_PAIRWISE_DOMAINS,
+        "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise matrix (O(D²) per "
+                  "layer) is omitted; js_to_pooled gives each domain's JS to the pooled load",
+        "pair_max_upper": min(math.log(2), float(top2.sum() ** 2)),
+    }}
+    return out

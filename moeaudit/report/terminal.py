@@ -81,8 +81,11 @@ def print_receipts(doc: dict[str, Any]) -> None:
                   f"proportion {fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
                   f"{fmt(gen['distinct_2'], '.3f')}, rep-4 {fmt(gen['rep_4'], '.3f')}")
     if "conflict" in doc:
-        worst = max(doc["conflict"]["layers"], key=lambda x: x["max_conflict"])
-        out.print(f"domain gradient conflict: max {fmt(worst['max_conflict'], '.4f')} (layer {esc(worst['layer'])})")
+        # beyond MAX_PAIRWISE_DOMAINS only an upper bound on the pairwise maximum is known
+        bounded = doc["conflict"]["layers"][0].get("max_conflict") is None
+        field, rel = ("max_conflict_upper", "max ≤") if bounded else ("max_conflict", "max")
+        worst = max(doc["conflict"]["layers"], key=lambda x: x[field])
+        out.print(f"domain gradient conflict: {rel} {fmt(worst[field], '.4f')} (layer {esc(worst['layer'])})")
     print_nonfinite(doc)
 
 
