@@ -157,6 +157,13 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
         "config_odd_head_dim",
         ["{%s}/config.json: the attention head size must be even and ≥ 2", "head_dim 3"],
     ),
+    # issue 24: a tensor the replay would not read is refused by name, never warned about and dropped
+    (
+        "extra_tensors",
+        ["{%s}: 2 tensor(s) that moeaudit's mixtral replay does not use: "
+         "model.layers.0.block_sparse_moe.experts.4.w1.weight, optimizer.step",
+         "moeaudit does not replay them yet"],
+    ),
 ]
 
 
@@ -185,18 +192,6 @@ def test_a_pickle_is_never_unpickled(corpus: dict[str, Path]) -> None:
     ):
         assert run(*argv)[0] == 4
     assert not (corpus["ckpt_pickle_only"].parent / "PWNED").exists()
-
-
-def test_extra_tensors_warn_but_do_not_fail(corpus: dict[str, Path]) -> None:
-    code, stdout, stderr = run("inspect", corpus["ckpt_extra_tensors"])
-    no_error(stderr)
-    assert code == 0 and "mixtral" in stdout
-    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1, stderr
-    assert "2 unexpected tensor(s) ignored" in warnings[0]
-    assert "experts.4.w1.weight" in warnings[0] and "optimizer.step" in warnings[0]
-    code, stdout, _ = run("inspect", corpus["ckpt_extra_tensors"], "--json")
-    assert code == 0 and "unexpected tensor(s) ignored" in strict_json(stdout)["warnings"][0]
 
 
 def test_good_inputs_pass(corpus: dict[str, Path]) -> None:

@@ -339,9 +339,20 @@ def json_diff(a: object, b: object, at: str = "") -> list[str]:
     return [] if a == b and type(a) is type(b) else [f"{at}: {a!r} != {b!r}"]
 
 
+def _pop_left_out(doc: object) -> list[object]:
+    """Remove (and return) every receipts document's ``checkpoint.left_out``."""
+    if isinstance(doc, list):
+        return [x for d in doc for x in _pop_left_out(d)]
+    if not isinstance(doc, dict):
+        return []
+    found = [doc["checkpoint"].pop("left_out")] if isinstance(doc.get("checkpoint"), dict) \
+        and "left_out" in doc["checkpoint"] else []
+    return found + [x for v in doc.values() for x in _pop_left_out(v)]
+
+
 def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
     """A run whose checkpoints are DCP (torchtitan names) certifies with the numbers of the
-    same run saved as safetensors."""
+    same run saved as safetensors; the DCP receipts also name the optimizer state left out."""
     runs = {}
     for kind in ("safetensors", "dcp"):
         run = tmp_path / kind / "healthy"  # one run name: it is in the certificate
@@ -387,6 +398,13 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
             # the NLL interval is cached under its inputs, the per-window NLLs, which are the same
             assert "from_cache" not in ref["predicate"]
             assert ours["predicate"].pop("from_cache") == [{"kind": "nll_interval"}]
+        assert _pop_left_out(ref) == []
+        lefts = _pop_left_out(ours)  # issue 24: what is not replayed is in the receipts
+        assert lefts or not name.startswith("checkpoint-"), name
+        for left in lefts:
+            assert left == [{"what": "DCP entries that are not model weights", "reason": "optimizer or trainer state",
+                             "tensors": 2, "names": ["optimizer.state.tok_embeddings.weight.exp_avg",
+                                                     "train_state.step"]}]
         assert json_diff(ours, ref) == [], name
 
 

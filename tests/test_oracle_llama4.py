@@ -276,9 +276,10 @@ def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(vl: bool, tmp_path:
     assert replay(ours, tokens).nll == replay(ref, tokens).nll
 
 
-def test_a_torchtitan_load_balancing_bias_is_reported_not_dropped_silently(tmp_path: Path) -> None:
+def test_a_torchtitan_load_balancing_bias_is_refused_not_dropped(tmp_path: Path) -> None:
     """torchtitan adds ``moe.expert_bias`` to the scores when it chooses experts; transformers'
-    Llama 4 has no such term, so the replay cannot honour it: the tensor is named as ignored."""
+    Llama 4 has no such term, so the replay cannot honour it: the checkpoint is refused, naming
+    the tensor (issue 24: replaying without it would audit another model than was trained)."""
     from safetensors.torch import load_file
     from test_dcp import save
 
@@ -288,5 +289,6 @@ def test_a_torchtitan_load_balancing_bias_is_reported_not_dropped_silently(tmp_p
     state["layers.1.moe.expert_bias"] = torch.tensor([0.1, -0.1, 0.0, 0.0])
     save(state, tmp_path / "dcp")
     (tmp_path / "dcp" / "config.json").write_bytes((src / "config.json").read_bytes())
-    ckpt = Checkpoint(tmp_path / "dcp")
-    assert ckpt.warnings == ["1 unexpected tensor(s) ignored: model.layers.1.feed_forward.router.expert_bias"]
+    with pytest.raises(CheckpointError, match=r"1 tensor\(s\) that moeaudit's llama4_text replay does not use: "
+                       r"model\.layers\.1\.feed_forward\.router\.expert_bias —"):
+        Checkpoint(tmp_path / "dcp")

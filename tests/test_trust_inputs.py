@@ -208,7 +208,8 @@ EVEN = "head size must be even and ≥ 2 (RoPE rotates pairs)"
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"hidden_size": 1, "head_dim": 0}, f"{EVEN}; hidden_size 1 // 2 heads = 0"),
+        ({"hidden_size": 2}, f"{EVEN}; hidden_size 2 // 2 heads = 1"),
+        ({"head_dim": 0}, "head_dim must be ≥ 1, got 0"),  # explicit 0: refused, not read as absent
         ({"head_dim": 5}, f"{EVEN}; head_dim 5"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be ≥ 1, got 0"),
         ({"vocab_size": 0}, "vocab_size must be ≥ 1, got 0"),

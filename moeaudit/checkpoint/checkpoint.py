@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,26 @@ class LayerWeights:
         return self
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """Tensors on the family's ignore list (``Layout.left_out``, multi-token-prediction layers,
+    rotary buffers, a DCP directory's optimizer state): recognised, deliberately not replayed,
+    and named in the receipts (issue 24)."""
+
+    what: str
+    reason: str
+    keys: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "reason": self.reason, "tensors": len(self.keys),
+                "names": list(self.keys[:LEFT_OUT_NAMES])}
+
+
+LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is always exact)
+# RoPE buffers that older transformers versions saved beside the weights; transformers never loads
+# them (non-persistent buffers, recomputed from config.json), and neither does the replay
+ROTARY_BUFFER = re.compile(r"(?:^|\.)rotary_emb\.inv_freq$")
+
 SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
 LINEAR_ATTENTION_NAMES = ("lin_qkvz", "lin_ba", "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv",
                           "lin_dt_bias", "lin_A_log", "lin_norm", "lin_out")
@@ -191,6 +212,7 @@ class Checkpoint:
         self.key_file: dict[str, str] = {}
         self.warnings: list[str] = []
         self.notes: list[str] = []  # recognised and deliberately left out (not a problem)
+        self.left_out: list[LeftOut] = []  # the same, as records for the receipts
         self._open_files()
         self.fp8_block = _fp8_block(self.config, self.path / "config.json")
         self.packed = self._find_mxfp4()  # dequantised key → (blocks key, scales key)
@@ -260,6 +282,8 @@ class Checkpoint:
         self.key_file = dict.fromkeys(dcp.tensors, METADATA_NAME)
         if left or dcp.byte_entries:
             shown = ", ".join((left + dcp.byte_entries)[:3])
+            self.left_out.append(LeftOut("DCP entries that are not model weights",
+                                         "optimizer or trainer state", tuple(left + dcp.byte_entries)))
             self.notes.append(f"{len(left)} DCP tensor(s) and {len(dcp.byte_entries)} pickled entr"
                               f"{'y' if len(dcp.byte_entries) == 1 else 'ies'} that are not model "
                               f"weights left out (optimizer or trainer state: {shown}…)")
@@ -446,24 +470,49 @@ class Checkpoint:
                 for table in (keys if isinstance(keys, list) else [keys]):
                     for name, key in table.items():
                         self._check(name, key, shapes[name], seen)
-        extra = sorted(set(self.key_file) - seen)
-        beyond = {k: i for k in extra if (i := _layer_index(k)) is not None and i >= s.num_layers}
-        mtp = list(beyond)
-        if mtp and s.mtp_layers:
-            layers = sorted(set(beyond.values()))
-            self.notes.append(
-                f"multi-token-prediction layer(s) {', '.join(map(str, layers))} ({len(mtp)} "
-                "tensors) left out: the replay scores next-token prediction only")
-            extra = [k for k in extra if k not in set(mtp)]
+        self._set_aside(sorted(set(self.key_file) - seen))
+
+    def _set_aside(self, extra: list[str]) -> None:
+        """Tensors the replay does not read: those on the family's ignore list are recorded in
+        ``left_out`` (receipts name them); any other is an error, because replaying without it
+        would audit another model than the file holds (issue 24: DeepSeek-V2's ``mlp_bias``
+        tensors were warned about and dropped, and every receipt moved)."""
+        s = self.spec
+        rope = [k for k in extra if ROTARY_BUFFER.search(k)]
+        if rope:
+            self._leave_out("rotary inv_freq buffers", "RoPE frequencies are computed from config.json, "
+                            "as transformers does (it does not load these buffers)", rope)
+        # the MTP modules stored as decoder layers N … N + mtp_layers − 1 (DeepSeek-V3's layer 61)
+        mtp_layers = {k: i for k in extra if (i := _layer_index(k)) is not None
+                      and s.num_layers <= i < s.num_layers + s.mtp_layers}
+        mtp = list(mtp_layers)
+        if mtp:
+            layers = ", ".join(map(str, sorted(set(mtp_layers.values()))))
+            self._leave_out(f"multi-token-prediction layer(s) {layers}",
+                            "the replay scores next-token prediction only", mtp)
+        taken = set(rope) | set(mtp)
+        extra = [k for k in extra if k not in taken]
+        by_what: dict[str, list[str]] = {}  # several prefixes may name one module (ERNIE's MTP)
         for prefix, what in self.layout.left_out.items():
-            left = [k for k in extra if k.startswith(prefix)]
+            by_what.setdefault(what, []).extend(k for k in extra if k.startswith(prefix))
+            extra = [k for k in extra if not k.startswith(prefix)]
+        for what, left in by_what.items():
             if left:
-                self.notes.append(f"{what} ({len(left)} tensors) left out: the replay audits "
-                                  "next-token prediction of the text decoder")
-                extra = [k for k in extra if not k.startswith(prefix)]
+                self._leave_out(what, "the replay audits next-token prediction of the text decoder", left)
         if extra:
-            shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
-            self.warnings.append(f"{len(extra)} unexpected tensor(s) ignored: {shown}")
+            # a few names (each cut to 120 characters: the error stays one short line), then a count
+            shown = ", ".join(k if len(k) <= 120 else k[:119] + "…" for k in extra[:3])
+            shown += f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+            raise CheckpointError(
+                f"{len(extra)} tensor(s) that moeaudit's {s.family} replay does not use: {shown}",
+                path=self.path,
+                hint="moeaudit refuses to audit a model other than the one in the file: if these "
+                     "are part of the model, moeaudit does not replay them yet; if they are not "
+                     "model weights (optimizer or trainer state), save the checkpoint without them")
+
+    def _leave_out(self, what: str, reason: str, keys: list[str]) -> None:
+        self.left_out.append(LeftOut(what, reason, tuple(keys)))
+        self.notes.append(f"{what} ({len(keys)} tensors) left out: {reason}")
 
     # ----- reading -------------------------------------------------------------------------
 
@@ -479,8 +528,9 @@ class Checkpoint:
             key = self.global_key("embed")
         assert key is not None
         t = self.read(key)
-        t = t if dtype is None else t.to(dtype)
-        return t + self.spec.norm_offset if name == "final_norm" and self.spec.norm_offset else t
+        if name == "final_norm" and self.spec.norm_offset:  # the gain 1 + w, formed in the compute dtype
+            return t.to(dtype or torch.float32) + self.spec.norm_offset
+        return t if dtype is None else t.to(dtype)
 
     def layer_weights(self, layer: int, dtype: torch.dtype | None = None, *,
                       lazy_experts: bool = False) -> LayerWeights:

@@ -219,6 +219,8 @@ class ModelSpec:
     lm_head_bias: bool = field(default=False, metadata=NEW)
     sparsemixer_eps: float | None = field(default=None, metadata=NEW)
     longrope: LongRope | None = field(default=None, metadata=NEW)
+    # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
+    renorm_min: float = field(default=0.0, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -396,12 +398,21 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
         raise CheckpointError(f"config.json: YaRN factor must be positive, got {factor!r}",
                               path=path)
     mscale, mscale_all_dim = num("mscale", None), num("mscale_all_dim", None)
+    for key, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        if value == 0:  # transformers reads 0 as absent, DeepSeek's reference code as 0
+            raise CheckpointError(f"config.json: YaRN {key}=0 is ambiguous, moeaudit does not replay it",
+                                  path=path, hint="remove the key, or give the value the model was trained with")
     attention_factor = num("attention_factor", None)
     if attention_factor is None:
         attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
                             if mscale and mscale_all_dim else yarn_mscale(factor))
+    beta_fast, beta_slow = num("beta_fast", 32.0), num("beta_slow", 1.0)
+    assert beta_fast is not None and beta_slow is not None
+    if not (beta_fast > 0 and beta_slow > 0):  # log(0) in the correction range: refused, not defaulted
+        raise CheckpointError(f"config.json: YaRN beta_fast and beta_slow must be positive, got "
+                              f"{beta_fast!r} and {beta_slow!r}", path=path)
     return Yarn(factor=factor, original_max_positions=original,
-                beta_fast=num("beta_fast", None) or 32.0, beta_slow=num("beta_slow", None) or 1.0,
+                beta_fast=beta_fast, beta_slow=beta_slow,
                 attention_factor=attention_factor, mscale_all_dim=mscale_all_dim or 0.0,
                 truncate=bool(p.get("truncate", True)))
 
@@ -428,12 +439,14 @@ def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> 
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ("default", "yarn", "llama3", "longrope", None):
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
-    theta = params.get("rope_theta") if isinstance(params, dict) else None
-    theta = theta or cfg.get("rope_theta") or default_theta
+    # the first present: rope_parameters (v5), then the top level (v4); only an absent (or null)
+    # key takes the family default — an explicit 0 is refused, never read as "use the default"
+    theta = next((t for t in (params.get("rope_theta"), cfg.get("rope_theta")) if t is not None),
+                 default_theta)
     number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
     if not (number and _is_finite(theta) and theta > 0):
         raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}",
-                              path=path)
+                              path=path, hint="remove the key to use the family's default")
     return float(theta)
 
 

@@ -8,6 +8,7 @@ key templates (a :class:`Layout`), the defaults transformers' configuration clas
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,52 @@ class Ctx:
 
 
 @dataclass(frozen=True)
+class Refuse:
+    """A ``config.json`` setting that changes the math and that the replay does not implement:
+    refused by name when ``key`` holds a value outside ``replayed`` (absent or null reads as
+    transformers' default, which is among them). The message says the reader lacks the feature,
+    not that the checkpoint is wrong (issue 24)."""
+
+    key: str
+    replayed: tuple[Any, ...]  # the values the replay implements
+    what: str  # what the setting changes, for the message
+
+    def check(self, cfg: dict[str, Any], family: str, path: Path | str) -> None:
+        value = cfg.get(self.key)
+        if value is None or any(type(value) is type(r) and value == r for r in self.replayed):
+            return
+        shown = json.dumps(value) if isinstance(value, (bool, int, float, str)) else repr(value)
+        raise CheckpointError(
+            f"moeaudit does not replay {self.key}={shown} for {family} yet ({self.what})", path=path,
+            hint=f"a limit of moeaudit, not a fault of the checkpoint: the replay implements "
+                 f"{self.key} = {' or '.join(json.dumps(r) for r in self.replayed)}")
+
+
+# every family: settings of Llama-style configs whose math no family here implements
+REFUSED_EVERYWHERE = (Refuse("mlp_bias", (False,), "biases on the MLP and expert projections"),)
+# quantization formats whose weights the reader dequantises exactly (block FP8: DeepSeek-V3's
+# ``weight_scale_inv``; MXFP4: gpt-oss's ``_blocks``/``_scales``, checked by the reader)
+READ_QUANTIZATION = ("fp8", "mxfp4")
+
+
+def check_quantization(cfg: dict[str, Any], family: str, path: Path | str) -> None:
+    """A ``quantization_config`` the reader does not dequantise (GPTQ, AWQ, bitsandbytes,
+    compressed-tensors, …) is refused by its ``quant_method``: its packed integer weights would
+    otherwise be missing, misshapen or read as plain numbers."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method not in READ_QUANTIZATION:
+        shown = f"quant_method={json.dumps(method)}" if isinstance(method, str) else "an unrecognised format"
+        raise CheckpointError(
+            f"moeaudit does not read {family} weights quantised with quantization_config "
+            f"{shown} yet", path=path,
+            hint=f"a limit of moeaudit, not a fault of the checkpoint: it reads unquantised "
+                 f"weights and {' / '.join(READ_QUANTIZATION)}; audit the unquantised checkpoint")
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family: layout data plus its few real differences."""
 
@@ -76,11 +123,16 @@ class Family:
     torchtitan: Rules = ()  # torchtitan DCP name → HF key rules tried before the common ones
     # a vision-language checkpoint: the config of the text decoder it replays (``text_config``)
     decoder_config: Callable[[dict[str, Any], Path | str], dict[str, Any]] | None = None
+    # settings that change the math and are not replayed (besides ``REFUSED_EVERYWHERE``)
+    refuse: tuple[Refuse, ...] = ()
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
+    check_quantization(cfg, fam.name, path)  # top level: a VL checkpoint's too
     if fam.decoder_config is not None:
         cfg = fam.decoder_config(cfg, path)
+    for rule in (*REFUSED_EVERYWHERE, *fam.refuse):
+        rule.check(cfg, fam.name, path)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":  # the experts and MLPs are SwiGLU, the DeltaNet conv is SiLU
         raise CheckpointError(f"model family {fam.name!r} with hidden_act {act!r} cannot be "
@@ -88,14 +140,14 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
     get = getter(cfg, path)
     hidden = get("hidden_size", int)
     heads = get("num_attention_heads", int)
-    kv_heads = get("num_key_value_heads", int, heads) or heads
+    kv_heads = get("num_key_value_heads", int, heads)  # null reads as absent; 0 is refused below
     n_layers = get("num_hidden_layers", int)
     keys = fam.expert_count_keys
     num_experts = get(next((k for k in keys if cfg.get(k) is not None), keys[0]), int)
     top_k = get(fam.top_k_key, int)
     if not 1 <= top_k <= num_experts:
         raise CheckpointError(f"{fam.top_k_key}={top_k} not in 1..{num_experts}", path=path)
-    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
         if value < 1:
             raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)
     for key, value in (("num_hidden_layers", n_layers), ("the expert count", num_experts)):
@@ -117,7 +169,7 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         num_layers=n_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=mla.qk_rope_dim if mla else get("head_dim", int, None) or hidden // heads,
+        head_dim=mla.qk_rope_dim if mla else head_dim(ctx),
         rope_theta=rope_theta,
         rms_eps=get("rms_norm_eps", float, fam.default_rms_eps),
         num_experts=num_experts,
@@ -146,6 +198,26 @@ def all_layers(c: Ctx) -> tuple[int, ...]:
     return tuple(range(c.num_layers))
 
 
+def head_dim(c: Ctx) -> int:
+    """``head_dim``, or hidden_size // num_attention_heads when absent (or null). An explicit
+    0 is refused, not read as absent (transformers' ``or`` would substitute the quotient)."""
+    value = c.get("head_dim", int, None)
+    if value is None:
+        return int(c.get("hidden_size", int) // c.get("num_attention_heads", int))
+    if value < 1:
+        raise CheckpointError(f"config.json: head_dim must be ≥ 1, got {value}", path=c.path,
+                              hint="remove the key to use hidden_size // num_attention_heads")
+    return int(value)
+
+
+def mtp_count(c: Ctx, default: int) -> int:
+    """Multi-token-prediction modules stored after the decoder: ``num_nextn_predict_layers``
+    (what save_pretrained writes) or ``num_mtp_layers`` (its attribute_map alias)."""
+    key = "num_mtp_layers" if "num_nextn_predict_layers" not in c.cfg and "num_mtp_layers" in c.cfg \
+        else "num_nextn_predict_layers"
+    return int(c.get(key, int, default))
+
+
 def first_k_dense(c: Ctx, default: int) -> tuple[int, ...]:
     """DeepSeek's rule: every layer after the first ``first_k_dense_replace`` is routed."""
     dense = c.get("first_k_dense_replace", int, default)
@@ -162,11 +234,18 @@ def sparse_step_layers(c: Ctx) -> tuple[int, ...]:
 
 
 def sliding_window(c: Ctx, switch: str | None = None) -> int | None:
-    """``sliding_window`` when positive (and, for Qwen, when ``use_sliding_window`` is on)."""
+    """``sliding_window`` (and, for Qwen, only when ``use_sliding_window`` is on); null means
+    none. Any other value must be a positive integer: a 0 or a negative window would mask every
+    key in transformers, so it is refused rather than read as no window."""
     if switch is not None and not c.cfg.get(switch, False):
         return None
     window = c.cfg.get("sliding_window")
-    return int(window) if isinstance(window, int) and window > 0 else None
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise CheckpointError(f"config.json: sliding_window must be a positive integer or null, got {window!r}",
+                              path=c.path)
+    return window
 
 
 def windowed_all(c: Ctx, window: int | None) -> dict[str, Any]:

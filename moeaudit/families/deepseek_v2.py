@@ -12,8 +12,10 @@ from moeaudit.families.base import (
     TORCHTITAN_MLA,
     Ctx,
     Family,
+    Refuse,
     first_k_dense,
     grouped_gate,
+    mtp_count,
     parse_mla,
     sliding_window,
     windowed_all,
@@ -35,7 +37,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
                              grouped=method == "group_limited_greedy", n_group=1, topk_group=1,
                              group_score="max", scaling=1.0),
         "shared_gated": False,
-        "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
+        "mtp_layers": mtp_count(c, 0),
     }
 
 
@@ -49,7 +51,17 @@ LAYOUT = Layout(
           "shared experts; first_k_dense_replace dense layers",
 )
 
+# ``mlp_bias`` is refused for every family (base.REFUSED_EVERYWHERE); DeepSeek's reference code
+# renormalises the top-k when norm_topk_prob is true, transformers' DeepseekV2 never does: the
+# replay follows transformers, so a true value, whose meaning the two disagree on, is refused
+REFUSE = (
+    Refuse("norm_topk_prob", (False,), "renormalised top-k weights, which transformers' DeepseekV2 "
+                                       "does not apply"),
+    Refuse("scoring_func", ("softmax",), "the router's scoring function"),
+    Refuse("moe_layer_freq", (1,), "MoE layers only every moe_layer_freq-th layer"),
+)
+
 FAMILY = Family(name="deepseek_v2", layout=LAYOUT, fields=_fields,
                 expert_count_keys=("n_routed_experts", "num_experts", "num_local_experts"),
                 mla=lambda c: parse_mla(c, always_interleave=True),
-                torchtitan=TORCHTITAN_MLA)
+                torchtitan=TORCHTITAN_MLA, refuse=REFUSE)

@@ -12,8 +12,10 @@ from moeaudit.families.base import (
     TORCHTITAN_MLA,
     Ctx,
     Family,
+    Refuse,
     first_k_dense,
     grouped_gate,
+    mtp_count,
     parse_mla,
     sliding_window,
     windowed_all,
@@ -30,7 +32,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=8,
                              topk_group=4, group_score="top2sum", scaling=2.5),
         "shared_gated": False,
-        "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
+        "mtp_layers": mtp_count(c, 1),  # transformers' default
     }
 
 
@@ -44,7 +46,15 @@ LAYOUT = Layout(
           "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
 )
 
+# settings DeepSeek's reference code reads and transformers' class ignores: replayed only at the
+# values the replay implements (every released V3-style checkpoint's)
+REFUSE = (
+    Refuse("scoring_func", ("sigmoid",), "the router's scoring function"),
+    Refuse("topk_method", ("noaux_tc",), "the expert selection rule"),
+    Refuse("moe_layer_freq", (1,), "MoE layers only every moe_layer_freq-th layer"),
+)
+
 FAMILY = Family(name="deepseek_v3", layout=LAYOUT, fields=_fields,
                 expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
                 mla=parse_mla,
-                torchtitan=TORCHTITAN_MLA)
+                torchtitan=TORCHTITAN_MLA, refuse=REFUSE)

@@ -33,8 +33,37 @@ def _sparse_index(c: Ctx) -> SparseIndex:
     return index
 
 
+def _routed_layers(c: Ctx, dense_first: tuple[int, ...]) -> tuple[int, ...]:
+    """``mlp_layer_types`` ("dense" / "sparse" per layer, which save_pretrained always writes),
+    else the first ``first_k_dense_replace`` layers dense (``DeepseekV32Config``'s rule)."""
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return dense_first
+    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
+        raise CheckpointError(f"config.json: mlp_layer_types must list {c.num_layers} layers, each "
+                              "'dense' or 'sparse'", path=c.path)
+    return tuple(i for i, t in enumerate(types) if t == "sparse")
+
+
+def _check_layer_types(c: Ctx) -> None:
+    """Every layer's attention is DSA (``indexed_attention``); another kind is not replayed."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        return
+    if not isinstance(types, list) or len(types) != c.num_layers:
+        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} layers", path=c.path)
+    other = sorted({t for t in types if t != "indexed_attention"}, key=str)
+    if other:
+        raise CheckpointError(f"moeaudit does not replay layer_types {other!r} for deepseek_v32 yet "
+                              "(it replays indexed_attention)", path=c.path,
+                              hint="a limit of moeaudit, not a fault of the checkpoint")
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
-    return {**deepseek_v3.FAMILY.fields(c), "sparse_index": _sparse_index(c)}
+    _check_layer_types(c)
+    fields = deepseek_v3.FAMILY.fields(c)
+    return {**fields, "routed_layers": _routed_layers(c, fields["routed_layers"]),
+            "sparse_index": _sparse_index(c)}
 
 
 LAYOUT = Layout(
@@ -55,4 +84,5 @@ LAYOUT = Layout(
 )
 
 FAMILY = Family(name="deepseek_v32", layout=LAYOUT, fields=_fields,
-                expert_count_keys=deepseek_v3.FAMILY.expert_count_keys, mla=_mla)
+                expert_count_keys=deepseek_v3.FAMILY.expert_count_keys, mla=_mla,
+                refuse=deepseek_v3.REFUSE)

@@ -2,9 +2,11 @@
 plus a selection-only bias (``moe_statics.e_score_correction_bias``, stored [1, E]), combine
 weights the chosen probabilities renormalised; ungated shared experts; MoE layers every
 ``moe_layer_interval`` from ``moe_layer_start_index`` to ``moe_layer_end_index``; RoPE on
-adjacent pairs (transformers' interleaved ``rotate_half``); tied embeddings by default.
-``use_bias`` (biases on every linear layer and the LM head) is refused: the released models do
-not use it."""
+adjacent pairs (transformers' interleaved ``rotate_half``); tied embeddings by default; the
+renormalising denominator clamped at ``moe_norm_min``. ``use_bias`` (biases on every linear layer
+and the LM head) is refused: the released models do not use it. The released checkpoints' MTP
+module (``model.mtp_block.*``, ``model.mtp_emb_norm.*``, ``model.mtp_hidden_norm.*``,
+``model.mtp_linear_proj.*``; transformers ignores every key containing "mtp") is left out."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from moeaudit.checkpoint.config import Gate
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family
+from moeaudit.families.base import Ctx, Family, Refuse
 
 
 def _routed_layers(c: Ctx) -> tuple[int, ...]:
@@ -29,10 +31,14 @@ def _routed_layers(c: Ctx) -> tuple[int, ...]:
     return tuple(i for i in range(c.num_layers) if (i + 1) % step == 0 and start <= i <= end)
 
 
+def _norm_min(c: Ctx) -> float:
+    value = c.get("moe_norm_min", float, 1e-12)
+    if value < 0:
+        raise CheckpointError(f"config.json: moe_norm_min must be ≥ 0, got {value!r}", path=c.path)
+    return float(value)
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
-    if c.get("use_bias", bool, False):
-        raise CheckpointError("model family 'ernie4_5_moe' with use_bias=true cannot be replayed: biases on the "
-                              "MLPs, experts and LM head are not implemented", path=c.path)
     return {
         "routed_layers": _routed_layers(c),
         "norm_topk_prob": True,
@@ -42,6 +48,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_dim": c.get("moe_num_shared_experts", int, 0) * c.get("moe_intermediate_size", int),
         "gate": Gate(scoring="softmax", selection_bias=True),
         "rope_interleaved": True,
+        "renorm_min": _norm_min(c),
     }
 
 
@@ -67,8 +74,13 @@ LAYOUT = Layout(
     ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
-    notes="softmax router with a selection bias; shared experts; interval MoE layers; interleaved RoPE",
+    notes="softmax router with a selection bias; shared experts; interval MoE layers; interleaved RoPE; "
+          "MTP module left out",
+    left_out={prefix: "multi-token-prediction module model.mtp_*"
+              for prefix in ("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.",
+                             "model.mtp_linear_proj.")},
 )
 
 FAMILY = Family(name="ernie4_5_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("moe_num_experts", "num_experts"), top_k_key="moe_k", default_rms_eps=1e-5)
+                expert_count_keys=("moe_num_experts", "num_experts"), top_k_key="moe_k", default_rms_eps=1e-5,
+                refuse=(Refuse("use_bias", (False,), "biases on the attention, MLPs, experts and LM head"),))

@@ -17,6 +17,8 @@ from moeaudit.families.base import (
     Family,
     first_k_dense,
     grouped_gate,
+    head_dim,
+    mtp_count,
     partial_rotary_dim,
 )
 
@@ -35,19 +37,17 @@ def _partial_rotary_factor(c: Ctx) -> float:
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
-    hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
-    head_dim = c.get("head_dim", int, None) or hidden // heads
     return {
         "routed_layers": first_k_dense(c, 1),
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "o_bias": False,
         "qk_norm": "head" if c.get("use_qk_norm", bool, False) else "none",
-        "rotary_dim": partial_rotary_dim(c, head_dim, _partial_rotary_factor(c)),
+        "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary_factor(c)),
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
                              topk_group=1, group_score="top2sum", scaling=1.0),
-        "mtp_layers": c.get("num_nextn_predict_layers", int, 1),
+        "mtp_layers": mtp_count(c, 1),
     }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from moeaudit.checkpoint.config import Gate
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, partial_rotary_dim
+from moeaudit.families.base import Ctx, Family, Refuse, all_layers, head_dim, partial_rotary_dim
 
 
 def _rotary_factor(c: Ctx, head_dim: int) -> float:
@@ -28,15 +28,29 @@ def _rotary_factor(c: Ctx, head_dim: int) -> float:
     return float(value)
 
 
+def _attention_kinds(c: Ctx) -> None:
+    """The released config's ``attn_type_list`` (1: softmax attention per layer; 0 would be
+    MiniMax-Text-01's lightning linear attention, which the replay does not implement)."""
+    kinds = c.cfg.get("attn_type_list")
+    if kinds is None:
+        return
+    if not isinstance(kinds, list) or any(isinstance(k, bool) or not isinstance(k, int) for k in kinds):
+        raise CheckpointError("config.json: attn_type_list must be a list of integers", path=c.path)
+    other = [i for i, k in enumerate(kinds[: c.num_layers]) if k != 1]
+    if other:
+        raise CheckpointError(f"moeaudit does not replay attn_type_list values other than 1 for minimax_m2 yet "
+                              f"(layers {other[:5]}: lightning linear attention)", path=c.path,
+                              hint="a limit of moeaudit, not a fault of the checkpoint")
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
-    hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
-    head_dim = c.get("head_dim", int, None) or hidden // heads
+    _attention_kinds(c)
     return {
         "routed_layers": all_layers(c),
         "norm_topk_prob": True,
         "attention_bias": False,
         "qk_norm": "full",
-        "rotary_dim": partial_rotary_dim(c, head_dim, _rotary_factor(c, head_dim)),
+        "rotary_dim": partial_rotary_dim(c, head_dim(c), _rotary_factor(c, head_dim(c))),
         "gate": Gate(scoring="sigmoid", selection_bias=True),
     }
 
@@ -66,6 +80,15 @@ LAYOUT = Layout(
     notes="q/k norm over all heads, partial rotary; sigmoid router with a selection bias",
 )
 
+# keys of the released config.json (MiniMax's own code reads them; transformers' class builds the
+# released values): replayed at those values only
+REFUSE = (
+    Refuse("scoring_func", ("sigmoid",), "the router's scoring function"),
+    Refuse("use_routing_bias", (True,), "the router's selection bias"),
+    Refuse("use_qk_norm", (True,), "the q/k RMSNorm"),
+    Refuse("qk_norm_type", ("per_layer",), "q/k RMSNorm over all heads"),
+)
+
 FAMILY = Family(name="minimax_m2", layout=LAYOUT, fields=_fields,
                 expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size",
-                default_rope_theta=5e6)
+                default_rope_theta=5e6, refuse=REFUSE)

@@ -18,7 +18,7 @@ from typing import Any
 from moeaudit.checkpoint.config import Gate, LongRope
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, sliding_window, windowed_all
+from moeaudit.families.base import Ctx, Family, all_layers, head_dim, sliding_window, windowed_all
 
 
 def _number(c: Ctx, params: dict[str, Any], key: str) -> float:
@@ -37,8 +37,10 @@ def _longrope(c: Ctx, head_dim: int) -> LongRope | None:
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in short)):
         raise CheckpointError(f"config.json: longrope short_factor must be {head_dim // 2} positive numbers "
                               "(one per rotated pair)", path=c.path)
-    original = c.cfg.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") \
-        or c.cfg.get("max_position_embeddings")
+    # the first of these present: an explicit 0 is refused below, not skipped
+    original = next((v for v in (c.cfg.get("original_max_position_embeddings"),
+                                 params.get("original_max_position_embeddings"),
+                                 c.cfg.get("max_position_embeddings")) if v is not None), None)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise CheckpointError(f"config.json: longrope needs original_max_position_embeddings, got {original!r}",
                               path=c.path)
@@ -53,15 +55,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     eps = c.get("router_jitter_noise", float, 0.01)
     if eps < 0:
         raise CheckpointError(f"config.json: router_jitter_noise must be ≥ 0, got {eps}", path=c.path)
-    hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
-    head_dim = c.get("head_dim", int, None) or hidden // heads
     return {
         "routed_layers": all_layers(c),
         "gate": Gate(scoring="sparsemixer"),
         "sparsemixer_eps": eps,
         "layer_norm": True,
         "lm_head_bias": bool(c.get("lm_head_bias", bool, False)),
-        "longrope": _longrope(c, head_dim),
+        "longrope": _longrope(c, head_dim(c)),
         **windowed_all(c, sliding_window(c)),
     }
 

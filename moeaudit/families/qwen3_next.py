@@ -12,7 +12,7 @@ from typing import Any
 from moeaudit.checkpoint.config import LinearAttention
 from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, partial_rotary_dim, sparse_step_layers
+from moeaudit.families.base import Ctx, Family, head_dim, partial_rotary_dim, sparse_step_layers
 
 QWEN_MOE_LAYER = {
     **ATTN,
@@ -81,8 +81,7 @@ def hybrid_fields(c: Ctx) -> dict[str, Any]:
         "shared_gated": True,
         "norm_offset": 1.0,
         "gated_attention": True,
-        "rotary_dim": partial_rotary_dim(c, c.get("head_dim", int, None) or c.get("hidden_size", int)
-                                         // c.get("num_attention_heads", int), _partial_rotary(c)),
+        "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary(c)),
         "linear_attention": _linear_attention(c),
         "linear_layers": _linear_layers(c),
     }

@@ -232,7 +232,7 @@ def forward_pass(
     if nonfinite is not None and not all_finite(embed):
         nonfinite.append("embed")
     with torch.no_grad():
-        x = embed_tokens(spec, embed, tokens_WT.cpu()).to(dtype)
+        x = embed_tokens(spec, embed, tokens_WT.cpu(), dtype)
     del embed
     x = moved(x, device) if device is not None else x
     inputs: list[torch.Tensor] = []

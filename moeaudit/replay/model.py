@@ -38,9 +38,13 @@ def block_norm(spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor,
     return rms_norm(x, weight, spec.rms_eps)
 
 
-def embed(spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``)."""
+def embed(spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``).
+    The rows are cast to the compute ``dtype`` before any scaling: a multiplier applied in the
+    stored bf16/fp16 would round there, so the file's dtype would change the math (issue 24)."""
     x = F.embedding(tokens.long(), table_VH)
+    x = x if dtype is None else x.to(dtype)
     return x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier
 
 
@@ -339,7 +343,8 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
         top_vals, raw_logits = sig.gather(1, top_idx), logits
     if spec.norm_topk_prob:
         eps = 1e-20 if g.scoring == "sigmoid" else 0.0  # transformers' V3 denominator
-        top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + eps)
+        denom = top_vals.sum(dim=-1, keepdim=True) + eps
+        top_vals = top_vals / (denom.clamp_min(spec.renorm_min) if spec.renorm_min else denom)
     if g.scaling != 1.0:
         top_vals = top_vals * g.scaling
     return Routing(scores, probs, top_idx, top_vals, raw_logits, margin)
