@@ -83,6 +83,7 @@ def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
             "experts": s.num_experts,
             "top_k": s.top_k,
             **({"quantization": q} if (q := ckpt.quantization) else {}),
+            **({"left_out": [x.to_json() for x in ckpt.left_out]} if ckpt.left_out else {}),
         },
         "canary": {
             "digest": {"sha256": canary.digest},
