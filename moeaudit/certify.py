@@ -32,7 +32,7 @@ from moeaudit.judge.gates import (
 )
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
-from moeaudit.run import Run, discover
+from moeaudit.run import Run, discover, truncate
 
 if TYPE_CHECKING:
     from moeaudit.receipts.observer import AnchorStates
@@ -62,8 +62,13 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
               reference: str | Path | None = None, say: Say = lambda _m: None,
               cache: ReceiptsCache | None = None, device: str | None = None,
               stage: str | None = None, canary_origin: str = "",
-              progress: Callable[[str, int, int], None] | None = None) -> Audit:
+              progress: Callable[[str, int, int], None] | None = None,
+              until: int | None = None) -> Audit:
+    """``until``: audit the run as it stood at that step — only the checkpoints up to it
+    (``moeaudit gate`` judges a candidate exactly as certify of the truncated run would)."""
     run = discover(run_path)
+    if until is not None:
+        run = truncate(run, until)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     for w in warnings:
         say(f"warning: {w}")
@@ -73,7 +78,9 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
         check_compatible(first, ckpt)
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
-    events = [{"step": e.step, "event": e.event, "note": e.note} for e in run.events]
+    # each event with its source: events are written by the audited party, so they may start a
+    # new drift baseline but never erase a regression (gates.evaluate_gates, issue 23 §5)
+    events = [{"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events]
     base_at = baselines(run.steps, events)
     stage, stage_source = resolve_stage(stage, policy.gates.stage, run.stage, "pretraining")
 
@@ -100,9 +107,8 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     last = gates[-1]
     margins: dict[str, Any] = {"refinement": None, "handoff": None}
     if last["step"] in pairs:
-        drift = {entry["layer"]: entry["drift"] for entry in pairs[last["step"]]["layers"]}
-        margins["refinement"] = refinement(docs[last["baseline"]], docs[last["step"]], drift,
-                                           protected, policy.margins)
+        margins["refinement"] = _worst_refinement(replayer, run, docs, pairs, last, base_at,
+                                                  protected, policy)
     inputs = _inputs(run, policy)
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
@@ -114,7 +120,9 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
     env_report, env_why = envelope_evidence(run, docs, policy, stage, first.spec,
                                             start=run.steps[0], end=run.steps[-1],
-                                            breaks=[e.step for e in run.events], origin=str(run.path))
+                                            breaks=(), origin=str(run.path))
+    # No breaks: declared events do not restart the envelope's windows for the verdict — an
+    # event written by the audited party can never improve one (issue 23 §5; docs/policy.md).
     evidence = Evidence(stage=stage, stage_source=stage_source, gates=gates, margins=margins,
                         envelope=env_report, envelope_reason=env_why,
                         skipped=[p.name for p, _ in run.skipped], nonfinite=nonfinite_findings(docs.values()),
@@ -159,6 +167,27 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if env_report is not None:
         audit.receipts["envelope.json"] = env_report
     return audit
+
+
+def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs: dict[int, Any],
+                      last: dict[str, Any], base_at: dict[int, str], protected: list[int],
+                      policy: Policy) -> dict[str, Any]:
+    """The refinement margin of the last checkpoint against the active baseline and against every
+    earlier baseline (the first checkpoint, each event's): the worst of them is gated, so a
+    declared event can start a new drift baseline but never improve the margin (issue 23 §5)."""
+    ckpts = dict(run.checkpoints)
+    step = last["step"]
+    found = []
+    for b in sorted(s for s in base_at if s < step):
+        pair = pairs[step] if b == last["baseline"] else replayer.pair((b, ckpts[b]), (step, ckpts[step]))
+        drift = {entry["layer"]: entry["drift"] for entry in pair["layers"]}
+        margin = refinement(docs[b], docs[step], drift, protected, policy.margins)
+        found.append({**margin, "against_step": b})
+    worst = min(found, key=lambda m: (m.get("exact") is not None, m.get("exact") or 0.0))
+    if len(found) > 1:
+        worst = {**worst, "also_against": [{"against_step": m["against_step"], "exact": m.get("exact")}
+                                           for m in found if m is not worst]}
+    return worst
 
 
 def _environment() -> dict[str, Any]:
@@ -241,7 +270,7 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
 
 def _lm_losses(path: Path) -> dict[int, float]:
     """``lm_loss`` per step where the hook logged it: the language-model part of the objective,
-    without auxiliary (balancing) terms, which is what the scalar trend should follow."""
+    without auxiliary (balancing) terms."""
     import json
 
     out = {}
@@ -255,21 +284,26 @@ def _lm_losses(path: Path) -> dict[int, float]:
     return out
 
 
-def _training_loss(run: Run) -> Callable[[int], float | None]:
-    """The run's training objective over the interval that ends at a gate: the mean logged loss
-    over (previous checkpoint step, this step], or None without logs for that interval."""
+def _training_loss(run: Run) -> Callable[[int], dict[str, float] | None]:
+    """The run's logged training losses over the interval that ends at a gate: the mean of each
+    logged key (``loss``, the loop's reported objective; ``lm_loss`` where logged) over
+    (previous checkpoint step, this step], by name; None without logs for that interval."""
     if run.metrics is None:
         return lambda _step: None
     from moeaudit.metrics import read_metrics
 
     series = read_metrics(run.metrics)  # validates every line
-    lm = _lm_losses(run.metrics)
-    logged = [(s, x) for s, v in zip(series.steps, series.loss) if (x := lm.get(s, v)) is not None]
+    logged = {"loss": [(s, v) for s, v in zip(series.steps, series.loss) if v is not None],
+              "lm_loss": sorted(_lm_losses(run.metrics).items())}
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
-    def over(step: int) -> float | None:
-        picked = [v for s, v in logged if starts[step] < s <= step]
-        return sum(picked) / len(picked) if picked else None
+    def over(step: int) -> dict[str, float] | None:
+        out = {}
+        for key, values in logged.items():
+            picked = [v for s, v in values if starts[step] < s <= step]
+            if picked:
+                out[key] = sum(picked) / len(picked)
+        return out or None
 
     return over
 

@@ -446,10 +446,11 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
     raise SystemExit(0 if report["compliant"] else 1)
 
 
-@cli.command(short_help="Fit the envelope constants on a healthy run.")
+@cli.command(short_help="Fit the envelope and gate tolerances on a healthy run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary for --source replay (default: canary.safetensors found outside the run).")
+              help="Canary the checkpoints are replayed on to fit the gate tolerances (default: "
+                   "canary.safetensors in RUN_DIR or up to two levels above).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
 @policy_option
 @click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default="auto",
@@ -465,61 +466,37 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
 @verbose_option
 def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: Path | None, source: str,
               variant: str, since: int | None, force: bool) -> None:
-    """Fit the envelope constants on a healthy run (Gradient Starvation Envelope (000) Eq. 16) and write
-    a policy.
+    """Fit every tolerance the verdict uses on a healthy run and write a policy: the envelope
+    (Gradient Starvation Envelope (000) Eq. 16) and the gate tolerances (docs/policy.md).
 
     
     Examples:
       moeaudit calibrate sample_checkpoints/healthy --out policy.toml
       moeaudit calibrate sample_checkpoints/healthy --source replay --out policy.toml
     """
-    from dataclasses import replace
-
-    from moeaudit.jsonio import atomic_write
-    from moeaudit.judge import envelope as env
-    from moeaudit.judge.policy import to_toml, validate
-    from moeaudit.run import discover
-    from moeaudit.series import infer_warmup, model_tag, run_series
+    from moeaudit import canary as canary_mod
+    from moeaudit.cache import ReceiptsCache
+    from moeaudit.calibrate import calibrate_run, write_policy
+    from moeaudit.locate import require_canary
 
     _check_output(out, force)
     base = _load_policy(policy_path, run_dir)
-    run = discover(run_dir)
-    if since is None:
-        since, how = infer_warmup(run)
-        err.print(f"warm-up: samples before step {since} are left out ({how}; --since overrides)", markup=False)
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
     with _progress() as tick:
-        series, breaks = run_series(run_dir, source, variant, canary_path and str(canary_path), tick,
-                                    warn=_warn)
-    series = series.since(since)
-    kept = [b for b in breaks if b >= since]
-    fit = env.calibrate_tightest(series, replace(base.envelope, variant=variant), breaks=kept)
-    settings = replace(fit.settings, source=series.source, warmup_steps=since,
-                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
-                       calibrated_stage=run.stage or base.gates.stage or "pretraining",
-                       calibrated_model=model_tag(run.checkpoints[0][1].spec))
-    check = env.falsifiability(series, settings, breaks=kept)
-    if not check["known_bad_rejected"]:
-        from moeaudit.errors import InputError
-
-        raise InputError(f"the fitted envelope (budget ε/δ = {check['budget']:.4g}) accepts a starved "
-                         "run — one expert per layer carrying the gradient — so it could certify nothing",
-                         path=run_dir, hint="calibrate on a longer healthy run, or at a coarser sampling")
-    if check["variance_side_falsifiable"] is False:
-        _warn(f"warning: the variance bound alone is loose (ε/δ = {check['budget']:.4g} ≥ (E − 1)/2 = "
-              f"{check['variance_cap'] / 2:g}); starvation is caught by the level check")
-    settings = replace(settings, provenance=settings.provenance + (
-        f"; falsifiable: a starved version of this run leaves the envelope at step {check['at_step']} "
-        f"({check['caught_by']} check)"))
-    policy = replace(base, envelope=settings)
-    validate(policy, out)
-    header = (f"moeaudit policy — envelope calibrated by `moeaudit calibrate {run_dir}`\n"
-              f"{settings.provenance}\n"
-              f"alert_b for the normalized variant is 1.0: expert-gradient coefficient of variation above 1")
-    atomic_write(out, to_toml(policy, header))
-    err.print(f"calibrated on {series.source} ({variant}), c = {settings.calibration_c:g}: "
-              f"δ* = {fit.delta_max:.6g} → δ = {settings.delta:.6g}; ε = {settings.epsilon:.6g}; "
-              f"budget ε/δ = {settings.epsilon / settings.delta:.6g}; starve_share = "
-              f"{settings.starve_share:.4g}; a starved run is rejected ({check['caught_by']} check)", markup=False)
+        result = calibrate_run(run_dir, base, probe, source=source, variant=variant, since=since,
+                               cache=ReceiptsCache(), say=_warn, progress=tick)
+    for w in result.warnings:
+        _warn(f"warning: {w}")
+    write_policy(result, run_dir, out)
+    env = result.policy.envelope
+    err.print(f"calibrated the envelope on {env.source} ({variant}), c = {env.calibration_c:g}: "
+              f"δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = {env.epsilon / env.delta:.6g}; "
+              f"starve_share = {env.starve_share:.4g} (steps {result.envelope_steps[0]}–"
+              f"{result.envelope_steps[1]})", markup=False)
+    g = result.policy.gates
+    err.print(f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
+              f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
+              f"= {g.entropy_ratio_floor:.4g} (written into {out} with how each was fitted)", markup=False)
     click.echo(f"wrote {out}")
 
 
@@ -648,30 +625,22 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     """
     import os
 
-    from moeaudit import canary as canary_mod
     from moeaudit.jsonio import atomic_write, dumps
-    from moeaudit.judge.decide import HOLD, INCONCLUSIVE
-    from moeaudit.judge.promote import gate_candidate
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.pair import compare as run_compare
+    from moeaudit.judge.promote import placement, rollback
     from moeaudit.report.ci import junit_xml, markdown_summary
 
-    _check_output(junit, force)
+    _check_output(junit, force)  # every output is checked before any work (issue 25)
     _check_output(json_out, force)
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
-    policy = _load_policy(policy_path, base, (candidate,))
-    with _progress() as tick:
-        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    result = gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
-    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
-    seen: set[str] = set()  # papers named so far in this output
-    out.print(f"[{style}]{result['decision']}[/] " + esc(named(
-        f"{result['candidate']} over {result['base']} (stage {result['stage']}, from {result['stage_source']}; "
-        f"verdict {result['verdict']}: {result['verdict_reason']})", seen)))
-    for cond in result["conditions"]:
-        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
+    run_dir, b_step, c_step = placement(base, candidate)
+    if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
+        result = rollback(base, candidate, b_step, c_step)
+    elif run_dir is not None and b_step is not None and c_step is not None:
+        result = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path, policy_path,
+                              reference, stage)
+    else:
+        result = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
+    _print_gate(result)
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
     if json_out is not None:
@@ -680,8 +649,60 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     if summary:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(markdown_summary(result))
-    code = {HOLD: 1, INCONCLUSIVE: 3}.get(result["decision"], 0)
-    raise SystemExit(code)
+    raise SystemExit(GATE_EXIT[result["decision"]])
+
+
+GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
+
+
+def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step: int,
+                 canary_path: Path | None, policy_path: Path | None, reference: Path | None,
+                 stage: str | None) -> dict:
+    """The candidate as certify of the run truncated at it would judge it (issue 23 §1)."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.cache import ReceiptsCache
+    from moeaudit.certify import audit_run
+    from moeaudit.judge.promote import gate_from_audit
+    from moeaudit.locate import require_canary
+
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
+    policy = _load_policy(policy_path, base, (candidate,))
+    with _progress() as tick:
+        audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
+                          cache=ReceiptsCache(), stage=stage, progress=tick, until=c_step)
+    return gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate,
+                           b_step=b_step, policy=policy)
+
+
+def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: Path | None,
+                      policy_path: Path | None, reference: Path | None, stage: str | None) -> dict:
+    from moeaudit import canary as canary_mod
+    from moeaudit.judge.promote import gate_candidate
+    from moeaudit.locate import require_canary
+    from moeaudit.receipts.pair import compare as run_compare
+
+    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
+    policy = _load_policy(policy_path, base, (candidate,))
+    with _progress() as tick:
+        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
+    return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
+
+
+def _print_gate(result: dict) -> None:
+    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
+    seen: set[str] = set()  # papers named so far in this output
+    if result["verdict"] is None:
+        head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
+    else:
+        head = (f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
+                f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
+                f"{result['verdict_reason']}")
+    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
+    for cond in result["conditions"]:
+        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
+        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
+    for note in result.get("notes", []):
+        out.print(esc(named(f"  note: {note}", seen)))
 
 
 # ----- keys and verification -------------------------------------------------------------

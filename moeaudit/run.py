@@ -32,6 +32,7 @@ class Event:
     step: int
     event: str
     note: str = ""
+    source: str = ""  # where it was declared: "events.jsonl:<line>" (written by the audited party)
 
 
 @dataclass
@@ -77,6 +78,21 @@ def discover(path: str | Path) -> Run:
     logs = read_logs(root)
     run.events, run.stage, run.metrics, run.probe = logs.events, logs.stage, logs.metrics, logs.probe
     return run
+
+
+def truncate(run: Run, until: int) -> Run:
+    """The run as it stood at step ``until``: its checkpoints up to that step (and the skipped
+    entries and events up to it)."""
+    kept = [(s, c) for s, c in run.checkpoints if s <= until]
+    if not kept:
+        raise InputError(f"no usable checkpoint at or before step {until}", path=run.path)
+
+    def step(p: Path) -> int:
+        m = CHECKPOINT_RE.match(p.name)
+        return int(m.group(1)) if m else -1
+
+    return Run(run.path, kept, [(p, why) for p, why in run.skipped if step(p) <= until],
+               [e for e in run.events if e.step <= until], run.stage, run.metrics, run.probe)
 
 
 @dataclass(frozen=True)
@@ -158,7 +174,8 @@ def read_events(path: Path) -> tuple[list[Event], str | None]:
         if event not in EVENTS:
             raise InputError(f"'event' must be one of {EVENTS}, got {event!r}", path=where)
         note = obj.get("note", "")
-        events.append(Event(step, event, note if isinstance(note, str) else json.dumps(note)))
+        events.append(Event(step, event, note if isinstance(note, str) else json.dumps(note),
+                            f"{path.name}:{n}"))
         if "stage" in obj:  # the stage the run is in from this event on
             if obj["stage"] not in STAGES:
                 raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)

@@ -18,10 +18,9 @@ from moeaudit.certify import audit_run
 from moeaudit.cli import cli
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope as env
-from moeaudit.judge.decide import Evidence, decide, envelope_check, margin_status, promotion
+from moeaudit.judge.decide import Evidence, decide, envelope_check, margin_status
 from moeaudit.judge.gates import nll_change, scalar_trend
 from moeaudit.judge.policy import EnvelopeSettings, load_policy, policy_from_dict
-from moeaudit.judge.promote import gate_candidate
 from moeaudit.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +74,7 @@ def test_sft_refine_canary_nll_rose_and_the_claims_say_so(audits) -> None:
         assert g["receipts"]["nll"] > gates[step - 250]["receipts"]["nll"]
         assert g["scalar"] == "worsening"
         assert not any("canary NLL fell" in c for c in g["claims"]["licensed"])
-        assert any(c.startswith("the objective worsened on the canary: canary NLL rose") for c in
+        assert any(c.startswith("canary NLL worsening beyond noise: rose") for c in
                    g["claims"]["licensed"])
     assert gates[500]["nll_change"]["from"] == pytest.approx(0.7319, abs=1e-4)
     assert gates[500]["nll_change"]["to"] == pytest.approx(0.7634, abs=1e-4)
@@ -93,15 +92,15 @@ def test_sft_repurpose_500_rose_and_is_not_improving(audits) -> None:
     assert g["scalar"] == "worsening"
 
 
-def test_stalling_is_a_change_inside_tolerance_or_noise() -> None:
+def test_no_change_is_a_change_inside_tolerance_or_noise() -> None:
     prev = {"nll": 1.0, "nll_windows": [1.0, 1.2, 0.8, 1.0]}
     noisy = {"nll": 0.99, "nll_windows": [1.1, 1.0, 0.9, 0.96]}  # −0.01 on average, ±0.1 per window
     change = nll_change(prev, noisy, 1000, 0)
     assert change["ci95"][0] < 0 < change["ci95"][1]
-    assert scalar_trend(change, 1e-3) == "stalling"
+    assert scalar_trend(change, 1e-3) == "no change"
     steady = {"nll": 0.99, "nll_windows": [0.99, 1.19, 0.79, 0.99]}  # −0.01 in every window
     assert scalar_trend(nll_change(prev, steady, 1000, 0), 1e-3) == "improving"
-    assert scalar_trend(nll_change(prev, steady, 1000, 0), 0.05) == "stalling"
+    assert scalar_trend(nll_change(prev, steady, 1000, 0), 0.05) == "no change"
 
 
 def test_compare_prints_the_claim_its_numbers_license() -> None:
@@ -109,11 +108,14 @@ def test_compare_prints_the_claim_its_numbers_license() -> None:
                                       str(SAMPLES / "sft-repurpose" / "checkpoint-1000")])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "canary NLL rose from 0.7007 to 6.6152" in text
+    assert "canary NLL worsening beyond noise: rose from 0.7007 to 6.6152" in text
     assert "objective improved" not in text and "canary NLL improved" not in text
 
 
-CLAIM = re.compile(r"canary NLL (fell|rose) from (\d+\.\d+) to (\d+\.\d+) \(Δ ([+-]\d+\.\d+)")
+CLAIM = re.compile(r"canary NLL (?:improving|worsening) beyond noise: (fell|rose) from (\d+\.\d+) to "
+                   r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)")
+NO_CHANGE = re.compile(r"canary NLL: no change beyond tolerance and bootstrap noise, from (\d+\.\d+) to "
+                       r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)")
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -130,13 +132,17 @@ def test_every_claim_sentence_agrees_in_sign_with_its_receipts(audits, run: str)
                 assert float(a) == pytest.approx(prev["receipts"]["nll"], abs=5e-5)
                 assert float(b) == pytest.approx(g["receipts"]["nll"], abs=5e-5)
                 assert (verb == "fell") == (float(b) < float(a)) == (float(delta) < 0)
+            for _a, b, _delta in NO_CHANGE.findall(sentence):
+                seen += 1
+                assert g["scalar"] == "no change" and float(b) == pytest.approx(g["receipts"]["nll"], abs=5e-5)
+            assert "did not fall" not in sentence and "stalling" not in sentence
             if "training loss" in sentence and "canary" in sentence:
-                assert "not the canary" in sentence or "canary NLL did not fall" in sentence
+                assert "not the canary" in sentence or "canary NLL: " in sentence
         if g["scalar"] == "improving":
             assert g["nll_change"]["ci95"][1] < 0 and g["receipts"]["nll"] < prev["receipts"]["nll"]
         if g["scalar"] == "worsening":
             assert g["nll_change"]["ci95"][0] > 0 and g["receipts"]["nll"] > prev["receipts"]["nll"]
-    assert seen >= sum(g["scalar"] in ("improving", "worsening") for g in gates)
+    assert seen >= len(gates) - 1  # every gate after the first names its canary NLL change
 
 
 # --- 2. no PASS without evidence -----------------------------------------------------------------
@@ -266,32 +272,6 @@ def _pairs() -> list[tuple[str, int, int]]:
 
 
 @pytest.mark.slow
-def test_gate_and_certify_agree_on_every_sample_pair(tmp_path, canary, policy, cache_dir, audits) -> None:
-    """For every (first checkpoint, later checkpoint) pair of every sample run: certify on a run
-    holding just those two and gate on the same two give the same decision."""
-    from moeaudit.checkpoint import Checkpoint
-    from moeaudit.judge.margins import handoff as _  # noqa: F401  (imported for symmetry)
-
-    seen = set()
-    for run, b, c in _pairs():
-        audit = _audit(_run_of(tmp_path, run, [b, c]), canary, policy, cache_dir)
-        pred = audit.statement["predicate"]
-        pair = audit.receipts[f"pair-{c}-vs-{b}.json"]
-        doc = {"base": audit.receipts[f"checkpoint-{b}.json"],
-               "candidate": audit.receipts[f"checkpoint-{c}.json"],
-               "layers": pair["layers"], "protected_layers": pred["protected_layers"],
-               "margins": pred["margins"]}
-        where = tmp_path / f"{run}-{b}-{c}"
-        result = gate_candidate(doc, policy, base=where / f"checkpoint-{b}",
-                                candidate=where / f"checkpoint-{c}",
-                                spec=Checkpoint(where / f"checkpoint-{c}").spec)
-        assert result["verdict"] == pred["verdict"], (run, b, c)
-        assert result["decision"] == promotion(pred["verdict"], pred["gates"]), (run, b, c)
-        assert result["stage"] == pred["run"]["stage"]
-        seen.add(result["decision"])
-    assert {"PROMOTE", "HOLD"} <= seen
-
-
 def test_gate_promotes_what_certify_passes_within_one_run(tmp_path, cache_dir) -> None:
     env_ = {"MOEAUDIT_CACHE_DIR": str(cache_dir)}
     result = CliRunner(env=env_).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-250"),

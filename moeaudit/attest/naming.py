@@ -25,6 +25,8 @@ DATA_MAPS = frozenset({
     "envelope.series",                    # "0", "1", …, "pooled"
     "gates[].structural.c2_tolerance",    # layer → tolerance
     "gates[].continuity.c2_tolerance",
+    "gates[].structural.c2_deltas",       # layer → ΔC2
+    "gates[].continuity.c2_deltas",
     "gates[].receipts.nll_by_domain",     # canary domain names
     "heatmaps.domains.layers",            # layer → …
     "heatmaps.domains.layers.*",          # … → domain name → π

@@ -79,19 +79,56 @@ def health_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def comparison_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    compared = [g for g in gates if "structural" in g or "continuity" in g]
+    """At least one checkpoint compared with a baseline it is not a byte-identical copy of: two
+    step names with the same digest are one checkpoint of evidence (issue 23 §6)."""
+    compared = [g for g in gates if ("structural" in g or "continuity" in g)
+                and g.get("duplicate_of") is None]
     if compared:
         return _check("comparison", PASS, f"{len(compared)} checkpoint(s) compared with a baseline")
+    copies = [g for g in gates if g.get("duplicate_of") is not None]
+    why = (f"; {len(copies)} later checkpoint(s) are byte-identical copies of earlier ones" if copies
+           else "")
     return _check("comparison", INCONCLUSIVE,
-                  "baseline only: every checkpoint is a baseline, so nothing was compared and no "
-                  "preservation claim can be made (add a later checkpoint)", basis="baseline-only")
+                  "baseline only: every distinct checkpoint is a baseline, so nothing was compared "
+                  f"and no preservation claim can be made (add a later checkpoint){why}",
+                  basis="baseline-only")
+
+
+def duplicates_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Reported, not gated: checkpoints under two step names with one digest."""
+    copies = [f"step {g['step']} = step {g['duplicate_of']}" for g in gates
+              if g.get("duplicate_of") is not None]
+    if not copies:
+        return None
+    return _check("distinct", None, "the same checkpoint digest under two step names (one "
+                  "checkpoint of evidence, counted once): " + ", ".join(copies))
 
 
 def _series_name(key: str) -> str:
     return "all layers pooled" if key == "pooled" else f"layer {key}"
 
 
+def _violation_text(fv: Mapping[str, Any]) -> str:
+    what = {"gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
+            "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
+            "starvation": "has an expert starved of gradient (000 §8.1 level side)"}.get(
+        fv["check"], fv["check"])
+    value = "" if fv.get("value") is None else f": value {fv['value']:.4g} vs bound {fv['bound']:.4g}"
+    if fv["check"] == "starvation":
+        value = (f": expert {fv['expert']} share below {fv['bound']:.3g} on "
+                 f"{fv.get('fraction', 1.0):.0%} of the samples of a {fv['steps']}-step window "
+                 f"(lowest {fv['value']:.3g})")
+    return f"{_series_name(fv['layer'])} {what} at step {fv['step']}{value}"
+
+
 def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dict[str, Any]:
+    """The envelope as a PASS/FAIL gate (SPEC §7–8).
+
+    The level (starvation) rule is scale-free and always gated. The variance bound is gated
+    only under calibrated constants: Table 6's ε and δ are illustrative and raw variance has
+    the model's units, so under the built-in default it is reported, never a FAIL of a run it
+    was not fitted on (docs/policy.md). A gated rule the series cannot fire (too short a span)
+    makes the check INCONCLUSIVE, never PASS (issue 23 §1)."""
     if report is None:
         return _check("envelope", None, why_not or "no gradient series for this window")
     vacuous = report.get("sampling", {}).get("vacuous", [])
@@ -99,19 +136,31 @@ def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dic
         return _check("envelope", None, report["sampling"]["warnings"][-1])
     window = report.get("window") or {}
     span = f" over steps {window['from']}–{window['to']}" if window else ""
-    if report["compliant"]:
-        return _check("envelope", PASS, f"compliant on every window and level check{span} "
-                                        f"({report['source']})")
-    fv = report["first_violation"]
-    what = {"gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
-            "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
-            "starvation": "has an expert starved of gradient (000 §8.1 level side)"}.get(
-        fv["check"], fv["check"])
-    value = "" if fv.get("value") is None else f": value {fv['value']:.4g} vs bound {fv['bound']:.4g}"
-    if fv["check"] == "starvation":
-        value = f": expert {fv['expert']} share {fv['value']:.3g} < {fv['bound']:.3g} for {fv['steps']} steps"
-    return _check("envelope", FAIL, f"{_series_name(fv['layer'])} {what} at step {fv['step']}{value}{span}",
-                  deciding=dict(fv))
+    gated_variance = bool(report.get("calibrated"))
+    variance_ok = report.get("variance_compliant", report["compliant"])
+    starved = report.get("starvation") or []
+    if starved:
+        first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
+        fv = {"layer": first["layer"], "step": first["step"], "check": "starvation",
+              "expert": first["expert"], "value": first["share"],
+              "bound": report["rules"]["starvation"]["share"], "steps": first["steps"],
+              "fraction": first.get("fraction", 1.0)}
+        return _check("envelope", FAIL, _violation_text(fv) + span, deciding=fv)
+    if gated_variance and not variance_ok and report.get("first_violation"):
+        fv = report["first_violation"]
+        return _check("envelope", FAIL, _violation_text(fv) + span, deciding=dict(fv))
+    unevaluable = report.get("unevaluable") or []
+    if unevaluable:
+        return _check("envelope", INCONCLUSIVE, "not every envelope rule could be evaluated"
+                      f"{span}: " + "; ".join(f"{u['check']}: {u['reason']}" for u in unevaluable),
+                      unevaluable=list(unevaluable))
+    if not gated_variance:
+        bound = ("within" if variance_ok else "outside") + " the illustrative variance bound"
+        return _check("envelope", PASS, f"no expert starved of gradient (level check){span}; the "
+                      f"variance series stays {bound} (000 Table 6 constants, not calibrated on this "
+                      f"model: reported, not gated — `moeaudit calibrate` to gate it) ({report['source']})")
+    return _check("envelope", PASS, f"compliant on every window and level check{span} "
+                                    f"({report['source']})")
 
 
 def margin_status(margin: Mapping[str, Any], band: float) -> str:
@@ -162,6 +211,9 @@ def checks(ev: Evidence) -> list[dict[str, Any]]:
            envelope_check(ev.envelope, ev.envelope_reason),
            refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
            handoff_check(ev.margins.get("handoff"), ev.band)]
+    dup = duplicates_check(ev.gates)
+    if dup is not None:
+        out.append(dup)
     if ev.skipped:
         out.append(_check("coverage", INCONCLUSIVE, "checkpoint(s) skipped as unreadable or still "
                                                     f"being written: {', '.join(ev.skipped)}"))

@@ -339,27 +339,59 @@ def dead_experts(steps: Sequence[int], norms: Sequence[Sequence[float | None]], 
 
 
 def starvation(steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float,
-               max_steps: int) -> list[dict[str, Any]]:
-    """The level side of `000` §8.1 / Eq. 13: expert e is starved once its share of the layer's
-    gradient signal, g_e / mean_e g, stays below ``share`` for more than ``max_steps`` steps
-    (counted like dead experts, §10.3). A null norm or an all-zero sample ends a run."""
+               max_steps: int, fraction: float = 0.5) -> list[dict[str, Any]]:
+    """The level side of `000` §8.1 / Eq. 13: expert e is starved when, in some window of
+    ``max_steps`` consecutive training steps, at least ``fraction`` of the logged samples give it
+    a share of the layer's gradient signal g_e / mean_e g below ``share``. Counting the fraction
+    (not one unbroken stretch) catches starvation that comes and goes (issue 23 §4).
+
+    Only windows the series covers whole are judged (see :func:`starvation_evaluable`); a
+    sample with a null norm or an all-zero layer is not counted either way. One entry per
+    expert: the first window that meets the rule, with its worst share and starved fraction.
+    """
     out: list[dict[str, Any]] = []
+    if not steps:
+        return out
+    start = steps[0]
+    shares: list[list[float | None]] = []
+    for g_E in norms:
+        known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
+        total = sum(g_E) if known else 0.0  # type: ignore[arg-type]
+        shares.append([g * len(g_E) / total if known else None for g in g_E])  # type: ignore[operator]
     for e in range(len(norms[0]) if norms else 0):
-        since: int | None = None
-        entry: dict[str, Any] | None = None
-        for j, g_E in enumerate(norms):
-            known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
-            ratio = g_E[e] * len(g_E) / sum(g_E) if known else None  # type: ignore[operator, arg-type]
-            if ratio is not None and ratio < share:
-                since = steps[j] if since is None else since
-                if steps[j] - since + 1 > max_steps:
-                    if entry is None:
-                        entry = {"expert": e, "since": since, "step": steps[j], "share": ratio}
-                        out.append(entry)
-                    entry.update(until=steps[j], steps=steps[j] - since + 1,
-                                 share=min(entry["share"], ratio))
-            else:
-                since, entry = None, None
+        lo = 0
+        for j, t in enumerate(steps):
+            while steps[lo] <= t - max_steps:
+                lo += 1
+            if t - start + 1 < max_steps:
+                continue  # the window (t − max_steps, t] reaches before the series
+            seen: list[float] = [x for i in range(lo, j + 1) if (x := shares[i][e]) is not None]
+            low = [x for x in seen if x < share]
+            if seen and len(low) >= fraction * len(seen):
+                out.append({"expert": e, "since": steps[lo], "step": t, "until": t,
+                            "steps": max_steps, "share": min(low),
+                            "fraction": len(low) / len(seen), "samples": len(seen)})
+                break
+    return out
+
+
+def starvation_evaluable(steps: Sequence[int], max_steps: int) -> bool:
+    """Can :func:`starvation` fire on this series at all: does it cover one whole window?"""
+    return bool(steps) and steps[-1] - steps[0] + 1 >= max_steps
+
+
+def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> list[dict[str, Any]]:
+    """Gated rules that could not fire on this series (too few samples or too short a span):
+    such a rule is not evaluated — never "compliant" (issue 23 §1)."""
+    out = []
+    span = series.steps[-1] - series.steps[0] + 1 if series.steps else 0
+    if series.norms is None:
+        out.append({"check": "starvation", "reason": "no per-expert gradient norms in the series"})
+    elif not starvation_evaluable(series.steps, settings.starve_steps):
+        out.append({"check": "starvation",
+                    "reason": f"the series spans {span} step(s) (steps {series.steps[0]}–"
+                              f"{series.steps[-1]}); the level rule judges windows of "
+                              f"envelope.starve_steps = {settings.starve_steps} steps"})
     return out
 
 
@@ -386,7 +418,8 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
         "calibrated": settings.calibrated, "provenance": settings.provenance,
         "rules": {"alert": {"a": settings.alert_a, "b": settings.alert_b, "n": settings.alert_n},
                   "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps},
-                  "starvation": {"share": settings.starve_share, "steps": settings.starve_steps}},
+                  "starvation": {"share": settings.starve_share, "steps": settings.starve_steps,
+                                 "fraction": settings.starve_fraction}},
         "series": {key: c.samples for key, c in checks.items()},
         "windows": [{"series": key, **w} for key, c in checks.items() for w in c.windows],
         "discrete": [{"series": key, **r} for key, c in checks.items() for r in c.discrete],
@@ -400,6 +433,8 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
     report["sampling"] = sampling(series, settings)
     if series.steps:
         report["window"] = {"from": series.steps[0], "to": series.steps[-1]}
+    report["variance_compliant"] = report["compliant"]
+    report["unevaluable"] = unevaluable_rules(series, settings)
     _rules(series, settings, report)
     if report["starvation"]:
         report["compliant"] = False
@@ -409,7 +444,7 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
             report["first_violation"] = {
                 "layer": first["layer"], "step": first["step"], "check": "starvation",
                 "expert": first["expert"], "value": first["share"], "bound": settings.starve_share,
-                "steps": first["steps"], "series": [first["layer"]]}
+                "steps": first["steps"], "fraction": first["fraction"], "series": [first["layer"]]}
     return report
 
 
@@ -499,7 +534,8 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
     for layer, norms in series.norms.items():
         for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
-        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps):
+        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps,
+                                  s.starve_fraction):
             report["starvation"].append({"layer": layer, **starved})
 
 
@@ -638,15 +674,19 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
     provenance = (s.provenance + f"; c = {best.c:g} chosen in [{cs[0]:g}, {cs[-1]:g}] for the smallest "
                   f"budget ε/δ = {budget(s.delta, s.epsilon):.4g}")
     if share is not None:
-        provenance += (f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (lowest expert share of the "
-                       "healthy run, halved)")
+        provenance += (f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (1% quantile of the healthy "
+                       "run's expert shares, halved)")
     starve_share = s.starve_share if share is None else share / LEVEL_SAFETY
     settings = replace(s, calibration_c=best.c, provenance=provenance, starve_share=starve_share)
     return replace(best, settings=settings)
 
 
+SHARE_QUANTILE = 0.01  # robust: a few zero norms in a healthy log cannot set the share to 0
+
+
 def _healthy_share(series: EnvelopeSeries) -> float | None:
-    """The lowest g_e / mean_e g over the healthy run's layers and samples."""
+    """A low quantile (1%) of g_e / mean_e g over the healthy run's layers, samples and
+    experts — not the minimum, which one zero norm would set to 0 (issue 23 §3)."""
     if not series.norms:
         return None
     shares = []
@@ -654,8 +694,24 @@ def _healthy_share(series: EnvelopeSeries) -> float | None:
         for g_E in vectors:
             known_E = [g for g in g_E if g is not None]
             if len(known_E) == len(g_E) and sum(known_E) > 0:
-                shares.append(min(known_E) * len(known_E) / sum(known_E))
-    return min(shares) if shares else None
+                shares += [g * len(known_E) / sum(known_E) for g in known_E]
+    if not shares:
+        return None
+    shares.sort()
+    return shares[int(SHARE_QUANTILE * (len(shares) - 1))]
+
+
+def half_dead(series: EnvelopeSeries) -> EnvelopeSeries:
+    """The healthy run's steps with the first half of every layer's experts at zero gradient
+    for the whole run (the others as logged) — starvation every useful envelope must reject."""
+    if not series.norms:
+        raise InputError("a falsifiability check needs per-expert gradient norms",
+                         path=series.origin or None)
+    norms = {layer: [[0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0)
+                      for e, g in enumerate(g_E)] for g_E in vectors]
+             for layer, vectors in series.norms.items()}
+    return from_norms(series.source, series.steps, norms, series.variant,
+                      origin=f"{series.origin} (half the experts at zero gradient)")
 
 
 def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:

@@ -29,7 +29,8 @@ from moeaudit.judge.policy import GateSettings
 
 BASELINE, GREEN, YELLOW, RED = "BASELINE", "GREEN", "YELLOW", "RED"
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
-IMPROVING, STALLING, WORSENING = "improving", "stalling", "worsening"
+IMPROVING, NO_CHANGE, WORSENING = "improving", "no change", "worsening"
+STALLING = NO_CHANGE  # the old name of "no change beyond noise" (`003` Table 11: not improving)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,23 @@ class Checkpointed:
     step: int
     receipts: Mapping[str, Any]
     baseline_reason: str | None = None
-    training_loss: float | None = None  # mean logged training loss over (previous gate, step]
+    # Mean of each logged training-loss key over (previous gate, step], by its logged name:
+    # ``lm_loss`` (language-model loss, no auxiliary terms) and/or ``loss`` (what the training
+    # loop reported as its objective). Never stands in for the canary NLL.
+    training: Mapping[str, float] | None = None
+
+    @property
+    def training_loss(self) -> float | None:
+        """The primary logged training loss: ``lm_loss`` where logged, else ``loss``."""
+        named = primary_training(self.training)
+        return None if named is None else named[1]
+
+
+def primary_training(training: Mapping[str, float] | None) -> tuple[str, float] | None:
+    for key in ("lm_loss", "loss"):
+        if training and training.get(key) is not None:
+            return key, training[key]
+    return None
 
 
 def _layers(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
@@ -53,7 +70,8 @@ def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict
         later = [s for s in steps if s >= ev["step"]]
         if later and later[0] not in out:
             note = f": {ev['note']}" if ev.get("note") else ""
-            out[later[0]] = f"{ev['event']} at step {ev['step']}{note}"
+            source = f" (declared in {ev['source']})" if ev.get("source") else ""
+            out[later[0]] = f"{ev['event']} at step {ev['step']}{source}{note}"
     return out
 
 
@@ -75,11 +93,12 @@ def _half_width(entry: Mapping[str, Any]) -> float:
 
 def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int],
                g: GateSettings) -> dict[str, Any]:
-    """c2_ok and occupancy_ok of a gate against its active baseline (SPEC §8).
+    """c2_ok and occupancy_ok of a gate against a baseline (SPEC §8).
 
-    A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, noise), where noise is the
-    95% half-width of the difference from the two window-bootstrap intervals (√(hw_j² + hw_b²)):
-    a drop inside the canary's own sampling noise is not evidence of damage (`003` §5).
+    A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
+    where noise is the 95% half-width of the difference from the two window-bootstrap intervals
+    (√(hw_j² + hw_b²)): a drop inside the canary's own sampling noise is not evidence of damage
+    (`003` §5), and C2's level depends on the model, so the practical tolerance is relative.
     """
     now, then = _layers(gate), _layers(base)
     c2_deltas, slack = {}, {}
@@ -88,7 +107,7 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
         if a is not None and b is not None:
             c2_deltas[layer] = a - b
             noise = (_half_width(now[layer]) ** 2 + _half_width(then[layer]) ** 2) ** 0.5
-            slack[layer] = max(g.tol_c2, noise)
+            slack[layer] = max(g.tol_c2, g.tol_c2_rel * abs(b), noise)
     fallen = [layer for layer, d in c2_deltas.items() if d < -slack[layer]]
     c2_min = min(c2_deltas.values()) if c2_deltas else None
     dead_up, pi_ratio, h_ratio = [], [], []
@@ -104,6 +123,7 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
         "against": base["checkpoint"]["name"],
         "c2_ok": not fallen,
         "c2_min_delta": c2_min,
+        "c2_deltas": {str(k): v for k, v in c2_deltas.items()},
         "c2_tolerance": {str(k): v for k, v in slack.items()},
         "c2_fallen_layers": fallen,
         "occupancy_ok": occupancy_ok,
@@ -119,25 +139,31 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
 
 def health(doc: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
     """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
-    floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer."""
+    floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer.
+    ``failed`` holds each failure as {layer, what, value, threshold} for scripts."""
     ck = doc["checkpoint"]
     E, k = ck.get("experts"), ck.get("top_k")
-    problems = []
+    problems: list[str] = []
+    failed: list[dict[str, Any]] = []
     for entry in doc["layers"]:
         o, layer = entry["occupancy"], entry["layer"]
         dead_max = int(g.floor_dead_fraction * E) if E else 0
         if o["dead"] > dead_max:
             problems.append(f"layer {layer}: {o['dead']} dead expert(s) (floor: at most {dead_max})")
+            failed.append({"layer": layer, "what": "dead experts", "value": o["dead"], "threshold": dead_max})
         share = None if o["pi_min"] is None or not E or not k else o["pi_min"] * E / k
         if share is None or share < g.floor_pi_share:
             shown = "unknown" if share is None else f"{share:.3f}"
             problems.append(f"layer {layer}: π_min is {shown} of the uniform share k/E "
                             f"(floor {g.floor_pi_share})")
+            failed.append({"layer": layer, "what": "π_min share of k/E", "value": share,
+                           "threshold": g.floor_pi_share})
         h = o["entropy_norm"]
         if h is None or h < g.floor_entropy_norm:
             shown = "unknown" if h is None else f"{h:.3f}"
             problems.append(f"layer {layer}: H_norm {shown} (floor {g.floor_entropy_norm})")
-    return {"ok": not problems, "problems": problems}
+            failed.append({"layer": layer, "what": "H_norm", "value": h, "threshold": g.floor_entropy_norm})
+    return {"ok": not problems, "problems": problems, "failed": failed}
 
 
 # --- the scalar trend: canary NLL with a paired window bootstrap ---------------------------------
@@ -174,7 +200,7 @@ def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: i
 
 def scalar_trend(change: Mapping[str, Any], tol: float) -> str:
     """improving / worsening only when the change exceeds ``tol`` and its interval excludes 0;
-    anything else is stalling (`003` Table 11: stalling is not improving)."""
+    anything else is "no change" beyond noise (`003` Table 11: it counts as not improving)."""
     d, ci = change["delta"], change["ci95"]
     if d is None:
         return "unknown"
@@ -182,7 +208,7 @@ def scalar_trend(change: Mapping[str, Any], tol: float) -> str:
         return IMPROVING
     if d > tol and (ci is None or ci[0] > 0):
         return WORSENING
-    return STALLING
+    return NO_CHANGE
 
 
 def _fmt_change(c: Mapping[str, Any]) -> str:
@@ -193,47 +219,82 @@ def _fmt_change(c: Mapping[str, Any]) -> str:
 
 # --- claims (Table 4, Table 11), from the quantities they name ---------------------------------
 
+TRAINING_KEYS = {
+    "lm_loss": "the logged lm_loss (language-model loss of the training batches, no auxiliary terms)",
+    "loss": "the logged loss (the training loop's reported objective, auxiliary terms included "
+            "where the model adds them)",
+}
+
+
+def _training_sentences(training: Mapping[str, Any] | None) -> list[str]:
+    """One sentence per logged training-loss key, each named exactly as logged."""
+    out = []
+    for key, name in TRAINING_KEYS.items():
+        pair = (training or {}).get(key)
+        if not pair or pair[0] is None or pair[1] is None:
+            continue
+        a, b = pair
+        verb = "fell" if b < a else "rose" if b > a else "held"
+        out.append(f"{name} {verb} from {a:.4f} to {b:.4f} (interval means; the run's own "
+                   "training batches, not the canary)")
+    return out
+
+
+def _scalar_sentence(trend: str, change: Mapping[str, Any]) -> str:
+    """One vocabulary, from the interval: improving / worsening / no change beyond noise. A
+    point estimate inside noise is never signed as "fell" or "rose" (issue 23 §6)."""
+    if trend == IMPROVING:
+        return f"canary NLL improving beyond noise: fell {_fmt_change(change)}"
+    if trend == WORSENING:
+        return f"canary NLL worsening beyond noise: rose {_fmt_change(change)}"
+    return f"canary NLL: no change beyond tolerance and bootstrap noise, {_fmt_change(change)}"
+
 
 def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mapping[str, Any] | None,
-           training: Mapping[str, Any] | None = None, tol: float = 0.0) -> dict[str, list[str]]:
-    """What this gate's receipts license and what they do not, each sentence naming its numbers."""
+           training: Mapping[str, Any] | None = None, tol: float = 0.0,
+           health_problems: Sequence[str] = ()) -> dict[str, list[str]]:
+    """What this gate's receipts license and what they do not, each sentence naming its numbers.
+
+    ``training``: logged key → (value at the previous gate, value here), interval means."""
     lic, not_lic = [], []
     if change is not None and change["delta"] is not None:
+        lic.append(_scalar_sentence(trend, change))
         if trend == IMPROVING:
-            lic.append(f"the objective improved on the visited region: canary NLL fell {_fmt_change(change)}")
+            lic.append("the objective improved on the visited region (the canary)")
             not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
-        elif trend == WORSENING:
-            lic.append(f"the objective worsened on the canary: canary NLL rose {_fmt_change(change)}")
-        else:
-            lic.append(f"canary NLL is stalling: no change beyond tolerance and bootstrap noise, "
-                       f"{_fmt_change(change)}")
-    training_fell = False
-    if training is not None and training.get("from") is not None and training.get("to") is not None:
-        training_fell = training["to"] < training["from"] - tol
-        verb = "fell" if training["to"] < training["from"] else "rose" if training["to"] > training["from"] else "held"
-        lic.append(f"the logged training loss (the run's own objective, not the canary) {verb} from "
-                   f"{training['from']:.4f} to {training['to']:.4f} (interval means)")
+    lic += _training_sentences(training)
+    both = {k: v for k, v in (training or {}).items() if v[0] is not None and v[1] is not None}
+    key = next((k for k in ("lm_loss", "loss") if k in both), None)
+    training_fell = key is not None and both[key][1] < both[key][0] - tol
+    if health_problems:
+        lic.append("expert usage is below an absolute health floor: " + "; ".join(health_problems[:3])
+                   + (f" (and {len(health_problems) - 3} more)" if len(health_problems) > 3 else ""))
     if st is None:
         lic.append("this is the state of the routed model at this reference point")
         not_lic.append("any preservation claim about training after this point (needs the next gate)")
         return {"licensed": lic, "not_licensed": not_lic}
     against = st.get("against", "the baseline")
-    if st["occupancy_ok"]:
-        lic.append(f"expert usage stayed within the occupancy floors of {against}")
-    else:
-        lic.append(f"expert usage narrowed against {against} (occupancy degeneration)")
+    if st["occupancy_ok"] and not health_problems:
+        lic.append(f"expert usage stayed within the occupancy floors of {against} "
+                   f"(π_min ratio {st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})")
+    elif not st["occupancy_ok"]:
+        lic.append(f"expert usage narrowed against {against} (occupancy degeneration: π_min ratio "
+                   f"{st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})")
     if st["c2_ok"]:
         lic.append("co-active overlap compatibility (C2) held on the protected layers")
     else:
-        lic.append("co-active overlap compatibility (C2) fell on a protected layer")
-    if not st["ok"] and trend == IMPROVING:
-        lic.append("scalar improvement without geometric recovery (canary NLL fell, structure did not hold)")
+        lic.append(f"co-active overlap compatibility (C2) fell on protected layer(s) "
+                   f"{st['c2_fallen_layers']} against {against}")
+    structure_ok = st["ok"] and not health_problems
+    if not structure_ok and trend == IMPROVING:
+        lic.append("scalar improvement without geometric recovery (canary NLL improving, structure did not hold)")
         not_lic.append("structural health or preservation of the routed model")
-    elif not st["ok"] and training_fell:
-        lic.append("training-loss improvement without geometric recovery (the logged training loss "
-                   "fell, structure did not hold; canary NLL did not fall)")
+    elif not structure_ok and training_fell:
+        canary = "no change beyond noise" if trend == NO_CHANGE else f"{trend} beyond noise"
+        lic.append(f"training-loss improvement without geometric recovery (the logged {key} fell, "
+                   f"structure did not hold; canary NLL: {canary})")
         not_lic.append("structural health or preservation of the routed model")
-    if st["ok"]:
+    if structure_ok:
         lic.append(f"structure preserved against {against} at this gate")
     if status == BASELINE:
         not_lic.append("any preservation claim about training after this point (needs the next gate)")
@@ -244,46 +305,84 @@ def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mappin
 # --- the gates ------------------------------------------------------------------------------------
 
 
-def _status(st: Mapping[str, Any], trend: str, streak: int, g: GateSettings) -> str:
-    if st["ok"]:
+def _status(st: Mapping[str, Any], health_bad: bool, trend: str, streak: int, g: GateSettings) -> str:
+    """GREEN when structure holds and every health floor is cleared; otherwise YELLOW, or RED
+    after ``escalate_after`` consecutive bad gates, or at once when structure and scalar are
+    both bad (SPEC §8: structure bad and canary NLL worsening; `003` Table 11's last row: C2
+    fallen and occupancy degraded while the scalar is not improving)."""
+    if st["ok"] and not health_bad:
         return GREEN
+    both_bad = trend == WORSENING
     table11_last_row = not st["c2_ok"] and not st["occupancy_ok"] and trend != IMPROVING
-    return RED if streak >= g.escalate_after or table11_last_row else YELLOW
+    return RED if streak >= g.escalate_after or both_bad or table11_last_row else YELLOW
+
+
+def _combine(comparisons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One structural reading from the comparisons with every baseline so far (the active one
+    last): ok only if every comparison holds — events add baselines, so they can add a
+    comparison but never remove one (issue 23 §5). The deciding comparison is the first that
+    fails (else the active one); the others are listed."""
+    active = comparisons[-1]
+    failing = [c for c in comparisons if not c["ok"]]
+    deciding = dict(failing[0] if failing else active)
+    deciding["c2_ok"] = all(c["c2_ok"] for c in comparisons)
+    deciding["occupancy_ok"] = all(c["occupancy_ok"] for c in comparisons)
+    deciding["ok"] = not failing
+    deciding["active"] = active["against"]
+    others = [c for c in comparisons if c is not (failing[0] if failing else active)]
+    if others:
+        deciding["also_against"] = [{k: c[k] for k in ("against", "ok", "c2_ok", "occupancy_ok",
+                                                        "c2_min_delta", "pi_min_ratio", "entropy_ratio")}
+                                    for c in others]
+    return deciding
 
 
 def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
                    resamples: int = 1000, seed: int = 0,
                    interval: Interval = paired_interval) -> list[dict[str, Any]]:
+    """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
+    first checkpoint and each event's — and is judged by the worst comparison, so an event
+    written by the audited party can start a new drift baseline but never erase a regression."""
     gates: list[dict[str, Any]] = []
-    base: Checkpointed | None = None
+    bases: list[Checkpointed] = []
     previous: Checkpointed | None = None
+    seen: dict[str, int] = {}  # digest → first step with it
     streak = 0
     for p in points:
         change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed,
                                                           interval)
         trend = "first" if change is None else scalar_trend(change, g.nll_tol)
-        training = None if previous is None else {"from": previous.training_loss, "to": p.training_loss}
+        training = None if previous is None else {
+            k: (None if previous.training is None else previous.training.get(k), p.training.get(k))
+            for k in (p.training or {})} if p.training else None
         summary = gate_summary(p.receipts)
         summary["training_loss"] = p.training_loss
+        hp = health(p.receipts, g)
         gate: dict[str, Any] = {"step": p.step, "scalar": trend, "nll_change": change,
-                                "receipts": summary, "health": health(p.receipts, g)}
-        new_base = base is None or p.baseline_reason is not None
-        st = None if base is None else structural(p.receipts, base.receipts, protected, g)
+                                "receipts": summary, "health": hp}
+        digest = p.receipts["checkpoint"].get("digest")
+        if isinstance(digest, str) and digest in seen:
+            gate["duplicate_of"] = seen[digest]  # the same bytes under another step name
+        elif isinstance(digest, str):
+            seen[digest] = p.step
+        st = _combine([structural(p.receipts, b.receipts, protected, g) for b in bases]) if bases else None
+        health_bad = not hp["ok"]
         if st is not None:
-            streak = 0 if st["ok"] else streak + 1
-        if new_base:
+            streak = 0 if st["ok"] and not health_bad else streak + 1
+        if not bases or p.baseline_reason is not None:
             gate["reason"] = p.baseline_reason or "first checkpoint of the run"
             gate["new_baseline"] = True
             if st is not None:
                 gate["continuity"] = st  # a resume cannot erase a regression
-            gate["status"] = BASELINE if st is None or st["ok"] else _status(st, trend, streak, g)
-            gate["baseline"] = p.step if st is None else base.step  # type: ignore[union-attr]
-            base = p
+            gate["status"] = BASELINE if st is None or (st["ok"] and not health_bad) else \
+                _status(st, health_bad, trend, streak, g)
+            gate["baseline"] = p.step if not bases else bases[-1].step
+            bases.append(p)
         else:
-            assert base is not None and st is not None
-            gate.update(status=_status(st, trend, streak, g), baseline=base.step, structural=st)
+            gate.update(status=_status(st, health_bad, trend, streak, g), baseline=bases[-1].step,  # type: ignore[arg-type]
+                        structural=st)
         gate["consecutive_bad"] = streak
-        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol)
+        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"])
         gates.append(gate)
         previous = p
     return gates

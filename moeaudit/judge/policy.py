@@ -81,6 +81,9 @@ class EnvelopeSettings:
     # steps. The variance bound alone cannot see starvation of raw norms (they shrink with it).
     starve_share: float = 0.01
     starve_steps: int = 100
+    # ... on at least this fraction of the logged samples of some starve_steps window (issue 23
+    # §4: starvation that comes and goes is starvation; 1.0 would be one unbroken stretch).
+    starve_fraction: float = 0.5
     calibration_c: float = 0.0  # the c of Eq. 16 the constants were fitted with (0: not fitted)
 
 
@@ -92,18 +95,23 @@ class GateSettings:
     # and `gate` treats a promotion as post-training (SPEC §8, §9).
     stage: str | None = None
     escalate_after: int = 4
+    # A protected layer's C2 has fallen when it drops by more than the largest of: tol_c2
+    # (absolute), tol_c2_rel × |C2 of the baseline| (scale-free: C2's level depends on the
+    # model's width, experts and k), and the canary's own bootstrap noise of the difference.
+    # docs/policy.md; `calibrate` fits tol_c2_rel on a healthy run.
     tol_c2: float = 0.02
+    tol_c2_rel: float = 0.5
     tol_dead: int = 0
     pi_min_ratio_floor: float = 0.5
     entropy_ratio_floor: float = 0.9
-    nll_tol: float = 1e-3  # |ΔNLL| below this is "stalling"
+    nll_tol: float = 1e-3  # |ΔNLL| below this is "no change" (and so is a change inside its noise)
     inconclusive_band: float = 0.01  # evidence within this of a threshold is INCONCLUSIVE
-    # Absolute health floors, on every checkpoint including baselines (docs/decisions.md):
-    # justified on the sample runs — healthy/deepseek/resume never go below 0.33 / 0.98, the
-    # collapse run starts at 0.00 / 0.36 with dead experts.
+    # Absolute health floors, on every checkpoint including baselines (docs/policy.md).
     floor_dead_fraction: float = 0.0  # at most this fraction of a layer's experts dead
     floor_pi_share: float = 0.1  # π_min ≥ this × the uniform share k/E
     floor_entropy_norm: float = 0.6  # normalised load entropy H/ln E
+    calibrated: bool = False  # set by `moeaudit calibrate` (which fits tol_c2_rel and the ratio floors)
+    provenance: str = "built-in defaults"
 
 
 @dataclass(frozen=True)
@@ -249,6 +257,7 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
         (e.alert_n >= 1 and e.dead_steps >= 1 and e.starve_steps >= 1,
          "envelope.alert_n, dead_steps and starve_steps must be ≥ 1"),
         (0 <= e.starve_share < 1, "envelope.starve_share must be in [0, 1)"),
+        (0 < e.starve_fraction <= 1, "envelope.starve_fraction must be in (0, 1]"),
         (e.window >= 3 / e.delta if 0 < e.delta < 1 else True,
          f"envelope.window must be ≥ 3/δ (000 Eq. 17: three time constants), here "
          f"{e.window} < {3 / e.delta if 0 < e.delta < 1 else 0:.0f}"),
@@ -256,6 +265,8 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
          "gates.stage must be 'pretraining' or 'post-training'"),
         (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
         (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
+        (0 <= g.tol_c2_rel < 1, "gates.tol_c2_rel must be in [0, 1): at 1 a protected layer's C2 "
+         "could fall to 0 and still pass"),
         (0 <= g.floor_dead_fraction <= 1 and g.floor_pi_share >= 0 and 0 <= g.floor_entropy_norm <= 1,
          "gates.floor_dead_fraction and floor_entropy_norm must be in [0, 1], floor_pi_share ≥ 0"),
         (min(g.pi_min_ratio_floor, g.entropy_ratio_floor, g.nll_tol, g.inconclusive_band) >= 0,

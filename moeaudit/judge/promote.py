@@ -1,98 +1,185 @@
 """``moeaudit gate``: promote or hold a candidate over its base (SPEC §9, CI gate).
 
-The gate is a two-checkpoint run — the base a BASELINE, the candidate a gate against it —
-decided by the same check list as ``certify`` (:func:`moeaudit.judge.decide.decide`): promote
-(exit 0) only when that verdict is PASS, hold (exit 1) on a FAIL or a candidate that is not
-GREEN, INCONCLUSIVE (exit 3) when the evidence is within noise or tolerance of a threshold.
+Within one run (BASE and CANDIDATE are ``checkpoint-<step>`` directories of the same run
+directory) the candidate is judged exactly as ``certify`` would judge it on the run truncated
+at the candidate: every checkpoint on disk up to it, the run's own baselines (its first
+checkpoint and each event's), the envelope over the logs from the run's start (issue 23 §1).
+Comparing only the two checkpoints given would let a gate promote what certify marks RED. A
+candidate earlier than its base in the same run is a rollback and is held.
 
-Stage: ``--stage``, else the candidate run's ``events.jsonl``, else the policy's, else
-pretraining when base and candidate are checkpoints of one run (a step of that run, as
-``certify`` would judge it) and post-training when they are not (a promotion, SPEC §9).
-The envelope window is (base, candidate] of the candidate's run logs.
+Across runs (a promotion from one run's checkpoint to another's) the gate is a two-checkpoint
+run — the base a BASELINE, the candidate a gate against it — decided by the same check list
+(:func:`moeaudit.judge.decide.decide`).
+
+Decision: PROMOTE (exit 0) only when that verdict is PASS; HOLD (exit 1) on a FAIL or a
+candidate that is not GREEN (SPEC §9); INCONCLUSIVE (exit 3) otherwise — evidence within noise
+or tolerance of a threshold, a rule that could not be evaluated, a candidate that is itself a
+new baseline, or a run whose earlier YELLOW has not been cleared (`003` Table 13: one rebound
+is no all-clear).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from moeaudit.judge.decide import Evidence, decide, resolve_stage
-from moeaudit.judge.gates import GREEN, Checkpointed, drift_summary, evaluate_gates, nonfinite_findings
+from moeaudit.judge.decide import HOLD, INCONCLUSIVE, PROMOTE, Evidence, decide, resolve_stage
+from moeaudit.judge.gates import GREEN, RED, YELLOW, Checkpointed, drift_summary, evaluate_gates, nonfinite_findings
 from moeaudit.judge.policy import GateSettings, Policy
 from moeaudit.run import read_logs, run_of, step_of
 
 CONDITION_STATUS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", None: "skipped"}
 
 
-def _steps(base: Path, candidate: Path) -> tuple[int, int, Path | None, bool]:
-    """(base step, candidate step, candidate run directory, same run?)."""
-    b_step, c_step = step_of(base), step_of(candidate)
+def placement(base: Path, candidate: Path) -> tuple[Path | None, int | None, int | None]:
+    """(run directory, base step, candidate step) when both are checkpoints of one run, else
+    (None, …)."""
     b_run, c_run = run_of(base), run_of(candidate)
-    same = b_run is not None and b_run == c_run
-    if b_step is None or c_step is None or (same and c_step <= b_step):
-        return 0, 1, c_run, same  # no usable steps: no envelope window
-    return b_step, c_step, c_run, same
+    if b_run is None or b_run != c_run:
+        return None, step_of(base), step_of(candidate)
+    return c_run, step_of(base), step_of(candidate)
+
+
+def rollback(base: Path, candidate: Path, b_step: int, c_step: int) -> dict[str, Any]:
+    """The held result for a candidate earlier than its base in the same run."""
+    why = (f"{candidate.name} (step {c_step}) is earlier than {base.name} (step {b_step}) in the "
+           "same run: a rollback, not a promotion")
+    cond = {"name": "candidate after base", "status": "fail", "value": c_step, "threshold": b_step,
+            "detail": why}
+    return {"decision": HOLD, "verdict": None, "verdict_reason": why, "conditions": [cond],
+            "base": base.name, "candidate": candidate.name, "stage": None, "stage_source": None,
+            "gates": [], "checks": [], "envelope": None, "judged_in_run": None}
+
+
+def decision(verdict: str, gates: Sequence[Mapping[str, Any]]) -> str:
+    """The promotion reading of a verdict, for the candidate (the last gate)."""
+    cand = gates[-1]["status"]
+    if verdict == "FAIL" or cand in (YELLOW, RED):
+        return HOLD
+    if verdict == "PASS" and cand == GREEN:
+        return PROMOTE
+    return INCONCLUSIVE
+
+
+def gate_from_audit(predicate: Mapping[str, Any], *, base: Path, candidate: Path, b_step: int,
+                    policy: Policy) -> dict[str, Any]:
+    """The promotion decision on certify's own evidence of the run truncated at the candidate."""
+    gates = predicate["gates"]
+    cand = gates[-1]
+    result_decision = decision(predicate["verdict"], gates)
+    notes = []
+    if cand["baseline"] != b_step and cand.get("status") != "BASELINE":
+        notes.append(f"judged against the run's active baseline at step {cand['baseline']} (as "
+                     f"certify would), with every checkpoint up to {candidate.name}; the base you "
+                     f"named is step {b_step}")
+    earlier = [g["step"] for g in gates[:-1] if g["status"] in (YELLOW, RED)]
+    if earlier and result_decision == INCONCLUSIVE and cand["status"] == GREEN:
+        notes.append(f"the candidate is GREEN, but the run was YELLOW/RED at step(s) "
+                     f"{', '.join(map(str, earlier))}: one recovery is no all-clear (003 Table 13)")
+    return {"decision": result_decision, "verdict": predicate["verdict"],
+            "verdict_reason": predicate["verdict_reason"],
+            "conditions": conditions(cand, predicate["checks"], policy.gates),
+            "base": base.name, "candidate": candidate.name, "stage": predicate["run"]["stage"],
+            "stage_source": predicate["run"]["stage_source"], "gates": gates,
+            "checks": predicate["checks"], "envelope": predicate["envelope"],
+            "judged_in_run": {"run": predicate["run"]["path"], "checkpoints": predicate["run"]["checkpoints"],
+                              "baseline": cand["baseline"]},
+            "notes": notes}
 
 
 def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path,
                    spec: Any, stage: str | None = None) -> dict[str, Any]:
-    """The promotion decision on ``compare``'s evidence (a ``moeaudit.compare/v1`` document)."""
-    from moeaudit.series import envelope_evidence
+    """The promotion decision across runs, on ``compare``'s evidence (``moeaudit.compare/v1``)."""
 
-    b_step, c_step, run_dir, same_run = _steps(base, candidate)
+    b_step, c_step = step_of(base), step_of(candidate)
+    run_dir = run_of(candidate)
     logs = read_logs(run_dir) if run_dir is not None else None
     stage, stage_source = resolve_stage(stage, policy.gates.stage, logs.stage if logs else None,
-                                        "pretraining" if same_run else "post-training")
+                                        "post-training")
     base_doc, cand_doc = compare_doc["base"], compare_doc["candidate"]
-    points = [Checkpointed(b_step, base_doc, "base of the promotion"), Checkpointed(c_step, cand_doc)]
+    known = b_step is not None and c_step is not None
+    points = [Checkpointed(b_step if known else 0, base_doc, "base of the promotion"),  # type: ignore[arg-type]
+              Checkpointed(c_step if known else 1, cand_doc)]  # type: ignore[arg-type]
     gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
                            resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
-    gates[1]["drift"] = drift_summary({"base_step": b_step, "layers": compare_doc["layers"]})
-    env_report: dict[str, Any] | None
-    env_why: str | None
-    if (b_step, c_step) == (0, 1) and step_of(candidate) != 1:
-        env_report, env_why = None, ("base and candidate are not checkpoint-<step> directories of "
-                                     "increasing steps; the envelope window is unknown")
-    else:
-        breaks = [e.step for e in logs.events] if logs else []
-        env_report, env_why = envelope_evidence(logs, {b_step: base_doc, c_step: cand_doc}, policy,
-                                                stage, spec, start=b_step, end=c_step, breaks=breaks,
-                                                origin=str(run_dir or candidate))
+    gates[1]["drift"] = drift_summary({"base_step": points[0].step, "layers": compare_doc["layers"]})
+    env_report: dict[str, Any] | None = None
+    env_why = ("base and candidate are checkpoints of different runs: the candidate run's logs "
+               "before the base are not training from the base, so no envelope window is known")
     bad = nonfinite_findings([cand_doc])
-    decision = decide(Evidence(stage=stage, stage_source=stage_source, gates=gates,
-                               margins=compare_doc["margins"], envelope=env_report,
-                               envelope_reason=env_why, nonfinite=bad,
-                               band=policy.gates.inconclusive_band))
-    return {"decision": decision["promotion"], "verdict": decision["verdict"],
-            "verdict_reason": decision["verdict_reason"],
-            "conditions": conditions(gates[1], decision["checks"], policy.gates),
+    decided = decide(Evidence(stage=stage, stage_source=stage_source, gates=gates,
+                              margins=compare_doc["margins"], envelope=env_report,
+                              envelope_reason=env_why, nonfinite=bad,
+                              band=policy.gates.inconclusive_band))
+    return {"decision": decision(decided["verdict"], gates), "verdict": decided["verdict"],
+            "verdict_reason": decided["verdict_reason"],
+            "conditions": conditions(gates[1], decided["checks"], policy.gates),
             "base": base_doc["checkpoint"]["name"], "candidate": cand_doc["checkpoint"]["name"],
             "stage": stage, "stage_source": stage_source, "gates": gates,
-            "checks": decision["checks"], "envelope": env_report}
+            "checks": decided["checks"], "envelope": env_report, "judged_in_run": None, "notes": []}
 
 
-def candidate_condition(gate: dict[str, Any], g: GateSettings) -> dict[str, Any]:
-    st = gate["structural"]
-    tol = max(st["c2_tolerance"].values(), default=0.0)
-    parts = [f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
-             f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
-             f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
-             f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
-             f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}"
-             + (f", more dead experts on layers {st['layers_with_more_dead']}" if st['layers_with_more_dead'] else "")
-             + ")"]
+def _structure_failures(st: Mapping[str, Any], g: GateSettings) -> list[dict[str, Any]]:
+    """Each structural condition that failed, with the value and threshold that failed."""
+    out = []
+    if not st["c2_ok"]:
+        tol = st["c2_tolerance"]
+        for layer in st["c2_fallen_layers"]:
+            out.append({"what": f"C2 change on protected layer {layer} against {st['against']}",
+                        "value": (st.get("c2_deltas") or {}).get(str(layer), st["c2_min_delta"]),
+                        "threshold": -tol[str(layer)]})
+    if st["pi_min_ratio"] < g.pi_min_ratio_floor:
+        out.append({"what": f"π_min ratio against {st['against']}", "value": st["pi_min_ratio"],
+                    "threshold": g.pi_min_ratio_floor})
+    if st["entropy_ratio"] < g.entropy_ratio_floor:
+        out.append({"what": f"entropy ratio against {st['against']}", "value": st["entropy_ratio"],
+                    "threshold": g.entropy_ratio_floor})
+    if st["layers_with_more_dead"]:
+        out.append({"what": f"layers with more dead experts than {st['against']}",
+                    "value": len(st["layers_with_more_dead"]), "threshold": 0})
+    return out
+
+
+def candidate_condition(gate: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
+    st = gate.get("structural") or gate.get("continuity")
+    failed = [] if st is None else _structure_failures(st, g)
+    failed += [{"what": f"layer {f['layer']} {f['what']} (absolute floor)", "value": f["value"],
+                "threshold": f["threshold"]} for f in gate["health"].get("failed", [])]
+    parts = []
+    if st is not None:
+        tol = max(st["c2_tolerance"].values(), default=0.0)
+        more = (f", more dead experts on layers {st['layers_with_more_dead']}"
+                if st["layers_with_more_dead"] else "")
+        parts = [f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
+                 f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
+                 f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
+                 f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
+                 f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}{more})"]
     if gate["health"]["problems"]:
         parts.append("below a health floor: " + "; ".join(gate["health"]["problems"][:2]))
-    return {"name": "candidate gate GREEN", "status": "pass" if gate["status"] == GREEN else "fail",
-            "value": st["c2_min_delta"], "threshold": -tol,
-            "detail": f"{gate['status']}: " + "; ".join(parts)}
+    if st is None:
+        parts.append("the candidate is a baseline: nothing to compare it with")
+    status = "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail"
+    first = failed[0] if failed else None
+    return {"name": "candidate gate", "status": status,
+            "value": first["value"] if first else (None if st is None else st["c2_min_delta"]),
+            "threshold": first["threshold"] if first else (None if st is None else
+                                                             -max(st["c2_tolerance"].values(), default=0.0)),
+            "failed": failed,
+            "detail": f"{gate['status']} at step {gate['step']} — " + "; ".join(parts)}
 
 
-def conditions(gate: dict[str, Any], checks: list[dict[str, Any]], g: GateSettings) -> list[dict[str, Any]]:
+def conditions(gate: Mapping[str, Any], checks: Sequence[Mapping[str, Any]],
+               g: GateSettings) -> list[dict[str, Any]]:
     out = [candidate_condition(gate, g)]
     for c in checks:
+        value, threshold = c.get("value"), (0.0 if "value" in c else None)
+        deciding = c.get("deciding")
+        if deciding and deciding.get("value") is not None:
+            value, threshold = deciding["value"], deciding.get("bound")
         out.append({"name": c["name"], "status": CONDITION_STATUS[c["status"]],
-                    "value": c.get("value"), "threshold": 0.0 if "value" in c else None,
+                    "value": value, "threshold": threshold,
                     "detail": c["reason"] if c["evaluated"] else f"not evaluated: {c['reason']}"})
     return out
 

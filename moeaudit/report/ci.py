@@ -10,7 +10,13 @@ from moeaudit.papers import named_strings
 
 def junit_xml(result: dict[str, Any]) -> str:
     result = named_strings(result)  # papers by name at their first mention (issue 16)
-    cases = []
+    # The decision is a test case of its own: HOLD and INCONCLUSIVE both fail it, so a CI that
+    # reads only the failure count never sees an inconclusive gate as "0 failures" (issue 23 §8).
+    decided = result["decision"]
+    why = f"{decided}: {result.get('verdict_reason') or ''}"
+    inner = "" if decided == "PROMOTE" else \
+        f"<failure type={quoteattr(decided.lower())} message={quoteattr(why)}/>"
+    cases = [f'  <testcase classname="moeaudit.gate" name="decision">{inner}</testcase>']
     for c in result["conditions"]:
         inner = ""
         if c["status"] == "fail":
@@ -18,7 +24,7 @@ def junit_xml(result: dict[str, Any]) -> str:
         elif c["status"] in ("skipped", "inconclusive"):
             inner = f"<skipped message={quoteattr(c['status'] + ': ' + c['detail'])}/>"
         cases.append(f'  <testcase classname="moeaudit.gate" name={quoteattr(c["name"])}>{inner}</testcase>')
-    failures = sum(c["status"] == "fail" for c in result["conditions"])
+    failures = sum(c["status"] == "fail" for c in result["conditions"]) + (decided != "PROMOTE")
     skipped = sum(c["status"] in ("skipped", "inconclusive") for c in result["conditions"])
     name = escape(f"{result['base']} → {result['candidate']}")
     return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="moeaudit gate: {name}" '
