@@ -37,3 +37,26 @@ def samples_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One receipts cache for every test that audits the shipped sample runs: each sample
     checkpoint is replayed once per session, whichever test needs it first."""
     return tmp_path_factory.mktemp("samples-cache")
+
+
+@pytest.fixture(scope="session")
+def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``{name: run directory}`` of every recipe in ``tests/fresh_runs.py`` (issue 23): MoE runs
+    trained for real, each the first time it is looked up. With ``MOEAUDIT_FRESH_RUNS`` set to
+    a directory they are kept there and reused across sessions (keyed by the module's source
+    and the recipe); otherwise they live in this session's temporary directory. Shared between
+    tests: copy a run into ``tmp_path`` before writing anything into it."""
+    pytest.importorskip("transformers")
+    import os
+
+    import fresh_runs as fresh
+
+    cache = os.environ.get(fresh.ENV)
+    root = Path(cache) if cache else tmp_path_factory.mktemp("fresh-runs")
+    root.mkdir(parents=True, exist_ok=True)
+    return fresh.FreshRuns(root)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fresh_runs: uses the fresh training runs of tests/fresh_runs.py "
+                                       "(trained once per session, or reused from $MOEAUDIT_FRESH_RUNS)")
