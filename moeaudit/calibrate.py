@@ -5,8 +5,9 @@ What is fitted, and how (docs/policy.md is the reference):
 * the envelope (`000` Eq. 16): ε = c·Var_t[V], δ = δ*/2, c ∈ [2, 5] for the smallest budget
   ε/δ (:func:`moeaudit.judge.envelope.calibrate_tightest`); the level (starvation) share from a
   low quantile of the healthy run's expert shares, halved — one zero norm cannot set it to 0;
-* the gate tolerances, from certify's own gates of the healthy run: ``tol_c2_rel`` (twice
-  the largest relative C2 drop of a protected layer against its baseline), ``pi_min_ratio_floor``
+* the gate tolerances, from certify's own gates of the healthy run: ``tol_c2_rel`` (the
+  largest protected-layer C2 drop plus its excess over the canary noise, relative to the
+  baseline's level), ``pi_min_ratio_floor``
   (half the lowest π_min ratio), ``entropy_ratio_floor`` (twice the largest entropy-ratio dip
   below 1). A fitted tolerance is never tighter than the built-in default: the defaults are
   already meant to pass healthy runs; calibration widens them only where this model needs it.
@@ -62,7 +63,8 @@ class CalibrationResult:
 
 def gate_excursions(gates: Sequence[Mapping[str, Any]], protected: Sequence[int]) -> dict[str, float]:
     """The healthy run's worst excursions against its baselines, over every comparison certify
-    made: largest relative C2 drop on a protected layer, lowest π_min and entropy ratios."""
+    made: the C2 allowance a protected layer needs (relative to its baseline's level), lowest
+    π_min and entropy ratios."""
     c2_rel, pi, ent = 0.0, float("inf"), float("inf")
     for g in gates:
         st = g.get("structural") or g.get("continuity")
@@ -71,15 +73,26 @@ def gate_excursions(gates: Sequence[Mapping[str, Any]], protected: Sequence[int]
         for cmp in [st, *st.get("also_against", [])]:
             pi = min(pi, cmp["pi_min_ratio"])
             ent = min(ent, cmp["entropy_ratio"])
-        base = {e["layer"]: e["c2"] for e in _baseline_layers(gates, g["baseline"])}
+        base = {e["layer"]: e for e in _baseline_layers(gates, g["baseline"])}
         for e in g["receipts"]["per_layer"]:
             b = base.get(e["layer"])
-            if e["layer"] in protected and b not in (None, 0) and e["c2"] is not None:
-                c2_rel = max(c2_rel, (b - e["c2"]) / abs(b))
+            if e["layer"] in protected and b and b["c2"] and e["c2"] is not None:
+                drop = b["c2"] - e["c2"]
+                noise = (_half(e) ** 2 + _half(b) ** 2) ** 0.5  # as gates.structural takes it
+                if drop > noise:  # a drop inside noise passes whatever tol_c2_rel is
+                    # the drop plus its excess over noise again: the healthy run passes its
+                    # own calibration (2·drop − noise > drop), with room that grows with the
+                    # part of the drop its noise does not explain
+                    c2_rel = max(c2_rel, (2 * drop - noise) / abs(b["c2"]))
     if pi == float("inf"):
         raise InputError("calibration needs at least two checkpoints: nothing was compared with a "
                          "baseline", hint="calibrate on a healthy run with several checkpoints")
     return {"c2_rel_drop": c2_rel, "pi_min_ratio": pi, "entropy_ratio": ent}
+
+
+def _half(entry: Mapping[str, Any]) -> float:
+    ci = entry.get("c2_ci95")
+    return 0.5 * (ci[1] - ci[0]) if ci else 0.0
 
 
 def _baseline_layers(gates: Sequence[Mapping[str, Any]], step: int) -> list[Mapping[str, Any]]:
@@ -90,12 +103,12 @@ def fit_gates(gates: Sequence[Mapping[str, Any]], protected: Sequence[int],
               base: GateSettings, provenance: str) -> tuple[GateSettings, list[Fitted]]:
     x = gate_excursions(gates, protected)
     default = GateSettings()
-    rel = max(default.tol_c2_rel, SAFETY * x["c2_rel_drop"])
+    rel = max(default.tol_c2_rel, x["c2_rel_drop"])
     pi = min(default.pi_min_ratio_floor, x["pi_min_ratio"] / SAFETY)
     ent = min(default.entropy_ratio_floor, 1 - SAFETY * max(0.0, 1 - x["entropy_ratio"]))
     if rel >= 1:
-        raise InputError(f"the healthy run's C2 fell by {x['c2_rel_drop']:.0%} of its baseline on a "
-                         f"protected layer, so the fitted tol_c2_rel = {rel:.3g} ≥ 1 could never fail",
+        raise InputError(f"the healthy run's C2 fell so far on a protected layer that the fitted "
+                         f"tol_c2_rel = {rel:.3g} ≥ 1 could never fail",
                          hint="calibrate on a healthy run whose overlap compatibility holds")
     for name, value in (("pi_min_ratio_floor", pi), ("entropy_ratio_floor", ent)):
         if not value > 0:
@@ -103,8 +116,8 @@ def fit_gates(gates: Sequence[Mapping[str, Any]], protected: Sequence[int],
                              hint="calibrate on a healthy run (its occupancy narrowed to nothing)")
     fitted = [
         Fitted("gates.tol_c2_rel", rel, default.tol_c2_rel,
-               f"largest relative C2 drop of a protected layer {x['c2_rel_drop']:.3f} × {SAFETY:g}, "
-               "never below the default"),
+               "largest (2·drop − noise)/|C2 baseline| over protected layers and gates (the drop "
+               "plus its excess over the bootstrap noise), never below the default"),
         Fitted("gates.pi_min_ratio_floor", pi, default.pi_min_ratio_floor,
                f"lowest π_min ratio {x['pi_min_ratio']:.3f} / {SAFETY:g}, never above the default"),
         Fitted("gates.entropy_ratio_floor", ent, default.entropy_ratio_floor,
@@ -132,14 +145,16 @@ def calibrate_run(run_dir: Path, base: Policy, canary: Any, *, source: str, vari
                   progress: Any = None) -> CalibrationResult:
     """Fit the envelope and the gate tolerances on the healthy run ``run_dir``."""
     from moeaudit.certify import audit_run
-    from moeaudit.judge import envelope as env
     from moeaudit.run import discover
     from moeaudit.series import infer_warmup, model_tag, run_series
 
     run = discover(run_dir)
     if since is None:
-        since, how = infer_warmup(run)
-        say(f"warm-up: samples before step {since} are left out of the envelope fit ({how}; "
+        warmup = infer_warmup(run)
+        for finding in warmup.findings:
+            say(f"warning: {finding}")
+        since = warmup.step
+        say(f"warm-up: samples before step {since} are left out of the envelope fit ({warmup.how}; "
             "--since overrides)")
     audit = audit_run(run_dir, canary, base, cache=cache, say=say, progress=progress)
     pred = audit.statement["predicate"]
@@ -154,24 +169,93 @@ def calibrate_run(run_dir: Path, base: Policy, canary: Any, *, source: str, vari
     series, breaks = run_series(run_dir, source, variant, canary.source or None, progress, cache=cache)
     series = series.since(since)
     kept = [b for b in breaks if b >= since]
-    fit = env.calibrate_tightest(series, replace(base.envelope, variant=variant), breaks=kept)
-    settings = replace(fit.settings, source=series.source, warmup_steps=since,
-                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
-                       calibrated_stage=run.stage or base.gates.stage or "pretraining",
-                       calibrated_model=model_tag(run.checkpoints[0][1].spec))
-    warnings = _refuse_unfalsifiable(series, settings, kept, run_dir)
-    check = env.falsifiability(series, settings, breaks=kept)
-    settings = replace(settings, provenance=settings.provenance + (
-        f"; falsifiable: a starved version of this run leaves the envelope at step {check['at_step']} "
-        f"({check['caught_by']} check)"))
-    fitted += [Fitted("envelope.epsilon", settings.epsilon, base.envelope.epsilon, "c·Var_t[V] (000 Eq. 16)"),
-               Fitted("envelope.delta", settings.delta, base.envelope.delta, "δ*/2 (SPEC §7)"),
-               Fitted("envelope.starve_share", settings.starve_share, base.envelope.starve_share,
-                      "low quantile of the healthy expert shares, halved")]
+    stage = run.stage or base.gates.stage or "pretraining"
+    model = model_tag(run.checkpoints[0][1].spec)
+    try:
+        settings, warnings, check = _fit_envelope(series, base, variant, kept, run_dir, since=since,
+                                                  stage=stage, model=model)
+    except InputError as exc:  # no falsifiable variance bound: fit and gate the level side only
+        settings, warnings = _level_only(series, base, variant, kept, run_dir, exc, since=since,
+                                         stage=stage, model=model)
+        check = None
+    if check is not None:
+        settings = replace(settings, provenance=settings.provenance + (
+            f"; falsifiable: a starved version of this run leaves the envelope at step "
+            f"{check['at_step']} ({check['caught_by']} check)"))
+        fitted += [Fitted("envelope.sampling_interval", settings.sampling_interval,
+                          base.envelope.sampling_interval, "the block size the fit holds at (steps)"),
+                   Fitted("envelope.epsilon", settings.epsilon, base.envelope.epsilon,
+                          "c·Var_t[V] (000 Eq. 16)"),
+                   Fitted("envelope.delta", settings.delta, base.envelope.delta, "δ*/2 (SPEC §7)")]
+    fitted.append(Fitted("envelope.starve_share", settings.starve_share, base.envelope.starve_share,
+                         "1% quantile of the healthy expert shares, halved"))
     policy = replace(base, envelope=settings, gates=gates)
     validate(policy, "<calibrated policy>")
     return CalibrationResult(policy, fitted, NOT_FITTED, steps, (series.steps[0], series.steps[-1]),
                              warnings)
+
+
+LADDER = (2, 5, 10, 20, 50, 100, 200, 500)  # block sizes tried after the native sampling
+MIN_BLOCKS = 8
+
+
+def _fit_envelope(series: Any, base: Policy, variant: str, breaks: Sequence[int], where: Path, *,
+                  since: int, stage: str, model: str) -> tuple[Any, list[str], dict[str, Any]]:
+    """The tightest falsifiable envelope at the finest sampling that admits one: the native
+    sampling first, then block means of 2, 5, 10, … steps (a log of every step carries each
+    minibatch's noise; `000`'s V is an expectation). The policy records the block size as
+    ``sampling_interval``, and evaluation averages finer series into it (envelope.resample)."""
+    from moeaudit.judge import envelope as env
+
+    gap = env.median_gap(series.steps) or 1
+    span = series.steps[-1] - series.steps[0] if series.steps else 0
+    blocks = [gap] + [k for k in LADDER if k > gap and span / k >= MIN_BLOCKS]
+    first_error: InputError | None = None
+    for k in blocks:
+        sub = env.resample(series, k)
+        try:
+            fit = env.calibrate_tightest(sub, replace(base.envelope, variant=variant), breaks=breaks)
+            settings = replace(fit.settings, source=series.source, warmup_steps=since,
+                               alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
+                               calibrated_stage=stage, calibrated_model=model)
+            warnings = _refuse_unfalsifiable(sub, settings, breaks, where)
+        except InputError as exc:
+            first_error = first_error or exc
+            continue
+        check = env.falsifiability(sub, settings, breaks=breaks)
+        if k != gap:
+            warnings.append(f"the series (logged every {gap} step(s)) admits no falsifiable envelope at "
+                            f"that sampling; fitted on means over blocks of {k} steps, and checked so")
+        return settings, warnings, check
+    assert first_error is not None
+    raise InputError(f"{first_error.what} (also tried block means of "
+                     f"{', '.join(map(str, blocks[1:])) or 'no coarser sampling'} steps)",
+                     path=first_error.path, hint=first_error.hint)
+
+
+def _level_only(series: Any, base: Policy, variant: str, breaks: Sequence[int], where: Path,
+                why: InputError, *, since: int, stage: str, model: str) -> tuple[Any, list[str]]:
+    """When no variance bound both fits the healthy run and can fail (small, noisy runs: a rise
+    between samples larger than ε·Δ for every c in [2, 5]), the variance side keeps its
+    illustrative constants — reported, never gated — and only the scale-free level check is
+    fitted; it must still reject both synthetic starved runs."""
+    from moeaudit.judge import envelope as env
+
+    share = env.healthy_share(series)
+    if share is None:
+        raise why
+    settings = replace(base.envelope, variant=variant, source=series.source, warmup_steps=since,
+                       starve_share=share / env.LEVEL_SAFETY, calibrated=False,
+                       calibrated_stage=stage, calibrated_model=model,
+                       alert_b=base.envelope.alert_b if variant == "raw" else 1.0,
+                       provenance=(f"variance bound not fitted ({why.what}); illustrative, reported and "
+                                   f"not gated. starve_share = {share:.4g}/{env.LEVEL_SAFETY:g} (1% "
+                                   f"quantile of the expert shares of {series.origin}, halved)"))
+    warnings = _refuse_unfalsifiable(series, settings, breaks, where)
+    warnings.append(f"no falsifiable variance bound fits this run ({why.what}); the variance side "
+                    "stays illustrative (reported, not gated) and only the starvation level check "
+                    "is fitted and gated")
+    return settings, warnings
 
 
 def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], where: Path) -> list[str]:
@@ -184,7 +268,7 @@ def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], whe
                          hint="calibrate on a healthy run (no starved experts)")
     budget = settings.epsilon / settings.delta
     sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
-    if settings.variant == "normalized" and sizes and budget >= min(sizes) - 1:
+    if settings.calibrated and settings.variant == "normalized" and sizes and budget >= min(sizes) - 1:
         raise InputError(f"the fitted budget ε/δ = {budget:.4g} is at or above E − 1 = {min(sizes) - 1}, "
                          "the largest normalized variance E experts can have: the variance bound "
                          "could never fail", path=where,
@@ -192,13 +276,14 @@ def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], whe
     for bad, what in ((env.known_bad(series), "one expert per layer carrying the gradient"),
                       (env.half_dead(series), "half the experts of every layer at zero gradient")):
         report = env.evaluate(bad, settings, breaks=breaks)
-        if report["compliant"]:
+        rejected = bool(report["starvation"]) or (settings.calibrated and not report["compliant"])
+        if not rejected:
             raise InputError(f"the fitted envelope (budget ε/δ = {budget:.4g}, starve_share "
                              f"{settings.starve_share:.3g}) accepts a starved run — {what} — so it "
                              "could certify nothing", path=where,
                              hint="calibrate on a longer healthy run, or at a coarser sampling")
     warnings = []
-    if settings.variant == "normalized" and sizes and budget >= (min(sizes) - 1) / 2:
+    if settings.calibrated and settings.variant == "normalized" and sizes and budget >= (min(sizes) - 1) / 2:
         warnings.append(f"the variance bound alone is loose (ε/δ = {budget:.4g} ≥ (E − 1)/2 = "
                         f"{(min(sizes) - 1) / 2:g}); a starved run is still rejected by the level check")
     return warnings

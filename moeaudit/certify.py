@@ -99,7 +99,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
             base = (step, ckpt)
         replayer.forget_states(keep=base[0])
     gates = evaluate_gates(points, protected, policy.gates, resamples=policy.receipts.bootstrap,
-                           seed=policy.receipts.seed, interval=replayer.nll_interval)
+                           seed=policy.receipts.seed, interval=replayer.nll_interval, stage=stage)
     for gate in gates:
         if gate["step"] in pairs:
             gate["drift"] = drift_summary(pairs[gate["step"]])

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_checkpoints"
 SEVERITY = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2}
 STATUS = {"BASELINE": 0, "GREEN": 0, "YELLOW": 1, "RED": 2}
-LOGS = ("metrics.jsonl", "canary_probe.jsonl", "events.jsonl")
+LOGS = ("metrics.jsonl", "canary_probe.jsonl", "events.jsonl", "canary.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_a_rule_the_log_cannot_fire_is_inconclusive_never_a_pass(fresh_runs, cac
     pred = _audit(two, cache, long_window)
     check = next(c for c in pred["checks"] if c["name"] == "envelope")
     assert check["status"] == "INCONCLUSIVE" and "starvation" in check["reason"]
-    assert pred["verdict"] == "INCONCLUSIVE"
+    assert pred["verdict"] == "INCONCLUSIVE", pred["verdict_reason"]
 
 
 # --- §2 healthy runs pass under the defaults and under their own calibration ---------------------
@@ -167,11 +167,19 @@ def test_healthy_runs_pass_under_defaults_and_their_own_calibration(fresh_runs, 
     for name, run in healthy.items():
         pred = _audit(run, cache)
         assert pred["verdict"] == "PASS", (name, pred["verdict_reason"])
+    fitted = 0
     for name, path in calibrations.items():
-        pred = _audit(fresh_runs[name], cache, load_policy(path))
+        policy = load_policy(path)
+        pred = _audit(fresh_runs[name], cache, policy)
         assert pred["verdict"] == "PASS", (name, pred["verdict_reason"])
         envelope = next(c for c in pred["checks"] if c["name"] == "envelope")
-        assert envelope["status"] == "PASS" and "compliant on every window" in envelope["reason"]
+        assert envelope["status"] == "PASS", name
+        if policy.envelope.calibrated:  # the variance bound was fitted: it is gated, and holds
+            fitted += 1
+            assert "compliant on every window" in envelope["reason"], name
+        else:  # no falsifiable variance fit on this run: only the level check was fitted
+            assert "not fitted" in policy.envelope.provenance and "reported, not gated" in envelope["reason"]
+    assert fitted >= 2  # most healthy runs admit a falsifiable variance bound
 
 
 def test_collapse_and_overfit_fail_under_defaults_and_every_calibration(fresh_runs, cache,
@@ -205,7 +213,8 @@ def test_calibrating_on_a_collapse_run_is_refused(fresh_runs, env, tmp_path) -> 
         result = CliRunner(env=env).invoke(cli, ["calibrate", str(run), "--canary", str(_canary(run)),
                                                  "--out", str(out)])
         assert result.exit_code == 4, (name, result.output)
-        assert "not a healthy run" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        last = result.stderr.strip().splitlines()[-1]  # progress lines above it, then one error line
+        assert last.startswith("moeaudit: error:") and "not a healthy run" in last
         assert not out.exists()
 
 
@@ -240,6 +249,21 @@ def test_overfit_is_red_at_once_when_structure_and_scalar_are_both_bad(fresh_run
     assert not first_bad["structural"]["c2_ok"]
     nll = [g["receipts"]["nll"] for g in pred["gates"]]
     assert nll[-1] >= 3 * min(nll)
+
+
+def test_overfitting_between_two_checkpoints_still_fails(fresh_runs, cache, tmp_path) -> None:
+    """The overfit run saved only before (150) and after (300) memorising: the one gate that
+    sees it is RED (C2 fell on a protected layer while the held-out NLL rose 5×)."""
+    run = fresh_runs["overfit"]
+    out = tmp_path / "sparse"
+    out.mkdir()
+    for s in (50, 100, 150, 300):
+        shutil.copytree(run / f"checkpoint-{s}", out / f"checkpoint-{s}")
+    shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
+    pred = _audit(out, cache, canary=_canary(run))
+    last = pred["gates"][-1]
+    assert last["scalar"] == "worsening" and last["status"] == "RED" and pred["verdict"] == "FAIL"
+    assert any("held-out canary NLL worsened during pretraining" in c for c in last["claims"]["licensed"])
 
 
 def test_no_change_is_never_signed_as_fell_or_rose(fresh_runs, cache) -> None:
@@ -289,17 +313,18 @@ def test_one_checkpoint_under_two_names_is_one_checkpoint_of_evidence(fresh_runs
     shutil.copytree(run / "checkpoint-200", copy / "checkpoint-200")
     shutil.copytree(run / "checkpoint-200", copy / "checkpoint-300")
     pred = _audit(copy, cache, canary=_canary(run))
-    assert pred["verdict"] == "INCONCLUSIVE"
+    assert pred["verdict"] == "INCONCLUSIVE", pred["verdict_reason"]
     assert next(c for c in pred["checks"] if c["name"] == "comparison")["status"] == "INCONCLUSIVE"
 
 
 # --- §8 exit codes and JSON a script can trust ---------------------------------------------------
 
 
-def test_gate_json_names_the_value_and_threshold_that_failed(fresh_runs, env, tmp_path) -> None:
+def test_gate_json_names_the_value_and_threshold_that_failed(fresh_runs, env, cache, tmp_path) -> None:
     run = fresh_runs["overfit"]
     steps = _steps(run)
-    code, result = _gate(env, run, steps[0], steps[-1], tmp_path)
+    red = next(g["step"] for g in _audit(run, cache)["gates"] if g["status"] == "RED")
+    code, result = _gate(env, run, steps[0], red, tmp_path)
     assert code == 1 and result["decision"] == "HOLD"
     cand = result["conditions"][0]
     assert cand["status"] == "fail" and cand["failed"]

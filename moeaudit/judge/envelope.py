@@ -160,6 +160,49 @@ def from_records(source: str, records: Iterable[Record], variant: str, *,
                           {k: tuple(v) for k, v in values.items()}, None, notes, origin)
 
 
+def median_gap(steps: Sequence[int]) -> int | None:
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
+    """The series in blocks of ``interval`` steps — (0, K], (K, 2K], … — each the mean of the
+    block's samples (V and every norm), at the step of the block's last sample; a partial
+    first or last block (under half the samples of a typical block) is left out.
+
+    `000`'s V(t) is an expected variance; a log of every step carries the minibatch noise of
+    each step on top, and constants fitted at one sampling do not transfer to another. A series
+    logged more often than the constants' ``sampling_interval`` is therefore checked on block
+    means of that interval (docs/policy.md). A series sampled at least that coarsely is
+    returned unchanged."""
+    gap = median_gap(series.steps)
+    if gap is None or interval <= 1 or gap >= interval:
+        return series
+    blocks: dict[int, list[int]] = {}
+    for j, t in enumerate(series.steps):
+        blocks.setdefault(-(-t // interval), []).append(j)
+    groups = list(blocks.values())
+    full = sorted(len(g) for g in groups)[len(groups) // 2]
+    # a first or last block holding under half the samples of a typical one is a partial
+    # block: its mean carries more noise than the constants were fitted to, so it is left out
+    while len(groups) > 2 and 2 * len(groups[-1]) < full:
+        groups.pop()
+    while len(groups) > 2 and 2 * len(groups[0]) < full:
+        groups.pop(0)
+
+    def mean(xs: Sequence[float | None]) -> float | None:
+        known = [x for x in xs if x is not None]
+        return sum(known) / len(known) if known else None
+
+    values = {k: tuple(mean([v[j] for j in g]) for g in groups) for k, v in series.values.items()}
+    norms = None if series.norms is None else {
+        k: tuple(tuple(mean([v[j][e] for j in g]) for e in range(len(v[g[0]]))) for g in groups)
+        for k, v in series.norms.items()}
+    return replace(series, steps=tuple(series.steps[g[-1]] for g in groups), values=values,
+                   norms=norms, notes={},
+                   origin=f"{series.origin} (means over blocks of {interval} steps)")
+
+
 def _source(source: str) -> str:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -408,6 +451,9 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
     _check_fit(series, settings, policy_path)
     d, e, tau = settings.delta, settings.epsilon, settings.window
     breaks = sorted(breaks)
+    native = series
+    if settings.calibrated:  # the variance bound at the sampling it was fitted at
+        series = resample(series, settings.sampling_interval)
     checks = {key: check_series(series.steps, values, d, e, tau, breaks=breaks,
                                 notes=series.notes.get(key))
               for key, values in series.values.items()}
@@ -431,11 +477,15 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
                     for s in segments(series.steps, breaks)[1:]],
     }
     report["sampling"] = sampling(series, settings)
-    if series.steps:
-        report["window"] = {"from": series.steps[0], "to": series.steps[-1]}
+    if series is not native:
+        report["sampling"]["resampled"] = {"native_gap": median_gap(native.steps),
+                                           "block": settings.sampling_interval,
+                                           "samples": len(series.steps)}
+    if native.steps:
+        report["window"] = {"from": native.steps[0], "to": native.steps[-1]}
     report["variance_compliant"] = report["compliant"]
-    report["unevaluable"] = unevaluable_rules(series, settings)
-    _rules(series, settings, report)
+    report["unevaluable"] = unevaluable_rules(native, settings)
+    _rules(native, settings, report)  # the level rules on every logged sample
     if report["starvation"]:
         report["compliant"] = False
         first = min(report["starvation"], key=lambda r: (r["step"], r["layer"] == POOLED))
@@ -665,7 +715,7 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
         raise errors[-1]
     best = min(fits, key=lambda f: budget(f.settings.delta, f.settings.epsilon))
     s = best.settings
-    share = _healthy_share(series)
+    share = healthy_share(series)
     window = s.window
     if window < 3 / s.delta:
         raise InputError(f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
@@ -684,7 +734,7 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
 SHARE_QUANTILE = 0.01  # robust: a few zero norms in a healthy log cannot set the share to 0
 
 
-def _healthy_share(series: EnvelopeSeries) -> float | None:
+def healthy_share(series: EnvelopeSeries) -> float | None:
     """A low quantile (1%) of g_e / mean_e g over the healthy run's layers, samples and
     experts — not the minimum, which one zero norm would set to 0 (issue 23 §3)."""
     if not series.norms:

@@ -98,7 +98,8 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
     A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
     where noise is the 95% half-width of the difference from the two window-bootstrap intervals
     (√(hw_j² + hw_b²)): a drop inside the canary's own sampling noise is not evidence of damage
-    (`003` §5), and C2's level depends on the model, so the practical tolerance is relative.
+    (`003` §5), and the practical tolerance is relative because C2's level depends on the
+    model's width, E and k.
     """
     now, then = _layers(gate), _layers(base)
     c2_deltas, slack = {}, {}
@@ -252,7 +253,7 @@ def _scalar_sentence(trend: str, change: Mapping[str, Any]) -> str:
 
 def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mapping[str, Any] | None,
            training: Mapping[str, Any] | None = None, tol: float = 0.0,
-           health_problems: Sequence[str] = ()) -> dict[str, list[str]]:
+           health_problems: Sequence[str] = (), stage: str = "pretraining") -> dict[str, list[str]]:
     """What this gate's receipts license and what they do not, each sentence naming its numbers.
 
     ``training``: logged key → (value at the previous gate, value here), interval means."""
@@ -262,6 +263,10 @@ def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mappin
         if trend == IMPROVING:
             lic.append("the objective improved on the visited region (the canary)")
             not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
+        if scalar_bad(trend, stage):
+            lic.append("the held-out canary NLL worsened during pretraining: a bad gate by itself "
+                       "(overfitting or divergence), whatever the structure")
+            not_lic.append("progress on the pretraining objective at this gate")
     lic += _training_sentences(training)
     both = {k: v for k, v in (training or {}).items() if v[0] is not None and v[1] is not None}
     key = next((k for k in ("lm_loss", "loss") if k in both), None)
@@ -305,14 +310,25 @@ def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mappin
 # --- the gates ------------------------------------------------------------------------------------
 
 
-def _status(st: Mapping[str, Any], health_bad: bool, trend: str, streak: int, g: GateSettings) -> str:
-    """GREEN when structure holds and every health floor is cleared; otherwise YELLOW, or RED
-    after ``escalate_after`` consecutive bad gates, or at once when structure and scalar are
-    both bad (SPEC §8: structure bad and canary NLL worsening; `003` Table 11's last row: C2
-    fallen and occupancy degraded while the scalar is not improving)."""
-    if st["ok"] and not health_bad:
+def scalar_bad(trend: str, stage: str) -> bool:
+    """In pretraining the canary is held-out data of the objective being trained, so its NLL
+    worsening beyond noise is a bad gate by itself (an overfitting or diverging run; `003`
+    Table 11 licenses continuation only while the loss improves). In post-training the canary
+    measures what the base model could do, and a rise is the expected price of a new objective:
+    the refinement margin, not the scalar, decides there (docs/policy.md)."""
+    return trend == WORSENING and stage != "post-training"
+
+
+def _status(st: Mapping[str, Any], health_bad: bool, trend: str, streak: int, g: GateSettings,
+            stage: str = "pretraining") -> str:
+    """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
+    otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
+    structure and scalar are both bad (SPEC §8: structure bad and canary NLL worsening; `003`
+    Table 11's last row: C2 fallen and occupancy degraded while the scalar is not improving)."""
+    structure_bad = not st["ok"] or health_bad
+    if not structure_bad and not scalar_bad(trend, stage):
         return GREEN
-    both_bad = trend == WORSENING
+    both_bad = structure_bad and trend == WORSENING
     table11_last_row = not st["c2_ok"] and not st["occupancy_ok"] and trend != IMPROVING
     return RED if streak >= g.escalate_after or both_bad or table11_last_row else YELLOW
 
@@ -338,8 +354,8 @@ def _combine(comparisons: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
-                   resamples: int = 1000, seed: int = 0,
-                   interval: Interval = paired_interval) -> list[dict[str, Any]]:
+                   resamples: int = 1000, seed: int = 0, interval: Interval = paired_interval,
+                   stage: str = "pretraining") -> list[dict[str, Any]]:
     """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
     first checkpoint and each event's — and is judged by the worst comparison, so an event
     written by the audited party can start a new drift baseline but never erase a regression."""
@@ -361,28 +377,32 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
         gate: dict[str, Any] = {"step": p.step, "scalar": trend, "nll_change": change,
                                 "receipts": summary, "health": hp}
         digest = p.receipts["checkpoint"].get("digest")
+        digest = digest.get("sha256") if isinstance(digest, dict) else digest
         if isinstance(digest, str) and digest in seen:
             gate["duplicate_of"] = seen[digest]  # the same bytes under another step name
         elif isinstance(digest, str):
             seen[digest] = p.step
         st = _combine([structural(p.receipts, b.receipts, protected, g) for b in bases]) if bases else None
-        health_bad = not hp["ok"]
+        health_bad, bad = not hp["ok"], False
         if st is not None:
-            streak = 0 if st["ok"] and not health_bad else streak + 1
+            bad = not st["ok"] or health_bad or scalar_bad(trend, stage)
+            streak = streak + 1 if bad else 0
         if not bases or p.baseline_reason is not None:
             gate["reason"] = p.baseline_reason or "first checkpoint of the run"
             gate["new_baseline"] = True
             if st is not None:
                 gate["continuity"] = st  # a resume cannot erase a regression
-            gate["status"] = BASELINE if st is None or (st["ok"] and not health_bad) else \
-                _status(st, health_bad, trend, streak, g)
+            gate["status"] = BASELINE if st is None or not bad else \
+                _status(st, health_bad, trend, streak, g, stage)
             gate["baseline"] = p.step if not bases else bases[-1].step
             bases.append(p)
         else:
-            gate.update(status=_status(st, health_bad, trend, streak, g), baseline=bases[-1].step,  # type: ignore[arg-type]
+            gate.update(status=_status(st, health_bad, trend, streak, g, stage),  # type: ignore[arg-type]
+                        baseline=bases[-1].step,
                         structural=st)
         gate["consecutive_bad"] = streak
-        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"])
+        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"],
+                                stage)
         gates.append(gate)
         previous = p
     return gates

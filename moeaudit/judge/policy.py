@@ -95,9 +95,9 @@ class GateSettings:
     # and `gate` treats a promotion as post-training (SPEC §8, §9).
     stage: str | None = None
     escalate_after: int = 4
-    # A protected layer's C2 has fallen when it drops by more than the largest of: tol_c2
-    # (absolute), tol_c2_rel × |C2 of the baseline| (scale-free: C2's level depends on the
-    # model's width, experts and k), and the canary's own bootstrap noise of the difference.
+    # A protected layer's C2 has fallen when it drops by more than the largest of tol_c2,
+    # tol_c2_rel × |C2 of the baseline| (scale-free: C2's level depends on the model's width,
+    # experts and k) and the canary's own bootstrap noise of the difference.
     # docs/policy.md; `calibrate` fits tol_c2_rel on a healthy run.
     tol_c2: float = 0.02
     tol_c2_rel: float = 0.5

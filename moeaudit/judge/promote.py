@@ -102,7 +102,7 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
     points = [Checkpointed(b_step if known else 0, base_doc, "base of the promotion"),  # type: ignore[arg-type]
               Checkpointed(c_step if known else 1, cand_doc)]  # type: ignore[arg-type]
     gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
-                           resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
+                           resamples=policy.receipts.bootstrap, seed=policy.receipts.seed, stage=stage)
     gates[1]["drift"] = drift_summary({"base_step": points[0].step, "layers": compare_doc["layers"]})
     env_report: dict[str, Any] | None = None
     env_why = ("base and candidate are checkpoints of different runs: the candidate run's logs "
