@@ -10,6 +10,9 @@ moeaudit wrote it (issue 14): every entry carries an HMAC-SHA256 over its key an
 keyed by a local secret (``hmac.key`` in the cache directory, 32 random bytes, mode 0600,
 created once). An entry that is absent, unreadable, malformed, of the wrong shape, for another
 key, or whose MAC does not verify is a miss: it is recomputed, never trusted and never an error.
+Every cache file is opened without blocking and checked to be a regular file before it is read:
+a FIFO or device planted as ``hmac.key`` turns the cache off with a warning, one planted as an
+entry is a miss named in a warning — never a hang (issue 24 §5).
 ``served`` lists the keys answered from the cache, so a certificate can say which receipts
 were not recomputed by the run that signed them.
 
@@ -21,6 +24,7 @@ layer, so entries above ``TENSORS_MAX_BYTES`` are not written (the baseline is t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -32,17 +36,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moeaudit import __version__
+from moeaudit.errors import MoeauditError
 from moeaudit.jsonio import atomic_write, dumps
+from moeaudit.limits import kind_of
 
 if TYPE_CHECKING:
     import torch
 
 TENSORS_MAX_BYTES = 1 << 30  # z and y of a 4096-token canary at H = 4096 over 8 routed layers
+# A JSON entry is one receipts document (~1.5 MB for 60 routed layers) or a compiled template;
+# a larger file under an entry's name is not ours and is not read.
+ENTRY_MAX_BYTES = 256 << 20
 SECRET_NAME = "hmac.key"
 SECRET_BYTES = 32
 MAC_DOMAIN = b"moeaudit.cache/v1\0"
-# Reading a cache entry may fail in any of these ways; each is a miss, never an error.
+# Reading a cache entry may fail in any of these ways; each is a miss, never an error (and
+# never a hang: entries are opened without blocking, see _read_small).
 _BAD_ENTRY = (OSError, ValueError, TypeError, LookupError, AttributeError, RecursionError)
+# Writing one may fail in these: a slower next run, not a failure (MoeauditError: the name is
+# taken by something atomic_write will not replace, e.g. a FIFO).
+_UNWRITABLE = (OSError, ValueError, MoeauditError)
 
 
 def cache_dir() -> Path:
@@ -98,19 +111,41 @@ def _create_exclusive(path: Path, secret: bytes) -> None:
         os.fsync(f.fileno())
 
 
+_READ_FLAGS = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+               | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+
+
+class SpecialFile(OSError):
+    """A cache path that is not a regular file (a FIFO, device, socket or directory)."""
+
+
+def _read_small(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file ``path`` (at most ``limit``) and its stat. Opened without
+    blocking and never following a link, and checked on the open descriptor before any read: a
+    FIFO planted in the cache returns at once (SpecialFile) instead of hanging the run."""
+    fd = os.open(path, _READ_FLAGS)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecialFile(errno.EINVAL, f"{kind_of(st.st_mode)}, not a regular file", str(path))
+        if st.st_size > limit:
+            raise ValueError(f"{path} is {st.st_size} bytes, over {limit}")
+        os.set_blocking(fd, True)
+        return f.read(limit + 1), st
+
+
 def _read_secret(path: Path) -> bytes:
+    hint = "; delete it and moeaudit creates a new one (cached receipts are then recomputed)"
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        secret, st = _read_small(path, SECRET_BYTES)
     except FileNotFoundError:
         raise
+    except SpecialFile as exc:
+        raise SecretUnusable(f"{path} is {exc.strerror}{hint}") from exc
+    except ValueError as exc:
+        raise SecretUnusable(f"{path} is not a {SECRET_BYTES}-byte key{hint}") from exc
     except OSError as exc:
         raise SecretUnusable(f"cannot read {path} ({exc.strerror or exc})") from exc
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        secret = f.read(SECRET_BYTES + 1)
-    hint = "; delete it and moeaudit creates a new one (cached receipts are then recomputed)"
-    if not stat.S_ISREG(st.st_mode):
-        raise SecretUnusable(f"{path} is not a regular file{hint}")
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         raise SecretUnusable(f"{path} belongs to another user{hint}")
     if st.st_mode & 0o077:
@@ -127,9 +162,12 @@ def _canonical(document: Any) -> bytes:
 
 
 class ReceiptsCache:
-    def __init__(self, root: Path | None = None, enabled: bool = True):
+    def __init__(self, root: Path | None = None, enabled: bool = True,
+                 warn: Callable[[str], None] | None = None):
         self.root = root or cache_dir()
         self.enabled = enabled
+        self.warnings: list[str] = []  # entries ignored because they are not regular files
+        self._warn = warn
         self.hits = self.misses = 0
         self.served: list[str] = []  # keys answered from the cache, in order
         self._problem: str | None = None
@@ -173,6 +211,24 @@ class ReceiptsCache:
             h.update(part)
         return h.hexdigest()
 
+    def _read_entry(self, path: Path) -> bytes | None:
+        """An entry's bytes, or None (a miss). A special file under an entry's name is named in
+        a warning: it cannot be a moeaudit entry, and it is never waited on."""
+        try:
+            return _read_small(path, ENTRY_MAX_BYTES)[0]
+        except SpecialFile as exc:
+            self._note(f"receipts cache entry {path} is {exc.strerror}: ignored, recomputed "
+                       "(delete it)")
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def _note(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            if self._warn is not None:
+                self._warn(f"warning: {message}")
+
     def _served(self, key: str) -> None:
         self.hits += 1
         self.served.append(key)
@@ -187,9 +243,8 @@ class ReceiptsCache:
         compiled templates (marshalled code), so the MAC is checked before anything reads them."""
         if not self._usable():
             return None
-        try:
-            raw = self._bytes_path(key).read_bytes()
-        except OSError:
+        raw = self._read_entry(self._bytes_path(key))
+        if raw is None:
             return None
         mac, sep, data = raw.partition(b"\n")
         if not sep or not hmac.compare_digest(mac, self._mac(b"bytes", key, data).encode()):
@@ -203,7 +258,7 @@ class ReceiptsCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, self._mac(b"bytes", key, data).encode() + b"\n" + data)
-        except (OSError, ValueError):
+        except _UNWRITABLE:
             pass  # a slower next run, not a failure
 
     # ----- JSON documents ----------------------------------------------------------------
@@ -218,7 +273,10 @@ class ReceiptsCache:
         if not self._usable():
             return None
         try:
-            entry = json.loads(self._path(key).read_bytes().decode("utf-8"))
+            raw = self._read_entry(self._path(key))
+            if raw is None:
+                raise ValueError("no entry")
+            entry = json.loads(raw.decode("utf-8"))
             document, mac = entry["document"], entry["mac"]
             ok = (entry["key"] == key and isinstance(document, dict) and isinstance(mac, str)
                   and hmac.compare_digest(mac, self._mac(b"json", key, _canonical(document)))
@@ -243,7 +301,7 @@ class ReceiptsCache:
                      "document": stored}
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, dumps(entry))
-        except (OSError, ValueError):
+        except _UNWRITABLE:
             pass  # a cache that cannot be written (or a non-finite document) is a slower run
 
     # ----- tensors -----------------------------------------------------------------------
@@ -267,10 +325,17 @@ class ReceiptsCache:
         if not self._usable():
             return None
         from moeaudit.checkpoint.safetensors import SafetensorsFile
-        from moeaudit.errors import MoeauditError
 
+        path = self._tensor_path(key)
         try:
-            f = SafetensorsFile(self._tensor_path(key))
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # absent: SafetensorsFile says so below
+        if not stat.S_ISREG(mode):
+            self._note(f"receipts cache entry {path} is {kind_of(mode)}, not a regular file: "
+                       "ignored, recomputed (delete it)")
+        try:
+            f = SafetensorsFile(path)
             mac = f.metadata.get("mac", "")
             ok = f.metadata.get("key") == key and bool(mac) and bool(f.tensors)
             tensors = {name: f.read(name) for name in f.tensors} if ok else {}
@@ -295,7 +360,7 @@ class ReceiptsCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_safetensors(path, tensors, metadata={"key": key,
                                                        "mac": self._tensor_mac(key, tensors)})
-        except OSError:
+        except _UNWRITABLE:
             return False
         return True
 

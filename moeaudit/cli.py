@@ -18,7 +18,7 @@ import click
 from rich.table import Table
 
 from moeaudit import __version__
-from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error
+from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error, short_line
 from moeaudit.limits import MAX_WINDOW_TOKENS
 from moeaudit.papers import named
 from moeaudit.report.terminal import (
@@ -75,7 +75,7 @@ class AuditGroup(click.Group):
             if ctx.meta.get("verbose"):
                 traceback.print_exc()
             msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
-            raise _Exit(msg, EXIT_INPUT) from exc
+            raise _Exit(short_line(msg), EXIT_INPUT) from exc
 
 
 def _verbose(ctx: click.Context, _param: Any, value: bool) -> bool:
@@ -165,6 +165,15 @@ def _check_output(path: Path | None, force: bool) -> None:
 
     if path is not None and str(path) != "-":
         check_output_target(path, force=force)
+
+
+def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
+    """An output inside a checkpoint or run the command audits is refused before any work."""
+    from moeaudit.output import refuse_inside
+    from moeaudit.run import audited_paths
+
+    if path is not None:
+        refuse_inside(path, audited_paths(*audited, whole_run=whole_run), option)
 
 
 def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
@@ -336,6 +345,7 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     from moeaudit.receipts.state import state_receipts
 
     _check_output(json_out, force)
+    _refuse_inside("--json", json_out, ckpt)
     checkpoint = _open_checkpoint(ckpt)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
@@ -387,6 +397,7 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
     from moeaudit.receipts.pair import compare as run_compare
 
     _check_output(json_out, force)
+    _refuse_inside("--json", json_out, base, candidate, reference)
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
     policy = _load_policy(policy_path, base)
@@ -434,13 +445,14 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
     from moeaudit.series import evaluate_run
 
     _check_output(json_out, force)
+    _refuse_inside("--json", json_out, source_path, calibrate_on)
     policy = _load_policy(policy_path, source_path)
     with _progress() as tick:
         report = evaluate_run(
             source_path, policy.envelope, source=source or policy.envelope.source,
             canary_path=canary_path and str(canary_path), compare=compare,
             calibrate_on=calibrate_on, policy_path=policy.source, progress=tick, warn=_warn,
-            cache=ReceiptsCache(enabled=not no_cache))
+            cache=ReceiptsCache(enabled=not no_cache, warn=_warn))
     report = finite_document(report)
     _emit_json(report, json_out, lambda: print_envelope(report))
     raise SystemExit(0 if report["compliant"] else 1)
@@ -480,11 +492,12 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     from moeaudit.locate import require_canary
 
     _check_output(out, force)
+    _refuse_inside("--out", out, run_dir)
     base = _load_policy(policy_path, run_dir)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
     with _progress() as tick:
         result = calibrate_run(run_dir, base, probe, source=source, variant=variant, since=since,
-                               cache=ReceiptsCache(), say=_warn, progress=tick)
+                               cache=ReceiptsCache(warn=_warn), say=_warn, progress=tick)
     for w in result.warnings:
         _warn(f"warning: {w}")
     write_policy(result, run_dir, out)
@@ -548,7 +561,8 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     if not run_dir.exists():
         from moeaudit.errors import InputError
         raise InputError("no such run directory", path=run_dir)
-    out = out or Path("moeaudit-certificates") / run_dir.resolve().name
+    named_out, out = out is not None, out or Path("moeaudit-certificates") / run_dir.resolve().name
+    _refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
     canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
     if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
         canary_origin = f"{canary_origin} at {canary_file}"
@@ -556,9 +570,9 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
     # the output is locked, checked and proven writable before the replay (issue 14)
-    with OutputSet(out, force) as target, _progress() as tick:
+    with OutputSet(out, force, warn=_warn) as target, _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
-        cache = ReceiptsCache(enabled=not no_cache)
+        cache = ReceiptsCache(enabled=not no_cache, warn=_warn)
         audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
                           cache=cache, device=dev, stage=stage,
                           canary_origin=canary_origin, progress=tick)
@@ -631,6 +645,8 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
 
     _check_output(junit, force)  # every output is checked before any work (issue 25)
     _check_output(json_out, force)
+    _refuse_inside("--junit", junit, base, candidate, reference)
+    _refuse_inside("--json", json_out, base, candidate, reference)
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     run_dir, b_step, c_step = placement(base, candidate)
     if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
@@ -669,7 +685,7 @@ def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step
     policy = _load_policy(policy_path, base, (candidate,))
     with _progress() as tick:
         audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
-                          cache=ReceiptsCache(), stage=stage, progress=tick, until=c_step)
+                          cache=ReceiptsCache(warn=_warn), stage=stage, progress=tick, until=c_step)
     return gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate,
                            b_step=b_step, policy=policy)
 

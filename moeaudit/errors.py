@@ -34,14 +34,60 @@ class MoeauditError(Exception):
         if self.path is not None:
             name = Path(self.path).name  # "config.json: …" after ".../config.json" says it twice
             what = what.removeprefix(f"{name}: ") if name else what
-        parts = [f"{self.path}: {what}" if self.path else what]
+        where = elide(_one_line(self.path), MAX_PATH_CHARS) if self.path else None
+        parts = [f"{where}: {elide_values(_one_line(what))}" if where else elide_values(_one_line(what))]
         if self.hint:
-            parts.append(self.hint)
-        return _one_line(" — ".join(parts))
+            parts.append(_one_line(self.hint))
+        return short_line(" — ".join(parts))
 
 
 def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)
+
+
+# A one-line error stays one short line (issue 24 §5): a value quoted in a message (a list of
+# 20 000 layer names, a path, a long JSON string) is shown by its two ends, so the line still says
+# what is wrong, with what file, and what to do.
+MAX_LINE_CHARS = 600
+MAX_PATH_CHARS = 200
+MAX_VALUE_CHARS = 120
+ELLIPSIS = " … "
+_OPEN, _CLOSE = "[{", "]}"  # data (lists, objects); a parenthesis is prose and stays whole
+
+
+def elide(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters by replacing its middle with " … "."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - len(ELLIPSIS), 2)
+    head = (keep * 2 + 2) // 3
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+
+
+def elide_values(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """Each outermost bracketed value — a list ``[...]`` or an object ``{...}`` — longer than
+    ``limit`` characters, middle elided (an unbalanced bracket leaves the text as it is)."""
+    out, depth, start, last = [], 0, 0, 0
+    closing: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            if depth == 0:
+                start = i
+            closing.append(_CLOSE[_OPEN.index(ch)])
+            depth += 1
+        elif ch in _CLOSE and depth:
+            if closing.pop() != ch:
+                return text
+            depth -= 1
+            if depth == 0 and i + 1 - start > limit:
+                out += [text[last:start], elide(text[start:i + 1], limit)]
+                last = i + 1
+    return "".join(out) + text[last:]
+
+
+def short_line(text: str) -> str:
+    """The user-facing line, control characters escaped and at most MAX_LINE_CHARS long."""
+    return elide(_one_line(text), MAX_LINE_CHARS)
 
 
 class InputError(MoeauditError):

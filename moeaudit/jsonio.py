@@ -89,6 +89,42 @@ def _pack_numbers(value: Any, packed: list[str]) -> Any:
     return value
 
 
+class NotStrictJSON(ValueError):
+    """Valid for Python's json module but refused by :func:`strict_loads` (the message says why)."""
+
+
+def strict_loads(raw: bytes | str, *, nonfinite: bool = False) -> Any:
+    """JSON as every reader would read it: a key named twice in one object is refused (parsers
+    disagree on which one wins), and so are ``NaN``, ``Infinity`` and numbers that overflow to
+    them (not JSON; Python alone accepts them) unless ``nonfinite``, when the caller reports them
+    as findings. Raises :class:`NotStrictJSON`, or ``ValueError`` for what is not JSON at all."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    if nonfinite:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                      parse_float=_finite_float)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise NotStrictJSON(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise NotStrictJSON(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotStrictJSON(f"{text[:40]} overflows to {value}")
+    return value
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)

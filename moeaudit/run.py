@@ -12,9 +12,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.jsonio import NotStrictJSON, strict_loads
 from moeaudit.limits import iter_lines
 from moeaudit.locate import CHECKPOINT_PREFIXES
 
@@ -116,6 +118,42 @@ def read_logs(root: Path) -> RunLogs:
                    probe if os.path.lexists(probe) else None)
 
 
+LOG_FILES = ("metrics.jsonl", "events.jsonl", PROBE_FILE)
+
+
+def audited_paths(*named: Path | None, whole_run: bool = False) -> list[Path]:
+    """What a command reads from the checkpoints and runs it was given, for refusing an output
+    inside them (:func:`moeaudit.output.refuse_inside`): each checkpoint directory (a link's
+    target too), and for a checkpoint inside a run or a run, every checkpoint directory and log of
+    that run; ``whole_run``: the run directories themselves (certify's output set and its lock)."""
+    found: list[Path] = []
+    for path in (Path(p) for p in named if p is not None):
+        run = path if _is_run(path) else run_of(path) if path.is_dir() else None
+        if path.is_dir() and run is None:
+            found.append(path)  # a lone checkpoint
+        elif run is None:
+            found.append(path)  # a log or a receipts file named on the command line
+        else:
+            found += _checkpoint_dirs_quiet(run) + [run / n for n in LOG_FILES]
+            if whole_run:
+                found.append(run)
+    return found
+
+
+def _is_run(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(CHECKPOINT_RE.match(p.name) for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def _checkpoint_dirs_quiet(root: Path) -> list[Path]:
+    try:  # discover reports a bad layout; here only the output is checked against it
+        return [p for p in root.iterdir() if CHECKPOINT_RE.match(p.name)]
+    except OSError:
+        return []
+
+
 def run_of(checkpoint: Path) -> Path | None:
     """The run directory a ``checkpoint-<step>`` directory belongs to, or None."""
     resolved = checkpoint.resolve()
@@ -150,34 +188,76 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+EVENT_KEYS = frozenset({"step", "event", "note", "stage"})
+
+
 def read_events(path: Path) -> tuple[list[Event], str | None]:
-    events, stage = [], None
+    """The events and the stage declared in ``events.jsonl``, read strictly: these lines decide
+    which gates apply and where envelope windows break, so a line that two JSON parsers could read
+    differently (a key named twice, NaN or Infinity) or that says more than moeaudit reads (an
+    unknown key, a misspelt one) is refused, naming ``file:line`` (issue 24 §5)."""
+    events: list[Event] = []
+    stated: list[tuple[int, str, int]] = []  # (step, stage, line); a metadata line is step -1
     for n, raw, _ in iter_lines(path, "events log"):  # a regular file, lines of at most 4 MiB
         if not raw.strip():
             continue
         where = f"{path}:{n}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-            raise InputError(f"line is not JSON ({why})", path=where) from exc
-        if not isinstance(obj, dict):
-            raise InputError("line is not a JSON object", path=where)
+        obj = _event_object(raw, where)
         if "stage" in obj and "event" not in obj:  # a metadata line: {"stage": "post-training"}
-            if obj["stage"] not in STAGES:
-                raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)
-            stage = obj["stage"]
+            if set(obj) != {"stage"}:
+                raise InputError("a stage line holds only 'stage'", path=where, hint=_EVENTS_HINT)
+            stated.append((-1, _stage(obj, where), n))
             continue
-        step, event = obj.get("step"), obj.get("event")
+        step, event, note = obj.get("step"), obj.get("event"), obj.get("note", "")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError("'step' must be a non-negative integer", path=where)
         if event not in EVENTS:
             raise InputError(f"'event' must be one of {EVENTS}, got {event!r}", path=where)
-        note = obj.get("note", "")
-        events.append(Event(step, event, note if isinstance(note, str) else json.dumps(note),
-                            f"{path.name}:{n}"))
+        if not isinstance(note, str):
+            raise InputError(f"'note' must be a string, got {type(note).__name__}", path=where)
+        events.append(Event(step, event, note, f"{path.name}:{n}"))
         if "stage" in obj:  # the stage the run is in from this event on
-            if obj["stage"] not in STAGES:
-                raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)
-            stage = obj["stage"]
-    return sorted(events, key=lambda e: e.step), stage
+            stated.append((step, _stage(obj, where), n))
+    return sorted(events, key=lambda e: e.step), _run_stage(stated, path)
+
+
+def _run_stage(stated: list[tuple[int, str, int]], path: Path) -> str | None:
+    """The stage the run is in: that of its latest statement by step (a stage-only line states the
+    stage from the start), not by line. Two statements for one step that disagree are refused:
+    whichever came last in the file would otherwise decide which gates apply."""
+    by_step: dict[int, tuple[str, int]] = {}
+    for step, stage, line in stated:
+        if step in by_step and by_step[step][0] != stage:
+            first = by_step[step]
+            at = "from the start" if step < 0 else f"for step {step}"
+            raise InputError(f"the stage {at} is stated as {first[0]!r} at line {first[1]} and as "
+                             f"{stage!r} at line {line}", path=path,
+                             hint="state a stage once, on the event where it changes")
+        by_step.setdefault(step, (stage, line))
+    return by_step[max(by_step)][0] if by_step else None
+
+
+def _event_object(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        obj = strict_loads(raw)
+    except NotStrictJSON as exc:
+        raise InputError(str(exc), path=where, hint=_EVENTS_HINT) from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InputError(f"line is not JSON ({why})", path=where) from exc
+    if not isinstance(obj, dict):
+        raise InputError("line is not a JSON object", path=where)
+    unknown = sorted(set(obj) - EVENT_KEYS)
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; an events line has only "
+                         f"{', '.join(sorted(EVENT_KEYS))}", path=where, hint=_EVENTS_HINT)
+    return obj
+
+
+_EVENTS_HINT = 'one object per line: {"step": int, "event": "resume"|"regime_change", "note": str}'
+
+
+def _stage(obj: dict[str, Any], where: str) -> str:
+    if obj["stage"] not in STAGES:
+        raise InputError(f"stage must be one of {STAGES}, got {obj['stage']!r}", path=where)
+    return str(obj["stage"])

@@ -6,7 +6,10 @@ training process itself)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -271,21 +274,84 @@ def envelope_evidence(logs: Any, docs: Mapping[int, Mapping[str, Any]], policy: 
     return report, None
 
 
-def infer_warmup(run: Any) -> tuple[int, str]:
-    """(step, how): the learning-rate warm-up of a run, from the last checkpoint's
-    ``trainer_state.json`` (the step its logged learning rate first peaks), else 0."""
+TRAINER_STATE = "trainer_state.json"
+MAX_TRAINER_STATE_BYTES = 64 << 20  # log_history grows ~200 bytes a logged step
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """The learning-rate warm-up of a run: its step, how it was found, and what was found wrong
+    on the way (non-finite learning rates, entries or files skipped) — each said to the user."""
+
+    step: int
+    how: str
+    findings: tuple[str, ...] = ()
+
+
+def infer_warmup(run: Any) -> Warmup:
+    """The step the logged learning rate first peaks, from the last checkpoint's
+    ``trainer_state.json`` that has a usable history (else 0). An Infinity or NaN learning rate
+    is a finding, never the peak; entries and files that cannot be read are reported, not
+    silently passed over (issue 24 §5)."""
+    findings: list[str] = []
     for _, ckpt in reversed(run.checkpoints):
-        state = Path(ckpt.path) / "trainer_state.json"
-        if not state.is_file() or state.stat().st_size > 64 << 20:
+        state = Path(ckpt.path) / TRAINER_STATE
+        if not os.path.lexists(state):
             continue
-        try:
-            history = json.loads(state.read_text(encoding="utf-8")).get("log_history")
-        except (OSError, ValueError, RecursionError, AttributeError):
+        history = _log_history(state, findings)
+        if history is None:
             continue
-        rates = [(h["step"], h["learning_rate"]) for h in history or [] if isinstance(h, dict)
-                 and isinstance(h.get("step"), int) and isinstance(h.get("learning_rate"), (int, float))]
+        rates = _learning_rates(history, state, findings)
         if len(rates) >= 2:
             peak = max(lr for _, lr in rates)
             step = next(s for s, lr in rates if lr >= peak * (1 - 1e-6))
-            return step, f"learning-rate peak at step {step} in {state}"
-    return 0, "no trainer_state.json with a learning-rate history"
+            return Warmup(step, f"learning-rate peak at step {step} in {state}", tuple(findings))
+        findings.append(f"{state}: fewer than two finite learning rates logged; not used")
+    return Warmup(0, f"no {TRAINER_STATE} with a learning-rate history", tuple(findings))
+
+
+def _log_history(state: Path, findings: list[str]) -> list[Any] | None:
+    """``log_history`` of a trainer_state.json, or None with the reason in ``findings``."""
+    from moeaudit.jsonio import NotStrictJSON, strict_loads
+    from moeaudit.limits import read_regular
+
+    try:
+        doc = strict_loads(read_regular(state, "trainer state", MAX_TRAINER_STATE_BYTES),
+                           nonfinite=True)
+    except InputError as exc:  # not a regular file, too large, unreadable
+        findings.append(f"skipped {exc.diagnostics()}")
+        return None
+    except NotStrictJSON as exc:
+        findings.append(f"skipped {state}: {exc}")
+        return None
+    except (ValueError, RecursionError) as exc:
+        findings.append(f"skipped {state}: not JSON ({exc})")
+        return None
+    history = doc.get("log_history") if isinstance(doc, dict) else None
+    if not isinstance(history, list):
+        findings.append(f"skipped {state}: no log_history list")
+        return None
+    return history
+
+
+def _learning_rates(history: list[Any], state: Path, findings: list[str]) -> list[tuple[int, float]]:
+    """(step, learning rate) of each entry that logs one; the rest reported in ``findings``."""
+    rates, skipped = [], []
+    for i, h in enumerate(history):
+        if not isinstance(h, dict) or "learning_rate" not in h:
+            continue  # evaluation and summary entries log no learning rate
+        step, lr = h.get("step"), h["learning_rate"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            skipped.append(f"log_history[{i}] (step {step!r})")
+        elif not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr < 0:
+            skipped.append(f"log_history[{i}] (learning_rate {lr!r})")
+        elif not math.isfinite(lr):
+            findings.append(f"{state}: learning rate {lr} at step {step} (log_history[{i}]) is not "
+                            "finite — a diverged or broken schedule; not taken as the warm-up peak")
+        else:
+            rates.append((step, float(lr)))
+    if skipped:
+        findings.append(f"{state}: skipped {len(skipped)} log_history entr"
+                        f"{'y' if len(skipped) == 1 else 'ies'} without a step and a learning rate "
+                        f"≥ 0: {', '.join(skipped[:3])}{', …' if len(skipped) > 3 else ''}")
+    return rates

@@ -8,7 +8,8 @@ keyid = hex SHA-256 of the public key's DER SubjectPublicKeyInfo.
 
 The same envelope also goes into a key-based Sigstore bundle v0.3 (:func:`to_bundle`), which
 cosign verifies: ``verificationMaterial.publicKey.hint`` = base64 SHA-256 of the DER SPKI (as
-cosign writes it), no transparency-log entries, the DSSE signature without a keyid.
+cosign writes it), no transparency-log entries, the DSSE signature without a keyid. Reading one
+back, a bundle with log entries or timestamps is refused: moeaudit does not verify them.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ def to_bundle(envelope: dict[str, Any], public_key: PublicKey) -> dict[str, Any]
 def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> Verified:
     """A key-based Sigstore bundle: the key named by its hint, then its DSSE envelope.
 
-    Transparency-log entries and timestamps, if any, are not checked: moeaudit verifies against
-    the public key it is given (cosign: ``--insecure-ignore-tlog``)."""
+    moeaudit verifies against the public key it is given (cosign: ``--insecure-ignore-tlog``) and
+    checks no transparency-log entry or timestamp, so a bundle that carries any is refused rather
+    than accepted as if they had been checked (issue 24 §5): its signer meant them to be verified."""
     if bundle.get("mediaType") not in BUNDLE_MEDIA_TYPES:
         raise SignatureInvalid(f"mediaType is {str(bundle.get('mediaType'))[:80]!r}, expected "
                                f"{BUNDLE_MEDIA_TYPE!r}", path=path)
@@ -212,11 +214,34 @@ def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> 
                                hint="verify certificate-based (keyless) bundles with cosign or sigstore")
     if set(material) - {"publicKey", "tlogEntries", "timestampVerificationData"}:
         raise SignatureInvalid("the bundle's verificationMaterial holds a certificate and a key", path=path)
+    _refuse_unverified_evidence(material, path)
     hint = material["publicKey"].get("hint")
     if hint is not None and hint != key_hint(public_key):
         raise SignatureInvalid(f"signed by key hint {str(hint)[:16]}…, not by this public key "
                                f"({key_hint(public_key)[:16]}…)", path=path)
     return _verify_dsse(bundle.get("dsseEnvelope"), public_key, path, in_bundle=True)
+
+
+def _refuse_unverified_evidence(material: dict[str, Any], path: Path) -> None:
+    """Transparency-log entries or signed timestamps are evidence moeaudit does not verify: a
+    bundle carrying any is refused (exit 1), never verified as if they had been checked."""
+    tlog = material.get("tlogEntries", [])
+    stamps = material.get("timestampVerificationData", {})
+    if not isinstance(tlog, list) or not isinstance(stamps, dict):
+        raise SignatureInvalid("the bundle's tlogEntries is not a list or its "
+                               "timestampVerificationData not an object", path=path)
+    timestamps = stamps.get("rfc3161Timestamps", [])
+    if set(stamps) - {"rfc3161Timestamps"} or not isinstance(timestamps, list):
+        raise SignatureInvalid("the bundle's timestampVerificationData holds more than "
+                               "rfc3161Timestamps", path=path)
+    held = [f"{len(x)} {one if len(x) == 1 else many}" for x, one, many in (
+        (tlog, "transparency-log entry", "transparency-log entries"),
+        (timestamps, "RFC 3161 timestamp", "RFC 3161 timestamps")) if x]
+    if held:
+        raise SignatureInvalid(f"the bundle carries {' and '.join(held)}, which moeaudit does not "
+                               "verify", path=path,
+                               hint="verify it with cosign or sigstore, which check them; moeaudit "
+                                    "verifies key-based bundles with no log entries and no timestamps")
 
 
 # ----- keys ------------------------------------------------------------------------------
