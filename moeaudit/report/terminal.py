@@ -264,20 +264,22 @@ def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
-STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
-
 
 def print_gates(pred: dict[str, Any]) -> None:
+    """The gate table at the console's width (never a cut number: :mod:`gate_table`), its legend,
+    the checks and the verdict."""
+    from moeaudit.report import gate_table
+
     seen: set[str] = set()  # papers named so far in this report
-    table = Table("step", "gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min",
-                  title=esc(f"{pred['run']['name']} ({pred['run']['stage']}) — gates"))
-    for g in pred["gates"]:
-        r = g["receipts"]
-        st = STATUS_STYLE.get(g["status"], "")
-        table.add_row(esc(g["step"]), f"[{st}]{esc(g['status'])}[/]", esc(g["baseline"]), fmt(r["nll"], ".4f"),
-                      esc(g["scalar"]), fmt(r["c2_mean"], "+.4f"), fmt(r["state1_mean"], ".4f"),
-                      str(r["dead"]), fmt(r["cv_mean"], ".3f"), fmt(r["entropy_norm_min"], ".3f"))
-    out.print(table)
+    title = f"{pred['run']['name']} ({pred['run']['stage']}) — gates"
+    rows = [gate_table.gate_cells(g) for g in pred["gates"]]
+    table = gate_table.fitted_table(title, rows, out.width)
+    if table is not None:
+        out.print(table)
+    else:
+        for line in gate_table.gate_list(title, rows, out.width):
+            out.print(line, soft_wrap=True)
+    out.print(gate_table.legend_grid(pred), style="dim")
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
