@@ -161,10 +161,16 @@ def _open_checkpoint(path: Path):
 
 
 def _check_output(path: Path | None, force: bool) -> None:
+    """An output that exists (without --force) or whose directory does not is refused before any
+    work (issue 25 §3)."""
+    from moeaudit.errors import InputError
     from moeaudit.jsonio import check_output_target
 
     if path is not None and str(path) != "-":
         check_output_target(path, force=force)
+        if not path.parent.is_dir():
+            raise InputError("output directory does not exist", path=path.parent,
+                             hint="create it first or choose another path")
 
 
 def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
