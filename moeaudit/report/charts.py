@@ -1,7 +1,7 @@
 """The certificate's charts (SPEC §9) as inline SVG, from plain numbers of a verified statement.
 
-* :func:`c2_bars` — per-layer C2 at a gate, signed bars around zero, baseline ticks, protected
-  layers marked (`003` Fig. 5);
+* :func:`c2_bars` — per-layer C2 at a gate, signed bars around zero coloured by the drop from
+  the baseline (not by C2's sign), baseline ticks, protected layers marked (`003` Fig. 5);
 * :func:`loss_c2` — canary NLL and mean C2 over the gates, two panels on one step axis (Fig. 4);
 * :func:`envelope_chart` — V(t) against its Grönwall bound B(t) (`000` Eq. 12) and the budget
   ε/δ, log-scaled when the values span decades, samples outside the bound marked ×;
@@ -22,6 +22,7 @@ from moeaudit.report.svg import (
     BAD,
     BOUND,
     C2_LINE,
+    FIXED_RANGE,
     GRID,
     INK,
     LOSS,
@@ -44,6 +45,7 @@ from moeaudit.report.svg import (
     polyline,
     scale,
     sci,
+    sig,
     signed,
     step_axis,
     svg,
@@ -75,8 +77,11 @@ def _steps(v: float) -> str:
 
 
 def c2_bars(per_layer: Sequence[Mapping[str, Any]], baseline: Mapping[int, float | None],
-            protected: Sequence[int], label: str) -> Markup:
-    """Signed horizontal bars of C2 per layer; negative bars run cream → orange with severity."""
+            protected: Sequence[int], label: str,
+            tolerance: Mapping[int, float] | None = None) -> Markup:
+    """Signed horizontal bars of C2 per layer. The colour is the drop from the baseline, not
+    C2's sign (issue 25 §4): green where C2 held or rose, cream → orange as the drop nears the
+    layer's allowed drop (``tolerance``), darkest and outlined beyond it; grey without a baseline."""
     values = [e.get("c2") for e in per_layer] + list(baseline.values())
     m = max([abs(v) for v in values if v is not None] or [0.1])
     lo, hi, ticks, dec = linear_ticks(-m, m, 6)
@@ -89,36 +94,57 @@ def c2_bars(per_layer: Sequence[Mapping[str, Any]], baseline: Mapping[int, float
     body += x_axis(ticks, x, top - 4, height - 30, _fixed(dec))
     body.append(line(x0, height - 30, x1, height - 30, stroke=MUTED))
     for i, e in enumerate(per_layer):
-        body += _c2_row(e, baseline.get(e["layer"]), e["layer"] in protected, top + i * row, row,
-                        x, m, x1)
+        body += _c2_row(e, baseline.get(e["layer"]), (tolerance or {}).get(e["layer"]),
+                        e["layer"] in protected, top + i * row, row, x, x1)
     body.append(line(x(0), top - 4, x(0), height - 30, stroke=INK, width=1.2))
     swatch = {"x": 0, "y": -6, "width": 20, "height": 12}
-    items = [("C2 ≥ 0", tag("rect", {**swatch, "fill": POS})),
-             ("C2 < 0 (darker = worse)", tag("rect", {**swatch, "fill": NEG_HI}))]
+    items = [("held or rose", tag("rect", {**swatch, "fill": POS})),
+             ("dropped (darker = closer to fallen)", tag("rect", {**swatch, "fill": mix(NEG_LO, NEG_HI, 0.5)})),
+             ("fallen", tag("rect", {**swatch, "fill": NEG_HI, "stroke": FALLEN, "stroke-width": 1.5}))]
     if baseline:
         items.append(("baseline value", line(10, -8, 10, 8, stroke=INK, width=2.5)))
+    else:
+        items = [("no baseline to compare with", tag("rect", {**swatch, "fill": NO_BASE}))]
     body += legend(x0, 14, items)
     return svg(height, label, body)
 
 
-def _c2_row(e: Mapping[str, Any], base: float | None, is_protected: bool, y: float, row: float,
-            x: Scale, m: float, x1: float) -> list[Markup]:
+FALLEN, NO_BASE = "#7c2d12", "#afb8c1"
+
+
+def drop_fill(c2: float, base: float | None, tol: float | None, gated: bool = True) -> tuple[str, bool]:
+    """(fill, fallen) of a C2 bar from its drop against the baseline: green when it held or
+    rose; cream → orange as the drop nears ``tol``; darkest beyond it — "fallen" only on a
+    ``gated`` (protected) layer; grey without a baseline. Without a tolerance, a drop is
+    measured against 0.1 of the baseline's |C2|."""
+    if base is None:
+        return NO_BASE, False
+    drop = base - c2
+    if drop <= 0:
+        return POS, False
+    allowed = tol if tol is not None and tol > 0 else max(0.1 * abs(base), 1e-9)
+    return mix(NEG_LO, NEG_HI, min(1.0, drop / allowed)), gated and drop > allowed
+
+
+def _c2_row(e: Mapping[str, Any], base: float | None, tol: float | None, is_protected: bool,
+            y: float, row: float, x: Scale, x1: float) -> list[Markup]:
     mid = y + row / 2 + 4
     name = f"layer {e['layer']}" + (" · protected" if is_protected else "")
     out = [text(160, mid, name, anchor="end", weight="bold" if is_protected else None)]
     c2 = e.get("c2")
     if c2 is None:
         return out + [text(x(0) + 6, mid, "— no co-active pairs (top-1 routing)", fill=MUTED)]
-    fill = POS if c2 >= 0 else mix(NEG_LO, NEG_HI, min(1.0, abs(c2) / m))
+    fill, fallen = drop_fill(c2, base, tol, gated=is_protected)
     a, b = sorted((x(0), x(c2)))
     out.append(tag("rect", {"x": a, "y": y + 6, "width": max(b - a, 1.0), "height": row - 12,
-                            "fill": fill, "stroke": "#9a3412" if c2 < 0 else None,
-                            "stroke-width": 0.6 if c2 < 0 else None}))
+                            "fill": fill, "stroke": FALLEN if fallen else None,
+                            "stroke-width": 1.5 if fallen else None}))
     if base is not None:
         out.append(line(x(base), y + 3, x(base), y + row - 3, stroke=INK, width=2.5))
     ends = [b, x(base)] if base is not None else [b]  # the label clears the baseline tick
     lx = max(ends) + 6 if c2 >= 0 else min([a, *ends[1:]]) - 6
-    out.append(text(min(lx, x1 + 60), mid, signed(c2), anchor="start" if c2 >= 0 else "end",
+    delta = "" if base is None else f" (Δ {signed(c2 - base)}{', fallen' if fallen else ''})"
+    out.append(text(min(lx, x1 + 60), mid, signed(c2) + delta, anchor="start" if c2 >= 0 else "end",
                     size=11, weight="bold"))
     return out
 
@@ -207,9 +233,14 @@ def _value_axis(ys: Sequence[float], top: float, bottom: float, left: float,
         lo, hi, ticks = log_ticks(min(ys), max(ys))
         y = scale(lo, hi, bottom, top, log=True)
         return y, y_axis(ticks, y, left, right, decade)
-    lo, hi, ticks, _ = linear_ticks(min(0.0, min(ys)), max(ys), 4)
+    lo, hi, ticks, dec = linear_ticks(min(0.0, min(ys)), max(ys), 4)
     y = scale(lo, hi, bottom, top)
-    return y, y_axis(ticks, y, left, right, lambda v: sci(v, 1) if v else "0")
+    fixed = FIXED_RANGE[0] <= max(abs(t) for t in ticks) < FIXED_RANGE[1]  # 2.5, not 2.5e+00
+
+    def label(v: float) -> str:
+        return "0" if not v else f"{v:.{dec}f}" if fixed else sci(v, 1)
+
+    return y, y_axis(ticks, y, left, right, label)
 
 
 def _bound_curves(samples: Sequence[Sample], windows: Sequence[Mapping[str, Any]],
@@ -271,7 +302,7 @@ def _envelope_legend(budget: float | None, gaps: bool) -> list[tuple[str, Markup
              ("Grönwall bound B(t)", line(0, 0, 20, 0, stroke=BOUND, width=1.6, dash="6 4"))]
     if budget:
         dotted = line(0, 0, 20, 0, stroke=MUTED, width=1.2, dash="2 3")
-        items.append((f"budget ε/δ = {sci(budget, 1)}", dotted))
+        items.append((f"budget ε/δ = {sig(budget, 2)}", dotted))
     items.append(("outside its bound", _cross(10, 0, 5)))
     if gaps:
         items.append(("no value", _no_value(10, 6)))
@@ -320,8 +351,9 @@ def _cell(x: float, y: float, w: float, h: float, v: float | None, vmax: float,
 
 def heat_legend(vmax: float, mean: float | None, label: str, width: float = W, *,
                 caption: str = "π: share of canary tokens routed to the expert",
-                mean_label: str = "mean π") -> Markup:
-    """The color scale with its ticks, the mean π (uniform load) marked, and the dead marker."""
+                mean_label: str = "mean π", zero_label: str = "dead expert (π = 0)") -> Markup:
+    """The color scale with its ticks, the mean π (uniform load) marked, and what × means
+    (``zero_label``: a dead expert on the occupancy map; no tokens of that domain on a domain map)."""
     x0, x1, steps = 90, 90 + 360, 36
     x, dx = scale(0, vmax, x0, x1), (x1 - x0) / steps
     body = [text(x0, 12, caption, size=11, fill=MUTED)]
@@ -337,5 +369,5 @@ def heat_legend(vmax: float, mean: float | None, label: str, width: float = W, *
     body += [tag("rect", {"x": x1 + 40, "y": 18, "width": 22, "height": 14, "fill": "#ffffff",
                           "stroke": GRID}),
              text(x1 + 51, 30, "×", anchor="middle", size=13, fill=BAD, weight="bold"),
-             text(x1 + 70, 30, "dead expert (π = 0)", size=11)]
+             text(x1 + 70, 30, zero_label, size=11)]
     return svg(68, label, body, width)

@@ -24,7 +24,8 @@ import jinja2.bccache
 from moeaudit.cache import ReceiptsCache
 from moeaudit.papers import GLOSSARY, PAPERS, legend, named
 from moeaudit.report import charts
-from moeaudit.report.svg import sci, signed
+from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
+from moeaudit.report.svg import num, sci, sig, signed
 from moeaudit.resources import templates_dir
 
 TEMPLATE = "certificate.html.j2"
@@ -69,6 +70,7 @@ def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True,
                              bytecode_cache=SignedBytecode(compiled) if compiled is not None else None)
     env.filters["num"] = num
+    env.filters["sig"] = sig
     env.filters["cite"] = cite
     return env
 
@@ -76,13 +78,6 @@ def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
 def cite(text: Any) -> str:
     """Document text with each paper it cites by number named at its first mention in it."""
     return named(str(text))
-
-
-def num(value: float | None, spec: str = ".3f") -> str:
-    """A number in a fixed format; ``None`` → "—"; minus signs are true minus signs."""
-    if value is None:
-        return "—"
-    return format(value, spec).replace("-", "−")
 
 
 def layer_key(key: Any) -> tuple[int, int | str]:
@@ -105,6 +100,9 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     gates = list(p.get("gates") or [])
     checks = list(p.get("checks") or [])
     protected = [int(x) for x in p.get("protected_layers") or []]
+    rules = _get(p, "policy", "gates") or {}
+    stage = str(_get(p, "run", "stage") or "")
+    abandoned = {str(a.get("name")) for a in _get(p, "run", "abandoned") or [] if isinstance(a, Mapping)}
     return {
         "verdict": p["verdict"],
         "verdict_why": ([p["verdict_reason"]] if p.get("verdict_reason")
@@ -112,10 +110,11 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "run": run_view(p.get("run") or {}, len(gates)),
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
-        "margins": margin_rows(p.get("margins") or {}),
-        "gates": [gate_row(g, _get(p, "policy", "gates") or {}) for g in gates],
+        "margins": margin_rows(p.get("margins") or {}, stage, rules),
+        "gates": [gate_row(g, rules, stage, abandoned) for g in gates],
+        "by_design": by_design(gates, stage),
         "protected": protected,
-        "figures": figures(gates, protected),
+        "figures": figures(gates, protected, rules),
         "envelope": envelope_view(p.get("envelope"), checks),
         "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
         "router": router_view(p.get("router")),
@@ -160,6 +159,7 @@ def run_view(run: Doc, gates: int) -> dict[str, Any]:
     return {"name": str(run.get("name") or "unnamed run"), "stage": str(run.get("stage") or "—"),
             "checkpoints": len(run.get("checkpoints") or []) or gates,
             "skipped": [_named(s) for s in run.get("skipped") or []],
+            "abandoned": [_named(a) for a in run.get("abandoned") or []],
             "events": [{"step": e.get("step", "—"), "event": e.get("event", "event"),
                         "note": str(e.get("note") or "")} for e in run.get("events") or []]}
 
@@ -171,28 +171,22 @@ def _named(item: Any) -> dict[str, str]:
     return {"name": str(item), "reason": ""}
 
 
-def verdict_reasons(verdict: str, gates: Sequence[Doc], checks: Sequence[Doc]) -> list[str]:
-    """Why the verdict is what it is (SPEC §8), in the order the rule reads."""
-    if verdict == "PASS":
-        return ["every gate is BASELINE or GREEN and every evaluated check passed"]
-    out = [f"{g['status']} gate at step {g['step']}" for g in gates
-           if g["status"] not in ("BASELINE", "GREEN")]
-    out += [f"{c.get('name')} check {c.get('status') or 'without a status'}" for c in checks
-            if c.get("evaluated") and c.get("status") != "PASS"]
-    if any(g["status"] == "YELLOW" for g in gates) and verdict == "INCONCLUSIVE":
-        out.append("a YELLOW gate revokes the success claim without calling for intervention")
-    return out or ["the evidence does not support PASS"]
-
-
-def check_rows(checks: Sequence[Doc]) -> list[dict[str, str]]:
+def check_rows(checks: Sequence[Doc]) -> list[dict[str, Any]]:
     rank = {name: i for i, name in enumerate(CHECK_ORDER)}
     rows = []
     for c in sorted(checks, key=lambda c: rank.get(c.get("name", ""), len(rank))):
         result = str(c.get("status") or "no status") if c.get("evaluated") else "not evaluated"
         rows.append({"name": str(c.get("name", "—")), "result": result,
                      "css": result.lower().replace(" ", "-"), "value": _value(c.get("value")),
-                     "reason": str(c.get("reason") or "—")})
+                     "reason": str(c.get("reason") or "—"), "all": _all_reasons(c)})
     return rows
+
+
+def _all_reasons(c: Doc) -> list[str]:
+    """Every reason of a check whose one-line reason ends "(and N more)": the page lists them
+    all in a <details> block (no script) instead of leaving them out (issue 25 §4)."""
+    problems = [str(x) for x in c.get("problems") or []]
+    return problems if " more)" in str(c.get("reason") or "") else []
 
 
 def _value(v: float | None) -> str:
@@ -201,13 +195,16 @@ def _value(v: float | None) -> str:
     return sci(v, 2) if v != 0 and abs(v) < 1e-3 else signed(v, 4)
 
 
-def margin_rows(margins: Doc) -> list[dict[str, str]]:
+def margin_rows(margins: Doc, stage: str = "", rules: Doc | None = None) -> list[dict[str, str]]:
+    """Each lifecycle margin as one plain sentence first, its symbols and numbers after it (in a
+    <details> block on the page): an operator reads the sentence, an auditor opens the numbers."""
     rows = []
     for name in ("refinement", "handoff"):
         m = margins.get(name)
         if not isinstance(m, Mapping):
             why = f": {m}" if isinstance(m, str) else ""
-            rows.append({"name": name, "exact": "—", "smooth": "—", "note": f"not computed{why}"})
+            rows.append({"name": name, "exact": "—", "smooth": "—", "note": f"not computed{why}",
+                         "plain": f"Not computed{why}."})
             continue
         ci = m.get("ci95")
         note = [f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
@@ -216,65 +213,46 @@ def margin_rows(margins: Doc) -> list[dict[str, str]]:
                 f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
                 *[str(n) for n in m.get("notes") or []]]
         rows.append({"name": name, "exact": signed(m.get("exact"), 4),
-                     "smooth": signed(m.get("smooth"), 4), "note": "; ".join(n for n in note if n)})
+                     "smooth": signed(m.get("smooth"), 4), "note": "; ".join(n for n in note if n),
+                     "plain": plain_margin(name, m, stage, (rules or {}).get("inconclusive_band"))})
     return rows
 
 
-def gate_row(g: Doc, rules: Doc) -> dict[str, Any]:
+def gate_row(g: Doc, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()
+             ) -> dict[str, Any]:
     r = g.get("receipts") or {}
-    return {"step": g["step"], "status": g["status"], "checkpoint": r.get("checkpoint") or "—",
+    checkpoint = str(r.get("checkpoint") or "—")
+    problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
+    note = gate_note(g, rules)
+    if worsened_by_design(g, stage):
+        note += ("; the canary NLL worsened, which is expected in post-training: the new objective "
+                 "moves the held-out canary, so the refinement margin decides, not the loss "
+                 "(docs/policy.md, “scalar bad”)")
+    if checkpoint in abandoned:
+        note = "abandoned: left from a branch a resume abandoned (audited, not the model's history); " + note
+    return {"step": g["step"], "status": g["status"], "checkpoint": checkpoint,
             "scalar": g.get("scalar") or "—", "nll": r.get("nll"), "c2": r.get("c2_mean"),
             "state1": r.get("state1_mean"), "dead": r.get("dead"), "cv": r.get("cv_mean"),
-            "entropy": r.get("entropy_norm_min"), "note": gate_note(g, rules)}
-
-
-def _floor(rules: Doc, name: str) -> str:
-    value = rules.get(name)
-    return f", floor {value:g}" if isinstance(value, (int, float)) else ""
-
-
-def gate_note(g: Doc, rules: Doc) -> str:
-    """The gate rule's reading of this gate (SPEC §8), in words, with the policy's thresholds
-    (``rules``: the certificate's ``policy.gates``)."""
-    tol_c2 = rules.get("tol_c2")
-    held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
-    if g["status"] == "BASELINE":
-        return f"baseline: {g.get('reason') or 'reference point'}{held}"
-    st, base = g.get("structural") or g.get("continuity") or {}, g.get("baseline")
-    notes = [f"new baseline ({g.get('reason')}), compared with the one before it"] if g.get("new_baseline") else []
-    if st.get("c2_ok") is False:
-        tol = f" (tolerance −{tol_c2:g})" if tol_c2 is not None else ""
-        moved = signed(st.get("c2_min_delta"))
-        notes.append(f"protected-layer C2 moved {moved} vs step {base}{tol}")
-    if st.get("occupancy_ok") is False:
-        more = ", ".join(map(str, st.get("layers_with_more_dead") or []))
-        notes.append(f"occupancy narrowed: more dead experts on layers {more}" if more else
-                     f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}"
-                     f"{_floor(rules, 'pi_min_ratio_floor')}; entropy ratio "
-                     f"{num(st.get('entropy_ratio'), '.2f')}{_floor(rules, 'entropy_ratio_floor')})")
-    if st.get("ok"):
-        notes.append(f"structure held vs baseline at step {base}")
-    if g.get("consecutive_bad"):
-        notes.append(f"{g['consecutive_bad']} consecutive bad gate(s)")
-    problems = (g.get("health") or {}).get("problems") or []
-    if problems:
-        notes.append("below a health floor: " + "; ".join(problems[:2]) + (" …" if len(problems) > 2 else ""))
-    return "; ".join(notes) or "—"
+            "entropy": r.get("entropy_norm_min"), "note": note,
+            "problems": problems if len(problems) > 2 else []}
 
 
 def claims_row(g: Doc) -> dict[str, Any]:
     c = g.get("claims") or {}
+    licensed = [str(x) for x in c.get("licensed") or []]
+    problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
     return {"step": g["step"], "status": g["status"],
             "checkpoint": _get(g, "receipts", "checkpoint") or "—",
-            "licensed": [str(x) for x in c.get("licensed") or []],
-            "not_licensed": [str(x) for x in c.get("not_licensed") or []]}
+            "licensed": licensed, "not_licensed": [str(x) for x in c.get("not_licensed") or []],
+            "more": problems if any(" more)" in x for x in licensed) else []}
 
 
 # --- figures -------------------------------------------------------------------------------------
 
 
-def figures(gates: Sequence[Doc], protected: Sequence[int]) -> dict[str, Any]:
-    """Per-layer C2 at the last gate against its baseline (Fig. 5); NLL and C2 per gate (Fig. 4)."""
+def figures(gates: Sequence[Doc], protected: Sequence[int], rules: Doc | None = None) -> dict[str, Any]:
+    """Per-layer C2 at the last gate against its baseline (Fig. 5), each bar coloured by its drop
+    against the allowed drop; NLL and C2 per gate (Fig. 4)."""
     if not gates:
         return {"c2_bars": None, "c2_caption": "no gates", "loss_c2": None}
     last = gates[-1]
@@ -287,9 +265,25 @@ def figures(gates: Sequence[Doc], protected: Sequence[int]) -> dict[str, Any]:
         caption += f"; ticks: baseline at step {base['step']}"
     points = [{"step": g["step"], "status": g["status"], "nll": _get(g, "receipts", "nll"),
                "c2": _get(g, "receipts", "c2_mean")} for g in gates]
-    bars = charts.c2_bars(per_layer, base_c2, protected, caption) if per_layer else None
+    bars = (charts.c2_bars(per_layer, base_c2, protected, caption,
+                           _allowed_drops(last, base_c2, rules or {})) if per_layer else None)
     return {"c2_bars": bars, "c2_caption": caption,
             "loss_c2": charts.loss_c2(points, "Canary NLL and mean C2 at each gate")}
+
+
+def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[int, float]:
+    """Per layer, the C2 drop the gate rule allows against the baseline: the gate's own
+    tolerance on a protected layer (noise included), else max(tol_c2, tol_c2_rel·|C2_b|)."""
+    signed_tol = {int(k): float(v) for k, v in ((gate.get("structural") or {}).get("c2_tolerance")
+                                                 or {}).items()}
+    tol_c2, rel = rules.get("tol_c2"), rules.get("tol_c2_rel")
+    out: dict[int, float] = {}
+    for layer, b in base_c2.items():
+        if int(layer) in signed_tol:
+            out[int(layer)] = signed_tol[int(layer)]
+        elif isinstance(b, (int, float)) and isinstance(tol_c2, (int, float)):
+            out[int(layer)] = max(tol_c2, (rel if isinstance(rel, (int, float)) else 0.0) * abs(b))
+    return out
 
 
 def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
@@ -413,7 +407,11 @@ def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None
         title = f"layer {k}" + (" · protected" if _is_protected(k, protected) else "")
         panels.append(charts.heatmap(rows, SHARE_SCALE, f"Domain routing: π / (k/E), {title}", width=470,
                                      left=80, cell_h=26, title=title))
-    return {"panels": panels, "legend": _share_legend("Color scale of π / (k/E)"),
+    legend = charts.heat_legend(SHARE_SCALE, 1.0, "Color scale of π / (k/E)", caption="π / (k/E): the "
+                                "domain's share of an expert's routed tokens against a uniform split "
+                                "(fixed scale 0–2; ≥ 2 saturates)", mean_label="uniform share",
+                                zero_label="no tokens from this domain (π = 0)")
+    return {"panels": panels, "legend": legend,
             "step": dom.get("step"), "omitted": [k for k in layers if k not in shown]}
 
 

@@ -132,6 +132,23 @@ def sci(x: float | None, digits: int = 2) -> str:
     return "—" if x is None else f"{x:.{digits}e}".replace("-", "−")
 
 
+FIXED_RANGE = (1e-3, 1e4)  # |x| in here reads best as a plain decimal: 2.30, not 2.3e+00
+
+
+def sig(x: float | None, digits: int = 3) -> str:
+    """``digits`` significant digits: a plain decimal for 0.001 ≤ |x| < 10 000 (values near 1,
+    such as a normalized variance, read as 2.30 and never as ``2.3e+00``), scientific outside
+    that range (1.2e−05); a true minus sign; 0 is ``0``."""
+    if x is None:
+        return "—"
+    if x == 0:
+        return "0"
+    if not FIXED_RANGE[0] <= abs(x) < FIXED_RANGE[1]:
+        return sci(x, digits - 1)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}".replace("-", "−")
+
+
 def signed(x: float | None, decimals: int = 3) -> str:
     """``+0.083`` / ``−0.027`` (a true minus sign); a value that rounds to zero is ``+0.000``."""
     if x is None:
@@ -139,6 +156,13 @@ def signed(x: float | None, decimals: int = 3) -> str:
     if float(f"{x:.{decimals}f}") == 0:
         x = 0.0
     return f"{x:+.{decimals}f}".replace("-", "−")
+
+
+def num(value: float | None, spec: str = ".3f") -> str:
+    """A number in a fixed format; ``None`` → "—"; minus signs are true minus signs."""
+    if value is None:
+        return "—"
+    return format(value, spec).replace("-", "−")
 
 
 # --- color scale ---------------------------------------------------------------------------------
