@@ -492,6 +492,9 @@ def load(path: str | Path) -> Canary:
     try:
         sf = SafetensorsFile(path)
     except CheckpointError as exc:
+        text = _text_kind(path)
+        if text is not None:  # the parser's header arithmetic says nothing useful here (issue 25 §5)
+            raise CanaryError(f"not a moeaudit canary ({text})", path=path, hint=_text_hint(text, path)) from exc
         if not _claims_to_be_a_canary(path):  # some other file; else a damaged canary, below
             raise not_a_canary(path, f"not a safetensors file: {exc.what}") from exc
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
@@ -517,6 +520,42 @@ def load(path: str | Path) -> Canary:
 def not_a_canary(path: Path, why: str) -> CanaryError:
     """The plain answer for a file that is something else (a model, a JSON file, random bytes)."""
     return CanaryError(f"not a moeaudit canary ({why})", path=path, hint=BUILD_HINT)
+
+
+TOKENS_JSONL = "a JSONL file of token windows (a canary's source), not a built canary"
+TEXT_JSONL = "a JSONL file of texts (a canary's source), not a built canary"
+
+
+def _text_kind(path: Path) -> str | None:
+    """What a text file given as a canary is, in words, or None for a binary file: a canary is
+    a safetensors file, whose first 8 bytes are a little-endian header length."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    try:
+        text = head.decode("utf-8").lstrip()
+    except UnicodeDecodeError:
+        return None
+    if not text or len(head) < 8 or not all(ch.isprintable() or ch in "\n\r\t" for ch in text):
+        return None  # shorter than a header length: the parser's "too short" says it
+    first = text.splitlines()[0]
+    if first.startswith("{") and '"tokens"' in first:
+        return TOKENS_JSONL
+    if first.startswith("{") and '"text"' in first:
+        return TEXT_JSONL
+    return "a JSON file, not a safetensors file" if first[:1] in "{[" else "a text file, not a safetensors file"
+
+
+def _text_hint(kind: str, path: Path) -> str:
+    if kind == TOKENS_JSONL:
+        return (f"build the canary from it: `moeaudit canary build --tokens {path} --out "
+                "canary.safetensors`, then pass --canary canary.safetensors")
+    if kind == TEXT_JSONL:
+        return (f"build the canary from it: `moeaudit canary build --text {path} --tokenizer "
+                "tokenizer.json --out canary.safetensors`, then pass --canary canary.safetensors")
+    return BUILD_HINT
 
 
 def _claims_to_be_a_canary(path: Path) -> bool:

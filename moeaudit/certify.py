@@ -32,7 +32,9 @@ from moeaudit.judge.gates import (
 )
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
+from moeaudit.lineage import abandoned
 from moeaudit.run import Run, discover, truncate
+from moeaudit.run_names import run_name
 
 if TYPE_CHECKING:
     from moeaudit.receipts.observer import AnchorStates
@@ -70,6 +72,8 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if until is not None:
         run = truncate(run, until)
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
+    left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
+    warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
     for w in warnings:
         say(f"warning: {w}")
     first = run.checkpoints[0][1]
@@ -131,9 +135,10 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     predicate = {
         "verdict": decision["verdict"],
         "verdict_reason": decision["verdict_reason"],
-        "run": {"name": run.path.name, "path": str(run_path), "stage": stage,
+        "run": {"name": run_name(run.path), "path": str(run_path), "stage": stage,
                 "stage_source": stage_source, "checkpoints": run.steps,
-                "skipped": [p.name for p, _ in run.skipped], "events": events},
+                "skipped": [p.name for p, _ in run.skipped], "events": events,
+                **({"abandoned": [a.to_json() for a in left_behind]} if left_behind else {})},
         "inputs": inputs,
         "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
                    "window_len": canary.window_len, "domains": list(canary.domains),

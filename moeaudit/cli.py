@@ -182,6 +182,21 @@ def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_
         refuse_inside(path, audited_paths(*audited, whole_run=whole_run), option)
 
 
+def _one_checkpoint(path: Path, example: str) -> None:
+    """A run directory where one checkpoint belongs is refused, its checkpoints listed (issue 25 §5)."""
+    from moeaudit.run_names import refuse_run_as_checkpoint
+
+    refuse_run_as_checkpoint(path, example)
+
+
+def _run_layout(path: Path) -> None:
+    """A directory that looks like a checkpoint under another name (step_250/) is refused."""
+    from moeaudit.run_names import refuse_misnamed
+
+    if path.is_dir():
+        refuse_misnamed(path)
+
+
 def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
     """``--json -``: the document on stdout only; ``--json FILE``: atomic write, then the table."""
     from moeaudit.jsonio import atomic_write, dumps
@@ -213,6 +228,7 @@ def inspect(ckpt: Path, as_json: bool) -> None:
     """
     from moeaudit.checkpoint import Checkpoint
 
+    _one_checkpoint(ckpt, "moeaudit inspect {ckpt}")
     summary = Checkpoint(ckpt).summary()
     if as_json:
         print_json(summary)
@@ -350,8 +366,9 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     from moeaudit.locate import require_canary
     from moeaudit.receipts.state import state_receipts
 
-    _check_output(json_out, force)
     _refuse_inside("--json", json_out, ckpt)
+    _check_output(json_out, force)
+    _one_checkpoint(ckpt, "moeaudit receipts {ckpt}")
     checkpoint = _open_checkpoint(ckpt)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
@@ -402,8 +419,10 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
     from moeaudit.locate import require_canary
     from moeaudit.receipts.pair import compare as run_compare
 
-    _check_output(json_out, force)
     _refuse_inside("--json", json_out, base, candidate, reference)
+    _check_output(json_out, force)
+    _one_checkpoint(base, "moeaudit compare {ckpt} CANDIDATE")
+    _one_checkpoint(candidate, "moeaudit compare BASE {ckpt}")
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
     policy = _load_policy(policy_path, base)
@@ -450,8 +469,9 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
     from moeaudit.jsonio import finite_document
     from moeaudit.series import evaluate_run
 
-    _check_output(json_out, force)
     _refuse_inside("--json", json_out, source_path, calibrate_on)
+    _check_output(json_out, force)
+    _run_layout(source_path)
     policy = _load_policy(policy_path, source_path)
     with _progress() as tick:
         report = evaluate_run(
@@ -497,8 +517,9 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     from moeaudit.calibrate import calibrate_run, write_policy
     from moeaudit.locate import require_canary
 
-    _check_output(out, force)
     _refuse_inside("--out", out, run_dir)
+    _check_output(out, force)
+    _run_layout(run_dir)
     base = _load_policy(policy_path, run_dir)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
     with _progress() as tick:
@@ -567,7 +588,11 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     if not run_dir.exists():
         from moeaudit.errors import InputError
         raise InputError("no such run directory", path=run_dir)
-    named_out, out = out is not None, out or Path("moeaudit-certificates") / run_dir.resolve().name
+    from moeaudit.run_names import run_name
+
+    _run_layout(run_dir)
+    # named after the run (a torchtitan run after its dump folder, not "checkpoint": issue 25 §6)
+    named_out, out = out is not None, out or Path("moeaudit-certificates") / run_name(run_dir)
     _refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
     canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
     if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
@@ -649,12 +674,16 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     from moeaudit.judge.promote import placement, rollback
     from moeaudit.report.ci import junit_xml, markdown_summary
 
-    _check_output(junit, force)  # every output is checked before any work (issue 25)
-    _check_output(json_out, force)
     _refuse_inside("--junit", junit, base, candidate, reference)
     _refuse_inside("--json", json_out, base, candidate, reference)
+    _check_output(junit, force)  # every output is checked before any work (issue 25)
+    _check_output(json_out, force)
+    _one_checkpoint(base, "moeaudit gate {ckpt} CANDIDATE")
+    _one_checkpoint(candidate, "moeaudit gate BASE {ckpt}")
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     run_dir, b_step, c_step = placement(base, candidate)
+    if run_dir is not None:
+        _run_layout(run_dir)
     if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
         result = rollback(base, candidate, b_step, c_step)
     elif run_dir is not None and b_step is not None and c_step is not None:
@@ -834,9 +863,9 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
         raise UsageError("--canary, --policy and --reference say where to recheck inputs",
                          hint="add --recheck")
     if pubkey is None:
-        from moeaudit.attest.signing import default_key_path
+        from moeaudit.attest.signing import default_public_key
 
-        pubkey = Path(str(default_key_path()) + ".pub")
+        pubkey = default_public_key()  # none yet: says how to pass --pubkey (issue 25 §5)
         err.print(f"verifying with your key {pubkey} (--pubkey names another)", markup=False)
     stmt = open_certificate(cert, load_public_key(pubkey))
     pred = stmt["predicate"]
@@ -877,14 +906,14 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
 @click.argument("cert", type=click.Path(path_type=Path))
 @click.option("--framework", required=True, type=click.Choice(["eu-ai-act", "nist-ai-600-1", "sr-11-7"]),
               help="Framework to map the certificate's evidence to.")
-@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True,
-              help="Report format.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default=None,
+              help="Report format (default: from --out's suffix, .html or .json, else md).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")
 @click.option("--pubkey", type=click.Path(path_type=Path),
               help="Public key to verify CERT with (default: your moeaudit key's .pub).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
-def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None, force: bool) -> None:
+def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool) -> None:
     """Map a verified certificate's evidence to a compliance framework.
 
     
@@ -896,6 +925,8 @@ def export(cert: Path, framework: str, fmt: str, out: Path, pubkey: Path | None,
     from moeaudit.report.export import run_export
 
     _check_output(out, force)
+    # `--out x.html` means HTML (issue 25 §5); an explicit --format wins
+    fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
     atomic_write(out, run_export(cert, pubkey, framework, fmt))
     click.echo(f"wrote {out} ({framework}, {fmt}) from verified {cert}")
 

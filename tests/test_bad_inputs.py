@@ -442,7 +442,8 @@ CERTIFICATES = [  # certificate, public key, exit code, what the one line must s
         1,
         "{cert_two_signatures}: expected exactly one signature, found 2",
     ),
-    ("cert_truncated", "good_key_pub", 1, "{cert_truncated}: not a DSSE envelope"),
+    # not JSON any more: not a certificate, an input error (issue 25 §5), not an invalid signature
+    ("cert_truncated", "good_key_pub", 4, "{cert_truncated}: not a certificate (not JSON"),
     (
         "cert_duplicate_key",
         "good_key_pub",

@@ -454,7 +454,11 @@ def test_load_missing_file(tmp_path: Path) -> None:
 def test_load_not_safetensors(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text('{"domain": "a", "tokens": [1, 2]}\n')
-    raises("c.jsonl: not a moeaudit canary (not a safetensors file: header length", load, path)
+    # the source of a canary, not the safetensors parser's header arithmetic (issue 25 §5)
+    err = raises("c.jsonl: not a moeaudit canary (a JSONL file of token windows (a canary's source), "
+                 "not a built canary)", load, path)
+    assert "header length" not in str(err) and "limit" not in str(err)
+    assert f"moeaudit canary build --tokens {path} --out canary.safetensors" in str(err)
 
 
 def test_load_truncated(tmp_path: Path, canary: Canary) -> None:
@@ -491,10 +495,14 @@ NOT_CANARIES = [
     ("model.safetensors", _model_safetensors,
      "not a moeaudit canary (a safetensors file of 2 tensor(s) whose metadata format is 'pt' — model weights"),
     ("config.json", lambda p: p.write_text('{"model_type": "mixtral", "hidden_size": 32}') and p,
-     "not a moeaudit canary (not a safetensors file: header length"),
+     "not a moeaudit canary (a JSON file, not a safetensors file)"),
     ("random.bin", lambda p: p.write_bytes(bytes(range(256)) * 8) and p,
      "not a moeaudit canary (not a safetensors file: header length"),
-    ("tokens.jsonl", lambda p: write_jsonl(p, LINES), "not a moeaudit canary (not a safetensors file"),
+    ("tokens.jsonl", lambda p: write_jsonl(p, LINES), "not a moeaudit canary (a JSONL file of token windows"),
+    ("texts.jsonl", lambda p: p.write_text('{"text": "hello", "domain": "a"}\n') and p,
+     "not a moeaudit canary (a JSONL file of texts"),
+    ("notes.txt", lambda p: p.write_text("some notes\n") and p,
+     "not a moeaudit canary (a text file, not a safetensors file)"),
     ("a-directory", lambda p: p.mkdir(), "not a moeaudit canary (a directory)"),
 ]
 

@@ -34,7 +34,8 @@ def test_verify_defaults_to_your_key_like_export(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     result = CliRunner(env=env).invoke(cli, ["verify", str(tmp_path / "c.json")])
     assert result.exit_code == 4  # no "Missing option '--pubkey'" usage error
-    assert "verifying with your key" in result.stderr
+    # no key yet: says how to pass the signer's (issue 25 §5; tests/test_messages.py)
+    assert "you have no moeaudit key yet — pass --pubkey KEY.pub" in result.stderr
 
 
 def test_gate_without_a_policy_warns_the_constants_are_illustrative(tmp_path: Path) -> None:

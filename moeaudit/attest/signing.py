@@ -136,13 +136,28 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+ENVELOPE_KEYS = frozenset({"payload", "payloadType", "signatures"})
+WHAT_A_CERTIFICATE_IS = ("give certificate.json (a DSSE envelope) or certificate.sigstore.json (a "
+                         "Sigstore bundle) as certify wrote it")
+
+
 def _parse(raw: bytes, what: str, path: Path) -> Any:
+    """The signed file as JSON. A file that is not a certificate at all — not JSON, or JSON with
+    none of the envelope's or bundle's fields — is an input error (exit 4, issue 25 §5); one
+    that is a certificate in shape but altered (a field added, dropped or named twice) does not
+    verify (exit 1)."""
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:
         raise SignatureInvalid(f"not a {what} ({exc})", path=path) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
-        raise SignatureInvalid(f"not a {what} (not JSON: {exc})", path=path) from exc
+        raise InputError(f"not a certificate (not JSON: {exc})", path=path,
+                         hint=WHAT_A_CERTIFICATE_IS) from exc
+    if not isinstance(doc, dict) or not (ENVELOPE_KEYS & set(doc) or "mediaType" in doc):
+        unsigned = isinstance(doc, dict) and "_type" in doc and "predicate" in doc
+        kind = "an unsigned in-toto statement" if unsigned else "JSON without a DSSE envelope's fields"
+        raise InputError(f"not a certificate ({kind})", path=path, hint=WHAT_A_CERTIFICATE_IS)
+    return doc
 
 
 def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
@@ -152,7 +167,7 @@ def verify_envelope(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
 
 def verify_signed(raw: bytes, public_key: PublicKey, path: Path) -> Verified:
     """A DSSE envelope, or a Sigstore bundle (told apart by its ``mediaType``): verified bytes."""
-    doc = _parse(raw, "DSSE envelope", path)  # not JSON: neither, named as before bundles
+    doc = _parse(raw, "DSSE envelope", path)
     if isinstance(doc, dict) and "mediaType" in doc:
         return verify_bundle(doc, public_key, path)
     return _verify_dsse(doc, public_key, path, in_bundle=False)
@@ -250,6 +265,18 @@ def _refuse_unverified_evidence(material: dict[str, Any], path: Path) -> None:
 def default_key_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "moeaudit" / "signing-key.pem"
+
+
+def default_public_key() -> Path:
+    """Your moeaudit key's ``.pub``, what ``verify`` and ``export`` use without ``--pubkey``; a
+    reader who never certified anything has none yet, and is told how to name the signer's."""
+    path = Path(str(default_key_path()) + ".pub")
+    if not os.path.lexists(path):
+        raise InputError("no --pubkey given and you have no moeaudit key yet", path=path,
+                         hint="pass --pubkey KEY.pub, the public key of whoever signed the certificate "
+                              "(`moeaudit keygen --out KEY` writes KEY.pub; certify creates your key on "
+                              "first use)")
+    return path
 
 
 def generate_key(path: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,
@@ -368,6 +395,7 @@ def load_public_key(path: Path) -> PublicKey:
 
 
 __all__ = ["BUNDLE_MEDIA_TYPE", "MoeauditError", "SignatureInvalid", "Verified", "default_key_path",
-           "ensure_key", "generate_key", "key_hint", "keyid", "load_private_key", "load_public_key",
+           "default_public_key", "ensure_key", "generate_key", "key_hint", "keyid", "load_private_key",
+           "load_public_key",
            "no_duplicate_keys", "pae", "sign_envelope", "to_bundle", "verify_bundle", "verify_envelope",
            "verify_signed"]

@@ -546,13 +546,13 @@ def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_
                fmt: str) -> str:
     """Verify the certificate (default key: the user's signing key + ".pub"), export, render."""
     from moeaudit.attest.certificate import open_certificate
-    from moeaudit.attest.signing import default_key_path, load_public_key
+    from moeaudit.attest.signing import default_public_key, load_public_key
     from moeaudit.jsonio import dumps
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint="choose one of " + ", ".join(FORMATS))
     framework(framework_key)  # a usage error before any file is read
-    key = Path(pubkey_path) if pubkey_path else Path(str(default_key_path()) + ".pub")
+    key = Path(pubkey_path) if pubkey_path else default_public_key()
     stmt = open_certificate(Path(cert_path), load_public_key(key))
     report = export(stmt, framework_key)
     if fmt == "html":

@@ -161,7 +161,8 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
     heading = named("What these receipts license (003 Table 4, computed from the numbers above):", seen)
     out.print(f"[dim]{esc(heading)}[/]")
     for text in claims["licensed"]:
-        out.print(f"[dim]  ✓ {esc(named(text, seen))}[/]")
+        # licensed = the numbers support it, good news or bad ("the canary NLL worsened"): no ✓
+        out.print(f"[dim]  • {esc(named(text, seen))}[/]")
     for text in claims["not_licensed"]:
         out.print(f"[dim]  ✗ not: {esc(named(text, seen))}[/]")
     print_nonfinite(doc)
@@ -279,6 +280,9 @@ def print_gates(pred: dict[str, Any]) -> None:
     else:
         for line in gate_table.gate_list(title, rows, out.width):
             out.print(line, soft_wrap=True)
+    for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
+        out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"),
+                  style="yellow")
     out.print(gate_table.legend_grid(pred), style="dim")
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
