@@ -243,3 +243,29 @@ def test_torchtitan_run_name(tmp_path: Path) -> None:
     named = tmp_path / "healthy"
     (named / "step-250").mkdir(parents=True)
     assert run_name(named) == "healthy"  # a torchtitan folder with its own name keeps it
+
+
+@needs_samples
+def test_two_torchtitan_runs_get_different_default_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """certify's default --out is moeaudit-certificates/<run name>: two torchtitan runs used to
+    both be "checkpoint", the second colliding with the first."""
+    import moeaudit.output
+
+    chosen: list[Path] = []
+
+    class Stop(Exception):
+        pass
+
+    def output_set(out: Path, *_a: Any, **_k: Any) -> None:
+        chosen.append(Path(out))
+        raise Stop
+
+    monkeypatch.setattr(moeaudit.output, "OutputSet", output_set)
+    monkeypatch.chdir(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    for dump in ("exp7/outputs", "exp8/outputs"):
+        run = tmp_path / dump / "checkpoint"
+        (run / "step-10").mkdir(parents=True)
+        result = invoke("certify", run, "--canary", SAMPLES / "canary.safetensors", env=env)
+        assert "internal error: Stop" in result.stderr, result.stderr  # stopped at the output, before any replay
+    assert chosen == [Path("moeaudit-certificates/exp7"), Path("moeaudit-certificates/exp8")]
