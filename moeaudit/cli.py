@@ -904,8 +904,10 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
 
 @cli.command(short_help="Map a certificate to a compliance framework.")
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option("--framework", required=True, type=click.Choice(["eu-ai-act", "nist-ai-600-1", "sr-11-7"]),
-              help="Framework to map the certificate's evidence to.")
+@click.option("--framework", required=True,
+              type=click.Choice(["eu-ai-act", "eu-ai-act-gpai", "nist-ai-600-1", "sr-11-7"]),
+              help="Framework to map the certificate's evidence to (eu-ai-act-gpai: the GPAI Code of "
+                   "Practice's Model Documentation Form).")
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default=None,
               help="Report format (default: from --out's suffix, .html or .json, else md).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")

@@ -43,9 +43,18 @@ FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
 ISSUED = "2026-05-02T14:03:11Z"
 
 # The example certificate (INCONCLUSIVE pretraining run, envelope evaluated, no reference, no
-# ci95 in the gates): what each item must come out as. No item is "covered": every framework
+# ci95 in the gates): what each item must come out as. One item is "covered", the GPAI Model
+# Documentation Form's model authenticity (the subject digests, signed); every other framework
 # point asks for something a training-health certificate cannot show (see docs/compliance.md).
 EXPECTED = {
+    "eu-ai-act-gpai": {
+        "MDF 1.1-1.2 provider and model name": NOT_COVERED, "MDF 1.3 model authenticity": COVERED,
+        "MDF 1.4-1.5 release dates": NOT_COVERED, "MDF 1.6 model dependencies": NOT_COVERED,
+        "MDF 2 model properties": NOT_COVERED, "MDF 3 distribution and licence": NOT_COVERED,
+        "MDF 4 use": NOT_COVERED, "MDF training process": PARTIAL,
+        "MDF data for training, testing and validation": PARTIAL,
+        "MDF computational resources": NOT_COVERED, "MDF energy consumption": NOT_COVERED,
+    },
     "eu-ai-act": {
         "Annex IV 2(b)": PARTIAL, "Annex IV 2(c)": NOT_COVERED, "Annex IV 2(d)": NOT_COVERED,
         "Annex IV 2(g)": PARTIAL, "Annex IV 4": PARTIAL, "Annex IV 6": PARTIAL,
@@ -278,6 +287,36 @@ def test_sr_11_7_states_its_supersession(key_pair, tmp_path: Path) -> None:
     report = export(verified(example_statement(), key_pair, tmp_path), "sr-11-7")
     assert "superseded by SR 26-2 in April 2026" in report["framework"]["note"]
     assert "superseded by SR 26-2 in April 2026" in to_markdown(report)
+    # issue 25 §8: and that SR 26-2 leaves generative AI models out of its scope
+    scope = "SR 26-2 places generative AI and agentic AI models outside its scope"
+    assert scope in report["framework"]["note"] and scope in to_markdown(report)
+    assert "not a model under SR 26-2" in to_html(report)
+
+
+def test_gpai_model_documentation_form(key_pair, tmp_path: Path) -> None:
+    """issue 25 §8: for GPAI providers, the Code of Practice's Model Documentation Form; the
+    subject digests answer its model-authenticity item, items without evidence are not covered."""
+    stmt = example_statement()
+    report = export(verified(stmt, key_pair, tmp_path), "eu-ai-act-gpai")
+    assert "Model Documentation Form" in report["framework"]["title"]
+    items = by_id(report)
+    auth = items["MDF 1.3 model authenticity"]
+    assert auth["status"] == COVERED and auth["not_shown"] == []
+    digests = next(e for e in auth["evidence"] if e["field"] == "subject[].digest.sha256")
+    first = stmt["subject"][0]["digest"]["sha256"][:12]
+    assert f"{len(stmt['subject'])} checkpoint(s) pinned" in digests["summary"] and first in digests["summary"]
+    assert "verify --recheck" in auth["note"]
+    for name in ("MDF 1.4-1.5 release dates", "MDF 3 distribution and licence", "MDF 4 use",
+                 "MDF energy consumption"):
+        assert items[name]["status"] == NOT_COVERED and items[name]["evidence"] == []
+        assert all(n["reason"] for n in items[name]["not_shown"])  # each gap says why
+    md = to_markdown(report)
+    assert "MDF 1.3 model authenticity" in md and "not covered" in md
+    # without subjects there is nothing to authenticate: not covered, never claimed
+    bare = copy.deepcopy(stmt)
+    bare["subject"] = []
+    assert by_id(export(verified(bare, key_pair, tmp_path), "eu-ai-act-gpai"))[
+        "MDF 1.3 model authenticity"]["status"] == PARTIAL
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -275,6 +275,17 @@ def envelope(stmt: Mapping[str, Any]) -> Evidence:
                     f"{chk.get('status')}")
 
 
+def routed_shape(stmt: Mapping[str, Any]) -> Evidence:
+    occ = (_p(stmt).get("heatmaps") or {}).get("occupancy") or {}
+    layers, pi = occ.get("layers") or [], occ.get("pi") or []
+    rows = list(pi.values()) if isinstance(pi, Mapping) else list(pi)
+    experts = sorted({len(r) for r in rows if isinstance(r, list)})
+    if not layers or not experts:
+        return Evidence("predicate.heatmaps.occupancy", "no occupancy heatmap", False)
+    return Evidence("predicate.heatmaps.occupancy", f"{len(layers)} routed layer(s) × "
+                    f"{'/'.join(map(str, experts))} experts, as replayed")
+
+
 def _margin(stmt: Mapping[str, Any], name: str, gated_only: bool) -> Evidence:
     m, chk = (_p(stmt).get("margins") or {}).get(name), _check(stmt, name)
     field = f"predicate.margins.{name}"
@@ -445,8 +456,11 @@ SR_11_7 = Framework(
     "sr-11-7", "SR 11-7 model-risk vocabulary",
     "Board of Governors of the Federal Reserve System, SR 11-7, Supervisory Guidance on Model "
     "Risk Management (April 2011): the three core elements of model validation",
-    "SR 11-7 was superseded by SR 26-2 in April 2026. This export uses SR 11-7's vocabulary, "
-    "still common in model-risk practice; it has not been re-mapped to SR 26-2. " + SCOPE,
+    "SR 11-7 was superseded by SR 26-2 in April 2026 (Federal Reserve, OCC and FDIC, 17 April "
+    "2026), and SR 26-2 places generative AI and agentic AI models outside its scope: a generative "
+    "MoE language model, the kind moeaudit audits, is not a model under SR 26-2. This export uses "
+    "SR 11-7's vocabulary, still common in model-risk practice, as a shared language only; it "
+    "claims neither that SR 11-7 still applies nor that SR 26-2 covers the model. " + SCOPE,
     (
         Item("conceptual soundness", "Assess the quality of the model's design and construction, "
              "with documented evidence for its methods, assumptions and limitations.",
@@ -473,7 +487,82 @@ SR_11_7 = Framework(
     ),
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.key: f for f in (EU_AI_ACT, NIST_AI_600_1, SR_11_7)}
+EU_GPAI_MDF = Framework(
+    "eu-ai-act-gpai", "EU AI Act for GPAI providers — Code of Practice Model Documentation Form",
+    "Code of Practice for General-Purpose AI Models, Transparency chapter (July 2025), Measure 1.1 "
+    "and its Model Documentation Form, which gathers what Regulation (EU) 2024/1689 Art. 53(1)(a)-(b) "
+    "and Annexes XI and XII ask a provider of a general-purpose AI model to document",
+    "For GPAI providers. Items follow the Form's sections and are paraphrased; the Code is voluntary "
+    "and adherence to it is not conclusive evidence of compliance. The subject digests answer the "
+    "Form's model-authenticity item for the audited checkpoints. " + SCOPE,
+    (
+        Item("MDF 1.1-1.2 provider and model name", "Give the provider's legal name and the model's "
+             "unique identifier, with the publicly available versions the documentation covers.",
+             (A("provider's legal name"), A("model identifier and the versions covered")),
+             context=((subjects, "names the audited checkpoint directories, not the model or its "
+                       "published versions"),)),
+        Item("MDF 1.3 model authenticity", "Give evidence that establishes the model's provenance "
+             "and authenticity, e.g. a secure hash of the distributed binaries.",
+             (A("a secure hash of each audited checkpoint (OpenSSF model-signing root digest)",
+                (subjects,)),
+              A("signed and dated by the auditing key", SIGNED)),
+             note="Answers the item for the released weights when they are one of the audited "
+                  "checkpoints: `moeaudit verify --recheck` recomputes the root digests from the "
+                  "files. A model offered only as a service (an endpoint) is not covered."),
+        Item("MDF 1.4-1.5 release dates", "Give the date the model was first released, and the date "
+             "it was placed on the Union market.",
+             (A("first release date"), A("Union market release date"))),
+        Item("MDF 1.6 model dependencies", "If the model is a modification or fine-tune of "
+             "general-purpose AI models already on the market, name them and their versions.",
+             (A("name and version of each model it was modified or fine-tuned from"),),
+             context=((run_steps, "the stage says whether the audited run was a fine-tune, not "
+                       "which model it started from"),
+                      (subjects, "a post-training run's first checkpoint is its starting point, "
+                       "pinned by digest but not named as a published model"))),
+        Item("MDF 2 model properties", "Describe the architecture and key design specifications "
+             "with their rationale, the input and output modalities and sizes, and the total "
+             "number of parameters.",
+             (A("architecture"), A("design specifications, rationale and assumptions"),
+              A("input and output modalities and maximum sizes"), A("number of parameters")),
+             context=((routed_shape, "the routed layers and experts the replay saw, not an "
+                       "architecture description or a parameter count"),)),
+        Item("MDF 3 distribution and licence", "List the distribution channels and the licence.",
+             (A("distribution channels and access levels"), A("licence"))),
+        Item("MDF 4 use", "Give the acceptable-use policy, the intended or restricted uses, the "
+             "AI systems the model can be integrated in, and the technical means, hardware and "
+             "software needed to integrate it.",
+             (A("acceptable-use policy"), A("intended or restricted uses"),
+              A("types of AI systems it can be integrated in"),
+              A("technical means, hardware and software for integration"))),
+        Item("MDF training process", "Describe the main steps of training, the methods and "
+             "techniques, the key design choices and assumptions, and what the model was "
+             "optimised for (Annex XI §1.2(b)).",
+             (A("training methods, techniques and design choices, with their rationale"),
+              A("the training process as it ran: stage, audited steps, resumes, health gates",
+                (run_steps, events, gate_progression)),
+              A("what the model was optimised for, as measured (canary NLL)", (nll_series,)),
+              A("training stability: per-expert gradient-variance envelope", (envelope,)))),
+        Item("MDF data for training, testing and validation", "Describe the data: type, "
+             "provenance, how it was obtained and selected, number of data points, scope, curation, "
+             "and the measures to detect unsuitable sources and identifiable biases (Annex XI "
+             "§1.2(c)).",
+             (A("training data: type, provenance, selection, size, curation"),
+              A("test and validation data: type, size and scope", (canary,)),
+              A("detection of unsuitable data sources"), A("detection of identifiable biases")),
+             note="Only the canary (evaluation data) is described: digest, shape, domain names."),
+        Item("MDF computational resources", "State the training time, the amount of computation "
+             "used to train (e.g. floating-point operations) and how it was measured (Annex XI "
+             "§1.2(d)).",
+             (A("training time"), A("training compute (e.g. FLOPs)"), A("measurement methodology")),
+             context=((run_steps, "step numbers of the audited checkpoints, not compute or time"),
+                      (environment, "the audit replay environment, not the training job"))),
+        Item("MDF energy consumption", "State the energy used to train the model and how it was "
+             "measured or estimated, and the computation used for inference (Annex XI §1.2(e)).",
+             (A("training energy and its methodology"), A("inference computation"))),
+    ),
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.key: f for f in (EU_AI_ACT, EU_GPAI_MDF, NIST_AI_600_1, SR_11_7)}
 
 
 # --- export ---------------------------------------------------------------------------------------
