@@ -60,8 +60,8 @@ def test_layout_degrades_from_boxed_to_borderless_to_list(pred: dict[str, Any],
     at_80 = render(pred, 80, monkeypatch)
     assert "┃" not in at_80 and "canary" in at_80 and "─" in at_80  # borderless, headers wrapped
     at_60 = render(pred, 60, monkeypatch)
-    assert "step 1250000: RED vs 500" in at_60  # one block per checkpoint
-    assert "canary NLL 12.3457" in at_60 and "C2 (mean) -0.1235" in at_60
+    assert "step 1250000\n  gate RED · vs 500 · canary NLL 12.3457" in at_60  # one block per checkpoint
+    assert "C2 (mean) -0.1235" in at_60
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -78,3 +78,44 @@ def test_legend_gives_each_threshold_and_direction(pred: dict[str, Any], width: 
     assert "max(0.02, 0.5 × its baseline C2, the bootstrap noise)" in text
     assert "≥ 0.9 × the baseline's and ≥ 0.6" in text
     assert "State1 mean router boundary margin; reported, not gated" in text
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120])
+def test_any_table_keeps_its_cells_whole(width: int) -> None:
+    """The layout rule (moeaudit/report/fit.py) for the receipts, compare and envelope tables too:
+    eleven numeric columns at any width, each cell whole or the table a list."""
+    from moeaudit.report.fit import Column, print_fitted
+
+    columns = [Column("layer", "right")] + [Column(f"receipt {j}", "right") for j in range(10)]
+    rows = [[str(i)] + [f"{(-1) ** j * 1234.5678 / (j + 1):+.4f}" for j in range(10)] for i in range(3)]
+    buf = io.StringIO()
+    print_fitted(Console(file=buf, width=width, highlight=False, color_system=None), "t", columns, rows)
+    text = buf.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    tokens = re.findall(r"[^\s│┃·]+", text)
+    for row in rows:
+        for cell in row[1:]:
+            assert cell in tokens, (width, cell)
+
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+
+
+@pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
+@pytest.mark.parametrize("argv", [
+    ["envelope", "{s}/healthy", "--source", "logs"],
+    ["receipts", "{s}/healthy/checkpoint-250"],
+    ["compare", "{s}/sft-refine/checkpoint-0", "{s}/sft-refine/checkpoint-1000"],
+])
+def test_commands_at_80_columns_cut_no_number(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(terminal, "out", Console(file=buf, width=80, highlight=False, color_system=None))
+    result = CliRunner().invoke(cli, [a.format(s=SAMPLES) for a in argv])
+    assert result.exit_code in (0, 1), result.stderr
+    text = re.sub(r"sha256:[0-9a-f]{16}…", "", buf.getvalue())  # a digest shortened on purpose
+    assert text and "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -1,40 +1,19 @@
-"""The certify gate table on a terminal of any width: numbers and statuses are never cut.
-
-rich shrinks a table that is too wide by cutting every column's cells ("0.92…", "BASELI…"),
-which turns evidence into guesses. Here the layout is chosen before rich sees it, from the
-widest cell of each column (issue 25 §2):
-
-1. the boxed table with one-line headers;
-2. the boxed table with headers wrapped at their spaces ("canary" over "NLL");
-3. a borderless table with wrapped headers (two spaces between columns);
-4. a per-checkpoint list, one block per gate, its "name value" items packed into lines.
-
-Every column width is fixed at its widest cell, so rich never has to shrink anything; the
-first layout whose rendered width fits the console wins. A legend under the table gives each
+"""The certify gate table: its cells, laid out by :mod:`moeaudit.report.fit` so that a number
+or a status is never cut at any terminal width (issue 25 §2), and a legend under it giving each
 column's threshold and which direction is good, from the policy signed into the certificate.
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from rich import box
-from rich.cells import cell_len
-from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from moeaudit.report.fit import Column
+
 STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str  # its words may wrap onto lines of their own; cells never wrap
-    justify: JustifyMethod = "left"
-
 
 COLUMNS = (Column("step", "right"), Column("gate"), Column("vs", "right"), Column("canary NLL", "right"),
            Column("trend"), Column("C2 (mean)", "right"), Column("State1", "right"),
@@ -54,57 +33,9 @@ def gate_cells(g: Mapping[str, Any]) -> list[str]:
             _fmt(r.get("entropy_norm_min"), ".3f")]
 
 
-def _table(title: str, rows: Sequence[Sequence[str]], *, wrap_headers: bool, boxed: bool) -> Table:
-    table = Table(title=escape(title), box=box.HEAVY_HEAD if boxed else box.SIMPLE_HEAD,
-                  show_edge=boxed, pad_edge=boxed, collapse_padding=not boxed)
-    for i, col in enumerate(COLUMNS):
-        header = col.header.replace(" ", "\n") if wrap_headers else col.header
-        width = max([cell_len(line) for line in header.split("\n")] + [cell_len(r[i]) for r in rows])
-        table.add_column(escape(header), justify=col.justify, no_wrap=True, width=width,
-                         min_width=width)
-    for r in rows:
-        style = STATUS_STYLE.get(r[1], "")
-        cells = [escape(c) for c in r]
-        cells[1] = f"[{style}]{cells[1]}[/]" if style else cells[1]
-        table.add_row(*cells)
-    return table
-
-
-def rendered_width(table: Table) -> int:
-    """The width ``table`` takes when nothing constrains it."""
-    probe = Console(file=io.StringIO(), width=10_000, highlight=False, color_system=None)
-    with probe.capture() as cap:
-        probe.print(table)
-    return max((cell_len(line.rstrip()) for line in cap.get().splitlines()), default=0)
-
-
-def fitted_table(title: str, rows: Sequence[Sequence[str]], width: int) -> Table | None:
-    """The first table layout that fits ``width`` columns whole, or None (then a list)."""
-    for wrap, boxed in ((False, True), (True, True), (True, False)):
-        table = _table(title, rows, wrap_headers=wrap, boxed=boxed)
-        if rendered_width(table) <= width:
-            return table
-    return None
-
-
-def gate_list(title: str, rows: Sequence[Sequence[str]], width: int) -> list[str]:
-    """The gates as a per-checkpoint list of rich markup lines: "name value" items packed into
-    lines no wider than ``width``, never broken inside an item."""
-    lines = [f"[bold]{escape(title)}[/]"]
-    for r in rows:
-        style = STATUS_STYLE.get(r[1], "")
-        status = f"[{style}]{escape(r[1])}[/]" if style else escape(r[1])
-        lines.append(f"step {escape(r[0])}: {status} vs {escape(r[2])}")
-        items = [f"{c.header} {v}" for c, v in zip(COLUMNS[3:], r[3:], strict=True)]
-        line = ""
-        for item in items:
-            if line and cell_len(line) + 3 + cell_len(item) > width:
-                lines.append(escape(line))
-                line = ""
-            line = f"{line} · {item}" if line else f"  {item}"
-        if line:
-            lines.append(escape(line))
-    return lines
+def gate_styles(cells: list[str]) -> list[str]:
+    """The status cell in its colour; every other cell plain."""
+    return ["", STATUS_STYLE.get(cells[1], "")] + [""] * (len(cells) - 2)
 
 
 def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
+from moeaudit.report.fit import Column, print_fitted
 
 
 def _console(stderr: bool = False) -> Console:
@@ -49,21 +50,32 @@ def fmt(x: Any, spec: str = ".4g") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _right(*headers: str) -> tuple[Column, ...]:
+    return tuple(Column(h, "right") for h in headers)
+
+
+RECEIPT_COLUMNS = _right("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~", "ḡ",
+                         "var_grad_norm")
+ENVELOPE_COLUMNS = (Column("series"), *_right("samples", "min Grönwall margin"), Column("Grönwall (Eq. 12)"),
+                    Column("Δ-step (Eq. 11)"), Column("starved experts", "right"), Column("compliant"))
+COMPARE_COLUMNS = _right("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
+                         "content", "router Δ")
+
+
 def print_receipts(doc: dict[str, Any]) -> None:
     seen: set[str] = set()  # papers named so far in this report
     receipts_header(doc)
-    table = Table("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~",
-                  "ḡ", "var_grad_norm", title="state receipts per routed layer")
+    rows, styles = [], []
     for layer in doc["layers"]:
         o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
         g = layer.get("gradients", {})
-        dead = f"[red]{o['dead']}[/]" if o["dead"] else "0"
-        table.add_row(esc(layer["layer"]), dead, fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
-                      fmt(o["entropy_norm"], ".3f"), fmt(b["margin_mean"], ".4f"),
-                      fmt(b["flip_rate"], ".3f"), fmt(c.get("c2"), "+.4f"),
-                      fmt(c.get("c2_smooth"), "+.4f"), fmt(g.get("grad_mean")),
-                      fmt(g.get("var_grad_norm")))
-    out.print(table)
+        rows.append([str(layer["layer"]), str(o["dead"]), fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
+                     fmt(o["entropy_norm"], ".3f"), fmt(b["margin_mean"], ".4f"),
+                     fmt(b["flip_rate"], ".3f"), fmt(c.get("c2"), "+.4f"),
+                     fmt(c.get("c2_smooth"), "+.4f"), fmt(g.get("grad_mean")),
+                     fmt(g.get("var_grad_norm"))])
+        styles.append(["", "red" if o["dead"] else ""] + [""] * 9)
+    print_fitted(out, "state receipts per routed layer", RECEIPT_COLUMNS, rows, styles)
     gated = [layer for layer in doc["layers"] if layer.get("gate")]
     if gated:
         g = gated[0]["gate"]
@@ -121,19 +133,18 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
     out.print(f"[bold]base[/] {esc(base['checkpoint']['name'])}  →  [bold]candidate[/] "
               f"{esc(cand['checkpoint']['name'])}   protected layers {esc(doc['protected_layers'])}")
     out.print(f"NLL {fmt(base['nll'], '.4f')} → {fmt(cand['nll'], '.4f')} nats")
-    table = Table("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
-                  "content", "router Δ", title="per routed layer (candidate state; drift from base)")
     by_layer = {entry["layer"]: entry for entry in cand["layers"]}
+    rows = []
     for entry in doc["layers"]:
         i, d = entry["layer"], entry["drift"]
         st = by_layer[i]
         mark = "*" if i in doc["protected_layers"] else ""
-        table.add_row(esc(f"{i}{mark}"), str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
-                      fmt(st["boundary"]["margin_mean"], ".4f"), fmt(st["overlap"].get("c2"), "+.4f"),
-                      fmt(d["coordinate"], ".4f"), fmt(d["boundary"], ".3f"),
-                      fmt(d["transition"], ".4f"), fmt(d["content"], ".3f"),
-                      fmt(entry["weights"]["router_drift"], ".3f"))
-    out.print(table)
+        rows.append([f"{i}{mark}", str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
+                     fmt(st["boundary"]["margin_mean"], ".4f"), fmt(st["overlap"].get("c2"), "+.4f"),
+                     fmt(d["coordinate"], ".4f"), fmt(d["boundary"], ".3f"),
+                     fmt(d["transition"], ".4f"), fmt(d["content"], ".3f"),
+                     fmt(entry["weights"]["router_drift"], ".3f")])
+    print_fitted(out, "per routed layer (candidate state; drift from base)", COMPARE_COLUMNS, rows)
     for entry in doc["layers"]:
         b = entry.get("selection_bias")
         if b is not None:
@@ -175,18 +186,19 @@ def print_envelope(report: dict[str, Any]) -> None:
     out.print(esc(named(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
                         f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} "
                         f"[{kind}]", seen)))
-    table = Table("series", "samples", "min Grönwall margin", "Grönwall (Eq. 12)",
-                  "Δ-step (Eq. 11)", "starved experts", "compliant",
-                  title=esc(named("bounds of the Gradient Starvation Envelope (000), per series", seen)))
+    cells, styles = [], []
     for key, rows in report["series"].items():
         margins = [r["margin"] for r in rows if r.get("margin") is not None]
         gronwall = sum(not r["compliant"] for r in rows)
         discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
         starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))
-        ok = "[green]yes[/]" if gronwall + discrete + starved == 0 else "[red]no[/]"
-        table.add_row(esc(series_name(key)), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
-                      _count(gronwall, "sample"), _count(discrete, "pair"), str(starved), ok)
-    out.print(table)
+        ok = gronwall + discrete + starved == 0
+        cells.append([series_name(key), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
+                      _count(gronwall, "sample"), _count(discrete, "pair"), str(starved), "yes" if ok else "no"])
+        styles.append(["", "", "", "red" if gronwall else "", "red" if discrete else "", "",
+                       "green" if ok else "red"])
+    print_fitted(out, named("bounds of the Gradient Starvation Envelope (000), per series", seen),
+                 ENVELOPE_COLUMNS, cells, styles)
     fv = report["first_violation"]
     if fv:
         what = {"gronwall": "is above its Grönwall bound", "discrete":
@@ -224,7 +236,7 @@ def series_name(key: Any) -> str:
 
 
 def _count(n: int, what: str) -> str:
-    return "within" if n == 0 else f"[red]{n} {what}{'s' if n > 1 else ''} over[/]"
+    return "within" if n == 0 else f"{n} {what}{'s' if n > 1 else ''} over"
 
 
 def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
@@ -274,12 +286,7 @@ def print_gates(pred: dict[str, Any]) -> None:
     seen: set[str] = set()  # papers named so far in this report
     title = f"{pred['run']['name']} ({pred['run']['stage']}) — gates"
     rows = [gate_table.gate_cells(g) for g in pred["gates"]]
-    table = gate_table.fitted_table(title, rows, out.width)
-    if table is not None:
-        out.print(table)
-    else:
-        for line in gate_table.gate_list(title, rows, out.width):
-            out.print(line, soft_wrap=True)
+    print_fitted(out, title, gate_table.COLUMNS, rows, [gate_table.gate_styles(r) for r in rows])
     for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
         out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"),
                   style="yellow")
