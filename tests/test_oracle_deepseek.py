@@ -28,6 +28,7 @@ from test_oracle import (  # noqa: E402
     Observed,
     _by_expert,
     _same_topk,
+    assert_close_activations,
     assert_identical,
     fuse_experts,
     moeaudit_observed,
@@ -71,11 +72,11 @@ def assert_agree_deepseek(ref: Observed, ours: Observed, ckpt: Checkpoint,
     torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
     torch.testing.assert_close(ours.entropy, ref.entropy, **forward)
     for i, (x, x_ref) in enumerate(zip(ours.layer_inputs, ref.layer_inputs, strict=True)):
-        torch.testing.assert_close(x, x_ref, **forward, msg=lambda m, i=i: f"hidden {i}: {m}")
+        assert_close_activations(x, x_ref, forward, f"hidden {i}")
     assert sorted(ours.scores) == sorted(ref.scores) == list(ckpt.spec.routed_layers)
     for i in ref.scores:
-        torch.testing.assert_close(ours.moe_inputs[i], ref.moe_inputs[i], **forward)
-        torch.testing.assert_close(ours.scores[i], ref.scores[i], **forward)  # raw logits
+        assert_close_activations(ours.moe_inputs[i], ref.moe_inputs[i], forward, f"MoE input {i}")
+        assert_close_activations(ours.scores[i], ref.scores[i], forward, f"router logits {i}")  # raw
         ok = ours.decisive[i]
         assert ok.float().mean() >= 0.9, "too many near-ties to test the active sets"
         ours_topk, ours_c = _by_expert(ours.topk[i], ours.combine[i])

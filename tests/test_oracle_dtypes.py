@@ -3,13 +3,13 @@ bfloat16 or float16 as people ship them, replays as transformers computes it fro
 in float32 — loss, hidden states, router logits, active sets, combine weights and the gradient
 norms (per expert, router, shared expert, attention).
 
-Tolerances are the float32 ones of ``test_oracle`` (``FORWARD``, ``GRADIENT``), not looser: a
-bf16 or fp16 number converts to float32 exactly, so both sides compute in float32 from the same
-values and differ only in reduction order. A scale factor applied to a stored-dtype tensor before
-the cast (Granite's embedding multiplier was: 1.7e-4 in the NLL, one token re-routed, expert
-gradient norms 0.9 % off on the tiny bf16 model) shows up far above them. The float32 case of
-every family is its own oracle file's test (same checks). The vision-language wrappers
-(``llama4``, ``qwen3_5_moe``) replay the text decoders tested here.
+Tolerances are the float32 ones of ``test_oracle`` (``FORWARD``, ``ACTIVATION_SCALE``,
+``GRADIENT``), not looser: a bf16 or fp16 number converts to float32 exactly, so both sides
+compute in float32 from the same values and differ only in reduction order. A scale factor
+applied to a stored-dtype tensor before the cast (Granite's embedding multiplier was: 1.7e-4 in
+the NLL, one token re-routed, expert gradient norms 0.9 % off on the tiny bf16 model) shows up
+far above them. The float32 case of every family is its own oracle file's test (same checks).
+The vision-language wrappers (``llama4``, ``qwen3_5_moe``) replay the text decoders tested here.
 """
 
 from __future__ import annotations
