@@ -529,10 +529,12 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
         _warn(f"warning: {w}")
     write_policy(result, run_dir, out)
     env = result.policy.envelope
-    err.print(f"calibrated the envelope on {env.source} ({variant}), c = {env.calibration_c:g}: "
-              f"δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = {env.epsilon / env.delta:.6g}; "
-              f"starve_share = {env.starve_share:.4g} (steps {result.envelope_steps[0]}–"
-              f"{result.envelope_steps[1]})", markup=False)
+    fit = (f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
+           f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps" if env.calibrated
+           else "variance bound not fitted (illustrative, not gated)")
+    err.print(f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
+              f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
+              markup=False)
     g = result.policy.gates
     err.print(f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
               f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
