@@ -120,6 +120,17 @@ def test_gate_is_certify_of_the_run_truncated_at_the_candidate(fresh_runs, env, 
     assert decisions >= {"PROMOTE", "HOLD"}
 
 
+def test_the_base_named_changes_no_decision_within_a_run(fresh_runs, env, tmp_path) -> None:
+    """Every pair (b, c), b < c, of a run with eight checkpoints: the decision for c is the same
+    whichever earlier checkpoint is named as the base (the run's history decides, not the pair)."""
+    run = fresh_runs["collapse-loop"]
+    steps = _steps(run)
+    assert len(steps) >= 8
+    for c in steps[1:]:
+        decided = {_gate(env, run, b, c, tmp_path)[1]["decision"] for b in steps if b < c}
+        assert len(decided) == 1, (c, decided)
+
+
 def test_a_rollback_is_held(fresh_runs, env, tmp_path) -> None:
     run = fresh_runs["healthy-a"]
     steps = _steps(run)
@@ -216,6 +227,43 @@ def test_calibrating_on_a_collapse_run_is_refused(fresh_runs, env, tmp_path) -> 
         last = result.stderr.strip().splitlines()[-1]  # progress lines above it, then one error line
         assert last.startswith("moeaudit: error:") and "not a healthy run" in last
         assert not out.exists()
+
+
+def _with_norms(run: Path, dst: Path, edit: Any) -> Path:
+    """A copy of ``run`` whose metrics.jsonl has each line's expert_grad_norms passed through
+    ``edit(step, layer, norms) -> norms``."""
+    out = _truncated(run, _steps(run)[-1], dst)
+    lines = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        obj = json.loads(line)
+        obj["expert_grad_norms"] = {k: edit(obj["step"], k, v) for k, v in obj["expert_grad_norms"].items()}
+        lines.append(json.dumps(obj))
+    (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_one_zero_norm_cannot_switch_starvation_off(fresh_runs, env, cache, tmp_path) -> None:
+    """§3: a healthy log with one zero gradient norm calibrates to a positive starvation share,
+    and under that policy half of every layer's experts dead for the whole run FAILs (§3), as
+    does an expert starved on 90% of steps in stretches shorter than the window (§4)."""
+    run = fresh_runs["healthy-loop"]  # 8 experts, a log line every step
+    one_zero = _with_norms(run, tmp_path / "zero", lambda t, k, v: [0.0, *v[1:]] if t == 200 and k == "0" else v)
+    path = tmp_path / "policy.toml"
+    result = CliRunner(env=env).invoke(cli, ["calibrate", str(one_zero), "--canary", str(_canary(run)),
+                                             "--out", str(path)])
+    assert result.exit_code == 0, result.output + result.stderr
+    policy = load_policy(path)
+    assert policy.envelope.starve_share > 0.05
+    half_dead = _with_norms(run, tmp_path / "dead", lambda t, k, v: [0.0] * 4 + v[4:])
+    intermittent = _with_norms(run, tmp_path / "flaky",
+                               lambda t, k, v: ([0.0, *v[1:]] if t % 10 else v) if k == "1" else v)
+    for bad in (half_dead, intermittent):
+        pred = _audit(bad, cache, policy, _canary(run))
+        envelope = next(c for c in pred["checks"] if c["name"] == "envelope")
+        assert envelope["status"] == "FAIL" and "starved" in envelope["reason"], bad.name
+        assert pred["verdict"] == "FAIL"
+        # and under the built-in defaults too: starvation is scale-free
+        assert _audit(bad, cache, None, _canary(run))["verdict"] == "FAIL", bad.name
 
 
 # --- §5 events written by the audited party cannot improve a verdict -----------------------------
