@@ -4,13 +4,18 @@ Opening a checkpoint reads headers only (torch is imported by the methods that b
 not by this module). ``layer_weights(i)`` materialises one decoder layer in canonical form
 (SPEC §3 layer-local streaming); ``read_global`` the embeddings, final norm and LM head.
 
-Every file is pinned from its first read on (``digest``): the root digest is of the bytes the
-replay reads, and :meth:`Checkpoint.verify_unchanged` says, after a replay, that nothing was
-swapped or rewritten meanwhile (issue 14).
+The root digest is of the bytes the replay uses (issues 14 and 24 §1): config.json and the
+shard index are hashed from the bytes parsed, each weight file is read once into private memory
+and hashed as it is read, and every tensor comes from those hashed bytes (``sealed``; a file too
+large to keep is re-read with each 64 KiB block proven against the digests of that pass).
+Every file is also pinned from its first read on (``digest``), and
+:meth:`Checkpoint.verify_unchanged` says, after a replay, that nothing was swapped, rewritten
+with new timestamps, added or removed meanwhile.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -204,6 +209,7 @@ class Checkpoint:
             raise CheckpointError("not a directory", path=self.path,
                                   hint="pass the save_pretrained directory, not a file")
         self._pins: dict[str, FileId] = {}  # relative path → identity at its first read
+        self._hashed: dict[str, bytes] = {}  # relative path → SHA-256 of the bytes parsed
         self._snapshot: Snapshot | None = None
         self.config: dict[str, Any] = self._read_config()
         self.spec: ModelSpec = spec_from_config(self.config, self.path / "config.json")
@@ -232,6 +238,7 @@ class Checkpoint:
                     else "a checkpoint is a save_pretrained directory")
             raise CheckpointError("no config.json", path=self.path, hint=hint)
         raw, self._pins["config.json"] = read_bytes(cfg_path, limit=MAX_CONFIG_BYTES)
+        self._hashed["config.json"] = hashlib.sha256(raw).digest()
         return parse_config(raw, cfg_path)
 
     def _open_files(self) -> None:
@@ -289,12 +296,13 @@ class Checkpoint:
                               f"weights left out (optimizer or trainer state: {shown}…)")
 
     def _open_shard(self, name: str) -> None:
-        sf = SafetensorsFile(self.path / name)
+        sf = SafetensorsFile(self.path / name, sealed=True)
         assert sf.identity is not None
         self.files[name], self._pins[name] = sf, sf.identity
 
     def _read_index(self, index: Path) -> dict[str, str]:
         raw, self._pins[INDEX_NAME] = read_bytes(index, limit=MAX_INDEX_BYTES)
+        self._hashed[INDEX_NAME] = hashlib.sha256(raw).digest()
         try:
             data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
             weight_map = data["weight_map"]
@@ -610,8 +618,15 @@ class Checkpoint:
 
     @cached_property
     def digest(self) -> str:
-        """The root digest, of the very files the headers were read from (pinned)."""
-        self._snapshot = snapshot(self.path, self._pins)
+        """The root digest: of the bytes parsed (config.json, index) and of the weight files as
+        read once into private memory (``sealed``), which every tensor is then read from."""
+        hashed = dict(self._hashed)
+        for name, f in self.files.items():
+            if isinstance(f, DcpDirectory):
+                hashed.update(f.seal())
+            else:
+                hashed[name] = f.seal().sha256
+        self._snapshot = snapshot(self.path, self._pins, hashed)
         return self._snapshot.digest
 
     @property
@@ -627,7 +642,8 @@ class Checkpoint:
     def verify_unchanged(self) -> None:
         """Raise :class:`CheckpointError` naming the file if anything hashed or read has been
         replaced, rewritten, added or removed since (call it after a replay, before trusting
-        or caching what the replay computed)."""
+        or caching what the replay computed). The receipts do not rest on this (the bytes used
+        are the bytes hashed, ``sealed``); it fails closed on a checkpoint that changed."""
         if self._snapshot is None:
             _ = self.digest
         assert self._snapshot is not None

@@ -29,6 +29,7 @@ torchtitan names are mapped with the tables below (data, not code).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -41,8 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from moeaudit.checkpoint.digest import FileId, pinned, pread_into, read_bytes
+from moeaudit.checkpoint.digest import FileId, pinned, read_bytes
 from moeaudit.checkpoint.safetensors import DTYPES, TensorInfo
+from moeaudit.checkpoint.sealed import Sealed, seal
 from moeaudit.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -313,6 +315,8 @@ class DcpDirectory:
         if self.meta_path.is_file() and (size := self.meta_path.stat().st_size) > MAX_METADATA_BYTES:
             raise self._fail(f"{size} bytes, over the {MAX_METADATA_BYTES}-byte limit")
         raw, self.pins[METADATA_NAME] = read_bytes(self.meta_path)
+        self.meta_sha256 = hashlib.sha256(raw).digest()  # of the bytes unpickled (issue 24 §1)
+        self.sealed: dict[str, Sealed] = {}  # .distcp file → read once and hashed (sealed.py)
         if len(raw) > MAX_METADATA_BYTES:  # grew since
             raise self._fail(f"{len(raw)} bytes, over the {MAX_METADATA_BYTES}-byte limit")
         self.entries: dict[str, DcpTensor] = {}
@@ -426,7 +430,7 @@ class DcpDirectory:
 
         file = self.path / c.file
         buf = bytearray(c.length)
-        got = pread_into(file, self.pins[c.file], c.begin, buf)
+        got = self._sealed(c.file).read_into(c.begin, buf)
         name = f"tensor {entry.fqn!r}"
         if got != c.length:
             raise self._fail(f"{name}: file ended early", "the file is truncated; copy it again", file)
@@ -567,6 +571,17 @@ class DcpDirectory:
     @property
     def data_files(self) -> list[str]:
         return sorted(self.pins)
+
+    def _sealed(self, rel: str) -> Sealed:
+        if rel not in self.sealed:
+            self.sealed[rel] = seal(self.path / rel, self.pins[rel])
+        return self.sealed[rel]
+
+    def seal(self) -> dict[str, bytes]:
+        """Relative path → SHA-256 of the bytes read and used: the ``.metadata`` as unpickled,
+        each ``.distcp`` file as read once into private memory (every chunk comes from there)."""
+        return {METADATA_NAME: self.meta_sha256,
+                **{rel: self._sealed(rel).sha256 for rel in self.pins if rel != METADATA_NAME}}
 
 
 # ----- torchtitan names → Hugging Face names (data) ----------------------------------------------

@@ -5,15 +5,17 @@ SHA-256, then hashes the raw 32-byte file digests concatenated in sorted path or
 is the in-toto subject digest. We do the same, so a moeaudit certificate names a checkpoint by
 the digest a model-signing signature names it by.
 
-Hash exactly the bytes that are read (issue 14): a file is hashed once and read many times
-(header, then tensor by tensor), each time through a fresh descriptor. Every such open is
-*pinned*: ``fstat`` before and after the I/O must give the identity recorded the first time
-the file was opened (device, inode, size, mtime, ctime), so a file renamed over, rewritten in
-place or grown between hashing and reading is an error naming it, never a certificate that
-names one file's digest with another file's receipts. ctime cannot be set back by a user, but
-it has the clock's granularity: a file changed within ``RACY_NS`` of when we first saw it may
-keep its timestamps through one more write, so such a file is hashed again at the end
-(:meth:`Snapshot.verify`), as git does for its "racily clean" index entries.
+Hash exactly the bytes that are used (issues 14 and 24): a weight file is read once, into
+private memory, and hashed as it is read (``sealed``); its tensors come from that private copy
+or from re-reads proven block by block against digests taken in the same pass. config.json and
+the shard index are hashed from the very bytes that were parsed. Every open is also *pinned*:
+``fstat`` before and after the I/O must give the identity recorded the first time the file was
+opened (device, inode, size, mtime, ctime), so a file renamed over, rewritten in place or grown
+meanwhile is an error naming it. Metadata is not what proves the bytes (a write through a shared
+mapping into an already-dirty page moves no timestamp); it names honest changes early. A file
+changed within ``RACY_NS`` of when we first saw it may keep its timestamps through one more
+write, so such a file is hashed again at the end (:meth:`Snapshot.verify`), as git does for its
+"racily clean" index entries: a checkpoint still being written fails rather than passes.
 """
 
 from __future__ import annotations
@@ -242,18 +244,24 @@ class Snapshot:
                 pinned(self.root / rel, fid, lambda _fd: None)
 
 
-def snapshot(root: Path, known: dict[str, FileId] | None = None) -> Snapshot:
+def snapshot(root: Path, known: dict[str, FileId] | None = None,
+             hashed: dict[str, bytes] | None = None) -> Snapshot:
     """Hash every file below ``root``; a file in ``known`` (relative path → the identity it had
-    when it was first read) must still have that identity."""
-    known = known or {}
+    when it was first read) must still have that identity. A file in ``hashed`` (relative path →
+    SHA-256 of the bytes that were read and used) is not read again: its digest is of the bytes
+    used, whatever the file holds now."""
+    known, hashed = known or {}, hashed or {}
     h = hashlib.sha256()
     files = {}
     for path in iter_files(root):
         rel = path.relative_to(root).as_posix()
-        d, seen = hash_file(path, known.get(rel))
+        if rel in hashed:
+            d, seen = hashed[rel], pinned(path, known.get(rel), lambda _fd: None)
+        else:
+            d, seen = hash_file(path, known.get(rel))
         h.update(d)
         files[rel] = (known.get(rel, seen), d.hex())  # the first look decides what is racy
-    for rel in sorted(set(known) - set(files)):
+    for rel in sorted((set(known) | set(hashed)) - set(files)):
         raise changed(root / rel, "it was removed")
     return Snapshot(root, h.hexdigest(), files)
 

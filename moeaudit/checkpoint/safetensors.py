@@ -6,12 +6,19 @@ tensor at a time by offset: answering ``inspect`` never materialises a tensor, a
 holds only the tensors it asked for. Every read is pinned to the file the header came from
 (``digest.pinned``): a file replaced or rewritten after its header was parsed is an error.
 
+A checkpoint's weight files are opened ``sealed`` (issue 24 §1): the first tensor read, or the
+root digest, reads the whole file once into private memory and hashes it (``sealed.seal``);
+the header parsed earlier must be the header that was hashed, and every tensor comes from the
+hashed bytes (the private copy, or a re-read proven block by block against the digests of that
+one pass). Nothing is mapped: a writer sharing the file's pages cannot reach what is replayed.
+
 Torch is imported only by the functions that build tensors, so reading headers (``inspect``,
 ``canary show``) does not pay for it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -20,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moeaudit.checkpoint.digest import FileId, pinned, pread_into
+from moeaudit.checkpoint.digest import FileId, changed, pinned, pread_into
+from moeaudit.checkpoint.sealed import Sealed, seal
 from moeaudit.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -86,11 +94,14 @@ class TensorInfo:
 class SafetensorsFile:
     """Header of one ``.safetensors`` file, validated; tensors read on demand."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, sealed: bool = False):
         self.path = Path(path)
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self.identity: FileId | None = None  # the file the header was read from
+        self.sealed = sealed  # tensors only from the hashed bytes (a checkpoint's weights)
+        self._seal: Sealed | None = None
+        self._head_sha256, self._head_len = b"", 0  # of the 8 + n header bytes parsed
         self._parse()
 
     def _fail(self, what: str, hint: str | None = None) -> CheckpointError:
@@ -100,6 +111,8 @@ class SafetensorsFile:
         got: dict[str, Any] = {}
         self.identity = pinned(self.path, None, lambda fd: got.update(self._read_header(fd)))
         raw, n, size = got["raw"], got["n"], got["size"]
+        self._head_sha256 = hashlib.sha256(struct.pack("<Q", n) + raw).digest()
+        self._head_len = 8 + n
         try:
             header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
         except DuplicateKey as exc:
@@ -192,13 +205,30 @@ class SafetensorsFile:
             )
         return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
+    def seal(self) -> Sealed:
+        """Read and hash the whole file once (``sealed.seal``), checking that its header is the
+        one parsed; idempotent. Every later tensor read is served from what this hashed."""
+        if self._seal is None:
+            sealed = seal(self.path, self.identity)
+            head = bytearray(self._head_len)
+            if (sealed.read_into(0, head) != len(head)
+                    or hashlib.sha256(head).digest() != self._head_sha256):
+                raise changed(self.path, "its header is not the one read before it was hashed")
+            self._seal = sealed
+        return self._seal
+
     def _read_bytes(self, name: str) -> bytearray:
         info = self.tensors[name]
         buf = bytearray(info.end - info.begin)
         try:
-            got = pread_into(self.path, self.identity, info.begin, buf)
+            if self.sealed:
+                got = self.seal().read_into(info.begin, buf)
+            else:
+                got = pread_into(self.path, self.identity, info.begin, buf)
         except CheckpointError as exc:
-            raise self._fail(f"cannot read tensor {name!r}: {exc.what}", exc.hint) from exc
+            what = f"{exc.what} (reading tensor {name!r})" if self.sealed else \
+                f"cannot read tensor {name!r}: {exc.what}"
+            raise self._fail(what, exc.hint) from exc
         if got != len(buf):
             raise self._fail(f"tensor {name!r}: file ended early", "the file changed while reading")
         return buf
