@@ -166,7 +166,16 @@ READING_FACTS = """JSON.stringify((() => {
   const lic = document.querySelector('li.licensed');
   const bars = document.querySelector('svg[aria-label^="Per-layer C2"]');
   const fills = [...bars.querySelectorAll('rect')].map(r => r.getAttribute('fill'));
-  const hidden = details.every(d => !d.open && d.querySelector('li, dl').getBoundingClientRect().height === 0);
+  // checkVisibility: a closed <details> keeps its content laid out but not rendered in recent
+  // Chromium (content-visibility), so a zero bounding box is not the test; opening must show it
+  const hidden = details.every(d => {
+    const inner = d.querySelector('li, dl');
+    const closed = !d.open && !inner.checkVisibility();
+    d.open = true;
+    const shown = inner.checkVisibility();
+    d.open = false;
+    return closed && shown;
+  });
   const plain = document.querySelector('tr.margin p.plain');
   return {details: details.length, hidden, scripts: document.scripts.length,
           mark: getComputedStyle(lic, '::before').content, fills,
