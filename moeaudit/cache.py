@@ -1,9 +1,9 @@
 """Receipts cache: re-auditing an unchanged run costs almost nothing (issue 6).
 
 Entries are JSON documents keyed by SHA-256 of (kind, checkpoint root digest(s), canary digest,
-tool version, receipt settings). They live under ``$MOEAUDIT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/moeaudit``, else ``~/.cache/moeaudit``. Writes are atomic (temp + rename), so
-concurrent runs at worst compute the same entry twice.
+tool version, receipt settings, the machine that computes them: ``replay_machine``). They live
+under ``$MOEAUDIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/moeaudit``, else ``~/.cache/moeaudit``.
+Writes are atomic (temp + rename), so concurrent runs at worst compute the same entry twice.
 
 A cached number ends up in a signed certificate, so an entry is trusted only if this machine's
 moeaudit wrote it (issue 14): every entry carries an HMAC-SHA256 over its key and content,
@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import os
+import platform
 import stat
 import tempfile
 from collections.abc import Callable
@@ -56,6 +57,62 @@ _BAD_ENTRY = (OSError, ValueError, TypeError, LookupError, AttributeError, Recur
 # Writing one may fail in these: a slower next run, not a failure (MoeauditError: the name is
 # taken by something atomic_write will not replace, e.g. a FIFO).
 _UNWRITABLE = (OSError, ValueError, MoeauditError)
+
+
+def replay_machine(device: str | None) -> dict[str, str]:
+    """What a replay's bits depend on besides its inputs (issue 31 §7): receipts are
+    bit-identical on the same device model, driver and torch version, not across them. On the
+    CPU: the device name, torch version and the SIMD level torch's kernels use; on a GPU
+    (:func:`moeaudit.replay.device.describe_device`): model, compute capability, CUDA runtime,
+    driver, cuDNN and torch. The CPU's is read without importing torch, so that a fully cached
+    certify still never loads it (issue 16)."""
+    if device is None or device.split(":")[0] == "cpu":
+        return {"device": device or "cpu", "torch": _torch_version(), "cpu": cpu_capability()}
+    from moeaudit.replay.device import describe_device
+
+    return describe_device(device)
+
+
+def _torch_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")  # the same string as torch.__version__
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__
+
+
+_X86 = {"x86_64", "amd64", "i386", "i686", "x86"}
+
+
+def cpu_capability() -> str:
+    """``torch.backends.cpu.get_cpu_capability()`` without importing torch: the machine and the
+    widest kernel set torch dispatches to on it — ATEN_CPU_CAPABILITY when set, else on x86
+    AVX512 (AVX-512 F/BW/VL/DQ and FMA) or AVX2 (AVX2 and FMA) or DEFAULT, the rules of ATen's
+    ``cpuinfo`` dispatch; other architectures by name (their kernel level is not split here)."""
+    machine = platform.machine().lower() or "unknown"
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    if forced:
+        return f"{machine} {forced.upper()}"
+    if machine not in _X86:
+        return machine
+    flags = _cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
+        return f"{machine} AVX512"
+    return f"{machine} {'AVX2' if {'avx2', 'fma'} <= flags else 'DEFAULT'}"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = _read_small(Path("/proc/cpuinfo"), 1 << 22)[0].decode("ascii", "replace")
+    except (OSError, ValueError):  # not Linux: no flags read, the machine name alone
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
 
 
 def cache_dir() -> Path:

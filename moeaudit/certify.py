@@ -117,7 +117,9 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
 
-        ref_doc = load_reference(reference, canary, policy)
+        ref_doc = load_reference(reference, canary, policy, device=device)
+        if Path(reference).is_dir():  # replayed by this audit
+            replayer.computed_by["reference"] = ref_doc["environment"]["device"]
         margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
         inputs["reference"] = _reference_digest(Path(reference), ref_doc)
     from moeaudit.series import envelope_evidence
@@ -147,7 +149,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                    **({"origin": policy.origin} if policy.origin else {}),
                    "calibrated": policy.envelope.calibrated, **policy.to_json()},
         "tool": {"name": "moeaudit", "version": __version__},
-        "environment": _environment(),
+        "environment": _environment(replayer.computed_by),
         "protected_layers": protected,
         "gates": gates,
         "checks": decision["checks"],
@@ -195,9 +197,12 @@ def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs
     return worst
 
 
-def _environment() -> dict[str, Any]:
+def _environment(computed_by: dict[str, str]) -> dict[str, Any]:
     """As :func:`moeaudit.receipts.state.environment`, without importing torch: the version of
-    the installed torch distribution is the same string as ``torch.__version__``."""
+    the installed torch distribution is the same string as ``torch.__version__``. ``device`` is
+    the one that computed every receipt, pair receipt and replayed reference the certificate
+    rests on, as each recorded it (cached ones included); were they computed on several,
+    it is "mixed" and ``devices`` names each part's (issue 31 §2)."""
     import importlib.metadata
     import platform
 
@@ -207,7 +212,10 @@ def _environment() -> dict[str, Any]:
         import torch
 
         version = torch.__version__
-    return {"torch": version, "python": platform.python_version(), "device": "cpu",
+    devices = sorted(set(computed_by.values()))
+    return {"torch": version, "python": platform.python_version(),
+            "device": devices[0] if len(devices) == 1 else "mixed" if devices else "none",
+            **({"devices": dict(sorted(computed_by.items()))} if len(devices) > 1 else {}),
             "dtype": "float32"}
 
 
@@ -323,6 +331,10 @@ class _Replayer:
         self.progress = progress
         self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
         self.device = device
+        from moeaudit.cache import replay_machine
+
+        self.machine = replay_machine(device)  # receipts are bit-identical per machine (issue 31 §7)
+        self.computed_by: dict[str, str] = {}  # part → the device its own record names
         self.settings = policy.to_json()["receipts"]
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
@@ -343,9 +355,9 @@ class _Replayer:
         return ci
 
     def _key(self, kind: str, *ckpts: Any) -> str:
-        # receipts are bit-identical per device, not across devices: a GPU gets its own entries
+        # receipts are bit-identical per device model, driver and torch, not across them
         parts: list[Any] = [[c.digest for c in ckpts], self.canary.digest, self.settings]
-        return self.cache.key(kind, *parts, *([self.device] if self.device else []))
+        return self.cache.key(kind, *parts, self.machine)
 
     def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
         from moeaudit.receipts.state import run_state
@@ -359,6 +371,7 @@ class _Replayer:
                 outer(f"{label} {stage}", done, total)
         doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device,
                              progress=tick)
+        self._computed(f"checkpoint-{step}.json", doc)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc
@@ -371,6 +384,7 @@ class _Replayer:
             # cached by digest: the name is of whichever identical checkpoint filled the cache
             doc["checkpoint"]["name"] = ckpt.path.name
             self.from_cache.append({"kind": "receipts", "checkpoints": [ckpt.path.name]})
+            self._computed(f"checkpoint-{step}.json", doc)
             return doc
         self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")
         return self._replay(step, ckpt)
@@ -404,23 +418,32 @@ class _Replayer:
             cached.update(base_step=base[0], step=cand[0])
             self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name,
                                                                     cand[1].path.name]})
+            self._computed(f"pair-{cand[0]}-vs-{base[0]}.json", cached)
             return cached
         from moeaudit.receipts.drift import bootstrap_for, pair_layer
+        from moeaudit.receipts.state import environment
 
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
         b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
         layers = []
-        for layer in b_ckpt.spec.routed_layers:
+        for layer in b_ckpt.spec.routed_layers:  # on the replays' device, experts as stored until used
             boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
-            entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer), c_ckpt.layer_weights(layer),
-                               b_states[layer], c_states[layer], boot)
+            entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer, lazy_experts=True),
+                               c_ckpt.layer_weights(layer, lazy_experts=True), b_states[layer],
+                               c_states[layer], boot, device=self.device)
             layers.append({"layer": layer, **entry})
         doc = finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
-                               "layers": layers})
+                               "environment": environment(self.device), "layers": layers})
+        self._computed(f"pair-{c_step}-vs-{b_step}.json", doc)
         b_ckpt.verify_unchanged()  # the bytes read are the bytes hashed, before caching them
         c_ckpt.verify_unchanged()
         self.cache.put(key, doc)
         return doc
+
+    def _computed(self, part: str, doc: dict[str, Any]) -> None:
+        """Note the device ``doc`` says computed it ("unrecorded" where it says none)."""
+        env = doc.get("environment")
+        self.computed_by[part] = str(env.get("device", "unrecorded")) if isinstance(env, dict) else "unrecorded"
 
     def forget_states(self, keep: int | None) -> None:
         self.states = {s: o for s, o in self.states.items() if s == keep}

@@ -24,18 +24,21 @@ from moeaudit.checkpoint import Checkpoint, LayerWeights
 from moeaudit.receipts.occupancy import MAX_PAIRWISE_DOMAINS
 from moeaudit.receipts.state import domain_windows
 from moeaudit.replay import replay
+from moeaudit.replay.device import Device
 
 SHARED = ("router", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm",
           "shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
 
 def _flat_grad(lw: LayerWeights) -> torch.Tensor:
+    """The layer's shared-parameter gradient as one float64 vector, on the host (one copy per
+    layer from a device: the P domains' vectors of every layer outlive the layer)."""
     grads = [lw.params[n].grad for n in SHARED if n in lw.params]
     parts = [g.double().reshape(-1) for g in grads if g is not None]
-    return torch.cat(parts)
+    return torch.cat(parts).cpu()
 
 
-def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> dict[int, torch.Tensor]:
+def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor, device: Device) -> dict[int, torch.Tensor]:
     """Each routed layer's shared-parameter gradient of the mean NLL over ``tokens_WT``."""
     per_layer: dict[int, torch.Tensor] = {}
 
@@ -44,7 +47,8 @@ def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> dict[int, torch.
             per_layer[lw.layer] = _flat_grad(lw)
 
     W = tokens_WT.shape[0]
-    replay(ckpt, tokens_WT, grad_observers=[keep], window_weights_W=torch.ones(W, dtype=torch.float64) / W)
+    replay(ckpt, tokens_WT, grad_observers=[keep], window_weights_W=torch.ones(W, dtype=torch.float64) / W,
+           device=device)
     return per_layer
 
 
@@ -63,10 +67,12 @@ def _layer(layer: int, grads_PX: torch.Tensor, share_P: torch.Tensor, names: lis
             "max_conflict_upper": max(0.0, -math.cos(min(math.pi, widest)))}
 
 
-def domain_conflict(ckpt: Checkpoint, canary: Canary) -> dict[str, Any]:
+def domain_conflict(ckpt: Checkpoint, canary: Canary, device: Device = None) -> dict[str, Any]:
+    """The conflict receipts; the per-domain backwards run on ``device`` (the cosines, on the
+    host, are P × P numbers per layer)."""
     windows = [(n, idx) for n, idx in zip(canary.domains, domain_windows(canary), strict=True) if idx.numel()]
     names = [n for n, _ in windows]
-    grads = [_domain_grads(ckpt, canary.tokens[idx]) for _, idx in windows]
+    grads = [_domain_grads(ckpt, canary.tokens[idx], device) for _, idx in windows]
     share_P = torch.tensor([idx.numel() / canary.num_windows for _, idx in windows], dtype=torch.float64)
     layers = [_layer(layer, torch.stack([g[layer] for g in grads]), share_P, names)
               for layer in ckpt.spec.routed_layers]

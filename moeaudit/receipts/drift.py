@@ -22,8 +22,8 @@ from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
-from moeaudit.replay.engine import deterministic
-from moeaudit.replay.model import Routing, experts_forward, input_scales, route_layer
+from moeaudit.replay.device import Device, moved, on_device, prepare_device, replay_scope, to_host
+from moeaudit.replay.model import Routing, experts_forward_sets, input_scales, route_layer
 
 EPS_U = 1e-8
 
@@ -42,77 +42,99 @@ def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor, cent
     return (v1 - v0).norm(dim=-1) / (v1.norm(dim=-1) + v0.norm(dim=-1) + EPS_U)
 
 
-@deterministic()
 def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
-               cand: AnchorStates, boot: WindowBootstrap) -> dict[str, Any]:
+               cand: AnchorStates, boot: WindowBootstrap, device: Device = None) -> dict[str, Any]:
+    """One layer's pair receipts, computed on ``device`` as the replays are (None: the host,
+    no copies): the two layers' weights are copied there (experts one at a time, converted
+    there) with both checkpoints' anchor states; per-token values and per-expert sums come back
+    in one transfer each, and the means and intervals are taken on the host."""
+    dev = prepare_device(device)
+    if dev is not None:
+        base, cand = moved(base, dev, non_blocking=True), moved(cand, dev, non_blocking=True)
+        lw0, lw1 = on_device(lw0, dev), on_device(lw1, dev)
+    with replay_scope(dev):
+        per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
+        per_token, bias = to_host((per_token, bias), dev)
+        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev)}
+    if bias is not None:  # the balancer's control input, next to its result
+        out["selection_bias"] = bias_drift(*bias)
+    return out
+
+
+def _pair_tensors(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
+                  cand: AnchorStates) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+    """(per-token drift values [N], the selection biases and top-k shares (b0, b1, π0, π1) or
+    None), where the inputs live."""
     K = spec.top_k
     z = base.z_NH
     y00, y01 = (lw.params["post_norm"] * z + lw.params.get("post_norm_bias", 0.0) for lw in (lw0, lw1))
     r0, r1 = route_layer(spec, lw0.params, y00), route_layer(spec, lw1.params, y01)
 
-    coordinate_N = one_minus_cos(base.y_NH, cand.y_NH)
     shared_N = (r0.topk_NK[:, :, None] == r1.topk_NK[:, None, :]).any(-1).sum(-1)
-    boundary_N = 1.0 - shared_N.double() / K
-    transition_N = js_divergence(r0.probs_NE, r1.probs_NE)
-
-    union_NU = torch.cat([r0.topk_NK, r1.topk_NK], dim=1)
-    def outputs(lw: LayerWeights, y: torch.Tensor, r: Routing, idx: torch.Tensor) -> torch.Tensor:
-        scales = input_scales(spec, r, [idx])
-        return experts_forward(lw.experts, y, idx, spec.clamped_glu, None if scales is None else scales[0])
-
-    ratio_NU = relative_change(outputs(lw0, y00, r0, union_NU), outputs(lw1, y01, r1, union_NU), z, spec.layer_norm)
-    dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
-    ratio_NU[:, K:][dup_NK] = float("nan")
-    content_N = torch.nanquantile(ratio_NU, 0.9, dim=1)
-
-    boundary_smooth_N = 1.0 - (r0.probs_NE.double() * r1.probs_NE.double()).sum(-1)
     rho_bar_NE = 0.5 * (r0.probs_NE.double() + r1.probs_NE.double())
-    n_cand = min(spec.num_experts, 2 * K)
-    cand_NC = rho_bar_NE.topk(n_cand, dim=-1).indices
-    ratio_NC = relative_change(outputs(lw0, y00, r0, cand_NC), outputs(lw1, y01, r1, cand_NC), z, spec.layer_norm)
+    union_NU = torch.cat([r0.topk_NK, r1.topk_NK], dim=1)
+    cand_NC = rho_bar_NE.topk(min(spec.num_experts, 2 * K), dim=-1).indices
+
+    def outputs(lw: LayerWeights, y: torch.Tensor, r: Routing) -> list[torch.Tensor]:
+        """u of both index sets in one sweep over the experts (each converted once)."""
+        sets = [union_NU, cand_NC]
+        return experts_forward_sets(lw.experts, y, sets, spec.clamped_glu, input_scales(spec, r, sets))
+
+    (u0_NU, u0_NC), (u1_NU, u1_NC) = outputs(lw0, y00, r0), outputs(lw1, y01, r1)
+    ratio_NU = relative_change(u0_NU, u1_NU, z, spec.layer_norm)
+    dup_NK = (r1.topk_NK[:, :, None] == r0.topk_NK[:, None, :]).any(-1)  # counted once
+    ratio_NU[:, K:] = ratio_NU[:, K:].masked_fill(dup_NK, float("nan"))  # a boolean index would sync
+    ratio_NC = relative_change(u0_NC, u1_NC, z, spec.layer_norm)
     rho_NC = rho_bar_NE.gather(1, cand_NC)
-    content_smooth_N = (rho_NC * ratio_NC).sum(-1)
-
-    drift = {
-        "coordinate": float(coordinate_N.mean()),
-        "boundary": float(boundary_N.mean()),
-        "transition": float(transition_N.mean()),
-        "content": float(content_N.mean()),
-        "boundary_smooth": float(boundary_smooth_N.mean()),
-        "content_smooth": float(content_smooth_N.mean()),
-        "content_smooth_truncation_mass": float((1.0 - rho_NC.sum(-1)).mean()),
-        "ci95": {name: boot.mean(v) for name, v in (
-            ("coordinate", coordinate_N), ("boundary", boundary_N), ("transition", transition_N),
-            ("content", content_N), ("boundary_smooth", boundary_smooth_N),
-            ("content_smooth", content_smooth_N))},
-        "replicates": {"boundary": boot.mean_replicates(boundary_N),
-                       "content": boot.mean_replicates(content_N)},
+    per_token = {
+        "coordinate": one_minus_cos(base.y_NH, cand.y_NH),
+        "boundary": 1.0 - shared_N.double() / K,
+        "transition": js_divergence(r0.probs_NE, r1.probs_NE),
+        "content": torch.nanquantile(ratio_NU, 0.9, dim=1),
+        "boundary_smooth": 1.0 - (r0.probs_NE.double() * r1.probs_NE.double()).sum(-1),
+        "content_smooth": (rho_NC * ratio_NC).sum(-1),
+        "content_smooth_truncation_mass": 1.0 - rho_NC.sum(-1),
     }
-    out = {"drift": drift, "weights": weight_change(lw0, lw1)}
     b0, b1 = lw0.params.get("router_bias"), lw1.params.get("router_bias")
-    if b0 is not None and b1 is not None:  # the balancer's control input, next to its result
-        E = spec.num_experts
-        pi0 = torch.bincount(r0.topk_NK.flatten(), minlength=E).double() / r0.topk_NK.shape[0]
-        pi1 = torch.bincount(r1.topk_NK.flatten(), minlength=E).double() / r1.topk_NK.shape[0]
-        out["selection_bias"] = bias_drift(b0, b1, pi0, pi1)
-    return out
+    if b0 is None or b1 is None:
+        return per_token, None
+    E = spec.num_experts
+    pi0, pi1 = (torch.bincount(r.topk_NK.flatten(), minlength=E).double() / r.topk_NK.shape[0] for r in (r0, r1))
+    return per_token, (b0, b1, pi0, pi1)
 
 
-def weight_change(lw0: LayerWeights, lw1: LayerWeights) -> dict[str, Any]:
-    """Secondary surface (`003` Table 7): ‖ΔW‖_F / ‖W^θ0‖_F per expert, and router drift."""
+def _drift(per_token: dict[str, torch.Tensor], boot: WindowBootstrap) -> dict[str, Any]:
+    """Means over the canary tokens, their window-bootstrap intervals and replicates."""
+    drift: dict[str, Any] = {name: float(v.mean()) for name, v in per_token.items()}
+    drift["ci95"] = {name: boot.mean(per_token[name]) for name in (
+        "coordinate", "boundary", "transition", "content", "boundary_smooth", "content_smooth")}
+    drift["replicates"] = {name: boot.mean_replicates(per_token[name]) for name in ("boundary", "content")}
+    return drift
 
-    def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-        num = sum(float((y.double() - x.double()).pow(2).sum()) for x, y in zip(a, b))
-        den = sum(float(x.double().pow(2).sum()) for x in a)
+
+def weight_change(lw0: LayerWeights, lw1: LayerWeights, device: Device = None) -> dict[str, Any]:
+    """Secondary surface (`003` Table 7): ‖ΔW‖_F / ‖W^θ0‖_F per expert, and router drift. The
+    sums are taken where the weights are, and come to the host in one transfer."""
+
+    def sums(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+        """[Σ ‖b − a‖², Σ ‖a‖²] in float64, summed in order from 0."""
+        num, den = a[0].new_zeros((), dtype=torch.float64), a[0].new_zeros((), dtype=torch.float64)
+        for x, y in zip(a, b, strict=True):
+            num = num + (y.double() - x.double()).pow(2).sum()
+        for x in a:
+            den = den + x.double().pow(2).sum()
+        return torch.stack([num, den])
+
+    def rel(num: float, den: float) -> float:
         return (num / den) ** 0.5 if den > 0 else float("nan")
 
-    experts = [rel(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts)]
-    return {
-        "expert_relative_change": experts,
-        "router_drift": rel(*([lw.params[n] for n in ("router", "router_logit_bias") if n in lw0.params]
-                              for lw in (lw0, lw1))),
-        "gain_drift": rel([lw0.params["post_norm"]], [lw1.params["post_norm"]]),
-    }
+    rows = [sums(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts, strict=True)]
+    names = [n for n in ("router", "router_logit_bias") if n in lw0.params]
+    rows.append(sums([lw0.params[n] for n in names], [lw1.params[n] for n in names]))
+    rows.append(sums([lw0.params["post_norm"]], [lw1.params["post_norm"]]))
+    host = to_host(torch.stack(rows), device).tolist()
+    *experts, router, gain = (rel(num, den) for num, den in host)
+    return {"expert_relative_change": experts, "router_drift": router, "gain_drift": gain}
 
 
 def bootstrap_for(settings: ReceiptSettings, num_windows: int, layer: int) -> WindowBootstrap:

@@ -15,6 +15,7 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
+from moeaudit.replay.device import Device
 from moeaudit.replay.engine import greedy_generate
 
 PROMPT_LEN = 16
@@ -43,10 +44,12 @@ def rep_n(seq: list[int], n: int) -> float:
     return repeats / total if total else float("nan")
 
 
-def generation_receipts(ckpt: Checkpoint, canary: Canary, new_tokens: int, prompts: int = 8) -> dict[str, Any]:
+def generation_receipts(ckpt: Checkpoint, canary: Canary, new_tokens: int, prompts: int = 8,
+                        device: Device = None) -> dict[str, Any]:
+    """The generation receipts; the greedy continuation runs on ``device``."""
     P = min(prompts, canary.num_windows)
     prompt_len = min(PROMPT_LEN, canary.window_len)
-    generated = greedy_generate(ckpt, canary.tokens[:P, :prompt_len], new_tokens).tolist()
+    generated = greedy_generate(ckpt, canary.tokens[:P, :prompt_len], new_tokens, device=device).tolist()
     frequent = high_frequency_ids(canary.tokens)
     flat = [t for s in generated for t in s]
     reps = [rep_n(s, 4) for s in generated]

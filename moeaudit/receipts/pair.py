@@ -24,11 +24,12 @@ from moeaudit.replay.engine import Progress
 
 SCHEMA = "moeaudit.compare/v1"
 def load_reference(path: str | Path, canary: Canary, policy: Policy,
-                   progress: Progress | None = None) -> dict[str, Any]:
-    """A reference is a healthy checkpoint directory or its receipts JSON on the same canary."""
+                   progress: Progress | None = None, device: str | None = None) -> dict[str, Any]:
+    """A reference is a healthy checkpoint directory (replayed on ``device``) or its receipts
+    JSON on the same canary."""
     path = Path(path)
     if path.is_dir():
-        return run_state(Checkpoint(path), canary, policy, progress=progress)[0]
+        return run_state(Checkpoint(path), canary, policy, progress=progress, device=device)[0]
     raw = read_regular(path, "reference receipts", MAX_RECEIPTS_BYTES)
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)

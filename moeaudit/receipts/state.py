@@ -17,14 +17,17 @@ from moeaudit.limits import check_window_len
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
 from moeaudit.replay import ReplayResult, replay
+from moeaudit.replay.device import device_name
 from moeaudit.replay.engine import Progress
 
 SCHEMA = "moeaudit.receipts/v1"
 
 
 def environment(device: str | None = None) -> dict[str, Any]:
+    """Where the receipts were computed: ``device`` is the device that computed every part of
+    them (replay, conflict, generation), "cpu" on the default path."""
     return {"torch": torch.__version__, "python": platform.python_version(),
-            "device": device or "cpu", "dtype": "float32"}
+            "device": device_name(device), "dtype": "float32"}
 
 
 def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: bool = False,
@@ -33,8 +36,9 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     """Replay once and return (receipts document, the observer holding per-layer states).
 
     ``conflict`` (one backward per domain) and ``generate`` (G streamed forwards) are the
-    opt-in receipts; everything else comes from the one forward + backward, computed on
-    ``device`` (default the CPU; receipts are deterministic per device, not across devices).
+    opt-in receipts; everything else comes from the one forward + backward. All of it is
+    computed on ``device`` (default: the host, no copies; any explicit device, the CPU too,
+    takes the device branch); receipts are deterministic per device, not across devices.
     """
     check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
@@ -42,14 +46,14 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device)
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
-    if conflict:
+    if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict
 
-        doc["conflict"] = domain_conflict(ckpt, canary)
+        doc["conflict"] = domain_conflict(ckpt, canary, device=device)
     if generate:
         from moeaudit.receipts.generation import generation_receipts
 
-        doc["generation"] = generation_receipts(ckpt, canary, generate)
+        doc["generation"] = generation_receipts(ckpt, canary, generate, device=device)
     ckpt.verify_unchanged()  # what was read is what was hashed (issue 14), before any cache
     return finite_document(doc), observer
 

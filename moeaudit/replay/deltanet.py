@@ -26,6 +26,16 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def _prefix_sum(x_XC: torch.Tensor, lower_CC: torch.Tensor) -> torch.Tensor:
+    """Σ_{i ≤ j} x_i along the last dim (a cumsum) as a masked row sum. Float ``cumsum`` has no
+    deterministic CUDA kernel: under ``use_deterministic_algorithms(True)`` torch raises on it
+    (moeaudit.replay.determinism). The mask selects, not multiplies, so an infinite x_i cannot
+    turn the terms it is kept out of into NaN (0·∞). Summed in float64 and rounded once, as the
+    CPU's float32 cumsum accumulates (in double): the float32 results are a cumsum's but for
+    the rare sum that lands within float64 rounding of a float32 rounding boundary."""
+    return torch.where(lower_CC, x_XC.double()[..., None, :], 0.0).sum(-1).to(x_XC.dtype)
+
+
 def gated_delta_rule(q_BTkK: torch.Tensor, k_BTkK: torch.Tensor, v_BTvV: torch.Tensor,
                      g_BTv: torch.Tensor, beta_BTv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
     """o_BTvV of the recurrence above from a zero state, in float32, in chunks of ``chunk``
@@ -46,8 +56,8 @@ def gated_delta_rule(q_BTkK: torch.Tensor, k_BTkK: torch.Tensor, v_BTvV: torch.T
     n = (T + pad) // chunk
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
     q, k, k_beta, v_beta = (x.reshape(B, nv, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    cum = g.reshape(B, nv, n, chunk).cumsum(dim=-1)  # log of the decay since the chunk start
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    cum = _prefix_sum(g.reshape(B, nv, n, chunk), ~upper)  # log of the decay since the chunk start
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
     system = (k_beta @ k.transpose(-1, -2)) * decay
     intra = (q @ k.transpose(-1, -2)) * decay

@@ -17,17 +17,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
-import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights, StoredExperts
+from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.replay.device import (
+    Device,
+    moved,
+    on_device,
+    prepare_device,
+    replay_scope,
+    to_host,
+)
+from moeaudit.replay.device import DeviceExperts as DeviceExperts  # re-exported
 from moeaudit.replay.model import (
     ExtraExperts,
     MoETap,
@@ -46,7 +52,6 @@ from moeaudit.replay.model import (
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
-Device = torch.device | str | None  # None: the CPU, with no copies at all
 
 
 @dataclass
@@ -72,43 +77,6 @@ class ReplayResult:
 def _detached(r: Routing) -> Routing:
     return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach(),
                    None if r.logits_NE is None else r.logits_NE.detach(), r.margin_N)
-
-
-def _set_deterministic(on: bool, warn_only: bool) -> None:
-    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if setter is None:
-        torch.use_deterministic_algorithms(on, warn_only=warn_only)
-    else:
-        setter(on, warn_only=warn_only)
-
-
-@contextmanager
-def deterministic() -> Iterator[None]:
-    """``torch.use_deterministic_algorithms(True)`` (SPEC §3) for the duration, then the
-    caller's settings back: moeaudit runs inside training processes too (the hook, library
-    use), whose torch flags it must not change. Set through ``torch._C`` where it exists, which
-    skips the public call's import of ``torch._inductor`` and ``torch._dynamo`` to set the
-    compiler's flag (≈0.9 s of every run, for a compiler the replay never uses).
-
-    Deterministic mode also fills every new tensor with NaN before use, one extra write of
-    every allocation (3–7 % of a replay's CPU time, issue 6). The replay never reads memory it
-    has not written, so the fill is off inside; the receipts are bit-identical either way."""
-    was_on = torch.are_deterministic_algorithms_enabled()
-    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    get_fill = getattr(torch._C, "_get_deterministic_fill_uninitialized_memory", None)
-    set_fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
-    was_fill = get_fill() if get_fill is not None else None
-    if not was_on or was_warn:
-        _set_deterministic(True, False)
-    if set_fill is not None:
-        set_fill(False)
-    try:
-        yield
-    finally:
-        if not was_on or was_warn:
-            _set_deterministic(was_on, was_warn)
-        if set_fill is not None and was_fill is not None:
-            set_fill(was_fill)
 
 
 def _load_trim() -> Callable[[], object]:
@@ -142,59 +110,6 @@ def nonfinite_names(lw: LayerWeights) -> list[str]:
     """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass, on the
     tensors as stored: converting to float32 neither creates nor removes a NaN/Inf)."""
     return [f"layer {lw.layer} {n}" for n, t in lw.stored_tensors() if not all_finite(t)]
-
-
-def moved(obj: Any, device: Device) -> Any:
-    """``obj`` with every tensor in it (dicts, taps, routings) on ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: moved(v, device) for k, v in obj.items()}
-    if isinstance(obj, tuple | list):
-        return type(obj)(moved(v, device) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: moved(getattr(obj, f.name), device)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
-
-
-class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
-    """A layer's experts on an accelerator, one at a time: expert e's stored bytes are copied
-    over and converted there (``--device cuda``; the host keeps the on-disk dtype)."""
-
-    def __init__(self, experts: Sequence[dict[str, torch.Tensor]], device: Device):
-        self.experts, self.device = experts, device
-
-    def __len__(self) -> int:
-        return len(self.experts)
-
-    def __getitem__(self, e: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        if isinstance(self.experts, StoredExperts):  # convert on the device, not on the host
-            return self.experts.convert(self.experts.stored[e], self.device)
-        return {n: t.to(self.device) for n, t in self.experts[e].items()}
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return (self[e] for e in range(len(self)))
-
-
-def on_device(lw: LayerWeights, device: Device) -> LayerWeights:
-    """The layer's weights for computing on ``device`` (the same object on the CPU)."""
-    if device is None:
-        return lw
-    return dataclasses.replace(lw, params={n: t.to(device) for n, t in lw.params.items()},
-                               experts=DeviceExperts(lw.experts, device))
-
-
-def prepare_device(device: Device) -> Device:
-    """None for the CPU; for CUDA the settings that keep receipts deterministic (SPEC §3):
-    cuBLAS's fixed workspace, and float32 matmuls without TF32 (docs/scaling.md)."""
-    if device is None or torch.device(device).type == "cpu":
-        return None
-    if torch.device(device).type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    return torch.device(device)
 
 
 def _extra_requests(observers: Sequence[Observer]) -> ExtraExperts | None:
@@ -234,26 +149,20 @@ def forward_pass(
     with torch.no_grad():
         x = embed_tokens(spec, embed, tokens_WT.cpu(), dtype)
     del embed
-    x = moved(x, device) if device is not None else x
+    x = moved(x, device, non_blocking=True) if device is not None else x
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
-    if extra is not None and device is not None:
-        host_extra = extra
-
-        def extra(layer: int, r: Routing) -> dict[str, torch.Tensor]:
-            return moved(host_extra(layer, moved(r, "cpu")), device)
-
+    host = _HostRouting(extra, device)
     for i in range(spec.num_layers):
         lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
         if nonfinite is not None:
             nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
         with torch.no_grad():
-            x, tap = decoder_layer(spec, on_device(lw, device), x, rope, extra)
+            x, tap = decoder_layer(spec, on_device(lw, device), x, rope, host.extra if extra else None)
         if tap is not None:
-            if device is not None:
-                tap = moved(tap, "cpu")
+            tap = host.tap(tap)
             routing[i] = _detached(tap.routing)
             for observe in observers:
                 observe(tap, lw)
@@ -261,6 +170,32 @@ def forward_pass(
         release_freed_memory()
         tick(f"forward layer {i + 1}/{spec.num_layers}", i + 1, total_steps or spec.num_layers)
     return x, inputs, routing
+
+
+class _HostRouting:
+    """Taps for the observers, on the host. On a device each layer's routing is copied back
+    once — when the observers ask which extra experts to run, reused for the tap — and the
+    rest of the tap in one batch of copies with one wait (``to_host``)."""
+
+    def __init__(self, ask: ExtraExperts | None, device: Device):
+        self.ask, self.device = ask, device
+        self.routing: tuple[Routing, Routing] | None = None  # (on the device, on the host)
+
+    def extra(self, layer: int, r: Routing) -> dict[str, torch.Tensor]:
+        assert self.ask is not None
+        if self.device is None:
+            return self.ask(layer, r)
+        self.routing = (r, to_host(r, self.device))
+        return moved(self.ask(layer, self.routing[1]), self.device, non_blocking=True)
+
+    def tap(self, tap: MoETap) -> MoETap:
+        if self.device is None:
+            return tap
+        held, self.routing = self.routing, None
+        if held is None or held[0] is not tap.routing:
+            return to_host(tap, self.device)
+        tensors = {n: getattr(tap, n) for n in ("h_NH", "y_NH", "u_NKH", "extra_u")}
+        return dataclasses.replace(tap, routing=held[1], **to_host(tensors, self.device))
 
 
 HEAD_CHUNK_ELEMENTS = 1 << 23  # logits rows per LM-head chunk × vocabulary (32 MB of float32)
@@ -374,21 +309,21 @@ def replay(
     from moeaudit.limits import check_window_len
 
     check_window_len(tokens_WT.shape[-1])  # callers check first, naming the canary file
-    with deterministic():
+    dev = prepare_device(device)
+    with replay_scope(dev):
         return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
                        grad_observers=grad_observers, window_weights_W=window_weights_W,
-                       progress=progress, dtype=dtype, device=device)
+                       progress=progress, dtype=dtype, device=dev)
 
 
 def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
             observers: Sequence[Observer], grad_observers: Sequence[Callable[[LayerWeights], None]],
             window_weights_W: torch.Tensor | None, progress: Progress | None, dtype: torch.dtype,
-            device: Device) -> ReplayResult:
+            device: torch.device | None) -> ReplayResult:
     spec = ckpt.spec
-    device = prepare_device(device)
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
-    rope = rope_tables(spec, T) if device is None else moved(rope_tables(spec, T), device)
+    rope = rope_tables(spec, T) if device is None else moved(rope_tables(spec, T), device, non_blocking=True)
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
@@ -403,11 +338,11 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
     grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
     if device is not None:
         final_norm, lm_head, tokens_WT, grad_nll, biases = moved((final_norm, lm_head, tokens_WT, grad_nll, biases),
-                                                                 device)
+                                                                 device, non_blocking=True)
     head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll, **biases)
     del final_norm, lm_head, x
-    result = ReplayResult(float(head.nll_WT1.mean()), head.nll_WT1.mean(1).cpu(),
-                          float(head.entropy_WT1.mean()), routing, nonfinite_weights=bad)
+    nll, nll_W, entropy = to_host((head.nll_WT1.mean(), head.nll_WT1.mean(1), head.entropy_WT1.mean()), device)
+    result = ReplayResult(float(nll), nll_W, float(entropy), routing, nonfinite_weights=bad)
     if not backward:
         return result
 
@@ -415,7 +350,7 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
     assert grad is not None
     for step, i in enumerate(reversed(range(spec.num_layers))):
         lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True), device)
-        grad, layer = layer_backward(spec, lw, inputs[i], grad, rope)
+        grad, layer = layer_backward(spec, lw, inputs[i], grad, rope, device)
         if layer is not None:
             result.grads[i] = layer
         for observe_grad in grad_observers:
@@ -428,7 +363,7 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
 
 
 def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_BTH: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor],
+                   rope: tuple[torch.Tensor, torch.Tensor], device: torch.device | None = None,
                    ) -> tuple[torch.Tensor, LayerGrads | None]:
     """Recompute one layer from its input and push dL/d(output) through it: (dL/d(input),
     gradient norms). Autograd covers attention, norms, router and shared expert (whose
@@ -457,39 +392,56 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
         grads.append(g_NH)
     backward_from(roots, grads)
     assert x.grad is not None
-    return x.grad, layer_grads(lw, back.sq_E.sqrt())
+    return x.grad, layer_grads(lw, back.sq_E, device)
 
 
-@deterministic()
 def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                    dtype: torch.dtype = torch.float32, device: Device = None) -> torch.Tensor:
     """Greedy continuation [P, new_tokens] (no KV cache: each step re-streams the decoder, which
-    keeps one layer resident; the generation receipts are opt-in because of that cost)."""
-    spec = ckpt.spec
-    final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
-    biases = head_biases(ckpt, dtype)
-    seq = prompts_PT.long()
-    for _ in range(new_tokens):
-        rope = rope_tables(spec, seq.shape[1])
-        x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype)
-        with torch.no_grad():
-            logits = torch.nn.functional.linear(block_norm(spec, x[:, -1], final_norm, biases.get("final_norm_bias")),
-                                                lm_head, biases.get("lm_head_bias"))
-        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+    keeps one layer resident; the generation receipts are opt-in because of that cost), computed
+    on ``device`` as the replay is; the tokens come back to the host after each step."""
+    dev = prepare_device(device)
+    with replay_scope(dev):
+        spec = ckpt.spec
+        final_norm, lm_head, biases = moved((ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype),
+                                             head_biases(ckpt, dtype)), dev, non_blocking=True)
+        seq = prompts_PT.long()
+        for _ in range(new_tokens):
+            rope = moved(rope_tables(spec, seq.shape[1]), dev, non_blocking=True)
+            x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype, device=dev)
+            seq = torch.cat([seq, _next_token(spec, final_norm, lm_head, biases, x[:, -1]).cpu()], dim=1)
     return seq[:, prompts_PT.shape[1]:]
 
 
-def _norm(tensors: Sequence[torch.Tensor | None]) -> float:
-    sq = sum(float(t.grad.double().pow(2).sum()) for t in tensors if t is not None and t.grad is not None)
-    return sq**0.5
+@torch.no_grad()
+def _next_token(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
+                biases: dict[str, torch.Tensor], x_PH: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(block_norm(spec, x_PH, final_norm, biases.get("final_norm_bias")), lm_head,
+                      biases.get("lm_head_bias"))
+    return logits.argmax(-1, keepdim=True)
 
 
-def layer_grads(lw: LayerWeights, experts_E: torch.Tensor) -> LayerGrads:
+ATTENTION_GRADS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "input_norm",
+                   "input_norm_bias", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias", "kv_a_norm",
+                   "kv_b", "sinks", *LINEAR_ATTENTION_NAMES)
+
+
+def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
+    """Σ ‖grad‖² over ``tensors`` in float64, where the gradients live (no host sync)."""
+    total = like.new_zeros(())
+    for t in tensors:
+        if t is not None and t.grad is not None:
+            total = total + t.grad.double().pow(2).sum()
+    return total
+
+
+def layer_grads(lw: LayerWeights, sq_E: torch.Tensor, device: torch.device | None = None) -> LayerGrads:
+    """Gradient norms of one layer from ``sq_E`` = ‖∇_{θ_e} L‖² per expert (float64, on the
+    compute device) and the ``.grad`` of its other weights: every number of the layer comes to
+    the host in one transfer (issue 31 §4), not one sync per tensor."""
     p = lw.params
-    attn = [p.get(n) for n in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias",
-                               "q_norm", "k_norm", "input_norm", "input_norm_bias", "q_a", "q_a_bias", "q_a_norm",
-                               "q_b", "kv_a", "kv_a_bias", "kv_a_norm", "kv_b", "sinks",
-                               *LINEAR_ATTENTION_NAMES)]
-    shared = [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")]
-    return LayerGrads(experts_E, router=_norm([p["router"], p.get("router_logit_bias")]), shared=_norm(shared),
-                      attention=_norm(attn))
+    groups = ([p["router"], p.get("router_logit_bias")], [p.get(n) for n in ATTENTION_GRADS],
+              [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")])
+    sq = to_host(torch.cat([sq_E, torch.stack([_sum_sq(g, sq_E) for g in groups])]), device)
+    router, attention, shared = (float(v) ** 0.5 for v in sq[len(sq_E):].tolist())
+    return LayerGrads(sq[:len(sq_E)].sqrt(), router=router, shared=shared, attention=attention)

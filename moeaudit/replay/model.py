@@ -404,8 +404,15 @@ def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor,
 
 def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int]]:
     """(slots of [N·K] sorted by expert, stable; tokens per expert)."""
-    flat = topk_NK.reshape(-1)
-    return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=E).tolist()
+    return _slots_of_sets([topk_NK], E)[0]
+
+
+def _slots_of_sets(sets: Sequence[torch.Tensor], E: int) -> list[tuple[torch.Tensor, list[int]]]:
+    """:func:`_expert_slots` of each set, the tokens per expert of all of them brought to the
+    host together: one synchronisation per sweep over the experts, not one per set."""
+    flat = [idx.reshape(-1) for idx in sets]
+    counts = torch.stack([torch.bincount(f, minlength=E) for f in flat]).tolist()
+    return [(torch.argsort(f, stable=True), c) for f, c in zip(flat, counts, strict=True)]
 
 
 def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
@@ -414,12 +421,14 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone.
+    Each expert's outputs are written into their rows of the result as the sweep goes, so
+    besides the result only one expert's temporaries exist at a time (issue 31 §6).
 
     ``scales`` (Llama 4, one [N, X] per set: the combine weight c each expert gets or would
     get) makes the input of expert e c·y and its output u_e(c·y)/c, so that Σ_k c_k u_k is the
     block's output Σ_k u_k(c_k y) and the receipts keep their (c, u) form (docs/families.md)."""
-    slots = [_expert_slots(idx, len(experts)) for idx in sets]
-    chunks: list[list[torch.Tensor]] = [[] for _ in sets]
+    slots = _slots_of_sets(sets, len(experts))
+    out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
     starts = [0] * len(sets)
     for e in range(len(experts)):
         if not any(counts[e] for _, counts in slots):
@@ -431,20 +440,16 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
                 slots_c = order[starts[i]:starts[i] + c]
                 tok = slots_c // sets[i].shape[1]
                 if scales is None:
-                    chunks[i].append(expert_mlp(w, y_NH[tok], glu))
+                    u = expert_mlp(w, y_NH[tok], glu)
                 else:
                     s_C1 = scales[i].reshape(-1)[slots_c].to(y_NH.dtype)[:, None]
                     u = expert_mlp(w, y_NH[tok] * s_C1, glu)
-                    chunks[i].append(torch.where(s_C1 > 0, u / s_C1.clamp_min(torch.finfo(u.dtype).tiny), 0.0))
+                    u = torch.where(s_C1 > 0, u / s_C1.clamp_min(torch.finfo(u.dtype).tiny), 0.0)
+                out[i][slots_c] = u
+                del u
             starts[i] += c
         del w
-    out = []
-    for (order, _), parts, idx in zip(slots, chunks, sets, strict=True):
-        u_sorted = torch.cat(parts) if parts else y_NH.new_zeros(0, y_NH.shape[-1])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        out.append(u_sorted[inverse].view(idx.shape[0], idx.shape[1], -1))
-    return out
+    return [u.view(idx.shape[0], idx.shape[1], y_NH.shape[-1]) for u, idx in zip(out, sets, strict=True)]
 
 
 def experts_forward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
@@ -524,7 +529,7 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
     dy_NH = torch.zeros_like(y_NH)
     dc_S = combine_NK.new_zeros(N * K)
     c_S = combine_NK.reshape(-1).to(y_NH.dtype)
-    sq_E = torch.zeros(len(experts), dtype=torch.float64)
+    sq_E = y_NH.new_zeros(len(experts), dtype=torch.float64)  # stays where it is computed
     start = 0
     for e, c in enumerate(counts):
         if c:
@@ -544,11 +549,19 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
                 dx, dc, grads = _clamped_glu_grads(glu, x, experts[e], grad_NH[tok], c_M1)
             dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
-            sq_E[e] = sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
-                          for g in grads)
-            del dx, dc, grads
+            norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+            del dx, dc, grads, x, c_M1  # before the next expert is converted
+            sq_E[e] = _sum_of_squares(norms)
         start += c
     return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E)
+
+
+def _sum_of_squares(norms: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Σ n² in float64, summed left to right from 0 as the Python float sum it replaces."""
+    total = norms[0].new_zeros(())
+    for n in norms:
+        total = total + n * n
+    return total
 
 
 ExtraExperts = Callable[[int, Routing], dict[str, torch.Tensor]]  # (layer, routing) → sets

@@ -1,0 +1,228 @@
+"""Where a replay computes (``--device``), and the process settings it computes under.
+
+Two paths. ``device=None`` is the default: everything on the host, no copies at all. Any
+explicit device — ``"cuda"``, and the CPU too (``"cpu"``, ``"cpu:0"``) — takes the *device
+branch*: each layer's weights are copied there (experts one at a time, converted there), the
+layer is computed there, and the taps come back to the host in one batch of copies per layer.
+On the CPU the copies are no-ops, so CI runs the device branch of every family and checks that
+it gives the default path's receipts (tests/test_device.py).
+
+Settings (SPEC §3: deterministic, float32): ``replay_scope`` turns on
+``torch.use_deterministic_algorithms(True)``, IEEE float32 products on every backend (no TF32 on
+cuBLAS / cuDNN, no reduced-precision oneDNN on the CPU) and, on CUDA, cuBLAS's fixed workspace
+— for the duration of the replay only, then the caller's settings back: moeaudit runs inside
+training processes too (the hook, library use), whose torch flags it must not change (issue 31
+§5). Only the per-backend ``fp32_precision`` API is touched: mixing it with the legacy
+``allow_tf32`` flags makes torch raise on the caller's next ``get_float32_matmul_precision``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import LayerWeights, StoredExperts
+
+Device = torch.device | str | None  # None: the host, with no copies at all
+HOST = torch.device("cpu")
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's deterministic workspace (CUDA docs, "Results reproducibility")
+
+
+def prepare_device(device: Device) -> torch.device | None:
+    """None for the default path; any explicit device (the CPU included) resolved for the
+    device branch, a bare ``cuda`` to the index it will run on."""
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def device_name(device: Device) -> str:
+    """The name receipts record for the device that computed them ("cpu" on the default path)."""
+    dev = prepare_device(device)
+    return "cpu" if dev is None else str(dev)
+
+
+def describe_device(device: Device) -> dict[str, str]:
+    """What a replay on an accelerator depends on besides its inputs (the cache key, issue 31
+    §7): its name, model, compute capability, the CUDA runtime torch was built with, the
+    driver's CUDA version, cuDNN and torch. (The CPU's: :func:`moeaudit.cache.replay_machine`.)"""
+    dev = prepare_device(device)
+    assert dev is not None and dev.type != "cpu"
+    out = {"device": str(dev), "torch": torch.__version__}
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        out.update(gpu=torch.cuda.get_device_name(dev), capability=f"sm_{major}{minor}",
+                   cuda=str(torch.version.cuda), driver=_cuda_driver(),
+                   cudnn=str(torch.backends.cudnn.version()))
+    return out
+
+
+def _cuda_driver() -> str:
+    """The driver's CUDA version (``cuDriverGetVersion``, e.g. "12080"), "unknown" if unreadable."""
+    import ctypes
+
+    try:
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return str(version.value)
+    except (OSError, AttributeError):
+        pass
+    return "unknown"
+
+
+def moved(obj: Any, device: Device, non_blocking: bool = False) -> Any:
+    """``obj`` with every tensor in it (dicts, taps, routings) on ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, dict):
+        return {k: moved(v, device, non_blocking) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        return type(obj)(moved(v, device, non_blocking) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: moved(getattr(obj, f.name), device, non_blocking)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def to_host(obj: Any, device: Device) -> Any:
+    """``obj`` copied to the host: every copy queued (non-blocking: into pinned memory), then one
+    wait for them all — one synchronisation per call, however many tensors ``obj`` holds."""
+    out = moved(obj, HOST, non_blocking=True)
+    synchronize(device)
+    return out
+
+
+def synchronize(device: Device) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on the CPU)."""
+    dev = prepare_device(device)
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def to_device(t: torch.Tensor, device: Device) -> torch.Tensor:
+    """``t`` copied to ``device`` without a stream synchronisation: from pageable memory CUDA
+    stages the bytes before the call returns (so the source may go at once), and kernels queued
+    after it on the stream see them; a blocking copy would also wait for every kernel queued
+    before it — once per expert, draining the GPU's queue each time (issue 31 §4)."""
+    return t.to(device, non_blocking=True)
+
+
+class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
+    """A layer's experts on a device, one at a time: expert e's stored bytes are copied over and
+    converted there (the host keeps the on-disk dtype)."""
+
+    def __init__(self, experts: Sequence[dict[str, torch.Tensor]], device: Device):
+        self.experts, self.device = experts, device
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    def __getitem__(self, e: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        if isinstance(self.experts, StoredExperts):  # convert on the device, not on the host
+            return self.experts.convert({n: to_device(t, self.device) for n, t in self.experts.stored[e].items()})
+        return {n: to_device(t, self.device) for n, t in self.experts[e].items()}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self[e] for e in range(len(self)))
+
+
+def on_device(lw: LayerWeights, device: Device) -> LayerWeights:
+    """The layer's weights for computing on ``device`` (the same object on the default path)."""
+    if device is None:
+        return lw
+    return dataclasses.replace(lw, params={n: to_device(t, device) for n, t in lw.params.items()},
+                               experts=DeviceExperts(lw.experts, device))
+
+
+def _set_deterministic(on: bool, warn_only: bool) -> None:
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    else:
+        setter(on, warn_only=warn_only)
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` (SPEC §3) for the duration, then the
+    caller's settings back. Set through ``torch._C`` where it exists, which skips the public
+    call's import of ``torch._inductor`` and ``torch._dynamo`` to set the compiler's flag
+    (≈0.9 s of every run, for a compiler the replay never uses).
+
+    Deterministic mode also fills every new tensor with NaN before use, one extra write of
+    every allocation (3–7 % of a replay's CPU time, issue 6). The replay never reads memory it
+    has not written, so the fill is off inside; the receipts are bit-identical either way."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    get_fill = getattr(torch._C, "_get_deterministic_fill_uninitialized_memory", None)
+    set_fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
+    was_fill = get_fill() if get_fill is not None else None
+    if not was_on or was_warn:
+        _set_deterministic(True, False)
+    if set_fill is not None:
+        set_fill(False)
+    try:
+        yield
+    finally:
+        if not was_on or was_warn:
+            _set_deterministic(was_on, was_warn)
+        if set_fill is not None and was_fill is not None:
+            set_fill(was_fill)
+
+
+def _fp32_backends() -> list[Any]:
+    """Every backend whose float32 products torch may run in reduced precision (TF32 on cuBLAS
+    and cuDNN, bf16/TF32 in oneDNN on CPUs that have them)."""
+    b = torch.backends
+    found = [getattr(getattr(b, lib, None), op, None) for lib, op in (
+        ("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
+        ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))]
+    return [x for x in found if x is not None and hasattr(x, "fp32_precision")]
+
+
+@contextmanager
+def ieee_float32() -> Iterator[None]:
+    """float32 products in IEEE float32 on every backend for the duration (no TF32: it would move
+    receipts beyond the oracle tolerance, docs/scaling.md), then each backend's setting back."""
+    saved = [(backend, backend.fp32_precision) for backend in _fp32_backends()]
+    try:
+        for backend, _ in saved:
+            backend.fp32_precision = "ieee"
+        yield
+    finally:
+        for backend, value in reversed(saved):
+            backend.fp32_precision = value
+
+
+@contextmanager
+def cublas_workspace(device: torch.device | None) -> Iterator[None]:
+    """``CUBLAS_WORKSPACE_CONFIG`` (what deterministic cuBLAS needs) while a CUDA replay runs,
+    unless the caller set one; removed afterwards. cuBLAS reads it when a handle is created, so a
+    process that used cuBLAS before without it keeps its handle's workspace: torch checks the
+    variable on every deterministic matmul, not the handle (docs/scaling.md)."""
+    if device is None or device.type != "cuda" or "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+        yield
+        return
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    try:
+        yield
+    finally:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+@contextmanager
+def replay_scope(device: Device = None) -> Iterator[None]:
+    """Every process setting a replay needs (SPEC §3), for its duration only."""
+    with ExitStack() as stack:
+        stack.enter_context(deterministic())
+        stack.enter_context(ieee_float32())
+        stack.enter_context(cublas_workspace(prepare_device(device)))
+        yield
