@@ -10,7 +10,9 @@ it appends one line::
      "shared_grad_norms": {"<layer>": g_shared},      # only for models with a shared expert
      ...extra fields...}
 
-``g_e = ‖∇_{θ_e} L‖₂`` over all of expert e's weights (`000` Def. 6.1), computed in float64.
+``g_e = ‖∇_{θ_e} L‖₂`` over all of expert e's weights (`000` Def. 6.1): one fused pass over the
+gradients on their device, float32 partial sums of at most 4096 values added in float64
+(relative error ≤ 1e-6), one host sync per logged line (:mod:`moeaudit.integrations.gradnorms`).
 A parameter without a gradient (frozen, or an expert that saw no token) counts as 0.
 Non-finite numbers are written as ``null`` and named under ``"nonfinite"`` (SPEC §10).
 
@@ -23,8 +25,11 @@ The logger reads parameters from either
   (transformers v5). Parameter names are matched with regexes generated from the layout
   key templates, so a new family needs a layout table, not code here.
 
-Each line is written, flushed and fsynced before :meth:`log` returns, so a crash loses at
-most the line being written; a torn last line is dropped when the file is reopened.
+Each line reaches the kernel before :meth:`log` returns (a dead process loses none); lines are
+fsynced at :meth:`~ExpertGradLogger.sync` (call it at checkpoint saves; :meth:`probe` does), on
+close, at exit and on SIGTERM/SIGINT, so a crash of the machine loses at most the lines since
+the last sync (:mod:`moeaudit.integrations.linelog`); a torn last line is dropped when the file
+is reopened. Under ``torch.distributed`` only rank 0 writes.
 
 **Canary probe** (:meth:`~ExpertGradLogger.probe`, optional): at save steps, the same norms of
 the *canary* loss — the quantity ``moeaudit`` replays from the checkpoint — appended to
@@ -38,12 +43,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -51,6 +55,8 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import InputError
 from moeaudit.families import FAMILIES
+from moeaudit.integrations.gradnorms import GradOf, NormPass, Sums, dot_grad
+from moeaudit.integrations.linelog import LineLog, repair
 from moeaudit.run import PROBE_FILE  # the probe's log, next to metrics.jsonl
 
 SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
@@ -192,43 +198,21 @@ def collect_params(source: Source, family: str | None = None) -> dict[int, _Laye
 # --- norms ---------------------------------------------------------------------------------------
 
 
-GradOf = Callable[[torch.Tensor], "torch.Tensor | None"]
-
-
-def _dot_grad(t: torch.Tensor) -> torch.Tensor | None:
-    return t.grad
-
-
-def _sq(t: torch.Tensor, grad_of: GradOf) -> float:
-    g = grad_of(t)
-    return 0.0 if g is None else float(g.detach().double().pow(2).sum())
-
-
-def _expert_sq(lp: _LayerParams, E: int, grad_of: GradOf) -> list[float]:
-    """Squared gradient norm per expert: its own tensors plus its slices of fused tensors."""
-    sq = [sum(_sq(t, grad_of) for t in lp.experts.get(e, [])) for e in range(E)]
-    for t in lp.fused:
-        g = grad_of(t)
-        if g is not None:
-            per_e = g.detach().double().pow(2).reshape(E, -1).sum(1).tolist()
-            sq = [a + b for a, b in zip(sq, per_e, strict=True)]
-    return sq
-
-
 def grad_norms(layers: Mapping[int, _LayerParams],
-               grad_of: GradOf = _dot_grad) -> dict[str, dict[str, Any]]:
+               grad_of: GradOf = dot_grad) -> dict[str, dict[str, Any]]:
     """The three norm tables of one metrics line (finite or not; sanitised by the caller).
     ``grad_of(tensor)``: its gradient (default ``tensor.grad``), None for no gradient."""
-    experts, router, shared = {}, {}, {}
-    for layer, lp in layers.items():
-        key = str(layer)
-        experts[key] = [math.sqrt(s) for s in _expert_sq(lp, lp.num_experts(), grad_of)]
-        router[key] = math.sqrt(sum(_sq(t, grad_of) for t in lp.router))
-        if lp.shared:
-            shared[key] = math.sqrt(sum(_sq(t, grad_of) for t in lp.shared))
-    out: dict[str, dict[str, Any]] = {"expert_grad_norms": experts, "router_grad_norms": router}
-    if shared:
-        out["shared_grad_norms"] = shared
+    return norm_tables(NormPass(layers).sums(grad_of))
+
+
+def norm_tables(sums: Sums) -> dict[str, dict[str, Any]]:
+    """Squared norms → the ``expert_grad_norms`` / ``router_grad_norms`` / ``shared_grad_norms``
+    tables of a metrics line (``math.sqrt`` keeps NaN and Inf for :func:`_finite`)."""
+    out: dict[str, dict[str, Any]] = {
+        "expert_grad_norms": {str(k): [math.sqrt(s) for s in v] for k, v in sums.experts.items()},
+        "router_grad_norms": {str(k): math.sqrt(v) for k, v in sums.router.items()}}
+    if sums.shared:
+        out["shared_grad_norms"] = {str(k): math.sqrt(v) for k, v in sums.shared.items()}
     return out
 
 
@@ -255,6 +239,13 @@ class ExpertGradLogger:
     lines logged after it by the interrupted process are dropped first, so the log stays
     one line per step. ``probe_path``: where :meth:`probe` writes (default
     ``canary_probe.jsonl`` next to ``path``); it is repaired the same way.
+
+    ``total``: also plan the global gradient norm over every parameter of the source
+    (:meth:`measure` returns it; a trainer's clipping decision reads it, no second pass).
+    ``rank_zero``: whether this process writes; by default global rank 0 when
+    ``torch.distributed`` is initialised, else True. Other ranks write nothing; with sharded
+    (DTensor) gradients they must call :meth:`log` / :meth:`measure` at the same steps, for
+    the one ``all_reduce`` of the squared norms (:mod:`moeaudit.integrations.gradnorms`).
     """
 
     def __init__(
@@ -266,6 +257,8 @@ class ExpertGradLogger:
         family: str | None = None,
         resume_step: int | None = None,
         probe_path: str | Path | None = None,
+        total: bool = False,
+        rank_zero: bool | None = None,
     ):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
@@ -273,10 +266,27 @@ class ExpertGradLogger:
         self.probe_path = (Path(probe_path) if probe_path is not None
                            else self.path.with_name(PROBE_FILE))
         self.every = every
+        if not isinstance(source, torch.nn.Module):
+            source = list(source)  # type: ignore[assignment]  # an iterator is read twice (total)
+        self._source, self._family, self._total = source, family, total
         self.layers = collect_params(source, family)
-        self._files: dict[Path, TextIO] = {}
-        _repair(self.path, resume_step)
-        _repair(self.probe_path, resume_step)
+        self._plan = self._make_plan()
+        self._replanned = not isinstance(source, torch.nn.Module)
+        self.writes = _is_rank_zero() if rank_zero is None else rank_zero
+        self._files = {p: LineLog(p) for p in (self.path, self.probe_path)}
+        if self.writes:
+            repair(self.path, resume_step)
+            repair(self.probe_path, resume_step)
+
+    def _make_plan(self) -> NormPass:
+        """``total``: every parameter of a module, or every tensor of ``named_parameters()``
+        pairs (our ``LayerWeights`` hold only routed layers: no global norm)."""
+        if not self._total:
+            return NormPass(self.layers)
+        if isinstance(self._source, torch.nn.Module):
+            return NormPass(self.layers, list(self._source.parameters()))
+        pairs = [i for i in self._source if isinstance(i, tuple)]  # type: ignore[union-attr]
+        return NormPass(self.layers, [t for _, t in pairs] if pairs else None)
 
     @property
     def num_experts(self) -> dict[int, int]:
@@ -285,18 +295,48 @@ class ExpertGradLogger:
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
+    @property
+    def collective(self) -> bool:
+        """Gradients are sharded (DTensor): every rank must measure at the same steps."""
+        self._replan()
+        return self._plan.collective
+
+    def _replan(self) -> None:
+        """A module's parameters are looked up again once, at first use: a wrapper that
+        replaced them after this logger was made (FSDP2's ``fully_shard``) is then read."""
+        if not self._replanned:
+            self._replanned = True
+            self.layers = collect_params(self._source, self._family)
+            self._plan = self._make_plan()
+
+    def measure(self, extras: Sequence[torch.Tensor] = ()) -> Sums:
+        """Every squared norm of the gradients now, in one pass and one host sync (``extras``:
+        device tensors brought back in the same sync)."""
+        self._replan()
+        return self._plan.sums(extras=extras)
+
     def log(self, step: int, loss: float | torch.Tensor, **extra: Any) -> dict[str, Any] | None:
-        """Write the line for ``step`` if it is due; return the record written (or None)."""
+        """Write the line for ``step`` if it is due; return the record written (or None; also
+        None on a rank that does not write)."""
         if not self.due(step):
             return None
-        loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
-        record: dict[str, Any] = {"step": int(step), "loss": loss_value, **grad_norms(self.layers)}
-        return self._record(self.path, record, extra)
+        if not self.writes and not self.collective:
+            return None  # DDP: rank 0 holds the same all-reduced gradient
+        return self.write(step, loss, self.measure(), **extra)
 
     __call__ = log
 
+    def write(self, step: int, loss: float | torch.Tensor, sums: Sums,
+              **extra: Any) -> dict[str, Any] | None:
+        """The metrics line of ``step`` from norms :meth:`measure` returned."""
+        if not self.writes:
+            return None
+        loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        record: dict[str, Any] = {"step": int(step), "loss": loss_value, **norm_tables(sums)}
+        return self._record(self.path, record, extra)
+
     def probe(self, step: int, loss: torch.Tensor, *, canary: str | None = None,
-              **extra: Any) -> dict[str, Any]:
+              **extra: Any) -> dict[str, Any] | None:
         """Log the per-expert gradient norms of a canary ``loss`` to :attr:`probe_path`.
 
         Call it at save steps with the mean next-token NLL of the canary windows under the
@@ -304,6 +344,7 @@ class ExpertGradLogger:
         pass the canary's digest as ``canary``. The gradients come from
         ``torch.autograd.grad``: the parameters' ``.grad`` (the training step's) are left
         untouched and nothing accumulates. A parameter that does not require grad counts as 0.
+        Both files are synced to disk afterwards (a save is a sync point).
         """
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
@@ -311,11 +352,18 @@ class ExpertGradLogger:
             t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
         grads = torch.autograd.grad(loss, tensors, allow_unused=True) if tensors else ()
         by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
+        if not self.writes and not self.collective:
+            return None
+        sums = self._plan.sums(lambda t: by_id.get(id(t)))  # every rank, when sharded
+        if not self.writes:
+            return None
         record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()),
-                                  **grad_norms(self.layers, lambda t: by_id.get(id(t)))}
+                                  **norm_tables(sums)}
         if canary is not None:
             record["canary"] = canary
-        return self._record(self.probe_path, record, extra)
+        out = self._record(self.probe_path, record, extra)
+        self.sync()
+        return out
 
     def _record(self, path: Path, record: dict[str, Any],
                 extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -324,22 +372,17 @@ class ExpertGradLogger:
         record = {k: _finite(v, k, bad) for k, v in record.items()}
         if bad:
             record["nonfinite"] = bad
-        self._write(path, json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
+        self._files[path].write(json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n")
         return record
 
-    def _write(self, path: Path, line: str) -> None:
-        f = self._files.get(path)
-        if f is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = self._files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    def sync(self) -> None:
+        """Make every line logged so far durable (fsync); call it at checkpoint saves."""
+        for f in self._files.values():
+            f.sync()
 
     def close(self) -> None:
         for f in self._files.values():
             f.close()
-        self._files.clear()
 
     def __enter__(self) -> ExpertGradLogger:
         return self
@@ -348,28 +391,6 @@ class ExpertGradLogger:
         self.close()
 
 
-def _repair(path: Path, resume_step: int | None) -> None:
-    """Drop a torn last line, and lines after ``resume_step`` (atomic rewrite)."""
-    if not path.is_file():
-        return
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    keep = lines[:-1]  # the piece after the last newline is empty or a torn write
-    if resume_step is not None:
-        keep = [ln for ln in keep if _step_of(ln) <= resume_step]
-    new = b"".join(ln + b"\n" for ln in keep)
-    if new == raw:
-        return
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(new)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _step_of(line: bytes) -> int:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return -1  # not ours to judge: keep it
+def _is_rank_zero() -> bool:
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

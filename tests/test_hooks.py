@@ -370,3 +370,98 @@ def test_no_moe_parameters_is_an_error(tmp_path: Path) -> None:
         ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), family="gpt2")
     with pytest.raises(ValueError):
         ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), every=0)
+
+
+# --- issue 29: one fused pass, its accuracy, the global norm, ranks, durability ------------------
+
+
+def test_large_tensors_chunked_norms_are_float64_accurate(tmp_path: Path) -> None:
+    """Tensors past the small-tensor path (fused [E, ...] with a ragged tail, bf16, a 1-D
+    router weight): float32 partial sums added in float64 stay within 1e-6 of float64 norms."""
+    from moeaudit.integrations.gradnorms import CHUNK, SMALL
+
+    gen = torch.Generator().manual_seed(0)
+    E, rows, cols = 3, 301, 257  # rows·cols = 77357 ≥ SMALL, not a multiple of CHUNK
+    assert rows * cols >= SMALL and (rows * cols) % CHUNK
+    named = []
+    for name, shape, dtype in [("model.layers.0.mlp.experts.gate_up_proj", (E, rows, cols), torch.float32),
+                               ("model.layers.0.mlp.experts.down_proj", (E, cols, rows), torch.bfloat16),
+                               ("model.layers.0.mlp.gate.weight", (E, SMALL + 5), torch.float32)]:
+        t = torch.zeros(shape, dtype=dtype, requires_grad=True)
+        t.grad = (torch.randn(shape, generator=gen) * 3 + 0.5).to(dtype)
+        named.append((name, t))
+    logger = ExpertGradLogger(tmp_path / "m.jsonl", named, family="mixtral", total=True)
+    record = logger.log(1, 0.0)
+    up, down, router = (t.grad.double() for _, t in named)
+    want = [math.sqrt(float(up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
+    assert record["expert_grad_norms"]["0"] == pytest.approx(want, rel=1e-6)
+    assert record["router_grad_norms"]["0"] == pytest.approx(float(router.norm()), rel=1e-6)
+    total = math.sqrt(sum(float(g.pow(2).sum()) for g in (up, down, router)))
+    assert math.sqrt(logger.measure().total) == pytest.approx(total, rel=1e-6)
+
+
+def test_global_norm_from_the_same_pass(tmp_path: Path) -> None:
+    """``total=True`` adds every other parameter (attention, embeddings …) once, tied ones once."""
+    model, _, _ = _hf_backward("qwen2_moe")
+    logger = ExpertGradLogger(tmp_path / "m.jsonl", model, total=True)
+    want = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None))
+    assert math.sqrt(logger.measure().total) == pytest.approx(want, rel=1e-9)
+    assert ExpertGradLogger(tmp_path / "n.jsonl", model).measure().total is None
+
+
+def test_a_rank_that_does_not_write_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')  # not repaired either
+    logger = ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), rank_zero=False, resume_step=0)
+    assert logger.log(3, 1.0) is None
+    logger.close()
+    assert (tmp_path / "m.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n{"step": 2, "lo'
+    assert not (tmp_path / "canary_probe.jsonl").exists()
+
+
+def test_lines_reach_the_file_before_any_sync(tmp_path: Path) -> None:
+    """A logged line is in the file at once (a process that dies loses none), without fsync."""
+    path = tmp_path / "m.jsonl"
+    logger = ExpertGradLogger(path, _per_expert_params())
+    logger.log(1, 1.0)
+    logger.log(2, 1.0)
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]  # read before sync/close
+    logger.close()
+
+
+SIGTERM_CHILD = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import moeaudit.integrations.linelog as linelog
+from test_hooks import _per_expert_params
+from moeaudit.hooks import ExpertGradLogger
+real_fsync = os.fsync
+def fsync(fd):
+    print("fsync", flush=True)
+    real_fsync(fd)
+linelog.os.fsync = fsync
+logger = ExpertGradLogger({path!r}, _per_expert_params())
+for step in (1, 2, 3):
+    logger.log(step, 1.0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_syncs_then_terminates(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.jsonl"
+    code = SIGTERM_CHILD.format(tests=str(Path(__file__).parent), path=str(path))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == -signal.SIGTERM  # the default action still ends the process
+    assert "fsync" in out  # the lines were made durable first
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]

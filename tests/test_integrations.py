@@ -231,3 +231,27 @@ def test_transformers_resume_keeps_one_line_per_step(tmp_path: Path) -> None:
         assert _close(old["expert_grad_norms"]["0"], new["expert_grad_norms"]["0"], 1e-4)
     assert [p["step"] for p in _lines(run / "canary_probe.jsonl")] == [3, 6]
     read_metrics(run / "metrics.jsonl")  # a strict reader accepts it
+
+
+def test_transformers_gradient_accumulation_logs_the_whole_step(tmp_path: Path) -> None:
+    """Two micro-batches of 4 per optimizer step: one line per optimizer step, with the loss and
+    the per-expert norms of the whole 8-row step (the Trainer normalises by the step's tokens)."""
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    run, tokens = tmp_path / "run", _tokens()
+    model = tiny_model("mixtral")
+    loss1, norms1, total1 = _step1(model, tokens[:BATCH])
+    args = transformers.TrainingArguments(
+        output_dir=str(run), max_steps=2, per_device_train_batch_size=BATCH // 2,
+        gradient_accumulation_steps=2, learning_rate=3e-3, max_grad_norm=1.0, report_to=[],
+        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, save_strategy="no")
+    trainer = transformers.Trainer(model=model, args=args, callbacks=[MoeauditCallback()],
+                                   train_dataset=[{"input_ids": r, "labels": r} for r in tokens])
+    trainer.train()
+    lines = _lines(run / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    first = lines[0]
+    assert math.isclose(first["loss"], loss1, rel_tol=1e-5)
+    assert total1 > 1.0 and first["clipped"] is True
+    for layer, norms in norms1.items():
+        assert _close(first["expert_grad_norms"][layer], [g / (total1 + 1e-6) for g in norms], 1e-4)

@@ -14,7 +14,9 @@ turned ``checkpoint-(N-1)`` into ``checkpoint-N`` (the convention of the README'
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,30 @@ from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
 from moeaudit.hooks import ExpertGradLogger
+from moeaudit.integrations.gradnorms import Sums
+from moeaudit.integrations.online import OnlineEnvelope
+from moeaudit.integrations.summary import RoutingCounts, Summary
+from moeaudit.judge.policy import EnvelopeSettings, Policy, load_policy
+from moeaudit.metrics import read_metrics
+
+log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
     return canary if canary is None or isinstance(canary, Canary) else canary_mod.load(canary)
+
+
+def envelope_settings(envelope: EnvelopeSettings | Policy | str | Path | None) -> EnvelopeSettings:
+    """The online rules' constants: given, from a policy (file), or the built-in policy's."""
+    if envelope is None:
+        return EnvelopeSettings()
+    if isinstance(envelope, EnvelopeSettings):
+        return envelope
+    if isinstance(envelope, Policy):
+        return envelope.envelope
+    return load_policy(envelope).envelope
 
 
 def hf_model(module: torch.nn.Module) -> torch.nn.Module:
@@ -47,26 +67,54 @@ def hf_model(module: torch.nn.Module) -> torch.nn.Module:
 
 
 class RunRecorder:
-    """Writes the run's moeaudit logs; every method is a no-op on a non-zero rank."""
+    """Writes the run's moeaudit logs on rank 0. Other ranks write nothing; with sharded
+    (DTensor) gradients they take part in the one ``all_reduce`` of the squared norms, so every
+    rank must call :meth:`log_step` and :meth:`probe` at the same steps.
+
+    ``total``: plan the global gradient norm too (a trainer's clipping decision reads it).
+    ``envelope``: the constants of the online rules (:mod:`moeaudit.integrations.online`;
+    default: the built-in policy's). ``routing``: count routed tokens for the tracker scalars
+    (:mod:`moeaudit.integrations.summary`)."""
 
     def __init__(self, run_dir: str | Path, model: torch.nn.Module, *, canary: Canary | None,
-                 every: int, probe: bool, resume_step: int | None, rank_zero: bool = True):
+                 every: int, probe: bool, resume_step: int | None, rank_zero: bool = True,
+                 total: bool = False, envelope: EnvelopeSettings | None = None,
+                 routing: bool = True):
         self.run_dir = Path(run_dir)
         self.model = model
         self.canary = canary
         self.probe_enabled = probe and canary is not None
         self.active = rank_zero
-        self.logger: ExpertGradLogger | None = None
         self.meter = LossMeter()
-        if not rank_zero:
-            return
-        if canary is not None:
+        self.settings = envelope if envelope is not None else EnvelopeSettings()
+        self.summary = Summary()
+        self.monitor: OnlineEnvelope | None = None
+        self.routing: RoutingCounts | None = None
+        if rank_zero and canary is not None:
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)
             if isinstance(vocab, int):
                 canary.check_vocab(vocab, where=type(model).__name__)
             self._save_canary(canary)
         self.logger = ExpertGradLogger(self.run_dir / "metrics.jsonl", model, every=every,
-                                       resume_step=resume_step)
+                                       resume_step=resume_step, total=total, rank_zero=rank_zero)
+        if rank_zero:
+            self.monitor = OnlineEnvelope(self.settings, every=every)
+            self._prime(resume_step)
+            self.routing = RoutingCounts(model, self.logger.layers) if routing else None
+
+    def _prime(self, resume_step: int | None) -> None:
+        """On resume, replay the kept lines into the online rules (no events raised again)."""
+        path = self.logger.path
+        if resume_step is None or self.monitor is None or not path.is_file():
+            return
+        try:
+            series = read_metrics(path)
+        except InputError as exc:
+            log.warning("moeaudit: online envelope rules start afresh: %s", exc.diagnostics())
+            return
+        for j, step in enumerate(series.steps):
+            self.monitor.push(step, {k: v[j] for k, v in series.norms.items()})
+        self.monitor.events.clear()
 
     def _save_canary(self, canary: Canary) -> None:
         """Write the canary into the run once; an existing different canary is an error."""
@@ -82,34 +130,68 @@ class RunRecorder:
         canary_mod.save(canary, path)
 
     def due(self, step: int) -> bool:
-        return self.logger is not None and self.logger.due(step)
+        return self.logger.due(step)
 
-    def log_step(self, step: int, loss: float | None, **extra: Any) -> dict[str, Any] | None:
-        """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now
-        (a loss that was not seen is written as null)."""
-        if self.logger is None:
+    def log_step(self, step: int, extra_of: Callable[[Sums], dict[str, Any]] | None = None, *,
+                 loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
+        """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now and
+        ``loss`` (default: what the meter saw; null when none was seen); ``extra_of(sums)``:
+        more fields from the same pass (the transformers callback's ``clipped``). One host
+        sync: the norms, the loss and the routing counts come back together."""
+        if not self.due(step) or not (self.active or self.logger.collective):
+            self.meter.clear()
             return None
-        return self.logger.log(step, math.nan if loss is None else loss, **extra)
+        layers, counts, tokens = self.routing.take() if self.routing is not None else ([], [], {})
+        if loss is None:
+            loss = self.meter.take_tensor()
+        else:
+            self.meter.clear()
+            loss = torch.as_tensor(loss).detach().reshape(())
+        sums = self.logger.measure(extras=[*counts, *([] if loss is None else [loss])])
+        loss_value = sums.extras[len(counts)][0] if loss is not None else math.nan
+        record = self.logger.write(step, loss_value, sums, **(extra_of(sums) if extra_of else {}))
+        if record is None or self.monitor is None:
+            return record
+        for event in self.monitor.push(step, record["expert_grad_norms"]):
+            log.warning(event.message())
+        if self.routing is not None:
+            self.summary.add_counts(layers, sums.extras[:len(counts)], tokens, self.routing.k)
+        self.summary.update(record, self.monitor.margins, len(self.monitor.events),
+                            self.settings.starve_share)
+        return record
+
+    def scalars(self) -> dict[str, float]:
+        """The tracker scalars now (``moe/layer_3/pi_min`` …); routing counts start afresh."""
+        return self.summary.take() if self.active else {}
+
+    def sync(self) -> None:
+        """A checkpoint save: every line logged so far made durable (fsync)."""
+        self.logger.sync()
 
     def probe(self, step: int) -> dict[str, Any] | None:
         """The canary probe line for the weights saved at ``step`` (eval mode, no aux loss)."""
-        if self.logger is None or not self.probe_enabled:
+        if not self.probe_enabled or not (self.active or self.logger.collective):
             return None
         assert self.canary is not None
         was_training = self.model.training
         self.model.eval()
         self.meter.paused = True
+        if self.routing is not None:
+            self.routing.paused = True
         try:
             with torch.enable_grad():
                 loss = canary_loss(self.model, self.canary)
             return self.logger.probe(step, loss, canary=self.canary.digest)
         finally:
             self.meter.paused = False
+            if self.routing is not None:
+                self.routing.paused = False
             self.model.train(was_training)
 
     def close(self) -> None:
-        if self.logger is not None:
-            self.logger.close()
+        if self.routing is not None:
+            self.routing.remove()
+        self.logger.close()
 
 
 def canary_loss(model: torch.nn.Module, canary: Canary) -> torch.Tensor:
@@ -131,7 +213,7 @@ class LossMeter:
     canary probe (``paused``) are not training steps and are not counted."""
 
     def __init__(self) -> None:
-        self._values: list[float] = []
+        self._values: list[torch.Tensor] = []  # on the device: read only on a logged step
         self._shares = False
         self.paused = False
 
@@ -139,11 +221,20 @@ class LossMeter:
         loss = getattr(output, "loss", None)
         if self.paused or not torch.is_grad_enabled() or not isinstance(loss, torch.Tensor):
             return
-        self._values.append(float(loss.detach()))
+        self._values.append(loss.detach().reshape(()))
         self._shares = kwargs.get("num_items_in_batch") is not None
 
-    def take(self) -> float | None:
+    def take_tensor(self) -> torch.Tensor | None:
+        """The step's loss as a float64 device scalar (no host sync), or None if none was seen."""
         values, self._values = self._values, []
         if not values:
             return None
-        return math.fsum(values) if self._shares else math.fsum(values) / len(values)
+        total = torch.stack([v.to(values[0].device, torch.float64) for v in values]).sum()
+        return total if self._shares else total / len(values)
+
+    def take(self) -> float | None:
+        loss = self.take_tensor()
+        return None if loss is None else float(loss)
+
+    def clear(self) -> None:
+        self._values = []

@@ -17,7 +17,10 @@ else its one direct submodule that is.
 The gradient is read in ``on_before_optimizer_step``, which Lightning calls after the
 backward pass and *before* gradient clipping, so the norms are of the unclipped gradient; the
 loss is the transformers model's own ``output.loss`` of the step's forward pass(es)
-(:class:`moeaudit.integrations.core.LossMeter`). Only global rank 0 writes.
+(:class:`moeaudit.integrations.core.LossMeter`). Only global rank 0 writes. The per-layer
+``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) go to every logger of the
+Trainer (``trainer.loggers``) every ``log_every_n_steps`` steps; envelope events are warnings on
+the ``moeaudit`` logger when they fire.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from lightning.pytorch import Callback
 
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
-from moeaudit.integrations.core import RunRecorder, hf_model, load_canary
+from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary
+from moeaudit.judge.policy import EnvelopeSettings, Policy
 
 
 class MoeauditCallback(Callback):  # type: ignore[misc]
@@ -42,7 +46,8 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
 
     def __init__(self, canary: Canary | str | Path | None = None, *, run_dir: str | Path | None = None,
                  every: int = 1, save_every: int | None = None, probe: bool = True,
-                 model: torch.nn.Module | None = None):
+                 model: torch.nn.Module | None = None,
+                 envelope: EnvelopeSettings | Policy | str | Path | None = None):
         for name, value in (("every", every), ("save_every", save_every or 1)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -50,6 +55,7 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.every, self.save_every, self.probe = every, save_every, probe
         self.model = model
+        self.envelope = envelope_settings(envelope)
         self.recorder: RunRecorder | None = None
         self._handle: Any = None
         self._saved: int | None = None
@@ -60,15 +66,19 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         self.run_dir = Path(self.run_dir or trainer.default_root_dir)
         self.recorder = RunRecorder(self.run_dir, model, canary=self.canary, every=self.every,
                                     probe=self.probe, resume_step=trainer.global_step or None,
-                                    rank_zero=trainer.is_global_zero)
+                                    rank_zero=trainer.is_global_zero, envelope=self.envelope)
         self._saved = trainer.global_step
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        loss = self.recorder.meter.take() if self.recorder is not None else None
+        if self.recorder is None:
+            return
         step = trainer.global_step + 1  # incremented by the optimizer step that follows
-        if self.recorder is not None and self.recorder.due(step):
-            self.recorder.log_step(step, loss)
+        self.recorder.log_step(step)
+        if self.recorder.active and step % max(1, trainer.log_every_n_steps) == 0:
+            scalars = self.recorder.scalars()
+            for logger in trainer.loggers:  # Lightning's loggers: TensorBoard, CSV, W&B …
+                logger.log_metrics(scalars, step=step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -76,11 +86,13 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         if self.save_every is None or step == self._saved or step % self.save_every:
             return
         self._saved = step
-        if self.recorder is None or not self.recorder.active:
+        if self.recorder is None:
             return
         assert self.model is not None and self.run_dir is not None
-        save_checkpoint(self.model, self.run_dir / f"checkpoint-{step}")
-        self.recorder.probe(step)
+        if self.recorder.active:
+            save_checkpoint(self.model, self.run_dir / f"checkpoint-{step}")
+        self.recorder.probe(step)  # on every rank when the gradients are sharded
+        self.recorder.sync()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self._handle is not None:

@@ -15,7 +15,14 @@ The gradient is read in ``on_pre_optimizer_step``, the last point the Trainer ex
 the update — *after* its gradient clipping (``max_grad_norm``, default 1.0). Clipping scales
 every gradient by the same factor, so the normalised variance is unchanged, but the raw one
 shrinks by its square on clipped steps: each line records ``clipped`` (the post-clip global
-norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md).
+norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md). That global norm is the
+sum of the per-parameter squared norms of the same fused pass over every gradient — no second
+pass (issue 29 §1).
+
+Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so its ``on_log``
+adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
+before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
+events are logged as warnings on the ``moeaudit`` logger when they fire.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ import torch
 from transformers import TrainerCallback
 
 from moeaudit.canary import Canary
-from moeaudit.integrations.core import RunRecorder, load_canary
+from moeaudit.integrations.core import RunRecorder, envelope_settings, load_canary
+from moeaudit.integrations.gradnorms import Sums
+from moeaudit.judge.policy import EnvelopeSettings, Policy
 
 CLIP_TOLERANCE = 1e-3  # relative: torch clips to max_norm / (norm + 1e-6), just under max_norm
 
@@ -36,17 +45,31 @@ CLIP_TOLERANCE = 1e-3  # relative: torch clips to max_norm / (norm + 1e-6), just
 class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
     """Log per-expert gradient norms every ``every`` optimizer steps to
     ``<output_dir>/metrics.jsonl``; write ``canary`` (a file or :class:`Canary`) into the
-    output directory once and, with ``probe`` (default), its gradient norms at every save."""
+    output directory once and, with ``probe`` (default), its gradient norms at every save.
+    ``envelope``: the constants of the online rules (a policy file, a :class:`Policy`, or its
+    ``EnvelopeSettings``; default the built-in policy). :meth:`attach` routes the per-layer
+    scalars through the Trainer's logging path (``report_to``)."""
 
     def __init__(self, canary: Canary | str | Path | None = None, *, every: int = 1,
-                 probe: bool = True):
+                 probe: bool = True, envelope: EnvelopeSettings | Policy | str | Path | None = None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.canary = load_canary(canary)
         self.every = every
         self.probe = probe
+        self.envelope = envelope_settings(envelope)
         self.recorder: RunRecorder | None = None
         self._handle: Any = None
+
+    def attach(self, trainer: Any) -> MoeauditCallback:
+        """Put this callback first among ``trainer``'s callbacks, so the ``moe/…`` scalars it
+        adds to each training log reach every ``report_to`` integration (TensorBoard, W&B,
+        MLflow …) that logs the same dict after it. Returns the callback."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None,
                        **kwargs: Any) -> None:
@@ -54,22 +77,33 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             raise ValueError("MoeauditCallback needs the Trainer's model")
         self.recorder = RunRecorder(args.output_dir, model, canary=self.canary, every=self.every,
                                     probe=self.probe, resume_step=state.global_step or None,
-                                    rank_zero=state.is_world_process_zero)
+                                    rank_zero=state.is_world_process_zero, total=True,
+                                    envelope=self.envelope)
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
-                              model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        loss = self.recorder.meter.take() if self.recorder is not None else None
-        step = state.global_step + 1  # the Trainer increments after the update
-        if self.recorder is None or not self.recorder.due(step):
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.recorder is None:
             return
         max_norm = args.max_grad_norm or 0.0
-        clipped = max_norm > 0 and model is not None and _clipped(model, max_norm)
-        self.recorder.log_step(step, loss, clipped=clipped)
+        step = state.global_step + 1  # the Trainer increments after the update
+        self.recorder.log_step(step, lambda sums: {"clipped": _clipped(sums, max_norm)})
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        """Add the ``moe/…`` scalars to a training log (the dict every later callback reports)
+        and to its ``log_history`` entry (``trainer_state.json``)."""
+        if self.recorder is None or logs is None or "loss" not in logs:
+            return  # evaluation and summary logs carry no training scalars
+        scalars = self.recorder.scalars()
+        logs.update(scalars)
+        last = state.log_history[-1] if state.log_history else None
+        if isinstance(last, dict) and last.get("step") == state.global_step and "loss" in last:
+            last.update(scalars)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.recorder is not None:
             self.recorder.probe(state.global_step)
+            self.recorder.sync()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._handle is not None:
@@ -79,9 +113,9 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             self.recorder.close()
 
 
-def _clipped(model: torch.nn.Module, max_norm: float) -> bool:
-    """Whether the Trainer's clipping scaled this step's gradient (the post-clip global norm
-    over all parameters reached ``max_norm``)."""
-    sq = math.fsum(float(p.grad.detach().double().pow(2).sum()) for p in model.parameters()
-                   if p.grad is not None)  # floats: parameters may sit on several devices
-    return math.sqrt(sq) >= max_norm * (1 - CLIP_TOLERANCE)
+def _clipped(sums: Sums, max_norm: float) -> bool:
+    """Whether the Trainer's clipping scaled this step's gradient: the post-clip global norm,
+    from the per-parameter squared norms of the same pass, reached ``max_norm``."""
+    if max_norm <= 0 or sums.total is None:
+        return False
+    return math.sqrt(sums.total) >= max_norm * (1 - CLIP_TOLERANCE)
