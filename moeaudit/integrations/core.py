@@ -132,12 +132,17 @@ class RunRecorder:
     def due(self, step: int) -> bool:
         return self.logger.due(step)
 
-    def log_step(self, step: int, extra_of: Callable[[Sums], dict[str, Any]] | None = None, *,
-                 loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
+    def log_step(self, step: int, loss: torch.Tensor | float | None = None, *,
+                 extra_of: Callable[[Sums], dict[str, Any]] | None = None,
+                 **extra: Any) -> dict[str, Any] | None:
         """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now and
-        ``loss`` (default: what the meter saw; null when none was seen); ``extra_of(sums)``:
-        more fields from the same pass (the transformers callback's ``clipped``). One host
-        sync: the norms, the loss and the routing counts come back together."""
+        ``loss`` (default: what the meter saw; null when none was seen); ``extra``: more fields
+        for the line as given (a hand-written loop's ``ce_loss=…, aux_loss=…``, as before);
+        ``extra_of(sums)``: more fields from the same pass (the transformers callback's
+        ``clipped``). One host sync: the norms, the loss and the routing counts come back
+        together."""
+        if callable(loss):  # the earlier positional form log_step(step, extra_of)
+            extra_of, loss = loss, None
         if not self.due(step) or not (self.active or self.logger.collective):
             self.meter.clear()
             return None
@@ -149,7 +154,8 @@ class RunRecorder:
             loss = torch.as_tensor(loss).detach().reshape(())
         sums = self.logger.measure(extras=[*counts, *([] if loss is None else [loss])])
         loss_value = sums.extras[len(counts)][0] if loss is not None else math.nan
-        record = self.logger.write(step, loss_value, sums, **(extra_of(sums) if extra_of else {}))
+        fields = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in extra.items()}
+        record = self.logger.write(step, loss_value, sums, **fields, **(extra_of(sums) if extra_of else {}))
         if record is None or self.monitor is None:
             return record
         for event in self.monitor.push(step, record["expert_grad_norms"]):

@@ -86,7 +86,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             return
         max_norm = args.max_grad_norm or 0.0
         step = state.global_step + 1  # the Trainer increments after the update
-        self.recorder.log_step(step, lambda sums: {"clipped": _clipped(sums, max_norm)})
+        self.recorder.log_step(step, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)})
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
