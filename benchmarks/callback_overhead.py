@@ -160,16 +160,18 @@ def main() -> None:
             row = {"off_ms": statistics.median(off) * 1e3, "on_ms": statistics.median(on) * 1e3,
                    "pair_ratio": statistics.median(pairs), "load": os.getloadavg()[0],
                    "inside_ms": statistics.median(inside) * 1e3,
-                   "q10_ratio": _q10(on) / _q10(off)}
+                   "q10_ratio": _q10(on) / _q10(off), "q10_off_ms": _q10(off) * 1e3}
+            row["inside_share"] = row["inside_ms"] / row["q10_off_ms"]
             row["ratio"] = row["on_ms"] / row["off_ms"]
             rounds.append(row)
             print(f"{size} round {r + 1}: off {row['off_ms']:.1f} ms, on {row['on_ms']:.1f} ms (medians "
                   f"of {len(off)} / {len(on)} steps), ratio {row['ratio']:.3f}, median pair ratio "
                   f"{row['pair_ratio']:.3f}, 10%-quantile ratio {row['q10_ratio']:.3f}, inside the callback "
-                  f"{row['inside_ms']:.2f} ms, load {row['load']:.2f}", flush=True)
+                  f"{row['inside_ms']:.2f} ms = {100 * row['inside_share']:.2f} % of the 10%-quantile off step "
+                  f"({row['q10_off_ms']:.1f} ms), load {row['load']:.2f}", flush=True)
         params = sum(p.numel() for p in base.parameters())
         results[size] = {"parameters": params, "rounds": rounds}
-        for key in ("ratio", "pair_ratio", "q10_ratio", "inside_ms"):
+        for key in ("ratio", "pair_ratio", "q10_ratio", "inside_ms", "inside_share"):
             xs = [row[key] for row in rounds]
             print(f"{size} ({params / 1e6:.2f} M parameters, {BATCH}x{SEQ} tokens a step) {key}: "
                   f"min {min(xs):.3f} median {statistics.median(xs):.3f} max {max(xs):.3f}")

@@ -11,7 +11,7 @@ it appends one line::
      ...extra fields...}
 
 ``g_e = ‖∇_{θ_e} L‖₂`` over all of expert e's weights (`000` Def. 6.1): one fused pass over the
-gradients on their device, float32 partial sums of at most 4096 values added in float64
+gradients on their device, float32 norms of runs of 16384 values added in float64
 (relative error ≤ 1e-6), one host sync per logged line (:mod:`moeaudit.integrations.gradnorms`).
 A parameter without a gradient (frozen, or an expert that saw no token) counts as 0.
 Non-finite numbers are written as ``null`` and named under ``"nonfinite"`` (SPEC §10).

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-CHUNK = 4096  # float32 partial sums over at most this many contiguous values
+CHUNK = 16384  # float32 norms of runs of this many contiguous values (under ATen's grain size)
 SMALL = 1 << 16  # tensors under this many values: one _foreach_norm in float64
 
 GradOf = Callable[[torch.Tensor], "torch.Tensor | None"]
@@ -197,12 +197,27 @@ class _Pieces:
         if self.small:
             dev = self.small[0].device
             norms = torch._foreach_norm(self.small, 2, dtype=torch.float64)
-            out.append((torch.tensor(self.small_slots, device=dev), torch.stack(norms).pow(2)))
+            out.append((_index(self.small_slots, dev), torch.stack(norms).pow(2)))
         for dtype, (runs, slots) in self.runs.items():
             acc = None if dtype in (torch.float32, torch.float64) else torch.float32
             norms = torch._foreach_norm(runs, 2, dtype=acc)
             out.append((torch.cat(slots), torch.stack(norms).double().pow(2)))
         return out
+
+
+_INDEX: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _index(slots: list[int], device: torch.device) -> torch.Tensor:
+    """The slots as an index tensor on ``device``, made once: building it from a list on an
+    accelerator would be a blocking host-to-device copy every step."""
+    key = (device, tuple(slots))
+    index = _INDEX.get(key)
+    if index is None:
+        if len(_INDEX) > 64:
+            _INDEX.clear()
+        index = _INDEX[key] = torch.tensor(slots, device=device)
+    return index
 
 
 def _rows_sq(x_RN: torch.Tensor) -> torch.Tensor:
