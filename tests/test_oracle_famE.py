@@ -1,0 +1,94 @@
+"""The newer routed designs of issue 27 replayed against transformers: Solar Open, …
+
+Each family runs at least two configurations (top-k, expert count, shared experts, dense/sparse
+layer placement varied), each in float32 and from a bfloat16 checkpoint (transformers computing
+in float32 from the same stored values, as ``test_oracle_dtypes``), with the float32 tolerances
+of ``test_oracle``: NLL, hidden states and router logits (``FORWARD``), gradient norms within
+2e-3 relative (``GRADIENT``), identical top-k sets on tokens whose k-th and (k+1)-th selection
+scores differ by more than ``TIE_GAP``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_famE  # noqa: E402, F401  (registers the tiny configs)
+from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from test_oracle import Observed, transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
+    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, attention)."""
+    rel = [0.0]
+    for i in ref.scores:
+        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
+        keep = r > 1e-6
+        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
+            if want > 1e-6:
+                rel.append(abs(got - want) / want)
+    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
+
+
+def check(tmp_path: Path, family: str, dtype: str, reference: Any = None, **overrides: Any) -> Checkpoint:
+    """Save a tiny ``family`` model (in ``dtype``), replay it and hold it against transformers."""
+    save_tiny(tmp_path, family, dtype=DTYPES[dtype], **overrides)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    model = load(tmp_path)
+    ref = (reference or transformers_observed)(model, tokens)
+    ours = observed(ckpt, tokens)
+    assert_agree_deepseek(ref, ours, ckpt)
+    assert ckpt.warnings == []
+    routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed
+    if log := os.environ.get("MOEAUDIT_FAME_LOG"):
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"family": family, "dtype": dtype, **overrides, **_worst(ref, ours)},
+                               default=str) + "\n")
+    return ckpt
+
+
+# ----- Solar Open: Llama attention + GLM-4.5's MoE block ----------------------------------------
+
+SOLAR: dict[str, dict[str, Any]] = {
+    "groups-top2": {},
+    "top3-two-shared-12-experts-no-bias": {"num_experts_per_tok": 3, "n_shared_experts": 2,
+                                           "n_routed_experts": 12, "n_group": 1, "topk_group": 1,
+                                           "attention_bias": False},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SOLAR)
+def test_solar_open_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "solar_open", dtype, **SOLAR[case])
+    assert ckpt.spec.routed_layers == (0, 1, 2) and not ckpt.spec.o_bias and ckpt.spec.rope_dim == 8
+
+
+def test_solar_open_config_defaults_match_transformers() -> None:
+    import transformers
+
+    spec = spec_from_config(transformers.AutoConfig.for_model("solar_open").to_dict())
+    assert (spec.num_experts, spec.top_k, spec.shared_dim, spec.rope_theta) == (128, 8, 1280, 1e6)
+    assert spec.norm_topk_prob and spec.gate.selection_bias and spec.routed_layers == tuple(range(48))
+    with pytest.raises(CheckpointError, match="partial_rotary_factor"):
+        spec_from_config({**transformers.AutoConfig.for_model("solar_open").to_dict(),
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                              "partial_rotary_factor": 0.5}})
