@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hf_models_famC
+import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)
 import torch
 import transformers
 from hf_models import _redraw, save_tiny, tiny_config

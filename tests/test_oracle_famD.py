@@ -1,0 +1,152 @@
+"""Routed designs of issue 27 §2 against transformers: K-EXAONE (``exaone_moe``), …
+
+Each family: at least two configurations varying top-k, the expert count, shared experts and
+the dense/sparse layer placement, each in float32 and from a bfloat16 checkpoint (both sides
+compute in float32 from the same upcast weights, so the float32 tolerances of ``test_oracle``
+hold: NLL within 1e-4, gradient norms within 2e-3 relative, top-k sets identical on every token
+whose k-th and (k+1)-th scores are more than 1e-5 apart). A test per new mechanism shows that
+turning it off changes the NLL, so the agreement pins it.
+
+With ``MOEAUDIT_FAMD_LOG=FILE`` each comparison appends its NLL absolute and worst gradient-norm
+relative difference to FILE (the figures of docs/families.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_famD  # noqa: E402, F401  (registers the tiny configs)
+from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from test_oracle import Observed, transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def _log(family: str, case: str, dtype: str, ref: Observed, ours: Observed) -> None:
+    path = os.environ.get("MOEAUDIT_FAMD_LOG")
+    if not path:
+        return
+    rel = [0.0]
+    for i in ref.scores:
+        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
+        keep = r > 1e-6
+        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
+            if want > 1e-6:
+                rel.append(abs(got - want) / want)
+    row = {"family": family, "case": case, "dtype": dtype, "nll_abs": abs(float(ours.loss) - float(ref.loss)),
+           "grad_rel": max(rel)}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def check(tmp_path: Path, family: str, case: str, dtype: str, overrides: dict[str, Any],
+          reference: Callable[[Any, torch.Tensor], Observed] | None = None) -> tuple[Any, Checkpoint]:
+    """Save a tiny model (in ``dtype``), replay it and compare with transformers on the same file."""
+    model = save_tiny(tmp_path, family, dtype=DTYPES[dtype], **overrides)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    hf = load(tmp_path)
+    ref = reference(hf, tokens) if reference else transformers_observed(hf, tokens)
+    ours = observed(ckpt, tokens)
+    _log(family, case, dtype, ref, ours)
+    assert_agree_deepseek(ref, ours, ckpt)
+    assert ckpt.warnings == []
+    return model, ckpt
+
+
+def _routed(model: Any, moe: str = "mlp") -> tuple[int, ...]:
+    return tuple(i for i, layer in enumerate(model.model.layers) if hasattr(getattr(layer, moe), "experts"))
+
+
+# ----- exaone_moe (K-EXAONE) ------------------------------------------------------------------
+
+EXAONE: dict[str, dict[str, Any]] = {
+    # sliding 0, 2 (RoPE, window 5), global 1 (no RoPE); dense layer 0; top-2 of 8 in 4 groups
+    "grouped-window-nope": {},
+    # every layer sliding (RoPE everywhere) with a window beyond T, all routed, top-3 of 16 in
+    # 4 groups, two shared experts
+    "top3-16-experts-two-shared-all-routed": {
+        "num_experts": 16, "num_experts_per_tok": 3, "num_shared_experts": 2, "first_k_dense_replace": 0,
+        "sliding_window": 16, "layer_types": ["sliding_attention"] * 3, "routed_scaling_factor": 1.0},
+    # explicit mlp_layer_types with a dense middle layer, one group, no renormalisation, top-1
+    "top1-dense-middle-ungrouped": {
+        "mlp_layer_types": ["sparse", "dense", "sparse"], "n_group": 1, "topk_group": 1,
+        "num_experts_per_tok": 1, "norm_topk_prob": False},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", EXAONE)
+def test_exaone_moe_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    model, ckpt = check(tmp_path, "exaone_moe", case, dtype, EXAONE[case])
+    assert ckpt.spec.routed_layers == _routed(model)
+    types = model.config.layer_types
+    assert ckpt.spec.sliding_layers == tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    assert ckpt.spec.nope_layers == tuple(i for i, t in enumerate(types) if t == "full_attention")
+    bias = model.model.layers[ckpt.spec.routed_layers[0]].mlp.gate.e_score_correction_bias
+    assert bias.abs().min() > 0  # the oracle ran with a real selection bias
+
+
+def test_exaone_moe_nope_layers_change_the_loss(tmp_path: Path) -> None:
+    """Rotating the global layer too (what a Llama-style reader would do) changes the NLL: the
+    agreement above pins EXAONE's NoPE global layers."""
+    save_tiny(tmp_path, "exaone_moe")
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.nope_layers == (1,)
+    tokens = random_tokens()
+    base = replay(ckpt, tokens, backward=False).nll
+    object.__setattr__(ckpt.spec, "nope_layers", ())
+    assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
+
+
+def test_exaone_moe_mtp_tensors_are_left_out(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    save_tiny(tmp_path, "exaone_moe")
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["mtp.layers.0.input_layernorm.weight"] = torch.ones(32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ckpt = Checkpoint(tmp_path)
+    assert [lo.what for lo in ckpt.left_out] == ["the multi-token-prediction module (mtp.*)"]
+
+
+def test_exaone_moe_release_config_reads_as_transformers_does() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("exaone_moe")
+    s = spec_from_config(hf.to_dict())
+    assert s.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
+    assert s.sliding_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")
+    assert s.nope_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention")
+    assert (s.sliding_window, s.rms_eps, s.shared_dim) == (4096, 1e-5, 1024)
+    assert s.routing == "sigmoid top-8 of 64, selection bias, renormalised, ×2.5"
+    no_types = {k: v for k, v in hf.to_dict().items() if k != "layer_types"}
+    assert spec_from_config(no_types).sliding_layers == s.sliding_layers
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"layer_types": None, "sliding_window_pattern": "LLLG"}, "sliding_window_pattern must be a positive integer"),
+    ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list 3 layers"),
+    ({"num_shared_experts": 0}, "num_shared_experts must be ≥ 1"),
+])
+def test_bad_exaone_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("exaone_moe").to_dict()
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**cfg, **bad})
