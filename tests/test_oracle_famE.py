@@ -92,3 +92,39 @@ def test_solar_open_config_defaults_match_transformers() -> None:
         spec_from_config({**transformers.AutoConfig.for_model("solar_open").to_dict(),
                           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                                               "partial_rotary_factor": 0.5}})
+
+
+# ----- Sarvam-105B: DeepSeek-V3 with Sarvam's defaults ---------------------------------------------
+
+SARVAM_MLA: dict[str, dict[str, Any]] = {
+    "plain-query-dense-first-top2": {},
+    "query-latent-groups-top3-two-shared-all-routed": {"q_lora_rank": 16, "n_group": 4, "topk_group": 2,
+                                                      "num_experts_per_tok": 3, "n_shared_experts": 2,
+                                                      "first_k_dense_replace": 0, "rope_interleave": False},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SARVAM_MLA)
+def test_sarvam_mla_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "sarvam_mla", dtype, **SARVAM_MLA[case])
+    assert ckpt.spec.mla is not None and ckpt.notes == []
+
+
+def test_sarvam_mla_config_defaults_and_original_format() -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("sarvam_mla").to_dict()
+    spec = spec_from_config(cfg)
+    assert spec.mla is not None and spec.mla.q_lora_rank == 0 and spec.mla.rope_interleave
+    assert (spec.num_experts, spec.gate.n_group, spec.routed_layers[0], spec.mtp_layers) == (128, 1, 1, 0)
+    original = {k: v for k, v in cfg.items() if k not in ("n_routed_experts", "n_shared_experts", "rope_parameters")}
+    original |= {"num_experts": 32, "num_shared_experts": 2, "head_dim": 576,
+                 "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                 "rope_theta": 10000.0}
+    hf = transformers.AutoConfig.for_model(**original)
+    spec = spec_from_config(original)
+    assert spec.num_experts == hf.n_routed_experts and spec.shared_dim == hf.n_shared_experts * spec.expert_dim
+    assert spec.yarn is not None and hf.rope_parameters["rope_type"] == "yarn"
+    assert spec.yarn.factor == hf.rope_parameters["factor"] and spec.head_dim == hf.qk_rope_head_dim
