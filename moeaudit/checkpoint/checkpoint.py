@@ -108,6 +108,33 @@ class MXFP4Experts(StoredExperts):
                 yield f"expert {e} {n}", mxfp4.nan_marker(t) if n.endswith("_scales") else t
 
 
+class FP8Experts(StoredExperts):
+    """Block-scaled FP8 experts (DeepSeek-V3 as released) kept as stored: each weight in
+    float8_e4m3fn (one byte a value) beside its float block scales (``<name>_scale_inv``, one
+    per bm × bn block). Expert e is dequantised on access — after its stored bytes are moved to
+    the device that computes (``DeviceExperts``: a quarter of float32's bytes cross) — into
+    the float32 products w · s that :meth:`Checkpoint.read` gives, so the host never holds a
+    layer's experts in float32, only one expert's while the host computes (issue 31 §3)."""
+
+    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype, block: tuple[int, int]):
+        super().__init__(stored, dtype)
+        self.block = block
+
+    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
+        if device is not None:
+            w = {n: t.to(device) for n, t in w.items()}
+        return {n: (t if (s := w.get(n + SCALE_SUFFIX)) is None else dequantize_fp8(t, s, self.block)).to(self.dtype)
+                for n, t in w.items() if not n.endswith(SCALE_SUFFIX)}
+
+    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for e, w in enumerate(self.stored):
+            for n, t in w.items():
+                if n.endswith(SCALE_SUFFIX):
+                    continue  # checked with its weight: a non-finite scale is a non-finite w · s
+                s = w.get(n + SCALE_SUFFIX)
+                yield f"expert {e} {n}", t if s is None else fp8_nonfinite_marker(t, s, self.block)
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer in canonical names (see ``layouts``), float tensors."""
@@ -182,11 +209,47 @@ def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
 
 def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """w · s per (bm × bn) block, in float32 (DeepSeek-V3's ``weight_dequant``; the last blocks
-    of a dimension that is not a multiple of the block size are partial)."""
+    of a dimension that is not a multiple of the block size are partial). Runs where ``w`` is
+    and allocates one float32 matrix (the result, scaled in place; where the blocks tile the
+    matrix the scales are broadcast, not expanded): the products are those of ``w.float() · s``."""
+    import torch
+
     bm, bn = block
     rows, cols = w.shape
-    s = scale.float().repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols]
-    return w.float() * s
+    out = w.to(torch.float32, copy=True)
+    s = scale.to(torch.float32)
+    gr, gc = s.shape
+    if rows == gr * bm and cols == gc * bn:
+        out.view(gr, bm, gc, bn).mul_(s[:, None, :, None])
+    else:
+        out.mul_(s.repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols])
+    return out
+
+
+E4M3_NAN = 0x7F  # float8_e4m3fn: S.1111.111 is NaN; no Inf; magnitudes 0x00-0x7E increase with the code
+
+
+def fp8_nonfinite_marker(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """A one-element tensor, NaN when the dequantised w · s holds a NaN or Inf, else 0: what the
+    non-finite check sees for a weight kept as stored, without forming w · s. A non-finite scale
+    makes its whole block non-finite (x · Inf is Inf or NaN); with finite scales, the largest
+    |w| times the largest |s| bounds every product and float32 rounding is monotone, so a finite
+    bound settles it from the codes' bytes (one byte a value). Only a weight whose bound
+    overflows (or one not in e4m3fn) is dequantised to look, exactly."""
+    import torch
+
+    s = scale.to(torch.float32)
+    if not bool(torch.isfinite(s).all()):
+        return torch.tensor(float("nan"))
+    if w.dtype == torch.float8_e4m3fn and w.numel():
+        code = int((w.view(torch.uint8) & E4M3_NAN).max())
+        if code == E4M3_NAN:
+            return torch.tensor(float("nan"))
+        largest = torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+        if bool(torch.isfinite(largest * s.abs().max())):
+            return torch.tensor(0.0)
+    finite = bool(torch.isfinite(dequantize_fp8(w, scale, block)).all())
+    return torch.tensor(0.0 if finite else float("nan"))
 
 
 def _layer_index(key: str) -> int | None:
@@ -331,6 +394,10 @@ class Checkpoint:
 
     def info(self, key: str) -> TensorInfo:
         return self.files[self.key_file[key]].tensors[key]
+
+    def read_stored(self, key: str) -> torch.Tensor:
+        """The tensor exactly as stored (an FP8 weight in float8, without its scales)."""
+        return self.files[self.key_file[key]].read(key)
 
     def read(self, key: str) -> torch.Tensor:
         """The tensor as stored; a block-scaled FP8 weight comes back dequantised in float32, an
@@ -563,8 +630,8 @@ class Checkpoint:
         return lw
 
     def _stored_experts(self, layer: int, dtype: torch.dtype) -> StoredExperts:
-        """The layer's experts as stored, converted one at a time on access; MXFP4 experts stay
-        packed until then."""
+        """The layer's experts as stored, converted one at a time on access; MXFP4 and block-scaled
+        FP8 experts stay packed until then."""
         keys = self.expert_keys(layer)
         if isinstance(keys, dict) and keys["gate_up"] in self.packed and keys["down"] in self.packed:
             (gu_b, gu_s), (d_b, d_s) = self.packed[keys["gate_up"]], self.packed[keys["down"]]
@@ -575,7 +642,16 @@ class Checkpoint:
                                   "down_blocks": down_b[e], "down_scales": down_s[e],
                                   "gate_up_bias": b_gu[e], "down_bias": b_down[e]}
                                  for e in range(self.spec.num_experts)], dtype)
+        if isinstance(keys, list) and any(k in self.scales for table in keys for k in table.values()):
+            return FP8Experts([{m: t for n, k in table.items() for m, t in self._fp8_stored(n, k)}
+                               for table in keys], dtype, self.fp8_block or (128, 128))
         return StoredExperts(self._read_experts(layer), dtype)
+
+    def _fp8_stored(self, name: str, key: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """``name``'s tensor as stored, and its block scales when it has them."""
+        yield name, self.read_stored(key)
+        if key in self.scales:
+            yield name + SCALE_SUFFIX, self.read_stored(self.scales[key])
 
     def _read_experts(self, layer: int) -> list[dict[str, torch.Tensor]]:
         """Every expert's w1, w3, w2 in the on-disk dtype (views into the fused tensors)."""
