@@ -17,6 +17,10 @@ FAME: dict[str, dict[str, Any]] = {
     # 8 experts (one group by Sarvam's default), one shared expert, scaled combine weights
     "sarvam_mla": dict(_V3_ROUTER, num_key_value_heads=4, intermediate_size=56, kv_lora_rank=12,
                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6),
+    # Qwen3 attention with q/k norms, a dense first layer, 8 experts, sigmoid router with a real
+    # selection bias (a buffer of the block), renormalised and scaled, one shared expert
+    "hy_v3": dict(num_experts=8, moe_intermediate_size=24, intermediate_size=56, num_shared_experts=1,
+                  router_scaling_factor=2.0, head_dim=8),
 }
 
 hf_models._FAMILY.update(FAME)

@@ -128,3 +128,34 @@ def test_sarvam_mla_config_defaults_and_original_format() -> None:
     assert spec.num_experts == hf.n_routed_experts and spec.shared_dim == hf.n_shared_experts * spec.expert_dim
     assert spec.yarn is not None and hf.rope_parameters["rope_type"] == "yarn"
     assert spec.yarn.factor == hf.rope_parameters["factor"] and spec.head_dim == hf.qk_rope_head_dim
+
+
+# ----- Hy3: Qwen3 attention, sigmoid + selection-bias router, mlp_layer_types -----------------------
+
+HY3: dict[str, dict[str, Any]] = {
+    "dense-first-top2": {},
+    "sparse-dense-sparse-top3-two-shared-12-experts-bias": {
+        "mlp_layer_types": ["sparse", "dense", "sparse"], "num_experts_per_tok": 3, "num_shared_experts": 2,
+        "num_experts": 12, "attention_bias": True},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", HY3)
+def test_hy_v3_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "hy_v3", dtype, **HY3[case])
+    assert ckpt.spec.qk_norm == "head" and ckpt.notes == []
+    model = load(tmp_path)
+    assert model.model.layers[ckpt.spec.routed_layers[0]].mlp.e_score_correction_bias.abs().min() > 0
+
+
+def test_hy_v3_config_defaults_match_transformers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("hy_v3")
+    spec = spec_from_config(hf.to_dict())
+    assert (spec.num_experts, spec.top_k, spec.gate.scaling, spec.rope_theta) == (192, 8, 2.826, 11_158_840.0)
+    assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
+    assert spec.shared_dim == hf.moe_intermediate_size and spec.dense_dim == hf.intermediate_size
+    cfg = {k: v for k, v in hf.to_dict().items() if k != "mlp_layer_types"}
+    assert spec_from_config(cfg).routed_layers == spec.routed_layers  # absent: the first layer dense
