@@ -619,6 +619,9 @@ class Checkpoint:
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
         if "router_bias" in params:
             params["router_bias"] = params["router_bias"].reshape(-1)  # [1, E] (ERNIE) → [E]
+        if "shared_gate_up" in params:  # Granite 4.0: [gate | up] rows of the shared MLP
+            w1, w3 = params.pop("shared_gate_up").chunk(2, dim=0)
+            params["shared_w1"], params["shared_w3"] = w1.clone(), w3.clone()
         if self.spec.norm_offset:  # canonical gains: γ = 1 + w for zero-centred norms
             for n in ZERO_CENTRED_NORMS & params.keys():
                 params[n] = params[n] + self.spec.norm_offset
@@ -783,14 +786,17 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     elif layer in s.linear_layers:
         skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
+    elif layer in s.mamba_layers:
+        assert s.mamba is not None
+        names = ["input_norm", "post_norm", *s.mamba.names()]
     else:
         names = ["input_norm", "post_norm", "q", "k", "v", "o"]
         names += ["sinks"] if s.attention_sinks else []
-    if s.attention_bias and s.mla is None and layer not in s.linear_layers:
+    if s.attention_bias and s.mla is None and layer not in s.linear_layers and layer not in s.mamba_layers:
         names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
     if s.layer_norm:
         names += ["input_norm_bias", "post_norm_bias"]
-    if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers:
+    if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers and layer not in s.mamba_layers:
         names += ["q_norm", "k_norm"]
     if s.is_routed(layer):
         names.append("router")
@@ -799,7 +805,9 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         if s.router_logit_bias:
             names.append("router_logit_bias")
         if s.shared_dim:
-            names += ["shared_w1", "shared_w3", "shared_w2"]
+            # Granite 4.0's shared MLP: gate and up rows in one ``input_linear`` (split on reading)
+            fused = "shared_gate_up" in s.layout.layer
+            names += ["shared_gate_up", "shared_w2"] if fused else ["shared_w1", "shared_w3", "shared_w2"]
             names += ["shared_gate"] if s.shared_gated else []
     else:
         names += ["mlp_w1", "mlp_w3", "mlp_w2"]
@@ -820,7 +828,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),
         "gate_up": (E, 2 * I, H), "down": (E, H, I),
         "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
-        "shared_w2": (H, s.shared_dim), "shared_gate": (1, H),
+        "shared_w2": (H, s.shared_dim), "shared_gate": (1, H), "shared_gate_up": (2 * s.shared_dim, H),
         "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
         "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
         "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
@@ -843,6 +851,8 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                        "lin_conv": (la.conv_channels, 1, la.conv_kernel),
                        "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
                        "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
+    if s.mamba is not None:
+        shapes.update(s.mamba.shapes(H))
     if s.mla is not None:
         m, nh = s.mla, s.num_heads
         shapes.update({

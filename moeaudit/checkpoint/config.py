@@ -127,6 +127,65 @@ class ClampedGLU:
     limit: float
 
 
+# every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
+MAMBA_NAMES = ("ssm_in", "ssm_in_bias", "ssm_conv", "ssm_conv_bias", "ssm_x", "ssm_dt", "ssm_dt_bias",
+               "ssm_A_log", "ssm_D", "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm", "ssm_norm", "ssm_out",
+               "ssm_out_bias")
+
+
+@dataclass(frozen=True)
+class Mamba:
+    """Sizes of a Mamba (selective state-space) token mixer (``moeaudit.replay.mamba``).
+
+    ``version`` 1: Jamba's Mamba-1 (per-channel state of ``state`` dims, ``dt_rank``-wide
+    time-step projection, RMS norms on dt, B and C); 2: Mamba-2 / SSD (``heads`` heads of
+    ``head_dim`` channels sharing a scalar decay, B and C in ``groups`` groups, a gated
+    RMS norm before the output projection, chunks of ``chunk`` tokens). ``dt_min``/``dt_max``
+    clamp the time step after the softplus (None: no upper limit)."""
+
+    version: int
+    inner: int  # channels of the scan (expand × hidden_size, or heads × head_dim)
+    state: int
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    heads: int = 0
+    head_dim: int = 0
+    groups: int = 1
+    chunk: int = 256
+    dt_rank: int = 0
+    dt_min: float = 0.0
+    dt_max: float | None = None
+    eps: float = 1e-6  # the mixer's own RMS norms
+
+    @property
+    def conv_channels(self) -> int:
+        return self.inner if self.version == 1 else self.inner + 2 * self.groups * self.state
+
+    def names(self) -> list[str]:
+        """The canonical tensors of one mixer."""
+        names = ["ssm_in", "ssm_conv", "ssm_dt_bias", "ssm_A_log", "ssm_D", "ssm_out"]
+        names += ["ssm_x", "ssm_dt", "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm"] if self.version == 1 else ["ssm_norm"]
+        names += ["ssm_conv_bias"] if self.conv_bias else []
+        return names + (["ssm_in_bias", "ssm_out_bias"] if self.proj_bias else [])
+
+    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        I, N = self.inner, self.state
+        if self.version == 1:
+            return {"ssm_in": (2 * I, hidden), "ssm_in_bias": (2 * I,), "ssm_x": (self.dt_rank + 2 * N, I),
+                    "ssm_dt": (I, self.dt_rank), "ssm_dt_bias": (I,), "ssm_A_log": (I, N), "ssm_D": (I,),
+                    "ssm_dt_norm": (self.dt_rank,), "ssm_b_norm": (N,), "ssm_c_norm": (N,),
+                    **self._common(hidden)}
+        proj = I + self.conv_channels + self.heads
+        return {"ssm_in": (proj, hidden), "ssm_in_bias": (proj,), "ssm_dt_bias": (self.heads,),
+                "ssm_A_log": (self.heads,), "ssm_D": (self.heads,), "ssm_norm": (I,), **self._common(hidden)}
+
+    def _common(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        C = self.conv_channels
+        return {"ssm_conv": (C, 1, self.conv_kernel), "ssm_conv_bias": (C,), "ssm_out": (hidden, self.inner),
+                "ssm_out_bias": (hidden,)}
+
+
 @dataclass(frozen=True)
 class LinearAttention:
     """Sizes of a gated DeltaNet layer (Qwen3-Next ``linear_*`` config keys)."""
@@ -221,6 +280,16 @@ class ModelSpec:
     longrope: LongRope | None = field(default=None, metadata=NEW)
     # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
     renorm_min: float = field(default=0.0, metadata=NEW)
+    # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
+    # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
+    # shared expert's output × ``shared_scale`` ("average" combination: routed and shared halved)
+    parallel_block: bool = field(default=False, metadata=NEW)
+    norm_bias: bool = field(default=True, metadata=NEW)
+    shared_scale: float = field(default=1.0, metadata=NEW)
+    # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
+    # state-space scan of these sizes instead of attention
+    mamba: Mamba | None = field(default=None, metadata=NEW)
+    mamba_layers: tuple[int, ...] = field(default=(), metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -263,7 +332,7 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
-        for name in ("linear_layers", "nope_layers", "chunked_layers"):
+        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers"):
             if name in out:
                 out[name] = list(getattr(self, name))
         if "attn_temperature" in out and out["attn_temperature"] is not None:

@@ -22,6 +22,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.dsa import sparse_causal_mask
+from moeaudit.replay.mamba import mamba_mixer
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -642,6 +643,10 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
+    if lw.layer in spec.mamba_layers:  # Jamba, Granite 4.0: a selective state-space scan
+        assert spec.mamba is not None
+        out = mamba_mixer(spec.mamba, p, x_norm)
+        return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
     out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
