@@ -124,6 +124,18 @@ def test_the_nonfinite_marker_is_that_of_the_dequantised_weight(case: str) -> No
     assert marker.numel() == 1 and bool(torch.isfinite(marker)) == want_finite
 
 
+@pytest.mark.parametrize("signs", ["mixed", "all_negative", "all_positive"])
+def test_the_largest_code_comes_from_two_byte_reductions(signs: str) -> None:
+    """``_largest_e4m3_code`` (uint8 and int8 maxima) is the largest |code|, NaN codes included."""
+    from moeaudit.checkpoint.checkpoint import _largest_e4m3_code
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        b = torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).to(torch.uint8)
+        b = b | 0x80 if signs == "all_negative" else b & 0x7F if signs == "all_positive" else b
+        assert _largest_e4m3_code(b.view(torch.float8_e4m3fn)) == int((b & 0x7F).max()), b.tolist()
+
+
 def test_a_nonfinite_fp8_expert_is_named_as_in_its_twin(fp8: tuple[Path, Path], tmp_path: Path) -> None:
     """The forward pass names the same non-finite weights for the FP8 checkpoint (from its bytes)
     as for the dequantised twin (from the float32 values)."""

@@ -229,6 +229,17 @@ def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int])
 E4M3_NAN = 0x7F  # float8_e4m3fn: S.1111.111 is NaN; no Inf; magnitudes 0x00-0x7E increase with the code
 
 
+def _largest_e4m3_code(w: torch.Tensor) -> int:
+    """The largest magnitude code (sign bit cleared) of an e4m3fn tensor, from two byte-wide
+    reductions and no temporary: as int8 the largest positive code; as uint8, when a negative
+    value exists, the negative code of largest magnitude (0x80 | m)."""
+    import torch
+
+    largest_neg = int(w.view(torch.uint8).max())
+    largest_pos = int(w.view(torch.int8).max())  # negative when every value is
+    return max(largest_pos, largest_neg & E4M3_NAN if largest_neg & 0x80 else 0)
+
+
 def fp8_nonfinite_marker(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """A one-element tensor, NaN when the dequantised w · s holds a NaN or Inf, else 0: what the
     non-finite check sees for a weight kept as stored, without forming w · s. A non-finite scale
@@ -242,7 +253,7 @@ def fp8_nonfinite_marker(w: torch.Tensor, scale: torch.Tensor, block: tuple[int,
     if not bool(torch.isfinite(s).all()):
         return torch.tensor(float("nan"))
     if w.dtype == torch.float8_e4m3fn and w.numel():
-        code = int((w.view(torch.uint8) & E4M3_NAN).max())
+        code = _largest_e4m3_code(w)
         if code == E4M3_NAN:
             return torch.tensor(float("nan"))
         largest = torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
