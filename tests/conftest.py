@@ -60,3 +60,14 @@ def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fresh_runs: uses the fresh training runs of tests/fresh_runs.py "
                                        "(trained once per session, or reused from $MOEAUDIT_FRESH_RUNS)")
+
+
+@pytest.fixture(autouse=True)
+def _published_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every certificate, receipts and gate JSON moeaudit writes in a test is validated against
+    its published JSON Schema before the test goes on (``tests/schema_check.py``)."""
+    import schema_check
+
+    import moeaudit.jsonio
+
+    monkeypatch.setattr(moeaudit.jsonio, "atomic_write", schema_check.wrap(moeaudit.jsonio.atomic_write))

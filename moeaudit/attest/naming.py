@@ -17,20 +17,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from moeaudit.records import Predicate
+from moeaudit.schemas import data_map_paths
+
 # Paths (from the predicate; ``[]`` for a list's items, ``*`` for a data map's keys) of the
-# maps whose keys are data. A new map of data in the predicate must be added here;
-# tests/test_naming.py checks the golden certificate both ways and a canary whose domain names
-# look like field names, and test_certify_families checks every family's wire names.
-DATA_MAPS = frozenset({
-    "envelope.series",                    # "0", "1", …, "pooled"
-    "gates[].structural.c2_tolerance",    # layer → tolerance
-    "gates[].continuity.c2_tolerance",
-    "gates[].structural.c2_deltas",       # layer → ΔC2
-    "gates[].continuity.c2_deltas",
-    "gates[].receipts.nll_by_domain",     # canary domain names
-    "heatmaps.domains.layers",            # layer → …
-    "heatmaps.domains.layers.*",          # … → domain name → π
-})
+# maps whose keys are data, read from the predicate's record type: every map typed
+# ``Annotated[dict[str, ...], DATA_KEYS]`` in :mod:`moeaudit.records` (``envelope.series``,
+# ``gates[].structural.c2_tolerance``, ``heatmaps.domains.layers.*``, …). A new map of data is
+# marked there; tests/test_naming.py checks the golden certificate both ways and a canary whose
+# domain names look like field names, and test_certify_families checks every family's wire names.
+DATA_MAPS: frozenset[str] = data_map_paths(Predicate)
 
 # snake_case whose every part starts with a letter: exactly the names camel() can undo
 _SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z][a-z0-9]*)+")

@@ -1,0 +1,798 @@
+"""The documents moeaudit writes and reads, as types: receipts, pair and compare documents, gate
+entries, checks, margins, the envelope report, the promotion decision and the v2 predicate.
+
+Torch-free, and nothing here runs: every record is a :class:`TypedDict`, so at runtime a record
+is the plain ``dict`` moeaudit has always built, read and signed, and ``mypy`` catches a
+misspelt or missing key where one is built or read. Field names are moeaudit's own
+(snake_case); the signed v2 predicate carries their lowerCamelCase form
+(:mod:`moeaudit.attest.naming`), except in the maps whose keys are data — layer indices, series
+names, canary domain names — marked here ``Annotated[..., DATA_KEYS]``, which ``naming`` reads.
+
+The JSON Schemas shipped in ``moeaudit/schemas/`` are generated from these types
+(:mod:`moeaudit.schemas`); a test fails when a shipped schema and the types disagree.
+
+A record listed in :data:`OPEN` may carry fields beyond the ones named (the machine description,
+a family's router note, a receipt section that grows with the family): its schema allows them.
+Every other record is closed.
+"""
+
+import sys
+from typing import Annotated, Any, Literal
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import NotRequired, TypedDict
+
+
+class DataKeys:
+    """Marks a ``dict`` whose keys are data (``Annotated[dict[str, X], DATA_KEYS]``): never renamed
+    on the wire, and not field names in the schema."""
+
+    def __repr__(self) -> str:
+        return "DATA_KEYS"
+
+
+DATA_KEYS = DataKeys()
+
+Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+GateStatus = Literal["BASELINE", "GREEN", "YELLOW", "RED"]
+Promotion = Literal["PROMOTE", "HOLD", "INCONCLUSIVE"]
+Interval = list[float]  # a 95% interval [low, high]
+
+
+class Sha256(TypedDict):
+    sha256: str
+
+
+# --- shared parts ----------------------------------------------------------------------------------
+
+
+class ToolRecord(TypedDict):
+    name: str
+    version: str
+
+
+class EnvironmentRecord(TypedDict):
+    """What computed the numbers (open: the machine description may grow)."""
+
+    torch: str
+    python: str
+    device: str
+    dtype: str
+    devices: NotRequired[dict[str, str]]  # part → device, when several computed them
+
+
+class CanaryRecord(TypedDict):
+    digest: Sha256
+    windows: int
+    window_len: int
+    domains: list[str]
+    origin: NotRequired[str]
+
+
+# --- the policy as signed -----------------------------------------------------------------------------
+
+
+class ReceiptsPolicy(TypedDict):
+    bootstrap: int
+    seed: int
+    flip_sigma: float
+    boundary_etas: list[float]
+    boundary_layer_eta: float
+    beta_adj: float
+
+
+class MarginsPolicy(TypedDict):
+    tau: float
+    lambda1: float
+    lambda2: float
+    mu1: float
+    mu2: float
+    mu3: float
+    beta_r: float
+    beta_pi: float
+    beta_h: float
+    protected_layers: list[int] | None
+
+
+class EnvelopePolicy(TypedDict):
+    variant: str
+    delta: float
+    epsilon: float
+    window: int
+    calibrated: bool
+    calibration_c: float
+    source: str
+    provenance: str
+    calibrated_model: str
+    calibrated_stage: str
+    sampling_interval: int
+    warmup_steps: int
+    alert_a: float
+    alert_b: float
+    alert_n: int
+    dead_grad: float
+    dead_steps: int
+    starve_share: float
+    starve_steps: int
+    starve_fraction: float
+
+
+class GatesPolicy(TypedDict):
+    nll_tol: float
+    tol_c2: float
+    tol_c2_rel: float
+    tol_dead: int
+    escalate_after: int
+    pi_min_ratio_floor: float
+    entropy_ratio_floor: float
+    floor_dead_fraction: float
+    floor_pi_share: float
+    floor_entropy_norm: float
+    inconclusive_band: float
+    stage: str | None
+    calibrated: bool
+    provenance: str
+
+
+class PolicySettings(TypedDict):
+    """:meth:`moeaudit.judge.policy.Policy.to_json`."""
+
+    receipts: ReceiptsPolicy
+    margins: MarginsPolicy
+    envelope: EnvelopePolicy
+    gates: GatesPolicy
+
+
+class PolicyRecord(PolicySettings):
+    source: str
+    digest: str
+    calibrated: bool
+    origin: NotRequired[str]
+
+
+# --- margins -----------------------------------------------------------------------------------------
+
+
+class MarginLayer(TypedDict, total=False):
+    layer: int
+    exact: float | None
+    smooth: float | None
+    ci95: Interval | None
+    load_exact: float | None
+    load_smooth: float | None
+    load_ci95: Interval | None
+
+
+class AlsoAgainst(TypedDict):
+    against_step: int
+    exact: float | None
+
+
+class Margin(TypedDict, total=False):
+    """A refinement (r_ex) or handoff (h_ex) margin; ``exact`` None when undefined (``reason``)."""
+
+    exact: float | None
+    smooth: float | None
+    ci95: Interval | None
+    ci_method: str
+    smooth_note: str
+    tau: float
+    betas: dict[str, float]
+    per_layer: list[MarginLayer]
+    reason: str
+    notes: list[str]
+    reference: str
+    against_step: int
+    also_against: list[AlsoAgainst]
+
+
+class Margins(TypedDict):
+    refinement: Margin | None
+    handoff: Margin | None
+
+
+# --- receipts (moeaudit.receipts/v1) -----------------------------------------------------------------
+
+
+class ReceiptsCheckpoint(TypedDict):
+    name: str
+    digest: Sha256
+    family: str
+    routed_layers: list[int]
+    experts: int
+    top_k: int
+    quantization: NotRequired[Any]
+    left_out: NotRequired[list[Any]]
+
+
+class ReceiptsSettings(TypedDict):
+    receipts: ReceiptsPolicy
+    policy_digest: str
+
+
+class ReceiptsLayer(TypedDict):
+    """One routed layer's receipts (open: a family may add a section)."""
+
+    layer: int
+    occupancy: dict[str, Any]
+    boundary: dict[str, Any]
+    overlap: dict[str, Any]
+    domains: dict[str, Any]
+    gate: NotRequired[dict[str, Any]]  # a biased / group-limited router's note and bias telemetry
+    gradients: NotRequired[dict[str, Any]]
+
+
+class Receipts(TypedDict):
+    """``moeaudit receipts --json`` and ``receipts/checkpoint-<step>.json``."""
+
+    schema: Literal["moeaudit.receipts/v1"]
+    tool: ToolRecord
+    checkpoint: ReceiptsCheckpoint
+    canary: CanaryRecord
+    settings: ReceiptsSettings
+    environment: EnvironmentRecord
+    nll: float | None
+    nll_by_domain: Annotated[dict[str, float | None], DATA_KEYS]
+    nll_windows: list[float | None]
+    predictive_entropy: float | None
+    nonfinite_weights: list[Any]
+    layers: list[ReceiptsLayer]
+    pooled: NotRequired[dict[str, Any]]
+    conflict: NotRequired[dict[str, Any]]
+    generation: NotRequired[dict[str, Any]]
+
+
+class PairLayer(TypedDict):
+    """One layer of a pair receipt (open: the drift sections grow with the router)."""
+
+    layer: int
+    drift: dict[str, Any]
+
+
+class PairDocument(TypedDict):
+    """``receipts/pair-<step>-vs-<base>.json``: drift of a checkpoint against its baseline."""
+
+    schema: Literal["moeaudit.pair/v1"]
+    base_step: int
+    step: int
+    environment: EnvironmentRecord
+    layers: list[PairLayer]
+
+
+class CompareDocument(TypedDict):
+    """``moeaudit compare --json`` (open: the report grows)."""
+
+    schema: Literal["moeaudit.compare/v1"]
+    base: Receipts
+    candidate: Receipts
+    protected_layers: list[int]
+    layers: list[PairLayer]
+    margins: Margins
+
+
+# --- gate entries --------------------------------------------------------------------------------------
+
+
+class LayerSummary(TypedDict):
+    layer: int
+    c2: float | None
+    c2_ci95: Interval | None
+    dead: int
+    pi_min: float
+    state1: float | None
+    entropy_norm: float
+
+
+class GateReceipts(TypedDict):
+    """The receipts summary a gate row shows."""
+
+    checkpoint: str
+    digest: Sha256
+    nll: float | None
+    c2_mean: float | None
+    state1_mean: float | None
+    dead: int
+    cv_mean: float | None
+    entropy_norm_min: float | None
+    nll_by_domain: Annotated[dict[str, float | None], DATA_KEYS]
+    per_layer: list[LayerSummary]
+    training_loss: NotRequired[float | None]
+    training_losses: NotRequired[dict[str, float]]
+
+
+class HealthFailure(TypedDict):
+    layer: int
+    what: str
+    value: float
+    threshold: float
+
+
+class Health(TypedDict):
+    ok: bool
+    problems: list[str]
+    failed: list[HealthFailure]
+
+
+NllChange = TypedDict("NllChange", {"from": float | None, "to": float | None, "delta": float | None,
+                                    "ci95": Interval | None})
+
+
+class Comparison(TypedDict):
+    """Against one earlier baseline (``also_against``)."""
+
+    against: str
+    ok: bool
+    c2_ok: bool
+    occupancy_ok: bool
+    c2_min_delta: float | None
+    pi_min_ratio: float
+    entropy_ratio: float
+
+
+class Structural(TypedDict):
+    """A checkpoint's structure against its baseline(s): the deciding comparison."""
+
+    against: str
+    c2_ok: bool
+    c2_min_delta: float | None
+    c2_deltas: Annotated[dict[str, float | None], DATA_KEYS]
+    c2_tolerance: Annotated[dict[str, float], DATA_KEYS]
+    c2_fallen_layers: list[int]
+    occupancy_ok: bool
+    layers_with_more_dead: list[int]
+    pi_min_ratio: float
+    entropy_ratio: float
+    ok: bool
+    active: NotRequired[str]
+    also_against: NotRequired[list[Comparison]]
+
+
+class GateClaims(TypedDict):
+    licensed: list[str]
+    not_licensed: list[str]
+
+
+class DriftLayer(TypedDict):
+    layer: int
+    coordinate: float | None
+    boundary: float | None
+    transition: float | None
+    content: float | None
+    ci95: dict[str, Interval | None]
+
+
+class DriftSummary(TypedDict):
+    against_step: int
+    layers: list[DriftLayer]
+
+
+class GateEntry(TypedDict):
+    """One checkpoint of a run, judged: BASELINE, GREEN, YELLOW or RED."""
+
+    step: int
+    scalar: str
+    nll_change: NllChange | None
+    receipts: GateReceipts
+    health: Health
+    status: GateStatus
+    baseline: int
+    consecutive_bad: int
+    claims: GateClaims
+    duplicate_of: NotRequired[int]
+    reason: NotRequired[str]
+    new_baseline: NotRequired[bool]
+    structural: NotRequired[Structural]
+    continuity: NotRequired[Structural]
+    drift: NotRequired[DriftSummary]
+
+
+# --- checks -------------------------------------------------------------------------------------------
+
+
+class Violation(TypedDict):
+    """The first sample that broke an envelope rule."""
+
+    layer: str
+    step: int
+    check: str
+    value: float | None
+    bound: float | None
+    series: NotRequired[list[str]]
+    from_step: NotRequired[int]
+    expert: NotRequired[int]
+    steps: NotRequired[int]
+    fraction: NotRequired[float]
+
+
+class Unevaluable(TypedDict):
+    check: str
+    reason: str
+
+
+class Check(TypedDict):
+    """One row of the check list a verdict is decided on (status None: not evaluated)."""
+
+    name: str
+    evaluated: bool
+    status: Status | None
+    reason: str
+    value: NotRequired[float | None]
+    ci95: NotRequired[Interval | None]
+    problems: NotRequired[list[str]]
+    basis: NotRequired[str]
+    deciding: NotRequired[Violation]
+    unevaluable: NotRequired[list[Unevaluable]]
+
+
+class Decision(TypedDict):
+    """:func:`moeaudit.judge.decide.decide`: one verdict for certify and gate alike."""
+
+    verdict: Status
+    verdict_reason: str
+    promotion: Promotion
+    checks: list[Check]
+    stage: str
+    stage_source: str
+
+
+# --- the envelope report (moeaudit.envelope/v1) -------------------------------------------------------
+
+
+class EnvelopeSample(TypedDict):
+    step: int
+    value: float | None
+    bound: float | None
+    margin: float | None
+    compliant: bool
+    window: int
+    reason: NotRequired[str]
+
+
+class EnvelopeWindow(TypedDict):
+    series: str
+    index: int
+    start: int
+    end: int
+    anchor_value: float | None
+    samples: int
+    stretched: bool
+    min_margin: float | None
+    compliant: bool
+
+
+class DiscreteRow(TypedDict):
+    series: str
+    from_step: int
+    to_step: int
+    gap: int
+    value_from: float | None
+    value: float | None
+    bound: float | None
+    margin: float | None
+    compliant: bool
+    reason: NotRequired[str]
+
+
+class Alert(TypedDict):
+    series: str
+    step: int
+    since: int
+    until: int
+    samples: int
+    max_grad: float
+    value: float
+
+
+class DeadExpert(TypedDict):
+    layer: str
+    expert: int
+    since: int
+    step: int
+    until: int
+    steps: int
+    recovered: bool
+
+
+class Starvation(TypedDict):
+    layer: str
+    expert: int
+    since: int
+    step: int
+    until: int
+    steps: int
+    share: float
+    fraction: float
+    samples: int
+
+
+class LogFinding(TypedDict):
+    line: int
+    step: int | None
+    where: str
+    what: str
+
+
+class SkippedCheck(TypedDict):
+    check: str
+    series: str
+    reason: str
+    from_step: NotRequired[int]
+    to_step: NotRequired[int]
+
+
+class Resampled(TypedDict):
+    native_gap: int | None
+    block: int
+    samples: int
+
+
+class Sampling(TypedDict):
+    policy_interval: int
+    median_gap: int | None
+    floor_bound: float | None
+    vacuous: list[str]
+    warnings: list[str]
+    resampled: NotRequired[Resampled]
+
+
+class EnvelopeConstants(TypedDict):
+    delta: float
+    epsilon: float
+    window: int
+    budget: float
+
+
+class AlertRule(TypedDict):
+    a: float
+    b: float
+    n: int
+
+
+class DeadExpertRule(TypedDict):
+    grad: float
+    steps: int
+
+
+class StarvationRule(TypedDict):
+    share: float
+    steps: int
+    fraction: float
+
+
+class EnvelopeRules(TypedDict):
+    alert: AlertRule
+    dead_expert: DeadExpertRule
+    starvation: StarvationRule
+
+
+StepWindow = TypedDict("StepWindow", {"from": int, "to": int})
+
+
+class EnvelopeReport(TypedDict):
+    """``moeaudit envelope --json``, ``receipts/envelope.json`` and the predicate's ``envelope``."""
+
+    schema: Literal["moeaudit.envelope/v1"]
+    source: str
+    origin: str
+    variant: str
+    constants: EnvelopeConstants
+    calibrated: bool
+    provenance: str
+    rules: EnvelopeRules
+    series: Annotated[dict[str, list[EnvelopeSample]], DATA_KEYS]
+    windows: list[EnvelopeWindow]
+    discrete: list[DiscreteRow]
+    compliant: bool
+    first_violation: Violation | None
+    alerts: list[Alert]
+    dead_experts: list[DeadExpert]
+    starvation: list[Starvation]
+    findings: list[LogFinding]
+    skipped: list[SkippedCheck]
+    sampling: Sampling
+    window: NotRequired[StepWindow]
+    variance_compliant: bool
+    unevaluable: list[Unevaluable]
+
+
+# --- the v2 predicate ---------------------------------------------------------------------------------
+
+
+class RunEvent(TypedDict):
+    step: int
+    event: str
+    note: str
+    source: str
+
+
+class Abandoned(TypedDict):
+    """An abandoned branch of the run, still audited (open: :meth:`moeaudit.lineage` grows it)."""
+
+    name: str
+    reason: str
+
+
+class RunRecord(TypedDict):
+    name: str
+    path: str
+    stage: str
+    stage_source: str
+    checkpoints: list[int]
+    skipped: list[str]
+    events: list[RunEvent]
+    abandoned: NotRequired[list[Abandoned]]
+
+
+class InputFile(TypedDict):
+    path: str
+    sha256: str
+    bytes: int
+
+
+class ReferenceInput(TypedDict):
+    path: str
+    kind: Literal["checkpoint", "receipts"]
+    root_sha256: NotRequired[str]
+    sha256: NotRequired[str]
+    bytes: NotRequired[int]
+
+
+class Inputs(TypedDict, total=False):
+    metrics: InputFile
+    probe: InputFile
+    events: InputFile
+    policy_file: InputFile
+    reference: ReferenceInput
+
+
+class Occupancy(TypedDict):
+    layers: list[int]
+    pi: list[list[float]]
+
+
+class DomainHeatmap(TypedDict):
+    names: list[str]
+    layers: Annotated[dict[str, Annotated[dict[str, list[float]], DATA_KEYS]], DATA_KEYS]
+
+
+class Heatmaps(TypedDict):
+    checkpoint: str
+    occupancy: Occupancy
+    domains: DomainHeatmap
+
+
+class ClaimRow(TypedDict):
+    receipt: str
+    measures: str
+    licenses: str
+    does_not_license: str
+
+
+class RouterCheckpoint(TypedDict):
+    step: int
+    pi_min: float
+    dead: int
+    bias_min: float | None
+    bias_max: float | None
+    bias_std: float | None
+    bias_drift: float | None
+
+
+class RouterLayer(TypedDict):
+    layer: int
+    checkpoints: list[RouterCheckpoint]
+
+
+class RouterSection(TypedDict):
+    """What a biased / group-limited router changes, and its bias telemetry over the run (open:
+    the router's note is the family's)."""
+
+    layers: list[RouterLayer]
+
+
+class CacheUse(TypedDict):
+    kind: str
+    checkpoints: NotRequired[list[str]]
+
+
+class Predicate(TypedDict):
+    """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
+
+    verdict: Status
+    verdict_reason: str
+    run: RunRecord
+    inputs: Inputs
+    canary: CanaryRecord
+    policy: PolicyRecord
+    tool: ToolRecord
+    environment: EnvironmentRecord
+    protected_layers: list[int]
+    gates: list[GateEntry]
+    checks: list[Check]
+    envelope: EnvelopeReport | None
+    margins: Margins
+    heatmaps: Heatmaps
+    claims: list[ClaimRow]
+    issued_at: NotRequired[str]  # set when signed
+    router: NotRequired[RouterSection]
+    from_cache: NotRequired[list[CacheUse]]
+
+
+class Subject(TypedDict):
+    name: str
+    digest: dict[str, str]
+
+
+class Statement(TypedDict):
+    _type: str
+    subject: list[Subject]
+    predicateType: str
+    predicate: Predicate
+
+
+# --- the promotion decision (moeaudit gate --json) ----------------------------------------------------
+
+
+class ConditionFailure(TypedDict):
+    what: str
+    value: float | None
+    threshold: float | None
+
+
+class Condition(TypedDict):
+    """One row a promotion decision shows: the candidate's own gate, then each check."""
+
+    name: str
+    status: Literal["pass", "fail", "inconclusive", "skipped"]
+    value: float | None
+    threshold: float | None
+    detail: str
+    failed: NotRequired[list[ConditionFailure]]
+
+
+class JudgedInRun(TypedDict):
+    run: str
+    checkpoints: list[int]
+    baseline: int
+
+
+class GateResult(TypedDict):
+    """:func:`moeaudit.judge.promote.gate_from_audit` and friends: the promotion decision."""
+
+    decision: Promotion
+    verdict: Status | None
+    verdict_reason: str
+    conditions: list[Condition]
+    base: str
+    candidate: str
+    stage: str | None
+    stage_source: str | None
+    gates: list[GateEntry]
+    checks: list[Check]
+    envelope: EnvelopeReport | None
+    judged_in_run: JudgedInRun | None
+    notes: NotRequired[list[str]]
+    attestation: NotRequired[str]
+
+
+class GateDocument(GateResult):
+    """``moeaudit gate --json``."""
+
+    schema: Literal["moeaudit.gate/v1"]
+
+
+# Records whose schema allows fields beyond the ones named (see the module docstring).
+OPEN: frozenset[type] = frozenset({EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument,
+                                   Abandoned, RouterSection, ReceiptsCheckpoint})
+
+# The documents with a published schema: file name → (record, wire names?).
+PUBLISHED: dict[str, tuple[type, bool]] = {
+    "training-health-v2.predicate.schema.json": (Predicate, True),
+    "receipts-v1.schema.json": (Receipts, False),
+    "gate-v1.schema.json": (GateDocument, False),
+}
+
+__all__ = ["DATA_KEYS", "OPEN", "PUBLISHED", "Check", "Decision", "EnvelopeReport", "GateEntry",
+           "GateResult", "Margin", "Margins", "PairDocument", "Predicate", "Receipts", "Statement"]
