@@ -13,6 +13,10 @@ FAME: dict[str, dict[str, Any]] = {
     # Llama attention with q/k/v bias (no o bias), GLM's router: 8 experts in 4 groups of which the
     # best 2 compete, a real selection bias, one shared expert, every layer routed
     "solar_open": dict(_V3_ROUTER, n_group=4, topk_group=2, attention_bias=True, head_dim=8),
+    # GLM-4.5 built from Sarvam's config: full rotary, q/k norms, a dense first layer, 8 experts in
+    # 4 groups (best 2), one shared expert, scaled combine weights
+    "sarvam_moe": dict(_V3_ROUTER, n_group=4, topk_group=2, intermediate_size=56, head_dim=8,
+                       first_k_dense_replace=1),
     # DeepSeek-V3 built from Sarvam's config: MLA with a plain query projection, a dense first layer,
     # 8 experts (one group by Sarvam's default), one shared expert, scaled combine weights
     "sarvam_mla": dict(_V3_ROUTER, num_key_value_heads=4, intermediate_size=56, kv_lora_rank=12,

@@ -159,3 +159,40 @@ def test_hy_v3_config_defaults_match_transformers() -> None:
     assert spec.shared_dim == hf.moe_intermediate_size and spec.dense_dim == hf.intermediate_size
     cfg = {k: v for k, v in hf.to_dict().items() if k != "mlp_layer_types"}
     assert spec_from_config(cfg).routed_layers == spec.routed_layers  # absent: the first layer dense
+
+
+# ----- Sarvam-30B: GLM-4.5 with Sarvam's defaults --------------------------------------------------
+
+SARVAM: dict[str, dict[str, Any]] = {
+    "dense-first-groups-top2": {},
+    "all-routed-top1-two-shared-16-experts-bias": {"first_k_dense_replace": 0, "num_experts_per_tok": 1,
+                                                   "n_shared_experts": 2, "n_routed_experts": 16,
+                                                   "attention_bias": True, "use_qk_norm": False},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SARVAM)
+def test_sarvam_moe_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "sarvam_moe", dtype, **SARVAM[case])
+    assert ckpt.spec.rope_dim == 8 and ckpt.notes == []
+
+
+def test_sarvam_moe_config_defaults_and_original_names() -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("sarvam_moe").to_dict()
+    spec = spec_from_config(cfg)
+    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.gate.scaling) == (
+        128, 6, 8e6, 64, 2.5)
+    assert spec.qk_norm == "head" and spec.routed_layers[0] == 1 and spec.mtp_layers == 0
+    original = {k: v for k, v in cfg.items() if k not in ("n_routed_experts", "n_shared_experts",
+                                                           "attention_bias", "rope_parameters")}
+    original |= {"num_experts": 32, "num_shared_experts": 2, "use_qkv_bias": True, "rope_theta": 5e5}
+    hf = transformers.AutoConfig.for_model(**original)
+    spec = spec_from_config(original)
+    assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.attention_bias, spec.rope_theta) == (
+        hf.n_routed_experts, hf.n_shared_experts, hf.attention_bias, hf.rope_parameters["rope_theta"])
+    assert spec.rotary_dim == 64
+    with pytest.raises(CheckpointError, match="num_experts"):
+        spec_from_config({**cfg, "num_experts": 7})

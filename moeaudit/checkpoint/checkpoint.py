@@ -801,10 +801,11 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         assert s.mamba is not None
         names = ["input_norm", "post_norm", *s.mamba.names()]
     else:
-        names = ["input_norm", "post_norm", "q", "k", "v", "o"]
+        names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
         names += ["sinks"] if s.attention_sinks else []
     if s.attention_bias and s.mla is None and layer not in s.linear_layers and layer not in s.mamba_layers:
-        names += ["q_bias", "k_bias", "v_bias"] + (["o_bias"] if s.o_bias else [])
+        names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
+        names += ["o_bias"] if s.o_bias else []
     if s.layer_norm:
         names += ["input_norm_bias", "post_norm_bias"]
     if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers and layer not in s.mamba_layers:
@@ -833,7 +834,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "input_norm": (H,), "post_norm": (H,), "input_norm_bias": (H,), "post_norm_bias": (H,),
         "q": (q_dim, H), "k": (kv_dim, H),
         "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
-        "v_bias": (kv_dim,), "o_bias": (H,),
+        "v_bias": (kv_dim,), "o_bias": (H,), "qkv": (q_dim + 2 * kv_dim, H), "qkv_bias": (q_dim + 2 * kv_dim,),
         "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
         "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
         "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),

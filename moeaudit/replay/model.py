@@ -174,7 +174,10 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
         return mla_attention(spec, p, x_BTH, rope)
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
-    q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
+    if "qkv" in p:  # one fused [q | k | v] projection (Sarvam-30B)
+        q, k, v = _linear(x_BTH, p, "qkv", "qkv_bias").split([nh * D, nkv * D, nkv * D], dim=-1)
+    else:
+        q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
     gate = None
     if spec.gated_attention:  # Qwen3-Next: per head [query | gate], the gate σ'd onto the output
         q, gate = q.view(B, T, nh, 2 * D).chunk(2, dim=-1)
