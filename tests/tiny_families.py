@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hf_models_famC
 import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)
+import hf_models_mamba  # noqa: F401  (issue 27 §3 Mamba hybrids)
 import torch
 import transformers
 from hf_models import _redraw, save_tiny, tiny_config
