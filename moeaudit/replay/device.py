@@ -117,7 +117,9 @@ def to_device(t: torch.Tensor, device: Device) -> torch.Tensor:
 
 class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
     """A layer's experts on a device, one at a time: expert e's stored bytes are copied over and
-    converted there (the host keeps the on-disk dtype)."""
+    converted there (the host keeps the on-disk dtype: bf16 as bf16, block-scaled FP8 as float8
+    bytes with their scales, MXFP4 as codes and exponents — ``StoredExperts`` and its kinds), so
+    what crosses is what the file stores, and float32 exists only on the device."""
 
     def __init__(self, experts: Sequence[dict[str, torch.Tensor]], device: Device):
         self.experts, self.device = experts, device
