@@ -21,6 +21,11 @@ FAME: dict[str, dict[str, Any]] = {
     # 8 experts (one group by Sarvam's default), one shared expert, scaled combine weights
     "sarvam_mla": dict(_V3_ROUTER, num_key_value_heads=4, intermediate_size=56, kv_lora_rank=12,
                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6),
+    # GLM-5: DeepSeek-V3.2's MLA + DSA (index_topk 5 < T = 12, the indexer's RoPE on adjacent pairs),
+    # a dense first layer, 8 experts in 4 groups (best 2), one shared expert
+    "glm_moe_dsa": dict(_V3_ROUTER, n_group=4, topk_group=2, num_key_value_heads=4, intermediate_size=56,
+                        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=6, index_topk=5, index_n_heads=8, index_head_dim=8),
     # Qwen3 attention with q/k norms, a dense first layer, 8 experts, sigmoid router with a real
     # selection bias (a buffer of the block), renormalised and scaled, one shared expert
     "hy_v3": dict(num_experts=8, moe_intermediate_size=24, intermediate_size=56, num_shared_experts=1,

@@ -196,3 +196,55 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
     assert spec.rotary_dim == 64
     with pytest.raises(CheckpointError, match="num_experts"):
         spec_from_config({**cfg, "num_experts": 7})
+
+
+# ----- GLM-5: DeepSeek-V3.2 with an interleaved-RoPE indexer ----------------------------------------
+
+GLM5: dict[str, dict[str, Any]] = {
+    "dense-first-groups-top2": {},
+    "all-routed-top3-two-shared-16-experts-one-indexer-head": {
+        "mlp_layer_types": ["sparse", "sparse", "dense"], "num_experts_per_tok": 3, "n_shared_experts": 2,
+        "n_routed_experts": 16, "index_topk": 3, "index_n_heads": 1},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GLM5)
+def test_glm_moe_dsa_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "glm_moe_dsa", dtype, **GLM5[case])
+    assert ckpt.spec.index_rope_interleave and ckpt.spec.sparse_index is not None
+
+
+def test_glm_moe_dsa_indexer_rope_changes_the_loss(tmp_path: Path) -> None:
+    """The same weights read as DeepSeek-V3.2 (whose indexer rotates halves) give another loss, so
+    the oracle above could not pass with the indexer's pairing wrong."""
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "a", "glm_moe_dsa")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    (tmp_path / "b").mkdir()
+    for f in (tmp_path / "a").iterdir():
+        (tmp_path / "b" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "b" / "config.json").write_text(json.dumps({**cfg, "model_type": "deepseek_v32"}))
+    tokens = random_tokens()
+    glm, v32 = replay(Checkpoint(tmp_path / "a"), tokens), replay(Checkpoint(tmp_path / "b"), tokens)
+    assert Checkpoint(tmp_path / "b").spec.gate == Checkpoint(tmp_path / "a").spec.gate
+    assert abs(glm.nll - v32.nll) > 1e-4
+
+
+def test_glm_moe_dsa_config_defaults_and_shared_indexers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("glm_moe_dsa")
+    spec = spec_from_config(hf.to_dict())
+    assert spec.sparse_index is not None and spec.sparse_index.n_heads == 32 and spec.index_rope_interleave
+    assert (spec.num_experts, spec.gate.n_group, spec.rms_eps) == (256, 1, 1e-5)
+    assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
+    cfg = {k: v for k, v in hf.to_dict().items() if k != "indexer_types"}
+    shared = transformers.AutoConfig.for_model(**{**cfg, "index_topk_freq": 2})
+    assert "shared" in shared.indexer_types
+    with pytest.raises(CheckpointError, match="indexer_types"):
+        spec_from_config({**cfg, "index_topk_freq": 2})
+    with pytest.raises(CheckpointError, match="indexer_types"):
+        spec_from_config(shared.to_dict())
+    assert spec_from_config({**cfg, "index_topk_pattern": "F" * hf.num_hidden_layers}) == spec

@@ -3,7 +3,8 @@
 Each query attends only to the ``index_topk`` causal keys the indexer scores highest:
 ``I[s, t] = Σ_h w_h(x_s) · ReLU(q_{s,h} · k_t / √D_I)`` with ``w = W_w x / √n_I``, queries
 from the MLA query latent (``wq_b``), one LayerNorm'd key per token (``wk``), and rotate-half
-RoPE on the first ``qk_rope_head_dim`` dims of both (the main MLA rotates interleaved pairs).
+RoPE on the first ``qk_rope_head_dim`` dims of both (the main MLA rotates interleaved pairs;
+GLM-5's indexer does too: ``interleave``).
 It follows transformers' ``DeepseekV32Indexer``, which leaves out the reference kernel's
 Hadamard rotation (orthogonal: q·k unchanged) and FP8 scoring. The selection is discrete and
 the indexer is trained by its own distillation loss, so no gradient flows through it.
@@ -25,10 +26,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """Rotate-half RoPE, or on adjacent pairs (x0, x1), (x2, x3), … with the output de-interleaved
+    as transformers' ``apply_rotary_pos_emb_interleave`` writes it (GLM-5's indexer)."""
+    if not interleave:
+        return x * cos + _rotate_half(x) * sin
+    half = cos.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
 @torch.no_grad()
 def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: torch.Tensor,
                  cos_TD: torch.Tensor, sin_TD: torch.Tensor, n_heads: int,
-                 head_dim: int) -> torch.Tensor:
+                 head_dim: int, interleave: bool = False) -> torch.Tensor:
     """Indexer scores I_BTT[b, s, t] for every query s and key t (causality not yet applied)."""
     B, T, _ = x_BTH.shape
     rot = cos_TD.shape[-1]
@@ -37,9 +49,9 @@ def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: tor
                      p["idx_k_norm_bias"], INDEXER_NORM_EPS)
     cos, sin = cos_TD[:, None, :], sin_TD[:, None, :]
     q_rot, q_pass = q.split([rot, head_dim - rot], dim=-1)
-    q = torch.cat([q_rot * cos + _rotate_half(q_rot) * sin, q_pass], dim=-1)  # [B, T, n, D]
+    q = torch.cat([_rope(q_rot, cos, sin, interleave), q_pass], dim=-1)  # [B, T, n, D]
     k_rot, k_pass = k.split([rot, head_dim - rot], dim=-1)
-    k = torch.cat([k_rot * cos_TD + _rotate_half(k_rot) * sin_TD, k_pass], dim=-1)  # [B, T, D]
+    k = torch.cat([_rope(k_rot, cos_TD, sin_TD, interleave), k_pass], dim=-1)  # [B, T, D]
     kT_B1DT = k.transpose(-1, -2).float().unsqueeze(1)
     w_BTn = F.linear(x_BTH, p["idx_weights"]).float() * n_heads**-0.5
     out = []
@@ -52,7 +64,7 @@ def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: tor
 @torch.no_grad()
 def sparse_causal_mask(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: torch.Tensor,
                        rope: tuple[torch.Tensor, torch.Tensor], n_heads: int, head_dim: int,
-                       topk: int) -> torch.Tensor | None:
+                       topk: int, interleave: bool = False) -> torch.Tensor | None:
     """keep_B1TT: causal keys among each query's ``topk`` best; None when every causal key is
     kept (T ≤ topk), so the caller's plain causal attention is exactly DSA's.
 
@@ -61,7 +73,7 @@ def sparse_causal_mask(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BT
     B, T, _ = x_BTH.shape
     if T <= topk:
         return None
-    scores_BTT = index_scores(p, x_BTH, q_lat_BTR, *rope, n_heads, head_dim)
+    scores_BTT = index_scores(p, x_BTH, q_lat_BTR, *rope, n_heads, head_dim, interleave)
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=x_BTH.device).tril()
     scores_BTT = scores_BTT.masked_fill(~causal_TT, torch.finfo(scores_BTT.dtype).min)
     chosen = scores_BTT.topk(topk, dim=-1).indices

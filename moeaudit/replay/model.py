@@ -162,7 +162,8 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
     mask = None
     if (si := spec.sparse_index) is not None:
         assert q_lat is not None  # the config reader requires q_lora_rank for DSA
-        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk)
+        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk,
+                                  spec.index_rope_interleave)
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None,
                                          scale=spec.attention_scale)
     return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
