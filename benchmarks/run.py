@@ -58,12 +58,42 @@ class Run:
 
 
 ENVS = {
-    # libgomp's default: a thread that reaches a barrier first spins before sleeping.
-    "default": {},
+    # libgomp's default made explicit: a thread that reaches a barrier first spins before
+    # sleeping. Set for every contender (the moeaudit CLI sets PASSIVE only when it is unset).
+    "active": {"OMP_WAIT_POLICY": "ACTIVE"},
     # Waiting threads sleep at once: on an oversubscribed machine the spinning thread otherwise
     # burns the time slice its partner needs to reach the barrier (see docs/benchmarks.md).
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
 }
+ENVS["default"] = ENVS["active"]  # the old name: "default" used to leave it unset, unequal
+
+
+def base_env(threads: int) -> dict[str, str]:
+    """What every contender of every ratio gets, whatever the wait policy: the same thread
+    counts, stated rather than left to each library's default."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+WRAP = [PY, str(HERE / "bench_env.py")]
+
+
+def reported_env(out: str) -> dict[str, object]:
+    """The ``BENCH_ENV`` line a contender run under ``bench_env.py`` printed at exit."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("BENCH_ENV ")]
+    if not lines:
+        raise SystemExit(f"a contender printed no BENCH_ENV line:\n{out[-2000:]}")
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def same_env(runs: dict[str, list[Run]]) -> dict[str, object]:
+    """The one environment all contenders computed in; a ratio between unequal environments
+    is refused (it would measure the settings, not the code)."""
+    seen = {name: reported_env(r.out) for name, rs in runs.items() for r in rs}
+    distinct = {json.dumps(e, sort_keys=True) for e in seen.values()}
+    if len(distinct) != 1:
+        raise SystemExit("contenders ran in different environments: "
+                         + "; ".join(f"{n}: {e}" for n, e in seen.items()))
+    return next(iter(seen.values()))
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None) -> Run:
@@ -134,17 +164,21 @@ def _commit() -> str:
 
 
 def alternate(
-    contenders: dict[str, list[str]], rounds: int, env: dict[str, str]
+    contenders: dict[str, list[str]], rounds: int, env: dict[str, str], warmup: int = 1
 ) -> dict[str, list[Run]]:
-    """Run the contenders in turn, ``rounds`` times, rotating the order every round."""
+    """Run the contenders in turn, ``rounds`` times, rotating the order every round, after
+    ``warmup`` uncounted rounds (the page cache then holds the inputs for every contender)."""
     names = list(contenders)
     runs: dict[str, list[Run]] = {n: [] for n in names}
+    for _ in range(warmup):
+        for name in names:
+            run(contenders[name], env)
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             runs[name].append(result := run(contenders[name], env))
             print(
-                f"  round {r + 1} {name:>10}: {result.wall:7.2f} s wall {result.cpu:7.2f} s cpu "
+                f"  round {r + 1} {name:>13}: {result.wall:7.2f} s wall {result.cpu:7.2f} s cpu "
                 f"{result.rss_mb:7.0f} MB   ({load_note()})",
                 flush=True,
             )
@@ -168,43 +202,42 @@ def ratios(runs: dict[str, list[Run]], num: str, den: str) -> dict[str, object]:
 
 
 def speed(
-    work: Path, rounds: int, arch: Arch, windows: int, length: int, env_name: str
+    work: Path, rounds: int, arch: Arch, windows: int, length: int, env_name: str, threads: int
 ) -> dict[str, object]:
     ckpt, canary = work / "mid", work / "mid-canary.safetensors"
     if not ckpt.exists():
         write_checkpoint(ckpt, arch)
         write_canary(canary, arch.vocab, windows, length)
     out = work / "mid-receipts.json"
+    # every contender runs under bench_env.py, which reports the environment it computed in
     contenders = {
-        "moeaudit": [
-            PY,
-            "-m",
-            "moeaudit",
-            "receipts",
-            str(ckpt),
-            "--canary",
-            str(canary),
-            "--json",
-            str(out),
-            "--force",
-        ],
-        "hf_fp32": [PY, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
-        "floor": [PY, str(HERE / "floor.py"), str(ckpt), str(canary)],
+        "moeaudit": [*WRAP, "-m", "moeaudit", "receipts", str(ckpt), "--canary", str(canary),
+                     "--json", str(out), "--force"],
+        "hf_fp32": [*WRAP, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
+        "floor": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary)],
+        "floor_overlap": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary), "--overlap"],
     }
-    print(
-        f"speed ({env_name} env {ENVS[env_name]}): {describe(arch)}, canary {windows}×{length}",
-        flush=True,
-    )
-    runs = alternate(contenders, rounds, ENVS[env_name])
+    env = {**base_env(threads), **ENVS[env_name]}
+    # bytecode compiled once, for every contender alike (an installed user's machine has it)
+    run([PY, "-m", "compileall", "-q", str(Path(moeaudit.__file__).parent), str(HERE)])
+    print(f"speed ({env_name} env {env}): {describe(arch)}, canary {windows}×{length}, float32",
+          flush=True)
+    runs = alternate(contenders, rounds, env)
+    seen = same_env(runs)
+    print(f"  every contender computed in: {seen}", flush=True)
     return {
         "arch": describe(arch),
         "canary": [windows, length],
-        "env": ENVS[env_name],
+        "env": env,
+        "env_reported": seen,
+        "dtype": "float32",
         "runs": {n: [vars(r) | {"out": None} for r in rs] for n, rs in runs.items()},
-        "moeaudit/hf_fp32": ratios(runs, "moeaudit", "hf_fp32"),
-        "moeaudit/floor": ratios(runs, "moeaudit", "floor"),
-        "floor/hf_fp32": ratios(runs, "floor", "hf_fp32"),
+        **{key: ratios(runs, *key.split("/")) for key in RATIOS},
     }
+
+
+RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap",
+          "floor_overlap/floor", "floor/hf_fp32")
 
 
 # ----- peak memory ---------------------------------------------------------------------------
@@ -402,10 +435,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write all results to this file")
     ap.add_argument(
         "--env",
-        default="default,passive",
-        help="thread wait policies to compare under: default, passive (comma-separated); "
-        "rss, scaling and cache use the last one",
+        default="passive,active",
+        help="thread wait policies to compare under: passive, active (comma-separated; every "
+        "contender of a ratio gets the same one); rss, scaling and cache use the first one",
     )
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="OMP_NUM_THREADS and MKL_NUM_THREADS of every contender")
     args = ap.parse_args()
     only = set(args.only.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="moeaudit-bench-"))
@@ -413,11 +448,13 @@ def main() -> None:
     results: dict[str, object] = {"machine": machine()}
     print(json.dumps(results["machine"]), flush=True)
     envs = args.env.split(",")
-    env = ENVS[envs[-1]]
+    env = {**base_env(args.threads), **ENVS[envs[0]]}
     try:
         if "speed" in only:
             arch, shape = (replace(MID, layers=2), (8, 128)) if args.quick else (MID, (16, 256))
-            results["speed"] = {e: speed(work, args.rounds, arch, *shape, e) for e in envs}
+            results["speed"] = {
+                e: speed(work, args.rounds, arch, *shape, e, args.threads) for e in envs
+            }
         if "rss" in only:
             arch = replace(BIG, layers=4, hidden=512) if args.quick else BIG
             results["rss"] = peak_rss(work, arch, 8, 256, 1 if args.quick else 2, env)
@@ -453,8 +490,9 @@ def summarise(res: dict[str, object]) -> None:
                 + "  maxrss MB "
                 + " ".join(f"{r['rss_mb']:.0f}" for r in runs)
             )
-        for k in ("moeaudit/hf_fp32", "moeaudit/floor", "floor/hf_fp32"):
-            print(f"{k:>18}: {s[k]}")
+        print(f"{'environment':>22}: {s['env_reported']}")
+        for k in RATIOS:
+            print(f"{k:>22}: {s[k]}  (env {s['env']})")
     if "rss" in res:
         r = res["rss"]
         print(
