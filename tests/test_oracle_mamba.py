@@ -229,3 +229,80 @@ def test_the_mixer_is_what_the_oracle_checks(tmp_path: Path) -> None:
     tokens = random_tokens()
     assert abs(replay(Checkpoint(tmp_path / "a"), tokens).nll - replay(Checkpoint(tmp_path / "b"), tokens).nll) > 1e-3
     assert json.loads((tmp_path / "a" / "config.json").read_text())["model_type"] == "jamba"
+
+
+# ----- Granite 4.0 (granitemoehybrid): Mamba-2 / SSD ------------------------------------------
+
+GRANITEMOEHYBRID: dict[str, tuple[dict[str, Any], tuple[int, int]]] = {
+    # Mamba-2, attention without RoPE, Mamba-2; top-2 of 4 plus a shared MLP of 40; Granite
+    # 3.0's multipliers; 2 groups; chunks of 5 (a 12-token window: 3 chunks, the last padded)
+    "granite": ({}, (3, 12)),
+    # attention first, with RoPE; top-1 of 6, a narrow shared MLP, unit multipliers; one group,
+    # biased projections, unbiased conv, dt clamped to [0.3, 1.0] (both bounds bite), chunks of 8
+    "granite-rope-top1-of-6-dt-clamped": (dict(
+        num_hidden_layers=4, layer_types=["attention", "mamba", "mamba", "mamba"], position_embedding_type="rope",
+        num_local_experts=6, num_experts_per_tok=1, shared_intermediate_size=16, embedding_multiplier=1.0,
+        attention_multiplier=8 ** -0.5, residual_multiplier=1.0, logits_scaling=1.0, mamba_n_groups=1,
+        mamba_proj_bias=True, mamba_conv_bias=False, time_step_limit=[0.3, 1.0], mamba_chunk_size=8), (2, 20)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GRANITEMOEHYBRID)
+def test_granitemoehybrid_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    overrides, (windows, length) = GRANITEMOEHYBRID[case]
+    save_tiny(tmp_path, "granitemoehybrid", dtype=DTYPES[dtype], **overrides)
+    ckpt, _ = check("granitemoehybrid", tmp_path, random_tokens(windows, length))
+    s = ckpt.spec
+    assert s.routed_layers == tuple(range(s.num_layers)) and s.shared_dim and not s.shared_gated
+    assert s.nope_layers == (() if overrides.get("position_embedding_type") == "rope" else tuple(range(s.num_layers)))
+    assert ckpt.fused
+    if dtype == "bf16":
+        assert set(ckpt.summary(with_digest=False)["dtypes"]) == {"BF16"}
+
+
+def test_granite_4_hub_config_reads_as_transformers_does() -> None:
+    """granite-4.0-h-tiny's config.json (legacy layer names, RoPE off, 64 experts, top-6)."""
+    import transformers
+
+    types = ["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"] \
+        + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4
+    cfg = {"model_type": "granitemoehybrid", "hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4,
+           "num_hidden_layers": 40, "layer_types": types, "vocab_size": 100352, "intermediate_size": 512,
+           "num_local_experts": 64, "num_experts_per_tok": 6, "shared_intermediate_size": 1024,
+           "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125, "residual_multiplier": 0.22,
+           "logits_scaling": 6.0, "mamba_n_heads": 48, "mamba_n_groups": 1, "mamba_d_state": 128,
+           "mamba_d_head": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
+           "mamba_conv_bias": True, "mamba_proj_bias": False, "position_embedding_type": "nope",
+           "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "hidden_act": "silu"}
+    s = spec_from_config(cfg)
+    hf = transformers.GraniteMoeHybridConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    assert s.mamba_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    assert len(s.mamba_layers) == 36 and s.nope_layers == tuple(range(40)) and s.routed_layers == tuple(range(40))
+    m = s.mamba
+    assert m is not None and (m.inner, m.heads, m.head_dim, m.groups, m.state, m.chunk) == (3072, 48, 64, 1, 128, 256)
+    assert (m.dt_min, m.dt_max) == (0.0, None) and s.routing == "softmax top-6 of 64, renormalised"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"mamba_d_head": 10}, "do not make the"),
+    ({"mamba_n_groups": 3}, "do not split into 3 groups"),
+    ({"layer_types": ["mamba", "moe", "mamba"]}, "layer_types must list 3 layers"),
+    ({"time_step_limit": [1.0, 0.5]}, "time_step_limit must be"),
+    ({"num_local_experts": 0, "num_experts_per_tok": 0}, "num_experts_per_tok=0 not in 1..0"),
+])
+def test_bad_granitemoehybrid_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    from hf_models import tiny_config
+
+    cfg = {**tiny_config("granitemoehybrid").to_dict(), **bad}
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config(cfg)
+
+
+def test_time_step_limit_as_transformers_writes_it(tmp_path: Path) -> None:
+    save_tiny(tmp_path, "granitemoehybrid")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    m = Checkpoint(tmp_path).spec.mamba
+    assert m is not None and (m.dt_min, m.dt_max) == (0.0, None)
+    assert "Infinity" not in json.dumps(Checkpoint(tmp_path).spec.to_json())
