@@ -188,7 +188,7 @@ def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tenso
     for i in range(spec.num_layers):
         inputs.append(x)
         x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
-    bias = ckpt.read_global("final_norm_bias") if spec.layer_norm else None
+    bias = ckpt.read_global("final_norm_bias") if spec.layer_norm and spec.norm_bias else None
     return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"), bias)]
 
 

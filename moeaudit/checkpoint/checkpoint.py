@@ -538,7 +538,8 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
-        for name, on, want in (("final_norm_bias", s.layer_norm, (H,)), ("lm_head_bias", s.lm_head_bias, (V,))):
+        for name, on, want in (("final_norm_bias", s.layer_norm and s.norm_bias, (H,)),
+                               ("lm_head_bias", s.lm_head_bias, (V,))):
             if on:
                 self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
         head = self.global_key("lm_head")
@@ -806,7 +807,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     if s.attention_bias and s.mla is None and layer not in s.linear_layers and layer not in s.mamba_layers:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
         names += ["o_bias"] if s.o_bias else []
-    if s.layer_norm:
+    if s.layer_norm and s.norm_bias:
         names += ["input_norm_bias", "post_norm_bias"]
     if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers and layer not in s.mamba_layers:
         names += ["q_norm", "k_norm"]

@@ -280,6 +280,12 @@ class ModelSpec:
     longrope: LongRope | None = field(default=None, metadata=NEW)
     # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
     renorm_min: float = field(default=0.0, metadata=NEW)
+    # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
+    # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
+    # shared expert's output × ``shared_scale`` ("average" combination: routed and shared halved)
+    parallel_block: bool = field(default=False, metadata=NEW)
+    norm_bias: bool = field(default=True, metadata=NEW)
+    shared_scale: float = field(default=1.0, metadata=NEW)
     # GLM-5 (glm_moe_dsa): the DSA indexer rotates adjacent pairs, as its MLA does
     index_rope_interleave: bool = field(default=False, metadata=NEW)
     # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input

@@ -42,6 +42,7 @@ from moeaudit.replay.model import (
     block_norm,
     decoder_layer,
     experts_backward,
+    mlp_input,
     moe_router,
     rope_tables,
     shared_expert,
@@ -262,7 +263,7 @@ def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tenso
 def head_biases(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The final LayerNorm's bias and the LM head's bias, where the family has them (Phi-3.5-MoE)."""
     s = ckpt.spec
-    names = (["final_norm_bias"] if s.layer_norm else []) + (["lm_head_bias"] if s.lm_head_bias else [])
+    names = (["final_norm_bias"] if s.layer_norm and s.norm_bias else []) + (["lm_head_bias"] if s.lm_head_bias else [])
     return {n: ckpt.read_global(n, dtype) for n in names}
 
 
@@ -380,7 +381,7 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     B, T, H = x.shape
     with torch.enable_grad():
         h = attention_block(spec, lw, x, rope)
-        y_NH, routing = moe_router(spec, lw, h.reshape(-1, H))
+        y_NH, routing = moe_router(spec, lw, mlp_input(spec, x, h).reshape(-1, H))
         shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier

@@ -602,8 +602,22 @@ class MoETap:
 def moe_router(spec: ModelSpec, lw: LayerWeights,
                h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
-    y_NH = block_norm(spec, h_NH, lw.params["post_norm"], lw.params.get("post_norm_bias"))
+    w, b = mlp_norm(spec)
+    y_NH = block_norm(spec, h_NH, lw.params[w], lw.params.get(b))
     return y_NH, route_layer(spec, lw.params, y_NH)
+
+
+def mlp_norm(spec: ModelSpec) -> tuple[str, str]:
+    """The norm (gain, bias) in front of the MLP / MoE block: ``post_norm``, or with a parallel
+    block (Cohere) the one norm both branches read, ``input_norm`` (so that its gradient
+    gathers both branches', as transformers' single norm parameter does)."""
+    return ("input_norm", "input_norm_bias") if spec.parallel_block else ("post_norm", "post_norm_bias")
+
+
+def mlp_input(spec: ModelSpec, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
+    """What the MLP / MoE block reads: h = x + attention(norm(x)), or with a parallel block
+    (Cohere: x + attention(norm(x)) + mlp(norm(x))) the layer input x itself."""
+    return x_BTH if spec.parallel_block else h_BTH
 
 
 def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> Routing:
@@ -617,7 +631,7 @@ def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tenso
     out = swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
     if spec.shared_gated:
         out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
-    return out
+    return out if spec.shared_scale == 1.0 else out * spec.shared_scale
 
 
 def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
@@ -661,10 +675,11 @@ def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     h = attention_block(spec, lw, x_BTH, rope)
     r = spec.residual_multiplier
     if lw.routed:
-        mlp_out, tap = moe_block(spec, lw, h, extra)
+        mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra)
         return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
-    y = block_norm(spec, h, p["post_norm"], p.get("post_norm_bias"))
+    w, b = mlp_norm(spec)
+    y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b))
     out = swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"])
     return h + (out if r == 1.0 else out * r), None
 
