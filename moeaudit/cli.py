@@ -90,6 +90,21 @@ verbose_option = click.option(
 )
 
 
+nproc_option = click.option(
+    "--nproc", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Replay on N processes, each rank reading and computing its share of every layer's routed "
+         "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
+         "moeaudit ...` does the same). Receipts equal one process's within float tolerance.")
+
+
+def _ranks(nproc: int | None) -> Any:
+    """The expert-parallel session of a command (issue 28): --nproc starts the ranks; under
+    torchrun they are there already; otherwise nothing."""
+    from moeaudit.replay import dist
+
+    return dist.session(nproc)
+
+
 @click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="moeaudit")
 @verbose_option
@@ -352,9 +367,10 @@ def canary_show(path: Path, as_json: bool) -> None:
 @click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
               help="Compute the replay on this torch device, e.g. cuda or cuda:1 (one layer's "
                    "weights at a time); receipts are deterministic per device.")
+@nproc_option
 @verbose_option
 def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
-             force: bool, conflict: bool, generate: int, device: str) -> None:
+             force: bool, conflict: bool, generate: int, device: str, nproc: int | None) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward).
 
     
@@ -372,7 +388,7 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     checkpoint = _open_checkpoint(ckpt)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
-    with _progress() as tick:
+    with _ranks(nproc), _progress() as tick:
         doc = state_receipts(checkpoint, probe, policy, conflict=conflict, generate=generate,
                              progress=tick, device=None if device == "cpu" else _device(device))
     _emit_json(doc, json_out, lambda: print_receipts(doc))
@@ -405,9 +421,10 @@ def _device(name: str) -> str:
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@nproc_option
 @verbose_option
 def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Path | None,
-            policy_path: Path | None, json_out: Path | None, force: bool) -> None:
+            policy_path: Path | None, json_out: Path | None, force: bool, nproc: int | None) -> None:
     """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins.
 
     
@@ -426,7 +443,7 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
     policy = _load_policy(policy_path, base)
-    with _progress() as tick:
+    with _ranks(nproc), _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
     _emit_json(doc, json_out, lambda: print_compare(doc, policy))
 
@@ -565,10 +582,11 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 @click.option("--fail-on", type=click.Choice(["fail", "inconclusive"]), default=None,
               help="After writing the certificate, exit 1 on a FAIL verdict; 'inconclusive' also "
                    "exits 3 on INCONCLUSIVE (default: exit 0 whatever the verdict).")
+@nproc_option
 @verbose_option
 def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
             key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
-            stage: str | None, fail_on: str | None) -> None:
+            stage: str | None, fail_on: str | None, nproc: int | None) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
 
     With --fail-on, a FAIL verdict exits 1 (and, with --fail-on inconclusive, an INCONCLUSIVE one
@@ -603,7 +621,7 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
     # the output is locked, checked and proven writable before the replay (issue 14)
-    with OutputSet(out, force, warn=_warn) as target, _progress() as tick:
+    with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
         cache = ReceiptsCache(enabled=not no_cache, warn=_warn)
         audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
@@ -659,10 +677,11 @@ def _signing_key(path: Path | None):
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Also write the decision, its conditions and the gate as JSON here.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --junit or --json file.")
+@nproc_option
 @verbose_option
 def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
          reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None,
-         force: bool) -> None:
+         force: bool, nproc: int | None) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
 
     
@@ -686,13 +705,14 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
     run_dir, b_step, c_step = placement(base, candidate)
     if run_dir is not None:
         _run_layout(run_dir)
-    if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
-        result = rollback(base, candidate, b_step, c_step)
-    elif run_dir is not None and b_step is not None and c_step is not None:
-        result = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path, policy_path,
-                              reference, stage)
-    else:
-        result = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
+    with _ranks(nproc):
+        if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
+            result = rollback(base, candidate, b_step, c_step)
+        elif run_dir is not None and b_step is not None and c_step is not None:
+            result = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path, policy_path,
+                                  reference, stage)
+        else:
+            result = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
     _print_gate(result)
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
@@ -975,8 +995,21 @@ def _terminate(_signum: int, _frame: Any) -> None:
 def main() -> None:
     import signal
 
+    from moeaudit.replay import dist
+
+    if dist.env_world()[0] > 0:  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD`: serve rank 0's replays
+        dist.worker_main()
     signal.signal(signal.SIGTERM, _terminate)
-    cli(prog_name="moeaudit")
+    try:
+        cli(prog_name="moeaudit")
+    except SystemExit as exc:
+        if dist.used():  # leave as the ranks do: no C++ static destructors racing gloo's threads
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1)
+        raise
 
 
 if __name__ == "__main__":
