@@ -24,6 +24,18 @@ FAMD: dict[str, dict[str, Any]] = {
         sliding_window=5,
         sliding_window_pattern=2,
     ),
+    # Cohere's parallel block on a bias-free LayerNorm; sliding layers 0, 2 (interleaved RoPE,
+    # window 5 < T), global layer 1 without RoPE; top-2 of 8 (softmax over the chosen logits),
+    # one shared expert averaged with the routed output; logits × 0.25; tied embeddings
+    "cohere2_moe": dict(
+        head_dim=8,
+        num_experts=8,
+        intermediate_size=24,
+        num_shared_experts=1,
+        sliding_window=5,
+        sliding_window_pattern=2,
+        logit_scale=0.25,
+    ),
 }
 
 hf_models._FAMILY.update(FAMD)

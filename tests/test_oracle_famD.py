@@ -30,7 +30,7 @@ from test_oracle import Observed, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.checkpoint.config import Gate, spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
@@ -148,5 +148,94 @@ def test_exaone_moe_release_config_reads_as_transformers_does() -> None:
 ])
 def test_bad_exaone_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("exaone_moe").to_dict()
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**cfg, **bad})
+
+
+# ----- cohere2_moe (Command A MoE) ----------------------------------------------------------
+
+COHERE: dict[str, dict[str, Any]] = {
+    # LayerNorm, softmax top-2 of 8, one shared expert averaged, sliding 0 and 2, NoPE global 1
+    "layernorm-average-shared-window-nope": {},
+    # RMSNorm, sigmoid top-3 of 16 renormalised, two shared experts summed, a dense first layer
+    # (its own width, RoPE: prefix pattern 1), q/k/v/o biases, untied LM head
+    "rms-sigmoid-top3-16-sum-dense-prefix": {
+        "rms_norm_eps": 1e-6, "expert_selection_fn": "sigmoid", "num_experts": 16, "num_experts_per_tok": 3,
+        "num_shared_experts": 2, "shared_expert_combination_strategy": "sum", "first_k_dense_replace": 1,
+        "prefix_dense_intermediate_size": 40, "attention_bias": True, "tie_word_embeddings": False},
+    # no shared expert, sigmoid top-1 not renormalised, a dense middle layer that is global
+    # without RoPE (prefix pattern 2), every layer global except the first
+    "top1-sigmoid-no-shared-dense-middle": {
+        "num_shared_experts": 0, "expert_selection_fn": "sigmoid", "norm_topk_prob": False,
+        "num_experts_per_tok": 1, "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "prefix_dense_sliding_window_pattern": 2,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+}
+
+
+def cohere_observed(model: Any, tokens: torch.Tensor) -> Observed:
+    """transformers' numbers for the parallel block: the MoE block reads the layer input through
+    ``input_layernorm`` (aliased as the generic hooks' ``post_attention_layernorm``, the same
+    module: its parameter is counted once, under ``input_layernorm``). With the "average"
+    combination the block halves the router's weights: that halved weight is the combine weight
+    c_e of the routed output Σ c_e u_e, as the replay reports it."""
+    for layer in model.model.layers:
+        layer.post_attention_layernorm = layer.input_layernorm
+    cfg = model.config
+    half = 0.5 if cfg.num_shared_experts and cfg.shared_expert_combination_strategy == "average" else 1.0
+    return transformers_observed(model, tokens, chosen=lambda out: (out[2], out[1] * half))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", COHERE)
+def test_cohere2_moe_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    model, ckpt = check(tmp_path, "cohere2_moe", case, dtype, COHERE[case], cohere_observed)
+    s, cfg = ckpt.spec, model.config
+    assert s.routed_layers == _routed(model) and s.parallel_block
+    assert s.sliding_layers == tuple(i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention")
+    rotated = [layer.self_attn.sliding_window is not None or layer.self_attn.force_rope for layer in model.model.layers]
+    assert s.nope_layers == tuple(i for i, r in enumerate(rotated) if not r)
+    assert s.layer_norm == (cfg.rms_norm_eps is None)
+    assert ckpt.summary(with_digest=False)["tied_embeddings"] == cfg.tie_word_embeddings
+
+
+@pytest.mark.parametrize("change", ["serial", "rope-halves", "rope-everywhere", "sum", "logit-scale"])
+def test_cohere2_moe_each_difference_changes_the_loss(change: str, tmp_path: Path) -> None:
+    """Replaying with any one of Cohere's differences undone moves the NLL well beyond the
+    oracle's tolerance, so the agreement above pins each of them."""
+    import dataclasses
+
+    save_tiny(tmp_path, "cohere2_moe")
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    base = replay(ckpt, tokens, backward=False).nll
+    undo: dict[str, dict[str, Any]] = {
+        "serial": {"parallel_block": False}, "rope-halves": {"rope_interleaved": False},
+        "rope-everywhere": {"nope_layers": ()}, "sum": {"shared_scale": 1.0, "gate": Gate()},
+        "logit-scale": {"logits_scaling": 1.0}}
+    ckpt.spec = dataclasses.replace(ckpt.spec, **undo[change])
+    assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
+
+
+def test_cohere2_moe_default_config_reads_as_transformers_does() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("cohere2_moe")
+    s = spec_from_config(hf.to_dict())
+    assert (s.head_dim, s.layer_norm, s.norm_bias, s.rms_eps, s.logits_scaling) == (128, True, False, 1e-5, 16.0)
+    assert s.tie_embeddings and s.routed_layers == tuple(range(40)) and s.shared_dim == 0
+    assert s.sliding_layers == tuple(i for i in range(40) if (i + 1) % 4)
+    assert s.nope_layers == tuple(i for i in range(40) if (i + 1) % 4 == 0)
+    assert s.routing == "softmax top-2 of 8, renormalised"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"expert_selection_fn": "relu"}, "expert_selection_fn must be"),
+    ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy must be"),
+    ({"logit_scale": 0.0}, "logit_scale must be a positive number"),
+    ({"mlp_layer_types": ["dense"]}, "mlp_layer_types must list 3 layers"),
+])
+def test_bad_cohere2_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("cohere2_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):
         spec_from_config({**cfg, **bad})

@@ -19,6 +19,7 @@ import ctypes.util
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,7 @@ class ReplayResult:
     routing: dict[int, Routing] = field(default_factory=dict)
     grads: dict[int, LayerGrads] = field(default_factory=dict)
     nonfinite_weights: list[str] = field(default_factory=list)  # "layer 3 router", "lm_head", ...
+    parallel: dict[str, Any] | None = None  # expert-parallel replay: world size, backend, devices
 
 
 def _detached(r: Routing) -> Routing:
@@ -311,6 +313,15 @@ def replay(
 
     check_window_len(tokens_WT.shape[-1])  # callers check first, naming the canary file
     dev = prepare_device(device)
+    from moeaudit.replay import dist
+
+    sess = dist.active()  # torchrun or --nproc: experts across the ranks (issue 28)
+    if sess is not None and not grad_observers and window_weights_W is None and not ckpt.is_dcp:
+        from moeaudit.replay.sharded import sharded_replay
+
+        with replay_scope(dev):
+            return sharded_replay(sess, ckpt, tokens_WT, backward=backward, observers=observers,
+                                  progress=progress, dtype=dtype, device=dev)
     with replay_scope(dev):
         return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
                        grad_observers=grad_observers, window_weights_W=window_weights_W,

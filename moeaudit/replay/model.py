@@ -422,7 +422,8 @@ def _slots_of_sets(sets: Sequence[torch.Tensor], E: int) -> list[tuple[torch.Ten
 
 def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                          sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None,
-                         scales: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                         scales: Sequence[torch.Tensor] | None = None,
+                         only: range | None = None) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone.
@@ -431,12 +432,17 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
 
     ``scales`` (Llama 4, one [N, X] per set: the combine weight c each expert gets or would
     get) makes the input of expert e c·y and its output u_e(c·y)/c, so that Σ_k c_k u_k is the
-    block's output Σ_k u_k(c_k y) and the receipts keep their (c, u) form (docs/families.md)."""
+    block's output Σ_k u_k(c_k y) and the receipts keep their (c, u) form (docs/families.md).
+
+    ``only`` (expert-parallel replay, ``replay.sharded``): compute the experts in that range and
+    leave the rows of the others zero; each expert's rows are those it gets in the full sweep."""
     slots = _slots_of_sets(sets, len(experts))
     out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
     starts = [0] * len(sets)
     for e in range(len(experts)):
-        if not any(counts[e] for _, counts in slots):
+        if not any(counts[e] for _, counts in slots) or (only is not None and e not in only):
+            for i, (_, counts) in enumerate(slots):
+                starts[i] += counts[e]
             continue
         w = experts[e]
         for i, (order, counts) in enumerate(slots):
@@ -482,6 +488,7 @@ class ExpertsBackward:
     y_NH: torch.Tensor  # dL/dy through the experts
     combine_NK: torch.Tensor  # dL/dc
     sq_E: torch.Tensor  # ‖∇_{θ_e} L‖² per expert, float64 (`000` Def. 6.1)
+    dx_SH: torch.Tensor | None = None  # dL/dy per (token, slot) instead of y_NH (``slot_dx``)
 
 
 def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor,
@@ -525,19 +532,26 @@ def _clamped_glu_grads(glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.T
 def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                      topk_NK: torch.Tensor, combine_NK: torch.Tensor,
                      grad_NH: torch.Tensor, glu: ClampedGLU | None = None,
-                     scaled_inputs: bool = False) -> ExpertsBackward:
+                     scaled_inputs: bool = False, only: range | None = None,
+                     slot_dx: bool = False) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
-    dropped before the next expert is converted, so a layer's gradients never coexist."""
+    dropped before the next expert is converted, so a layer's gradients never coexist.
+
+    Expert-parallel replay (``replay.sharded``): ``only`` runs the experts in that range (the
+    others' norms, dL/dc and dL/dy contributions stay zero); ``slot_dx`` returns each (token,
+    slot)'s dL/dy in ``dx_SH`` [N·K, H] rather than their sum per token (``y_NH`` is then empty),
+    so that the sum can be formed after the ranks' slots are brought together, in this order."""
     N, K = topk_NK.shape
     order, counts = _expert_slots(topk_NK, len(experts))
-    dy_NH = torch.zeros_like(y_NH)
+    dy_NH = y_NH.new_zeros((0, y_NH.shape[1])) if slot_dx else torch.zeros_like(y_NH)
+    dx_SH = y_NH.new_zeros((N * K, y_NH.shape[1])) if slot_dx else None
     dc_S = combine_NK.new_zeros(N * K)
     c_S = combine_NK.reshape(-1).to(y_NH.dtype)
     sq_E = y_NH.new_zeros(len(experts), dtype=torch.float64)  # stays where it is computed
     start = 0
     for e, c in enumerate(counts):
-        if c:
+        if c and (only is None or e in only):
             slots = order[start:start + c]
             tok = slots // K
             x, c_M1 = y_NH[tok], c_S[slots, None]
@@ -552,13 +566,16 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
                 dx, dc, grads = _swiglu_grads(x, experts[e], grad_NH[tok], c_M1)
             else:
                 dx, dc, grads = _clamped_glu_grads(glu, x, experts[e], grad_NH[tok], c_M1)
-            dy_NH.index_add_(0, tok, dx)
+            if dx_SH is not None:
+                dx_SH[slots] = dx
+            else:
+                dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
             norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
             del dx, dc, grads, x, c_M1  # before the next expert is converted
             sq_E[e] = _sum_of_squares(norms)
         start += c
-    return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E)
+    return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E, dx_SH)
 
 
 def _sum_of_squares(norms: Sequence[torch.Tensor]) -> torch.Tensor:
