@@ -125,6 +125,9 @@ class Family:
     decoder_config: Callable[[dict[str, Any], Path | str], dict[str, Any]] | None = None
     # settings that change the math and are not replayed (besides ``REFUSED_EVERYWHERE``)
     refuse: tuple[Refuse, ...] = ()
+    # a wrapper or relabelled checkpoint: what is audited ("the text decoder of …"), recorded in
+    # the receipts beside the family
+    audits: str = ""
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:

@@ -1,0 +1,44 @@
+"""GLM-4.7-Flash (``glm4_moe_lite``): DeepSeek-V3's multi-head latent attention (RoPE
+interleaved by default) with GLM-4.5's router (sigmoid scores, selection bias, top-2-sum groups,
+by default one group; × ``routed_scaling_factor``, default 1.8), ``n_shared_experts`` shared
+experts, and ``mlp_layer_types`` ("dense" / "sparse" per layer; default: the first layer dense).
+The released checkpoint's MTP layer (layer 47, ``num_nextn_predict_layers``) is left out, as
+transformers' class ignores it. Same key names as DeepSeek-V3."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from moeaudit.errors import CheckpointError
+from moeaudit.families import deepseek_v3
+from moeaudit.families.base import Ctx, grouped_gate, mtp_count
+
+
+def _routed(c: Ctx) -> tuple[int, ...]:
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return tuple(range(1, c.num_layers))
+    if (not isinstance(types, list) or len(types) != c.num_layers
+            or any(t not in ("dense", "sparse") for t in types)):
+        raise CheckpointError(f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the "
+                              f"{c.num_layers} layers", path=c.path)
+    return tuple(i for i, t in enumerate(types) if t == "sparse")
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    return {
+        **deepseek_v3.FAMILY.fields(c),
+        "routed_layers": _routed(c),
+        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
+                             topk_group=1, group_score="top2sum", scaling=1.8),
+        "mtp_layers": mtp_count(c, 0),
+    }
+
+
+FAMILY = dataclasses.replace(
+    deepseek_v3.FAMILY, name="glm4_moe_lite", fields=_fields, default_rms_eps=1e-5,
+    layout=dataclasses.replace(deepseek_v3.LAYOUT, family="glm4_moe_lite",
+                               notes="MLA attention; GLM-4.5's sigmoid router with selection bias; shared "
+                                     "experts; mlp_layer_types dense/sparse layers; MTP layers left out"),
+)
