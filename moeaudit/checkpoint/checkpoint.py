@@ -446,6 +446,12 @@ class Checkpoint:
         fused = self._resolve("gate_up", self.layout.fused.get("gate_up", ()), layer=first)
         if fused is not None:
             self.fused_format = self.layout.fused_formats.get(self._resolved["gate_up"], self.fused_format)
+        if fused is not None and self.fused_format == "stacked_or_transposed":
+            # Qwen3-VL-MoE: the released files hold gate_up [E, H, 2I], transformers 5.24's
+            # save_pretrained writes [E, 2I, H]; the stored shape says which (H = 2I reads as stacked)
+            shape, s = self.info(fused).shape, self.spec
+            self.fused_format = "transposed" if shape[1:] == (s.hidden_size, 2 * s.expert_dim) \
+                and s.hidden_size != 2 * s.expert_dim else "stacked"
         return fused is not None
 
     def global_key(self, name: str) -> str | None:
