@@ -26,6 +26,11 @@ FAME: dict[str, dict[str, Any]] = {
     "glm_moe_dsa": dict(_V3_ROUTER, n_group=4, topk_group=2, num_key_value_heads=4, intermediate_size=56,
                         first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8,
                         qk_rope_head_dim=4, v_head_dim=6, index_topk=5, index_n_heads=8, index_head_dim=8),
+    # MiniMax-01: layers full, lightning, full, lightning (blocks of 5 < T = 12 tokens), DeepNorm
+    # residual factors away from 1, Mixtral's MoE (top-2 of 4)
+    "minimax": dict(num_local_experts=4, intermediate_size=24, head_dim=8, num_hidden_layers=4, block_size=5,
+                    full_attn_alpha_factor=1.5, linear_attn_alpha_factor=2.0, linear_attn_beta_factor=0.5,
+                    mlp_alpha_factor=1.25, mlp_beta_factor=0.75),
     # Qwen3 attention with q/k norms, a dense first layer, 8 experts, sigmoid router with a real
     # selection bias (a buffer of the block), renormalised and scaled, one shared expert
     "hy_v3": dict(num_experts=8, moe_intermediate_size=24, intermediate_size=56, num_shared_experts=1,

@@ -248,3 +248,51 @@ def test_glm_moe_dsa_config_defaults_and_shared_indexers() -> None:
     with pytest.raises(CheckpointError, match="indexer_types"):
         spec_from_config(shared.to_dict())
     assert spec_from_config({**cfg, "index_topk_pattern": "F" * hf.num_hidden_layers}) == spec
+
+
+# ----- MiniMax-01: lightning attention, DeepNorm residuals, Mixtral's MoE ----------------------------
+
+MINIMAX: dict[str, dict[str, Any]] = {
+    "alternating-top2-of-4": {},
+    "lightning-first-sliding-top3-of-8": {"layer_types": ["linear_attention", "linear_attention", "full_attention",
+                                                          "linear_attention"],
+                                          "num_local_experts": 8, "num_experts_per_tok": 3, "sliding_window": 5,
+                                          "block_size": 4, "num_key_value_heads": 1},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", MINIMAX)
+def test_minimax_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ckpt = check(tmp_path, "minimax", dtype, **MINIMAX[case])
+    types = load(tmp_path).config.layer_types
+    assert ckpt.spec.lightning_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    assert ckpt.spec.residual_scales == ((1.5, 1.0), (2.0, 0.5), (1.25, 0.75))
+
+
+def test_minimax_residual_factors_change_the_loss(tmp_path: Path) -> None:
+    """The same weights with plain residuals (every factor 1) give another loss, so the oracle above
+    pins the DeepNorm factors."""
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "a", "minimax")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    base = replay(Checkpoint(tmp_path / "a"), random_tokens()).nll
+    ones = {k: 1.0 for k in cfg if k.endswith(("_alpha_factor", "_beta_factor"))}
+    (tmp_path / "b").mkdir()
+    for f in (tmp_path / "a").iterdir():
+        (tmp_path / "b" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "b" / "config.json").write_text(json.dumps({**cfg, **ones}))
+    assert abs(replay(Checkpoint(tmp_path / "b"), random_tokens()).nll - base) > 1e-3
+
+
+def test_minimax_config_defaults_match_transformers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("minimax")
+    spec = spec_from_config(hf.to_dict())
+    assert spec.lightning_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.lightning_block) == (8, 2, 1e6, 256)
+    assert spec.residual_scales == ((1.0, 1.0),) * 3 and spec.routed_layers == tuple(range(32))
+    with pytest.raises(CheckpointError, match="layer_types"):
+        spec_from_config({**hf.to_dict(), "layer_types": ["mamba"] * 32})

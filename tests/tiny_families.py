@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hf_models_famC
 import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)
+import hf_models_famE  # noqa: F401  (issue 27 §2 newer routed designs)
 import hf_models_mamba  # noqa: F401  (issue 27 §3 Mamba hybrids)
 import torch
 import transformers

@@ -184,6 +184,9 @@ LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is al
 ROTARY_BUFFER = re.compile(r"(?:^|\.)rotary_emb\.inv_freq$")
 
 SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
+# MiniMax-01's lightning attention: its weights (gradients measured) and its decay buffers (not)
+LIGHTNING_NAMES = ("light_qkv", "light_gate", "light_norm", "light_out")
+LIGHTNING_BUFFERS = ("light_slope", "light_qdecay", "light_kdecay", "light_ddecay")
 LINEAR_ATTENTION_NAMES = ("lin_qkvz", "lin_ba", "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv",
                           "lin_dt_bias", "lin_A_log", "lin_norm", "lin_out")
 # Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
@@ -804,6 +807,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     elif layer in s.linear_layers:
         skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
+    elif layer in s.lightning_layers:
+        names = ["input_norm", "post_norm", *LIGHTNING_NAMES, *LIGHTNING_BUFFERS]
     elif layer in s.mamba_layers:
         assert s.mamba is not None
         names = ["input_norm", "post_norm", *s.mamba.names()]
@@ -870,6 +875,11 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                        "lin_conv": (la.conv_channels, 1, la.conv_kernel),
                        "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
                        "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
+    if s.lightning_layers:  # MiniMax-01's lightning attention and its stored decay buffers
+        n, D, C = s.num_heads, s.head_dim, s.lightning_block
+        shapes.update({"light_qkv": (3 * n * D, H), "light_gate": (n * D, H), "light_norm": (n * D,),
+                       "light_out": (H, n * D), "light_slope": (n, 1, 1), "light_qdecay": (n, C, 1),
+                       "light_kdecay": (n, C, 1), "light_ddecay": (1, n, C, C)})
     if s.mamba is not None:
         shapes.update(s.mamba.shapes(H))
     if s.mla is not None:

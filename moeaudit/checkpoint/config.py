@@ -298,6 +298,13 @@ class ModelSpec:
     # state-space scan of these sizes instead of attention
     mamba: Mamba | None = field(default=None, metadata=NEW)
     mamba_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    # MiniMax-01: lightning attention (decayed linear attention, ``replay.lightning``) on
+    # ``lightning_layers``, in blocks of ``lightning_block`` tokens; DeepNorm-style residuals: a
+    # sub-block adds to its normed input, out = α·norm(x) + β·f(norm(x)), with (α, β) in
+    # ``residual_scales`` for full attention, lightning attention and the MLP / MoE block
+    lightning_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    lightning_block: int = field(default=0, metadata=NEW)
+    residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
+from moeaudit.checkpoint.checkpoint import LIGHTNING_NAMES, LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
 from moeaudit.checkpoint.config import MAMBA_NAMES, ModelSpec
 from moeaudit.replay.device import (
     Device,
@@ -396,9 +396,13 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
         shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
+    scales = spec.residual_scales[2] if spec.residual_scales is not None else None
+    g_NH = g_NH if scales is None else g_NH * scales[1]  # MiniMax-01: out = α·y + β·MoE(y)
     back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
                             routing.combine_NK.detach(), g_NH, spec.clamped_glu, spec.scaled_expert_inputs)
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
+    if scales is not None:  # no identity path from h: dL/dy = α·dL/d(out) + the experts'
+        roots, grads = roots[1:], [back.y_NH + scales[0] * grad_BTH.reshape(-1, H), back.combine_NK]
     if shared is not None:
         roots.append(shared)
         grads.append(g_NH)
@@ -435,7 +439,7 @@ def _next_token(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor
 
 ATTENTION_GRADS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "input_norm",
                    "input_norm_bias", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias", "kv_a_norm",
-                   "kv_b", "sinks", "qkv", "qkv_bias", *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES)
+                   "kv_b", "sinks", "qkv", "qkv_bias", *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES)
 
 
 def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.dsa import sparse_causal_mask
+from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 
 
@@ -678,6 +679,12 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
+    if spec.residual_scales is not None:  # MiniMax-01: α·norm(x) + β·mixer(norm(x))
+        light = lw.layer in spec.lightning_layers
+        a, b = spec.residual_scales[1 if light else 0]
+        out = (lightning_attention(p, x_norm, spec.num_heads, spec.head_dim) if light
+               else attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer))
+        return x_norm * a + out * b
     if lw.layer in spec.mamba_layers:  # Jamba, Granite 4.0: a selective state-space scan
         assert spec.mamba is not None
         out = mamba_mixer(spec.mamba, p, x_norm)
@@ -693,11 +700,17 @@ def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     r = spec.residual_multiplier
     if lw.routed:
         mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra)
+        if spec.residual_scales is not None:  # MiniMax-01: α·y + β·MoE(y), y = norm(h)
+            alpha, beta = spec.residual_scales[2]
+            return tap.y_NH.view_as(mlp_out) * alpha + mlp_out * beta, tap
         return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
     w, b = mlp_norm(spec)
     y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b))
     out = swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"])
+    if spec.residual_scales is not None:
+        alpha, beta = spec.residual_scales[2]
+        return y * alpha + out * beta, None
     return h + (out if r == 1.0 else out * r), None
 
 
