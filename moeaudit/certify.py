@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from moeaudit.judge.gates import (
 from moeaudit.judge.margins import handoff, refinement
 from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
 from moeaudit.lineage import abandoned
+from moeaudit.records import GateEntry, Margin, Margins
 from moeaudit.run import Run, discover, truncate
 from moeaudit.run_names import run_name
 
@@ -52,7 +53,7 @@ class Audit:
 
     run: Run
     statement: dict[str, Any]
-    receipts: dict[str, dict[str, Any]] = field(default_factory=dict)  # file name → document
+    receipts: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # file name → document
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +110,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
             gate["drift"] = drift_summary(pairs[gate["step"]])
 
     last = gates[-1]
-    margins: dict[str, Any] = {"refinement": None, "handoff": None}
+    margins: Margins = {"refinement": None, "handoff": None}
     if last["step"] in pairs:
         margins["refinement"] = _worst_refinement(replayer, run, docs, pairs, last, base_at,
                                                   protected, policy)
@@ -177,14 +178,14 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
 
 def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs: dict[int, Any],
-                      last: dict[str, Any], base_at: dict[int, str], protected: list[int],
-                      policy: Policy) -> dict[str, Any]:
+                      last: GateEntry, base_at: dict[int, str], protected: list[int],
+                      policy: Policy) -> Margin:
     """The refinement margin of the last checkpoint against the active baseline and against every
     earlier baseline (the first checkpoint, each event's): the worst of them is gated, so a
     declared event can start a new drift baseline but never improve the margin (issue 23 §5)."""
     ckpts = dict(run.checkpoints)
     step = last["step"]
-    found = []
+    found: list[Margin] = []
     for b in sorted(s for s in base_at if s < step):
         pair = pairs[step] if b == last["baseline"] else replayer.pair((b, ckpts[b]), (step, ckpts[step]))
         drift = {entry["layer"]: entry["drift"] for entry in pair["layers"]}

@@ -21,6 +21,7 @@ from moeaudit import __version__
 from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error, short_line
 from moeaudit.limits import MAX_WINDOW_TOKENS
 from moeaudit.papers import named
+from moeaudit.records import GateResult
 from moeaudit.report.terminal import (
     err,
     esc,
@@ -730,7 +731,7 @@ GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
 
 def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step: int,
                  canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-                 stage: str | None) -> dict:
+                 stage: str | None) -> GateResult:
     """The candidate as certify of the run truncated at it would judge it (issue 23 §1)."""
     from moeaudit import canary as canary_mod
     from moeaudit.cache import ReceiptsCache
@@ -748,7 +749,7 @@ def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step
 
 
 def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: Path | None,
-                      policy_path: Path | None, reference: Path | None, stage: str | None) -> dict:
+                      policy_path: Path | None, reference: Path | None, stage: str | None) -> GateResult:
     from moeaudit import canary as canary_mod
     from moeaudit.judge.promote import gate_candidate
     from moeaudit.locate import require_canary
@@ -761,7 +762,7 @@ def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: 
     return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
 
 
-def _print_gate(result: dict) -> None:
+def _print_gate(result: GateResult) -> None:
     style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
     seen: set[str] = set()  # papers named so far in this output
     if result["verdict"] is None:

@@ -14,8 +14,9 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from moeaudit.errors import InputError, from_os_error
 from moeaudit.limits import kind_of
@@ -35,10 +36,13 @@ def sanitize(obj: Any, path: str = "", found: list[dict[str, str]] | None = None
     return obj
 
 
-def finite_document(doc: dict[str, Any]) -> dict[str, Any]:
+Document = TypeVar("Document", bound=Mapping[str, Any])
+
+
+def finite_document(doc: Document) -> Document:
     """The document with non-finite numbers nulled and listed under ``nonfinite``."""
     found: list[dict[str, str]] = []
-    clean = sanitize(doc, found=found)
+    clean: Any = sanitize(doc, found=found)
     if found:
         clean["nonfinite"] = [
             {**f, "reason": "not a finite number (NaN or Inf) in the computation"} for f in found

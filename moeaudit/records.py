@@ -224,6 +224,14 @@ class ReceiptsLayer(TypedDict):
     gradients: NotRequired[dict[str, Any]]
 
 
+class NonFinite(TypedDict):
+    """A number that was not finite, written null (:func:`moeaudit.jsonio.finite_document`)."""
+
+    path: str
+    value: str
+    reason: str
+
+
 class Receipts(TypedDict):
     """``moeaudit receipts --json`` and ``receipts/checkpoint-<step>.json``."""
 
@@ -242,6 +250,7 @@ class Receipts(TypedDict):
     pooled: NotRequired[dict[str, Any]]
     conflict: NotRequired[dict[str, Any]]
     generation: NotRequired[dict[str, Any]]
+    nonfinite: NotRequired[list[NonFinite]]
 
 
 class PairLayer(TypedDict):
@@ -259,6 +268,7 @@ class PairDocument(TypedDict):
     step: int
     environment: EnvironmentRecord
     layers: list[PairLayer]
+    nonfinite: NotRequired[list[NonFinite]]
 
 
 class CompareDocument(TypedDict):
@@ -305,7 +315,7 @@ class GateReceipts(TypedDict):
 class HealthFailure(TypedDict):
     layer: int
     what: str
-    value: float
+    value: float | None  # None: the receipt itself was not finite
     threshold: float
 
 
@@ -595,6 +605,7 @@ class EnvelopeReport(TypedDict):
     window: NotRequired[StepWindow]
     variance_compliant: bool
     unevaluable: list[Unevaluable]
+    comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
 
 
 # --- the v2 predicate ---------------------------------------------------------------------------------

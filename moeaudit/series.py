@@ -15,6 +15,7 @@ from typing import Any
 
 from moeaudit.errors import InputError
 from moeaudit.limits import check_window_len, iter_lines
+from moeaudit.records import EnvelopeReport
 from moeaudit.run import PROBE_FILE
 
 
@@ -86,7 +87,7 @@ def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Pat
         requested = "logs" if has_logs else "replay"
     if requested == "logs" and not has_logs:
         raise InputError("no metrics.jsonl in the run directory", path=where,
-                         hint="log with moeaudit.hooks.ExpertGradLogger, or use --source replay")
+                         hint="log with moeaudit.integrations.hooks.ExpertGradLogger, or use --source replay")
     if requested == "probe" and not has_probe:
         raise InputError("no canary_probe.jsonl in the run directory", path=where,
                          hint="call ExpertGradLogger.probe(step, canary_loss) at every save, "
@@ -150,7 +151,7 @@ def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
 def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | Path | None = None,
                  compare: bool = False, calibrate_on: Path | None = None,
                  policy_path: str | None = None, progress: Any = None, warn: Any = None,
-                 cache: Any = None) -> dict[str, Any]:
+                 cache: Any = None) -> EnvelopeReport:
     """The ``moeaudit.envelope/v1`` report of a run (or a bare metrics.jsonl) under ``settings``.
 
     ``compare``: also evaluate the other source and add ``comparison`` — the logs and the
@@ -233,7 +234,7 @@ def _probe_mismatch(probe: Path, canary_path: str | Path | None, run_dir: Path) 
 
 def envelope_evidence(logs: Any, docs: Mapping[int, Mapping[str, Any]], policy: Any, stage: str,
                       spec: Any, *, start: int, end: int, breaks: Sequence[int] = (),
-                      origin: str = "") -> tuple[dict[str, Any] | None, str | None]:
+                      origin: str = "") -> tuple[EnvelopeReport | None, str | None]:
     """(report, None) or (None, why not): the envelope over the window a verdict speaks for.
 
     One rule for ``certify`` and ``gate``. The series is the training logs (``metrics.jsonl``,

@@ -63,12 +63,14 @@ def _convert(value: Any, rename: Callable[[str], str], path: str) -> Any:
 
 def to_wire(predicate: dict[str, Any]) -> dict[str, Any]:
     """The predicate as signed: every field name lowerCamelCase."""
-    return _convert(predicate, camel, "")
+    wire: dict[str, Any] = _convert(predicate, camel, "")
+    return wire
 
 
 def from_wire(predicate: dict[str, Any]) -> dict[str, Any]:
     """A signed v2 predicate with moeaudit's own (snake_case) names."""
-    return _convert(predicate, snake, "")
+    own: dict[str, Any] = _convert(predicate, snake, "")
+    return own
 
 
 def wire_path(field: str) -> str:

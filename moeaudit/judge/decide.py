@@ -23,13 +23,15 @@ A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, cast
 
 from moeaudit.judge.gates import BASELINE, FAIL, GREEN, INCONCLUSIVE, PASS, RED, YELLOW
+from moeaudit.records import Check, Decision, EnvelopeReport, GateEntry, Margin, Margins, Promotion, Status, Violation
 
-PROMOTE, HOLD = "PROMOTE", "HOLD"
+PROMOTE: Final = "PROMOTE"
+HOLD: Final = "HOLD"
 STAGES = ("pretraining", "post-training")
 
 
@@ -38,9 +40,9 @@ class Evidence:
     """Everything a verdict is made of; plain data."""
 
     stage: str
-    gates: Sequence[Mapping[str, Any]]
-    margins: Mapping[str, Any]  # {"refinement": margin | None, "handoff": margin | None}
-    envelope: Mapping[str, Any] | None  # a moeaudit.envelope/v1 report over the window
+    gates: Sequence[GateEntry]
+    margins: Margins
+    envelope: EnvelopeReport | None  # a moeaudit.envelope/v1 report over the window
     envelope_reason: str | None = None  # why there is no report
     skipped: Sequence[str] = ()  # checkpoints that could not be read
     nonfinite: Sequence[str] = ()  # "checkpoint: what" for NaN/Inf weights or receipts
@@ -64,11 +66,12 @@ def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | N
 # --- checks ---------------------------------------------------------------------------------------
 
 
-def _check(name: str, status: str | None, reason: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "evaluated": status is not None, "status": status, "reason": reason, **extra}
+def _check(name: str, status: str | None, reason: str, **extra: Any) -> Check:
+    return cast(Check, {"name": name, "evaluated": status is not None, "status": status, "reason": reason,
+                        **extra})
 
 
-def health_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def health_check(gates: Sequence[GateEntry]) -> Check:
     bad = [f"{g['receipts']['checkpoint']}: {p}" for g in gates for p in g["health"]["problems"]]
     if bad:
         more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
@@ -78,7 +81,7 @@ def health_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                   "and load-entropy floors")
 
 
-def comparison_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def comparison_check(gates: Sequence[GateEntry]) -> Check:
     """At least one checkpoint compared with a baseline it is not a byte-identical copy of: two
     step names with the same digest are one checkpoint of evidence (issue 23 §6)."""
     compared = [g for g in gates if ("structural" in g or "continuity" in g)
@@ -94,7 +97,7 @@ def comparison_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                   basis="baseline-only")
 
 
-def duplicates_check(gates: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def duplicates_check(gates: Sequence[GateEntry]) -> Check | None:
     """Reported, not gated: checkpoints under two step names with one digest."""
     copies = [f"step {g['step']} = step {g['duplicate_of']}" for g in gates
               if g.get("duplicate_of") is not None]
@@ -108,7 +111,7 @@ def _series_name(key: str) -> str:
     return "all layers pooled" if key == "pooled" else f"layer {key}"
 
 
-def _violation_text(fv: Mapping[str, Any]) -> str:
+def _violation_text(fv: Violation) -> str:
     what = {"gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
             "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
             "starvation": "has an expert starved of gradient (000 §8.1 level side)"}.get(
@@ -121,7 +124,7 @@ def _violation_text(fv: Mapping[str, Any]) -> str:
     return f"{_series_name(fv['layer'])} {what} at step {fv['step']}{value}"
 
 
-def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dict[str, Any]:
+def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     """The envelope as a PASS/FAIL gate (SPEC §7–8).
 
     The level (starvation) rule is scale-free and always gated. The variance bound is gated
@@ -134,21 +137,22 @@ def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dic
     vacuous = report.get("sampling", {}).get("vacuous", [])
     if vacuous and set(vacuous) >= set(report["series"]):
         return _check("envelope", None, report["sampling"]["warnings"][-1])
-    window = report.get("window") or {}
+    window = report.get("window")
     span = f" over steps {window['from']}–{window['to']}" if window else ""
     gated_variance = bool(report.get("calibrated"))
     variance_ok = report.get("variance_compliant", report["compliant"])
     starved = report.get("starvation") or []
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
-        fv = {"layer": first["layer"], "step": first["step"], "check": "starvation",
-              "expert": first["expert"], "value": first["share"],
-              "bound": report["rules"]["starvation"]["share"], "steps": first["steps"],
-              "fraction": first.get("fraction", 1.0)}
+        fv: Violation = {"layer": first["layer"], "step": first["step"], "check": "starvation",
+                         "expert": first["expert"], "value": first["share"],
+                         "bound": report["rules"]["starvation"]["share"], "steps": first["steps"],
+                         "fraction": first.get("fraction", 1.0)}
         return _check("envelope", FAIL, _violation_text(fv) + span, deciding=fv)
-    if gated_variance and not variance_ok and report.get("first_violation"):
-        fv = report["first_violation"]
-        return _check("envelope", FAIL, _violation_text(fv) + span, deciding=dict(fv))
+    first_violation = report.get("first_violation")
+    if gated_variance and not variance_ok and first_violation:
+        return _check("envelope", FAIL, _violation_text(first_violation) + span,
+                      deciding=dict(first_violation))
     unevaluable = report.get("unevaluable") or []
     if unevaluable:
         return _check("envelope", INCONCLUSIVE, "not every envelope rule could be evaluated"
@@ -163,7 +167,7 @@ def envelope_check(report: Mapping[str, Any] | None, why_not: str | None) -> dic
                                     f"({report['source']})")
 
 
-def margin_status(margin: Mapping[str, Any], band: float) -> str:
+def margin_status(margin: Margin, band: float) -> str:
     value, ci = margin.get("exact"), margin.get("ci95")
     if value is None:
         return FAIL
@@ -172,7 +176,7 @@ def margin_status(margin: Mapping[str, Any], band: float) -> str:
     return PASS if value >= 0 else FAIL
 
 
-def _margin_text(name: str, symbol: str, m: Mapping[str, Any]) -> str:
+def _margin_text(name: str, symbol: str, m: Margin) -> str:
     if m.get("exact") is None:
         return f"{name} margin undefined: {m.get('reason', 'a receipt is not finite')}"
     ci = m.get("ci95")
@@ -180,7 +184,7 @@ def _margin_text(name: str, symbol: str, m: Mapping[str, Any]) -> str:
     return f"{symbol} = {m['exact']:+.4f}{interval}"
 
 
-def refinement_check(margin: Mapping[str, Any] | None, stage: str, band: float) -> dict[str, Any]:
+def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     if margin is None:
         return _check("refinement", None, "the last checkpoint is a baseline; nothing to compare")
     text = _margin_text("refinement", "r_ex", margin)
@@ -194,7 +198,7 @@ def refinement_check(margin: Mapping[str, Any] | None, stage: str, band: float) 
     return _check("refinement", status, f"{verdict} ({text}, τ = {margin.get('tau')})", **value)
 
 
-def handoff_check(margin: Mapping[str, Any] | None, band: float) -> dict[str, Any]:
+def handoff_check(margin: Margin | None, band: float) -> Check:
     if margin is None:
         return _check("handoff", None, "no --reference given")
     status = margin_status(margin, band)
@@ -206,7 +210,7 @@ def handoff_check(margin: Mapping[str, Any] | None, band: float) -> dict[str, An
                   value=margin.get("exact"), ci95=margin.get("ci95"))
 
 
-def checks(ev: Evidence) -> list[dict[str, Any]]:
+def checks(ev: Evidence) -> list[Check]:
     out = [health_check(ev.gates), comparison_check(ev.gates),
            envelope_check(ev.envelope, ev.envelope_reason),
            refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
@@ -227,7 +231,7 @@ def checks(ev: Evidence) -> list[dict[str, Any]]:
 # --- verdict and promotion ------------------------------------------------------------------------
 
 
-def verdict(gates: Sequence[Mapping[str, Any]], check_list: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[Status, str]:
     """(verdict, why): FAIL on any RED or failed evaluated check; PASS when every gate is
     BASELINE/GREEN and every evaluated check passes (comparison included, so never on a
     baseline-only run); otherwise INCONCLUSIVE (a YELLOW revokes the success claim)."""
@@ -248,7 +252,7 @@ def verdict(gates: Sequence[Mapping[str, Any]], check_list: Sequence[Mapping[str
     return INCONCLUSIVE, "; ".join(parts)
 
 
-def promotion(verdict_: str, gates: Sequence[Mapping[str, Any]]) -> str:
+def promotion(verdict_: str, gates: Sequence[GateEntry]) -> Promotion:
     """The CI gate's reading of the same verdict: promote only on PASS; a FAIL or a candidate
     that is not GREEN (SPEC §9) holds; anything else (evidence within noise or tolerance of a
     threshold) is INCONCLUSIVE."""
@@ -259,7 +263,7 @@ def promotion(verdict_: str, gates: Sequence[Mapping[str, Any]]) -> str:
     return INCONCLUSIVE
 
 
-def decide(ev: Evidence) -> dict[str, Any]:
+def decide(ev: Evidence) -> Decision:
     check_list = checks(ev)
     v, why = verdict(ev.gates, check_list)
     return {"verdict": v, "verdict_reason": why, "promotion": promotion(v, ev.gates),

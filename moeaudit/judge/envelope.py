@@ -24,11 +24,12 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from moeaudit.errors import InputError
 from moeaudit.judge.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
+from moeaudit.records import EnvelopeReport
 
 SCHEMA = "moeaudit.envelope/v1"
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
@@ -442,7 +443,7 @@ def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> lis
 
 
 def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iterable[int] = (),
-             policy_path: str | None = None) -> dict[str, Any]:
+             policy_path: str | None = None) -> EnvelopeReport:
     """Check every series of ``series`` under ``settings``; the plain-dict envelope report.
 
     ``breaks``: steps of resume / regime-change events; windows re-anchor at the first sample at
@@ -495,7 +496,7 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
                 "layer": first["layer"], "step": first["step"], "check": "starvation",
                 "expert": first["expert"], "value": first["share"], "bound": settings.starve_share,
                 "steps": first["steps"], "fraction": first["fraction"], "series": [first["layer"]]}
-    return report
+    return cast(EnvelopeReport, report)
 
 
 def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, Any]:
@@ -788,7 +789,7 @@ def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings,
     side rejects it? The normalized variance of E non-negative norms is at most E − 1; a budget
     ε/δ at or above half of that is flagged as too loose to be evidence."""
     bad = evaluate(known_bad(series), settings, breaks=breaks)
-    fv = bad["first_violation"] or {}
+    fv: Mapping[str, Any] = bad["first_violation"] or {}
     sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
     E = min(sizes) if sizes else None
     b = budget(settings.delta, settings.epsilon)

@@ -23,12 +23,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, cast
 
 from moeaudit.judge.policy import GateSettings
+from moeaudit.records import (
+    Comparison,
+    DriftLayer,
+    DriftSummary,
+    GateClaims,
+    GateEntry,
+    GateReceipts,
+    Health,
+    HealthFailure,
+    NllChange,
+    Structural,
+)
 
-BASELINE, GREEN, YELLOW, RED = "BASELINE", "GREEN", "YELLOW", "RED"
-PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+BASELINE: Final = "BASELINE"
+GREEN: Final = "GREEN"
+YELLOW: Final = "YELLOW"
+RED: Final = "RED"
+PASS: Final = "PASS"
+FAIL: Final = "FAIL"
+INCONCLUSIVE: Final = "INCONCLUSIVE"
 IMPROVING, NO_CHANGE, WORSENING = "improving", "no change", "worsening"
 STALLING = NO_CHANGE  # the old name of "no change beyond noise" (`003` Table 11: not improving)
 
@@ -92,7 +109,7 @@ def _half_width(entry: Mapping[str, Any]) -> float:
 
 
 def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int],
-               g: GateSettings) -> dict[str, Any]:
+               g: GateSettings) -> Structural:
     """c2_ok and occupancy_ok of a gate against a baseline (SPEC §8).
 
     A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
@@ -138,14 +155,14 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
 # --- absolute health floors (every checkpoint, baselines included) -------------------------------
 
 
-def health(doc: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
+def health(doc: Mapping[str, Any], g: GateSettings) -> Health:
     """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
     floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer.
     ``failed`` holds each failure as {layer, what, value, threshold} for scripts."""
     ck = doc["checkpoint"]
     E, k = ck.get("experts"), ck.get("top_k")
     problems: list[str] = []
-    failed: list[dict[str, Any]] = []
+    failed: list[HealthFailure] = []
     for entry in doc["layers"]:
         o, layer = entry["occupancy"], entry["layer"]
         dead_max = int(g.floor_dead_fraction * E) if E else 0
@@ -186,12 +203,12 @@ def paired_interval(wa: list[float], wb: list[float], resamples: int, seed: int)
 
 
 def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int,
-               seed: int, interval: Interval = paired_interval) -> dict[str, Any]:
+               seed: int, interval: Interval = paired_interval) -> NllChange:
     """Change of canary NLL between two gates, with its 95% paired window-bootstrap interval
     (``interval``: :func:`paired_interval`, or a cached copy of it)."""
     a, b = previous.get("nll"), now.get("nll")
-    out: dict[str, Any] = {"from": a, "to": b, "delta": None if a is None or b is None else b - a,
-                           "ci95": None}
+    out: NllChange = {"from": a, "to": b, "delta": None if a is None or b is None else b - a,
+                      "ci95": None}
     wa, wb = previous.get("nll_windows"), now.get("nll_windows")
     if (resamples and isinstance(wa, list) and isinstance(wb, list) and len(wa) == len(wb) and wa
             and all(x is not None for x in wa + wb)):
@@ -199,7 +216,7 @@ def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: i
     return out
 
 
-def scalar_trend(change: Mapping[str, Any], tol: float) -> str:
+def scalar_trend(change: NllChange, tol: float) -> str:
     """improving / worsening only when the change exceeds ``tol`` and its interval excludes 0;
     anything else is "no change" beyond noise (`003` Table 11: it counts as not improving)."""
     d, ci = change["delta"], change["ci95"]
@@ -212,7 +229,7 @@ def scalar_trend(change: Mapping[str, Any], tol: float) -> str:
     return NO_CHANGE
 
 
-def _fmt_change(c: Mapping[str, Any]) -> str:
+def _fmt_change(c: NllChange) -> str:
     ci = c["ci95"]
     interval = "" if ci is None else f", 95% CI of the change [{ci[0]:+.4f}, {ci[1]:+.4f}]"
     return f"from {c['from']:.4f} to {c['to']:.4f} (Δ {c['delta']:+.4f}{interval})"
@@ -241,7 +258,7 @@ def _training_sentences(training: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def _scalar_sentence(trend: str, change: Mapping[str, Any]) -> str:
+def _scalar_sentence(trend: str, change: NllChange) -> str:
     """One vocabulary, from the interval: improving / worsening / no change beyond noise. A
     point estimate inside noise is never signed as "fell" or "rose" (issue 23 §6)."""
     if trend == IMPROVING:
@@ -251,9 +268,9 @@ def _scalar_sentence(trend: str, change: Mapping[str, Any]) -> str:
     return f"canary NLL: no change beyond tolerance and bootstrap noise, {_fmt_change(change)}"
 
 
-def claims(status: str, trend: str, change: Mapping[str, Any] | None, st: Mapping[str, Any] | None,
+def claims(status: str, trend: str, change: NllChange | None, st: Structural | None,
            training: Mapping[str, Any] | None = None, tol: float = 0.0,
-           health_problems: Sequence[str] = (), stage: str = "pretraining") -> dict[str, list[str]]:
+           health_problems: Sequence[str] = (), stage: str = "pretraining") -> GateClaims:
     """What this gate's receipts license and what they do not, each sentence naming its numbers.
 
     ``training``: logged key → (value at the previous gate, value here), interval means."""
@@ -319,7 +336,7 @@ def scalar_bad(trend: str, stage: str) -> bool:
     return trend == WORSENING and stage != "post-training"
 
 
-def _status(st: Mapping[str, Any], health_bad: bool, trend: str, streak: int, g: GateSettings,
+def _status(st: Structural, health_bad: bool, trend: str, streak: int, g: GateSettings,
             stage: str = "pretraining") -> str:
     """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
     otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
@@ -333,33 +350,33 @@ def _status(st: Mapping[str, Any], health_bad: bool, trend: str, streak: int, g:
     return RED if streak >= g.escalate_after or both_bad or table11_last_row else YELLOW
 
 
-def _combine(comparisons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _combine(comparisons: Sequence[Structural]) -> Structural:
     """One structural reading from the comparisons with every baseline so far (the active one
     last): ok only if every comparison holds — events add baselines, so they can add a
     comparison but never remove one (issue 23 §5). The deciding comparison is the first that
     fails (else the active one); the others are listed."""
     active = comparisons[-1]
     failing = [c for c in comparisons if not c["ok"]]
-    deciding = dict(failing[0] if failing else active)
+    deciding = cast(Structural, dict(failing[0] if failing else active))
     deciding["c2_ok"] = all(c["c2_ok"] for c in comparisons)
     deciding["occupancy_ok"] = all(c["occupancy_ok"] for c in comparisons)
     deciding["ok"] = not failing
     deciding["active"] = active["against"]
     others = [c for c in comparisons if c is not (failing[0] if failing else active)]
     if others:
-        deciding["also_against"] = [{k: c[k] for k in ("against", "ok", "c2_ok", "occupancy_ok",
-                                                        "c2_min_delta", "pi_min_ratio", "entropy_ratio")}
-                                    for c in others]
+        deciding["also_against"] = [cast(Comparison, {k: c[k] for k in (
+            "against", "ok", "c2_ok", "occupancy_ok", "c2_min_delta", "pi_min_ratio", "entropy_ratio")})
+            for c in others]
     return deciding
 
 
 def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
                    resamples: int = 1000, seed: int = 0, interval: Interval = paired_interval,
-                   stage: str = "pretraining") -> list[dict[str, Any]]:
+                   stage: str = "pretraining") -> list[GateEntry]:
     """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
     first checkpoint and each event's — and is judged by the worst comparison, so an event
     written by the audited party can start a new drift baseline but never erase a regression."""
-    gates: list[dict[str, Any]] = []
+    gates: list[GateEntry] = []
     bases: list[Checkpointed] = []
     previous: Checkpointed | None = None
     seen: dict[str, int] = {}  # digest → first step with it
@@ -403,12 +420,12 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
         gate["consecutive_bad"] = streak
         gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"],
                                 stage)
-        gates.append(gate)
+        gates.append(cast(GateEntry, gate))
         previous = p
     return gates
 
 
-def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+def gate_summary(doc: Mapping[str, Any]) -> GateReceipts:
     """The receipts a gate rests on (`003` Table 3 columns), per layer and in aggregate."""
     layers = doc["layers"]
     c2 = [e["overlap"].get("c2") for e in layers if e["overlap"].get("c2") is not None]
@@ -436,11 +453,11 @@ def gate_summary(doc: Mapping[str, Any]) -> dict[str, Any]:
 DRIFTS = ("coordinate", "boundary", "transition", "content")
 
 
-def drift_summary(pair: Mapping[str, Any]) -> dict[str, Any]:
+def drift_summary(pair: Mapping[str, Any]) -> DriftSummary:
     """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
     return {"against_step": pair["base_step"],
-            "layers": [{"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
-                        "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}}
+            "layers": [cast(DriftLayer, {"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
+                                         "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}})
                        for e in pair["layers"]]}
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from moeaudit.errors import InputError
 from moeaudit.judge.policy import MarginSettings
+from moeaudit.records import Margin, MarginLayer
 
 
 def smin(values: Sequence[float], beta: float) -> float:
@@ -97,7 +98,7 @@ def _ci(entry: Mapping[str, Any], group: str, name: str) -> Sequence[float] | No
 def _layer(receipts: Mapping[str, Any], layer: int) -> Mapping[str, Any]:
     for entry in receipts["layers"]:
         if entry["layer"] == layer:
-            return entry
+            return cast(Mapping[str, Any], entry)
     raise InputError(f"receipts of {receipts['checkpoint']['name']} have no routed layer {layer}")
 
 
@@ -116,7 +117,7 @@ class _Undefined(Exception):
     pass
 
 
-def _undefined_margin(exc: _Undefined) -> dict[str, Any]:
+def _undefined_margin(exc: _Undefined) -> Margin:
     return {"exact": None, "ci95": None, "smooth": None, "per_layer": [], "reason": str(exc)}
 
 
@@ -127,7 +128,7 @@ def _need(*values: Any) -> None:
 
 
 def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
-            m: MarginSettings) -> dict[str, Any]:
+            m: MarginSettings) -> Margin:
     try:
         return _handoff(cand, ref, protected, m)
     except _Undefined as exc:
@@ -135,7 +136,7 @@ def handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence
 
 
 def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
-               protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
+               protected: Sequence[int], m: MarginSettings) -> Margin:
     try:
         return _refinement(base, cand, drift, protected, m)
     except _Undefined as exc:
@@ -143,10 +144,11 @@ def refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[
 
 
 def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int],
-             m: MarginSettings) -> dict[str, Any]:
+             m: MarginSettings) -> Margin:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
     _check_same_moe(cand, ref)
-    exact, smooth, per_layer, spread = [], [], [], []
+    exact, smooth, spread = [], [], []
+    per_layer: list[MarginLayer] = []
     notes: list[str] = []
     bp = beta_pi(m, cand["checkpoint"].get("experts") or 2, cand["checkpoint"].get("top_k") or 1)
     for layer in protected:
@@ -182,18 +184,19 @@ def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequenc
     paired = _paired_handoff(cand, ref, protected, m)
     if paired is not None:
         ci, method = paired, PAIRED
-    out = {"exact": min(exact), "ci95": ci, "ci_method": method, "smooth": smin(smooth, m.beta_h),
-           "betas": {"pi": bp, "h": m.beta_h}, "smooth_note": SMOOTH_NOTE, "per_layer": per_layer,
-           "reference": ref["checkpoint"]["name"]}
+    out: Margin = {"exact": min(exact), "ci95": ci, "ci_method": method, "smooth": smin(smooth, m.beta_h),
+                   "betas": {"pi": bp, "h": m.beta_h}, "smooth_note": SMOOTH_NOTE, "per_layer": per_layer,
+                   "reference": ref["checkpoint"]["name"]}
     if notes:
         out["notes"] = notes
     return out
 
 
 def _refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping[int, Mapping[str, Any]],
-                protected: Sequence[int], m: MarginSettings) -> dict[str, Any]:
+                protected: Sequence[int], m: MarginSettings) -> Margin:
     """r_ex (Eq. 32) and smooth r (Eq. 29–30) of a candidate against its base."""
-    exact, smooth, per_layer, notes, spread = [], [], [], [], []
+    exact, smooth, notes, spread = [], [], [], []
+    per_layer: list[MarginLayer] = []
     bp = beta_pi(m, cand["checkpoint"].get("experts") or 2, cand["checkpoint"].get("top_k") or 1)
     for layer in protected:
         b, c, d = _layer(base, layer), _layer(cand, layer), drift[layer]
@@ -225,10 +228,10 @@ def _refinement(base: Mapping[str, Any], cand: Mapping[str, Any], drift: Mapping
     paired = _paired_refinement(base, cand, drift, protected, m)
     if paired is not None:
         ci, method = paired, PAIRED
-    out: dict[str, Any] = {"exact": m.tau - max(exact), "ci95": ci, "ci_method": method,
-                           "smooth": m.tau - smax(smooth, m.beta_r), "tau": m.tau,
-                           "betas": {"pi": bp, "r": m.beta_r}, "smooth_note": SMOOTH_NOTE,
-                           "per_layer": per_layer}
+    out: Margin = {"exact": m.tau - max(exact), "ci95": ci, "ci_method": method,
+                   "smooth": m.tau - smax(smooth, m.beta_r), "tau": m.tau,
+                   "betas": {"pi": bp, "r": m.beta_r}, "smooth_note": SMOOTH_NOTE,
+                   "per_layer": per_layer}
     if notes:
         out["notes"] = notes
     return out

@@ -127,7 +127,8 @@ class Policy:
         out = asdict(self)
         out.pop("source")
         out.pop("origin")
-        return json.loads(json.dumps(out))  # tuples → lists
+        settings: dict[str, Any] = json.loads(json.dumps(out))  # tuples → lists
+        return settings
 
     @property
     def digest(self) -> str:

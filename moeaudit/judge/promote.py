@@ -20,16 +20,37 @@ is no all-clear).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from moeaudit.judge.decide import HOLD, INCONCLUSIVE, PROMOTE, Evidence, decide, resolve_stage
-from moeaudit.judge.gates import GREEN, RED, YELLOW, Checkpointed, drift_summary, evaluate_gates, nonfinite_findings
+from moeaudit.judge.decide import HOLD, PROMOTE, Evidence, decide, resolve_stage
+from moeaudit.judge.gates import (
+    GREEN,
+    INCONCLUSIVE,
+    RED,
+    YELLOW,
+    Checkpointed,
+    drift_summary,
+    evaluate_gates,
+    nonfinite_findings,
+)
 from moeaudit.judge.policy import GateSettings, Policy
+from moeaudit.records import (
+    Check,
+    Condition,
+    ConditionFailure,
+    EnvelopeReport,
+    GateEntry,
+    GateResult,
+    Predicate,
+    Promotion,
+    Structural,
+)
 from moeaudit.run import read_logs, run_of, step_of
 
-CONDITION_STATUS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", None: "skipped"}
+CONDITION_STATUS: dict[str | None, Literal["pass", "fail", "inconclusive", "skipped"]] = {
+    "PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", None: "skipped"}
 
 
 def placement(base: Path, candidate: Path) -> tuple[Path | None, int | None, int | None]:
@@ -41,18 +62,18 @@ def placement(base: Path, candidate: Path) -> tuple[Path | None, int | None, int
     return c_run, step_of(base), step_of(candidate)
 
 
-def rollback(base: Path, candidate: Path, b_step: int, c_step: int) -> dict[str, Any]:
+def rollback(base: Path, candidate: Path, b_step: int, c_step: int) -> GateResult:
     """The held result for a candidate earlier than its base in the same run."""
     why = (f"{candidate.name} (step {c_step}) is earlier than {base.name} (step {b_step}) in the "
            "same run: a rollback, not a promotion")
-    cond = {"name": "candidate after base", "status": "fail", "value": c_step, "threshold": b_step,
+    cond: Condition = {"name": "candidate after base", "status": "fail", "value": c_step, "threshold": b_step,
             "detail": why}
     return {"decision": HOLD, "verdict": None, "verdict_reason": why, "conditions": [cond],
             "base": base.name, "candidate": candidate.name, "stage": None, "stage_source": None,
             "gates": [], "checks": [], "envelope": None, "judged_in_run": None}
 
 
-def decision(verdict: str, gates: Sequence[Mapping[str, Any]]) -> str:
+def decision(verdict: str, gates: Sequence[GateEntry]) -> Promotion:
     """The promotion reading of a verdict, for the candidate (the last gate)."""
     cand = gates[-1]["status"]
     if verdict == "FAIL" or cand in (YELLOW, RED):
@@ -62,8 +83,8 @@ def decision(verdict: str, gates: Sequence[Mapping[str, Any]]) -> str:
     return INCONCLUSIVE
 
 
-def gate_from_audit(predicate: Mapping[str, Any], *, base: Path, candidate: Path, b_step: int,
-                    policy: Policy) -> dict[str, Any]:
+def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step: int,
+                    policy: Policy) -> GateResult:
     """The promotion decision on certify's own evidence of the run truncated at the candidate."""
     gates = predicate["gates"]
     cand = gates[-1]
@@ -89,7 +110,7 @@ def gate_from_audit(predicate: Mapping[str, Any], *, base: Path, candidate: Path
 
 
 def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path,
-                   spec: Any, stage: str | None = None) -> dict[str, Any]:
+                   spec: Any, stage: str | None = None) -> GateResult:
     """The promotion decision across runs, on ``compare``'s evidence (``moeaudit.compare/v1``)."""
 
     b_step, c_step = step_of(base), step_of(candidate)
@@ -104,7 +125,7 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
     gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
                            resamples=policy.receipts.bootstrap, seed=policy.receipts.seed, stage=stage)
     gates[1]["drift"] = drift_summary({"base_step": points[0].step, "layers": compare_doc["layers"]})
-    env_report: dict[str, Any] | None = None
+    env_report: EnvelopeReport | None = None
     env_why = ("base and candidate are checkpoints of different runs: the candidate run's logs "
                "before the base are not training from the base, so no envelope window is known")
     bad = nonfinite_findings([cand_doc])
@@ -120,9 +141,9 @@ def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, c
             "checks": decided["checks"], "envelope": env_report, "judged_in_run": None, "notes": []}
 
 
-def _structure_failures(st: Mapping[str, Any], g: GateSettings) -> list[dict[str, Any]]:
+def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailure]:
     """Each structural condition that failed, with the value and threshold that failed."""
-    out = []
+    out: list[ConditionFailure] = []
     if not st["c2_ok"]:
         tol = st["c2_tolerance"]
         for layer in st["c2_fallen_layers"]:
@@ -141,7 +162,7 @@ def _structure_failures(st: Mapping[str, Any], g: GateSettings) -> list[dict[str
     return out
 
 
-def candidate_condition(gate: Mapping[str, Any], g: GateSettings) -> dict[str, Any]:
+def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
     st = gate.get("structural") or gate.get("continuity")
     failed = [] if st is None else _structure_failures(st, g)
     failed += [{"what": f"layer {f['layer']} {f['what']} (absolute floor)", "value": f["value"],
@@ -160,7 +181,8 @@ def candidate_condition(gate: Mapping[str, Any], g: GateSettings) -> dict[str, A
         parts.append("below a health floor: " + "; ".join(gate["health"]["problems"][:2]))
     if st is None:
         parts.append("the candidate is a baseline: nothing to compare it with")
-    status = "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail"
+    status: Literal["pass", "inconclusive", "fail"] = (
+        "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail")
     first = failed[0] if failed else None
     return {"name": "candidate gate", "status": status,
             "value": first["value"] if first else (None if st is None else st["c2_min_delta"]),
@@ -170,8 +192,7 @@ def candidate_condition(gate: Mapping[str, Any], g: GateSettings) -> dict[str, A
             "detail": f"{gate['status']} at step {gate['step']} — " + "; ".join(parts)}
 
 
-def conditions(gate: Mapping[str, Any], checks: Sequence[Mapping[str, Any]],
-               g: GateSettings) -> list[dict[str, Any]]:
+def conditions(gate: GateEntry, checks: Sequence[Check], g: GateSettings) -> list[Condition]:
     out = [candidate_condition(gate, g)]
     for c in checks:
         value, threshold = c.get("value"), (0.0 if "value" in c else None)

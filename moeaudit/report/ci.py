@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from moeaudit.papers import named_strings
+from moeaudit.records import GateResult
 
 
-def junit_xml(result: dict[str, Any]) -> str:
+def junit_xml(result: GateResult) -> str:
     result = named_strings(result)  # papers by name at their first mention (issue 16)
     # The decision is a test case of its own: HOLD and INCONCLUSIVE both fail it, so a CI that
     # reads only the failure count never sees an inconclusive gate as "0 failures" (issue 23 §8).
@@ -32,7 +32,7 @@ def junit_xml(result: dict[str, Any]) -> str:
             + "\n</testsuite>\n")
 
 
-def markdown_summary(result: dict[str, Any]) -> str:
+def markdown_summary(result: GateResult) -> str:
     result = named_strings(result)
     icon = {"PROMOTE": "✅", "HOLD": "⛔", "INCONCLUSIVE": "⚠️"}[result["decision"]]
     lines = [f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",

@@ -708,9 +708,10 @@ def _environment() -> Any:
 def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = None) -> str:
     """One self-contained page: inline CSS, every value autoescaped, no script, no URL. Given the
     verified statement, each item shows the chart that backs its evidence (issue 16)."""
-    return _environment().get_template(TEMPLATE).render(
+    html: str = _environment().get_template(TEMPLATE).render(
         r=named_strings(report), COVERED=COVERED, PARTIAL=PARTIAL, NOT_COVERED=NOT_COVERED,
         charts=_charts(statement), chart_for=_chart_for)
+    return html
 
 
 def _charts(statement: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import jinja2.bccache
 
 from moeaudit.cache import ReceiptsCache
 from moeaudit.papers import GLOSSARY, PAPERS, legend, named
-from moeaudit.report import charts
+from moeaudit.report import charts, svg
 from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
 from moeaudit.report.svg import num, sci, sig, signed
 from moeaudit.resources import templates_dir
@@ -324,7 +324,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
     name = "pooled over all routed layers" if key == "pooled" else f"layer {key}"
     budget = _get(report, "constants", "budget")
     chart = charts.envelope_chart(samples, wins, budget, f"Envelope: {name}",
-                                  width=charts.W if main else 470, height=300 if main else 200,
+                                  width=svg.W if main else 470, height=300 if main else 200,
                                   show_legend=main)
     margins = [r["margin"] for r in samples if r.get("margin") is not None]
     outside = [r.get("step") for r in samples if not r.get("compliant", True)]

@@ -79,7 +79,7 @@ def svg(height: float, label: str, body: Iterable[str], width: float = W) -> Mar
 
 def nice_step(span: float, n: int = 5) -> float:
     raw = span / max(n, 1)
-    mag = 10 ** math.floor(math.log10(raw))
+    mag: float = 10.0 ** math.floor(math.log10(raw))
     return next(m * mag for m in (1, 2, 2.5, 5, 10) if span / (m * mag) <= n)
 
 

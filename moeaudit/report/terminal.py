@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
+from moeaudit.records import EnvelopeReport
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -179,7 +180,7 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
     print_nonfinite(doc)
 
 
-def print_envelope(report: dict[str, Any]) -> None:
+def print_envelope(report: EnvelopeReport) -> None:
     k = report["constants"]
     seen: set[str] = set()  # papers named so far in this report
     kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
@@ -188,7 +189,7 @@ def print_envelope(report: dict[str, Any]) -> None:
                         f"[{kind}]", seen)))
     cells, styles = [], []
     for key, rows in report["series"].items():
-        margins = [r["margin"] for r in rows if r.get("margin") is not None]
+        margins = [m for r in rows if (m := r.get("margin")) is not None]
         gronwall = sum(not r["compliant"] for r in rows)
         discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
         starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))

@@ -11,6 +11,9 @@ shipped file differs from what the types generate, so the two cannot drift apart
   ``receipts/checkpoint-<step>.json``);
 * ``gate-v1.schema.json`` — ``moeaudit.gate/v1`` (``gate --json``).
 
+Every number a computation gives may be ``null``: a value that was not finite (NaN, Inf) is
+written ``null`` and listed under the document's ``nonfinite`` (never a NaN in JSON).
+
 Torch-free; reading a schema needs nothing beyond the standard library.
 """
 
@@ -106,6 +109,8 @@ def generate(record: type, *, wire: bool, name: str) -> dict[str, Any]:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if tp is Any:
             return {}
+        if tp is float:  # a number that was not finite is written null (listed under nonfinite)
+            return {"type": ["number", "null"]}
         if tp in _SIMPLE:
             return {"type": _SIMPLE[tp]}
         if origin is typing.Annotated:
@@ -119,7 +124,8 @@ def generate(record: type, *, wire: bool, name: str) -> dict[str, Any]:
         if origin in (typing.Union, types.UnionType):
             arms = [schema(a) for a in args]
             if all(set(a) == {"type"} for a in arms):
-                return {"type": [a["type"] for a in arms]}
+                kinds = [k for a in arms for k in (a["type"] if isinstance(a["type"], list) else [a["type"]])]
+                return {"type": list(dict.fromkeys(kinds))}
             return {"anyOf": arms}
         if is_record(tp):
             ref = tp.__name__
