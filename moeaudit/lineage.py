@@ -7,7 +7,7 @@ when it gets to T) or before the resume, by the branch the run abandoned — tra
 past S, was stopped, and is no longer the model's history. The files alone do not say which.
 
 The run's ``metrics.jsonl`` does: the training hook rewinds it to S when the run resumes
-(``moeaudit.hooks``), so it holds only the branch that went on. The rule (docs/decisions.md):
+(``moeaudit.integrations.hooks``), so it holds only the branch that went on. The rule (docs/decisions.md):
 
     checkpoint T is *abandoned* when some resume is at a step S < T and the log does not show
     the resumed run reaching T — its last logged step plus one logging interval (the largest gap

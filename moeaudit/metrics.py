@@ -1,7 +1,7 @@
 """Training-log metrics: a strict ``metrics.jsonl`` reader and per-step gradient variance.
 
 ``metrics.jsonl`` (SPEC §2.3) holds one JSON object per logged step, written by
-:mod:`moeaudit.hooks`::
+:mod:`moeaudit.integrations.hooks`::
 
     {"step": 500, "loss": 2.31, "expert_grad_norms": {"<layer>": [g_0, ..., g_{E-1}]}, ...}
 

@@ -20,7 +20,7 @@ from moeaudit.jsonio import NotStrictJSON, strict_loads
 from moeaudit.limits import iter_lines
 from moeaudit.locate import CHECKPOINT_PREFIXES
 
-PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.hooks)
+PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.integrations.hooks)
 
 # ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (issue 14). ``step-<N>`` is
 # torchtitan's name for its DCP checkpoint directories (``<dump_folder>/checkpoint/step-<N>``).

@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_models import tiny_model  # noqa: E402
 
-from moeaudit.hooks import ExpertGradLogger  # noqa: E402
+from moeaudit.integrations.hooks import ExpertGradLogger  # noqa: E402
 from moeaudit.integrations.loop import MoeauditHook  # noqa: E402
 
 TIMEOUT = datetime.timedelta(seconds=60)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from moeaudit.errors import InputError
-from moeaudit.hooks import ExpertGradLogger, template_regex
+from moeaudit.integrations.hooks import ExpertGradLogger, template_regex
 from moeaudit.replay.model import rope_tables
 from moeaudit.samples.train import Arch, forward_loss, init_model
 
@@ -433,7 +433,7 @@ import os, sys, time
 sys.path.insert(0, {tests!r})
 import moeaudit.integrations.linelog as linelog
 from test_hooks import _per_expert_params
-from moeaudit.hooks import ExpertGradLogger
+from moeaudit.integrations.hooks import ExpertGradLogger
 real_fsync = os.fsync
 def fsync(fd):
     print("fsync", flush=True)

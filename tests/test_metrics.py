@@ -164,7 +164,7 @@ def test_pooled_is_over_the_concatenation_of_all_layers() -> None:
 
 def test_reads_what_the_training_hook_writes(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from moeaudit.hooks import ExpertGradLogger
+    from moeaudit.integrations.hooks import ExpertGradLogger
     from moeaudit.replay.model import rope_tables
     from moeaudit.samples.train import Arch, forward_loss, init_model
 

@@ -3,7 +3,7 @@
 A :class:`RunRecorder` owns one run directory:
 
 * ``metrics.jsonl`` — at every ``every``-th optimizer step, the per-expert gradient norms of
-  that step's gradient (:class:`moeaudit.hooks.ExpertGradLogger`) and its training loss;
+  that step's gradient (:class:`moeaudit.integrations.hooks.ExpertGradLogger`) and its training loss;
 * ``canary.safetensors`` — the canary, written once (never replaced by a different one);
 * ``canary_probe.jsonl`` — at each checkpoint save, the gradient norms of the canary loss
   under the saved weights (optional, ``probe=True``): the quantity a replay measures.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
-from moeaudit.hooks import ExpertGradLogger
+from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.integrations.gradnorms import Sums
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary

@@ -10,7 +10,7 @@ not updated, but its gradient is still computed, so the hook logs the signal it 
 Runs are written like a Hugging Face Trainer output directory (SPEC §2.3)::
 
     RUN/checkpoint-<step>/{config.json, model.safetensors, trainer_state.json}
-    RUN/metrics.jsonl      (moeaudit.hooks.ExpertGradLogger)
+    RUN/metrics.jsonl      (moeaudit.integrations.hooks.ExpertGradLogger)
     RUN/canary_probe.jsonl (the same hook's canary probe at every save, when given a canary)
     RUN/events.jsonl       (resume / regime_change, where relevant)
 
@@ -37,7 +37,7 @@ from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, expected_layer_names, expected_shapes
 from moeaudit.checkpoint.config import ModelSpec, spec_from_config
 from moeaudit.checkpoint.safetensors import write_safetensors
-from moeaudit.hooks import ExpertGradLogger
+from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.replay.model import MoETap, decoder_layer, embed, rope_tables, token_nll
 from moeaudit.samples.data import UNIFORM, VOCAB_SIZE, Batches, Mix
 
