@@ -4,9 +4,11 @@ they reuse)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import hf_models
+import torch
 
 FAMD: dict[str, dict[str, Any]] = {
     # EXAONE 4 attention (per-head qk norm; sliding layers 0 and 2 with RoPE and a window of 5 < T,
@@ -36,6 +38,33 @@ FAMD: dict[str, dict[str, Any]] = {
         sliding_window_pattern=2,
         logit_scale=0.25,
     ),
+    # fused Wqkv clamped at 0.5 (the O(1) activations cross it), bias-free LayerNorms, softmax
+    # top-2 of 4 renormalised, flat experts; GQA (2 kv heads), all layers routed
+    "dbrx": dict(
+        d_model=32,  # DbrxConfig copies it into ffn_config before the hidden_size alias is applied
+        n_heads=4,
+        n_layers=3,
+        max_seq_len=64,
+        attn_config={"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+        ffn_config={"ffn_hidden_size": 24, "moe_num_experts": 4, "moe_top_k": 2},
+    ),
 }
 
 hf_models._FAMILY.update(FAMD)
+
+_REDRAW = hf_models._redraw
+_GAINS = re.compile(r"\.norm_(1|2|f)\.weight$")  # DBRX's norms, which hf_models' rule reads as biases
+
+
+@torch.no_grad()
+def _redraw(model: torch.nn.Module, seed: int) -> None:
+    """hf_models' re-draw, then gains near 1 for DBRX's ``norm_1``/``norm_2``/``norm_f`` (their
+    names do not end in ``norm.weight``, so the generic rule drew them at 0.1 scale)."""
+    _REDRAW(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name, p in sorted(model.named_parameters()):
+        if _GAINS.search(name):
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+
+
+hf_models._redraw = _redraw

@@ -239,3 +239,126 @@ def test_bad_cohere2_moe_configs_are_refused(bad: dict[str, Any], message: str) 
     cfg = tiny_config("cohere2_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):
         spec_from_config({**cfg, **bad})
+
+
+# ----- dbrx ---------------------------------------------------------------------------------
+
+DBRX: dict[str, dict[str, Any]] = {
+    # clip 0.5 (the fused q/k/v cross it), top-2 of 4 renormalised, 2 kv heads
+    "clip-top2-of-4": {},
+    # top-3 of 8, the released clip (8: never reached here; transformers 5.24 cannot run a null
+    # clip_qkv, which the replay reads as no clamp), not normalised (moe_normalize_expert_weights
+    # null), MHA, θ 5e5 (in both places transformers writes it: it reads rope_parameters, DBRX's
+    # code attn_config)
+    "top3-of-8-unnormalised-mha": {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        "attn_config": {"kv_n_heads": 4, "clip_qkv": 8, "rope_theta": 500000.0},
+        "ffn_config": {"ffn_hidden_size": 24, "moe_num_experts": 8, "moe_top_k": 3,
+                       "moe_normalize_expert_weights": None}},
+    # top-1 of 6, one kv head (DBRX's default), a tight clip
+    "top1-of-6-one-kv-head": {
+        "attn_config": {"kv_n_heads": 1, "clip_qkv": 0.25, "rope_theta": 10000.0},
+        "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 6, "moe_top_k": 1}},
+}
+
+
+def dbrx_observed(model: Any, tokens: torch.Tensor) -> Observed:
+    """transformers' numbers from DbrxForCausalLM's own modules: h enters ``norm_2``, the router
+    returns the logits and ``route_tokens_to_experts`` the (weights, experts), the flat expert
+    tensors [E·I, H] give each expert's gradient rows."""
+    from test_oracle import _cross_entropy, _norm
+
+    blocks = model.transformer.blocks
+    seen: dict[tuple[str, int], Any] = {}
+    hooks = []
+    for i, block in enumerate(blocks):
+        hooks.append(block.norm_attn_norm.norm_2.register_forward_hook(
+            lambda _m, args, _o, i=i: seen.__setitem__(("h", i), args[0].detach().flatten(0, -2))))
+        hooks.append(block.ffn.router.register_forward_hook(
+            lambda _m, _a, out, i=i: seen.__setitem__(("logits", i), out.detach())))
+        route = block.ffn.route_tokens_to_experts
+        block.ffn.route_tokens_to_experts = (
+            lambda logits, route=route, i=i: seen.setdefault(("route", i), route(logits)))
+    try:
+        out = model(tokens, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+        for block in blocks:
+            del block.ffn.route_tokens_to_experts
+    nll, loss, entropy = _cross_entropy(out.logits, tokens)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    n = len(blocks)
+
+    def under(i: int, prefix: str) -> list[torch.Tensor | None]:
+        return [g for name, g in grads.items() if name.startswith(f"transformer.blocks.{i}.{prefix}")]
+
+    experts = {}
+    for i, block in enumerate(blocks):
+        E = block.ffn.experts.num_experts
+        mlp = block.ffn.experts.mlp
+        experts[i] = sum(p.grad.double().view(E, -1).pow(2).sum(1) for p in (mlp.w1, mlp.v1, mlp.w2)).sqrt()
+    return Observed(
+        loss=loss.detach(), nll_windows_W=nll.detach().mean(1), entropy=entropy,
+        layer_inputs=[h.detach() for h in out.hidden_states],
+        moe_inputs={i: seen["h", i] for i in range(n)},
+        scores={i: seen["logits", i] for i in range(n)},
+        topk={i: seen["route", i][1] for i in range(n)},
+        combine={i: seen["route", i][0].detach() for i in range(n)},
+        expert_grads=experts,
+        router_grads={i: _norm(under(i, "ffn.router.")) for i in range(n)},
+        shared_grads=dict.fromkeys(range(n), 0.0),
+        attention_grads={i: _norm(under(i, "norm_attn_norm.attn.") + under(i, "norm_attn_norm.norm_1."))
+                         for i in range(n)},
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DBRX)
+def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    model, ckpt = check(tmp_path, "dbrx", case, dtype, DBRX[case], dbrx_observed)
+    s, attn, ffn = ckpt.spec, model.config.attn_config, model.config.ffn_config
+    assert (s.num_experts, s.top_k, s.expert_dim) == (ffn.moe_num_experts, ffn.moe_top_k, ffn.ffn_hidden_size)
+    assert (s.num_kv_heads, s.clip_qkv, s.rope_theta) == (attn.kv_n_heads, attn.clip_qkv,
+                                                         model.config.rope_parameters["rope_theta"])
+    assert s.norm_topk_prob == (ffn.moe_normalize_expert_weights is not None)
+
+
+def test_dbrx_clip_changes_the_loss(tmp_path: Path) -> None:
+    """Without the clamp the NLL moves: the agreement above pins clip_qkv (the flat experts'
+    layout is pinned by their shapes, I = 24 ≠ H = 32, and by the per-expert gradient norms)."""
+    import dataclasses
+
+    save_tiny(tmp_path, "dbrx")
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    base = replay(ckpt, tokens, backward=False).nll
+    ckpt.spec = dataclasses.replace(ckpt.spec, clip_qkv=None)
+    assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
+
+
+def test_dbrx_hub_config_reads_with_its_own_rope_theta() -> None:
+    """dbrx-instruct's config.json: no top-level rope parameters, θ in attn_config (5e5)."""
+    cfg = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+           "vocab_size": 100352, "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+           "ffn_config": {"ffn_hidden_size": 10752, "moe_jitter_eps": 0.01, "moe_loss_weight": 0.05,
+                          "moe_num_experts": 16, "moe_top_k": 4}, "tie_word_embeddings": False}
+    s = spec_from_config(cfg)
+    assert (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.num_layers) == (6144, 48, 8, 128, 40)
+    assert (s.rope_theta, s.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
+    assert s.routing == "softmax top-4 of 16, renormalised" and not s.norm_bias
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}}, "differ: which one"),
+    ({"ffn_config": {"moe_normalize_expert_weights": 2.0}}, "moe_normalize_expert_weights=2.0"),
+    ({"attn_config": {"clip_qkv": -1}}, "clip_qkv must be positive"),
+    ({"ffn_config": {"ffn_act_fn": {"name": "gelu"}}}, "hidden_act 'gelu'"),
+])
+def test_bad_dbrx_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("dbrx").to_dict()
+    for key, value in bad.items():
+        cfg[key] = {**cfg[key], **value} if key in ("attn_config", "ffn_config") else value
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config(cfg)

@@ -683,6 +683,10 @@ class Checkpoint:
         if isinstance(keys, list):
             return [{n: self.read(k) for n, k in table.items()} for table in keys]
         I = self.spec.expert_dim
+        if self.fused_format == "flat":  # DBRX: gate w1, up v1, down w2 (transposed), each [E·I, H]
+            E, H = self.spec.num_experts, self.spec.hidden_size
+            w1, w3, w2 = (self.read(keys[n]).view(E, I, H) for n in ("gate_up", "up", "down"))
+            return [{"w1": w1[e], "w3": w3[e], "w2": w2[e].T} for e in range(E)]
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
         if self.fused_format in ("interleaved", "interleaved_rows"):  # gpt-oss: gate/up alternate
             if self.fused_format == "interleaved":  # transformers: [E, H, 2I], [E, I, H]
@@ -857,6 +861,8 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
         "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
     }
+    if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
+        shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
     if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
