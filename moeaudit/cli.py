@@ -100,7 +100,11 @@ nproc_option = click.option(
 
 def _ranks(nproc: int | None) -> Any:
     """The expert-parallel session of a command (issue 28): --nproc starts the ranks; under
-    torchrun they are there already; otherwise nothing."""
+    torchrun they are there already; otherwise nothing (and torch is not imported for it)."""
+    from contextlib import nullcontext
+
+    if (nproc or 1) <= 1 and os.environ.get("WORLD_SIZE", "1") in ("", "1"):
+        return nullcontext()
     from moeaudit.replay import dist
 
     return dist.session(nproc)
@@ -995,18 +999,21 @@ def _terminate(_signum: int, _frame: Any) -> None:
 
 def main() -> None:
     import signal
+    import sys
+    from contextlib import nullcontext
 
-    from moeaudit.replay import dist
+    torchrun = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+    if torchrun and os.environ.get("RANK", "0") not in ("", "0"):
+        from moeaudit.replay import dist  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD` serve rank 0's replays
 
-    if dist.env_world()[0] > 0:  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD`: serve rank 0's replays
         dist.worker_main()
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        cli(prog_name="moeaudit")
+        with _ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others
+            cli(prog_name="moeaudit")
     except SystemExit as exc:
-        if dist.used():  # leave as the ranks do: no C++ static destructors racing gloo's threads
-            import sys
-
+        dist_mod = sys.modules.get("moeaudit.replay.dist")
+        if dist_mod is not None and dist_mod.used():  # leave as the ranks do: no C++ static destructors racing gloo
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -382,7 +383,8 @@ def _lost(s: Session, exc: BaseException) -> MoeauditError:
     time.sleep(0.2)  # a child that died has usually been reaped by now
     gone = [(r, p.poll()) for r, p in enumerate(s.children, start=1) if p.poll() is not None]
     who = "; ".join(f"rank {r} exited with code {code}" for r, code in gone) or "a rank stopped answering"
-    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = re.sub(r"^\[[^\]]*\] ", "", first).split(". ")[0][:160]  # gloo: "[file.cc:537] Read error …"
     return RankFailed(f"expert-parallel replay of {s.world} ranks failed: {who} ({detail})",
                       hint="nothing was written; rerun (with MOEAUDIT_DIST_VERBOSE=1 to see every rank's stderr)")
 

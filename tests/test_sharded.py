@@ -1,0 +1,177 @@
+"""Issue 28: the expert-parallel replay gives one process's receipts at any world size.
+
+Real ranks on 127.0.0.1 over gloo (tests/sharded_worker.py, ``moeaudit ... --nproc``, torchrun),
+tiny multi-file checkpoints of mixtral (4 experts, top-2) and deepseek_v3 (8 experts in 4 groups,
+a shared expert, a selection bias, a dense first layer). Every process and collective has a
+bounded timeout.
+
+What must be equal bit for bit (the operands and the order of every sum are those of one
+process): the root digest, every layer's top-k sets, the NLL, the per-expert gradient norms and
+every receipt computed from the taps. What may differ in the last bits: the router's, the
+shared expert's and attention's gradient norms, whose weight gradients are summed over the ranks'
+windows (measured: relative differences up to 4e-8; the bound is 1e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+if not torch.distributed.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import sharded_worker  # noqa: E402
+from hf_models import save_tiny  # noqa: E402
+
+from moeaudit import canary as canary_mod  # noqa: E402
+
+WORKER = Path(__file__).with_name("sharded_worker.py")
+DEADLINE_S = 240
+FAMILIES = ("mixtral", "deepseek_v3")
+SUMMED = {"router_grad_norm", "shared_grad_norm", "attention_grad_norm"}  # summed over the ranks
+REL = 1e-6
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MOEAUDIT_DIST_TIMEOUT": "90",
+            **extra}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], dict[str, Any]]:
+    """(canary, checkpoints, the single-process reference of each)."""
+    root = tmp_path_factory.mktemp("sharded")
+    ckpts = []
+    for family in FAMILIES:  # several files: each is hashed by one rank, read by every rank
+        save_tiny(root / family, family, max_shard_size="40KB")
+        ckpts.append(str(root / family))
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 96, (4, 16), generator=g, dtype=torch.int32)
+    canary_mod.save(canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose")),
+                    root / "canary.safetensors")
+    canary = root / "canary.safetensors"
+    return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
+
+
+def _launch(world: int, out: Path, canary: Path, ckpts: list[str]) -> None:
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(canary), *ckpts],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=DEADLINE_S)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, text) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {r} of {world} failed:\n{text[-3000:]}"
+
+
+def same(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where ``b`` differs from ``a``: exactly, except the summed norms (within REL)."""
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
+        return [d for k in a for d in same(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in same(x, y, f"{path}[{i}]")]
+    if path.rsplit("/", 1)[-1] in SUMMED and isinstance(a, float):
+        return [] if abs(a - b) <= REL * max(abs(a), abs(b)) else [f"{path}: {a!r} vs {b!r}"]
+    return [] if a == b or (a != a and b != b) else [f"{path}: {a!r} vs {b!r}"]
+
+
+def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k != "environment"}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_world_sizes_give_one_process_receipts(setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path,
+                                               world: int) -> None:
+    canary, ckpts, want = setup
+    _launch(world, tmp_path / "out.json", canary, ckpts)
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert set(got) == set(FAMILIES)
+    for family in FAMILIES:
+        g, w = got[family], want[family]
+        assert g["digest"] == w["digest"]  # assembled from the files the ranks hashed
+        assert g["topk"] == w["topk"] and g["routing"] == w["routing"]
+        assert g["expert_norms"] == w["expert_norms"]  # on the owning rank, bit for bit
+        assert g["receipts"]["nll"] == w["receipts"]["nll"]
+        assert same(_without_environment(w["receipts"]), _without_environment(g["receipts"])) == []
+        env = g["receipts"]["environment"]
+        assert (env["world_size"], env["backend"], env["rank_devices"]) == (world, "gloo", ["cpu"] * world)
+        assert "world_size" not in w["receipts"]["environment"]
+    # the summed norms do move (this test can see a difference where there is one)
+    assert same({"router_grad_norm": 1.0}, {"router_grad_norm": 1.0 + 1e-5}) != []
+
+
+def _cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "moeaudit", *args], env=_env(**env), capture_output=True,
+                          text=True, timeout=DEADLINE_S)
+
+
+def test_nproc_option_writes_one_process_receipts(setup: tuple[Path, list[str], dict[str, Any]],
+                                                  tmp_path: Path) -> None:
+    canary, ckpts, want = setup
+    out = tmp_path / "r.json"
+    run = _cli(["receipts", ckpts[1], "--canary", str(canary), "--json", str(out), "--nproc", "2"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert same(_without_environment(want["deepseek_v3"]["receipts"]), _without_environment(doc)) == []
+    assert doc["environment"]["world_size"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # rank 1 wrote nothing
+
+
+@pytest.mark.parametrize("kind", ["error", "exit"])
+def test_a_failing_rank_ends_every_rank_with_one_line_and_no_output(
+        setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path, kind: str) -> None:
+    canary, ckpts, _ = setup
+    out = tmp_path / "r.json"
+    run = _cli(["receipts", ckpts[0], "--canary", str(canary), "--json", str(out), "--nproc", "2"],
+               MOEAUDIT_TEST_RANK_FAULT=f"1:1:{kind}")
+    assert run.returncode == 4, (run.returncode, run.stderr[-3000:])
+    errors = [line for line in run.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, run.stderr
+    if kind == "error":  # the failing rank's own message, through every rank
+        assert errors[0].startswith("moeaudit: error: rank 1 of 2: ")
+        assert "injected read failure in layer 1" in errors[0]
+    else:  # the rank died: named by rank 0, which stopped the others
+        assert errors[0].startswith("moeaudit: error: expert-parallel replay of 2 ranks failed: "
+                                    "rank 1 exited with code 9")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_launch(setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 -m moeaudit receipts …``: rank 1 serves, rank 0 writes."""
+    canary, ckpts, want = setup
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "moeaudit",
+                          "receipts", ckpts[0], "--canary", str(canary), "--json", str(out)],
+                         env=_env(), capture_output=True, text=True, timeout=DEADLINE_S)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert same(_without_environment(want["mixtral"]["receipts"]), _without_environment(doc)) == []
+    assert doc["environment"]["world_size"] == 2
