@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from moeaudit.checkpoint.safetensors import SafetensorsFile, write_safetensors
 from moeaudit.errors import CanaryError, CheckpointError
+from moeaudit.jsonio import no_duplicate_keys
 
 if TYPE_CHECKING:
     import numpy as np
@@ -426,7 +427,7 @@ def _parse_line(line: str, lineno: int, path: Path) -> tuple[str, list[int]]:
         )
 
     try:
-        obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+        obj = json.loads(line, object_pairs_hook=no_duplicate_keys)
     except (ValueError, RecursionError) as exc:
         raise fail(f"not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):
@@ -443,15 +444,6 @@ def _parse_line(line: str, lineno: int, path: Path) -> tuple[str, list[int]]:
         raise fail(f'"tokens" must be a list of token ids, got {type(window).__name__}')
     _check_window(window, fail)
     return domain, window
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
 
 
 def _check_window(window: list[Any], fail: Fail) -> None:

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from moeaudit.canary import Canary, _is_unicode, _no_duplicate_keys
+from moeaudit.canary import Canary, _is_unicode
 from moeaudit.errors import CanaryError, InputError
+from moeaudit.jsonio import no_duplicate_keys
 from moeaudit.limits import MiB, iter_lines, read_regular
 
 MAX_TOKENIZER_BYTES = 256 * MiB  # the largest tokenizer.json files of 2025 are ~30 MB
@@ -87,7 +88,7 @@ def _parse_line(raw: bytes, where: str) -> tuple[str, str]:
         return CanaryError(what, path=where, hint=LINE_HINT)
 
     try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise fail(f"not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):

@@ -103,17 +103,33 @@ def strict_loads(raw: bytes | str, *, nonfinite: bool = False) -> Any:
     them (not JSON; Python alone accepts them) unless ``nonfinite``, when the caller reports them
     as findings. Raises :class:`NotStrictJSON`, or ``ValueError`` for what is not JSON at all."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    if nonfinite:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
-                      parse_float=_finite_float)
+    try:
+        if nonfinite:
+            return json.loads(text, object_pairs_hook=no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant,
+                          parse_float=_finite_float)
+    except DuplicateKey as exc:
+        raise NotStrictJSON(f"key {exc.key!r} appears twice in one object") from exc
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class DuplicateKey(NotStrictJSON):
+    """A JSON object names ``key`` twice (raised by :func:`no_duplicate_keys`)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The one ``object_pairs_hook`` of every JSON moeaudit reads (certificates, checkpoint
+    headers and configs, canaries, logs, receipts): an object that names a key twice is refused
+    with :class:`DuplicateKey` — parsers disagree on which value wins, so two readers of the same
+    bytes (a signed "verdict" shadowed by another, a tensor name describing different bytes)
+    could see different documents."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise NotStrictJSON(f"key {key!r} appears twice in one object")
+            raise DuplicateKey(key)
         out[key] = value
     return out
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
+from moeaudit.jsonio import no_duplicate_keys
 from moeaudit.limits import iter_lines
 
 POOLED = "pooled"
@@ -98,7 +99,7 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
         where = f"{path}:{n}"
         try:
             text = line.decode("utf-8") if isinstance(line, bytes) else line
-            obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+            obj = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:  # _Refused, UnicodeDecodeError: ValueErrors
             if not terminated:  # no newline after it: a torn write, not a malformed log
                 findings.append(Finding(n, None, "line", "unterminated last line ignored "
@@ -127,14 +128,6 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
 
 class _Refused(ValueError):
     pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise _Refused(f"duplicate key(s) {', '.join(map(repr, dup))}")
-    return dict(pairs)
 
 
 def _no_constant(token: str) -> Any:

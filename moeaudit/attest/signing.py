@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from moeaudit.errors import InputError, MoeauditError, PolicyFailed
-from moeaudit.jsonio import atomic_write, check_output_target
+from moeaudit.jsonio import DuplicateKey, atomic_write, check_output_target, no_duplicate_keys
 from moeaudit.limits import MAX_KEY_BYTES, read_regular
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -121,19 +121,6 @@ def _b64(value: Any, what: str, path: Path) -> bytes:
         raise SignatureInvalid(f"{what} is not valid base64", path=path) from exc
 
 
-class DuplicateKey(ValueError):
-    pass
-
-
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` refusing an object that names a key twice: parsers disagree on
-    which one wins, so a verifier must not pick one (a signed "verdict" shadowed by another)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(f"duplicate key {key!r}")
-        out[key] = value
-    return out
 
 
 ENVELOPE_KEYS = frozenset({"payload", "payloadType", "signatures"})

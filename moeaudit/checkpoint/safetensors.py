@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from moeaudit.checkpoint.digest import FileId, changed, pinned, pread_into
 from moeaudit.checkpoint.sealed import Sealed, seal
 from moeaudit.errors import CheckpointError
+from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 
 if TYPE_CHECKING:
     import torch
@@ -61,21 +62,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, DTYPES[name][0])
 
 
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """JSON objects whose keys repeat are refused: which entry wins is up to the parser, so a
-    repeated tensor name would describe different bytes to different readers."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-class DuplicateKey(ValueError):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
+# JSON objects whose keys repeat are refused: which entry wins is up to the parser, so a
+# repeated tensor name would describe different bytes to different readers (one hook for every
+# JSON moeaudit reads: moeaudit.jsonio).
 
 
 @dataclass(frozen=True)
