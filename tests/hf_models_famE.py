@@ -31,6 +31,11 @@ FAME: dict[str, dict[str, Any]] = {
     "minimax": dict(num_local_experts=4, intermediate_size=24, head_dim=8, num_hidden_layers=4, block_size=5,
                     full_attn_alpha_factor=1.5, linear_attn_alpha_factor=2.0, linear_attn_beta_factor=0.5,
                     mlp_alpha_factor=1.25, mlp_beta_factor=0.75),
+    # Laguna: q/k norms, RoPE on half of each head, a softplus gate per head, a dense first layer,
+    # 8 experts with soft-capped (c = 2) sigmoid logits and a selection bias, the routed sum × 1.5,
+    # an ungated shared expert
+    "laguna": dict(num_experts=8, moe_intermediate_size=24, shared_expert_intermediate_size=40, intermediate_size=56,
+                   head_dim=8, moe_routed_scaling_factor=1.5, moe_router_logit_softcapping=2.0),
     # Qwen3 attention with q/k norms, a dense first layer, 8 experts, sigmoid router with a real
     # selection bias (a buffer of the block), renormalised and scaled, one shared expert
     "hy_v3": dict(num_experts=8, moe_intermediate_size=24, intermediate_size=56, num_shared_experts=1,

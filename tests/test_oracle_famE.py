@@ -296,3 +296,70 @@ def test_minimax_config_defaults_match_transformers() -> None:
     assert spec.residual_scales == ((1.0, 1.0),) * 3 and spec.routed_layers == tuple(range(32))
     with pytest.raises(CheckpointError, match="layer_types"):
         spec_from_config({**hf.to_dict(), "layer_types": ["mamba"] * 32})
+
+
+# ----- Laguna: softplus-gated attention, soft-capped sigmoid router ---------------------------------
+
+LAGUNA: dict[str, dict[str, Any]] = {
+    "dense-first-head-gate-softcap-top2": {},
+    "sliding-element-gate-top3-of-12-sparse-dense-sparse": {
+        "gating": "per-element", "num_experts": 12, "num_experts_per_tok": 3, "moe_routed_scaling_factor": 1.0,
+        "moe_router_logit_softcapping": 0.0, "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "layer_types": ["sliding_attention"] * 3, "sliding_window": 5, "attention_bias": True},
+}
+
+
+def _laguna_reference(scale: float) -> Any:
+    """transformers' numbers with the combine weights × ``moe_routed_scaling_factor``: Laguna scales
+    the routed sum, the replay's combine weights carry the factor (as DeepSeek's do)."""
+    def reference(model: Any, tokens: torch.Tensor) -> Observed:
+        ref = transformers_observed(model, tokens)
+        ref.combine = {i: c * scale for i, c in ref.combine.items()}
+        return ref
+
+    return reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LAGUNA)
+def test_laguna_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    overrides = LAGUNA[case]
+    scale = overrides.get("moe_routed_scaling_factor", 1.5)
+    ckpt = check(tmp_path, "laguna", dtype, reference=_laguna_reference(scale), **overrides)
+    assert ckpt.spec.output_gate == ("element" if "gating" in overrides else "head") and ckpt.spec.rope_dim == (
+        8 if "layer_types" in overrides else 4)
+
+
+def test_laguna_softcap_and_gate_change_the_loss(tmp_path: Path) -> None:
+    from moeaudit.replay import replay
+
+    save_tiny(tmp_path / "a", "laguna")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    base = replay(Checkpoint(tmp_path / "a"), random_tokens()).nll
+    for i, change in enumerate(({"moe_router_logit_softcapping": 0.0}, {"gating": "per-element"})):
+        other = tmp_path / f"b{i}"
+        other.mkdir()
+        for f in (tmp_path / "a").iterdir():
+            (other / f.name).write_bytes(f.read_bytes())
+        (other / "config.json").write_text(json.dumps({**cfg, **change}))
+        if "gating" in change:
+            with pytest.raises(CheckpointError, match="g_proj"):  # a per-element gate is wider
+                Checkpoint(other)
+            continue
+        assert abs(replay(Checkpoint(other), random_tokens()).nll - base) > 1e-4
+
+
+def test_laguna_config_defaults_and_refusals() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("laguna")
+    spec = spec_from_config(hf.to_dict())
+    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
+    assert spec.routed_layers == tuple(range(1, 40)) and spec.output_gate == "head" and spec.router_softcap == 0.0
+    mixed = {**hf.to_dict(), "layer_types": ["sliding_attention", "full_attention"] * 20}
+    with pytest.raises(CheckpointError, match="RoPE per layer type"):
+        spec_from_config(mixed)
+    with pytest.raises(CheckpointError, match="per-layer head counts"):
+        spec_from_config({**hf.to_dict(), "num_attention_heads_per_layer": [48, 32] * 20})
+    with pytest.raises(CheckpointError, match="moe_apply_router_weight_on_input"):
+        spec_from_config({**hf.to_dict(), "moe_apply_router_weight_on_input": True})

@@ -819,6 +819,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     else:
         names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
         names += ["sinks"] if s.attention_sinks else []
+        names += ["g_proj"] if s.output_gate else []
     if s.attention_bias and s.mla is None and layer not in s.linear_layers and layer not in s.mamba_layers:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
         names += ["o_bias"] if s.o_bias else []
@@ -859,6 +860,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "shared_w2": (H, s.shared_dim), "shared_gate": (1, H), "shared_gate_up": (2 * s.shared_dim, H),
         "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
         "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
+        "g_proj": (s.num_heads if s.output_gate == "head" else q_dim, H),
         "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]

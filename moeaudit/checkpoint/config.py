@@ -305,6 +305,10 @@ class ModelSpec:
     lightning_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     lightning_block: int = field(default=0, metadata=NEW)
     residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
+    # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
+    # attention output gated by softplus(W_g x), one gate per head ("head") or per channel ("element")
+    router_softcap: float = field(default=0.0, metadata=NEW)
+    output_gate: str = field(default="", metadata=NEW)
 
     @property
     def layout(self) -> Layout:

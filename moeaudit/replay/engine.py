@@ -439,7 +439,8 @@ def _next_token(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor
 
 ATTENTION_GRADS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "input_norm",
                    "input_norm_bias", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias", "kv_a_norm",
-                   "kv_b", "sinks", "qkv", "qkv_bias", *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES)
+                   "kv_b", "sinks", "qkv", "qkv_bias", "g_proj",
+                   *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES)
 
 
 def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:

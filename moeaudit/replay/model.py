@@ -226,6 +226,10 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
+    if spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
+        g = F.softplus(F.linear(x_BTH, p["g_proj"]).float())
+        out_BTH = (out_BTH.view(B, T, nh, D) * g[..., None]).view(B, T, nh * D) if spec.output_gate == "head" \
+            else out_BTH * g
     return _linear(out_BTH, p, "o", "o_bias")
 
 
@@ -319,6 +323,8 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
     ``logit_bias_E`` is part of the logits (gpt-oss's router is a biased linear layer)."""
     g = spec.gate
     logits = F.linear(y_NH, router_EH, logit_bias_E)
+    if spec.router_softcap:  # Laguna: c·tanh(logit / c), in float32
+        logits = torch.tanh(logits.float() / spec.router_softcap) * spec.router_softcap
     margin = None
     if g.scoring == "sparsemixer":
         return _sparsemixer(spec, logits)

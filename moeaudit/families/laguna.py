@@ -1,0 +1,118 @@
+"""Laguna (``laguna``): Qwen3 attention (per-head q/k RMSNorm before RoPE, partial rotary) with a
+softplus output gate (``gating``: one gate per head, or per channel with "per-element"); a
+sigmoid router on soft-capped logits (c·tanh(logit / c), ``moe_router_logit_softcapping``)
+whose top-k is chosen on σ + ``e_score_correction_bias``, the chosen σ renormalised; the routed
+sum × ``moe_routed_scaling_factor`` (the combine weights carry it) plus an ungated shared
+expert; ``mlp_layer_types`` places dense and routed layers (default: the first dense).
+RoPE parameters are given per layer type (``rope_parameters.full_attention`` /
+``.sliding_attention``). Replayed when every layer has the same head count and the layer types
+used share one RoPE (the default: every layer full attention); otherwise refused, because the
+replay builds one RoPE table and one attention geometry for all layers. The checkpoints use
+Qwen2-MoE's names (``mlp.shared_expert``, the bias as ``mlp.experts.e_score_correction_bias``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moeaudit.checkpoint.config import Gate
+from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
+from moeaudit.families.hy_v3 import mlp_layer_types
+
+# LagunaConfig's RoPE per layer type when config.json gives none
+DEFAULT_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+KINDS = tuple(DEFAULT_ROPE)
+LIMIT = "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table and one attention " \
+        "geometry for every layer"
+
+
+def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """The config with ``rope_parameters`` the one entry every used layer type shares."""
+    layers = cfg.get("num_hidden_layers")
+    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
+    if not isinstance(types, list) or not set(types) <= set(KINDS):
+        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
+    params = cfg.get("rope_parameters") or DEFAULT_ROPE
+    if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
+        raise CheckpointError("config.json: laguna's rope_parameters must be given per layer type "
+                              f"({' / '.join(KINDS)}), for every type layer_types uses", path=path)
+    used = [params[t] for t in KINDS if t in set(types)]
+    if any(p != used[0] for p in used[1:]):
+        raise CheckpointError("moeaudit does not replay laguna with different RoPE per layer type yet "
+                              "(full_attention and sliding_attention layers)", path=path, hint=LIMIT)
+    heads = cfg.get("num_attention_heads_per_layer")
+    if heads is not None and (not isinstance(heads, list) or any(h != cfg.get("num_attention_heads") for h in heads)):
+        raise CheckpointError("moeaudit does not replay laguna with per-layer head counts yet "
+                              "(num_attention_heads_per_layer)", path=path, hint=LIMIT)
+    return {**cfg, "rope_parameters": used[0] if used else DEFAULT_ROPE["full_attention"], "layer_types": types}
+
+
+def _rotary_factor(c: Ctx) -> float:
+    value = c.cfg["rope_parameters"].get("partial_rotary_factor", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}", path=c.path)
+    return float(value)
+
+
+def _gate_kind(c: Ctx) -> str:
+    gating = c.cfg.get("gating", True)
+    if gating is True or gating == "per-head":
+        return "head"
+    if gating == "per-element":
+        return "element"
+    raise CheckpointError(f"moeaudit does not replay laguna gating={gating!r} (it replays true, 'per-head' "
+                          "and 'per-element')", path=c.path)
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    window = sliding_window(c)
+    sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
+    cap = c.get("moe_router_logit_softcapping", float, 0.0)
+    if cap < 0:
+        raise CheckpointError(f"config.json: moe_router_logit_softcapping must be ≥ 0, got {cap}", path=c.path)
+    return {
+        "routed_layers": mlp_layer_types(c, 1),
+        "norm_topk_prob": True,
+        "qk_norm": "head",
+        "rotary_dim": partial_rotary_dim(c, head_dim(c), _rotary_factor(c)),
+        "dense_dim": c.get("intermediate_size", int, 8192),
+        "shared_dim": c.get("shared_expert_intermediate_size", int, 512),
+        "shared_gated": False,
+        "sliding_window": window if sliding else None,
+        "sliding_layers": sliding if window is not None else (),
+        "gate": Gate(scoring="sigmoid", selection_bias=True,
+                     scaling=c.get("moe_routed_scaling_factor", float, 1.0)),
+        "router_softcap": cap,
+        "output_gate": _gate_kind(c),
+    }
+
+
+LAYOUT = Layout(
+    family="laguna",
+    globals=GLOBALS,
+    layer=prefixed(L, {
+        **ATTN,
+        "g_proj": "self_attn.g_proj.weight",
+        **MLP_MOE,
+        "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+        "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+        "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+        "mlp_w1": "mlp.gate_proj.weight",
+        "mlp_w3": "mlp.up_proj.weight",
+        "mlp_w2": "mlp.down_proj.weight",
+    }),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="per-head q/k norm, partial rotary, softplus output gate; soft-capped sigmoid router with a selection "
+          "bias, renormalised, routed sum scaled; ungated shared expert; mlp_layer_types",
+)
+
+FAMILY = Family(name="laguna", layout=LAYOUT, fields=_fields,
+                expert_count_keys=("num_experts", "num_local_experts"), default_rms_eps=1e-6,
+                default_rope_theta=500000.0, decoder_config=_one_rope,
+                refuse=(Refuse("moe_apply_router_weight_on_input", (False,),
+                               "router weights applied to the experts' input (transformers raises on it too)"),))
