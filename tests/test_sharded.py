@@ -1,9 +1,11 @@
 """Issue 28: the expert-parallel replay gives one process's receipts at any world size.
 
 Real ranks on 127.0.0.1 over gloo (tests/sharded_worker.py, ``moeaudit ... --nproc``, torchrun),
-tiny multi-file checkpoints of mixtral (4 experts, top-2) and deepseek_v3 (8 experts in 4 groups,
-a shared expert, a selection bias, a dense first layer). Every process and collective has a
-bounded timeout.
+tiny multi-file checkpoints of mixtral (4 experts, top-2), deepseek_v3 (8 experts in 4 groups, a
+shared expert, a selection bias, a dense first layer), and two families whose experts are stored
+fused [E, …], which a rank reads by the byte range of its rows: gpt_oss (gate/up interleaved,
+biased clamped GLU, sinks) and llama4_text (transposed, expert inputs scaled by the router).
+Every process and collective has a bounded timeout.
 
 What must be equal bit for bit (the operands and the order of every sum are those of one
 process): the root digest, every layer's top-k sets, the NLL, the per-expert gradient norms and
@@ -36,7 +38,7 @@ from moeaudit import canary as canary_mod  # noqa: E402
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 DEADLINE_S = 240
-FAMILIES = ("mixtral", "deepseek_v3")
+FAMILIES = ("mixtral", "deepseek_v3", "gpt_oss", "llama4_text")  # the last two: fused [E, …] experts
 SUMMED = {"router_grad_norm", "shared_grad_norm", "attention_grad_norm"}  # summed over the ranks
 REL = 1e-6
 

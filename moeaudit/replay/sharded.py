@@ -209,6 +209,8 @@ def _own_stored(ckpt: Checkpoint, layer: int, dtype: torch.dtype, mine: range) -
         return StoredExperts([{n: ckpt.read(k) for n, k in table.items()} if e in mine else {}
                               for e, table in enumerate(keys)], dtype)
     names = list(keys.values())
+    if ckpt.fused_format not in ("stacked", "interleaved", "interleaved_rows", "transposed"):
+        return None  # a layout this reader does not slice (DBRX's flat [E·I, H]): read whole
     if any(k in ckpt.packed or k in ckpt.scales or k not in ckpt.key_file for k in names):
         return None
     if not all(isinstance(ckpt.files[ckpt.key_file[k]], SafetensorsFile) for k in names):
