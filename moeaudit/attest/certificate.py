@@ -33,15 +33,9 @@ from typing import Any
 
 from moeaudit.attest.claims import TABLE4
 from moeaudit.attest.naming import from_wire, to_wire
-from moeaudit.attest.signing import (
-    DuplicateKey,
-    PrivateKey,
-    PublicKey,
-    no_duplicate_keys,
-    sign_envelope,
-    verify_signed,
-)
+from moeaudit.attest.signing import PrivateKey, PublicKey, sign_envelope, verify_signed
 from moeaudit.errors import InputError
+from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
