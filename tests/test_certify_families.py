@@ -17,6 +17,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import hf_models_aliases2  # noqa: E402,F401  (registers issue 27's later aliases' tiny configs)
 import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 from click.testing import CliRunner  # noqa: E402
@@ -30,7 +31,7 @@ from moeaudit.families import FAMILIES as REGISTERED  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
 TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen3_5_moe_text",
-        "jamba", "granitemoehybrid")
+        "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa")
 
 
 def test_every_registered_family_is_exercised_here_or_has_its_own_wrapper_test() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hf_models_aliases2  # issue 27: wrappers, relabelled types, later aliases
 import hf_models_famC
 import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)
 import hf_models_famE  # noqa: F401  (issue 27 §2 newer routed designs)
@@ -27,6 +28,8 @@ def save_any(path: Path, family: str) -> Path:
         hf_models_famC.save_tiny_qwen3_5_moe(path)
     elif family == "llama4":
         _save_llama4(path)
+    elif hf_models_aliases2.save_any(path, family):
+        pass
     else:
         save_tiny(path, family)
     return path

@@ -146,9 +146,6 @@ _REFUSED_ALL: dict[str, str] = {
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
     "mistral4": "not supported yet (MLA with DeepSeek-V2's router and Mistral-4 RoPE scaling)",
-    "granitemoeshared": "not supported yet (Granite MoE with a shared MLP stored fused as "
-                        "input_linear/output_linear)",
-    "granitemoe_swa": "not supported yet (Granite MoE with sliding-window layers and a shared MLP)",
     "flex_olmo": "not supported yet (OLMo-2 post-norms: RMSNorm on the attention and MoE outputs, "
                  "q/k norm over all heads)",
     "aria": "a vision-language model: its text decoder aria_text is not supported yet",

@@ -1,0 +1,55 @@
+"""Tiny transformers checkpoints of the model types issue 27 adds after the first aliases
+(``tests/hf_models_aliases.py``): Granite MoE with a shared MLP or sliding-window layers, and the
+wrappers and text decoders below. Same conventions as :mod:`hf_models` (seeded weights re-drawn
+at std 1/√fan_in, float32 eval mode, eager attention); importing this module registers their
+tiny configs in ``hf_models._FAMILY``. ``save_any`` saves a tiny checkpoint of any model type
+added here or by ``hf_models_aliases`` (the wrappers and relabelled types ``save_tiny`` cannot
+build), for ``tests/tiny_families.py``. Importing this module needs transformers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hf_models
+import hf_models_aliases as aliases
+
+_GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+                logits_scaling=6.0)
+
+TINY: dict[str, dict[str, Any]] = {
+    # top-2 of 4 plus the shared MLP (gate/up fused, 40 wide), Granite-3.0's four multipliers
+    "granitemoeshared": dict(num_local_experts=4, intermediate_size=24, shared_intermediate_size=40, **_GRANITE),
+    # 4 layers: full attention on layer 0, a 5-token window on 1-3 (the config's default
+    # layer_types), NoPE on layer 2, learned sinks; top-2 of 4 plus the shared MLP
+    "granitemoe_swa": dict(num_hidden_layers=4, num_local_experts=4, intermediate_size=24,
+                           shared_intermediate_size=40, sliding_window=5,
+                           layer_rope_theta=[10000.0, 10000.0, 0, 10000.0], **_GRANITE),
+}
+hf_models._FAMILY.update(TINY)
+
+
+def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
+    def save(path: Path) -> None:
+        hf_models.save_tiny(path, family)
+        aliases.relabel(path, model_type)
+    return save
+
+
+# model types whose tiny checkpoint is not ``hf_models.save_tiny(path, model_type)``
+SAVERS: dict[str, Callable[[Path], None]] = {
+    "kimi_k25": lambda p: aliases.save_wrapper(p, "kimi_k25"),
+    "qwen3_vl_moe": lambda p: aliases.save_wrapper(p, "qwen3_vl_moe"),
+    "glm4v_moe": lambda p: aliases.save_wrapper(p, "glm4v_moe"),
+    "kimi_k2": _relabelled("deepseek_v3", "kimi_k2"),
+}
+
+
+def save_any(path: Path, family: str) -> bool:
+    """Save the tiny checkpoint of ``family`` at ``path`` when this module knows how (True)."""
+    if family in SAVERS:
+        SAVERS[family](path)
+        return True
+    return False
+
