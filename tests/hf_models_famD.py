@@ -48,6 +48,16 @@ FAMD: dict[str, dict[str, Any]] = {
         attn_config={"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
         ffn_config={"ffn_hidden_size": 24, "moe_num_experts": 4, "moe_top_k": 2},
     ),
+    # conv layers 0 and 2 (kernel 3), attention layer 1 (per-head qk norm), a dense first layer,
+    # sigmoid top-2 of 8 chosen with a real expert_bias, renormalised, ×2
+    "lfm2_moe": dict(
+        layer_types=["conv", "full_attention", "conv"],
+        num_dense_layers=1,
+        num_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        routed_scaling_factor=2.0,
+    ),
 }
 
 hf_models._FAMILY.update(FAMD)
@@ -59,12 +69,16 @@ _GAINS = re.compile(r"\.norm_(1|2|f)\.weight$")  # DBRX's norms, which hf_models
 @torch.no_grad()
 def _redraw(model: torch.nn.Module, seed: int) -> None:
     """hf_models' re-draw, then gains near 1 for DBRX's ``norm_1``/``norm_2``/``norm_f`` (their
-    names do not end in ``norm.weight``, so the generic rule drew them at 0.1 scale)."""
+    names do not end in ``norm.weight``, so the generic rule drew them at 0.1 scale) and a real
+    selection bias for LFM2-MoE (``expert_bias``, a buffer the generic rule leaves at zero)."""
     _REDRAW(model, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     for name, p in sorted(model.named_parameters()):
         if _GAINS.search(name):
             p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+    for name, b in sorted(model.named_buffers()):
+        if name.endswith("feed_forward.expert_bias"):  # LFM2-MoE's selection bias (zeros at init)
+            b.copy_(0.2 * torch.randn(b.shape, generator=gen))
 
 
 hf_models._redraw = _redraw

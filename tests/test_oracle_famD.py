@@ -362,3 +362,97 @@ def test_bad_dbrx_configs_are_refused(bad: dict[str, Any], message: str) -> None
         cfg[key] = {**cfg[key], **value} if key in ("attn_config", "ffn_config") else value
     with pytest.raises(CheckpointError, match=message):
         spec_from_config(cfg)
+
+
+# ----- lfm2_moe (LFM2-MoE) ------------------------------------------------------------------
+
+LFM2: dict[str, dict[str, Any]] = {
+    # conv 0, 2 / attention 1; dense layer 0; sigmoid + expert_bias top-2 of 8, renormalised, ×2
+    "conv-attn-conv-bias-top2": {},
+    # attention first, convs after (kernel 4, with biases), every layer routed, top-3 of 16 chosen
+    # on σ alone (no expert bias), not renormalised
+    "attn-conv-conv-top3-16-no-bias": {
+        "layer_types": ["full_attention", "conv", "conv"], "conv_L_cache": 4, "conv_bias": True,
+        "num_dense_layers": 0, "num_experts": 16, "num_experts_per_tok": 3, "use_expert_bias": False,
+        "norm_topk_prob": False, "routed_scaling_factor": 1.0},
+    # two dense layers, one routed attention layer, top-1
+    "two-dense-top1": {"num_dense_layers": 2, "num_experts_per_tok": 1,
+                       "layer_types": ["conv", "conv", "full_attention"]},
+}
+
+
+def lfm2_observed(model: Any, tokens: torch.Tensor) -> Observed:
+    """transformers' numbers for LFM2-MoE: the MoE block is ``feed_forward`` behind ``ffn_norm``
+    (aliased for the generic hooks); a layer's token mixer is ``self_attn`` or ``conv``, behind
+    ``operator_norm``."""
+    import dataclasses
+
+    from test_oracle import _norm
+
+    for layer in model.model.layers:
+        layer.post_attention_layernorm = layer.ffn_norm
+    ref = transformers_observed(model, tokens, moe="feed_forward")
+    params = dict(model.named_parameters())
+    mixer = {i: _norm([p.grad for n, p in params.items() if n.startswith(f"model.layers.{i}.")
+                       and n.split(".")[3] in ("self_attn", "conv", "operator_norm")])
+             for i in ref.attention_grads}
+    return dataclasses.replace(ref, attention_grads=mixer)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LFM2)
+def test_lfm2_moe_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    model, ckpt = check(tmp_path, "lfm2_moe", case, dtype, LFM2[case], lfm2_observed)
+    s = ckpt.spec
+    assert s.routed_layers == _routed(model, "feed_forward")
+    assert s.conv_layers == tuple(i for i, t in enumerate(model.config.layer_types) if t == "conv")
+    if s.gate.selection_bias:
+        assert model.model.layers[s.routed_layers[0]].feed_forward.expert_bias.abs().min() > 0
+
+
+def test_lfm2_moe_short_conv_matches_transformers_module() -> None:
+    """The mixer alone against ``Lfm2MoeShortConv`` (kernel 4 with biases): same output, and the
+    convolution is causal (a change at position t moves nothing before t)."""
+    from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeShortConv
+
+    from moeaudit.replay.shortconv import short_conv
+
+    cfg = tiny_config("lfm2_moe", conv_L_cache=4, conv_bias=True)
+    torch.manual_seed(0)
+    mod = Lfm2MoeShortConv(cfg, layer_idx=0).eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        for prm in mod.parameters():
+            prm.copy_(torch.randn(prm.shape) / max(prm.shape[-1], 1) ** 0.5)
+    stored: dict[str, Any] = {"conv_in": mod.in_proj.weight, "conv_in_bias": mod.in_proj.bias,
+                              "conv_w": mod.conv.weight, "conv_bias": mod.conv.bias,
+                              "conv_out": mod.out_proj.weight, "conv_out_bias": mod.out_proj.bias}
+    p: dict[str, torch.Tensor] = {n: t for n, t in stored.items() if t is not None}
+    assert len(p) == 6
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(short_conv(p, x), mod(x), rtol=1e-5, atol=1e-6)
+        moved = x.clone()
+        moved[:, 5] += 1.0
+        assert torch.equal(short_conv(p, moved)[:, :5], short_conv(p, x)[:, :5])
+        assert not torch.equal(short_conv(p, moved)[:, 5:8], short_conv(p, x)[:, 5:8])
+
+
+def test_lfm2_moe_hub_style_config() -> None:
+    """LFM2-8B-A1B's config form: ``tie_embedding`` (legacy name), no rope parameters."""
+    cfg = {"model_type": "lfm2_moe", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "num_hidden_layers": 4, "vocab_size": 65536, "intermediate_size": 7168, "moe_intermediate_size": 1792,
+           "num_experts": 32, "num_experts_per_tok": 4, "num_dense_layers": 2, "tie_embedding": True,
+           "layer_types": ["conv", "conv", "full_attention", "conv"], "norm_eps": 1e-5, "conv_L_cache": 3}
+    s = spec_from_config(cfg)
+    assert (s.rope_theta, s.tie_embeddings, s.conv_layers, s.routed_layers) == (1e6, True, (0, 1, 3), (2, 3))
+    assert s.routing == "sigmoid top-4 of 32, selection bias, renormalised"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"layer_types": ["conv", "mamba", "conv"]}, "layer_types must list 3 layers"),
+    ({"conv_L_cache": 0}, "conv_L_cache must be ≥ 1"),
+])
+def test_bad_lfm2_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    cfg = tiny_config("lfm2_moe").to_dict()
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**cfg, **bad})

@@ -813,6 +813,9 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
     elif layer in s.lightning_layers:
         names = ["input_norm", "post_norm", *LIGHTNING_NAMES, *LIGHTNING_BUFFERS]
+    elif layer in s.conv_layers:  # LFM2's short convolution (its biases with conv_bias)
+        names = ["input_norm", "post_norm", "conv_in", "conv_w", "conv_out"]
+        names += ["conv_in_bias", "conv_bias", "conv_out_bias"] if s.conv_bias else []
     elif layer in s.mamba_layers:
         assert s.mamba is not None
         names = ["input_norm", "post_norm", *s.mamba.names()]
@@ -820,12 +823,13 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
         names += ["sinks"] if s.attention_sinks else []
         names += ["g_proj"] if s.output_gate else []
-    if s.attention_bias and s.mla is None and layer not in s.linear_layers and layer not in s.mamba_layers:
+    mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers  # no attention
+    if s.attention_bias and s.mla is None and not mixer:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
         names += ["o_bias"] if s.o_bias else []
     if s.layer_norm and s.norm_bias:
         names += ["input_norm_bias", "post_norm_bias"]
-    if s.qk_norm not in ("none", "l2") and layer not in s.linear_layers and layer not in s.mamba_layers:
+    if s.qk_norm not in ("none", "l2") and not mixer:
         names += ["q_norm", "k_norm"]
     if s.is_routed(layer):
         names.append("router")
@@ -883,6 +887,9 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                        "lin_conv": (la.conv_channels, 1, la.conv_kernel),
                        "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
                        "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
+    if s.conv_layers:
+        shapes.update({"conv_in": (3 * H, H), "conv_in_bias": (3 * H,), "conv_w": (H, 1, s.conv_kernel),
+                       "conv_bias": (H,), "conv_out": (H, H), "conv_out_bias": (H,)})
     if s.lightning_layers:  # MiniMax-01's lightning attention and its stored decay buffers
         n, D, C = s.num_heads, s.head_dim, s.lightning_block
         shapes.update({"light_qkv": (3 * n * D, H), "light_gate": (n * D, H), "light_norm": (n * D,),

@@ -128,6 +128,8 @@ class ClampedGLU:
 
 
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
+# LFM2's short convolution mixer (``replay.shortconv``): its weights, in the attention gradient norm
+SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out", "conv_out_bias")
 MAMBA_NAMES = ("ssm_in", "ssm_in_bias", "ssm_conv", "ssm_conv_bias", "ssm_x", "ssm_dt", "ssm_dt_bias",
                "ssm_A_log", "ssm_D", "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm", "ssm_norm", "ssm_out",
                "ssm_out_bias")
@@ -280,12 +282,6 @@ class ModelSpec:
     longrope: LongRope | None = field(default=None, metadata=NEW)
     # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
     renorm_min: float = field(default=0.0, metadata=NEW)
-    # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
-    # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
-    # shared expert's output × ``shared_scale`` ("average" combination: routed and shared halved)
-    parallel_block: bool = field(default=False, metadata=NEW)
-    norm_bias: bool = field(default=True, metadata=NEW)
-    shared_scale: float = field(default=1.0, metadata=NEW)
     # GLM-5 (glm_moe_dsa): the DSA indexer rotates adjacent pairs, as its MLA does
     index_rope_interleave: bool = field(default=False, metadata=NEW)
     # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
@@ -294,6 +290,12 @@ class ModelSpec:
     parallel_block: bool = field(default=False, metadata=NEW)
     norm_bias: bool = field(default=True, metadata=NEW)
     shared_scale: float = field(default=1.0, metadata=NEW)
+    # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
+    # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
+    conv_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    conv_kernel: int = field(default=0, metadata=NEW)
+    conv_bias: bool = field(default=False, metadata=NEW)
+    renorm_eps: float = field(default=0.0, metadata=NEW)
     # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
     # state-space scan of these sizes instead of attention
     mamba: Mamba | None = field(default=None, metadata=NEW)
@@ -351,7 +353,7 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
-        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers"):
+        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers", "conv_layers"):
             if name in out:
                 out[name] = list(getattr(self, name))
         if "attn_temperature" in out and out["attn_temperature"] is not None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LIGHTNING_NAMES, LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
-from moeaudit.checkpoint.config import MAMBA_NAMES, ModelSpec
+from moeaudit.checkpoint.config import MAMBA_NAMES, SHORT_CONV_NAMES, ModelSpec
 from moeaudit.replay.device import (
     Device,
     moved,
@@ -440,7 +440,8 @@ def _next_token(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor
 ATTENTION_GRADS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "input_norm",
                    "input_norm_bias", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias", "kv_a_norm",
                    "kv_b", "sinks", "qkv", "qkv_bias", "g_proj",
-                   *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES)
+                   *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES,
+                   *SHORT_CONV_NAMES)
 
 
 def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.dsa import sparse_causal_mask
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
+from moeaudit.replay.shortconv import short_conv
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -354,7 +355,7 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
         top_idx = torch.topk(select, spec.top_k, dim=-1).indices
         top_vals, raw_logits = sig.gather(1, top_idx), logits
     if spec.norm_topk_prob:
-        eps = 1e-20 if g.scoring == "sigmoid" else 0.0  # transformers' V3 denominator
+        eps = spec.renorm_eps or (1e-20 if g.scoring == "sigmoid" else 0.0)  # transformers' V3 denominator
         denom = top_vals.sum(dim=-1, keepdim=True) + eps
         top_vals = top_vals / (denom.clamp_min(spec.renorm_min) if spec.renorm_min else denom)
     if g.scaling != 1.0:
@@ -695,6 +696,8 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
         assert spec.mamba is not None
         out = mamba_mixer(spec.mamba, p, x_norm)
         return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
+    if lw.layer in spec.conv_layers:  # LFM2: a short causal convolution
+        return x_BTH + short_conv(p, x_norm)
     out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
