@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.judge.policy import MarginSettings
+from moeaudit.policy import MarginSettings
 from moeaudit.records import Margin, MarginLayer
 
 
