@@ -1,2 +1,4 @@
-"""From receipts to a decision, torch-free: the policy, the envelope algebra, margins, gates,
-and the one check list (:mod:`moeaudit.judge.decide`) that both ``certify`` and ``gate`` use."""
+"""From receipts to a decision, torch-free: the envelope algebra, the gates, the promotion rules
+and the one check list (:mod:`moeaudit.judge.decide`) that both ``certify`` and ``gate`` use.
+What they read sits below every package that computes receipts: the policy
+(:mod:`moeaudit.policy`) and the lifecycle margins (:mod:`moeaudit.margins`)."""
