@@ -50,7 +50,7 @@ from build import Arch, write_checkpoint  # noqa: E402
 from moeaudit import canary as canary_mod  # noqa: E402
 from moeaudit.certify import audit_run  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.judge.policy import Policy  # noqa: E402
+from moeaudit.policy import Policy  # noqa: E402
 from moeaudit.receipts import observer as observer_mod  # noqa: E402
 from moeaudit.receipts.occupancy import js_divergence  # noqa: E402
 from moeaudit.receipts.state import state_receipts  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
-from moeaudit.judge.policy import GateSettings, Policy, to_toml, validate
+from moeaudit.policy import GateSettings, Policy, to_toml, validate
 
 SAFETY = 2.0  # every fitted excursion is doubled (the level side already halves its share)
 

@@ -30,8 +30,8 @@ from moeaudit.judge.gates import (
     nonfinite_findings,
     paired_interval,
 )
-from moeaudit.judge.margins import handoff, refinement
-from moeaudit.judge.policy import BUILTIN, Policy, protected_layers
+from moeaudit.margins import handoff, refinement
+from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.lineage import abandoned
 from moeaudit.records import GateEntry, Margin, Margins
 from moeaudit.run import Run, discover, truncate

@@ -153,7 +153,7 @@ policy_option = click.option(
 def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
     from dataclasses import replace
 
-    from moeaudit.judge.policy import load_policy
+    from moeaudit.policy import load_policy
     from moeaudit.locate import find_upwards, origin
 
     found, ignored = (None, []) if given else find_upwards(start, "policy.toml", also=also)

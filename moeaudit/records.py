@@ -137,7 +137,7 @@ class GatesPolicy(TypedDict):
 
 
 class PolicySettings(TypedDict):
-    """:meth:`moeaudit.judge.policy.Policy.to_json`."""
+    """:meth:`moeaudit.policy.Policy.to_json`."""
 
     receipts: ReceiptsPolicy
     margins: MarginsPolicy

@@ -21,7 +21,7 @@ def audit(ckpts: list[str], canary_path: str) -> dict[str, Any]:
     """What the test compares, for each checkpoint, by whatever session this process is in."""
     from moeaudit import canary as canary_mod
     from moeaudit.checkpoint import Checkpoint
-    from moeaudit.judge.policy import Policy
+    from moeaudit.policy import Policy
     from moeaudit.receipts.observer import StateObserver
     from moeaudit.receipts.state import receipts_document
     from moeaudit.replay import replay

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
-from moeaudit.judge.policy import Policy, ReceiptSettings
+from moeaudit.policy import Policy, ReceiptSettings
 from moeaudit.receipts.state import state_receipts
 
 pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ import pytest
 from moeaudit import canary as canary_mod
 from moeaudit.cache import ReceiptsCache
 from moeaudit.certify import audit_run
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 from moeaudit.samples.build import build_samples
 
 

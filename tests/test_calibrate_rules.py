@@ -13,7 +13,7 @@ from moeaudit.calibrate import _refuse_unfalsifiable
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope as env
 from moeaudit.judge.decide import envelope_check
-from moeaudit.judge.policy import EnvelopeSettings
+from moeaudit.policy import EnvelopeSettings
 
 
 def _series(norms_by_step: list[list[float]], steps: list[int] | None = None) -> env.EnvelopeSeries:

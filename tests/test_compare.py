@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from moeaudit import canary as canary_mod
 from moeaudit.cli import cli
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 
 pytest.importorskip("transformers")
 

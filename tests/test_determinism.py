@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from moeaudit import canary as canary_mod
 from moeaudit.checkpoint import Checkpoint
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 from moeaudit.replay.determinism import CUDA_RAISING, recording
 
 pytest.importorskip("transformers")

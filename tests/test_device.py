@@ -19,7 +19,7 @@ import torch
 
 from moeaudit import canary as canary_mod
 from moeaudit.checkpoint import Checkpoint
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 from moeaudit.receipts.state import state_receipts
 
 pytest.importorskip("transformers")

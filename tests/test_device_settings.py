@@ -107,7 +107,7 @@ def test_the_cpu_description_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _key(device: str | None) -> str:
     from moeaudit.certify import _Replayer
-    from moeaudit.judge.policy import Policy
+    from moeaudit.policy import Policy
 
     class Ckpt:
         digest = "0" * 64

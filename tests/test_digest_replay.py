@@ -41,7 +41,7 @@ from moeaudit.checkpoint import Checkpoint
 from moeaudit.checkpoint import digest as digest_mod
 from moeaudit.checkpoint.safetensors import SafetensorsFile
 from moeaudit.errors import CheckpointError
-from moeaudit.judge.policy import load_policy
+from moeaudit.policy import load_policy
 from moeaudit.receipts.state import state_receipts
 
 WEIGHTS = "model.safetensors"

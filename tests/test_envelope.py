@@ -33,7 +33,7 @@ from moeaudit.judge.envelope import (
     holds,
     windows,
 )
-from moeaudit.judge.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
+from moeaudit.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
 from moeaudit.metrics import parse_metrics
 
 DELTA, EPS = 0.05, 1e-5  # `000` Table 6

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from moeaudit.cli import cli
 from moeaudit.judge.envelope import composed_bound, from_metrics, from_records
 from moeaudit.judge.envelope_compare import VIEWS, calibrate_sources, compare
-from moeaudit.judge.policy import EnvelopeSettings
+from moeaudit.policy import EnvelopeSettings
 from moeaudit.metrics import read_metrics
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"

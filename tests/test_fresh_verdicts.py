@@ -19,7 +19,7 @@ from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import load
 from moeaudit.certify import audit_run
 from moeaudit.cli import cli
-from moeaudit.judge.policy import Policy, load_policy
+from moeaudit.policy import Policy, load_policy
 
 pytestmark = pytest.mark.fresh_runs
 

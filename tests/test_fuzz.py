@@ -31,7 +31,7 @@ from moeaudit.attest.certificate import canonical_json, open_certificate
 from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.checkpoint.safetensors import SafetensorsFile
 from moeaudit.errors import MoeauditError
-from moeaudit.judge import policy
+from moeaudit import policy
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "75"))
 DEEP_SEARCH = "HYPOTHESIS_MAX_EXAMPLES" in os.environ  # then random, not the fixed CI sequence

@@ -71,7 +71,7 @@ from moeaudit.attest.naming import DATA_MAPS, camel
 from moeaudit.attest.signing import load_private_key, load_public_key, verify_envelope
 from moeaudit.canary import load
 from moeaudit.certify import Audit, audit_run, write_outputs
-from moeaudit.judge.policy import load_policy
+from moeaudit.policy import load_policy
 from moeaudit.run import Run
 
 ROOT = Path(__file__).resolve().parent.parent

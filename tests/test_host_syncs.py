@@ -119,7 +119,7 @@ def test_pair_receipts_sync_four_times_a_layer(family: str, tmp_path: Path) -> N
     per-expert weight sums (1)."""
     from device_meter import metering
 
-    from moeaudit.judge.policy import Policy
+    from moeaudit.policy import Policy
     from moeaudit.receipts.drift import bootstrap_for, pair_layer
     from moeaudit.receipts.state import run_state
 

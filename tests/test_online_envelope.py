@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from moeaudit.cli import cli
 from moeaudit.integrations.online import EnvelopeEvent, OnlineEnvelope, events_of_report
-from moeaudit.judge.policy import load_policy
+from moeaudit.policy import load_policy
 
 CALIBRATED = """[envelope]
 variant = "normalized"

@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from moeaudit import canary as canary_mod
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.cli import cli
-from moeaudit.judge.margins import smax, smin
-from moeaudit.judge.policy import Policy
+from moeaudit.margins import smax, smin
+from moeaudit.policy import Policy
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.occupancy import active_sets, js_divergence, occupancy
 from moeaudit.receipts.state import state_receipts

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from moeaudit import records
 from moeaudit.attest.naming import DATA_MAPS, camel
 from moeaudit.cli import cli
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 from moeaudit.schemas import fields, generated, load, required
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from moeaudit.checkpoint import digest as digest_mod
 from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.cli import cli
 from moeaudit.errors import CheckpointError, InputError
-from moeaudit.judge.policy import load_policy
+from moeaudit.policy import load_policy
 from moeaudit.run import discover
 
 WEIGHTS = "model.safetensors"

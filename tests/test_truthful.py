@@ -20,7 +20,7 @@ from moeaudit.errors import InputError
 from moeaudit.judge import envelope as env
 from moeaudit.judge.decide import Evidence, decide, envelope_check, margin_status
 from moeaudit.judge.gates import nll_change, scalar_trend
-from moeaudit.judge.policy import EnvelopeSettings, load_policy, policy_from_dict
+from moeaudit.policy import EnvelopeSettings, load_policy, policy_from_dict
 from moeaudit.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +293,7 @@ def test_gate_promotes_what_certify_passes_within_one_run(tmp_path, cache_dir) -
 
 
 def test_handoff_on_healthy_is_inconclusive_not_a_coin_flip(audits, policy) -> None:
-    from moeaudit.judge.margins import handoff
+    from moeaudit.margins import handoff
 
     docs = {int(n.split("-")[1].split(".")[0]): d for n, d in audits["healthy"].receipts.items()
             if n.startswith("checkpoint-")}
@@ -310,7 +310,7 @@ def test_handoff_on_healthy_is_inconclusive_not_a_coin_flip(audits, policy) -> N
 
 
 def test_separate_betas_keep_the_smooth_margin_defined_for_many_experts() -> None:
-    from moeaudit.judge.margins import beta_pi, pi_tail
+    from moeaudit.margins import beta_pi, pi_tail
 
     m = policy_from_dict({}).margins
     E, k = 64, 2
@@ -393,8 +393,8 @@ def test_decision_and_report_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import moeaudit.judge.decide, moeaudit.judge.gates, moeaudit.judge.margins, "
-            "moeaudit.judge.envelope, moeaudit.judge.policy, moeaudit.judge.promote, "
+    code = ("import sys; import moeaudit.judge.decide, moeaudit.judge.gates, moeaudit.margins, "
+            "moeaudit.judge.envelope, moeaudit.policy, moeaudit.judge.promote, "
             "moeaudit.report.html, moeaudit.report.ci, moeaudit.report.export, moeaudit.attest.certificate, "
             "moeaudit.attest.signing; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -417,7 +417,7 @@ def test_margin_intervals_are_paired_bootstraps_and_narrower(audits, policy) -> 
     """The receipts carry bootstrap replicates drawn on the same windows at every checkpoint, so a
     margin's interval is a paired bootstrap of the margin itself; sft-refine's refinement is then
     certified (its interval excludes 0), which the independent-terms interval could not do."""
-    from moeaudit.judge.margins import INDEPENDENT, PAIRED, refinement
+    from moeaudit.margins import INDEPENDENT, PAIRED, refinement
 
     pred = audits["sft-refine"].statement["predicate"]
     r = pred["margins"]["refinement"]

@@ -30,7 +30,7 @@ from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.integrations.gradnorms import Sums
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
-from moeaudit.judge.policy import EnvelopeSettings, Policy, load_policy
+from moeaudit.policy import EnvelopeSettings, Policy, load_policy
 from moeaudit.metrics import read_metrics
 
 log = logging.getLogger("moeaudit")

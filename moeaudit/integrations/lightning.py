@@ -36,7 +36,7 @@ from lightning.pytorch import Callback
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
 from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary
-from moeaudit.judge.policy import EnvelopeSettings, Policy
+from moeaudit.policy import EnvelopeSettings, Policy
 
 
 class MoeauditCallback(Callback):  # type: ignore[misc]

@@ -40,7 +40,7 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.integrations.core import RunRecorder, envelope_settings, load_canary
-from moeaudit.judge.policy import EnvelopeSettings, Policy
+from moeaudit.policy import EnvelopeSettings, Policy
 
 
 class MoeauditHook:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moeaudit.judge.envelope import RTOL, composed_bound, gronwall
-from moeaudit.judge.policy import EnvelopeSettings
+from moeaudit.policy import EnvelopeSettings
 from moeaudit.metrics import POOLED, variance
 
 Norms = Sequence[float | None]

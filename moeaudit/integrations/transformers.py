@@ -37,7 +37,7 @@ from transformers import TrainerCallback
 from moeaudit.canary import Canary
 from moeaudit.integrations.core import RunRecorder, envelope_settings, load_canary
 from moeaudit.integrations.gradnorms import Sums
-from moeaudit.judge.policy import EnvelopeSettings, Policy
+from moeaudit.policy import EnvelopeSettings, Policy
 
 CLIP_TOLERANCE = 1e-3  # relative: torch clips to max_norm / (norm + 1e-6), just under max_norm
 

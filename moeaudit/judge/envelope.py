@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.judge.policy import EnvelopeSettings, alert_rule_problem
+from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
 from moeaudit.records import EnvelopeReport
 

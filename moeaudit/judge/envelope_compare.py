@@ -36,7 +36,7 @@ from moeaudit.judge.envelope import (
 )
 
 if TYPE_CHECKING:
-    from moeaudit.judge.policy import EnvelopeSettings
+    from moeaudit.policy import EnvelopeSettings
 
 VIEWS = ("replay", "logs", "logs_endpoints")  # which constants each verdict is judged under
 

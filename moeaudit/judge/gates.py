@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from moeaudit.judge.policy import GateSettings
+from moeaudit.policy import GateSettings
 from moeaudit.records import (
     Comparison,
     DriftLayer,

@@ -35,7 +35,7 @@ from moeaudit.judge.gates import (
     evaluate_gates,
     nonfinite_findings,
 )
-from moeaudit.judge.policy import GateSettings, Policy
+from moeaudit.policy import GateSettings, Policy
 from moeaudit.records import (
     Check,
     Condition,

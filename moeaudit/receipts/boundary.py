@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.config import ModelSpec
-from moeaudit.judge.policy import ReceiptSettings
+from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.replay.model import route
 

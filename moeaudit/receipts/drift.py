@@ -16,7 +16,7 @@ import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
-from moeaudit.judge.policy import ReceiptSettings
+from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates

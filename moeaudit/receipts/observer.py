@@ -11,7 +11,7 @@ import torch
 from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
-from moeaudit.judge.policy import ReceiptSettings
+from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.boundary import boundary_receipts, eta_scale
 from moeaudit.receipts.gate import bias_telemetry, gate_note

@@ -12,7 +12,7 @@ import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
-from moeaudit.judge.policy import ReceiptSettings
+from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_scales
 

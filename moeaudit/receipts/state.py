@@ -12,7 +12,7 @@ from moeaudit import __version__
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
-from moeaudit.judge.policy import Policy
+from moeaudit.policy import Policy
 from moeaudit.limits import check_window_len
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver

@@ -127,7 +127,7 @@ def receipts_header(doc: dict[str, Any]) -> None:
 def print_compare(doc: dict[str, Any], policy: Any) -> None:
     from moeaudit.judge.decide import margin_status
     from moeaudit.judge.gates import Checkpointed, evaluate_gates
-    from moeaudit.judge.margins import SMOOTH_NOTE
+    from moeaudit.margins import SMOOTH_NOTE
 
     base, cand = doc["base"], doc["candidate"]
     seen: set[str] = set()  # papers named so far in this report
