@@ -69,7 +69,7 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
     rank, world = dist.env_world()
     if rank > 0:
         code = dist.serve()
-        stats = {"rank": rank, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb()}
+        stats: dict[str, Any] = {"rank": rank, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb()}
         Path(f"{out}.{rank}").write_text(json.dumps(stats))
         sys.stdout.flush()
         os._exit(code)
@@ -84,7 +84,7 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
         t0 = time.perf_counter()
         replay(c, probe.tokens)  # warm: what each further checkpoint of a run costs
         seconds = time.perf_counter() - t0
-    stats: dict[str, Any] = {"rank": 0, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(),
+    stats = {"rank": 0, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(),
                              "replay_s": seconds, "first_s": first, "nll": result.nll, "digest": digest}
     Path(f"{out}.0").write_text(json.dumps(stats))
     sys.stdout.flush()
