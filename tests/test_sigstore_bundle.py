@@ -1,4 +1,4 @@
-"""Issue 15 item 4: the certificate as a key-based Sigstore bundle v0.3, read by independent
+"""The certificate as a key-based Sigstore bundle v0.3, read by independent
 implementations — sigstore-python's protobuf-specs model (strict, unknown fields refused) parses
 it, securesystemslib's DSSE verifies its signature, and sigstore-js (npm's Sigstore verifier,
 when installed: ``npm install --prefix tests/sigstore_js``) verifies the bundle as a whole — and
@@ -53,6 +53,12 @@ def _spki_sha256(pub_path: Path) -> bytes:
     return hashlib.sha256(der).digest()
 
 
+def _pem_sha256_hex(pub_path: Path) -> str:
+    key = serialization.load_pem_public_key(pub_path.read_bytes())
+    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
 def _independent_verify(bundle_raw: bytes, pub_path: Path) -> dict:
     """Parse with sigstore-python's bundle model, verify the DSSE signature with securesystemslib;
     return the verified in-toto statement. Raises on any failure."""
@@ -87,8 +93,8 @@ def test_certify_writes_a_bundle_of_the_same_signed_statement(certified) -> None
     bundle = json.loads((out / "certificate.sigstore.json").read_bytes())
     assert bundle == {
         "mediaType": BUNDLE_V03,
-        # the key as cosign names it: base64 SHA-256 of the DER SubjectPublicKeyInfo
-        "verificationMaterial": {"publicKey": {"hint": base64.b64encode(_spki_sha256(pub)).decode()},
+        # the key as model-signing 1.x names it: hex SHA-256 of the PEM SubjectPublicKeyInfo
+        "verificationMaterial": {"publicKey": {"hint": _pem_sha256_hex(pub)},
                                  "tlogEntries": []},
         "dsseEnvelope": {"payload": envelope["payload"], "payloadType": "application/vnd.in-toto+json",
                          "signatures": [{"sig": envelope["signatures"][0]["sig"]}]},
@@ -171,6 +177,43 @@ def test_malformed_bundles_are_refused(tmp_path: Path, mutate, message: str) -> 
     (tmp_path / "b.json").write_text(json.dumps(bundle))
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "b.json"), "--pubkey", str(pub)])
     assert result.exit_code == 1 and message in result.stderr, result.stderr
+
+
+def test_an_earlier_versions_hint_still_verifies(tmp_path: Path) -> None:
+    """Bundles written before the hint followed model-signing (base64 SHA-256 of the DER SPKI)."""
+    bundle, pub = _signed_bundle(tmp_path, "ecdsa-p256")
+    bundle["verificationMaterial"]["publicKey"]["hint"] = base64.b64encode(_spki_sha256(pub)).decode()
+    (tmp_path / "b.json").write_text(json.dumps(bundle))
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "b.json"), "--pubkey", str(pub)])
+    assert result.exit_code == 0, result.stderr
+
+
+def _model_signing_verify(model: Path, bundle: Path, pub: Path) -> str:
+    """What OpenSSF model-signing 1.x says of a bundle: the error it raises."""
+    verifying = pytest.importorskip("model_signing.verifying")
+    with pytest.raises(Exception) as caught:
+        verifying.Config().use_elliptic_key_verifier(public_key=pub).verify(model, bundle)
+    return f"{type(caught.value).__name__}: {caught.value}"
+
+
+@needs_samples
+def test_model_signing_checks_the_key_and_signature_then_refuses_the_predicate(certified, tmp_path: Path) -> None:
+    """model-signing 1.1.x reads our bundle, accepts the key hint, verifies the DSSE signature,
+    and only then refuses the statement: it verifies its own manifest predicate, not ours."""
+    out, run, pub = certified
+    bundle = out / "certificate.sigstore.json"
+    said = _model_signing_verify(run / "checkpoint-1500", bundle, pub)
+    assert said == ("ValueError: Predicate type mismatch, expected https://model_signing/signature/v1.0, "
+                    f"got {PREDICATE_TYPE}")
+    tampered = tmp_path / "tampered.sigstore.json"  # the signature is checked before the predicate
+    tampered.write_bytes(_tampered(bundle.read_bytes()))
+    assert _model_signing_verify(run / "checkpoint-1500", tampered, pub).startswith("InvalidSignature")
+    legacy = json.loads(bundle.read_bytes())  # the hint earlier versions wrote: refused first
+    legacy["verificationMaterial"]["publicKey"]["hint"] = base64.b64encode(_spki_sha256(pub)).decode()
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    assert "Key mismatch" in _model_signing_verify(run / "checkpoint-1500", tmp_path / "legacy.json", pub)
+    generate_key(tmp_path / "other")
+    assert "Key mismatch" in _model_signing_verify(run / "checkpoint-1500", bundle, tmp_path / "other.pub")
 
 
 def test_another_keys_bundle_is_refused(tmp_path: Path) -> None:

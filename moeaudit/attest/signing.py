@@ -7,9 +7,11 @@ hands back only verified bytes. Torch-free, so ``verify`` starts fast.
 keyid = hex SHA-256 of the public key's DER SubjectPublicKeyInfo.
 
 The same envelope also goes into a key-based Sigstore bundle v0.3 (:func:`to_bundle`), which
-cosign verifies: ``verificationMaterial.publicKey.hint`` = base64 SHA-256 of the DER SPKI (as
-cosign writes it), no transparency-log entries, the DSSE signature without a keyid. Reading one
-back, a bundle with log entries or timestamps is refused: moeaudit does not verify them.
+cosign verifies: ``verificationMaterial.publicKey.hint`` = hex SHA-256 of the PEM SPKI (what
+OpenSSF model-signing 1.x writes and compares; cosign, given ``--key``, ignores the hint), no
+transparency-log entries, the DSSE signature without a keyid. Reading one back, a bundle with log
+entries or timestamps is refused: moeaudit does not verify them; the hint earlier versions wrote
+(base64 SHA-256 of the DER SPKI) is still accepted.
 """
 
 from __future__ import annotations
@@ -66,7 +68,16 @@ def keyid(public_key: PublicKey) -> str:
 
 
 def key_hint(public_key: PublicKey) -> str:
-    """The Sigstore bundle's ``publicKey.hint``: base64 SHA-256 of the DER SPKI, as cosign writes."""
+    """The Sigstore bundle's ``publicKey.hint``: hex SHA-256 of the PEM SubjectPublicKeyInfo, as
+    model-signing 1.x computes it from the public key it is given (a different hint is its "Key
+    mismatch"). The hint is only a name to look the key up by; the signature decides."""
+    pem = public_key.public_bytes(serialization.Encoding.PEM,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def legacy_key_hint(public_key: PublicKey) -> str:
+    """The hint bundles of earlier moeaudit versions carry: base64 SHA-256 of the DER SPKI."""
     return base64.b64encode(_spki_sha256(public_key)).decode("ascii")
 
 
@@ -218,7 +229,7 @@ def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> 
         raise SignatureInvalid("the bundle's verificationMaterial holds a certificate and a key", path=path)
     _refuse_unverified_evidence(material, path)
     hint = material["publicKey"].get("hint")
-    if hint is not None and hint != key_hint(public_key):
+    if hint is not None and hint not in (key_hint(public_key), legacy_key_hint(public_key)):
         raise SignatureInvalid(f"signed by key hint {str(hint)[:16]}…, not by this public key "
                                f"({key_hint(public_key)[:16]}…)", path=path)
     return _verify_dsse(bundle.get("dsseEnvelope"), public_key, path, in_bundle=True)

@@ -8,8 +8,10 @@ const { toSignedEntity, toTrustMaterial, Verifier } = require('@sigstore/verify'
 
 const [bundlePath, pubPath, digest] = process.argv.slice(2);
 const bundle = bundleFromJSON(JSON.parse(fs.readFileSync(bundlePath, 'utf8')));
-const der = crypto.createPublicKey(fs.readFileSync(pubPath, 'utf8')).export({ type: 'spki', format: 'der' });
-const hint = crypto.createHash('sha256').update(der).digest('base64');
+const pub = crypto.createPublicKey(fs.readFileSync(pubPath, 'utf8'));
+const der = pub.export({ type: 'spki', format: 'der' });
+// the hint as model-signing 1.x (and moeaudit) write it: hex SHA-256 of the PEM SPKI
+const hint = crypto.createHash('sha256').update(pub.export({ type: 'spki', format: 'pem' })).digest('hex');
 const root = { mediaType: 'application/vnd.dev.sigstore.trustedroot+json;version=0.1', tlogs: [],
                certificateAuthorities: [], ctlogs: [], timestampAuthorities: [] };
 const trust = toTrustMaterial(root, { [hint]: { rawBytes: der } });
