@@ -17,8 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from moeaudit.records import Predicate
-from moeaudit.schemas import data_map_paths
+from moeaudit.records import Predicate, data_map_paths
 
 # Paths (from the predicate; ``[]`` for a list's items, ``*`` for a data map's keys) of the
 # maps whose keys are data, read from the predicate's record type: every map typed
