@@ -14,6 +14,8 @@ from typing import Any
 
 import hf_models
 import hf_models_aliases as aliases
+import torch
+import transformers
 
 _GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
                 logits_scaling=6.0)
@@ -26,8 +28,43 @@ TINY: dict[str, dict[str, Any]] = {
     "granitemoe_swa": dict(num_hidden_layers=4, num_local_experts=4, intermediate_size=24,
                            shared_intermediate_size=40, sliding_window=5,
                            layer_rope_theta=[10000.0, 10000.0, 0, 10000.0], **_GRANITE),
+    # Aria's text decoder: top-2 of 4 plus two shared experts (one SwiGLU 2 × 24 wide)
+    "aria_text": dict(moe_num_experts=4, moe_topk=2, intermediate_size=24, moe_num_shared_experts=2),
 }
+for _cfg in TINY.values():
+    if "moe_topk" in _cfg:
+        _cfg.setdefault("num_experts_per_tok", None)  # not this config's key (hf_models._COMMON sets it): null
 hf_models._FAMILY.update(TINY)
+
+# wrapper → its text decoder's family in TINY
+WRAPPERS: dict[str, str] = {"aria": "aria_text"}
+_SMALL_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16, num_attention_heads=2,
+                     image_size=28, patch_size=14)
+
+
+def wrapper_text_config(wrapper: str, **overrides: Any) -> dict[str, Any]:
+    cfg = {**hf_models._COMMON, **TINY[WRAPPERS[wrapper]], **overrides}
+    return {k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")}
+
+
+def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    """A wrapper (vision-language / omni) model around its tiny text decoder, float32, eval, eager."""
+    default = transformers.AutoConfig.for_model(wrapper)
+    vision = {k: v for k, v in _SMALL_VISION.items() if k in default.vision_config.to_dict()}
+    config = transformers.AutoConfig.for_model(wrapper, text_config=wrapper_text_config(wrapper, **overrides),
+                                               vision_config=vision)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    hf_models._redraw(model, seed)
+    return model.eval()
+
+
+def save_wrapper(path: Path, wrapper: str, *, seed: int = 0, dtype: torch.dtype | None = None,
+                 **overrides: Any) -> None:
+    model = wrapper_model(wrapper, seed=seed, **overrides)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
@@ -43,6 +80,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "qwen3_vl_moe": lambda p: aliases.save_wrapper(p, "qwen3_vl_moe"),
     "glm4v_moe": lambda p: aliases.save_wrapper(p, "glm4v_moe"),
     "kimi_k2": _relabelled("deepseek_v3", "kimi_k2"),
+    "aria": lambda p: save_wrapper(p, "aria"),
 }
 
 

@@ -31,7 +31,7 @@ from moeaudit.families import FAMILIES as REGISTERED  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
 TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen3_5_moe_text",
-        "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa")
+        "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa", "aria_text")
 
 
 def test_every_registered_family_is_exercised_here_or_has_its_own_wrapper_test() -> None:

@@ -1,6 +1,7 @@
 """Issue 27's further model types against transformers: ``granitemoeshared`` (Granite MoE +
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
-with NoPE). Each in float32 and from bfloat16 checkpoints (both sides upcast the same stored
+with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
+wrapper's own forward on text tokens, ``hf_models_aliases.TextView``). Each in float32 and from bfloat16 checkpoints (both sides upcast the same stored
 values), on two configurations that vary top-k, the expert count, the shared expert and (where
 the architecture has them) dense/sparse or attention-kind placement; same checks and tolerances
 as ``test_oracle`` (loss, per-window NLL, hidden states, MoE inputs, router logits, top-k sets off
@@ -21,13 +22,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_aliases2  # noqa: E402, F401  (registers the tiny configs)
+import hf_models_aliases as aliases  # noqa: E402
+import hf_models_aliases2  # noqa: E402  (registers the tiny configs)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import FAMILIES  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -114,6 +118,16 @@ def agree(ckpt: Checkpoint, model: Any, tokens: torch.Tensor, m: Modules) -> tup
     return nll_abs, grad_rel
 
 
+def rename(src: Path, dst: Path, edit) -> Path:
+    """A copy of a saved checkpoint with its tensors renamed (or reshaped) by ``edit``."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    save_file(edit(load_file(src / "model.safetensors")), dst / "model.safetensors")
+    return dst
+
+
 # ----- Granite MoE with a shared MLP / sliding windows -----------------------------------------
 
 # every Granite MoE layer is routed (no dense placement to vary); the shared MLP comes and goes
@@ -156,3 +170,73 @@ def test_granitemoe_swa_refuses_several_rope_bases() -> None:
         spec_from_config(cfg)
     spec = spec_from_config({**cfg, "layer_rope_theta": [0, 5e5]})
     assert spec.nope_layers == (0,) and spec.rope_theta == 5e5
+
+
+# ----- Aria: its text decoder, and the vision-language checkpoint around it ----------------------
+
+ARIA = Modules(gate="router", shared=("mlp.shared_experts.",))
+# every Aria layer is routed (no dense placement to vary); the shared experts' count varies
+ARIA_CASES: dict[str, dict[str, Any]] = {
+    "top2-of-4-two-shared": {},
+    "top3-of-6-one-shared-attention-bias": {"moe_num_experts": 6, "moe_topk": 3, "moe_num_shared_experts": 1,
+                                            "attention_bias": True},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ARIA_CASES)
+def test_aria_text_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "aria_text", dtype=DTYPES[dtype], **ARIA_CASES[case])
+    ckpt, model = Checkpoint(tmp_path), load(tmp_path)
+    assert ckpt.spec.family == "aria_text" and ckpt.warnings == [] and ckpt.notes == []
+    assert ckpt.fused_format == "transposed"
+    agree(ckpt, model, random_tokens(), ARIA)
+    assert ckpt.spec.shared_dim == model.config.intermediate_size * model.config.moe_num_shared_experts
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ARIA_CASES)
+def test_aria_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_wrapper(tmp_path, "aria", dtype=DTYPES[dtype], **ARIA_CASES[case])
+    ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
+    assert ckpt.spec.family == "aria" and ckpt.warnings == []
+    assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision tower and projector
+    agree(ckpt, aliases.TextView(model), random_tokens(), ARIA)
+    assert "the text decoder" in FAMILIES["aria"].audits
+
+
+def test_aria_module_names(tmp_path: Path) -> None:
+    """transformers 5.24 saves Aria as released (``language_model.model.*``,
+    ``language_model.lm_head``, experts ``fc1`` / ``fc2``); the same tensors under its module names
+    (``model.language_model.*``, ``lm_head``, ``gate_up_proj`` / ``down_proj``) give the same numbers."""
+    hf_models_aliases2.save_wrapper(tmp_path / "a", "aria")
+    a = Checkpoint(tmp_path / "a")
+    assert a.layer_keys(0)["router"] == "language_model.model.layers.0.mlp.router.weight"
+    assert a.expert_keys(0) == {"gate_up": "language_model.model.layers.0.mlp.experts.fc1.weight",
+                                "down": "language_model.model.layers.0.mlp.experts.fc2.weight"}
+
+    names = (("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
+             ("experts.fc1.weight", "experts.gate_up_proj"), ("experts.fc2.weight", "experts.down_proj"))
+
+    def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for k, v in t.items():
+            for old, new in names:
+                k = k.replace(old, new)
+            out[k] = v
+        return out
+
+    b = Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
+    assert b.expert_keys(0) == {"gate_up": "model.language_model.layers.0.mlp.experts.gate_up_proj",
+                                "down": "model.language_model.layers.0.mlp.experts.down_proj"}
+    tokens = random_tokens()
+    ours_a, ours_b = moeaudit_observed(a, tokens), moeaudit_observed(b, tokens)
+    assert ours_a.loss == ours_b.loss
+    assert all(torch.equal(ours_a.expert_grads[i], ours_b.expert_grads[i]) for i in ours_a.expert_grads)
+
+
+def test_aria_text_refuses_shared_expert_biases() -> None:
+    import transformers
+
+    with pytest.raises(CheckpointError, match="mlp_bias"):
+        spec_from_config(transformers.AutoConfig.for_model("aria_text", mlp_bias=True).to_dict())

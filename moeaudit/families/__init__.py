@@ -148,8 +148,6 @@ _REFUSED_ALL: dict[str, str] = {
     "mistral4": "not supported yet (MLA with DeepSeek-V2's router and Mistral-4 RoPE scaling)",
     "flex_olmo": "not supported yet (OLMo-2 post-norms: RMSNorm on the attention and MoE outputs, "
                  "q/k norm over all heads)",
-    "aria": "a vision-language model: its text decoder aria_text is not supported yet",
-    "aria_text": "not supported yet (Mixtral routing with always-on shared experts)",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
