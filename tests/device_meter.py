@@ -36,16 +36,22 @@ class OnDevice(torch.Tensor):
     """A tensor on the stand-in device (torch propagates the subclass through every op; the
     gradients autograd leaves in ``.grad`` are tagged on the way out)."""
 
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        """The stand-in device, so that a copy to where a device tensor lives
+        (``t.to(x.device)``) is counted as one, as it would be on a GPU."""
+        return STANDIN
+
     @property  # type: ignore[override]
     def grad(self) -> torch.Tensor | None:
         with torch._C.DisableTorchFunctionSubclass():
-            g = torch._C.TensorBase.grad.__get__(self)
+            g = torch._C.TensorBase.grad.__get__(self)  # type: ignore[union-attr]
         return None if g is None else _dev(g)
 
     @grad.setter
     def grad(self, value: torch.Tensor | None) -> None:
         with torch._C.DisableTorchFunctionSubclass():
-            torch._C.TensorBase.grad.__set__(self, value)
+            torch._C.TensorBase.grad.__set__(self, value)  # type: ignore[union-attr]
 
 
 class Meter:
@@ -128,6 +134,9 @@ def metering(meter: Meter) -> Iterator[Meter]:
     def cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return to(self, "cpu")
 
+    to._original = originals["to"]  # type: ignore[attr-defined]  # for DeviceGuard
+    cpu._original = originals["cpu"]  # type: ignore[attr-defined]
+
     def reader(name: str) -> Callable[..., Any]:
         def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if isinstance(self, OnDevice):
@@ -137,6 +146,7 @@ def metering(meter: Meter) -> Iterator[Meter]:
                     meter.add("d2h_bytes", self.numel() * self.element_size())
             with torch._C.DisableTorchFunctionSubclass():
                 return originals[name](_plain(self), *args, **kwargs)
+        read._original = originals[name]  # type: ignore[attr-defined]
         return read
 
     def synchronize(device: Any) -> None:
@@ -146,8 +156,8 @@ def metering(meter: Meter) -> Iterator[Meter]:
             orig_sync(device)
 
     try:
-        torch.Tensor.to = to  # type: ignore[method-assign]
-        torch.Tensor.cpu = cpu  # type: ignore[method-assign]
+        torch.Tensor.to = to  # type: ignore[method-assign, assignment]
+        torch.Tensor.cpu = cpu  # type: ignore[method-assign, assignment]
         for name in _SYNC_METHODS:
             setattr(torch.Tensor, name, reader(name))
         if device_mod is not None:
@@ -177,3 +187,43 @@ def measure(ckpt: Any, run: Callable[[Callable[[str, int, int], None]], Any]) ->
     finally:
         del ckpt.layer_weights
     return meter
+
+
+class DeviceGuard(torch.overrides.TorchFunctionMode):
+    """What the stand-in cannot see by itself: a host tensor meeting a device tensor in one
+    operation — which on a GPU raises ("expected all tensors to be on the same device") or, for
+    an index, copies and waits. Under this mode a tensor created with ``device=`` the stand-in
+    (``torch.zeros(n, device=x.device)``) is a device tensor, and every call that mixes a device
+    tensor with a host tensor of more than one element (a 0-dim host tensor is a scalar CUDA
+    accepts) is recorded in ``mixed`` (the operator and the shapes, device ones marked ``@``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        flat: list[torch.Tensor] = []
+
+        def walk(a: Any) -> None:
+            if isinstance(a, torch.Tensor):
+                flat.append(a)
+            elif isinstance(a, list | tuple):
+                for b in a:
+                    walk(b)
+
+        walk(args)
+        walk(list(kwargs.values()))
+        name = getattr(func, "__name__", str(func))
+        on = [isinstance(t, OnDevice) for t in flat]
+        if any(on) and any(not d and t.dim() > 0 for t, d in zip(flat, on, strict=True)) and name not in (
+                "to", "cpu", "copy_", "__get__", "__set__"):
+            self.mixed.append(f"{name}(" + ", ".join(f"{'@' if d else ''}{list(t.shape)}"
+                                                      for t, d in zip(flat, on, strict=True)) + ")")
+        # the meter's wrappers have counted the call that brought us here: run what they wrap
+        out = getattr(func, "_original", func)(*args, **kwargs)
+        dev = kwargs.get("device")
+        if isinstance(out, torch.Tensor) and dev is not None and torch.device(dev) == STANDIN:
+            return _dev(out)
+        return out

@@ -12,6 +12,7 @@ import torch
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.receipts.deferred import number, resolve
 from moeaudit.replay.model import route
 
 
@@ -29,9 +30,10 @@ def flip_rate(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk
               sigma: float, seed: int, bias_E: torch.Tensor | None = None,
               logit_bias_E: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token flips of R_k under W_r ← W_r + σ·rms(W_r)·G, G ~ N(0, 1) seeded (`002` §7.2);
-    a selection bias, the operator's setting, and a logit bias (gpt-oss) are kept as they are."""
+    a selection bias, the operator's setting, and a logit bias (gpt-oss) are kept as they are.
+    G is drawn on the host (the same numbers whatever device computes) and copied over."""
     g = torch.Generator().manual_seed(seed)
-    noise = torch.randn(router_EH.shape, generator=g, dtype=torch.float64)
+    noise = torch.randn(router_EH.shape, generator=g, dtype=torch.float64).to(router_EH.device, non_blocking=True)
     rms = router_EH.double().pow(2).mean().sqrt()
     perturbed = (router_EH.double() + sigma * rms * noise).to(router_EH.dtype)
     return ~same_sets(route(spec, perturbed, y_NH, bias_E, logit_bias_E).topk_NK, topk_NK)
@@ -44,24 +46,36 @@ def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch
                       logit_bias_E: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """(receipts, per-token margins m_t). ``margin_N``: the router's own margin where a group
     limit decides R_k (:func:`moeaudit.replay.model.route`), else s_(k) − s_(k+1)."""
+    out, m_N = boundary_pending(spec, scores_NE, router_EH, y_NH, topk_NK, settings, boot, seed, bias_E=bias_E,
+                                margin_N=margin_N, logit_bias_E=logit_bias_E)
+    return resolve(out), m_N
+
+
+def boundary_pending(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.Tensor,
+                     y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
+                     boot: WindowBootstrap, seed: int, *, bias_E: torch.Tensor | None = None,
+                     margin_N: torch.Tensor | None = None,
+                     logit_bias_E: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+    """:func:`boundary_receipts`, computed where the routing is and left there
+    (``deferred.resolve`` reads it); the margins stay there too."""
     if spec.top_k >= scores_NE.shape[1]:  # E = k: no (k+1)-th score, R_k never changes
-        no_margin_N = torch.full(scores_NE.shape[:1], float("inf"), dtype=torch.float64)
+        no_margin_N = torch.full(scores_NE.shape[:1], float("inf"), dtype=torch.float64, device=scores_NE.device)
         return _no_boundary(settings), no_margin_N
     m_N = selection_margin(scores_NE, spec.top_k) if margin_N is None else margin_N.double()
     flips_N = flip_rate(spec, router_EH, y_NH, topk_NK, settings.flip_sigma, seed, bias_E, logit_bias_E)
-    q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    q = torch.quantile(m_N, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=m_N.device))
     scale = eta_scale(spec)
-    mass = {_key(eta): float((m_N < eta * scale).double().mean()) for eta in settings.boundary_etas}
+    mass = {_key(eta): number((m_N < eta * scale).double().mean()) for eta in settings.boundary_etas}
     out = {
-        "margin_mean": float(m_N.mean()),
-        "margin_quantiles": {"p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])},
+        "margin_mean": number(m_N.mean()),
+        "margin_quantiles": {"p10": number(q[0]), "p50": number(q[1]), "p90": number(q[2])},
         "boundary_mass": mass,
-        "flip_rate": float(flips_N.double().mean()),
+        "flip_rate": number(flips_N.double().mean()),
         "flip_sigma": settings.flip_sigma,
         "ci95": {
-            "margin_mean": boot.mean(m_N),
-            "flip_rate": boot.mean(flips_N),
-            "boundary_mass": {_key(eta): boot.mean(m_N < eta * scale) for eta in settings.boundary_etas},
+            "margin_mean": boot.mean_pending(m_N),
+            "flip_rate": boot.mean_pending(flips_N),
+            "boundary_mass": {_key(eta): boot.mean_pending(m_N < eta * scale) for eta in settings.boundary_etas},
         },
     }
     if scale != 1.0:

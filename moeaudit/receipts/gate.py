@@ -119,15 +119,24 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
 
 def bias_telemetry(bias_E: torch.Tensor | None) -> dict[str, Any] | None:
     """The operator's control input as the checkpoint holds it: per-expert bias and its spread."""
+    from moeaudit.receipts.deferred import resolve
+
+    return resolve(bias_telemetry_pending(bias_E))  # type: ignore[no-any-return]
+
+
+def bias_telemetry_pending(bias_E: torch.Tensor | None) -> dict[str, Any] | None:
+    """:func:`bias_telemetry` left where the bias is (``deferred.resolve`` reads it)."""
+    from moeaudit.receipts.deferred import floats, number
+
     if bias_E is None:
         return None
     b = bias_E.double()
     return {
-        "values": b.tolist(),
-        "mean": float(b.mean()),
-        "std": float(b.std(unbiased=False)),
-        "min": float(b.min()),
-        "max": float(b.max()),
+        "values": floats(b),
+        "mean": number(b.mean()),
+        "std": number(b.std(unbiased=False)),
+        "min": number(b.min()),
+        "max": number(b.max()),
     }
 
 

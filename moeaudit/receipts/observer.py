@@ -1,5 +1,11 @@
 """Computes a layer's state receipts during the forward pass, while its weights are resident
-(SPEC §3: layer-local; no extra full passes)."""
+(SPEC §3: layer-local; no extra full passes).
+
+Where the taps are: on a device every statistic is computed there and the layer's receipts
+come to the host in one copy (``deferred.resolve``: O(receipt size) bytes, not the taps'
+(3 + min(E, 2k))·N·H floats — issue 31 §4). The random draws (bootstrap windows, router noise,
+the random outside expert) are made on the host with CPU generators, the same numbers on every
+device, and copied over once per layer."""
 
 from __future__ import annotations
 
@@ -13,10 +19,12 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
-from moeaudit.receipts.boundary import boundary_receipts, eta_scale
-from moeaudit.receipts.gate import bias_telemetry, gate_note
-from moeaudit.receipts.occupancy import domain_routing, occupancy
-from moeaudit.receipts.overlap import extra_experts, overlap_receipts
+from moeaudit.receipts.boundary import boundary_pending, eta_scale
+from moeaudit.receipts.deferred import resolve
+from moeaudit.receipts.gate import bias_telemetry_pending, gate_note
+from moeaudit.receipts.occupancy import domain_routing_pending, occupancy_pending
+from moeaudit.receipts.overlap import extra_experts, overlap_pending
+from moeaudit.replay.device import HOST, moved
 from moeaudit.replay.model import MoETap, Routing
 
 
@@ -48,22 +56,26 @@ class StateObserver:
     def __call__(self, tap: MoETap, lw: LayerWeights) -> None:
         s, r = self.settings, tap.routing
         seed = self._seed(tap.layer)
-        boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed)
-        bias_E = lw.params.get("router_bias")
-        boundary, m_N = boundary_receipts(self.spec, r.scores_NE, lw.params["router"], tap.y_NH,
-                                          r.topk_NK, s, boot, seed, bias_E=bias_E,
-                                          margin_N=r.margin_N, logit_bias_E=lw.params.get("router_logit_bias"))
+        dev = tap.y_NH.device
+        boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed).on(dev)
+        router = {n: t.to(dev, non_blocking=True) for n in ("router", "router_bias", "router_logit_bias")
+                  if (t := lw.params.get(n)) is not None}  # where the layer ran: no copy
+        bias_E = router.get("router_bias")
+        boundary, m_N = boundary_pending(self.spec, r.scores_NE, router["router"], tap.y_NH,
+                                         r.topk_NK, s, boot, seed, bias_E=bias_E,
+                                         margin_N=r.margin_N, logit_bias_E=router.get("router_logit_bias"))
         note = gate_note(self.spec)
-        self.layers[tap.layer] = {
+        layer = {
             **({} if note is None else
-               {"gate": {**note, "selection_bias": bias_telemetry(bias_E)}}),
-            "occupancy": occupancy(r.topk_NK, r.probs_NE, boot),
+               {"gate": {**note, "selection_bias": bias_telemetry_pending(bias_E)}}),
+            "occupancy": occupancy_pending(r.topk_NK, r.probs_NE, boot),
             "boundary": boundary,
             # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
-            "overlap": overlap_receipts(tap, lw, m_N / eta_scale(self.spec), s, boot, seed,
-                                        self.spec),
-            "domains": domain_routing(r.topk_NK, self.canary.domain_ids, self.canary.domains,
-                                      self.spec.num_experts),
+            "overlap": overlap_pending(tap, lw, m_N / eta_scale(self.spec), s, boot, seed, self.spec),
+            "domains": domain_routing_pending(r.topk_NK, self.canary.domain_ids, self.canary.domains,
+                                              self.spec.num_experts),
         }
-        if self.keep_states:
-            self.states[tap.layer] = AnchorStates(tap.z_NH.detach().clone(), tap.y_NH.detach().clone())
+        if self.keep_states:  # the pair receipts' anchors, on the host (queued before the one wait)
+            self.states[tap.layer] = moved(AnchorStates(tap.z_NH.detach().clone(), tap.y_NH.detach().clone()),
+                                           HOST, non_blocking=True)
+        self.layers[tap.layer] = resolve(layer)

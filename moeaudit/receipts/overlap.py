@@ -14,6 +14,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
+from moeaudit.receipts.deferred import integer, mean_or_none, number, resolve
 from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_scales
 
 EPS_KAPPA = 1e-8
@@ -39,7 +40,7 @@ def kappa(v_NXH: torch.Tensor) -> torch.Tensor:
 
 def pair_weighted(kappa_NXX: torch.Tensor, w_NXX: torch.Tensor) -> torch.Tensor:
     """Σ_{e≠e'} w κ / Σ_{e≠e'} w per token."""
-    off = 1.0 - torch.eye(kappa_NXX.shape[-1], dtype=w_NXX.dtype)
+    off = 1.0 - torch.eye(kappa_NXX.shape[-1], dtype=w_NXX.dtype, device=w_NXX.device)
     w = w_NXX * off
     return (w * kappa_NXX).sum((1, 2)) / w.sum((1, 2))
 
@@ -54,9 +55,10 @@ def candidates(scores_NE: torch.Tensor, topk_NK: torch.Tensor, n: int) -> torch.
 
 
 def random_outside(topk_NK: torch.Tensor, E: int, seed: int) -> torch.Tensor:
-    """A seeded uniformly random expert outside R_k for every token: [N, 1]."""
+    """A seeded uniformly random expert outside R_k for every token: [N, 1]. The draws are made
+    on the host (the same numbers whatever device computes) and copied to R_k's device."""
     g = torch.Generator().manual_seed(seed)
-    r = torch.rand((topk_NK.shape[0], E), generator=g, dtype=torch.float64)
+    r = torch.rand((topk_NK.shape[0], E), generator=g, dtype=torch.float64).to(topk_NK.device, non_blocking=True)
     return r.scatter(1, topk_NK, -1.0).argmax(dim=-1, keepdim=True)
 
 
@@ -102,6 +104,13 @@ def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.T
 
 def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
                      boot: WindowBootstrap, seed: int, spec: ModelSpec | None = None) -> dict[str, Any]:
+    return resolve(overlap_pending(tap, lw, m_N, settings, boot, seed, spec))  # type: ignore[no-any-return]
+
+
+def overlap_pending(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
+                    boot: WindowBootstrap, seed: int, spec: ModelSpec | None = None) -> dict[str, Any]:
+    """:func:`overlap_receipts` computed where the taps are, left there (``deferred.resolve``).
+    The mean over boundary tokens takes a boolean index: on a GPU one wait for its size."""
     r = tap.routing
     N, K = r.topk_NK.shape
     E = r.probs_NE.shape[1]
@@ -127,24 +136,25 @@ def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings:
     c2s_N, jump_N, spec_N = (torch.cat([c[n] for c in chunks]) for n in ("c2s", "jump", "spec"))
     left_out_N = 1.0 - rho_NC.sum(1)
     boundary_N = m_N < settings.boundary_layer_eta
+    n_boundary = boundary_N.sum()
     return {
-        "c2": None if c2_N is None else float(c2_N.mean()),
+        "c2": None if c2_N is None else number(c2_N.mean()),
         **({"reason": "no co-active pairs (top-1 routing)"} if c2_N is None else {}),
-        "c2_smooth": float(c2s_N.mean()),
+        "c2_smooth": number(c2s_N.mean()),
         "c2_smooth_candidates": int(cand_NC.shape[1]),
-        "c2_smooth_truncation_mass": float(left_out_N.mean()),
+        "c2_smooth_truncation_mass": number(left_out_N.mean()),
         "transition_incompatibility": {
-            "all": float(jump_N.mean()),
-            "boundary": float(jump_N[boundary_N].mean()) if bool(boundary_N.any()) else None,
-            "boundary_tokens": int(boundary_N.sum()),
+            "all": number(jump_N.mean()),
+            "boundary": mean_or_none(jump_N[boundary_N].mean(), n_boundary),  # NaN, unread, if none
+            "boundary_tokens": integer(n_boundary),
         },
-        "adjacency_specificity": float(spec_N.mean()),
-        "replicates": {"c2": None if c2_N is None else boot.mean_replicates(c2_N)},
+        "adjacency_specificity": number(spec_N.mean()),
+        "replicates": {"c2": None if c2_N is None else boot.mean_replicates_pending(c2_N)},
         "ci95": {
-            "c2": None if c2_N is None else boot.mean(c2_N),
-            "c2_smooth": boot.mean(c2s_N),
-            "transition_incompatibility_all": boot.mean(jump_N),
-            "transition_incompatibility_boundary": boot.mean(jump_N, boundary_N),
-            "adjacency_specificity": boot.mean(spec_N),
+            "c2": None if c2_N is None else boot.mean_pending(c2_N),
+            "c2_smooth": boot.mean_pending(c2s_N),
+            "transition_incompatibility_all": boot.mean_pending(jump_N),
+            "transition_incompatibility_boundary": boot.mean_pending(jump_N, boundary_N),
+            "adjacency_specificity": boot.mean_pending(spec_N),
         },
     }

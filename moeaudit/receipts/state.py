@@ -12,8 +12,8 @@ from moeaudit import __version__
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
-from moeaudit.policy import Policy
 from moeaudit.limits import check_window_len
+from moeaudit.policy import Policy
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
 from moeaudit.replay import ReplayResult, replay
@@ -44,7 +44,8 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
-    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device)
+    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device,
+                    keep_routing=False)  # the observer took what the receipts need
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
     if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,12 +138,16 @@ def forward_pass(
     dtype: torch.dtype = torch.float32,
     nonfinite: list[str] | None = None,
     device: Device = None,
+    keep_routing: bool = True,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing]]:
-    """Stream the decoder once: (final hidden state, each layer's input, routing per layer).
-    Names of weights holding NaN/Inf are appended to ``nonfinite`` when it is given.
+    """Stream the decoder once: (final hidden state, each layer's input, routing per layer —
+    none unless ``keep_routing``). Names of weights holding NaN/Inf are appended to
+    ``nonfinite`` when it is given.
 
-    On a ``device`` each layer is computed there; observers still get host tensors (the taps
-    and the layer's weights as read), and the routing returned is on the host."""
+    On a ``device`` each layer is computed there, and observers get the taps and the layer's
+    weights there: they compute their statistics where the tensors live and bring back only
+    those (issue 31 §4; ``receipts.deferred``). The routing returned is on the host (one copy
+    per layer, N·E numbers, only when kept)."""
     spec = ckpt.spec
     embed = ckpt.read_global("embed", None)  # on-disk dtype; only the canary's rows are converted
     if nonfinite is not None and not all_finite(embed):
@@ -156,49 +159,23 @@ def forward_pass(
     inputs: list[torch.Tensor] = []
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
-    host = _HostRouting(extra, device)
     for i in range(spec.num_layers):
         lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
         if nonfinite is not None:
             nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
+        lw = on_device(lw, device)
         with torch.no_grad():
-            x, tap = decoder_layer(spec, on_device(lw, device), x, rope, host.extra if extra else None)
+            x, tap = decoder_layer(spec, lw, x, rope, extra)
         if tap is not None:
-            tap = host.tap(tap)
-            routing[i] = _detached(tap.routing)
+            if keep_routing:
+                routing[i] = _detached(tap.routing if device is None else to_host(tap.routing, device))
             for observe in observers:
                 observe(tap, lw)
         del lw, tap
         release_freed_memory()
         tick(f"forward layer {i + 1}/{spec.num_layers}", i + 1, total_steps or spec.num_layers)
     return x, inputs, routing
-
-
-class _HostRouting:
-    """Taps for the observers, on the host. On a device each layer's routing is copied back
-    once — when the observers ask which extra experts to run, reused for the tap — and the
-    rest of the tap in one batch of copies with one wait (``to_host``)."""
-
-    def __init__(self, ask: ExtraExperts | None, device: Device):
-        self.ask, self.device = ask, device
-        self.routing: tuple[Routing, Routing] | None = None  # (on the device, on the host)
-
-    def extra(self, layer: int, r: Routing) -> dict[str, torch.Tensor]:
-        assert self.ask is not None
-        if self.device is None:
-            return self.ask(layer, r)
-        self.routing = (r, to_host(r, self.device))
-        return moved(self.ask(layer, self.routing[1]), self.device, non_blocking=True)
-
-    def tap(self, tap: MoETap) -> MoETap:
-        if self.device is None:
-            return tap
-        held, self.routing = self.routing, None
-        if held is None or held[0] is not tap.routing:
-            return to_host(tap, self.device)
-        tensors = {n: getattr(tap, n) for n in ("h_NH", "y_NH", "u_NKH", "extra_u")}
-        return dataclasses.replace(tap, routing=held[1], **to_host(tensors, self.device))
 
 
 HEAD_CHUNK_ELEMENTS = 1 << 23  # logits rows per LM-head chunk × vocabulary (32 MB of float32)
@@ -300,6 +277,7 @@ def replay(
     progress: Progress | None = None,
     dtype: torch.dtype = torch.float32,
     device: Device = None,
+    keep_routing: bool = True,
 ) -> ReplayResult:
     """One forward (+ one backward) of L = mean next-token NLL over the canary (SPEC §3).
 
@@ -308,6 +286,8 @@ def replay(
     ``.grad`` of its non-expert parameters filled during the reverse walk (expert gradients
     are measured and dropped one expert at a time, see ``experts_backward``). ``device``
     (e.g. "cuda") computes there, one layer's weights at a time; receipts come back on the host.
+    ``keep_routing=False`` leaves ``ReplayResult.routing`` empty (on a device: no N·E copy back
+    per layer for a caller whose observers took what they need).
     """
     from moeaudit.limits import check_window_len
 
@@ -325,13 +305,13 @@ def replay(
     with replay_scope(dev):
         return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
                        grad_observers=grad_observers, window_weights_W=window_weights_W,
-                       progress=progress, dtype=dtype, device=dev)
+                       progress=progress, dtype=dtype, device=dev, keep_routing=keep_routing)
 
 
 def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
             observers: Sequence[Observer], grad_observers: Sequence[Callable[[LayerWeights], None]],
             window_weights_W: torch.Tensor | None, progress: Progress | None, dtype: torch.dtype,
-            device: torch.device | None) -> ReplayResult:
+            device: torch.device | None, keep_routing: bool = True) -> ReplayResult:
     spec = ckpt.spec
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
@@ -341,7 +321,7 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
     bad: list[str] = []
     x, inputs, routing = forward_pass(ckpt, tokens_WT, rope, observers=observers, tick=tick,
                                       total_steps=n_steps, dtype=dtype, nonfinite=bad,
-                                      device=device)
+                                      device=device, keep_routing=keep_routing)
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
     biases = head_biases(ckpt, dtype)
