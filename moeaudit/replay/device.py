@@ -119,21 +119,84 @@ class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
     """A layer's experts on a device, one at a time: expert e's stored bytes are copied over and
     converted there (the host keeps the on-disk dtype: bf16 as bf16, block-scaled FP8 as float8
     bytes with their scales, MXFP4 as codes and exponents — ``StoredExperts`` and its kinds), so
-    what crosses is what the file stores, and float32 exists only on the device."""
+    what crosses is what the file stores, and float32 exists only on the device.
+
+    Double-buffered (issue 31 §4): a sweep that says which experts it will read, in order
+    (:func:`announce`; ``experts_forward_sets`` and ``experts_backward`` do), gets the copy of
+    the next expert started when it reads one, so that expert e+1's bytes cross while e
+    computes; at most two experts' stored bytes are on the device. On CUDA the copies come from
+    pinned host memory on a side stream (``non_blocking``: the DMA overlaps the compute stream's
+    kernels), which the compute stream waits for, by an event, only when it reads that expert.
+    Elsewhere (the CPU, ``cpu:0`` standing in for a device) nothing is pinned — pinning needs an
+    accelerator — and the copies are the plain queued ones. ``sent`` lists the experts whose
+    bytes were sent, in order, and ``early`` those that were sent before they were read."""
 
     def __init__(self, experts: Sequence[dict[str, torch.Tensor]], device: Device):
         self.experts, self.device = experts, device
+        dev = prepare_device(device)
+        self._cuda = dev is not None and dev.type == "cuda"
+        self._stream: Any = torch.cuda.Stream(dev) if self._cuda else None
+        self._plan: list[int] = []
+        self._ahead: tuple[int, dict[str, torch.Tensor], Any] | None = None  # (expert, tensors, event)
+        self.sent: list[int] = []
+        self.early: list[int] = []
 
     def __len__(self) -> int:
         return len(self.experts)
 
+    def visit(self, order: Sequence[int]) -> None:
+        """The experts the caller reads next, in this order (each once)."""
+        self._plan, self._ahead = list(order), None
+
+    def _stored(self, e: int) -> dict[str, torch.Tensor]:
+        """What crosses for expert e: its stored tensors (converted on the device after)."""
+        if isinstance(self.experts, StoredExperts):
+            return self.experts.stored[e]
+        return self.experts[e]
+
+    def _send(self, e: int) -> tuple[dict[str, torch.Tensor], Any]:
+        self.sent.append(e)
+        stored = self._stored(e)
+        if not self._cuda:
+            return {n: to_device(t, self.device) for n, t in stored.items()}, None
+        with torch.cuda.stream(self._stream):  # pinned staging, then the DMA on the side stream
+            out = {n: t.pin_memory().to(self.device, non_blocking=True) for n, t in stored.items()}
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        return out, done
+
     def __getitem__(self, e: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        if self._ahead is not None and self._ahead[0] == e:
+            _, w, done = self._ahead
+            self.early.append(e)
+        else:
+            w, done = self._send(e)
+        self._ahead = None
+        if done is not None:  # the compute stream waits for the side stream's copy, not the host
+            current = torch.cuda.current_stream(self._stream.device)
+            current.wait_event(done)
+            for t in w.values():
+                t.record_stream(current)  # allocated on the side stream, used on this one
+        if e in self._plan:  # start the next expert's copy before this one computes
+            i = self._plan.index(e)
+            self._plan = self._plan[i + 1:]
+            if self._plan:
+                nxt = self._plan[0]
+                self._ahead = (nxt, *self._send(nxt))
         if isinstance(self.experts, StoredExperts):  # convert on the device, not on the host
-            return self.experts.convert({n: to_device(t, self.device) for n, t in self.experts.stored[e].items()})
-        return {n: to_device(t, self.device) for n, t in self.experts[e].items()}
+            return self.experts.convert(w)
+        return w
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.visit(range(len(self)))
         return (self[e] for e in range(len(self)))
+
+
+def announce(experts: Sequence[dict[str, torch.Tensor]], order: Sequence[int]) -> None:
+    """Tell ``experts`` which of them a sweep reads, in order (a :class:`DeviceExperts` then
+    copies each one ahead of its use; other sequences need nothing)."""
+    if isinstance(experts, DeviceExperts):
+        experts.visit(order)
 
 
 def on_device(lw: LayerWeights, device: Device) -> LayerWeights:

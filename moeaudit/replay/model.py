@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.checkpoint.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 from moeaudit.replay.deltanet import gated_deltanet
+from moeaudit.replay.device import announce
 from moeaudit.replay.dsa import sparse_causal_mask
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
@@ -445,6 +446,8 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
     ``only`` (expert-parallel replay, ``replay.sharded``): compute the experts in that range and
     leave the rows of the others zero; each expert's rows are those it gets in the full sweep."""
     slots = _slots_of_sets(sets, len(experts))
+    announce(experts, [e for e in range(len(experts))  # the experts read below, in order
+                       if any(counts[e] for _, counts in slots) and (only is None or e in only)])
     out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
     starts = [0] * len(sets)
     for e in range(len(experts)):
@@ -552,6 +555,7 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
     so that the sum can be formed after the ranks' slots are brought together, in this order."""
     N, K = topk_NK.shape
     order, counts = _expert_slots(topk_NK, len(experts))
+    announce(experts, [e for e, c in enumerate(counts) if c and (only is None or e in only)])  # read below
     dy_NH = y_NH.new_zeros((0, y_NH.shape[1])) if slot_dx else torch.zeros_like(y_NH)
     dx_SH = y_NH.new_zeros((N * K, y_NH.shape[1])) if slot_dx else None
     dc_S = combine_NK.new_zeros(N * K)
