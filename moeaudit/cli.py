@@ -153,8 +153,8 @@ policy_option = click.option(
 def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
     from dataclasses import replace
 
-    from moeaudit.policy import load_policy
     from moeaudit.locate import find_upwards, origin
+    from moeaudit.policy import load_policy
 
     found, ignored = (None, []) if given else find_upwards(start, "policy.toml", also=also)
     policy = load_policy(given or found)
@@ -681,18 +681,24 @@ def _signing_key(path: Path | None):
 @click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path),
               help="Also write the decision, its conditions and the gate as JSON here.")
-@click.option("--force", is_flag=True, help="Overwrite an existing --junit or --json file.")
+@click.option("--attest-test-result", "attest", type=click.Path(path_type=Path),
+              help="Also write the decision here as a signed in-toto Test Result "
+                   "(https://in-toto.io/attestation/test-result/v0.1) over the candidate's root digest.")
+@click.option("--key", type=click.Path(path_type=Path),
+              help="Signing key for --attest-test-result (default: your moeaudit key).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --junit, --json or --attest-test-result file.")
 @nproc_option
 @verbose_option
 def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
          reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None,
-         force: bool, nproc: int | None) -> None:
+         attest: Path | None, key: Path | None, force: bool, nproc: int | None) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
 
     
     Examples:
       moeaudit gate sample_checkpoints/sft-refine/checkpoint-0 sample_checkpoints/sft-refine/checkpoint-1000
       moeaudit gate sample_checkpoints/sft-repurpose/checkpoint-0 sample_checkpoints/sft-repurpose/checkpoint-1000
+      moeaudit gate RUN/checkpoint-1000 RUN/checkpoint-1500 --attest-test-result promotion.intoto.json
     """
     import os
 
@@ -702,23 +708,33 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
 
     _refuse_inside("--junit", junit, base, candidate, reference)
     _refuse_inside("--json", json_out, base, candidate, reference)
-    _check_output(junit, force)  # every output is checked before any work (issue 25)
+    _refuse_inside("--attest-test-result", attest, base, candidate, reference)
+    _check_output(junit, force)  # every output is checked before any work
     _check_output(json_out, force)
+    _check_output(attest, force)
+    if key is not None and attest is None:
+        raise UsageError("--key signs the --attest-test-result file", hint="add --attest-test-result FILE")
+    signing_key = _signing_key(key) if attest is not None else None
     _one_checkpoint(base, "moeaudit gate {ckpt} CANDIDATE")
     _one_checkpoint(candidate, "moeaudit gate BASE {ckpt}")
     b, c = _open_checkpoint(base), _open_checkpoint(candidate)
     run_dir, b_step, c_step = placement(base, candidate)
     if run_dir is not None:
         _run_layout(run_dir)
+    policy, subject = None, None  # the policy judged by; the candidate as the audit named it
     with _ranks(nproc):
         if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
             result = rollback(base, candidate, b_step, c_step)
         elif run_dir is not None and b_step is not None and c_step is not None:
-            result = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path, policy_path,
-                                  reference, stage)
+            result, policy, subject = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path,
+                                                   policy_path, reference, stage)
         else:
-            result = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
+            result, policy = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
     _print_gate(result)
+    if attest is not None and signing_key is not None:
+        _attest_promotion(attest, result, policy, subject or {"name": c.path.name, "digest": {"sha256": c.digest}},
+                          signing_key, force)
+        result["attestation"] = str(attest)
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
     if json_out is not None:
@@ -735,8 +751,9 @@ GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
 
 def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step: int,
                  canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-                 stage: str | None) -> GateResult:
-    """The candidate as certify of the run truncated at it would judge it (issue 23 §1)."""
+                 stage: str | None) -> tuple[GateResult, Any, Any]:
+    """The candidate as certify of the run truncated at it would judge it; with the policy and
+    the candidate's subject in the audit (name and root digest)."""
     from moeaudit import canary as canary_mod
     from moeaudit.cache import ReceiptsCache
     from moeaudit.certify import audit_run
@@ -748,12 +765,14 @@ def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step
     with _progress() as tick:
         audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
                           cache=ReceiptsCache(warn=_warn), stage=stage, progress=tick, until=c_step)
+    subject = next((s for s in audit.statement["subject"] if s["name"] == candidate.name), None)
     return gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate,
-                           b_step=b_step, policy=policy)
+                           b_step=b_step, policy=policy), policy, subject
 
 
 def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: Path | None,
-                      policy_path: Path | None, reference: Path | None, stage: str | None) -> GateResult:
+                      policy_path: Path | None, reference: Path | None,
+                      stage: str | None) -> tuple[GateResult, Any]:
     from moeaudit import canary as canary_mod
     from moeaudit.judge.promote import gate_candidate
     from moeaudit.locate import require_canary
@@ -763,7 +782,20 @@ def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: 
     policy = _load_policy(policy_path, base, (candidate,))
     with _progress() as tick:
         doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage)
+    return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage), policy
+
+
+def _attest_promotion(path: Path, result: GateResult, policy: Any, subject: Any, key: Any, force: bool) -> None:
+    """gate --attest-test-result: the decision as a signed in-toto Test Result (atomic write)."""
+    from moeaudit.attest.intoto import policy_configuration, promotion_result, sign
+    from moeaudit.jsonio import atomic_write
+    from moeaudit.policy import BUILTIN
+
+    configuration = [] if policy is None else policy_configuration(  # a rollback is judged by no policy
+        policy.source, policy.to_json(),
+        Path(policy.source) if policy.source != BUILTIN and Path(policy.source).is_file() else None)
+    atomic_write(path, sign(promotion_result(result, subject, configuration), key), force=force)
+    err.print(f"wrote {path} (in-toto Test Result, {result['decision']})", markup=False)
 
 
 def _print_gate(result: GateResult) -> None:
@@ -865,9 +897,16 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
 @click.option("--require-verdict", "required", multiple=True, metavar="VERDICT", callback=_verdicts,
               help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
                    "(repeat the option or separate with commas).")
+@click.option("--attest-verification", "attest", type=click.Path(path_type=Path),
+              help="When verification succeeds, also write what was verified here as a signed in-toto "
+                   "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).")
+@click.option("--key", type=click.Path(path_type=Path),
+              help="Signing key for --attest-verification (default: your moeaudit key).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --attest-verification file.")
 @verbose_option
 def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None, canary_path: Path | None,
-           policy_path: Path | None, reference: Path | None, required: tuple[str, ...]) -> None:
+           policy_path: Path | None, reference: Path | None, required: tuple[str, ...], attest: Path | None,
+           key: Path | None, force: bool) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
@@ -878,7 +917,8 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
     Examples:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
       moeaudit verify moeaudit-certificates/healthy/certificate.sigstore.json --pubkey release-key.pub --recheck
-      moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE
+      moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE \
+        --attest-verification verified.intoto.json
     """
     from moeaudit.attest.certificate import open_certificate
     from moeaudit.attest.recheck import Overrides
@@ -889,6 +929,11 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
     if not recheck and (canary_path or policy_path or reference):
         raise UsageError("--canary, --policy and --reference say where to recheck inputs",
                          hint="add --recheck")
+    if (key is not None or force) and attest is None:
+        raise UsageError("--key and --force are for the --attest-verification file",
+                         hint="add --attest-verification FILE")
+    _check_output(attest, force)
+    signing_key = _signing_key(key) if attest is not None else None
     if pubkey is None:
         from moeaudit.attest.signing import default_public_key
 
@@ -904,6 +949,23 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
                         "(--require-verdict)")
     if any(problems):
         raise PolicyFailed("; ".join(p for p in problems if p), path=cert)
+    if attest is not None and signing_key is not None:
+        _attest_verification(attest, cert, stmt, required, recheck, signing_key, force)
+
+
+def _attest_verification(path: Path, cert: Path, stmt: dict[str, Any], required: tuple[str, ...],
+                         rechecked: bool, key: Any, force: bool) -> None:
+    """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
+    from moeaudit.attest.certificate import now_rfc3339
+    from moeaudit.attest.intoto import file_subject, sign, verification_result
+    from moeaudit.jsonio import atomic_write
+
+    verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
+    checkpoints = [file_subject(s["name"], s["digest"]["sha256"]) for s in stmt["subject"]]
+    svr = verification_result(verified, checkpoints, keyid=stmt["_keyid"], verdict=stmt["predicate"]["verdict"],
+                              required=required, rechecked=rechecked, time=now_rfc3339())
+    atomic_write(path, sign(svr, key), force=force)
+    click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")
 
 
 def _recheck(stmt: dict[str, Any], given: Any) -> str:

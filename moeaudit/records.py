@@ -794,6 +794,64 @@ class GateDocument(GateResult):
     schema: Literal["moeaudit.gate/v1"]
 
 
+# --- attestations other in-toto tools read (gate --attest-test-result, verify --attest-verification) ---
+# Field names as the in-toto specifications spell them (already lowerCamelCase: no renaming).
+
+
+class ResourceDescriptor(TypedDict):
+    """in-toto's ResourceDescriptor (attestation v1), the fields moeaudit writes."""
+
+    name: str
+    digest: dict[str, str]
+    mediaType: NotRequired[str]
+    content: NotRequired[str]  # base64 of the resource's bytes (the digest is theirs)
+    annotations: NotRequired[dict[str, Any]]
+
+
+class TestResultPredicate(TypedDict):
+    """``https://in-toto.io/attestation/test-result/v0.1``: the promotion check's result."""
+
+    result: Literal["PASSED", "WARNED", "FAILED"]
+    configuration: list[ResourceDescriptor]
+    passedTests: list[str]
+    warnedTests: list[str]
+    failedTests: list[str]
+
+
+class TestResultStatement(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://in-toto.io/attestation/test-result/v0.1"]
+    predicate: TestResultPredicate
+
+
+# ``verifier.policy`` is a protobuf ``Any`` in in-toto's SVR v0.1 message: a ResourceDescriptor
+# with its ``@type``, so in-toto's own bindings can read it back.
+PolicyDescriptor = TypedDict("PolicyDescriptor", {
+    "@type": Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"],
+    "name": str, "digest": dict[str, str], "mediaType": str, "content": str})
+
+
+class SvrVerifier(TypedDict):
+    id: str
+    policy: PolicyDescriptor
+
+
+class SvrPredicate(TypedDict):
+    """``https://in-toto.io/attestation/svr/v0.1``: what ``verify`` checked, and when."""
+
+    verifier: SvrVerifier
+    timeCreated: str
+    properties: list[str]
+
+
+class SvrStatement(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://in-toto.io/attestation/svr/v0.1"]
+    predicate: SvrPredicate
+
+
 # Records whose schema allows fields beyond the ones named (see the module docstring).
 OPEN: frozenset[type] = frozenset({EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument,
                                    Abandoned, RouterSection, ReceiptsCheckpoint})
@@ -803,6 +861,8 @@ PUBLISHED: dict[str, tuple[type, bool]] = {
     "training-health-v2.predicate.schema.json": (Predicate, True),
     "receipts-v1.schema.json": (Receipts, False),
     "gate-v1.schema.json": (GateDocument, False),
+    "test-result-v0.1.statement.schema.json": (TestResultStatement, False),
+    "svr-v0.1.statement.schema.json": (SvrStatement, False),
 }
 
 # ----- introspection: what the schema generator and the wire naming read -------------------
@@ -876,4 +936,5 @@ def _walk(tp: Any, path: str, seen: tuple[type, ...] = ()) -> Iterator[tuple[str
 
 __all__ = ["data_map_paths", "fields", "is_data_map", "is_record", "required",
            "DATA_KEYS", "OPEN", "PUBLISHED", "Check", "Decision", "EnvelopeReport", "GateEntry",
-           "GateResult", "Margin", "Margins", "PairDocument", "Predicate", "Receipts", "Statement"]
+           "GateResult", "Margin", "Margins", "PairDocument", "Predicate", "Receipts", "ResourceDescriptor",
+           "Statement", "SvrStatement", "TestResultStatement"]

@@ -25,6 +25,8 @@ PREDICATE = "training-health-v2.predicate.schema.json"
 RECEIPTS = "receipts-v1.schema.json"
 GATE = "gate-v1.schema.json"
 BY_SCHEMA_FIELD = {"moeaudit.receipts/v1": RECEIPTS, "moeaudit.gate/v1": GATE}
+BY_PREDICATE_TYPE = {"https://in-toto.io/attestation/test-result/v0.1": "test-result-v0.1.statement.schema.json",
+                     "https://in-toto.io/attestation/svr/v0.1": "svr-v0.1.statement.schema.json"}
 
 
 @cache
@@ -66,7 +68,10 @@ def check_document(path: str | Path, data: str | bytes) -> str | None:
         if isinstance(stmt, dict) and stmt.get("predicateType") == PREDICATE_TYPE:
             validate(PREDICATE, stmt["predicate"], str(path))
             return PREDICATE
-        return None
+        statement_schema = BY_PREDICATE_TYPE.get(str(stmt.get("predicateType"))) if isinstance(stmt, dict) else None
+        if statement_schema is not None:  # gate --attest-test-result, verify --attest-verification
+            validate(statement_schema, stmt, str(path))
+        return statement_schema
     name = BY_SCHEMA_FIELD.get(str(doc.get("schema")))
     if name is not None:
         validate(name, doc, str(path))

@@ -25,6 +25,7 @@ the wire every field name is its lowerCamelCase form (``issued_at`` → ``issued
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -94,6 +95,7 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     _check_statement(stmt, path)
     stmt = internal(stmt)
     stmt["_keyid"] = verified.keyid
+    stmt["_sha256"] = hashlib.sha256(raw).hexdigest()  # of the file whose signature was checked
     return stmt
 
 

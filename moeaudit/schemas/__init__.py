@@ -9,7 +9,10 @@ shipped file differs from what the types generate, so the two cannot drift apart
   (``https://moeaudit.dev/training-health/v2``), field names as on the wire (lowerCamelCase);
 * ``receipts-v1.schema.json`` — ``moeaudit.receipts/v1`` (``receipts --json``,
   ``receipts/checkpoint-<step>.json``);
-* ``gate-v1.schema.json`` — ``moeaudit.gate/v1`` (``gate --json``).
+* ``gate-v1.schema.json`` — ``moeaudit.gate/v1`` (``gate --json``);
+* ``test-result-v0.1.statement.schema.json``, ``svr-v0.1.statement.schema.json`` — the in-toto
+  statements ``gate --attest-test-result`` and ``verify --attest-verification`` sign
+  (:mod:`moeaudit.attest.intoto`), as moeaudit writes them (a subset of what in-toto allows).
 
 Every number a computation gives may be ``null``: a value that was not finite (NaN, Inf) is
 written ``null`` and listed under the document's ``nonfinite`` (never a NaN in JSON).
