@@ -29,13 +29,26 @@ def best(f: Callable[[], object], reps: int) -> float:
     return min(times)
 
 
+def single_rate(hidden: int, inter: int, rows: int = 512, reps: int = 7) -> float:
+    """GFLOP/s of one expert-shaped product (rows × hidden × inter, x·W1ᵀ) on the threads torch
+    has: the rate the replay's dominant products cannot beat."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, hidden, generator=gen), torch.randn(inter, hidden, generator=gen)
+    return 2 * rows * hidden * inter / best(lambda: F.linear(x, w), reps) / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--inter", type=int, default=1792)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rate-only", action="store_true",
+                    help="print one number: single_rate() at 512 rows (for run.py)")
     a = ap.parse_args()
+    if a.rate_only:
+        print(f"{single_rate(a.hidden, a.inter, reps=a.reps):.2f}")
+        return
     H, inter, V = a.hidden, a.inter, a.vocab
     gen = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(inter, H, generator=gen), torch.randn(H, inter, generator=gen)

@@ -41,6 +41,13 @@ def speed(env_name: str, s: dict[str, Any]) -> list[str]:
         lines.append(f"| {key} | {', '.join(f'{x:.3f}' for x in r['per_round'])} | "
                      f"{r['median_wall']:.3f} | {r['median_cpu']:.3f} | "
                      f"{'—' if target is None else f'≤ {target}'} | {met} |")
+    if "gflop" in s:
+        lines += ["", "| contender | GFLOP per replay (products) | GFLOP per CPU-second | "
+                  "single-thread GEMM ceiling | share of the ceiling |", "|---|---|---|---|---|"]
+        ceiling = s["gemm_ceiling_gflops_1thread"]
+        for n, g in s["gflop"].items():
+            rate = s["gflop_per_cpu_s"][n]
+            lines.append(f"| {n} | {g:.1f} | {rate:.1f} | {ceiling:.1f} | {rate / ceiling:.0%} |")
     return lines + [""]
 
 

@@ -225,7 +225,19 @@ def speed(
     runs = alternate(contenders, rounds, env)
     seen = same_env(runs)
     print(f"  every contender computed in: {seen}", flush=True)
+    gflop = {"floor": replay_gflop(arch, windows, length, overlap=False),
+             "floor_overlap": replay_gflop(arch, windows, length, overlap=True)}
+    gflop["moeaudit"] = gflop["floor_overlap"]
+    ceiling = ceiling_rate(arch, env)
+    # per CPU-second: the rate one core achieved over the whole process (imports, reading and
+    # hashing included), set against what one core reaches on the experts' product alone
+    rates = {n: round(g / statistics.median(r.cpu for r in runs[n]), 1) for n, g in gflop.items()}
+    print(f"  GFLOP per replay {({n: round(g, 1) for n, g in gflop.items()})}; GFLOP per CPU-second "
+          f"{rates}; single-thread GEMM ceiling {ceiling:.1f}", flush=True)
     return {
+        "gflop": gflop,
+        "gflop_per_cpu_s": rates,
+        "gemm_ceiling_gflops_1thread": round(ceiling, 1),
         "arch": describe(arch),
         "canary": [windows, length],
         "env": env,
@@ -234,6 +246,36 @@ def speed(
         "runs": {n: [vars(r) | {"out": None} for r in rs] for n, rs in runs.items()},
         **{key: ratios(runs, *key.split("/")) for key in RATIOS},
     }
+
+
+def replay_gflop(arch: Arch, windows: int, length: int, overlap: bool) -> float:
+    """Matrix-product GFLOP of one replay as moeaudit computes it (2 FLOPs a multiply-add):
+    the forward; the backward, which recomputes each layer from its stored input (attention,
+    router, the experts' W1/W3 products) and forms input and weight gradients; the LM head's
+    logits and dL/dx (its weight gradient is never formed). ``overlap``: the receipts' extra
+    experts (K' − k next candidates and one random, per token and layer) in the forward.
+    Element-wise work, norms and softmax are left out: this is the floor's arithmetic."""
+    N, R = windows * length, windows * (length - 1)
+    H, inter, E, k = arch.hidden, arch.inter, arch.experts, arch.top_k
+    kv = arch.kv_heads * arch.head_dim
+    proj = 2 * N * H * (2 * H + 2 * kv)  # q, k, v, o
+    scores = 2 * windows * length * length * H  # QKᵀ and PV over causal windows (half of T²)
+    router = 2 * N * H * E
+    expert = 2 * N * k * H * inter  # one product over every routed (token, slot)
+    extra = (min(E, 2 * k) - k + 1) if overlap and E > k else 0
+    fwd = proj + scores + router + 3 * expert + 3 * expert * extra / k
+    # backward: recompute (proj + scores + router + W1, W3) + input and weight gradients
+    # (2 × proj, 2 × scores, 2 × router) + experts: p = g·W2, dx (2), dW1, dW3, dW2
+    bwd = 3 * (proj + scores + router) + 2 * expert + 6 * expert
+    head = 2 * (2 * R * H * arch.vocab)
+    return (arch.layers * (fwd + bwd) + head) / 1e9
+
+
+def ceiling_rate(arch: Arch, env: dict[str, str]) -> float:
+    """The machine's single-thread GFLOP/s at the experts' product shape (gemm_ceiling.py)."""
+    r = run([PY, str(HERE / "gemm_ceiling.py"), "--hidden", str(arch.hidden), "--inter",
+             str(arch.inter), "--rate-only"], {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    return float(r.out.strip().splitlines()[-1])
 
 
 RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap",
