@@ -50,6 +50,7 @@ from moeaudit.replay.model import (
 from moeaudit.replay.model import (
     embed as embed_tokens,
 )
+from moeaudit.replay.offload import StoredInputs
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -139,7 +140,7 @@ def forward_pass(
     nonfinite: list[str] | None = None,
     device: Device = None,
     keep_routing: bool = True,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing]]:
+) -> tuple[torch.Tensor, StoredInputs, dict[int, Routing]]:
     """Stream the decoder once: (final hidden state, each layer's input, routing per layer —
     none unless ``keep_routing``). Names of weights holding NaN/Inf are appended to
     ``nonfinite`` when it is given.
@@ -147,7 +148,8 @@ def forward_pass(
     On a ``device`` each layer is computed there, and observers get the taps and the layer's
     weights there: they compute their statistics where the tensors live and bring back only
     those (issue 31 §4; ``receipts.deferred``). The routing returned is on the host (one copy
-    per layer, N·E numbers, only when kept)."""
+    per layer, N·E numbers, only when kept). The layer inputs stay on the device up to a memory
+    budget, the first layers' beyond it wait in host memory (``replay.offload``, issue 31 §6)."""
     spec = ckpt.spec
     embed = ckpt.read_global("embed", None)  # on-disk dtype; only the canary's rows are converted
     if nonfinite is not None and not all_finite(embed):
@@ -156,7 +158,7 @@ def forward_pass(
         x = embed_tokens(spec, embed, tokens_WT.cpu(), dtype)
     del embed
     x = moved(x, device, non_blocking=True) if device is not None else x
-    inputs: list[torch.Tensor] = []
+    inputs = StoredInputs(device, spec.num_layers)
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
     for i in range(spec.num_layers):
@@ -347,7 +349,7 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
             result.grads[i] = layer
         for observe_grad in grad_observers:
             observe_grad(lw)
-        inputs[i] = None  # type: ignore[call-overload]
+        inputs[i] = None
         del lw
         release_freed_memory()
         tick(f"backward layer {i + 1}/{spec.num_layers}", spec.num_layers + step + 1, n_steps)
