@@ -8,6 +8,7 @@ build), for ``tests/tiny_families.py``. Importing this module needs transformers
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,13 @@ TINY: dict[str, dict[str, Any]] = {
                            layer_rope_theta=[10000.0, 10000.0, 0, 10000.0], **_GRANITE),
     # Aria's text decoder: top-2 of 4 plus two shared experts (one SwiGLU 2 × 24 wide)
     "aria_text": dict(moe_num_experts=4, moe_topk=2, intermediate_size=24, moe_num_shared_experts=2),
+    # DeepSeek-V3's tiny MLA decoder with Mistral 4's router (softmax, 8 experts in 4 groups, best
+    # 2 compete), YaRN, and the query scaling switched on from position 4 (β 0.5) within 12 tokens
+    "mistral4": {**{k: v for k, v in hf_models._FAMILY["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
+                 "routed_scaling_factor": 1.5,
+                 "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                     "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.5}},
 }
 for _cfg in TINY.values():
     if "moe_topk" in _cfg:
@@ -67,6 +75,28 @@ def save_wrapper(path: Path, wrapper: str, *, seed: int = 0, dtype: torch.dtype 
     (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
+# causal LMs transformers' AutoModelForCausalLM does not map (Mistral 4 only under the pre-training
+# and image-text-to-text auto classes)
+CAUSAL_LM: dict[str, str] = {"mistral4": "Mistral4ForCausalLM"}
+
+
+def save_causal(path: Path, family: str, *, seed: int = 0, dtype: torch.dtype | None = None,
+                **overrides: Any) -> None:
+    """``hf_models.save_tiny`` through the family's causal-LM class."""
+    cls = getattr(transformers, CAUSAL_LM[family])
+    config = hf_models.tiny_config(family, **overrides)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(config).float()
+    hf_models._redraw(model, seed)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)
+
+
+def load_causal(path: Path, family: str) -> transformers.PreTrainedModel:
+    cls = getattr(transformers, CAUSAL_LM[family])
+    return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
     def save(path: Path) -> None:
         hf_models.save_tiny(path, family)
@@ -81,6 +111,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "glm4v_moe": lambda p: aliases.save_wrapper(p, "glm4v_moe"),
     "kimi_k2": _relabelled("deepseek_v3", "kimi_k2"),
     "aria": lambda p: save_wrapper(p, "aria"),
+    **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }
 
 

@@ -1,13 +1,14 @@
 """Issue 27's further model types against transformers: ``granitemoeshared`` (Granite MoE +
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
-wrapper's own forward on text tokens, ``hf_models_aliases.TextView``). Each in float32 and from bfloat16 checkpoints (both sides upcast the same stored
-values), on two configurations that vary top-k, the expert count, the shared expert and (where
-the architecture has them) dense/sparse or attention-kind placement; same checks and tolerances
-as ``test_oracle`` (loss, per-window NLL, hidden states, MoE inputs, router logits, top-k sets off
-near-ties, combine weights, gradient norms per expert, router, shared expert and attention),
-plus the issue's bounds on the worst differences (NLL ≤ 1e-4 absolute, gradient norms ≤ 2e-3
-relative)."""
+wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
+MLA decoder with softmax group routing and Llama 4 query scaling). Each in float32 and from
+bfloat16 checkpoints (both sides upcast the same stored values), on two configurations that vary
+top-k, the expert count, the shared expert and (where the architecture has them) dense/sparse or
+attention-kind placement; same checks and tolerances as ``test_oracle`` (loss, per-window NLL,
+hidden states, MoE inputs, router logits, top-k sets off near-ties, combine weights, gradient
+norms per expert, router, shared expert and attention), plus the issue's bounds on the worst
+differences (NLL ≤ 1e-4 absolute, gradient norms ≤ 2e-3 relative)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ import hf_models_aliases2  # noqa: E402  (registers the tiny configs)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek  # noqa: E402
+from test_oracle_deepseek import observed as deepseek_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
@@ -104,9 +107,15 @@ def worst(ref: Observed, ours: Observed) -> tuple[float, float]:
 
 
 def agree(ckpt: Checkpoint, model: Any, tokens: torch.Tensor, m: Modules) -> tuple[float, float]:
-    """Assert the oracle checks and the issue's bounds; return (NLL abs, grad rel)."""
-    ref, ours = hf_observed(model, tokens, m), moeaudit_observed(ckpt, tokens)
-    assert_agree(ref, ours, ckpt.spec.top_k, FORWARD, GRADIENT)
+    """Assert the oracle checks (``test_oracle``'s, or ``test_oracle_deepseek``'s where routing is
+    group-limited) and the issue's bounds; return (NLL abs, grad rel)."""
+    ref = hf_observed(model, tokens, m)
+    if ckpt.spec.gate.grouped:  # group-limited top-k: near-ties from the replay's own margins
+        ours = deepseek_observed(ckpt, tokens)
+        assert_agree_deepseek(ref, ours, ckpt)
+    else:
+        ours = moeaudit_observed(ckpt, tokens)
+        assert_agree(ref, ours, ckpt.spec.top_k, FORWARD, GRADIENT)
     nll_abs, grad_rel = worst(ref, ours)
     if path := os.environ.get("MOEAUDIT_WORST_LOG"):  # the figures docs/families.md quotes
         with open(path, "a", encoding="utf-8") as f:
@@ -240,3 +249,56 @@ def test_aria_text_refuses_shared_expert_biases() -> None:
 
     with pytest.raises(CheckpointError, match="mlp_bias"):
         spec_from_config(transformers.AutoConfig.for_model("aria_text", mlp_bias=True).to_dict())
+
+
+# ----- Mistral 4: DeepSeek-V3's MLA decoder, softmax group routing, Llama 4 query scaling -----------
+
+MISTRAL4: dict[str, dict[str, Any]] = {
+    "grouped-top2-yarn-scaled-queries": {},
+    # one group, top-3 of 6, two shared experts, every layer routed, rotate-half RoPE, YaRN without
+    # mscale_all_dim, queries scaled from position 8 (β 0.3). (transformers' Mistral 4 runs only
+    # with a RoPE type that reads partial_rotary_factor: its default rotary table spans the whole head.)
+    "ungrouped-top3-two-shared-all-routed": {
+        "n_routed_experts": 6, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 3, "n_shared_experts": 2,
+        "first_k_dense_replace": 0, "rope_interleave": False,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.3}},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", MISTRAL4)
+def test_mistral4_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_causal(tmp_path, "mistral4", dtype=DTYPES[dtype], **MISTRAL4[case])
+    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    assert ckpt.spec.family == "mistral4" and ckpt.warnings == [] and ckpt.notes == []
+    agree(ckpt, model, random_tokens(), Modules(shared=("mlp.shared_experts.",)))
+    rope = model.config.rope_parameters
+    assert ckpt.spec.query_position_scale == (rope["llama_4_scaling_beta"], rope["original_max_position_embeddings"])
+
+
+def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
+    """The position scaling is live in the oracle configurations: without it the loss moves."""
+    import dataclasses
+
+    from moeaudit.replay import replay
+
+    hf_models_aliases2.save_causal(tmp_path, "mistral4")
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    scaled = replay(ckpt, tokens).nll
+    ckpt.spec = dataclasses.replace(ckpt.spec, query_position_scale=None)
+    assert abs(replay(ckpt, tokens).nll - scaled) > 1e-4
+
+
+def test_mistral4_without_the_scaling_beta_is_refused() -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("mistral4").to_dict()
+    del cfg["rope_parameters"]["llama_4_scaling_beta"]
+    with pytest.raises(CheckpointError, match="llama_4_scaling_beta"):
+        spec_from_config(cfg)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "original_max_position_embeddings": 8,
+                              "llama_4_scaling_beta": 0.1}
+    with pytest.raises(CheckpointError, match="rope_type 'default'"):
+        spec_from_config(cfg)

@@ -311,6 +311,9 @@ class ModelSpec:
     # attention output gated by softplus(W_g x), one gate per head ("head") or per channel ("element")
     router_softcap: float = field(default=0.0, metadata=NEW)
     output_gate: str = field(default="", metadata=NEW)
+    # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
+    # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
+    query_position_scale: tuple[float, int] | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

@@ -145,7 +145,6 @@ _REFUSED_ALL: dict[str, str] = {
                 "experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
-    "mistral4": "not supported yet (MLA with DeepSeek-V2's router and Mistral-4 RoPE scaling)",
     "flex_olmo": "not supported yet (OLMo-2 post-norms: RMSNorm on the attention and MoE outputs, "
                  "q/k norm over all heads)",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",

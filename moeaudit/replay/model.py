@@ -161,6 +161,10 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
     kv = F.linear(kv_lat, p["kv_b"]).view(B, T, nh, nope + m.v_head_dim).transpose(1, 2)
     k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
     q_BnTD = torch.cat([q_nope, q_rot], dim=-1)
+    if spec.query_position_scale is not None:  # Mistral 4: 1 + β·log(1 + ⌊pos / L⌋), 1 below L
+        beta, length = spec.query_position_scale
+        pos = torch.arange(T, device=x_BTH.device, dtype=torch.float32)
+        q_BnTD = q_BnTD * (1 + beta * torch.log(1 + torch.floor(pos / length)))[:, None].to(q_BnTD.dtype)
     k_BnTD = torch.cat([k_nope, k_rot.expand(B, nh, T, rot)], dim=-1)
     mask = None
     if (si := spec.sparse_index) is not None:
@@ -339,7 +343,10 @@ def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
             top_vals, raw_logits = probs.gather(1, top_idx), logits
         else:
             if g.grouped:  # DeepSeek-V2 group_limited_greedy: a group's score is its max
-                allowed, margin = _group_limit(g, probs, logits.double(), spec.top_k)
+                # (Mistral 4: the sum of its best two probabilities, so margins in probabilities:
+                # a sum of two logits does not order the groups as the sum of two probabilities)
+                ranked = probs if g.group_score == "top2sum" else logits
+                allowed, margin = _group_limit(g, probs, ranked.double(), spec.top_k)
                 select = probs.masked_fill(~allowed, 0.0)
             top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
             scores, raw_logits = logits, None
