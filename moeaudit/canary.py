@@ -72,16 +72,19 @@ class Canary:
     and ``tokens`` / ``domain_ids`` torch views, each made on first use.
     """
 
-    __slots__ = ("_raw", "_shape", "_arrays", "domains", "source", "_torch")
+    __slots__ = ("_raw", "_shape", "_arrays", "domains", "source", "built_from", "_torch")
     _raw: tuple[bytearray, bytearray] | None  # (tokens, domain ids) as little-endian int32
     _shape: tuple[int, int]  # (W, T)
     _arrays: tuple[np.ndarray, np.ndarray] | None
     domains: tuple[str, ...]
     source: str | None
+    # what a canary built from text was built from: {"tokenizer_sha256", "text_sha256"} (None for
+    # token windows); recorded by the builder, not part of the digest (the content alone is)
+    built_from: dict[str, str] | None
     _torch: tuple[torch.Tensor, torch.Tensor] | None
 
     def __init__(self, tokens: Any, domain_ids: Any, domains: tuple[str, ...] | list[str],
-                 source: str | None = None):
+                 source: str | None = None, built_from: dict[str, str] | None = None):
         import numpy as np
 
         tokens_WT, ids_W = _as_array(tokens), _as_array(domain_ids)
@@ -89,20 +92,23 @@ class Canary:
         _check_dtypes(tokens_WT, ids_W, None)
         _check_content(tuple(tokens_WT.shape), tuple(ids_W.shape), tokens_WT.reshape(-1), ids_W, names, None)
         arrays = (np.ascontiguousarray(tokens_WT), np.ascontiguousarray(ids_W))
-        self._init(None, arrays, (int(tokens_WT.shape[0]), int(tokens_WT.shape[1])), names, source)
+        self._init(None, arrays, (int(tokens_WT.shape[0]), int(tokens_WT.shape[1])), names, source,
+                   _checked_built_from(built_from, None))
 
     def _init(self, raw: tuple[bytearray, bytearray] | None, arrays: tuple[np.ndarray, np.ndarray] | None,
-              shape: tuple[int, int], domains: tuple[str, ...], source: str | None) -> None:
+              shape: tuple[int, int], domains: tuple[str, ...], source: str | None,
+              built_from: dict[str, str] | None = None) -> None:
         for name, value in (("_raw", raw), ("_arrays", arrays), ("_shape", shape), ("domains", domains),
-                            ("source", source), ("_torch", None)):  # source: for messages, not the digest
+                            ("source", source), ("built_from", built_from),
+                            ("_torch", None)):  # source, built_from: not the digest
             object.__setattr__(self, name, value)
 
     @classmethod
     def _from_stored(cls, tokens: bytearray, ids: bytearray, shape: tuple[int, int], domains: tuple[str, ...],
-                     source: str) -> Canary:
+                     source: str, built_from: dict[str, str] | None = None) -> Canary:
         """A canary over the stored bytes of a file, already validated by :func:`load`."""
         canary = cls.__new__(cls)
-        canary._init((tokens, ids), None, shape, domains, source)
+        canary._init((tokens, ids), None, shape, domains, source, built_from)
         return canary
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -270,6 +276,7 @@ class Canary:
             "tokens": self.num_tokens,
             "domains": dict(zip(self.domains, counts, strict=True)),
             "digest": self.digest,
+            **(self.built_from or {}),
         }
 
 
@@ -466,6 +473,7 @@ def save(canary: Canary, path: str | Path) -> None:
         "version": VERSION,
         "domains": _names_json(canary.domains),
         "digest": canary.digest,
+        **(canary.built_from or {}),  # a canary built from text only: token-built files are unchanged
     }
     tensors = {"tokens": canary.tokens, "domain_ids": canary.domain_ids}
     try:
@@ -497,7 +505,9 @@ def load(path: str | Path) -> Canary:
         raise CanaryError(exc.what, path=path, hint=exc.hint) from exc
     shape, ids_shape = tuple(sf.tensors["tokens"].shape), tuple(sf.tensors["domain_ids"].shape)
     _check_content(shape, ids_shape, _int32s(tokens), _int32s(domain_ids), domains, path)
-    canary = Canary._from_stored(tokens, domain_ids, (shape[0], shape[1]), domains, source=str(path))
+    built_from = _checked_built_from({k: v for k, v in sf.metadata.items() if k in BUILT_FROM}, path) or None
+    canary = Canary._from_stored(tokens, domain_ids, (shape[0], shape[1]), domains, source=str(path),
+                                 built_from=built_from)
     stored = sf.metadata["digest"]
     if stored != canary.digest:
         raise CanaryError(
@@ -507,6 +517,24 @@ def load(path: str | Path) -> Canary:
             hint="rebuild the canary from its JSONL source",
         )
     return canary
+
+
+BUILT_FROM = ("tokenizer_sha256", "text_sha256")  # header metadata of a canary built from text
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _checked_built_from(built_from: dict[str, str] | None, path: Path | None) -> dict[str, str] | None:
+    """Both digests or neither, each 64 lowercase hex digits; keys in :data:`BUILT_FROM` order."""
+    if not built_from:
+        return None
+    fail = _failing(path)
+    if set(built_from) != set(BUILT_FROM):
+        raise fail(f"metadata names {', '.join(sorted(built_from))} but not both of {', '.join(BUILT_FROM)}")
+    for key in BUILT_FROM:
+        value = built_from[key]
+        if not isinstance(value, str) or len(value) != 64 or not set(value) <= _SHA256_HEX:
+            raise fail(f"metadata {key} is not a hex SHA-256: {str(value)[:80]!r}")
+    return {key: built_from[key] for key in BUILT_FROM}
 
 
 def not_a_canary(path: Path, why: str) -> CanaryError:

@@ -9,11 +9,15 @@ stream and cut into non-overlapping windows of T tokens; windows may span two do
 packed pre-training batches. The W windows are shared out between the domains as evenly as
 their text allows, each domain's taken evenly spaced along its stream, so the canary samples
 all of a domain's text rather than its first documents. Same inputs → same canary, byte for
-byte. Shape legend: W windows, T tokens per window, D domains.
+byte. The canary records the SHA-256 of the tokenizer.json and of the text file, each of the
+bytes that were read and used (``Canary.built_from``, in the file's header metadata), so the
+canary names what it was built from; they are not part of its digest, which stays that of the
+windows alone. Shape legend: W windows, T tokens per window, D domains.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,8 +37,9 @@ def build_from_text(path: str | Path, tokenizer: str | Path, *, window_len: int,
     """W windows of T tokens from the texts in ``path``, tokenized with ``tokenizer``."""
     if window_len < 2 or windows < 1:
         raise ValueError(f"need window_len >= 2 and windows >= 1, got {window_len}, {windows}")
-    tok = load_tokenizer(tokenizer)
-    texts = read_texts(Path(path))
+    tok, tokenizer_sha256 = load_tokenizer_hashed(tokenizer)
+    text_hash = hashlib.sha256()
+    texts = read_texts(Path(path), text_hash)
     streams: dict[str, list[int]] = {}
     for domain, ids in zip((d for d, _ in texts), tok.encode_batch([t for _, t in texts])):
         streams.setdefault(domain, []).extend(ids.ids)
@@ -48,11 +53,17 @@ def build_from_text(path: str | Path, tokenizer: str | Path, *, window_len: int,
             rows_WT.append(stream[start:start + window_len])
             ids_W.append(d)
     return Canary(np.array(rows_WT, dtype=np.int32), np.array(ids_W, dtype=np.int32), tuple(streams),
-                  source=str(path))
+                  source=str(path), built_from={"tokenizer_sha256": tokenizer_sha256,
+                                                "text_sha256": text_hash.hexdigest()})
 
 
 def load_tokenizer(path: str | Path) -> Any:
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` (a JSON file; nothing is executed)."""
+    return load_tokenizer_hashed(path)[0]
+
+
+def load_tokenizer_hashed(path: str | Path) -> tuple[Any, str]:
+    """(the tokenizer, hex SHA-256 of the very bytes it was read from)."""
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
@@ -63,19 +74,22 @@ def load_tokenizer(path: str | Path) -> Any:
                           hint="pass the model's tokenizer.json (saved next to its config.json)")
     raw = read_regular(path, "tokenizer", MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_str(raw.decode("utf-8"))
+        return Tokenizer.from_str(raw.decode("utf-8")), hashlib.sha256(raw).hexdigest()
     except Exception as exc:  # tokenizers raises a bare Exception for any malformed file
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CanaryError(f"not a tokenizer.json the tokenizers library can read ({why})", path=path,
                           hint="pass the model's tokenizer.json (a Hugging Face fast tokenizer)") from exc
 
 
-def read_texts(path: Path) -> list[tuple[str, str]]:
-    """(domain, text) per non-blank line; every problem is an error naming the line."""
+def read_texts(path: Path, digest: Any = None) -> list[tuple[str, str]]:
+    """(domain, text) per non-blank line; every problem is an error naming the line. ``digest``
+    (a hashlib object), when given, is fed the file's bytes as they are read."""
     if not path.exists():
         raise CanaryError("no such text file", path=path, hint=LINE_HINT)
     out = []
-    for n, raw, _ in iter_lines(path, "text JSONL"):
+    for n, raw, terminated in iter_lines(path, "text JSONL"):
+        if digest is not None:
+            digest.update(raw + b"\n" if terminated else raw)
         if raw.strip():
             out.append(_parse_line(raw, f"{path}:{n}"))
     if not out:

@@ -30,9 +30,9 @@ from moeaudit.judge.gates import (
     nonfinite_findings,
     paired_interval,
 )
+from moeaudit.lineage import abandoned
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
-from moeaudit.lineage import abandoned
 from moeaudit.records import GateEntry, Margin, Margins
 from moeaudit.run import Run, discover, truncate
 from moeaudit.run_names import run_name
@@ -145,7 +145,8 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         "inputs": inputs,
         "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
                    "window_len": canary.window_len, "domains": list(canary.domains),
-                   **({"origin": canary_origin} if canary_origin else {})},
+                   **({"origin": canary_origin} if canary_origin else {}),
+                   **(canary.built_from or {})},  # a canary built from text: its tokenizer and text
         "policy": {"source": policy.source, "digest": policy.digest,
                    **({"origin": policy.origin} if policy.origin else {}),
                    "calibrated": policy.envelope.calibrated, **policy.to_json()},

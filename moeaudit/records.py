@@ -69,6 +69,8 @@ class CanaryRecord(TypedDict):
     window_len: int
     domains: list[str]
     origin: NotRequired[str]
+    tokenizer_sha256: NotRequired[str]  # a canary built from text: its tokenizer.json's SHA-256
+    text_sha256: NotRequired[str]  # … and its text file's
 
 
 # --- the policy as signed -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Issue 15.3: `moeaudit canary build --text FILE.jsonl --tokenizer tokenizer.json` with a real
+"""`moeaudit canary build --text FILE.jsonl --tokenizer tokenizer.json` with a real
 tokenizer, trained here by the tokenizers library on generated words (no download)."""
 
 from __future__ import annotations
@@ -118,3 +118,80 @@ def test_a_missing_or_broken_tokenizer_is_named(tmp_path: Path, texts: Path) -> 
 def test_option_mistakes_are_usage_errors(argv: list[str], says: str) -> None:
     result = CliRunner().invoke(cli, ["canary", "build", *argv])
     assert result.exit_code == EXIT_USAGE and says in result.output
+
+
+def test_the_canary_names_its_tokenizer_and_text(tmp_path: Path, texts: Path, tokenizer: Path) -> None:
+    """A text-built canary records the SHA-256 of the tokenizer.json and of the text file it was
+    built from; they survive save and load, `canary show` lists them, and the digest is still that
+    of the windows alone. A token-built canary has neither, and its file is as before."""
+    import hashlib
+
+    from moeaudit.canary import Canary, save
+
+    out = tmp_path / "c.safetensors"
+    result = CliRunner().invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
+                                      "--window-len", "8", "--windows", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    want = {"tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(),
+            "text_sha256": hashlib.sha256(texts.read_bytes()).hexdigest()}
+    c = load(out)
+    assert c.built_from == want
+    same_windows = Canary(c.tokens_array, c.domain_ids_array, c.domains)
+    assert same_windows.built_from is None and same_windows.digest == c.digest
+    shown = CliRunner().invoke(cli, ["canary", "show", "--json", str(out)])
+    assert {k: json.loads(shown.stdout)[k] for k in want} == want
+    # another text with the same windows: another text digest, the same canary digest
+    texts.write_text(texts.read_text() + "\n")
+    again = build_from_text(texts, tokenizer, window_len=8, windows=5)
+    assert again.digest == c.digest and again.built_from is not None
+    assert again.built_from["text_sha256"] == hashlib.sha256(texts.read_bytes()).hexdigest() != want["text_sha256"]
+    # token windows: nothing recorded, nothing new in the header
+    save(same_windows, tmp_path / "t.safetensors")
+    from moeaudit.checkpoint.safetensors import SafetensorsFile
+
+    assert set(SafetensorsFile(tmp_path / "t.safetensors").metadata) == {"format", "version", "domains", "digest"}
+    assert load(tmp_path / "t.safetensors").built_from is None
+
+
+@pytest.mark.parametrize(("metadata", "says"), [
+    ({"tokenizer_sha256": "ab" * 32}, "not both of tokenizer_sha256, text_sha256"),
+    ({"tokenizer_sha256": "ab" * 32, "text_sha256": "XYZ"}, "metadata text_sha256 is not a hex SHA-256"),
+])
+def test_a_damaged_record_of_the_sources_is_refused(tmp_path: Path, metadata: dict[str, str], says: str) -> None:
+    import numpy as np
+
+    from moeaudit.canary import Canary, save
+    from moeaudit.checkpoint.safetensors import SafetensorsFile, write_safetensors
+
+    windows = np.array([[1, 2, 3]], dtype=np.int32)
+    save(Canary(windows, np.array([0], dtype=np.int32), ["code"]), tmp_path / "c.safetensors")
+    sf = SafetensorsFile(tmp_path / "c.safetensors")
+    stored = load(tmp_path / "c.safetensors")
+    tensors = {"tokens": stored.tokens, "domain_ids": stored.domain_ids}
+    write_safetensors(tmp_path / "d.safetensors", tensors, {**sf.metadata, **metadata})
+    with pytest.raises(CanaryError, match=says):
+        load(tmp_path / "d.safetensors")
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy").is_dir(),
+                    reason="sample runs not built")
+def test_a_certificate_signs_what_the_canary_was_built_from(tmp_path: Path, texts: Path, tokenizer: Path) -> None:
+    import base64
+    import shutil
+
+    healthy = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy"
+    canary = tmp_path / "c.safetensors"
+    assert CliRunner().invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
+                                    "--window-len", "8", "--windows", "4", "--out", str(canary)]).exit_code == 0
+    run = tmp_path / "run"
+    for step in (1250, 1500):
+        shutil.copytree(healthy / f"checkpoint-{step}", run / f"checkpoint-{step}")
+    result = CliRunner(env={"XDG_CONFIG_HOME": str(tmp_path / "cfg")}).invoke(
+        cli, ["certify", str(run), "--canary", str(canary), "--out", str(tmp_path / "out"), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    envelope = json.loads((tmp_path / "out" / "certificate.json").read_bytes())
+    signed = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["canary"]
+    built_from = load(canary).built_from
+    assert built_from is not None
+    assert (signed["tokenizerSha256"], signed["textSha256"]) == (built_from["tokenizer_sha256"],
+                                                                 built_from["text_sha256"])
