@@ -33,8 +33,8 @@ from moeaudit.judge.envelope import (
     holds,
     windows,
 )
-from moeaudit.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
 from moeaudit.metrics import parse_metrics
+from moeaudit.policy import EnvelopeSettings, Policy, load_policy, policy_from_dict, validate
 
 DELTA, EPS = 0.05, 1e-5  # `000` Table 6
 TABLE6 = EnvelopeSettings()

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from moeaudit.cli import cli
 from moeaudit.judge.envelope import composed_bound, from_metrics, from_records
 from moeaudit.judge.envelope_compare import VIEWS, calibrate_sources, compare
-from moeaudit.policy import EnvelopeSettings
 from moeaudit.metrics import read_metrics
+from moeaudit.policy import EnvelopeSettings
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 # budget ε/δ = 0.2; Δ = 10: bound = 0.5987·V + 0.0803; Δ = 100: bound = 0.0059·V + 0.1988

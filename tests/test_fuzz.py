@@ -25,13 +25,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from moeaudit import canary as canary_mod
-from moeaudit import metrics
+from moeaudit import metrics, policy
 from moeaudit.attest import signing
 from moeaudit.attest.certificate import canonical_json, open_certificate
 from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.checkpoint.safetensors import SafetensorsFile
 from moeaudit.errors import MoeauditError
-from moeaudit import policy
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "75"))
 DEEP_SEARCH = "HYPOTHESIS_MAX_EXAMPLES" in os.environ  # then random, not the fixed CI sequence

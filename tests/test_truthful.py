@@ -20,8 +20,8 @@ from moeaudit.errors import InputError
 from moeaudit.judge import envelope as env
 from moeaudit.judge.decide import Evidence, decide, envelope_check, margin_status
 from moeaudit.judge.gates import nll_change, scalar_trend
-from moeaudit.policy import EnvelopeSettings, load_policy, policy_from_dict
 from moeaudit.metrics import read_metrics
+from moeaudit.policy import EnvelopeSettings, load_policy, policy_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_checkpoints"

@@ -68,11 +68,15 @@ _REFUSED_ALL: dict[str, str] = {
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",
     "step3p5": "not supported yet (Step 3.5)",
-    "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which the replay does not have",
-    "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
-    "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA compressors) and hash routing are not replayed",
+    "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
+               "the replay does not have",
+    "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
+                     "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
+    "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
+                   "compressors) and hash routing are not replayed",
     "glm_moe_dsa": "not supported yet (GLM-5: MLA with DeepSeek sparse attention)",
-    "kimi_linear": "Kimi Delta Attention (delta rule with per-channel decay) is not replayed; only per-head scalar decay (Gated DeltaNet) is",
+    "kimi_linear": "Kimi Delta Attention (delta rule with per-channel decay) is not replayed; only per-head scalar "
+                   "decay (Gated DeltaNet) is",
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe": "a vision-language model whose MoE layers hold separate text and vision "

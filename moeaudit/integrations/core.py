@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
-from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.integrations.gradnorms import Sums
+from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
-from moeaudit.policy import EnvelopeSettings, Policy, load_policy
 from moeaudit.metrics import read_metrics
+from moeaudit.policy import EnvelopeSettings, Policy, load_policy
 
 log = logging.getLogger("moeaudit")
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moeaudit.judge.envelope import RTOL, composed_bound, gronwall
-from moeaudit.policy import EnvelopeSettings
 from moeaudit.metrics import POOLED, variance
+from moeaudit.policy import EnvelopeSettings
 
 Norms = Sequence[float | None]
 

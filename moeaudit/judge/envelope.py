@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
+from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.records import EnvelopeReport
 
 SCHEMA = "moeaudit.envelope/v1"

@@ -14,9 +14,9 @@ from moeaudit.checkpoint.checkpoint import ARCH_FIELDS, check_compatible  # noqa
 from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
+from moeaudit.limits import MAX_RECEIPTS_BYTES, read_regular
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import Policy, protected_layers
-from moeaudit.limits import MAX_RECEIPTS_BYTES, read_regular
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state
