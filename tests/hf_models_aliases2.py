@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import hf_models
@@ -97,6 +98,56 @@ def load_causal(path: Path, family: str) -> transformers.PreTrainedModel:
     return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
+# Qwen3-Omni-MoE: the thinker's text decoder is hf_models' tiny Qwen3-MoE with multimodal RoPE
+# (interleaved sections), around one-block audio and vision towers; no talker (enable_audio_output off)
+OMNI_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "interleaved": True}
+_OMNI_AUDIO = dict(encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16, d_model=16, output_dim=32,
+                   num_mel_bins=8, downsample_hidden_size=8)
+_OMNI_VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                    num_position_embeddings=16, deepstack_visual_indexes=[0])
+
+
+def omni_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    text = {**hf_models._COMMON, **hf_models._FAMILY["qwen3_moe"], "rope_parameters": OMNI_ROPE, **overrides}
+    config = transformers.AutoConfig.for_model(
+        "qwen3_omni_moe", thinker_config=dict(text_config=text, audio_config=_OMNI_AUDIO, vision_config=_OMNI_VISION),
+        enable_audio_output=False)
+    config.thinker_config._attn_implementation = "eager"
+    config.thinker_config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).float()
+    hf_models._redraw(model, seed)
+    return model.eval()
+
+
+def save_omni(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
+    model = omni_model(seed=seed, **overrides)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
+
+
+def load_omni(path: Path) -> transformers.PreTrainedModel:
+    return transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+class ThinkerView(torch.nn.Module):
+    """A Qwen3-Omni-MoE model as ``test_oracle_aliases2.hf_observed`` reads a causal LM: its
+    thinker's text decoder layers as ``model.layers``, parameters ``thinker.model.language_model.*`` named
+    ``model.*``, the forward the thinker's own (text tokens only)."""
+
+    def __init__(self, omni: transformers.PreTrainedModel) -> None:
+        super().__init__()
+        self.omni = omni
+        self.model = SimpleNamespace(layers=omni.thinker.model.language_model.layers)
+
+    def forward(self, tokens: torch.Tensor, **kwargs: Any) -> Any:
+        return self.omni.thinker(input_ids=tokens, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        for name, p in self.omni.named_parameters():
+            yield name.replace("thinker.model.language_model.", "model.", 1), p
+
+
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
     def save(path: Path) -> None:
         hf_models.save_tiny(path, family)
@@ -111,6 +162,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "glm4v_moe": lambda p: aliases.save_wrapper(p, "glm4v_moe"),
     "kimi_k2": _relabelled("deepseek_v3", "kimi_k2"),
     "aria": lambda p: save_wrapper(p, "aria"),
+    "qwen3_omni_moe": lambda p: save_omni(p),
     **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }
 

@@ -302,3 +302,46 @@ def test_mistral4_without_the_scaling_beta_is_refused() -> None:
                               "llama_4_scaling_beta": 0.1}
     with pytest.raises(CheckpointError, match="rope_type 'default'"):
         spec_from_config(cfg)
+
+
+# ----- Qwen3-Omni-MoE: the thinker's text decoder ------------------------------------------------
+
+# no shared expert in this architecture; the dense layer and norm_topk_prob move
+OMNI: dict[str, dict[str, Any]] = {
+    "top2-of-4-renormalised": {},
+    "top3-of-6-dense-middle-not-renormalised": {"num_experts": 6, "num_experts_per_tok": 3, "mlp_only_layers": [1],
+                                                "norm_topk_prob": False},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", OMNI)
+def test_qwen3_omni_moe_thinker_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_omni(tmp_path, dtype=DTYPES[dtype], **OMNI[case])
+    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_omni(tmp_path)
+    assert ckpt.spec.family == "qwen3_omni_moe" and ckpt.warnings == []
+    assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the audio and vision towers
+    assert ckpt.spec.norm_topk_prob == model.config.thinker_config.text_config.norm_topk_prob
+    agree(ckpt, hf_models_aliases2.ThinkerView(model), random_tokens(), Modules())
+    assert "thinker's text decoder" in FAMILIES["qwen3_omni_moe"].audits
+
+
+def test_qwen3_omni_moe_without_thinker_text_config_is_refused() -> None:
+    with pytest.raises(CheckpointError, match="thinker_config"):
+        spec_from_config({"model_type": "qwen3_omni_moe", "thinker_config": {}})
+
+
+def test_qwen3_omni_moe_module_names(tmp_path: Path) -> None:
+    """transformers 5.24 saves the thinker's decoder as released (``thinker.model.layers.*``); under
+    its module names (``thinker.model.language_model.*``) the same tensors give the same numbers."""
+    hf_models_aliases2.save_omni(tmp_path / "a")
+
+    def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        text = ("thinker.model.layers.", "thinker.model.embed_tokens.", "thinker.model.norm.")
+        return {k.replace("thinker.model.", "thinker.model.language_model.", 1) if k.startswith(text) else k: v
+                for k, v in t.items()}
+
+    a, b = Checkpoint(tmp_path / "a"), Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
+    assert b.layer_keys(0)["router"] == "thinker.model.language_model.layers.0.mlp.gate.weight"
+    tokens = random_tokens()
+    assert moeaudit_observed(a, tokens).loss == moeaudit_observed(b, tokens).loss

@@ -156,7 +156,6 @@ _REFUSED_ALL: dict[str, str] = {
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
     "glm4v_moe": "a vision-language model whose text decoder is GLM-4.5's: not supported yet",
     "glm4v_moe_text": _SUBCONFIG.format("glm4v_moe"),
-    "qwen3_omni_moe": "an omni model whose thinker text decoder is Qwen3-MoE: not supported yet",
     "qwen3_omni_moe_thinker": _SUBCONFIG.format("qwen3_omni_moe"),
     "qwen3_omni_moe_text": _SUBCONFIG.format("qwen3_omni_moe"),
     "glm4_moe_lite": "not supported yet (GLM-4.7-Flash: DeepSeek-V3 MLA with GLM's router)",
