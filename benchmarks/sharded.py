@@ -8,8 +8,10 @@ The baseline (one process, no torch.distributed) runs in the same script and env
 sharded runs are real gloo ranks on 127.0.0.1 (one process each, OMP_NUM_THREADS = cores ÷
 ranks). Bytes read are counted where the checkpoint's bytes are read (``checkpoint.sealed``:
 the hashing pass of a file and every verified re-read) over the whole run (the digest and both
-replays); peak RSS is each process's VmHWM, torch and gloo included. The replay is timed twice
-in each run: the first (digest, cold process) and a second, warm one. Results go to stdout as JSON lines and a table.
+replays), the total as a multiple of the checkpoint's size, and the bytes a rank received from
+the rank that hashed them (``replay.rank_bytes``: sent, not read); peak RSS is each process's
+VmHWM, torch and gloo included. The replay is timed twice in each run: the first (digest, cold
+process) and a second, warm one. Results go to stdout as JSON lines and a table.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def _count_reads() -> dict[str, int]:
     return count
 
 
+def _received() -> int:
+    """Checkpoint bytes this rank received from the rank that hashed them (not read from disk)."""
+    from moeaudit.replay import rank_bytes
+
+    return rank_bytes.RECEIVED["bytes"]
+
+
 def _peak_rss_mb() -> float:
     """VmHWM (ru_maxrss survives exec: a child would report the parent's peak)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -69,7 +78,8 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
     rank, world = dist.env_world()
     if rank > 0:
         code = dist.serve()
-        stats: dict[str, Any] = {"rank": rank, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb()}
+        stats: dict[str, Any] = {"rank": rank, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(),
+                                 "bytes_received": _received()}
         Path(f"{out}.{rank}").write_text(json.dumps(stats))
         sys.stdout.flush()
         os._exit(code)
@@ -84,7 +94,7 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
         t0 = time.perf_counter()
         replay(c, probe.tokens)  # warm: what each further checkpoint of a run costs
         seconds = time.perf_counter() - t0
-    stats = {"rank": 0, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(),
+    stats = {"rank": 0, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(), "bytes_received": _received(),
                              "replay_s": seconds, "first_s": first, "nll": result.nll, "digest": digest}
     Path(f"{out}.0").write_text(json.dumps(stats))
     sys.stdout.flush()
@@ -151,14 +161,18 @@ def main() -> None:
             print(json.dumps({"world": world, "ranks": ranks, "load": os.getloadavg()}))
     base = runs[min(runs)][0]
     print(f"\ncheckpoint {size / 2**20:.0f} MiB; {os.cpu_count()} cores")
-    print("ranks  replay s  speed-up  MiB read per rank (digest + 2 replays)  peak RSS per rank (MiB)")
+    print("ranks  replay s  speed-up  MiB read per rank (digest + 2 replays)  total read  MiB received per rank"
+          "  peak RSS per rank (MiB)")
     for world, ranks in runs.items():
         s = ranks[0]["replay_s"]
         reads = " ".join(f"{r['bytes_read'] / 2**20:6.1f}" for r in ranks)
+        total = sum(r["bytes_read"] for r in ranks) / size
+        received = " ".join(f"{r['bytes_received'] / 2**20:6.1f}" for r in ranks)
         rss = " ".join(f"{r['peak_rss_mb']:6.0f}" for r in ranks)
         same = "same NLL and digest" if ranks[0]["nll"] == base["nll"] and ranks[0]["digest"] == base["digest"] \
             else "NLL/digest DIFFER"
-        print(f"{world:5d}  {s:8.2f}  {base['replay_s'] / s:7.2f}x  {reads:39s} {rss}   {same} "
+        print(f"{world:5d}  {s:8.2f}  {base['replay_s'] / s:7.2f}x  {reads:39s} {total:8.2f}x  {received:21s}"
+              f"  {rss}   {same} "
               f"(first replay {ranks[0]['first_s']:.2f} s)")
     if 1 in runs and 4 in runs:
         one, four = runs[1][0]["peak_rss_mb"], max(r["peak_rss_mb"] for r in runs[4])

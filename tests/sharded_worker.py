@@ -2,7 +2,9 @@
 WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT set (what torchrun gives a rank). Rank 0 replays
 every checkpoint across the ranks and writes OUT (JSON: per checkpoint the root digest, each
 routed layer's top-k sets and per-expert gradient norms, the receipts document); the other ranks
-serve (``moeaudit.replay.dist``). :func:`audit` is also the single-process reference."""
+serve (``moeaudit.replay.dist``); every rank writes OUT.bytes.RANK: [checkpoint bytes it read
+from disk, bytes it received from other ranks]. :func:`audit` is also the single-process
+reference."""
 
 from __future__ import annotations
 
@@ -51,14 +53,48 @@ def audit(ckpts: list[str], canary_path: str) -> dict[str, Any]:
     return out
 
 
+def count_reads() -> dict[str, int]:
+    """Count the checkpoint bytes this process reads from disk (``checkpoint.sealed``'s two read
+    paths: the hashing pass and every verified re-read)."""
+    from moeaudit.checkpoint import sealed
+
+    count = {"bytes": 0}
+    pread, read = sealed._pread_exact, sealed._read_exact
+
+    def counted_pread(path: Path, fd: int, view: memoryview, offset: int) -> None:
+        count["bytes"] += len(view)
+        pread(path, fd, view, offset)
+
+    def counted_read(fd: int, view: memoryview) -> int:
+        n = read(fd, view)
+        count["bytes"] += n
+        return n
+
+    sealed._pread_exact, sealed._read_exact = counted_pread, counted_read  # type: ignore[assignment]
+    return count
+
+
+def _write(path: Path, doc: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 def main(out: Path, canary_path: str, ckpts: list[str]) -> None:
-    if dist.env_world()[0] > 0:
-        dist.worker_main()  # serves until rank 0 stops; never returns
+    from moeaudit.replay import rank_bytes
+
+    count = count_reads()
+    rank = dist.env_world()[0]
+    if rank > 0:  # serves until rank 0 stops
+        code = dist.serve()
+        _write(out.with_name(f"{out.name}.bytes.{rank}"), [count["bytes"], rank_bytes.RECEIVED["bytes"]])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     with dist.session():
         got = audit(ckpts, canary_path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(got))
-    os.replace(tmp, out)
+    _write(out.with_name(f"{out.name}.bytes.0"), [count["bytes"], rank_bytes.RECEIVED["bytes"]])
+    _write(out, got)
 
 
 if __name__ == "__main__":

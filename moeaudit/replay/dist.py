@@ -4,13 +4,15 @@ Rank 0 runs the command (``receipts``, ``compare``, ``certify``, ``gate``) as on
 it reads the inputs, keeps the cache and writes every file. The other ranks only serve: each
 waits for rank 0's next request and takes its part in it —
 
-* ``seal``: hash a checkpoint's weight files across the ranks, each file by one rank (the
-  largest first, to the least loaded rank), read once with its SHA-256 and block digests
-  computed from the bytes read (``checkpoint.sealed``). Every rank gets every file's digest and
-  block digests: the root digest is assembled from the digests the ranks computed (the same
-  model-signing digest one process computes), and a rank reads its own tensors of a file
-  another rank hashed through the verified path (each 64 KiB block re-hashed and compared), so
-  the bytes a rank replays are bytes that were digested;
+* ``seal``: hash a checkpoint's weight files across the ranks, each file by one rank (the one
+  that needs most of it, balanced by load), read once with its SHA-256 and block digests
+  computed from the bytes read. The hashing rank sends every other rank the 64 KiB blocks that
+  rank replays (its experts, the replicated tensors), which the receiver checks against the
+  block digests and keeps (``replay.rank_bytes``), so the checkpoint is read from disk once in
+  all. Every rank gets every file's digest and block digests: the root digest is assembled from
+  the digests the ranks computed (the same model-signing digest one process computes), and a
+  block a rank did not keep is read through the verified path (re-hashed and compared), so the
+  bytes a rank replays are bytes that were digested;
 * ``replay``: one forward + backward, sharded (``replay.sharded``);
 * ``stop``: leave.
 
@@ -140,41 +142,34 @@ class Session:
 
     def seal_round(self, directory: Path) -> dict[Path, Sealed]:
         """Hash ``directory``'s safetensors files across the ranks (every rank calls this);
-        {path: Sealed} of every file, on every rank."""
+        {path: Sealed} of every file, on every rank (``replay.rank_bytes``: each file hashed by
+        the rank that needs most of it, the blocks each rank needs sent to it from the bytes
+        hashed and kept there)."""
         from moeaudit.checkpoint.checkpoint import Checkpoint
         from moeaudit.checkpoint.safetensors import SafetensorsFile
-        from moeaudit.checkpoint.sealed import Sealed, block_digests, seal_here
+        from moeaudit.replay import rank_bytes
 
         error: BaseException | None = None
         files: dict[str, SafetensorsFile] = {}
-        mine: dict[str, Sealed] = {}
+        plan: rank_bytes.Plan | None = None
         try:
             ckpt = self.opened.get(directory) or Checkpoint(directory)  # headers only
             if self.rank:
                 self.opened[directory] = ckpt
             files = {n: f for n, f in sorted(ckpt.files.items()) if isinstance(f, SafetensorsFile)}
-            owner = owners({n: f.identity.size if f.identity else 0 for n, f in files.items()}, self.world)
-            for name, f in files.items():
-                if owner[name] == self.rank:
-                    mine[name] = seal_here(f.path, f.identity)
+            plan = rank_bytes.plan(ckpt, self.world, files)
         except Exception as exc:  # noqa: BLE001 - any failure is every rank's, as one line
             error = exc
         self.agree(error)
-        reply = {n: {"sha256": s.sha256.hex(), "blocks": block_digests(s).hex()} for n, s in mine.items()}
-        table: dict[str, dict[str, str]] = {}
-        for part in self.gather_bytes(json.dumps(reply).encode()):
-            table.update(json.loads(part.decode()))
-        out: dict[Path, Sealed] = {}
-        for name, f in files.items():
-            assert f.identity is not None
-            if name in mine:
-                out[absolute(f.path)] = mine[name]
-            else:
-                got = table[name]
-                out[absolute(f.path)] = Sealed(f.path, f.identity, bytes.fromhex(got["sha256"]),
-                                               bytes.fromhex(got["blocks"]), None)
+        assert plan is not None
+        got = rank_bytes.seal_files(self.rank, plan, files, self.agree, self.gather_json)
+        out: dict[Path, Sealed] = {absolute(files[n].path): s for n, s in got.items()}
         self.sealed[directory] = out
         return out
+
+    def gather_json(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, by rank, on every rank."""
+        return [json.loads(p.decode()) for p in self.gather_bytes(json.dumps(obj).encode())]
 
     def ensure_sealed(self, directory: Path) -> dict[Path, Sealed]:
         """Rank 0: the files of ``directory`` hashed across the ranks (once per directory)."""
@@ -198,18 +193,6 @@ class Session:
 def absolute(path: Path) -> Path:
     """``path`` made absolute without resolving links (the ranks' key for a file or directory)."""
     return Path(os.path.abspath(path))
-
-
-def owners(sizes: dict[str, int], world: int) -> dict[str, int]:
-    """Which rank hashes each file: the largest first, each to the least loaded rank (ties: the
-    lowest rank); deterministic, so every rank computes the same table."""
-    load = [0] * world
-    out = {}
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
-        r = min(range(world), key=lambda k: (load[k], k))
-        out[name] = r
-        load[r] += sizes[name]
-    return out
 
 
 def windows_of(W: int, world: int) -> list[range]:

@@ -35,8 +35,10 @@ the differences (docs/benchmarks.md states the measured ones).
 
 Reading: each rank reads the replicated tensors of a layer and only its own experts (per-expert
 tensors by key; fused [E, …] tensors by the byte range of its rows), through the files' seals
-(``dist``: hashed across the ranks), and reads the next layer on a thread while it computes
-this one. A layout it cannot slice (MXFP4, block-scaled fused tensors) is read whole.
+(``dist``: hashed across the ranks; ``rank_bytes``: the stored blocks a rank needs, sent to it
+by the rank that hashed them and kept, so the backward reads nothing again within the budget),
+and reads the next layer on a thread while it computes this one. A layout it cannot slice
+(MXFP4, block-scaled fused tensors) is read whole.
 """
 
 from __future__ import annotations
