@@ -271,3 +271,15 @@ def test_a_failed_verification_writes_no_result(tmp_path: Path, certified: tuple
     assert result.exit_code == 1 and not out.exists()
     lone = CliRunner().invoke(cli, ["verify", str(cert), "--pubkey", str(pub), "--key", str(tmp_path / "k")])
     assert lone.exit_code == 2 and "--attest-verification" in lone.stderr
+
+
+@needs_samples
+def test_across_runs_the_subject_is_the_candidate_as_replayed(tmp_path: Path, samples_cache: Path,
+                                                              keypair: tuple[Path, Path]) -> None:
+    key, pub = keypair
+    candidate = SAMPLES / "sft-refine" / "checkpoint-1000"
+    result = _gate(tmp_path, samples_cache, key, SAMPLES / "healthy" / "checkpoint-1500", candidate)
+    assert result.exit_code == 0, result.stderr
+    stmt = _open_envelope(tmp_path / "tr.json", pub)
+    assert stmt["subject"] == [{"name": "checkpoint-1000", "digest": {"sha256": _model_signing_root(candidate)}}]
+    assert stmt["predicate"]["result"] == "PASSED" and "refinement" in stmt["predicate"]["passedTests"]
