@@ -54,9 +54,12 @@ _REFUSED_ALL: dict[str, str] = {
             "router MLP, router_hidden_size)",
     # --- new routed designs (each its own family file, in progress)
     "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
-    "jetmoe": "not supported yet (mixture of attention heads)",
-    "longcat_flash": "not supported yet (zero-computation experts, shortcut-connected MoE)",
-    "afmoe": "not supported yet (gated attention, sliding/global layers, sigmoid router with bias)",
+    "jetmoe": "its routed experts are attention heads (per-expert q/o projections over shared k/v) as well as MLPs; "
+              "the receipts model one routed MLP block per layer",
+    "longcat_flash": "each layer holds two attention and two MLP sub-blocks around one shortcut-connected MoE whose "
+                     "routed set includes identity (zero-computation) experts; the replay has one residual path",
+    "afmoe": "it normalises the MoE output before the residual add, which the streaming backward (dL/d(layer output) "
+             "taken as dL/d(MoE output)) does not replay",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
