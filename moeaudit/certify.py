@@ -120,7 +120,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
 
         ref_doc = load_reference(reference, canary, policy, device=device)
         if Path(reference).is_dir():  # replayed by this audit
-            replayer.computed_by["reference"] = ref_doc["environment"]["device"]
+            replayer._computed("reference", ref_doc)
         margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
         inputs["reference"] = _reference_digest(Path(reference), ref_doc)
     from moeaudit.series import envelope_evidence
@@ -151,7 +151,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
                    **({"origin": policy.origin} if policy.origin else {}),
                    "calibrated": policy.envelope.calibrated, **policy.to_json()},
         "tool": {"name": "moeaudit", "version": __version__},
-        "environment": _environment(replayer.computed_by),
+        "environment": _environment(replayer.computed_by, replayer.parallel),
         "protected_layers": protected,
         "gates": gates,
         "checks": decision["checks"],
@@ -199,12 +199,15 @@ def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs
     return worst
 
 
-def _environment(computed_by: dict[str, str]) -> dict[str, Any]:
+def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """As :func:`moeaudit.receipts.state.environment`, without importing torch: the version of
     the installed torch distribution is the same string as ``torch.__version__``. ``device`` is
     the one that computed every receipt, pair receipt and replayed reference the certificate
     rests on, as each recorded it (cached ones included); were they computed on several,
-    it is "mixed" and ``devices`` names each part's (issue 31 §2)."""
+    it is "mixed" and ``devices`` names each part's (issue 31 §2). Where a part was computed by
+    an expert-parallel replay (``parallel``: part → its world size, backend and rank devices),
+    those are recorded too (issue 28), the largest world size's; ``world_sizes`` names each
+    part's world size when they differ (pair receipts are computed by rank 0 alone)."""
     import importlib.metadata
     import platform
 
@@ -218,7 +221,16 @@ def _environment(computed_by: dict[str, str]) -> dict[str, Any]:
     return {"torch": version, "python": platform.python_version(),
             "device": devices[0] if len(devices) == 1 else "mixed" if devices else "none",
             **({"devices": dict(sorted(computed_by.items()))} if len(devices) > 1 else {}),
-            "dtype": "float32"}
+            "dtype": "float32", **_parallel(computed_by, parallel or {})}
+
+
+def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if not parallel:
+        return {}
+    widest = max(parallel.values(), key=lambda p: (p["world_size"], p["backend"], p["rank_devices"]))
+    sizes = {part: parallel.get(part, {}).get("world_size", 1) for part in computed_by}
+    return {"world_size": widest["world_size"], "backend": widest["backend"], "rank_devices": widest["rank_devices"],
+            **({"world_sizes": dict(sorted(sizes.items()))} if len(set(sizes.values())) > 1 else {})}
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
@@ -337,6 +349,7 @@ class _Replayer:
 
         self.machine = replay_machine(device)  # receipts are bit-identical per machine (issue 31 §7)
         self.computed_by: dict[str, str] = {}  # part → the device its own record names
+        self.parallel: dict[str, dict[str, Any]] = {}  # part → its expert-parallel replay's ranks
         self.settings = policy.to_json()["receipts"]
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
@@ -443,9 +456,12 @@ class _Replayer:
         return doc
 
     def _computed(self, part: str, doc: dict[str, Any]) -> None:
-        """Note the device ``doc`` says computed it ("unrecorded" where it says none)."""
+        """Note the device ``doc`` says computed it ("unrecorded" where it says none), and the
+        ranks of an expert-parallel replay where it names them."""
         env = doc.get("environment")
         self.computed_by[part] = str(env.get("device", "unrecorded")) if isinstance(env, dict) else "unrecorded"
+        if isinstance(env, dict) and isinstance(env.get("world_size"), int):  # issue 28
+            self.parallel[part] = {k: env.get(k) for k in ("world_size", "backend", "rank_devices")}
 
     def forget_states(self, keep: int | None) -> None:
         self.states = {s: o for s, o in self.states.items() if s == keep}

@@ -61,6 +61,10 @@ class EnvironmentRecord(TypedDict):
     device: str
     dtype: str
     devices: NotRequired[dict[str, str]]  # part → device, when several computed them
+    world_size: NotRequired[int]  # an expert-parallel replay's ranks (issue 28)
+    backend: NotRequired[str]  # its torch.distributed backend: gloo, nccl
+    rank_devices: NotRequired[list[str]]  # each rank's compute device, by rank
+    world_sizes: NotRequired[dict[str, int]]  # part → world size, when the parts' differ
 
 
 class CanaryRecord(TypedDict):

@@ -185,3 +185,29 @@ def test_torchrun_launch(setup: tuple[Path, list[str], dict[str, Any]], tmp_path
     doc = json.loads(out.read_text())
     assert same(_without_environment(want["mixtral"]["receipts"]), _without_environment(doc)) == []
     assert doc["environment"]["world_size"] == 2
+
+
+def test_certify_nproc_records_the_ranks(setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path) -> None:
+    """``certify --nproc 2``: the signed environment names the world size, backend and each rank's
+    device of the receipts' replays, and that the pair receipts were computed by rank 0 alone."""
+    import base64
+    import shutil
+
+    canary, ckpts, _ = setup
+    run = tmp_path / "run"
+    for step in (100, 200):  # the same weights twice: a pair to compare, nothing else new to test
+        shutil.copytree(ckpts[0], run / f"checkpoint-{step}")
+    key, out = tmp_path / "key", tmp_path / "out"
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    assert _cli(["keygen", "--out", str(key)], **env).returncode == 0
+    done = _cli(["certify", str(run), "--key", str(key), "--out", str(out), "--canary", str(canary),
+                 "--nproc", "2"], **env)
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a verdict other than PASS
+    signed = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))
+    env_doc = signed["predicate"]["environment"]
+    assert (env_doc["worldSize"], env_doc["backend"], env_doc["rankDevices"]) == (2, "gloo", ["cpu", "cpu"])
+    assert env_doc["worldSizes"] == {"checkpoint-100.json": 2, "checkpoint-200.json": 2,
+                                     "pair-200-vs-100.json": 1}
+    verified = _cli(["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"], **env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
