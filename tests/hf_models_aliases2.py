@@ -115,7 +115,7 @@ def omni_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedMod
     config.thinker_config._attn_implementation = "eager"
     config.thinker_config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).float()
+    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).float()  # type: ignore[arg-type]
     hf_models._redraw(model, seed)
     return model.eval()
 
@@ -135,17 +135,42 @@ class ThinkerView(torch.nn.Module):
     thinker's text decoder layers as ``model.layers``, parameters ``thinker.model.language_model.*`` named
     ``model.*``, the forward the thinker's own (text tokens only)."""
 
-    def __init__(self, omni: transformers.PreTrainedModel) -> None:
+    def __init__(self, omni: Any) -> None:
         super().__init__()
         self.omni = omni
-        self.model = SimpleNamespace(layers=omni.thinker.model.language_model.layers)
+        self.thinker: Any = omni.thinker
+        self.model = SimpleNamespace(layers=self.thinker.model.language_model.layers)
 
     def forward(self, tokens: torch.Tensor, **kwargs: Any) -> Any:
-        return self.omni.thinker(input_ids=tokens, **kwargs)
+        return self.thinker(input_ids=tokens, **kwargs)
 
     def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[override]
         for name, p in self.omni.named_parameters():
             yield name.replace("thinker.model.language_model.", "model.", 1), p
+
+
+# DeepSeek-OCR-2: a text decoder of DeepSeek-V2's MoE on Llama attention (8 experts in 4 groups, the
+# best 2 compete, two shared experts, a dense first layer) around one-block SAM and Qwen2 encoders
+OCR2_TEXT = dict(n_routed_experts=8, moe_intermediate_size=24, intermediate_size=56, n_shared_experts=2,
+                 mlp_layer_types=["dense", "sparse", "sparse"], routed_scaling_factor=1.5,
+                 topk_method="group_limited_greedy", n_group=4, topk_group=2)
+_OCR2_VISION = dict(
+    sam_config=dict(hidden_size=16, output_channels=16, num_hidden_layers=1, num_attention_heads=2, image_size=64,
+                    patch_size=16, window_size=2, global_attn_indexes=[0], mlp_dim=16, downsample_channels=[16, 32]),
+    encoder_config=dict(vocab_size=16, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, layer_types=["full_attention"]))
+
+
+def save_ocr2(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
+    config = transformers.AutoConfig.for_model("deepseek_ocr2", text_config={**hf_models._COMMON, **OCR2_TEXT,
+                                                                            **overrides},
+                                               vision_config=_OCR2_VISION)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    hf_models._redraw(model, seed)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
@@ -163,6 +188,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "kimi_k2": _relabelled("deepseek_v3", "kimi_k2"),
     "aria": lambda p: save_wrapper(p, "aria"),
     "qwen3_omni_moe": lambda p: save_omni(p),
+    "deepseek_ocr2": lambda p: save_ocr2(p),
     **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }
 

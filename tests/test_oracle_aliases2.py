@@ -2,7 +2,9 @@
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
 wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
-MLA decoder with softmax group routing and Llama 4 query scaling). Each in float32 and from
+MLA decoder with softmax group routing and Llama 4 query scaling), the text decoders of
+``qwen3_omni_moe`` (its thinker's) and ``deepseek_ocr2`` (DeepSeek-V2's MoE on Llama attention).
+Each in float32 and from
 bfloat16 checkpoints (both sides upcast the same stored values), on two configurations that vary
 top-k, the expert count, the shared expert and (where the architecture has them) dense/sparse or
 attention-kind placement; same checks and tolerances as ``test_oracle`` (loss, per-window NLL,
@@ -345,3 +347,48 @@ def test_qwen3_omni_moe_module_names(tmp_path: Path) -> None:
     assert b.layer_keys(0)["router"] == "thinker.model.language_model.layers.0.mlp.gate.weight"
     tokens = random_tokens()
     assert moeaudit_observed(a, tokens).loss == moeaudit_observed(b, tokens).loss
+
+
+# ----- DeepSeek-OCR-2: DeepSeek-V2's MoE on Llama attention ----------------------------------------
+
+OCR2: dict[str, dict[str, Any]] = {
+    "group-limited-top2-two-shared-dense-first": {},
+    # greedy top-3 of 6, one shared expert, the dense layer in the middle, q/k/v/o biases
+    "greedy-top3-of-6-one-shared-dense-middle-bias": {
+        "n_routed_experts": 6, "num_experts_per_tok": 3, "n_shared_experts": 1, "topk_method": "greedy",
+        "n_group": None, "topk_group": None, "mlp_layer_types": ["sparse", "dense", "sparse"], "attention_bias": True},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", OCR2)
+def test_deepseek_ocr2_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], **OCR2[case])
+    ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
+    assert ckpt.spec.family == "deepseek_ocr2" and ckpt.warnings == []
+    assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision encoders
+    agree(ckpt, aliases.TextView(model), random_tokens(), Modules(shared=("mlp.shared_experts.",)))
+    assert "the text decoder" in FAMILIES["deepseek_ocr2"].audits
+
+
+def test_deepseek_ocr2_module_names(tmp_path: Path) -> None:
+    """transformers 5.24 saves DeepSeek-OCR-2's decoder as released (``model.layers.*``); under its
+    module names (``model.language_model.*``) the same tensors give the same numbers."""
+    hf_models_aliases2.save_ocr2(tmp_path / "a")
+
+    def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        text = ("model.layers.", "model.embed_tokens.", "model.norm.")
+        return {k.replace("model.", "model.language_model.", 1) if k.startswith(text) else k: v for k, v in t.items()}
+
+    a, b = Checkpoint(tmp_path / "a"), Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
+    assert b.layer_keys(1)["router"] == "model.language_model.layers.1.mlp.gate.weight"
+    tokens = random_tokens()
+    assert deepseek_observed(a, tokens).loss == deepseek_observed(b, tokens).loss
+
+
+def test_deepseek_ocr2_needs_mlp_layer_types() -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("deepseek_ocr2", text_config={"num_experts_per_tok": 2}).to_dict()
+    with pytest.raises(CheckpointError, match="mlp_layer_types"):
+        spec_from_config(cfg)
