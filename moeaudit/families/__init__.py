@@ -44,12 +44,16 @@ FAMILIES: dict[str, Family] = _discover()
 # holds this list to it). A family file for a listed type takes precedence: the entry is then
 # stale and ignored. "not supported yet" names what the replay lacks.
 _SUBCONFIG = "a sub-configuration of {0}: checkpoints carry model_type {0!r}"
+# Nemotron-H (and the models built on its decoder): why its Mamba-2 mixer alone does not make it replayable
+_NEMOTRON_H = ("its experts, shared expert and dense MLPs are non-gated ReLU² MLPs (up/down only), each layer "
+               "is a single Mamba, attention, MLP or MoE block rather than mixer then MLP, and "
+               "moe_latent_size adds latent projections around the experts")
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
     "jamba": "its Mamba (state-space) layers are not replayed",
     "granitemoehybrid": "its Mamba (state-space) layers are not replayed",
-    "nemotron_h": "its Mamba-2 (state-space) layers are not replayed",
-    "nemotron_h_omni": "a multimodal Nemotron-H: its Mamba-2 (state-space) layers are not replayed",
+    "nemotron_h": _NEMOTRON_H,
+    "nemotron_h_omni": "a multimodal model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
     "zaya": "not supported yet (compressed convolutional attention and a routed MLP with its own "
             "router MLP, router_hidden_size)",
     # --- new routed designs (each its own family file, in progress)
@@ -82,8 +86,11 @@ _REFUSED_ALL: dict[str, str] = {
                    "decay (Gated DeltaNet) is",
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
-    "ernie4_5_vl_moe": "a vision-language model whose MoE layers hold separate text and vision "
-                       "expert groups (moe_intermediate_size per group); not supported yet",
+    # on text tokens only the text group runs (text_moe: ERNIE 4.5's router and experts), so a
+    # text canary is faithful in principle; what is missing is reading the stored layout
+    "ernie4_5_vl_moe": "on text only its text expert group runs, but its layout is not read yet: the text "
+                       "router stored [hidden, experts] beside the vision one (gate.weight_1), one [2, E] "
+                       "selection bias, text and vision experts in one experts.* list",
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl": "a vision-language model: its text decoder (hy_v4) is not supported yet",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
@@ -119,8 +126,7 @@ _REFUSED_ALL: dict[str, str] = {
     "qwen4_exp_text": "not supported yet (Qwen3.5-MoE hybrid variant with different decoder layers)",
     "qwen3_omni_moe_talker_text": "the talker (speech-code generator) of qwen3_omni_moe: moeaudit "
                                   "audits the thinker's text decoder",
-    "nemo_speechlm": "a speech-language model whose text decoder is Nemotron-H (Mamba-2 layers "
-                     "not replayed)",
+    "nemo_speechlm": "a speech-language model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
     # --- not causal decoders
     "switch_transformers": "an encoder-decoder model (T5 layout); moeaudit replays decoders",
     "nllb-moe": "an encoder-decoder translation model; moeaudit replays decoders",
@@ -141,7 +147,9 @@ _REFUSED_ALL: dict[str, str] = {
     "gemma4_text": "not supported yet (Gemma 4: per-layer inputs, sliding/global layers, a dense "
                    "MLP beside the experts)",
     "gemma4_assistant": "a Gemma 4 speculative-decoding assistant: not supported yet",
-    "axk1": "not supported yet (DeepSeek-V3 MLA with GLM-4.7-Flash's layer rule; not oracle-tested)",
+    "axk1": "its MoE output passes an RMSNorm (post_mlp_layernorm) before the residual add, which breaks "
+            "the streaming backward's dL/d(MoE output) = dL/d(layer output); the released files also hold "
+            "that norm on dense layers, unused",
     "axk2": "not supported yet (DeepSeek-V3.2-style sparse attention variant)",
     "beam": "not supported yet (DeepSeek-V4 experts and DeepSeek-V3.2 decoder layers on Qwen3 "
             "attention)",
@@ -150,8 +158,9 @@ _REFUSED_ALL: dict[str, str] = {
                 "experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
-    "flex_olmo": "not supported yet (OLMo-2 post-norms: RMSNorm on the attention and MoE outputs, "
-                 "q/k norm over all heads)",
+    "flex_olmo": "OLMo-2 post-norm layers: no norm before attention or the MoE block (the router reads the "
+                 "raw residual stream) and an RMSNorm on each block's output before the residual add, which "
+                 "breaks the streaming backward's dL/d(MoE output) = dL/d(layer output)",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
