@@ -75,6 +75,11 @@ class AuditGroup(click.Group):
         except Exception as exc:  # a bug of ours: still one line unless --verbose
             if ctx.meta.get("verbose"):
                 traceback.print_exc()
+            from moeaudit.replay.dist import out_of_memory
+
+            if (oom := out_of_memory(exc)) is not None:  # not a bug: the replay did not fit (issue 28)
+                raise _Exit(f"{oom}; nothing was written (hint: spread the routed experts over N "
+                            "processes with --nproc N)", EXIT_INPUT) from exc
             msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
             raise _Exit(short_line(msg), EXIT_INPUT) from exc
 
@@ -95,7 +100,9 @@ nproc_option = click.option(
     "--nproc", type=click.IntRange(min=1), default=None, metavar="N",
     help="Replay on N processes, each rank reading and computing its share of every layer's routed "
          "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
-         "moeaudit ...` does the same). Receipts equal one process's within float tolerance.")
+         "moeaudit ...` does the same). Receipts equal one process's within float tolerance. Sharded: "
+         "hashing and reading the weights, the receipts' forward and backward. On rank 0 alone: "
+         "--conflict, --generate, pair receipts (compare, certify, gate) and DCP checkpoints.")
 
 
 def _ranks(nproc: int | None) -> Any:

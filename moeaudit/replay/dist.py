@@ -219,9 +219,23 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def out_of_memory(exc: BaseException) -> str | None:
+    """A one-line account of an allocation that failed (Python's MemoryError, torch's CPU
+    allocator), or None for any other error."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and (
+            "can't allocate memory" in text or "Cannot allocate memory" in text))):
+        return None
+    size = re.search(r"tried to allocate (\d+) bytes", text)
+    what = f" ({int(size[1]) / 2**20:.0f} MiB more)" if size else ""
+    return f"out of memory{what}: the process reached its memory limit or the machine's"
+
+
 def _one_line(exc: BaseException) -> str:
     from moeaudit.errors import short_line
 
+    if (oom := out_of_memory(exc)) is not None:
+        return oom
     if isinstance(exc, RankFailed):
         return exc.what
     if isinstance(exc, MoeauditError):
