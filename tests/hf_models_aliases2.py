@@ -39,6 +39,9 @@ TINY: dict[str, dict[str, Any]] = {
                  "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
                                      "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                                      "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.5}},
+    # DeepSeek-V3's tiny MLA decoder (8 experts in 4 groups, best 2 compete, selection bias, one
+    # shared expert, a dense first layer) with A.X-K1's RMSNorm on the MoE output
+    "axk1": {k: v for k, v in hf_models._FAMILY["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
 }
 for _cfg in TINY.values():
     if "moe_topk" in _cfg:

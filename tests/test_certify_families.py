@@ -32,7 +32,7 @@ from moeaudit.families import FAMILIES as REGISTERED  # noqa: E402
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
 TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen3_5_moe_text",
         "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa", "aria_text", "mistral4",
-        "glm4_moe_lite", "kimi_k2")
+        "glm4_moe_lite", "kimi_k2", "axk1")
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)
 WRAPPERS = {"qwen3_5_moe", "llama4", "kimi_k25", "qwen3_vl_moe", "glm4v_moe", "aria", "qwen3_omni_moe",

@@ -590,8 +590,10 @@ class Checkpoint:
         extra = [k for k in extra if k not in taken]
         by_what: dict[str, list[str]] = {}  # several prefixes may name one module (ERNIE's MTP)
         for prefix, what in self.layout.left_out.items():
-            by_what.setdefault(what, []).extend(k for k in extra if k.startswith(prefix))
-            extra = [k for k in extra if not k.startswith(prefix)]
+            # "{layer}" in a prefix stands for any layer index (A.X-K1's unused norm on dense layers)
+            starts = re.compile(re.escape(prefix).replace(re.escape("{layer}"), r"\d+")).match
+            by_what.setdefault(what, []).extend(k for k in extra if starts(k))
+            extra = [k for k in extra if not starts(k)]
         for what, left in by_what.items():
             if left:
                 self._leave_out(what, "the replay audits next-token prediction of the text decoder", left)
@@ -837,6 +839,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
             names.append("router_bias")
         if s.router_logit_bias:
             names.append("router_logit_bias")
+        if s.moe_out_norm:
+            names.append("moe_out_norm")
         if s.shared_dim:
             # Granite 4.0's shared MLP: gate and up rows in one ``input_linear`` (split on reading)
             fused = "shared_gate_up" in s.layout.layer
@@ -852,7 +856,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
     H, E, I = s.hidden_size, s.num_experts, s.expert_dim
     q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     shapes = {
-        "input_norm": (H,), "post_norm": (H,), "input_norm_bias": (H,), "post_norm_bias": (H,),
+        "input_norm": (H,), "post_norm": (H,), "input_norm_bias": (H,), "post_norm_bias": (H,), "moe_out_norm": (H,),
         "q": (q_dim, H), "k": (kv_dim, H),
         "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
         "v_bias": (kv_dim,), "o_bias": (H,), "qkv": (q_dim + 2 * kv_dim, H), "qkv_bias": (q_dim + 2 * kv_dim,),

@@ -314,6 +314,9 @@ class ModelSpec:
     # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
     # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
     query_position_scale: tuple[float, int] | None = field(default=None, metadata=NEW)
+    # A.X-K1: the MoE block's output (routed + shared) passes an RMSNorm (gain ``moe_out_norm``)
+    # before the residual add
+    moe_out_norm: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

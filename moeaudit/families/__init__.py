@@ -147,9 +147,6 @@ _REFUSED_ALL: dict[str, str] = {
     "gemma4_text": "not supported yet (Gemma 4: per-layer inputs, sliding/global layers, a dense "
                    "MLP beside the experts)",
     "gemma4_assistant": "a Gemma 4 speculative-decoding assistant: not supported yet",
-    "axk1": "its MoE output passes an RMSNorm (post_mlp_layernorm) before the residual add, which breaks "
-            "the streaming backward's dL/d(MoE output) = dL/d(layer output); the released files also hold "
-            "that norm on dense layers, unused",
     "axk2": "not supported yet (DeepSeek-V3.2-style sparse attention variant)",
     "beam": "not supported yet (DeepSeek-V4 experts and DeepSeek-V3.2 decoder layers on Qwen3 "
             "attention)",
@@ -158,9 +155,9 @@ _REFUSED_ALL: dict[str, str] = {
                 "experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
-    "flex_olmo": "OLMo-2 post-norm layers: no norm before attention or the MoE block (the router reads the "
-                 "raw residual stream) and an RMSNorm on each block's output before the residual add, which "
-                 "breaks the streaming backward's dL/d(MoE output) = dL/d(layer output)",
+    "flex_olmo": "OLMo-2 post-norm layers: no norm before attention or the MoE block (the router and "
+                 "experts read the raw residual stream, the receipts' gate input y = γ ⊙ z has no γ or z) and "
+                 "an RMSNorm on the attention output before the residual add",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),

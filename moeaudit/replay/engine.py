@@ -41,9 +41,13 @@ from moeaudit.replay.model import (
     attention_block,
     block_norm,
     decoder_layer,
+    expert_slots,
     experts_backward,
+    experts_forward_sets,
+    input_scales,
     mlp_input,
     moe_router,
+    rms_norm,
     rope_tables,
     shared_expert,
 )
@@ -380,17 +384,45 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     scales = spec.residual_scales[2] if spec.residual_scales is not None else None
     g_NH = g_NH if scales is None else g_NH * scales[1]  # MiniMax-01: out = α·y + β·MoE(y)
+    out_norm, slots = None, None
+    if spec.moe_out_norm:  # A.X-K1: out = h + norm(routed + shared); dL/d(routed + shared) through the norm
+        slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
+        g_NH, out_norm = _through_out_norm(spec, lw, y_NH, routing, shared, g_NH, slots)
     back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
-                            routing.combine_NK.detach(), g_NH, spec.clamped_glu, spec.scaled_expert_inputs)
+                            routing.combine_NK.detach(), g_NH, spec.clamped_glu, spec.scaled_expert_inputs,
+                            sorted_slots=slots)
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
     if scales is not None:  # no identity path from h: dL/dy = α·dL/d(out) + the experts'
         roots, grads = roots[1:], [back.y_NH + scales[0] * grad_BTH.reshape(-1, H), back.combine_NK]
     if shared is not None:
         roots.append(shared)
         grads.append(g_NH)
+    if out_norm is not None:  # the norm's gain (its input is a detached leaf: nothing else moves)
+        roots.append(out_norm[0])
+        grads.append(out_norm[1])
     backward_from(roots, grads)
     assert x.grad is not None
     return x.grad, layer_grads(lw, back.sq_E, device)
+
+
+def _through_out_norm(spec: ModelSpec, lw: LayerWeights, y_NH: torch.Tensor, routing: Routing,
+                      shared: torch.Tensor | None, g_out_NH: torch.Tensor, slots: tuple[torch.Tensor, list[int]]
+                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """A MoE block whose output s = routed + shared passes an RMSNorm: the routed output is
+    recomputed (one more sweep over the chosen experts), and dL/ds = J_norm^T dL/d(out) taken by
+    autograd on a detached s; returns (dL/ds, (the normed output, dL/d it) for the gain's gradient)."""
+    with torch.no_grad():
+        sets = [routing.topk_NK]
+        (u_NKH,) = experts_forward_sets(lw.experts, y_NH.detach(), sets, spec.clamped_glu,
+                                        input_scales(spec, routing, sets), sorted_slots=[slots])
+        s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
+        if shared is not None:
+            s_NH = s_NH + shared.detach()
+    s_NH = s_NH.requires_grad_(True)
+    with torch.enable_grad():
+        out_NH = rms_norm(s_NH, lw.params["moe_out_norm"], spec.rms_eps)
+    (g_s_NH,) = torch.autograd.grad(out_NH, s_NH, g_out_NH, retain_graph=True)
+    return g_s_NH, (out_NH, g_out_NH)
 
 
 def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,

@@ -428,6 +428,9 @@ def _expert_slots(topk_NK: torch.Tensor, E: int) -> tuple[torch.Tensor, list[int
     return _slots_of_sets([topk_NK], E)[0]
 
 
+expert_slots = _expert_slots  # for callers that sweep the experts twice with one host sync (engine)
+
+
 def _slots_of_sets(sets: Sequence[torch.Tensor], E: int) -> list[tuple[torch.Tensor, list[int]]]:
     """:func:`_expert_slots` of each set, the tokens per expert of all of them brought to the
     host together: one synchronisation per sweep over the experts, not one per set."""
@@ -439,7 +442,8 @@ def _slots_of_sets(sets: Sequence[torch.Tensor], E: int) -> list[tuple[torch.Ten
 def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
                          sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None,
                          scales: Sequence[torch.Tensor] | None = None,
-                         only: range | None = None) -> list[torch.Tensor]:
+                         only: range | None = None,
+                         sorted_slots: list[tuple[torch.Tensor, list[int]]] | None = None) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone.
@@ -451,8 +455,9 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
     block's output Σ_k u_k(c_k y) and the receipts keep their (c, u) form (docs/families.md).
 
     ``only`` (expert-parallel replay, ``replay.sharded``): compute the experts in that range and
-    leave the rows of the others zero; each expert's rows are those it gets in the full sweep."""
-    slots = _slots_of_sets(sets, len(experts))
+    leave the rows of the others zero; each expert's rows are those it gets in the full sweep.
+    ``sorted_slots``: the sets' ``_slots_of_sets``, when the caller has them (one host sync fewer)."""
+    slots = _slots_of_sets(sets, len(experts)) if sorted_slots is None else sorted_slots
     announce(experts, [e for e in range(len(experts))  # the experts read below, in order
                        if any(counts[e] for _, counts in slots) and (only is None or e in only)])
     out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
@@ -551,7 +556,8 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
                      topk_NK: torch.Tensor, combine_NK: torch.Tensor,
                      grad_NH: torch.Tensor, glu: ClampedGLU | None = None,
                      scaled_inputs: bool = False, only: range | None = None,
-                     slot_dx: bool = False) -> ExpertsBackward:
+                     slot_dx: bool = False, sorted_slots: tuple[torch.Tensor, list[int]] | None = None,
+                     ) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
     dropped before the next expert is converted, so a layer's gradients never coexist.
@@ -559,9 +565,10 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
     Expert-parallel replay (``replay.sharded``): ``only`` runs the experts in that range (the
     others' norms, dL/dc and dL/dy contributions stay zero); ``slot_dx`` returns each (token,
     slot)'s dL/dy in ``dx_SH`` [N·K, H] rather than their sum per token (``y_NH`` is then empty),
-    so that the sum can be formed after the ranks' slots are brought together, in this order."""
+    so that the sum can be formed after the ranks' slots are brought together, in this order.
+    ``sorted_slots``: ``expert_slots`` of ``topk_NK``, when the caller has them (one host sync fewer)."""
     N, K = topk_NK.shape
-    order, counts = _expert_slots(topk_NK, len(experts))
+    order, counts = _expert_slots(topk_NK, len(experts)) if sorted_slots is None else sorted_slots
     announce(experts, [e for e, c in enumerate(counts) if c and (only is None or e in only)])  # read below
     dy_NH = y_NH.new_zeros((0, y_NH.shape[1])) if slot_dx else torch.zeros_like(y_NH)
     dx_SH = y_NH.new_zeros((N * K, y_NH.shape[1])) if slot_dx else None
@@ -720,6 +727,8 @@ def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     r = spec.residual_multiplier
     if lw.routed:
         mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra)
+        if spec.moe_out_norm:  # A.X-K1: RMSNorm on routed + shared before the residual add
+            mlp_out = rms_norm(mlp_out, lw.params["moe_out_norm"], spec.rms_eps)
         if spec.residual_scales is not None:  # MiniMax-01: α·y + β·MoE(y), y = norm(h)
             alpha, beta = spec.residual_scales[2]
             return tap.y_NH.view_as(mlp_out) * alpha + mlp_out * beta, tap

@@ -102,6 +102,9 @@ def sharded_replay(sess: Session, ckpt: Checkpoint, tokens_WT: torch.Tensor, *, 
     if ckpt.spec.residual_scales is not None:
         raise InputError(f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
                          hint="replay it on one process (without --nproc)")
+    if ckpt.spec.moe_out_norm:
+        raise InputError(f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output "
+                         "yet", hint="replay it on one process (without --nproc)")
     if W < sess.world:
         raise InputError(f"the canary has {W} windows and the replay {sess.world} ranks: each rank "
                          "replays its own windows", hint=f"use at most --nproc {W}")
