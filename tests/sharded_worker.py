@@ -84,6 +84,10 @@ def main(out: Path, canary_path: str, ckpts: list[str]) -> None:
     from moeaudit.replay import rank_bytes
 
     count = count_reads()
+    if budget := os.environ.get("MOEAUDIT_TEST_PRIVATE_COPY_BYTES"):  # every rank: a smaller budget
+        from moeaudit import limits
+
+        limits.PRIVATE_COPY_BYTES = int(budget)
     rank = dist.env_world()[0]
     if rank > 0:  # serves until rank 0 stops
         code = dist.serve()

@@ -71,8 +71,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], di
     return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
 
 
-def _launch(world: int, out: Path, canary: Path, ckpts: list[str]) -> None:
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
+def _launch(world: int, out: Path, canary: Path, ckpts: list[str], **extra: str) -> None:
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world), **extra)
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(canary), *ckpts],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -107,6 +107,26 @@ def same(a: Any, b: Any, path: str = "") -> list[str]:
 
 def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k != "environment"}
+
+
+def test_over_the_private_copy_budget_ranks_read_verified_and_agree(
+        setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path) -> None:
+    """A budget smaller than a rank's share (96 KiB, about two files): nothing is sent at hashing,
+    each rank reads its blocks when the replay asks (verified) and the least recently used files
+    give theirs up, so the backward and the later checkpoints read again — same answers."""
+    canary, ckpts, want = setup
+    _launch(2, tmp_path / "out.json", canary, ckpts[:2], MOEAUDIT_TEST_PRIVATE_COPY_BYTES=str(96 << 10))
+    got = json.loads((tmp_path / "out.json").read_text())
+    for family in FAMILIES[:2]:
+        assert got[family]["digest"] == want[family]["digest"]
+        assert got[family]["topk"] == want[family]["topk"]
+        assert got[family]["expert_norms"] == want[family]["expert_norms"]
+        assert same(_without_environment(want[family]["receipts"]),
+                    _without_environment(got[family]["receipts"])) == []
+    size = sum(f.stat().st_size for c in ckpts[:2] for f in Path(c).glob("*.safetensors"))
+    reads = [json.loads((tmp_path / f"out.json.bytes.{r}").read_text()) for r in range(2)]
+    assert all(r[1] == 0 for r in reads), reads  # nothing sent
+    assert sum(r[0] for r in reads) > 1.5 * size, (size, reads)  # re-read, verified
 
 
 @pytest.mark.parametrize("world", [2, 4])
