@@ -19,6 +19,8 @@ pytest.importorskip("transformers")
 
 import hf_models_aliases2  # noqa: E402  (registers issue 27's later aliases' tiny configs)
 import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
+import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
+import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
@@ -32,7 +34,8 @@ from moeaudit.families import FAMILIES as REGISTERED  # noqa: E402
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
 TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen3_5_moe_text",
         "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa", "aria_text", "mistral4",
-        "glm4_moe_lite", "kimi_k2", "axk1")
+        "glm4_moe_lite", "kimi_k2", "axk1", "cohere2_moe", "dbrx", "exaone_moe", "lfm2_moe", "sarvam_moe",
+        "sarvam_mla", "solar_open", "hy_v3", "glm_moe_dsa", "minimax", "laguna")
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)
 WRAPPERS = {"qwen3_5_moe", "llama4", "kimi_k25", "qwen3_vl_moe", "glm4v_moe", "aria", "qwen3_omni_moe",
