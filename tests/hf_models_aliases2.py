@@ -176,6 +176,28 @@ def save_ocr2(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **
     (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
+# ERNIE 4.5 VL: the text decoder of hf_models' tiny ERNIE 4.5 MoE shape (top-2 of 4 text experts 24
+# wide, one shared expert, a dense first layer) with a vision group of 4 experts 16 wide, multimodal
+# RoPE sections [1, 1, 2] over 8-dim heads, around a one-block vision tower
+ERNIE_VL_TEXT = dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=[24, 16], intermediate_size=56,
+                     moe_num_shared_experts=1, head_dim=8, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+
+
+def save_ernie_vl(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
+    text = {k: v for k, v in {**hf_models._COMMON, **ERNIE_VL_TEXT, **overrides}.items()
+            if k != "num_experts_per_tok"}
+    config = transformers.AutoConfig.for_model(
+        "ernie4_5_vl_moe", text_config=text, tie_word_embeddings=text["tie_word_embeddings"],
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2))
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    hf_models._redraw(model, seed)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
+
+
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
     def save(path: Path) -> None:
         hf_models.save_tiny(path, family)
@@ -192,6 +214,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "aria": lambda p: save_wrapper(p, "aria"),
     "qwen3_omni_moe": lambda p: save_omni(p),
     "deepseek_ocr2": lambda p: save_ocr2(p),
+    "ernie4_5_vl_moe": lambda p: save_ernie_vl(p),
     **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }
 

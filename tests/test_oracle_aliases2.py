@@ -3,7 +3,8 @@ a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
 wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
 MLA decoder with softmax group routing and Llama 4 query scaling), the text decoders of
-``qwen3_omni_moe`` (its thinker's) and ``deepseek_ocr2`` (DeepSeek-V2's MoE on Llama attention).
+``qwen3_omni_moe`` (its thinker's), ``deepseek_ocr2`` (DeepSeek-V2's MoE on Llama attention) and
+``ernie4_5_vl_moe`` (its text expert group), and ``axk1`` (DeepSeek-V3 with a norm on the MoE output).
 Each in float32 and from
 bfloat16 checkpoints (both sides upcast the same stored values), on two configurations that vary
 top-k, the expert count, the shared expert and (where the architecture has them) dense/sparse or
@@ -37,6 +38,7 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402
+from moeaudit.families.ernie4_5_vl_moe import VISION_GROUP  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -55,11 +57,18 @@ class Modules:
 GRANITE = Modules(moe="block_sparse_moe", gate="router", shared=("shared_mlp.",))
 
 
+def _module(layer: Any, path: str) -> Any:
+    """``layer``'s submodule at a dotted path (ERNIE 4.5 VL: ``mlp.text_moe``), None where absent."""
+    for name in path.split("."):
+        layer = getattr(layer, name, None)
+    return layer
+
+
 def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
     """``test_oracle.transformers_observed`` for these module names (routers returning
     (logits, combine, top-k))."""
     layers = model.model.layers
-    routed = [i for i, layer in enumerate(layers) if hasattr(getattr(layer, m.moe), "experts")]
+    routed = [i for i, layer in enumerate(layers) if hasattr(_module(layer, m.moe), "experts")]
     seen: dict[tuple[str, int], Any] = {}
 
     def keep(kind: str, i: int):
@@ -68,7 +77,7 @@ def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
         return hook
 
     hooks = [getattr(layers[i], m.pre_norm).register_forward_hook(keep("h", i)) for i in routed]
-    hooks += [getattr(getattr(layers[i], m.moe), m.gate).register_forward_hook(keep("gate", i)) for i in routed]
+    hooks += [_module(layers[i], f"{m.moe}.{m.gate}").register_forward_hook(keep("gate", i)) for i in routed]
     try:
         out = model(tokens_WT, output_hidden_states=True, output_router_logits=True)
     finally:
@@ -83,7 +92,7 @@ def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
 
     experts = {}
     for i in routed:
-        fused = getattr(layers[i], m.moe).experts
+        fused = _module(layers[i], m.moe).experts
         experts[i] = sum(p.grad.double().pow(2).flatten(1).sum(1) for p in (fused.gate_up_proj, fused.down_proj)).sqrt()
     return Observed(
         loss=loss.detach(), nll_windows_W=nll_WT1.detach().mean(1), entropy=entropy,
@@ -126,7 +135,7 @@ def agree(ckpt: Checkpoint, model: Any, tokens: torch.Tensor, m: Modules) -> tup
                                 "nll_abs": nll_abs, "grad_rel": grad_rel}) + "\n")
     assert nll_abs <= 1e-4 and grad_rel <= 2e-3
     assert ckpt.spec.routed_layers == tuple(i for i, layer in enumerate(model.model.layers)
-                                            if hasattr(getattr(layer, m.moe), "experts"))
+                                            if hasattr(_module(layer, m.moe), "experts"))
     return nll_abs, grad_rel
 
 
@@ -443,3 +452,68 @@ def test_axk1_released_layout(tmp_path: Path) -> None:
     losses = {float(deepseek_observed(x, tokens).loss) for x in (a, b, c)}
     assert len(losses) == 1
 
+
+
+# ----- ERNIE 4.5 VL: the text decoder and its text expert group ---------------------------------------
+
+ERNIE_VL: dict[str, dict[str, Any]] = {
+    "top2-of-4-one-shared-dense-first": {},
+    # top-3 of 6 (vision group 6 × 16), two shared experts, the dense layer in the middle, tied embeddings
+    "top3-of-6-two-shared-dense-middle-tied": {"moe_num_experts": 6, "moe_k": 3, "moe_num_shared_experts": 2,
+                                               "mlp_layer_types": ["sparse", "dense", "sparse"],
+                                               "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ERNIE_VL)
+def test_ernie4_5_vl_moe_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_ernie_vl(tmp_path, dtype=DTYPES[dtype], **ERNIE_VL[case])
+    ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
+    assert ckpt.spec.family == "ernie4_5_vl_moe" and ckpt.warnings == []
+    left = {lo.what for lo in ckpt.left_out}
+    assert left == {VISION_GROUP, "vision tower", "resampler"}
+    agree(ckpt, aliases.TextView(model), random_tokens(), Modules(moe="mlp.text_moe", shared=("mlp.shared_experts.",)))
+
+
+def test_ernie4_5_vl_moe_module_names(tmp_path: Path) -> None:
+    """transformers 5.24 saves ERNIE 4.5 VL as released (transposed routers, one [2, E] bias, one
+    expert list); converted to its module names (``model.language_model.*``, ``mlp.text_moe.*`` with
+    fused experts, ``mlp.vision_moe.*``) the same model gives the same numbers."""
+    hf_models_aliases2.save_ernie_vl(tmp_path / "a")
+    E = int(hf_models_aliases2.ERNIE_VL_TEXT["moe_num_experts"])  # type: ignore[call-overload]
+
+    def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for k, v in t.items():
+            if not k.startswith(("model.layers.", "model.embed_tokens.", "model.norm.")):
+                out[k] = v
+                continue
+            k = k.replace("model.", "model.language_model.", 1)
+            head, _, rest = k.partition(".mlp.")
+            if rest in ("gate.weight", "gate.weight_1"):
+                out[f"{head}.mlp.{'vision' if rest.endswith('_1') else 'text'}_moe.gate.weight"] = v.T.contiguous()
+            elif rest == "moe_statics.e_score_correction_bias":
+                for row, group in enumerate(("text", "vision")):
+                    out[f"{head}.mlp.{group}_moe.gate.moe_statics.e_score_correction_bias"] = v[row:row + 1].clone()
+            elif rest.startswith("experts.") and rest.endswith("gate_proj.weight"):
+                e = int(rest.split(".")[1])
+                group, first = ("text", 0) if e < E else ("vision", E)
+                if e == first:  # the group's experts fused: gate rows then up rows; down stacked
+                    src = head.replace("model.language_model.", "model.", 1) + ".mlp.experts."
+                    ids = range(first, first + E)
+                    out[f"{head}.mlp.{group}_moe.experts.gate_up_proj"] = torch.stack(
+                        [torch.cat([t[f"{src}{i}.gate_proj.weight"], t[f"{src}{i}.up_proj.weight"]]) for i in ids])
+                    out[f"{head}.mlp.{group}_moe.experts.down_proj"] = torch.stack(
+                        [t[f"{src}{i}.down_proj.weight"] for i in ids])
+            elif not rest.startswith("experts."):
+                out[k] = v
+        return out
+
+    a, b = Checkpoint(tmp_path / "a"), Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
+    assert (a.fused, b.fused) == (False, True)
+    assert b.layer_keys(1)["router"] == "model.language_model.layers.1.mlp.text_moe.gate.weight"
+    tokens = random_tokens()
+    ours_a, ours_b = moeaudit_observed(a, tokens), moeaudit_observed(b, tokens)
+    assert ours_a.loss == ours_b.loss
+    assert all(torch.equal(ours_a.expert_grads[i], ours_b.expert_grads[i]) for i in ours_a.expert_grads)

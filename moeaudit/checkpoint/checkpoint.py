@@ -498,6 +498,11 @@ class Checkpoint:
         info = self.info(key)
         if name == "router_bias" and info.shape == (1, *want):  # ERNIE 4.5 stores it as [1, E]
             want = info.shape
+        stored = self.layout.stored.get(self._resolved.get(name, ""))
+        if stored == "transposed":
+            want = want[::-1]
+        elif stored == "first_row" and len(info.shape) == 2 and info.shape[0] >= 1:
+            want = (info.shape[0], *want)
         if info.shape != want:
             raise CheckpointError(
                 f"tensor {key!r} has shape {list(info.shape)} but config.json implies {list(want)}",
@@ -640,6 +645,9 @@ class Checkpoint:
 
         dtype = torch.float32 if dtype is None else dtype
         params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
+        for n in params.keys() & {n for n, t in self._resolved.items() if t in self.layout.stored}:
+            how = self.layout.stored[self._resolved[n]]  # ERNIE 4.5 VL: back to the canonical form
+            params[n] = params[n].T.contiguous() if how == "transposed" else params[n][0].contiguous()
         if "router_bias" in params:
             params["router_bias"] = params["router_bias"].reshape(-1)  # [1, E] (ERNIE) → [E]
         if "shared_gate_up" in params:  # Granite 4.0: [gate | up] rows of the shared MLP

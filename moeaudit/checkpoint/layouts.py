@@ -57,6 +57,10 @@ class Layout:
     # key prefix → what it holds, for tensors recognised and deliberately not replayed (noted,
     # not warned about): an MTP module, a vision encoder
     left_out: Mapping[str, str] = field(default_factory=dict)
+    # a per-layer template whose tensor is stored otherwise than canonical, read back as canonical:
+    # "transposed" (ERNIE 4.5 VL's router, [H, E]) or "first_row" (the first of its rows: ERNIE
+    # 4.5 VL's [2, E] selection bias, text group then vision group)
+    stored: Mapping[str, str] = field(default_factory=dict)
 
 
 def prefixed(prefix: str, table: Mapping[str, str | Templates]) -> dict[str, Templates]:

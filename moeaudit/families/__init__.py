@@ -86,11 +86,6 @@ _REFUSED_ALL: dict[str, str] = {
                    "decay (Gated DeltaNet) is",
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
-    # on text tokens only the text group runs (text_moe: ERNIE 4.5's router and experts), so a
-    # text canary is faithful in principle; what is missing is reading the stored layout
-    "ernie4_5_vl_moe": "on text only its text expert group runs, but its layout is not read yet: the text "
-                       "router stored [hidden, experts] beside the vision one (gate.weight_1), one [2, E] "
-                       "selection bias, text and vision experts in one experts.* list",
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl": "a vision-language model: its text decoder (hy_v4) is not supported yet",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
