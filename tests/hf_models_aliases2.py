@@ -164,10 +164,12 @@ _OCR2_VISION = dict(
                         num_attention_heads=2, num_key_value_heads=2, layer_types=["full_attention"]))
 
 
-def save_ocr2(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
-    config = transformers.AutoConfig.for_model("deepseek_ocr2", text_config={**hf_models._COMMON, **OCR2_TEXT,
-                                                                            **overrides},
-                                               vision_config=_OCR2_VISION)
+def save_ocr2(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, model_type: str = "deepseek_ocr2",
+              **overrides: Any) -> None:
+    """A DeepSeek-OCR-2 checkpoint, or with ``model_type`` "unlimited_ocr" an Unlimited-OCR one
+    (the same text decoder classes; its own vision towers)."""
+    text = {k: v for k, v in {**hf_models._COMMON, **OCR2_TEXT, **overrides}.items() if v is not None}
+    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=_OCR2_VISION)
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -214,6 +216,7 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "aria": lambda p: save_wrapper(p, "aria"),
     "qwen3_omni_moe": lambda p: save_omni(p),
     "deepseek_ocr2": lambda p: save_ocr2(p),
+    "unlimited_ocr": lambda p: save_ocr2(p, model_type="unlimited_ocr", sliding_window=5, num_key_value_heads=4),
     "ernie4_5_vl_moe": lambda p: save_ernie_vl(p),
     **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }

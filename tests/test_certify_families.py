@@ -39,7 +39,7 @@ TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)
 WRAPPERS = {"qwen3_5_moe", "llama4", "kimi_k25", "qwen3_vl_moe", "glm4v_moe", "aria", "qwen3_omni_moe",
-            "deepseek_ocr2", "ernie4_5_vl_moe"}
+            "deepseek_ocr2", "ernie4_5_vl_moe", "unlimited_ocr"}
 
 
 def test_every_registered_family_is_exercised_here_or_has_its_own_wrapper_test() -> None:

@@ -3,7 +3,8 @@ a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
 wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
 MLA decoder with softmax group routing and Llama 4 query scaling), the text decoders of
-``qwen3_omni_moe`` (its thinker's), ``deepseek_ocr2`` (DeepSeek-V2's MoE on Llama attention) and
+``qwen3_omni_moe`` (its thinker's), ``deepseek_ocr2`` and ``unlimited_ocr`` (DeepSeek-V2's MoE on
+Llama attention) and
 ``ernie4_5_vl_moe`` (its text expert group), and ``axk1`` (DeepSeek-V3 with a norm on the MoE output).
 Each in float32 and from
 bfloat16 checkpoints (both sides upcast the same stored values), on two configurations that vary
@@ -379,6 +380,30 @@ def test_deepseek_ocr2_text_decoder_matches_transformers(case: str, dtype: str, 
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision encoders
     agree(ckpt, aliases.TextView(model), random_tokens(), Modules(shared=("mlp.shared_experts.",)))
     assert "the text decoder" in FAMILIES["deepseek_ocr2"].audits
+
+
+# Unlimited-OCR: the same decoder; reference-sliding layers (window 5 < the 12-token windows) or full
+# attention, mlp_layer_types from first_k_dense_replace. Multi-head attention: transformers' eager
+# attention for it does not repeat grouped k/v heads (its module-level eager_attention_forward is the
+# vision encoder's), so a GQA config cannot run there
+UNLIMITED: dict[str, dict[str, Any]] = {
+    "group-limited-reference-sliding-window-5": {"sliding_window": 5, "mlp_layer_types": None,
+                                                  "first_k_dense_replace": 1, "num_key_value_heads": 4},
+    "greedy-top3-of-6-full-and-reference-layers": {
+        **OCR2["greedy-top3-of-6-one-shared-dense-middle-bias"], "sliding_window": 3, "num_key_value_heads": 4,
+        "layer_types": ["full_attention", "reference_sliding_attention", "reference_sliding_attention"]},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", UNLIMITED)
+def test_unlimited_ocr_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], model_type="unlimited_ocr", **UNLIMITED[case])
+    ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
+    assert ckpt.spec.family == "unlimited_ocr" and ckpt.warnings == []
+    assert ckpt.notes and all("left out" in n for n in ckpt.notes)
+    assert ckpt.spec.sliding_window is None  # causal over the whole sequence, as transformers computes it
+    agree(ckpt, aliases.TextView(model), random_tokens(), Modules(shared=("mlp.shared_experts.",)))
 
 
 def test_deepseek_ocr2_module_names(tmp_path: Path) -> None:

@@ -113,8 +113,6 @@ _REFUSED_ALL: dict[str, str] = {
     "inkling2_loop": "a looped (weight-shared, repeated) Inkling2 decoder: not supported yet",
     "inkling2_loop_text": _SUBCONFIG.format("inkling2_loop"),
     "deepseek_ocr2_text": _SUBCONFIG.format("deepseek_ocr2"),
-    "unlimited_ocr": "an OCR vision-language model: its text decoder (DeepSeek-V2 routing with "
-                     "plain multi-head attention, no MLA) is not supported yet",
     "unlimited_ocr_text": _SUBCONFIG.format("unlimited_ocr"),
     "qwen4_exp": "a vision-language model: its text decoder (a Qwen3.5-MoE variant) is not "
                  "supported yet",

@@ -21,8 +21,10 @@ from moeaudit.families.base import Ctx, Family, grouped_gate, text_config
 METHODS = ("greedy", "group_limited_greedy")
 
 
-def _fields(c: Ctx) -> dict[str, Any]:
-    types = c.cfg.get("mlp_layer_types")
+def fields(c: Ctx, default_types: list[str] | None = None) -> dict[str, Any]:
+    """The decoder's fields; ``default_types``: the dense/sparse layers when ``mlp_layer_types`` is
+    absent (DeepSeek-OCR-2 has none: transformers cannot build the model without it)."""
+    types = c.cfg.get("mlp_layer_types", default_types)
     if (not isinstance(types, list) or len(types) != c.num_layers
             or any(t not in ("dense", "sparse") for t in types)):
         raise CheckpointError(f"config.json: deepseek_ocr2's text_config needs mlp_layer_types, 'dense' or "
@@ -73,7 +75,7 @@ LAYOUT = Layout(
               "model.view_separator": "view separator"},
 )
 
-FAMILY = Family(name="deepseek_ocr2", layout=LAYOUT, fields=_fields,
+FAMILY = Family(name="deepseek_ocr2", layout=LAYOUT, fields=fields,
                 expert_count_keys=("n_routed_experts", "num_experts"), decoder_config=text_config,
                 audits="the text decoder (DeepSeek-V2 MoE on Llama attention) of the DeepSeek-OCR-2 "
                        "vision-language model")
