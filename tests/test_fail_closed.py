@@ -31,9 +31,9 @@ from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, random_tokens, save_tiny
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.cli import cli  # noqa: E402
 from moeaudit.errors import EXIT_INPUT, CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
 ALL = (*FAMILIES, *DEEPSEEK, "deepseek_v32", *NEW_FAMILIES, "qwen3_next", "qwen3_5_moe_text")

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from moeaudit.checkpoint.config import EXPERT_COUNT_KEYS, ModelSpec, spec_from_config
-from moeaudit.checkpoint.layouts import FAMILIES as LAYOUTS
 from moeaudit.errors import EXIT_INPUT, CheckpointError
-from moeaudit.families import FAMILIES, REFUSED, family_of
+from moeaudit.families import EXPERT_COUNT_KEYS, FAMILIES, REFUSED, family_of, spec_from_config
 from moeaudit.samples.train import Arch, hf_config
+from moeaudit.spec.config import LAYOUTS as LAYOUTS
+from moeaudit.spec.config import ModelSpec
 
 OLD = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v2")
 

@@ -28,9 +28,9 @@ from moeaudit import canary as canary_mod
 from moeaudit import metrics, policy
 from moeaudit.attest import signing
 from moeaudit.attest.certificate import canonical_json, open_certificate
-from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.checkpoint.safetensors import SafetensorsFile
 from moeaudit.errors import MoeauditError
+from moeaudit.families import spec_from_config
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "75"))
 DEEP_SEARCH = "HYPOTHESIS_MAX_EXAMPLES" in os.environ  # then random, not the fixed CI sequence

@@ -29,7 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import EXPERT_COUNT_KEYS, spec_from_config  # noqa: E402
+from moeaudit.families import EXPERT_COUNT_KEYS, spec_from_config  # noqa: E402
 from moeaudit.replay import ReplayResult, replay  # noqa: E402
 from moeaudit.replay.model import MoETap, block_norm, decoder_layer, embed, rope_tables  # noqa: E402
 

@@ -36,9 +36,11 @@ from test_oracle_deepseek import assert_agree_deepseek  # noqa: E402
 from test_oracle_deepseek import observed as deepseek_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
-from moeaudit.families import FAMILIES  # noqa: E402
+from moeaudit.families import (
+    FAMILIES,  # noqa: E402
+    spec_from_config,  # noqa: E402
+)
 from moeaudit.families.ernie4_5_vl_moe import VISION_GROUP  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}

@@ -37,7 +37,7 @@ from test_oracle import (  # noqa: E402
 )
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32,
@@ -393,8 +393,8 @@ def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path:
 
 def test_group_limited_margin_by_hand() -> None:
     """docs/decisions.md: m = min(in-group margin, group gap / 2) for V3's top-2-sum groups."""
-    from moeaudit.checkpoint.config import Gate
     from moeaudit.replay.model import _group_limit
+    from moeaudit.spec.config import Gate
 
     g = Gate(scoring="sigmoid", selection_bias=True, n_group=2, topk_group=1,
              group_score="top2sum")

@@ -30,9 +30,10 @@ from test_oracle import Observed, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import Gate, spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config
 from moeaudit.replay import replay  # noqa: E402
+from moeaudit.spec.config import Gate  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 

@@ -30,8 +30,8 @@ from moeaudit.checkpoint import (
     Checkpoint,  # noqa: E402
     mxfp4,  # noqa: E402
 )
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.model import clamped_glu, experts_backward, route_layer  # noqa: E402
 

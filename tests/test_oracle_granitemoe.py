@@ -21,8 +21,8 @@ from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
 CASES: dict[str, dict[str, Any]] = {

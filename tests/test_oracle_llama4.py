@@ -25,8 +25,8 @@ from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 from test_oracle_gpt_oss import assert_experts_backward_is_autograd  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.model import experts_backward, swiglu  # noqa: E402
 

@@ -25,8 +25,8 @@ from hf_models import load, random_tokens, save_tiny  # noqa: E402
 from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
-from moeaudit.checkpoint.config import spec_from_config  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import mamba  # noqa: E402
 from moeaudit.replay.determinism import recording  # noqa: E402
 

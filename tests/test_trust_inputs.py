@@ -24,9 +24,9 @@ from moeaudit import canary as canary_mod
 from moeaudit.cache import ReceiptsCache
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.checkpoint import digest as digest_mod
-from moeaudit.checkpoint.config import spec_from_config
 from moeaudit.cli import cli
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.families import spec_from_config
 from moeaudit.policy import load_policy
 from moeaudit.run import discover
 

@@ -1,6 +1,6 @@
 """Untrusted bytes → a typed checkpoint (SPEC §2.1)."""
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
-from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.spec.config import ModelSpec
 
 __all__ = ["Checkpoint", "LayerWeights", "ModelSpec"]

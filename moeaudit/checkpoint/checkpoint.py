@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from moeaudit.checkpoint import mxfp4
-from moeaudit.checkpoint.config import ModelSpec, parse_config, spec_from_config
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, read_bytes, snapshot
 from moeaudit.checkpoint.safetensors import (
@@ -38,7 +37,9 @@ from moeaudit.checkpoint.safetensors import (
     no_duplicate_keys,
 )
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
+from moeaudit.spec.config import ModelSpec, parse_config
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
+from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Family
+from moeaudit.families.base import Family, build_spec
+from moeaudit.spec.config import LAYOUTS, ModelSpec
 
 _NOT_FAMILIES = {"base"}
 # the families that predate the registry keep their order (hints, hooks' layout search); new
@@ -38,6 +40,9 @@ def _discover() -> dict[str, Family]:
 
 
 FAMILIES: dict[str, Family] = _discover()
+LAYOUTS.update({n: f.layout for n, f in FAMILIES.items()})  # ModelSpec.layout reads these
+# family → the config keys transformers accepts for its expert count
+EXPERT_COUNT_KEYS: dict[str, tuple[str, ...]] = {n: f.expert_count_keys for n, f in FAMILIES.items()}
 
 # model_type → why it cannot be replayed (one line), for every MoE model type transformers 5.24
 # ships that has no family file (tests/test_family_inventory.py walks transformers' registry and
@@ -186,4 +191,9 @@ def family_of(model_type: object, path: Path | str = "config.json") -> Family:
                           hint=f"supported: {', '.join(FAMILIES)}")
 
 
-__all__ = ["FAMILIES", "HUB_ONLY", "REFUSED", "Family", "family_of"]
+def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> ModelSpec:
+    """The family's rules (``moeaudit/families/<model_type>.py``) applied to ``cfg``."""
+    return build_spec(family_of(cfg.get("model_type"), path), cfg, path)
+
+
+__all__ = ["EXPERT_COUNT_KEYS", "FAMILIES", "HUB_ONLY", "REFUSED", "Family", "family_of", "spec_from_config"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from moeaudit.checkpoint.layouts import Layout, Templates
 from moeaudit.families.base import Family
+from moeaudit.spec.layouts import Layout, Templates
 
 
 def rebase(table: Mapping[str, Templates], bases: tuple[str, ...],

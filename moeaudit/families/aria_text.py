@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

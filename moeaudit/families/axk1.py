@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
 from moeaudit.families.base import Ctx, Family, parse_mla
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 
 def _routed(c: Ctx) -> tuple[int, ...]:

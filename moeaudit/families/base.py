@@ -14,19 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.config import (
-    MAX_COUNT,
-    MLA,
-    Gate,
-    ModelSpec,
-    check_sizes,
-    getter,
-    llama3_rope,
-    rope,
-)
-from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
-from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import CheckpointError
+from moeaudit.spec.config import MAX_COUNT, MLA, Gate, ModelSpec, check_sizes, getter, llama3_rope, rope
+from moeaudit.spec.layouts import Layout
+from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 Getter = Callable[..., Any]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _choice(c: Ctx, key: str, allowed: tuple[str, ...], default: str) -> str:

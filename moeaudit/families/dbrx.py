@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.layouts import Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.spec.layouts import Layout, prefixed
 
 
 def _section(cfg: dict[str, Any], key: str, path: Path | str) -> dict[str, Any]:

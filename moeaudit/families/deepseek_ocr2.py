@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
 from moeaudit.families.base import Ctx, Family, grouped_gate, text_config
+from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, Layout, prefixed
 
 METHODS = ("greedy", "group_limited_greedy")
 

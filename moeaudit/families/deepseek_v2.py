@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import (
     TORCHTITAN_MLA,
@@ -20,6 +19,7 @@ from moeaudit.families.base import (
     sliding_window,
     windowed_all,
 )
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import TORCHTITAN_SHARED_EXPERTS, Ctx, Family, first_k_dense, grouped_gate, sliding_window
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:

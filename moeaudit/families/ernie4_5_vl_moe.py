@@ -21,12 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.layouts import ATTN, MLP_EXPERTS, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
 from moeaudit.families.base import Ctx, Family, Refuse
 from moeaudit.families.ernie4_5_moe import _norm_min
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, Layout, prefixed
 
 
 def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:

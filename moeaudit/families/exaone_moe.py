@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, grouped_gate, sliding_window
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _typed_layers(c: Ctx, key: str, kinds: tuple[str, str], default: list[str]) -> list[str]:

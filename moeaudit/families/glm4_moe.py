@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import (
     TORCHTITAN_SHARED_EXPERTS,
@@ -21,6 +20,7 @@ from moeaudit.families.base import (
     mtp_count,
     partial_rotary_dim,
 )
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _partial_rotary_factor(c: Ctx) -> float:

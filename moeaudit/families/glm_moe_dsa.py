@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from moeaudit.checkpoint.config import SparseIndex
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3, deepseek_v32
 from moeaudit.families.base import Ctx, Family, grouped_gate, mtp_count
+from moeaudit.spec.config import SparseIndex
 
 
 def indexer_types(c: Ctx) -> list[object]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import ClampedGLU
-from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.spec.config import ClampedGLU
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' GptOssConfig when config.json names no RoPE scaling

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families import granitemoe, granitemoeshared
 from moeaudit.families.base import Ctx, Family
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moeaudit.checkpoint.config import Mamba
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
 from moeaudit.families.granitemoe import _multiplier
+from moeaudit.spec.config import Mamba
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 MAMBA2 = {
     "ssm_in": "mamba.in_proj.weight",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families import granitemoe
 from moeaudit.families.base import Ctx, Family
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 
 def shared_mlp(c: Ctx) -> dict[str, Any]:

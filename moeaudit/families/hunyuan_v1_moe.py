@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.families.base import Ctx, Family, Refuse, all_layers
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 
 def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moeaudit.checkpoint.config import Mamba
-from moeaudit.checkpoint.layouts import ATTN, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.spec.config import Mamba
+from moeaudit.spec.layouts import ATTN, L, Layout, prefixed
 
 MAMBA1 = {
     "ssm_in": "mamba.in_proj.weight",

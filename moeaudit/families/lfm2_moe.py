@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.layouts import Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import Layout, prefixed
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -5,9 +5,9 @@ checkpoint whose text decoder (:mod:`moeaudit.families.llama4_text`) is replayed
 
 from __future__ import annotations
 
-from moeaudit.checkpoint.layouts import L, Layout, prefixed
 from moeaudit.families import llama4_text as text
 from moeaudit.families.base import Family, text_config
+from moeaudit.spec.layouts import L, Layout, prefixed
 
 LM = "language_model.model.layers.{layer}."
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.dcp import HF_LAYER, TT_LAYER, Rules
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 LAYER_TYPES = ("chunked_attention", "full_attention")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "linear_attention")
 

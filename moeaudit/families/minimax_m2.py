@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, Refuse, all_layers, head_dim, partial_rotary_dim
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 
 def _rotary_factor(c: Ctx, head_dim: int) -> float:

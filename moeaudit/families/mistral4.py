@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
 from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, parse_mla, sliding_window, windowed_all
+from moeaudit.spec.layouts import Layout
 
 
 def _query_scale(c: Ctx) -> tuple[float, int]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import Gate, LongRope
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers, head_dim, sliding_window, windowed_all
+from moeaudit.spec.config import Gate, LongRope
+from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 
 def _number(c: Ctx, params: dict[str, Any], key: str) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:

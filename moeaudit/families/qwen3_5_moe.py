@@ -5,9 +5,9 @@ text)."""
 
 from __future__ import annotations
 
-from moeaudit.checkpoint.layouts import Layout, Templates
 from moeaudit.families import qwen3_5_moe_text as text
 from moeaudit.families.base import Family, text_config
+from moeaudit.spec.layouts import Layout, Templates
 
 LM = "model.language_model."
 

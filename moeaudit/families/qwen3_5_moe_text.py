@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.layouts import GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 from moeaudit.families.base import Ctx, Family, all_layers
 from moeaudit.families.qwen3_next import DELTANET, MTP, QWEN_MOE_LAYER, hybrid_fields
+from moeaudit.spec.layouts import GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 LAYER = {
     **QWEN_MOE_LAYER,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.checkpoint.config import LinearAttention
-from moeaudit.checkpoint.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, head_dim, partial_rotary_dim, sparse_step_layers
+from moeaudit.spec.config import LinearAttention
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 QWEN_MOE_LAYER = {
     **ATTN,

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 from moeaudit.errors import CheckpointError
 from moeaudit.families import glm4_moe
 from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, head_dim, mtp_count, partial_rotary_dim
+from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # SarvamMoEConfig.attribute_map: the original sarvamai/sarvam-30b names → GLM-4.5's
 ALIASES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",

@@ -52,12 +52,12 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.layouts import Layout
 from moeaudit.errors import InputError
 from moeaudit.families import FAMILIES
 from moeaudit.integrations.gradnorms import GradOf, NormPass, Sums, dot_grad
 from moeaudit.integrations.linelog import LineLog, repair
 from moeaudit.run import PROBE_FILE  # the probe's log, next to metrics.jsonl
+from moeaudit.spec.layouts import Layout
 
 SHARED_NAMES = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
 ROUTER_NAMES = ("router", "router_logit_bias")  # gpt-oss: the router is a biased linear layer

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.deferred import number, resolve
 from moeaudit.replay.model import route
+from moeaudit.spec.config import ModelSpec
 
 
 def selection_margin(scores_NE: torch.Tensor, k: int) -> torch.Tensor:

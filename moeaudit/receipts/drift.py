@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.gate import bias_drift
@@ -24,6 +23,7 @@ from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
 from moeaudit.replay.device import Device, moved, on_device, prepare_device, replay_scope, to_host
 from moeaudit.replay.model import Routing, experts_forward_sets, input_scales, route_layer
+from moeaudit.spec.config import ModelSpec
 
 EPS_U = 1e-8
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from moeaudit.checkpoint.config import ModelSpec
+from moeaudit.spec.config import ModelSpec
 
 if TYPE_CHECKING:  # the gate statements are read torch-free (a fully cached certify)
     import torch

@@ -16,7 +16,6 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.boundary import boundary_pending, eta_scale
@@ -26,6 +25,7 @@ from moeaudit.receipts.occupancy import domain_routing_pending, occupancy_pendin
 from moeaudit.receipts.overlap import extra_experts, overlap_pending
 from moeaudit.replay.device import HOST, moved
 from moeaudit.replay.model import MoETap, Routing
+from moeaudit.spec.config import ModelSpec
 
 
 @dataclass

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.deferred import integer, mean_or_none, number, resolve
 from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_scales
+from moeaudit.spec.config import ModelSpec
 
 EPS_KAPPA = 1e-8
 

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LIGHTNING_NAMES, LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
-from moeaudit.checkpoint.config import MAMBA_NAMES, SHORT_CONV_NAMES, ModelSpec
 from moeaudit.replay.device import (
     Device,
     moved,
@@ -55,6 +54,7 @@ from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
+from moeaudit.spec.config import MAMBA_NAMES, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.config import Mamba
+from moeaudit.spec.config import Mamba
 
 MAMBA1_CHUNK = 64  # tokens discretised and read out together (Mamba-1); the recurrence steps one at a time
 

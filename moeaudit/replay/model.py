@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
-from moeaudit.checkpoint.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.device import announce
 from moeaudit.replay.dsa import sparse_causal_mask
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 from moeaudit.replay.shortconv import short_conv
+from moeaudit.spec.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

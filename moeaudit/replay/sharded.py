@@ -55,7 +55,6 @@ import torch
 import torch.distributed as dist
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, StoredExperts
-from moeaudit.checkpoint.config import ModelSpec
 from moeaudit.checkpoint.safetensors import SafetensorsFile, torch_dtype
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.replay.device import moved, on_device, prepare_device, replay_scope, to_host
@@ -90,6 +89,7 @@ from moeaudit.replay.model import (
     shared_expert,
 )
 from moeaudit.replay.model import embed as embed_tokens
+from moeaudit.spec.config import ModelSpec
 
 # ----- rank 0 and the serving ranks ---------------------------------------------------------
 

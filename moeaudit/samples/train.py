@@ -35,11 +35,12 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, expected_layer_names, expected_shapes
-from moeaudit.checkpoint.config import ModelSpec, spec_from_config
 from moeaudit.checkpoint.safetensors import write_safetensors
+from moeaudit.families import spec_from_config
 from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.replay.model import MoETap, decoder_layer, embed, rope_tables, token_nll
 from moeaudit.samples.data import UNIFORM, VOCAB_SIZE, Batches, Mix
+from moeaudit.spec.config import ModelSpec
 
 Progress = Callable[[str, int, int], None]
 COMPONENTS = ("embed", "lm_head", "norms", "attention", "router", "experts", "shared")

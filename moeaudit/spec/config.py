@@ -13,21 +13,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from moeaudit.checkpoint.layouts import Layout
-from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import CheckpointError
+from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
+from moeaudit.spec.layouts import Layout
 
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
 MLA_NORM_EPS = 1e-6
 MAX_COUNT = 1 << 16  # layers or experts; far above any real model
 
 
-def __getattr__(name: str) -> Any:
-    """``EXPERT_COUNT_KEYS`` (family → the expert-count keys) from the family registry."""
-    if name == "EXPERT_COUNT_KEYS":
-        from moeaudit.families import FAMILIES
-        return {n: f.expert_count_keys for n, f in FAMILIES.items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# family name → its Layout, filled by :mod:`moeaudit.families` as it discovers the family files
+# (the model description sits below the families and names none of them)
+LAYOUTS: dict[str, Layout] = {}
 
 
 @dataclass(frozen=True)
@@ -320,8 +317,7 @@ class ModelSpec:
 
     @property
     def layout(self) -> Layout:
-        from moeaudit.families import FAMILIES
-        return FAMILIES[self.family].layout
+        return LAYOUTS[self.family]
 
     @property
     def routing(self) -> str:
@@ -384,12 +380,6 @@ def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
         raise CheckpointError("config.json is not a JSON object", path=cfg_path)
     return cfg
 
-
-def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> ModelSpec:
-    """The family's rules (``moeaudit/families/<model_type>.py``) applied to ``cfg``."""
-    from moeaudit.families import family_of
-    from moeaudit.families.base import build_spec
-    return build_spec(family_of(cfg.get("model_type"), path), cfg, path)
 
 
 def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:

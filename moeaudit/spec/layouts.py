@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 Templates = tuple[str, ...]
 
@@ -127,10 +126,3 @@ DEEPSEEK_LAYER = {
     "mlp_w2": "mlp.down_proj.weight",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """``FAMILIES`` (family → its Layout), from the registry in :mod:`moeaudit.families`."""
-    if name == "FAMILIES":
-        from moeaudit.families import FAMILIES
-        return {n: f.layout for n, f in FAMILIES.items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,152 @@
+"""The import structure: no cycles between moeaudit's packages and top-level modules, and every
+import goes down the declared tiers (docs/architecture.md). Imports are read from the source
+(``ast``), function-level (lazy) ones included: a lazy import hides a cycle from Python, not
+from a reader. The torch-free packages are checked by importing every module they hold."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import moeaudit
+
+ROOT = Path(moeaudit.__file__).resolve().parent
+
+# Bottom to top. A unit is a subpackage (``moeaudit.replay``) or a top-level module
+# (``moeaudit.cli``); a unit may import units of its own tier or below, never above.
+TIERS: list[tuple[str, set[str]]] = [
+    ("base", {"moeaudit", "errors", "limits", "locate", "output", "papers", "resources", "jsonio"}),
+    ("documents and rules", {"records", "policy", "margins", "metrics"}),
+    ("model description", {"spec"}),
+    ("families", {"families"}),
+    ("inputs", {"checkpoint", "canary", "canary_text", "run", "run_names", "lineage"}),
+    ("replay", {"replay"}),
+    ("receipts", {"receipts", "cache"}),
+    ("decision", {"judge"}),
+    ("attestation", {"attest"}),
+    ("publication", {"schemas", "report"}),
+    ("trainer integrations", {"integrations", "hooks"}),
+    ("commands", {"certify", "calibrate", "series", "samples", "cli", "__main__"}),
+]
+TORCH_FREE = ["moeaudit.spec", "moeaudit.judge", "moeaudit.attest", "moeaudit.report", "moeaudit.schemas",
+              "moeaudit.records", "moeaudit.policy", "moeaudit.margins", "moeaudit.jsonio"]
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(("moeaudit", *path.relative_to(ROOT).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def edges() -> dict[tuple[str, str], list[str]]:
+    """(importing unit, imported unit) → the modules where the import is written."""
+    mods = _modules()
+    out: dict[tuple[str, str], list[str]] = {}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                           if f"{node.module}.{a.name}" in mods]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t == "moeaudit" or t.startswith("moeaudit."):
+                    pair = (_unit(name), _unit(t))
+                    if pair[0] != pair[1]:
+                        out.setdefault(pair, []).append(name)
+    return out
+
+
+def test_every_unit_has_a_tier() -> None:
+    tiered = {u for _, units in TIERS for u in units}
+    units = {_unit(m) for m in _modules()}
+    assert units - tiered == set(), "place these in TIERS (and docs/architecture.md)"
+    assert tiered - units == set(), "TIERS names units that no longer exist"
+
+
+def test_no_import_goes_up_a_tier() -> None:
+    tier = {u: i for i, (_, units) in enumerate(TIERS) for u in units}
+    upward = {f"{a} → {b} (in {', '.join(sorted(set(where)))})"
+              for (a, b), where in edges().items() if tier.get(b, -1) > tier.get(a, -1)}
+    assert upward == set()
+
+
+def test_no_cycles_between_units() -> None:
+    graph: dict[str, set[str]] = {}
+    for a, b in edges():
+        graph.setdefault(a, set()).add(b)
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_the_graph_is_read_at_all() -> None:
+    """The checks above cannot pass vacuously: known edges are seen, lazy ones included."""
+    seen = edges()
+    assert ("cli", "certify") in seen and ("receipts", "replay") in seen
+    assert ("replay", "checkpoint") in seen and ("families", "spec") in seen
+
+
+def _torch_free_modules() -> list[str]:
+    names = []
+    for pkg in TORCH_FREE:
+        module = __import__(pkg, fromlist=["_"])
+        names.append(pkg)
+        if hasattr(module, "__path__"):
+            names += [info.name for info in pkgutil.walk_packages(module.__path__, prefix=f"{pkg}.")]
+    return sorted(set(names))
+
+
+def test_torch_free_packages_import_no_torch() -> None:
+    """Every module of the decision, attestation and report packages, and of the model
+    description, imports without torch (walked, not listed: a new module is covered)."""
+    names = _torch_free_modules()
+    assert len(names) > 20
+    code = ("import importlib, json, sys\n"
+            f"for n in {names!r}:\n"
+            "    importlib.import_module(n)\n"
+            "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT.parent)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_old_hooks_path_still_imports_with_a_warning() -> None:
+    """Training scripts written against earlier releases import moeaudit.hooks."""
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "try:\n    import moeaudit.hooks\nexcept DeprecationWarning as w:\n    print('warned', w)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT.parent)
+    assert done.returncode == 0, done.stderr
+    assert "warned moeaudit.hooks is deprecated" in done.stdout
+    from moeaudit.integrations.hooks import ExpertGradLogger
+
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore", DeprecationWarning)
+        import moeaudit.hooks as old
+    assert old.ExpertGradLogger is ExpertGradLogger
