@@ -79,7 +79,8 @@ _REFUSED_ALL: dict[str, str] = {
     "sarvam_moe": "not supported yet (Sarvam MoE)",
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",
-    "step3p5": "not supported yet (Step 3.5)",
+    "step3p5": "the text decoder of step3p7 (transformers' Step3p7TextConfig): per-layer head counts and "
+               "per-layer-type RoPE, which the replay does not have",
     "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
                "the replay does not have",
     "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
