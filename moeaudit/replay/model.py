@@ -523,10 +523,11 @@ def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torc
     h_MI = s * a3
     p_MI = g_out_MH @ w["w2"]  # dL/dh before the combine weight
     dc_M = (h_MI * p_MI).sum(-1)
-    dh_MI = p_MI * c_M1
+    dh_MI = p_MI.mul_(c_M1)  # p is not needed again: the [M, I] temporaries are formed in place
     dw2 = (g_out_MH * c_M1).T @ h_MI
     da3 = dh_MI * s
-    da1 = dh_MI * a3 * sig * (1 + a1 * (1 - sig))  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
+    dsilu = torch.rsub(sig, 1).mul_(a1).add_(1).mul_(sig)  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
+    da1 = dh_MI.mul_(a3).mul_(dsilu)
     dx = da1 @ w["w1"] + da3 @ w["w3"]
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, dw2]
 
