@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,25 @@ def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fresh_runs: uses the fresh training runs of tests/fresh_runs.py "
                                        "(trained once per session, or reused from $MOEAUDIT_FRESH_RUNS)")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _subprocesses_check_their_documents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Python subprocesses the tests start (``python -m moeaudit …``) validate what they write
+    too: ``tests/schema_site/sitecustomize.py``, put on their ``PYTHONPATH``; each logs what it
+    validated to ``MOEAUDIT_SCHEMA_LOG``."""
+    site = Path(__file__).resolve().parent / "schema_site"
+    log = tmp_path_factory.mktemp("schema-log") / "validated.txt"
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "MOEAUDIT_SCHEMA_CHECK", "MOEAUDIT_SCHEMA_LOG")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), saved["PYTHONPATH"]) if p)
+    os.environ["MOEAUDIT_SCHEMA_CHECK"] = "1"
+    os.environ["MOEAUDIT_SCHEMA_LOG"] = str(log)
+    yield log
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

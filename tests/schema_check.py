@@ -78,6 +78,17 @@ def check_document(path: str | Path, data: str | bytes) -> str | None:
     return name
 
 
+def note_subprocess(path: str | Path) -> None:
+    """In a subprocess (``tests/schema_site``): append the validated file's path to the log the
+    suite reads back (``MOEAUDIT_SCHEMA_LOG``), so a test can see the subprocess checked it."""
+    import os
+
+    log = os.environ.get("MOEAUDIT_SCHEMA_LOG")
+    if log and SEEN:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {path}\n")
+
+
 def wrap(real: Any) -> Any:
     """``atomic_write`` that validates what moeaudit's own code writes, then writes it."""
 

@@ -138,3 +138,28 @@ def test_certify_and_gate_outputs_are_validated_as_they_are_written(tmp_path: Pa
     gate_doc["decision"] = "SHIP IT"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(gate_doc, load("gate-v1.schema.json"), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_subprocess_validates_what_it_writes(tmp_path: Path, samples_cache: Path) -> None:
+    """``python -m moeaudit`` started by a test validates its documents too (tests/schema_site):
+    a gate --json written by a subprocess is logged as validated, and a subprocess whose
+    document breaks its schema fails instead of writing it."""
+    import os
+    import subprocess
+    import sys
+
+    log = Path(os.environ["MOEAUDIT_SCHEMA_LOG"])
+    run = SAMPLES / "sft-refine"
+    out = tmp_path / "gate.json"
+    env = {**os.environ, "MOEAUDIT_CACHE_DIR": str(samples_cache)}
+    done = subprocess.run([sys.executable, "-m", "moeaudit", "gate", str(run / "checkpoint-0"),
+                           str(run / "checkpoint-1000"), "--json", str(out)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1, 3), done.stderr
+    assert f" {out}\n" in log.read_text(encoding="utf-8")
+    # the same wrapper refuses a document that breaks its schema (exercised in a subprocess)
+    code = ("import moeaudit.jsonio as j, sys; sys._getframe().f_globals['__name__'] = 'moeaudit.x'\n"
+            f"j.atomic_write({str(tmp_path / 'bad.json')!r}, '{{\"schema\": \"moeaudit.gate/v1\"}}')\n")
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "does not match gate-v1.schema.json" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()
