@@ -104,9 +104,7 @@ def _values(shape: tuple[int, ...], kind: str, gen: torch.Generator) -> Iterator
         yield x
 
 
-def write_checkpoint(
-    out: Path, arch: Arch, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0
-) -> int:
+def write_checkpoint(out: Path, arch: Arch, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> int:
     """Write ``out/config.json`` + ``out/model.safetensors`` tensor by tensor; return bytes."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(arch.config(dtype), indent=2))
@@ -131,12 +129,7 @@ def write_checkpoint(
         for index, (_name, shape, kind) in enumerate(specs):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
             for chunk in _values(shape, kind, gen):
-                f.write(
-                    chunk.to(dtype)
-                    .view(torch.int16 if size == 2 else torch.int32)
-                    .numpy()
-                    .tobytes()
-                )
+                f.write(chunk.to(dtype).view(torch.int16 if size == 2 else torch.int32).numpy().tobytes())
     tmp.rename(out / "model.safetensors")
     return 8 + len(raw) + offset
 

@@ -38,14 +38,42 @@ import transformers
 from moeaudit.integrations.transformers import MoeauditCallback
 
 SIZES = {  # mixtral layout, top-2
-    "tiny": dict(hidden_size=32, intermediate_size=40, num_hidden_layers=3, vocab_size=96,
-                 num_attention_heads=4, num_key_value_heads=2, num_local_experts=4),
-    "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, vocab_size=1024,
-                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=8),
-    "mid": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, vocab_size=2048,
-                num_attention_heads=4, num_key_value_heads=2, num_local_experts=8),
-    "large": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6, vocab_size=8192,
-                  num_attention_heads=8, num_key_value_heads=2, num_local_experts=8),
+    "tiny": dict(
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        vocab_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+    ),
+    "small": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        vocab_size=1024,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+    ),
+    "mid": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        vocab_size=2048,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+    ),
+    "large": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        vocab_size=8192,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_local_experts=8,
+    ),
 }
 BATCH, SEQ = 8, 64
 
@@ -104,27 +132,35 @@ def _q10(xs: list[float]) -> float:
 
 
 def model_of(size: str) -> transformers.PreTrainedModel:
-    config = transformers.MixtralConfig(num_experts_per_tok=2, max_position_embeddings=SEQ,
-                                        **SIZES[size])
+    config = transformers.MixtralConfig(num_experts_per_tok=2, max_position_embeddings=SEQ, **SIZES[size])
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return transformers.MixtralForCausalLM(config)
 
 
-def run(base: torch.nn.Module, data: list, steps: int, warmup: int, every: int,
-        logging_steps: int, out: Path) -> tuple[list[float], list[float], list[float], list[float]]:
+def run(
+    base: torch.nn.Module, data: list, steps: int, warmup: int, every: int, logging_steps: int, out: Path
+) -> tuple[list[float], list[float], list[float], list[float]]:
     args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=warmup + 2 * steps, per_device_train_batch_size=BATCH,
-        learning_rate=1e-3, max_grad_norm=1.0, report_to=[], use_cpu=True, disable_tqdm=True,
-        logging_steps=logging_steps, save_strategy="no", train_sampling_strategy="sequential")
+        output_dir=str(out),
+        max_steps=warmup + 2 * steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        max_grad_norm=1.0,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=logging_steps,
+        save_strategy="no",
+        train_sampling_strategy="sequential",
+    )
     paired = Paired(MoeauditCallback(every=every))
-    trainer = transformers.Trainer(model=copy.deepcopy(base), args=args, train_dataset=data,
-                                   callbacks=[paired])
+    trainer = transformers.Trainer(model=copy.deepcopy(base), args=args, train_dataset=data, callbacks=[paired])
     trainer.remove_callback(transformers.PrinterCallback)  # the logs, printed: not timed here
     trainer.callback_handler.callbacks.remove(paired)
     trainer.callback_handler.callbacks.insert(0, paired)  # what attach() does
     trainer.train()
-    return (*paired.times(warmup), paired.inside[warmup // 2:])
+    return (*paired.times(warmup), paired.inside[warmup // 2 :])
 
 
 def main() -> None:
@@ -136,45 +172,64 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--logging-steps", type=int, default=5)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--arm", choices=["on", "off"],
-                    help="one arm only, as a whole process (for a paired whole-process A/B with a "
-                         "process timer): train --steps steps with the callback on every step or none")
+    ap.add_argument(
+        "--arm",
+        choices=["on", "off"],
+        help="one arm only, as a whole process (for a paired whole-process A/B with a "
+        "process timer): train --steps steps with the callback on every step or none",
+    )
     a = ap.parse_args()
     if a.arm:
         single_arm(a)
         return
     transformers.logging.set_verbosity_error()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load {os.getloadavg()}", flush=True)
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load {os.getloadavg()}",
+        flush=True,
+    )
     results: dict[str, dict] = {}
     for size in a.sizes:
         base = model_of(size)
-        tokens = torch.randint(0, SIZES[size]["vocab_size"], ((a.warmup + 2 * a.steps) * BATCH, SEQ),
-                               generator=torch.Generator().manual_seed(0))
+        tokens = torch.randint(
+            0,
+            SIZES[size]["vocab_size"],
+            ((a.warmup + 2 * a.steps) * BATCH, SEQ),
+            generator=torch.Generator().manual_seed(0),
+        )
         data = [{"input_ids": row, "labels": row} for row in tokens]
         rounds = []
         for r in range(a.rounds):
             with tempfile.TemporaryDirectory() as tmp:
-                off, on, pairs, inside = run(base, data, a.steps, a.warmup, a.every, a.logging_steps,
-                                             Path(tmp))
-            row = {"off_ms": statistics.median(off) * 1e3, "on_ms": statistics.median(on) * 1e3,
-                   "pair_ratio": statistics.median(pairs), "load": os.getloadavg()[0],
-                   "inside_ms": statistics.median(inside) * 1e3,
-                   "q10_ratio": _q10(on) / _q10(off), "q10_off_ms": _q10(off) * 1e3}
+                off, on, pairs, inside = run(base, data, a.steps, a.warmup, a.every, a.logging_steps, Path(tmp))
+            row = {
+                "off_ms": statistics.median(off) * 1e3,
+                "on_ms": statistics.median(on) * 1e3,
+                "pair_ratio": statistics.median(pairs),
+                "load": os.getloadavg()[0],
+                "inside_ms": statistics.median(inside) * 1e3,
+                "q10_ratio": _q10(on) / _q10(off),
+                "q10_off_ms": _q10(off) * 1e3,
+            }
             row["inside_share"] = row["inside_ms"] / row["q10_off_ms"]
             row["ratio"] = row["on_ms"] / row["off_ms"]
             rounds.append(row)
-            print(f"{size} round {r + 1}: off {row['off_ms']:.1f} ms, on {row['on_ms']:.1f} ms (medians "
-                  f"of {len(off)} / {len(on)} steps), ratio {row['ratio']:.3f}, median pair ratio "
-                  f"{row['pair_ratio']:.3f}, 10%-quantile ratio {row['q10_ratio']:.3f}, inside the callback "
-                  f"{row['inside_ms']:.2f} ms = {100 * row['inside_share']:.2f} % of the 10%-quantile off step "
-                  f"({row['q10_off_ms']:.1f} ms), load {row['load']:.2f}", flush=True)
+            print(
+                f"{size} round {r + 1}: off {row['off_ms']:.1f} ms, on {row['on_ms']:.1f} ms (medians "
+                f"of {len(off)} / {len(on)} steps), ratio {row['ratio']:.3f}, median pair ratio "
+                f"{row['pair_ratio']:.3f}, 10%-quantile ratio {row['q10_ratio']:.3f}, inside the callback "
+                f"{row['inside_ms']:.2f} ms = {100 * row['inside_share']:.2f} % of the 10%-quantile off step "
+                f"({row['q10_off_ms']:.1f} ms), load {row['load']:.2f}",
+                flush=True,
+            )
         params = sum(p.numel() for p in base.parameters())
         results[size] = {"parameters": params, "rounds": rounds}
         for key in ("ratio", "pair_ratio", "q10_ratio", "inside_ms", "inside_share"):
             xs = [row[key] for row in rounds]
-            print(f"{size} ({params / 1e6:.2f} M parameters, {BATCH}x{SEQ} tokens a step) {key}: "
-                  f"min {min(xs):.3f} median {statistics.median(xs):.3f} max {max(xs):.3f}")
+            print(
+                f"{size} ({params / 1e6:.2f} M parameters, {BATCH}x{SEQ} tokens a step) {key}: "
+                f"min {min(xs):.3f} median {statistics.median(xs):.3f} max {max(xs):.3f}"
+            )
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
 
@@ -183,14 +238,23 @@ def single_arm(a: argparse.Namespace) -> None:
     (size,) = a.sizes
     transformers.logging.set_verbosity_error()
     base = model_of(size)
-    tokens = torch.randint(0, SIZES[size]["vocab_size"], ((a.warmup + a.steps) * BATCH, SEQ),
-                           generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, SIZES[size]["vocab_size"], ((a.warmup + a.steps) * BATCH, SEQ), generator=torch.Generator().manual_seed(0)
+    )
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(), max_steps=a.warmup + a.steps, per_device_train_batch_size=BATCH,
-        learning_rate=1e-3, max_grad_norm=1.0, report_to=[], use_cpu=True, disable_tqdm=True,
-        logging_steps=a.logging_steps, save_strategy="no", train_sampling_strategy="sequential")
-    trainer = transformers.Trainer(model=base, args=args,
-                                   train_dataset=[{"input_ids": r, "labels": r} for r in tokens])
+        output_dir=tempfile.mkdtemp(),
+        max_steps=a.warmup + a.steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        max_grad_norm=1.0,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=a.logging_steps,
+        save_strategy="no",
+        train_sampling_strategy="sequential",
+    )
+    trainer = transformers.Trainer(model=base, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in tokens])
     trainer.remove_callback(transformers.PrinterCallback)
     if a.arm == "on":
         callback = MoeauditCallback(every=a.every)

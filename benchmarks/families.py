@@ -32,18 +32,34 @@ import transformers
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.replay import replay
 
-COMMON: dict[str, Any] = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-                              num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=None,
-                              eos_token_id=None, pad_token_id=None)
+COMMON: dict[str, Any] = dict(
+    vocab_size=8192,
+    hidden_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 FAMILIES: dict[str, dict[str, Any]] = {
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=1024),
-    "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=1024, head_dim=64,
-                    sliding_window=128),
-    "llama4_text": dict(num_local_experts=8, num_experts_per_tok=1, intermediate_size=1024,
-                        intermediate_size_mlp=2048, interleave_moe_layer_step=2, head_dim=64,
-                        attention_chunk_size=128),
-    "phimoe": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=1024, attention_bias=True,
-                   lm_head_bias=True),
+    "gpt_oss": dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=1024, head_dim=64, sliding_window=128
+    ),
+    "llama4_text": dict(
+        num_local_experts=8,
+        num_experts_per_tok=1,
+        intermediate_size=1024,
+        intermediate_size_mlp=2048,
+        interleave_moe_layer_step=2,
+        head_dim=64,
+        attention_chunk_size=128,
+    ),
+    "phimoe": dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=1024, attention_bias=True, lm_head_bias=True
+    ),
 }
 
 
@@ -75,10 +91,14 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--length", type=int, default=256)
     args = ap.parse_args()
-    tokens = torch.randint(0, COMMON["vocab_size"], (args.windows, args.length),
-                           generator=torch.Generator().manual_seed(1))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, transformers {transformers.__version__}; "
-          f"canary {args.windows}×{args.length}", flush=True)
+    tokens = torch.randint(
+        0, COMMON["vocab_size"], (args.windows, args.length), generator=torch.Generator().manual_seed(1)
+    )
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, transformers {transformers.__version__}; "
+        f"canary {args.windows}×{args.length}",
+        flush=True,
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
@@ -87,8 +107,10 @@ def main() -> None:
             ckpt = Checkpoint(path)
             ours_s, hf_s = [], []
             for r in range(args.rounds):
-                order = [("moeaudit", lambda c=ckpt: replay(c, tokens).nll),
-                         ("transformers", lambda m=model: transformers_step(m, tokens))]
+                order = [
+                    ("moeaudit", lambda c=ckpt: replay(c, tokens).nll),
+                    ("transformers", lambda m=model: transformers_step(m, tokens)),
+                ]
                 if r % 2:
                     order.reverse()
                 for name, run in order:
@@ -102,8 +124,10 @@ def main() -> None:
     print("\n| family | moeaudit s (median) | transformers s (median) | ratio per round | median ratio |")
     print("|---|---|---|---|---|")
     for family, ours, hf, ratios in rows:
-        print(f"| {family} | {ours:.2f} | {hf:.2f} | {' / '.join(f'{x:.2f}' for x in ratios)} | "
-              f"**{statistics.median(ratios):.2f}** |")
+        print(
+            f"| {family} | {ours:.2f} | {hf:.2f} | {' / '.join(f'{x:.2f}' for x in ratios)} | "
+            f"**{statistics.median(ratios):.2f}** |"
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,7 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=1792)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--rate-only", action="store_true",
-                    help="print one number: single_rate() at 512 rows (for run.py)")
+    ap.add_argument("--rate-only", action="store_true", help="print one number: single_rate() at 512 rows (for run.py)")
     a = ap.parse_args()
     if a.rate_only:
         print(f"{single_rate(a.hidden, a.inter, reps=a.reps):.2f}")
@@ -58,16 +57,25 @@ def main() -> None:
         x, h = torch.randn(M, H, generator=gen), torch.randn(M, inter, generator=gen)
         g = torch.randn(M, H, generator=gen)
         flops = 2 * M * H * inter
-        rates = [flops / best(f, a.reps) / 1e9 for f in (
-            lambda: F.linear(x, w1), lambda: F.linear(h, w2), lambda: h @ w1,
-            lambda: h.T @ x, lambda: g.T @ h)]
+        rates = [
+            flops / best(f, a.reps) / 1e9
+            for f in (
+                lambda: F.linear(x, w1),
+                lambda: F.linear(h, w2),
+                lambda: h @ w1,
+                lambda: h.T @ x,
+                lambda: g.T @ h,
+            )
+        ]
         print(f"{M:>6} " + " ".join(f"{r:8.1f}" for r in rates))
     head = torch.randn(V, H, generator=gen)
     for R in (262, 1024):
         x, d = torch.randn(R, H, generator=gen), torch.randn(R, V, generator=gen)
         flops = 2 * R * H * V
-        print(f"LM head, {R} rows: logits {flops / best(lambda: F.linear(x, head), 5) / 1e9:.1f}, "
-              f"dL/dx {flops / best(lambda: d @ head, 5) / 1e9:.1f}")
+        print(
+            f"LM head, {R} rows: logits {flops / best(lambda: F.linear(x, head), 5) / 1e9:.1f}, "
+            f"dL/dx {flops / best(lambda: d @ head, 5) / 1e9:.1f}"
+        )
     for n in (1024, 2048):
         p, q = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
         print(f"square {n}: {2 * n**3 / best(lambda: p @ q, 5) / 1e9:.1f}")

@@ -16,9 +16,7 @@ from transformers import AutoModelForCausalLM
 
 def main(ckpt: str, canary: str, dtype: str = "fp32") -> None:
     tokens = load_file(canary)["tokens"].long()
-    model = AutoModelForCausalLM.from_pretrained(
-        ckpt, dtype=torch.float32 if dtype == "fp32" else "auto"
-    )
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32 if dtype == "fp32" else "auto")
     out = model(tokens, output_router_logits=True)
     logits = out.logits.float()
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))

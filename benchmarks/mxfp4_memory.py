@@ -37,9 +37,21 @@ print(r.nll, time.perf_counter() - t0)
 
 def build(root: Path) -> dict[str, Path]:
     config = transformers.AutoConfig.for_model(
-        "gpt_oss", vocab_size=8192, hidden_size=1024, num_hidden_layers=2, num_attention_heads=16,
-        num_key_value_heads=4, head_dim=64, num_local_experts=32, num_experts_per_tok=4, intermediate_size=1024,
-        max_position_embeddings=4096, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        "gpt_oss",
+        vocab_size=8192,
+        hidden_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        intermediate_size=1024,
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -75,10 +87,16 @@ def main() -> None:
         for r in range(args.rounds):
             # children's ru_maxrss only grows: measure each store in its own python -c wrapper
             for name in ("mxfp4", "bf16", "fp32") if r % 2 == 0 else ("fp32", "bf16", "mxfp4"):
-                measure = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
-                           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-                wrapper = subprocess.run([sys.executable, "-c", measure, sys.executable, "-c", CHILD, str(paths[name])],
-                                         capture_output=True, text=True, check=True)
+                measure = (
+                    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+                    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+                )
+                wrapper = subprocess.run(
+                    [sys.executable, "-c", measure, sys.executable, "-c", CHILD, str(paths[name])],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 lines = wrapper.stdout.split("\n")
                 nll, seconds = (float(x) for x in lines[0].split())
                 peak_mb = int(lines[1]) / 1024
@@ -87,8 +105,10 @@ def main() -> None:
     print("\n| store | files MB | peak RSS MB (median) | replay s (median) | NLL |")
     print("|---|---|---|---|---|")
     for name, rows in results.items():
-        print(f"| {name} | {sizes[name]:.0f} | {statistics.median(r[0] for r in rows):.0f} | "
-              f"{statistics.median(r[1] for r in rows):.2f} | {rows[0][2]:.6f} |")
+        print(
+            f"| {name} | {sizes[name]:.0f} | {statistics.median(r[0] for r in rows):.0f} | "
+            f"{statistics.median(r[1] for r in rows):.2f} | {rows[0][2]:.6f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -86,34 +86,50 @@ def child(under: str, budget: int | None, args: list[str]) -> None:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     io1 = _proc_io()
-    print(MARK + json.dumps({"exit": code, "in_process_s": time.perf_counter() - t0,
-                             "ckpt_bytes": counted["bytes"], "ckpt_calls": counted["calls"],
-                             "rchar": io1["rchar"] - io0["rchar"],
-                             "read_bytes": io1["read_bytes"] - io0["read_bytes"]}), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "exit": code,
+                "in_process_s": time.perf_counter() - t0,
+                "ckpt_bytes": counted["bytes"],
+                "ckpt_calls": counted["calls"],
+                "rchar": io1["rchar"] - io0["rchar"],
+                "read_bytes": io1["read_bytes"] - io0["read_bytes"],
+            }
+        ),
+        flush=True,
+    )
     sys.exit(code)
 
 
 # ----- the parent ---------------------------------------------------------------------------------
 
 
-def measure(code_dir: Path | None, under: Path, args: list[str], budget: int | None = None,
-            env: dict[str, str] | None = None) -> dict[str, object]:
+def measure(
+    code_dir: Path | None, under: Path, args: list[str], budget: int | None = None, env: dict[str, str] | None = None
+) -> dict[str, object]:
     cmd = [sys.executable, str(HERE), "child", "--under", str(under)]
     cmd += ["--budget", str(budget)] if budget is not None else []
     environ = {**os.environ, **(env or {})}
     if code_dir is not None:
         environ["PYTHONPATH"] = str(code_dir)
     start = time.perf_counter()
-    proc = subprocess.Popen([*cmd, "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=environ)
+    proc = subprocess.Popen(
+        [*cmd, "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ
+    )
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     m = re.search(MARK + r"(\{.*\})", out)
     if m is None or os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed ({status}): {' '.join(cmd)}\n{out[-3000:]}")
-    return {**json.loads(m.group(1)), "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "max_rss_bytes": usage.ru_maxrss * 1024}
+    return {
+        **json.loads(m.group(1)),
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "max_rss_bytes": usage.ru_maxrss * 1024,
+    }
 
 
 def tree_bytes(path: Path) -> int:
@@ -124,18 +140,22 @@ def load() -> str:
     return "load {:.1f}/{:.1f}/{:.1f}".format(*os.getloadavg())
 
 
-def compare(name: str, rounds: int, contenders: dict[str, dict[str, object]], under: Path,
-            args: list[str], size: int) -> dict[str, object]:
+def compare(
+    name: str, rounds: int, contenders: dict[str, dict[str, object]], under: Path, args: list[str], size: int
+) -> dict[str, object]:
     rows: dict[str, list[dict[str, object]]] = {c: [] for c in contenders}
     for r in range(rounds):
-        order = list(contenders)[r % 2:] + list(contenders)[: r % 2]
+        order = list(contenders)[r % 2 :] + list(contenders)[: r % 2]
         for c in order:
             row = measure(under=under, args=args, **contenders[c])  # type: ignore[arg-type]
             rows[c].append(row)
-            print(f"{name} round {r + 1} {c}: {row['ckpt_bytes'] / size:.2f}× the checkpoint bytes "
-                  f"({row['ckpt_bytes'] / 1e9:.3f} GB in {row['ckpt_calls']} reads), "
-                  f"wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s, "
-                  f"max RSS {row['max_rss_bytes'] / 1e9:.3f} GB ({load()})", flush=True)
+            print(
+                f"{name} round {r + 1} {c}: {row['ckpt_bytes'] / size:.2f}× the checkpoint bytes "
+                f"({row['ckpt_bytes'] / 1e9:.3f} GB in {row['ckpt_calls']} reads), "
+                f"wall {row['wall_s']:.1f} s, cpu {row['cpu_s']:.1f} s, "
+                f"max RSS {row['max_rss_bytes'] / 1e9:.3f} GB ({load()})",
+                flush=True,
+            )
     return {"bytes_on_disk": size, "args": args, "rounds": rows}
 
 
@@ -146,16 +166,18 @@ def main() -> None:
         cp.add_argument("--under", required=True)
         cp.add_argument("--budget", type=int)
         c = cp.parse_args(sys.argv[2:split])
-        child(c.under, c.budget, sys.argv[split + 1:])
+        child(c.under, c.budget, sys.argv[split + 1 :])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="a source tree of the old code")
-    ap.add_argument("--after", type=Path, help="a source tree of the new code (default: the "
-                    "installed moeaudit)")
+    ap.add_argument("--after", type=Path, help="a source tree of the new code (default: the installed moeaudit)")
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="certify,streamed",
-                    help="scenarios, comma-separated: certify, streamed, big (4.3 GB receipts)")
+    ap.add_argument(
+        "--only",
+        default="certify,streamed",
+        help="scenarios, comma-separated: certify, streamed, big (4.3 GB receipts)",
+    )
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     from build import Arch, write_canary, write_checkpoint  # torch: the parent only builds inputs
@@ -166,8 +188,9 @@ def main() -> None:
     env = {"MOEAUDIT_CACHE_DIR": str(work / "cache"), "XDG_CONFIG_HOME": str(work / "config")}
     key = work / "key"
     if not key.exists():
-        subprocess.run([sys.executable, "-m", "moeaudit", "keygen", "--out", str(key)], check=True,
-                       env={**os.environ, **env})
+        subprocess.run(
+            [sys.executable, "-m", "moeaudit", "keygen", "--out", str(key)], check=True, env={**os.environ, **env}
+        )
     before: dict[str, object] = {"code_dir": a.before, "env": env}
     after: dict[str, object] = {"code_dir": a.after, "env": env}
     results: dict[str, object] = {"load_before": load()}
@@ -179,26 +202,35 @@ def main() -> None:
                 write_checkpoint(run_dir / f"checkpoint-{100 * (i + 1)}", CACHE_SMALL, seed=i)
         if not canary.exists():
             write_canary(canary, CACHE_SMALL.vocab, 16, 256)
-        args = ["certify", str(run_dir), "--canary", str(canary), "--out", str(work / "out"),
-                "--key", str(key), "--force", "--no-cache"]
+        args = [
+            "certify",
+            str(run_dir),
+            "--canary",
+            str(canary),
+            "--out",
+            str(work / "out"),
+            "--key",
+            str(key),
+            "--force",
+            "--no-cache",
+        ]
         size = sum(tree_bytes(p) for p in run_dir.glob("checkpoint-*"))
     if "certify" in only:
-        results["certify"] = compare("certify", a.rounds, {"before": before, "after": after},
-                                     run_dir, args, size)
+        results["certify"] = compare("certify", a.rounds, {"before": before, "after": after}, run_dir, args, size)
     if "streamed" in only:
-        results["certify_streamed"] = compare("certify, budget 0", a.rounds,
-                                              {"before": before, "after": {**after, "budget": 0}},
-                                              run_dir, args, size)
+        results["certify_streamed"] = compare(
+            "certify, budget 0", a.rounds, {"before": before, "after": {**after, "budget": 0}}, run_dir, args, size
+        )
     if "big" in only:
         big, canary = work / "big", work / "big-canary.safetensors"
         arch: Arch = BIG
         if not (big / "model.safetensors").exists():
             write_checkpoint(big, arch)
             write_canary(canary, arch.vocab, 8, 256)
-        args = ["receipts", str(big), "--canary", str(canary), "--json", str(work / "big.json"),
-                "--force"]
-        results["big_receipts"] = compare("big receipts", a.rounds, {"before": before, "after": after},
-                                          big, args, tree_bytes(big))
+        args = ["receipts", str(big), "--canary", str(canary), "--json", str(work / "big.json"), "--force"]
+        results["big_receipts"] = compare(
+            "big receipts", a.rounds, {"before": before, "after": after}, big, args, tree_bytes(big)
+        )
     results["load_after"] = load()
     if a.json:
         a.json.write_text(json.dumps(results, indent=2, default=str))

@@ -38,15 +38,9 @@ from build import Arch, describe, write_canary, write_checkpoint  # noqa: E402
 
 PY = sys.executable
 MID = Arch(vocab=32000, hidden=512, layers=4, experts=16, top_k=2, inter=1792, heads=8, kv_heads=2)
-BIG = Arch(
-    vocab=32000, hidden=1024, layers=32, experts=8, top_k=2, inter=2560, heads=16, kv_heads=4
-)
-CACHE_SMALL = Arch(
-    vocab=8192, hidden=512, layers=4, experts=8, top_k=2, inter=1024, heads=8, kv_heads=2
-)
-SCALE_BASE = Arch(
-    vocab=8192, hidden=256, layers=4, experts=8, top_k=2, inter=768, heads=4, kv_heads=2
-)
+BIG = Arch(vocab=32000, hidden=1024, layers=32, experts=8, top_k=2, inter=2560, heads=16, kv_heads=4)
+CACHE_SMALL = Arch(vocab=8192, hidden=512, layers=4, experts=8, top_k=2, inter=1024, heads=8, kv_heads=2)
+SCALE_BASE = Arch(vocab=8192, hidden=256, layers=4, experts=8, top_k=2, inter=768, heads=4, kv_heads=2)
 
 
 @dataclass
@@ -91,8 +85,7 @@ def same_env(runs: dict[str, list[Run]]) -> dict[str, object]:
     seen = {name: reported_env(r.out) for name, rs in runs.items() for r in rs}
     distinct = {json.dumps(e, sort_keys=True) for e in seen.values()}
     if len(distinct) != 1:
-        raise SystemExit("contenders ran in different environments: "
-                         + "; ".join(f"{n}: {e}" for n, e in seen.items()))
+        raise SystemExit("contenders ran in different environments: " + "; ".join(f"{n}: {e}" for n, e in seen.items()))
     return next(iter(seen.values()))
 
 
@@ -156,8 +149,9 @@ def _commit() -> str:
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip()
@@ -187,9 +181,7 @@ def alternate(
 
 def ratios(runs: dict[str, list[Run]], num: str, den: str) -> dict[str, object]:
     per_round = [a.wall / b.wall for a, b in zip(runs[num], runs[den], strict=True)]
-    med = statistics.median(r.wall for r in runs[num]) / statistics.median(
-        r.wall for r in runs[den]
-    )
+    med = statistics.median(r.wall for r in runs[num]) / statistics.median(r.wall for r in runs[den])
     cpu = statistics.median(r.cpu for r in runs[num]) / statistics.median(r.cpu for r in runs[den])
     return {
         "per_round": [round(x, 3) for x in per_round],
@@ -211,8 +203,18 @@ def speed(
     out = work / "mid-receipts.json"
     # every contender runs under bench_env.py, which reports the environment it computed in
     contenders = {
-        "moeaudit": [*WRAP, "-m", "moeaudit", "receipts", str(ckpt), "--canary", str(canary),
-                     "--json", str(out), "--force"],
+        "moeaudit": [
+            *WRAP,
+            "-m",
+            "moeaudit",
+            "receipts",
+            str(ckpt),
+            "--canary",
+            str(canary),
+            "--json",
+            str(out),
+            "--force",
+        ],
         "hf_fp32": [*WRAP, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
         "floor": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary)],
         "floor_overlap": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary), "--overlap"],
@@ -220,20 +222,24 @@ def speed(
     env = {**base_env(threads), **ENVS[env_name]}
     # bytecode compiled once, for every contender alike (an installed user's machine has it)
     run([PY, "-m", "compileall", "-q", str(Path(moeaudit.__file__).parent), str(HERE)])
-    print(f"speed ({env_name} env {env}): {describe(arch)}, canary {windows}×{length}, float32",
-          flush=True)
+    print(f"speed ({env_name} env {env}): {describe(arch)}, canary {windows}×{length}, float32", flush=True)
     runs = alternate(contenders, rounds, env)
     seen = same_env(runs)
     print(f"  every contender computed in: {seen}", flush=True)
-    gflop = {"floor": replay_gflop(arch, windows, length, overlap=False),
-             "floor_overlap": replay_gflop(arch, windows, length, overlap=True)}
+    gflop = {
+        "floor": replay_gflop(arch, windows, length, overlap=False),
+        "floor_overlap": replay_gflop(arch, windows, length, overlap=True),
+    }
     gflop["moeaudit"] = gflop["floor_overlap"]
     ceiling = ceiling_rate(arch, env)
     # per CPU-second: the rate one core achieved over the whole process (imports, reading and
     # hashing included), set against what one core reaches on the experts' product alone
     rates = {n: round(g / statistics.median(r.cpu for r in runs[n]), 1) for n, g in gflop.items()}
-    print(f"  GFLOP per replay {({n: round(g, 1) for n, g in gflop.items()})}; GFLOP per CPU-second "
-          f"{rates}; single-thread GEMM ceiling {ceiling:.1f}", flush=True)
+    print(
+        f"  GFLOP per replay { ({n: round(g, 1) for n, g in gflop.items()}) }; GFLOP per CPU-second "
+        f"{rates}; single-thread GEMM ceiling {ceiling:.1f}",
+        flush=True,
+    )
     return {
         "gflop": gflop,
         "gflop_per_cpu_s": rates,
@@ -273,21 +279,20 @@ def replay_gflop(arch: Arch, windows: int, length: int, overlap: bool) -> float:
 
 def ceiling_rate(arch: Arch, env: dict[str, str]) -> float:
     """The machine's single-thread GFLOP/s at the experts' product shape (gemm_ceiling.py)."""
-    r = run([PY, str(HERE / "gemm_ceiling.py"), "--hidden", str(arch.hidden), "--inter",
-             str(arch.inter), "--rate-only"], {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    r = run(
+        [PY, str(HERE / "gemm_ceiling.py"), "--hidden", str(arch.hidden), "--inter", str(arch.inter), "--rate-only"],
+        {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    )
     return float(r.out.strip().splitlines()[-1])
 
 
-RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap",
-          "floor_overlap/floor", "floor/hf_fp32")
+RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap", "floor_overlap/floor", "floor/hf_fp32")
 
 
 # ----- peak memory ---------------------------------------------------------------------------
 
 
-def peak_rss(
-    work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]
-) -> dict[str, object]:
+def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]) -> dict[str, object]:
     ckpt, canary = work / "big", work / "big-canary.safetensors"
     t = time.perf_counter()
     size = write_checkpoint(ckpt, arch)
@@ -318,8 +323,7 @@ def peak_rss(
         rss = int(m.group(1)) * 1024
         results.append({"wall": r.wall, "cpu": r.cpu, "max_rss_bytes": rss, "fraction": rss / size})
         print(
-            f"  max RSS {rss / 1e9:.3f} GB = {rss / size:.1%} of {size / 1e9:.2f} GB, "
-            f"{r.wall:.1f} s ({load_note()})",
+            f"  max RSS {rss / 1e9:.3f} GB = {rss / size:.1%} of {size / 1e9:.2f} GB, {r.wall:.1f} s ({load_note()})",
             flush=True,
         )
     shutil.rmtree(ckpt)
@@ -335,9 +339,7 @@ def peak_rss(
 # ----- scaling -------------------------------------------------------------------------------
 
 
-def _point(
-    work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]
-) -> dict[str, object]:
+def _point(work: Path, arch: Arch, windows: int, length: int, repeats: int, env: dict[str, str]) -> dict[str, object]:
     tag = f"L{arch.layers}-E{arch.experts}"
     ckpt, canary = work / f"scale-{tag}", work / f"scale-canary-{windows}x{length}.safetensors"
     if not ckpt.exists():
@@ -386,9 +388,7 @@ WARM_SAMPLES = 5
 
 
 def _replayed(out: str) -> list[str]:
-    return [
-        line.split("replaying ", 1)[1].strip() for line in out.splitlines() if "replaying " in line
-    ]
+    return [line.split("replaying ", 1)[1].strip() for line in out.splitlines() if "replaying " in line]
 
 
 def cache(
@@ -471,9 +471,7 @@ def main() -> None:
     ap.add_argument("--only", default="speed,rss,scaling,cache")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument(
-        "--workdir", type=Path, help="keep inputs here instead of a temporary directory"
-    )
+    ap.add_argument("--workdir", type=Path, help="keep inputs here instead of a temporary directory")
     ap.add_argument("--json", type=Path, help="also write all results to this file")
     ap.add_argument(
         "--env",
@@ -481,8 +479,12 @@ def main() -> None:
         help="thread wait policies to compare under: passive, active (comma-separated; every "
         "contender of a ratio gets the same one); rss, scaling and cache use the first one",
     )
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="OMP_NUM_THREADS and MKL_NUM_THREADS of every contender")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="OMP_NUM_THREADS and MKL_NUM_THREADS of every contender",
+    )
     args = ap.parse_args()
     only = set(args.only.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="moeaudit-bench-"))
@@ -494,9 +496,7 @@ def main() -> None:
     try:
         if "speed" in only:
             arch, shape = (replace(MID, layers=2), (8, 128)) if args.quick else (MID, (16, 256))
-            results["speed"] = {
-                e: speed(work, args.rounds, arch, *shape, e, args.threads) for e in envs
-            }
+            results["speed"] = {e: speed(work, args.rounds, arch, *shape, e, args.threads) for e in envs}
         if "rss" in only:
             arch = replace(BIG, layers=4, hidden=512) if args.quick else BIG
             results["rss"] = peak_rss(work, arch, 8, 256, 1 if args.quick else 2, env)
@@ -504,9 +504,7 @@ def main() -> None:
             results["scaling"] = scaling(work, SCALE_BASE, 1 if args.quick else 2, args.quick, env)
         if "cache" in only:
             results["cache"] = {
-                "tiny": cache(
-                    work, "tiny", replace(SCALE_BASE, layers=2), 2, (8, 128), args.rounds, env
-                ),
+                "tiny": cache(work, "tiny", replace(SCALE_BASE, layers=2), 2, (8, 128), args.rounds, env),
                 "small": cache(work, "small", CACHE_SMALL, 3, (16, 256), args.rounds, env),
             }
     finally:
@@ -540,18 +538,14 @@ def summarise(res: dict[str, object]) -> None:
         print(
             f"rss: checkpoint {r['checkpoint_bytes'] / 1e9:.2f} GB; max RSS "
             + ", ".join(
-                f"{x['max_rss_bytes'] / 1e9:.3f} GB ({x['fraction']:.1%}, {x['wall']:.0f} s)"
-                for x in r["runs"]
+                f"{x['max_rss_bytes'] / 1e9:.3f} GB ({x['fraction']:.1%}, {x['wall']:.0f} s)" for x in r["runs"]
             )
         )
     if "scaling" in res:
         for axis, points in res["scaling"].items():
             print(
                 f"scaling vs {axis}: "
-                + "; ".join(
-                    f"{p[axis if axis != 'tokens' else 'tokens']}: {p['replay_s']:.2f} s"
-                    for p in points
-                )
+                + "; ".join(f"{p[axis if axis != 'tokens' else 'tokens']}: {p['replay_s']:.2f} s" for p in points)
             )
     for name, c in res.get("cache", {}).items():
         for row in c["rounds"]:

@@ -73,13 +73,22 @@ AXES: dict[str, tuple[str, list[int], Callable[[Point, int], Point]]] = {
     "window_len": ("window length (64 windows)", [16, 32, 64, 128], lambda p, n: replace(p, length=n)),
     "layers": ("routed layers", [2, 4, 8, 16], lambda p, n: replace(p, arch=replace(p.arch, layers=n))),
     "experts": ("experts (top-2)", [8, 16, 32, 64], lambda p, n: replace(p, arch=replace(p.arch, experts=n))),
-    "domains": ("canary domains (1000 × 8 tokens)", [1, 10, 100, 200, 400, 1000],
-                lambda p, n: replace(p, windows=1000, length=8, domains=n)),
+    "domains": (
+        "canary domains (1000 × 8 tokens)",
+        [1, 10, 100, 200, 400, 1000],
+        lambda p, n: replace(p, windows=1000, length=8, domains=n),
+    ),
     "checkpoints": ("checkpoints in the run (certify)", [4, 8, 16, 32], lambda p, n: replace(p, checkpoints=n)),
 }
 UNTARGETED = {"window_len"}
-QUICK = {"tokens": [32, 64], "window_len": [16, 32], "layers": [2, 4], "experts": [8, 16],
-         "domains": [1, 100, 400], "checkpoints": [2, 4]}
+QUICK = {
+    "tokens": [32, 64],
+    "window_len": [16, 32],
+    "layers": [2, 4],
+    "experts": [8, 16],
+    "domains": [1, 100, 400],
+    "checkpoints": [2, 4],
+}
 
 
 class Inputs:
@@ -121,6 +130,7 @@ def timer(p: Point, inputs: Inputs) -> Callable[[], float]:
             start = time.perf_counter()
             audit_run(run, canary, policy)
             return time.perf_counter() - start
+
         return certify
     ckpt = Checkpoint(inputs.checkpoint(p.arch))
     _ = ckpt.digest  # hashing is part of a run, not of the replay
@@ -129,6 +139,7 @@ def timer(p: Point, inputs: Inputs) -> Callable[[], float]:
         start = time.perf_counter()
         state_receipts(ckpt, canary)
         return time.perf_counter() - start
+
     return receipts
 
 
@@ -146,8 +157,9 @@ def exponent(ns: list[int], ts: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def legacy_domain_routing(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...],
-                          E: int) -> dict[str, Any]:
+def legacy_domain_routing(
+    topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...], E: int
+) -> dict[str, Any]:
     """``occupancy.domain_routing`` before issue 24 (commit 0fcc3c9): a mask per domain and one
     ``js_divergence`` call per ordered pair of domains."""
     N, K = topk_NK.shape
@@ -174,8 +186,15 @@ def legacy_domains() -> Iterator[None]:
         observer_mod.domain_routing = current
 
 
-def sweep(axis: str, sizes: list[int], inputs: Inputs, repeats: int, say: Callable[[str], None],
-          legacy: bool = False, legacy_repeats: int = 1) -> dict[str, Any]:
+def sweep(
+    axis: str,
+    sizes: list[int],
+    inputs: Inputs,
+    repeats: int,
+    say: Callable[[str], None],
+    legacy: bool = False,
+    legacy_repeats: int = 1,
+) -> dict[str, Any]:
     label, _, vary = AXES[axis]
     rows = []
     for n in sizes:
@@ -200,10 +219,15 @@ def worst(r: dict[str, Any], prefix: str = "") -> float:
 
 
 def environment() -> dict[str, Any]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
-            platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
-            "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -214,8 +238,9 @@ def report(results: list[dict[str, Any]]) -> str:
         lines.append(f"{r['axis']:<12} {r['exponent']:>8.2f} {r['tail_exponent']:>6.2f}  {ok:<6}  {times}")
         if "legacy_exponent" in r:
             old = "  ".join(f"{row['n']}: {row['legacy_s']:.3f}" for row in r["rows"])
-            lines.append(f"{'  (legacy)':<12} {r['legacy_exponent']:>8.2f} {r['legacy_tail_exponent']:>6.2f}"
-                         f"  {'':<6}  {old}")
+            lines.append(
+                f"{'  (legacy)':<12} {r['legacy_exponent']:>8.2f} {r['legacy_tail_exponent']:>6.2f}  {'':<6}  {old}"
+            )
     return "\n".join(lines)
 
 
@@ -224,8 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(AXES), help="comma-separated axes: " + ", ".join(AXES))
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per point after one warm-up")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads for every point")
-    ap.add_argument("--legacy", action="store_true",
-                    help="on the domains axis, also time the pre-issue-24 pairwise JS (one run, no warm-up)")
+    ap.add_argument(
+        "--legacy",
+        action="store_true",
+        help="on the domains axis, also time the pre-issue-24 pairwise JS (one run, no warm-up)",
+    )
     ap.add_argument("--quick", action="store_true", help="two or three small sizes per axis")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
@@ -238,8 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         for axis in args.only.split(","):
             sizes = QUICK[axis] if args.quick else AXES[axis][1]
             print(f"{axis}: {AXES[axis][0]}", flush=True)
-            results.append(sweep(axis, sizes, inputs, args.repeats, lambda m: print(m, flush=True),
-                                 legacy=args.legacy and axis == "domains"))
+            results.append(
+                sweep(
+                    axis,
+                    sizes,
+                    inputs,
+                    args.repeats,
+                    lambda m: print(m, flush=True),
+                    legacy=args.legacy and axis == "domains",
+                )
+            )
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps({"environment": env, "results": results}, indent=1) + "\n")

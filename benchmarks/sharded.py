@@ -78,8 +78,12 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
     rank, world = dist.env_world()
     if rank > 0:
         code = dist.serve()
-        stats: dict[str, Any] = {"rank": rank, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(),
-                                 "bytes_received": _received()}
+        stats: dict[str, Any] = {
+            "rank": rank,
+            "bytes_read": count["bytes"],
+            "peak_rss_mb": _peak_rss_mb(),
+            "bytes_received": _received(),
+        }
         Path(f"{out}.{rank}").write_text(json.dumps(stats))
         sys.stdout.flush()
         os._exit(code)
@@ -94,8 +98,16 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
         t0 = time.perf_counter()
         replay(c, probe.tokens)  # warm: what each further checkpoint of a run costs
         seconds = time.perf_counter() - t0
-    stats = {"rank": 0, "bytes_read": count["bytes"], "peak_rss_mb": _peak_rss_mb(), "bytes_received": _received(),
-                             "replay_s": seconds, "first_s": first, "nll": result.nll, "digest": digest}
+    stats = {
+        "rank": 0,
+        "bytes_read": count["bytes"],
+        "peak_rss_mb": _peak_rss_mb(),
+        "bytes_received": _received(),
+        "replay_s": seconds,
+        "first_s": first,
+        "nll": result.nll,
+        "digest": digest,
+    }
     Path(f"{out}.0").write_text(json.dumps(stats))
     sys.stdout.flush()
     os._exit(0)
@@ -109,10 +121,22 @@ def _free_port() -> int:
 
 def launch(world: int, ckpt: Path, canary: Path, out: Path) -> list[dict[str, Any]]:
     threads = str(max(1, (os.cpu_count() or 1) // world))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world), "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [subprocess.Popen([sys.executable, str(HERE), "--rank-main", str(ckpt), str(canary), str(out)],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world),
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE), "--rank-main", str(ckpt), str(canary), str(out)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(world)
+    ]
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"a rank of {world} failed (exit {p.returncode})")
@@ -125,10 +149,17 @@ def build(root: Path, layers: int, experts: int, hidden: int, expert_dim: int) -
 
     from moeaudit import canary as canary_mod
 
-    config = transformers.MixtralConfig(vocab_size=512, hidden_size=hidden, intermediate_size=expert_dim,
-                                        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
-                                        num_local_experts=experts, num_experts_per_tok=2,
-                                        max_position_embeddings=256)
+    config = transformers.MixtralConfig(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=expert_dim,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = transformers.MixtralForCausalLM(config)
     ckpt = root / "ckpt"
@@ -152,8 +183,16 @@ def main() -> None:
         root = Path(tmp)
         ckpt, canary = build(root, args.layers, args.experts, args.hidden, args.expert_dim)
         size = sum(f.stat().st_size for f in ckpt.iterdir())
-        print(json.dumps({"checkpoint_bytes": size, "files": len(list(ckpt.glob("*.safetensors"))),
-                          "cores": os.cpu_count(), "load": os.getloadavg()}))
+        print(
+            json.dumps(
+                {
+                    "checkpoint_bytes": size,
+                    "files": len(list(ckpt.glob("*.safetensors"))),
+                    "cores": os.cpu_count(),
+                    "load": os.getloadavg(),
+                }
+            )
+        )
         runs = {}
         for world in (int(w) for w in args.worlds.split(",")):
             ranks = launch(world, ckpt, canary, root / f"stats{world}")
@@ -161,25 +200,34 @@ def main() -> None:
             print(json.dumps({"world": world, "ranks": ranks, "load": os.getloadavg()}))
     base = runs[min(runs)][0]
     print(f"\ncheckpoint {size / 2**20:.0f} MiB; {os.cpu_count()} cores")
-    print("ranks  replay s  speed-up  MiB read per rank (digest + 2 replays)  total read  MiB received per rank"
-          "  peak RSS per rank (MiB)")
+    print(
+        "ranks  replay s  speed-up  MiB read per rank (digest + 2 replays)  total read  MiB received per rank"
+        "  peak RSS per rank (MiB)"
+    )
     for world, ranks in runs.items():
         s = ranks[0]["replay_s"]
         reads = " ".join(f"{r['bytes_read'] / 2**20:6.1f}" for r in ranks)
         total = sum(r["bytes_read"] for r in ranks) / size
         received = " ".join(f"{r['bytes_received'] / 2**20:6.1f}" for r in ranks)
         rss = " ".join(f"{r['peak_rss_mb']:6.0f}" for r in ranks)
-        same = "same NLL and digest" if ranks[0]["nll"] == base["nll"] and ranks[0]["digest"] == base["digest"] \
+        same = (
+            "same NLL and digest"
+            if ranks[0]["nll"] == base["nll"] and ranks[0]["digest"] == base["digest"]
             else "NLL/digest DIFFER"
-        print(f"{world:5d}  {s:8.2f}  {base['replay_s'] / s:7.2f}x  {reads:39s} {total:8.2f}x  {received:21s}"
-              f"  {rss}   {same} "
-              f"(first replay {ranks[0]['first_s']:.2f} s)")
+        )
+        print(
+            f"{world:5d}  {s:8.2f}  {base['replay_s'] / s:7.2f}x  {reads:39s} {total:8.2f}x  {received:21s}"
+            f"  {rss}   {same} "
+            f"(first replay {ranks[0]['first_s']:.2f} s)"
+        )
     if 1 in runs and 4 in runs:
         one, four = runs[1][0]["peak_rss_mb"], max(r["peak_rss_mb"] for r in runs[4])
         cap = (one + four) / 2
-        print(f"\nmemory cap {cap:.0f} MiB per process: 1 process peaks at {one:.0f} MiB "
-              f"({'over' if one > cap else 'UNDER'}), the largest of 4 ranks at {four:.0f} MiB "
-              f"({'under' if four < cap else 'OVER'})")
+        print(
+            f"\nmemory cap {cap:.0f} MiB per process: 1 process peaks at {one:.0f} MiB "
+            f"({'over' if one > cap else 'UNDER'}), the largest of 4 ranks at {four:.0f} MiB "
+            f"({'under' if four < cap else 'OVER'})"
+        )
 
 
 if __name__ == "__main__":

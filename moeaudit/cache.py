@@ -168,8 +168,13 @@ def _create_exclusive(path: Path, secret: bytes) -> None:
         os.fsync(f.fileno())
 
 
-_READ_FLAGS = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-               | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+_READ_FLAGS = (
+    os.O_RDONLY
+    | os.O_NONBLOCK
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 class SpecialFile(OSError):
@@ -206,21 +211,20 @@ def _read_secret(path: Path) -> bytes:
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         raise SecretUnusable(f"{path} belongs to another user{hint}")
     if st.st_mode & 0o077:
-        raise SecretUnusable(f"{path} is readable or writable by others "
-                             f"(mode {stat.S_IMODE(st.st_mode):o}){hint}")
+        raise SecretUnusable(f"{path} is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}){hint}")
     if len(secret) != SECRET_BYTES:
         raise SecretUnusable(f"{path} is not a {SECRET_BYTES}-byte key{hint}")
     return secret
 
 
 def _canonical(document: Any) -> bytes:
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 class ReceiptsCache:
-    def __init__(self, root: Path | None = None, enabled: bool = True,
-                 warn: Callable[[str], None] | None = None):
+    def __init__(self, root: Path | None = None, enabled: bool = True, warn: Callable[[str], None] | None = None):
         self.root = root or cache_dir()
         self.enabled = enabled
         self.warnings: list[str] = []  # entries ignored because they are not regular files
@@ -274,8 +278,7 @@ class ReceiptsCache:
         try:
             return _read_small(path, ENTRY_MAX_BYTES)[0]
         except SpecialFile as exc:
-            self._note(f"receipts cache entry {path} is {exc.strerror}: ignored, recomputed "
-                       "(delete it)")
+            self._note(f"receipts cache entry {path} is {exc.strerror}: ignored, recomputed (delete it)")
         except (OSError, ValueError):
             pass
         return None
@@ -323,8 +326,7 @@ class ReceiptsCache:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str, check: Callable[[dict[str, Any]], object] | None = None
-            ) -> dict[str, Any] | None:
+    def get(self, key: str, check: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any] | None:
         """The document stored under ``key`` if this machine's moeaudit wrote it and ``check``
         (the caller's shape test) accepts it; else None (counted as a miss)."""
         if not self._usable():
@@ -335,9 +337,13 @@ class ReceiptsCache:
                 raise ValueError("no entry")
             entry = json.loads(raw.decode("utf-8"))
             document, mac = entry["document"], entry["mac"]
-            ok = (entry["key"] == key and isinstance(document, dict) and isinstance(mac, str)
-                  and hmac.compare_digest(mac, self._mac(b"json", key, _canonical(document)))
-                  and (check is None or bool(check(document))))
+            ok = (
+                entry["key"] == key
+                and isinstance(document, dict)
+                and isinstance(mac, str)
+                and hmac.compare_digest(mac, self._mac(b"json", key, _canonical(document)))
+                and (check is None or bool(check(document)))
+            )
         except _BAD_ENTRY:
             ok = False
         if not ok:
@@ -354,8 +360,7 @@ class ReceiptsCache:
             # the MAC is over the document as it will be read back (JSON turns tuples into lists,
             # keys into strings), so a stored entry verifies
             stored = json.loads(_canonical(document))
-            entry = {"key": key, "mac": self._mac(b"json", key, _canonical(stored)),
-                     "document": stored}
+            entry = {"key": key, "mac": self._mac(b"json", key, _canonical(stored)), "document": stored}
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, dumps(entry))
         except _UNWRITABLE:
@@ -389,8 +394,9 @@ class ReceiptsCache:
         except OSError:
             mode = stat.S_IFREG  # absent: SafetensorsFile says so below
         if not stat.S_ISREG(mode):
-            self._note(f"receipts cache entry {path} is {kind_of(mode)}, not a regular file: "
-                       "ignored, recomputed (delete it)")
+            self._note(
+                f"receipts cache entry {path} is {kind_of(mode)}, not a regular file: ignored, recomputed (delete it)"
+            )
         try:
             f = SafetensorsFile(path)
             mac = f.metadata.get("mac", "")
@@ -415,8 +421,7 @@ class ReceiptsCache:
         path = self._tensor_path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_safetensors(path, tensors, metadata={"key": key,
-                                                       "mac": self._tensor_mac(key, tensors)})
+            write_safetensors(path, tensors, metadata={"key": key, "mac": self._tensor_mac(key, tensors)})
         except _UNWRITABLE:
             return False
         return True

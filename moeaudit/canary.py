@@ -83,8 +83,14 @@ class Canary:
     built_from: dict[str, str] | None
     _torch: tuple[torch.Tensor, torch.Tensor] | None
 
-    def __init__(self, tokens: Any, domain_ids: Any, domains: tuple[str, ...] | list[str],
-                 source: str | None = None, built_from: dict[str, str] | None = None):
+    def __init__(
+        self,
+        tokens: Any,
+        domain_ids: Any,
+        domains: tuple[str, ...] | list[str],
+        source: str | None = None,
+        built_from: dict[str, str] | None = None,
+    ):
         import numpy as np
 
         tokens_WT, ids_W = _as_array(tokens), _as_array(domain_ids)
@@ -92,20 +98,45 @@ class Canary:
         _check_dtypes(tokens_WT, ids_W, None)
         _check_content(tuple(tokens_WT.shape), tuple(ids_W.shape), tokens_WT.reshape(-1), ids_W, names, None)
         arrays = (np.ascontiguousarray(tokens_WT), np.ascontiguousarray(ids_W))
-        self._init(None, arrays, (int(tokens_WT.shape[0]), int(tokens_WT.shape[1])), names, source,
-                   _checked_built_from(built_from, None))
+        self._init(
+            None,
+            arrays,
+            (int(tokens_WT.shape[0]), int(tokens_WT.shape[1])),
+            names,
+            source,
+            _checked_built_from(built_from, None),
+        )
 
-    def _init(self, raw: tuple[bytearray, bytearray] | None, arrays: tuple[np.ndarray, np.ndarray] | None,
-              shape: tuple[int, int], domains: tuple[str, ...], source: str | None,
-              built_from: dict[str, str] | None = None) -> None:
-        for name, value in (("_raw", raw), ("_arrays", arrays), ("_shape", shape), ("domains", domains),
-                            ("source", source), ("built_from", built_from),
-                            ("_torch", None)):  # source, built_from: not the digest
+    def _init(
+        self,
+        raw: tuple[bytearray, bytearray] | None,
+        arrays: tuple[np.ndarray, np.ndarray] | None,
+        shape: tuple[int, int],
+        domains: tuple[str, ...],
+        source: str | None,
+        built_from: dict[str, str] | None = None,
+    ) -> None:
+        for name, value in (
+            ("_raw", raw),
+            ("_arrays", arrays),
+            ("_shape", shape),
+            ("domains", domains),
+            ("source", source),
+            ("built_from", built_from),
+            ("_torch", None),
+        ):  # source, built_from: not the digest
             object.__setattr__(self, name, value)
 
     @classmethod
-    def _from_stored(cls, tokens: bytearray, ids: bytearray, shape: tuple[int, int], domains: tuple[str, ...],
-                     source: str, built_from: dict[str, str] | None = None) -> Canary:
+    def _from_stored(
+        cls,
+        tokens: bytearray,
+        ids: bytearray,
+        shape: tuple[int, int],
+        domains: tuple[str, ...],
+        source: str,
+        built_from: dict[str, str] | None = None,
+    ) -> Canary:
         """A canary over the stored bytes of a file, already validated by :func:`load`."""
         canary = cls.__new__(cls)
         canary._init((tokens, ids), None, shape, domains, source, built_from)
@@ -115,8 +146,10 @@ class Canary:
         raise AttributeError(f"a Canary is immutable ({name})")
 
     def __repr__(self) -> str:
-        return (f"Canary({self.num_windows}×{self.window_len} tokens, {len(self.domains)} "
-                f"domains, sha256:{self.digest[:16]}…)")
+        return (
+            f"Canary({self.num_windows}×{self.window_len} tokens, {len(self.domains)} "
+            f"domains, sha256:{self.digest[:16]}…)"
+        )
 
     def _np(self) -> tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:
@@ -124,8 +157,10 @@ class Canary:
 
             assert self._raw is not None
             tokens, ids = self._raw
-            pair = (np.frombuffer(tokens, dtype="<i4").reshape(self._shape).astype(np.int32, copy=False),
-                    np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False))
+            pair = (
+                np.frombuffer(tokens, dtype="<i4").reshape(self._shape).astype(np.int32, copy=False),
+                np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False),
+            )
             object.__setattr__(self, "_arrays", pair)
         assert self._arrays is not None
         return self._arrays
@@ -300,14 +335,21 @@ def _check_dtypes(tokens: Any, domain_ids: Any, path: Path | None) -> None:
 
     int32 = np.dtype("int32")
     if getattr(tokens, "dtype", None) != int32 or getattr(domain_ids, "dtype", None) != int32:
-        raise _failing(path)(f"tokens and domain ids must be int32, got {_dtype_name(tokens)}, "
-                             f"{_dtype_name(domain_ids)}")
+        raise _failing(path)(
+            f"tokens and domain ids must be int32, got {_dtype_name(tokens)}, {_dtype_name(domain_ids)}"
+        )
     if tokens.ndim != 2:
         raise _failing(path)(f"tokens must be 2-D [windows, window length], got shape {list(tokens.shape)}")
 
 
-def _check_content(tokens_shape: tuple[int, ...], ids_shape: tuple[int, ...], tokens: Sequence[int],
-                   domain_ids: Sequence[int], domains: tuple[str, ...], path: Path | None) -> None:
+def _check_content(
+    tokens_shape: tuple[int, ...],
+    ids_shape: tuple[int, ...],
+    tokens: Sequence[int],
+    domain_ids: Sequence[int],
+    domains: tuple[str, ...],
+    path: Path | None,
+) -> None:
     """The invariants of a canary, whether built in memory or read from a file. ``tokens`` is
     flat (row-major); both are anything with ``min``/``max``: numpy arrays or int32 arrays."""
     fail = _failing(path)
@@ -506,13 +548,13 @@ def load(path: str | Path) -> Canary:
     shape, ids_shape = tuple(sf.tensors["tokens"].shape), tuple(sf.tensors["domain_ids"].shape)
     _check_content(shape, ids_shape, _int32s(tokens), _int32s(domain_ids), domains, path)
     built_from = _checked_built_from({k: v for k, v in sf.metadata.items() if k in BUILT_FROM}, path) or None
-    canary = Canary._from_stored(tokens, domain_ids, (shape[0], shape[1]), domains, source=str(path),
-                                 built_from=built_from)
+    canary = Canary._from_stored(
+        tokens, domain_ids, (shape[0], shape[1]), domains, source=str(path), built_from=built_from
+    )
     stored = sf.metadata["digest"]
     if stored != canary.digest:
         raise CanaryError(
-            f"digest mismatch: file says {stored}, content hashes to {canary.digest} "
-            "— the file was modified",
+            f"digest mismatch: file says {stored}, content hashes to {canary.digest} — the file was modified",
             path=path,
             hint="rebuild the canary from its JSONL source",
         )
@@ -570,11 +612,15 @@ def _text_kind(path: Path) -> str | None:
 
 def _text_hint(kind: str, path: Path) -> str:
     if kind == TOKENS_JSONL:
-        return (f"build the canary from it: `moeaudit canary build --tokens {path} --out "
-                "canary.safetensors`, then pass --canary canary.safetensors")
+        return (
+            f"build the canary from it: `moeaudit canary build --tokens {path} --out "
+            "canary.safetensors`, then pass --canary canary.safetensors"
+        )
     if kind == TEXT_JSONL:
-        return (f"build the canary from it: `moeaudit canary build --text {path} --tokenizer "
-                "tokenizer.json --out canary.safetensors`, then pass --canary canary.safetensors")
+        return (
+            f"build the canary from it: `moeaudit canary build --text {path} --tokenizer "
+            "tokenizer.json --out canary.safetensors`, then pass --canary canary.safetensors"
+        )
     return BUILD_HINT
 
 
@@ -599,12 +645,12 @@ def _read_header(sf: SafetensorsFile) -> tuple[str, ...]:
     if meta.get("format") != FORMAT:
         fmt = meta.get("format")
         kind = " — model weights, by the look of it" if fmt == "pt" else ""
-        raise not_a_canary(sf.path, f"a safetensors file of {len(sf.tensors)} tensor(s) whose metadata format "
-                                    f"is {fmt!r}{kind}")
+        raise not_a_canary(
+            sf.path, f"a safetensors file of {len(sf.tensors)} tensor(s) whose metadata format is {fmt!r}{kind}"
+        )
     if meta.get("version") != VERSION:
         raise fail(
-            f"canary format version {meta.get('version')!r} is not supported "
-            f"(this moeaudit reads version {VERSION!r})",
+            f"canary format version {meta.get('version')!r} is not supported (this moeaudit reads version {VERSION!r})",
             hint="upgrade moeaudit or rebuild the canary",
         )
     for key in ("domains", "digest"):

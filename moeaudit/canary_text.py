@@ -43,18 +43,27 @@ def build_from_text(path: str | Path, tokenizer: str | Path, *, window_len: int,
     streams: dict[str, list[int]] = {}
     for domain, ids in zip((d for d, _ in texts), tok.encode_batch([t for _, t in texts])):
         streams.setdefault(domain, []).extend(ids.ids)
-    counts = _share(windows, {d: len(s) // window_len for d, s in streams.items()}, window_len,
-                    {d: len(s) for d, s in streams.items()}, Path(path))
+    counts = _share(
+        windows,
+        {d: len(s) // window_len for d, s in streams.items()},
+        window_len,
+        {d: len(s) for d, s in streams.items()},
+        Path(path),
+    )
     rows_WT, ids_W = [], []
     for d, (domain, stream) in enumerate(streams.items()):
         available = len(stream) // window_len
         for i in range(counts[domain]):
             start = (i * available // counts[domain]) * window_len
-            rows_WT.append(stream[start:start + window_len])
+            rows_WT.append(stream[start : start + window_len])
             ids_W.append(d)
-    return Canary(np.array(rows_WT, dtype=np.int32), np.array(ids_W, dtype=np.int32), tuple(streams),
-                  source=str(path), built_from={"tokenizer_sha256": tokenizer_sha256,
-                                                "text_sha256": text_hash.hexdigest()})
+    return Canary(
+        np.array(rows_WT, dtype=np.int32),
+        np.array(ids_W, dtype=np.int32),
+        tuple(streams),
+        source=str(path),
+        built_from={"tokenizer_sha256": tokenizer_sha256, "text_sha256": text_hash.hexdigest()},
+    )
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -67,18 +76,24 @@ def load_tokenizer_hashed(path: str | Path) -> tuple[Any, str]:
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
-        raise InputError("building a canary from text needs the tokenizers package",
-                         hint="pip install 'moeaudit[text]' (or pip install tokenizers)") from exc
+        raise InputError(
+            "building a canary from text needs the tokenizers package",
+            hint="pip install 'moeaudit[text]' (or pip install tokenizers)",
+        ) from exc
     if not Path(path).exists():
-        raise CanaryError("no such tokenizer file", path=path,
-                          hint="pass the model's tokenizer.json (saved next to its config.json)")
+        raise CanaryError(
+            "no such tokenizer file", path=path, hint="pass the model's tokenizer.json (saved next to its config.json)"
+        )
     raw = read_regular(path, "tokenizer", MAX_TOKENIZER_BYTES)
     try:
         return Tokenizer.from_str(raw.decode("utf-8")), hashlib.sha256(raw).hexdigest()
     except Exception as exc:  # tokenizers raises a bare Exception for any malformed file
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CanaryError(f"not a tokenizer.json the tokenizers library can read ({why})", path=path,
-                          hint="pass the model's tokenizer.json (a Hugging Face fast tokenizer)") from exc
+        raise CanaryError(
+            f"not a tokenizer.json the tokenizers library can read ({why})",
+            path=path,
+            hint="pass the model's tokenizer.json (a Hugging Face fast tokenizer)",
+        ) from exc
 
 
 def read_texts(path: Path, digest: Any = None) -> list[tuple[str, str]]:
@@ -115,22 +130,32 @@ def _parse_line(raw: bytes, where: str) -> tuple[str, str]:
     return obj["domain"], obj["text"]
 
 
-def _share(windows: int, available: dict[str, int], window_len: int, tokens: dict[str, int],
-           path: Path) -> dict[str, int]:
+def _share(
+    windows: int, available: dict[str, int], window_len: int, tokens: dict[str, int], path: Path
+) -> dict[str, int]:
     """Windows per domain: as equal as the domains' text allows (water-filling), every domain
     at least one; too little text is an error that says how much is missing."""
     short = [d for d, a in available.items() if a == 0]
     if short:
-        raise CanaryError(f"domain {short[0]!r} has {tokens[short[0]]} tokens, fewer than one window of "
-                          f"{window_len}", path=path, hint="add text for it, or lower --window-len")
+        raise CanaryError(
+            f"domain {short[0]!r} has {tokens[short[0]]} tokens, fewer than one window of {window_len}",
+            path=path,
+            hint="add text for it, or lower --window-len",
+        )
     if windows < len(available):
-        raise CanaryError(f"{windows} window(s) cannot cover the {len(available)} domains", path=path,
-                          hint="raise --windows to at least the number of domains")
+        raise CanaryError(
+            f"{windows} window(s) cannot cover the {len(available)} domains",
+            path=path,
+            hint="raise --windows to at least the number of domains",
+        )
     total = sum(available.values())
     if total < windows:
-        raise CanaryError(f"the text gives {total} windows of {window_len} tokens ({sum(tokens.values())} "
-                          f"tokens), fewer than --windows {windows} (W×T = {windows * window_len} tokens)",
-                          path=path, hint="add text, or lower --windows or --window-len")
+        raise CanaryError(
+            f"the text gives {total} windows of {window_len} tokens ({sum(tokens.values())} "
+            f"tokens), fewer than --windows {windows} (W×T = {windows * window_len} tokens)",
+            path=path,
+            hint="add text, or lower --windows or --window-len",
+        )
     counts = dict.fromkeys(available, 0)
     left = windows
     while left:

@@ -61,12 +61,20 @@ class Audit:
         return self.statement["predicate"]["verdict"]
 
 
-def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
-              reference: str | Path | None = None, say: Say = lambda _m: None,
-              cache: ReceiptsCache | None = None, device: str | None = None,
-              stage: str | None = None, canary_origin: str = "",
-              progress: Callable[[str, int, int], None] | None = None,
-              until: int | None = None) -> Audit:
+def audit_run(
+    run_path: str | Path,
+    canary: Canary,
+    policy: Policy,
+    *,
+    reference: str | Path | None = None,
+    say: Say = lambda _m: None,
+    cache: ReceiptsCache | None = None,
+    device: str | None = None,
+    stage: str | None = None,
+    canary_origin: str = "",
+    progress: Callable[[str, int, int], None] | None = None,
+    until: int | None = None,
+) -> Audit:
     """``until``: audit the run as it stood at that step — only the checkpoints up to it
     (``moeaudit gate`` judges a candidate exactly as certify of the truncated run would)."""
     run = discover(run_path)
@@ -90,8 +98,9 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     stage, stage_source = resolve_stage(stage, policy.gates.stage, run.stage, "pretraining")
 
     training_loss = _training_loss(run)
-    replayer = _Replayer(canary, policy, cache or ReceiptsCache(enabled=False), say,
-                         len(run.checkpoints), device, progress)
+    replayer = _Replayer(
+        canary, policy, cache or ReceiptsCache(enabled=False), say, len(run.checkpoints), device, progress
+    )
     docs, points, pairs = {}, [], {}
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
@@ -103,8 +112,15 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
             replayer.new_base(step, ckpt)
             base = (step, ckpt)
         replayer.forget_states(keep=base[0])
-    gates = evaluate_gates(points, protected, policy.gates, resamples=policy.receipts.bootstrap,
-                           seed=policy.receipts.seed, interval=replayer.nll_interval, stage=stage)
+    gates = evaluate_gates(
+        points,
+        protected,
+        policy.gates,
+        resamples=policy.receipts.bootstrap,
+        seed=policy.receipts.seed,
+        interval=replayer.nll_interval,
+        stage=stage,
+    )
     for gate in gates:
         if gate["step"] in pairs:
             gate["drift"] = drift_summary(pairs[gate["step"]])
@@ -112,8 +128,7 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     last = gates[-1]
     margins: Margins = {"refinement": None, "handoff": None}
     if last["step"] in pairs:
-        margins["refinement"] = _worst_refinement(replayer, run, docs, pairs, last, base_at,
-                                                  protected, policy)
+        margins["refinement"] = _worst_refinement(replayer, run, docs, pairs, last, base_at, protected, policy)
     inputs = _inputs(run, policy)
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
@@ -125,31 +140,52 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
         inputs["reference"] = _reference_digest(Path(reference), ref_doc)
     from moeaudit.series import envelope_evidence
 
-    env_report, env_why = envelope_evidence(run, docs, policy, stage, first.spec,
-                                            start=run.steps[0], end=run.steps[-1],
-                                            breaks=(), origin=str(run.path))
+    env_report, env_why = envelope_evidence(
+        run, docs, policy, stage, first.spec, start=run.steps[0], end=run.steps[-1], breaks=(), origin=str(run.path)
+    )
     # No breaks: declared events do not restart the envelope's windows for the verdict — an
     # event written by the audited party can never improve one (issue 23 §5; docs/policy.md).
-    evidence = Evidence(stage=stage, stage_source=stage_source, gates=gates, margins=margins,
-                        envelope=env_report, envelope_reason=env_why,
-                        skipped=[p.name for p, _ in run.skipped], nonfinite=nonfinite_findings(docs.values()),
-                        band=policy.gates.inconclusive_band)
+    evidence = Evidence(
+        stage=stage,
+        stage_source=stage_source,
+        gates=gates,
+        margins=margins,
+        envelope=env_report,
+        envelope_reason=env_why,
+        skipped=[p.name for p, _ in run.skipped],
+        nonfinite=nonfinite_findings(docs.values()),
+        band=policy.gates.inconclusive_band,
+    )
     decision = decide(evidence)
     predicate = {
         "verdict": decision["verdict"],
         "verdict_reason": decision["verdict_reason"],
-        "run": {"name": run_name(run.path), "path": str(run_path), "stage": stage,
-                "stage_source": stage_source, "checkpoints": run.steps,
-                "skipped": [p.name for p, _ in run.skipped], "events": events,
-                **({"abandoned": [a.to_json() for a in left_behind]} if left_behind else {})},
+        "run": {
+            "name": run_name(run.path),
+            "path": str(run_path),
+            "stage": stage,
+            "stage_source": stage_source,
+            "checkpoints": run.steps,
+            "skipped": [p.name for p, _ in run.skipped],
+            "events": events,
+            **({"abandoned": [a.to_json() for a in left_behind]} if left_behind else {}),
+        },
         "inputs": inputs,
-        "canary": {"digest": {"sha256": canary.digest}, "windows": canary.num_windows,
-                   "window_len": canary.window_len, "domains": list(canary.domains),
-                   **({"origin": canary_origin} if canary_origin else {}),
-                   **(canary.built_from or {})},  # a canary built from text: its tokenizer and text
-        "policy": {"source": policy.source, "digest": policy.digest,
-                   **({"origin": policy.origin} if policy.origin else {}),
-                   "calibrated": policy.envelope.calibrated, **policy.to_json()},
+        "canary": {
+            "digest": {"sha256": canary.digest},
+            "windows": canary.num_windows,
+            "window_len": canary.window_len,
+            "domains": list(canary.domains),
+            **({"origin": canary_origin} if canary_origin else {}),
+            **(canary.built_from or {}),
+        },  # a canary built from text: its tokenizer and text
+        "policy": {
+            "source": policy.source,
+            "digest": policy.digest,
+            **({"origin": policy.origin} if policy.origin else {}),
+            "calibrated": policy.envelope.calibrated,
+            **policy.to_json(),
+        },
         "tool": {"name": "moeaudit", "version": __version__},
         "environment": _environment(replayer.computed_by, replayer.parallel),
         "protected_layers": protected,
@@ -178,9 +214,16 @@ def audit_run(run_path: str | Path, canary: Canary, policy: Policy, *,
     return audit
 
 
-def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs: dict[int, Any],
-                      last: GateEntry, base_at: dict[int, str], protected: list[int],
-                      policy: Policy) -> Margin:
+def _worst_refinement(
+    replayer: _Replayer,
+    run: Run,
+    docs: dict[int, Any],
+    pairs: dict[int, Any],
+    last: GateEntry,
+    base_at: dict[int, str],
+    protected: list[int],
+    policy: Policy,
+) -> Margin:
     """The refinement margin of the last checkpoint against the active baseline and against every
     earlier baseline (the first checkpoint, each event's): the worst of them is gated, so a
     declared event can start a new drift baseline but never improve the margin (issue 23 §5)."""
@@ -194,8 +237,12 @@ def _worst_refinement(replayer: _Replayer, run: Run, docs: dict[int, Any], pairs
         found.append({**margin, "against_step": b})
     worst = min(found, key=lambda m: (m.get("exact") is not None, m.get("exact") or 0.0))
     if len(found) > 1:
-        worst = {**worst, "also_against": [{"against_step": m["against_step"], "exact": m.get("exact")}
-                                           for m in found if m is not worst]}
+        worst = {
+            **worst,
+            "also_against": [
+                {"against_step": m["against_step"], "exact": m.get("exact")} for m in found if m is not worst
+            ],
+        }
     return worst
 
 
@@ -218,10 +265,14 @@ def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]
 
         version = torch.__version__
     devices = sorted(set(computed_by.values()))
-    return {"torch": version, "python": platform.python_version(),
-            "device": devices[0] if len(devices) == 1 else "mixed" if devices else "none",
-            **({"devices": dict(sorted(computed_by.items()))} if len(devices) > 1 else {}),
-            "dtype": "float32", **_parallel(computed_by, parallel or {})}
+    return {
+        "torch": version,
+        "python": platform.python_version(),
+        "device": devices[0] if len(devices) == 1 else "mixed" if devices else "none",
+        **({"devices": dict(sorted(computed_by.items()))} if len(devices) > 1 else {}),
+        "dtype": "float32",
+        **_parallel(computed_by, parallel or {}),
+    }
 
 
 def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -229,20 +280,22 @@ def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) 
         return {}
     widest = max(parallel.values(), key=lambda p: (p["world_size"], p["backend"], p["rank_devices"]))
     sizes = {part: parallel.get(part, {}).get("world_size", 1) for part in computed_by}
-    return {"world_size": widest["world_size"], "backend": widest["backend"], "rank_devices": widest["rank_devices"],
-            **({"world_sizes": dict(sorted(sizes.items()))} if len(set(sizes.values())) > 1 else {})}
+    return {
+        "world_size": widest["world_size"],
+        "backend": widest["backend"],
+        "rank_devices": widest["rank_devices"],
+        **({"world_sizes": dict(sorted(sizes.items()))} if len(set(sizes.values())) > 1 else {}),
+    }
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
-    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "bytes": path.stat().st_size}
+    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
 
 
 def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
     """SHA-256 of every file besides the checkpoints that a signed number rests on."""
     out: dict[str, Any] = {}
-    for name, path in (("metrics", run.metrics), ("probe", run.probe),
-                       ("events", run.path / "events.jsonl")):
+    for name, path in (("metrics", run.metrics), ("probe", run.probe), ("events", run.path / "events.jsonl")):
         if path is not None and path.is_file():
             out[name] = _file_digest(path)
     if policy.source != BUILTIN and Path(policy.source).is_file():
@@ -253,16 +306,22 @@ def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
 def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
         digest = doc["checkpoint"]["digest"]
-        return {"path": path.name, "kind": "checkpoint",
-                "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest}
+        return {
+            "path": path.name,
+            "kind": "checkpoint",
+            "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest,
+        }
     return {**_file_digest(path), "kind": "receipts"}
 
 
 def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
     """A cached receipts document must be one of this checkpoint's routed layers."""
     layers = list(ckpt.spec.routed_layers)
-    return lambda d: (d["schema"] == "moeaudit.receipts/v1" and isinstance(d["checkpoint"], dict)
-                      and [e["layer"] for e in d["layers"]] == layers)
+    return lambda d: (
+        d["schema"] == "moeaudit.receipts/v1"
+        and isinstance(d["checkpoint"], dict)
+        and [e["layer"] for e in d["layers"]] == layers
+    )
 
 
 def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -282,13 +341,19 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
             entry = next(e for e in docs[step]["layers"] if e["layer"] == i)
             bias = (entry.get("gate") or {}).get("selection_bias")
             occ = entry["occupancy"]
-            row = {"step": step, "pi_min": occ["pi_min"], "dead": occ["dead"],
-                   "bias_min": None, "bias_max": None, "bias_std": None, "bias_drift": None}
+            row = {
+                "step": step,
+                "pi_min": occ["pi_min"],
+                "dead": occ["dead"],
+                "bias_min": None,
+                "bias_max": None,
+                "bias_std": None,
+                "bias_drift": None,
+            }
             if bias is not None:
                 row.update(bias_min=bias["min"], bias_max=bias["max"], bias_std=bias["std"])
                 if prev is not None:
-                    row["bias_drift"] = sum((a - b) ** 2 for a, b in
-                                            zip(bias["values"], prev, strict=True)) ** 0.5
+                    row["bias_drift"] = sum((a - b) ** 2 for a, b in zip(bias["values"], prev, strict=True)) ** 0.5
                 prev = bias["values"]
             rows.append(row)
         layers.append({"layer": i, "checkpoints": rows})
@@ -320,8 +385,10 @@ def _training_loss(run: Run) -> Callable[[int], dict[str, float] | None]:
     from moeaudit.metrics import read_metrics
 
     series = read_metrics(run.metrics)  # validates every line
-    logged = {"loss": [(s, v) for s, v in zip(series.steps, series.loss) if v is not None],
-              "lm_loss": sorted(_lm_losses(run.metrics).items())}
+    logged = {
+        "loss": [(s, v) for s, v in zip(series.steps, series.loss) if v is not None],
+        "lm_loss": sorted(_lm_losses(run.metrics).items()),
+    }
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
     def over(step: int) -> dict[str, float] | None:
@@ -340,8 +407,16 @@ class _Replayer:
     anchor states of at most the active baseline and the current checkpoint. A baseline's
     anchor states are cached too, so adding a checkpoint to a run replays only that one."""
 
-    def __init__(self, canary: Canary, policy: Policy, cache: ReceiptsCache, say: Say, total: int,
-                 device: str | None = None, progress: Callable[[str, int, int], None] | None = None):
+    def __init__(
+        self,
+        canary: Canary,
+        policy: Policy,
+        cache: ReceiptsCache,
+        say: Say,
+        total: int,
+        device: str | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ):
         self.progress = progress
         self.canary, self.policy, self.cache, self.say, self.total = canary, policy, cache, say, total
         self.device = device
@@ -384,8 +459,8 @@ class _Replayer:
 
             def tick(stage: str, done: int, total: int) -> None:  # per layer, forward and backward
                 outer(f"{label} {stage}", done, total)
-        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device,
-                             progress=tick)
+
+        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device, progress=tick)
         self._computed(f"checkpoint-{step}.json", doc)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
@@ -411,8 +486,7 @@ class _Replayer:
             from moeaudit.receipts.observer import AnchorStates
 
             if cached is not None and all(f"{i}.{n}" in cached for i in layers for n in "zy"):
-                self.states[step] = {i: AnchorStates(cached[f"{i}.z"], cached[f"{i}.y"])
-                                     for i in layers}
+                self.states[step] = {i: AnchorStates(cached[f"{i}.z"], cached[f"{i}.y"]) for i in layers}
                 self.from_cache.append({"kind": "anchor_states", "checkpoints": [ckpt.path.name]})
             else:
                 self._replay(step, ckpt)
@@ -422,8 +496,7 @@ class _Replayer:
         """``step`` becomes the active baseline: keep its anchor states, and cache them."""
         self.forget_states(keep=step)
         if step in self.states:
-            tensors = {f"{i}.{n}": t for i, s in self.states[step].items()
-                       for n, t in (("z", s.z_NH), ("y", s.y_NH))}
+            tensors = {f"{i}.{n}": t for i, s in self.states[step].items() for n, t in (("z", s.z_NH), ("y", s.y_NH))}
             self.cache.put_tensors(self._key("states", ckpt), tensors)
 
     def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
@@ -431,8 +504,7 @@ class _Replayer:
         cached = self.cache.get(key, check=lambda d: d["schema"] == "moeaudit.pair/v1")
         if cached is not None:  # cached by digests: the steps are this run's
             cached.update(base_step=base[0], step=cand[0])
-            self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name,
-                                                                    cand[1].path.name]})
+            self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name, cand[1].path.name]})
             self._computed(f"pair-{cand[0]}-vs-{base[0]}.json", cached)
             return cached
         from moeaudit.receipts.drift import bootstrap_for, pair_layer
@@ -443,12 +515,25 @@ class _Replayer:
         layers = []
         for layer in b_ckpt.spec.routed_layers:  # on the replays' device, experts as stored until used
             boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
-            entry = pair_layer(b_ckpt.spec, b_ckpt.layer_weights(layer, lazy_experts=True),
-                               c_ckpt.layer_weights(layer, lazy_experts=True), b_states[layer],
-                               c_states[layer], boot, device=self.device)
+            entry = pair_layer(
+                b_ckpt.spec,
+                b_ckpt.layer_weights(layer, lazy_experts=True),
+                c_ckpt.layer_weights(layer, lazy_experts=True),
+                b_states[layer],
+                c_states[layer],
+                boot,
+                device=self.device,
+            )
             layers.append({"layer": layer, **entry})
-        doc = finite_document({"schema": "moeaudit.pair/v1", "base_step": b_step, "step": c_step,
-                               "environment": environment(self.device), "layers": layers})
+        doc = finite_document(
+            {
+                "schema": "moeaudit.pair/v1",
+                "base_step": b_step,
+                "step": c_step,
+                "environment": environment(self.device),
+                "layers": layers,
+            }
+        )
         self._computed(f"pair-{c_step}-vs-{b_step}.json", doc)
         b_ckpt.verify_unchanged()  # the bytes read are the bytes hashed, before caching them
         c_ckpt.verify_unchanged()
@@ -472,8 +557,10 @@ def _heatmaps(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "checkpoint": doc["checkpoint"]["name"],
         "occupancy": {"layers": [e["layer"] for e in layers], "pi": [e["occupancy"]["pi"] for e in layers]},
-        "domains": {"names": layers[0]["domains"]["domains"] if layers else [],
-                    "layers": {str(e["layer"]): e["domains"]["pi"] for e in layers}},
+        "domains": {
+            "names": layers[0]["domains"]["domains"] if layers else [],
+            "layers": {str(e["layer"]): e["domains"]["pi"] for e in layers},
+        },
     }
 
 
@@ -484,9 +571,16 @@ def sha256_hex(data: bytes) -> str:
 __all__ = ["Audit", "audit_run", "InputError"]
 
 
-def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
-                  issued_at: str | None = None, target: Any = None,
-                  compiled: ReceiptsCache | None = None) -> dict[str, Path]:
+def write_outputs(
+    audit: Audit,
+    key: Any,
+    out_dir: Path,
+    *,
+    force: bool = False,
+    issued_at: str | None = None,
+    target: Any = None,
+    compiled: ReceiptsCache | None = None,
+) -> dict[str, Path]:
     """Sign and write receipts/, certificate.html, certificate.json and certificate.sigstore.json
     (the same signed statement as a Sigstore bundle) as one output set: staged
     beside ``out_dir`` and renamed into place whole (:class:`moeaudit.output.OutputSet`;
@@ -499,12 +593,17 @@ def write_outputs(audit: Audit, key: Any, out_dir: Path, *, force: bool = False,
             return write_outputs(audit, key, out_dir, issued_at=issued_at, target=own, compiled=compiled)
     _write_set(audit, key, target.staging, issued_at, compiled)
     target.commit()
-    return {"certificate": out_dir / "certificate.json", "html": out_dir / "certificate.html",
-            "bundle": out_dir / BUNDLE_NAME, "receipts": out_dir / "receipts"}
+    return {
+        "certificate": out_dir / "certificate.json",
+        "html": out_dir / "certificate.html",
+        "bundle": out_dir / BUNDLE_NAME,
+        "receipts": out_dir / "receipts",
+    }
 
 
-def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
-               compiled: ReceiptsCache | None = None) -> None:
+def _write_set(
+    audit: Audit, key: Any, out_dir: Path, issued_at: str | None, compiled: ReceiptsCache | None = None
+) -> None:
     import base64
     import json
 
@@ -521,14 +620,17 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
 
     size = max(len(env_bytes), len(bundle_bytes))  # the bundle: the envelope and ~0.1 KB
     if size > MAX_CERTIFICATE_BYTES:
-        raise InputError(f"the certificate would be {size} bytes, over the "
-                         f"{MAX_CERTIFICATE_BYTES >> 20} MiB that verify reads", path=cert_path,
-                         hint="certify fewer checkpoints or a shorter log at a time")
+        raise InputError(
+            f"the certificate would be {size} bytes, over the {MAX_CERTIFICATE_BYTES >> 20} MiB that verify reads",
+            path=cert_path,
+            hint="certify fewer checkpoints or a shorter log at a time",
+        )
     body = base64.b64decode(envelope["payload"])
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body
-    html = render_html(internal(signed), keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes),
-                       compiled=compiled)
+    html = render_html(
+        internal(signed), keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes), compiled=compiled
+    )
     (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
     for name, doc in sorted(audit.receipts.items()):
         atomic_write(out_dir / "receipts" / name, dumps(doc))
@@ -538,5 +640,4 @@ def _write_set(audit: Audit, key: Any, out_dir: Path, issued_at: str | None,
 
 
 def _two_floats(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) == 2
-            and all(isinstance(v, float) and math.isfinite(v) for v in value))
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in value)

@@ -78,8 +78,10 @@ class AuditGroup(click.Group):
             from moeaudit.replay.dist import out_of_memory
 
             if (oom := out_of_memory(exc)) is not None:  # not a bug: the replay did not fit (issue 28)
-                raise _Exit(f"{oom}; nothing was written (hint: spread the routed experts over N "
-                            "processes with --nproc N)", EXIT_INPUT) from exc
+                raise _Exit(
+                    f"{oom}; nothing was written (hint: spread the routed experts over N processes with --nproc N)",
+                    EXIT_INPUT,
+                ) from exc
             msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
             raise _Exit(short_line(msg), EXIT_INPUT) from exc
 
@@ -91,18 +93,26 @@ def _verbose(ctx: click.Context, _param: Any, value: bool) -> bool:
 
 
 verbose_option = click.option(
-    "--verbose", is_flag=True, expose_value=False, is_eager=True, callback=_verbose,
+    "--verbose",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_verbose,
     help="Show tracebacks on errors.",
 )
 
 
 nproc_option = click.option(
-    "--nproc", type=click.IntRange(min=1), default=None, metavar="N",
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
     help="Replay on N processes, each rank reading and computing its share of every layer's routed "
-         "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
-         "moeaudit ...` does the same). Receipts equal one process's within float tolerance. Sharded: "
-         "hashing and reading the weights, the receipts' forward and backward. On rank 0 alone: "
-         "--conflict, --generate, pair receipts (compare, certify, gate) and DCP checkpoints.")
+    "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
+    "moeaudit ...` does the same). Receipts equal one process's within float tolerance. Sharded: "
+    "hashing and reading the weights, the receipts' forward and backward. On rank 0 alone: "
+    "--conflict, --generate, pair receipts (compare, certify, gate) and DCP checkpoints.",
+)
 
 
 def _ranks(nproc: int | None) -> Any:
@@ -140,8 +150,13 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
     # per layer, forward then backward, with the time left of the current replay (ETA)
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("replay", total=1)
 
@@ -153,8 +168,11 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 
 
 policy_option = click.option(
-    "--policy", "policy_path", type=click.Path(path_type=Path),
-    help="Policy TOML (default: policy.toml next to or above the input, else built-in).")
+    "--policy",
+    "policy_path",
+    type=click.Path(path_type=Path),
+    help="Policy TOML (default: policy.toml next to or above the input, else built-in).",
+)
 
 
 def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
@@ -171,8 +189,10 @@ def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
     kind = "calibrated" if env.calibrated else "illustrative (Gradient Starvation Envelope (000) Table 6)"
     err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})", markup=False)
     if not (given or found):
-        _warn("warning: no policy file: the built-in constants are illustrative, not calibrated on "
-              "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`")
+        _warn(
+            "warning: no policy file: the built-in constants are illustrative, not calibrated on "
+            "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`"
+        )
     return policy
 
 
@@ -196,8 +216,9 @@ def _check_output(path: Path | None, force: bool) -> None:
     if path is not None and str(path) != "-":
         check_output_target(path, force=force)
         if not path.parent.is_dir():
-            raise InputError("output directory does not exist", path=path.parent,
-                             hint="create it first or choose another path")
+            raise InputError(
+                "output directory does not exist", path=path.parent, hint="create it first or choose another path"
+            )
 
 
 def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
@@ -289,23 +310,51 @@ def canary() -> None:
 
 
 @canary.command("build")
-@click.option("--tokens", "tokens", type=click.Path(path_type=Path),
-              help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
-@click.option("--text", "text", type=click.Path(path_type=Path),
-              help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.')
-@click.option("--tokenizer", type=click.Path(path_type=Path),
-              help="The model's tokenizer.json, for --text (needs the tokenizers package).")
-@click.option("--window-len", type=click.IntRange(2, MAX_WINDOW_TOKENS), default=256, show_default=True,
-              help="With --text: tokens per window (T).")
-@click.option("--windows", type=click.IntRange(min=1), default=64, show_default=True,
-              help="With --text: number of windows (W), shared evenly between the domains.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="The canary file to write (.safetensors).")
+@click.option(
+    "--tokens",
+    "tokens",
+    type=click.Path(path_type=Path),
+    help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.',
+)
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(path_type=Path),
+    help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.',
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    help="The model's tokenizer.json, for --text (needs the tokenizers package).",
+)
+@click.option(
+    "--window-len",
+    type=click.IntRange(2, MAX_WINDOW_TOKENS),
+    default=256,
+    show_default=True,
+    help="With --text: tokens per window (T).",
+)
+@click.option(
+    "--windows",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="With --text: number of windows (W), shared evenly between the domains.",
+)
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="The canary file to write (.safetensors).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
 @click.pass_context
-def canary_build(ctx: click.Context, tokens: Path | None, text: Path | None, tokenizer: Path | None,
-                 window_len: int, windows: int, out: Path, force: bool) -> None:
+def canary_build(
+    ctx: click.Context,
+    tokens: Path | None,
+    text: Path | None,
+    tokenizer: Path | None,
+    window_len: int,
+    windows: int,
+    out: Path,
+    force: bool,
+) -> None:
     """Package token windows or tokenized text into a hashed canary.
 
     
@@ -319,8 +368,9 @@ def canary_build(ctx: click.Context, tokens: Path | None, text: Path | None, tok
         raise UsageError("give exactly one of --tokens FILE.jsonl or --text FILE.jsonl")
     if (text is None) != (tokenizer is None):
         raise UsageError("--tokenizer goes with --text (and --text needs it)")
-    defaulted = {n: ctx.get_parameter_source(n) == click.core.ParameterSource.DEFAULT
-                 for n in ("window_len", "windows")}
+    defaulted = {
+        n: ctx.get_parameter_source(n) == click.core.ParameterSource.DEFAULT for n in ("window_len", "windows")
+    }
     if tokens is not None and not all(defaulted.values()):
         raise UsageError("--window-len and --windows apply to --text; --tokens windows are given as is")
     _check_output(out, force)
@@ -333,8 +383,10 @@ def canary_build(ctx: click.Context, tokens: Path | None, text: Path | None, tok
         assert tokens is not None
         c = canary_mod.build_from_jsonl(tokens)
     canary_mod.save(c, out)
-    click.echo(f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
-               f"{len(c.domains)} domains, digest sha256:{c.digest}")
+    click.echo(
+        f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
+        f"{len(c.domains)} domains, digest sha256:{c.digest}"
+    )
 
 
 @canary.command("show")
@@ -366,23 +418,49 @@ def canary_show(path: Path, as_json: bool) -> None:
 
 @cli.command(short_help="State receipts of one checkpoint.")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary file (default: canary.safetensors next to or above CKPT).")
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="Canary file (default: canary.safetensors next to or above CKPT).",
+)
 @policy_option
-@click.option("--json", "json_out", type=click.Path(path_type=Path),
-              help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(path_type=Path),
+    help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
-@click.option("--conflict", is_flag=True,
-              help="Also domain gradient conflict (one extra backward per canary domain).")
-@click.option("--generate", type=click.IntRange(min=0), default=0, metavar="N",
-              help="Also generation receipts from N greedy tokens (N extra forwards).")
-@click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
-              help="Compute the replay on this torch device, e.g. cuda or cuda:1 (one layer's "
-                   "weights at a time); receipts are deterministic per device.")
+@click.option("--conflict", is_flag=True, help="Also domain gradient conflict (one extra backward per canary domain).")
+@click.option(
+    "--generate",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Also generation receipts from N greedy tokens (N extra forwards).",
+)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    metavar="DEVICE",
+    help="Compute the replay on this torch device, e.g. cuda or cuda:1 (one layer's "
+    "weights at a time); receipts are deterministic per device.",
+)
 @nproc_option
 @verbose_option
-def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, json_out: Path | None,
-             force: bool, conflict: bool, generate: int, device: str, nproc: int | None) -> None:
+def receipts(
+    ckpt: Path,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    json_out: Path | None,
+    force: bool,
+    conflict: bool,
+    generate: int,
+    device: str,
+    nproc: int | None,
+) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward).
 
     
@@ -401,8 +479,15 @@ def receipts(ckpt: Path, canary_path: Path | None, policy_path: Path | None, jso
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
     with _ranks(nproc), _progress() as tick:
-        doc = state_receipts(checkpoint, probe, policy, conflict=conflict, generate=generate,
-                             progress=tick, device=None if device == "cpu" else _device(device))
+        doc = state_receipts(
+            checkpoint,
+            probe,
+            policy,
+            conflict=conflict,
+            generate=generate,
+            progress=tick,
+            device=None if device == "cpu" else _device(device),
+        )
     _emit_json(doc, json_out, lambda: print_receipts(doc))
 
 
@@ -425,18 +510,37 @@ def _device(name: str) -> str:
 @cli.command(short_help="Drift and margins of CANDIDATE against BASE.")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary file (default: canary.safetensors next to or above BASE).")
-@click.option("--reference", type=click.Path(path_type=Path),
-              help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.")
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="Canary file (default: canary.safetensors next to or above BASE).",
+)
+@click.option(
+    "--reference",
+    type=click.Path(path_type=Path),
+    help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.",
+)
 @policy_option
-@click.option("--json", "json_out", type=click.Path(path_type=Path),
-              help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(path_type=Path),
+    help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @nproc_option
 @verbose_option
-def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Path | None,
-            policy_path: Path | None, json_out: Path | None, force: bool, nproc: int | None) -> None:
+def compare(
+    base: Path,
+    candidate: Path,
+    canary_path: Path | None,
+    reference: Path | None,
+    policy_path: Path | None,
+    json_out: Path | None,
+    force: bool,
+    nproc: int | None,
+) -> None:
     """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins.
 
     
@@ -466,26 +570,48 @@ def compare(base: Path, candidate: Path, canary_path: Path | None, reference: Pa
 @cli.command(short_help="Gradient Starvation Envelope of a run.")
 @click.argument("source_path", metavar="RUN_DIR|metrics.jsonl", type=click.Path(path_type=Path))
 @policy_option
-@click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default=None,
-              help="Series from training logs, from replaying every checkpoint, or from the hook's "
-                   "canary probe at saves (canary_probe.jsonl) (default: the policy's).")
+@click.option(
+    "--source",
+    type=click.Choice(["auto", "logs", "replay", "probe"]),
+    default=None,
+    help="Series from training logs, from replaying every checkpoint, or from the hook's "
+    "canary probe at saves (canary_probe.jsonl) (default: the policy's).",
+)
 @click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
-@click.option("--compare", is_flag=True,
-              help="Also evaluate the other sources and compare logs (and the canary probe, when "
-                   "logged) with replays window by window (between consecutive checkpoints).")
-@click.option("--calibrate-on", "calibrate_on", type=click.Path(path_type=Path),
-              metavar="HEALTHY_RUN",
-              help="Judge each source under constants fitted on this healthy run from the same "
-                   "source and sampling, instead of the policy's.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path),
-              help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).")
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Also evaluate the other sources and compare logs (and the canary probe, when "
+    "logged) with replays window by window (between consecutive checkpoints).",
+)
+@click.option(
+    "--calibrate-on",
+    "calibrate_on",
+    type=click.Path(path_type=Path),
+    metavar="HEALTHY_RUN",
+    help="Judge each source under constants fitted on this healthy run from the same "
+    "source and sampling, instead of the policy's.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(path_type=Path),
+    help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
-@click.option("--no-cache", is_flag=True,
-              help="Replay every checkpoint (ignore and do not fill the cache).")
+@click.option("--no-cache", is_flag=True, help="Replay every checkpoint (ignore and do not fill the cache).")
 @verbose_option
-def envelope(source_path: Path, policy_path: Path | None, source: str | None,
-             canary_path: Path | None, compare: bool, calibrate_on: Path | None,
-             json_out: Path | None, force: bool, no_cache: bool) -> None:
+def envelope(
+    source_path: Path,
+    policy_path: Path | None,
+    source: str | None,
+    canary_path: Path | None,
+    compare: bool,
+    calibrate_on: Path | None,
+    json_out: Path | None,
+    force: bool,
+    no_cache: bool,
+) -> None:
     """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not).
 
     
@@ -504,10 +630,17 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
     policy = _load_policy(policy_path, source_path)
     with _progress() as tick:
         report = evaluate_run(
-            source_path, policy.envelope, source=source or policy.envelope.source,
-            canary_path=canary_path and str(canary_path), compare=compare,
-            calibrate_on=calibrate_on, policy_path=policy.source, progress=tick, warn=_warn,
-            cache=ReceiptsCache(enabled=not no_cache, warn=_warn))
+            source_path,
+            policy.envelope,
+            source=source or policy.envelope.source,
+            canary_path=canary_path and str(canary_path),
+            compare=compare,
+            calibrate_on=calibrate_on,
+            policy_path=policy.source,
+            progress=tick,
+            warn=_warn,
+            cache=ReceiptsCache(enabled=not no_cache, warn=_warn),
+        )
     report = finite_document(report)
     _emit_json(report, json_out, lambda: print_envelope(report))
     raise SystemExit(0 if report["compliant"] else 1)
@@ -515,24 +648,49 @@ def envelope(source_path: Path, policy_path: Path | None, source: str | None,
 
 @cli.command(short_help="Fit the envelope and gate tolerances on a healthy run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary the checkpoints are replayed on to fit the gate tolerances (default: "
-                   "canary.safetensors in RUN_DIR or up to two levels above).")
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="Canary the checkpoints are replayed on to fit the gate tolerances (default: "
+    "canary.safetensors in RUN_DIR or up to two levels above).",
+)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
 @policy_option
-@click.option("--source", type=click.Choice(["auto", "logs", "replay", "probe"]), default="auto",
-              show_default=True, help="Series to fit on: training logs, checkpoint replays or the "
-                                      "canary probe (auto: logs when present).")
-@click.option("--variant", type=click.Choice(["raw", "normalized"]), default="normalized", show_default=True,
-              help="normalized (var_grad/ḡ², scale-free) is the default: the ε = c·Var_t[V] of Gradient "
-                   "Starvation Envelope (000) Eq. 16 is not scale-free for raw variance (docs/envelope.md).")
-@click.option("--since", type=click.IntRange(min=0), default=None,
-              help="Ignore samples before this step (warm-up). Default: the learning-rate peak in "
-                   "the last checkpoint's trainer_state.json, else 0.")
+@click.option(
+    "--source",
+    type=click.Choice(["auto", "logs", "replay", "probe"]),
+    default="auto",
+    show_default=True,
+    help="Series to fit on: training logs, checkpoint replays or the canary probe (auto: logs when present).",
+)
+@click.option(
+    "--variant",
+    type=click.Choice(["raw", "normalized"]),
+    default="normalized",
+    show_default=True,
+    help="normalized (var_grad/ḡ², scale-free) is the default: the ε = c·Var_t[V] of Gradient "
+    "Starvation Envelope (000) Eq. 16 is not scale-free for raw variance (docs/envelope.md).",
+)
+@click.option(
+    "--since",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Ignore samples before this step (warm-up). Default: the learning-rate peak in "
+    "the last checkpoint's trainer_state.json, else 0.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
-def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: Path | None, source: str,
-              variant: str, since: int | None, force: bool) -> None:
+def calibrate(
+    run_dir: Path,
+    canary_path: Path | None,
+    out: Path,
+    policy_path: Path | None,
+    source: str,
+    variant: str,
+    since: int | None,
+    force: bool,
+) -> None:
     """Fit every tolerance the verdict uses on a healthy run and write a policy: the envelope
     (Gradient Starvation Envelope (000) Eq. 16) and the gate tolerances (docs/policy.md).
 
@@ -552,22 +710,39 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
     base = _load_policy(policy_path, run_dir)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
     with _progress() as tick:
-        result = calibrate_run(run_dir, base, probe, source=source, variant=variant, since=since,
-                               cache=ReceiptsCache(warn=_warn), say=_warn, progress=tick)
+        result = calibrate_run(
+            run_dir,
+            base,
+            probe,
+            source=source,
+            variant=variant,
+            since=since,
+            cache=ReceiptsCache(warn=_warn),
+            say=_warn,
+            progress=tick,
+        )
     for w in result.warnings:
         _warn(f"warning: {w}")
     write_policy(result, run_dir, out)
     env = result.policy.envelope
-    fit = (f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
-           f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps" if env.calibrated
-           else "variance bound not fitted (illustrative, not gated)")
-    err.print(f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
-              f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
-              markup=False)
+    fit = (
+        f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
+        f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps"
+        if env.calibrated
+        else "variance bound not fitted (illustrative, not gated)"
+    )
+    err.print(
+        f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
+        f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
+        markup=False,
+    )
     g = result.policy.gates
-    err.print(f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
-              f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
-              f"= {g.entropy_ratio_floor:.4g} (written into {out} with how each was fitted)", markup=False)
+    err.print(
+        f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
+        f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
+        f"= {g.entropy_ratio_floor:.4g} (written into {out} with how each was fitted)",
+        markup=False,
+    )
     click.echo(f"wrote {out}")
 
 
@@ -576,29 +751,62 @@ def calibrate(run_dir: Path, canary_path: Path | None, out: Path, policy_path: P
 
 @cli.command(short_help="Audit a run and write a signed certificate.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).")
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).",
+)
 @policy_option
-@click.option("--reference", type=click.Path(path_type=Path),
-              help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.")
-@click.option("--key", type=click.Path(path_type=Path),
-              help="Signing key (default: your moeaudit key, created on first use).")
-@click.option("--out", type=click.Path(path_type=Path),
-              help="Output directory (default: ./moeaudit-certificates/<run name>).")
+@click.option(
+    "--reference",
+    type=click.Path(path_type=Path),
+    help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.",
+)
+@click.option(
+    "--key", type=click.Path(path_type=Path), help="Signing key (default: your moeaudit key, created on first use)."
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Output directory (default: ./moeaudit-certificates/<run name>)."
+)
 @click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
-@click.option("--device", default="cpu", show_default=True, metavar="DEVICE",
-              help="Compute the replays on this torch device, e.g. cuda (see receipts --device).")
-@click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
-              help="Training stage (default: events.jsonl's, else the policy's, else pretraining).")
-@click.option("--fail-on", type=click.Choice(["fail", "inconclusive"]), default=None,
-              help="After writing the certificate, exit 1 on a FAIL verdict; 'inconclusive' also "
-                   "exits 3 on INCONCLUSIVE (default: exit 0 whatever the verdict).")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    metavar="DEVICE",
+    help="Compute the replays on this torch device, e.g. cuda (see receipts --device).",
+)
+@click.option(
+    "--stage",
+    type=click.Choice(["pretraining", "post-training"]),
+    default=None,
+    help="Training stage (default: events.jsonl's, else the policy's, else pretraining).",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["fail", "inconclusive"]),
+    default=None,
+    help="After writing the certificate, exit 1 on a FAIL verdict; 'inconclusive' also "
+    "exits 3 on INCONCLUSIVE (default: exit 0 whatever the verdict).",
+)
 @nproc_option
 @verbose_option
-def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-            key: Path | None, out: Path | None, force: bool, no_cache: bool, device: str,
-            stage: str | None, fail_on: str | None, nproc: int | None) -> None:
+def certify(
+    run_dir: Path,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    reference: Path | None,
+    key: Path | None,
+    out: Path | None,
+    force: bool,
+    no_cache: bool,
+    device: str,
+    stage: str | None,
+    fail_on: str | None,
+    nproc: int | None,
+) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
 
     With --fail-on, a FAIL verdict exits 1 (and, with --fail-on inconclusive, an INCONCLUSIVE one
@@ -619,6 +827,7 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     dev = None if device == "cpu" else _device(device)  # before anything is read or written
     if not run_dir.exists():
         from moeaudit.errors import InputError
+
         raise InputError("no such run directory", path=run_dir)
     from moeaudit.run_names import run_name
 
@@ -636,13 +845,23 @@ def certify(run_dir: Path, canary_path: Path | None, policy_path: Path | None, r
     with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
         cache = ReceiptsCache(enabled=not no_cache, warn=_warn)
-        audit = audit_run(run_dir.resolve(), probe, policy, reference=reference, say=_warn,
-                          cache=cache, device=dev, stage=stage,
-                          canary_origin=canary_origin, progress=tick)
+        audit = audit_run(
+            run_dir.resolve(),
+            probe,
+            policy,
+            reference=reference,
+            say=_warn,
+            cache=cache,
+            device=dev,
+            stage=stage,
+            canary_origin=canary_origin,
+            progress=tick,
+        )
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])
-    click.echo(f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} "
-               f"and {paths['receipts']}/")
+    click.echo(
+        f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} and {paths['receipts']}/"
+    )
     _fail_on(audit.verdict, fail_on)
 
 
@@ -650,8 +869,9 @@ def _fail_on(verdict: str, fail_on: str | None) -> None:
     """certify --fail-on: the verdict as an exit code, once the certificate is written."""
     code = {"FAIL": 1, "INCONCLUSIVE": 3 if fail_on == "inconclusive" else 0}.get(verdict, 0)
     if fail_on is not None and code:
-        err.print(f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate "
-                  "was written", markup=False)
+        err.print(
+            f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate was written", markup=False
+        )
         raise SystemExit(code)
 
 
@@ -661,8 +881,9 @@ def _signing_key(path: Path | None):
     if path is None:
         path = default_key_path()
         if ensure_key(path):  # under a lock: a concurrent first use gets the same key
-            err.print(f"created your signing key {path} (0600) and {path}.pub — keep the private key safe",
-                      markup=False)
+            err.print(
+                f"created your signing key {path} (0600) and {path}.pub — keep the private key safe", markup=False
+            )
     try:
         key, warnings = load_private_key(path)
     except KeyNeedsPassphrase:
@@ -678,27 +899,55 @@ def _signing_key(path: Path | None):
 @cli.command(short_help="CI gate: promote (0), hold (1), inconclusive (3).")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="Canary file (default: canary.safetensors beside BASE or up to two levels above).")
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="Canary file (default: canary.safetensors beside BASE or up to two levels above).",
+)
 @policy_option
 @click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
-@click.option("--stage", type=click.Choice(["pretraining", "post-training"]), default=None,
-              help="Training stage the promotion belongs to (default: the run's events.jsonl, else the "
-                   "policy's, else pretraining within one run and post-training across runs).")
+@click.option(
+    "--stage",
+    type=click.Choice(["pretraining", "post-training"]),
+    default=None,
+    help="Training stage the promotion belongs to (default: the run's events.jsonl, else the "
+    "policy's, else pretraining within one run and post-training across runs).",
+)
 @click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path),
-              help="Also write the decision, its conditions and the gate as JSON here.")
-@click.option("--attest-test-result", "attest", type=click.Path(path_type=Path),
-              help="Also write the decision here as a signed in-toto Test Result "
-                   "(https://in-toto.io/attestation/test-result/v0.1) over the candidate's root digest.")
-@click.option("--key", type=click.Path(path_type=Path),
-              help="Signing key for --attest-test-result (default: your moeaudit key).")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(path_type=Path),
+    help="Also write the decision, its conditions and the gate as JSON here.",
+)
+@click.option(
+    "--attest-test-result",
+    "attest",
+    type=click.Path(path_type=Path),
+    help="Also write the decision here as a signed in-toto Test Result "
+    "(https://in-toto.io/attestation/test-result/v0.1) over the candidate's root digest.",
+)
+@click.option(
+    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-test-result (default: your moeaudit key)."
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --junit, --json or --attest-test-result file.")
 @nproc_option
 @verbose_option
-def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Path | None,
-         reference: Path | None, stage: str | None, junit: Path | None, json_out: Path | None,
-         attest: Path | None, key: Path | None, force: bool, nproc: int | None) -> None:
+def gate(
+    base: Path,
+    candidate: Path,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    reference: Path | None,
+    stage: str | None,
+    junit: Path | None,
+    json_out: Path | None,
+    attest: Path | None,
+    key: Path | None,
+    force: bool,
+    nproc: int | None,
+) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
 
     
@@ -733,14 +982,16 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
         if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
             result = rollback(base, candidate, b_step, c_step)
         elif run_dir is not None and b_step is not None and c_step is not None:
-            result, policy, subject = _gate_in_run(run_dir, base, candidate, b_step, c_step, canary_path,
-                                                   policy_path, reference, stage)
+            result, policy, subject = _gate_in_run(
+                run_dir, base, candidate, b_step, c_step, canary_path, policy_path, reference, stage
+            )
         else:
             result, policy = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
     _print_gate(result)
     if attest is not None and signing_key is not None:
-        _attest_promotion(attest, result, policy, subject or {"name": c.path.name, "digest": {"sha256": c.digest}},
-                          signing_key, force)
+        _attest_promotion(
+            attest, result, policy, subject or {"name": c.path.name, "digest": {"sha256": c.digest}}, signing_key, force
+        )
         result["attestation"] = str(attest)
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
@@ -756,9 +1007,17 @@ def gate(base: Path, candidate: Path, canary_path: Path | None, policy_path: Pat
 GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
 
 
-def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step: int,
-                 canary_path: Path | None, policy_path: Path | None, reference: Path | None,
-                 stage: str | None) -> tuple[GateResult, Any, Any]:
+def _gate_in_run(
+    run_dir: Path,
+    base: Path,
+    candidate: Path,
+    b_step: int,
+    c_step: int,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    reference: Path | None,
+    stage: str | None,
+) -> tuple[GateResult, Any, Any]:
     """The candidate as certify of the run truncated at it would judge it; with the policy and
     the candidate's subject in the audit (name and root digest)."""
     from moeaudit import canary as canary_mod
@@ -770,16 +1029,35 @@ def _gate_in_run(run_dir: Path, base: Path, candidate: Path, b_step: int, c_step
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
     policy = _load_policy(policy_path, base, (candidate,))
     with _progress() as tick:
-        audit = audit_run(run_dir, probe, policy, reference=reference, say=_warn,
-                          cache=ReceiptsCache(warn=_warn), stage=stage, progress=tick, until=c_step)
+        audit = audit_run(
+            run_dir,
+            probe,
+            policy,
+            reference=reference,
+            say=_warn,
+            cache=ReceiptsCache(warn=_warn),
+            stage=stage,
+            progress=tick,
+            until=c_step,
+        )
     subject = next((s for s in audit.statement["subject"] if s["name"] == candidate.name), None)
-    return gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate,
-                           b_step=b_step, policy=policy), policy, subject
+    return (
+        gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate, b_step=b_step, policy=policy),
+        policy,
+        subject,
+    )
 
 
-def _gate_across_runs(b: Any, c: Any, base: Path, candidate: Path, canary_path: Path | None,
-                      policy_path: Path | None, reference: Path | None,
-                      stage: str | None) -> tuple[GateResult, Any]:
+def _gate_across_runs(
+    b: Any,
+    c: Any,
+    base: Path,
+    candidate: Path,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    reference: Path | None,
+    stage: str | None,
+) -> tuple[GateResult, Any]:
     from moeaudit import canary as canary_mod
     from moeaudit.judge.promote import gate_candidate
     from moeaudit.locate import require_canary
@@ -798,9 +1076,15 @@ def _attest_promotion(path: Path, result: GateResult, policy: Any, subject: Any,
     from moeaudit.jsonio import atomic_write
     from moeaudit.policy import BUILTIN
 
-    configuration = [] if policy is None else policy_configuration(  # a rollback is judged by no policy
-        policy.source, policy.to_json(),
-        Path(policy.source) if policy.source != BUILTIN and Path(policy.source).is_file() else None)
+    configuration = (
+        []
+        if policy is None
+        else policy_configuration(  # a rollback is judged by no policy
+            policy.source,
+            policy.to_json(),
+            Path(policy.source) if policy.source != BUILTIN and Path(policy.source).is_file() else None,
+        )
+    )
     atomic_write(path, sign(promotion_result(result, subject, configuration), key), force=force)
     err.print(f"wrote {path} (in-toto Test Result, {result['decision']})", markup=False)
 
@@ -811,9 +1095,11 @@ def _print_gate(result: GateResult) -> None:
     if result["verdict"] is None:
         head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
     else:
-        head = (f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
-                f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
-                f"{result['verdict_reason']}")
+        head = (
+            f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
+            f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
+            f"{result['verdict_reason']}"
+        )
     out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
@@ -839,13 +1125,18 @@ def _passphrase_prompt() -> bytes | None:
 
 
 @cli.command()
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Private key path (KEY.pub is written beside it).")
-@click.option("--key-type", type=click.Choice(["ecdsa-p256", "ed25519"]), default="ecdsa-p256",
-              show_default=True, help="ECDSA P-256 verifies with cosign and model_signing; Ed25519 does not.")
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path), help="Private key path (KEY.pub is written beside it)."
+)
+@click.option(
+    "--key-type",
+    type=click.Choice(["ecdsa-p256", "ed25519"]),
+    default="ecdsa-p256",
+    show_default=True,
+    help="ECDSA P-256 verifies with cosign and model_signing; Ed25519 does not.",
+)
 @click.option("--ecdsa", is_flag=True, hidden=True, help="Same as --key-type ecdsa-p256 (the default).")
-@click.option("--passphrase-env", is_flag=True,
-              help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
+@click.option("--passphrase-env", is_flag=True, help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
 @click.option("--force", is_flag=True, help="Replace existing key files.")
 @verbose_option
 def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
@@ -880,40 +1171,79 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
     names = tuple(v.strip().upper() for value in values for v in value.split(","))
     wrong = [v for v in names if v not in VERDICTS]
     if wrong:
-        raise click.BadParameter(f"{', '.join(map(repr, wrong))}: a verdict is one of "
-                                 f"{', '.join(VERDICTS)}")
+        raise click.BadParameter(f"{', '.join(map(repr, wrong))}: a verdict is one of {', '.join(VERDICTS)}")
     return names
 
 
 @cli.command()
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option("--pubkey", type=click.Path(path_type=Path),
-              help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).")
-@click.option("--recheck", is_flag=True,
-              help="Recompute the digest of every input the certificate binds (checkpoints, logs, "
-                   "canary, policy file, reference) and name each one changed or missing (exit 1).")
-@click.option("--run-dir", type=click.Path(path_type=Path),
-              help="Where the certified run is now (default: the path recorded in the certificate).")
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path),
-              help="With --recheck: where the certified canary is now (default: the path recorded).")
-@click.option("--policy", "policy_path", type=click.Path(path_type=Path),
-              help="With --recheck: where the certified policy file is now (default: the path recorded).")
-@click.option("--reference", type=click.Path(path_type=Path),
-              help="With --recheck: where the certified reference is now (the certificate records "
-                   "only its name).")
-@click.option("--require-verdict", "required", multiple=True, metavar="VERDICT", callback=_verdicts,
-              help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
-                   "(repeat the option or separate with commas).")
-@click.option("--attest-verification", "attest", type=click.Path(path_type=Path),
-              help="When verification succeeds, also write what was verified here as a signed in-toto "
-                   "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).")
-@click.option("--key", type=click.Path(path_type=Path),
-              help="Signing key for --attest-verification (default: your moeaudit key).")
+@click.option(
+    "--pubkey",
+    type=click.Path(path_type=Path),
+    help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).",
+)
+@click.option(
+    "--recheck",
+    is_flag=True,
+    help="Recompute the digest of every input the certificate binds (checkpoints, logs, "
+    "canary, policy file, reference) and name each one changed or missing (exit 1).",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    help="Where the certified run is now (default: the path recorded in the certificate).",
+)
+@click.option(
+    "--canary",
+    "canary_path",
+    type=click.Path(path_type=Path),
+    help="With --recheck: where the certified canary is now (default: the path recorded).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(path_type=Path),
+    help="With --recheck: where the certified policy file is now (default: the path recorded).",
+)
+@click.option(
+    "--reference",
+    type=click.Path(path_type=Path),
+    help="With --recheck: where the certified reference is now (the certificate records only its name).",
+)
+@click.option(
+    "--require-verdict",
+    "required",
+    multiple=True,
+    metavar="VERDICT",
+    callback=_verdicts,
+    help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
+    "(repeat the option or separate with commas).",
+)
+@click.option(
+    "--attest-verification",
+    "attest",
+    type=click.Path(path_type=Path),
+    help="When verification succeeds, also write what was verified here as a signed in-toto "
+    "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).",
+)
+@click.option(
+    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-verification (default: your moeaudit key)."
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --attest-verification file.")
 @verbose_option
-def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None, canary_path: Path | None,
-           policy_path: Path | None, reference: Path | None, required: tuple[str, ...], attest: Path | None,
-           key: Path | None, force: bool) -> None:
+def verify(
+    cert: Path,
+    pubkey: Path | None,
+    recheck: bool,
+    run_dir: Path | None,
+    canary_path: Path | None,
+    policy_path: Path | None,
+    reference: Path | None,
+    required: tuple[str, ...],
+    attest: Path | None,
+    key: Path | None,
+    force: bool,
+) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
@@ -934,11 +1264,11 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
 
     given = Overrides(run_dir, canary_path, policy_path, reference)
     if not recheck and (canary_path or policy_path or reference):
-        raise UsageError("--canary, --policy and --reference say where to recheck inputs",
-                         hint="add --recheck")
+        raise UsageError("--canary, --policy and --reference say where to recheck inputs", hint="add --recheck")
     if (key is not None or force) and attest is None:
-        raise UsageError("--key and --force are for the --attest-verification file",
-                         hint="add --attest-verification FILE")
+        raise UsageError(
+            "--key and --force are for the --attest-verification file", hint="add --attest-verification FILE"
+        )
     _check_output(attest, force)
     signing_key = _signing_key(key) if attest is not None else None
     if pubkey is None:
@@ -948,20 +1278,22 @@ def verify(cert: Path, pubkey: Path | None, recheck: bool, run_dir: Path | None,
         err.print(f"verifying with your key {pubkey} (--pubkey names another)", markup=False)
     stmt = open_certificate(cert, load_public_key(pubkey))
     pred = stmt["predicate"]
-    click.echo(f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
-               f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}")
+    click.echo(
+        f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
+        f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}"
+    )
     problems = [_recheck(stmt, given)] if recheck else []
     if required and pred["verdict"] not in required:
-        problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} "
-                        "(--require-verdict)")
+        problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} (--require-verdict)")
     if any(problems):
         raise PolicyFailed("; ".join(p for p in problems if p), path=cert)
     if attest is not None and signing_key is not None:
         _attest_verification(attest, cert, stmt, required, recheck, signing_key, force)
 
 
-def _attest_verification(path: Path, cert: Path, stmt: dict[str, Any], required: tuple[str, ...],
-                         rechecked: bool, key: Any, force: bool) -> None:
+def _attest_verification(
+    path: Path, cert: Path, stmt: dict[str, Any], required: tuple[str, ...], rechecked: bool, key: Any, force: bool
+) -> None:
     """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
     from moeaudit.attest.certificate import now_rfc3339
     from moeaudit.attest.intoto import file_subject, sign, verification_result
@@ -969,8 +1301,15 @@ def _attest_verification(path: Path, cert: Path, stmt: dict[str, Any], required:
 
     verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
     checkpoints = [file_subject(s["name"], s["digest"]["sha256"]) for s in stmt["subject"]]
-    svr = verification_result(verified, checkpoints, keyid=stmt["_keyid"], verdict=stmt["predicate"]["verdict"],
-                              required=required, rechecked=rechecked, time=now_rfc3339())
+    svr = verification_result(
+        verified,
+        checkpoints,
+        keyid=stmt["_keyid"],
+        verdict=stmt["predicate"]["verdict"],
+        required=required,
+        rechecked=rechecked,
+        time=now_rfc3339(),
+    )
     atomic_write(path, sign(svr, key), force=force)
     click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")
 
@@ -984,14 +1323,19 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
     for finding in result.findings:
         click.echo(f"recheck: {finding.line()}")
     if result.findings:
-        counts = [(n, status) for status in ("changed", "missing", "added")
-                  if (n := sum(f.status == status for f in result.findings))]
+        counts = [
+            (n, status)
+            for status in ("changed", "missing", "added")
+            if (n := sum(f.status == status for f in result.findings))
+        ]
         (n, status), rest = counts[0], counts[1:]
-        return (f"{n} bound input{'s' if n > 1 else ''} {status}"
-                + "".join(f", {m} {s}" for m, s in rest) + " since certification (listed above)")
+        return (
+            f"{n} bound input{'s' if n > 1 else ''} {status}"
+            + "".join(f", {m} {s}" for m, s in rest)
+            + " since certification (listed above)"
+        )
     others = f", and the {len(result.matched)} other bound input(s): " + "; ".join(result.matched)
-    click.echo(f"recheck: all {result.checkpoints} checkpoint digests match"
-               + (others if result.matched else ""))
+    click.echo(f"recheck: all {result.checkpoints} checkpoint digests match" + (others if result.matched else ""))
     return ""
 
 
@@ -1000,15 +1344,26 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
 
 @cli.command(short_help="Map a certificate to a compliance framework.")
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option("--framework", required=True,
-              type=click.Choice(["eu-ai-act", "eu-ai-act-gpai", "nist-ai-600-1", "sr-11-7"]),
-              help="Framework to map the certificate's evidence to (eu-ai-act-gpai: the GPAI Code of "
-                   "Practice's Model Documentation Form).")
-@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default=None,
-              help="Report format (default: from --out's suffix, .html or .json, else md).")
+@click.option(
+    "--framework",
+    required=True,
+    type=click.Choice(["eu-ai-act", "eu-ai-act-gpai", "nist-ai-600-1", "sr-11-7"]),
+    help="Framework to map the certificate's evidence to (eu-ai-act-gpai: the GPAI Code of "
+    "Practice's Model Documentation Form).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["md", "html", "json"]),
+    default=None,
+    help="Report format (default: from --out's suffix, .html or .json, else md).",
+)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")
-@click.option("--pubkey", type=click.Path(path_type=Path),
-              help="Public key to verify CERT with (default: your moeaudit key's .pub).")
+@click.option(
+    "--pubkey",
+    type=click.Path(path_type=Path),
+    help="Public key to verify CERT with (default: your moeaudit key's .pub).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
 def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool) -> None:
@@ -1043,8 +1398,13 @@ def samples() -> None:
 
 
 @samples.command("build")
-@click.option("--out", default="sample_checkpoints", type=click.Path(path_type=Path),
-              show_default=True, help="Directory to write the sample runs into.")
+@click.option(
+    "--out",
+    default="sample_checkpoints",
+    type=click.Path(path_type=Path),
+    show_default=True,
+    help="Directory to write the sample runs into.",
+)
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
 @verbose_option
 def samples_build(out: Path, tiny: bool) -> None:

@@ -61,7 +61,7 @@ def elide(text: str, limit: int) -> str:
         return text
     keep = max(limit - len(ELLIPSIS), 2)
     head = (keep * 2 + 2) // 3
-    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head) :]
 
 
 def elide_values(text: str, limit: int = MAX_VALUE_CHARS) -> str:
@@ -80,7 +80,7 @@ def elide_values(text: str, limit: int = MAX_VALUE_CHARS) -> str:
                 return text
             depth -= 1
             if depth == 0 and i + 1 - start > limit:
-                out += [text[last:start], elide(text[start:i + 1], limit)]
+                out += [text[last:start], elide(text[start : i + 1], limit)]
                 last = i + 1
     return "".join(out) + text[last:]
 
@@ -108,8 +108,7 @@ _OS_HINTS = {
 }
 
 
-def from_os_error(exc: OSError, doing: str | None = None,
-                  path: str | Path | None = None) -> InputError:
+def from_os_error(exc: OSError, doing: str | None = None, path: str | Path | None = None) -> InputError:
     """An operating-system error (full disk, permission, a directory where a file belongs) as
     the one-line input error: what failed, on which file, and what to do (exit 4)."""
     reason = exc.strerror or str(exc) or type(exc).__name__

@@ -8,7 +8,10 @@ import warnings
 
 from moeaudit.integrations.hooks import ExpertGradLogger, template_regex
 
-warnings.warn("moeaudit.hooks is deprecated: import ExpertGradLogger from moeaudit.integrations.hooks",
-              DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "moeaudit.hooks is deprecated: import ExpertGradLogger from moeaudit.integrations.hooks",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["ExpertGradLogger", "template_regex"]

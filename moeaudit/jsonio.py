@@ -44,9 +44,7 @@ def finite_document(doc: Document) -> Document:
     found: list[dict[str, str]] = []
     clean: Any = sanitize(doc, found=found)
     if found:
-        clean["nonfinite"] = [
-            {**f, "reason": "not a finite number (NaN or Inf) in the computation"} for f in found
-        ]
+        clean["nonfinite"] = [{**f, "reason": "not a finite number (NaN or Inf) in the computation"} for f in found]
     return clean
 
 
@@ -106,8 +104,9 @@ def strict_loads(raw: bytes | str, *, nonfinite: bool = False) -> Any:
     try:
         if nonfinite:
             return json.loads(text, object_pairs_hook=no_duplicate_keys)
-        return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant,
-                          parse_float=_finite_float)
+        return json.loads(
+            text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
+        )
     except DuplicateKey as exc:
         raise NotStrictJSON(f"key {exc.key!r} appears twice in one object") from exc
 
@@ -165,14 +164,16 @@ def check_output_target(path: str | Path, *, force: bool) -> None:
     except OSError as exc:
         raise from_os_error(exc, "cannot check the output path", path) from exc
     if not stat.S_ISREG(mode):
-        raise InputError(f"output is {kind_of(mode)}, not a regular file", path=path,
-                         hint="moeaudit writes only regular files: choose another path")
+        raise InputError(
+            f"output is {kind_of(mode)}, not a regular file",
+            path=path,
+            hint="moeaudit writes only regular files: choose another path",
+        )
     if not force:
         raise InputError("output exists", path=path, hint="pass --force to overwrite it")
 
 
-def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True,
-                 mode: int | None = None) -> Path:
+def atomic_write(path: str | Path, data: str | bytes, *, force: bool = True, mode: int | None = None) -> Path:
     """Write ``data`` to a temp file beside ``path``, flush, and move it into place.
 
     Without ``force`` the temp file is hard-linked into place, which fails if ``path`` appeared

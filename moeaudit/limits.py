@@ -52,9 +52,14 @@ PRIVATE_COPY_BYTES = 512 * MiB
 
 def kind_of(mode: int) -> str:
     """'a character device', 'a named pipe (FIFO)', ... for a non-regular ``st_mode``."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -75,8 +80,7 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise InputError(f"{what} is {kind_of(mode)}, not a regular file", path=path,
-                             hint="pass a regular file")
+            raise InputError(f"{what} is {kind_of(mode)}, not a regular file", path=path, hint="pass a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -85,8 +89,11 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
 
 
 def _too_big(what: str, size: int, limit: int, path: str | Path) -> InputError:
-    return InputError(f"{what} is {size} bytes, over the {_human(limit)} limit", path=path,
-                      hint=f"a {what} is never that large; check that this is the right file")
+    return InputError(
+        f"{what} is {size} bytes, over the {_human(limit)} limit",
+        path=path,
+        hint=f"a {what} is never that large; check that this is the right file",
+    )
 
 
 def _human(n: int) -> str:
@@ -108,8 +115,7 @@ def read_regular(path: str | Path, what: str, limit: int) -> bytes:
     return data
 
 
-def iter_lines(path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES
-               ) -> Iterator[tuple[int, bytes, bool]]:
+def iter_lines(path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, raw bytes without the newline, terminated) for each line of a text log.
 
     A line longer than ``max_line`` bytes is an input error naming ``file:line``; the line is
@@ -127,9 +133,12 @@ def iter_lines(path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES
             n += 1
             terminated = raw.endswith(b"\n")
             if len(raw) > max_line and not (terminated and len(raw) == max_line + 1):
-                raise InputError(f"line is longer than {_human(max_line)}", path=f"{path}:{n}",
-                                 hint=f"a {what} line is never that long; check that this is the "
-                                      "right file (docs/security.md, resource caps)")
+                raise InputError(
+                    f"line is longer than {_human(max_line)}",
+                    path=f"{path}:{n}",
+                    hint=f"a {what} line is never that long; check that this is the "
+                    "right file (docs/security.md, resource caps)",
+                )
             yield n, raw[:-1] if terminated else raw, terminated
 
 
@@ -139,7 +148,10 @@ def check_window_len(window_len: int, canary: str | Path | None = None) -> None:
     if window_len > MAX_WINDOW_TOKENS:
         from moeaudit.errors import CanaryError
 
-        raise CanaryError(f"canary windows are {window_len} tokens long; a replay takes windows of "
-                          f"at most {MAX_WINDOW_TOKENS} tokens (attention time grows as the square "
-                          "of the window length)", path=canary,
-                          hint="build the canary from shorter windows (docs/security.md)")
+        raise CanaryError(
+            f"canary windows are {window_len} tokens long; a replay takes windows of "
+            f"at most {MAX_WINDOW_TOKENS} tokens (attention time grows as the square "
+            "of the window length)",
+            path=canary,
+            hint="build the canary from shorter windows (docs/security.md)",
+        )

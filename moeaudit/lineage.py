@@ -36,8 +36,7 @@ class Abandoned:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "step": self.step, "resume_step": self.resume_step,
-                "reason": self.reason}
+        return {"name": self.name, "step": self.step, "resume_step": self.resume_step, "reason": self.reason}
 
 
 def _reach(metrics: Path | None) -> tuple[int, int] | None:
@@ -66,11 +65,12 @@ def abandoned(run: Run) -> list[Abandoned]:
         if not before:
             continue
         if reach is None:
-            why = (f"saved above the resume at step {before[-1]}, and no metrics.jsonl shows the "
-                   "resumed run reaching it")
+            why = f"saved above the resume at step {before[-1]}, and no metrics.jsonl shows the resumed run reaching it"
         elif reach[0] + reach[1] < step:
-            why = (f"saved above the resume at step {before[-1]}, but the resumed run's log ends at "
-                   f"step {reach[0]}: left from the branch the resume abandoned")
+            why = (
+                f"saved above the resume at step {before[-1]}, but the resumed run's log ends at "
+                f"step {reach[0]}: left from the branch the resume abandoned"
+            )
         else:
             continue
         out.append(Abandoned(Path(ckpt.path).name, step, before[-1], why))

@@ -36,8 +36,9 @@ def audited_dirs(*starts: str | Path) -> set[Path]:
     return out
 
 
-def find_upwards(start: str | Path, name: str, levels: int = 2,
-                 also: tuple[str | Path, ...] = ()) -> tuple[Path | None, list[Path]]:
+def find_upwards(
+    start: str | Path, name: str, levels: int = 2, also: tuple[str | Path, ...] = ()
+) -> tuple[Path | None, list[Path]]:
     """(the first ``name`` found upwards from ``start`` outside the audited directories,
     the copies that were passed over because they sit inside them)."""
     here = Path(start).resolve()
@@ -68,8 +69,11 @@ def origin(given: str | Path | None, found: Path | None, ignored: list[Path], fl
     """How an input was chosen, for the certificate and the terminal."""
     if given:
         return f"named with {flag}"
-    passed = (f"; ignored {', '.join(map(str, ignored))} inside the audited run (name it with "
-              f"{flag} to use it)") if ignored else ""
+    passed = (
+        (f"; ignored {', '.join(map(str, ignored))} inside the audited run (name it with {flag} to use it)")
+        if ignored
+        else ""
+    )
     if found is None:
         return "none found outside the audited run" + passed
     return f"found at {found}, outside the audited run{passed}"
@@ -79,17 +83,17 @@ def require_canary(given: str | Path | None, start: str | Path, also: tuple[str 
     return locate_canary(given, start, also)[0]
 
 
-def locate_canary(given: str | Path | None, start: str | Path,
-                  also: tuple[str | Path, ...] = ()) -> tuple[Path, str]:
+def locate_canary(given: str | Path | None, start: str | Path, also: tuple[str | Path, ...] = ()) -> tuple[Path, str]:
     if given:
         return Path(given), origin(given, None, [], "--canary")
     found, ignored = find_upwards(start, "canary.safetensors", also=also)
     if found is None:
-        inside = (f" (the one at {ignored[0]} is inside the audited run and is not used unless "
-                  "named)") if ignored else ""
+        inside = (
+            (f" (the one at {ignored[0]} is inside the audited run and is not used unless named)") if ignored else ""
+        )
         raise InputError(
-            "no canary given and no canary.safetensors found here or up to two levels above"
-            + inside, path=start,
+            "no canary given and no canary.safetensors found here or up to two levels above" + inside,
+            path=start,
             hint="pass --canary FILE (build one with `moeaudit canary build`)",
         )
     return found, origin(None, found, ignored, "--canary")

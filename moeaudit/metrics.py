@@ -102,17 +102,25 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
             obj = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:  # _Refused, UnicodeDecodeError: ValueErrors
             if not terminated:  # no newline after it: a torn write, not a malformed log
-                findings.append(Finding(n, None, "line", "unterminated last line ignored "
-                                        "(a write in progress or an interrupted run)"))
+                findings.append(
+                    Finding(
+                        n, None, "line", "unterminated last line ignored (a write in progress or an interrupted run)"
+                    )
+                )
                 continue
-            raise InputError(f"line is not valid JSON ({_why(exc)})", path=where,
-                             hint="one JSON object per line; write non-finite numbers as null"
-                             ) from exc
+            raise InputError(
+                f"line is not valid JSON ({_why(exc)})",
+                path=where,
+                hint="one JSON object per line; write non-finite numbers as null",
+            ) from exc
         step, line_loss, line_norms = _parse_line(obj, where, n, findings)
         if steps and step <= steps[-1]:
             kind = "duplicate" if step == steps[-1] else "out of order"
-            raise InputError(f"step {step} is {kind} (previous logged step {steps[-1]}, line "
-                             f"{lines[-1]})", path=where, hint="steps must strictly increase")
+            raise InputError(
+                f"step {step} is {kind} (previous logged step {steps[-1]}, line {lines[-1]})",
+                path=where,
+                hint="steps must strictly increase",
+            )
         _check_layers(line_norms, norms, lines, where)
         steps.append(step)
         loss.append(line_loss)
@@ -122,8 +130,7 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
     if not steps:
         raise InputError("metrics log has no logged steps", path=path)
     ordered = {layer: tuple(norms[layer]) for layer in sorted(norms, key=_layer_key)}
-    return MetricsSeries(str(path), tuple(steps), tuple(loss), ordered, tuple(lines),
-                         tuple(findings))
+    return MetricsSeries(str(path), tuple(steps), tuple(loss), ordered, tuple(lines), tuple(findings))
 
 
 class _Refused(ValueError):
@@ -138,8 +145,7 @@ def _why(exc: Exception) -> str:
     return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
 
 
-def _parse_line(obj: Any, where: str, n: int,
-                findings: list[Finding]) -> tuple[int, float | None, dict[str, Norms]]:
+def _parse_line(obj: Any, where: str, n: int, findings: list[Finding]) -> tuple[int, float | None, dict[str, Norms]]:
     if not isinstance(obj, dict):
         raise InputError("line is not a JSON object", path=where)
     step = obj.get("step")
@@ -153,8 +159,7 @@ def _parse_line(obj: Any, where: str, n: int,
         findings.append(Finding(n, step, "loss", _nonfinite("loss", obj["loss"])))
     table = obj.get("expert_grad_norms")
     if not isinstance(table, dict) or not table:
-        raise InputError("line has no 'expert_grad_norms' object of {\"<layer>\": [norms]}",
-                         path=where)
+        raise InputError("line has no 'expert_grad_norms' object of {\"<layer>\": [norms]}", path=where)
     out: dict[str, Norms] = {}
     for layer, vector in table.items():
         label = f"expert_grad_norms[{layer!r}]"
@@ -163,8 +168,7 @@ def _parse_line(obj: Any, where: str, n: int,
         values = tuple(_number(v, f"{label}[{e}]", where) for e, v in enumerate(vector))
         for e, v in enumerate(values):
             if v is None:
-                findings.append(Finding(n, step, f"{label}[{e}]",
-                                        _nonfinite("expert gradient norm", vector[e])))
+                findings.append(Finding(n, step, f"{label}[{e}]", _nonfinite("expert gradient norm", vector[e])))
             elif v < 0:
                 raise InputError(f"{label}[{e}] = {v!r} is negative; a norm is ≥ 0", path=where)
         out[str(layer)] = values
@@ -191,21 +195,25 @@ def _nonfinite(what: str, logged: Any) -> str:
     return f"non-finite {what} (a number beyond the float range, read as Inf)"
 
 
-def _check_layers(line_norms: dict[str, Norms], seen: dict[str, list[Norms]],
-                  lines: list[int], where: str) -> None:
+def _check_layers(line_norms: dict[str, Norms], seen: dict[str, list[Norms]], lines: list[int], where: str) -> None:
     """Every step logs the same layers with the same number of experts as the first step."""
     if not seen:
         return
     if set(line_norms) != set(seen):
-        raise InputError(f"layers {sorted(line_norms, key=_layer_key)} differ from "
-                         f"{sorted(seen, key=_layer_key)} logged at line {lines[0]}", path=where,
-                         hint="every line must log every routed layer")
+        raise InputError(
+            f"layers {sorted(line_norms, key=_layer_key)} differ from "
+            f"{sorted(seen, key=_layer_key)} logged at line {lines[0]}",
+            path=where,
+            hint="every line must log every routed layer",
+        )
     for layer, vector in line_norms.items():
         first = len(seen[layer][0])
         if len(vector) != first:
-            raise InputError(f"layer {layer!r} logs {len(vector)} experts here but {first} at "
-                             f"line {lines[0]}", path=where,
-                             hint="the expert count of a layer cannot change within a run")
+            raise InputError(
+                f"layer {layer!r} logs {len(vector)} experts here but {first} at line {lines[0]}",
+                path=where,
+                hint="the expert count of a layer cannot change within a run",
+            )
 
 
 def _layer_key(layer: str) -> tuple[int, int | str]:
@@ -243,8 +251,7 @@ def variance(g_E: Sequence[float | None], variant: str) -> tuple[float | None, s
     return (value, None) if value is not None else (None, "mean gradient norm is 0")
 
 
-def with_pooled(norms_by_layer: Mapping[str, Sequence[Sequence[float | None]]]
-                ) -> dict[str, list[list[float | None]]]:
+def with_pooled(norms_by_layer: Mapping[str, Sequence[Sequence[float | None]]]) -> dict[str, list[list[float | None]]]:
     """``{"pooled": [S] concatenations of all layers' [E] vectors, layer: [S] vectors}``."""
     layers = list(norms_by_layer)
     count = {len(norms_by_layer[layer]) for layer in layers}
@@ -254,8 +261,9 @@ def with_pooled(norms_by_layer: Mapping[str, Sequence[Sequence[float | None]]]
     return {POOLED: pooled, **{layer: [list(v) for v in norms_by_layer[layer]] for layer in layers}}
 
 
-def variance_series(norms_by_layer: Mapping[str, Sequence[Sequence[float | None]]], variant: str
-                    ) -> tuple[dict[str, list[float | None]], dict[str, dict[int, str]]]:
+def variance_series(
+    norms_by_layer: Mapping[str, Sequence[Sequence[float | None]]], variant: str
+) -> tuple[dict[str, list[float | None]], dict[str, dict[int, str]]]:
     """Per-step V for "pooled" and every layer, plus ``{series: {sample index: why None}}``."""
     values: dict[str, list[float | None]] = {}
     notes: dict[str, dict[int, str]] = {}

@@ -36,8 +36,7 @@ class OutputSet:
     """``with OutputSet(out_dir, force) as target:`` write into ``target.staging``, then
     ``target.commit()``; leaving the block without committing removes the staging directory."""
 
-    def __init__(self, out_dir: Path, force: bool = False,
-                 warn: Callable[[str], None] | None = None):
+    def __init__(self, out_dir: Path, force: bool = False, warn: Callable[[str], None] | None = None):
         self.out_dir = Path(out_dir)
         self.force = force
         self.staging = self.out_dir.parent / f".{self.out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
@@ -51,8 +50,7 @@ class OutputSet:
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"cannot create the output location ({exc.strerror or exc})",
-                             path=parent) from exc
+            raise InputError(f"cannot create the output location ({exc.strerror or exc})", path=parent) from exc
         self._lock()
         try:
             self._clean_up_after_a_killed_run()
@@ -71,15 +69,21 @@ class OutputSet:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            raise InputError(f"cannot write to the output location ({exc.strerror or exc})",
-                             path=self.out_dir.parent, hint="choose a writable --out") from exc
+            raise InputError(
+                f"cannot write to the output location ({exc.strerror or exc})",
+                path=self.out_dir.parent,
+                hint="choose a writable --out",
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise InputError("another moeaudit run is writing to this output directory",
-                                 path=self.out_dir, hint="wait for it, or choose another --out") from exc
+                raise InputError(
+                    "another moeaudit run is writing to this output directory",
+                    path=self.out_dir,
+                    hint="wait for it, or choose another --out",
+                ) from exc
             raise
         try:  # the lock file we hold must still be the one at the path (a finished run unlinks it)
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino
@@ -87,8 +91,11 @@ class OutputSet:
             same = False
         if not same:
             os.close(fd)
-            raise InputError("another moeaudit run was writing to this output directory",
-                             path=self.out_dir, hint="run the command again")
+            raise InputError(
+                "another moeaudit run was writing to this output directory",
+                path=self.out_dir,
+                hint="run the command again",
+            )
         self._lock_fd = fd
         self._take_over(fd, lock)
 
@@ -102,8 +109,10 @@ class OutputSet:
         except OSError:
             return  # the lock still works; only the note about a killed run is lost
         if before:
-            self._say(f"removed the stale lock {lock} left by process {before[:20]}, which ended "
-                      "without releasing it (killed?)")
+            self._say(
+                f"removed the stale lock {lock} left by process {before[:20]}, which ended "
+                "without releasing it (killed?)"
+            )
 
     def _say(self, message: str) -> None:
         self.warnings.append(message)
@@ -115,8 +124,10 @@ class OutputSet:
         beside the output; restore that older set when the killed run had moved it aside but not
         yet put the new one in place. Called with the lock held: no live run owns them."""
         out = self.out_dir
-        found = {kind: sorted((p for p in out.parent.iterdir() if _left_by(p, out.name, kind)),
-                              key=_mtime) for kind in ("staging", "old")}
+        found = {
+            kind: sorted((p for p in out.parent.iterdir() if _left_by(p, out.name, kind)), key=_mtime)
+            for kind in ("staging", "old")
+        }
         for p in found["staging"]:
             self._remove(p, "a staging directory")
         old = found["old"]
@@ -129,14 +140,17 @@ class OutputSet:
 
     def _remove(self, path: Path, what: str) -> None:
         if not _holds_only_ours(path):
-            self._say(f"left {path} in place: it looks like {what} of a killed run but holds "
-                      "files moeaudit does not write")
+            self._say(
+                f"left {path} in place: it looks like {what} of a killed run but holds files moeaudit does not write"
+            )
             return
         try:
             shutil.rmtree(path)
         except OSError as exc:
-            self._say(f"could not remove {path}, {what} left by a killed moeaudit run "
-                      f"({exc.strerror or exc}); remove it by hand")
+            self._say(
+                f"could not remove {path}, {what} left by a killed moeaudit run "
+                f"({exc.strerror or exc}); remove it by hand"
+            )
             return
         self._say(f"removed {path}, {what} left by a killed moeaudit run")
 
@@ -152,20 +166,25 @@ class OutputSet:
     def _check_existing(self) -> None:
         out = self.out_dir
         if os.path.islink(out) or (out.exists() and not out.is_dir()):
-            raise InputError("the output path exists and is not a directory", path=out,
-                             hint="choose a new or empty --out directory")
+            raise InputError(
+                "the output path exists and is not a directory", path=out, hint="choose a new or empty --out directory"
+            )
         if not out.is_dir():
             return
         entries = {p.name for p in out.iterdir()}
         foreign = sorted(entries - OURS)
         if foreign:
-            raise InputError(f"the output directory holds other files ({', '.join(foreign[:3])}"
-                             f"{', …' if len(foreign) > 3 else ''}); a certificate's output set "
-                             "replaces the directory as a whole", path=out,
-                             hint="choose a new or empty --out directory")
+            raise InputError(
+                f"the output directory holds other files ({', '.join(foreign[:3])}"
+                f"{', …' if len(foreign) > 3 else ''}); a certificate's output set "
+                "replaces the directory as a whole",
+                path=out,
+                hint="choose a new or empty --out directory",
+            )
         if entries & OURS and not self.force:
-            raise InputError("a certificate already exists here", path=out / "certificate.json",
-                             hint="pass --force to replace it")
+            raise InputError(
+                "a certificate already exists here", path=out / "certificate.json", hint="pass --force to replace it"
+            )
 
     def commit(self) -> None:
         """Put the staged set in place: a rename when the output is new; otherwise the old set is
@@ -197,7 +216,7 @@ class OutputSet:
 
         def mapped(name: Any) -> Any:
             if isinstance(name, str) and (name == staged or name.startswith(staged + os.sep)):
-                return str(self.out_dir) + name[len(staged):]
+                return str(self.out_dir) + name[len(staged) :]
             return name
 
         if isinstance(exc, OSError):
@@ -223,8 +242,12 @@ def _left_by(path: Path, name: str, kind: str) -> bool:
     """``.NAME.staging-<12 hex>`` / ``.NAME.old-<12 hex>``, a real directory: what OutputSet
     creates for the output NAME."""
     prefix = f".{name}.{kind}-"
-    return (path.name.startswith(prefix) and bool(_HEX12.fullmatch(path.name[len(prefix):]))
-            and path.is_dir() and not path.is_symlink())
+    return (
+        path.name.startswith(prefix)
+        and bool(_HEX12.fullmatch(path.name[len(prefix) :]))
+        and path.is_dir()
+        and not path.is_symlink()
+    )
 
 
 def _mtime(path: Path) -> float:
@@ -253,9 +276,11 @@ def refuse_inside(out: Path | str, audited: Iterable[Path], option: str = "--out
     for item in audited:
         inside = _resolved(item)
         if target == inside or inside in target.parents:
-            raise InputError(f"{option} is inside {item}, which this command audits: writing there "
-                             "would change the audited files", path=out,
-                             hint="write the output outside the audited checkpoints and run")
+            raise InputError(
+                f"{option} is inside {item}, which this command audits: writing there would change the audited files",
+                path=out,
+                hint="write the output outside the audited checkpoints and run",
+            )
 
 
 def _resolved(path: Path | str) -> Path:

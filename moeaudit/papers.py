@@ -12,15 +12,20 @@ from typing import Any
 
 # number → (short name used in the output, full title)
 PAPERS: dict[str, tuple[str, str]] = {
-    "000": ("Gradient Starvation Envelope",
-            "The Gradient Starvation Envelope: A Formal Compliance Primitive for Sparse Mixture-of-Experts"),
-    "001": ("gradient conflict",
-            "Mixture-of-Experts with Gradient Conflict-Driven Subspace Topology Pruning for Emergent Modularity"),
+    "000": (
+        "Gradient Starvation Envelope",
+        "The Gradient Starvation Envelope: A Formal Compliance Primitive for Sparse Mixture-of-Experts",
+    ),
+    "001": (
+        "gradient conflict",
+        "Mixture-of-Experts with Gradient Conflict-Driven Subspace Topology Pruning for Emergent Modularity",
+    ),
     "002": ("boundary mass", "Soft-to-Hard Routing in Sparse Mixture-of-Experts Models"),
-    "003": ("MoE atlas",
-            "Making the Pretraining-to-Post-Training Boundary Observable in Large Mixture-of-Experts"),
-    "004": ("stability/entropy collapse",
-            "Stability as a Liability: Systematic Breakdown of Linguistic Structure in LLMs"),
+    "003": ("MoE atlas", "Making the Pretraining-to-Post-Training Boundary Observable in Large Mixture-of-Experts"),
+    "004": (
+        "stability/entropy collapse",
+        "Stability as a Liability: Systematic Breakdown of Linguistic Structure in LLMs",
+    ),
 }
 GLOSSARY = "docs/glossary.md"
 
@@ -37,7 +42,7 @@ def named(text: str, seen: set[str] | None = None) -> str:
 
     def name(m: re.Match[str]) -> str:
         if m.group(1):  # "(000)": named already if its name is right before it
-            if text[:m.start()].rstrip().endswith(PAPERS[m.group(1)][0]):
+            if text[: m.start()].rstrip().endswith(PAPERS[m.group(1)][0]):
                 seen.add(m.group(1))
             return m.group(0)
         number = m.group(2)

@@ -136,8 +136,7 @@ class Policy:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-SECTIONS = {"receipts": ReceiptSettings, "margins": MarginSettings,
-            "envelope": EnvelopeSettings, "gates": GateSettings}
+SECTIONS = {"receipts": ReceiptSettings, "margins": MarginSettings, "envelope": EnvelopeSettings, "gates": GateSettings}
 
 
 def load_policy(path: str | Path | None) -> Policy:
@@ -156,8 +155,9 @@ def policy_from_dict(data: dict[str, Any], path: str | Path = "<policy>") -> Pol
     unknown = set(data) - set(SECTIONS)  # a [policy] table too: nothing read from it
     if unknown:
         shown = ", ".join(map(repr, sorted(unknown)))
-        raise InputError(f"unknown policy section(s): {shown}", path=path,
-                         hint=f"known sections: {', '.join(SECTIONS)}")
+        raise InputError(
+            f"unknown policy section(s): {shown}", path=path, hint=f"known sections: {', '.join(SECTIONS)}"
+        )
     parts = {name: _section(cls, data.get(name, {}), name, path) for name, cls in SECTIONS.items()}
     policy = Policy(**parts, source=str(path))
     validate(policy, path)
@@ -169,14 +169,15 @@ def _section(cls: type, raw: Any, name: str, path: str | Path) -> Any:
         raise InputError(f"[{name}] must be a table", path=path)
     known = {f.name: f for f in fields(cls)}
     if name == "margins" and "beta" in raw:  # a policy from before β was split
-        raise InputError("margins.beta was split into beta_pi, beta_h and beta_r (003 uses one "
-                         "β per soft operator)", path=path,
-                         hint="replace `beta = …` by beta_h / beta_r (and beta_pi, 0 = auto)")
+        raise InputError(
+            "margins.beta was split into beta_pi, beta_h and beta_r (003 uses one β per soft operator)",
+            path=path,
+            hint="replace `beta = …` by beta_h / beta_r (and beta_pi, 0 = auto)",
+        )
     unknown = set(raw) - set(known)
     if unknown:
         shown = ", ".join(map(repr, sorted(unknown)))
-        raise InputError(f"unknown key(s) in [{name}]: {shown}", path=path,
-                         hint=f"known keys: {', '.join(known)}")
+        raise InputError(f"unknown key(s) in [{name}]: {shown}", path=path, hint=f"known keys: {', '.join(known)}")
     default = cls()
     values = {}
     for key, value in raw.items():
@@ -236,42 +237,63 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
     checks = [
         (0 <= r.seed < 2**32, "receipts.seed must be in 0..2³²−1"),
         (r.flip_sigma > 0, "receipts.flip_sigma must be > 0"),
-        (bool(r.boundary_etas) and all(x > 0 for x in r.boundary_etas),
-         "receipts.boundary_etas must be a non-empty list of values > 0"),
-        (r.boundary_layer_eta > 0 and r.beta_adj > 0,
-         "receipts.boundary_layer_eta and beta_adj must be > 0"),
+        (
+            bool(r.boundary_etas) and all(x > 0 for x in r.boundary_etas),
+            "receipts.boundary_etas must be a non-empty list of values > 0",
+        ),
+        (r.boundary_layer_eta > 0 and r.beta_adj > 0, "receipts.boundary_layer_eta and beta_adj must be > 0"),
         (r.bootstrap >= 0, "receipts.bootstrap must be ≥ 0"),
-        (r.bootstrap <= MAX_BOOTSTRAP, f"receipts.bootstrap must be ≤ {MAX_BOOTSTRAP} (1000 is the "
-         f"default; {MAX_BOOTSTRAP // 10} resamples are plenty for a 95% interval)"),
-        (m.beta_pi >= 0 and m.beta_h > 0 and m.beta_r > 0,
-         "margins.beta_h and beta_r must be > 0, beta_pi ≥ 0 (0: 10·E·ln(E)/k)"),
-        (min(m.lambda1, m.lambda2, m.mu1, m.mu2, m.mu3, m.tau) >= 0,
-         "margins.lambda1, lambda2, mu1, mu2, mu3 and tau must be ≥ 0"),
-        (m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
-         "margins.protected_layers must be layer indices ≥ 0"),
+        (
+            r.bootstrap <= MAX_BOOTSTRAP,
+            f"receipts.bootstrap must be ≤ {MAX_BOOTSTRAP} (1000 is the "
+            f"default; {MAX_BOOTSTRAP // 10} resamples are plenty for a 95% interval)",
+        ),
+        (
+            m.beta_pi >= 0 and m.beta_h > 0 and m.beta_r > 0,
+            "margins.beta_h and beta_r must be > 0, beta_pi ≥ 0 (0: 10·E·ln(E)/k)",
+        ),
+        (
+            min(m.lambda1, m.lambda2, m.mu1, m.mu2, m.mu3, m.tau) >= 0,
+            "margins.lambda1, lambda2, mu1, mu2, mu3 and tau must be ≥ 0",
+        ),
+        (
+            m.protected_layers is None or all(i >= 0 for i in m.protected_layers),
+            "margins.protected_layers must be layer indices ≥ 0",
+        ),
         (e.variant in ("raw", "normalized"), "envelope.variant must be 'raw' or 'normalized'"),
-        (e.source in ("auto", "logs", "replay", "probe"),
-         "envelope.source must be 'auto', 'logs', 'replay' or 'probe'"),
+        (
+            e.source in ("auto", "logs", "replay", "probe"),
+            "envelope.source must be 'auto', 'logs', 'replay' or 'probe'",
+        ),
         (0 < e.delta < 1, "envelope.delta must be in (0, 1)"),
         (e.epsilon >= 0, "envelope.epsilon must be ≥ 0"),
         (e.window > 0 and e.sampling_interval > 0, "envelope.window and sampling_interval must be > 0"),
-        (e.alert_n >= 1 and e.dead_steps >= 1 and e.starve_steps >= 1,
-         "envelope.alert_n, dead_steps and starve_steps must be ≥ 1"),
+        (
+            e.alert_n >= 1 and e.dead_steps >= 1 and e.starve_steps >= 1,
+            "envelope.alert_n, dead_steps and starve_steps must be ≥ 1",
+        ),
         (0 <= e.starve_share < 1, "envelope.starve_share must be in [0, 1)"),
         (0 < e.starve_fraction <= 1, "envelope.starve_fraction must be in (0, 1]"),
-        (e.window >= 3 / e.delta if 0 < e.delta < 1 else True,
-         f"envelope.window must be ≥ 3/δ (000 Eq. 17: three time constants), here "
-         f"{e.window} < {3 / e.delta if 0 < e.delta < 1 else 0:.0f}"),
-        (g.stage in (None, "pretraining", "post-training"),
-         "gates.stage must be 'pretraining' or 'post-training'"),
+        (
+            e.window >= 3 / e.delta if 0 < e.delta < 1 else True,
+            f"envelope.window must be ≥ 3/δ (000 Eq. 17: three time constants), here "
+            f"{e.window} < {3 / e.delta if 0 < e.delta < 1 else 0:.0f}",
+        ),
+        (g.stage in (None, "pretraining", "post-training"), "gates.stage must be 'pretraining' or 'post-training'"),
         (g.escalate_after >= 1, "gates.escalate_after must be ≥ 1"),
         (g.tol_c2 >= 0 and g.tol_dead >= 0, "gates tolerances must be ≥ 0"),
-        (0 <= g.tol_c2_rel < 1, "gates.tol_c2_rel must be in [0, 1): at 1 a protected layer's C2 "
-         "could fall to 0 and still pass"),
-        (0 <= g.floor_dead_fraction <= 1 and g.floor_pi_share >= 0 and 0 <= g.floor_entropy_norm <= 1,
-         "gates.floor_dead_fraction and floor_entropy_norm must be in [0, 1], floor_pi_share ≥ 0"),
-        (min(g.pi_min_ratio_floor, g.entropy_ratio_floor, g.nll_tol, g.inconclusive_band) >= 0,
-         "gates.pi_min_ratio_floor, entropy_ratio_floor, nll_tol, inconclusive_band must be ≥ 0"),
+        (
+            0 <= g.tol_c2_rel < 1,
+            "gates.tol_c2_rel must be in [0, 1): at 1 a protected layer's C2 could fall to 0 and still pass",
+        ),
+        (
+            0 <= g.floor_dead_fraction <= 1 and g.floor_pi_share >= 0 and 0 <= g.floor_entropy_norm <= 1,
+            "gates.floor_dead_fraction and floor_entropy_norm must be in [0, 1], floor_pi_share ≥ 0",
+        ),
+        (
+            min(g.pi_min_ratio_floor, g.entropy_ratio_floor, g.nll_tol, g.inconclusive_band) >= 0,
+            "gates.pi_min_ratio_floor, entropy_ratio_floor, nll_tol, inconclusive_band must be ≥ 0",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -295,12 +317,14 @@ def validate_envelope(policy: Policy, path: str | Path = "<policy>") -> None:
             raise InputError(message, path=path)
     why = alert_rule_problem(e.alert_a, e.alert_b, e.variant)
     if why:
-        raise InputError(f"envelope.alert_a / alert_b: {why}", path=path,
-                         hint="000 Table 6 / Eq. 21 as written (a = 1e-4, b = 0.02) is such a rule")
+        raise InputError(
+            f"envelope.alert_a / alert_b: {why}",
+            path=path,
+            hint="000 Table 6 / Eq. 21 as written (a = 1e-4, b = 0.02) is such a rule",
+        )
 
 
-def alert_rule_problem(a: float, b: float, variant: str,
-                       num_experts: int | None = None) -> str | None:
+def alert_rule_problem(a: float, b: float, variant: str, num_experts: int | None = None) -> str | None:
     """Why ``max_e g_e < a ∧ V > b`` can never hold, or None if it can.
 
     Norms are ≥ 0, so ``max_e g_e < a`` puts every g_e in [0, a): their population variance is
@@ -317,13 +341,17 @@ def alert_rule_problem(a: float, b: float, variant: str,
             cap = a * a * lo * hi / num_experts**2
             what = f"a²·⌊E/2⌋⌈E/2⌉/E² = {cap:.6g} for E = {num_experts} experts"
         if b >= cap:
-            return (f"the alert rule can never fire: max_e g_e < a = {a:g} puts every g_e in "
-                    f"[0, a), so var_grad < {what}, never > b = {b:g}; choose b < {cap:.6g} "
-                    f"(e.g. b = a²/400 = {a * a / 400:.6g})")
+            return (
+                f"the alert rule can never fire: max_e g_e < a = {a:g} puts every g_e in "
+                f"[0, a), so var_grad < {what}, never > b = {b:g}; choose b < {cap:.6g} "
+                f"(e.g. b = a²/400 = {a * a / 400:.6g})"
+            )
     elif num_experts is not None and b >= num_experts - 1:
-        return (f"the alert rule can never fire: var_grad_norm = var/ḡ² of {num_experts} "
-                f"non-negative norms is at most E − 1 = {num_experts - 1}, never > b = {b:g}; "
-                f"choose b < {num_experts - 1}")
+        return (
+            f"the alert rule can never fire: var_grad_norm = var/ḡ² of {num_experts} "
+            f"non-negative norms is at most E − 1 = {num_experts - 1}, never > b = {b:g}; "
+            f"choose b < {num_experts - 1}"
+        )
     return None
 
 
@@ -337,8 +365,10 @@ def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where:
         return routed[lo:hi] or routed[n // 2 : n // 2 + 1]
     missing = [i for i in chosen if i not in routed]
     if missing:
-        raise InputError(f"protected layers {missing} are not routed layers of {where or 'the model'}",
-                         hint=f"routed layers: {routed}")
+        raise InputError(
+            f"protected layers {missing} are not routed layers of {where or 'the model'}",
+            hint=f"routed layers: {routed}",
+        )
     return list(chosen)
 
 

@@ -331,8 +331,9 @@ class Health(TypedDict):
     failed: list[HealthFailure]
 
 
-NllChange = TypedDict("NllChange", {"from": float | None, "to": float | None, "delta": float | None,
-                                    "ci95": Interval | None})
+NllChange = TypedDict(
+    "NllChange", {"from": float | None, "to": float | None, "delta": float | None, "ci95": Interval | None}
+)
 
 
 class Comparison(TypedDict):
@@ -833,9 +834,16 @@ class TestResultStatement(TypedDict):
 
 # ``verifier.policy`` is a protobuf ``Any`` in in-toto's SVR v0.1 message: a ResourceDescriptor
 # with its ``@type``, so in-toto's own bindings can read it back.
-PolicyDescriptor = TypedDict("PolicyDescriptor", {
-    "@type": Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"],
-    "name": str, "digest": dict[str, str], "mediaType": str, "content": str})
+PolicyDescriptor = TypedDict(
+    "PolicyDescriptor",
+    {
+        "@type": Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"],
+        "name": str,
+        "digest": dict[str, str],
+        "mediaType": str,
+        "content": str,
+    },
+)
 
 
 class SvrVerifier(TypedDict):
@@ -859,8 +867,9 @@ class SvrStatement(TypedDict):
 
 
 # Records whose schema allows fields beyond the ones named (see the module docstring).
-OPEN: frozenset[type] = frozenset({EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument,
-                                   Abandoned, RouterSection, ReceiptsCheckpoint})
+OPEN: frozenset[type] = frozenset(
+    {EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument, Abandoned, RouterSection, ReceiptsCheckpoint}
+)
 
 # The documents with a published schema: file name → (record, wire names?).
 PUBLISHED: dict[str, tuple[type, bool]] = {
@@ -940,7 +949,27 @@ def _walk(tp: Any, path: str, seen: tuple[type, ...] = ()) -> Iterator[tuple[str
                     yield p, t
 
 
-__all__ = ["data_map_paths", "fields", "is_data_map", "is_record", "required",
-           "DATA_KEYS", "OPEN", "PUBLISHED", "Check", "Decision", "EnvelopeReport", "GateEntry",
-           "GateResult", "Margin", "Margins", "PairDocument", "Predicate", "Receipts", "ResourceDescriptor",
-           "Statement", "SvrStatement", "TestResultStatement"]
+__all__ = [
+    "data_map_paths",
+    "fields",
+    "is_data_map",
+    "is_record",
+    "required",
+    "DATA_KEYS",
+    "OPEN",
+    "PUBLISHED",
+    "Check",
+    "Decision",
+    "EnvelopeReport",
+    "GateEntry",
+    "GateResult",
+    "Margin",
+    "Margins",
+    "PairDocument",
+    "Predicate",
+    "Receipts",
+    "ResourceDescriptor",
+    "Statement",
+    "SvrStatement",
+    "TestResultStatement",
+]

@@ -55,15 +55,19 @@ class Run:
 def discover(path: str | Path) -> Run:
     root = Path(path)
     if not root.exists():
-        raise InputError("no such run directory", path=root,
-                         hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
+        raise InputError(
+            "no such run directory", path=root, hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)"
+        )
     if not root.is_dir():
-        raise InputError("not a run directory", path=root,
-                         hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)")
+        raise InputError(
+            "not a run directory", path=root, hint="expected RUN/checkpoint-<step>/ directories (Trainer layout)"
+        )
     if (root / "config.json").is_file() and not any(CHECKPOINT_RE.match(p.name) for p in root.iterdir()):
-        raise InputError("this is a checkpoint, not a run directory", path=root,
-                         hint=f"audit its run: {root.parent} (or one checkpoint: "
-                              f"`moeaudit receipts {root}`)")
+        raise InputError(
+            "this is a checkpoint, not a run directory",
+            path=root,
+            hint=f"audit its run: {root.parent} (or one checkpoint: `moeaudit receipts {root}`)",
+        )
     found = _checkpoint_dirs(root)
     run = Run(root, [])
     for step, directory in found:
@@ -93,8 +97,15 @@ def truncate(run: Run, until: int) -> Run:
         m = CHECKPOINT_RE.match(p.name)
         return int(m.group(1)) if m else -1
 
-    return Run(run.path, kept, [(p, why) for p, why in run.skipped if step(p) <= until],
-               [e for e in run.events if e.step <= until], run.stage, run.metrics, run.probe)
+    return Run(
+        run.path,
+        kept,
+        [(p, why) for p, why in run.skipped if step(p) <= until],
+        [e for e in run.events if e.step <= until],
+        run.stage,
+        run.metrics,
+        run.probe,
+    )
 
 
 @dataclass(frozen=True)
@@ -114,8 +125,9 @@ def read_logs(root: Path) -> RunLogs:
     refused by the reader (it is not a regular file) instead of being silently ignored."""
     events_path, metrics, probe = root / "events.jsonl", root / "metrics.jsonl", root / PROBE_FILE
     events, stage = read_events(events_path) if os.path.lexists(events_path) else ([], None)
-    return RunLogs(events, stage, metrics if os.path.lexists(metrics) else None,
-                   probe if os.path.lexists(probe) else None)
+    return RunLogs(
+        events, stage, metrics if os.path.lexists(metrics) else None, probe if os.path.lexists(probe) else None
+    )
 
 
 LOG_FILES = ("metrics.jsonl", "events.jsonl", PROBE_FILE)
@@ -176,14 +188,20 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
         prefix = next((p for p in CHECKPOINT_PREFIXES if d.name.startswith(p)), "")
         suffix = d.name.removeprefix(prefix)
         if prefix and suffix.isdecimal() and not suffix.isascii():
-            raise InputError(f"step {suffix!r} is not written in ASCII digits 0-9", path=d,
-                             hint="rename it checkpoint-<step> with digits 0-9")
+            raise InputError(
+                f"step {suffix!r} is not written in ASCII digits 0-9",
+                path=d,
+                hint="rename it checkpoint-<step> with digits 0-9",
+            )
         if not (m := CHECKPOINT_RE.match(d.name)):
             continue
         step = int(m.group(1))
         if step in found:
-            raise InputError(f"{found[step].name} and {d.name} are both step {step}", path=root,
-                             hint="keep one checkpoint directory per step")
+            raise InputError(
+                f"{found[step].name} and {d.name} are both step {step}",
+                path=root,
+                hint="keep one checkpoint directory per step",
+            )
         found[step] = d
     return sorted(found.items())
 
@@ -230,9 +248,11 @@ def _run_stage(stated: list[tuple[int, str, int]], path: Path) -> str | None:
         if step in by_step and by_step[step][0] != stage:
             first = by_step[step]
             at = "from the start" if step < 0 else f"for step {step}"
-            raise InputError(f"the stage {at} is stated as {first[0]!r} at line {first[1]} and as "
-                             f"{stage!r} at line {line}", path=path,
-                             hint="state a stage once, on the event where it changes")
+            raise InputError(
+                f"the stage {at} is stated as {first[0]!r} at line {first[1]} and as {stage!r} at line {line}",
+                path=path,
+                hint="state a stage once, on the event where it changes",
+            )
         by_step.setdefault(step, (stage, line))
     return by_step[max(by_step)][0] if by_step else None
 
@@ -249,8 +269,11 @@ def _event_object(raw: bytes, where: str) -> dict[str, Any]:
         raise InputError("line is not a JSON object", path=where)
     unknown = sorted(set(obj) - EVENT_KEYS)
     if unknown:
-        raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; an events line has only "
-                         f"{', '.join(sorted(EVENT_KEYS))}", path=where, hint=_EVENTS_HINT)
+        raise InputError(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; an events line has only {', '.join(sorted(EVENT_KEYS))}",
+            path=where,
+            hint=_EVENTS_HINT,
+        )
     return obj
 
 

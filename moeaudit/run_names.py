@@ -25,8 +25,9 @@ from moeaudit.run import CHECKPOINT_RE
 ACCEPTED = "checkpoint-<step> (Hugging Face Trainer) or step-<step> (torchtitan)"
 # a checkpoint under another tool's or a typo's name: a word for "checkpoint" or "step", an
 # optional separator, digits (Megatron's iter_0000250, DeepSpeed's global_step250, step_250)
-NEAR_MISS = re.compile(r"^(?:checkpoints?|ckpts?|steps?|global[-_]?step|iter(?:ation)?)[-_. ]?([0-9]+)$",
-                       re.ASCII | re.IGNORECASE)
+NEAR_MISS = re.compile(
+    r"^(?:checkpoints?|ckpts?|steps?|global[-_]?step|iter(?:ation)?)[-_. ]?([0-9]+)$", re.ASCII | re.IGNORECASE
+)
 TORCHTITAN_PREFIX = "step-"
 
 
@@ -48,9 +49,11 @@ def refuse_misnamed(root: Path) -> None:
     for entry in _entries(root):
         m = NEAR_MISS.match(entry.name)
         if m and not CHECKPOINT_RE.match(entry.name) and entry.is_dir():
-            raise InputError(f"{entry.name}/ looks like a checkpoint but is not named as one", path=entry,
-                             hint=f"moeaudit reads {ACCEPTED} directories: rename it "
-                                  f"checkpoint-{int(m.group(1))}")
+            raise InputError(
+                f"{entry.name}/ looks like a checkpoint but is not named as one",
+                path=entry,
+                hint=f"moeaudit reads {ACCEPTED} directories: rename it checkpoint-{int(m.group(1))}",
+            )
 
 
 def listing(dirs: list[Path], limit: int = 6) -> str:
@@ -65,8 +68,11 @@ def refuse_run_as_checkpoint(path: Path, example: str) -> None:
     ``example`` is the command with ``{ckpt}`` where a checkpoint of the run goes."""
     dirs = checkpoint_dirs(path) if path.is_dir() and not (path / "config.json").is_file() else []
     if dirs:
-        raise InputError(f"this is a run directory, not a checkpoint; its checkpoints are {listing(dirs)}",
-                         path=path, hint="name one of them, e.g. " + example.format(ckpt=dirs[-1]))
+        raise InputError(
+            f"this is a run directory, not a checkpoint; its checkpoints are {listing(dirs)}",
+            path=path,
+            hint="name one of them, e.g. " + example.format(ckpt=dirs[-1]),
+        )
 
 
 # what torchtitan calls its folders by default (job.dump_folder "./outputs", checkpoint.folder

@@ -34,8 +34,9 @@ def norms_from_receipts(docs: Mapping[int, Mapping[str, Any]]) -> tuple[list[int
     return steps, norms
 
 
-def replay_norms(run: Any, canary: Any, progress: Any = None,
-                 cache: Any = None) -> tuple[list[int], dict[str, list[list[float]]]]:
+def replay_norms(
+    run: Any, canary: Any, progress: Any = None, cache: Any = None
+) -> tuple[list[int], dict[str, list[list[float]]]]:
     """Replay (forward + backward) every checkpoint of ``run`` on the canary.
 
     ``cache`` (a :class:`moeaudit.cache.ReceiptsCache`) keeps each checkpoint's per-expert
@@ -59,8 +60,11 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
     layers = [str(layer) for layer in ckpt.spec.routed_layers]
     use = cache is not None and cache.enabled
     key = cache.key("grad_norms", ckpt.digest, canary.digest) if use else None
-    doc = cache.get(key, check=lambda d: _norms_shape(d["norms"], layers, ckpt.spec.num_experts)) \
-        if key is not None else None
+    doc = (
+        cache.get(key, check=lambda d: _norms_shape(d["norms"], layers, ckpt.spec.num_experts))
+        if key is not None
+        else None
+    )
     if doc is not None:
         return doc["norms"]
     from moeaudit.replay import replay
@@ -75,30 +79,45 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
 
 def _norms_shape(norms: Any, layers: list[str], experts: int) -> bool:
     """Per routed layer, ``experts`` numbers (a cache entry of another shape is recomputed)."""
-    return (isinstance(norms, dict) and list(norms) == layers
-            and all(isinstance(v, list) and len(v) == experts
-                    and all(isinstance(x, (int, float)) for x in v)
-                    for v in norms.values()))
+    return (
+        isinstance(norms, dict)
+        and list(norms) == layers
+        and all(
+            isinstance(v, list) and len(v) == experts and all(isinstance(x, (int, float)) for x in v)
+            for v in norms.values()
+        )
+    )
 
 
-def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path,
-                  has_probe: bool = False) -> str:
+def choose_source(requested: str, has_logs: bool, n_checkpoints: int, where: Path, has_probe: bool = False) -> str:
     if requested == "auto":
         requested = "logs" if has_logs else "replay"
     if requested == "logs" and not has_logs:
-        raise InputError("no metrics.jsonl in the run directory", path=where,
-                         hint="log with moeaudit.integrations.hooks.ExpertGradLogger, or use --source replay")
+        raise InputError(
+            "no metrics.jsonl in the run directory",
+            path=where,
+            hint="log with moeaudit.integrations.hooks.ExpertGradLogger, or use --source replay",
+        )
     if requested == "probe" and not has_probe:
-        raise InputError("no canary_probe.jsonl in the run directory", path=where,
-                         hint="call ExpertGradLogger.probe(step, canary_loss) at every save, "
-                              "or use --source replay")
+        raise InputError(
+            "no canary_probe.jsonl in the run directory",
+            path=where,
+            hint="call ExpertGradLogger.probe(step, canary_loss) at every save, or use --source replay",
+        )
     if requested == "replay" and n_checkpoints < 2:
         raise InputError(f"a replay series needs at least two checkpoints, found {n_checkpoints}", path=where)
     return requested
 
 
-def run_series(path: Path, source: str, variant: str, canary_path: str | Path | None,
-               progress: Any = None, warn: Any = None, cache: Any = None) -> tuple[Any, list[int]]:
+def run_series(
+    path: Path,
+    source: str,
+    variant: str,
+    canary_path: str | Path | None,
+    progress: Any = None,
+    warn: Any = None,
+    cache: Any = None,
+) -> tuple[Any, list[int]]:
     """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
     from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
@@ -115,8 +134,7 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | Path | 
         if warn:
             warn(f"warning: skipped {skipped.name}: {why}")
     breaks = [e.step for e in run.events]
-    chosen = choose_source(source, run.metrics is not None, len(run.checkpoints), path,
-                           run.probe is not None)
+    chosen = choose_source(source, run.metrics is not None, len(run.checkpoints), path, run.probe is not None)
     if chosen == "logs":
         assert run.metrics is not None
         return env.from_metrics(read_metrics(run.metrics), variant), breaks
@@ -133,25 +151,40 @@ def run_series(path: Path, source: str, variant: str, canary_path: str | Path | 
 
 def model_tag(spec: Any) -> str:
     """The architecture an envelope calibration was fitted on (family and MoE shape)."""
-    return (f"{spec.family} L={spec.num_layers} H={spec.hidden_size} E={spec.num_experts} "
-            f"k={spec.top_k} routed={list(spec.routed_layers)}")
+    return (
+        f"{spec.family} L={spec.num_layers} H={spec.hidden_size} E={spec.num_experts} "
+        f"k={spec.top_k} routed={list(spec.routed_layers)}"
+    )
 
 
 def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
     """None when the policy's envelope constants apply to this run, else why they do not."""
     if settings.calibrated_stage and settings.calibrated_stage != stage:
-        return (f"envelope constants were calibrated on a {settings.calibrated_stage} run; this is a "
-                f"{stage} run — calibrate on a healthy {stage} run to gate it")
+        return (
+            f"envelope constants were calibrated on a {settings.calibrated_stage} run; this is a "
+            f"{stage} run — calibrate on a healthy {stage} run to gate it"
+        )
     if settings.calibrated_model and settings.calibrated_model != model_tag(spec):
-        return (f"envelope constants were calibrated on {settings.calibrated_model}; this run is "
-                f"{model_tag(spec)} — calibrate on a healthy run of this model to gate it")
+        return (
+            f"envelope constants were calibrated on {settings.calibrated_model}; this run is "
+            f"{model_tag(spec)} — calibrate on a healthy run of this model to gate it"
+        )
     return None
 
 
-def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | Path | None = None,
-                 compare: bool = False, calibrate_on: Path | None = None,
-                 policy_path: str | None = None, progress: Any = None, warn: Any = None,
-                 cache: Any = None) -> EnvelopeReport:
+def evaluate_run(
+    path: Path,
+    settings: Any,
+    *,
+    source: str,
+    canary_path: str | Path | None = None,
+    compare: bool = False,
+    calibrate_on: Path | None = None,
+    policy_path: str | None = None,
+    progress: Any = None,
+    warn: Any = None,
+    cache: Any = None,
+) -> EnvelopeReport:
     """The ``moeaudit.envelope/v1`` report of a run (or a bare metrics.jsonl) under ``settings``.
 
     ``compare``: also evaluate the other source and add ``comparison`` — the logs and the
@@ -184,27 +217,35 @@ def evaluate_run(path: Path, settings: Any, *, source: str, canary_path: str | P
     constants = {view: settings for view in (*cmp.VIEWS, "probe")}
     if calibrate_on is not None and "probe" in series and not (calibrate_on / PROBE_FILE).is_file():
         del series["probe"]  # its constants could not be fitted like for like
-        probe_note = (f"not compared: {calibrate_on} has no {PROBE_FILE} to fit the probe's "
-                      "constants on")
+        probe_note = f"not compared: {calibrate_on} has no {PROBE_FILE} to fit the probe's constants on"
     if calibrate_on is not None:
         w = settings.warmup_steps
         ref = {src: get(calibrate_on, src) for src in series}
         ref_breaks = [b for b in next(iter(ref.values()))[1] if b >= w]
-        constants.update(cmp.calibrate_sources(
-            settings, breaks=ref_breaks, **{src: s.since(w) for src, (s, _) in ref.items()}))
+        constants.update(
+            cmp.calibrate_sources(settings, breaks=ref_breaks, **{src: s.since(w) for src, (s, _) in ref.items()})
+        )
     trimmed = {src: s.since(settings.warmup_steps) for src, s in series.items()}
-    reports = {src: env.evaluate(s, constants[src], breaks=breaks, policy_path=policy_path)
-               for src, s in trimmed.items()}
+    reports = {
+        src: env.evaluate(s, constants[src], breaks=breaks, policy_path=policy_path) for src, s in trimmed.items()
+    }
     report = reports[primary.source]
     if compare:
         report["comparison"] = {
             "calibrated_on": None if calibrate_on is None else str(calibrate_on),
-            **({} if calibrate_on is not None else {"note": (
-                "every verdict uses the policy's constants; fit each source on a healthy run "
-                "from the same source and sampling (--calibrate-on) to compare like with like")}),
-            **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks,
-                          probe=trimmed.get("probe")),
-            "report": reports[other]}
+            **(
+                {}
+                if calibrate_on is not None
+                else {
+                    "note": (
+                        "every verdict uses the policy's constants; fit each source on a healthy run "
+                        "from the same source and sampling (--calibrate-on) to compare like with like"
+                    )
+                }
+            ),
+            **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks, probe=trimmed.get("probe")),
+            "report": reports[other],
+        }
         if "probe" in reports and primary.source != "probe":
             report["comparison"]["probe_report"] = reports["probe"]
         if probe_note is not None:
@@ -228,13 +269,24 @@ def _probe_mismatch(probe: Path, canary_path: str | Path | None, run_dir: Path) 
     if logged == {digest}:
         return None
     shown = ", ".join(sorted(str(d)[:12] for d in logged))
-    return (f"not compared: the probe logged canary {shown}, the replays use {digest[:12]} "
-            "(the probe is only the replay's quantity on the same canary)")
+    return (
+        f"not compared: the probe logged canary {shown}, the replays use {digest[:12]} "
+        "(the probe is only the replay's quantity on the same canary)"
+    )
 
 
-def envelope_evidence(logs: Any, docs: Mapping[int, Mapping[str, Any]], policy: Any, stage: str,
-                      spec: Any, *, start: int, end: int, breaks: Sequence[int] = (),
-                      origin: str = "") -> tuple[EnvelopeReport | None, str | None]:
+def envelope_evidence(
+    logs: Any,
+    docs: Mapping[int, Mapping[str, Any]],
+    policy: Any,
+    stage: str,
+    spec: Any,
+    *,
+    start: int,
+    end: int,
+    breaks: Sequence[int] = (),
+    origin: str = "",
+) -> tuple[EnvelopeReport | None, str | None]:
     """(report, None) or (None, why not): the envelope over the window a verdict speaks for.
 
     One rule for ``certify`` and ``gate``. The series is the training logs (``metrics.jsonl``,
@@ -262,15 +314,18 @@ def envelope_evidence(logs: Any, docs: Mapping[int, Mapping[str, Any]], policy: 
         steps, norms = norms_from_receipts({s: docs[s] for s in in_window})
         series = env.from_norms("replay", steps, norms, settings.variant, origin=origin)
     else:
-        have = {"logs": "metrics.jsonl " + ("present" if metrics else "absent"),
-                "probe": f"{PROBE_FILE} " + ("present" if probe else "absent"),
-                "replay": f"{len(in_window)} checkpoint(s) in steps {start}–{end}"}
-        return None, (f"no series for policy source {settings.source!r}: "
-                      f"{'; '.join(have.values())}")
+        have = {
+            "logs": "metrics.jsonl " + ("present" if metrics else "absent"),
+            "probe": f"{PROBE_FILE} " + ("present" if probe else "absent"),
+            "replay": f"{len(in_window)} checkpoint(s) in steps {start}–{end}",
+        }
+        return None, (f"no series for policy source {settings.source!r}: {'; '.join(have.values())}")
     series = series.since(settings.warmup_steps)
     if len(series.steps) < 2:
-        return None, (f"fewer than two samples of the {series.source} series in steps "
-                      f"{start}–{end} after the warm-up (step {settings.warmup_steps})")
+        return None, (
+            f"fewer than two samples of the {series.source} series in steps "
+            f"{start}–{end} after the warm-up (step {settings.warmup_steps})"
+        )
     report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
     return report, None
 
@@ -317,8 +372,7 @@ def _log_history(state: Path, findings: list[str]) -> list[Any] | None:
     from moeaudit.limits import read_regular
 
     try:
-        doc = strict_loads(read_regular(state, "trainer state", MAX_TRAINER_STATE_BYTES),
-                           nonfinite=True)
+        doc = strict_loads(read_regular(state, "trainer state", MAX_TRAINER_STATE_BYTES), nonfinite=True)
     except InputError as exc:  # not a regular file, too large, unreadable
         findings.append(f"skipped {exc.diagnostics()}")
         return None
@@ -347,12 +401,16 @@ def _learning_rates(history: list[Any], state: Path, findings: list[str]) -> lis
         elif not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr < 0:
             skipped.append(f"log_history[{i}] (learning_rate {lr!r})")
         elif not math.isfinite(lr):
-            findings.append(f"{state}: learning rate {lr} at step {step} (log_history[{i}]) is not "
-                            "finite — a diverged or broken schedule; not taken as the warm-up peak")
+            findings.append(
+                f"{state}: learning rate {lr} at step {step} (log_history[{i}]) is not "
+                "finite — a diverged or broken schedule; not taken as the warm-up peak"
+            )
         else:
             rates.append((step, float(lr)))
     if skipped:
-        findings.append(f"{state}: skipped {len(skipped)} log_history entr"
-                        f"{'y' if len(skipped) == 1 else 'ies'} without a step and a learning rate "
-                        f"≥ 0: {', '.join(skipped[:3])}{', …' if len(skipped) > 3 else ''}")
+        findings.append(
+            f"{state}: skipped {len(skipped)} log_history entr"
+            f"{'y' if len(skipped) == 1 else 'ies'} without a step and a learning rate "
+            f"≥ 0: {', '.join(skipped[:3])}{', …' if len(skipped) > 3 else ''}"
+        )
     return rates

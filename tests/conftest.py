@@ -59,8 +59,11 @@ def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "fresh_runs: uses the fresh training runs of tests/fresh_runs.py "
-                                       "(trained once per session, or reused from $MOEAUDIT_FRESH_RUNS)")
+    config.addinivalue_line(
+        "markers",
+        "fresh_runs: uses the fresh training runs of tests/fresh_runs.py "
+        "(trained once per session, or reused from $MOEAUDIT_FRESH_RUNS)",
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")

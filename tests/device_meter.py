@@ -80,7 +80,7 @@ class Meter:
 
 
 def _target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """"device", "host" or None (a dtype-only ``to``)."""
+    """ "device", "host" or None (a dtype-only ``to``)."""
     dev = kwargs.get("device")
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -146,6 +146,7 @@ def metering(meter: Meter) -> Iterator[Meter]:
                     meter.add("d2h_bytes", self.numel() * self.element_size())
             with torch._C.DisableTorchFunctionSubclass():
                 return originals[name](_plain(self), *args, **kwargs)
+
         read._original = originals[name]  # type: ignore[attr-defined]
         return read
 
@@ -201,8 +202,9 @@ class DeviceGuard(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.mixed: list[str] = []
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         flat: list[torch.Tensor] = []
 
@@ -217,10 +219,16 @@ class DeviceGuard(torch.overrides.TorchFunctionMode):
         walk(list(kwargs.values()))
         name = getattr(func, "__name__", str(func))
         on = [isinstance(t, OnDevice) for t in flat]
-        if any(on) and any(not d and t.dim() > 0 for t, d in zip(flat, on, strict=True)) and name not in (
-                "to", "cpu", "copy_", "__get__", "__set__"):
-            self.mixed.append(f"{name}(" + ", ".join(f"{'@' if d else ''}{list(t.shape)}"
-                                                      for t, d in zip(flat, on, strict=True)) + ")")
+        if (
+            any(on)
+            and any(not d and t.dim() > 0 for t, d in zip(flat, on, strict=True))
+            and name not in ("to", "cpu", "copy_", "__get__", "__set__")
+        ):
+            self.mixed.append(
+                f"{name}("
+                + ", ".join(f"{'@' if d else ''}{list(t.shape)}" for t, d in zip(flat, on, strict=True))
+                + ")"
+            )
         # the meter's wrappers have counted the call that brought us here: run what they wrap
         out = getattr(func, "_original", func)(*args, **kwargs)
         dev = kwargs.get("device")

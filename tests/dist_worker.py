@@ -68,8 +68,9 @@ def main(mode: str, out: Path) -> None:
             record = hook.after_backward(1, torch.tensor(0.0))
     # the global norm a trainer clips with, from the same pass (no rank writes here)
     totals = ExpertGradLogger(out / "unused.jsonl", source, family="mixtral", total=True, rank_zero=False)
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "wrote": record is not None, "total": totals.measure().total, "collective": totals.collective}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps({"wrote": record is not None, "total": totals.measure().total, "collective": totals.collective})
+    )
     dist.barrier()
     dist.destroy_process_group()
 

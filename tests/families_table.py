@@ -28,7 +28,7 @@ def split(doc: str) -> tuple[str, list[str], str]:
     end = start + 2
     while end < len(lines) and lines[end].startswith("| "):
         end += 1
-    return "".join(lines[:start]), [ln.rstrip("\n") for ln in lines[start + 2:end]], "".join(lines[end:])
+    return "".join(lines[:start]), [ln.rstrip("\n") for ln in lines[start + 2 : end]], "".join(lines[end:])
 
 
 def _cells(row: str) -> list[str]:

@@ -90,29 +90,104 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "healthy-a": Recipe("healthy", seed=0, steps=600, note="Trainer, 2 layers x 4 experts, saves every 100"),
-    "healthy-b": Recipe("healthy", seed=1, hidden=64, layers=4, experts=8, steps=450, save_every=150,
-                        aux_coef=0.05, note="Trainer, hidden 64, 4 layers x 8 experts, saves every 150"),
-    "healthy-loop": Recipe("healthy", loop="torch", seed=2, experts=8, steps=400, save_every=50, aux_coef=0.03,
-                           note="plain torch loop, 8 experts, saves every 50"),
-    "healthy-olmoe": Recipe("healthy", family="olmoe", seed=3, aux_coef=0.03,
-                            note="OLMoE (q/k norm, top-k not renormalised), Trainer"),
-    "healthy-qwen2": Recipe("healthy", family="qwen2_moe", seed=9, steps=400, aux_coef=0.02,
-                            note="Qwen2-MoE (shared expert behind a sigmoid gate, qkv bias), Trainer"),
-    "collapse-a": Recipe("collapse", seed=4, steps=600, aux_coef=-0.04,
-                         note="anti-balance -0.04, Trainer: pi_min narrows save by save, < k/E/10 from 300"),
-    "collapse-loop": Recipe("collapse", loop="torch", seed=5, experts=8, steps=400, save_every=50, aux_coef=-0.02,
-                            note="anti-balance -0.02, plain loop, 8 experts: < k/E/10 from 100, a dead expert at 350"),
-    "collapse-b": Recipe("collapse", seed=8, hidden=64, layers=4, experts=8, steps=450, save_every=150,
-                         aux_coef=-0.05, note="anti-balance -0.05, Trainer, 4 layers x 8 experts: dead from 150 on"),
-    "overfit": Recipe("overfit", loop="torch", seed=6, hidden=64, steps=300, save_every=50,
-                      memorise_from=150, memorise_windows=4, memorise_lr=2e-2,
-                      note="150 healthy steps, then 4 windows memorised at rate 2e-2"),
-    "stress-uneven": Recipe("stress", loop="torch", seed=7, steps=310, log_every=3, save_at=(40, 100, 130, 250, 310),
-                            note="uneven saves, metrics every 3rd step: no save step has a metrics line"),
-    "stress-sparse-log": Recipe("stress", seed=10, steps=330, save_every=120, log_every=50,
-                                note="Trainer, saves every 120 and at the end (330), metrics every 50th step"),
-    "stress-frozen": Recipe("stress", loop="torch", seed=11, steps=300, save_every=50, frozen=(200, 250),
-                            note="updates skipped in (200, 250]: checkpoint-200 and -250 hold the same bytes"),
+    "healthy-b": Recipe(
+        "healthy",
+        seed=1,
+        hidden=64,
+        layers=4,
+        experts=8,
+        steps=450,
+        save_every=150,
+        aux_coef=0.05,
+        note="Trainer, hidden 64, 4 layers x 8 experts, saves every 150",
+    ),
+    "healthy-loop": Recipe(
+        "healthy",
+        loop="torch",
+        seed=2,
+        experts=8,
+        steps=400,
+        save_every=50,
+        aux_coef=0.03,
+        note="plain torch loop, 8 experts, saves every 50",
+    ),
+    "healthy-olmoe": Recipe(
+        "healthy", family="olmoe", seed=3, aux_coef=0.03, note="OLMoE (q/k norm, top-k not renormalised), Trainer"
+    ),
+    "healthy-qwen2": Recipe(
+        "healthy",
+        family="qwen2_moe",
+        seed=9,
+        steps=400,
+        aux_coef=0.02,
+        note="Qwen2-MoE (shared expert behind a sigmoid gate, qkv bias), Trainer",
+    ),
+    "collapse-a": Recipe(
+        "collapse",
+        seed=4,
+        steps=600,
+        aux_coef=-0.04,
+        note="anti-balance -0.04, Trainer: pi_min narrows save by save, < k/E/10 from 300",
+    ),
+    "collapse-loop": Recipe(
+        "collapse",
+        loop="torch",
+        seed=5,
+        experts=8,
+        steps=400,
+        save_every=50,
+        aux_coef=-0.02,
+        note="anti-balance -0.02, plain loop, 8 experts: < k/E/10 from 100, a dead expert at 350",
+    ),
+    "collapse-b": Recipe(
+        "collapse",
+        seed=8,
+        hidden=64,
+        layers=4,
+        experts=8,
+        steps=450,
+        save_every=150,
+        aux_coef=-0.05,
+        note="anti-balance -0.05, Trainer, 4 layers x 8 experts: dead from 150 on",
+    ),
+    "overfit": Recipe(
+        "overfit",
+        loop="torch",
+        seed=6,
+        hidden=64,
+        steps=300,
+        save_every=50,
+        memorise_from=150,
+        memorise_windows=4,
+        memorise_lr=2e-2,
+        note="150 healthy steps, then 4 windows memorised at rate 2e-2",
+    ),
+    "stress-uneven": Recipe(
+        "stress",
+        loop="torch",
+        seed=7,
+        steps=310,
+        log_every=3,
+        save_at=(40, 100, 130, 250, 310),
+        note="uneven saves, metrics every 3rd step: no save step has a metrics line",
+    ),
+    "stress-sparse-log": Recipe(
+        "stress",
+        seed=10,
+        steps=330,
+        save_every=120,
+        log_every=50,
+        note="Trainer, saves every 120 and at the end (330), metrics every 50th step",
+    ),
+    "stress-frozen": Recipe(
+        "stress",
+        loop="torch",
+        seed=11,
+        steps=300,
+        save_every=50,
+        frozen=(200, 250),
+        note="updates skipped in (200, 250]: checkpoint-200 and -250 hold the same bytes",
+    ),
 }
 
 
@@ -178,7 +253,7 @@ def batches(w: World, r: Recipe) -> np.ndarray:
     out_SBT = rows_NT.reshape(r.steps, r.batch, SEQ)
     if r.memorise_from:
         fixed = np.concatenate([w.windows(d % len(DOMAINS), 1, rng) for d in range(r.memorise_windows)])
-        out_SBT[r.memorise_from:] = fixed[np.arange(r.batch) % r.memorise_windows]
+        out_SBT[r.memorise_from :] = fixed[np.arange(r.batch) % r.memorise_windows]
     return out_SBT
 
 
@@ -188,15 +263,29 @@ def batches(w: World, r: Recipe) -> np.ndarray:
 def model_for(r: Recipe) -> transformers.PreTrainedModel:
     import transformers
 
-    common = dict(vocab_size=VOCAB, hidden_size=r.hidden, num_hidden_layers=r.layers,
-                  num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=r.top_k,
-                  max_position_embeddings=SEQ, intermediate_size=2 * r.hidden,
-                  output_router_logits=True, router_aux_loss_coef=r.aux_coef,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    per_family = {"mixtral": dict(num_local_experts=r.experts),
-                  "olmoe": dict(num_experts=r.experts),
-                  "qwen2_moe": dict(num_experts=r.experts, moe_intermediate_size=2 * r.hidden,
-                                    shared_expert_intermediate_size=2 * r.hidden)}
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=r.hidden,
+        num_hidden_layers=r.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=r.top_k,
+        max_position_embeddings=SEQ,
+        intermediate_size=2 * r.hidden,
+        output_router_logits=True,
+        router_aux_loss_coef=r.aux_coef,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    per_family = {
+        "mixtral": dict(num_local_experts=r.experts),
+        "olmoe": dict(num_experts=r.experts),
+        "qwen2_moe": dict(
+            num_experts=r.experts, moe_intermediate_size=2 * r.hidden, shared_expert_intermediate_size=2 * r.hidden
+        ),
+    }
     config = transformers.AutoConfig.for_model(r.family, **common, **per_family[r.family])
     config._attn_implementation = "eager"
     torch.manual_seed(r.seed)
@@ -216,6 +305,7 @@ def save_schedule(r: Recipe) -> list[int]:
 def _lr_factor(r: Recipe) -> Callable[[int], float]:
     """LambdaLR's factor of ``r.lr`` for the update of step ``i + 1``: linear warmup, then
     constant (the Trainer's ``constant_with_warmup``); ``memorise_lr`` once memorising."""
+
     def factor(i: int) -> float:
         if r.memorise_from and i >= r.memorise_from:
             return r.memorise_lr / r.lr
@@ -234,12 +324,27 @@ def train_trainer(r: Recipe, run: Path, data: np.ndarray, probe: Canary) -> None
     rows = torch.from_numpy(data.reshape(-1, SEQ))
     dataset = [{"input_ids": row, "labels": row} for row in rows]
     args = transformers.TrainingArguments(
-        output_dir=str(run), max_steps=r.steps, save_steps=r.save_every, per_device_train_batch_size=r.batch,
-        learning_rate=r.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=r.warmup, weight_decay=0.0,
-        max_grad_norm=1.0, train_sampling_strategy="sequential", report_to=[], use_cpu=True, disable_tqdm=True,
-        logging_steps=10, save_only_model=True, seed=r.seed, data_seed=r.seed)
-    trainer = transformers.Trainer(model=model_for(r), args=args, train_dataset=dataset,
-                                   callbacks=[MoeauditCallback(probe, every=r.log_every)])
+        output_dir=str(run),
+        max_steps=r.steps,
+        save_steps=r.save_every,
+        per_device_train_batch_size=r.batch,
+        learning_rate=r.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=r.warmup,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        train_sampling_strategy="sequential",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=10,
+        save_only_model=True,
+        seed=r.seed,
+        data_seed=r.seed,
+    )
+    trainer = transformers.Trainer(
+        model=model_for(r), args=args, train_dataset=dataset, callbacks=[MoeauditCallback(probe, every=r.log_every)]
+    )
     trainer.remove_callback(transformers.PrinterCallback)  # its lines stay in trainer_state.json
     trainer.train()
 
@@ -385,8 +490,11 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         build(name, out)
         r = RECIPES[name]
-        print(f"{name:15s} {r.kind:8s} {r.family:8s} {r.loop:7s} {r.steps:4d} steps  "
-              f"saves {save_schedule(r)}  {time.perf_counter() - start:6.1f} s", flush=True)
+        print(
+            f"{name:15s} {r.kind:8s} {r.family:8s} {r.loop:7s} {r.steps:4d} steps  "
+            f"saves {save_schedule(r)}  {time.perf_counter() - start:6.1f} s",
+            flush=True,
+        )
     print(f"total {time.perf_counter() - total:.1f} s", flush=True)
     return 0
 

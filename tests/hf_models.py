@@ -20,8 +20,17 @@ import transformers
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
 # registry-era families, each with its own oracle test file
-NEW_FAMILIES = ("glm4_moe", "dots1", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "granitemoe", "gpt_oss",
-                "llama4_text", "phimoe")
+NEW_FAMILIES = (
+    "glm4_moe",
+    "dots1",
+    "hunyuan_v1_moe",
+    "ernie4_5_moe",
+    "minimax_m2",
+    "granitemoe",
+    "gpt_oss",
+    "llama4_text",
+    "phimoe",
+)
 
 VOCAB = 96
 
@@ -246,15 +255,11 @@ def save_tiny(
 
 def load(path: Path) -> transformers.PreTrainedModel:
     """Load a checkpoint back into a float32, eval-mode, eager-attention HF model."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
 
 
-def random_tokens(
-    windows: int = 3, length: int = 12, *, vocab: int = VOCAB, seed: int = 1
-) -> torch.Tensor:
+def random_tokens(windows: int = 3, length: int = 12, *, vocab: int = VOCAB, seed: int = 1) -> torch.Tensor:
     """A seeded ``[W, T]`` int64 token block (a canary stand-in)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (windows, length), generator=gen)

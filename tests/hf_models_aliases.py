@@ -17,8 +17,9 @@ import transformers
 
 _MLA = {k: v for k, v in hf_models._FAMILY["deepseek_v3"].items()}
 # GLM-4.7-Flash: DeepSeek-V3's MLA tiny config with GLM's router defaults (one group)
-hf_models._FAMILY["glm4_moe_lite"] = {k: v for k, v in _MLA.items()
-                                      if k not in ("first_k_dense_replace", "num_nextn_predict_layers")}
+hf_models._FAMILY["glm4_moe_lite"] = {
+    k: v for k, v in _MLA.items() if k not in ("first_k_dense_replace", "num_nextn_predict_layers")
+}
 
 # the text decoder of each wrapper: its text family's tiny config, minus keys the text config lacks
 TEXT: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -28,11 +29,19 @@ TEXT: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # GLM-4.5V's multimodal RoPE: 16-dim heads, the first half rotated, its 4 frequencies split 2/1/1
 # over the temporal, height and width streams
-GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-              "mrope_section": [2, 1, 1]}
-_SMALL = dict(depth=1, num_hidden_layers=1, hidden_size=16, intermediate_size=16, num_heads=2,
-              num_attention_heads=2, out_hidden_size=32, pos_emb_height=4, pos_emb_width=4,
-              num_position_embeddings=16)
+GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
+_SMALL = dict(
+    depth=1,
+    num_hidden_layers=1,
+    hidden_size=16,
+    intermediate_size=16,
+    num_heads=2,
+    num_attention_heads=2,
+    out_hidden_size=32,
+    pos_emb_height=4,
+    pos_emb_width=4,
+    num_position_embeddings=16,
+)
 
 
 def text_config(wrapper: str, **overrides: Any) -> dict[str, Any]:
@@ -50,8 +59,9 @@ def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transform
     extra: dict[str, Any] = {}
     if wrapper == "kimi_k25":
         extra = dict(projection_hidden_size=16, tie_word_embeddings=False)
-    config = transformers.AutoConfig.for_model(wrapper, text_config=text_config(wrapper, **overrides),
-                                               vision_config=vision, **extra)
+    config = transformers.AutoConfig.for_model(
+        wrapper, text_config=text_config(wrapper, **overrides), vision_config=vision, **extra
+    )
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -60,15 +70,17 @@ def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transform
     return model.eval()
 
 
-def save_wrapper(path: Path, wrapper: str, *, seed: int = 0, dtype: torch.dtype | None = None,
-                 **overrides: Any) -> None:
+def save_wrapper(
+    path: Path, wrapper: str, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any
+) -> None:
     model = wrapper_model(wrapper, seed=seed, **overrides)
     (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
 def load_wrapper(path: Path) -> transformers.PreTrainedModel:
-    model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
-                                                                     attn_implementation="eager")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    )
     return model.eval()
 
 

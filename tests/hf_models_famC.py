@@ -47,13 +47,20 @@ FAMC: dict[str, dict[str, Any]] = {
     ),
 }
 # Qwen3.5-MoE's text decoder: the same hybrid, separate DeltaNet projections, every layer routed.
-FAMC["qwen3_5_moe_text"] = {k: v for k, v in FAMC["qwen3_next"].items()
-                            if k not in ("intermediate_size",)}
+FAMC["qwen3_5_moe_text"] = {k: v for k, v in FAMC["qwen3_next"].items() if k not in ("intermediate_size",)}
 
 hf_models._FAMILY.update(FAMC)
 
-_VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
-               patch_size=2, temporal_patch_size=2, spatial_merge_size=1)
+_VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=16,
+    num_heads=2,
+    out_hidden_size=32,
+    patch_size=2,
+    temporal_patch_size=2,
+    spatial_merge_size=1,
+)
 
 
 def save_tiny_qwen3_5_moe(path, *, seed: int = 0) -> Any:
@@ -63,8 +70,7 @@ def save_tiny_qwen3_5_moe(path, *, seed: int = 0) -> Any:
     import transformers
 
     text = {**hf_models._COMMON, **FAMC["qwen3_5_moe_text"]}
-    config = transformers.AutoConfig.for_model("qwen3_5_moe", text_config=text,
-                                               vision_config=_VISION)
+    config = transformers.AutoConfig.for_model("qwen3_5_moe", text_config=text, vision_config=_VISION)
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)

@@ -292,11 +292,13 @@ def _config_duplicate_key(ckpt: Path) -> None:
 def _sparse_tail(name: str, size: int) -> Callable[[Path], None]:
     """The file grown to ``size`` bytes by a sparse tail (no disk used): a reader that holds the
     whole file before looking at its size would allocate all of it."""
+
     def edit(ckpt: Path) -> None:
         if name == "model.safetensors.index.json":
             _shard(ckpt)
             _weights(ckpt).unlink()
         os.truncate(ckpt / name, size)
+
     return edit
 
 
@@ -411,9 +413,7 @@ def write_canaries(good: Path, out: Path) -> dict[str, Path]:
         "empty.jsonl": "",
         "blank_lines.jsonl": "\n  \n\n",
         "unequal_windows.jsonl": jsonl(uneven),
-        "out_of_range_id.jsonl": jsonl(
-            rows[:1] + [{"domain": "code", "tokens": [1, -3, 2, 5, 6, 7, 8, 9]}]
-        ),
+        "out_of_range_id.jsonl": jsonl(rows[:1] + [{"domain": "code", "tokens": [1, -3, 2, 5, 6, 7, 8, 9]}]),
         "not_json.jsonl": jsonl(rows[:1]) + '{"domain": "code", "tokens": [1, 2\n',
     }
     for name, text in texts.items():
@@ -431,14 +431,9 @@ def write_canaries(good: Path, out: Path) -> dict[str, Path]:
     _canary_file(out / "out_of_vocabulary.safetensors", oov, ids, list(probe.domains))
     changed = tokens.clone()
     changed[0, 0] = (changed[0, 0] + 1) % VOCAB
-    _canary_file(
-        out / "wrong_digest.safetensors", changed, ids, list(probe.domains), digest=probe.digest
-    )
+    _canary_file(out / "wrong_digest.safetensors", changed, ids, list(probe.domains), digest=probe.digest)
     (out / "truncated.safetensors").write_bytes((good / "canary.safetensors").read_bytes()[:-9])
-    return {
-        f"canary_{p.stem}" if p.suffix == ".jsonl" else f"canary_{p.stem}_file": p
-        for p in sorted(out.iterdir())
-    }
+    return {f"canary_{p.stem}" if p.suffix == ".jsonl" else f"canary_{p.stem}_file": p for p in sorted(out.iterdir())}
 
 
 # ----- metrics.jsonl ----------------------------------------------------------------------------
@@ -453,9 +448,7 @@ def metrics_lines(steps: int = 6) -> list[dict[str, Any]]:
             {
                 "step": 10 * (s + 1),
                 "loss": round(3.0 - 0.1 * s, 3),
-                "expert_grad_norms": {
-                    str(i): [round(g, 5) for g in norms[i]] for i in range(LAYERS)
-                },
+                "expert_grad_norms": {str(i): [round(g, 5) for g in norms[i]] for i in range(LAYERS)},
             }
         )
     return lines
@@ -604,9 +597,7 @@ def write_certificates(good: Path, out: Path, ckpt_digest: str) -> dict[str, Pat
     paths["cert_duplicate_key"] = out / "duplicate_key.json"
     (out / "payload_duplicate_key.json").write_text(json.dumps(_shadowed_verdict(key, ckpt_digest)))
     paths["cert_payload_duplicate_key"] = out / "payload_duplicate_key.json"
-    (out / "garbage.pub").write_text(
-        "-----BEGIN PUBLIC KEY-----\nbm90IGEga2V5\n-----END PUBLIC KEY-----\n"
-    )
+    (out / "garbage.pub").write_text("-----BEGIN PUBLIC KEY-----\nbm90IGEga2V5\n-----END PUBLIC KEY-----\n")
     paths["pubkey_garbage"] = out / "garbage.pub"
     (out / "wrong.pub").write_bytes(_pem(other, private=False))
     paths["pubkey_wrong"] = out / "wrong.pub"
@@ -630,13 +621,18 @@ def write_runs(good: Path, nonfinite_ckpt: Path, out: Path) -> dict[str, Path]:
     shutil.copy(good / "metrics.jsonl", run / "metrics.jsonl")
     os.symlink("checkpoint-300", run / "checkpoint-300")
     shutil.copytree(nonfinite_ckpt, out / "nonfinite" / "checkpoint-100")
-    for name, dirs in (("duplicate_step", ("checkpoint-100", "checkpoint-0100")),
-                       ("non_ascii_step", ("checkpoint-100", "checkpoint-\u0663\u0660\u0660"))):
+    for name, dirs in (
+        ("duplicate_step", ("checkpoint-100", "checkpoint-0100")),
+        ("non_ascii_step", ("checkpoint-100", "checkpoint-\u0663\u0660\u0660")),
+    ):
         for d in dirs:  # checkpoint-٣٠٠: Arabic-Indic digits, which int() reads as 300
             shutil.copytree(good / "ckpt", out / name / d)
-    return {"run_writing": run, "run_nonfinite": out / "nonfinite",
-            "run_duplicate_step": out / "duplicate_step",
-            "run_non_ascii_step": out / "non_ascii_step"}
+    return {
+        "run_writing": run,
+        "run_nonfinite": out / "nonfinite",
+        "run_duplicate_step": out / "duplicate_step",
+        "run_non_ascii_step": out / "non_ascii_step",
+    }
 
 
 # ----- everything -------------------------------------------------------------------------------

@@ -52,14 +52,19 @@ def table(path: str) -> str:
     for line in open(path, encoding="utf-8"):
         row = json.loads(line)
         rows[row["test"].split("::")[0].removeprefix("tests/")].append(row)
-    out = ["| test file | comparisons | loss rel | hidden abs | router logits abs | grad norms rel "
-           "| top-k sets equal (decisive tokens, min share) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| test file | comparisons | loss rel | hidden abs | router logits abs | grad norms rel "
+        "| top-k sets equal (decisive tokens, min share) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, rs in sorted(rows.items()):
         worst = {k: max(r[k] for r in rs) for k in ("loss_rel", "hidden_abs", "router_abs", "grad_rel")}
         equal = "yes" if all(r["topk_equal"] for r in rs) else "NO"
-        out.append(f"| {name} | {len(rs)} | {worst['loss_rel']:.1e} | {worst['hidden_abs']:.1e} | "
-                   f"{worst['router_abs']:.1e} | {worst['grad_rel']:.1e} | {equal} "
-                   f"({min(r['decisive'] for r in rs):.2f}) |")
+        out.append(
+            f"| {name} | {len(rs)} | {worst['loss_rel']:.1e} | {worst['hidden_abs']:.1e} | "
+            f"{worst['router_abs']:.1e} | {worst['grad_rel']:.1e} | {equal} "
+            f"({min(r['decisive'] for r in rs):.2f}) |"
+        )
     return "\n".join(out)
 
 

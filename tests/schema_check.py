@@ -25,8 +25,10 @@ PREDICATE = "training-health-v2.predicate.schema.json"
 RECEIPTS = "receipts-v1.schema.json"
 GATE = "gate-v1.schema.json"
 BY_SCHEMA_FIELD = {"moeaudit.receipts/v1": RECEIPTS, "moeaudit.gate/v1": GATE}
-BY_PREDICATE_TYPE = {"https://in-toto.io/attestation/test-result/v0.1": "test-result-v0.1.statement.schema.json",
-                     "https://in-toto.io/attestation/svr/v0.1": "svr-v0.1.statement.schema.json"}
+BY_PREDICATE_TYPE = {
+    "https://in-toto.io/attestation/test-result/v0.1": "test-result-v0.1.statement.schema.json",
+    "https://in-toto.io/attestation/svr/v0.1": "svr-v0.1.statement.schema.json",
+}
 
 
 @cache
@@ -43,8 +45,7 @@ def validator(name: str) -> Any:
 def validate(name: str, doc: Any, where: str) -> None:
     errors = sorted(validator(name).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
-        shown = "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:300]}"
-                          for e in errors[:5])
+        shown = "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:300]}" for e in errors[:5])
         raise AssertionError(f"{where} does not match {name} ({len(errors)} error(s)): {shown}")
     SEEN[name] += 1
 

@@ -74,9 +74,7 @@ def certify(corpus: dict[str, Path], run_dir: Path, out: Path) -> list[str | Pat
     return [*replaying(corpus, "certify", run_dir), *key]
 
 
-def check_matrix(
-    corpus: dict[str, Path], out_dir: Path, argv: list[str], code: int, needles: list[str]
-) -> str:
+def check_matrix(corpus: dict[str, Path], out_dir: Path, argv: list[str], code: int, needles: list[str]) -> str:
     """Run ``argv`` (``{name}`` = a corpus path, ``{out}`` = an output path) and check the row."""
     paths = {k: str(v) for k, v in corpus.items()} | {"out": str(out_dir / "out.json")}
     got, _, stderr = run(*[a.format(**paths) for a in argv])
@@ -130,10 +128,7 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     ),
     (
         "missing_shard",
-        [
-            "{%s}/model.safetensors.index.json: index names shard "
-            "'model-00002-of-00002.safetensors', which is missing"
-        ],
+        ["{%s}/model.safetensors.index.json: index names shard 'model-00002-of-00002.safetensors', which is missing"],
     ),
     ("symlink_loop_files", ["{%s}/extra/a.safetensors: symbolic links are not followed"]),
     ("symlink_loop_dir", ["{%s}/loop: symbolic links are not followed"]),
@@ -142,8 +137,11 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     # issue 14: inputs that two readers would read differently, and sizes that crash later
     (
         "ambiguous_weights",
-        ["{%s}: both model.safetensors and model.safetensors.index.json", "ambiguous",
-         "transformers would load model.safetensors"],
+        [
+            "{%s}: both model.safetensors and model.safetensors.index.json",
+            "ambiguous",
+            "transformers would load model.safetensors",
+        ],
     ),
     (
         "header_duplicate_key",
@@ -160,17 +158,17 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     # issue 24: a tensor the replay would not read is refused by name, never warned about and dropped
     (
         "extra_tensors",
-        ["{%s}: 2 tensor(s) that moeaudit's mixtral replay does not use: "
-         "model.layers.0.block_sparse_moe.experts.4.w1.weight, optimizer.step",
-         "moeaudit does not replay them yet"],
+        [
+            "{%s}: 2 tensor(s) that moeaudit's mixtral replay does not use: "
+            "model.layers.0.block_sparse_moe.experts.4.w1.weight, optimizer.step",
+            "moeaudit does not replay them yet",
+        ],
     ),
 ]
 
 
 @pytest.mark.parametrize("item, needles", CHECKPOINTS, ids=[c[0] for c in CHECKPOINTS])
-def test_bad_checkpoint_inspect(
-    corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]
-) -> None:
+def test_bad_checkpoint_inspect(corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]) -> None:
     needles = [n % f"ckpt_{item}" if "%s" in n else n for n in needles]
     check_matrix(corpus, tmp_path, ["inspect", f"{{ckpt_{item}}}"], 4, needles)
 
@@ -198,9 +196,7 @@ def test_good_inputs_pass(corpus: dict[str, Path]) -> None:
     """The matrix below means something only if the undamaged corpus is accepted."""
     assert run("inspect", corpus["good_ckpt"])[0] == 0
     assert run("canary", "show", corpus["good_canary_safetensors"])[0] == 0
-    assert (
-        run("verify", corpus["good_certificate_json"], "--pubkey", corpus["good_key_pub"])[0] == 0
-    )
+    assert run("verify", corpus["good_certificate_json"], "--pubkey", corpus["good_key_pub"])[0] == 0
     assert run("envelope", corpus["good_metrics_jsonl"])[0] in (0, 1)  # ran: compliant or not
 
 
@@ -237,16 +233,14 @@ def test_nonfinite_weights_warn_in_one_line(corpus: dict[str, Path], tmp_path: P
     warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
     assert warnings == [
         f"warning: NaN/Inf in weights layer 1 expert 2 w1, lm_head; {nulled} receipt values "
-        'became null (nll, nll_by_domain.code, nll_by_domain.prose, …; all listed under '
+        "became null (nll, nll_by_domain.code, nll_by_domain.prose, …; all listed under "
         '"nonfinite" in the JSON)'
     ]
     assert nulled > 20
 
 
 def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
-    code, stdout, stderr = run(
-        *replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_weights"])
-    )
+    code, stdout, stderr = run(*replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_weights"]))
     no_error(stderr)
     assert code == 1 and "HOLD" in stdout
     expected = "finite: NaN/Inf found: nonfinite_weights: weight layer 1 expert 2 w1; nonfinite_weights: weight lm_head"
@@ -254,9 +248,7 @@ def test_nonfinite_weights_hold_the_gate(corpus: dict[str, Path]) -> None:
 
 
 def test_nan_router_holds_the_gate(corpus: dict[str, Path]) -> None:
-    code, stdout, stderr = run(
-        *replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_router"])
-    )
+    code, stdout, stderr = run(*replaying(corpus, "gate", corpus["good_ckpt"], corpus["ckpt_nonfinite_router"]))
     no_error(stderr)
     assert code == 1 and "finite: NaN/Inf found: nonfinite_router: weight layer 0 router" in stdout.replace("\n", "")
 
@@ -282,9 +274,7 @@ def test_nonfinite_weights_fail_the_certificate(corpus: dict[str, Path], tmp_pat
 # ----- a run directory with a checkpoint still being written -------------------------------------
 
 
-def test_checkpoint_being_written_is_skipped_with_a_warning(
-    corpus: dict[str, Path], tmp_path: Path
-) -> None:
+def test_checkpoint_being_written_is_skipped_with_a_warning(corpus: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "cert"
     code, _, stderr = run(*certify(corpus, corpus["run_writing"], out))
     no_error(stderr)
@@ -302,15 +292,23 @@ def test_checkpoint_being_written_is_skipped_with_a_warning(
 @pytest.mark.parametrize(
     "item, needles",
     [
-        ("run_duplicate_step", ["{run_duplicate_step}: checkpoint-0100 and checkpoint-100 are both "
-                                "step 100", "one checkpoint directory per step"]),
-        ("run_non_ascii_step", ["{run_non_ascii_step}/checkpoint-\u0663\u0660\u0660: step "
-                                "'\u0663\u0660\u0660' is not written in ASCII digits"]),
+        (
+            "run_duplicate_step",
+            [
+                "{run_duplicate_step}: checkpoint-0100 and checkpoint-100 are both step 100",
+                "one checkpoint directory per step",
+            ],
+        ),
+        (
+            "run_non_ascii_step",
+            [
+                "{run_non_ascii_step}/checkpoint-\u0663\u0660\u0660: step "
+                "'\u0663\u0660\u0660' is not written in ASCII digits"
+            ],
+        ),
     ],
 )
-def test_ambiguous_steps_are_refused(
-    corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]
-) -> None:
+def test_ambiguous_steps_are_refused(corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]) -> None:
     """Issue 14 item 8: two directories for one step, or a step int() reads from non-ASCII
     digits, would give one checkpoint's receipts another's name; certify refuses the run."""
     argv = [*certify(corpus, Path(f"{{{item}}}"), tmp_path / "cert")]
@@ -359,9 +357,7 @@ CANARY_ARGV = {
 
 
 @pytest.mark.parametrize("item, command, needles", CANARIES, ids=[c[0] for c in CANARIES])
-def test_bad_canary(
-    corpus: dict[str, Path], tmp_path: Path, item: str, command: str, needles: list[str]
-) -> None:
+def test_bad_canary(corpus: dict[str, Path], tmp_path: Path, item: str, command: str, needles: list[str]) -> None:
     argv = [a % item if "%s" in a else a for a in CANARY_ARGV[command]]
     check_matrix(corpus, tmp_path, argv, 4, needles)
 
@@ -384,9 +380,7 @@ METRICS = [
 @pytest.mark.parametrize("item, needle", METRICS, ids=[m[0] for m in METRICS])
 def test_bad_metrics(corpus: dict[str, Path], tmp_path: Path, item: str, needle: str) -> None:
     name = f"metrics_{item}"
-    check_matrix(
-        corpus, tmp_path, ["envelope", f"{{{name}}}", "--json", "{out}"], 4, [needle % name]
-    )
+    check_matrix(corpus, tmp_path, ["envelope", f"{{{name}}}", "--json", "{out}"], 4, [needle % name])
 
 
 # ----- policies ----------------------------------------------------------------------------------
@@ -461,15 +455,9 @@ CERTIFICATES = [  # certificate, public key, exit code, what the one line must s
 ]
 
 
-@pytest.mark.parametrize(
-    "cert, pub, code, needle", CERTIFICATES, ids=[f"{c[0]}-{c[1]}" for c in CERTIFICATES]
-)
-def test_bad_certificate(
-    corpus: dict[str, Path], tmp_path: Path, cert: str, pub: str, code: int, needle: str
-) -> None:
-    check_matrix(
-        corpus, tmp_path, ["verify", f"{{{cert}}}", "--pubkey", f"{{{pub}}}"], code, [needle]
-    )
+@pytest.mark.parametrize("cert, pub, code, needle", CERTIFICATES, ids=[f"{c[0]}-{c[1]}" for c in CERTIFICATES])
+def test_bad_certificate(corpus: dict[str, Path], tmp_path: Path, cert: str, pub: str, code: int, needle: str) -> None:
+    check_matrix(corpus, tmp_path, ["verify", f"{{{cert}}}", "--pubkey", f"{{{pub}}}"], code, [needle])
 
 
 # ----- output targets (issue 14) ----------------------------------------------------------------
@@ -481,9 +469,7 @@ def test_gate_junit_follows_the_overwrite_rule(corpus: dict[str, Path], tmp_path
     argv = replaying(corpus, "gate", corpus["good_ckpt"], corpus["good_ckpt"])
     code, stdout, stderr = run(*argv, "--junit", junit)
     assert code == 4 and stdout == ""  # refused before any replay
-    assert one_error(stderr) == (
-        f"moeaudit: error: {junit}: output exists — pass --force to overwrite it"
-    )
+    assert one_error(stderr) == (f"moeaudit: error: {junit}: output exists — pass --force to overwrite it")
     assert junit.read_text() == "the previous report\n"
     code, _, stderr = run(*argv, "--junit", junit, "--force")
     no_error(stderr)
@@ -505,9 +491,7 @@ def test_recheck_works_from_another_directory(
     run_info = _signed_statement(out / "certificate.json")["predicate"]["run"]
     assert run_info["path"] == str(corpus["run_writing"].resolve())
     monkeypatch.chdir(tmp_path)
-    code, stdout, stderr = run(
-        "verify", out / "certificate.json", "--pubkey", corpus["good_key_pub"], "--recheck"
-    )
+    code, stdout, stderr = run("verify", out / "certificate.json", "--pubkey", corpus["good_key_pub"], "--recheck")
     no_error(stderr)
     assert code == 0 and "recheck: all 1 checkpoint digests match" in stdout
 
@@ -522,9 +506,7 @@ def _signed_for_run(corpus: dict[str, Path], run_path: Path, out: Path) -> Path:
     return out
 
 
-def test_recheck_of_a_missing_checkpoint_is_an_input_error(
-    corpus: dict[str, Path], tmp_path: Path
-) -> None:
+def test_recheck_of_a_missing_checkpoint_is_an_input_error(corpus: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()  # the run directory is there, the certified checkpoint is not
     cert = _signed_for_run(corpus, tmp_path / "run", tmp_path / "c.json")
     code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")
@@ -536,8 +518,7 @@ def test_recheck_of_a_missing_checkpoint_is_an_input_error(
     cert = _signed_for_run(corpus, tmp_path / "moved", tmp_path / "c2.json")
     code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")
     assert code == 4 and (
-        f"{tmp_path / 'moved'}: run directory not found (the path the certificate records)"
-        in one_error(stderr)
+        f"{tmp_path / 'moved'}: run directory not found (the path the certificate records)" in one_error(stderr)
     )
 
 

@@ -99,9 +99,7 @@ def build(root: Path, case: Case, seed: int = 0) -> Built:
     weights = root / "model.safetensors"
     t = load_file(weights)
     t["model.embed_tokens.weight"] = embed
-    t["model.layers.0.self_attn.o_proj.weight"] = torch.zeros_like(
-        t["model.layers.0.self_attn.o_proj.weight"]
-    )
+    t["model.layers.0.self_attn.o_proj.weight"] = torch.zeros_like(t["model.layers.0.self_attn.o_proj.weight"])
     t["model.layers.0.post_attention_layernorm.weight"] = torch.ones(case.d)
     t["model.layers.0.block_sparse_moe.gate.weight"] = router_rows(case, a).contiguous()
     save_file(t, weights, metadata={"format": "pt"})
@@ -110,9 +108,7 @@ def build(root: Path, case: Case, seed: int = 0) -> Built:
 
 def every_row_once(seed: int = 1) -> Canary:
     order = torch.randperm(V, generator=torch.Generator().manual_seed(seed))
-    return Canary(
-        order.view(W, T).to(torch.int32), torch.arange(W, dtype=torch.int32) % 2, ("even", "odd")
-    )
+    return Canary(order.view(W, T).to(torch.int32), torch.arange(W, dtype=torch.int32) % 2, ("even", "odd"))
 
 
 def sphere_slab(c: float, d: int, steps: int = 4000) -> float:
@@ -126,10 +122,7 @@ def sphere_slab(c: float, d: int, steps: int = 4000) -> float:
     log_norm = math.lgamma(d / 2) - math.lgamma(0.5) - math.lgamma((d - 1) / 2)
     top = math.asin(c)
     h = top / steps
-    total = sum(
-        (1 if i in (0, steps) else 4 if i % 2 else 2) * math.cos(i * h) ** (d - 2)
-        for i in range(steps + 1)
-    )
+    total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * math.cos(i * h) ** (d - 2) for i in range(steps + 1))
     return min(1.0, 2.0 * math.exp(log_norm) * total * h / 3.0)
 
 
@@ -229,9 +222,7 @@ def test_top2_of_3_routes_expert_0_everywhere(measure) -> None:
 # ----- flip rate (`002` §7.2) -------------------------------------------------------------
 
 
-def flip_law(
-    a: torch.Tensor, router: torch.Tensor, sigma: float, draws: int = 20000
-) -> torch.Tensor:
+def flip_law(a: torch.Tensor, router: torch.Tensor, sigma: float, draws: int = 20000) -> torch.Tensor:
     """Flip fraction for uniform z under W ← W + σ·rms(W)·G is angle(a, a + δ)/π, with
     δ = σ·rms(W)·(g_1 − g_2); its law over G (a sample of `draws` values)."""
     g = torch.Generator().manual_seed(123)
@@ -258,9 +249,6 @@ def test_flip_rate_is_zero_for_tiny_sigma_and_grows_with_sigma(measure) -> None:
     assert rates[0.01] <= rates[0.05] < rates[0.2]
     for sigma in (0.05, 0.2):
         law = flip_law(built.a, router, sigma)
-        lo, hi = (
-            float(q)
-            for q in torch.quantile(law, torch.tensor([0.0005, 0.9995], dtype=torch.float64))
-        )
+        lo, hi = (float(q) for q in torch.quantile(law, torch.tensor([0.0005, 0.9995], dtype=torch.float64)))
         se = math.sqrt(hi * (1 - hi) / V)
         assert lo - 4 * se <= rates[sigma] <= hi + 4 * se, (sigma, rates[sigma], lo, hi)

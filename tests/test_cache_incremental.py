@@ -68,8 +68,7 @@ def test_adding_a_checkpoint_replays_only_it(tiny: Path, tmp_path: Path) -> None
 # ----- issue 14: the cache decides no signed number ------------------------------------------
 
 
-def _one_checkpoint_run(tiny: Path, tmp_path: Path,
-                        copies: tuple[str, ...] = ("checkpoint-1",)) -> Path:
+def _one_checkpoint_run(tiny: Path, tmp_path: Path, copies: tuple[str, ...] = ("checkpoint-1",)) -> Path:
     first = sorted((tiny / "healthy").glob("checkpoint-*"), key=lambda p: int(p.name[11:]))[0]
     run = tmp_path / "run"
     run.mkdir()
@@ -79,8 +78,7 @@ def _one_checkpoint_run(tiny: Path, tmp_path: Path,
 
 
 def _entries(cache: Path, schema: str) -> list[Path]:
-    return [p for p in cache.rglob("*.json")
-            if json.loads(p.read_text()).get("document", {}).get("schema") == schema]
+    return [p for p in cache.rglob("*.json") if json.loads(p.read_text()).get("document", {}).get("schema") == schema]
 
 
 def test_tampered_nll_in_the_cache_is_recomputed(tiny: Path, tmp_path: Path) -> None:
@@ -220,7 +218,10 @@ def test_identical_checkpoints_keep_their_own_names(tiny: Path, tmp_path: Path) 
         assert name == f"checkpoint-{step}"
     gates = audit.statement["predicate"]["gates"]
     assert [(g["step"], g["receipts"]["checkpoint"]) for g in gates] == [
-        (1, "checkpoint-1"), (2, "checkpoint-2"), (3, "checkpoint-3")]
+        (1, "checkpoint-1"),
+        (2, "checkpoint-2"),
+        (3, "checkpoint-3"),
+    ]
     pair = audit.receipts["pair-3-vs-1.json"]
     assert (pair["base_step"], pair["step"]) == (1, 3)
     served = audit.statement["predicate"]["from_cache"]
@@ -240,8 +241,9 @@ def test_the_nll_interval_is_cached_and_a_tampered_one_recomputed(tiny: Path, tm
     ci = cold["gates"][1]["nll_change"]["ci95"]
     assert ci is not None and ci[0] < ci[1] and warm["gates"][1]["nll_change"]["ci95"] == ci
 
-    [entry] = [p for p in (tmp_path / "cache").rglob("*.json")
-               if set(json.loads(p.read_text())["document"]) == {"ci95"}]
+    [entry] = [
+        p for p in (tmp_path / "cache").rglob("*.json") if set(json.loads(p.read_text())["document"]) == {"ci95"}
+    ]
     doc = json.loads(entry.read_text())
     doc["document"]["ci95"] = [-9.0, -8.0]  # "clearly improving"; the MAC is left as it was
     entry.write_text(json.dumps(doc))

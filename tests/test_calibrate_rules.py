@@ -67,11 +67,14 @@ def test_the_starvation_share_is_a_quantile_not_a_minimum() -> None:
     assert share is not None and share > 0.5
 
 
-@pytest.mark.parametrize("change, why", [
-    ({"starve_share": 0.0}, "starvation share is 0"),
-    ({"calibrated": True, "delta": 0.01, "epsilon": 0.05, "sampling_interval": 1}, "at or above E − 1"),
-    ({"starve_share": 1e-12}, "accepts a starved run"),
-])
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"starve_share": 0.0}, "starvation share is 0"),
+        ({"calibrated": True, "delta": 0.01, "epsilon": 0.05, "sampling_interval": 1}, "at or above E − 1"),
+        ({"starve_share": 1e-12}, "accepts a starved run"),
+    ],
+)
 def test_calibrate_refuses_constants_that_cannot_fail(change: dict, why: str) -> None:
     series = _series(_healthy())
     settings = replace(EnvelopeSettings(variant="normalized", starve_share=0.3), **change)

@@ -29,9 +29,7 @@ def write_jsonl(path: Path, lines: list, raw: str | None = None) -> Path:
 
 
 def make(tokens: list[list[int]], ids: list[int], domains: tuple[str, ...]) -> Canary:
-    return Canary(
-        torch.tensor(tokens, dtype=torch.int32), torch.tensor(ids, dtype=torch.int32), domains
-    )
+    return Canary(torch.tensor(tokens, dtype=torch.int32), torch.tensor(ids, dtype=torch.int32), domains)
 
 
 @pytest.fixture
@@ -189,10 +187,7 @@ def test_digest_changes_when_two_windows_swap(canary: Canary) -> None:
     assert swapped.digest != canary.digest
     same_domain = torch.tensor([2, 1, 0])  # windows 0 and 2 share a domain: only tokens move
     assert Canary(canary.tokens[same_domain], canary.domain_ids, canary.domains) != canary
-    assert (
-        Canary(canary.tokens[same_domain], canary.domain_ids, canary.domains).digest
-        != canary.digest
-    )
+    assert Canary(canary.tokens[same_domain], canary.domain_ids, canary.domains).digest != canary.digest
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -432,8 +427,7 @@ def test_load_digest_mismatch(tmp_path: Path, canary: Canary) -> None:
     save_file(tensors, str(path), metadata)
     actual = Canary(tensors["tokens"], canary.domain_ids, canary.domains).digest
     raises(
-        f"digest mismatch: file says {canary.digest}, content hashes to {actual} "
-        "— the file was modified",
+        f"digest mismatch: file says {canary.digest}, content hashes to {actual} — the file was modified",
         load,
         path,
     )
@@ -455,8 +449,11 @@ def test_load_not_safetensors(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text('{"domain": "a", "tokens": [1, 2]}\n')
     # the source of a canary, not the safetensors parser's header arithmetic (issue 25 §5)
-    err = raises("c.jsonl: not a moeaudit canary (a JSONL file of token windows (a canary's source), "
-                 "not a built canary)", load, path)
+    err = raises(
+        "c.jsonl: not a moeaudit canary (a JSONL file of token windows (a canary's source), not a built canary)",
+        load,
+        path,
+    )
     assert "header length" not in str(err) and "limit" not in str(err)
     assert f"moeaudit canary build --tokens {path} --out canary.safetensors" in str(err)
 
@@ -470,8 +467,11 @@ def test_load_truncated(tmp_path: Path, canary: Canary) -> None:
 
 def test_load_tiny_file(tmp_path: Path) -> None:
     (tmp_path / "tiny.safetensors").write_bytes(b"abc")
-    raises("tiny.safetensors: not a moeaudit canary (not a safetensors file: file is 3 bytes, too short",
-           load, tmp_path / "tiny.safetensors")
+    raises(
+        "tiny.safetensors: not a moeaudit canary (not a safetensors file: file is 3 bytes, too short",
+        load,
+        tmp_path / "tiny.safetensors",
+    )
 
 
 def test_in_memory_invariants_are_checked() -> None:
@@ -486,23 +486,41 @@ def test_in_memory_invariants_are_checked() -> None:
 
 
 def _model_safetensors(path: Path) -> Path:
-    save_file({"model.embed_tokens.weight": torch.zeros(4, 2), "lm_head.weight": torch.zeros(4, 2)},
-              str(path), {"format": "pt"})
+    save_file(
+        {"model.embed_tokens.weight": torch.zeros(4, 2), "lm_head.weight": torch.zeros(4, 2)},
+        str(path),
+        {"format": "pt"},
+    )
     return path
 
 
 NOT_CANARIES = [
-    ("model.safetensors", _model_safetensors,
-     "not a moeaudit canary (a safetensors file of 2 tensor(s) whose metadata format is 'pt' — model weights"),
-    ("config.json", lambda p: p.write_text('{"model_type": "mixtral", "hidden_size": 32}') and p,
-     "not a moeaudit canary (a JSON file, not a safetensors file)"),
-    ("random.bin", lambda p: p.write_bytes(bytes(range(256)) * 8) and p,
-     "not a moeaudit canary (not a safetensors file: header length"),
+    (
+        "model.safetensors",
+        _model_safetensors,
+        "not a moeaudit canary (a safetensors file of 2 tensor(s) whose metadata format is 'pt' — model weights",
+    ),
+    (
+        "config.json",
+        lambda p: p.write_text('{"model_type": "mixtral", "hidden_size": 32}') and p,
+        "not a moeaudit canary (a JSON file, not a safetensors file)",
+    ),
+    (
+        "random.bin",
+        lambda p: p.write_bytes(bytes(range(256)) * 8) and p,
+        "not a moeaudit canary (not a safetensors file: header length",
+    ),
     ("tokens.jsonl", lambda p: write_jsonl(p, LINES), "not a moeaudit canary (a JSONL file of token windows"),
-    ("texts.jsonl", lambda p: p.write_text('{"text": "hello", "domain": "a"}\n') and p,
-     "not a moeaudit canary (a JSONL file of texts"),
-    ("notes.txt", lambda p: p.write_text("some notes\n") and p,
-     "not a moeaudit canary (a text file, not a safetensors file)"),
+    (
+        "texts.jsonl",
+        lambda p: p.write_text('{"text": "hello", "domain": "a"}\n') and p,
+        "not a moeaudit canary (a JSONL file of texts",
+    ),
+    (
+        "notes.txt",
+        lambda p: p.write_text("some notes\n") and p,
+        "not a moeaudit canary (a text file, not a safetensors file)",
+    ),
     ("a-directory", lambda p: p.mkdir(), "not a moeaudit canary (a directory)"),
 ]
 

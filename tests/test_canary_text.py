@@ -17,7 +17,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from moeaudit.canary_text import build_from_text  # noqa: E402
 
 DOCS = [  # (domain, first word, words): code has two documents, prose one
-    ("code", 0, 20), ("prose", 0, 30), ("code", 20, 20),
+    ("code", 0, 20),
+    ("prose", 0, 30),
+    ("code", 20, 20),
 ]
 
 
@@ -32,8 +34,9 @@ def tokenizer(tmp_path: Path) -> Path:
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.train_from_iterator([_words(d, f, n) for d, f, n in DOCS],
-                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "[BOS]"]))
+    tok.train_from_iterator(
+        [_words(d, f, n) for d, f, n in DOCS], trainers.WordLevelTrainer(special_tokens=["[UNK]", "[BOS]"])
+    )
     tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 1)])
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
@@ -70,32 +73,64 @@ def test_the_cli_builds_the_same_canary_deterministically(tmp_path: Path, texts:
     digests = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.safetensors"
-        result = runner.invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
-                                     "--window-len", "8", "--windows", "5", "--out", str(out)])
+        result = runner.invoke(
+            cli,
+            [
+                "canary",
+                "build",
+                "--text",
+                str(texts),
+                "--tokenizer",
+                str(tokenizer),
+                "--window-len",
+                "8",
+                "--windows",
+                "5",
+                "--out",
+                str(out),
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert "5 windows × 8 tokens, 2 domains" in result.output
         digests.append(load(out).digest)
     assert digests[0] == digests[1] == build_from_text(texts, tokenizer, window_len=8, windows=5).digest
 
 
-@pytest.mark.parametrize(("lines", "windows", "window_len", "says"), [
-    (['{"text": "c0 c1", "domain": "code"}', '{"text": "c2", '], 1, 2, "texts.jsonl:2: not valid JSON"),
-    (['{"domain": "code"}'], 1, 2, 'texts.jsonl:1: missing "text"'),
-    (['{"text": "c0 c1", "domain": ""}'], 1, 2, '"domain" must be a non-empty string'),
-    (['["c0"]'], 1, 2, "texts.jsonl:1: expected a JSON object, got list"),
-    ([], 1, 2, "no texts: the file has no non-blank lines"),
-    (None, 9, 8, "the text gives 8 windows of 8 tokens (73 tokens), fewer than --windows 9 "
-                 "(W×T = 72 tokens)"),
-    (None, 2, 32, "domain 'prose' has 31 tokens, fewer than one window of 32"),
-    (None, 1, 8, "1 window(s) cannot cover the 2 domains"),
-])
-def test_bad_text_is_one_clear_error(tmp_path: Path, texts: Path, tokenizer: Path, lines: list[str] | None,
-                                     windows: int, window_len: int, says: str) -> None:
+@pytest.mark.parametrize(
+    ("lines", "windows", "window_len", "says"),
+    [
+        (['{"text": "c0 c1", "domain": "code"}', '{"text": "c2", '], 1, 2, "texts.jsonl:2: not valid JSON"),
+        (['{"domain": "code"}'], 1, 2, 'texts.jsonl:1: missing "text"'),
+        (['{"text": "c0 c1", "domain": ""}'], 1, 2, '"domain" must be a non-empty string'),
+        (['["c0"]'], 1, 2, "texts.jsonl:1: expected a JSON object, got list"),
+        ([], 1, 2, "no texts: the file has no non-blank lines"),
+        (None, 9, 8, "the text gives 8 windows of 8 tokens (73 tokens), fewer than --windows 9 (W×T = 72 tokens)"),
+        (None, 2, 32, "domain 'prose' has 31 tokens, fewer than one window of 32"),
+        (None, 1, 8, "1 window(s) cannot cover the 2 domains"),
+    ],
+)
+def test_bad_text_is_one_clear_error(
+    tmp_path: Path, texts: Path, tokenizer: Path, lines: list[str] | None, windows: int, window_len: int, says: str
+) -> None:
     if lines is not None:
         texts.write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
-                                      "--windows", str(windows), "--window-len", str(window_len),
-                                      "--out", str(tmp_path / "c.safetensors")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "canary",
+            "build",
+            "--text",
+            str(texts),
+            "--tokenizer",
+            str(tokenizer),
+            "--windows",
+            str(windows),
+            "--window-len",
+            str(window_len),
+            "--out",
+            str(tmp_path / "c.safetensors"),
+        ],
+    )
     assert result.exit_code == EXIT_INPUT
     assert says in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "c.safetensors").exists()
@@ -110,11 +145,14 @@ def test_a_missing_or_broken_tokenizer_is_named(tmp_path: Path, texts: Path) -> 
         build_from_text(texts, bad, window_len=8, windows=2)
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--out", "c.safetensors"], "give exactly one of --tokens"),
-    (["--text", "t.jsonl", "--out", "c.safetensors"], "--tokenizer goes with --text"),
-    (["--tokens", "t.jsonl", "--windows", "3", "--out", "c.safetensors"], "apply to --text"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--out", "c.safetensors"], "give exactly one of --tokens"),
+        (["--text", "t.jsonl", "--out", "c.safetensors"], "--tokenizer goes with --text"),
+        (["--tokens", "t.jsonl", "--windows", "3", "--out", "c.safetensors"], "apply to --text"),
+    ],
+)
 def test_option_mistakes_are_usage_errors(argv: list[str], says: str) -> None:
     result = CliRunner().invoke(cli, ["canary", "build", *argv])
     assert result.exit_code == EXIT_USAGE and says in result.output
@@ -129,11 +167,28 @@ def test_the_canary_names_its_tokenizer_and_text(tmp_path: Path, texts: Path, to
     from moeaudit.canary import Canary, save
 
     out = tmp_path / "c.safetensors"
-    result = CliRunner().invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
-                                      "--window-len", "8", "--windows", "5", "--out", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "canary",
+            "build",
+            "--text",
+            str(texts),
+            "--tokenizer",
+            str(tokenizer),
+            "--window-len",
+            "8",
+            "--windows",
+            "5",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    want = {"tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(),
-            "text_sha256": hashlib.sha256(texts.read_bytes()).hexdigest()}
+    want = {
+        "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(),
+        "text_sha256": hashlib.sha256(texts.read_bytes()).hexdigest(),
+    }
     c = load(out)
     assert c.built_from == want
     same_windows = Canary(c.tokens_array, c.domain_ids_array, c.domains)
@@ -153,10 +208,13 @@ def test_the_canary_names_its_tokenizer_and_text(tmp_path: Path, texts: Path, to
     assert load(tmp_path / "t.safetensors").built_from is None
 
 
-@pytest.mark.parametrize(("metadata", "says"), [
-    ({"tokenizer_sha256": "ab" * 32}, "not both of tokenizer_sha256, text_sha256"),
-    ({"tokenizer_sha256": "ab" * 32, "text_sha256": "XYZ"}, "metadata text_sha256 is not a hex SHA-256"),
-])
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"tokenizer_sha256": "ab" * 32}, "not both of tokenizer_sha256, text_sha256"),
+        ({"tokenizer_sha256": "ab" * 32, "text_sha256": "XYZ"}, "metadata text_sha256 is not a hex SHA-256"),
+    ],
+)
 def test_a_damaged_record_of_the_sources_is_refused(tmp_path: Path, metadata: dict[str, str], says: str) -> None:
     import numpy as np
 
@@ -173,25 +231,50 @@ def test_a_damaged_record_of_the_sources_is_refused(tmp_path: Path, metadata: di
         load(tmp_path / "d.safetensors")
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy").is_dir(),
-                    reason="sample runs not built")
+@pytest.mark.skipif(
+    not (Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy").is_dir(),
+    reason="sample runs not built",
+)
 def test_a_certificate_signs_what_the_canary_was_built_from(tmp_path: Path, texts: Path, tokenizer: Path) -> None:
     import base64
     import shutil
 
     healthy = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy"
     canary = tmp_path / "c.safetensors"
-    assert CliRunner().invoke(cli, ["canary", "build", "--text", str(texts), "--tokenizer", str(tokenizer),
-                                    "--window-len", "8", "--windows", "4", "--out", str(canary)]).exit_code == 0
+    assert (
+        CliRunner()
+        .invoke(
+            cli,
+            [
+                "canary",
+                "build",
+                "--text",
+                str(texts),
+                "--tokenizer",
+                str(tokenizer),
+                "--window-len",
+                "8",
+                "--windows",
+                "4",
+                "--out",
+                str(canary),
+            ],
+        )
+        .exit_code
+        == 0
+    )
     run = tmp_path / "run"
     for step in (1250, 1500):
         shutil.copytree(healthy / f"checkpoint-{step}", run / f"checkpoint-{step}")
     result = CliRunner(env={"XDG_CONFIG_HOME": str(tmp_path / "cfg")}).invoke(
-        cli, ["certify", str(run), "--canary", str(canary), "--out", str(tmp_path / "out"), "--no-cache"])
+        cli, ["certify", str(run), "--canary", str(canary), "--out", str(tmp_path / "out"), "--no-cache"]
+    )
     assert result.exit_code == 0, result.output
     envelope = json.loads((tmp_path / "out" / "certificate.json").read_bytes())
     signed = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["canary"]
     built_from = load(canary).built_from
     assert built_from is not None
-    assert (signed["tokenizerSha256"], signed["textSha256"]) == (built_from["tokenizer_sha256"],
-                                                                 built_from["text_sha256"])
+    assert (signed["tokenizerSha256"], signed["textSha256"]) == (
+        built_from["tokenizer_sha256"],
+        built_from["text_sha256"],
+    )

@@ -32,8 +32,9 @@ def test_gate_appends_github_step_summary(tmp_path: Path) -> None:
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
     env = {"GITHUB_STEP_SUMMARY": str(summary), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
-    result = CliRunner(env=env).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-250"),
-                                             str(SAMPLES / "healthy" / "checkpoint-1500")])
+    result = CliRunner(env=env).invoke(
+        cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-250"), str(SAMPLES / "healthy" / "checkpoint-1500")]
+    )
     assert result.exit_code == 0, result.output + result.stderr
     text = summary.read_text()
     assert text.startswith("earlier step\n") and "moeaudit gate: PROMOTE" in text

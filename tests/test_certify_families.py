@@ -32,14 +32,48 @@ from moeaudit.cli import cli  # noqa: E402
 from moeaudit.families import FAMILIES as REGISTERED  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
-TINY = (*FAMILIES, *DEEPSEEK, *NEW_FAMILIES, "deepseek_v32", "qwen3_next", "qwen3_5_moe_text",
-        "jamba", "granitemoehybrid", "granitemoeshared", "granitemoe_swa", "aria_text", "mistral4",
-        "glm4_moe_lite", "kimi_k2", "axk1", "cohere2_moe", "dbrx", "exaone_moe", "lfm2_moe", "sarvam_moe",
-        "sarvam_mla", "solar_open", "hy_v3", "glm_moe_dsa", "minimax", "laguna")
+TINY = (
+    *FAMILIES,
+    *DEEPSEEK,
+    *NEW_FAMILIES,
+    "deepseek_v32",
+    "qwen3_next",
+    "qwen3_5_moe_text",
+    "jamba",
+    "granitemoehybrid",
+    "granitemoeshared",
+    "granitemoe_swa",
+    "aria_text",
+    "mistral4",
+    "glm4_moe_lite",
+    "kimi_k2",
+    "axk1",
+    "cohere2_moe",
+    "dbrx",
+    "exaone_moe",
+    "lfm2_moe",
+    "sarvam_moe",
+    "sarvam_mla",
+    "solar_open",
+    "hy_v3",
+    "glm_moe_dsa",
+    "minimax",
+    "laguna",
+)
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)
-WRAPPERS = {"qwen3_5_moe", "llama4", "kimi_k25", "qwen3_vl_moe", "glm4v_moe", "aria", "qwen3_omni_moe",
-            "deepseek_ocr2", "ernie4_5_vl_moe", "unlimited_ocr"}
+WRAPPERS = {
+    "qwen3_5_moe",
+    "llama4",
+    "kimi_k25",
+    "qwen3_vl_moe",
+    "glm4v_moe",
+    "aria",
+    "qwen3_omni_moe",
+    "deepseek_ocr2",
+    "ernie4_5_vl_moe",
+    "unlimited_ocr",
+}
 
 
 def test_every_registered_family_is_exercised_here_or_has_its_own_wrapper_test() -> None:
@@ -54,8 +88,10 @@ def _nudged_copy(src: Path, dst: Path) -> None:
         if f.suffix == ".safetensors":
             gen = torch.Generator().manual_seed(7)
             t = load_file(str(f))
-            t = {k: v + 0.02 * v.float().std() * torch.randn(v.shape, generator=gen) if v.dim() >= 2 else v
-                 for k, v in sorted(t.items())}
+            t = {
+                k: v + 0.02 * v.float().std() * torch.randn(v.shape, generator=gen) if v.dim() >= 2 else v
+                for k, v in sorted(t.items())
+            }
             save_file(t, str(dst / f.name), metadata={"format": "pt"})
         else:
             (dst / f.name).write_bytes(f.read_bytes())
@@ -68,8 +104,10 @@ def certify_and_verify(run: Path, tmp_path: Path) -> tuple[CliRunner, Path]:
     runner = CliRunner(env=env)
     key, out = tmp_path / "key", tmp_path / "out"
     assert runner.invoke(cli, ["keygen", "--out", str(key)]).exit_code == 0
-    result = runner.invoke(cli, ["certify", str(run), "--key", str(key), "--out", str(out),
-                                 "--canary", str(SAMPLES / "canary.safetensors")])
+    result = runner.invoke(
+        cli,
+        ["certify", str(run), "--key", str(key), "--out", str(out), "--canary", str(SAMPLES / "canary.safetensors")],
+    )
     assert result.exit_code == 0, result.output
     verified = runner.invoke(cli, ["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"])
     assert verified.exit_code == 0, verified.output

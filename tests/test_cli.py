@@ -135,15 +135,18 @@ def _missing_expert(ckpt: Path) -> None:
     save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
 
 
-@pytest.mark.parametrize("breaks, message", [
-    (_shape_mismatch, "config.json implies"),
-    (_unknown_family, "unknown model family 'llama'"),
-    (_refused_family, "model family 'jetmoe' cannot be replayed: its routed experts are attention heads"),
-    (_truncate, "truncated"),
-    (_pickle_only, "pickled weights are never loaded"),
-    (_missing_expert, "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),
-    (lambda c: (c / "config.json").unlink(), "no config.json"),
-])
+@pytest.mark.parametrize(
+    "breaks, message",
+    [
+        (_shape_mismatch, "config.json implies"),
+        (_unknown_family, "unknown model family 'llama'"),
+        (_refused_family, "model family 'jetmoe' cannot be replayed: its routed experts are attention heads"),
+        (_truncate, "truncated"),
+        (_pickle_only, "pickled weights are never loaded"),
+        (_missing_expert, "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),
+        (lambda c: (c / "config.json").unlink(), "no config.json"),
+    ],
+)
 def test_bad_checkpoints_exit_4(ckpt: Path, probe: Path, tmp_path: Path, breaks, message: str) -> None:
     breaks(ckpt)
     out = tmp_path / "out.json"

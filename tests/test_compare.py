@@ -69,13 +69,19 @@ def receipts_json(ckpt: Path, canary: Path, out: Path) -> Path:
 
 def compare_against(workspace: dict[str, Path], reference: Path, *more: str | Path) -> tuple[int, str]:
     """``compare base cand`` on the workspace canary with ``--reference``."""
-    return run("compare", workspace["base"], workspace["cand"], "--canary", workspace["canary"],
-               "--reference", reference, *more)
+    return run(
+        "compare",
+        workspace["base"],
+        workspace["cand"],
+        "--canary",
+        workspace["canary"],
+        "--reference",
+        reference,
+        *more,
+    )
 
 
-def expert_noise(
-    layer: int, scale: float = 0.3, seed: int = 5
-) -> Callable[[dict[str, torch.Tensor]], None]:
+def expert_noise(layer: int, scale: float = 0.3, seed: int = 5) -> Callable[[dict[str, torch.Tensor]], None]:
     """Perturb every expert of one layer (not its router or gain)."""
 
     def edit(t: dict[str, torch.Tensor]) -> None:
@@ -129,9 +135,7 @@ def test_compare_document_shape(noisy: dict[str, Any], workspace: dict[str, Path
         assert isinstance(doc["nll"], float)
         assert [entry["layer"] for entry in doc["layers"]] == [0, 1, 2]
         for entry in doc["layers"]:
-            assert {"counts", "pi", "pi_min", "dead", "cv", "entropy", "entropy_norm"} <= set(
-                entry["occupancy"]
-            )
+            assert {"counts", "pi", "pi_min", "dead", "cv", "entropy", "entropy_norm"} <= set(entry["occupancy"])
             assert {"margin_mean", "boundary_mass", "flip_rate"} <= set(entry["boundary"])
             assert {"c2", "c2_smooth"} <= set(entry["overlap"])
             assert {"grad_norms", "var_grad", "var_grad_norm"} <= set(entry["gradients"])
@@ -286,9 +290,7 @@ def test_different_architectures_are_an_input_error(
     assert "different architectures" in line and field in line
 
 
-def test_canary_outside_the_vocabulary_is_an_input_error(
-    workspace: dict[str, Path], tmp_path: Path
-) -> None:
+def test_canary_outside_the_vocabulary_is_an_input_error(workspace: dict[str, Path], tmp_path: Path) -> None:
     wide = make_canary(tmp_path / "wide.safetensors", vocab=4 * VOCAB)
     code, stderr = run("compare", workspace["base"], workspace["cand"], "--canary", wide)
     assert code == 4
@@ -314,18 +316,14 @@ def dead_expert(
                 for e in range(4):
                     t[EXPERT.format(layer=i, expert=e, w="w2")][j, :] = 0.0
         t[LAYER.format(layer=layer) + "post_attention_layernorm.weight"][j] = 1.0
-        row = torch.zeros_like(
-            t[LAYER.format(layer=layer) + "block_sparse_moe.gate.weight"][expert]
-        )
+        row = torch.zeros_like(t[LAYER.format(layer=layer) + "block_sparse_moe.gate.weight"][expert])
         row[j] = -push
         t[LAYER.format(layer=layer) + "block_sparse_moe.gate.weight"][expert] = row
 
     return edit
 
 
-def test_reference_with_a_dead_protected_expert_is_an_input_error(
-    workspace: dict[str, Path], tmp_path: Path
-) -> None:
+def test_reference_with_a_dead_protected_expert_is_an_input_error(workspace: dict[str, Path], tmp_path: Path) -> None:
     ref = rewrite(workspace["base"], tmp_path / "dead-ref", dead_expert(PROTECTED, expert=3))
     receipts = receipts_json(ref, workspace["canary"], tmp_path / "dead.json")
     occupancy = layer_of(json.loads(receipts.read_text()), PROTECTED)["occupancy"]

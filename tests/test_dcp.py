@@ -54,8 +54,11 @@ def torchtitan_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The sample Mixtral under torchtitan's model FQNs, written out by hand (its MoE module:
     ``moe.router.gate``, GroupedExperts ``moe.experts.w1/w3`` [E, I, H], ``w2`` [E, H, I])."""
     cfg = json.loads((SOURCE / "config.json").read_text())
-    out = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-           "output.weight": sd["lm_head.weight"]}
+    out = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+    }
     for i in range(cfg["num_hidden_layers"]):
         p, t = f"model.layers.{i}.", f"layers.{i}."
         out[t + "attention_norm.weight"] = sd[p + "input_layernorm.weight"]
@@ -65,7 +68,8 @@ def torchtitan_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[t + "moe.router.gate.weight"] = sd[p + "block_sparse_moe.gate.weight"]
         for w in ("w1", "w2", "w3"):
             out[t + f"moe.experts.{w}"] = torch.stack(
-                [sd[p + f"block_sparse_moe.experts.{e}.{w}.weight"] for e in range(cfg["num_local_experts"])])
+                [sd[p + f"block_sparse_moe.experts.{e}.{w}.weight"] for e in range(cfg["num_local_experts"])]
+            )
     return out
 
 
@@ -92,8 +96,11 @@ DEEPSEEK_TT = {
 
 
 def deepseek_torchtitan_names(sd: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
-    out = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-           "output.weight": sd["lm_head.weight"]}
+    out = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+    }
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         for hf, tt in DEEPSEEK_TT.items():
@@ -102,7 +109,8 @@ def deepseek_torchtitan_names(sd: dict[str, torch.Tensor], cfg: dict) -> dict[st
         if p + "mlp.gate.weight" in sd:
             for w, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
                 out[f"layers.{i}.moe.experts.{w}"] = torch.stack(
-                    [sd[p + f"mlp.experts.{e}.{hf}.weight"] for e in range(cfg["n_routed_experts"])])
+                    [sd[p + f"mlp.experts.{e}.{hf}.weight"] for e in range(cfg["n_routed_experts"])]
+                )
     assert len(out) < len(sd)
     return out
 
@@ -129,9 +137,12 @@ def dcp_copy(src: Path, dst: Path, form: str) -> Path:
         state = {"model": sd, "train_state": {"step": 250}}
     else:
         tt = torchtitan_names(sd)
-        state = {**tt, "freqs_cis": torch.zeros(4, 2),
-                 "optimizer": {"state": {"tok_embeddings.weight": {"exp_avg": torch.ones(3)}}},
-                 "train_state": {"step": 250}}
+        state = {
+            **tt,
+            "freqs_cis": torch.zeros(4, 2),
+            "optimizer": {"state": {"tok_embeddings.weight": {"exp_avg": torch.ones(3)}}},
+            "train_state": {"step": 250},
+        }
     save(state, dst)
     for name in ("config.json", "trainer_state.json"):
         if (src / name).is_file():
@@ -172,9 +183,11 @@ def test_dcp_reads_bit_exact(tmp_path: Path, form: str) -> None:
     assert summary["parameters"] == ref.summary()["parameters"]
     assert summary["expert_storage"] == ("fused" if form == "torchtitan" else "per-expert")
     if form == "torchtitan":  # rope buffer dropped silently; optimizer state and step are noted
-        assert summary["notes"] == ["1 DCP tensor(s) and 1 pickled entry that are not model weights left out "
-                                    "(optimizer or trainer state: optimizer.state.tok_embeddings.weight.exp_avg, "
-                                    "train_state.step…)"]
+        assert summary["notes"] == [
+            "1 DCP tensor(s) and 1 pickled entry that are not model weights left out "
+            "(optimizer or trainer state: optimizer.state.tok_embeddings.weight.exp_avg, "
+            "train_state.step…)"
+        ]
 
 
 def test_digest_covers_metadata_and_distcp(tmp_path: Path) -> None:
@@ -204,8 +217,10 @@ def test_multi_chunk_tensor_is_reassembled_and_must_tile(tmp_path: Path) -> None
     meta = pickle.loads(meta_path.read_bytes())  # our own file, written a line above
     top, bottom = meta.state_dict_metadata.pop("w.top"), meta.state_dict_metadata.pop("w.bottom")
     top.size = torch.Size([6, 5])
-    top.chunks = [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 5])),
-                  ChunkStorageMetadata(torch.Size([4, 0]), torch.Size([2, 5]))]
+    top.chunks = [
+        ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 5])),
+        ChunkStorageMetadata(torch.Size([4, 0]), torch.Size([2, 5])),
+    ]
     meta.state_dict_metadata["w"] = top
     del bottom
     storage = {}
@@ -224,8 +239,10 @@ def test_multi_chunk_tensor_is_reassembled_and_must_tile(tmp_path: Path) -> None
     assert torch.equal(oracle["w"], got)
 
     meta.state_dict_metadata["w"].chunks[1] = ChunkStorageMetadata(torch.Size([3, 0]), torch.Size([2, 5]))
-    meta.storage_data = {MetadataIndex("w", torch.Size([0, 0]) if i.offset == torch.Size([0, 0])
-                                       else torch.Size([3, 0]), 0): v for i, v in storage.items()}
+    meta.storage_data = {
+        MetadataIndex("w", torch.Size([0, 0]) if i.offset == torch.Size([0, 0]) else torch.Size([3, 0]), 0): v
+        for i, v in storage.items()
+    }
     meta_path.write_bytes(pickle.dumps(meta))
     with pytest.raises(CheckpointError, match=r"tensor 'w': chunks at \[0, 0\] and \[3, 0\] overlap"):
         DcpDirectory(tmp_path)
@@ -236,10 +253,15 @@ def test_multi_chunk_tensor_is_reassembled_and_must_tile(tmp_path: Path) -> None
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOEAUDIT_CACHE_DIR": str(cwd / "cache"),
-           "XDG_CONFIG_HOME": str(cwd / "config")}
-    return subprocess.run([sys.executable, "-m", "moeaudit", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MOEAUDIT_CACHE_DIR": str(cwd / "cache"),
+        "XDG_CONFIG_HOME": str(cwd / "config"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "moeaudit", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 class _System:  # pickles as posix.system("touch MARKER")
@@ -258,8 +280,9 @@ class _Exec:
         return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
 
 
-@pytest.mark.parametrize("payload, refused", [("system", "posix.system"), ("exec", "builtins.exec"),
-                                               ("nested", "builtins.exec")])
+@pytest.mark.parametrize(
+    "payload, refused", [("system", "posix.system"), ("exec", "builtins.exec"), ("nested", "builtins.exec")]
+)
 def test_malicious_metadata_is_refused_and_nothing_runs(tmp_path: Path, payload: str, refused: str) -> None:
     ckpt = dcp_copy(SOURCE, tmp_path / "ckpt", "hf")
     marker = tmp_path / "PWNED"
@@ -345,8 +368,11 @@ def _pop_left_out(doc: object) -> list[object]:
         return [x for d in doc for x in _pop_left_out(d)]
     if not isinstance(doc, dict):
         return []
-    found = [doc["checkpoint"].pop("left_out")] if isinstance(doc.get("checkpoint"), dict) \
-        and "left_out" in doc["checkpoint"] else []
+    found = (
+        [doc["checkpoint"].pop("left_out")]
+        if isinstance(doc.get("checkpoint"), dict) and "left_out" in doc["checkpoint"]
+        else []
+    )
     return found + [x for v in doc.values() for x in _pop_left_out(v)]
 
 
@@ -372,19 +398,35 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
     docs: dict[str, dict[str, str]] = {}
     for kind, run in runs.items():
         out = tmp_path / f"out-{kind}"
-        result = CliRunner(env=env).invoke(cli, ["certify", str(run), "--key", str(key), "--out", str(out),
-                                                 "--canary", str(SAMPLES / "canary.safetensors")])
+        result = CliRunner(env=env).invoke(
+            cli,
+            [
+                "certify",
+                str(run),
+                "--key",
+                str(key),
+                "--out",
+                str(out),
+                "--canary",
+                str(SAMPLES / "canary.safetensors"),
+            ],
+        )
         assert result.exit_code == 0, result.stderr
         docs[kind] = {p.name: p.read_text() for p in sorted((out / "receipts").iterdir())}
         envelope = json.loads((out / "certificate.json").read_text())
         docs[kind]["predicate"] = json.dumps(signed_statement(envelope))
-    assert sorted(docs["dcp"]) == sorted(docs["safetensors"]) == \
-        ["checkpoint-250.json", "checkpoint-500.json", "envelope.json", "pair-500-vs-250.json", "predicate"]
+    assert (
+        sorted(docs["dcp"])
+        == sorted(docs["safetensors"])
+        == ["checkpoint-250.json", "checkpoint-500.json", "envelope.json", "pair-500-vs-250.json", "predicate"]
+    )
     # the checkpoints' digests, names and the run's path differ; every other byte must be the same
     renames = {str(runs["dcp"]): str(runs["safetensors"])}
     for step in (250, 500):
-        ours, ref = (json.loads(docs[k][f"checkpoint-{step}.json"])["checkpoint"]["digest"]["sha256"]
-                     for k in ("dcp", "safetensors"))
+        ours, ref = (
+            json.loads(docs[k][f"checkpoint-{step}.json"])["checkpoint"]["digest"]["sha256"]
+            for k in ("dcp", "safetensors")
+        )
         assert ours != ref
         renames[ours] = ref
     for name, text in docs["dcp"].items():
@@ -402,9 +444,14 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
         lefts = _pop_left_out(ours)  # issue 24: what is not replayed is in the receipts
         assert lefts or not name.startswith("checkpoint-"), name
         for left in lefts:
-            assert left == [{"what": "DCP entries that are not model weights", "reason": "optimizer or trainer state",
-                             "tensors": 2, "names": ["optimizer.state.tok_embeddings.weight.exp_avg",
-                                                     "train_state.step"]}]
+            assert left == [
+                {
+                    "what": "DCP entries that are not model weights",
+                    "reason": "optimizer or trainer state",
+                    "tensors": 2,
+                    "names": ["optimizer.state.tok_embeddings.weight.exp_avg", "train_state.step"],
+                }
+            ]
         assert json_diff(ours, ref) == [], name
 
 
@@ -420,11 +467,17 @@ def test_torchtitan_step_dirs_are_a_run_and_may_not_repeat_a_step(tmp_path: Path
         discover(tmp_path)
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("metadata", r"unreadable DCP metadata \(UnpicklingError"),
-    ("magic", r"tensor 'model.embed_tokens.weight': bytes at \d+ are not a torch.save record"),
-    ("storage", r"tensor 'model.embed_tokens.weight': unreadable torch.save record \(archive/data/0 fails its CRC\)"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("metadata", r"unreadable DCP metadata \(UnpicklingError"),
+        ("magic", r"tensor 'model.embed_tokens.weight': bytes at \d+ are not a torch.save record"),
+        (
+            "storage",
+            r"tensor 'model.embed_tokens.weight': unreadable torch.save record \(archive/data/0 fails its CRC\)",
+        ),
+    ],
+)
 def test_damaged_files_are_clear_errors(tmp_path: Path, damage: str, message: str) -> None:
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     save({"model.embed_tokens.weight": w}, tmp_path)

@@ -16,14 +16,19 @@ from moeaudit.spec.config import LinearAttention  # noqa: E402
 
 
 def _params(mod) -> dict[str, torch.Tensor]:
-    return {"lin_qkvz": mod.in_proj_qkvz.weight, "lin_ba": mod.in_proj_ba.weight,
-            "lin_conv": mod.conv1d.weight, "lin_dt_bias": mod.dt_bias, "lin_A_log": mod.A_log,
-            "lin_norm": mod.norm.weight, "lin_out": mod.out_proj.weight}
+    return {
+        "lin_qkvz": mod.in_proj_qkvz.weight,
+        "lin_ba": mod.in_proj_ba.weight,
+        "lin_conv": mod.conv1d.weight,
+        "lin_dt_bias": mod.dt_bias,
+        "lin_A_log": mod.A_log,
+        "lin_norm": mod.norm.weight,
+        "lin_out": mod.out_proj.weight,
+    }
 
 
 def _la(mod) -> LinearAttention:
-    return LinearAttention(mod.num_k_heads, mod.num_v_heads, mod.head_k_dim, mod.head_v_dim,
-                           mod.conv_kernel_size)
+    return LinearAttention(mod.num_k_heads, mod.num_v_heads, mod.head_k_dim, mod.head_v_dim, mod.conv_kernel_size)
 
 
 @pytest.mark.parametrize("T", [12, 70])  # 70 > transformers' chunk of 64: two chunks

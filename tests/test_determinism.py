@@ -65,20 +65,25 @@ def test_the_guard_catches_the_cumsum_it_replaced(tmp_path: Path, monkeypatch: p
     assert "aten.cumsum.default" in _raising(lambda: replay(ckpt, tokens))
 
 
-@pytest.mark.parametrize(("call", "flagged"), [
-    (lambda: torch.ones(3).cumsum(0), True),
-    (lambda: torch.arange(3).cumsum(0), False),  # integer cumsum has a deterministic kernel
-    (lambda: torch.arange(3).cumsum(0, dtype=torch.float64), True),
-    (lambda: torch.bincount(torch.tensor([1, 2])), False),
-    (lambda: torch.bincount(torch.tensor([1, 2]), weights=torch.ones(2)), True),
-    (lambda: torch.randn(5).median(), False),
-    (lambda: torch.randn(5).median(0), True),  # with indices
-    (lambda: F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1])), True),  # nll_loss_forward
-    (lambda: torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0]), torch.ones(2), "prod"), True),
-    (lambda: torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0]), torch.ones(2), "sum"), False),
-    (lambda: torch.ones(3, requires_grad=True).index_add(0, torch.tensor([0]), torch.ones(1)).sum().backward(),
-     False),  # index_add: deterministic under the mode
-])
+@pytest.mark.parametrize(
+    ("call", "flagged"),
+    [
+        (lambda: torch.ones(3).cumsum(0), True),
+        (lambda: torch.arange(3).cumsum(0), False),  # integer cumsum has a deterministic kernel
+        (lambda: torch.arange(3).cumsum(0, dtype=torch.float64), True),
+        (lambda: torch.bincount(torch.tensor([1, 2])), False),
+        (lambda: torch.bincount(torch.tensor([1, 2]), weights=torch.ones(2)), True),
+        (lambda: torch.randn(5).median(), False),
+        (lambda: torch.randn(5).median(0), True),  # with indices
+        (lambda: F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1])), True),  # nll_loss_forward
+        (lambda: torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0]), torch.ones(2), "prod"), True),
+        (lambda: torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0]), torch.ones(2), "sum"), False),
+        (
+            lambda: torch.ones(3, requires_grad=True).index_add(0, torch.tensor([0]), torch.ones(1)).sum().backward(),
+            False,
+        ),  # index_add: deterministic under the mode
+    ],
+)
 def test_the_list_is_judged_per_call(call: Any, flagged: bool) -> None:
     assert bool(_raising(call)) is flagged
 

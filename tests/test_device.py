@@ -92,14 +92,22 @@ def assert_receipts_agree(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-
     a, b = {k: v for k, v in a.items() if k != "environment"}, {k: v for k, v in b.items() if k != "environment"}
     assert _skeleton(a) == _skeleton(b)
     na, nb = _numbers(a), _numbers(b)
-    bad = [p for p in na if not (na[p] == nb[p] or (math.isnan(na[p]) and math.isnan(nb[p]))
-                                 or math.isclose(na[p], nb[p], rel_tol=rel, abs_tol=abs_))]
+    bad = [
+        p
+        for p in na
+        if not (
+            na[p] == nb[p]
+            or (math.isnan(na[p]) and math.isnan(nb[p]))
+            or math.isclose(na[p], nb[p], rel_tol=rel, abs_tol=abs_)
+        )
+    ]
     assert not bad, f"{len(bad)} numbers differ, first {bad[:5]}"
 
 
 @pytest.mark.parametrize("family", tiny_families.ALL)
-def test_the_device_branch_gives_the_default_receipts(family: str, tiny: Any, probe: canary_mod.Canary,
-                                                      placements: list[str]) -> None:
+def test_the_device_branch_gives_the_default_receipts(
+    family: str, tiny: Any, probe: canary_mod.Canary, placements: list[str]
+) -> None:
     """Every registered family through the device branch on the CPU: the default path's
     receipts (within float tolerance; today bit for bit), and the device recorded as itself."""
     ckpt = Checkpoint(tiny(family))
@@ -120,8 +128,7 @@ def test_explicit_cpu_takes_the_device_branch(tiny: Any, probe: canary_mod.Canar
     assert_receipts_agree(doc, state_receipts(ckpt, probe))
 
 
-def test_conflict_and_generation_run_on_the_device(tiny: Any, probe: canary_mod.Canary,
-                                                   placements: list[str]) -> None:
+def test_conflict_and_generation_run_on_the_device(tiny: Any, probe: canary_mod.Canary, placements: list[str]) -> None:
     """``--conflict`` (one backward per domain) and ``--generate`` (G forwards) run where the
     replay runs, and give the default path's numbers."""
     ckpt = Checkpoint(tiny("qwen2_moe"))
@@ -142,8 +149,9 @@ def _run(tiny: Any, tmp_path: Path, family: str = "mixtral") -> Path:
     return run
 
 
-def test_the_certificate_names_the_device_of_every_part(tiny: Any, probe: canary_mod.Canary, tmp_path: Path,
-                                                        placements: list[str]) -> None:
+def test_the_certificate_names_the_device_of_every_part(
+    tiny: Any, probe: canary_mod.Canary, tmp_path: Path, placements: list[str]
+) -> None:
     """certify on ``cpu:0``: both replays and the pair receipts run through the device branch,
     each receipts file records it, and so does the signed predicate (it said "cpu" whatever
     ran); the default path still says "cpu" (the golden statement's)."""
@@ -194,8 +202,7 @@ def test_cli_receipts_on_the_standin_device(tiny: Any, tmp_path: Path, placement
     samples = Path(__file__).resolve().parents[1] / "sample_checkpoints"
     args = ["receipts", str(tiny("olmoe")), "--canary", str(samples / "canary.safetensors")]
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(cli, [*args, "--device", STANDIN, "--conflict", "--generate", "1",
-                                      "--json", str(out)])
+    result = CliRunner().invoke(cli, [*args, "--device", STANDIN, "--conflict", "--generate", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["environment"]["device"] == STANDIN and "conflict" in doc and "generation" in doc
@@ -240,8 +247,7 @@ def test_cuda_without_a_gpu_is_a_usage_error(command: str, tmp_path: Path) -> No
 
     samples = Path(__file__).resolve().parents[1] / "sample_checkpoints"
     target = samples / "healthy" / ("checkpoint-250" if command == "receipts" else "")
-    out = ["--json", str(tmp_path / "r.json")] if command == "receipts" else [
-        "--out", str(tmp_path / "cert")]
+    out = ["--json", str(tmp_path / "r.json")] if command == "receipts" else ["--out", str(tmp_path / "cert")]
     result = CliRunner().invoke(cli, [command, str(target), "--device", "cuda", *out])
     assert result.exit_code == 2
     assert "--device" in result.output and "CUDA is not available" in result.output

@@ -36,19 +36,22 @@ TOKENS_PER_EXPERT_SETS = 3  # R_k, the overlap candidates, the random outside ex
 
 
 def _probe(windows: int = 4, T: int = 16) -> canary_mod.Canary:
-    tokens = torch.randint(0, tiny_families.VOCAB, (windows, T), generator=torch.Generator().manual_seed(5),
-                           dtype=torch.int32)
+    tokens = torch.randint(
+        0, tiny_families.VOCAB, (windows, T), generator=torch.Generator().manual_seed(5), dtype=torch.int32
+    )
     return canary_mod.Canary(tokens, torch.arange(windows, dtype=torch.int32) % 2, ("code", "prose"))
 
 
-def _on_standin(ckpt: Checkpoint, probe: canary_mod.Canary,
-                keep_states: bool = False) -> tuple[dict[str, Any], Meter, DeviceGuard]:
+def _on_standin(
+    ckpt: Checkpoint, probe: canary_mod.Canary, keep_states: bool = False
+) -> tuple[dict[str, Any], Meter, DeviceGuard]:
     guard, box = DeviceGuard(), {}
 
     def run(tick: Callable[[str, int, int], None]) -> None:
         with guard:
-            box["doc"] = run_state(ckpt, probe, Policy(), keep_states=keep_states, progress=tick,
-                                   device=str(STANDIN))[0]
+            box["doc"] = run_state(ckpt, probe, Policy(), keep_states=keep_states, progress=tick, device=str(STANDIN))[
+                0
+            ]
 
     meter = measure(ckpt, run)
     return box["doc"], meter, guard
@@ -146,14 +149,27 @@ def test_resolve_reads_every_leaf_exactly_in_one_copy() -> None:
     big = torch.tensor([2**52 + 1, 0, 7], dtype=torch.int64)
     with metering(meter):
         d32, dbig = x32.to(STANDIN, non_blocking=True), big.to(STANDIN, non_blocking=True)
-        tree = {"f": deferred.number(d32[0]), "l": deferred.floats(d32), "i": deferred.integers(dbig),
-                "n": deferred.integer(dbig[0]), "m": [deferred.floats(torch.stack([d32, d32]))],
-                "none": deferred.mean_or_none(d32.sum(), (d32 > 5).sum()), "plain": "kept"}
+        tree = {
+            "f": deferred.number(d32[0]),
+            "l": deferred.floats(d32),
+            "i": deferred.integers(dbig),
+            "n": deferred.integer(dbig[0]),
+            "m": [deferred.floats(torch.stack([d32, d32]))],
+            "none": deferred.mean_or_none(d32.sum(), (d32 > 5).sum()),
+            "plain": "kept",
+        }
         meter.label = "resolve"
         out = deferred.resolve(tree)
     assert dict(meter.counts["resolve"]) == {"d2h": 1, "d2h_bytes": 8 * 16, "sync": 1}
-    assert out == {"f": float(x32[0]), "l": x32.tolist(), "i": big.tolist(), "n": 2**52 + 1,
-                   "m": [[x32.tolist(), x32.tolist()]], "none": None, "plain": "kept"}
+    assert out == {
+        "f": float(x32[0]),
+        "l": x32.tolist(),
+        "i": big.tolist(),
+        "n": 2**52 + 1,
+        "m": [[x32.tolist(), x32.tolist()]],
+        "none": None,
+        "plain": "kept",
+    }
     assert type(out["n"]) is int and type(out["f"]) is float
 
 

@@ -53,16 +53,23 @@ def test_a_callers_matmul_precision_survives_a_replay(device: str | None, restor
     inside: list[tuple[set[str], bool]] = []
     ckpt = Checkpoint(SAMPLES / "healthy" / "checkpoint-250")
     tokens = canary_mod.load(SAMPLES / "canary.safetensors").tokens[:2]
-    replay(ckpt, tokens, device=device, observers=[
-        lambda *_: inside.append((set(_precisions().values()), torch.are_deterministic_algorithms_enabled()))])
+    replay(
+        ckpt,
+        tokens,
+        device=device,
+        observers=[
+            lambda *_: inside.append((set(_precisions().values()), torch.are_deterministic_algorithms_enabled()))
+        ],
+    )
     assert inside and all(p == {"ieee"} and det for p, det in inside)
     assert torch.get_float32_matmul_precision() == "high"
     assert _precisions() == before and not torch.are_deterministic_algorithms_enabled()
 
 
 @pytest.mark.parametrize("api", ["new", "legacy", "none"])
-def test_the_cuda_scope_restores_what_it_found(api: str, restore_torch_settings: None,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cuda_scope_restores_what_it_found(
+    api: str, restore_torch_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The CUDA settings (cuBLAS workspace, TF32 off on cuBLAS and cuDNN) scoped to the replay,
     whichever of torch's APIs the caller used; they can be set and read without a GPU."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -123,13 +130,26 @@ def test_the_cache_key_changes_with_the_machine(monkeypatch: pytest.MonkeyPatch)
     import moeaudit.cache as cache
     import moeaudit.replay.device as device
 
-    gpu = {"device": "cuda:0", "torch": "2.13.0", "gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90",
-           "cuda": "12.8", "driver": "12080", "cudnn": "91000"}
+    gpu = {
+        "device": "cuda:0",
+        "torch": "2.13.0",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "capability": "sm_90",
+        "cuda": "12.8",
+        "driver": "12080",
+        "cudnn": "91000",
+    }
     described: dict[str, Any] = dict(gpu)
     monkeypatch.setattr(device, "describe_device", lambda _d: dict(described))
     keys = {_key("cuda:0")}
-    for field, other in (("gpu", "NVIDIA A100-SXM4-80GB"), ("capability", "sm_80"), ("driver", "12040"),
-                         ("cuda", "12.6"), ("cudnn", "90100"), ("torch", "2.12.0")):
+    for field, other in (
+        ("gpu", "NVIDIA A100-SXM4-80GB"),
+        ("capability", "sm_80"),
+        ("driver", "12040"),
+        ("cuda", "12.6"),
+        ("cudnn", "90100"),
+        ("torch", "2.12.0"),
+    ):
         described.update(gpu, **{field: other})
         keys.add(_key("cuda:0"))
     assert len(keys) == 7

@@ -80,10 +80,10 @@ def _forgeable_byte(path: Path) -> tuple[int, int, int]:
     """(offset, honest, forged) of the high byte of the largest router weight whose exponent
     bit 2 is clear: flipping it multiplies that weight by 16 and moves the routing."""
     info = SafetensorsFile(path).tensors[corpus.ROUTER]
-    raw = path.read_bytes()[info.begin: info.end]
+    raw = path.read_bytes()[info.begin : info.end]
     best: tuple[float, int] = (0.0, -1)
     for i in range(0, len(raw), 4):
-        (w,) = struct.unpack("<f", raw[i: i + 4])
+        (w,) = struct.unpack("<f", raw[i : i + 4])
         if not raw[i + 3] & 0x02 and abs(w) > best[0]:
             best = (abs(w), i)
     assert best[1] >= 0
@@ -113,8 +113,19 @@ def truth(tmp_path_factory: pytest.TempPathFactory) -> Truth:
 
 
 def _writer(truth: Truth) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(truth.ckpt / WEIGHTS), str(truth.offset),
-                             str(truth.honest), str(truth.forged)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            WRITER,
+            str(truth.ckpt / WEIGHTS),
+            str(truth.offset),
+            str(truth.honest),
+            str(truth.forged),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -134,7 +145,8 @@ def _toggling(truth: Truth) -> bool:
 def _consistent(truth: Truth, digest: str, nll: float, where: str) -> None:
     assert digest in truth.nll, f"{where}: a digest of neither state ({digest})"
     assert math.isclose(nll, truth.nll[digest], rel_tol=1e-9, abs_tol=1e-12), (
-        f"{where}: NLL {nll} signed under the digest of bytes whose NLL is {truth.nll[digest]}")
+        f"{where}: NLL {nll} signed under the digest of bytes whose NLL is {truth.nll[digest]}"
+    )
 
 
 def _cached_receipts(root: Path) -> list[dict[str, Any]]:
@@ -235,11 +247,19 @@ def test_sealed_reads_return_the_hashed_bytes_at_any_range(
     s = seal(tmp_path / "f")
     assert s.sha256 == digest_mod.file_sha256(tmp_path / "f")
     assert (s.data is None) == (budget == 0)
-    for offset, length in [(0, 0), (0, 10), (5, BLOCK), (BLOCK, BLOCK), (BLOCK - 1, 2 * BLOCK + 2),
-                           (0, len(data)), (3 * BLOCK + 7, 5000), (len(data) - 3, 100)]:
+    for offset, length in [
+        (0, 0),
+        (0, 10),
+        (5, BLOCK),
+        (BLOCK, BLOCK),
+        (BLOCK - 1, 2 * BLOCK + 2),
+        (0, len(data)),
+        (3 * BLOCK + 7, 5000),
+        (len(data) - 3, 100),
+    ]:
         buf = bytearray(length)
         got = s.read_into(offset, buf)
-        assert bytes(buf[:got]) == data[offset: offset + length] and got == min(length, len(data) - offset)
+        assert bytes(buf[:got]) == data[offset : offset + length] and got == min(length, len(data) - offset)
 
 
 def test_a_rewrite_after_sealing_is_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,15 +277,13 @@ def test_a_rewrite_after_sealing_is_never_read(tmp_path: Path, monkeypatch: pyte
         f.write(b"\xff")
     buf = bytearray(100)
     kept.read_into(BLOCK, buf)
-    assert bytes(buf) == data[BLOCK: BLOCK + 100]
+    assert bytes(buf) == data[BLOCK : BLOCK + 100]
     streamed.read_into(0, buf)  # an untouched block still reads
     with pytest.raises(CheckpointError, match=f"bytes {BLOCK}..{2 * BLOCK} no longer hash to what was digested"):
         streamed.read_into(BLOCK + 50, buf)
 
 
-def test_copies_beyond_the_budget_fall_back_to_proven_rereads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_copies_beyond_the_budget_fall_back_to_proven_rereads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from moeaudit.checkpoint.sealed import BLOCK, seal
 
     _unpinned(monkeypatch)
@@ -275,7 +293,7 @@ def test_copies_beyond_the_budget_fall_back_to_proven_rereads(
     sb = seal(tmp_path / "b")  # a's copy is given up to make room
     assert sa.data is None and sa.blocks is not None and sb.data is not None
     buf = bytearray(BLOCK)
-    assert sa.read_into(BLOCK // 2, buf) == BLOCK and bytes(buf) == a[BLOCK // 2: BLOCK // 2 + BLOCK]
+    assert sa.read_into(BLOCK // 2, buf) == BLOCK and bytes(buf) == a[BLOCK // 2 : BLOCK // 2 + BLOCK]
     (tmp_path / "a").write_bytes(b[::-1])  # same size, other bytes
     with pytest.raises(CheckpointError, match="no longer hash to what was digested"):
         sa.read_into(0, buf)
@@ -287,7 +305,7 @@ def test_the_header_hashed_must_be_the_header_parsed(tmp_path: Path, monkeypatch
     sf = SafetensorsFile(ckpt / WEIGHTS, sealed=True)
     raw = (ckpt / WEIGHTS).read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    head = raw[8: 8 + n].replace(b'"F32"', b'"I32"', 1)  # same length: another model
+    head = raw[8 : 8 + n].replace(b'"F32"', b'"I32"', 1)  # same length: another model
     with open(ckpt / WEIGHTS, "r+b") as f:
         f.seek(8)
         f.write(head)

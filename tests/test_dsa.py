@@ -20,8 +20,13 @@ def _indexer_inputs(model, layer: int, tokens: torch.Tensor):
     cos, sin = model.model.rotary_emb(x, pos)
     q_lat = attn.q_a_layernorm(attn.q_a_proj(x))
     ix = attn.indexer
-    p = {"idx_wq_b": ix.wq_b.weight, "idx_wk": ix.wk.weight, "idx_k_norm": ix.k_norm.weight,
-         "idx_k_norm_bias": ix.k_norm.bias, "idx_weights": ix.weights_proj.weight}
+    p = {
+        "idx_wq_b": ix.wq_b.weight,
+        "idx_wk": ix.wk.weight,
+        "idx_k_norm": ix.k_norm.weight,
+        "idx_k_norm_bias": ix.k_norm.bias,
+        "idx_weights": ix.weights_proj.weight,
+    }
     return ix, p, x, q_lat, (cos, sin)
 
 
@@ -41,7 +46,7 @@ def test_indexer_selects_the_keys_transformers_selects() -> None:
     # the first index_topk queries see every causal key, the later ones exactly index_topk
     counts = keep[:, 0].sum(-1)
     assert counts[:, : ix.index_topk].tolist() == [list(range(1, ix.index_topk + 1))] * 3
-    assert (counts[:, ix.index_topk:] == ix.index_topk).all()
+    assert (counts[:, ix.index_topk :] == ix.index_topk).all()
     # and the selection is not just the most recent keys (it depends on the scores)
     recent = torch.ones(T, T, dtype=torch.bool).tril().triu(-(ix.index_topk - 1))
     assert not torch.equal(keep[0, 0], recent)
@@ -55,14 +60,14 @@ def test_indexer_scores_match_the_reference_formula() -> None:
     ix, p, x, q_lat, (cos, sin) = _indexer_inputs(model, 0, tokens)
     ours = index_scores(p, x, q_lat, cos[0], sin[0], ix.n_heads, ix.head_dim)
     from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
     q = ix.wq_b(q_lat).view(2, 9, ix.n_heads, ix.head_dim)
     k = ix.k_norm(ix.wk(x))[:, :, None]
     r = ix.qk_rope_head_dim
     q_r, k_r = apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
     q, k = torch.cat([q_r, q[..., r:]], -1), torch.cat([k_r, k[..., r:]], -1)[:, :, 0]
     w = ix.weights_proj(x) * ix.n_heads**-0.5
-    want = torch.einsum("bsh,bsht->bst", w, torch.relu(torch.einsum("bshd,btd->bsht", q, k)
-                                                        * ix.head_dim**-0.5))
+    want = torch.einsum("bsh,bsht->bst", w, torch.relu(torch.einsum("bshd,btd->bsht", q, k) * ix.head_dim**-0.5))
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-6)
     assert (ours != 0).float().mean() > 0.9  # ReLU did not zero whole rows of heads
 

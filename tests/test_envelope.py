@@ -48,8 +48,9 @@ def exact(v0: float, steps: int, delta: float = DELTA, eps: float = EPS) -> list
     return out
 
 
-def series(steps: list[int], by_layer: dict[str, list[float]], pooled: list[float] | None = None,
-           variant: str = "raw") -> EnvelopeSeries:
+def series(
+    steps: list[int], by_layer: dict[str, list[float]], pooled: list[float] | None = None, variant: str = "raw"
+) -> EnvelopeSeries:
     pooled = pooled if pooled is not None else next(iter(by_layer.values()))
     records = [(t, {k: v[j] for k, v in by_layer.items()}, pooled[j]) for j, t in enumerate(steps)]
     return from_records("logs", records, variant, origin="test")
@@ -107,12 +108,18 @@ def test_a_spike_at_a_window_boundary_is_still_checked() -> None:
     assert row["window"] == 0 and not row["compliant"]
 
 
-@pytest.mark.parametrize(("v0", "t0", "t", "delta", "eps"), [
-    (1e-3, 0, 1000, 0.05, 1e-5), (0.37, 250, 1250, 0.013, 2.2e-4), (5.0, 10, 17, 0.9, 0.0),
-    (1e-9, 0, 3, 1e-6, 1e-12),
-])
-def test_gronwall_bound_matches_an_independent_closed_form(v0: float, t0: int, t: int,
-                                                            delta: float, eps: float) -> None:
+@pytest.mark.parametrize(
+    ("v0", "t0", "t", "delta", "eps"),
+    [
+        (1e-3, 0, 1000, 0.05, 1e-5),
+        (0.37, 250, 1250, 0.013, 2.2e-4),
+        (5.0, 10, 17, 0.9, 0.0),
+        (1e-9, 0, 3, 1e-6, 1e-12),
+    ],
+)
+def test_gronwall_bound_matches_an_independent_closed_form(
+    v0: float, t0: int, t: int, delta: float, eps: float
+) -> None:
     getcontext().prec = 50
     d = Decimal(delta)
     expected = Decimal(v0) * (-d * (Decimal(t) - Decimal(t0))).exp() + Decimal(eps) / d
@@ -142,7 +149,8 @@ def test_composed_bound_composes(v: float, delta: float, eps: float, d1: int, d2
 
 @given(values, deltas, epsilons, st.integers(1, 300), st.integers(1, 300))
 def test_checking_two_gaps_agrees_with_checking_their_sum_on_exact_trajectories(
-        v0: float, delta: float, eps: float, d1: int, d2: int) -> None:
+    v0: float, delta: float, eps: float, d1: int, d2: int
+) -> None:
     v = exact(v0, d1 + d2, delta, eps)
     # a trajectory that decays into subnormal floats (δ ≈ 0.9 over 300 steps: 1e-317) has lost
     # its precision, and no gradient variance is one; the law is for normal floats
@@ -153,8 +161,9 @@ def test_checking_two_gaps_agrees_with_checking_their_sum_on_exact_trajectories(
 
 
 @given(values, values, values, deltas, epsilons, gaps, gaps)
-def test_passing_two_gaps_implies_passing_their_sum(v0: float, v1: float, v2: float, delta: float,
-                                                   eps: float, d1: int, d2: int) -> None:
+def test_passing_two_gaps_implies_passing_their_sum(
+    v0: float, v1: float, v2: float, delta: float, eps: float, d1: int, d2: int
+) -> None:
     split = discrete_checks([0, d1, d1 + d2], [v0, v1, v2], delta, eps)
     whole = discrete_checks([0, d1 + d2], [v0, v2], delta, eps)
     if all(r["compliant"] for r in split):
@@ -201,16 +210,16 @@ def test_report_is_plain_json_with_the_schema_fields() -> None:
     steps = list(range(0, 1001, 250))
     report = evaluate(series(steps, {"0": [1e-4] * 5, "1": [2e-4] * 5}), TABLE6)
     assert report["schema"] == SCHEMA
-    assert report["constants"] == {"delta": DELTA, "epsilon": EPS, "window": 1000,
-                                   "budget": pytest.approx(2e-4)}
+    assert report["constants"] == {"delta": DELTA, "epsilon": EPS, "window": 1000, "budget": pytest.approx(2e-4)}
     assert report["calibrated"] is False and report["variant"] == "raw"
     assert list(report["series"]) == ["pooled", "0", "1"]
-    assert set(report["series"]["0"][1]) == {"step", "value", "bound", "margin", "compliant",
-                                             "window"}
+    assert set(report["series"]["0"][1]) == {"step", "value", "bound", "margin", "compliant", "window"}
     assert json.loads(dumps(report)) == json.loads(json.dumps(report))
-    assert {s["check"] for s in report["skipped"]} == {"alert rule (000 Eq. 21)",
-                                                      "dead experts (000 §10.3)",
-                                                      "starvation (000 §8.1 level side)"}
+    assert {s["check"] for s in report["skipped"]} == {
+        "alert rule (000 Eq. 21)",
+        "dead experts (000 §10.3)",
+        "starvation (000 §8.1 level side)",
+    }
 
 
 def test_a_series_needs_two_samples_and_the_policy_variant() -> None:
@@ -221,17 +230,24 @@ def test_a_series_needs_two_samples_and_the_policy_variant() -> None:
 
 
 def test_logs_go_through_the_same_evaluation_with_null_norms_as_violations() -> None:
-    lines = [{"step": t, "loss": 1.0, "expert_grad_norms": {"0": [1e-3, 1.1e-3], "1": [1e-3] * 3}}
-             for t in range(0, 1001, 250)]
+    lines = [
+        {"step": t, "loss": 1.0, "expert_grad_norms": {"0": [1e-3, 1.1e-3], "1": [1e-3] * 3}}
+        for t in range(0, 1001, 250)
+    ]
     lines[2]["expert_grad_norms"]["1"][0] = None  # type: ignore[index]
     ms = parse_metrics("".join(json.dumps(x) + "\n" for x in lines), "run/metrics.jsonl")
     report = evaluate(from_metrics(ms, "raw"), TABLE6)
     assert report["source"] == "logs" and report["origin"] == "run/metrics.jsonl"
     assert report["findings"][0]["step"] == 500
     assert not report["compliant"]
-    assert report["first_violation"] == {"layer": "1", "step": 500, "check": "gronwall",
-                                         "value": None, "bound": pytest.approx(2e-4),
-                                         "series": ["1", "pooled"]}
+    assert report["first_violation"] == {
+        "layer": "1",
+        "step": 500,
+        "check": "gronwall",
+        "value": None,
+        "bound": pytest.approx(2e-4),
+        "series": ["1", "pooled"],
+    }
     row = report["series"]["1"][2]
     assert row["compliant"] is False and "non-finite" in row["reason"]
 
@@ -239,11 +255,12 @@ def test_logs_go_through_the_same_evaluation_with_null_norms_as_violations() -> 
 def test_replay_records_and_norms_give_the_same_checks() -> None:
     rng = random.Random(3)
     steps = [0, 500, 1000, 1500]
-    norms = {"0": [[rng.uniform(0.5, 1.5) for _ in range(4)] for _ in steps],
-             "1": [[rng.uniform(0.5, 1.5) for _ in range(4)] for _ in steps]}
+    norms = {
+        "0": [[rng.uniform(0.5, 1.5) for _ in range(4)] for _ in steps],
+        "1": [[rng.uniform(0.5, 1.5) for _ in range(4)] for _ in steps],
+    }
     a = from_norms("replay", steps, norms, "normalized")
-    records = [(t, {k: a.values[k][j] for k in ("0", "1")}, a.values["pooled"][j])
-               for j, t in enumerate(steps)]
+    records = [(t, {k: a.values[k][j] for k in ("0", "1")}, a.values["pooled"][j]) for j, t in enumerate(steps)]
     b = from_records("replay", records, "normalized")
     settings = EnvelopeSettings(variant="normalized", epsilon=0.01)
     ra, rb = evaluate(a, settings), evaluate(b, settings)
@@ -258,8 +275,7 @@ def _healthy(seed: int = 0, collapse_layer: str | None = None, onset: int = 3000
     steps = list(range(0, 6001, 50))
     by_layer = {}
     for k, level in (("0", 0.30), ("1", 0.45), ("2", 0.35)):
-        v = [level * (1 + 0.2 * math.sin(t / 700 + int(k))) + rng.uniform(-0.002, 0.002)
-             for t in steps]
+        v = [level * (1 + 0.2 * math.sin(t / 700 + int(k))) + rng.uniform(-0.002, 0.002) for t in steps]
         if k == collapse_layer:
             v = [x * math.exp(max(0, t - onset) / 500) for x, t in zip(v, steps, strict=True)]
         by_layer[k] = v
@@ -277,8 +293,9 @@ def test_a_healthy_series_is_compliant_under_its_own_calibration() -> None:
     assert s.epsilon == pytest.approx(expected_eps)
     assert evaluate(healthy, s)["compliant"]
     # δ* is the edge: compliant at δ*, not just above it
-    assert evaluate(healthy, EnvelopeSettings(variant="normalized", delta=cal.delta_max,
-                                              epsilon=s.epsilon))["compliant"]
+    assert evaluate(healthy, EnvelopeSettings(variant="normalized", delta=cal.delta_max, epsilon=s.epsilon))[
+        "compliant"
+    ]
     above = EnvelopeSettings(variant="normalized", delta=cal.delta_max * 1.01, epsilon=s.epsilon)
     assert not evaluate(healthy, above)["compliant"]
     assert cal.binding is not None
@@ -323,8 +340,7 @@ def test_alert_fires_at_the_nth_consecutive_sample() -> None:
     steps = [0, 10, 20, 30, 40, 50, 60, 70]
     v = [1e-9 if g is low else 0.005 for g in norms]
     fired = alerts(steps, norms, v, A, B, 3)
-    assert fired == [{"step": 30, "since": 10, "until": 40, "samples": 4, "max_grad": 9e-5,
-                      "value": 1e-9}]
+    assert fired == [{"step": 30, "since": 10, "until": 40, "samples": 4, "max_grad": 9e-5, "value": 1e-9}]
     assert alerts(steps, norms, v, A, B, 5) == []
 
 
@@ -356,8 +372,7 @@ def test_dead_experts_count_steps_not_samples() -> None:
     assert dead_experts(list(range(100)), every[:100], 1e-6, 100) == []  # exactly 100: not more
     sparse = [[1e-7, 1.0], [1e-7, 1.0], [1.0, 1.0]]  # logged every 250 steps
     found = dead_experts([0, 250, 500], sparse, 1e-6, 100)
-    assert found == [{"expert": 0, "since": 0, "step": 250, "until": 250, "steps": 251,
-                      "recovered": True}]
+    assert found == [{"expert": 0, "since": 0, "step": 250, "until": 250, "steps": 251, "recovered": True}]
     assert dead_experts([0], [[1e-7, 1.0]], 1e-6, 100) == []  # one sample is one step
 
 
@@ -387,12 +402,15 @@ def test_the_shipped_default_is_satisfiable() -> None:
     assert alert_rule_problem(env.alert_a, env.alert_b, "raw", 256) is None  # DeepSeek-V3's E
 
 
-@pytest.mark.parametrize(("a", "b", "variant", "E", "why"), [
-    (0.0, 0.0, "raw", None, "≤ 0"),
-    (1e-4, 2.5e-9, "raw", None, "a²/4"),
-    (1.0, 0.23, "raw", 3, "E = 3"),  # odd E: 2/9 = 0.222 < 0.23 < 0.25
-    (1.0, 3.0, "normalized", 4, "E − 1 = 3"),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "variant", "E", "why"),
+    [
+        (0.0, 0.0, "raw", None, "≤ 0"),
+        (1e-4, 2.5e-9, "raw", None, "a²/4"),
+        (1.0, 0.23, "raw", 3, "E = 3"),  # odd E: 2/9 = 0.222 < 0.23 < 0.25
+        (1.0, 3.0, "normalized", 4, "E − 1 = 3"),
+    ],
+)
 def test_unsatisfiable_rules(a: float, b: float, variant: str, E: int | None, why: str) -> None:
     problem = alert_rule_problem(a, b, variant, E)
     assert problem is not None and why in problem
@@ -412,10 +430,12 @@ def test_negative_b_is_refused() -> None:
         policy_from_dict({"envelope": {"alert_b": -1.0}})
 
 
-@given(st.lists(st.tuples(st.integers(1, 400), values), min_size=2, max_size=30),
-       deltas, epsilons, st.integers(1, 1500))
+@given(
+    st.lists(st.tuples(st.integers(1, 400), values), min_size=2, max_size=30), deltas, epsilons, st.integers(1, 1500)
+)
 def test_the_fast_calibration_predicate_agrees_with_the_full_check(
-        samples: list[tuple[int, float]], delta: float, eps: float, window: int) -> None:
+    samples: list[tuple[int, float]], delta: float, eps: float, window: int
+) -> None:
     steps = [sum(g for g, _ in samples[: j + 1]) for j in range(len(samples))]
     values = [v for _, v in samples]
     breaks = [steps[len(steps) // 2]]
@@ -424,8 +444,7 @@ def test_the_fast_calibration_predicate_agrees_with_the_full_check(
 
 
 def test_since_trims_a_reference_past_its_warmup() -> None:
-    s = from_norms("logs", [0, 100, 200, 300], {"0": [[1.0, None], [1.0, 2.0], [1.0, 3.0],
-                                                      [None, 1.0]]}, "raw")
+    s = from_norms("logs", [0, 100, 200, 300], {"0": [[1.0, None], [1.0, 2.0], [1.0, 3.0], [None, 1.0]]}, "raw")
     late = s.since(150)
     assert late.steps == (200, 300)
     assert late.values["0"] == (1.0, None) and late.norms == {"0": ((1.0, 3.0), (None, 1.0))}
@@ -438,8 +457,7 @@ def test_since_trims_a_reference_past_its_warmup() -> None:
 def _norm_series(gap: int, samples: int = 7) -> EnvelopeSeries:
     """Two layers of 8 experts, gently wobbling norms, sampled every ``gap`` steps."""
     rng = random.Random(3)
-    norms = {layer: [[1 + 0.1 * rng.random() for _ in range(8)] for _ in range(samples)]
-             for layer in ("0", "1")}
+    norms = {layer: [[1 + 0.1 * rng.random() for _ in range(8)] for _ in range(samples)] for layer in ("0", "1")}
     return from_norms("logs", [gap * (j + 1) for j in range(samples)], norms, "normalized")
 
 
@@ -454,8 +472,9 @@ def test_calibrate_records_the_sampling_it_was_fitted_at() -> None:
 def test_a_series_at_another_sampling_is_warned_and_a_check_that_cannot_fail_is_named() -> None:
     # budget 7.92 at Δ = 10 as in the shipped sample policy: from V = 0 the 250-step bound is
     # 0.0833·(1 − 0.98948^250)/0.010519 = 7.356 ≥ 8 − 1 for each 8-expert layer, < 16 − 1 pooled
-    s = EnvelopeSettings(variant="normalized", delta=0.010519192639469804,
-                         epsilon=0.08329853807980177, sampling_interval=10)
+    s = EnvelopeSettings(
+        variant="normalized", delta=0.010519192639469804, epsilon=0.08329853807980177, sampling_interval=10
+    )
     report = evaluate(_norm_series(250), s)
     sampling = report["sampling"]
     assert (sampling["policy_interval"], sampling["median_gap"]) == (10, 250)
@@ -473,9 +492,13 @@ def test_a_series_at_another_sampling_is_warned_and_a_check_that_cannot_fail_is_
 def test_certify_does_not_pass_an_envelope_nothing_could_fail() -> None:
     from moeaudit.judge.decide import envelope_check
 
-    report = {"compliant": True, "first_violation": None, "source": "replay",
-              "series": {"pooled": [], "0": []},
-              "sampling": {"vacuous": ["pooled", "0"], "warnings": ["vacuous at this sampling: …"]}}
+    report = {
+        "compliant": True,
+        "first_violation": None,
+        "source": "replay",
+        "series": {"pooled": [], "0": []},
+        "sampling": {"vacuous": ["pooled", "0"], "warnings": ["vacuous at this sampling: …"]},
+    }
     check = envelope_check(report, None)
     assert (check["evaluated"], check["status"]) == (False, None)
     assert check["reason"].startswith("vacuous at this sampling")

@@ -27,10 +27,18 @@ SETTINGS = EnvelopeSettings(variant="normalized", delta=0.05, epsilon=0.01, aler
 SAME = {view: SETTINGS for view in VIEWS}
 
 # V of the logs every 10 steps, and of the replays at the checkpoints 0, 100, …, 450.
-LOGS = {**{t: 0.05 for t in range(0, 210, 10)}, 150: 0.5,          # w1: a spike between checkpoints
-        210: 0.1, 220: 0.13, **{t: 0.15 for t in range(230, 310, 10)},  # w2: a rise the logs allow
-        **{t: 0.5 for t in range(310, 410, 10)},                  # w3: a jump both sources see
-        410: 0.3, 420: 0.2, 430: 0.1, 440: 0.05}                  # w4: no log at 450
+LOGS = {
+    **{t: 0.05 for t in range(0, 210, 10)},
+    150: 0.5,  # w1: a spike between checkpoints
+    210: 0.1,
+    220: 0.13,
+    **{t: 0.15 for t in range(230, 310, 10)},  # w2: a rise the logs allow
+    **{t: 0.5 for t in range(310, 410, 10)},  # w3: a jump both sources see
+    410: 0.3,
+    420: 0.2,
+    430: 0.1,
+    440: 0.05,
+}  # w4: no log at 450
 REPLAY = {0: 0.05, 100: 0.05, 200: 0.05, 300: 0.3, 400: 0.35, 450: 0.05}
 
 
@@ -39,8 +47,7 @@ def write_metrics(path: Path, values: dict[int, float]) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for step, v in sorted(values.items()):
             a = math.sqrt(v)
-            f.write(json.dumps({"step": step, "loss": 1.0,
-                                "expert_grad_norms": {"0": [1 - a, 1 + a]}}) + "\n")
+            f.write(json.dumps({"step": step, "loss": 1.0, "expert_grad_norms": {"0": [1 - a, 1 + a]}}) + "\n")
     return path
 
 
@@ -58,12 +65,15 @@ def by_window(doc: dict, series: str = "0") -> list[dict]:
 def test_synthetic_flags_are_exactly_the_constructed_ones(synthetic) -> None:
     doc = compare(*synthetic, SAME)
     rows = by_window(doc)
-    assert [(w["start"], w["end"]) for w in rows] == [(0, 100), (100, 200), (200, 300), (300, 400),
-                                                      (400, 450)]
-    verdicts = [(w["replay"]["compliant"], w["logs"]["compliant"], w["logs_endpoints"]["compliant"])
-                for w in rows]
-    assert verdicts == [(True, True, True), (True, False, True), (False, True, True),
-                        (False, False, False), (True, True, None)]
+    assert [(w["start"], w["end"]) for w in rows] == [(0, 100), (100, 200), (200, 300), (300, 400), (400, 450)]
+    verdicts = [(w["replay"]["compliant"], w["logs"]["compliant"], w["logs_endpoints"]["compliant"]) for w in rows]
+    assert verdicts == [
+        (True, True, True),
+        (True, False, True),
+        (False, True, True),
+        (False, False, False),
+        (True, True, None),
+    ]
     assert [w["agree"] for w in rows] == [True, False, False, True, True]
     assert [w["agree_endpoints"] for w in rows] == [True, True, False, True, None]
     spike = rows[1]["logs"]
@@ -86,10 +96,10 @@ def test_agreement_rates_count_only_comparable_windows(synthetic) -> None:
 
 def test_a_window_with_a_break_in_it_is_not_compared(synthetic) -> None:
     doc = compare(*synthetic, SAME, breaks=[250])
-    assert {(w["start"], w["end"]) for w in doc["windows"]} == {(0, 100), (100, 200), (300, 400),
-                                                                (400, 450)}
-    assert doc["skipped"] == [{"window": 2, "start": 200, "end": 300,
-                               "reason": "resume / regime change at step 250 in the window"}]
+    assert {(w["start"], w["end"]) for w in doc["windows"]} == {(0, 100), (100, 200), (300, 400), (400, 450)}
+    assert doc["skipped"] == [
+        {"window": 2, "start": 200, "end": 300, "reason": "resume / regime change at step 250 in the window"}
+    ]
 
 
 def test_each_view_is_judged_under_its_own_constants(synthetic) -> None:
@@ -103,8 +113,11 @@ def test_each_view_is_judged_under_its_own_constants(synthetic) -> None:
 def test_logs_endpoints_are_calibrated_at_the_checkpoint_steps() -> None:
     wavy = [0.1 + 0.05 * math.sin(j / 5) for j in range(31)]
     logs = from_records("logs", [(10 * j, {"0": v}, v) for j, v in enumerate(wavy)], "normalized")
-    replay = from_records("replay", [(t, {"0": v}, v) for t, v in zip(
-        (0, 100, 200, 300), (0.1, 0.12, 0.09, 0.11), strict=True)], "normalized")
+    replay = from_records(
+        "replay",
+        [(t, {"0": v}, v) for t, v in zip((0, 100, 200, 300), (0.1, 0.12, 0.09, 0.11), strict=True)],
+        "normalized",
+    )
     fits = calibrate_sources(SETTINGS, logs=logs, replay=replay)
     assert set(fits) == set(VIEWS)
     assert fits["logs_endpoints"].provenance.startswith("logs at the checkpoint steps only; ")
@@ -161,9 +174,18 @@ def reports(tmp_path_factory, env) -> dict[str, dict]:
     out, docs = tmp_path_factory.mktemp("reports"), {}
     for run in ("healthy", "collapse"):
         path = out / f"{run}.json"
-        result = CliRunner(env=env).invoke(cli, [
-            "envelope", str(SAMPLES / run), "--compare", "--calibrate-on", str(SAMPLES / "healthy"),
-            "--json", str(path)])
+        result = CliRunner(env=env).invoke(
+            cli,
+            [
+                "envelope",
+                str(SAMPLES / run),
+                "--compare",
+                "--calibrate-on",
+                str(SAMPLES / "healthy"),
+                "--json",
+                str(path),
+            ],
+        )
         assert result.exit_code == (0 if run == "healthy" else 1), result.output + result.stderr
         docs[run] = json.loads(path.read_text())
     return docs
@@ -176,10 +198,16 @@ def test_healthy_complies_in_every_window_on_both_sources(reports) -> None:
     assert doc["source"] == "logs" and c["report"]["source"] == "replay"
     assert doc["compliant"] and c["report"]["compliant"]
     assert {(w["start"], w["end"]) for w in c["windows"]} == {
-        (250, 500), (500, 750), (750, 1000), (1000, 1250), (1250, 1500)}
+        (250, 500),
+        (500, 750),
+        (750, 1000),
+        (1000, 1250),
+        (1250, 1500),
+    }
     assert len(c["windows"]) == 5 * 5  # pooled + 4 layers
-    assert all(w["replay"]["compliant"] and w["logs"]["compliant"]
-               and w["logs_endpoints"]["compliant"] for w in c["windows"])
+    assert all(
+        w["replay"]["compliant"] and w["logs"]["compliant"] and w["logs_endpoints"]["compliant"] for w in c["windows"]
+    )
     assert c["agreement"]["logs"] == {"compared": 25, "agree": 25, "rate": 1.0}
     assert c["agreement"]["logs_endpoints"] == {"compared": 25, "agree": 25, "rate": 1.0}
     assert c["calibrated_on"] == str(SAMPLES / "healthy") and "note" not in c
@@ -204,12 +232,22 @@ def test_a_probe_of_another_canary_is_not_compared(env, tmp_path) -> None:
     run = tmp_path / "healthy"
     shutil.copytree(SAMPLES / "healthy", run)
     lines = [json.loads(x) for x in (run / "canary_probe.jsonl").read_text().splitlines()]
-    (run / "canary_probe.jsonl").write_text(
-        "".join(json.dumps({**x, "canary": "0" * 64}) + "\n" for x in lines))
+    (run / "canary_probe.jsonl").write_text("".join(json.dumps({**x, "canary": "0" * 64}) + "\n" for x in lines))
     out = tmp_path / "r.json"
-    result = CliRunner(env=env).invoke(cli, ["envelope", str(run), "--compare", "--canary",
-                                             str(SAMPLES / "canary.safetensors"), "--policy",
-                                             str(SAMPLES / "policy.toml"), "--json", str(out)])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "envelope",
+            str(run),
+            "--compare",
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output + result.stderr
     c = json.loads(out.read_text())["comparison"]
     assert "probe" not in c["agreement"] and "probe_report" not in c
@@ -221,9 +259,11 @@ def test_a_probe_of_another_canary_is_not_compared(env, tmp_path) -> None:
 def test_collapse_leaves_at_layer_1_on_both_sources_in_every_window(reports) -> None:
     c = reports["collapse"]["comparison"]
     layer1 = by_window(c, "1")
-    left = [(w["start"], w["end"]) for w in layer1
-            if not w["replay"]["compliant"] and not w["logs"]["compliant"]
-            and not w["logs_endpoints"]["compliant"]]
+    left = [
+        (w["start"], w["end"])
+        for w in layer1
+        if not w["replay"]["compliant"] and not w["logs"]["compliant"] and not w["logs_endpoints"]["compliant"]
+    ]
     assert left == [(250, 500), (500, 750), (750, 1000), (1000, 1250), (1250, 1500)]
     first = layer1[0]
     assert first["replay"]["value"] > first["replay"]["bound"]
@@ -240,8 +280,7 @@ def test_compare_only_adds_to_the_envelope_report(reports, env, tmp_path) -> Non
     docs = {}
     for name, extra in (("plain", []), ("compare", ["--compare"])):
         path = tmp_path / f"{name}.json"
-        result = CliRunner(env=env).invoke(cli, ["envelope", str(SAMPLES / "healthy"), *extra,
-                                                 "--json", str(path)])
+        result = CliRunner(env=env).invoke(cli, ["envelope", str(SAMPLES / "healthy"), *extra, "--json", str(path)])
         assert result.exit_code == 0, result.output + result.stderr
         docs[name] = json.loads(path.read_text())
     plain, both = docs["plain"], docs["compare"]
@@ -254,14 +293,21 @@ def test_compare_only_adds_to_the_envelope_report(reports, env, tmp_path) -> Non
 @samples
 def test_a_bare_probe_log_is_read_as_the_probe_source(env, tmp_path) -> None:
     out = tmp_path / "p.json"
-    result = CliRunner(env=env).invoke(cli, [
-        "envelope", str(SAMPLES / "healthy" / "canary_probe.jsonl"), "--policy",
-        str(SAMPLES / "policy.toml"), "--json", str(out)])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "envelope",
+            str(SAMPLES / "healthy" / "canary_probe.jsonl"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code in (0, 1), result.output + result.stderr
     doc = json.loads(out.read_text())
     assert doc["source"] == "probe"
     assert [r["step"] for r in doc["series"]["pooled"]][-1] == 1500
-
 
 
 @samples
@@ -270,9 +316,20 @@ def test_a_probe_is_not_compared_when_the_calibration_run_has_none(env, tmp_path
     shutil.copytree(SAMPLES / "healthy", healthy)
     (healthy / "canary_probe.jsonl").unlink()
     out = tmp_path / "r.json"
-    result = CliRunner(env=env).invoke(cli, [
-        "envelope", str(SAMPLES / "collapse"), "--compare", "--calibrate-on", str(healthy),
-        "--canary", str(SAMPLES / "canary.safetensors"), "--json", str(out)])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "envelope",
+            str(SAMPLES / "collapse"),
+            "--compare",
+            "--calibrate-on",
+            str(healthy),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1, result.output + result.stderr
     c = json.loads(out.read_text())["comparison"]
     assert "probe" not in c["agreement"] and "probe" not in c["constants"]

@@ -48,52 +48,80 @@ ISSUED = "2026-05-02T14:03:11Z"
 # point asks for something a training-health certificate cannot show (see docs/compliance.md).
 EXPECTED = {
     "eu-ai-act-gpai": {
-        "MDF 1.1-1.2 provider and model name": NOT_COVERED, "MDF 1.3 model authenticity": COVERED,
-        "MDF 1.4-1.5 release dates": NOT_COVERED, "MDF 1.6 model dependencies": NOT_COVERED,
-        "MDF 2 model properties": NOT_COVERED, "MDF 3 distribution and licence": NOT_COVERED,
-        "MDF 4 use": NOT_COVERED, "MDF training process": PARTIAL,
+        "MDF 1.1-1.2 provider and model name": NOT_COVERED,
+        "MDF 1.3 model authenticity": COVERED,
+        "MDF 1.4-1.5 release dates": NOT_COVERED,
+        "MDF 1.6 model dependencies": NOT_COVERED,
+        "MDF 2 model properties": NOT_COVERED,
+        "MDF 3 distribution and licence": NOT_COVERED,
+        "MDF 4 use": NOT_COVERED,
+        "MDF training process": PARTIAL,
         "MDF data for training, testing and validation": PARTIAL,
-        "MDF computational resources": NOT_COVERED, "MDF energy consumption": NOT_COVERED,
+        "MDF computational resources": NOT_COVERED,
+        "MDF energy consumption": NOT_COVERED,
     },
     "eu-ai-act": {
-        "Annex IV 2(b)": PARTIAL, "Annex IV 2(c)": NOT_COVERED, "Annex IV 2(d)": NOT_COVERED,
-        "Annex IV 2(g)": PARTIAL, "Annex IV 4": PARTIAL, "Annex IV 6": PARTIAL,
-        "Annex XI §1.1": NOT_COVERED, "Annex XI §1.2(a)": NOT_COVERED,
-        "Annex XI §1.2(b)": PARTIAL, "Annex XI §1.2(c)": PARTIAL,
-        "Annex XI §1.2(d)": NOT_COVERED, "Annex XI §1.2(e)": NOT_COVERED,
+        "Annex IV 2(b)": PARTIAL,
+        "Annex IV 2(c)": NOT_COVERED,
+        "Annex IV 2(d)": NOT_COVERED,
+        "Annex IV 2(g)": PARTIAL,
+        "Annex IV 4": PARTIAL,
+        "Annex IV 6": PARTIAL,
+        "Annex XI §1.1": NOT_COVERED,
+        "Annex XI §1.2(a)": NOT_COVERED,
+        "Annex XI §1.2(b)": PARTIAL,
+        "Annex XI §1.2(c)": PARTIAL,
+        "Annex XI §1.2(d)": NOT_COVERED,
+        "Annex XI §1.2(e)": NOT_COVERED,
     },
-    "nist-ai-600-1": {"MS-2.3-003": PARTIAL, "MS-2.7-005": PARTIAL, "MS-2.9-002": PARTIAL,
-                      "MS-2.13-001": PARTIAL, "MS-4.2-005": NOT_COVERED},
-    "sr-11-7": {"conceptual soundness": PARTIAL, "ongoing monitoring": PARTIAL,
-                "outcomes analysis": PARTIAL},
+    "nist-ai-600-1": {
+        "MS-2.3-003": PARTIAL,
+        "MS-2.7-005": PARTIAL,
+        "MS-2.9-002": PARTIAL,
+        "MS-2.13-001": PARTIAL,
+        "MS-4.2-005": NOT_COVERED,
+    },
+    "sr-11-7": {"conceptual soundness": PARTIAL, "ongoing monitoring": PARTIAL, "outcomes analysis": PARTIAL},
 }
 
 
 def minimal_statement() -> dict[str, Any]:
     """A small but realistic statement: one baseline gate, nothing else evaluated."""
-    gate = {"step": 100, "status": "BASELINE", "baseline": 100, "scalar": "first",
-            "reason": "first checkpoint of the run",
-            "receipts": {"checkpoint": "checkpoint-100", "nll": 4.1, "c2_mean": 0.05, "dead": 0},
-            "claims": {"licensed": ["this is the state of the routed model at this point"],
-                       "not_licensed": ["any preservation claim about training after it"]}}
+    gate = {
+        "step": 100,
+        "status": "BASELINE",
+        "baseline": 100,
+        "scalar": "first",
+        "reason": "first checkpoint of the run",
+        "receipts": {"checkpoint": "checkpoint-100", "nll": 4.1, "c2_mean": 0.05, "dead": 0},
+        "claims": {
+            "licensed": ["this is the state of the routed model at this point"],
+            "not_licensed": ["any preservation claim about training after it"],
+        },
+    }
     predicate = {
-        "verdict": "PASS", "run": {"name": "tiny", "stage": "pretraining", "checkpoints": [100],
-                                   "skipped": [], "events": []},
-        "canary": {"digest": {"sha256": "c" * 64}, "windows": 8, "window_len": 16,
-                   "domains": ["web"]},
+        "verdict": "PASS",
+        "run": {"name": "tiny", "stage": "pretraining", "checkpoints": [100], "skipped": [], "events": []},
+        "canary": {"digest": {"sha256": "c" * 64}, "windows": 8, "window_len": 16, "domains": ["web"]},
         "policy": {"source": "built-in default", "digest": "d" * 64, "calibrated": False},
         "tool": {"name": "moeaudit", "version": "0.1.0"},
         "environment": {"torch": "2.5.1", "device": "cpu", "dtype": "float32"},
         "gates": [gate],
-        "checks": [{"name": "envelope", "evaluated": False, "status": None,
-                    "reason": "no series: no metrics.jsonl and fewer than two checkpoints"},
-                   {"name": "handoff", "evaluated": False, "status": None,
-                    "reason": "no --reference given"}],
-        "envelope": None, "margins": {"refinement": None, "handoff": None}, "claims": table4(),
+        "checks": [
+            {
+                "name": "envelope",
+                "evaluated": False,
+                "status": None,
+                "reason": "no series: no metrics.jsonl and fewer than two checkpoints",
+            },
+            {"name": "handoff", "evaluated": False, "status": None, "reason": "no --reference given"},
+        ],
+        "envelope": None,
+        "margins": {"refinement": None, "handoff": None},
+        "claims": table4(),
     }
     subject = [{"name": "checkpoint-100", "digest": {"sha256": "a" * 64}}]
-    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE,
-            "predicate": predicate}
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
 def example_statement() -> dict[str, Any]:
@@ -306,8 +334,7 @@ def test_gpai_model_documentation_form(key_pair, tmp_path: Path) -> None:
     first = stmt["subject"][0]["digest"]["sha256"][:12]
     assert f"{len(stmt['subject'])} checkpoint(s) pinned" in digests["summary"] and first in digests["summary"]
     assert "verify --recheck" in auth["note"]
-    for name in ("MDF 1.4-1.5 release dates", "MDF 3 distribution and licence", "MDF 4 use",
-                 "MDF energy consumption"):
+    for name in ("MDF 1.4-1.5 release dates", "MDF 3 distribution and licence", "MDF 4 use", "MDF energy consumption"):
         assert items[name]["status"] == NOT_COVERED and items[name]["evidence"] == []
         assert all(n["reason"] for n in items[name]["not_shown"])  # each gap says why
     md = to_markdown(report)
@@ -315,8 +342,10 @@ def test_gpai_model_documentation_form(key_pair, tmp_path: Path) -> None:
     # without subjects there is nothing to authenticate: not covered, never claimed
     bare = copy.deepcopy(stmt)
     bare["subject"] = []
-    assert by_id(export(verified(bare, key_pair, tmp_path), "eu-ai-act-gpai"))[
-        "MDF 1.3 model authenticity"]["status"] == PARTIAL
+    assert (
+        by_id(export(verified(bare, key_pair, tmp_path), "eu-ai-act-gpai"))["MDF 1.3 model authenticity"]["status"]
+        == PARTIAL
+    )
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -366,8 +395,11 @@ def test_html_export_shows_the_verdict_in_colour_and_the_backing_charts(key_pair
         page = to_html(report, stmt)
         verdict = stmt["predicate"]["verdict"]
         assert f'class="badge v-{verdict}"' in page
-        backed = [i for i in report["items"] if any(
-            k in " ".join(e["field"] for e in i["evidence"]) for k in ("gates", "envelope", "heatmaps"))]
+        backed = [
+            i
+            for i in report["items"]
+            if any(k in " ".join(e["field"] for e in i["evidence"]) for k in ("gates", "envelope", "heatmaps"))
+        ]
         assert backed and page.count("<figure><svg") >= len(backed)
         assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
         assert to_html(report, stmt) == page  # deterministic
@@ -380,8 +412,7 @@ def _style_rules(page: str) -> list[tuple[list[str], dict[str, str]]]:
     css = re.sub(r"@media[^{]*\{(?:[^{}]*\{[^{}]*\})*[^{}]*\}", "", css)
     rules = []
     for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
-        decls = dict((k.strip(), v.strip()) for k, _, v in
-                     (d.partition(":") for d in body.split(";") if ":" in d))
+        decls = dict((k.strip(), v.strip()) for k, _, v in (d.partition(":") for d in body.split(";") if ":" in d))
         rules.append(([s.strip() for s in selectors.split(",")], decls))
     return rules
 
@@ -414,8 +445,9 @@ def test_export_and_certificate_show_a_verdict_in_the_same_colours(verdict: str,
     export_page = to_html(export(verified(stmt, key_pair, tmp_path), "eu-ai-act"), stmt)
     assert f'class="verdict verdict-{verdict.lower()}"' in cert_page
     assert f'class="badge v-{verdict}"' in export_page
-    expected = {"PASS": ("#1a7f37", "#fff"), "FAIL": ("#b42318", "#fff"),
-                "INCONCLUSIVE": ("#f5a623", "#2b1d00")}[verdict]
+    expected = {"PASS": ("#1a7f37", "#fff"), "FAIL": ("#b42318", "#fff"), "INCONCLUSIVE": ("#f5a623", "#2b1d00")}[
+        verdict
+    ]
     assert _colours(cert_page, f".verdict-{verdict.lower()}") == expected
     assert _colours(export_page, f".v-{verdict}") == expected
 
@@ -431,17 +463,25 @@ def test_templates_are_found_in_an_installed_package(tmp_path: Path) -> None:
     site = tmp_path / "site-packages"
     shutil.copytree(root / "moeaudit", site / "moeaudit", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(root / "templates", site / "moeaudit" / "_templates")
-    code = ("import json, sys\n"
-            "from moeaudit.resources import templates_dir\n"
-            "from moeaudit.report.export import export, to_html\n"
-            "from moeaudit.report.html import render_html\n"
-            "s = json.load(open(sys.argv[1]))\n"
-            "v = {**s, '_keyid': '0' * 64}\n"
-            "print(templates_dir())\n"
-            "print('.v-INCONCLUSIVE' in render_html(s, keyid='k' * 64, envelope_sha256='e' * 64))\n"
-            "print('.v-INCONCLUSIVE' in to_html(export(v, 'eu-ai-act'), v))\n")
-    done = subprocess.run([sys.executable, "-c", code, str(FIXTURE)], cwd=tmp_path, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    code = (
+        "import json, sys\n"
+        "from moeaudit.resources import templates_dir\n"
+        "from moeaudit.report.export import export, to_html\n"
+        "from moeaudit.report.html import render_html\n"
+        "s = json.load(open(sys.argv[1]))\n"
+        "v = {**s, '_keyid': '0' * 64}\n"
+        "print(templates_dir())\n"
+        "print('.v-INCONCLUSIVE' in render_html(s, keyid='k' * 64, envelope_sha256='e' * 64))\n"
+        "print('.v-INCONCLUSIVE' in to_html(export(v, 'eu-ai-act'), v))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(FIXTURE)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
     lines = done.stdout.splitlines()
     assert lines[0] == str(site / "moeaudit" / "_templates")
     assert lines[1:] == ["True", "True"]

@@ -43,8 +43,12 @@ LIMIT = "a limit of moeaudit, not a fault of the checkpoint"
 Tensors = dict[str, torch.Tensor]
 
 
-def edited(src: Path, dst: Path, tensors: Callable[[Tensors], Tensors] | None = None,
-           config: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Path:
+def edited(
+    src: Path,
+    dst: Path,
+    tensors: Callable[[Tensors], Tensors] | None = None,
+    config: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Path:
     """A copy of the single-file checkpoint ``src`` with its tensors and/or config rewritten."""
     shutil.copytree(src, dst)
     if tensors is not None:
@@ -76,8 +80,12 @@ def one_error(stderr: str) -> str:
 # ----- tensors the replay does not read -----------------------------------------------------------
 
 
-EXTRA = ("model.layers.0.mlp.extra_proj.weight", "model.layers.1.self_attn.lora_A.weight",
-         "model.layers.1.self_attn.lora_B.weight", "optimizer.state.step")
+EXTRA = (
+    "model.layers.0.mlp.extra_proj.weight",
+    "model.layers.1.self_attn.lora_A.weight",
+    "model.layers.1.self_attn.lora_B.weight",
+    "optimizer.state.step",
+)
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -89,8 +97,10 @@ def test_a_tensor_the_family_does_not_read_is_refused_by_name(family: str, hf_ch
     code, stderr = invoke("inspect", ckpt)
     line = one_error(stderr)
     assert code == EXIT_INPUT, line
-    assert (f"{ckpt}: 4 tensor(s) that moeaudit's {family} replay does not use: model.layers.0.mlp.extra_proj.weight, "
-            "model.layers.1.self_attn.lora_A.weight, model.layers.1.self_attn.lora_B.weight and 1 more") in line
+    assert (
+        f"{ckpt}: 4 tensor(s) that moeaudit's {family} replay does not use: model.layers.0.mlp.extra_proj.weight, "
+        "model.layers.1.self_attn.lora_A.weight, model.layers.1.self_attn.lora_B.weight and 1 more"
+    ) in line
     assert "moeaudit does not replay them yet" in line and len(line) < 600
 
 
@@ -107,11 +117,15 @@ def test_deepseek_v2_mlp_bias_is_refused_by_its_config_key_and_by_its_tensors(tm
         return {k: v for k, v in cfg.items() if k != "mlp_bias"}
 
     stripped = edited(tmp_path / "v2", tmp_path / "stripped", config=drop)
-    with pytest.raises(CheckpointError, match=r"(\d+) tensor\(s\) that moeaudit's deepseek_v2 replay does not use: "
-                                              r"model\.layers\.0\.mlp\.down_proj\.bias") as err:
+    with pytest.raises(
+        CheckpointError,
+        match=r"(\d+) tensor\(s\) that moeaudit's deepseek_v2 replay does not use: "
+        r"model\.layers\.0\.mlp\.down_proj\.bias",
+    ) as err:
         Checkpoint(stripped)
     assert int(str(err.value).split(": ", 2)[1].split(" ")[0]) == len(
-        [k for k in load_file(str(stripped / "model.safetensors")) if k.endswith(".bias")])
+        [k for k in load_file(str(stripped / "model.safetensors")) if k.endswith(".bias")]
+    )
 
 
 def test_a_huge_tensor_name_keeps_the_error_one_short_line(hf_checkpoint, tmp_path: Path) -> None:
@@ -140,18 +154,32 @@ def _inv_freq(t: Tensors) -> Tensors:
 
 def _mtp_layer(n: int) -> Callable[[Tensors], Tensors]:
     def add(t: Tensors) -> Tensors:  # DeepSeek-V3's layer 61 (here n): a copy of the last layer and its fusion
-        out = {**t, **{k.replace(f"layers.{n - 1}.", f"layers.{n}."): v.clone()
-                       for k, v in t.items() if k.startswith(f"model.layers.{n - 1}.")}}
-        return {**out, f"model.layers.{n}.eh_proj.weight": torch.zeros(32, 64),
-                f"model.layers.{n}.enorm.weight": torch.ones(32)}
+        out = {
+            **t,
+            **{
+                k.replace(f"layers.{n - 1}.", f"layers.{n}."): v.clone()
+                for k, v in t.items()
+                if k.startswith(f"model.layers.{n - 1}.")
+            },
+        }
+        return {
+            **out,
+            f"model.layers.{n}.eh_proj.weight": torch.zeros(32, 64),
+            f"model.layers.{n}.enorm.weight": torch.ones(32),
+        }
+
     return add
 
 
 def _ernie_mtp(t: Tensors) -> Tensors:
     """ERNIE 4.5's released MTP module (transformers ignores every key containing "mtp")."""
-    return {**t, "model.mtp_block.0.self_attn.q_proj.weight": torch.zeros(32, 32),
-            "model.mtp_emb_norm.0.weight": torch.ones(32), "model.mtp_hidden_norm.0.weight": torch.ones(32),
-            "model.mtp_linear_proj.0.weight": torch.zeros(32, 64)}
+    return {
+        **t,
+        "model.mtp_block.0.self_attn.q_proj.weight": torch.zeros(32, 32),
+        "model.mtp_emb_norm.0.weight": torch.ones(32),
+        "model.mtp_hidden_norm.0.weight": torch.ones(32),
+        "model.mtp_linear_proj.0.weight": torch.zeros(32, 64),
+    }
 
 
 def _with_mtp(count: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -164,9 +192,13 @@ IGNORED: dict[str, tuple[str, Callable[[Tensors], Tensors], Any, str, int]] = {
     "deepseek_v3-mtp": ("deepseek_v3", _mtp_layer(3), _with_mtp(1), "multi-token-prediction layer(s) 3", 0),
     "glm4_moe-mtp": ("glm4_moe", _mtp_layer(3), _with_mtp(1), "multi-token-prediction layer(s) 3", 0),
     "ernie-mtp": ("ernie4_5_moe", _ernie_mtp, None, "multi-token-prediction module model.mtp_*", 4),
-    "qwen3_next-mtp": ("qwen3_next", lambda t: {**t, "mtp.fc.weight": torch.zeros(32, 64),
-                                                "mtp.norm.weight": torch.ones(32)},
-                       None, "multi-token-prediction module mtp.*", 2),
+    "qwen3_next-mtp": (
+        "qwen3_next",
+        lambda t: {**t, "mtp.fc.weight": torch.zeros(32, 64), "mtp.norm.weight": torch.ones(32)},
+        None,
+        "multi-token-prediction module mtp.*",
+        2,
+    ),
 }
 
 
@@ -184,13 +216,20 @@ def test_the_ignore_list_is_honoured_and_listed_in_the_receipts(case: str, hf_ch
     out = tmp_path / "receipts.json"
     policy = tmp_path / "fast.toml"
     policy.write_text("[receipts]\nbootstrap = 0\n")
-    code, stderr = invoke("receipts", with_extra, "--canary", SAMPLES / "canary.safetensors",
-                          "--policy", policy, "--json", out)
+    code, stderr = invoke(
+        "receipts", with_extra, "--canary", SAMPLES / "canary.safetensors", "--policy", policy, "--json", out
+    )
     assert code == 0, stderr
     assert f"note: {with_extra}: {what} ({count or added} tensors) left out" in stderr
     listed = json.loads(out.read_text())["checkpoint"]["left_out"]
-    assert listed == [{"what": what, "reason": ckpt.left_out[0].reason, "tensors": count or added,
-                       "names": sorted(ckpt.left_out[0].keys)[:5]}]
+    assert listed == [
+        {
+            "what": what,
+            "reason": ckpt.left_out[0].reason,
+            "tensors": count or added,
+            "names": sorted(ckpt.left_out[0].keys)[:5],
+        }
+    ]
 
 
 def test_receipts_of_a_checkpoint_without_ignored_tensors_have_no_left_out_field(tmp_path: Path) -> None:
@@ -207,8 +246,7 @@ def test_layers_beyond_the_declared_mtp_modules_are_refused(family: str, hf_chec
     """Only layers N … N + num_nextn_predict_layers − 1 are MTP modules; a layer past them (or
     any when the config declares none) is a tensor the replay does not read."""
     src = hf_checkpoint(family)
-    cases = {"none-declared": (_mtp_layer(3), 0, 3),
-             "one-too-many": (lambda t: _mtp_layer(4)(_mtp_layer(3)(t)), 1, 4)}
+    cases = {"none-declared": (_mtp_layer(3), 0, 3), "one-too-many": (lambda t: _mtp_layer(4)(_mtp_layer(3)(t)), 1, 4)}
     for name, (add, declared, refused) in cases.items():
         ckpt = edited(src, tmp_path / name, add, _with_mtp(declared))
         with pytest.raises(CheckpointError, match=f"replay does not use: model.layers.{refused}."):
@@ -227,25 +265,38 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("deepseek_v3", {"scoring_func": "softmax"}, 'scoring_func="softmax" for deepseek_v3'),
     ("deepseek_v3", {"topk_method": "greedy"}, 'topk_method="greedy" for deepseek_v3'),
     ("deepseek_v3", {"moe_layer_freq": 2}, "moe_layer_freq=2 for deepseek_v3"),
-    ("deepseek_v32", {"layer_types": ["indexed_attention", "full_attention", "indexed_attention"]},
-     "layer_types ['full_attention'] for deepseek_v32"),
+    (
+        "deepseek_v32",
+        {"layer_types": ["indexed_attention", "full_attention", "indexed_attention"]},
+        "layer_types ['full_attention'] for deepseek_v32",
+    ),
     ("ernie4_5_moe", {"use_bias": True}, "use_bias=true for ernie4_5_moe"),
     ("minimax_m2", {"scoring_func": "softmax"}, 'scoring_func="softmax" for minimax_m2'),
     ("minimax_m2", {"use_routing_bias": False}, "use_routing_bias=false for minimax_m2"),
     ("minimax_m2", {"qk_norm_type": "per_head"}, 'qk_norm_type="per_head" for minimax_m2'),
     ("minimax_m2", {"attn_type_list": [1, 0, 1]}, "attn_type_list values other than 1 for minimax_m2"),
     ("hunyuan_v1_moe", {"use_cla": True}, "use_cla=true for hunyuan_v1_moe"),
-    *((family, {"quantization_config": {"quant_method": method, "bits": 4}},
-       f'{family} weights quantised with quantization_config quant_method="{method}"')
-      for family, method in (("mixtral", "gptq"), ("qwen3_moe", "awq"), ("olmoe", "bitsandbytes"),
-                             ("deepseek_v3", "compressed-tensors"))),
+    *(
+        (
+            family,
+            {"quantization_config": {"quant_method": method, "bits": 4}},
+            f'{family} weights quantised with quantization_config quant_method="{method}"',
+        )
+        for family, method in (
+            ("mixtral", "gptq"),
+            ("qwen3_moe", "awq"),
+            ("olmoe", "bitsandbytes"),
+            ("deepseek_v3", "compressed-tensors"),
+        )
+    ),
     ("mixtral", {"quantization_config": {"load_in_4bit": True}}, "quantization_config an unrecognised format"),
 ]
 
 
 @pytest.mark.parametrize("family, change, message", REFUSED, ids=[f"{f}-{next(iter(c))}" for f, c, _ in REFUSED])
 def test_a_setting_that_changes_the_math_and_is_not_replayed_is_refused_by_name(
-        family: str, change: dict[str, Any], message: str) -> None:
+    family: str, change: dict[str, Any], message: str
+) -> None:
     cfg = tiny_config(family).to_dict()
     with pytest.raises(CheckpointError) as err:
         spec_from_config({**cfg, **change}, "ckpt/config.json")
@@ -258,12 +309,31 @@ def test_a_setting_that_changes_the_math_and_is_not_replayed_is_refused_by_name(
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [  # the released configs' values of those keys
     ("deepseek_v2", {"mlp_bias": False, "norm_topk_prob": False, "scoring_func": "softmax", "moe_layer_freq": 1}),
-    ("deepseek_v3", {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "moe_layer_freq": 1,
-                     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                             "activation_scheme": "dynamic"}}),
+    (
+        "deepseek_v3",
+        {
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "moe_layer_freq": 1,
+            "quantization_config": {
+                "quant_method": "fp8",
+                "fmt": "e4m3",
+                "weight_block_size": [128, 128],
+                "activation_scheme": "dynamic",
+            },
+        },
+    ),
     ("gpt_oss", {"quantization_config": {"quant_method": "mxfp4"}}),
-    ("minimax_m2", {"scoring_func": "sigmoid", "use_routing_bias": True, "qk_norm_type": "per_layer",
-                    "attn_type_list": [1, 1, 1], "use_qk_norm": True}),
+    (
+        "minimax_m2",
+        {
+            "scoring_func": "sigmoid",
+            "use_routing_bias": True,
+            "qk_norm_type": "per_layer",
+            "attn_type_list": [1, 1, 1],
+            "use_qk_norm": True,
+        },
+    ),
     ("hunyuan_v1_moe", {"use_cla": False, "use_mixed_mlp_moe": True, "use_qk_norm": True}),
     ("ernie4_5_moe", {"use_bias": False, "moe_norm_min": 1e-12}),
     ("deepseek_v32", {"layer_types": ["indexed_attention"] * 3}),
@@ -276,12 +346,17 @@ def test_the_released_values_of_those_settings_are_accepted(family: str, change:
 
 
 def test_a_refused_setting_exits_4_from_the_cli(hf_checkpoint, tmp_path: Path) -> None:
-    ckpt = edited(hf_checkpoint("qwen3_moe"), tmp_path / "gptq",
-                  config=lambda cfg: {**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4}})
+    ckpt = edited(
+        hf_checkpoint("qwen3_moe"),
+        tmp_path / "gptq",
+        config=lambda cfg: {**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4}},
+    )
     code, stderr = invoke("inspect", ckpt)
     assert code == EXIT_INPUT
-    assert 'moeaudit does not read qwen3_moe weights quantised with quantization_config quant_method="gptq" yet' \
+    assert (
+        'moeaudit does not read qwen3_moe weights quantised with quantization_config quant_method="gptq" yet'
         in one_error(stderr)
+    )
 
 
 # ----- an explicit 0 is not "absent" ---------------------------------------------------------------
@@ -289,31 +364,70 @@ def test_a_refused_setting_exits_4_from_the_cli(hf_checkpoint, tmp_path: Path) -
 
 ZEROS: list[tuple[str, dict[str, Any], str]] = [
     ("mixtral", {"rope_theta": 0}, "rope_theta must be a positive number, got 0"),
-    ("mixtral", {"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
-     "rope_theta must be a positive number, got 0.0"),
+    (
+        "mixtral",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
+        "rope_theta must be a positive number, got 0.0",
+    ),
     ("qwen3_moe", {"head_dim": 0}, "head_dim must be ≥ 1, got 0"),
     ("olmoe", {"num_key_value_heads": 0}, "'num_key_value_heads' must be ≥ 1, got 0"),
     ("mixtral", {"sliding_window": 0}, "sliding_window must be a positive integer or null, got 0"),
-    ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 0,
-                                         "original_max_position_embeddings": 16}},
-     "YaRN beta_fast and beta_slow must be positive"),
-    ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "mscale": 0,
-                                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16}},
-     "YaRN mscale=0 is ambiguous"),
-    ("phimoe", {"original_max_position_embeddings": 0,
-                "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
-                                    "long_factor": [1.0] * 4, "short_mscale": 1.0, "long_mscale": 1.0,
-                                    "original_max_position_embeddings": 64}},
-     "longrope needs original_max_position_embeddings, got 0"),
+    (
+        "deepseek_v3",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "beta_fast": 0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+        "YaRN beta_fast and beta_slow must be positive",
+    ),
+    (
+        "deepseek_v3",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "mscale": 0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+        "YaRN mscale=0 is ambiguous",
+    ),
+    (
+        "phimoe",
+        {
+            "original_max_position_embeddings": 0,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "short_factor": [1.0] * 4,
+                "long_factor": [1.0] * 4,
+                "short_mscale": 1.0,
+                "long_mscale": 1.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+        "longrope needs original_max_position_embeddings, got 0",
+    ),
 ]
 
 
 @pytest.mark.parametrize("family, change, message", ZEROS, ids=[f"{f}-{next(iter(c))}" for f, c, _ in ZEROS])
-def test_an_explicit_zero_is_refused_not_replaced_by_a_default(family: str, change: dict[str, Any],
-                                                              message: str) -> None:
+def test_an_explicit_zero_is_refused_not_replaced_by_a_default(
+    family: str, change: dict[str, Any], message: str
+) -> None:
     rope = {"rope_theta", "rope_parameters"} & change.keys()  # the change alone says the RoPE
-    cfg = {k: v for k, v in tiny_config(family).to_dict().items()
-           if not (rope and k in ("rope_parameters", "rope_scaling"))}
+    cfg = {
+        k: v
+        for k, v in tiny_config(family).to_dict().items()
+        if not (rope and k in ("rope_parameters", "rope_scaling"))
+    }
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
         spec_from_config({**cfg, **change})
 

@@ -50,16 +50,45 @@ def test_new_spec_fields_stay_out_of_old_families_json() -> None:
     qwen = spec_from_config(hf_config(Arch(family="qwen2_moe", shared_dim=48)))
     assert qwen.o_bias is False and qwen.to_json()["o_bias"] is False
     # the mixtral spec JSON as it was before the registry (keys and values)
-    assert json.dumps(spec.to_json(), sort_keys=True) == json.dumps({
-        "attention_bias": False, "attention_scale": None, "clip_qkv": None, "dense_dim": 0, "expert_dim": 32,
-        "extra": {}, "family": "mixtral",
-        "gate": {"group_score": "none", "n_group": 1, "scaling": 1.0, "scoring": "softmax",
-                 "selection_bias": False, "topk_group": 1},
-        "head_dim": 12, "hidden_size": 48, "mtp_layers": 0, "norm_topk_prob": True, "num_experts": 8,
-        "num_heads": 4, "num_kv_heads": 2, "num_layers": 4, "qk_norm": "none", "rms_eps": 1e-05,
-        "rope_theta": 10000.0, "routed_layers": [0, 1, 2, 3],
-        "routing": "softmax top-2 of 8, renormalised", "shared_dim": 0, "shared_gated": False,
-        "sliding_layers": [], "sliding_window": None, "tie_embeddings": False, "top_k": 2,
-        "vocab_size": spec.vocab_size, "yarn": None,
-    }, sort_keys=True)
+    assert json.dumps(spec.to_json(), sort_keys=True) == json.dumps(
+        {
+            "attention_bias": False,
+            "attention_scale": None,
+            "clip_qkv": None,
+            "dense_dim": 0,
+            "expert_dim": 32,
+            "extra": {},
+            "family": "mixtral",
+            "gate": {
+                "group_score": "none",
+                "n_group": 1,
+                "scaling": 1.0,
+                "scoring": "softmax",
+                "selection_bias": False,
+                "topk_group": 1,
+            },
+            "head_dim": 12,
+            "hidden_size": 48,
+            "mtp_layers": 0,
+            "norm_topk_prob": True,
+            "num_experts": 8,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "num_layers": 4,
+            "qk_norm": "none",
+            "rms_eps": 1e-05,
+            "rope_theta": 10000.0,
+            "routed_layers": [0, 1, 2, 3],
+            "routing": "softmax top-2 of 8, renormalised",
+            "shared_dim": 0,
+            "shared_gated": False,
+            "sliding_layers": [],
+            "sliding_window": None,
+            "tie_embeddings": False,
+            "top_k": 2,
+            "vocab_size": spec.vocab_size,
+            "yarn": None,
+        },
+        sort_keys=True,
+    )
     assert isinstance(spec, ModelSpec)

@@ -19,6 +19,5 @@ def test_the_table_is_the_registry() -> None:
 
 def test_every_replayed_family_has_a_measured_difference() -> None:
     _, rows, _ = split(DOC.read_text(encoding="utf-8"))
-    unmeasured = [c[0] for c in map(_cells, rows) if c[1] == "replayed"
-                  and not any(ch.isdigit() for ch in c[3])]
+    unmeasured = [c[0] for c in map(_cells, rows) if c[1] == "replayed" and not any(ch.isdigit() for ch in c[3])]
     assert unmeasured == []

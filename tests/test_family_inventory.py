@@ -30,8 +30,10 @@ from moeaudit.families import FAMILIES, HUB_ONLY, REFUSED, family_of  # noqa: E4
 TESTS = Path(__file__).parent
 
 # a key naming the expert count or the routed top-k of a MoE layer
-MOE_KEY = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_per_tok|"
-                     r"num_experts_per_token|moe_topk|moe_k|moe_top_k|top_k_experts|zero_expert_num)$")
+MOE_KEY = re.compile(
+    r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_per_tok|"
+    r"num_experts_per_token|moe_topk|moe_k|moe_top_k|top_k_experts|zero_expert_num)$"
+)
 # a class of a modeling file that holds routed experts
 EXPERT_CLASS = re.compile(r"^class \w*(Experts|SparseMoe\w*|MoE\w*|Moe\w*)\(", re.M)
 

@@ -56,8 +56,11 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _dequantised_twin(src: Path, dst: Path) -> Path:
     tensors = load_file(str(src / "model.safetensors"))
-    out = {k: dequantize_fp8(t, tensors[k + SCALE_SUFFIX], BLOCK) if k + SCALE_SUFFIX in tensors else t
-           for k, t in tensors.items() if not k.endswith(SCALE_SUFFIX)}
+    out = {
+        k: dequantize_fp8(t, tensors[k + SCALE_SUFFIX], BLOCK) if k + SCALE_SUFFIX in tensors else t
+        for k, t in tensors.items()
+        if not k.endswith(SCALE_SUFFIX)
+    }
     dst.mkdir()
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
@@ -81,8 +84,9 @@ def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("shape,block", [((8, 12), (4, 4)), ((56, 12), (5, 7)), ((3, 9), (4, 4)), ((16, 16), (16, 4))])
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
-def test_dequantise_is_the_blockwise_product(shape: tuple[int, int], block: tuple[int, int],
-                                             scale_dtype: torch.dtype) -> None:
+def test_dequantise_is_the_blockwise_product(
+    shape: tuple[int, int], block: tuple[int, int], scale_dtype: torch.dtype
+) -> None:
     """Blocks that tile the matrix (broadcast scales) and partial last blocks (expanded scales)
     both give w.float() · s of each block, bit for bit."""
     g = torch.Generator().manual_seed(1)
@@ -99,8 +103,19 @@ def test_dequantise_is_the_blockwise_product(shape: tuple[int, int], block: tupl
     assert w.dtype == torch.float8_e4m3fn  # the stored tensor is left as it was
 
 
-@pytest.mark.parametrize("case", ["finite", "nan_code", "neg_nan_code", "inf_scale", "nan_scale",
-                                  "overflow", "near_overflow", "zero_block_inf_scale"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "finite",
+        "nan_code",
+        "neg_nan_code",
+        "inf_scale",
+        "nan_scale",
+        "overflow",
+        "near_overflow",
+        "zero_block_inf_scale",
+    ],
+)
 def test_the_nonfinite_marker_is_that_of_the_dequantised_weight(case: str) -> None:
     """NaN when w · s holds a NaN or Inf, else 0 — computed from the stored bytes, including a
     finite scale large enough that 448 · s overflows float32 (and one just below it)."""
@@ -166,8 +181,13 @@ def test_fp8_experts_are_held_as_stored(fp8: tuple[Path, Path]) -> None:
     lazy = ckpt.layer_weights(layer, lazy_experts=True).experts
     assert isinstance(lazy, FP8Experts) and lazy.block == BLOCK
     assert {n: t.dtype for n, t in lazy.stored[0].items()} == {
-        "w1": torch.float8_e4m3fn, "w1_scale_inv": torch.float32, "w3": torch.float8_e4m3fn,
-        "w3_scale_inv": torch.float32, "w2": torch.float8_e4m3fn, "w2_scale_inv": torch.float32}
+        "w1": torch.float8_e4m3fn,
+        "w1_scale_inv": torch.float32,
+        "w3": torch.float8_e4m3fn,
+        "w3_scale_inv": torch.float32,
+        "w2": torch.float8_e4m3fn,
+        "w2_scale_inv": torch.float32,
+    }
     keys = ckpt.expert_keys(layer)
     assert isinstance(keys, list)
     eager = ckpt.layer_weights(layer).experts
@@ -188,8 +208,9 @@ def test_fp8_receipts_are_those_of_the_dequantised_twin(fp8: tuple[Path, Path]) 
     assert _without_environment(state_receipts(Checkpoint(fp8[0]), probe, device=STANDIN)) == twin
 
 
-def test_the_host_never_holds_a_layer_of_float32_experts(fp8: tuple[Path, Path],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_host_never_holds_a_layer_of_float32_experts(
+    fp8: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Over a whole replay (forward, observers, backward; the host computing): no routed expert
     is read through the dequantising ``Checkpoint.read``, and every float32 expert matrix is
     formed on access and gone before the next expert's — at most one expert's three matrices
@@ -296,5 +317,6 @@ def test_mxfp4_experts_cross_as_stored_bytes(tmp_path: Path) -> None:
         assert t["h2d_bytes"] - p["h2d_bytes"] == 2 * values - stored, phase
         assert p["sync"] == t["sync"]
     probe = _probe()
-    assert (_without_environment(state_receipts(Checkpoint(tmp_path / "mxfp4"), probe, device=STANDIN))
-            == _without_environment(state_receipts(Checkpoint(tmp_path / "twin"), probe)))
+    assert _without_environment(
+        state_receipts(Checkpoint(tmp_path / "mxfp4"), probe, device=STANDIN)
+    ) == _without_environment(state_receipts(Checkpoint(tmp_path / "twin"), probe))

@@ -97,8 +97,9 @@ def test_healthy_runs_have_no_dead_expert(receipts: dict[str, Receipts]) -> None
 
 
 @pytest.mark.parametrize("name", _names("collapse"))
-def test_collapse_starves_an_expert_while_loss_falls(name: str, fresh_runs: Mapping[str, Path],
-                                                     receipts: dict[str, Receipts]) -> None:
+def test_collapse_starves_an_expert_while_loss_falls(
+    name: str, fresh_runs: Mapping[str, Path], receipts: dict[str, Receipts]
+) -> None:
     r, docs = fresh.RECIPES[name], receipts[name]
     last = docs[max(docs)]
     dead = max(layer["occupancy"]["dead"] for layer in last["layers"])
@@ -110,8 +111,7 @@ def test_collapse_starves_an_expert_while_loss_falls(name: str, fresh_runs: Mapp
     assert last["nll"] < docs[min(docs)]["nll"]  # held-out cross-entropy falls too
 
 
-def test_overfit_canary_nll_rises_several_fold(fresh_runs: Mapping[str, Path],
-                                               receipts: dict[str, Receipts]) -> None:
+def test_overfit_canary_nll_rises_several_fold(fresh_runs: Mapping[str, Path], receipts: dict[str, Receipts]) -> None:
     for name in _names("overfit"):
         nll = [doc["nll"] for _, doc in sorted(receipts[name].items())]
         assert nll[-1] >= 3 * min(nll[:-1]), nll

@@ -37,8 +37,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {"MOEAUDIT_CACHE_DIR": str(cache),
-            "XDG_CONFIG_HOME": str(tmp_path_factory.mktemp("config"))}
+    return {"MOEAUDIT_CACHE_DIR": str(cache), "XDG_CONFIG_HOME": str(tmp_path_factory.mktemp("config"))}
 
 
 def _steps(run: Path) -> list[int]:
@@ -54,8 +53,9 @@ def _policy(run: Path) -> Policy:
     return load_policy(SAMPLES / "policy.toml") if run.parent == SAMPLES else Policy()
 
 
-def _audit(run: Path, cache: Path, policy: Policy | None = None, canary: Path | None = None,
-           **kw: Any) -> dict[str, Any]:
+def _audit(
+    run: Path, cache: Path, policy: Policy | None = None, canary: Path | None = None, **kw: Any
+) -> dict[str, Any]:
     audit = audit_run(run, load(canary or _canary(run)), policy or Policy(), cache=ReceiptsCache(cache), **kw)
     return audit.statement["predicate"]
 
@@ -77,8 +77,15 @@ def _truncated(run: Path, until: int, dst: Path, events: list[dict[str, Any]] | 
 
 def _gate(env: dict[str, str], run: Path, b: int, c: int, tmp: Path) -> tuple[int, dict[str, Any]]:
     out = tmp / f"gate-{run.name}-{b}-{c}.json"
-    args = ["gate", str(run / f"checkpoint-{b}"), str(run / f"checkpoint-{c}"), "--json", str(out),
-            "--canary", str(_canary(run))]
+    args = [
+        "gate",
+        str(run / f"checkpoint-{b}"),
+        str(run / f"checkpoint-{c}"),
+        "--json",
+        str(out),
+        "--canary",
+        str(_canary(run)),
+    ]
     if run.parent == SAMPLES:
         args += ["--policy", str(SAMPLES / "policy.toml")]
     result = CliRunner(env=env).invoke(cli, args)
@@ -88,8 +95,9 @@ def _gate(env: dict[str, str], run: Path, b: int, c: int, tmp: Path) -> tuple[in
 
 def _all_runs(fresh_runs: Any) -> list[Path]:
     return [fresh_runs[name] for name in fresh_runs] + [
-        SAMPLES / r for r in ("healthy", "collapse", "frozen-drift", "sft-refine", "sft-repurpose",
-                              "resume", "deepseek")]
+        SAMPLES / r
+        for r in ("healthy", "collapse", "frozen-drift", "sft-refine", "sft-repurpose", "resume", "deepseek")
+    ]
 
 
 # --- §1 the CI gate never promotes what certify would mark RED ----------------------------------
@@ -107,8 +115,9 @@ def test_gate_is_certify_of_the_run_truncated_at_the_candidate(fresh_runs, env, 
             for b in sorted({steps[0], steps[i - 1]}):
                 code, result = _gate(env, run, b, c, tmp_path)
                 where = (run.name, b, c)
-                assert [(g["step"], g["status"]) for g in result["gates"]] == \
-                    [(g["step"], g["status"]) for g in pred["gates"]], where
+                assert [(g["step"], g["status"]) for g in result["gates"]] == [
+                    (g["step"], g["status"]) for g in pred["gates"]
+                ], where
                 assert result["verdict"] == pred["verdict"], where
                 assert code == {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}[result["decision"]], where
                 if result["decision"] == "PROMOTE":
@@ -166,8 +175,9 @@ def calibrations(fresh_runs, env, tmp_path_factory) -> dict[str, Path]:
     policies = {}
     for name, run in fresh_runs.of_kind("healthy").items():
         path = out / f"{name}.toml"
-        result = CliRunner(env=env).invoke(cli, ["calibrate", str(run), "--canary", str(_canary(run)),
-                                                 "--out", str(path)])
+        result = CliRunner(env=env).invoke(
+            cli, ["calibrate", str(run), "--canary", str(_canary(run)), "--out", str(path)]
+        )
         assert result.exit_code == 0, (name, result.output + result.stderr)
         policies[name] = path
     return policies
@@ -193,8 +203,7 @@ def test_healthy_runs_pass_under_defaults_and_their_own_calibration(fresh_runs, 
     assert fitted >= 2  # most healthy runs admit a falsifiable variance bound
 
 
-def test_collapse_and_overfit_fail_under_defaults_and_every_calibration(fresh_runs, cache,
-                                                                        calibrations) -> None:
+def test_collapse_and_overfit_fail_under_defaults_and_every_calibration(fresh_runs, cache, calibrations) -> None:
     bad = {**fresh_runs.of_kind("collapse"), **fresh_runs.of_kind("overfit")}
     assert len(bad) >= 3
     for name, run in bad.items():
@@ -206,8 +215,14 @@ def test_collapse_and_overfit_fail_under_defaults_and_every_calibration(fresh_ru
 
 def test_the_calibrated_policy_says_what_it_fitted(calibrations) -> None:
     text = next(iter(calibrations.values())).read_text()
-    for key in ("gates.tol_c2_rel", "gates.pi_min_ratio_floor", "gates.entropy_ratio_floor",
-                "envelope.epsilon", "envelope.delta", "envelope.starve_share"):
+    for key in (
+        "gates.tol_c2_rel",
+        "gates.pi_min_ratio_floor",
+        "gates.entropy_ratio_floor",
+        "envelope.epsilon",
+        "envelope.delta",
+        "envelope.starve_share",
+    ):
         assert f"#   {key} = " in text
     assert "gate tolerances fitted on checkpoints" in text and "kept (not fitted)" in text
     policy = load_policy(next(iter(calibrations.values())))
@@ -221,8 +236,9 @@ def test_the_calibrated_policy_says_what_it_fitted(calibrations) -> None:
 def test_calibrating_on_a_collapse_run_is_refused(fresh_runs, env, tmp_path) -> None:
     for name, run in fresh_runs.of_kind("collapse").items():
         out = tmp_path / f"{name}.toml"
-        result = CliRunner(env=env).invoke(cli, ["calibrate", str(run), "--canary", str(_canary(run)),
-                                                 "--out", str(out)])
+        result = CliRunner(env=env).invoke(
+            cli, ["calibrate", str(run), "--canary", str(_canary(run)), "--out", str(out)]
+        )
         assert result.exit_code == 4, (name, result.output)
         last = result.stderr.strip().splitlines()[-1]  # progress lines above it, then one error line
         assert last.startswith("moeaudit: error:") and "not a healthy run" in last
@@ -249,14 +265,16 @@ def test_one_zero_norm_cannot_switch_starvation_off(fresh_runs, env, cache, tmp_
     run = fresh_runs["healthy-loop"]  # 8 experts, a log line every step
     one_zero = _with_norms(run, tmp_path / "zero", lambda t, k, v: [0.0, *v[1:]] if t == 200 and k == "0" else v)
     path = tmp_path / "policy.toml"
-    result = CliRunner(env=env).invoke(cli, ["calibrate", str(one_zero), "--canary", str(_canary(run)),
-                                             "--out", str(path)])
+    result = CliRunner(env=env).invoke(
+        cli, ["calibrate", str(one_zero), "--canary", str(_canary(run)), "--out", str(path)]
+    )
     assert result.exit_code == 0, result.output + result.stderr
     policy = load_policy(path)
     assert policy.envelope.starve_share > 0.05
     half_dead = _with_norms(run, tmp_path / "dead", lambda t, k, v: [0.0] * 4 + v[4:])
-    intermittent = _with_norms(run, tmp_path / "flaky",
-                               lambda t, k, v: ([0.0, *v[1:]] if t % 10 else v) if k == "1" else v)
+    intermittent = _with_norms(
+        run, tmp_path / "flaky", lambda t, k, v: ([0.0, *v[1:]] if t % 10 else v) if k == "1" else v
+    )
     for bad in (half_dead, intermittent):
         pred = _audit(bad, cache, policy, _canary(run))
         envelope = next(c for c in pred["checks"] if c["name"] == "envelope")
@@ -390,9 +408,14 @@ def test_an_inconclusive_gate_exits_3_and_fails_the_junit_decision(fresh_runs, e
     gate says INCONCLUSIVE (exit 3); JUnit counts it as a failed decision, never 0 failures."""
     from moeaudit.report.ci import junit_xml
 
-    result = {"base": "a", "candidate": "b", "decision": "INCONCLUSIVE", "verdict": "INCONCLUSIVE",
-              "verdict_reason": "YELLOW at step(s) 300", "conditions": [
-                  {"name": "candidate gate", "status": "pass", "detail": "GREEN"}]}
+    result = {
+        "base": "a",
+        "candidate": "b",
+        "decision": "INCONCLUSIVE",
+        "verdict": "INCONCLUSIVE",
+        "verdict_reason": "YELLOW at step(s) 300",
+        "conditions": [{"name": "candidate gate", "status": "pass", "detail": "GREEN"}],
+    }
     xml = junit_xml(result)
     assert 'failures="1"' in xml and 'type="inconclusive"' in xml
     promoted = junit_xml({**result, "decision": "PROMOTE"})

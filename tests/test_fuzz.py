@@ -41,19 +41,10 @@ fuzz = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.integers(-(2**70), 2**70)
-    | st.floats()
-    | st.text(max_size=12)
-)
+scalars = st.none() | st.booleans() | st.integers() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
 json_values = st.recursive(
     scalars,
-    lambda inner: (
-        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
     max_leaves=15,
 )
 DEEP = "[" * 5_000 + "]" * 5_000  # json raises RecursionError, not JSONDecodeError
@@ -117,9 +108,7 @@ entries = st.fixed_dictionaries(
         "data_offsets": st.lists(st.integers(-8, 2**62), min_size=0, max_size=3) | json_values,
     },
 )
-headers = st.dictionaries(
-    st.text(max_size=6) | st.just("__metadata__"), entries | json_values, max_size=4
-)
+headers = st.dictionaries(st.text(max_size=6) | st.just("__metadata__"), entries | json_values, max_size=4)
 
 
 def _open_and_read(path: Path) -> None:
@@ -139,16 +128,12 @@ def test_safetensors_bytes(scratch: Path, blob: bytes) -> None:
 
 @fuzz
 @given(header=headers, data=st.binary(max_size=64))
-@example(
-    header={"a": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 8]}}, data=b"\0" * 8
-)
+@example(header={"a": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 8]}}, data=b"\0" * 8)
 @example(header={"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4.0]}}, data=b"\0" * 4)
 @example(header={"__metadata__": {"k": 1}}, data=b"")
 def test_safetensors_headers(scratch: Path, header: dict[str, Any], data: bytes) -> None:
     text = json.dumps(header).encode("utf-8", "surrogatepass")
-    only_ours(
-        _open_and_read, _write(scratch, "h.safetensors", struct.pack("<Q", len(text)) + text + data)
-    )
+    only_ours(_open_and_read, _write(scratch, "h.safetensors", struct.pack("<Q", len(text)) + text + data))
 
 
 # ----- canaries -------------------------------------------------------------------------------
@@ -210,9 +195,7 @@ lines = (
         },
     ).map(json.dumps)
     | st.text(max_size=30)
-    | st.sampled_from(
-        ["", "  ", "\r", DEEP, HUGE_INT, '{"domain": "a", "domain": "b", "tokens": [1, 2]}']
-    )
+    | st.sampled_from(["", "  ", "\r", DEEP, HUGE_INT, '{"domain": "a", "domain": "b", "tokens": [1, 2]}'])
 )
 
 
@@ -282,9 +265,7 @@ def test_verify_envelope(envelope: tuple[Any, bytes], data: st.DataObject | None
         raw = json.dumps(data.draw(json_values)).encode("utf-8", "surrogatepass")
     elif kind == "fields":
         env = json.loads(good)
-        target = data.draw(
-            st.sampled_from(["payload", "payloadType", "signatures", "sig", "keyid"])
-        )
+        target = data.draw(st.sampled_from(["payload", "payloadType", "signatures", "sig", "keyid"]))
         value = data.draw(json_values | st.text(alphabet="ABCD+/=", max_size=12))
         if target in ("sig", "keyid"):
             env["signatures"][0][target] = value
@@ -297,16 +278,11 @@ def test_verify_envelope(envelope: tuple[Any, bytes], data: st.DataObject | None
 
 
 @fuzz
-@given(
-    body=st.binary(max_size=64)
-    | json_values.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass"))
-)
+@given(body=st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass")))
 @example(body=b"\xff")
 @example(body=b"[1, 2]")
 @example(body=canonical_json({"_type": "https://in-toto.io/Statement/v1"}))
-def test_open_certificate_signed_garbage(
-    scratch: Path, envelope: tuple[Any, bytes], body: bytes
-) -> None:
+def test_open_certificate_signed_garbage(scratch: Path, envelope: tuple[Any, bytes], body: bytes) -> None:
     """A valid signature over a body that is not a statement (only a key holder can make one)."""
     key, _ = envelope
     env = signing.sign_envelope(key, body)
@@ -316,10 +292,7 @@ def test_open_certificate_signed_garbage(
 
 # ----- policies -------------------------------------------------------------------------------
 
-KNOWN = {
-    name: [f.name for f in cls.__dataclass_fields__.values()]
-    for name, cls in policy.SECTIONS.items()
-}
+KNOWN = {name: [f.name for f in cls.__dataclass_fields__.values()] for name, cls in policy.SECTIONS.items()}
 sections = st.sampled_from(sorted(KNOWN)).flatmap(
     lambda name: st.tuples(
         st.just(name),
@@ -330,9 +303,7 @@ sections = st.sampled_from(sorted(KNOWN)).flatmap(
         ),
     )
 )
-policies = st.lists(sections, max_size=4).map(dict) | st.dictionaries(
-    st.text(max_size=6), json_values, max_size=2
-)
+policies = st.lists(sections, max_size=4).map(dict) | st.dictionaries(st.text(max_size=6), json_values, max_size=2)
 GOOD_POLICY = policy.to_toml(policy.Policy())
 
 
@@ -351,10 +322,7 @@ def test_policy_from_dict(data: dict[str, Any]) -> None:
 
 
 @fuzz
-@given(
-    text=mutated(GOOD_POLICY.encode()).map(lambda b: b.decode("utf-8", "replace"))
-    | st.text(max_size=60)
-)
+@given(text=mutated(GOOD_POLICY.encode()).map(lambda b: b.decode("utf-8", "replace")) | st.text(max_size=60))
 @example(text="[receipts]\nseed = 99999999999999999999999\n")
 @example(text="[envelope]\ndelta = inf\n")
 def test_load_policy(scratch: Path, text: str) -> None:
@@ -383,9 +351,7 @@ config_fields = st.dictionaries(
 
 
 @fuzz
-@given(
-    changes=config_fields, family=st.sampled_from(["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"])
-)
+@given(changes=config_fields, family=st.sampled_from(["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]))
 @example(changes={"num_attention_heads": 0}, family="mixtral")
 @example(changes={"rope_theta": "fast"}, family="mixtral")
 @example(changes={"rms_norm_eps": float("nan")}, family="mixtral")

@@ -95,32 +95,73 @@ TOLERANCES: dict[str, tuple[float, float]] = {  # quantity: (rel, abs), as in th
     "not replayed": (1e-9, 1e-12),
 }
 QUANTITY = {  # predicate paths in wire names ([] a list's items, * a data map's keys)
-    **dict.fromkeys(("gates[].receipts.nll", "gates[].receipts.nllByDomain.*",
-                     "gates[].nllChange.from", "gates[].nllChange.to"), "nll"),
+    **dict.fromkeys(
+        ("gates[].receipts.nll", "gates[].receipts.nllByDomain.*", "gates[].nllChange.from", "gates[].nllChange.to"),
+        "nll",
+    ),
     **dict.fromkeys(("gates[].nllChange.delta", "gates[].nllChange.ci95[]"), "nll change"),
-    **dict.fromkeys(("gates[].receipts.perLayer[].c2", "gates[].receipts.perLayer[].c2Ci95[]",
-                     "gates[].receipts.c2Mean", "gates[].structural.c2Tolerance.*",
-                     "gates[].receipts.perLayer[].state1", "gates[].receipts.state1Mean",
-                     *(f"gates[].drift.layers[].{name}" for name in (
-                         "coordinate", "transition", "content", "ci95.coordinate[]",
-                         "ci95.transition[]", "ci95.content[]"))), "replayed"),
-    **dict.fromkeys(("gates[].structural.c2Deltas.*", "gates[].structural.c2MinDelta"),
-                    "replayed change"),
-    **dict.fromkeys(("margins.refinement.exact", "margins.refinement.smooth",
-                     "margins.refinement.ci95[]", "margins.refinement.perLayer[].loadExact",
-                     "margins.refinement.perLayer[].loadSmooth",
-                     "margins.refinement.perLayer[].loadCi95[]", "checks[].value", "checks[].ci95[]"),
-                    "margin"),
-    **dict.fromkeys(("gates[].receipts.perLayer[].piMin", "heatmaps.occupancy.pi[][]",
-                     "heatmaps.domains.layers.*.*[]", "gates[].drift.layers[].boundary",
-                     "gates[].drift.layers[].ci95.boundary[]"), "count"),
-    **dict.fromkeys(("gates[].receipts.perLayer[].entropyNorm", "gates[].receipts.entropyNormMin",
-                     "gates[].receipts.cvMean", "gates[].structural.piMinRatio",
-                     "gates[].structural.entropyRatio"), "count statistic"),
+    **dict.fromkeys(
+        (
+            "gates[].receipts.perLayer[].c2",
+            "gates[].receipts.perLayer[].c2Ci95[]",
+            "gates[].receipts.c2Mean",
+            "gates[].structural.c2Tolerance.*",
+            "gates[].receipts.perLayer[].state1",
+            "gates[].receipts.state1Mean",
+            *(
+                f"gates[].drift.layers[].{name}"
+                for name in (
+                    "coordinate",
+                    "transition",
+                    "content",
+                    "ci95.coordinate[]",
+                    "ci95.transition[]",
+                    "ci95.content[]",
+                )
+            ),
+        ),
+        "replayed",
+    ),
+    **dict.fromkeys(("gates[].structural.c2Deltas.*", "gates[].structural.c2MinDelta"), "replayed change"),
+    **dict.fromkeys(
+        (
+            "margins.refinement.exact",
+            "margins.refinement.smooth",
+            "margins.refinement.ci95[]",
+            "margins.refinement.perLayer[].loadExact",
+            "margins.refinement.perLayer[].loadSmooth",
+            "margins.refinement.perLayer[].loadCi95[]",
+            "checks[].value",
+            "checks[].ci95[]",
+        ),
+        "margin",
+    ),
+    **dict.fromkeys(
+        (
+            "gates[].receipts.perLayer[].piMin",
+            "heatmaps.occupancy.pi[][]",
+            "heatmaps.domains.layers.*.*[]",
+            "gates[].drift.layers[].boundary",
+            "gates[].drift.layers[].ci95.boundary[]",
+        ),
+        "count",
+    ),
+    **dict.fromkeys(
+        (
+            "gates[].receipts.perLayer[].entropyNorm",
+            "gates[].receipts.entropyNormMin",
+            "gates[].receipts.cvMean",
+            "gates[].structural.piMinRatio",
+            "gates[].structural.entropyRatio",
+        ),
+        "count statistic",
+    ),
 }
 MACHINE = {"environment.torch", "environment.python"}
-WIRE_DATA_MAPS = {".".join(camel(part.removesuffix("[]")) + "[]" * part.endswith("[]")
-                           for part in path.split(".")) for path in DATA_MAPS}
+WIRE_DATA_MAPS = {
+    ".".join(camel(part.removesuffix("[]")) + "[]" * part.endswith("[]") for part in path.split("."))
+    for path in DATA_MAPS
+}
 TIE_MARGIN = 1e-4
 TIE_SLACK = 32.0
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -140,8 +181,11 @@ def _certify(out: Path) -> Certified:
     key, _ = load_private_key(KEY)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        audit = audit_run(Path(RUN), load(ROOT / "sample_checkpoints/canary.safetensors"),
-                          load_policy(Path("sample_checkpoints/policy.toml")))
+        audit = audit_run(
+            Path(RUN),
+            load(ROOT / "sample_checkpoints/canary.safetensors"),
+            load_policy(Path("sample_checkpoints/policy.toml")),
+        )
         paths = write_outputs(audit, key, out, issued_at=ISSUED_AT)
     cert = paths["certificate"].read_bytes()
     body = verify_envelope(cert, load_public_key(KEY.with_suffix(".pem.pub")), out / "c.json").body
@@ -193,10 +237,12 @@ def test_rendering_the_golden_statement_gives_the_pinned_bytes(tmp_path: Path) -
     cert = paths["certificate"].read_bytes()
     verified = verify_envelope(cert, load_public_key(KEY.with_suffix(".pem.pub")), tmp_path / "c.json")
     assert verified.body == canonical_json(golden)  # the signed payload is the golden statement
-    pins = {"signature": json.loads(cert)["signatures"][0]["sig"],
-            "certificate_sha256": hashlib.sha256(cert).hexdigest(),
-            "bundle_sha256": hashlib.sha256(paths["bundle"].read_bytes()).hexdigest(),
-            "html_sha256": hashlib.sha256(paths["html"].read_bytes()).hexdigest()}
+    pins = {
+        "signature": json.loads(cert)["signatures"][0]["sig"],
+        "certificate_sha256": hashlib.sha256(cert).hexdigest(),
+        "bundle_sha256": hashlib.sha256(paths["bundle"].read_bytes()).hexdigest(),
+        "html_sha256": hashlib.sha256(paths["html"].read_bytes()).hexdigest(),
+    }
     if UPDATE:
         PINS.write_text(json.dumps(pins, indent=1) + "\n", encoding="utf-8")
     assert pins == json.loads(PINS.read_text(encoding="utf-8"))
@@ -205,8 +251,7 @@ def test_rendering_the_golden_statement_gives_the_pinned_bytes(tmp_path: Path) -
 # --- comparison --------------------------------------------------------------------------------
 
 
-def _compare(got: Any, want: Any, path: str, problems: list[str], slack: dict[Any, Any],
-             where: str = "") -> None:
+def _compare(got: Any, want: Any, path: str, problems: list[str], slack: dict[Any, Any], where: str = "") -> None:
     """Append to ``problems`` every difference beyond the tolerance of its quantity. ``path``
     names the quantity (``[]`` for list items, ``*`` for data keys), ``where`` the place."""
     if path in MACHINE:
@@ -216,8 +261,14 @@ def _compare(got: Any, want: Any, path: str, problems: list[str], slack: dict[An
             problems.append(f"{where}: keys {sorted(set(got) ^ set(want))} only on one side")
         data = path in WIRE_DATA_MAPS
         for key in sorted(set(got) & set(want)):
-            _compare(got[key], want[key], f"{path}.{'*' if data else key}".lstrip("."), problems,
-                     _narrow(slack, key), f"{where}.{key}".lstrip("."))
+            _compare(
+                got[key],
+                want[key],
+                f"{path}.{'*' if data else key}".lstrip("."),
+                problems,
+                _narrow(slack, key),
+                f"{where}.{key}".lstrip("."),
+            )
     elif isinstance(want, list) and isinstance(got, list):
         if len(got) != len(want):
             problems.append(f"{where}: {len(got)} items, golden {len(want)}")
@@ -228,8 +279,9 @@ def _compare(got: Any, want: Any, path: str, problems: list[str], slack: dict[An
         rel, abs_ = TOLERANCES[quantity]
         allowed = max(rel * abs(want), abs_) + slack[""] * max(1.0, abs(want))
         if not abs(got - want) <= allowed:
-            problems.append(f"{where} ({quantity}): {got!r}, golden {want!r}, "
-                            f"off by {abs(got - want):.2e} > {allowed:.2e}")
+            problems.append(
+                f"{where} ({quantity}): {got!r}, golden {want!r}, off by {abs(got - want):.2e} > {allowed:.2e}"
+            )
     elif isinstance(want, str) and isinstance(got, str):
         if _text_differs(got, want, slack[""]):
             problems.append(f"{where}: {got!r}\n  golden {want!r}")
@@ -265,20 +317,23 @@ def _counts(receipts: dict[str, dict[str, Any]]) -> dict[str, dict[str, list[int
     return out
 
 
-def _moved(certified: Certified, got: dict[str, Any], golden: dict[str, Any],
-           routing: dict[str, Any]) -> dict[str, int]:
+def _moved(
+    certified: Certified, got: dict[str, Any], golden: dict[str, Any], routing: dict[str, Any]
+) -> dict[str, int]:
     """Assignments moved per checkpoint (``"step"``) and per pair (``"base-step"``), after
     checking that each divergence starts at a float tie."""
     moved: dict[str, int] = {}
     for step, layers in _counts(certified.receipts).items():
         want = routing["checkpoints"][step]
-        per_layer = {i: sum(abs(a - b) for a, b in zip(c, want["counts"][i], strict=True)) // 2
-                     for i, c in layers.items()}
+        per_layer = {
+            i: sum(abs(a - b) for a, b in zip(c, want["counts"][i], strict=True)) // 2 for i, c in layers.items()
+        }
         first = next((i for i in sorted(per_layer, key=int) if per_layer[i]), None)
         if first is not None:
             assert per_layer[first] <= want["near_ties"][first], (
                 f"checkpoint-{step} layer {first}: {per_layer[first]} top-k assignments moved, "
-                f"more than its {want['near_ties'][first]} tokens at a float tie")
+                f"more than its {want['near_ties'][first]} tokens at a float tie"
+            )
         moved[step] = sum(per_layer.values())
     n_k = routing["tokens"] * routing["top_k"]
     for g, w in zip(got["predicate"]["gates"], golden["predicate"]["gates"], strict=True):
@@ -290,7 +345,8 @@ def _moved(certified: Certified, got: dict[str, Any], golden: dict[str, Any],
             ties = routing["pairs"][f"{base}-{step}"][str(lw["layer"])]
             assert n <= ties or moved[base] or moved[step], (
                 f"pair {base}-{step} layer {lw['layer']}: {n} active-set members moved, more "
-                f"than its {ties} tokens at a float tie")
+                f"than its {ties} tokens at a float tie"
+            )
             moved[f"{base}-{step}"] = moved.get(f"{base}-{step}", 0) + n
     return moved
 
@@ -305,16 +361,19 @@ def _slack(predicate: dict[str, Any], moved: dict[str, int], tokens: int) -> dic
     gates, previous = [], None
     for gate in predicate["gates"]:
         against = (gate.get("drift") or {}).get("againstStep", gate["baseline"])
-        gates.append({"": of(gate["step"], previous, gate["baseline"], against,
-                             f"{against}-{gate['step']}")})
+        gates.append({"": of(gate["step"], previous, gate["baseline"], against, f"{against}-{gate['step']}")})
         previous = gate["step"]
     last = predicate["run"]["checkpoints"][-1]
     ref = (predicate["margins"].get("refinement") or {}).get("againstStep")
     margin = of(last, ref, f"{ref}-{last}")
     checks = [{"": margin if c["name"] == "refinement" else 0.0} for c in predicate["checks"]]
-    return {"": 0.0, "gates": {"": 0.0, **dict(enumerate(gates))},
-            "heatmaps": {"": of(last)}, "margins": {"": margin},
-            "checks": {"": 0.0, **dict(enumerate(checks))}}
+    return {
+        "": 0.0,
+        "gates": {"": 0.0, **dict(enumerate(gates))},
+        "heatmaps": {"": of(last)},
+        "margins": {"": margin},
+        "checks": {"": 0.0, **dict(enumerate(checks))},
+    }
 
 
 def _narrow(slack: dict[Any, Any], key: Any) -> dict[Any, Any]:
@@ -350,17 +409,23 @@ def _routing(certified: Certified) -> dict[str, Any]:
         return p["post_norm"] * z + p.get("post_norm_bias", 0.0)
 
     counts = _counts(certified.receipts)
-    out: dict[str, Any] = {"tie_margin": TIE_MARGIN, "tokens": canary.num_windows * canary.window_len,
-                           "top_k": spec.top_k, "checkpoints": {}, "pairs": {}}
+    out: dict[str, Any] = {
+        "tie_margin": TIE_MARGIN,
+        "tokens": canary.num_windows * canary.window_len,
+        "top_k": spec.top_k,
+        "checkpoints": {},
+        "pairs": {},
+    }
     for step, layers in states.items():
         out["checkpoints"][str(step)] = {
             "counts": counts[str(step)],
-            "near_ties": {str(i): int(near(step, i, s.y_NH).sum()) for i, s in layers.items()}}
+            "near_ties": {str(i): int(near(step, i, s.y_NH).sum()) for i, s in layers.items()},
+        }
     for gate in certified.statement["predicate"]["gates"]:
         if gate.get("drift"):
             b, s = gate["drift"]["againstStep"], gate["step"]
             out["pairs"][f"{b}-{s}"] = {
-                str(i): int((near(b, i, anchored(b, i, st.z_NH))
-                             | near(s, i, anchored(s, i, st.z_NH))).sum())
-                for i, st in states[b].items()}
+                str(i): int((near(b, i, anchored(b, i, st.z_NH)) | near(s, i, anchored(s, i, st.z_NH))).sum())
+                for i, st in states[b].items()
+            }
     return out

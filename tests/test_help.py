@@ -62,14 +62,21 @@ def _parse(argv: list[str]) -> tuple[str, click.Context]:
 
 
 def test_every_option_has_help() -> None:
-    missing = [f"{name or 'moeaudit'} {p.opts[0]}" for name, cmd in _commands(groups=True).items()
-               for p in cmd.params if isinstance(p, click.Option) and not p.help]
+    missing = [
+        f"{name or 'moeaudit'} {p.opts[0]}"
+        for name, cmd in _commands(groups=True).items()
+        for p in cmd.params
+        if isinstance(p, click.Option) and not p.help
+    ]
     assert missing == []
 
 
 def test_no_summary_is_cut_off() -> None:
-    truncated = [name for name, cmd in _commands(groups=True).items() if name
-                 and cmd.get_short_help_str(limit=SUMMARY_WIDTH).endswith("...")]
+    truncated = [
+        name
+        for name, cmd in _commands(groups=True).items()
+        if name and cmd.get_short_help_str(limit=SUMMARY_WIDTH).endswith("...")
+    ]
     assert truncated == []
     for group in ("", "canary", "samples"):
         listing = _help(group).split("Commands:")[1].strip().splitlines()
@@ -92,7 +99,12 @@ def test_every_command_has_examples_that_parse(name: str) -> None:
                 assert (ROOT / arg).exists(), (example, arg)
     # on the shipped samples, except where the input is a key, a certificate or nothing at all
     assert any("sample_checkpoints/" in e for e in examples) or name in (
-        "keygen", "verify", "export", "samples", "samples build")
+        "keygen",
+        "verify",
+        "export",
+        "samples",
+        "samples build",
+    )
 
 
 def test_examples_block_is_required() -> None:

@@ -93,9 +93,9 @@ def test_hook_on_transformers_deepseek_v3_and_glm(tmp_path: Path, family: str) -
         want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
         assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
         assert record["router_grad_norms"][str(i)] == pytest.approx(
-            float(mlp.gate.weight.grad.double().norm()), rel=1e-12)
-        shared = math.sqrt(sum(float(p.grad.double().pow(2).sum())
-                               for p in mlp.shared_experts.parameters()))
+            float(mlp.gate.weight.grad.double().norm()), rel=1e-12
+        )
+        shared = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in mlp.shared_experts.parameters()))
         assert record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
 
 
@@ -111,15 +111,22 @@ def test_hook_on_transformers_hunyuan(tmp_path: Path) -> None:
         want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(E)]
         assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
         assert record["router_grad_norms"][str(i)] == pytest.approx(
-            float(mlp.gate.wg.weight.grad.double().norm()), rel=1e-12)
+            float(mlp.gate.wg.weight.grad.double().norm()), rel=1e-12
+        )
         shared = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in mlp.shared_mlp.parameters()))
         assert shared > 0 and record["shared_grad_norms"][str(i)] == pytest.approx(shared, rel=1e-12)
 
 
-@pytest.mark.parametrize("family, moe, router", [("granitemoe", "block_sparse_moe", "router"),
-                                                  ("ernie4_5_moe", "mlp", "gate"), ("minimax_m2", "mlp", "gate"),
-                                                  ("llama4_text", "feed_forward", "router"),
-                                                  ("phimoe", "mlp", "router")])
+@pytest.mark.parametrize(
+    "family, moe, router",
+    [
+        ("granitemoe", "block_sparse_moe", "router"),
+        ("ernie4_5_moe", "mlp", "gate"),
+        ("minimax_m2", "mlp", "gate"),
+        ("llama4_text", "feed_forward", "router"),
+        ("phimoe", "mlp", "router"),
+    ],
+)
 def test_hook_on_registry_era_families(tmp_path: Path, family: str, moe: str, router: str) -> None:
     """The layouts' module-name alternatives find these families' live parameters: per-expert
     norms and the router norm equal the parameters' gradients."""
@@ -133,7 +140,8 @@ def test_hook_on_registry_era_families(tmp_path: Path, family: str, moe: str, ro
         want = [math.sqrt(float(gate_up[e].pow(2).sum() + down[e].pow(2).sum())) for e in range(gate_up.shape[0])]
         assert record["expert_grad_norms"][str(i)] == pytest.approx(want, rel=1e-12)
         assert record["router_grad_norms"][str(i)] == pytest.approx(
-            float(getattr(block, router).weight.grad.double().norm()), rel=1e-12)
+            float(getattr(block, router).weight.grad.double().norm()), rel=1e-12
+        )
 
 
 def test_hook_on_transformers_gpt_oss(tmp_path: Path) -> None:
@@ -210,7 +218,10 @@ def test_probe_on_transformers_equals_replay_and_leaves_grad_alone(tmp_path: Pat
     for layer, grads in result.grads.items():
         torch.testing.assert_close(
             torch.tensor(record["expert_grad_norms"][str(layer)], dtype=torch.float64),
-            grads.experts_E, rtol=2e-4, atol=1e-9)
+            grads.experts_E,
+            rtol=2e-4,
+            atol=1e-9,
+        )
         assert record["router_grad_norms"][str(layer)] == pytest.approx(grads.router, rel=2e-4)
         assert record["shared_grad_norms"][str(layer)] == pytest.approx(grads.shared, rel=2e-4)
 
@@ -259,12 +270,7 @@ def test_per_expert_names(tmp_path: Path, prefix: str) -> None:
     for layer in range(2):
         base = f"{prefix}model.layers.{layer}.block_sparse_moe."
         want = [
-            math.sqrt(
-                sum(
-                    float(grads[f"{base}experts.{e}.{w}.weight"].pow(2).sum())
-                    for w in ("w1", "w3", "w2")
-                )
-            )
+            math.sqrt(sum(float(grads[f"{base}experts.{e}.{w}.weight"].pow(2).sum()) for w in ("w1", "w3", "w2")))
             for e in range(3)
         ]
         assert record["expert_grad_norms"][str(layer)] == pytest.approx(want, rel=1e-12)
@@ -298,10 +304,7 @@ def test_layer_weights_of_our_training_loop(tmp_path: Path) -> None:
     check_spec_format(record, [0, 1], 4)
     assert record["loss"] == pytest.approx(float(ce.detach()))
     for lw in model.layers:
-        want = [
-            math.sqrt(sum(float(t.grad.double().pow(2).sum()) for t in w.values()))
-            for w in lw.experts
-        ]
+        want = [math.sqrt(sum(float(t.grad.double().pow(2).sum()) for t in w.values())) for w in lw.experts]
         assert record["expert_grad_norms"][str(lw.layer)] == pytest.approx(want, rel=1e-12)
 
 
@@ -384,9 +387,11 @@ def test_large_tensors_chunked_norms_are_float64_accurate(tmp_path: Path) -> Non
     E, rows, cols = 3, 301, 257  # rows·cols = 77357 ≥ SMALL, not a multiple of CHUNK
     assert rows * cols >= SMALL and (rows * cols) % CHUNK
     named = []
-    for name, shape, dtype in [("model.layers.0.mlp.experts.gate_up_proj", (E, rows, cols), torch.float32),
-                               ("model.layers.0.mlp.experts.down_proj", (E, cols, rows), torch.bfloat16),
-                               ("model.layers.0.mlp.gate.weight", (E, SMALL + 5), torch.float32)]:
+    for name, shape, dtype in [
+        ("model.layers.0.mlp.experts.gate_up_proj", (E, rows, cols), torch.float32),
+        ("model.layers.0.mlp.experts.down_proj", (E, cols, rows), torch.bfloat16),
+        ("model.layers.0.mlp.gate.weight", (E, SMALL + 5), torch.float32),
+    ]:
         t = torch.zeros(shape, dtype=dtype, requires_grad=True)
         t.grad = (torch.randn(shape, generator=gen) * 3 + 0.5).to(dtype)
         named.append((name, t))

@@ -31,8 +31,9 @@ CAP = {"forward": {"sync": 2, "d2h": 2}, "backward": {"sync": 2, "d2h": 2}, "hea
 
 
 def _probe() -> canary_mod.Canary:
-    tokens = torch.randint(0, tiny_families.VOCAB, (4, 16), generator=torch.Generator().manual_seed(5),
-                           dtype=torch.int32)
+    tokens = torch.randint(
+        0, tiny_families.VOCAB, (4, 16), generator=torch.Generator().manual_seed(5), dtype=torch.int32
+    )
     return canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose"))
 
 
@@ -111,8 +112,6 @@ if __name__ == "__main__":  # pragma: no cover
         _table(sys.argv[1:] or list(tiny_families.ALL), Path(tmp))
 
 
-
-
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "gpt_oss", "llama4_text"])
 def test_pair_receipts_sync_four_times_a_layer(family: str, tmp_path: Path) -> None:
     """Tokens per expert of each checkpoint's sweep (2), the per-token drift values (1), the
@@ -129,6 +128,13 @@ def test_pair_receipts_sync_four_times_a_layer(family: str, tmp_path: Path) -> N
     lw0, lw1 = (ckpt.layer_weights(layer, lazy_experts=True) for _ in range(2))
     meter = Meter()
     with metering(meter):
-        pair_layer(ckpt.spec, lw0, lw1, obs.states[layer], obs.states[layer],
-                   bootstrap_for(Policy().receipts, 4, layer), device=STANDIN)
+        pair_layer(
+            ckpt.spec,
+            lw0,
+            lw1,
+            obs.states[layer],
+            obs.states[layer],
+            bootstrap_for(Policy().receipts, 4, layer),
+            device=STANDIN,
+        )
     assert meter.counts["setup"]["sync"] == 4, dict(meter.counts["setup"])

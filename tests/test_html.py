@@ -35,9 +35,18 @@ FIXTURE = Path(__file__).parent / "fixtures" / "statement_example.json"
 GOLDEN = Path(__file__).parent / "fixtures" / "certificate_example.html"
 KEYID = "3f1c0e5a9b2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e"
 ENVELOPE_SHA = "9c2e4a6b8d0f1e3c5a7b9d1f3e5c7a9b1d3f5e7c9a1b3d5f7e9c1a3b5d7f9e1c"
-HEADINGS = ("Checks", "Gate progression", "Per-layer C2", "Loss and C2 over steps",
-            "Gradient-variance envelope", "Expert occupancy", "Domain routing", "Claims",
-            "How to verify this certificate", "What this certificate proves — and what it does not")
+HEADINGS = (
+    "Checks",
+    "Gate progression",
+    "Per-layer C2",
+    "Loss and C2 over steps",
+    "Gradient-variance envelope",
+    "Expert occupancy",
+    "Domain routing",
+    "Claims",
+    "How to verify this certificate",
+    "What this certificate proves — and what it does not",
+)
 AMBER = (245, 166, 35)  # --amber in templates/verdict.css: the INCONCLUSIVE band
 
 
@@ -79,8 +88,7 @@ def test_golden_page(statement: dict[str, Any]) -> None:
 def test_minimal_statement_renders(verdict: str) -> None:
     """Only what SPEC §9 requires (verdict, gates): every section says what is missing."""
     gates = [{"step": 0, "status": "BASELINE"}, {"step": 10, "status": "GREEN"}]
-    stmt = {"_type": "t", "subject": [], "predicateType": "p",
-            "predicate": {"verdict": verdict, "gates": gates}}
+    stmt = {"_type": "t", "subject": [], "predicateType": "p", "predicate": {"verdict": verdict, "gates": gates}}
     html = render(stmt)
     assert f'class="verdict verdict-{verdict.lower()}"' in html
     assert "— not evaluated: no envelope series" in html and "— no per-layer receipts" in html
@@ -89,9 +97,8 @@ def test_minimal_statement_renders(verdict: str) -> None:
 def test_self_contained_and_complete(statement: dict[str, Any]) -> None:
     html = render(statement)
     assert "<script" not in html.lower()
-    assert not re.search(r"https?://", html.replace(statement["_type"], "").replace(
-        statement["predicateType"], ""))
-    assert "href=\"http" not in html and " src=" not in html and "url(" not in html
+    assert not re.search(r"https?://", html.replace(statement["_type"], "").replace(statement["predicateType"], ""))
+    assert 'href="http' not in html and " src=" not in html and "url(" not in html
     assert "default-src 'none'" in html and "@media print" in html
     assert "NaN" not in html and "Infinity" not in html
     for heading in HEADINGS:
@@ -113,8 +120,9 @@ def test_text_is_escaped(statement: dict[str, Any]) -> None:
     stmt["subject"][1]["name"] = evil
     stmt["predicate"]["run"]["name"] = evil
     stmt["predicate"]["heatmaps"]["domains"]["names"][0] = "<i>web</i>"
-    stmt["predicate"]["heatmaps"]["domains"]["layers"]["0"]["<i>web</i>"] = \
-        stmt["predicate"]["heatmaps"]["domains"]["layers"]["0"]["web"]
+    stmt["predicate"]["heatmaps"]["domains"]["layers"]["0"]["<i>web</i>"] = stmt["predicate"]["heatmaps"]["domains"][
+        "layers"
+    ]["0"]["web"]
     html = render(stmt)
     assert "<b>" not in html and "<i>" not in html
     assert "&lt;b&gt;ckpt&lt;/b&gt;" in html and "&lt;i&gt;web&lt;/i&gt;" in html
@@ -124,8 +132,7 @@ def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
     stmt = copy.deepcopy(statement)
     p = stmt["predicate"]
     p["gates"][0]["receipts"]["c2_mean"] = None
-    p["envelope"]["series"]["pooled"][3].update(value=None, margin=None, compliant=False,
-                                                reason="value is non-finite")
+    p["envelope"]["series"]["pooled"][3].update(value=None, margin=None, compliant=False, reason="value is non-finite")
     p["margins"]["refinement"] = None
     html = render(stmt)
     assert "pooled at step 300: — (value is non-finite)" in html
@@ -138,9 +145,11 @@ def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
 
 
 def test_envelope_chart_marks_samples_outside_the_bound() -> None:
-    samples = [{"step": 0, "value": 1e-3, "bound": 1.2e-3, "compliant": True, "window": 0},
-               {"step": 100, "value": 5e-4, "bound": 3e-4, "compliant": False, "window": 0},
-               {"step": 200, "value": 1e-5, "bound": 2e-4, "compliant": True, "window": 0}]
+    samples = [
+        {"step": 0, "value": 1e-3, "bound": 1.2e-3, "compliant": True, "window": 0},
+        {"step": 100, "value": 5e-4, "bound": 3e-4, "compliant": False, "window": 0},
+        {"step": 200, "value": 1e-5, "bound": 2e-4, "compliant": True, "window": 0},
+    ]
     svg = str(charts.envelope_chart(samples, [], 2e-4, "test"))
     assert svg.count(f'stroke="{charts.BAD}"') == 2  # the marked sample and its legend entry
     assert "10⁻⁵" in svg and "10⁻³" in svg  # log axis: the values span two decades
@@ -154,12 +163,25 @@ def chromium_binary() -> str | None:
     return found or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--hide-scrollbars", "--mute-audio", "--force-color-profile=srgb",
-         # belt and braces: a request that did slip out could not reach anything
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
-         "--proxy-bypass-list=<-loopback>", "--window-size=1280,2000")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--force-color-profile=srgb",
+    # belt and braces: a request that did slip out could not reach anything
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
+    "--window-size=1280,2000",
+)
 
 
 class DevTools:
@@ -179,10 +201,14 @@ class DevTools:
             os.dup2(b, 4)
 
         self.stderr = (workdir / "chromium.log").open("wb")
-        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={workdir / 'profile'}",
-                                      "--remote-debugging-pipe", "about:blank"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self.stderr, close_fds=False, preexec_fn=wire)
+        self.proc = subprocess.Popen(
+            [binary, *FLAGS, f"--user-data-dir={workdir / 'profile'}", "--remote-debugging-pipe", "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            close_fds=False,
+            preexec_fn=wire,
+        )
         os.close(to_child)
         os.close(from_child)
         self._buffer = b""
@@ -230,8 +256,9 @@ class DevTools:
         session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Network", "Runtime", "Log"):
             self.send(f"{domain}.enable", session)
-        self.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=2000,
-                  deviceScaleFactor=1, mobile=False)
+        self.send(
+            "Emulation.setDeviceMetricsOverride", session, width=1280, height=2000, deviceScaleFactor=1, mobile=False
+        )
         self.events.clear()
         self.send("Page.navigate", session, url=url)
         self.wait_for("Page.loadEventFired")
@@ -253,8 +280,7 @@ class DevTools:
 
 
 def requests_and_errors(events: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    urls = [e["params"]["request"]["url"] for e in events
-            if e.get("method") == "Network.requestWillBeSent"]
+    urls = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
     errors = []
     for e in events:
         m, p = e.get("method"), e.get("params", {})
@@ -279,8 +305,7 @@ PAGE_FACTS = """JSON.stringify((() => {
 })())"""
 
 
-def browse(html_path: Path, workdir: Path, screenshot: Path, *,
-           full_page: bool = False) -> dict[str, Any]:
+def browse(html_path: Path, workdir: Path, screenshot: Path, *, full_page: bool = False) -> dict[str, Any]:
     """Load the page and a control page in one Chromium; return what the browser saw."""
     binary = chromium_binary()
     assert binary is not None
@@ -290,26 +315,42 @@ def browse(html_path: Path, workdir: Path, screenshot: Path, *,
         url = html_path.resolve().as_uri()
         session = tools.open(url)
         urls, errors = requests_and_errors(tools.events)
-        facts = json.loads(tools.send("Runtime.evaluate", session, expression=PAGE_FACTS,
-                                      returnByValue=True)["result"]["value"])
+        facts = json.loads(
+            tools.send("Runtime.evaluate", session, expression=PAGE_FACTS, returnByValue=True)["result"]["value"]
+        )
         height = facts["height"] if full_page else 2000
-        shot = tools.send("Page.captureScreenshot", session, format="png",
-                          captureBeyondViewport=full_page,
-                          clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1})
+        shot = tools.send(
+            "Page.captureScreenshot",
+            session,
+            format="png",
+            captureBeyondViewport=full_page,
+            clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
+        )
         screenshot.write_bytes(base64.b64decode(shot["data"]))
-        small = tools.send("Page.captureScreenshot", session, format="png",
-                           clip={"x": 0, "y": 0, "width": 1280, "height": 2000, "scale": 0.25})
+        small = tools.send(
+            "Page.captureScreenshot",
+            session,
+            format="png",
+            clip={"x": 0, "y": 0, "width": 1280, "height": 2000, "scale": 0.25},
+        )
         pdf = tools.send("Page.printToPDF", session, printBackground=True)["data"]
         control = workdir / "control.html"
-        control.write_text('<!DOCTYPE html><img src="http://example.invalid/pixel.png">'
-                           '<script>console.error("control")</script>')
+        control.write_text(
+            '<!DOCTYPE html><img src="http://example.invalid/pixel.png"><script>console.error("control")</script>'
+        )
         tools.open(control.as_uri())
         control_urls, control_errors = requests_and_errors(tools.events)
     finally:
         tools.close()
-    return {"url": url, "requests": urls, "errors": errors, "facts": facts,
-            "small_png": base64.b64decode(small["data"]), "pdf": base64.b64decode(pdf),
-            "control": (control_urls, control_errors)}
+    return {
+        "url": url,
+        "requests": urls,
+        "errors": errors,
+        "facts": facts,
+        "small_png": base64.b64decode(small["data"]),
+        "pdf": base64.b64decode(pdf),
+        "control": (control_urls, control_errors),
+    }
 
 
 def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
@@ -317,8 +358,8 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, [], None
     while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
         pos += 12 + n
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
@@ -331,7 +372,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     raw, stride, prev, rows = zlib.decompress(b"".join(idat)), w * bpp, bytearray(w * bpp), []
     for y in range(h):
         start = y * (stride + 1)
-        line = unfilter(raw[start], bytearray(raw[start + 1:start + 1 + stride]), prev, bpp)
+        line = unfilter(raw[start], bytearray(raw[start + 1 : start + 1 + stride]), prev, bpp)
         rows.append(bytes(line) if bpp == 3 else bytes(v for i, v in enumerate(line) if i % 4 < 3))
         prev = line
     return w, h, rows
@@ -357,13 +398,12 @@ def unfilter(kind: int, line: bytearray, prev: bytearray, bpp: int) -> bytearray
 def pixels(rows: list[bytes], x0: int, y0: int, x1: int, y1: int) -> Counter[tuple[int, int, int]]:
     found: Counter[tuple[int, int, int]] = Counter()
     for row in rows[y0:y1]:
-        found.update(tuple(row[3 * x:3 * x + 3]) for x in range(x0, x1))  # type: ignore[misc]
+        found.update(tuple(row[3 * x : 3 * x + 3]) for x in range(x0, x1))  # type: ignore[misc]
     return found
 
 
 @pytest.mark.skipif(chromium_binary() is None, reason="no chromium (apt-get install chromium)")
-def test_chromium_loads_offline_cleanly_and_shows_the_verdict(statement: dict[str, Any],
-                                                              tmp_path: Path) -> None:
+def test_chromium_loads_offline_cleanly_and_shows_the_verdict(statement: dict[str, Any], tmp_path: Path) -> None:
     page = tmp_path / "certificate.html"
     page.write_text(render(statement), encoding="utf-8")
     seen = browse(page, tmp_path / "chromium", tmp_path / "certificate.png")
@@ -424,8 +464,9 @@ EXPORT_FACTS = """JSON.stringify((() => {
 
 
 @pytest.mark.skipif(chromium_binary() is None, reason="no chromium (apt-get install chromium)")
-def test_chromium_renders_the_export_page_with_its_verdict_and_charts(statement: dict[str, Any],
-                                                                    tmp_path: Path) -> None:
+def test_chromium_renders_the_export_page_with_its_verdict_and_charts(
+    statement: dict[str, Any], tmp_path: Path
+) -> None:
     """Issue 16 item 6: the compliance export, as a browser shows it: verdict badge in colour,
     the backing charts laid out, nothing fetched, no script."""
     from moeaudit.report.export import export, to_html
@@ -439,8 +480,9 @@ def test_chromium_renders_the_export_page_with_its_verdict_and_charts(statement:
         url = page.resolve().as_uri()
         session = tools.open(url)
         urls, errors = requests_and_errors(tools.events)
-        facts = json.loads(tools.send("Runtime.evaluate", session, expression=EXPORT_FACTS,
-                                      returnByValue=True)["result"]["value"])
+        facts = json.loads(
+            tools.send("Runtime.evaluate", session, expression=EXPORT_FACTS, returnByValue=True)["result"]["value"]
+        )
     finally:
         tools.close()
     assert urls == [url] and errors == []

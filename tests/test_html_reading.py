@@ -48,14 +48,25 @@ def red_run(stmt: dict[str, Any]) -> dict[str, Any]:
     for e in last["receipts"]["per_layer"]:
         if e["layer"] == 2:
             e["c2"] = 0.010
-    last["structural"] = {**last.get("structural", {}), "c2_ok": False, "ok": False,
-                          "c2_tolerance": {"1": 0.02, "2": 0.037}, "c2_fallen_layers": [2]}
-    problems = [f"checkpoint-{s_}: layer {i}: H_norm 0.41 (floor 0.6)" for s_ in (2000, 2500)
-                for i in range(28)][:55]
+    last["structural"] = {
+        **last.get("structural", {}),
+        "c2_ok": False,
+        "ok": False,
+        "c2_tolerance": {"1": 0.02, "2": 0.037},
+        "c2_fallen_layers": [2],
+    }
+    problems = [f"checkpoint-{s_}: layer {i}: H_norm 0.41 (floor 0.6)" for s_ in (2000, 2500) for i in range(28)][:55]
     last["health"] = {"ok": False, "problems": problems[28:]}
-    p["checks"].insert(0, {"name": "health", "evaluated": True, "status": "FAIL",
-                           "reason": "below an absolute health floor — " + "; ".join(problems[:4])
-                           + " (and 51 more)", "problems": problems})
+    p["checks"].insert(
+        0,
+        {
+            "name": "health",
+            "evaluated": True,
+            "status": "FAIL",
+            "reason": "below an absolute health floor — " + "; ".join(problems[:4]) + " (and 51 more)",
+            "problems": problems,
+        },
+    )
     last["claims"]["licensed"].append("expert usage is below an absolute health floor: a; b; c (and 24 more)")
     return s
 
@@ -154,8 +165,9 @@ def test_by_design_surprises_are_explained_where_they_show(statement: dict[str, 
 
 def test_an_abandoned_checkpoint_is_named(statement: dict[str, Any]) -> None:
     s = copy.deepcopy(statement)
-    s["predicate"]["run"]["abandoned"] = [{"name": "checkpoint-2500", "step": 2500, "resume_step": 1500,
-                                           "reason": "saved above the resume at step 1500"}]
+    s["predicate"]["run"]["abandoned"] = [
+        {"name": "checkpoint-2500", "step": 2500, "resume_step": 1500, "reason": "saved above the resume at step 1500"}
+    ]
     html = render(s)
     assert "<strong>Abandoned checkpoints</strong>" in html and "checkpoint-2500 (saved above the resume" in html
     assert "abandoned: left from a branch a resume abandoned" in html.split('<section id="gates">')[1]
@@ -197,8 +209,9 @@ def test_chromium_shows_the_reading(statement: dict[str, Any], tmp_path: Path) -
         url = page.resolve().as_uri()
         session = tools.open(url)
         urls, errors = requests_and_errors(tools.events)
-        facts = json.loads(tools.send("Runtime.evaluate", session, expression=READING_FACTS,
-                                      returnByValue=True)["result"]["value"])
+        facts = json.loads(
+            tools.send("Runtime.evaluate", session, expression=READING_FACTS, returnByValue=True)["result"]["value"]
+        )
     finally:
         tools.close()
     assert urls == [url] and errors == [] and facts["scripts"] == 0

@@ -76,26 +76,32 @@ def test_offloaded_inputs_give_the_same_receipts(family: str, tmp_path: Path, mo
 
     monkeypatch.setattr(engine, "StoredInputs", Spy)
     box: dict[str, Any] = {}
-    meter = measure(ckpt, lambda tick: box.setdefault("doc", run_state(
-        ckpt, probe, Policy(), progress=tick, device=str(STANDIN))[0]))
+    meter = measure(
+        ckpt,
+        lambda tick: box.setdefault("doc", run_state(ckpt, probe, Policy(), progress=tick, device=str(STANDIN))[0]),
+    )
     assert made[0].offloaded == list(range(L - 1))
     monkeypatch.delenv(ENV)
     default = run_state(ckpt, probe, Policy())[0]
     strip = {"environment"}
-    assert json.dumps({k: v for k, v in box["doc"].items() if k not in strip}) == \
-        json.dumps({k: v for k, v in default.items() if k not in strip})
+    assert json.dumps({k: v for k, v in box["doc"].items() if k not in strip}) == json.dumps(
+        {k: v for k, v in default.items() if k not in strip}
+    )
     plain = measure(ckpt, lambda tick: run_state(ckpt, probe, Policy(), progress=tick, device=str(STANDIN)))
     for i in range(L):
         out = meter.counts[f"forward {i}"]["d2h_bytes"] - plain.counts[f"forward {i}"]["d2h_bytes"]
         assert out == (input_bytes if i < L - 1 else 0), i
         assert meter.counts[f"forward {i}"]["sync"] == plain.counts[f"forward {i}"]["sync"]  # queued
-    back = sum(meter.counts[f"backward {i}"]["h2d_bytes"] - plain.counts[f"backward {i}"]["h2d_bytes"]
-               for i in range(L))
+    back = sum(
+        meter.counts[f"backward {i}"]["h2d_bytes"] - plain.counts[f"backward {i}"]["h2d_bytes"] for i in range(L)
+    )
     assert back == (L - 1) * input_bytes  # each once, however the layers are bucketed
 
 
-@pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("12GB", 12e9), ("512MiB", 512 * 2**20),
-                                             ("1.5e9", 1.5e9), ("inf", math.inf), (" 3 kb ", 3000.0)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("0", 0.0), ("12GB", 12e9), ("512MiB", 512 * 2**20), ("1.5e9", 1.5e9), ("inf", math.inf), (" 3 kb ", 3000.0)],
+)
 def test_budget_settings(text: str, value: float) -> None:
     assert parse_budget(text) == value
 
@@ -108,8 +114,9 @@ def test_a_bad_budget_is_one_clear_usage_error(text: str) -> None:
 
 def test_the_default_budget_is_half_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(offload.torch.cuda, "get_device_properties",
-                        lambda dev: SimpleNamespace(total_memory=80 * 10**9))
+    monkeypatch.setattr(
+        offload.torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=80 * 10**9)
+    )
     assert input_budget("cuda:0") == 40e9
     assert input_budget(STANDIN) == math.inf and input_budget(None) == math.inf
     monkeypatch.setenv(ENV, "24GB")

@@ -33,8 +33,9 @@ REL = 2e-3  # the replay oracle's gradient-norm tolerance (issue 15.1)
 
 def _canary() -> Canary:
     rng = np.random.default_rng(1)
-    return Canary(rng.integers(0, VOCAB, (8, 16)).astype("int32"),
-                  np.array([0, 0, 0, 0, 1, 1, 1, 1], "int32"), ("code", "prose"))
+    return Canary(
+        rng.integers(0, VOCAB, (8, 16)).astype("int32"), np.array([0, 0, 0, 0, 1, 1, 1, 1], "int32"), ("code", "prose")
+    )
 
 
 def _tokens() -> torch.Tensor:
@@ -51,8 +52,10 @@ def _step1(model: torch.nn.Module, batch: torch.Tensor) -> tuple[float, dict[str
     norms = {}
     for i, layer in enumerate(model.model.layers):
         gate_up, down = layer.mlp.experts.gate_up_proj.grad, layer.mlp.experts.down_proj.grad
-        norms[str(i)] = [math.sqrt(float(gate_up[e].double().pow(2).sum() + down[e].double().pow(2).sum()))
-                         for e in range(gate_up.shape[0])]
+        norms[str(i)] = [
+            math.sqrt(float(gate_up[e].double().pow(2).sum() + down[e].double().pow(2).sum()))
+            for e in range(gate_up.shape[0])
+        ]
     total = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None))
     return float(loss), norms, total
 
@@ -72,8 +75,20 @@ def _certify_and_check(run: Path, canary: Canary, tmp_path: Path) -> None:
     key = tmp_path / "key"
     assert runner.invoke(cli, ["keygen", "--out", str(key)]).exit_code == 0
     out = tmp_path / "cert"
-    result = runner.invoke(cli, ["certify", str(run), "--canary", str(run / "canary.safetensors"),
-                                 "--key", str(key), "--out", str(out), "--no-cache"])
+    result = runner.invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--canary",
+            str(run / "canary.safetensors"),
+            "--key",
+            str(key),
+            "--out",
+            str(out),
+            "--no-cache",
+        ],
+    )
     assert result.exit_code == 0, result.output  # a certificate was written (SPEC §10)
     receipts = {s: json.loads((out / "receipts" / f"checkpoint-{s}.json").read_text()) for s in (3, 6)}
     assert all(r["canary"]["digest"]["sha256"] == canary.digest for r in receipts.values())
@@ -86,8 +101,11 @@ def _certify_and_check(run: Path, canary: Canary, tmp_path: Path) -> None:
     pooled = envelope["series"]["pooled"]
     assert pooled, "the envelope has no samples"
     for sample in pooled:  # each V is the variance of the logged norms of that step
-        g = [x for layer in sorted(logged[sample["step"]]["expert_grad_norms"], key=int)
-             for x in logged[sample["step"]]["expert_grad_norms"][layer]]
+        g = [
+            x
+            for layer in sorted(logged[sample["step"]]["expert_grad_norms"], key=int)
+            for x in logged[sample["step"]]["expert_grad_norms"][layer]
+        ]
         assert math.isclose(sample["value"], var_grad(g), rel_tol=1e-9)
         assert math.isfinite(sample["bound"])
 
@@ -114,11 +132,20 @@ def test_transformers_trainer_run_is_certified(tmp_path: Path) -> None:
     loss1, norms1, total1 = _step1(model, tokens[:BATCH])
     data = [{"input_ids": row, "labels": row} for row in tokens]
     args = transformers.TrainingArguments(
-        output_dir=str(run), max_steps=STEPS, save_steps=SAVE, per_device_train_batch_size=BATCH,
-        learning_rate=3e-3, max_grad_norm=1.0, train_sampling_strategy="sequential", report_to=[],
-        use_cpu=True, disable_tqdm=True, logging_steps=1, save_only_model=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[MoeauditCallback(canary)])
+        output_dir=str(run),
+        max_steps=STEPS,
+        save_steps=SAVE,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        max_grad_norm=1.0,
+        train_sampling_strategy="sequential",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=1,
+        save_only_model=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[MoeauditCallback(canary)])
     trainer.train()
 
     first = _lines(run / "metrics.jsonl")[0]
@@ -151,13 +178,26 @@ def test_lightning_run_is_certified(tmp_path: Path) -> None:
     run, canary, tokens = tmp_path / "run", _canary(), _tokens()
     model = tiny_model("mixtral")
     loss1, norms1, total1 = _step1(model, tokens[:BATCH])
-    trainer = L.Trainer(max_steps=STEPS, default_root_dir=str(run), accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        gradient_clip_val=1.0, callbacks=[MoeauditCallback(canary, save_every=SAVE)])
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        default_root_dir=str(run),
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        callbacks=[MoeauditCallback(canary, save_every=SAVE)],
+    )
     trainer.fit(Module(model), torch.utils.data.DataLoader(tokens, batch_size=BATCH))
 
     assert sorted(p.name for p in run.iterdir()) == [
-        "canary.safetensors", "canary_probe.jsonl", "checkpoint-3", "checkpoint-6", "metrics.jsonl"]
+        "canary.safetensors",
+        "canary_probe.jsonl",
+        "checkpoint-3",
+        "checkpoint-6",
+        "metrics.jsonl",
+    ]
     first = _lines(run / "metrics.jsonl")[0]
     assert first["step"] == 1 and math.isclose(first["loss"], loss1, rel_tol=1e-5)
     # Lightning calls on_before_optimizer_step before clipping: the unclipped norms
@@ -208,16 +248,27 @@ def test_transformers_resume_keeps_one_line_per_step(tmp_path: Path) -> None:
 
     def train(resume: bool) -> None:
         args = transformers.TrainingArguments(
-            output_dir=str(run), max_steps=STEPS, save_steps=SAVE, per_device_train_batch_size=BATCH,
-            learning_rate=3e-3, train_sampling_strategy="sequential", report_to=[], use_cpu=True,
-            disable_tqdm=True, logging_steps=1)
+            output_dir=str(run),
+            max_steps=STEPS,
+            save_steps=SAVE,
+            per_device_train_batch_size=BATCH,
+            learning_rate=3e-3,
+            train_sampling_strategy="sequential",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            logging_steps=1,
+        )
         # transformers 5.24's Trainer resume does not map Mixtral's saved per-expert names back to
         # its fused experts (the resumed loss differs from checkpoint-3's): start from_pretrained
-        model = (transformers.AutoModelForCausalLM.from_pretrained(run / "checkpoint-3", dtype=torch.float32,
-                                                                   attn_implementation="eager")
-                 if resume else tiny_model("mixtral"))
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                       callbacks=[MoeauditCallback(canary)])
+        model = (
+            transformers.AutoModelForCausalLM.from_pretrained(
+                run / "checkpoint-3", dtype=torch.float32, attn_implementation="eager"
+            )
+            if resume
+            else tiny_model("mixtral")
+        )
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[MoeauditCallback(canary)])
         trainer.train(resume_from_checkpoint=str(run / "checkpoint-3") if resume else None)
 
     train(resume=False)
@@ -242,11 +293,24 @@ def test_transformers_gradient_accumulation_logs_the_whole_step(tmp_path: Path) 
     model = tiny_model("mixtral")
     loss1, norms1, total1 = _step1(model, tokens[:BATCH])
     args = transformers.TrainingArguments(
-        output_dir=str(run), max_steps=2, per_device_train_batch_size=BATCH // 2,
-        gradient_accumulation_steps=2, learning_rate=3e-3, max_grad_norm=1.0, report_to=[],
-        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, save_strategy="no")
-    trainer = transformers.Trainer(model=model, args=args, callbacks=[MoeauditCallback()],
-                                   train_dataset=[{"input_ids": r, "labels": r} for r in tokens])
+        output_dir=str(run),
+        max_steps=2,
+        per_device_train_batch_size=BATCH // 2,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-3,
+        max_grad_norm=1.0,
+        report_to=[],
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        callbacks=[MoeauditCallback()],
+        train_dataset=[{"input_ids": r, "labels": r} for r in tokens],
+    )
     trainer.train()
     lines = _lines(run / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2]

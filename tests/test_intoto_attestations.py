@@ -48,8 +48,7 @@ def _open_envelope(path: Path, pub: Path) -> dict[str, Any]:
     from securesystemslib.signer import SSlibKey
 
     raw = json.loads(path.read_bytes())
-    key = SSlibKey.from_crypto(serialization.load_pem_public_key(pub.read_bytes()),
-                               keyid=raw["signatures"][0]["keyid"])
+    key = SSlibKey.from_crypto(serialization.load_pem_public_key(pub.read_bytes()), keyid=raw["signatures"][0]["keyid"])
     env = Envelope.from_dict(raw)
     env.verify([key], 1)  # raises VerificationError unless the signature over the PAE holds
     assert env.payload_type == "application/vnd.in-toto+json"
@@ -74,24 +73,44 @@ def _svr_class() -> Any:
     del any_pb2, timestamp_pb2, resource_descriptor_pb2  # imported for their registration
     f = descriptor_pb2.FieldDescriptorProto
     fdp = descriptor_pb2.FileDescriptorProto(
-        name="in_toto_attestation/predicates/svr/v0.1/svr.proto", syntax="proto3",
+        name="in_toto_attestation/predicates/svr/v0.1/svr.proto",
+        syntax="proto3",
         package="in_toto_attestation.predicates.svr.v0_1",
-        dependency=["google/protobuf/timestamp.proto", "google/protobuf/any.proto"])
+        dependency=["google/protobuf/timestamp.proto", "google/protobuf/any.proto"],
+    )
     msg = fdp.message_type.add(name="SimpleVerificationResult")
     verifier = msg.nested_type.add(name="Verifier")
     verifier.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL, json_name="id")
-    verifier.field.add(name="policy", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL,
-                       type_name=".google.protobuf.Any", json_name="policy")
-    msg.field.add(name="verifier", number=1, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL, json_name="verifier",
-                  type_name=".in_toto_attestation.predicates.svr.v0_1.SimpleVerificationResult.Verifier")
-    msg.field.add(name="time_created", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL,
-                  type_name=".google.protobuf.Timestamp", json_name="timeCreated")
-    msg.field.add(name="properties", number=3, type=f.TYPE_STRING, label=f.LABEL_REPEATED,
-                  json_name="properties")
+    verifier.field.add(
+        name="policy",
+        number=2,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        type_name=".google.protobuf.Any",
+        json_name="policy",
+    )
+    msg.field.add(
+        name="verifier",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        json_name="verifier",
+        type_name=".in_toto_attestation.predicates.svr.v0_1.SimpleVerificationResult.Verifier",
+    )
+    msg.field.add(
+        name="time_created",
+        number=2,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        type_name=".google.protobuf.Timestamp",
+        json_name="timeCreated",
+    )
+    msg.field.add(name="properties", number=3, type=f.TYPE_STRING, label=f.LABEL_REPEATED, json_name="properties")
     pool = descriptor_pool.Default()
     pool.AddSerializedFile(fdp.SerializeToString())
     return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("in_toto_attestation.predicates.svr.v0_1.SimpleVerificationResult"))
+        pool.FindMessageTypeByName("in_toto_attestation.predicates.svr.v0_1.SimpleVerificationResult")
+    )
 
 
 def test_the_svr_message_is_in_totos() -> None:
@@ -99,8 +118,11 @@ def test_the_svr_message_is_in_totos() -> None:
     text = SVR_PROTO.read_text()
     declared = set(re.findall(r"^\s*(?:optional |repeated )?([\w.]+) (\w+) = (\d+)", text, re.M))
     desc = _svr_class().DESCRIPTOR
-    built = {(f.message_type.full_name if f.message_type else "string", f.name, str(f.number))
-             for d in (desc, desc.nested_types_by_name["Verifier"]) for f in d.fields}
+    built = {
+        (f.message_type.full_name if f.message_type else "string", f.name, str(f.number))
+        for d in (desc, desc.nested_types_by_name["Verifier"])
+        for f in d.fields
+    }
     upstream = {({"Verifier": desc.full_name + ".Verifier"}.get(t, t), n, num) for t, n, num in declared}
     assert built == upstream
 
@@ -131,14 +153,27 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 
 def _gate(tmp_path: Path, cache_dir: Path, key: Path, base: Path, candidate: Path, *extra: str) -> Any:
     env = {"MOEAUDIT_CACHE_DIR": str(cache_dir), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    return CliRunner(env=env).invoke(cli, ["gate", str(base), str(candidate), "--key", str(key),
-                                           "--attest-test-result", str(tmp_path / "tr.json"),
-                                           "--json", str(tmp_path / "gate.json"), *extra])
+    return CliRunner(env=env).invoke(
+        cli,
+        [
+            "gate",
+            str(base),
+            str(candidate),
+            "--key",
+            str(key),
+            "--attest-test-result",
+            str(tmp_path / "tr.json"),
+            "--json",
+            str(tmp_path / "gate.json"),
+            *extra,
+        ],
+    )
 
 
 @needs_samples
 def test_a_promotion_is_a_passed_test_result_over_the_candidates_root_digest(
-        tmp_path: Path, samples_cache: Path, keypair: tuple[Path, Path]) -> None:
+    tmp_path: Path, samples_cache: Path, keypair: tuple[Path, Path]
+) -> None:
     from in_toto_attestation.predicates.test_result.v0 import test_result_pb2
     from securesystemslib.exceptions import VerificationError
 
@@ -153,8 +188,9 @@ def test_a_promotion_is_a_passed_test_result_over_the_candidates_root_digest(
     stmt = _open_envelope(tmp_path / "tr.json", pub)
     _schema_valid("test-result-v0.1.statement.schema.json", stmt)
     assert stmt["predicateType"] == TEST_RESULT
-    assert stmt["subject"] == [{"name": "checkpoint-1500",
-                                "digest": {"sha256": _model_signing_root(run / "checkpoint-1500")}}]
+    assert stmt["subject"] == [
+        {"name": "checkpoint-1500", "digest": {"sha256": _model_signing_root(run / "checkpoint-1500")}}
+    ]
     pred = _parse(test_result_pb2.TestResult(), stmt["predicate"])
     by = {s: [c["name"] for c in decision["conditions"] if c["status"] == s] for s in ("pass", "fail")}
     assert pred.result == "PASSED"
@@ -199,8 +235,9 @@ def test_gate_attestation_options_are_checked_before_any_work(tmp_path: Path, ke
     lone_key = CliRunner().invoke(cli, ["gate", str(ckpt), str(ckpt), "--key", str(key)])
     assert lone_key.exit_code == 2 and "--attest-test-result" in lone_key.stderr
     (tmp_path / "taken.json").write_text("{}")
-    taken = CliRunner().invoke(cli, ["gate", str(ckpt), str(ckpt), "--key", str(key),
-                                     "--attest-test-result", str(tmp_path / "taken.json")])
+    taken = CliRunner().invoke(
+        cli, ["gate", str(ckpt), str(ckpt), "--key", str(key), "--attest-test-result", str(tmp_path / "taken.json")]
+    )
     assert taken.exit_code == 4 and (tmp_path / "taken.json").read_text() == "{}"
 
 
@@ -216,16 +253,29 @@ def certified(tmp_path: Path, samples_cache: Path, keypair: tuple[Path, Path]) -
     for step in (1250, 1500):
         shutil.copytree(SAMPLES / "healthy" / f"checkpoint-{step}", run / f"checkpoint-{step}")
     result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(samples_cache)}).invoke(
-        cli, ["certify", str(run), "--out", str(tmp_path / "out"), "--key", str(key),
-              "--canary", str(SAMPLES / "canary.safetensors"), "--policy", str(SAMPLES / "policy.toml")])
+        cli,
+        [
+            "certify",
+            str(run),
+            "--out",
+            str(tmp_path / "out"),
+            "--key",
+            str(key),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     return tmp_path / "out" / "certificate.json", pub
 
 
 @needs_samples
 @pytest.mark.parametrize("cert_name", ["certificate.json", "certificate.sigstore.json"])
-def test_verify_writes_a_simple_verification_result(tmp_path: Path, certified: tuple[Path, Path],
-                                                    keypair: tuple[Path, Path], cert_name: str) -> None:
+def test_verify_writes_a_simple_verification_result(
+    tmp_path: Path, certified: tuple[Path, Path], keypair: tuple[Path, Path], cert_name: str
+) -> None:
     from in_toto_attestation.v1 import resource_descriptor_pb2
 
     cert, pub = certified
@@ -233,9 +283,22 @@ def test_verify_writes_a_simple_verification_result(tmp_path: Path, certified: t
     verifier_key = tmp_path / "verifier"
     generate_key(verifier_key)  # the verifier signs with its own key
     before = datetime.now(timezone.utc).replace(microsecond=0)
-    result = CliRunner().invoke(cli, ["verify", str(cert), "--pubkey", str(pub), "--recheck",
-                                      "--require-verdict", "PASS,INCONCLUSIVE", "--key", str(verifier_key),
-                                      "--attest-verification", str(tmp_path / "svr.json")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "verify",
+            str(cert),
+            "--pubkey",
+            str(pub),
+            "--recheck",
+            "--require-verdict",
+            "PASS,INCONCLUSIVE",
+            "--key",
+            str(verifier_key),
+            "--attest-verification",
+            str(tmp_path / "svr.json"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     stmt = _open_envelope(tmp_path / "svr.json", Path(f"{verifier_key}.pub"))
     _schema_valid("svr-v0.1.statement.schema.json", stmt)
@@ -243,9 +306,11 @@ def test_verify_writes_a_simple_verification_result(tmp_path: Path, certified: t
     signed = json.loads(base64.b64decode(json.loads(cert.with_name("certificate.json").read_bytes())["payload"]))
     assert stmt["subject"] == [
         {"name": cert_name, "digest": {"sha256": hashlib.sha256(cert.read_bytes()).hexdigest()}},
-        *signed["subject"]]
+        *signed["subject"],
+    ]
     assert [s["digest"]["sha256"] for s in stmt["subject"][1:]] == [
-        _model_signing_root(tmp_path / "run" / f"checkpoint-{s}") for s in (1250, 1500)]
+        _model_signing_root(tmp_path / "run" / f"checkpoint-{s}") for s in (1250, 1500)
+    ]
     svr = _parse(_svr_class()(), stmt["predicate"])
     assert svr.verifier.id == "https://moeaudit.dev/verify/v1"
     assert list(svr.properties) == ["MOEAUDIT_SIGNATURE_VALID", "MOEAUDIT_VERDICT_PASS", "MOEAUDIT_INPUTS_UNCHANGED"]
@@ -258,24 +323,40 @@ def test_verify_writes_a_simple_verification_result(tmp_path: Path, certified: t
 
     assert json.loads(policy.content) == {
         "publicKeySha256": keyid(serialization.load_pem_public_key(pub.read_bytes())),  # type: ignore[arg-type]
-        "recheck": True, "requireVerdict": ["PASS", "INCONCLUSIVE"],
-        "predicateTypes": ["https://moeaudit.dev/training-health/v2", "https://moeaudit.dev/training-health/v1"]}
+        "recheck": True,
+        "requireVerdict": ["PASS", "INCONCLUSIVE"],
+        "predicateTypes": ["https://moeaudit.dev/training-health/v2", "https://moeaudit.dev/training-health/v1"],
+    }
 
 
 @needs_samples
 def test_a_failed_verification_writes_no_result(tmp_path: Path, certified: tuple[Path, Path]) -> None:
     cert, pub = certified
     out = tmp_path / "svr.json"
-    result = CliRunner().invoke(cli, ["verify", str(cert), "--pubkey", str(pub), "--require-verdict", "FAIL",
-                                      "--key", str(tmp_path / "k"), "--attest-verification", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "verify",
+            str(cert),
+            "--pubkey",
+            str(pub),
+            "--require-verdict",
+            "FAIL",
+            "--key",
+            str(tmp_path / "k"),
+            "--attest-verification",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1 and not out.exists()
     lone = CliRunner().invoke(cli, ["verify", str(cert), "--pubkey", str(pub), "--key", str(tmp_path / "k")])
     assert lone.exit_code == 2 and "--attest-verification" in lone.stderr
 
 
 @needs_samples
-def test_across_runs_the_subject_is_the_candidate_as_replayed(tmp_path: Path, samples_cache: Path,
-                                                              keypair: tuple[Path, Path]) -> None:
+def test_across_runs_the_subject_is_the_candidate_as_replayed(
+    tmp_path: Path, samples_cache: Path, keypair: tuple[Path, Path]
+) -> None:
     key, pub = keypair
     candidate = SAMPLES / "sft-refine" / "checkpoint-1000"
     result = _gate(tmp_path, samples_cache, key, SAMPLES / "healthy" / "checkpoint-1500", candidate)

@@ -32,8 +32,17 @@ TIERS: list[tuple[str, set[str]]] = [
     ("trainer integrations", {"integrations", "hooks"}),
     ("commands", {"certify", "calibrate", "series", "samples", "cli", "__main__"}),
 ]
-TORCH_FREE = ["moeaudit.spec", "moeaudit.judge", "moeaudit.attest", "moeaudit.report", "moeaudit.schemas",
-              "moeaudit.records", "moeaudit.policy", "moeaudit.margins", "moeaudit.jsonio"]
+TORCH_FREE = [
+    "moeaudit.spec",
+    "moeaudit.judge",
+    "moeaudit.attest",
+    "moeaudit.report",
+    "moeaudit.schemas",
+    "moeaudit.records",
+    "moeaudit.policy",
+    "moeaudit.margins",
+    "moeaudit.jsonio",
+]
 
 
 def _unit(module: str) -> str:
@@ -57,8 +66,9 @@ def edges() -> dict[tuple[str, str], list[str]]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names
-                                           if f"{node.module}.{a.name}" in mods]
+                targets = [node.module] + [
+                    f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods
+                ]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             for t in targets:
@@ -78,8 +88,11 @@ def test_every_unit_has_a_tier() -> None:
 
 def test_no_import_goes_up_a_tier() -> None:
     tier = {u: i for i, (_, units) in enumerate(TIERS) for u in units}
-    upward = {f"{a} → {b} (in {', '.join(sorted(set(where)))})"
-              for (a, b), where in edges().items() if tier.get(b, -1) > tier.get(a, -1)}
+    upward = {
+        f"{a} → {b} (in {', '.join(sorted(set(where)))})"
+        for (a, b), where in edges().items()
+        if tier.get(b, -1) > tier.get(a, -1)
+    }
     assert upward == set()
 
 
@@ -94,7 +107,7 @@ def test_no_cycles_between_units() -> None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2
@@ -127,20 +140,23 @@ def test_torch_free_packages_import_no_torch() -> None:
     description, imports without torch (walked, not listed: a new module is covered)."""
     names = _torch_free_modules()
     assert len(names) > 20
-    code = ("import importlib, json, sys\n"
-            f"for n in {names!r}:\n"
-            "    importlib.import_module(n)\n"
-            "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT.parent)
+    code = (
+        "import importlib, json, sys\n"
+        f"for n in {names!r}:\n"
+        "    importlib.import_module(n)\n"
+        "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT.parent)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 def test_the_old_hooks_path_still_imports_with_a_warning() -> None:
     """Training scripts written against earlier releases import moeaudit.hooks."""
-    code = ("import warnings; warnings.simplefilter('error')\n"
-            "try:\n    import moeaudit.hooks\nexcept DeprecationWarning as w:\n    print('warned', w)\n")
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "try:\n    import moeaudit.hooks\nexcept DeprecationWarning as w:\n    print('warned', w)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT.parent)
     assert done.returncode == 0, done.stderr
     assert "warned moeaudit.hooks is deprecated" in done.stdout

@@ -31,20 +31,29 @@ def test_plain_torch_loop(tmp_path: Path) -> None:
     run = tmp_path / "run"
     tokens = torch.randint(0, VOCAB, (STEPS * BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     rng = np.random.default_rng(1)
-    canary = Canary(rng.integers(0, VOCAB, (4, 12)).astype("int32"), np.array([0, 0, 1, 1], "int32"),
-                    ("code", "prose"))
+    canary = Canary(rng.integers(0, VOCAB, (4, 12)).astype("int32"), np.array([0, 0, 1, 1], "int32"), ("code", "prose"))
     model = tiny_model("mixtral").train()
     reference = copy.deepcopy(model)
     reference(input_ids=tokens[:BATCH], labels=tokens[:BATCH]).loss.backward()
-    want = {str(i): [math.sqrt(float(layer.mlp.experts.gate_up_proj.grad[e].double().pow(2).sum()
-                                     + layer.mlp.experts.down_proj.grad[e].double().pow(2).sum()))
-                     for e in range(4)] for i, layer in enumerate(reference.model.layers)}
+    want = {
+        str(i): [
+            math.sqrt(
+                float(
+                    layer.mlp.experts.gate_up_proj.grad[e].double().pow(2).sum()
+                    + layer.mlp.experts.down_proj.grad[e].double().pow(2).sum()
+                )
+            )
+            for e in range(4)
+        ]
+        for i, layer in enumerate(reference.model.layers)
+    }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reported: list[tuple[int, dict[str, float]]] = []
-    with MoeauditHook(run, model, canary=canary, log_every=SAVE,
-                      log_fn=lambda scalars, step: reported.append((step, scalars))) as hook:
+    with MoeauditHook(
+        run, model, canary=canary, log_every=SAVE, log_fn=lambda scalars, step: reported.append((step, scalars))
+    ) as hook:
         for step in range(1, STEPS + 1):
-            batch = tokens[(step - 1) * BATCH:step * BATCH]
+            batch = tokens[(step - 1) * BATCH : step * BATCH]
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             hook.after_backward(step, loss)
@@ -78,17 +87,27 @@ def test_readme_logging_snippet_runs_as_written(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     block = readme.split("## Logging from your training loop")[1].split("```python\n")[1].split("```")[0]
     rng = np.random.default_rng(1)
-    canary_mod.save(Canary(rng.integers(0, VOCAB, (4, 12)).astype("int32"), np.array([0, 0, 1, 1], "int32"),
-                           ("code", "prose")), tmp_path / "canary.safetensors")
+    canary_mod.save(
+        Canary(rng.integers(0, VOCAB, (4, 12)).astype("int32"), np.array([0, 0, 1, 1], "int32"), ("code", "prose")),
+        tmp_path / "canary.safetensors",
+    )
     tokens = torch.randint(0, VOCAB, (20 * 2, SEQ), generator=torch.Generator().manual_seed(0))
     loader = [{"input_ids": b, "labels": b} for b in tokens.split(2)]
-    replaced = {"model = ...": "model = _model", "loader = ...": "loader = _loader",
-                'Path("runs/a"), 500': "_run_dir, 10", '"canary.safetensors"': "_canary_path"}
+    replaced = {
+        "model = ...": "model = _model",
+        "loader = ...": "loader = _loader",
+        'Path("runs/a"), 500': "_run_dir, 10",
+        '"canary.safetensors"': "_canary_path",
+    }
     for old, new in replaced.items():
         assert block.count(old) == 1, old
         block = block.replace(old, new)
-    namespace = {"_model": tiny_model("mixtral").train(), "_loader": loader,
-                 "_run_dir": tmp_path / "run", "_canary_path": tmp_path / "canary.safetensors"}
+    namespace = {
+        "_model": tiny_model("mixtral").train(),
+        "_loader": loader,
+        "_run_dir": tmp_path / "run",
+        "_canary_path": tmp_path / "canary.safetensors",
+    }
     exec(compile(block, "README.md", "exec"), namespace)
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [10, 20]

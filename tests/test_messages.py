@@ -46,14 +46,18 @@ def signed(tmp_path: Path) -> tuple[Path, Path]:
 # --- verify: not a certificate is an input error ------------------------------------------------
 
 
-@pytest.mark.parametrize("content, says", [
-    ("hello\n", "not a certificate (not JSON"),
-    ('{"model_type": "mixtral"}', "not a certificate (JSON without a DSSE envelope's fields)"),
-    ('{"_type": "https://in-toto.io/Statement/v1", "predicate": {}}', "an unsigned in-toto statement"),
-    ("[1, 2, 3]", "not a certificate"),
-])
-def test_verify_on_a_file_that_is_not_a_certificate_exits_4(tmp_path: Path, signed: tuple[Path, Path],
-                                                            content: str, says: str) -> None:
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("hello\n", "not a certificate (not JSON"),
+        ('{"model_type": "mixtral"}', "not a certificate (JSON without a DSSE envelope's fields)"),
+        ('{"_type": "https://in-toto.io/Statement/v1", "predicate": {}}', "an unsigned in-toto statement"),
+        ("[1, 2, 3]", "not a certificate"),
+    ],
+)
+def test_verify_on_a_file_that_is_not_a_certificate_exits_4(
+    tmp_path: Path, signed: tuple[Path, Path], content: str, says: str
+) -> None:
     other = tmp_path / "other.json"
     other.write_text(content)
     result = invoke("verify", other, "--pubkey", signed[1])
@@ -78,16 +82,20 @@ def test_an_altered_certificate_is_still_invalid_exit_1(tmp_path: Path, signed: 
 # --- export: the format follows --out ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, fmt_flag, starts", [
-    ("report.html", [], "<!DOCTYPE html>"),
-    ("report.HTM", [], "<!DOCTYPE html>"),
-    ("report.json", [], "{"),
-    ("report.md", [], "# "),
-    ("report.txt", [], "# "),
-    ("report.html", ["--format", "md"], "# "),  # an explicit --format wins
-])
-def test_export_format_follows_the_out_suffix(tmp_path: Path, signed: tuple[Path, Path], name: str,
-                                              fmt_flag: list[str], starts: str) -> None:
+@pytest.mark.parametrize(
+    "name, fmt_flag, starts",
+    [
+        ("report.html", [], "<!DOCTYPE html>"),
+        ("report.HTM", [], "<!DOCTYPE html>"),
+        ("report.json", [], "{"),
+        ("report.md", [], "# "),
+        ("report.txt", [], "# "),
+        ("report.html", ["--format", "md"], "# "),  # an explicit --format wins
+    ],
+)
+def test_export_format_follows_the_out_suffix(
+    tmp_path: Path, signed: tuple[Path, Path], name: str, fmt_flag: list[str], starts: str
+) -> None:
     cert, pub = signed
     out = tmp_path / name
     result = invoke("export", cert, "--framework", "eu-ai-act", "--out", out, "--pubkey", pub, *fmt_flag)
@@ -99,8 +107,9 @@ def test_export_format_follows_the_out_suffix(tmp_path: Path, signed: tuple[Path
 
 
 @pytest.mark.parametrize("command", [["verify"], ["export", "--framework", "sr-11-7", "--out", "x.md"]])
-def test_without_a_key_yet_export_and_verify_say_how_to_pass_pubkey(tmp_path: Path, signed: tuple[Path, Path],
-                                                                    command: list[str]) -> None:
+def test_without_a_key_yet_export_and_verify_say_how_to_pass_pubkey(
+    tmp_path: Path, signed: tuple[Path, Path], command: list[str]
+) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "fresh-config")}
     args = [command[0], signed[0], *command[1:]]
     if command[0] == "export":
@@ -121,19 +130,24 @@ def fake_run(root: Path, steps: tuple[int, ...] = (100, 200, 300)) -> Path:
     return root
 
 
-@pytest.mark.parametrize("argv", [
-    ["inspect", "{run}"],
-    ["gate", "{run}", "{run}/checkpoint-300"],
-    ["gate", "{run}/checkpoint-100", "{run}"],
-    ["receipts", "{run}"],
-    ["compare", "{run}", "{run}/checkpoint-300"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "{run}"],
+        ["gate", "{run}", "{run}/checkpoint-300"],
+        ["gate", "{run}/checkpoint-100", "{run}"],
+        ["receipts", "{run}"],
+        ["compare", "{run}", "{run}/checkpoint-300"],
+    ],
+)
 def test_a_run_directory_given_as_a_checkpoint_lists_its_checkpoints(tmp_path: Path, argv: list[str]) -> None:
     run = fake_run(tmp_path / "run")
     result = invoke(*[a.format(run=run) for a in argv])
     assert result.exit_code == 4, result.stderr
-    assert ("this is a run directory, not a checkpoint; its checkpoints are checkpoint-100, "
-            "checkpoint-200, checkpoint-300 (3 checkpoints)") in result.stderr
+    assert (
+        "this is a run directory, not a checkpoint; its checkpoints are checkpoint-100, "
+        "checkpoint-200, checkpoint-300 (3 checkpoints)"
+    ) in result.stderr
     assert f"e.g. moeaudit {argv[0]}" in result.stderr and "checkpoint-300" in result.stderr.split("e.g.")[1]
 
 
@@ -146,26 +160,33 @@ def test_canary_jsonl_error_shows_no_header_numbers() -> None:
     assert result.exit_code == 4
     line = result.stderr.strip().splitlines()[-1]
     assert "a JSONL file of token windows (a canary's source), not a built canary" in line
-    assert "header length" not in line and "limit" not in line and not any(
-        w.isdigit() and len(w) > 6 for w in line.replace("(", " ").split())
+    assert (
+        "header length" not in line
+        and "limit" not in line
+        and not any(w.isdigit() and len(w) > 6 for w in line.replace("(", " ").split())
+    )
     assert "moeaudit canary build --tokens" in line and "--canary canary.safetensors" in line
 
 
 # --- step_250/ and other near misses ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["step_250", "checkpoint_250", "ckpt-250", "global_step250", "iter_0000250",
-                                  "Checkpoint-250"])
+@pytest.mark.parametrize(
+    "name", ["step_250", "checkpoint_250", "ckpt-250", "global_step250", "iter_0000250", "Checkpoint-250"]
+)
 @pytest.mark.parametrize("command", [["certify"], ["calibrate", "--out", "{tmp}/p.toml"], ["envelope"]])
 def test_a_misnamed_checkpoint_directory_is_refused_with_the_accepted_names(
-        tmp_path: Path, name: str, command: list[str]) -> None:
+    tmp_path: Path, name: str, command: list[str]
+) -> None:
     run = fake_run(tmp_path / "run", (100,))
     (run / name).mkdir()
     result = invoke(command[0], run, *[a.format(tmp=tmp_path) for a in command[1:]])
     assert result.exit_code == 4, result.stderr
     assert f"{name}/ looks like a checkpoint but is not named as one" in result.stderr
-    assert ("checkpoint-<step> (Hugging Face Trainer) or step-<step> (torchtitan)" in result.stderr
-            and "rename it checkpoint-250" in result.stderr)
+    assert (
+        "checkpoint-<step> (Hugging Face Trainer) or step-<step> (torchtitan)" in result.stderr
+        and "rename it checkpoint-250" in result.stderr
+    )
 
 
 def test_other_directories_in_a_run_are_left_alone(tmp_path: Path) -> None:
@@ -181,16 +202,20 @@ def test_other_directories_in_a_run_are_left_alone(tmp_path: Path) -> None:
 # --- an abandoned checkpoint after a resume --------------------------------------------------------
 
 
-def _run(tmp_path: Path, steps: tuple[int, ...], resumes: tuple[int, ...],
-         logged: tuple[int, ...] | None) -> Run:
+def _run(tmp_path: Path, steps: tuple[int, ...], resumes: tuple[int, ...], logged: tuple[int, ...] | None) -> Run:
     metrics = None
     if logged is not None:
         metrics = tmp_path / "metrics.jsonl"
-        metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0, "expert_grad_norms": {"0": [0.1, 0.2]}})
-                                   + "\n" for s in logged))
+        metrics.write_text(
+            "".join(json.dumps({"step": s, "loss": 1.0, "expert_grad_norms": {"0": [0.1, 0.2]}}) + "\n" for s in logged)
+        )
     ckpts = [(s, SimpleNamespace(path=tmp_path / f"checkpoint-{s}")) for s in steps]
-    return Run(tmp_path, ckpts, events=[Event(s, "resume", f"from checkpoint-{s}") for s in resumes],  # type: ignore[arg-type]
-               metrics=metrics)
+    return Run(
+        tmp_path,
+        ckpts,
+        events=[Event(s, "resume", f"from checkpoint-{s}") for s in resumes],  # type: ignore[arg-type]
+        metrics=metrics,
+    )
 
 
 def test_abandoned_rule(tmp_path: Path) -> None:
@@ -218,8 +243,17 @@ def test_an_abandoned_checkpoint_is_named_in_the_report(tmp_path: Path, samples_
     (run / "events.jsonl").write_text('{"step": 500, "event": "resume", "note": "from checkpoint-500"}\n')
     env = {"MOEAUDIT_CACHE_DIR": str(samples_cache), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     out = tmp_path / "cert"
-    result = invoke("certify", run, "--out", out, "--canary", SAMPLES / "canary.safetensors",
-                    "--policy", SAMPLES / "policy.toml", env=env)
+    result = invoke(
+        "certify",
+        run,
+        "--out",
+        out,
+        "--canary",
+        SAMPLES / "canary.safetensors",
+        "--policy",
+        SAMPLES / "policy.toml",
+        env=env,
+    )
     assert result.exit_code == 0, result.stderr
     assert "warning: checkpoint-750 is abandoned: saved above the resume at step 500" in result.stderr
     assert "abandoned: checkpoint-750 (audited, not the model's history)" in result.stdout

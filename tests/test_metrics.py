@@ -23,8 +23,9 @@ from moeaudit.metrics import (
 )
 
 
-def line(step: int, norms: dict[str, list[float | None]] | None = None, loss: float | None = 2.0,
-         **extra: object) -> str:
+def line(
+    step: int, norms: dict[str, list[float | None]] | None = None, loss: float | None = 2.0, **extra: object
+) -> str:
     norms = {"0": [1.0, 2.0], "1": [0.5, 0.5, 1.5]} if norms is None else norms
     return json.dumps({"step": step, "loss": loss, "expert_grad_norms": norms, **extra})
 
@@ -34,8 +35,7 @@ def text(*lines: str) -> str:
 
 
 def test_reads_a_log() -> None:
-    ms = parse_metrics(text(line(0), line(10, {"1": [1, 1, 1], "0": [0, 3]}, loss=1.5,
-                                              router_grad_norms={"0": 0.1})))
+    ms = parse_metrics(text(line(0), line(10, {"1": [1, 1, 1], "0": [0, 3]}, loss=1.5, router_grad_norms={"0": 0.1})))
     assert ms.steps == (0, 10)
     assert ms.loss == (2.0, 1.5)
     assert ms.layers == ["0", "1"]
@@ -60,7 +60,7 @@ def test_read_metrics_from_file(tmp_path: Path) -> None:
 
 BAD = [
     ("{not json", "not valid JSON"),
-    ('[1, 2]', "not a JSON object"),
+    ("[1, 2]", "not a JSON object"),
     (json.dumps({"loss": 1.0, "expert_grad_norms": {"0": [1.0]}}), "no 'step'"),
     (json.dumps({"step": "5", "loss": 1.0, "expert_grad_norms": {"0": [1.0]}}), "'step' '5'"),
     (json.dumps({"step": True, "loss": 1.0, "expert_grad_norms": {"0": [1.0]}}), "'step' True"),
@@ -73,12 +73,9 @@ BAD = [
     (line(5, {"0": [1.0, "big"], "1": [1.0, 1.0, 1.0]}), "must be a number or null"),
     (line(5, {"0": [1.0, True], "1": [1.0, 1.0, 1.0]}), "must be a number or null"),
     (line(5, {"0": [1.0, -0.5], "1": [1.0, 1.0, 1.0]}), "negative"),
-    ('{"step": 5, "loss": 1.0, "expert_grad_norms": {"0": [NaN, 1.0], "1": [1, 1, 1]}}',
-     "NaN is not JSON"),
-    ('{"step": 5, "loss": Infinity, "expert_grad_norms": {"0": [1, 1], "1": [1, 1, 1]}}',
-     "Infinity is not JSON"),
-    ('{"step": 5, "step": 6, "loss": 1.0, "expert_grad_norms": {"0": [1, 1], "1": [1, 1, 1]}}',
-     "duplicate key"),
+    ('{"step": 5, "loss": 1.0, "expert_grad_norms": {"0": [NaN, 1.0], "1": [1, 1, 1]}}', "NaN is not JSON"),
+    ('{"step": 5, "loss": Infinity, "expert_grad_norms": {"0": [1, 1], "1": [1, 1, 1]}}', "Infinity is not JSON"),
+    ('{"step": 5, "step": 6, "loss": 1.0, "expert_grad_norms": {"0": [1, 1], "1": [1, 1, 1]}}', "duplicate key"),
     (line(1), "duplicate"),  # same step as line 2
     (line(0), "out of order"),
     (line(5, {"0": [1.0, 2.0, 3.0], "1": [1.0, 1.0, 1.0]}), "3 experts here but 2 at line 1"),
@@ -184,5 +181,4 @@ def test_reads_what_the_training_hook_writes(tmp_path: Path) -> None:
     assert ms.steps == (5, 10, 15)
     assert ms.num_experts == {"0": 4, "1": 4}
     assert list(ms.norms["0"][0]) == written[0]["expert_grad_norms"]["0"]
-    assert [(f.step, f.where) for f in ms.findings] == [(15, "expert_grad_norms['1'][2]"),
-                                                        (None, "line")]
+    assert [(f.step, f.where) for f in ms.findings] == [(15, "expert_grad_norms['1'][2]"), (None, "line")]

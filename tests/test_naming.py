@@ -72,9 +72,11 @@ def test_data_keys_are_kept() -> None:
     """Layer indices, series and domain names are data: a domain called ``web_text`` or
     ``codeBase`` keeps its name both ways."""
     domains = {"web_text": 1.5, "codeBase": 2.5}
-    predicate = {"gates": [{"receipts": {"nll_by_domain": domains, "per_layer": [{"pi_min": 0.1}]}}],
-                 "heatmaps": {"domains": {"layers": {"0": domains}, "names": list(domains)}},
-                 "envelope": {"series": {"pooled": [{"min_margin": 0}], "1": []}}}
+    predicate = {
+        "gates": [{"receipts": {"nll_by_domain": domains, "per_layer": [{"pi_min": 0.1}]}}],
+        "heatmaps": {"domains": {"layers": {"0": domains}, "names": list(domains)}},
+        "envelope": {"series": {"pooled": [{"min_margin": 0}], "1": []}},
+    }
     wire = to_wire(predicate)
     assert wire["gates"][0]["receipts"]["nllByDomain"] == domains
     assert wire["heatmaps"]["domains"]["layers"] == {"0": domains}
@@ -84,8 +86,9 @@ def test_data_keys_are_kept() -> None:
 
 def test_export_names_fields_as_signed(tmp_path: Path) -> None:
     key = generate_key(tmp_path / "k")
-    stmt = statement([{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}],
-                     json.loads(EXAMPLE.read_text())["predicate"])
+    stmt = statement(
+        [{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}], json.loads(EXAMPLE.read_text())["predicate"]
+    )
     (tmp_path / "c.json").write_text(dumps(sign_statement(stmt, key)))
     report = export(open_certificate(tmp_path / "c.json", key.public_key()), "eu-ai-act")
     fields = {e["field"] for item in report["items"] for e in item["evidence"] + item["context"]}
@@ -97,8 +100,9 @@ def test_export_names_fields_as_signed(tmp_path: Path) -> None:
 def test_v1_and_v2_certificates_verify_and_read_alike(tmp_path: Path, predicate_type: str) -> None:
     """A v1 certificate (issued before v2, snake_case on the wire) verifies and reads as it did."""
     key = generate_key(tmp_path / "k")
-    stmt = statement([{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}],
-                     json.loads(EXAMPLE.read_text())["predicate"])
+    stmt = statement(
+        [{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}], json.loads(EXAMPLE.read_text())["predicate"]
+    )
     stmt["predicateType"] = predicate_type
     envelope = sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z")
     (tmp_path / "c.json").write_text(dumps(envelope))
@@ -127,8 +131,10 @@ def test_domain_names_survive_a_real_certificate(tmp_path: Path) -> None:
     from moeaudit import canary as canary_mod
 
     samples = Path(__file__).resolve().parent.parent / "sample_checkpoints"
-    lines = [json.dumps({"domain": ("web_text", "codeBase")[w % 2], "tokens": [(7 * w + t) % 97 for t in range(16)]})
-             for w in range(8)]
+    lines = [
+        json.dumps({"domain": ("web_text", "codeBase")[w % 2], "tokens": [(7 * w + t) % 97 for t in range(16)]})
+        for w in range(8)
+    ]
     (tmp_path / "c.jsonl").write_text("\n".join(lines))
     canary_mod.save(canary_mod.build_from_jsonl(tmp_path / "c.jsonl"), tmp_path / "canary.safetensors")
     run = tmp_path / "run"
@@ -137,8 +143,19 @@ def test_domain_names_survive_a_real_certificate(tmp_path: Path) -> None:
     env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     runner = CliRunner(env=env)
     assert runner.invoke(cli, ["keygen", "--out", str(tmp_path / "k")]).exit_code == 0
-    done = runner.invoke(cli, ["certify", str(run), "--key", str(tmp_path / "k"), "--out", str(tmp_path / "out"),
-                               "--canary", str(tmp_path / "canary.safetensors")])
+    done = runner.invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--key",
+            str(tmp_path / "k"),
+            "--out",
+            str(tmp_path / "out"),
+            "--canary",
+            str(tmp_path / "canary.safetensors"),
+        ],
+    )
     assert done.exit_code == 0, done.stderr
     cert = tmp_path / "out" / "certificate.json"
     wire = json.loads(base64.b64decode(json.loads(cert.read_text())["payload"]))["predicate"]

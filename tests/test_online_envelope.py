@@ -122,8 +122,7 @@ def test_resume_primes_the_rules_from_the_kept_log(tmp_path: Path) -> None:
     for step, norms in _stream():
         if step <= 150:
             fresh.push(step, norms)
-    recorder = RunRecorder(tmp_path, tiny_model("mixtral"), canary=None, every=1, probe=False,
-                           resume_step=150)
+    recorder = RunRecorder(tmp_path, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=150)
     assert recorder.monitor is not None and recorder.monitor.events == []
     for step, norms in _stream():
         if step > 150:

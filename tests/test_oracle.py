@@ -90,8 +90,9 @@ def _norm(tensors: list[torch.Tensor | None]) -> float:
     return sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5
 
 
-def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate",
-                          chosen: Any = None) -> Observed:
+def transformers_observed(
+    model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate", chosen: Any = None
+) -> Observed:
     """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3).
     ``moe``/``gate``: the decoder layer's MoE block and its router module (Granite:
     ``block_sparse_moe``/``router``); ``chosen(router output) → (top-k [N, K], combine [N, K])``
@@ -140,10 +141,7 @@ def transformers_observed(model: Any, tokens_WT: torch.Tensor, moe: str = "mlp",
         expert_grads=experts,
         router_grads={i: _norm(layer_grads(i, f"{moe}.{gate}.")) for i in routed},
         shared_grads={i: _norm(layer_grads(i, f"{moe}.shared_expert")) for i in routed},
-        attention_grads={
-            i: _norm(layer_grads(i, "self_attn.") + layer_grads(i, "input_layernorm."))
-            for i in routed
-        },
+        attention_grads={i: _norm(layer_grads(i, "self_attn.") + layer_grads(i, "input_layernorm.")) for i in routed},
     )
 
 
@@ -198,16 +196,10 @@ def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tenso
 def _decisive(probs_NE: torch.Tensor, k: int) -> torch.Tensor:
     """Tokens whose active set is not within float32 noise of a tie."""
     top = probs_NE.topk(min(k + 1, probs_NE.shape[-1]), dim=-1).values
-    return (
-        torch.ones_like(top[:, 0], dtype=torch.bool)
-        if top.shape[-1] == k
-        else (top[:, k - 1] - top[:, k] > TIE_GAP)
-    )
+    return torch.ones_like(top[:, 0], dtype=torch.bool) if top.shape[-1] == k else (top[:, k - 1] - top[:, k] > TIE_GAP)
 
 
-def _by_expert(
-    topk_NK: torch.Tensor, combine_NK: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _by_expert(topk_NK: torch.Tensor, combine_NK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = topk_NK.argsort(-1)
     return topk_NK.gather(-1, order), combine_NK.gather(-1, order)
 
@@ -230,9 +222,11 @@ def assert_close_activations(got: torch.Tensor, want: torch.Tensor, forward: dic
     excess = (g - w).abs() - bound
     if not bool((excess <= 0).all()):  # NaN fails too
         at = tuple(int(j) for j in torch.unravel_index(excess.nan_to_num(float("inf")).argmax(), w.shape))
-        raise AssertionError(f"{what}: {int((~(excess <= 0)).sum())} of {w.numel()} elements off; at {at}: "
-                             f"{g[at].item()!r} vs {w[at].item()!r}, allowed {bound[at].item():.2e} "
-                             f"(row RMS {rms[at[:-1]].item():.3g})")
+        raise AssertionError(
+            f"{what}: {int((~(excess <= 0)).sum())} of {w.numel()} elements off; at {at}: "
+            f"{g[at].item()!r} vs {w[at].item()!r}, allowed {bound[at].item():.2e} "
+            f"(row RMS {rms[at[:-1]].item():.3g})"
+        )
 
 
 def assert_agree(ref: Observed, ours: Observed, k: int, forward: dict, gradient: dict) -> None:
@@ -282,9 +276,7 @@ def test_replay_matches_transformers(case: str, tmp_path: Path) -> None:
     routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
     assert ckpt.spec.routed_layers == routed
     assert ckpt.warnings == []  # every tensor transformers wrote was resolved and used
-    assert ckpt.summary(with_digest=False)["tied_embeddings"] == bool(
-        overrides.get("tie_word_embeddings")
-    )
+    assert ckpt.summary(with_digest=False)["tied_embeddings"] == bool(overrides.get("tie_word_embeddings"))
 
 
 def test_qwen2_moe_sliding_layers_without_layer_types(tmp_path: Path) -> None:
@@ -378,9 +370,7 @@ def fuse_experts(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str
         per_expert = ckpt.expert_keys(i)
         assert isinstance(per_expert, list)
         w = [{name: out.pop(key) for name, key in keys.items()} for keys in per_expert]
-        out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([e["w1"], e["w3"]]) for e in w]
-        )
+        out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat([e["w1"], e["w3"]]) for e in w])
         out[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack([e["w2"] for e in w])
         router = ckpt.layer_keys(i)["router"]
         out[f"model.layers.{i}.mlp.gate.weight"] = out.pop(router)  # v5 names Mixtral's too
@@ -388,21 +378,15 @@ def fuse_experts(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fused_experts_on_disk_replay_bit_identical(
-    family: str, hf_checkpoint, tmp_path: Path
-) -> None:
+def test_fused_experts_on_disk_replay_bit_identical(family: str, hf_checkpoint, tmp_path: Path) -> None:
     src = hf_checkpoint(family)
     fused = rewrite(src, tmp_path / "fused", fuse_experts)
     model = load(src)
     on_disk = load_file(fused / "model.safetensors")
     for i in Checkpoint(src).spec.routed_layers:  # the layout transformers holds in memory
         experts = model.model.layers[i].mlp.experts
-        assert torch.equal(
-            on_disk[f"model.layers.{i}.mlp.experts.gate_up_proj"], experts.gate_up_proj.detach()
-        )
-        assert torch.equal(
-            on_disk[f"model.layers.{i}.mlp.experts.down_proj"], experts.down_proj.detach()
-        )
+        assert torch.equal(on_disk[f"model.layers.{i}.mlp.experts.gate_up_proj"], experts.gate_up_proj.detach())
+        assert torch.equal(on_disk[f"model.layers.{i}.mlp.experts.down_proj"], experts.down_proj.detach())
     reloaded = load(fused).state_dict()  # transformers reads the fused file as we do
     assert all(torch.equal(t, reloaded[name]) for name, t in model.state_dict().items())
     fused_ckpt = Checkpoint(fused)
@@ -457,19 +441,21 @@ def test_relabelling_experts_changes_only_labels(perm: list[int], relabel_base, 
         moved_counts = torch.bincount(got.routing[i].topk_NK.flatten(), minlength=6)
         assert sorted(moved_counts.tolist()) == sorted(counts.tolist())
         assert torch.equal(moved_counts[perm], counts)
-        torch.testing.assert_close(
-            got.grads[i].experts_E[perm], base.grads[i].experts_E, rtol=1e-5, atol=1e-8
-        )
+        torch.testing.assert_close(got.grads[i].experts_E[perm], base.grads[i].experts_E, rtol=1e-5, atol=1e-8)
 
 
 def test_replay_leaves_the_callers_torch_flags_alone(hf_checkpoint) -> None:
     """Deterministic algorithms on (SPEC §3) during the replay only: moeaudit also runs inside
     training processes (the hook, library use), whose torch settings it must not change."""
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch._C._get_deterministic_fill_uninitialized_memory())
+    before = (torch.are_deterministic_algorithms_enabled(), torch._C._get_deterministic_fill_uninitialized_memory())
     seen = []
-    replay(Checkpoint(hf_checkpoint("mixtral")), random_tokens(),
-           observers=[lambda *_: seen.append(torch.are_deterministic_algorithms_enabled())])
+    replay(
+        Checkpoint(hf_checkpoint("mixtral")),
+        random_tokens(),
+        observers=[lambda *_: seen.append(torch.are_deterministic_algorithms_enabled())],
+    )
     assert seen and all(seen)
-    assert (torch.are_deterministic_algorithms_enabled(),
-            torch._C._get_deterministic_fill_uninitialized_memory()) == before
+    assert (
+        torch.are_deterministic_algorithms_enabled(),
+        torch._C._get_deterministic_fill_uninitialized_memory(),
+    ) == before

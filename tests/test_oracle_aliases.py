@@ -34,27 +34,54 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 # wrapper → configuration name → text_config overrides
 WRAPPERS: dict[str, dict[str, dict[str, Any]]] = {
     # 8 experts in 4 groups (best 2), top-2, one shared expert, a dense first layer
-    "kimi_k25": {"grouped": {},
-                 "top3-two-shared-all-routed": {"n_routed_experts": 6, "n_group": 1, "topk_group": 1,
-                                                "num_experts_per_tok": 3, "n_shared_experts": 2,
-                                                "first_k_dense_replace": 0}},
+    "kimi_k25": {
+        "grouped": {},
+        "top3-two-shared-all-routed": {
+            "n_routed_experts": 6,
+            "n_group": 1,
+            "topk_group": 1,
+            "num_experts_per_tok": 3,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 0,
+        },
+    },
     # no shared expert in this architecture; the dense layer moves
-    "qwen3_vl_moe": {"top2-of-4": {},
-                     "top3-of-6-dense-middle": {"num_experts": 6, "num_experts_per_tok": 3, "mlp_only_layers": [1]}},
-    "glm4v_moe": {"grouped": {},
-                  "top3-two-shared-all-routed": {"n_routed_experts": 6, "n_group": 1, "topk_group": 1,
-                                                 "num_experts_per_tok": 3, "n_shared_experts": 2,
-                                                 "first_k_dense_replace": 0}},
+    "qwen3_vl_moe": {
+        "top2-of-4": {},
+        "top3-of-6-dense-middle": {"num_experts": 6, "num_experts_per_tok": 3, "mlp_only_layers": [1]},
+    },
+    "glm4v_moe": {
+        "grouped": {},
+        "top3-two-shared-all-routed": {
+            "n_routed_experts": 6,
+            "n_group": 1,
+            "topk_group": 1,
+            "num_experts_per_tok": 3,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 0,
+        },
+    },
 }
 CASES = [(w, c) for w, cs in WRAPPERS.items() for c in cs]
 TEXT_ONLY: dict[str, tuple[str, str, dict[str, Any]]] = {  # name → (family saved, model_type read, overrides)
     "glm4_moe_lite-one-group": ("glm4_moe_lite", "glm4_moe_lite", {}),
-    "glm4_moe_lite-layer-types-top3-grouped": ("glm4_moe_lite", "glm4_moe_lite", {
-        "mlp_layer_types": ["sparse", "dense", "sparse"], "num_experts_per_tok": 3, "n_shared_experts": 2,
-        "n_group": 4, "topk_group": 2}),
+    "glm4_moe_lite-layer-types-top3-grouped": (
+        "glm4_moe_lite",
+        "glm4_moe_lite",
+        {
+            "mlp_layer_types": ["sparse", "dense", "sparse"],
+            "num_experts_per_tok": 3,
+            "n_shared_experts": 2,
+            "n_group": 4,
+            "topk_group": 2,
+        },
+    ),
     "kimi_k2": ("deepseek_v3", "kimi_k2", {}),
-    "kimi_k2-top1-ungrouped": ("deepseek_v3", "kimi_k2", {"n_routed_experts": 6, "n_group": 1, "topk_group": 1,
-                                                          "num_experts_per_tok": 1, "first_k_dense_replace": 2}),
+    "kimi_k2-top1-ungrouped": (
+        "deepseek_v3",
+        "kimi_k2",
+        {"n_routed_experts": 6, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 1, "first_k_dense_replace": 2},
+    ),
 }
 
 
@@ -102,8 +129,10 @@ def test_qwen3_vl_moe_released_layout_transposed_experts(tmp_path: Path) -> None
     aliases.save_wrapper(tmp_path / "a", "qwen3_vl_moe")
 
     def transpose(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.transpose(1, 2).contiguous() if k.endswith(("gate_up_proj", "down_proj")) and ".experts." in k
-                else v for k, v in t.items()}
+        return {
+            k: v.transpose(1, 2).contiguous() if k.endswith(("gate_up_proj", "down_proj")) and ".experts." in k else v
+            for k, v in t.items()
+        }
 
     hub = _rename(tmp_path / "a", tmp_path / "b", transpose)
     a, b = Checkpoint(tmp_path / "a"), Checkpoint(hub)

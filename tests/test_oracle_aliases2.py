@@ -77,6 +77,7 @@ def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
     def keep(kind: str, i: int):
         def hook(_module, args, out):
             seen[kind, i] = args[0].detach().flatten(0, -2) if kind == "h" else out
+
         return hook
 
     hooks = [getattr(layers[i], m.pre_norm).register_forward_hook(keep("h", i)) for i in routed]
@@ -98,7 +99,9 @@ def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
         fused = _module(layers[i], m.moe).experts
         experts[i] = sum(p.grad.double().pow(2).flatten(1).sum(1) for p in (fused.gate_up_proj, fused.down_proj)).sqrt()
     return Observed(
-        loss=loss.detach(), nll_windows_W=nll_WT1.detach().mean(1), entropy=entropy,
+        loss=loss.detach(),
+        nll_windows_W=nll_WT1.detach().mean(1),
+        entropy=entropy,
         layer_inputs=[h.detach() for h in out.hidden_states],
         moe_inputs={i: seen["h", i] for i in routed},
         scores={i: seen["gate", i][0].detach() for i in routed},
@@ -113,8 +116,10 @@ def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
 
 def worst(ref: Observed, ours: Observed) -> tuple[float, float]:
     """(|NLL difference|, largest relative gradient-norm difference) of one comparison."""
-    rel = [float(((o.double() - r.double()).abs() / r.double())[r > 1e-6].max()) for o, r in
-           ((ours.expert_grads[i], ref.expert_grads[i]) for i in ref.scores)]  # an unchosen expert: 0 both
+    rel = [
+        float(((o.double() - r.double()).abs() / r.double())[r > 1e-6].max())
+        for o, r in ((ours.expert_grads[i], ref.expert_grads[i]) for i in ref.scores)
+    ]  # an unchosen expert: 0 both
     for name in ("router_grads", "shared_grads", "attention_grads"):
         rel += [abs(getattr(ours, name)[i] - w) / w for i, w in getattr(ref, name).items() if w > 1e-6]
     return abs(float(ours.loss) - float(ref.loss)), max(rel)
@@ -134,11 +139,20 @@ def agree(ckpt: Checkpoint, model: Any, tokens: torch.Tensor, m: Modules) -> tup
     nll_abs, grad_rel = worst(ref, ours)
     if path := os.environ.get("MOEAUDIT_WORST_LOG"):  # the figures docs/families.md quotes
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
-                                "nll_abs": nll_abs, "grad_rel": grad_rel}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+                        "nll_abs": nll_abs,
+                        "grad_rel": grad_rel,
+                    }
+                )
+                + "\n"
+            )
     assert nll_abs <= 1e-4 and grad_rel <= 2e-3
-    assert ckpt.spec.routed_layers == tuple(i for i, layer in enumerate(model.model.layers)
-                                            if hasattr(_module(layer, m.moe), "experts"))
+    assert ckpt.spec.routed_layers == tuple(
+        i for i, layer in enumerate(model.model.layers) if hasattr(_module(layer, m.moe), "experts")
+    )
     return nll_abs, grad_rel
 
 
@@ -157,15 +171,24 @@ def rename(src: Path, dst: Path, edit) -> Path:
 # every Granite MoE layer is routed (no dense placement to vary); the shared MLP comes and goes
 GRANITE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "granitemoeshared-top2-of-4-shared": ("granitemoeshared", {}),
-    "granitemoeshared-top3-of-6-no-shared": ("granitemoeshared", {"num_local_experts": 6, "num_experts_per_tok": 3,
-                                                                  "shared_intermediate_size": 0}),
+    "granitemoeshared-top3-of-6-no-shared": (
+        "granitemoeshared",
+        {"num_local_experts": 6, "num_experts_per_tok": 3, "shared_intermediate_size": 0},
+    ),
     "granitemoe_swa-default-layer-types-nope-2": ("granitemoe_swa", {}),
     # full attention in the middle, top-1 of 6, no shared MLP, every layer on a RoPE base that
     # differs from the global rope_theta (transformers builds its rotary table from the per-layer one)
-    "granitemoe_swa-top1-of-6-full-middle-theta": ("granitemoe_swa", {
-        "num_hidden_layers": 3, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "num_local_experts": 6, "num_experts_per_tok": 1, "shared_intermediate_size": 0,
-        "layer_rope_theta": [500.0, 500.0, 500.0]}),
+    "granitemoe_swa-top1-of-6-full-middle-theta": (
+        "granitemoe_swa",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "num_local_experts": 6,
+            "num_experts_per_tok": 1,
+            "shared_intermediate_size": 0,
+            "layer_rope_theta": [500.0, 500.0, 500.0],
+        },
+    ),
 }
 
 
@@ -188,8 +211,9 @@ def test_granite_variants_match_transformers(case: str, dtype: str, tmp_path: Pa
 def test_granitemoe_swa_refuses_several_rope_bases() -> None:
     import transformers
 
-    cfg = transformers.AutoConfig.for_model("granitemoe_swa", num_hidden_layers=2,
-                                            layer_rope_theta=[1e4, 5e5]).to_dict()
+    cfg = transformers.AutoConfig.for_model(
+        "granitemoe_swa", num_hidden_layers=2, layer_rope_theta=[1e4, 5e5]
+    ).to_dict()
     with pytest.raises(CheckpointError, match="several RoPE bases"):
         spec_from_config(cfg)
     spec = spec_from_config({**cfg, "layer_rope_theta": [0, 5e5]})
@@ -202,8 +226,12 @@ ARIA = Modules(gate="router", shared=("mlp.shared_experts.",))
 # every Aria layer is routed (no dense placement to vary); the shared experts' count varies
 ARIA_CASES: dict[str, dict[str, Any]] = {
     "top2-of-4-two-shared": {},
-    "top3-of-6-one-shared-attention-bias": {"moe_num_experts": 6, "moe_topk": 3, "moe_num_shared_experts": 1,
-                                            "attention_bias": True},
+    "top3-of-6-one-shared-attention-bias": {
+        "moe_num_experts": 6,
+        "moe_topk": 3,
+        "moe_num_shared_experts": 1,
+        "attention_bias": True,
+    },
 }
 
 
@@ -236,11 +264,17 @@ def test_aria_module_names(tmp_path: Path) -> None:
     hf_models_aliases2.save_wrapper(tmp_path / "a", "aria")
     a = Checkpoint(tmp_path / "a")
     assert a.layer_keys(0)["router"] == "language_model.model.layers.0.mlp.router.weight"
-    assert a.expert_keys(0) == {"gate_up": "language_model.model.layers.0.mlp.experts.fc1.weight",
-                                "down": "language_model.model.layers.0.mlp.experts.fc2.weight"}
+    assert a.expert_keys(0) == {
+        "gate_up": "language_model.model.layers.0.mlp.experts.fc1.weight",
+        "down": "language_model.model.layers.0.mlp.experts.fc2.weight",
+    }
 
-    names = (("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
-             ("experts.fc1.weight", "experts.gate_up_proj"), ("experts.fc2.weight", "experts.down_proj"))
+    names = (
+        ("language_model.model.", "model.language_model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("experts.fc1.weight", "experts.gate_up_proj"),
+        ("experts.fc2.weight", "experts.down_proj"),
+    )
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {}
@@ -251,8 +285,10 @@ def test_aria_module_names(tmp_path: Path) -> None:
         return out
 
     b = Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
-    assert b.expert_keys(0) == {"gate_up": "model.language_model.layers.0.mlp.experts.gate_up_proj",
-                                "down": "model.language_model.layers.0.mlp.experts.down_proj"}
+    assert b.expert_keys(0) == {
+        "gate_up": "model.language_model.layers.0.mlp.experts.gate_up_proj",
+        "down": "model.language_model.layers.0.mlp.experts.down_proj",
+    }
     tokens = random_tokens()
     ours_a, ours_b = moeaudit_observed(a, tokens), moeaudit_observed(b, tokens)
     assert ours_a.loss == ours_b.loss
@@ -274,10 +310,21 @@ MISTRAL4: dict[str, dict[str, Any]] = {
     # mscale_all_dim, queries scaled from position 8 (β 0.3). (transformers' Mistral 4 runs only
     # with a RoPE type that reads partial_rotary_factor: its default rotary table spans the whole head.)
     "ungrouped-top3-two-shared-all-routed": {
-        "n_routed_experts": 6, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 3, "n_shared_experts": 2,
-        "first_k_dense_replace": 0, "rope_interleave": False,
-        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.3}},
+        "n_routed_experts": 6,
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 0,
+        "rope_interleave": False,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "original_max_position_embeddings": 8,
+            "llama_4_scaling_beta": 0.3,
+        },
+    },
 }
 
 
@@ -313,8 +360,12 @@ def test_mistral4_without_the_scaling_beta_is_refused() -> None:
     del cfg["rope_parameters"]["llama_4_scaling_beta"]
     with pytest.raises(CheckpointError, match="llama_4_scaling_beta"):
         spec_from_config(cfg)
-    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "original_max_position_embeddings": 8,
-                              "llama_4_scaling_beta": 0.1}
+    cfg["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "original_max_position_embeddings": 8,
+        "llama_4_scaling_beta": 0.1,
+    }
     with pytest.raises(CheckpointError, match="rope_type 'default'"):
         spec_from_config(cfg)
 
@@ -324,8 +375,12 @@ def test_mistral4_without_the_scaling_beta_is_refused() -> None:
 # no shared expert in this architecture; the dense layer and norm_topk_prob move
 OMNI: dict[str, dict[str, Any]] = {
     "top2-of-4-renormalised": {},
-    "top3-of-6-dense-middle-not-renormalised": {"num_experts": 6, "num_experts_per_tok": 3, "mlp_only_layers": [1],
-                                                "norm_topk_prob": False},
+    "top3-of-6-dense-middle-not-renormalised": {
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "mlp_only_layers": [1],
+        "norm_topk_prob": False,
+    },
 }
 
 
@@ -353,8 +408,10 @@ def test_qwen3_omni_moe_module_names(tmp_path: Path) -> None:
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = ("thinker.model.layers.", "thinker.model.embed_tokens.", "thinker.model.norm.")
-        return {k.replace("thinker.model.", "thinker.model.language_model.", 1) if k.startswith(text) else k: v
-                for k, v in t.items()}
+        return {
+            k.replace("thinker.model.", "thinker.model.language_model.", 1) if k.startswith(text) else k: v
+            for k, v in t.items()
+        }
 
     a, b = Checkpoint(tmp_path / "a"), Checkpoint(rename(tmp_path / "a", tmp_path / "b", module_names))
     assert b.layer_keys(0)["router"] == "thinker.model.language_model.layers.0.mlp.gate.weight"
@@ -368,8 +425,15 @@ OCR2: dict[str, dict[str, Any]] = {
     "group-limited-top2-two-shared-dense-first": {},
     # greedy top-3 of 6, one shared expert, the dense layer in the middle, q/k/v/o biases
     "greedy-top3-of-6-one-shared-dense-middle-bias": {
-        "n_routed_experts": 6, "num_experts_per_tok": 3, "n_shared_experts": 1, "topk_method": "greedy",
-        "n_group": None, "topk_group": None, "mlp_layer_types": ["sparse", "dense", "sparse"], "attention_bias": True},
+        "n_routed_experts": 6,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 1,
+        "topk_method": "greedy",
+        "n_group": None,
+        "topk_group": None,
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "attention_bias": True,
+    },
 }
 
 
@@ -389,11 +453,18 @@ def test_deepseek_ocr2_text_decoder_matches_transformers(case: str, dtype: str, 
 # attention for it does not repeat grouped k/v heads (its module-level eager_attention_forward is the
 # vision encoder's), so a GQA config cannot run there
 UNLIMITED: dict[str, dict[str, Any]] = {
-    "group-limited-reference-sliding-window-5": {"sliding_window": 5, "mlp_layer_types": None,
-                                                  "first_k_dense_replace": 1, "num_key_value_heads": 4},
+    "group-limited-reference-sliding-window-5": {
+        "sliding_window": 5,
+        "mlp_layer_types": None,
+        "first_k_dense_replace": 1,
+        "num_key_value_heads": 4,
+    },
     "greedy-top3-of-6-full-and-reference-layers": {
-        **OCR2["greedy-top3-of-6-one-shared-dense-middle-bias"], "sliding_window": 3, "num_key_value_heads": 4,
-        "layer_types": ["full_attention", "reference_sliding_attention", "reference_sliding_attention"]},
+        **OCR2["greedy-top3-of-6-one-shared-dense-middle-bias"],
+        "sliding_window": 3,
+        "num_key_value_heads": 4,
+        "layer_types": ["full_attention", "reference_sliding_attention", "reference_sliding_attention"],
+    },
 }
 
 
@@ -437,8 +508,14 @@ AXK1: dict[str, dict[str, Any]] = {
     "grouped-top2-one-shared-dense-first": {},
     # one group, top-3 of 6, two shared experts, the dense layer in the middle (mlp_layer_types)
     "ungrouped-top3-two-shared-dense-middle": {
-        "n_routed_experts": 6, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 3, "n_shared_experts": 2,
-        "first_k_dense_replace": None, "mlp_layer_types": ["sparse", "dense", "sparse"]},
+        "n_routed_experts": 6,
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": None,
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+    },
 }
 
 
@@ -471,7 +548,9 @@ def test_axk1_released_layout(tmp_path: Path) -> None:
 
     b, c = (Checkpoint(rename(tmp_path / "a", tmp_path / n, f)) for n, f in (("b", released), ("c", modules)))
     assert {b.layer_keys(1)["moe_out_norm"], c.layer_keys(1)["moe_out_norm"]} == {
-        "model.layers.1.post_mlp_layernorm.weight", "model.layers.1.mlp.post_mlp_layernorm.weight"}
+        "model.layers.1.post_mlp_layernorm.weight",
+        "model.layers.1.mlp.post_mlp_layernorm.weight",
+    }
     assert saved in (b.layer_keys(1)["moe_out_norm"], c.layer_keys(1)["moe_out_norm"])
     (left,) = b.left_out
     assert left.keys == ("model.layers.0.post_mlp_layernorm.weight",)
@@ -480,15 +559,18 @@ def test_axk1_released_layout(tmp_path: Path) -> None:
     assert len(losses) == 1
 
 
-
 # ----- ERNIE 4.5 VL: the text decoder and its text expert group ---------------------------------------
 
 ERNIE_VL: dict[str, dict[str, Any]] = {
     "top2-of-4-one-shared-dense-first": {},
     # top-3 of 6 (vision group 6 × 16), two shared experts, the dense layer in the middle, tied embeddings
-    "top3-of-6-two-shared-dense-middle-tied": {"moe_num_experts": 6, "moe_k": 3, "moe_num_shared_experts": 2,
-                                               "mlp_layer_types": ["sparse", "dense", "sparse"],
-                                               "tie_word_embeddings": True},
+    "top3-of-6-two-shared-dense-middle-tied": {
+        "moe_num_experts": 6,
+        "moe_k": 3,
+        "moe_num_shared_experts": 2,
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -522,7 +604,7 @@ def test_ernie4_5_vl_moe_module_names(tmp_path: Path) -> None:
                 out[f"{head}.mlp.{'vision' if rest.endswith('_1') else 'text'}_moe.gate.weight"] = v.T.contiguous()
             elif rest == "moe_statics.e_score_correction_bias":
                 for row, group in enumerate(("text", "vision")):
-                    out[f"{head}.mlp.{group}_moe.gate.moe_statics.e_score_correction_bias"] = v[row:row + 1].clone()
+                    out[f"{head}.mlp.{group}_moe.gate.moe_statics.e_score_correction_bias"] = v[row : row + 1].clone()
             elif rest.startswith("experts.") and rest.endswith("gate_proj.weight"):
                 e = int(rest.split(".")[1])
                 group, first = ("text", 0) if e < E else ("vision", E)
@@ -530,9 +612,11 @@ def test_ernie4_5_vl_moe_module_names(tmp_path: Path) -> None:
                     src = head.replace("model.language_model.", "model.", 1) + ".mlp.experts."
                     ids = range(first, first + E)
                     out[f"{head}.mlp.{group}_moe.experts.gate_up_proj"] = torch.stack(
-                        [torch.cat([t[f"{src}{i}.gate_proj.weight"], t[f"{src}{i}.up_proj.weight"]]) for i in ids])
+                        [torch.cat([t[f"{src}{i}.gate_proj.weight"], t[f"{src}{i}.up_proj.weight"]]) for i in ids]
+                    )
                     out[f"{head}.mlp.{group}_moe.experts.down_proj"] = torch.stack(
-                        [t[f"{src}{i}.down_proj.weight"] for i in ids])
+                        [t[f"{src}{i}.down_proj.weight"] for i in ids]
+                    )
             elif not rest.startswith("experts."):
                 out[k] = v
         return out

@@ -40,33 +40,48 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32,
-        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 16}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 16,
+}
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v3": ("deepseek_v3", {}),
     "v3-no-q-lora": ("deepseek_v3", {"q_lora_rank": None}),
     "v3-rope-not-interleaved": ("deepseek_v3", {"rope_interleave": False}),
-    "v3-one-group-no-renorm": ("deepseek_v3", {"n_group": 1, "topk_group": 1,
-                                               "norm_topk_prob": False}),
-    "v3-attention-bias-two-shared-top3": ("deepseek_v3", {"attention_bias": True,
-                                                          "n_shared_experts": 2,
-                                                          "num_experts_per_tok": 3}),
+    "v3-one-group-no-renorm": ("deepseek_v3", {"n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
+    "v3-attention-bias-two-shared-top3": (
+        "deepseek_v3",
+        {"attention_bias": True, "n_shared_experts": 2, "num_experts_per_tok": 3},
+    ),
     "v3-all-routed-top1-group": ("deepseek_v3", {"first_k_dense_replace": 0, "topk_group": 1}),
     # the released configs' RoPE: YaRN with mscale_all_dim (softmax scale × mscale²)
     "v3-yarn": ("deepseek_v3", {"rope_parameters": YARN}),
-    "v2-yarn-no-mscale": ("deepseek_v2", {"rope_parameters": {
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
-        "original_max_position_embeddings": 8}}),
+    "v2-yarn-no-mscale": (
+        "deepseek_v2",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "original_max_position_embeddings": 8,
+            }
+        },
+    ),
     "v2-greedy": ("deepseek_v2", {}),
-    "v2-group-limited": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4,
-                                         "topk_group": 2}),
+    "v2-group-limited": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
 }
 
 
-def assert_agree_deepseek(ref: Observed, ours: Observed, ckpt: Checkpoint,
-                          forward: dict = FORWARD, gradient: dict = GRADIENT) -> None:
+def assert_agree_deepseek(
+    ref: Observed, ours: Observed, ckpt: Checkpoint, forward: dict = FORWARD, gradient: dict = GRADIENT
+) -> None:
     oracle_log.record(ref, ours, ours.decisive, _same_topk(ours, ref, ours.decisive))
     torch.testing.assert_close(ours.loss, ref.loss, **forward)
     torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
@@ -94,8 +109,7 @@ def observed(ckpt: Checkpoint, tokens: torch.Tensor) -> Observed:
     tokens whose active set is not within float32 noise of a tie as ``decisive``."""
     ours = moeaudit_observed(ckpt, tokens)
     result = replay(ckpt, tokens)
-    ours.scores = {i: r.logits_NE if r.logits_NE is not None else r.scores_NE
-                   for i, r in result.routing.items()}
+    ours.scores = {i: r.logits_NE if r.logits_NE is not None else r.scores_NE for i, r in result.routing.items()}
     ours.decisive = {}  # type: ignore[attr-defined]
     for i, r in result.routing.items():
         if r.margin_N is not None:
@@ -112,8 +126,7 @@ def test_deepseek_replay_matches_transformers(case: str, tmp_path: Path) -> None
     model = save_tiny(tmp_path, family, **overrides)
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
-    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens),
-                          ckpt)
+    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens), ckpt)
     routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
     assert ckpt.spec.routed_layers == routed
     assert ckpt.warnings == [] and ckpt.notes == []
@@ -221,8 +234,11 @@ def test_fused_and_bf16_deepseek_checkpoints(tmp_path: Path) -> None:
 
     bf16 = tmp_path / "bf16"
     model = tiny_model("deepseek_v3")
-    biases = {i: layer.mlp.gate.e_score_correction_bias.clone()
-              for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")}
+    biases = {
+        i: layer.mlp.gate.e_score_correction_bias.clone()
+        for i, layer in enumerate(model.model.layers)
+        if hasattr(layer.mlp, "gate")
+    }
     model = model.to(torch.bfloat16)
     for i, bias in biases.items():  # the released checkpoints keep the bias in float32
         model.model.layers[i].mlp.gate.e_score_correction_bias.data = bias
@@ -230,16 +246,24 @@ def test_fused_and_bf16_deepseek_checkpoints(tmp_path: Path) -> None:
     stored = load_file(bf16 / "model.safetensors")
     assert stored["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
     ckpt = Checkpoint(bf16)
-    assert_agree_deepseek(transformers_observed(load(bf16), tokens), observed(ckpt, tokens), ckpt,
-                          {"rtol": 1e-3, "atol": 1e-4}, {"rtol": 5e-3, "atol": 1e-5})
+    assert_agree_deepseek(
+        transformers_observed(load(bf16), tokens),
+        observed(ckpt, tokens),
+        ckpt,
+        {"rtol": 1e-3, "atol": 1e-4},
+        {"rtol": 5e-3, "atol": 1e-5},
+    )
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"n_group": 3}, "do not split into n_group=3"),
-    ({"topk_group": 5}, "topk_group=5 not in 1..4"),
-    ({"n_group": 8, "topk_group": 4}, "≥ 2 experts per group"),
-    ({"kv_lora_rank": 0}, "MLA needs"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"n_group": 3}, "do not split into n_group=3"),
+        ({"topk_group": 5}, "topk_group=5 not in 1..4"),
+        ({"n_group": 8, "topk_group": 4}, "≥ 2 experts per group"),
+        ({"kv_lora_rank": 0}, "MLA needs"),
+    ],
+)
 def test_inconsistent_deepseek_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     from moeaudit.errors import CheckpointError
 
@@ -266,8 +290,7 @@ def test_deepseek_config_defaults_match_transformers() -> None:
     assert v3.mtp_layers == 1
     cfg = transformers.AutoConfig.for_model("deepseek_v2", num_experts_per_tok=6).to_dict()
     v2 = spec_from_config(cfg)
-    assert (v2.num_experts, v2.gate.scoring, v2.gate.grouped, v2.norm_topk_prob) == (
-        64, "softmax", False, False)
+    assert (v2.num_experts, v2.gate.scoring, v2.gate.grouped, v2.norm_topk_prob) == (64, "softmax", False, False)
     assert v2.shared_dim == 2 * 1407 and v2.routed_layers[0] == 0
 
 
@@ -278,8 +301,9 @@ def test_a_v3_checkpoint_without_its_bias_is_incomplete(tmp_path: Path) -> None:
     dst = tmp_path / "b"
     dst.mkdir()
     (dst / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
-    tensors = {k: v for k, v in load_file(tmp_path / "a" / "model.safetensors").items()
-               if "e_score_correction_bias" not in k}
+    tensors = {
+        k: v for k, v in load_file(tmp_path / "a" / "model.safetensors").items() if "e_score_correction_bias" not in k
+    }
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="e_score_correction_bias"):
         Checkpoint(dst)
@@ -294,8 +318,7 @@ def _quantize_fp8(block: tuple[int, int]):
     def edit(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = dict(tensors)
         for key, w in tensors.items():
-            if (w.dim() != 2 or not key.startswith("model.layers.") or "norm" in key
-                    or key.endswith("mlp.gate.weight")):
+            if w.dim() != 2 or not key.startswith("model.layers.") or "norm" in key or key.endswith("mlp.gate.weight"):
                 continue
             rows, cols = w.shape
             gr, gc = -(-rows // bm), -(-cols // bn)
@@ -314,9 +337,12 @@ def _quantize_fp8(block: tuple[int, int]):
 def _fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int]) -> Path:
     rewrite(src, dst, _quantize_fp8(block))
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                  "activation_scheme": "dynamic",
-                                  "weight_block_size": list(block)}
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(block),
+    }
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
 
@@ -385,8 +411,7 @@ def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path:
     """YaRN without MLA: cos/sin scaled by the attention factor, the softmax scale unchanged."""
     from test_oracle import check_against_transformers
 
-    save_tiny(tmp_path, family, rope_parameters={**YARN, "mscale_all_dim": None,
-                                                 "mscale": None})
+    save_tiny(tmp_path, family, rope_parameters={**YARN, "mscale_all_dim": None, "mscale": None})
     ckpt = check_against_transformers(tmp_path, random_tokens())
     assert ckpt.spec.yarn is not None and ckpt.spec.attention_scale is None
 
@@ -396,14 +421,17 @@ def test_group_limited_margin_by_hand() -> None:
     from moeaudit.replay.model import _group_limit
     from moeaudit.spec.config import Gate
 
-    g = Gate(scoring="sigmoid", selection_bias=True, n_group=2, topk_group=1,
-             group_score="top2sum")
-    s = torch.tensor([[0.9, 0.8, 0.85, 0.1],    # group 0 (1.7) beats group 1 (0.95)
-                      [0.9, 0.2, 0.85, 0.8],    # group 1 (1.65) wins: expert 0 cannot compete
-                      [0.6, 0.5, 0.9, 0.19]], dtype=torch.float64)  # 1.1 vs 1.09: gap decides
+    g = Gate(scoring="sigmoid", selection_bias=True, n_group=2, topk_group=1, group_score="top2sum")
+    s = torch.tensor(
+        [
+            [0.9, 0.8, 0.85, 0.1],  # group 0 (1.7) beats group 1 (0.95)
+            [0.9, 0.2, 0.85, 0.8],  # group 1 (1.65) wins: expert 0 cannot compete
+            [0.6, 0.5, 0.9, 0.19],
+        ],
+        dtype=torch.float64,
+    )  # 1.1 vs 1.09: gap decides
     allowed, m = _group_limit(g, s, s, k=1)
-    assert allowed.tolist() == [[True, True, False, False], [False, False, True, True],
-                                [True, True, False, False]]
+    assert allowed.tolist() == [[True, True, False, False], [False, False, True, True], [True, True, False, False]]
     torch.testing.assert_close(m, torch.tensor([0.1, 0.05, 0.005], dtype=torch.float64))
     v2 = Gate(n_group=2, topk_group=1, group_score="max")
     _, m2 = _group_limit(v2, s, s, k=1)  # max: group 1 wins row 3 (0.9 > 0.6), gap counts once

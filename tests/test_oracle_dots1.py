@@ -28,11 +28,20 @@ from moeaudit.replay import replay  # noqa: E402
 CASES: dict[str, dict[str, Any]] = {
     "grouped-bias-sliding-last": {},
     # dots.llm1's own settings: one group, no bias, no renormalisation, no sliding layer
-    "one-group-no-bias-no-renorm": {"n_group": 1, "topk_group": 1, "attention_bias": False,
-                                    "norm_topk_prob": False, "routed_scaling_factor": 1.0,
-                                    "max_window_layers": 3},
-    "top3-two-shared-all-routed-all-sliding": {"num_experts_per_tok": 3, "n_shared_experts": 2,
-                                               "first_k_dense_replace": 0, "max_window_layers": 0},
+    "one-group-no-bias-no-renorm": {
+        "n_group": 1,
+        "topk_group": 1,
+        "attention_bias": False,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "max_window_layers": 3,
+    },
+    "top3-two-shared-all-routed-all-sliding": {
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 0,
+        "max_window_layers": 0,
+    },
 }
 
 
@@ -75,13 +84,29 @@ def test_fused_dots1_experts_replay_bit_identically(tmp_path: Path) -> None:
 
 def test_hub_style_config_reads_as_transformers_does() -> None:
     """dots.llm1's hub config: no layer_types, max_window_layers = the layer count (no window)."""
-    cfg = {"model_type": "dots1", "hidden_size": 4096, "num_attention_heads": 32,
-           "num_key_value_heads": 32, "num_hidden_layers": 62, "vocab_size": 152064,
-           "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 128,
-           "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 1, "topk_group": 1,
-           "first_k_dense_replace": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-           "sliding_window": None, "max_window_layers": 62, "rope_theta": 10000000,
-           "attention_bias": False, "rms_norm_eps": 1e-05}
+    cfg = {
+        "model_type": "dots1",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "num_hidden_layers": 62,
+        "vocab_size": 152064,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "n_routed_experts": 128,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "sliding_window": None,
+        "max_window_layers": 62,
+        "rope_theta": 10000000,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-05,
+    }
     s = spec_from_config(cfg)
     assert (s.head_dim, s.rope_theta, s.rms_eps, s.qk_norm) == (128, 1e7, 1e-5, "head")
     assert s.routed_layers == tuple(range(1, 62)) and s.dense_dim == 10944 and s.shared_dim == 2816
@@ -89,10 +114,13 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
     assert s.routing == "sigmoid top-6 of 128, selection bias, renormalised, ×2.5"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"n_group": 3}, "do not split into n_group=3"),
-    ({"layer_types": ["full_attention"]}, "layer_types must list 3 layers"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"n_group": 3}, "do not split into n_group=3"),
+        ({"layer_types": ["full_attention"]}, "layer_types must list 3 layers"),
+    ],
+)
 def test_bad_dots1_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("dots1").to_dict()
     with pytest.raises(CheckpointError, match=message):

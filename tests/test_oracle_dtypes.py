@@ -47,9 +47,13 @@ def reference(family: str, model: Any, ckpt: Checkpoint, tokens: torch.Tensor) -
     ref = transformers_observed(model, tokens, moe=moe, gate=gate)
     if family == "hunyuan_v1_moe":  # the shared MLP is ``mlp.shared_mlp``
         params = dict(model.named_parameters())
-        ref = dataclasses.replace(ref, shared_grads={
-            i: _norm([p.grad for n, p in params.items() if n.startswith(f"model.layers.{i}.mlp.shared_mlp.")])
-            for i in ckpt.spec.routed_layers})
+        ref = dataclasses.replace(
+            ref,
+            shared_grads={
+                i: _norm([p.grad for n, p in params.items() if n.startswith(f"model.layers.{i}.mlp.shared_mlp.")])
+                for i in ckpt.spec.routed_layers
+            },
+        )
     if family in HYBRIDS:  # a DeltaNet layer's token mixer is ``linear_attn``
         attention = _attention_grads_with_linear_layers(model)
         ref.attention_grads = {i: attention[i] for i in ref.attention_grads}

@@ -28,8 +28,12 @@ from moeaudit.replay import replay  # noqa: E402
 
 CASES: dict[str, dict[str, Any]] = {
     "two-shared-dense-first": {},
-    "no-shared-interval-2-top3": {"moe_num_shared_experts": 0, "moe_layer_start_index": 0,
-                                  "moe_layer_interval": 2, "moe_k": 3},
+    "no-shared-interval-2-top3": {
+        "moe_num_shared_experts": 0,
+        "moe_layer_start_index": 0,
+        "moe_layer_interval": 2,
+        "moe_k": 3,
+    },
     "tied-embeddings-end-index": {"tie_word_embeddings": True, "moe_layer_end_index": 1},
 }
 
@@ -64,11 +68,24 @@ def test_the_selection_bias_and_the_pairing_are_what_the_oracle_checks(tmp_path:
 
 def test_hub_style_config_reads_as_transformers_does() -> None:
     """ERNIE-4.5-21B-A3B's config (no moe_layer_end_index: all layers from the start index)."""
-    cfg = {"model_type": "ernie4_5_moe", "hidden_size": 2560, "num_attention_heads": 20,
-           "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 103424,
-           "intermediate_size": 12288, "moe_intermediate_size": 1536, "moe_num_experts": 64,
-           "moe_num_shared_experts": 2, "moe_k": 6, "moe_layer_start_index": 1, "moe_layer_interval": 1,
-           "rope_theta": 500000, "rms_norm_eps": 1e-05, "use_bias": False}
+    cfg = {
+        "model_type": "ernie4_5_moe",
+        "hidden_size": 2560,
+        "num_attention_heads": 20,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 28,
+        "vocab_size": 103424,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "moe_num_experts": 64,
+        "moe_num_shared_experts": 2,
+        "moe_k": 6,
+        "moe_layer_start_index": 1,
+        "moe_layer_interval": 1,
+        "rope_theta": 500000,
+        "rms_norm_eps": 1e-05,
+        "use_bias": False,
+    }
     s = spec_from_config(cfg)
     assert (s.num_experts, s.top_k, s.expert_dim, s.shared_dim, s.dense_dim) == (64, 6, 1536, 3072, 12288)
     assert s.routed_layers == tuple(range(1, 28)) and s.tie_embeddings and s.rope_interleaved
@@ -78,12 +95,15 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
     assert "in probability units" in note["changed"][0] and "ρ = softmax(W_r y)" in note["changed"][1]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"use_bias": True}, "moeaudit does not replay use_bias=true for ernie4_5_moe yet"),
-    ({"moe_layer_interval": 0}, "moe_layer_interval must be ≥ 1"),
-    ({"moe_layer_end_index": "last"}, "'moe_layer_end_index' must be an int"),
-    ({"moe_k": 9}, "moe_k=9 not in 1..8"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"use_bias": True}, "moeaudit does not replay use_bias=true for ernie4_5_moe yet"),
+        ({"moe_layer_interval": 0}, "moe_layer_interval must be ≥ 1"),
+        ({"moe_layer_end_index": "last"}, "'moe_layer_end_index' must be an int"),
+        ({"moe_k": 9}, "moe_k=9 not in 1..8"),
+    ],
+)
 def test_bad_ernie_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("ernie4_5_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):

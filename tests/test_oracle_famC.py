@@ -36,10 +36,18 @@ V32: dict[str, dict[str, Any]] = {
     "v32-sparse": {},
     "v32-dense-when-the-window-fits": {"index_topk": 16},
     "v32-top1-indexer-one-head": {"index_topk": 1, "index_n_heads": 1},
-    "v32-yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
-                                     "mscale_all_dim": 1.0,
-                                     "original_max_position_embeddings": 16}},
+    "v32-yarn": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 16,
+        }
+    },
 }
 
 
@@ -49,8 +57,7 @@ def test_deepseek_v32_replay_matches_transformers(case: str, tmp_path: Path) -> 
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     assert ckpt.spec.family == "deepseek_v32" and ckpt.spec.routed_layers == (1, 2)
-    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens),
-                          ckpt)
+    assert_agree_deepseek(transformers_observed(load(tmp_path), tokens), observed(ckpt, tokens), ckpt)
     assert ckpt.warnings == [] and ckpt.notes == []
 
 
@@ -78,8 +85,7 @@ def test_deepseek_v32_config_defaults_match_transformers() -> None:
     assert (spec.num_experts, spec.top_k, spec.gate.n_group, spec.gate.topk_group) == (256, 8, 8, 4)
     assert spec.routed_layers[0] == 3 and spec.gate.selection_bias
     assert spec.sparse_index is not None
-    assert (spec.sparse_index.topk, spec.sparse_index.n_heads, spec.sparse_index.head_dim) == (
-        2048, 64, 128)
+    assert (spec.sparse_index.topk, spec.sparse_index.n_heads, spec.sparse_index.head_dim) == (2048, 64, 128)
 
 
 def test_deepseek_v32_without_a_query_latent_is_refused() -> None:
@@ -96,9 +102,11 @@ NEXT: dict[str, dict[str, Any]] = {
     "next": {},  # layers: linear, full, linear; all routed
     "next-dense-layer-no-renorm": {"mlp_only_layers": [0], "norm_topk_prob": False},
     "next-attention-bias": {"attention_bias": True},
-    "next-equal-heads-full-rotary": {"linear_num_value_heads": 2, "partial_rotary_factor": 1.0,
-                                     "layer_types": ["full_attention", "linear_attention",
-                                                     "linear_attention"]},
+    "next-equal-heads-full-rotary": {
+        "linear_num_value_heads": 2,
+        "partial_rotary_factor": 1.0,
+        "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+    },
 }
 
 
@@ -137,7 +145,12 @@ def test_qwen3_next_config_defaults_match_transformers() -> None:
     assert spec.linear_layers == tuple(i for i in range(48) if (i + 1) % 4)
     la = spec.linear_attention
     assert la is not None and (la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (
-        16, 32, 128, 128, 4)
+        16,
+        32,
+        128,
+        128,
+        4,
+    )
 
 
 def test_qwen3_next_mtp_module_is_noted_and_changes_nothing(tmp_path: Path) -> None:
@@ -187,8 +200,9 @@ def test_qwen3_5_moe_vision_language_checkpoint_replays_its_text_decoder(tmp_pat
     tokens = random_tokens()
     with torch.no_grad():
         logits = model(input_ids=tokens).logits[:, :-1]
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
-                          reduction="none").view(tokens.shape[0], -1)
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none").view(
+        tokens.shape[0], -1
+    )
     result = replay(ckpt, tokens)
     torch.testing.assert_close(result.nll_windows_W, nll.mean(1), **FORWARD)
     assert result.nll == pytest.approx(float(nll.mean()), rel=1e-4)

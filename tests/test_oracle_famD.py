@@ -51,14 +51,25 @@ def _log(family: str, case: str, dtype: str, ref: Observed, ours: Observed) -> N
             want, got = getattr(ref, name)[i], getattr(ours, name)[i]
             if want > 1e-6:
                 rel.append(abs(got - want) / want)
-    row = {"family": family, "case": case, "dtype": dtype, "nll_abs": abs(float(ours.loss) - float(ref.loss)),
-           "grad_rel": max(rel)}
+    row = {
+        "family": family,
+        "case": case,
+        "dtype": dtype,
+        "nll_abs": abs(float(ours.loss) - float(ref.loss)),
+        "grad_rel": max(rel),
+    }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
 
-def check(tmp_path: Path, family: str, case: str, dtype: str, overrides: dict[str, Any],
-          reference: Callable[[Any, torch.Tensor], Observed] | None = None) -> tuple[Any, Checkpoint]:
+def check(
+    tmp_path: Path,
+    family: str,
+    case: str,
+    dtype: str,
+    overrides: dict[str, Any],
+    reference: Callable[[Any, torch.Tensor], Observed] | None = None,
+) -> tuple[Any, Checkpoint]:
     """Save a tiny model (in ``dtype``), replay it and compare with transformers on the same file."""
     model = save_tiny(tmp_path, family, dtype=DTYPES[dtype], **overrides)
     ckpt = Checkpoint(tmp_path)
@@ -84,12 +95,22 @@ EXAONE: dict[str, dict[str, Any]] = {
     # every layer sliding (RoPE everywhere) with a window beyond T, all routed, top-3 of 16 in
     # 4 groups, two shared experts
     "top3-16-experts-two-shared-all-routed": {
-        "num_experts": 16, "num_experts_per_tok": 3, "num_shared_experts": 2, "first_k_dense_replace": 0,
-        "sliding_window": 16, "layer_types": ["sliding_attention"] * 3, "routed_scaling_factor": 1.0},
+        "num_experts": 16,
+        "num_experts_per_tok": 3,
+        "num_shared_experts": 2,
+        "first_k_dense_replace": 0,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention"] * 3,
+        "routed_scaling_factor": 1.0,
+    },
     # explicit mlp_layer_types with a dense middle layer, one group, no renormalisation, top-1
     "top1-dense-middle-ungrouped": {
-        "mlp_layer_types": ["sparse", "dense", "sparse"], "n_group": 1, "topk_group": 1,
-        "num_experts_per_tok": 1, "norm_topk_prob": False},
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 1,
+        "norm_topk_prob": False,
+    },
 }
 
 
@@ -142,11 +163,14 @@ def test_exaone_moe_release_config_reads_as_transformers_does() -> None:
     assert spec_from_config(no_types).sliding_layers == s.sliding_layers
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"layer_types": None, "sliding_window_pattern": "LLLG"}, "sliding_window_pattern must be a positive integer"),
-    ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list 3 layers"),
-    ({"num_shared_experts": 0}, "num_shared_experts must be ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"layer_types": None, "sliding_window_pattern": "LLLG"}, "sliding_window_pattern must be a positive integer"),
+        ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list 3 layers"),
+        ({"num_shared_experts": 0}, "num_shared_experts must be ≥ 1"),
+    ],
+)
 def test_bad_exaone_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("exaone_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):
@@ -161,16 +185,28 @@ COHERE: dict[str, dict[str, Any]] = {
     # RMSNorm, sigmoid top-3 of 16 renormalised, two shared experts summed, a dense first layer
     # (its own width, RoPE: prefix pattern 1), q/k/v/o biases, untied LM head
     "rms-sigmoid-top3-16-sum-dense-prefix": {
-        "rms_norm_eps": 1e-6, "expert_selection_fn": "sigmoid", "num_experts": 16, "num_experts_per_tok": 3,
-        "num_shared_experts": 2, "shared_expert_combination_strategy": "sum", "first_k_dense_replace": 1,
-        "prefix_dense_intermediate_size": 40, "attention_bias": True, "tie_word_embeddings": False},
+        "rms_norm_eps": 1e-6,
+        "expert_selection_fn": "sigmoid",
+        "num_experts": 16,
+        "num_experts_per_tok": 3,
+        "num_shared_experts": 2,
+        "shared_expert_combination_strategy": "sum",
+        "first_k_dense_replace": 1,
+        "prefix_dense_intermediate_size": 40,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
     # no shared expert, sigmoid top-1 not renormalised, a dense middle layer that is global
     # without RoPE (prefix pattern 2), every layer global except the first
     "top1-sigmoid-no-shared-dense-middle": {
-        "num_shared_experts": 0, "expert_selection_fn": "sigmoid", "norm_topk_prob": False,
-        "num_experts_per_tok": 1, "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "num_shared_experts": 0,
+        "expert_selection_fn": "sigmoid",
+        "norm_topk_prob": False,
+        "num_experts_per_tok": 1,
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
         "prefix_dense_sliding_window_pattern": 2,
-        "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+    },
 }
 
 
@@ -211,9 +247,12 @@ def test_cohere2_moe_each_difference_changes_the_loss(change: str, tmp_path: Pat
     tokens = random_tokens()
     base = replay(ckpt, tokens, backward=False).nll
     undo: dict[str, dict[str, Any]] = {
-        "serial": {"parallel_block": False}, "rope-halves": {"rope_interleaved": False},
-        "rope-everywhere": {"nope_layers": ()}, "sum": {"shared_scale": 1.0, "gate": Gate()},
-        "logit-scale": {"logits_scaling": 1.0}}
+        "serial": {"parallel_block": False},
+        "rope-halves": {"rope_interleaved": False},
+        "rope-everywhere": {"nope_layers": ()},
+        "sum": {"shared_scale": 1.0, "gate": Gate()},
+        "logit-scale": {"logits_scaling": 1.0},
+    }
     ckpt.spec = dataclasses.replace(ckpt.spec, **undo[change])
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
@@ -230,12 +269,15 @@ def test_cohere2_moe_default_config_reads_as_transformers_does() -> None:
     assert s.routing == "softmax top-2 of 8, renormalised"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"expert_selection_fn": "relu"}, "expert_selection_fn must be"),
-    ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy must be"),
-    ({"logit_scale": 0.0}, "logit_scale must be a positive number"),
-    ({"mlp_layer_types": ["dense"]}, "mlp_layer_types must list 3 layers"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"expert_selection_fn": "relu"}, "expert_selection_fn must be"),
+        ({"shared_expert_combination_strategy": "max"}, "shared_expert_combination_strategy must be"),
+        ({"logit_scale": 0.0}, "logit_scale must be a positive number"),
+        ({"mlp_layer_types": ["dense"]}, "mlp_layer_types must list 3 layers"),
+    ],
+)
 def test_bad_cohere2_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("cohere2_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):
@@ -254,12 +296,18 @@ DBRX: dict[str, dict[str, Any]] = {
     "top3-of-8-unnormalised-mha": {
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
         "attn_config": {"kv_n_heads": 4, "clip_qkv": 8, "rope_theta": 500000.0},
-        "ffn_config": {"ffn_hidden_size": 24, "moe_num_experts": 8, "moe_top_k": 3,
-                       "moe_normalize_expert_weights": None}},
+        "ffn_config": {
+            "ffn_hidden_size": 24,
+            "moe_num_experts": 8,
+            "moe_top_k": 3,
+            "moe_normalize_expert_weights": None,
+        },
+    },
     # top-1 of 6, one kv head (DBRX's default), a tight clip
     "top1-of-6-one-kv-head": {
         "attn_config": {"kv_n_heads": 1, "clip_qkv": 0.25, "rope_theta": 10000.0},
-        "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 6, "moe_top_k": 1}},
+        "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 6, "moe_top_k": 1},
+    },
 }
 
 
@@ -273,13 +321,20 @@ def dbrx_observed(model: Any, tokens: torch.Tensor) -> Observed:
     seen: dict[tuple[str, int], Any] = {}
     hooks = []
     for i, block in enumerate(blocks):
-        hooks.append(block.norm_attn_norm.norm_2.register_forward_hook(
-            lambda _m, args, _o, i=i: seen.__setitem__(("h", i), args[0].detach().flatten(0, -2))))
-        hooks.append(block.ffn.router.register_forward_hook(
-            lambda _m, _a, out, i=i: seen.__setitem__(("logits", i), out.detach())))
+        hooks.append(
+            block.norm_attn_norm.norm_2.register_forward_hook(
+                lambda _m, args, _o, i=i: seen.__setitem__(("h", i), args[0].detach().flatten(0, -2))
+            )
+        )
+        hooks.append(
+            block.ffn.router.register_forward_hook(
+                lambda _m, _a, out, i=i: seen.__setitem__(("logits", i), out.detach())
+            )
+        )
         route = block.ffn.route_tokens_to_experts
-        block.ffn.route_tokens_to_experts = (
-            lambda logits, route=route, i=i: seen.setdefault(("route", i), route(logits)))
+        block.ffn.route_tokens_to_experts = lambda logits, route=route, i=i: seen.setdefault(
+            ("route", i), route(logits)
+        )
     try:
         out = model(tokens, output_hidden_states=True)
     finally:
@@ -301,7 +356,9 @@ def dbrx_observed(model: Any, tokens: torch.Tensor) -> Observed:
         mlp = block.ffn.experts.mlp
         experts[i] = sum(p.grad.double().view(E, -1).pow(2).sum(1) for p in (mlp.w1, mlp.v1, mlp.w2)).sqrt()
     return Observed(
-        loss=loss.detach(), nll_windows_W=nll.detach().mean(1), entropy=entropy,
+        loss=loss.detach(),
+        nll_windows_W=nll.detach().mean(1),
+        entropy=entropy,
         layer_inputs=[h.detach() for h in out.hidden_states],
         moe_inputs={i: seen["h", i] for i in range(n)},
         scores={i: seen["logits", i] for i in range(n)},
@@ -310,8 +367,9 @@ def dbrx_observed(model: Any, tokens: torch.Tensor) -> Observed:
         expert_grads=experts,
         router_grads={i: _norm(under(i, "ffn.router.")) for i in range(n)},
         shared_grads=dict.fromkeys(range(n), 0.0),
-        attention_grads={i: _norm(under(i, "norm_attn_norm.attn.") + under(i, "norm_attn_norm.norm_1."))
-                         for i in range(n)},
+        attention_grads={
+            i: _norm(under(i, "norm_attn_norm.attn.") + under(i, "norm_attn_norm.norm_1.")) for i in range(n)
+        },
     )
 
 
@@ -321,8 +379,11 @@ def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path)
     model, ckpt = check(tmp_path, "dbrx", case, dtype, DBRX[case], dbrx_observed)
     s, attn, ffn = ckpt.spec, model.config.attn_config, model.config.ffn_config
     assert (s.num_experts, s.top_k, s.expert_dim) == (ffn.moe_num_experts, ffn.moe_top_k, ffn.ffn_hidden_size)
-    assert (s.num_kv_heads, s.clip_qkv, s.rope_theta) == (attn.kv_n_heads, attn.clip_qkv,
-                                                         model.config.rope_parameters["rope_theta"])
+    assert (s.num_kv_heads, s.clip_qkv, s.rope_theta) == (
+        attn.kv_n_heads,
+        attn.clip_qkv,
+        model.config.rope_parameters["rope_theta"],
+    )
     assert s.norm_topk_prob == (ffn.moe_normalize_expert_weights is not None)
 
 
@@ -341,22 +402,38 @@ def test_dbrx_clip_changes_the_loss(tmp_path: Path) -> None:
 
 def test_dbrx_hub_config_reads_with_its_own_rope_theta() -> None:
     """dbrx-instruct's config.json: no top-level rope parameters, θ in attn_config (5e5)."""
-    cfg = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
-           "vocab_size": 100352, "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
-           "ffn_config": {"ffn_hidden_size": 10752, "moe_jitter_eps": 0.01, "moe_loss_weight": 0.05,
-                          "moe_num_experts": 16, "moe_top_k": 4}, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "dbrx",
+        "d_model": 6144,
+        "n_heads": 48,
+        "n_layers": 40,
+        "max_seq_len": 32768,
+        "vocab_size": 100352,
+        "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+        "ffn_config": {
+            "ffn_hidden_size": 10752,
+            "moe_jitter_eps": 0.01,
+            "moe_loss_weight": 0.05,
+            "moe_num_experts": 16,
+            "moe_top_k": 4,
+        },
+        "tie_word_embeddings": False,
+    }
     s = spec_from_config(cfg)
     assert (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.num_layers) == (6144, 48, 8, 128, 40)
     assert (s.rope_theta, s.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
     assert s.routing == "softmax top-4 of 16, renormalised" and not s.norm_bias
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}}, "differ: which one"),
-    ({"ffn_config": {"moe_normalize_expert_weights": 2.0}}, "moe_normalize_expert_weights=2.0"),
-    ({"attn_config": {"clip_qkv": -1}}, "clip_qkv must be positive"),
-    ({"ffn_config": {"ffn_act_fn": {"name": "gelu"}}}, "hidden_act 'gelu'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}}, "differ: which one"),
+        ({"ffn_config": {"moe_normalize_expert_weights": 2.0}}, "moe_normalize_expert_weights=2.0"),
+        ({"attn_config": {"clip_qkv": -1}}, "clip_qkv must be positive"),
+        ({"ffn_config": {"ffn_act_fn": {"name": "gelu"}}}, "hidden_act 'gelu'"),
+    ],
+)
 def test_bad_dbrx_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("dbrx").to_dict()
     for key, value in bad.items():
@@ -373,12 +450,22 @@ LFM2: dict[str, dict[str, Any]] = {
     # attention first, convs after (kernel 4, with biases), every layer routed, top-3 of 16 chosen
     # on σ alone (no expert bias), not renormalised
     "attn-conv-conv-top3-16-no-bias": {
-        "layer_types": ["full_attention", "conv", "conv"], "conv_L_cache": 4, "conv_bias": True,
-        "num_dense_layers": 0, "num_experts": 16, "num_experts_per_tok": 3, "use_expert_bias": False,
-        "norm_topk_prob": False, "routed_scaling_factor": 1.0},
+        "layer_types": ["full_attention", "conv", "conv"],
+        "conv_L_cache": 4,
+        "conv_bias": True,
+        "num_dense_layers": 0,
+        "num_experts": 16,
+        "num_experts_per_tok": 3,
+        "use_expert_bias": False,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+    },
     # two dense layers, one routed attention layer, top-1
-    "two-dense-top1": {"num_dense_layers": 2, "num_experts_per_tok": 1,
-                       "layer_types": ["conv", "conv", "full_attention"]},
+    "two-dense-top1": {
+        "num_dense_layers": 2,
+        "num_experts_per_tok": 1,
+        "layer_types": ["conv", "conv", "full_attention"],
+    },
 }
 
 
@@ -394,9 +481,16 @@ def lfm2_observed(model: Any, tokens: torch.Tensor) -> Observed:
         layer.post_attention_layernorm = layer.ffn_norm
     ref = transformers_observed(model, tokens, moe="feed_forward")
     params = dict(model.named_parameters())
-    mixer = {i: _norm([p.grad for n, p in params.items() if n.startswith(f"model.layers.{i}.")
-                       and n.split(".")[3] in ("self_attn", "conv", "operator_norm")])
-             for i in ref.attention_grads}
+    mixer = {
+        i: _norm(
+            [
+                p.grad
+                for n, p in params.items()
+                if n.startswith(f"model.layers.{i}.") and n.split(".")[3] in ("self_attn", "conv", "operator_norm")
+            ]
+        )
+        for i in ref.attention_grads
+    }
     return dataclasses.replace(ref, attention_grads=mixer)
 
 
@@ -424,9 +518,14 @@ def test_lfm2_moe_short_conv_matches_transformers_module() -> None:
     with torch.no_grad():
         for prm in mod.parameters():
             prm.copy_(torch.randn(prm.shape) / max(prm.shape[-1], 1) ** 0.5)
-    stored: dict[str, Any] = {"conv_in": mod.in_proj.weight, "conv_in_bias": mod.in_proj.bias,
-                              "conv_w": mod.conv.weight, "conv_bias": mod.conv.bias,
-                              "conv_out": mod.out_proj.weight, "conv_out_bias": mod.out_proj.bias}
+    stored: dict[str, Any] = {
+        "conv_in": mod.in_proj.weight,
+        "conv_in_bias": mod.in_proj.bias,
+        "conv_w": mod.conv.weight,
+        "conv_bias": mod.conv.bias,
+        "conv_out": mod.out_proj.weight,
+        "conv_out_bias": mod.out_proj.bias,
+    }
     p: dict[str, torch.Tensor] = {n: t for n, t in stored.items() if t is not None}
     assert len(p) == 6
     x = torch.randn(2, 9, 32)
@@ -440,19 +539,35 @@ def test_lfm2_moe_short_conv_matches_transformers_module() -> None:
 
 def test_lfm2_moe_hub_style_config() -> None:
     """LFM2-8B-A1B's config form: ``tie_embedding`` (legacy name), no rope parameters."""
-    cfg = {"model_type": "lfm2_moe", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "num_hidden_layers": 4, "vocab_size": 65536, "intermediate_size": 7168, "moe_intermediate_size": 1792,
-           "num_experts": 32, "num_experts_per_tok": 4, "num_dense_layers": 2, "tie_embedding": True,
-           "layer_types": ["conv", "conv", "full_attention", "conv"], "norm_eps": 1e-5, "conv_L_cache": 3}
+    cfg = {
+        "model_type": "lfm2_moe",
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 4,
+        "vocab_size": 65536,
+        "intermediate_size": 7168,
+        "moe_intermediate_size": 1792,
+        "num_experts": 32,
+        "num_experts_per_tok": 4,
+        "num_dense_layers": 2,
+        "tie_embedding": True,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+        "norm_eps": 1e-5,
+        "conv_L_cache": 3,
+    }
     s = spec_from_config(cfg)
     assert (s.rope_theta, s.tie_embeddings, s.conv_layers, s.routed_layers) == (1e6, True, (0, 1, 3), (2, 3))
     assert s.routing == "sigmoid top-4 of 32, selection bias, renormalised"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"layer_types": ["conv", "mamba", "conv"]}, "layer_types must list 3 layers"),
-    ({"conv_L_cache": 0}, "conv_L_cache must be ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"layer_types": ["conv", "mamba", "conv"]}, "layer_types must list 3 layers"),
+        ({"conv_L_cache": 0}, "conv_L_cache must be ≥ 1"),
+    ],
+)
 def test_bad_lfm2_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("lfm2_moe").to_dict()
     with pytest.raises(CheckpointError, match=message):

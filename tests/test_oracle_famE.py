@@ -60,8 +60,9 @@ def check(tmp_path: Path, family: str, dtype: str, reference: Any = None, **over
     assert ckpt.spec.routed_layers == routed
     if log := os.environ.get("MOEAUDIT_FAME_LOG"):
         with open(log, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"family": family, "dtype": dtype, **overrides, **_worst(ref, ours)},
-                               default=str) + "\n")
+            f.write(
+                json.dumps({"family": family, "dtype": dtype, **overrides, **_worst(ref, ours)}, default=str) + "\n"
+            )
     return ckpt
 
 
@@ -69,9 +70,14 @@ def check(tmp_path: Path, family: str, dtype: str, reference: Any = None, **over
 
 SOLAR: dict[str, dict[str, Any]] = {
     "groups-top2": {},
-    "top3-two-shared-12-experts-no-bias": {"num_experts_per_tok": 3, "n_shared_experts": 2,
-                                           "n_routed_experts": 12, "n_group": 1, "topk_group": 1,
-                                           "attention_bias": False},
+    "top3-two-shared-12-experts-no-bias": {
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "n_routed_experts": 12,
+        "n_group": 1,
+        "topk_group": 1,
+        "attention_bias": False,
+    },
 }
 
 
@@ -89,18 +95,27 @@ def test_solar_open_config_defaults_match_transformers() -> None:
     assert (spec.num_experts, spec.top_k, spec.shared_dim, spec.rope_theta) == (128, 8, 1280, 1e6)
     assert spec.norm_topk_prob and spec.gate.selection_bias and spec.routed_layers == tuple(range(48))
     with pytest.raises(CheckpointError, match="partial_rotary_factor"):
-        spec_from_config({**transformers.AutoConfig.for_model("solar_open").to_dict(),
-                          "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
-                                              "partial_rotary_factor": 0.5}})
+        spec_from_config(
+            {
+                **transformers.AutoConfig.for_model("solar_open").to_dict(),
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+            }
+        )
 
 
 # ----- Sarvam-105B: DeepSeek-V3 with Sarvam's defaults ---------------------------------------------
 
 SARVAM_MLA: dict[str, dict[str, Any]] = {
     "plain-query-dense-first-top2": {},
-    "query-latent-groups-top3-two-shared-all-routed": {"q_lora_rank": 16, "n_group": 4, "topk_group": 2,
-                                                      "num_experts_per_tok": 3, "n_shared_experts": 2,
-                                                      "first_k_dense_replace": 0, "rope_interleave": False},
+    "query-latent-groups-top3-two-shared-all-routed": {
+        "q_lora_rank": 16,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 0,
+        "rope_interleave": False,
+    },
 }
 
 
@@ -119,10 +134,21 @@ def test_sarvam_mla_config_defaults_and_original_format() -> None:
     assert spec.mla is not None and spec.mla.q_lora_rank == 0 and spec.mla.rope_interleave
     assert (spec.num_experts, spec.gate.n_group, spec.routed_layers[0], spec.mtp_layers) == (128, 1, 1, 0)
     original = {k: v for k, v in cfg.items() if k not in ("n_routed_experts", "n_shared_experts", "rope_parameters")}
-    original |= {"num_experts": 32, "num_shared_experts": 2, "head_dim": 576,
-                 "rope_scaling": {"type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
-                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-                 "rope_theta": 10000.0}
+    original |= {
+        "num_experts": 32,
+        "num_shared_experts": 2,
+        "head_dim": 576,
+        "rope_scaling": {
+            "type": "deepseek_yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "rope_theta": 10000.0,
+    }
     hf = transformers.AutoConfig.for_model(**original)
     spec = spec_from_config(original)
     assert spec.num_experts == hf.n_routed_experts and spec.shared_dim == hf.n_shared_experts * spec.expert_dim
@@ -135,8 +161,12 @@ def test_sarvam_mla_config_defaults_and_original_format() -> None:
 HY3: dict[str, dict[str, Any]] = {
     "dense-first-top2": {},
     "sparse-dense-sparse-top3-two-shared-12-experts-bias": {
-        "mlp_layer_types": ["sparse", "dense", "sparse"], "num_experts_per_tok": 3, "num_shared_experts": 2,
-        "num_experts": 12, "attention_bias": True},
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "num_experts_per_tok": 3,
+        "num_shared_experts": 2,
+        "num_experts": 12,
+        "attention_bias": True,
+    },
 }
 
 
@@ -165,9 +195,14 @@ def test_hy_v3_config_defaults_match_transformers() -> None:
 
 SARVAM: dict[str, dict[str, Any]] = {
     "dense-first-groups-top2": {},
-    "all-routed-top1-two-shared-16-experts-bias": {"first_k_dense_replace": 0, "num_experts_per_tok": 1,
-                                                   "n_shared_experts": 2, "n_routed_experts": 16,
-                                                   "attention_bias": True, "use_qk_norm": False},
+    "all-routed-top1-two-shared-16-experts-bias": {
+        "first_k_dense_replace": 0,
+        "num_experts_per_tok": 1,
+        "n_shared_experts": 2,
+        "n_routed_experts": 16,
+        "attention_bias": True,
+        "use_qk_norm": False,
+    },
 }
 
 
@@ -183,16 +218,22 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
 
     cfg = transformers.AutoConfig.for_model("sarvam_moe").to_dict()
     spec = spec_from_config(cfg)
-    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.gate.scaling) == (
-        128, 6, 8e6, 64, 2.5)
+    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.gate.scaling) == (128, 6, 8e6, 64, 2.5)
     assert spec.qk_norm == "head" and spec.routed_layers[0] == 1 and spec.mtp_layers == 0
-    original = {k: v for k, v in cfg.items() if k not in ("n_routed_experts", "n_shared_experts",
-                                                           "attention_bias", "rope_parameters")}
+    original = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("n_routed_experts", "n_shared_experts", "attention_bias", "rope_parameters")
+    }
     original |= {"num_experts": 32, "num_shared_experts": 2, "use_qkv_bias": True, "rope_theta": 5e5}
     hf = transformers.AutoConfig.for_model(**original)
     spec = spec_from_config(original)
     assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.attention_bias, spec.rope_theta) == (
-        hf.n_routed_experts, hf.n_shared_experts, hf.attention_bias, hf.rope_parameters["rope_theta"])
+        hf.n_routed_experts,
+        hf.n_shared_experts,
+        hf.attention_bias,
+        hf.rope_parameters["rope_theta"],
+    )
     assert spec.rotary_dim == 64
     with pytest.raises(CheckpointError, match="num_experts"):
         spec_from_config({**cfg, "num_experts": 7})
@@ -203,8 +244,13 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
 GLM5: dict[str, dict[str, Any]] = {
     "dense-first-groups-top2": {},
     "all-routed-top3-two-shared-16-experts-one-indexer-head": {
-        "mlp_layer_types": ["sparse", "sparse", "dense"], "num_experts_per_tok": 3, "n_shared_experts": 2,
-        "n_routed_experts": 16, "index_topk": 3, "index_n_heads": 1},
+        "mlp_layer_types": ["sparse", "sparse", "dense"],
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "n_routed_experts": 16,
+        "index_topk": 3,
+        "index_n_heads": 1,
+    },
 }
 
 
@@ -254,10 +300,14 @@ def test_glm_moe_dsa_config_defaults_and_shared_indexers() -> None:
 
 MINIMAX: dict[str, dict[str, Any]] = {
     "alternating-top2-of-4": {},
-    "lightning-first-sliding-top3-of-8": {"layer_types": ["linear_attention", "linear_attention", "full_attention",
-                                                          "linear_attention"],
-                                          "num_local_experts": 8, "num_experts_per_tok": 3, "sliding_window": 5,
-                                          "block_size": 4, "num_key_value_heads": 1},
+    "lightning-first-sliding-top3-of-8": {
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "num_local_experts": 8,
+        "num_experts_per_tok": 3,
+        "sliding_window": 5,
+        "block_size": 4,
+        "num_key_value_heads": 1,
+    },
 }
 
 
@@ -303,15 +353,23 @@ def test_minimax_config_defaults_match_transformers() -> None:
 LAGUNA: dict[str, dict[str, Any]] = {
     "dense-first-head-gate-softcap-top2": {},
     "sliding-element-gate-top3-of-12-sparse-dense-sparse": {
-        "gating": "per-element", "num_experts": 12, "num_experts_per_tok": 3, "moe_routed_scaling_factor": 1.0,
-        "moe_router_logit_softcapping": 0.0, "mlp_layer_types": ["sparse", "dense", "sparse"],
-        "layer_types": ["sliding_attention"] * 3, "sliding_window": 5, "attention_bias": True},
+        "gating": "per-element",
+        "num_experts": 12,
+        "num_experts_per_tok": 3,
+        "moe_routed_scaling_factor": 1.0,
+        "moe_router_logit_softcapping": 0.0,
+        "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "layer_types": ["sliding_attention"] * 3,
+        "sliding_window": 5,
+        "attention_bias": True,
+    },
 }
 
 
 def _laguna_reference(scale: float) -> Any:
     """transformers' numbers with the combine weights × ``moe_routed_scaling_factor``: Laguna scales
     the routed sum, the replay's combine weights carry the factor (as DeepSeek's do)."""
+
     def reference(model: Any, tokens: torch.Tensor) -> Observed:
         ref = transformers_observed(model, tokens)
         ref.combine = {i: c * scale for i, c in ref.combine.items()}
@@ -327,7 +385,8 @@ def test_laguna_replay_matches_transformers(case: str, dtype: str, tmp_path: Pat
     scale = overrides.get("moe_routed_scaling_factor", 1.5)
     ckpt = check(tmp_path, "laguna", dtype, reference=_laguna_reference(scale), **overrides)
     assert ckpt.spec.output_gate == ("element" if "gating" in overrides else "head") and ckpt.spec.rope_dim == (
-        8 if "layer_types" in overrides else 4)
+        8 if "layer_types" in overrides else 4
+    )
 
 
 def test_laguna_softcap_and_gate_change_the_loss(tmp_path: Path) -> None:

@@ -29,11 +29,21 @@ from moeaudit.replay.model import apply_rope, rope_tables  # noqa: E402
 CASES: dict[str, dict[str, Any]] = {
     "grouped-qknorm-bias": {},
     # GLM-4.5's own settings: one group, no qk norm, no attention bias; a quarter-rotary head
-    "one-group-quarter-rotary": {"n_group": 1, "topk_group": 1, "use_qk_norm": False,
-                                 "attention_bias": False, "head_dim": 16,
-                                 "partial_rotary_factor": 0.25, "routed_scaling_factor": 1.0},
-    "top3-two-shared-no-renorm-full-rotary": {"num_experts_per_tok": 3, "n_shared_experts": 2,
-                                              "norm_topk_prob": False, "partial_rotary_factor": 1.0},
+    "one-group-quarter-rotary": {
+        "n_group": 1,
+        "topk_group": 1,
+        "use_qk_norm": False,
+        "attention_bias": False,
+        "head_dim": 16,
+        "partial_rotary_factor": 0.25,
+        "routed_scaling_factor": 1.0,
+    },
+    "top3-two-shared-no-renorm-full-rotary": {
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "norm_topk_prob": False,
+        "partial_rotary_factor": 1.0,
+    },
     "all-routed-top1-group": {"first_k_dense_replace": 0, "topk_group": 1},
 }
 
@@ -84,13 +94,31 @@ def test_partial_rope_matches_transformers_apply_rotary_pos_emb() -> None:
 
 def test_hub_style_config_reads_as_transformers_does() -> None:
     """GLM-4.5's hub config (v4 style: partial_rotary_factor and rope_theta at the top level)."""
-    cfg = {"model_type": "glm4_moe", "hidden_size": 4096, "num_attention_heads": 96,
-           "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 46, "vocab_size": 151552,
-           "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 128,
-           "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1,
-           "first_k_dense_replace": 3, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-           "partial_rotary_factor": 0.5, "rope_theta": 1000000, "attention_bias": True,
-           "use_qk_norm": False, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05}
+    cfg = {
+        "model_type": "glm4_moe",
+        "hidden_size": 4096,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 46,
+        "vocab_size": 151552,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 1000000,
+        "attention_bias": True,
+        "use_qk_norm": False,
+        "num_nextn_predict_layers": 1,
+        "rms_norm_eps": 1e-05,
+    }
     s = spec_from_config(cfg)
     assert (s.rope_dim, s.head_dim, s.rope_theta, s.rms_eps) == (64, 128, 1e6, 1e-5)
     assert (s.attention_bias, s.o_bias, s.qk_norm, s.mtp_layers) == (True, False, "none", 1)
@@ -99,12 +127,15 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
     assert s.to_json()["rotary_dim"] == 64 and s.to_json()["o_bias"] is False
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"partial_rotary_factor": 0.0}, "partial_rotary_factor must be in"),
-    ({"partial_rotary_factor": "half"}, "partial_rotary_factor must be in"),
-    ({"partial_rotary_factor": 0.1}, "the rotary part of a head must be even"),  # int(8·0.1) = 0
-    ({"n_group": 3}, "do not split into n_group=3"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"partial_rotary_factor": 0.0}, "partial_rotary_factor must be in"),
+        ({"partial_rotary_factor": "half"}, "partial_rotary_factor must be in"),
+        ({"partial_rotary_factor": 0.1}, "the rotary part of a head must be even"),  # int(8·0.1) = 0
+        ({"n_group": 3}, "do not split into n_group=3"),
+    ],
+)
 def test_bad_glm4_moe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("glm4_moe").to_dict()
     cfg.pop("rope_parameters", None)

@@ -83,8 +83,9 @@ def test_both_clamps_act_in_the_oracle_cases(tmp_path: Path) -> None:
     assert 0.05 < float((a3.abs() > 1.0).double().mean()) < 0.95
 
 
-@pytest.mark.parametrize("feature", ["attention_sinks", "router_logit_bias", "expert_bias", "limit", "alpha",
-                                     "sliding_layers"])
+@pytest.mark.parametrize(
+    "feature", ["attention_sinks", "router_logit_bias", "expert_bias", "limit", "alpha", "sliding_layers"]
+)
 def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_path: Path) -> None:
     """Turning any one difference off changes the NLL on the same weights, so the agreement
     above pins each of them."""
@@ -106,14 +107,22 @@ def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_pat
     ckpt.spec = dataclasses.replace(spec, **change)
     if feature == "expert_bias":
         real_read = ckpt._read_experts
-        ckpt._read_experts = lambda i: [{**w, "b1": 0 * w["b1"], "b3": 0 * w["b3"], "b2": 0 * w["b2"]}  # type: ignore[method-assign]
-                                        for w in real_read(i)]
+        ckpt._read_experts = lambda i: [
+            {**w, "b1": 0 * w["b1"], "b3": 0 * w["b3"], "b2": 0 * w["b2"]}  # type: ignore[method-assign]
+            for w in real_read(i)
+        ]
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
-def assert_experts_backward_is_autograd(back: Any, experts: list[dict[str, torch.Tensor]], y: torch.Tensor,
-                                        topk: torch.Tensor, c: torch.Tensor, g_out: torch.Tensor,
-                                        contribution: Any) -> None:
+def assert_experts_backward_is_autograd(
+    back: Any,
+    experts: list[dict[str, torch.Tensor]],
+    y: torch.Tensor,
+    topk: torch.Tensor,
+    c: torch.Tensor,
+    g_out: torch.Tensor,
+    contribution: Any,
+) -> None:
     """``experts_backward``'s dL/dy, dL/dc and per-expert ‖∇θ‖² against autograd through
     out = Σ_k contribution(w_{e_k}, y, c_k) for L = ⟨out, g_out⟩."""
     leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
@@ -127,8 +136,10 @@ def assert_experts_backward_is_autograd(back: Any, experts: list[dict[str, torch
     assert y_.grad is not None and c_.grad is not None
     torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
-    want = torch.tensor([sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None)
-                         for w in leaves], dtype=torch.float64)
+    want = torch.tensor(
+        [sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None) for w in leaves],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
 
 
@@ -140,9 +151,17 @@ def test_clamped_glu_backward_equals_autograd() -> None:
     spec = spec_from_config({**tiny_config("gpt_oss").to_dict(), "hidden_size": H, "intermediate_size": I})
     glu = spec.clamped_glu
     assert glu is not None
-    experts = [{"w1": torch.randn(I, H, generator=gen) / 2, "w3": torch.randn(I, H, generator=gen) / 2,
-                "w2": torch.randn(H, I, generator=gen) / 3, "b1": torch.randn(I, generator=gen) / 5,
-                "b3": torch.randn(I, generator=gen) / 5, "b2": torch.randn(H, generator=gen) / 5} for _ in range(3)]
+    experts = [
+        {
+            "w1": torch.randn(I, H, generator=gen) / 2,
+            "w3": torch.randn(I, H, generator=gen) / 2,
+            "w2": torch.randn(H, I, generator=gen) / 3,
+            "b1": torch.randn(I, generator=gen) / 5,
+            "b3": torch.randn(I, generator=gen) / 5,
+            "b2": torch.randn(H, generator=gen) / 5,
+        }
+        for _ in range(3)
+    ]
     y = torch.randn(N, H, generator=gen)
     topk = torch.stack([torch.randperm(3, generator=gen)[:K] for _ in range(N)])
     c = torch.rand(N, K, generator=gen)
@@ -152,8 +171,9 @@ def test_clamped_glu_backward_equals_autograd() -> None:
         h = clamped_glu(glu, x @ w["w1"].T + w["b1"], x @ w["w3"].T + w["b3"])
         return c_M1 * (h @ w["w2"].T + w["b2"])
 
-    assert_experts_backward_is_autograd(experts_backward(experts, y, topk, c, g_out, glu), experts, y, topk, c,
-                                        g_out, contribution)
+    assert_experts_backward_is_autograd(
+        experts_backward(experts, y, topk, c, g_out, glu), experts, y, topk, c, g_out, contribution
+    )
 
 
 def test_router_bias_is_part_of_the_logits(tmp_path: Path) -> None:
@@ -180,8 +200,15 @@ def _mxfp4_checkpoint(src: Path, dst: Path) -> None:
     dst.mkdir()
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
     (dst / "config.json").write_text(json.dumps(cfg))
 
 
@@ -253,21 +280,52 @@ def test_bad_mxfp4_tensors_are_refused(tmp_path: Path) -> None:
 def released_20b_config() -> dict[str, Any]:
     """openai/gpt-oss-20b's config.json (transformers 4.55 era: ``rope_scaling``, MXFP4)."""
     return {
-        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
-        "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
         "intermediate_size": 2880,
         "layer_types": ["sliding_attention", "full_attention"] * 12,
-        "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
-        "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
-        "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
-        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 8,
+        "num_local_experts": 32,
+        "output_router_logits": False,
+        "pad_token_id": 199999,
+        "quantization_config": {
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+            "quant_method": "mxfp4",
+        },
         "rms_norm_eps": 1e-05,
-        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                         "rope_type": "yarn", "truncate": False},
-        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
-        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": 201088,
     }
 
 
@@ -288,13 +346,16 @@ def test_released_config_reads_as_transformers_does() -> None:
     assert s2.sliding_layers == tuple(range(0, 24, 2)) and s2.yarn is not None and s2.yarn.factor == 32.0
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"layer_types": ["sliding_attention"]}, "layer_types must list 3"),
-    ({"layer_types": ["local", "full_attention", "sliding_attention"]}, "layer_types must list 3"),
-    ({"swiglu_limit": 0.0}, "swiglu_limit must be positive"),
-    ({"sliding_window": -4}, "sliding_window must be a positive integer or null"),
-    ({"sliding_window": None}, "layer_types name sliding layers but sliding_window is null"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"layer_types": ["sliding_attention"]}, "layer_types must list 3"),
+        ({"layer_types": ["local", "full_attention", "sliding_attention"]}, "layer_types must list 3"),
+        ({"swiglu_limit": 0.0}, "swiglu_limit must be positive"),
+        ({"sliding_window": -4}, "sliding_window must be a positive integer or null"),
+        ({"sliding_window": None}, "layer_types name sliding layers but sliding_window is null"),
+    ],
+)
 def test_bad_gpt_oss_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("gpt_oss").to_dict()
     with pytest.raises(CheckpointError, match=message):
@@ -346,8 +407,11 @@ def test_the_biased_router_carries_a_gate_note(tmp_path: Path) -> None:
 # --- torchtitan DCP -------------------------------------------------------------------------------
 
 GPT_OSS_TT = {  # torchtitan's gpt-oss names (its state_dict_adapter's from_hf_map), by hand
-    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
-    "self_attn.o_proj": "attention.wo", "mlp.router": "moe.router.gate",
+    "self_attn.q_proj": "attention.wq",
+    "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo",
+    "mlp.router": "moe.router.gate",
 }
 
 
@@ -355,8 +419,11 @@ def gpt_oss_torchtitan_state(sd: dict[str, torch.Tensor], layers: int) -> dict[s
     """The model as torchtitan's GroupedExperts hold it: mlp1 [E, 2I, H] (out × in, gate and up
     rows interleaved) and mlp2 [E, H, I], the transposes of transformers' tensors; the newer
     parameter names with their shape suffixes; the embedding, norm and head under torchtitan's names."""
-    out: dict[str, Any] = {"tok_embeddings.weight": sd["model.embed_tokens.weight"],
-                           "norm.weight": sd["model.norm.weight"], "output.weight": sd["lm_head.weight"]}
+    out: dict[str, Any] = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+    }
     for i in range(layers):
         p, t = f"model.layers.{i}.", f"layers.{i}."
         for hf, tt in GPT_OSS_TT.items():

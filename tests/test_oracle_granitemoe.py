@@ -28,8 +28,12 @@ from moeaudit.replay import replay  # noqa: E402
 CASES: dict[str, dict[str, Any]] = {
     "granite-3.0-multipliers": {},
     "top1-gqa1-tied": {"num_experts_per_tok": 1, "num_key_value_heads": 1, "tie_word_embeddings": True},
-    "unit-multipliers": {"embedding_multiplier": 1.0, "attention_multiplier": 8 ** -0.5,  # 1/√head_dim
-                         "residual_multiplier": 1.0, "logits_scaling": 1.0},
+    "unit-multipliers": {
+        "embedding_multiplier": 1.0,
+        "attention_multiplier": 8**-0.5,  # 1/√head_dim
+        "residual_multiplier": 1.0,
+        "logits_scaling": 1.0,
+    },
 }
 
 
@@ -58,21 +62,37 @@ def test_each_multiplier_is_what_the_oracle_checks(name: str, tmp_path: Path) ->
 
 def test_hub_style_config_reads_as_transformers_does() -> None:
     """granite-3.0-1b-a400m-base's config."""
-    cfg = {"model_type": "granitemoe", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-           "num_hidden_layers": 24, "vocab_size": 49155, "intermediate_size": 512, "num_local_experts": 32,
-           "num_experts_per_tok": 8, "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
-           "residual_multiplier": 0.22, "logits_scaling": 6.0, "rope_theta": 10000, "rms_norm_eps": 1e-06,
-           "tie_word_embeddings": True}
+    cfg = {
+        "model_type": "granitemoe",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 24,
+        "vocab_size": 49155,
+        "intermediate_size": 512,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 8,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.015625,
+        "residual_multiplier": 0.22,
+        "logits_scaling": 6.0,
+        "rope_theta": 10000,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True,
+    }
     s = spec_from_config(cfg)
     assert (s.embedding_multiplier, s.attention_scale, s.residual_multiplier, s.logits_scaling) == (12, 1 / 64, 0.22, 6)
     assert s.routing == "softmax top-8 of 32, renormalised" and s.expert_dim == 512 and s.tie_embeddings
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"logits_scaling": 0.0}, "logits_scaling must be positive"),
-    ({"residual_multiplier": -1.0}, "residual_multiplier must be positive"),
-    ({"attention_multiplier": "auto"}, "'attention_multiplier' must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"logits_scaling": 0.0}, "logits_scaling must be positive"),
+        ({"residual_multiplier": -1.0}, "residual_multiplier must be positive"),
+        ({"attention_multiplier": "auto"}, "'attention_multiplier' must be a finite number"),
+    ],
+)
 def test_bad_granitemoe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("granitemoe").to_dict()
     with pytest.raises(CheckpointError, match=message):

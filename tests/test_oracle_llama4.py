@@ -30,21 +30,31 @@ from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.model import experts_backward, swiglu  # noqa: E402
 
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
 
 CASES: dict[str, dict[str, Any]] = {
     "scout-like-top1": {},
     "top2-all-routed": {"num_experts_per_tok": 2, "interleave_moe_layer_step": 1},
     "llama3-rope": {"rope_parameters": LLAMA3},
-    "no-qk-norm-no-temperature-no-chunks": {"use_qk_norm": False, "attn_temperature_tuning": False,
-                                            "attention_chunk_size": None},
+    "no-qk-norm-no-temperature-no-chunks": {
+        "use_qk_norm": False,
+        "attn_temperature_tuning": False,
+        "attention_chunk_size": None,
+    },
     "explicit-layers": {"moe_layers": [0, 2], "no_rope_layers": [1, 0, 1, 1]},
 }
 
 
 def _chosen(top_k: int):
     """Llama4Router returns (scores [N, E]: σ of the chosen logits, 0 elsewhere; logits)."""
+
     def chosen(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         scores, logits = out
         idx = logits.topk(top_k, dim=1).indices
@@ -80,9 +90,18 @@ def test_the_released_vision_language_checkpoint_replays_its_text_decoder(tmp_pa
     import transformers
 
     text = tiny_config("llama4_text").to_dict()
-    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=28,
-                  patch_size=14, vision_output_dim=16, projector_input_dim=16, projector_output_dim=32,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    vision = dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=16,
+        projector_input_dim=16,
+        projector_output_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
     torch.manual_seed(0)
     model = transformers.Llama4ForConditionalGeneration(config).float()
@@ -91,14 +110,25 @@ def test_the_released_vision_language_checkpoint_replays_its_text_decoder(tmp_pa
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "llama4" and ckpt.spec.routed_layers == (1, 3) and ckpt.warnings == []
     assert any("vision encoder" in n for n in ckpt.notes) and any("projector" in n for n in ckpt.notes)
-    lm = transformers.Llama4ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32,
-                                                                     attn_implementation="eager").eval()
+    lm = transformers.Llama4ForConditionalGeneration.from_pretrained(
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tokens = random_tokens()
     assert_agree_deepseek(hf_observed(lm.language_model, ckpt, tokens), observed(ckpt, tokens), ckpt)
 
 
-@pytest.mark.parametrize("feature", ["scaled_expert_inputs", "nope_layers", "attn_temperature", "chunked_layers",
-                                     "qk_norm", "rope_interleaved", "llama3_rope"])
+@pytest.mark.parametrize(
+    "feature",
+    [
+        "scaled_expert_inputs",
+        "nope_layers",
+        "attn_temperature",
+        "chunked_layers",
+        "qk_norm",
+        "rope_interleaved",
+        "llama3_rope",
+    ],
+)
 def test_each_llama4_difference_is_what_the_oracle_checks(feature: str, tmp_path: Path) -> None:
     """Turning any one difference off changes the NLL on the same weights, so the agreement
     above pins each of them."""
@@ -106,8 +136,15 @@ def test_each_llama4_difference_is_what_the_oracle_checks(feature: str, tmp_path
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     ref = replay(ckpt, tokens, backward=False)
-    off: dict[str, Any] = {"scaled_expert_inputs": False, "nope_layers": (), "attn_temperature": None,
-                           "chunked_layers": (), "qk_norm": "none", "rope_interleaved": False, "llama3_rope": None}
+    off: dict[str, Any] = {
+        "scaled_expert_inputs": False,
+        "nope_layers": (),
+        "attn_temperature": None,
+        "chunked_layers": (),
+        "qk_norm": "none",
+        "rope_interleaved": False,
+        "llama3_rope": None,
+    }
     ckpt.spec = dataclasses.replace(ckpt.spec, **{feature: off[feature]})
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
@@ -117,15 +154,22 @@ def test_scaled_input_expert_backward_equals_autograd() -> None:
     autograd on the same experts."""
     gen = torch.Generator().manual_seed(4)
     H, I, N, K, E = 16, 12, 40, 2, 3
-    experts = [{"w1": torch.randn(I, H, generator=gen) / 2, "w3": torch.randn(I, H, generator=gen) / 2,
-                "w2": torch.randn(H, I, generator=gen) / 3} for _ in range(E)]
+    experts = [
+        {
+            "w1": torch.randn(I, H, generator=gen) / 2,
+            "w3": torch.randn(I, H, generator=gen) / 2,
+            "w2": torch.randn(H, I, generator=gen) / 3,
+        }
+        for _ in range(E)
+    ]
     y = torch.randn(N, H, generator=gen)
     topk = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(N)])
     c = torch.rand(N, K, generator=gen)
     g_out = torch.randn(N, H, generator=gen)
     back = experts_backward(experts, y, topk, c, g_out, scaled_inputs=True)
-    assert_experts_backward_is_autograd(back, experts, y, topk, c, g_out,
-                                        lambda w, x, c_M1: swiglu(c_M1 * x, w["w1"], w["w3"], w["w2"]))
+    assert_experts_backward_is_autograd(
+        back, experts, y, topk, c, g_out, lambda w, x, c_M1: swiglu(c_M1 * x, w["w1"], w["w3"], w["w2"])
+    )
 
 
 def test_expert_outputs_keep_the_combine_form(tmp_path: Path) -> None:
@@ -149,15 +193,37 @@ def test_expert_outputs_keep_the_combine_form(tmp_path: Path) -> None:
 def scout_config() -> dict[str, Any]:
     """meta-llama/Llama-4-Scout-17B-16E's text_config (the keys the replay reads)."""
     return {
-        "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8192,
-        "attn_scale": 0.1, "attn_temperature_tuning": True, "floor_scale": 8192, "head_dim": 128,
-        "hidden_act": "silu", "hidden_size": 5120, "interleave_moe_layer_step": 1,
-        "intermediate_size": 8192, "intermediate_size_mlp": 16384, "max_position_embeddings": 10485760,
-        "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
-        "num_local_experts": 16, "no_rope_layers": [], "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rope_theta": 500000.0, "use_qk_norm": True, "vocab_size": 202048, "tie_word_embeddings": False,
+        "model_type": "llama4_text",
+        "attention_bias": False,
+        "attention_chunk_size": 8192,
+        "attn_scale": 0.1,
+        "attn_temperature_tuning": True,
+        "floor_scale": 8192,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "interleave_moe_layer_step": 1,
+        "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384,
+        "max_position_embeddings": 10485760,
+        "num_attention_heads": 40,
+        "num_experts_per_tok": 1,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "num_local_experts": 16,
+        "no_rope_layers": [],
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 16.0,
+            "high_freq_factor": 1.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "use_qk_norm": True,
+        "vocab_size": 202048,
+        "tie_word_embeddings": False,
     }
 
 
@@ -175,14 +241,17 @@ def test_scout_config_reads_as_transformers_does() -> None:
     assert s.routing == "sigmoid top-1 of 16, not renormalised" and s.shared_dim == 8192
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"moe_layers": [0, 9]}, "moe_layers must be layer indices in 0..3"),
-    ({"no_rope_layers": [1, 1]}, "no_rope_layers must hold a 0 or 1 for each of the 4"),
-    ({"attention_chunk_size": 0}, "attention_chunk_size must be a positive integer or null"),
-    ({"layer_types": ["chunked_attention"] * 4, "attention_chunk_size": None}, "attention_chunk_size is null"),
-    ({"rope_parameters": {**LLAMA3, "high_freq_factor": 0.5}}, "high_freq_factor ≥ low_freq_factor"),
-    ({"rope_parameters": {**LLAMA3, "factor": None}}, "llama3 RoPE needs a positive 'factor'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"moe_layers": [0, 9]}, "moe_layers must be layer indices in 0..3"),
+        ({"no_rope_layers": [1, 1]}, "no_rope_layers must hold a 0 or 1 for each of the 4"),
+        ({"attention_chunk_size": 0}, "attention_chunk_size must be a positive integer or null"),
+        ({"layer_types": ["chunked_attention"] * 4, "attention_chunk_size": None}, "attention_chunk_size is null"),
+        ({"rope_parameters": {**LLAMA3, "high_freq_factor": 0.5}}, "high_freq_factor ≥ low_freq_factor"),
+        ({"rope_parameters": {**LLAMA3, "factor": None}}, "llama3 RoPE needs a positive 'factor'"),
+    ],
+)
 def test_bad_llama4_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("llama4_text").to_dict()
     with pytest.raises(CheckpointError, match=message):
@@ -232,8 +301,11 @@ def llama4_torchtitan_state(sd: dict[str, torch.Tensor], layers: int, prefix: st
     [E, H, 2I] into w1, w3 and transposes them to [E, I, H], and transposes ``down_proj``
     [E, I, H] to w2 [E, H, I]; a training state rides along."""
     lm_head = "language_model.lm_head.weight" if prefix != "model." else "lm_head.weight"
-    out: dict[str, Any] = {"tok_embeddings.weight": sd[prefix + "embed_tokens.weight"],
-                           "norm.weight": sd[prefix + "norm.weight"], "lm_head.weight": sd[lm_head]}
+    out: dict[str, Any] = {
+        "tok_embeddings.weight": sd[prefix + "embed_tokens.weight"],
+        "norm.weight": sd[prefix + "norm.weight"],
+        "lm_head.weight": sd[lm_head],
+    }
     for i in range(layers):
         p = f"{prefix}layers.{i}."
         for hf, tt in LLAMA4_TT.items():
@@ -289,6 +361,9 @@ def test_a_torchtitan_load_balancing_bias_is_refused_not_dropped(tmp_path: Path)
     state["layers.1.moe.expert_bias"] = torch.tensor([0.1, -0.1, 0.0, 0.0])
     save(state, tmp_path / "dcp")
     (tmp_path / "dcp" / "config.json").write_bytes((src / "config.json").read_bytes())
-    with pytest.raises(CheckpointError, match=r"1 tensor\(s\) that moeaudit's llama4_text replay does not use: "
-                       r"model\.layers\.1\.feed_forward\.router\.expert_bias —"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 tensor\(s\) that moeaudit's llama4_text replay does not use: "
+        r"model\.layers\.1\.feed_forward\.router\.expert_bias —",
+    ):
         Checkpoint(tmp_path / "dcp")

@@ -31,8 +31,10 @@ from moeaudit.replay import mamba  # noqa: E402
 from moeaudit.replay.determinism import recording  # noqa: E402
 
 # decoder-layer module names: (MoE block, its router, the norm before it)
-MODULES = {"jamba": ("feed_forward", "router", "pre_ff_layernorm"),
-           "granitemoehybrid": ("block_sparse_moe", "router", "post_attention_layernorm")}
+MODULES = {
+    "jamba": ("feed_forward", "router", "pre_ff_layernorm"),
+    "granitemoehybrid": ("block_sparse_moe", "router", "post_attention_layernorm"),
+}
 SHARED = {"granitemoehybrid": "shared_mlp."}
 
 
@@ -47,6 +49,7 @@ def hf_observed(family: str, model: Any, tokens_WT: torch.Tensor) -> Observed:
     def keep(kind: str, i: int):
         def hook(_module, args, out):
             seen[kind, i] = args[0].detach().flatten(0, -2) if kind == "h" else out
+
         return hook
 
     hooks = [getattr(layers[i], pre_norm).register_forward_hook(keep("h", i)) for i in routed]
@@ -68,7 +71,9 @@ def hf_observed(family: str, model: Any, tokens_WT: torch.Tensor) -> Observed:
         fused = getattr(layers[i], moe).experts
         experts[i] = sum(p.grad.double().pow(2).flatten(1).sum(1) for p in (fused.gate_up_proj, fused.down_proj)).sqrt()
     return Observed(
-        loss=loss.detach(), nll_windows_W=nll_WT1.detach().mean(1), entropy=entropy,
+        loss=loss.detach(),
+        nll_windows_W=nll_WT1.detach().mean(1),
+        entropy=entropy,
         layer_inputs=[h.detach() for h in out.hidden_states],
         moe_inputs={i: seen["h", i] for i in routed},
         scores={i: logits.detach() for i, logits in zip(routed, out.router_logits, strict=True)},
@@ -83,8 +88,10 @@ def hf_observed(family: str, model: Any, tokens_WT: torch.Tensor) -> Observed:
 
 def worst(ref: Observed, ours: Observed) -> tuple[float, float]:
     """(|NLL difference|, largest relative gradient-norm difference) of one comparison."""
-    rel = [float(((o.double() - r.double()).abs() / r.double()).max()) for o, r in
-           ((ours.expert_grads[i], ref.expert_grads[i]) for i in ref.scores)]
+    rel = [
+        float(((o.double() - r.double()).abs() / r.double()).max())
+        for o, r in ((ours.expert_grads[i], ref.expert_grads[i]) for i in ref.scores)
+    ]
     for name in ("router_grads", "shared_grads", "attention_grads"):
         rel += [abs(getattr(ours, name)[i] - w) / w for i, w in getattr(ref, name).items() if w > 1e-6]
     return abs(float(ours.loss) - float(ref.loss)), max(rel)
@@ -100,8 +107,9 @@ def check(family: str, path: Path, tokens: torch.Tensor) -> tuple[Checkpoint, tu
     types = model.config.layer_types  # transformers' own reading of where the Mamba layers sit
     assert ckpt.spec.mamba_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
     moe = MODULES[family][0]
-    assert ckpt.spec.routed_layers == tuple(i for i, layer in enumerate(model.model.layers)
-                                            if hasattr(getattr(layer, moe), "experts"))
+    assert ckpt.spec.routed_layers == tuple(
+        i for i, layer in enumerate(model.model.layers) if hasattr(getattr(layer, moe), "experts")
+    )
     assert ckpt.warnings == [] and ckpt.notes == []
     return ckpt, (nll_abs, grad_rel)
 
@@ -113,10 +121,21 @@ JAMBA: dict[str, tuple[dict[str, Any], tuple[int, int]]] = {
     "jamba": ({}, (3, 12)),
     # attention last, every layer routed, top-1 of 6; biased in/out projections, unbiased conv,
     # dt rank "auto" (ceil(32 / 16) = 2); a 70-token window crosses the scan's 64-token chunk
-    "jamba-top1-of-6-all-routed-biases": (dict(num_hidden_layers=3, attn_layer_period=3, attn_layer_offset=2,
-                                               expert_layer_period=1, expert_layer_offset=0, num_experts=6,
-                                               num_experts_per_tok=1, mamba_proj_bias=True,
-                                               mamba_conv_bias=False, mamba_dt_rank="auto"), (1, 70)),
+    "jamba-top1-of-6-all-routed-biases": (
+        dict(
+            num_hidden_layers=3,
+            attn_layer_period=3,
+            attn_layer_offset=2,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            num_experts=6,
+            num_experts_per_tok=1,
+            mamba_proj_bias=True,
+            mamba_conv_bias=False,
+            mamba_dt_rank="auto",
+        ),
+        (1, 70),
+    ),
 }
 
 
@@ -148,11 +167,14 @@ def test_jamba_config_defaults_match_transformers() -> None:
         one_expert({**cfg, "num_experts": 1, "num_experts_per_tok": 1})
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"attn_layer_offset": 8}, "attn_layer_offset=8 must be below attn_layer_period=8"),
-    ({"mamba_d_state": 0}, "must be ≥ 1"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"attn_layer_offset": 8}, "attn_layer_offset=8 must be below attn_layer_period=8"),
+        ({"mamba_d_state": 0}, "must be ≥ 1"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)
 def test_bad_jamba_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     import transformers
 
@@ -172,7 +194,7 @@ def test_prefix_sums_are_a_cumsum_and_dispatch_none() -> None:
     assert rec.raising == {}
     torch.testing.assert_close(got, torch.cumsum(x.double(), -1).float(), rtol=0, atol=0)
     i, j = 20, 7
-    assert seg[1, 2, i, j] == x[1, 2, j + 1:i + 1].double().sum().float()
+    assert seg[1, 2, i, j] == x[1, 2, j + 1 : i + 1].double().sum().float()
     assert seg[1, 2, j, i] == float("-inf") and seg[1, 2, i, i] == 0
 
 
@@ -224,8 +246,10 @@ def test_the_mixer_is_what_the_oracle_checks(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
     tensors = load_file(tmp_path / "a" / "model.safetensors")
-    save_file({k: torch.zeros_like(t) if k.endswith("mamba.D") else t for k, t in tensors.items()},
-              tmp_path / "b" / "model.safetensors")
+    save_file(
+        {k: torch.zeros_like(t) if k.endswith("mamba.D") else t for k, t in tensors.items()},
+        tmp_path / "b" / "model.safetensors",
+    )
     tokens = random_tokens()
     assert abs(replay(Checkpoint(tmp_path / "a"), tokens).nll - replay(Checkpoint(tmp_path / "b"), tokens).nll) > 1e-3
     assert json.loads((tmp_path / "a" / "config.json").read_text())["model_type"] == "jamba"
@@ -239,11 +263,26 @@ GRANITEMOEHYBRID: dict[str, tuple[dict[str, Any], tuple[int, int]]] = {
     "granite": ({}, (3, 12)),
     # attention first, with RoPE; top-1 of 6, a narrow shared MLP, unit multipliers; one group,
     # biased projections, unbiased conv, dt clamped to [0.3, 1.0] (both bounds bite), chunks of 8
-    "granite-rope-top1-of-6-dt-clamped": (dict(
-        num_hidden_layers=4, layer_types=["attention", "mamba", "mamba", "mamba"], position_embedding_type="rope",
-        num_local_experts=6, num_experts_per_tok=1, shared_intermediate_size=16, embedding_multiplier=1.0,
-        attention_multiplier=8 ** -0.5, residual_multiplier=1.0, logits_scaling=1.0, mamba_n_groups=1,
-        mamba_proj_bias=True, mamba_conv_bias=False, time_step_limit=[0.3, 1.0], mamba_chunk_size=8), (2, 20)),
+    "granite-rope-top1-of-6-dt-clamped": (
+        dict(
+            num_hidden_layers=4,
+            layer_types=["attention", "mamba", "mamba", "mamba"],
+            position_embedding_type="rope",
+            num_local_experts=6,
+            num_experts_per_tok=1,
+            shared_intermediate_size=16,
+            embedding_multiplier=1.0,
+            attention_multiplier=8**-0.5,
+            residual_multiplier=1.0,
+            logits_scaling=1.0,
+            mamba_n_groups=1,
+            mamba_proj_bias=True,
+            mamba_conv_bias=False,
+            time_step_limit=[0.3, 1.0],
+            mamba_chunk_size=8,
+        ),
+        (2, 20),
+    ),
 }
 
 
@@ -265,16 +304,47 @@ def test_granite_4_hub_config_reads_as_transformers_does() -> None:
     """granite-4.0-h-tiny's config.json (legacy layer names, RoPE off, 64 experts, top-6)."""
     import transformers
 
-    types = ["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"] \
-        + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4
-    cfg = {"model_type": "granitemoehybrid", "hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4,
-           "num_hidden_layers": 40, "layer_types": types, "vocab_size": 100352, "intermediate_size": 512,
-           "num_local_experts": 64, "num_experts_per_tok": 6, "shared_intermediate_size": 1024,
-           "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125, "residual_multiplier": 0.22,
-           "logits_scaling": 6.0, "mamba_n_heads": 48, "mamba_n_groups": 1, "mamba_d_state": 128,
-           "mamba_d_head": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
-           "mamba_conv_bias": True, "mamba_proj_bias": False, "position_embedding_type": "nope",
-           "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "hidden_act": "silu"}
+    types = (
+        ["mamba"] * 5
+        + ["attention"]
+        + ["mamba"] * 9
+        + ["attention"]
+        + ["mamba"] * 9
+        + ["attention"]
+        + ["mamba"] * 9
+        + ["attention"]
+        + ["mamba"] * 4
+    )
+    cfg = {
+        "model_type": "granitemoehybrid",
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 40,
+        "layer_types": types,
+        "vocab_size": 100352,
+        "intermediate_size": 512,
+        "num_local_experts": 64,
+        "num_experts_per_tok": 6,
+        "shared_intermediate_size": 1024,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.0078125,
+        "residual_multiplier": 0.22,
+        "logits_scaling": 6.0,
+        "mamba_n_heads": 48,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 128,
+        "mamba_d_head": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "position_embedding_type": "nope",
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    }
     s = spec_from_config(cfg)
     hf = transformers.GraniteMoeHybridConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
     assert s.mamba_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
@@ -284,13 +354,16 @@ def test_granite_4_hub_config_reads_as_transformers_does() -> None:
     assert (m.dt_min, m.dt_max) == (0.0, None) and s.routing == "softmax top-6 of 64, renormalised"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"mamba_d_head": 10}, "do not make the"),
-    ({"mamba_n_groups": 3}, "do not split into 3 groups"),
-    ({"layer_types": ["mamba", "moe", "mamba"]}, "layer_types must list 3 layers"),
-    ({"time_step_limit": [1.0, 0.5]}, "time_step_limit must be"),
-    ({"num_local_experts": 0, "num_experts_per_tok": 0}, "num_experts_per_tok=0 not in 1..0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"mamba_d_head": 10}, "do not make the"),
+        ({"mamba_n_groups": 3}, "do not split into 3 groups"),
+        ({"layer_types": ["mamba", "moe", "mamba"]}, "layer_types must list 3 layers"),
+        ({"time_step_limit": [1.0, 0.5]}, "time_step_limit must be"),
+        ({"num_local_experts": 0, "num_experts_per_tok": 0}, "num_experts_per_tok=0 not in 1..0"),
+    ],
+)
 def test_bad_granitemoehybrid_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     from hf_models import tiny_config
 

@@ -26,8 +26,11 @@ from moeaudit.replay import replay  # noqa: E402
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 CASES: dict[str, dict[str, Any]] = {
     "half-rotary-top2": {},
-    "full-rotary-top3-gqa1": {"rope_parameters": {**ROPE, "partial_rotary_factor": 1.0}, "num_experts_per_tok": 3,
-                              "num_key_value_heads": 1},
+    "full-rotary-top3-gqa1": {
+        "rope_parameters": {**ROPE, "partial_rotary_factor": 1.0},
+        "num_experts_per_tok": 3,
+        "num_key_value_heads": 1,
+    },
     "quarter-rotary-top1": {"rope_parameters": {**ROPE, "partial_rotary_factor": 0.25}, "num_experts_per_tok": 1},
 }
 
@@ -54,19 +57,33 @@ def test_fused_minimax_m2_experts_replay_bit_identically(tmp_path: Path) -> None
 
 def test_hub_style_config_reads_as_transformers_does() -> None:
     """MiniMax-M2's hub config gives partial RoPE as a legacy top-level ``rotary_dim``."""
-    cfg = {"model_type": "minimax_m2", "hidden_size": 3072, "num_attention_heads": 48, "num_key_value_heads": 8,
-           "head_dim": 128, "num_hidden_layers": 62, "vocab_size": 200064, "intermediate_size": 1536,
-           "num_local_experts": 256, "num_experts_per_tok": 8, "rotary_dim": 64, "rope_theta": 5000000,
-           "rms_norm_eps": 1e-06}
+    cfg = {
+        "model_type": "minimax_m2",
+        "hidden_size": 3072,
+        "num_attention_heads": 48,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 62,
+        "vocab_size": 200064,
+        "intermediate_size": 1536,
+        "num_local_experts": 256,
+        "num_experts_per_tok": 8,
+        "rotary_dim": 64,
+        "rope_theta": 5000000,
+        "rms_norm_eps": 1e-06,
+    }
     s = spec_from_config(cfg)
     assert (s.rope_dim, s.rope_theta, s.qk_norm, s.expert_dim, s.shared_dim) == (64, 5e6, "full", 1536, 0)
     assert s.routing == "sigmoid top-8 of 256, selection bias, renormalised" and s.routed_layers == tuple(range(62))
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"rope_parameters": {**ROPE, "partial_rotary_factor": 1.5}}, "partial_rotary_factor must be in"),
-    ({"rope_parameters": ROPE, "rotary_dim": 3}, "the rotary part of a head must be even"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"rope_parameters": {**ROPE, "partial_rotary_factor": 1.5}}, "partial_rotary_factor must be in"),
+        ({"rope_parameters": ROPE, "rotary_dim": 3}, "the rotary part of a head must be even"),
+    ],
+)
 def test_bad_minimax_m2_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("minimax_m2").to_dict()
     with pytest.raises(CheckpointError, match=message):

@@ -30,9 +30,15 @@ from moeaudit.replay import replay  # noqa: E402
 
 
 def longrope(original: int) -> dict[str, Any]:
-    return {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 1.9, 2.6],
-            "long_factor": [1.0, 2.0, 4.0, 8.0], "short_mscale": 1.1, "long_mscale": 1.3,
-            "original_max_position_embeddings": original}
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.3, 1.9, 2.6],
+        "long_factor": [1.0, 2.0, 4.0, 8.0],
+        "short_mscale": 1.1,
+        "long_mscale": 1.3,
+        "original_max_position_embeddings": original,
+    }
 
 
 CASES: dict[str, dict[str, Any]] = {
@@ -103,6 +109,7 @@ def test_layernorm_taps_and_visible_field(tmp_path: Path) -> None:
     v = visible_field(u, z, centred=True)
     h = tap.h_NH[:4]
     for n in range(4):
+
         def ln(x: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.layer_norm(x, (H,), None, None, ckpt.spec.rms_eps)
 
@@ -124,16 +131,34 @@ def phi35_config() -> dict[str, Any]:
     """microsoft/Phi-3.5-MoE-instruct's config.json (the keys the replay reads; 64 factors)."""
     short = [1.0, 1.0399, 1.0399, 1.0399, 1.0399, 1.0873, 1.0873, 1.1254, 1.1254, 1.1254] + [1.2] * 54
     return {
-        "model_type": "phimoe", "attention_bias": True, "hidden_act": "silu", "hidden_size": 4096,
-        "input_jitter_noise": 0.01, "intermediate_size": 6400, "lm_head_bias": True,
-        "max_position_embeddings": 131072, "num_attention_heads": 32, "num_experts_per_tok": 2,
-        "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 16,
-        "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
-        "rope_scaling": {"long_factor": [1.1] * 64, "long_mscale": 1.243163121016122,
-                         "original_max_position_embeddings": 4096, "short_factor": short,
-                         "short_mscale": 1.243163121016122, "type": "longrope"},
-        "rope_theta": 10000.0, "router_jitter_noise": 0.01, "sliding_window": 131072,
-        "tie_word_embeddings": False, "vocab_size": 32064,
+        "model_type": "phimoe",
+        "attention_bias": True,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "input_jitter_noise": 0.01,
+        "intermediate_size": 6400,
+        "lm_head_bias": True,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 16,
+        "original_max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "long_factor": [1.1] * 64,
+            "long_mscale": 1.243163121016122,
+            "original_max_position_embeddings": 4096,
+            "short_factor": short,
+            "short_mscale": 1.243163121016122,
+            "type": "longrope",
+        },
+        "rope_theta": 10000.0,
+        "router_jitter_noise": 0.01,
+        "sliding_window": 131072,
+        "tie_word_embeddings": False,
+        "vocab_size": 32064,
     }
 
 
@@ -144,12 +169,15 @@ def test_released_config_reads() -> None:
     assert s.sliding_window == 131072 and s.routing == "sparsemixer top-2 of 16, jitter ε 0.01"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"num_experts_per_tok": 3}, "routes exactly 2 experts per token"),
-    ({"router_jitter_noise": -0.1}, "router_jitter_noise must be ≥ 0"),
-    ({"rope_parameters": {**longrope(8), "short_factor": [1.0, 2.0]}}, "short_factor must be 4 positive numbers"),
-    ({"rope_parameters": {**longrope(8), "short_mscale": None}}, "longrope needs a positive 'short_mscale'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"num_experts_per_tok": 3}, "routes exactly 2 experts per token"),
+        ({"router_jitter_noise": -0.1}, "router_jitter_noise must be ≥ 0"),
+        ({"rope_parameters": {**longrope(8), "short_factor": [1.0, 2.0]}}, "short_factor must be 4 positive numbers"),
+        ({"rope_parameters": {**longrope(8), "short_mscale": None}}, "longrope needs a positive 'short_mscale'"),
+    ],
+)
 def test_bad_phimoe_configs_are_refused(bad: dict[str, Any], message: str) -> None:
     cfg = tiny_config("phimoe").to_dict()
     with pytest.raises(CheckpointError, match=message):

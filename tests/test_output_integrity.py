@@ -50,9 +50,15 @@ def one_error(stderr: str) -> str:
 
 
 def metrics_text(steps: int = 4, **extra: Any) -> str:
-    rows = [{"step": 10 * (s + 1), "loss": 2.0 - 0.1 * s,
-             "expert_grad_norms": {"0": [1.0, 1.5 + 0.1 * s], "1": [0.5, 0.7]}, **extra}
-            for s in range(steps)]
+    rows = [
+        {
+            "step": 10 * (s + 1),
+            "loss": 2.0 - 0.1 * s,
+            "expert_grad_norms": {"0": [1.0, 1.5 + 0.1 * s], "1": [0.5, 0.7]},
+            **extra,
+        }
+        for s in range(steps)
+    ]
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
@@ -68,12 +74,10 @@ def metrics(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
-def test_json_output_refuses_a_special_target_even_with_force(
-        tmp_path: Path, metrics: Path, kind: str) -> None:
+def test_json_output_refuses_a_special_target_even_with_force(tmp_path: Path, metrics: Path, kind: str) -> None:
     target, victim = tmp_path / "out.json", tmp_path / "victim.json"
     victim.write_text("keep me\n")
-    {"fifo": lambda: os.mkfifo(target), "symlink": lambda: target.symlink_to(victim),
-     "directory": target.mkdir}[kind]()
+    {"fifo": lambda: os.mkfifo(target), "symlink": lambda: target.symlink_to(victim), "directory": target.mkdir}[kind]()
     code, _, stderr = run("envelope", metrics, "--json", target, "--force")
     line = one_error(stderr)
     assert code == 4
@@ -93,7 +97,8 @@ def test_a_character_device_is_never_replaced() -> None:
 
 
 def test_a_file_that_appears_during_the_write_is_not_overwritten(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without --force the temp file is linked into place (O_EXCL semantics), not renamed."""
     target, real = tmp_path / "out.json", tempfile.mkstemp
 
@@ -109,8 +114,7 @@ def test_a_file_that_appears_during_the_write_is_not_overwritten(
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temp file left
 
 
-def test_a_fifo_that_appears_during_a_forced_write_is_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fifo_that_appears_during_a_forced_write_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target, real = tmp_path / "out.json", tempfile.mkstemp
 
     def racing(*a: Any, **k: Any) -> Any:
@@ -129,8 +133,7 @@ def test_canary_build_refuses_a_fifo_output(tmp_path: Path) -> None:
     tokens = tmp_path / "c.jsonl"
     tokens.write_text(json.dumps({"domain": "d", "tokens": [1, 2, 3]}) + "\n")
     os.mkfifo(tmp_path / "c.safetensors")
-    code, _, stderr = run("canary", "build", "--tokens", tokens, "--out",
-                          tmp_path / "c.safetensors", "--force")
+    code, _, stderr = run("canary", "build", "--tokens", tokens, "--out", tmp_path / "c.safetensors", "--force")
     assert code == 4 and "c.safetensors: output is a named pipe (FIFO)" in one_error(stderr)
     assert stat.S_ISFIFO(os.lstat(tmp_path / "c.safetensors").st_mode)
 
@@ -154,8 +157,7 @@ def test_concurrent_first_use_creates_one_matching_key_pair(tmp_path: Path) -> N
     n = 6
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_first_use, args=(str(tmp_path), barrier, results))
-             for _ in range(n)]
+    procs = [ctx.Process(target=_first_use, args=(str(tmp_path), barrier, results)) for _ in range(n)]
     for p in procs:
         p.start()
     got = [results.get(timeout=120) for _ in procs]
@@ -168,7 +170,10 @@ def test_concurrent_first_use_creates_one_matching_key_pair(tmp_path: Path) -> N
     assert got == [on_disk] * n  # every racer signs with that key; no loser failed
     assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
     assert sorted(p.name for p in key_path.parent.iterdir()) == [
-        "signing-key.pem", "signing-key.pem.lock", "signing-key.pem.pub"]
+        "signing-key.pem",
+        "signing-key.pem.lock",
+        "signing-key.pem.pub",
+    ]
 
 
 def test_ensure_key_creates_once(tmp_path: Path) -> None:
@@ -210,12 +215,15 @@ def test_keygen_refusal_leaves_no_half_pair(tmp_path: Path) -> None:
 def test_verify_refuses_a_fifo_instead_of_hanging(tmp_path: Path) -> None:
     generate_key(tmp_path / "k")
     os.mkfifo(tmp_path / "cert.json")
-    done = subprocess.run([sys.executable, "-m", "moeaudit", "verify", str(tmp_path / "cert.json"),
-                           "--pubkey", str(tmp_path / "k.pub")], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "moeaudit", "verify", str(tmp_path / "cert.json"), "--pubkey", str(tmp_path / "k.pub")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 4
-    assert ("cert.json: certificate is a named pipe (FIFO), not a regular file"
-            in one_error(done.stderr))
+    assert "cert.json: certificate is a named pipe (FIFO), not a regular file" in one_error(done.stderr)
 
 
 def test_character_devices_are_refused_before_reading() -> None:
@@ -230,8 +238,7 @@ def test_an_oversized_certificate_is_refused_by_its_size(tmp_path: Path) -> None
         f.truncate(MAX_CERTIFICATE_BYTES + 1)  # sparse: nothing is written, nothing is read
     code, _, stderr = run("verify", cert, "--pubkey", tmp_path / "k.pub")
     assert code == 4
-    assert f"certificate is {MAX_CERTIFICATE_BYTES + 1} bytes, over the 256 MiB limit" in \
-        one_error(stderr)
+    assert f"certificate is {MAX_CERTIFICATE_BYTES + 1} bytes, over the 256 MiB limit" in one_error(stderr)
 
 
 def test_a_policy_fifo_or_directory_is_refused(tmp_path: Path, metrics: Path) -> None:
@@ -269,8 +276,7 @@ def test_lines_are_streamed_with_a_cap(tmp_path: Path) -> None:
             got.append((n, raw, terminated))
     assert got == [(1, b"12345", True), (2, b"x" * 8, True)]
     path.write_bytes(b"123456789\n" + b"123456789")  # exactly at the cap: fine
-    assert list(iter_lines(path, "log", max_line=9)) == [(1, b"123456789", True),
-                                                          (2, b"123456789", False)]
+    assert list(iter_lines(path, "log", max_line=9)) == [(1, b"123456789", True), (2, b"123456789", False)]
 
 
 @pytest.mark.parametrize("log", ["metrics.jsonl", "events.jsonl", "canary_probe.jsonl"])
@@ -295,8 +301,7 @@ def test_a_window_over_the_cap_is_refused_before_the_replay(tmp_path: Path) -> N
 
     ckpt = make_bad_inputs.save_checkpoint(tmp_path / "ckpt", make_bad_inputs.tensors())
     tokens = tmp_path / "long.jsonl"
-    tokens.write_text(json.dumps({"domain": "d", "tokens": [i % 32 for i in range(
-        MAX_WINDOW_TOKENS + 1)]}) + "\n")
+    tokens.write_text(json.dumps({"domain": "d", "tokens": [i % 32 for i in range(MAX_WINDOW_TOKENS + 1)]}) + "\n")
     canary = tmp_path / "long.safetensors"
     assert run("canary", "build", "--tokens", tokens, "--out", canary)[0] == 0
     code, _, stderr = run("receipts", ckpt, "--canary", canary, "--json", tmp_path / "r.json")
@@ -321,7 +326,8 @@ def test_bootstrap_in_blocks_is_bit_identical(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_full_disk_is_one_line_naming_the_output(
-        tmp_path: Path, metrics: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, metrics: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full(_fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -331,36 +337,41 @@ def test_a_full_disk_is_one_line_naming_the_output(
     code, _, stderr = run("envelope", metrics, "--json", out_dir / "report.json")
     line = one_error(stderr)
     assert code == 4
-    assert line == (f"moeaudit: error: {out_dir / 'report.json'}: No space left on device — "
-                    "free disk space (or write somewhere else) and rerun")
+    assert line == (
+        f"moeaudit: error: {out_dir / 'report.json'}: No space left on device — "
+        "free disk space (or write somewhere else) and rerun"
+    )
     assert list(out_dir.iterdir()) == []  # neither the output nor its temp file
 
 
-def test_a_permission_error_is_one_line_with_what_to_do(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_permission_error_is_one_line_with_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import moeaudit.report.export
 
     def denied(*_a: Any, **_k: Any) -> str:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/srv/certs/cert.json")
 
     monkeypatch.setattr(moeaudit.report.export, "run_export", denied)
-    code, _, stderr = run("export", tmp_path / "c.json", "--framework", "eu-ai-act",
-                          "--out", tmp_path / "x.md")
+    code, _, stderr = run("export", tmp_path / "c.json", "--framework", "eu-ai-act", "--out", tmp_path / "x.md")
     assert code == 4
-    assert one_error(stderr) == ("moeaudit: error: /srv/certs/cert.json: Permission denied — "
-                                 "check the permissions of the file and of its directory")
+    assert one_error(stderr) == (
+        "moeaudit: error: /srv/certs/cert.json: Permission denied — "
+        "check the permissions of the file and of its directory"
+    )
 
 
 def test_inf_in_metrics_is_a_finding_not_a_number() -> None:
-    text = metrics_text(3).replace('"loss": 1.9', '"loss": 1e999').replace("[0.5, 0.7]",
-                                                                           "[0.5, -1e999]", 1)
+    text = metrics_text(3).replace('"loss": 1.9', '"loss": 1e999').replace("[0.5, 0.7]", "[0.5, -1e999]", 1)
     ms = parse_metrics(text, "m.jsonl")
     assert ms.loss == (2.0, None, 1.8)
     assert ms.norms["1"][0] == (0.5, None)
     assert [(f.line, f.where, f.what) for f in ms.findings] == [
-        (1, "expert_grad_norms['1'][1]",
-         "non-finite expert gradient norm (a number beyond the float range, read as Inf)"),
-        (2, "loss", "non-finite loss (a number beyond the float range, read as Inf)")]
+        (
+            1,
+            "expert_grad_norms['1'][1]",
+            "non-finite expert gradient norm (a number beyond the float range, read as Inf)",
+        ),
+        (2, "loss", "non-finite loss (a number beyond the float range, read as Inf)"),
+    ]
 
 
 def test_inf_in_metrics_is_reported_by_envelope(metrics: Path) -> None:

@@ -44,9 +44,20 @@ def _run(tmp: Path, steps: tuple[int, ...] = (1250, 1500), extra: dict[str, str]
 
 
 def certify(env: dict[str, str], run: Path, out: Path, *args: str):
-    return CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(out),
-                                           "--canary", str(SAMPLES / "canary.safetensors"),
-                                           "--policy", str(SAMPLES / "policy.toml"), *args])
+    return CliRunner(env=env).invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--out",
+            str(out),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+            *args,
+        ],
+    )
 
 
 def leftovers(where: Path) -> list[str]:
@@ -69,8 +80,12 @@ def test_a_full_disk_leaves_no_partial_set_and_no_false_already_exists(tmp_path,
     monkeypatch.setattr(moeaudit.jsonio, "atomic_write", real)
     result = certify(env, run, out)  # no "a certificate already exists"
     assert result.exit_code == 0, result.stderr
-    assert {p.name for p in out.iterdir()} == {"certificate.json", "certificate.html", "certificate.sigstore.json",
-                                               "receipts"}
+    assert {p.name for p in out.iterdir()} == {
+        "certificate.json",
+        "certificate.html",
+        "certificate.sigstore.json",
+        "receipts",
+    }
 
 
 def test_force_replaces_the_whole_set_no_stale_receipts(tmp_path, env) -> None:
@@ -82,8 +97,7 @@ def test_force_replaces_the_whole_set_no_stale_receipts(tmp_path, env) -> None:
     assert certify(env, run, out, "--force").exit_code == 0
     assert not stale.exists() and leftovers(tmp_path) == []
     names = {p.name for p in (out / "receipts").iterdir()}
-    assert names == {"checkpoint-1250.json", "checkpoint-1500.json", "pair-1500-vs-1250.json",
-                     "envelope.json"}
+    assert names == {"checkpoint-1250.json", "checkpoint-1500.json", "pair-1500-vs-1250.json", "envelope.json"}
 
 
 def test_a_directory_with_other_files_is_never_replaced(tmp_path, env) -> None:
@@ -125,12 +139,26 @@ def test_ctrl_c_leaves_no_receipts(tmp_path, env, monkeypatch) -> None:
 
 def test_sigterm_is_handled_like_ctrl_c(tmp_path) -> None:
     run, out = _run(tmp_path, (250, 500, 750, 1000, 1250, 1500)), tmp_path / "out"
-    env = {**os.environ, "MOEAUDIT_CACHE_DIR": str(tmp_path / "fresh-cache"),
-           "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    proc = subprocess.Popen([sys.executable, "-m", "moeaudit", "certify", str(run), "--out", str(out),
-                             "--canary", str(SAMPLES / "canary.safetensors"),
-                             "--policy", str(SAMPLES / "policy.toml")],
-                            env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    env = {**os.environ, "MOEAUDIT_CACHE_DIR": str(tmp_path / "fresh-cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "moeaudit",
+            "certify",
+            str(run),
+            "--out",
+            str(out),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.stderr is not None
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until the replay has started: staging exists
@@ -161,17 +189,16 @@ def test_a_policy_inside_the_audited_run_is_not_picked_up(tmp_path, env) -> None
     shutil.copy(SAMPLES / "canary.safetensors", work / "canary.safetensors")
     result = CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    pred = signed_statement(json.loads((out / "certificate.json").read_text()))[
-        "predicate"]
+    pred = signed_statement(json.loads((out / "certificate.json").read_text()))["predicate"]
     assert pred["policy"]["source"] == "built-in default"
     assert pred["policy"]["gates"]["tol_c2"] != 0.9
     assert "ignored" in pred["policy"]["origin"] and "policy.toml" in pred["policy"]["origin"]
     assert pred["canary"]["origin"].startswith("found at") and "ignored" in pred["canary"]["origin"]
-    named = CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(out), "--force",
-                                            "--policy", str(run / "policy.toml")])
+    named = CliRunner(env=env).invoke(
+        cli, ["certify", str(run), "--out", str(out), "--force", "--policy", str(run / "policy.toml")]
+    )
     assert named.exit_code == 0, named.stderr
-    pred = signed_statement(json.loads((out / "certificate.json").read_text()))[
-        "predicate"]
+    pred = signed_statement(json.loads((out / "certificate.json").read_text()))["predicate"]
     assert pred["policy"]["gates"]["tol_c2"] == 0.9 and pred["policy"]["origin"] == "named with --policy"
 
 

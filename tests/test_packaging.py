@@ -23,10 +23,10 @@ SAMPLES = ROOT / "sample_checkpoints"
 
 def _source_files() -> tuple[set[str], set[str]]:
     """(modules as wheel paths, templates as wheel paths) of the source tree."""
-    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "moeaudit").rglob("*.py")
-               if "__pycache__" not in p.parts}
-    templates = {f"moeaudit/_templates/{p.name}" for p in (ROOT / "templates").iterdir()
-                 if p.suffix in (".j2", ".css")}
+    modules = {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "moeaudit").rglob("*.py") if "__pycache__" not in p.parts
+    }
+    templates = {f"moeaudit/_templates/{p.name}" for p in (ROOT / "templates").iterdir() if p.suffix in (".j2", ".css")}
     return modules, templates
 
 
@@ -40,8 +40,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("moeaudit", "templates"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--disable-pip-version-check", "-w", str(out), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (built,) = out.glob("moeaudit-*.whl")
     return built
 
@@ -61,16 +76,34 @@ def test_the_installed_wheel_reads_and_certifies_a_run(wheel: Path, tmp_path: Pa
     checkout: ``inspect`` reaches the families registry, ``certify`` replays two checkpoints
     and renders the HTML from the installed templates."""
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--disable-pip-version-check",
-                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     run = tmp_path / "run"
     for step in (1250, 1500):
         shutil.copytree(SAMPLES / "healthy" / f"checkpoint-{step}", run / f"checkpoint-{step}")
     # -S: no .pth files, so the checkout's editable finder cannot supply what the wheel lacks;
     # the dependencies come from the interpreter's site-packages, after the wheel.
     deps = [p for p in sys.path if p.endswith("site-packages")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *deps]),
-           "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *deps]),
+        "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+    }
 
     def python(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-S", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -84,8 +117,16 @@ def test_the_installed_wheel_reads_and_certifies_a_run(wheel: Path, tmp_path: Pa
     shown = moeaudit("inspect", str(SAMPLES / "deepseek" / "checkpoint-1500"), "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["family"] == "deepseek_v3"
-    done = moeaudit("certify", str(run), "--out", str(tmp_path / "out"),
-                    "--canary", str(SAMPLES / "canary.safetensors"), "--policy", str(SAMPLES / "policy.toml"))
+    done = moeaudit(
+        "certify",
+        str(run),
+        "--out",
+        str(tmp_path / "out"),
+        "--canary",
+        str(SAMPLES / "canary.safetensors"),
+        "--policy",
+        str(SAMPLES / "policy.toml"),
+    )
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "out" / "certificate.html").read_text()
     assert "verdict" in page and "<svg" in page

@@ -24,8 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_checkpoints"
 FIXTURE = ROOT / "tests" / "fixtures" / "statement_example.json"
 # the short names the issue asks for, pinned here independently of moeaudit.papers
-NAMES = {"000": "Gradient Starvation Envelope", "001": "gradient conflict", "002": "boundary mass",
-         "003": "MoE atlas", "004": "stability/entropy collapse"}
+NAMES = {
+    "000": "Gradient Starvation Envelope",
+    "001": "gradient conflict",
+    "002": "boundary mass",
+    "003": "MoE atlas",
+    "004": "stability/entropy collapse",
+}
 NUMBER = re.compile(r"(?<![\w.,/−-])(00[0-4])(?![\w.])")
 
 
@@ -38,7 +43,7 @@ def unnamed_first_mentions(text: str) -> list[str]:
         first.setdefault(m.group(1), m.start())
     for number, at in first.items():
         if not text[:at].endswith(f"{NAMES[number]} ("):
-            bad.append(text[max(0, at - 40):at + 20])
+            bad.append(text[max(0, at - 40) : at + 20])
     return bad
 
 
@@ -51,8 +56,10 @@ def test_short_names_are_the_glossarys() -> None:
 
 def test_named_names_the_first_mention_only() -> None:
     text = "illustrative (000 Table 6); 000 Eq. 11; 003's Eq. 25; 1.000 1,000 a003f 0.0002 step/002"
-    assert named(text) == ("illustrative (Gradient Starvation Envelope (000) Table 6); 000 Eq. 11; "
-                           "MoE atlas (003)'s Eq. 25; 1.000 1,000 a003f 0.0002 step/002")
+    assert named(text) == (
+        "illustrative (Gradient Starvation Envelope (000) Table 6); 000 Eq. 11; "
+        "MoE atlas (003)'s Eq. 25; 1.000 1,000 a003f 0.0002 step/002"
+    )
     seen: set[str] = set()
     assert named("MoE atlas (003) Table 4", seen) == "MoE atlas (003) Table 4" and seen == {"003"}
     assert named("(003 Table 5), 002 §7", seen) == "(003 Table 5), boundary mass (002) §7"
@@ -71,8 +78,7 @@ def _help_pages(group: click.Group = cli, path: tuple[str, ...] = ()) -> dict[st
 
 def test_help_names_every_paper_it_cites() -> None:
     pages = _help_pages()
-    assert {name: unnamed_first_mentions(text) for name, text in pages.items()
-            if unnamed_first_mentions(text)} == {}
+    assert {name: unnamed_first_mentions(text) for name, text in pages.items() if unnamed_first_mentions(text)} == {}
     assert not [name for name, text in pages.items() if "SPEC" in text]
     assert "Gradient Starvation Envelope (000) Eq. 16" in " ".join(pages["calibrate"].split())
 
@@ -126,8 +132,10 @@ def test_certificate_names_papers_and_has_a_legend_in_the_footer(calibrated: boo
     assert "Gradient Starvation Envelope (000) Eq. 12" in text  # named in the verdict band, first
     assert "SPEC" not in text
     footer = _visible_text(page.split("<footer>")[1])
-    legend = "000 Gradient Starvation Envelope; 001 gradient conflict; 002 boundary mass; 003 MoE atlas; " \
-             "004 stability/entropy collapse"
+    legend = (
+        "000 Gradient Starvation Envelope; 001 gradient conflict; 002 boundary mass; 003 MoE atlas; "
+        "004 stability/entropy collapse"
+    )
     assert legend in footer and "docs/glossary.md" in footer
 
 
@@ -159,9 +167,15 @@ def test_export_and_ci_outputs_name_the_papers(tmp_path: Path) -> None:
     for text in (to_markdown(report), to_html(report, statement)):
         assert "MoE atlas (003) Table" in text
         assert unnamed_first_mentions(re.sub(r"<[^>]+>", " ", text)) == []
-    result = {"base": "a", "candidate": "b", "decision": "HOLD", "conditions": [
-        {"name": "claims", "status": "fail", "detail": "not licensed by 003 Table 4; see 003 Eq. 27"},
-        {"name": "envelope", "status": "inconclusive", "detail": "000 Eq. 16 budget within tolerance"}]}
+    result = {
+        "base": "a",
+        "candidate": "b",
+        "decision": "HOLD",
+        "conditions": [
+            {"name": "claims", "status": "fail", "detail": "not licensed by 003 Table 4; see 003 Eq. 27"},
+            {"name": "envelope", "status": "inconclusive", "detail": "000 Eq. 16 budget within tolerance"},
+        ],
+    }
     for text in (junit_xml(result), markdown_summary(result)):
         assert "MoE atlas (003) Table 4" in text and "see 003 Eq. 27" in text
         assert "Gradient Starvation Envelope (000) Eq. 16" in text

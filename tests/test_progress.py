@@ -26,8 +26,21 @@ def _run_dir(tmp: Path) -> Path:
 
 
 def _argv(run: Path, out: Path, key: Path) -> list[str]:
-    return [sys.executable, "-m", "moeaudit", "certify", str(run), "--out", str(out), "--key", str(key),
-            "--canary", str(SAMPLES / "canary.safetensors"), "--policy", str(SAMPLES / "policy.toml")]
+    return [
+        sys.executable,
+        "-m",
+        "moeaudit",
+        "certify",
+        str(run),
+        "--out",
+        str(out),
+        "--key",
+        str(key),
+        "--canary",
+        str(SAMPLES / "canary.safetensors"),
+        "--policy",
+        str(SAMPLES / "policy.toml"),
+    ]
 
 
 @pytest.fixture()
@@ -44,8 +57,15 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def test_a_terminal_sees_per_layer_progress_with_an_eta(tmp_path: Path, key: Path) -> None:
     main, child = pty.openpty()
-    proc = subprocess.Popen(_argv(_run_dir(tmp_path), tmp_path / "out", key), stdin=child, stdout=child,
-                            stderr=child, env=_env(tmp_path), cwd=tmp_path, close_fds=True)
+    proc = subprocess.Popen(
+        _argv(_run_dir(tmp_path), tmp_path / "out", key),
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        close_fds=True,
+    )
     os.close(child)
     chunks = []
     while True:
@@ -69,8 +89,14 @@ def test_a_terminal_sees_per_layer_progress_with_an_eta(tmp_path: Path, key: Pat
 
 
 def test_no_progress_bar_off_a_terminal(tmp_path: Path, key: Path) -> None:
-    done = subprocess.run(_argv(_run_dir(tmp_path), tmp_path / "out", key), env=_env(tmp_path), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        _argv(_run_dir(tmp_path), tmp_path / "out", key),
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "forward layer" not in done.stderr and "ETA" not in done.stderr and "\x1b[" not in done.stderr
     assert "[1/2] checkpoint-1250" in done.stderr  # the plain one-line-per-checkpoint log stays

@@ -87,13 +87,13 @@ def test_rank_sealed_serves_kept_blocks_and_checks_the_others(tmp_path: Path, mo
     assert s.read_into(10, buf) == 100 and buf == data[10:110] and reads == []  # a kept block
     at = sealed_mod.BLOCK + 5  # straddles blocks 1 and 2: read once, then kept
     big = bytearray(sealed_mod.BLOCK)
-    assert s.read_into(at, big) == len(big) and big == data[at: at + len(big)]
+    assert s.read_into(at, big) == len(big) and big == data[at : at + len(big)]
     assert sum(reads) == 2 * sealed_mod.BLOCK
     reads.clear()
-    assert s.read_into(at, big) == len(big) and big == data[at: at + len(big)] and reads == []
+    assert s.read_into(at, big) == len(big) and big == data[at : at + len(big)] and reads == []
     # a block the digests do not vouch for is never served
     forged = rank_bytes.RankSealed(path, fid, sha, digests[:32] + bytes(32) + digests[64:])
     with pytest.raises(CheckpointError, match="no longer hash to what was digested"):
         forged.read_into(sealed_mod.BLOCK, bytearray(10))
     with pytest.raises(CheckpointError, match="no longer hash"):
-        forged.check(1, data[sealed_mod.BLOCK: 2 * sealed_mod.BLOCK])  # nor one another rank sent
+        forged.check(1, data[sealed_mod.BLOCK : 2 * sealed_mod.BLOCK])  # nor one another rank sent

@@ -83,9 +83,7 @@ def probe(tmp_path: Path) -> Path:
 # ----- identity laws -----------------------------------------------------------------------
 
 
-def test_compare_with_itself_gives_exactly_zero_drift(
-    ckpt: Path, probe: Path, tmp_path: Path
-) -> None:
+def test_compare_with_itself_gives_exactly_zero_drift(ckpt: Path, probe: Path, tmp_path: Path) -> None:
     twin = tmp_path / "twin"
     shutil.copytree(ckpt, twin)  # a distinct directory with the same bytes
     out = tmp_path / "self.json"
@@ -136,9 +134,7 @@ def _permute_experts(perms: dict[int, list[int]]) -> Callable[[dict[str, torch.T
     return edit
 
 
-def test_relabelling_experts_changes_no_label_free_receipt(
-    ckpt: Path, probe: Path, tmp_path: Path
-) -> None:
+def test_relabelling_experts_changes_no_label_free_receipt(ckpt: Path, probe: Path, tmp_path: Path) -> None:
     perms = {0: [2, 0, 3, 1], 1: [3, 2, 1, 0], 2: [1, 3, 0, 2]}
     relabelled = rewrite(ckpt, tmp_path / "relabelled", _permute_experts(perms))
     canary = canary_mod.load(probe)
@@ -156,9 +152,7 @@ def test_relabelling_experts_changes_no_label_free_receipt(
             assert ob[name] == pytest.approx(oa[name], abs=1e-12)
         assert lb["overlap"]["c2"] == pytest.approx(la["overlap"]["c2"], abs=1e-6)
         assert lb["overlap"]["c2_smooth"] == pytest.approx(la["overlap"]["c2_smooth"], abs=1e-6)
-        assert lb["boundary"]["margin_mean"] == pytest.approx(
-            la["boundary"]["margin_mean"], abs=1e-6
-        )
+        assert lb["boundary"]["margin_mean"] == pytest.approx(la["boundary"]["margin_mean"], abs=1e-6)
         ga, gb = la["gradients"]["grad_norms"], lb["gradients"]["grad_norms"]
         assert gb == pytest.approx([ga[src] for src in perm], rel=1e-4)
     assert moved, "the permutation should move at least one layer's counts"
@@ -199,9 +193,7 @@ def test_smin_of_equal_values_is_shifted_by_exactly_log_n_over_beta() -> None:
 
 # ----- Jensen–Shannon divergence ---------------------------------------------------------
 
-weights = st.lists(
-    st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=2, max_size=16
-)
+weights = st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=2, max_size=16)
 
 
 def _distribution(w: list[float]) -> torch.Tensor:
@@ -213,9 +205,7 @@ def _distribution(w: list[float]) -> torch.Tensor:
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), w=weights)
-def test_js_divergence_is_bounded_symmetric_and_zero_on_equal(
-    data: st.DataObject, w: list[float]
-) -> None:
+def test_js_divergence_is_bounded_symmetric_and_zero_on_equal(data: st.DataObject, w: list[float]) -> None:
     p = _distribution(w)
     q = _distribution(data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(w), max_size=len(w))))
     js = float(js_divergence(p, q))
@@ -334,9 +324,7 @@ def test_top_k_equal_to_experts_has_no_boundary(hf_checkpoint, probe: Path) -> N
 # ----- determinism ------------------------------------------------------------------------
 
 
-def test_receipts_json_is_byte_identical_across_runs(
-    ckpt: Path, probe: Path, tmp_path: Path
-) -> None:
+def test_receipts_json_is_byte_identical_across_runs(ckpt: Path, probe: Path, tmp_path: Path) -> None:
     outs = [tmp_path / "r1.json", tmp_path / "r2.json"]
     for out in outs:
         code, stderr = run("receipts", str(ckpt), "--canary", str(probe), "--json", str(out))
@@ -359,8 +347,7 @@ def test_backward_through_scalar_roots_is_bit_identical(monkeypatch, run: str) -
     ckpt = Checkpoint(sorted((samples / run).glob("checkpoint-1500"))[0])
     tokens = canary_mod.load(samples / "canary.safetensors").tokens[:6]
     ours = replay(ckpt, tokens)
-    monkeypatch.setattr(engine, "backward_from",
-                        lambda roots, grads: torch.autograd.backward(list(roots), list(grads)))
+    monkeypatch.setattr(engine, "backward_from", lambda roots, grads: torch.autograd.backward(list(roots), list(grads)))
     ref = replay(ckpt, tokens)
     assert ours.grads.keys() == ref.grads.keys() and ours.grads
     for layer, g in ours.grads.items():

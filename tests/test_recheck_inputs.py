@@ -46,8 +46,20 @@ class Certified:
         return {**files, "canary": self.canary, "policy": self.policy, "reference": self.reference}
 
     def certify(self, out: Path, *extra: str) -> Result:
-        return invoke(self.env, "certify", self.run, "--key", self.key, "--out", out,
-                      "--canary", self.canary, "--policy", self.policy, *extra)
+        return invoke(
+            self.env,
+            "certify",
+            self.run,
+            "--key",
+            self.key,
+            "--out",
+            out,
+            "--canary",
+            self.canary,
+            "--policy",
+            self.policy,
+            *extra,
+        )
 
     def verify(self, *extra: str | Path, reference: bool = True) -> Result:
         ref = ("--reference", self.reference) if reference else ()
@@ -91,8 +103,7 @@ def pristine(certified: Certified) -> Iterator[Certified]:
 
 
 def findings(result: Result) -> list[str]:
-    return [line for line in result.stdout.splitlines()
-            if line.startswith("recheck: ") and "digests match" not in line]
+    return [line for line in result.stdout.splitlines() if line.startswith("recheck: ") and "digests match" not in line]
 
 
 def test_the_certificate_binds_every_input(certified: Certified) -> None:
@@ -128,16 +139,18 @@ def _edit(c: Certified, name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "events.jsonl", "canary_probe.jsonl", "canary",
-                                  "policy", "reference"])
+@pytest.mark.parametrize(
+    "name", ["metrics.jsonl", "events.jsonl", "canary_probe.jsonl", "canary", "policy", "reference"]
+)
 def test_each_edited_input_is_named_and_fails(pristine: Certified, name: str) -> None:
     edited = _edit(pristine, name)
     result = pristine.verify("--recheck")
     assert result.exit_code == 1, result.output
     assert len(findings(result)) == 1, result.stdout
     assert findings(result)[0].startswith(f"recheck: changed: {edited} (")
-    assert result.stderr.strip() == (f"moeaudit: error: {pristine.cert}: 1 bound input changed since "
-                                     "certification (listed above)")
+    assert result.stderr.strip() == (
+        f"moeaudit: error: {pristine.cert}: 1 bound input changed since certification (listed above)"
+    )
 
 
 def test_several_changes_are_each_named(pristine: Certified) -> None:
@@ -146,8 +159,11 @@ def test_several_changes_are_each_named(pristine: Certified) -> None:
     result = pristine.verify("--recheck")
     assert result.exit_code == 1
     lines = findings(result)
-    changed = {line.removeprefix("recheck: changed: ").split(" (")[0] for line in lines
-               if line.startswith("recheck: changed: ")}
+    changed = {
+        line.removeprefix("recheck: changed: ").split(" (")[0]
+        for line in lines
+        if line.startswith("recheck: changed: ")
+    }
     assert len(lines) == 3 and changed == {str(p) for p in edited}
     assert f"recheck: missing: {pristine.run / 'events.jsonl'} (events log): not found" in lines
     assert "2 bound inputs changed, 1 missing since certification" in result.stderr
@@ -158,31 +174,33 @@ def test_the_canary_is_compared_by_content_not_bytes(pristine: Certified) -> Non
     canary is named as changed."""
     raw = pristine.canary.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    pristine.canary.write_bytes(struct.pack("<Q", n + 8) + raw[8:8 + n] + b" " * 8 + raw[8 + n:])
+    pristine.canary.write_bytes(struct.pack("<Q", n + 8) + raw[8 : 8 + n] + b" " * 8 + raw[8 + n :])
     assert pristine.canary.read_bytes() != raw
     result = pristine.verify("--recheck")
     assert result.exit_code == 0, result.output
     pristine.canary.write_bytes(raw[:-4] + bytes(b ^ 0xFF for b in raw[-4:]))
     result = pristine.verify("--recheck")
     assert result.exit_code == 1
-    assert findings(result) == [f"recheck: changed: {pristine.canary} (canary): cannot be read as "
-                                f"certified ({findings(result)[0].split('certified (', 1)[1]}"]
+    assert findings(result) == [
+        f"recheck: changed: {pristine.canary} (canary): cannot be read as "
+        f"certified ({findings(result)[0].split('certified (', 1)[1]}"
+    ]
 
 
 def test_a_missing_input_is_named_not_skipped(pristine: Certified) -> None:
     pristine.policy.unlink()
     result = pristine.verify("--recheck")
     assert result.exit_code == 1
-    assert findings(result) == [f"recheck: missing: {pristine.policy} (policy file): not found — "
-                                "pass --policy FILE"]
+    assert findings(result) == [f"recheck: missing: {pristine.policy} (policy file): not found — pass --policy FILE"]
 
 
 def test_the_reference_needs_its_path(certified: Certified) -> None:
     """certify records only the reference's name: without --reference it is missing, not skipped."""
     result = certified.verify("--recheck", reference=False)
     assert result.exit_code == 1
-    assert findings(result) == ["recheck: missing: reference.json (reference): the certificate "
-                                "records only its name — pass --reference PATH"]
+    assert findings(result) == [
+        "recheck: missing: reference.json (reference): the certificate records only its name — pass --reference PATH"
+    ]
 
 
 def test_inputs_found_where_they_are_now(pristine: Certified, tmp_path: Path) -> None:
@@ -208,14 +226,24 @@ def test_relative_paths_are_found_from_another_directory(
     verify finds them under the run directory's ancestors from anywhere."""
     monkeypatch.chdir(certified.work)
     out = tmp_path / "rel"
-    result = invoke(certified.env, "certify", "run", "--key", certified.key, "--out", out,
-                    "--canary", "inputs/canary.safetensors", "--policy", "inputs/policy.toml")
+    result = invoke(
+        certified.env,
+        "certify",
+        "run",
+        "--key",
+        certified.key,
+        "--out",
+        out,
+        "--canary",
+        "inputs/canary.safetensors",
+        "--policy",
+        "inputs/policy.toml",
+    )
     assert result.exit_code == 0, result.stderr
     pred = signed_statement(json.loads((out / "certificate.json").read_text()))["predicate"]
     assert pred["policy"]["source"] == "inputs/policy.toml"
     monkeypatch.chdir(tmp_path)
-    result = invoke(certified.env, "verify", out / "certificate.json", "--pubkey",
-                    f"{certified.key}.pub", "--recheck")
+    result = invoke(certified.env, "verify", out / "certificate.json", "--pubkey", f"{certified.key}.pub", "--recheck")
     assert result.exit_code == 0, result.output
     assert str(certified.canary) in result.stdout and str(certified.policy) in result.stdout
 
@@ -231,31 +259,47 @@ def test_a_log_added_since_is_named(certified: Certified, tmp_path: Path) -> Non
     shutil.copytree(certified.run / "checkpoint-1500", run / "checkpoint-1500")
     shutil.copy(certified.run / "events.jsonl", run / "events.jsonl")
     subject = {"name": "checkpoint-1500", "digest": {"sha256": root_digest(run / "checkpoint-1500")[0]}}
-    stmt = statement([subject], {"verdict": "PASS", "gates": [], "inputs": {},
-                                 "run": {"name": "run", "path": str(run)}})
+    stmt = statement(
+        [subject], {"verdict": "PASS", "gates": [], "inputs": {}, "run": {"name": "run", "path": str(run)}}
+    )
     cert = tmp_path / "cert.json"
     cert.write_text(dumps(sign_statement(stmt, load_private_key(certified.key)[0])))
     result = invoke(certified.env, "verify", cert, "--pubkey", f"{certified.key}.pub", "--recheck")
     assert result.exit_code == 1
-    assert findings(result) == [f"recheck: added: {run / 'events.jsonl'} (events log): not bound "
-                                "by the certificate: added since certification"]
+    assert findings(result) == [
+        f"recheck: added: {run / 'events.jsonl'} (events log): not bound by the certificate: added since certification"
+    ]
 
 
 def test_recheck_of_every_input_stays_torch_free(certified: Certified) -> None:
     from test_torch_free import _modules_after
 
-    argv = ["verify", str(certified.cert), "--pubkey", f"{certified.key}.pub", "--recheck",
-            "--reference", str(certified.reference)]
+    argv = [
+        "verify",
+        str(certified.cert),
+        "--pubkey",
+        f"{certified.key}.pub",
+        "--recheck",
+        "--reference",
+        str(certified.reference),
+    ]
     assert "torch" not in _modules_after([argv])
 
 
 # ----- verify --require-verdict ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("required", "code"), [
-    (["{v}"], 0), (["{v_lower}"], 0), (["{o1},{v}"], 0), (["{o1}", "{o2}"], 1), (["{o1},{o2}"], 1),
-    (["{o2}"], 1),
-])
+@pytest.mark.parametrize(
+    ("required", "code"),
+    [
+        (["{v}"], 0),
+        (["{v_lower}"], 0),
+        (["{o1},{v}"], 0),
+        (["{o1}", "{o2}"], 1),
+        (["{o1},{o2}"], 1),
+        (["{o2}"], 1),
+    ],
+)
 def test_require_verdict(certified: Certified, required: list[str], code: int) -> None:
     """Spelled relative to the signed verdict (v; o1, o2 the other two), whatever it is."""
     from moeaudit.attest.certificate import VERDICTS
@@ -268,8 +312,9 @@ def test_require_verdict(certified: Certified, required: list[str], code: int) -
     assert result.exit_code == code, result.output
     if code:
         wanted = " or ".join(v for r in required for v in r.split(","))
-        assert result.stderr == (f"moeaudit: error: {certified.cert}: signed verdict {verdict} is not "
-                                 f"{wanted} (--require-verdict)\n")
+        assert result.stderr == (
+            f"moeaudit: error: {certified.cert}: signed verdict {verdict} is not {wanted} (--require-verdict)\n"
+        )
 
 
 def test_require_verdict_refuses_an_unknown_verdict(certified: Certified) -> None:
@@ -282,21 +327,30 @@ def test_require_verdict_after_a_bad_signature_is_still_invalid(certified: Certi
     envelope["signatures"][0]["sig"] = envelope["signatures"][0]["sig"][::-1]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(envelope))
-    result = invoke(certified.env, "verify", bad, "--pubkey", f"{certified.key}.pub",
-                    "--require-verdict", "PASS")
+    result = invoke(certified.env, "verify", bad, "--pubkey", f"{certified.key}.pub", "--require-verdict", "PASS")
     assert result.exit_code == 1 and "verdict" not in result.stdout
 
 
 # ----- certify --fail-on -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("verdict", "fail_on", "code"), [
-    ("PASS", None, 0), ("FAIL", None, 0), ("INCONCLUSIVE", None, 0),
-    ("PASS", "fail", 0), ("FAIL", "fail", 1), ("INCONCLUSIVE", "fail", 0),
-    ("PASS", "inconclusive", 0), ("FAIL", "inconclusive", 1), ("INCONCLUSIVE", "inconclusive", 3),
-])
-def test_certify_fail_on(certified: Certified, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                         verdict: str, fail_on: str | None, code: int) -> None:
+@pytest.mark.parametrize(
+    ("verdict", "fail_on", "code"),
+    [
+        ("PASS", None, 0),
+        ("FAIL", None, 0),
+        ("INCONCLUSIVE", None, 0),
+        ("PASS", "fail", 0),
+        ("FAIL", "fail", 1),
+        ("INCONCLUSIVE", "fail", 0),
+        ("PASS", "inconclusive", 0),
+        ("FAIL", "inconclusive", 1),
+        ("INCONCLUSIVE", "inconclusive", 3),
+    ],
+)
+def test_certify_fail_on(
+    certified: Certified, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verdict: str, fail_on: str | None, code: int
+) -> None:
     """The verdict as an exit code, after the certificate is written (the verdict is set on the
     real audit of the sample run: the exit code is the CLI's job, the verdict the judge's)."""
     import moeaudit.certify as certify_mod
@@ -315,8 +369,9 @@ def test_certify_fail_on(certified: Certified, tmp_path: Path, monkeypatch: pyte
     assert (out / "certificate.json").is_file()  # written whatever the exit code
     assert signed_statement(json.loads((out / "certificate.json").read_text()))["predicate"]["verdict"] == verdict
     if code:
-        assert result.stderr.splitlines()[-1] == (f"moeaudit: exit {code}: verdict {verdict} "
-                                                  f"(--fail-on {fail_on}); the certificate was written")
+        assert result.stderr.splitlines()[-1] == (
+            f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate was written"
+        )
 
 
 def test_fail_on_refuses_other_values(certified: Certified, tmp_path: Path) -> None:
@@ -346,5 +401,4 @@ def test_found_canary_and_policy_are_rechecked_where_certify_found_them(
     (work / "canary.safetensors").write_bytes(certified.canary.read_bytes()[:-8])
     result = invoke(certified.env, *verify)
     assert result.exit_code == 1
-    assert [line.split(" (")[0] for line in findings(result)] == [
-        f"recheck: changed: {work / 'canary.safetensors'}"]
+    assert [line.split(" (")[0] for line in findings(result)] == [f"recheck: changed: {work / 'canary.safetensors'}"]

@@ -19,10 +19,15 @@ HEALTHY, REFINE = SAMPLES / "healthy", SAMPLES / "sft-refine"
 
 pytestmark = pytest.mark.skipif(not HEALTHY.is_dir(), reason="sample runs not built")
 
-REPLAYS = ("moeaudit.receipts.state.state_receipts", "moeaudit.receipts.pair.compare",
-           "moeaudit.certify.audit_run", "moeaudit.series.evaluate_run",
-           "moeaudit.calibrate.calibrate_run", "moeaudit.report.export.run_export",
-           "moeaudit.judge.promote.rollback")
+REPLAYS = (
+    "moeaudit.receipts.state.state_receipts",
+    "moeaudit.receipts.pair.compare",
+    "moeaudit.certify.audit_run",
+    "moeaudit.series.evaluate_run",
+    "moeaudit.calibrate.calibrate_run",
+    "moeaudit.report.export.run_export",
+    "moeaudit.judge.promote.rollback",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,12 @@ def _raw(path: Path, header: dict, data: bytes, n: int | None = None) -> Path:
 
 
 def test_reads_what_safetensors_writes(tmp_path: Path) -> None:
-    tensors = {"a": torch.randn(3, 4), "b": torch.arange(6, dtype=torch.int32),
-               "c": torch.randn(2, 2).to(torch.bfloat16), "d": torch.randn(5).half()}
+    tensors = {
+        "a": torch.randn(3, 4),
+        "b": torch.arange(6, dtype=torch.int32),
+        "c": torch.randn(2, 2).to(torch.bfloat16),
+        "d": torch.randn(5).half(),
+    }
     save_file(tensors, tmp_path / "x.safetensors", metadata={"k": "v"})
     f = SafetensorsFile(tmp_path / "x.safetensors")
     assert f.metadata == {"k": "v"}
@@ -48,8 +52,15 @@ def test_atomic_writer_round_trip(tmp_path: Path) -> None:
         ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8, None, "not a list of sizes"),
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, b"\0" * 8, None, "data_offsets"),
         ({"a": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, None, "needs dtype, shape and data_offsets"),
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, None, "overlap"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 12,
+            None,
+            "overlap",
+        ),
         ({"__metadata__": {"k": 1}}, b"", None, "__metadata__"),
     ],
 )

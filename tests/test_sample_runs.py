@@ -103,9 +103,19 @@ def test_deepseek_certificate_names_its_biased_gate(tmp_path, env, key) -> None:
     html = (tmp_path / "deepseek" / "certificate.html").read_text()
     assert "Router: biased or group-limited gate" in html
     out = tmp_path / "sr-11-7.md"
-    result = CliRunner(env=env).invoke(cli, [
-        "export", str(tmp_path / "deepseek" / "certificate.json"), "--framework", "sr-11-7",
-        "--out", str(out), "--pubkey", f"{key}.pub"])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "export",
+            str(tmp_path / "deepseek" / "certificate.json"),
+            "--framework",
+            "sr-11-7",
+            "--out",
+            str(out),
+            "--pubkey",
+            f"{key}.pub",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "outside 003 Theorem 1's bias-free linear assumption" in out.read_text()
     healthy = certify("healthy", tmp_path, env, key)
@@ -120,20 +130,28 @@ def test_resume_is_a_new_baseline(tmp_path, env, key) -> None:
     assert by_step[resume] == "BASELINE"
     after = [g for g in pred["gates"] if g["step"] > resume]
     assert after and after[0]["baseline"] == resume and after[0]["status"] in ("GREEN", "YELLOW", "RED")
-    assert "any preservation claim about training after this point (needs the next gate)" in \
-        next(g for g in pred["gates"] if g["step"] == resume)["claims"]["not_licensed"]
+    assert (
+        "any preservation claim about training after this point (needs the next gate)"
+        in next(g for g in pred["gates"] if g["step"] == resume)["claims"]["not_licensed"]
+    )
 
 
-@pytest.mark.parametrize("candidate, code", [
-    ("sft-refine", 0), ("sft-repurpose", 1), ("collapse", 1),
-])
+@pytest.mark.parametrize(
+    "candidate, code",
+    [
+        ("sft-refine", 0),
+        ("sft-repurpose", 1),
+        ("collapse", 1),
+    ],
+)
 def test_ci_gate_exit_codes(tmp_path, env, candidate: str, code: int) -> None:
     last = sorted((SAMPLES / candidate).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
     junit = tmp_path / "gate.xml"
-    result = CliRunner(env=env).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-1500"), str(last),
-                                             "--junit", str(junit)])
+    result = CliRunner(env=env).invoke(
+        cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-1500"), str(last), "--junit", str(junit)]
+    )
     assert result.exit_code == code, result.output + result.stderr
-    assert ("failures=\"0\"" in junit.read_text()) == (code != 1)
+    assert ('failures="0"' in junit.read_text()) == (code != 1)
 
 
 def test_compare_margins_on_samples(tmp_path, env) -> None:
@@ -147,8 +165,18 @@ def test_compare_margins_on_samples(tmp_path, env) -> None:
         margins[run] = json.loads(out.read_text())["margins"]["refinement"]["exact"]
     assert margins["sft-refine"] > 0 > margins["sft-repurpose"]
     out = tmp_path / "collapse.json"
-    result = runner.invoke(cli, ["compare", str(base), str(SAMPLES / "collapse" / "checkpoint-1500"),
-                                 "--reference", str(base), "--json", str(out)])
+    result = runner.invoke(
+        cli,
+        [
+            "compare",
+            str(base),
+            str(SAMPLES / "collapse" / "checkpoint-1500"),
+            "--reference",
+            str(base),
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0
     assert json.loads(out.read_text())["margins"]["handoff"]["exact"] < 0
 
@@ -157,20 +185,34 @@ def test_a_policy_calibrated_on_the_canary_probe_gates_on_it(tmp_path, env, key)
     """calibrate --source probe on healthy → a policy whose envelope reads canary_probe.jsonl:
     healthy complies, collapse does not, in `envelope` and in `certify`."""
     policy = tmp_path / "probe-policy.toml"
-    result = CliRunner(env=env).invoke(cli, ["calibrate", str(SAMPLES / "healthy"), "--source", "probe",
-                                             "--variant", "normalized", "--since", "200",
-                                             "--out", str(policy)])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "calibrate",
+            str(SAMPLES / "healthy"),
+            "--source",
+            "probe",
+            "--variant",
+            "normalized",
+            "--since",
+            "200",
+            "--out",
+            str(policy),
+        ],
+    )
     assert result.exit_code == 0, result.output + result.stderr
     assert 'source = "probe"' in policy.read_text()
     for run, code in (("healthy", 0), ("collapse", 1)):
         out = tmp_path / f"{run}-envelope.json"
-        result = CliRunner(env=env).invoke(cli, ["envelope", str(SAMPLES / run), "--policy", str(policy),
-                                                 "--json", str(out)])
+        result = CliRunner(env=env).invoke(
+            cli, ["envelope", str(SAMPLES / run), "--policy", str(policy), "--json", str(out)]
+        )
         assert result.exit_code == code, result.output + result.stderr
         assert json.loads(out.read_text())["source"] == "probe"
         cert = tmp_path / f"{run}-cert"
-        result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / run), "--policy", str(policy),
-                                                 "--key", str(key), "--out", str(cert)])
+        result = CliRunner(env=env).invoke(
+            cli, ["certify", str(SAMPLES / run), "--policy", str(policy), "--key", str(key), "--out", str(cert)]
+        )
         assert result.exit_code == 0, result.stderr
         pred = signed_statement(json.loads((cert / "certificate.json").read_text()))
         assert check(pred["predicate"], "envelope")["status"] == ("PASS" if code == 0 else "FAIL")

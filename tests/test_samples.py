@@ -55,9 +55,7 @@ def test_batches_are_seeded_and_use_the_mix() -> None:
     first = a.next()
     assert torch.equal(first, b.next()) and first.shape == (4, 16)
     assert not torch.equal(a.next(), first)
-    digits = Batches(
-        Mix({"arithmetic": 1.0}), batch=4, seq_len=64, seed=0, stream_tokens=2000
-    ).next()
+    digits = Batches(Mix({"arithmetic": 1.0}), batch=4, seq_len=64, seed=0, stream_tokens=2000).next()
     assert "fn " not in decode(digits.flatten()) and "=" in decode(digits.flatten())
 
 

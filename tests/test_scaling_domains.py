@@ -40,8 +40,10 @@ def _canary(windows: int, domains: int, length: int = 8) -> Canary:
 def _direct(topk_NK: torch.Tensor, ids_W: torch.Tensor, D: int, E: int) -> list[tuple[torch.Tensor, int]]:
     """Each domain's expert counts and tokens, by a mask per domain (as SPEC §4 reads)."""
     dom_N = ids_W.long().repeat_interleave(topk_NK.shape[0] // ids_W.shape[0])
-    return [(torch.bincount(topk_NK[dom_N == d].reshape(-1), minlength=E).double(), int((dom_N == d).sum()))
-            for d in range(D)]
+    return [
+        (torch.bincount(topk_NK[dom_N == d].reshape(-1), minlength=E).double(), int((dom_N == d).sum()))
+        for d in range(D)
+    ]
 
 
 def _direct_loads(topk_NK: torch.Tensor, ids_W: torch.Tensor, D: int, E: int) -> list[torch.Tensor]:
@@ -64,8 +66,9 @@ def test_domain_routing_small_d_matches_direct_computation() -> None:
     pooled = torch.bincount(topk_NK.reshape(-1), minlength=6).double() / topk_NK.numel()
     assert "bounded" not in doc
     assert doc["js"] == [[float(js_divergence(a, b)) for b in loads] for a in loads]  # exact
-    assert doc["pi"] == {name: (counts / n).tolist()
-                         for name, (counts, n) in zip(names, _direct(topk_NK, ids_W, 5, 6), strict=True)}
+    assert doc["pi"] == {
+        name: (counts / n).tolist() for name, (counts, n) in zip(names, _direct(topk_NK, ids_W, 5, 6), strict=True)
+    }
     for n, load in zip(names, loads, strict=True):
         assert doc["js_to_pooled"][n] == pytest.approx(float(js_divergence(load, pooled)), abs=1e-15)
 
@@ -120,8 +123,9 @@ def _masked_grads(ckpt: Checkpoint, canary: Canary, weights_W: torch.Tensor) -> 
     return out
 
 
-def test_conflict_matches_direct_computation_and_bounds(hf_checkpoint: Callable[..., Path],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conflict_matches_direct_computation_and_bounds(
+    hf_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = Checkpoint(hf_checkpoint("mixtral"))
     canary = _canary(windows=9, domains=3)
     doc = conflict_mod.domain_conflict(ckpt, canary)

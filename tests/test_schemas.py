@@ -44,11 +44,14 @@ def test_the_shipped_schemas_are_what_the_types_generate() -> None:
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
 
 
-@pytest.mark.parametrize(("name", "record", "wire"), [
-    ("training-health-v2.predicate.schema.json", records.Predicate, True),
-    ("receipts-v1.schema.json", records.Receipts, False),
-    ("gate-v1.schema.json", records.GateDocument, False),
-])
+@pytest.mark.parametrize(
+    ("name", "record", "wire"),
+    [
+        ("training-health-v2.predicate.schema.json", records.Predicate, True),
+        ("receipts-v1.schema.json", records.Receipts, False),
+        ("gate-v1.schema.json", records.GateDocument, False),
+    ],
+)
 def test_schema_field_names_are_the_record_keys(name: str, record: type, wire: bool) -> None:
     """Property names and required keys of every record in the schema equal the TypedDict's keys
     (lowerCamelCase in the predicate's schema, as signed)."""
@@ -73,17 +76,26 @@ def test_schema_field_names_are_the_record_keys(name: str, record: type, wire: b
 def test_the_policy_records_name_every_policy_setting() -> None:
     """The signed policy sections are ``Policy.to_json()``: the records name exactly its keys."""
     settings = Policy().to_json()
-    for section, record in (("receipts", records.ReceiptsPolicy), ("margins", records.MarginsPolicy),
-                            ("envelope", records.EnvelopePolicy), ("gates", records.GatesPolicy)):
+    for section, record in (
+        ("receipts", records.ReceiptsPolicy),
+        ("margins", records.MarginsPolicy),
+        ("envelope", records.EnvelopePolicy),
+        ("gates", records.GatesPolicy),
+    ):
         assert set(settings[section]) == set(fields(record)), section
     assert set(settings) == set(fields(records.PolicySettings))
 
 
 def test_the_wire_name_exceptions_come_from_the_types() -> None:
     assert DATA_MAPS == {
-        "envelope.series", "gates[].structural.c2_tolerance", "gates[].continuity.c2_tolerance",
-        "gates[].structural.c2_deltas", "gates[].continuity.c2_deltas", "gates[].receipts.nll_by_domain",
-        "heatmaps.domains.layers", "heatmaps.domains.layers.*",
+        "envelope.series",
+        "gates[].structural.c2_tolerance",
+        "gates[].continuity.c2_tolerance",
+        "gates[].structural.c2_deltas",
+        "gates[].continuity.c2_deltas",
+        "gates[].receipts.nll_by_domain",
+        "heatmaps.domains.layers",
+        "heatmaps.domains.layers.*",
     }
 
 
@@ -105,8 +117,9 @@ def test_the_golden_predicate_validates_and_a_wrong_one_does_not() -> None:
             schema_check.validate(schema_check.PREDICATE, bad, what)
 
 
-def test_certify_and_gate_outputs_are_validated_as_they_are_written(tmp_path: Path, samples_cache: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_certify_and_gate_outputs_are_validated_as_they_are_written(
+    tmp_path: Path, samples_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real certify and gate --json through the CLI: the conftest hook validates each written
     document (counted), and the files on disk validate here too."""
     monkeypatch.setenv("MOEAUDIT_CACHE_DIR", str(samples_cache))
@@ -119,8 +132,9 @@ def test_certify_and_gate_outputs_are_validated_as_they_are_written(tmp_path: Pa
     done = CliRunner().invoke(cli, ["certify", str(run), "--key", str(KEY), "--out", str(out)])
     assert done.exit_code == 0, done.output
     gate_json = tmp_path / "gate.json"
-    done = CliRunner().invoke(cli, ["gate", str(run / "checkpoint-0"), str(run / "checkpoint-1000"),
-                                     "--json", str(gate_json)])
+    done = CliRunner().invoke(
+        cli, ["gate", str(run / "checkpoint-0"), str(run / "checkpoint-1000"), "--json", str(gate_json)]
+    )
     assert done.exit_code in (0, 1, 3), done.output
     seen = {k: v - before.get(k, 0) for k, v in schema_check.SEEN.items()}
     # certificate.json and the Sigstore bundle, two receipts, one gate document
@@ -128,11 +142,15 @@ def test_certify_and_gate_outputs_are_validated_as_they_are_written(tmp_path: Pa
     assert seen.get(schema_check.GATE) == 1
     envelope = json.loads((out / "certificate.json").read_text(encoding="utf-8"))
     predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
-    jsonschema.validate(predicate, load("training-health-v2.predicate.schema.json"),
-                        cls=jsonschema.Draft202012Validator)
+    jsonschema.validate(
+        predicate, load("training-health-v2.predicate.schema.json"), cls=jsonschema.Draft202012Validator
+    )
     for receipts in sorted((out / "receipts").glob("checkpoint-*.json")):
-        jsonschema.validate(json.loads(receipts.read_text(encoding="utf-8")), load("receipts-v1.schema.json"),
-                            cls=jsonschema.Draft202012Validator)
+        jsonschema.validate(
+            json.loads(receipts.read_text(encoding="utf-8")),
+            load("receipts-v1.schema.json"),
+            cls=jsonschema.Draft202012Validator,
+        )
     gate_doc = json.loads(gate_json.read_text(encoding="utf-8"))
     jsonschema.validate(gate_doc, load("gate-v1.schema.json"), cls=jsonschema.Draft202012Validator)
     gate_doc["decision"] = "SHIP IT"
@@ -152,14 +170,30 @@ def test_a_subprocess_validates_what_it_writes(tmp_path: Path, samples_cache: Pa
     run = SAMPLES / "sft-refine"
     out = tmp_path / "gate.json"
     env = {**os.environ, "MOEAUDIT_CACHE_DIR": str(samples_cache)}
-    done = subprocess.run([sys.executable, "-m", "moeaudit", "gate", str(run / "checkpoint-0"),
-                           str(run / "checkpoint-1000"), "--json", str(out)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moeaudit",
+            "gate",
+            str(run / "checkpoint-0"),
+            str(run / "checkpoint-1000"),
+            "--json",
+            str(out),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode in (0, 1, 3), done.stderr
     assert f" {out}\n" in log.read_text(encoding="utf-8")
     # the same wrapper refuses a document that breaks its schema (exercised in a subprocess)
-    code = ("import moeaudit.jsonio as j, sys; sys._getframe().f_globals['__name__'] = 'moeaudit.x'\n"
-            f"j.atomic_write({str(tmp_path / 'bad.json')!r}, '{{\"schema\": \"moeaudit.gate/v1\"}}')\n")
+    code = (
+        "import moeaudit.jsonio as j, sys; sys._getframe().f_globals['__name__'] = 'moeaudit.x'\n"
+        f'j.atomic_write({str(tmp_path / "bad.json")!r}, \'{{"schema": "moeaudit.gate/v1"}}\')\n'
+    )
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "does not match gate-v1.schema.json" in bad.stderr
     assert not (tmp_path / "bad.json").exists()

@@ -51,8 +51,7 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MOEAUDIT_DIST_TIMEOUT": "90",
-            **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MOEAUDIT_DIST_TIMEOUT": "90", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +64,26 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], di
         ckpts.append(str(root / family))
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 96, (4, 16), generator=g, dtype=torch.int32)
-    canary_mod.save(canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose")),
-                    root / "canary.safetensors")
+    canary_mod.save(
+        canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose")),
+        root / "canary.safetensors",
+    )
     canary = root / "canary.safetensors"
     return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
 
 
 def _launch(world: int, out: Path, canary: Path, ckpts: list[str], **extra: str) -> None:
     env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world), **extra)
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), str(canary), *ckpts],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(out), str(canary), *ckpts],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     outputs = []
     try:
         for p in procs:
@@ -110,7 +117,8 @@ def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_over_the_private_copy_budget_ranks_read_verified_and_agree(
-        setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path) -> None:
+    setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path
+) -> None:
     """A budget smaller than a rank's share (96 KiB, about two files): nothing is sent at hashing,
     each rank reads its blocks when the replay asks (verified) and the least recently used files
     give theirs up, so the backward and the later checkpoints read again — same answers."""
@@ -121,8 +129,7 @@ def test_over_the_private_copy_budget_ranks_read_verified_and_agree(
         assert got[family]["digest"] == want[family]["digest"]
         assert got[family]["topk"] == want[family]["topk"]
         assert got[family]["expert_norms"] == want[family]["expert_norms"]
-        assert same(_without_environment(want[family]["receipts"]),
-                    _without_environment(got[family]["receipts"])) == []
+        assert same(_without_environment(want[family]["receipts"]), _without_environment(got[family]["receipts"])) == []
     size = sum(f.stat().st_size for c in ckpts[:2] for f in Path(c).glob("*.safetensors"))
     reads = [json.loads((tmp_path / f"out.json.bytes.{r}").read_text()) for r in range(2)]
     assert all(r[1] == 0 for r in reads), reads  # nothing sent
@@ -130,8 +137,9 @@ def test_over_the_private_copy_budget_ranks_read_verified_and_agree(
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_world_sizes_give_one_process_receipts(setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path,
-                                               world: int) -> None:
+def test_world_sizes_give_one_process_receipts(
+    setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path, world: int
+) -> None:
     canary, ckpts, want = setup
     _launch(world, tmp_path / "out.json", canary, ckpts)
     got = json.loads((tmp_path / "out.json").read_text())
@@ -158,12 +166,14 @@ def test_world_sizes_give_one_process_receipts(setup: tuple[Path, list[str], dic
 
 
 def _cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "moeaudit", *args], env=_env(**env), capture_output=True,
-                          text=True, timeout=DEADLINE_S)
+    return subprocess.run(
+        [sys.executable, "-m", "moeaudit", *args], env=_env(**env), capture_output=True, text=True, timeout=DEADLINE_S
+    )
 
 
-def test_nproc_option_writes_one_process_receipts(setup: tuple[Path, list[str], dict[str, Any]],
-                                                  tmp_path: Path) -> None:
+def test_nproc_option_writes_one_process_receipts(
+    setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path
+) -> None:
     canary, ckpts, want = setup
     out = tmp_path / "r.json"
     run = _cli(["receipts", ckpts[1], "--canary", str(canary), "--json", str(out), "--nproc", "2"])
@@ -176,11 +186,14 @@ def test_nproc_option_writes_one_process_receipts(setup: tuple[Path, list[str], 
 
 @pytest.mark.parametrize("kind", ["error", "exit"])
 def test_a_failing_rank_ends_every_rank_with_one_line_and_no_output(
-        setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path, kind: str) -> None:
+    setup: tuple[Path, list[str], dict[str, Any]], tmp_path: Path, kind: str
+) -> None:
     canary, ckpts, _ = setup
     out = tmp_path / "r.json"
-    run = _cli(["receipts", ckpts[0], "--canary", str(canary), "--json", str(out), "--nproc", "2"],
-               MOEAUDIT_TEST_RANK_FAULT=f"1:1:{kind}")
+    run = _cli(
+        ["receipts", ckpts[0], "--canary", str(canary), "--json", str(out), "--nproc", "2"],
+        MOEAUDIT_TEST_RANK_FAULT=f"1:1:{kind}",
+    )
     assert run.returncode == 4, (run.returncode, run.stderr[-3000:])
     errors = [line for line in run.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, run.stderr
@@ -188,8 +201,9 @@ def test_a_failing_rank_ends_every_rank_with_one_line_and_no_output(
         assert errors[0].startswith("moeaudit: error: rank 1 of 2: ")
         assert "injected read failure in layer 1" in errors[0]
     else:  # the rank died: named by rank 0, which stopped the others
-        assert errors[0].startswith("moeaudit: error: expert-parallel replay of 2 ranks failed: "
-                                    "rank 1 exited with code 9")
+        assert errors[0].startswith(
+            "moeaudit: error: expert-parallel replay of 2 ranks failed: rank 1 exited with code 9"
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -197,10 +211,31 @@ def test_torchrun_launch(setup: tuple[Path, list[str], dict[str, Any]], tmp_path
     """``torchrun --nproc-per-node 2 -m moeaudit receipts …``: rank 1 serves, rank 0 writes."""
     canary, ckpts, want = setup
     out = tmp_path / "r.json"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "moeaudit",
-                          "receipts", ckpts[0], "--canary", str(canary), "--json", str(out)],
-                         env=_env(), capture_output=True, text=True, timeout=DEADLINE_S)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "moeaudit",
+            "receipts",
+            ckpts[0],
+            "--canary",
+            str(canary),
+            "--json",
+            str(out),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert same(_without_environment(want["mixtral"]["receipts"]), _without_environment(doc)) == []
@@ -220,14 +255,13 @@ def test_certify_nproc_records_the_ranks(setup: tuple[Path, list[str], dict[str,
     key, out = tmp_path / "key", tmp_path / "out"
     env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     assert _cli(["keygen", "--out", str(key)], **env).returncode == 0
-    done = _cli(["certify", str(run), "--key", str(key), "--out", str(out), "--canary", str(canary),
-                 "--nproc", "2"], **env)
+    done = _cli(
+        ["certify", str(run), "--key", str(key), "--out", str(out), "--canary", str(canary), "--nproc", "2"], **env
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a verdict other than PASS
     signed = json.loads(base64.b64decode(json.loads((out / "certificate.json").read_text())["payload"]))
     env_doc = signed["predicate"]["environment"]
     assert (env_doc["worldSize"], env_doc["backend"], env_doc["rankDevices"]) == (2, "gloo", ["cpu", "cpu"])
-    assert env_doc["worldSizes"] == {"checkpoint-100.json": 2, "checkpoint-200.json": 2,
-                                     "pair-200-vs-100.json": 1}
+    assert env_doc["worldSizes"] == {"checkpoint-100.json": 2, "checkpoint-200.json": 2, "pair-200-vs-100.json": 1}
     verified = _cli(["verify", str(out / "certificate.json"), "--pubkey", str(key) + ".pub"], **env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-

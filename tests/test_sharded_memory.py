@@ -29,8 +29,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 if not sys.platform.startswith("linux") or not torch.distributed.is_available():
-    pytest.skip("RLIMIT_DATA bounds private mappings on Linux only; torch.distributed needed",
-                allow_module_level=True)
+    pytest.skip("RLIMIT_DATA bounds private mappings on Linux only; torch.distributed needed", allow_module_level=True)
 
 from moeaudit import canary as canary_mod  # noqa: E402
 
@@ -41,15 +40,24 @@ LOW, HIGH = 192 * MiB, 1024 * MiB  # one process fails at the first and runs at 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("memory")
-    config = transformers.MixtralConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
-                                        num_attention_heads=8, num_key_value_heads=4, num_local_experts=16,
-                                        num_experts_per_tok=2, max_position_embeddings=256)
+    config = transformers.MixtralConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_local_experts=16,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     transformers.MixtralForCausalLM(config).save_pretrained(root / "ckpt", max_shard_size="8MB")
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 512, (8, 128), generator=g, dtype=torch.int32)
-    canary_mod.save(canary_mod.Canary(tokens, torch.zeros(8, dtype=torch.int32), ("text",)),
-                    root / "canary.safetensors")
+    canary_mod.save(
+        canary_mod.Canary(tokens, torch.zeros(8, dtype=torch.int32), ("text",)), root / "canary.safetensors"
+    )
     return root / "ckpt", root / "canary.safetensors"
 
 
@@ -59,9 +67,26 @@ def _receipts(ckpt: Path, canary: Path, out: Path, cap: int, *more: str) -> subp
     def capped() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
-    return subprocess.run([sys.executable, "-m", "moeaudit", "receipts", str(ckpt), "--canary", str(canary),
-                           "--json", str(out), "--force", *more], env=env, preexec_fn=capped, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moeaudit",
+            "receipts",
+            str(ckpt),
+            "--canary",
+            str(canary),
+            "--json",
+            str(out),
+            "--force",
+            *more,
+        ],
+        env=env,
+        preexec_fn=capped,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _out_of_memory(run: subprocess.CompletedProcess[str], out: Path) -> bool:

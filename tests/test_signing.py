@@ -31,8 +31,10 @@ from moeaudit.errors import InputError
 
 
 def test_pae_vector() -> None:
-    assert pae("http://example.com/HelloWorld", b"hello world") == \
-        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    assert (
+        pae("http://example.com/HelloWorld", b"hello world")
+        == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
 
 
 @given(st.text(max_size=20), st.binary(max_size=40), st.text(max_size=20), st.binary(max_size=40))
@@ -48,8 +50,12 @@ def keypair(request, tmp_path: Path):
 
 
 def _statement() -> dict:
-    return {"_type": STATEMENT_TYPE, "subject": [{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}],
-            "predicateType": PREDICATE_TYPE, "predicate": {"verdict": "PASS", "gates": []}}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {"verdict": "PASS", "gates": []},
+    }
 
 
 def test_round_trip_and_independent_verifier(keypair, tmp_path: Path) -> None:
@@ -83,8 +89,9 @@ def test_p256_same_payload_fresh_signature(tmp_path: Path) -> None:
     b = sign_statement(_statement(), key, issued_at="2026-01-01T00:00:00Z")
     assert a["payload"] == b["payload"] and a["signatures"][0]["sig"] != b["signatures"][0]["sig"]
     for env in (a, b):
-        assert verify_envelope(json.dumps(env).encode(), key.public_key(), tmp_path / "c.json").body == \
-            base64.b64decode(a["payload"])
+        assert verify_envelope(
+            json.dumps(env).encode(), key.public_key(), tmp_path / "c.json"
+        ).body == base64.b64decode(a["payload"])
 
 
 def _flip(b64: str, index: int) -> str:
@@ -106,13 +113,16 @@ def test_any_flipped_byte_fails(tmp_path_factory, index: int, where: str) -> Non
         verify_envelope(json.dumps(env).encode(), key.public_key(), d / "c.json")
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda e: e.__setitem__("payloadType", "application/json"), "payloadType"),
-    (lambda e: e["signatures"].append(dict(e["signatures"][0])), "exactly one signature"),
-    (lambda e: e["signatures"][0].__setitem__("keyid", "00" * 32), "not by this public key"),
-    (lambda e: e.__setitem__("extra", 1), "not a DSSE envelope"),
-    (lambda e: e.__setitem__("payload", "%%%"), "not valid base64"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda e: e.__setitem__("payloadType", "application/json"), "payloadType"),
+        (lambda e: e["signatures"].append(dict(e["signatures"][0])), "exactly one signature"),
+        (lambda e: e["signatures"][0].__setitem__("keyid", "00" * 32), "not by this public key"),
+        (lambda e: e.__setitem__("extra", 1), "not a DSSE envelope"),
+        (lambda e: e.__setitem__("payload", "%%%"), "not valid base64"),
+    ],
+)
 def test_malformed_envelopes(tmp_path: Path, mutate, message: str) -> None:
     key = generate_key(tmp_path / "k")
     env = sign_envelope(key, canonical_json(_statement()))

@@ -39,9 +39,19 @@ def certified(tmp_path: Path, samples_cache: Path) -> tuple[Path, Path, Path]:
         shutil.copytree(SAMPLES / "healthy" / f"checkpoint-{step}", run / f"checkpoint-{step}")
     shutil.copy(SAMPLES / "healthy" / "metrics.jsonl", run / "metrics.jsonl")
     env = {"MOEAUDIT_CACHE_DIR": str(samples_cache), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    result = CliRunner(env=env).invoke(cli, ["certify", str(run), "--out", str(tmp_path / "out"),
-                                             "--canary", str(SAMPLES / "canary.safetensors"),
-                                             "--policy", str(SAMPLES / "policy.toml")])
+    result = CliRunner(env=env).invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--out",
+            str(tmp_path / "out"),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     assert "certificate.sigstore.json" in result.stdout
     return tmp_path / "out", run, tmp_path / "cfg" / "moeaudit" / "signing-key.pem.pub"
@@ -71,8 +81,11 @@ def _independent_verify(bundle_raw: bytes, pub_path: Path) -> dict:
     assert env is not None and len(env.signatures) == 1
     hint = parsed.verification_material.public_key.hint
     key = SSlibKey.from_crypto(serialization.load_pem_public_key(pub_path.read_bytes()), keyid=hint)
-    dsse = Envelope(payload=env.payload, payload_type=env.payload_type,
-                    signatures={hint: Signature(hint, env.signatures[0].sig.hex())})
+    dsse = Envelope(
+        payload=env.payload,
+        payload_type=env.payload_type,
+        signatures={hint: Signature(hint, env.signatures[0].sig.hex())},
+    )
     dsse.verify([key], 1)  # raises VerificationError unless the signature over the PAE holds
     return json.loads(env.payload)
 
@@ -94,10 +107,12 @@ def test_certify_writes_a_bundle_of_the_same_signed_statement(certified) -> None
     assert bundle == {
         "mediaType": BUNDLE_V03,
         # the key as model-signing 1.x names it: hex SHA-256 of the PEM SubjectPublicKeyInfo
-        "verificationMaterial": {"publicKey": {"hint": _pem_sha256_hex(pub)},
-                                 "tlogEntries": []},
-        "dsseEnvelope": {"payload": envelope["payload"], "payloadType": "application/vnd.in-toto+json",
-                         "signatures": [{"sig": envelope["signatures"][0]["sig"]}]},
+        "verificationMaterial": {"publicKey": {"hint": _pem_sha256_hex(pub)}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": envelope["payload"],
+            "payloadType": "application/vnd.in-toto+json",
+            "signatures": [{"sig": envelope["signatures"][0]["sig"]}],
+        },
     }
     assert envelope["signatures"][0]["keyid"] == _spki_sha256(pub).hex()
     # the default key created on first use is P-256
@@ -130,8 +145,21 @@ def test_verify_cli_reads_the_bundle(certified, tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.stderr
     assert "verdict PASS" in ok.stdout and "all 2 checkpoint digests match" in ok.stdout
     report = tmp_path / "report.json"
-    exported = CliRunner().invoke(cli, ["export", str(bundle), "--framework", "eu-ai-act", "--format", "json",
-                                        "--out", str(report), "--pubkey", str(pub)])
+    exported = CliRunner().invoke(
+        cli,
+        [
+            "export",
+            str(bundle),
+            "--framework",
+            "eu-ai-act",
+            "--format",
+            "json",
+            "--out",
+            str(report),
+            "--pubkey",
+            str(pub),
+        ],
+    )
     assert exported.exit_code == 0, exported.stderr
     assert json.loads(report.read_text()) == _export_of(out / "certificate.json", pub)  # the same statement
     bad = tmp_path / "tampered.sigstore.json"
@@ -149,8 +177,9 @@ def _export_of(cert: Path, pub: Path) -> dict:
 def _signed_bundle(tmp_path: Path, algorithm: str) -> tuple[dict, Path]:
     key = generate_key(tmp_path / algorithm, algorithm=algorithm)
     stmt = statement([{"name": "checkpoint-1", "digest": {"sha256": "ab" * 32}}], {"verdict": "PASS", "gates": []})
-    return to_bundle(sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z"), key.public_key()), \
-        tmp_path / f"{algorithm}.pub"
+    return to_bundle(
+        sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z"), key.public_key()
+    ), tmp_path / f"{algorithm}.pub"
 
 
 @pytest.mark.parametrize("algorithm", ["ecdsa-p256", "ed25519"])
@@ -163,14 +192,17 @@ def test_both_key_types_verify_independently_and_in_the_cli(tmp_path: Path, algo
     assert result.exit_code == 0, result.stderr
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda b: b["verificationMaterial"]["publicKey"].__setitem__("hint", "AAAA"), "not by this public key"),
-    (lambda b: b.__setitem__("mediaType", "application/vnd.dev.sigstore.bundle.v0.4+json"), "mediaType"),
-    (lambda b: b["verificationMaterial"].pop("publicKey"), "not key-based"),
-    (lambda b: b["dsseEnvelope"]["signatures"][0].__setitem__("keyid", "00" * 32), "not by this public key"),
-    (lambda b: b["dsseEnvelope"]["signatures"].append({"sig": "AAAA"}), "exactly one signature"),
-    (lambda b: b.__setitem__("messageSignature", {}), "message signature"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b["verificationMaterial"]["publicKey"].__setitem__("hint", "AAAA"), "not by this public key"),
+        (lambda b: b.__setitem__("mediaType", "application/vnd.dev.sigstore.bundle.v0.4+json"), "mediaType"),
+        (lambda b: b["verificationMaterial"].pop("publicKey"), "not key-based"),
+        (lambda b: b["dsseEnvelope"]["signatures"][0].__setitem__("keyid", "00" * 32), "not by this public key"),
+        (lambda b: b["dsseEnvelope"]["signatures"].append({"sig": "AAAA"}), "exactly one signature"),
+        (lambda b: b.__setitem__("messageSignature", {}), "message signature"),
+    ],
+)
 def test_malformed_bundles_are_refused(tmp_path: Path, mutate, message: str) -> None:
     bundle, pub = _signed_bundle(tmp_path, "ecdsa-p256")
     mutate(bundle)
@@ -203,8 +235,9 @@ def test_model_signing_checks_the_key_and_signature_then_refuses_the_predicate(c
     out, run, pub = certified
     bundle = out / "certificate.sigstore.json"
     said = _model_signing_verify(run / "checkpoint-1500", bundle, pub)
-    assert said == ("ValueError: Predicate type mismatch, expected https://model_signing/signature/v1.0, "
-                    f"got {PREDICATE_TYPE}")
+    assert said == (
+        f"ValueError: Predicate type mismatch, expected https://model_signing/signature/v1.0, got {PREDICATE_TYPE}"
+    )
     tampered = tmp_path / "tampered.sigstore.json"  # the signature is checked before the predicate
     tampered.write_bytes(_tampered(bundle.read_bytes()))
     assert _model_signing_verify(run / "checkpoint-1500", tampered, pub).startswith("InvalidSignature")
@@ -237,13 +270,20 @@ def test_keygen_default_is_p256_and_ed25519_on_request(tmp_path: Path) -> None:
 
 
 def _sigstore_js(bundle: Path, pub: Path, digest: str) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which("node") or "node", str(SIGSTORE_JS / "verify_bundle.js"), str(bundle),
-                           str(pub), digest], cwd=SIGSTORE_JS, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [shutil.which("node") or "node", str(SIGSTORE_JS / "verify_bundle.js"), str(bundle), str(pub), digest],
+        cwd=SIGSTORE_JS,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @needs_samples
-@pytest.mark.skipif(shutil.which("node") is None or not (SIGSTORE_JS / "node_modules/@sigstore/verify").is_dir(),
-                    reason="sigstore-js not installed (npm install --prefix tests/sigstore_js)")
+@pytest.mark.skipif(
+    shutil.which("node") is None or not (SIGSTORE_JS / "node_modules/@sigstore/verify").is_dir(),
+    reason="sigstore-js not installed (npm install --prefix tests/sigstore_js)",
+)
 def test_sigstore_js_verifies_the_bundle(certified, tmp_path: Path) -> None:
     """sigstore-js finds the key by the bundle's hint, checks the DSSE signature with no log
     entry or timestamp required, and the statement names the checkpoint's root digest."""

@@ -46,15 +46,29 @@ def _env(tmp: Path, cache: Path) -> dict[str, str]:
 
 
 def _certify_args(run: Path, out: Path, *extra: str) -> list[str]:
-    return ["certify", str(run), "--out", str(out), "--canary", str(SAMPLES / "canary.safetensors"),
-            "--policy", str(SAMPLES / "policy.toml"), *extra]
+    return [
+        "certify",
+        str(run),
+        "--out",
+        str(out),
+        "--canary",
+        str(SAMPLES / "canary.safetensors"),
+        "--policy",
+        str(SAMPLES / "policy.toml"),
+        *extra,
+    ]
 
 
 def _certify_process(tmp: Path, cache: Path, run: Path, out: Path) -> subprocess.CompletedProcess[str]:
     """certify in its own process, killed if it runs past HANG (a hang fails, never blocks)."""
-    return subprocess.run([sys.executable, "-m", "moeaudit", *_certify_args(run, out)],
-                          env={**os.environ, **_env(tmp, cache)}, capture_output=True, text=True,
-                          timeout=HANG, cwd=tmp)
+    return subprocess.run(
+        [sys.executable, "-m", "moeaudit", *_certify_args(run, out)],
+        env={**os.environ, **_env(tmp, cache)},
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        cwd=tmp,
+    )
 
 
 def _error_line(stderr: str) -> str:
@@ -67,18 +81,23 @@ def _error_line(stderr: str) -> str:
 GOOD = '{"step": 0, "event": "resume", "note": "restarted"}\n'
 
 
-@pytest.mark.parametrize(("line", "why"), [
-    ('{"step": 0, "event": "regime_change", "stage": "pretraining", "stage": "post-training"}',
-     "key 'stage' appears twice"),
-    ('{"step": 0, "event": "resume", "event": "regime_change"}', "key 'event' appears twice"),
-    ('{"step": 0, "event": "resume", "note": NaN}', "NaN is not a JSON value"),
-    ('{"step": Infinity, "event": "resume"}', "Infinity is not a JSON value"),
-    ('{"step": 0, "event": "resume", "note": -Infinity}', "-Infinity is not a JSON value"),
-    ('{"step": 0, "event": "resume", "note": 1e999}', "overflows"),
-    ('{"step": 0, "event": "resume", "stgae": "post-training"}', "unknown key(s) 'stgae'"),
-    ('{"step": 0, "event": "resume", "note": {"why": "x"}}', "'note' must be a string"),
-    ('{"stage": "post-training", "step": 3}', "a stage line holds only 'stage'"),
-])
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (
+            '{"step": 0, "event": "regime_change", "stage": "pretraining", "stage": "post-training"}',
+            "key 'stage' appears twice",
+        ),
+        ('{"step": 0, "event": "resume", "event": "regime_change"}', "key 'event' appears twice"),
+        ('{"step": 0, "event": "resume", "note": NaN}', "NaN is not a JSON value"),
+        ('{"step": Infinity, "event": "resume"}', "Infinity is not a JSON value"),
+        ('{"step": 0, "event": "resume", "note": -Infinity}', "-Infinity is not a JSON value"),
+        ('{"step": 0, "event": "resume", "note": 1e999}', "overflows"),
+        ('{"step": 0, "event": "resume", "stgae": "post-training"}', "unknown key(s) 'stgae'"),
+        ('{"step": 0, "event": "resume", "note": {"why": "x"}}', "'note' must be a string"),
+        ('{"stage": "post-training", "step": 3}', "a stage line holds only 'stage'"),
+    ],
+)
 def test_events_refused_naming_file_and_line(tmp_path: Path, line: str, why: str) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(GOOD + line + "\n")
@@ -91,15 +110,20 @@ def test_events_refused_naming_file_and_line(tmp_path: Path, line: str, why: str
 
 def test_the_stage_is_the_latest_by_step_and_a_conflict_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    path.write_text('{"step": 500, "event": "regime_change", "stage": "post-training"}\n'
-                    '{"step": 0, "event": "regime_change", "stage": "pretraining"}\n')
+    path.write_text(
+        '{"step": 500, "event": "regime_change", "stage": "post-training"}\n'
+        '{"step": 0, "event": "regime_change", "stage": "pretraining"}\n'
+    )
     assert read_events(path)[1] == "post-training"  # not whichever line came last
     path.write_text('{"stage": "pretraining"}\n{"step": 10, "event": "regime_change", "stage": "post-training"}\n')
     assert read_events(path)[1] == "post-training"  # a stage line: the stage from the start
-    path.write_text('{"step": 5, "event": "regime_change", "stage": "post-training"}\n'
-                    '{"step": 5, "event": "resume", "stage": "pretraining"}\n')
-    with pytest.raises(InputError, match="for step 5 is stated as 'post-training' at line 1 and as "
-                                         "'pretraining' at line 2"):
+    path.write_text(
+        '{"step": 5, "event": "regime_change", "stage": "post-training"}\n'
+        '{"step": 5, "event": "resume", "stage": "pretraining"}\n'
+    )
+    with pytest.raises(
+        InputError, match="for step 5 is stated as 'post-training' at line 1 and as 'pretraining' at line 2"
+    ):
         read_events(path)
     path.write_text('{"stage": "post-training"}\n{"stage": "pretraining"}\n')
     with pytest.raises(InputError, match="from the start is stated"):
@@ -110,7 +134,8 @@ def test_the_stage_is_the_latest_by_step_and_a_conflict_is_refused(tmp_path: Pat
 def test_a_duplicate_stage_fails_the_command_with_one_line(tmp_path: Path) -> None:
     run = _run(tmp_path)
     (run / "events.jsonl").write_text(
-        GOOD + '{"step": 0, "event": "regime_change", "stage": "post-training", "stage": "pretraining"}\n')
+        GOOD + '{"step": 0, "event": "regime_change", "stage": "post-training", "stage": "pretraining"}\n'
+    )
     result = CliRunner().invoke(cli, ["envelope", str(run), "--source", "logs"])
     assert result.exit_code == 4
     assert _error_line(result.stderr).startswith(f"moeaudit: error: {run / 'events.jsonl'}:2: key 'stage'")
@@ -123,8 +148,10 @@ def test_a_fifo_as_the_cache_key_does_not_block(tmp_path: Path) -> None:
     from moeaudit.cache import SECRET_NAME, ReceiptsCache
 
     os.mkfifo(tmp_path / SECRET_NAME, 0o600)
-    code = ("from pathlib import Path; from moeaudit.cache import ReceiptsCache; "
-            f"c = ReceiptsCache(Path({str(tmp_path)!r})); print(c.get('0' * 64), c.problem)")
+    code = (
+        "from pathlib import Path; from moeaudit.cache import ReceiptsCache; "
+        f"c = ReceiptsCache(Path({str(tmp_path)!r})); print(c.get('0' * 64), c.problem)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("None receipts cache not used:") and "named pipe (FIFO)" in done.stdout
@@ -143,8 +170,10 @@ def test_a_fifo_as_a_cache_entry_is_a_named_miss(tmp_path: Path) -> None:
     os.mkfifo(entry)
     assert cache.get(key) is None and cache.misses == 1
     cache.put(key, {"a": 1})  # a name atomic_write will not replace: a slower next run, no error
-    assert said == [f"warning: receipts cache entry {entry} is a named pipe (FIFO), not a regular file: "
-                    "ignored, recomputed (delete it)"]
+    assert said == [
+        f"warning: receipts cache entry {entry} is a named pipe (FIFO), not a regular file: "
+        "ignored, recomputed (delete it)"
+    ]
 
 
 @needs_samples
@@ -193,7 +222,8 @@ def test_certify_refuses_the_default_out_inside_the_run(tmp_path: Path, monkeypa
     before = _listing(run)
     monkeypatch.chdir(run)  # ./moeaudit-certificates/run would land inside the run
     result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(
-        cli, _certify_args(run, run)[:2] + _certify_args(run, run)[4:])
+        cli, _certify_args(run, run)[:2] + _certify_args(run, run)[4:]
+    )
     assert result.exit_code == 4 and "the default --out is inside" in result.stderr, result.output
     assert _listing(run) == before
 
@@ -205,29 +235,31 @@ def test_certify_refuses_out_inside_a_linked_checkpoint(tmp_path: Path) -> None:
     elsewhere.parent.mkdir()
     (run / "checkpoint-1500").rename(elsewhere)
     (run / "checkpoint-1500").symlink_to(elsewhere)
-    result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(
-        cli, _certify_args(run, elsewhere / "cert"))
+    result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(cli, _certify_args(run, elsewhere / "cert"))
     assert result.exit_code == 4 and "--out is inside" in result.stderr
     assert sorted(p.name for p in elsewhere.iterdir()) == sorted(
-        p.name for p in (SAMPLES / "healthy" / "checkpoint-1500").iterdir())
+        p.name for p in (SAMPLES / "healthy" / "checkpoint-1500").iterdir()
+    )
 
 
 @needs_samples
-@pytest.mark.parametrize("command", [
-    ["receipts", "{c}", "--json", "{c}/r.json"],
-    ["compare", "{b}", "{c}", "--json", "{b}/sub/c.json"],
-    ["gate", "{b}", "{c}", "--json", "{c}/g.json"],
-    ["gate", "{b}", "{c}", "--junit", "{b}/g.xml"],
-    ["envelope", "{run}", "--json", "{c}/e.json"],
-    ["envelope", "{run}", "--json", "{run}/metrics.jsonl", "--force"],
-    ["calibrate", "{run}", "--out", "{c}/policy.toml"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["receipts", "{c}", "--json", "{c}/r.json"],
+        ["compare", "{b}", "{c}", "--json", "{b}/sub/c.json"],
+        ["gate", "{b}", "{c}", "--json", "{c}/g.json"],
+        ["gate", "{b}", "{c}", "--junit", "{b}/g.xml"],
+        ["envelope", "{run}", "--json", "{c}/e.json"],
+        ["envelope", "{run}", "--json", "{run}/metrics.jsonl", "--force"],
+        ["calibrate", "{run}", "--out", "{c}/policy.toml"],
+    ],
+)
 def test_other_outputs_inside_an_audited_checkpoint_are_refused(tmp_path: Path, command: list[str]) -> None:
     run = _run(tmp_path)
     names = {"run": str(run), "b": str(run / "checkpoint-1250"), "c": str(run / "checkpoint-1500")}
     before = _listing(run)
-    result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(
-        cli, [a.format(**names) for a in command])
+    result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(cli, [a.format(**names) for a in command])
     assert result.exit_code == 4, result.output
     assert "is inside" in _error_line(result.stderr) and "which this command audits" in result.stderr
     assert _listing(run) == before
@@ -265,11 +297,14 @@ def test_nonfinite_learning_rates_are_findings_not_the_peak(tmp_path: Path) -> N
     from moeaudit.series import infer_warmup
 
     ckpt = tmp_path / "checkpoint-400"
-    _state(ckpt, '{"step": 100, "learning_rate": 0.5}, {"step": 200, "learning_rate": 1.0},'
-                 '{"step": 300, "learning_rate": Infinity}, {"step": 350, "learning_rate": NaN},'
-                 '{"step": 360, "learning_rate": 1e999}, {"step": "x", "learning_rate": 9.0},'
-                 '{"step": 370, "learning_rate": true}, {"step": 400, "learning_rate": 0.8},'
-                 '{"step": 400, "eval_loss": 1.2}')
+    _state(
+        ckpt,
+        '{"step": 100, "learning_rate": 0.5}, {"step": 200, "learning_rate": 1.0},'
+        '{"step": 300, "learning_rate": Infinity}, {"step": 350, "learning_rate": NaN},'
+        '{"step": 360, "learning_rate": 1e999}, {"step": "x", "learning_rate": 9.0},'
+        '{"step": 370, "learning_rate": true}, {"step": 400, "learning_rate": 0.8},'
+        '{"step": 400, "eval_loss": 1.2}',
+    )
     warmup = infer_warmup(_Run([(400, _Ckpt(ckpt))]))
     assert warmup.step == 200  # not 300 (Infinity) nor 350 (NaN)
     state = ckpt / "trainer_state.json"
@@ -281,7 +316,8 @@ def test_nonfinite_learning_rates_are_findings_not_the_peak(tmp_path: Path) -> N
         f"{state}: learning rate inf at step 360 (log_history[4]) is not finite — a diverged or broken "
         "schedule; not taken as the warm-up peak",
         f"{state}: skipped 2 log_history entries without a step and a learning rate ≥ 0: "
-        "log_history[5] (step 'x'), log_history[6] (learning_rate True)")
+        "log_history[5] (step 'x'), log_history[6] (learning_rate True)",
+    )
 
 
 def test_unusable_trainer_states_are_reported_and_an_earlier_one_used(tmp_path: Path) -> None:
@@ -303,14 +339,19 @@ def test_unusable_trainer_states_are_reported_and_an_earlier_one_used(tmp_path: 
 # --- Sigstore bundles with evidence moeaudit does not check ------------------------------------------
 
 
-@pytest.mark.parametrize(("material", "why"), [
-    ({"tlogEntries": [{"logIndex": "1"}]}, "carries 1 transparency-log entry, which moeaudit does not verify"),
-    ({"tlogEntries": [{}, {}]}, "carries 2 transparency-log entries"),
-    ({"timestampVerificationData": {"rfc3161Timestamps": [{"signedTimestamp": "AA=="}]}},
-     "carries 1 RFC 3161 timestamp"),
-    ({"tlogEntries": {}}, "tlogEntries is not a list"),
-    ({"timestampVerificationData": {"other": 1}}, "holds more than rfc3161Timestamps"),
-])
+@pytest.mark.parametrize(
+    ("material", "why"),
+    [
+        ({"tlogEntries": [{"logIndex": "1"}]}, "carries 1 transparency-log entry, which moeaudit does not verify"),
+        ({"tlogEntries": [{}, {}]}, "carries 2 transparency-log entries"),
+        (
+            {"timestampVerificationData": {"rfc3161Timestamps": [{"signedTimestamp": "AA=="}]}},
+            "carries 1 RFC 3161 timestamp",
+        ),
+        ({"tlogEntries": {}}, "tlogEntries is not a list"),
+        ({"timestampVerificationData": {"other": 1}}, "holds more than rfc3161Timestamps"),
+    ],
+)
 def test_a_bundle_with_unverified_log_entries_is_refused(tmp_path: Path, material: dict, why: str) -> None:
     from moeaudit.attest.signing import generate_key, sign_envelope, to_bundle
 
@@ -318,8 +359,9 @@ def test_a_bundle_with_unverified_log_entries_is_refused(tmp_path: Path, materia
     bundle = to_bundle(sign_envelope(key, b"{}"), key.public_key())
     bundle["verificationMaterial"].update(material)
     (tmp_path / "certificate.sigstore.json").write_text(json.dumps(bundle))
-    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "certificate.sigstore.json"),
-                                      "--pubkey", str(tmp_path / "key.pub")])
+    result = CliRunner().invoke(
+        cli, ["verify", str(tmp_path / "certificate.sigstore.json"), "--pubkey", str(tmp_path / "key.pub")]
+    )
     assert result.exit_code == 1 and why in _error_line(result.stderr), result.stderr
     bundle["verificationMaterial"].update({"tlogEntries": [], "timestampVerificationData": {"rfc3161Timestamps": []}})
     from moeaudit.attest.signing import verify_signed
@@ -338,8 +380,13 @@ def _leftovers(where: Path, name: str = "out") -> list[str]:
 def test_after_sigkill_mid_certify_the_next_run_removes_and_names_the_leftovers(tmp_path: Path) -> None:
     run, out = _run(tmp_path, (250, 500, 750, 1000, 1250, 1500)), tmp_path / "out"
     env = {**os.environ, **_env(tmp_path, tmp_path / "fresh-cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "moeaudit", *_certify_args(run, out)],
-                            env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moeaudit", *_certify_args(run, out)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.stderr is not None
     deadline = time.time() + HANG
     while time.time() < deadline:  # the replay has started: staging and lock exist
@@ -354,8 +401,7 @@ def test_after_sigkill_mid_certify_the_next_run_removes_and_names_the_leftovers(
     result = CliRunner(env=_env(tmp_path, tmp_path / "cache")).invoke(cli, _certify_args(run, out))
     assert result.exit_code == 0, result.stderr
     assert f"warning: removed the stale lock {tmp_path / '.out.lock'} left by process {proc.pid}," in result.stderr
-    assert f"warning: removed {tmp_path / staging}, a staging directory left by a killed moeaudit run" \
-        in result.stderr
+    assert f"warning: removed {tmp_path / staging}, a staging directory left by a killed moeaudit run" in result.stderr
     assert _leftovers(tmp_path) == [] and (out / "certificate.json").is_file()
 
 
@@ -371,9 +417,11 @@ def test_a_set_moved_aside_by_a_killed_commit_is_restored(tmp_path: Path) -> Non
     with OutputSet(out, warn=said.append, force=True) as target:
         assert target.staging.is_dir()
     assert (out / "certificate.json").read_text() == "{}" and not old.exists()
-    assert said == [f"warning: left {stray} in place: it looks like a staging directory of a killed run "
-                    "but holds files moeaudit does not write",
-                    f"warning: restored {out} from {old.name}, where a killed run had moved it aside"]
+    assert said == [
+        f"warning: left {stray} in place: it looks like a staging directory of a killed run "
+        "but holds files moeaudit does not write",
+        f"warning: restored {out} from {old.name}, where a killed run had moved it aside",
+    ]
 
 
 # --- one short line; a full disk names --out -------------------------------------------------------
@@ -382,8 +430,9 @@ def test_a_set_moved_aside_by_a_killed_commit_is_restored(tmp_path: Path) -> Non
 def test_a_log_line_with_20000_layers_gives_one_short_line(tmp_path: Path) -> None:
     layers = {str(i): [1.0, 2.0] for i in range(20_000)}
     first = {"step": 1, "loss": 1.0, "expert_grad_norms": {"0": [1.0, 2.0]}}
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(
-        {"step": 2, "loss": 1.0, "expert_grad_norms": layers}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps(first) + "\n" + json.dumps({"step": 2, "loss": 1.0, "expert_grad_norms": layers}) + "\n"
+    )
     result = CliRunner().invoke(cli, ["envelope", str(tmp_path / "metrics.jsonl")])
     assert result.exit_code == 4
     line = _error_line(result.stderr)
@@ -395,8 +444,7 @@ def test_a_log_line_with_20000_layers_gives_one_short_line(tmp_path: Path) -> No
 def test_every_message_is_capped_in_one_place() -> None:
     from moeaudit.errors import MAX_PATH_CHARS, MAX_VALUE_CHARS, elide_values
 
-    long = InputError("value " + "x" * 100_000 + " end", path="/p/" + "d" * 5000 + "/f.json",
-                      hint="do this")
+    long = InputError("value " + "x" * 100_000 + " end", path="/p/" + "d" * 5000 + "/f.json", hint="do this")
     message = long.diagnostics()
     assert len(message) <= MAX_LINE_CHARS and message.endswith("end — do this")
     assert message.startswith("/p/dd") and "/f.json: value xx" in message
@@ -410,8 +458,9 @@ def test_every_message_is_capped_in_one_place() -> None:
 
 
 @needs_samples
-def test_a_full_disk_names_out_not_the_staging_path(tmp_path: Path, samples_cache: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_names_out_not_the_staging_path(
+    tmp_path: Path, samples_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run, out = _run(tmp_path), tmp_path / "out"
     real = moeaudit.jsonio.atomic_write
 
@@ -423,8 +472,10 @@ def test_a_full_disk_names_out_not_the_staging_path(tmp_path: Path, samples_cach
     monkeypatch.setattr(moeaudit.jsonio, "atomic_write", full)
     result = CliRunner(env=_env(tmp_path, samples_cache)).invoke(cli, _certify_args(run, out))
     assert result.exit_code == 4
-    assert _error_line(result.stderr) == (f"moeaudit: error: {out / 'certificate.html'}: No space left on "
-                                          "device — free disk space (or write somewhere else) and rerun")
+    assert _error_line(result.stderr) == (
+        f"moeaudit: error: {out / 'certificate.html'}: No space left on "
+        "device — free disk space (or write somewhere else) and rerun"
+    )
     assert not out.exists() and _leftovers(tmp_path) == []
 
 

@@ -41,8 +41,9 @@ def render(stmt: dict[str, Any], cache: ReceiptsCache | None) -> str:
     return html.render_html(stmt, keyid="k" * 64, envelope_sha256="0" * 64, compiled=cache)
 
 
-def test_second_render_loads_the_compiled_template(tmp_path: Path, statement: dict[str, Any],
-                                                    parses: list[str]) -> None:
+def test_second_render_loads_the_compiled_template(
+    tmp_path: Path, statement: dict[str, Any], parses: list[str]
+) -> None:
     cache = ReceiptsCache(tmp_path)
     plain = render(statement, None)
     assert html.TEMPLATE in parses
@@ -57,8 +58,7 @@ def test_second_render_loads_the_compiled_template(tmp_path: Path, statement: di
     assert plain == first == second
 
 
-def test_foreign_bytes_are_recompiled_not_loaded(tmp_path: Path, statement: dict[str, Any],
-                                                 parses: list[str]) -> None:
+def test_foreign_bytes_are_recompiled_not_loaded(tmp_path: Path, statement: dict[str, Any], parses: list[str]) -> None:
     expected = render(statement, ReceiptsCache(tmp_path))
     stored = sorted(tmp_path.rglob("*.bin"))
     # bytecode a stranger wrote: Jinja2's own header and a code object, but a MAC made without

@@ -33,15 +33,13 @@ def pred() -> dict[str, Any]:
 
 def render(pred: dict[str, Any], width: int, monkeypatch: pytest.MonkeyPatch) -> str:
     buf = io.StringIO()
-    monkeypatch.setattr(terminal, "out", Console(file=buf, width=width, highlight=False,
-                                                 color_system=None))
+    monkeypatch.setattr(terminal, "out", Console(file=buf, width=width, highlight=False, color_system=None))
     terminal.print_gates(pred)
     return buf.getvalue()
 
 
 @pytest.mark.parametrize("width", [80, 90, 120, 60])
-def test_no_number_or_status_is_cut(pred: dict[str, Any], width: int,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_number_or_status_is_cut(pred: dict[str, Any], width: int, monkeypatch: pytest.MonkeyPatch) -> None:
     text = render(pred, width, monkeypatch)
     table_part = text.split("columns: threshold")[0]
     assert "…" not in table_part, table_part
@@ -54,8 +52,9 @@ def test_no_number_or_status_is_cut(pred: dict[str, Any], width: int,
         assert cell in tokens, (width, cell)
 
 
-def test_layout_degrades_from_boxed_to_borderless_to_list(pred: dict[str, Any],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layout_degrades_from_boxed_to_borderless_to_list(
+    pred: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert "┃ canary NLL ┃" in render(pred, 120, monkeypatch)  # room for everything
     at_80 = render(pred, 80, monkeypatch)
     assert "┃" not in at_80 and "canary" in at_80 and "─" in at_80  # borderless, headers wrapped
@@ -65,14 +64,15 @@ def test_layout_degrades_from_boxed_to_borderless_to_list(pred: dict[str, Any],
 
 
 @pytest.mark.parametrize("width", [80, 120])
-def test_legend_gives_each_threshold_and_direction(pred: dict[str, Any], width: int,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    pred["policy"]["gates"].update(tol_c2=0.02, tol_c2_rel=0.5, entropy_ratio_floor=0.9,
-                                   floor_entropy_norm=0.6, nll_tol=0.001)
+def test_legend_gives_each_threshold_and_direction(
+    pred: dict[str, Any], width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pred["policy"]["gates"].update(
+        tol_c2=0.02, tol_c2_rel=0.5, entropy_ratio_floor=0.9, floor_entropy_norm=0.6, nll_tol=0.001
+    )
     text = " ".join(render(pred, width, monkeypatch).split())
     assert "columns: threshold, and which way is good" in text
-    for column in ("gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV",
-                   "H_norm min"):
+    for column in ("gate", "vs", "canary NLL", "trend", "C2 (mean)", "State1", "dead", "CV", "H_norm min"):
         assert column in [name for name, _ in gate_table.legend(pred)]
     assert "nats, lower is better" in text and "beyond 0.001 nats" in text
     assert "max(0.02, 0.5 × its baseline C2, the bootstrap noise)" in text
@@ -102,11 +102,14 @@ SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 
 
 @pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
-@pytest.mark.parametrize("argv", [
-    ["envelope", "{s}/healthy", "--source", "logs"],
-    ["receipts", "{s}/healthy/checkpoint-250"],
-    ["compare", "{s}/sft-refine/checkpoint-0", "{s}/sft-refine/checkpoint-1000"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["envelope", "{s}/healthy", "--source", "logs"],
+        ["receipts", "{s}/healthy/checkpoint-250"],
+        ["compare", "{s}/sft-refine/checkpoint-0", "{s}/sft-refine/checkpoint-1000"],
+    ],
+)
 def test_commands_at_80_columns_cut_no_number(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 

@@ -31,15 +31,21 @@ print(json.dumps(sorted(m for m in ("torch", "numpy") if m in sys.modules)))
 
 def _modules_after(argv: list[list[str]]) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_inspect_and_canary_show_do_not_import_torch() -> None:
-    loaded = _modules_after([["inspect", str(CKPT)], ["inspect", str(CKPT), "--json"],
-                             ["canary", "show", str(SAMPLES / "canary.safetensors")]])
+    loaded = _modules_after(
+        [
+            ["inspect", str(CKPT)],
+            ["inspect", str(CKPT), "--json"],
+            ["canary", "show", str(SAMPLES / "canary.safetensors")],
+        ]
+    )
     assert loaded == []  # neither torch nor numpy
 
 
@@ -51,12 +57,12 @@ def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
 
     key = generate_key(tmp_path / "key")
     subject = {"name": CKPT.name, "digest": {"sha256": root_digest(CKPT)[0]}}
-    stmt = statement([subject], {"verdict": "PASS", "gates": [],
-                                 "run": {"name": "healthy", "path": str(CKPT.parent)}})
+    stmt = statement([subject], {"verdict": "PASS", "gates": [], "run": {"name": "healthy", "path": str(CKPT.parent)}})
     signed = sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z")
     (tmp_path / "cert.json").write_text(dumps(signed))
-    loaded = _modules_after([["verify", str(tmp_path / "cert.json"), "--pubkey",
-                              str(tmp_path / "key.pub"), "--recheck"]])
+    loaded = _modules_after(
+        [["verify", str(tmp_path / "cert.json"), "--pubkey", str(tmp_path / "key.pub"), "--recheck"]]
+    )
     assert "torch" not in loaded
 
 
@@ -65,15 +71,35 @@ def test_a_fully_cached_certify_does_not_import_torch(tmp_path: Path) -> None:
     from moeaudit.attest.signing import generate_key
 
     generate_key(tmp_path / "key")
-    run = ["certify", str(SAMPLES / "healthy"), "--key", str(tmp_path / "key"),
-           "--canary", str(SAMPLES / "canary.safetensors"), "--policy", str(SAMPLES / "policy.toml")]
+    run = [
+        "certify",
+        str(SAMPLES / "healthy"),
+        "--key",
+        str(tmp_path / "key"),
+        "--canary",
+        str(SAMPLES / "canary.safetensors"),
+        "--policy",
+        str(SAMPLES / "policy.toml"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
-    first = subprocess.run([sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "a")]])],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "a")]])],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stderr
     assert "torch" in json.loads(first.stdout.strip().splitlines()[-1])  # it replayed
-    second = subprocess.run([sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "b")]])],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps([[*run, "--out", str(tmp_path / "b")]])],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1]) == []  # neither torch nor numpy
     a = json.loads((tmp_path / "a" / "certificate.json").read_text())

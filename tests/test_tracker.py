@@ -22,8 +22,15 @@ from hf_models import VOCAB, tiny_model  # noqa: E402
 
 STEPS, LOG_EVERY, BATCH, SEQ = 4, 2, 8, 16
 POLICY = "[envelope]\nstarve_share = 0.9\nstarve_steps = 2\n"  # fires on a tiny random model
-LAYER_TAGS = ("pi_min", "load_entropy_norm", "dead_experts", "near_dead_experts", "grad_norm_max",
-              "grad_norm_min", "envelope_margin")
+LAYER_TAGS = (
+    "pi_min",
+    "load_entropy_norm",
+    "dead_experts",
+    "near_dead_experts",
+    "grad_norm_max",
+    "grad_norm_min",
+    "envelope_margin",
+)
 
 
 def _tokens() -> torch.Tensor:
@@ -54,8 +61,7 @@ def _scalars(logdir: Path) -> dict[str, dict[int, float]]:
     acc = EventAccumulator(str(events.parent))
     acc.Reload()
     # the Trainer's rewrite_logs files every training key under train/ (train/loss too)
-    return {tag.removeprefix("train/"): {e.step: e.value for e in acc.Scalars(tag)}
-            for tag in acc.Tags()["scalars"]}
+    return {tag.removeprefix("train/"): {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
 def test_trainer_reports_moe_scalars_to_tensorboard(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -65,13 +71,22 @@ def test_trainer_reports_moe_scalars_to_tensorboard(tmp_path: Path, caplog: pyte
     run, tokens = tmp_path / "run", _tokens()
     (tmp_path / "policy.toml").write_text(POLICY)
     model = tiny_model("mixtral")
-    want_pi = _routing_pi_min(model, [tokens[:BATCH], tokens[BATCH:2 * BATCH]])
+    want_pi = _routing_pi_min(model, [tokens[:BATCH], tokens[BATCH : 2 * BATCH]])
     args = transformers.TrainingArguments(
-        output_dir=str(run), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=0.0,
-        report_to=["tensorboard"], logging_steps=LOG_EVERY, save_strategy="no", use_cpu=True,
-        disable_tqdm=True, train_sampling_strategy="sequential")
-    trainer = transformers.Trainer(model=model, args=args,
-                                   train_dataset=[{"input_ids": r, "labels": r} for r in tokens])
+        output_dir=str(run),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=0.0,
+        report_to=["tensorboard"],
+        logging_steps=LOG_EVERY,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        train_sampling_strategy="sequential",
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in tokens]
+    )
     MoeauditCallback(envelope=tmp_path / "policy.toml").attach(trainer)
     with caplog.at_level(logging.WARNING, logger="moeaudit"):
         trainer.train()
@@ -96,8 +111,10 @@ def test_trainer_reports_moe_scalars_to_tensorboard(tmp_path: Path, caplog: pyte
 
     # online events: warnings in the training log, counted in the tracker, = the CLI's report
     report_path = tmp_path / "report.json"
-    result = CliRunner().invoke(cli, ["envelope", str(run / "metrics.jsonl"), "--policy",
-                                      str(tmp_path / "policy.toml"), "--json", str(report_path)])
+    result = CliRunner().invoke(
+        cli,
+        ["envelope", str(run / "metrics.jsonl"), "--policy", str(tmp_path / "policy.toml"), "--json", str(report_path)],
+    )
     assert result.exit_code in (0, 1), result.output
     want = events_of_report(json.loads(report_path.read_text()), calibrated=False)
     assert want and all(e.kind == "starvation" for e in want)
@@ -125,12 +142,19 @@ def test_lightning_reports_moe_scalars_to_its_logger(tmp_path: Path) -> None:
 
     model = tiny_model("mixtral")
     tokens = _tokens()
-    want_pi = _routing_pi_min(model, [tokens[:BATCH], tokens[BATCH:2 * BATCH]])
+    want_pi = _routing_pi_min(model, [tokens[:BATCH], tokens[BATCH : 2 * BATCH]])
     logger = CSVLogger(str(tmp_path / "logs"), name="run")
-    trainer = L.Trainer(max_steps=STEPS, default_root_dir=str(tmp_path / "run"), accelerator="cpu",
-                        logger=logger, log_every_n_steps=LOG_EVERY, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[MoeauditCallback()])
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        default_root_dir=str(tmp_path / "run"),
+        accelerator="cpu",
+        logger=logger,
+        log_every_n_steps=LOG_EVERY,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[MoeauditCallback()],
+    )
     trainer.fit(Module(model), torch.utils.data.DataLoader(tokens, batch_size=BATCH))
     import csv
 

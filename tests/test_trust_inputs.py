@@ -68,6 +68,7 @@ def _swap_in(other: Path) -> Any:
     def swap(target: Path) -> None:  # rename over: a new inode under the old name
         shutil.copy(other, target.with_name(".incoming"))
         os.replace(target.with_name(".incoming"), target)
+
     return swap
 
 
@@ -77,6 +78,7 @@ def _rewrite_in_place(other: Path) -> Any:
         with open(target, "r+b") as f:
             f.write(other.read_bytes())
         os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
     return rewrite
 
 
@@ -105,8 +107,9 @@ def test_weights_changed_between_hashing_and_reading(
     change = (_swap_in if how == "renamed over" else _rewrite_in_place)(good / "other.safetensors")
     done = _after_hashing(monkeypatch, ckpt / WEIGHTS, change)
     out = tmp_path / "out.json"
-    code, stderr = _cli("receipts", ckpt, "--canary", good / "canary.safetensors",
-                        "--policy", good / "fast.toml", "--json", out)
+    code, stderr = _cli(
+        "receipts", ckpt, "--canary", good / "canary.safetensors", "--policy", good / "fast.toml", "--json", out
+    )
     line = _one_error(stderr)
     assert done and code == 4, line
     assert f"{ckpt / WEIGHTS}: " in line and "changed while it was being audited" in line
@@ -130,8 +133,7 @@ def test_change_invisible_to_stat_is_caught_by_rehashing(
 
     monkeypatch.setattr(digest_mod.FileId, "of", classmethod(coarse))
     _after_hashing(monkeypatch, ckpt / WEIGHTS, _rewrite_in_place(good / "other.safetensors"))
-    code, stderr = _cli("receipts", ckpt, "--canary", good / "canary.safetensors",
-                        "--policy", good / "fast.toml")
+    code, stderr = _cli("receipts", ckpt, "--canary", good / "canary.safetensors", "--policy", good / "fast.toml")
     line = _one_error(stderr)
     assert code == 4 and f"{ckpt / WEIGHTS}: changed while" in line
     assert "its bytes no longer hash to the digest" in line
@@ -150,9 +152,7 @@ def test_reads_are_pinned_to_the_file_the_header_came_from(good: Path, tmp_path:
     assert not before.equal(Checkpoint(ckpt.path).read(key))  # the files really differ
 
 
-def test_a_file_added_or_config_changed_after_hashing_is_an_error(
-    good: Path, tmp_path: Path
-) -> None:
+def test_a_file_added_or_config_changed_after_hashing_is_an_error(good: Path, tmp_path: Path) -> None:
     ckpt = Checkpoint(_copy(good, tmp_path))
     _ = ckpt.digest
     ckpt.verify_unchanged()  # nothing changed: quiet
@@ -224,9 +224,18 @@ def test_config_sizes(changes: dict[str, Any], message: str) -> None:
 
 
 def test_config_without_a_routed_layer() -> None:
-    cfg = {"model_type": "qwen2_moe", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
-           "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 8, "intermediate_size": 8, "decoder_sparse_step": 3}
+    cfg = {
+        "model_type": "qwen2_moe",
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 8,
+        "intermediate_size": 8,
+        "decoder_sparse_step": 3,
+    }
     with pytest.raises(CheckpointError, match="none of the 2 decoder layers is a routed MoE layer"):
         spec_from_config(cfg)
     assert spec_from_config({**cfg, "decoder_sparse_step": 1}).routed_layers == (0, 1)
@@ -261,8 +270,7 @@ def test_many_domains_scale_linearly(tmp_path: Path) -> None:
 def test_canary_tensors_are_views_of_its_arrays() -> None:
     import torch
 
-    probe = canary_mod.Canary(np.array([[1, 2], [3, 4]], dtype=np.int32),
-                              np.array([0, 1], dtype=np.int32), ("a", "b"))
+    probe = canary_mod.Canary(np.array([[1, 2], [3, 4]], dtype=np.int32), np.array([0, 1], dtype=np.int32), ("a", "b"))
     assert probe.tokens.dtype == torch.int32 and probe.tokens.tolist() == [[1, 2], [3, 4]]
     assert probe.windows_of("b").tolist() == [1]
     assert probe == canary_mod.Canary(probe.tokens, probe.domain_ids, probe.domains)

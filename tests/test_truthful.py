@@ -74,8 +74,7 @@ def test_sft_refine_canary_nll_rose_and_the_claims_say_so(audits) -> None:
         assert g["receipts"]["nll"] > gates[step - 250]["receipts"]["nll"]
         assert g["scalar"] == "worsening"
         assert not any("canary NLL fell" in c for c in g["claims"]["licensed"])
-        assert any(c.startswith("canary NLL worsening beyond noise: rose") for c in
-                   g["claims"]["licensed"])
+        assert any(c.startswith("canary NLL worsening beyond noise: rose") for c in g["claims"]["licensed"])
     assert gates[500]["nll_change"]["from"] == pytest.approx(0.7319, abs=1e-4)
     assert gates[500]["nll_change"]["to"] == pytest.approx(0.7634, abs=1e-4)
 
@@ -104,18 +103,28 @@ def test_no_change_is_a_change_inside_tolerance_or_noise() -> None:
 
 
 def test_compare_prints_the_claim_its_numbers_license() -> None:
-    result = CliRunner().invoke(cli, ["compare", str(SAMPLES / "sft-repurpose" / "checkpoint-0"),
-                                      str(SAMPLES / "sft-repurpose" / "checkpoint-1000")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            str(SAMPLES / "sft-repurpose" / "checkpoint-0"),
+            str(SAMPLES / "sft-repurpose" / "checkpoint-1000"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "canary NLL worsening beyond noise: rose from 0.7007 to 6.6152" in text
     assert "objective improved" not in text and "canary NLL improved" not in text
 
 
-CLAIM = re.compile(r"canary NLL (?:improving|worsening) beyond noise: (fell|rose) from (\d+\.\d+) to "
-                   r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)")
-NO_CHANGE = re.compile(r"canary NLL: no change beyond tolerance and bootstrap noise, from (\d+\.\d+) to "
-                       r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)")
+CLAIM = re.compile(
+    r"canary NLL (?:improving|worsening) beyond noise: (fell|rose) from (\d+\.\d+) to "
+    r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)"
+)
+NO_CHANGE = re.compile(
+    r"canary NLL: no change beyond tolerance and bootstrap noise, from (\d+\.\d+) to "
+    r"(\d+\.\d+) \(Δ ([+-]\d+\.\d+)"
+)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -148,8 +157,9 @@ def test_every_claim_sentence_agrees_in_sign_with_its_receipts(audits, run: str)
 # --- 2. no PASS without evidence -----------------------------------------------------------------
 
 
-def _run_of(tmp: Path, run: str, steps: list[int], events: list[dict[str, Any]] | None = None,
-            logs: bool = True) -> Path:
+def _run_of(
+    tmp: Path, run: str, steps: list[int], events: list[dict[str, Any]] | None = None, logs: bool = True
+) -> Path:
     out = tmp / f"{run}-{'-'.join(map(str, steps))}"
     out.mkdir()
     for s in steps:
@@ -178,12 +188,10 @@ def test_one_healthy_checkpoint_is_baseline_only_not_pass(tmp_path, canary, poli
     assert comparison["basis"] == "baseline-only"
 
 
-def test_resumes_at_every_checkpoint_do_not_turn_collapse_into_pass(tmp_path, canary, policy,
-                                                                    cache_dir) -> None:
+def test_resumes_at_every_checkpoint_do_not_turn_collapse_into_pass(tmp_path, canary, policy, cache_dir) -> None:
     steps = [250, 500, 750, 1000, 1250, 1500]
     events = [{"step": s, "event": "resume", "note": "restarted"} for s in steps[1:]]
-    pred = _audit(_run_of(tmp_path, "collapse", steps, events), canary, policy,
-                  cache_dir).statement["predicate"]
+    pred = _audit(_run_of(tmp_path, "collapse", steps, events), canary, policy, cache_dir).statement["predicate"]
     assert pred["verdict"] == "FAIL"
     gates = pred["gates"]
     assert all(g.get("new_baseline") for g in gates)
@@ -193,10 +201,13 @@ def test_resumes_at_every_checkpoint_do_not_turn_collapse_into_pass(tmp_path, ca
 
 def test_a_resume_cannot_erase_a_regression(tmp_path, canary, policy, cache_dir) -> None:
     """frozen-drift with a resume declared at its worst checkpoint: still RED there."""
-    events = [{"step": 0, "event": "regime_change", "note": "sft", "stage": "post-training"},
-              {"step": 2000, "event": "resume", "note": "restarted"}]
-    pred = _audit(_run_of(tmp_path, "frozen-drift", [0, 500, 1000, 1500, 2000], events), canary,
-                  policy, cache_dir).statement["predicate"]
+    events = [
+        {"step": 0, "event": "regime_change", "note": "sft", "stage": "post-training"},
+        {"step": 2000, "event": "resume", "note": "restarted"},
+    ]
+    pred = _audit(
+        _run_of(tmp_path, "frozen-drift", [0, 500, 1000, 1500, 2000], events), canary, policy, cache_dir
+    ).statement["predicate"]
     last = pred["gates"][-1]
     assert last["new_baseline"] and last["status"] == "RED"
     assert not last["continuity"]["ok"] and last["continuity"]["against"] == "checkpoint-0"
@@ -216,16 +227,18 @@ def test_envelope_reason_with_two_checkpoints_names_the_real_cause(tmp_path, can
 
 
 def _starved_metrics(path: Path, steps: range) -> Path:
-    lines = [json.dumps({"step": s, "loss": 1.0,
-                         "expert_grad_norms": {str(layer): [1.0] + [1e-5] * 7 for layer in range(4)}})
-             for s in steps]
+    lines = [
+        json.dumps(
+            {"step": s, "loss": 1.0, "expert_grad_norms": {str(layer): [1.0] + [1e-5] * 7 for layer in range(4)}}
+        )
+        for s in steps
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def test_the_shipped_policy_rejects_one_expert_carrying_the_gradient(tmp_path, policy) -> None:
-    series = env.from_metrics(read_metrics(_starved_metrics(tmp_path / "m.jsonl", range(200, 1510, 10))),
-                              "normalized")
+    series = env.from_metrics(read_metrics(_starved_metrics(tmp_path / "m.jsonl", range(200, 1510, 10))), "normalized")
     report = env.evaluate(series, policy.envelope)
     assert not report["compliant"]
     assert report["constants"]["budget"] < (8 - 1) / 2  # ε/δ well below the largest V, E − 1
@@ -249,8 +262,7 @@ def test_calibration_is_falsifiable_and_infers_the_warmup(tmp_path) -> None:
 
 def test_a_vacuous_fit_is_reported_as_such(policy) -> None:
     healthy = env.from_metrics(read_metrics(SAMPLES / "healthy" / "metrics.jsonl"), "normalized").since(200)
-    loose = EnvelopeSettings(variant="normalized", delta=0.01, epsilon=0.4, starve_share=0.0,
-                             sampling_interval=10)
+    loose = EnvelopeSettings(variant="normalized", delta=0.01, epsilon=0.4, starve_share=0.0, sampling_interval=10)
     check = env.falsifiability(healthy, loose)
     assert not check["known_bad_rejected"] and check["variance_side_falsifiable"] is False
 
@@ -274,18 +286,32 @@ def _pairs() -> list[tuple[str, int, int]]:
 @pytest.mark.slow
 def test_gate_promotes_what_certify_passes_within_one_run(tmp_path, cache_dir) -> None:
     env_ = {"MOEAUDIT_CACHE_DIR": str(cache_dir)}
-    result = CliRunner(env=env_).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-250"),
-                                              str(SAMPLES / "healthy" / "checkpoint-1500"),
-                                              "--json", str(tmp_path / "g.json")])
+    result = CliRunner(env=env_).invoke(
+        cli,
+        [
+            "gate",
+            str(SAMPLES / "healthy" / "checkpoint-250"),
+            str(SAMPLES / "healthy" / "checkpoint-1500"),
+            "--json",
+            str(tmp_path / "g.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output + result.stderr
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["decision"] == "PROMOTE" and doc["stage"] == "pretraining"
     envelope = doc["envelope"]
     assert envelope["window"]["from"] > 250 and envelope["window"]["to"] == 1500  # (base, candidate]
     # the same two checkpoints as a post-training promotion: refinement is gated and holds it
-    result = CliRunner(env=env_).invoke(cli, ["gate", str(SAMPLES / "healthy" / "checkpoint-250"),
-                                              str(SAMPLES / "healthy" / "checkpoint-1500"),
-                                              "--stage", "post-training"])
+    result = CliRunner(env=env_).invoke(
+        cli,
+        [
+            "gate",
+            str(SAMPLES / "healthy" / "checkpoint-250"),
+            str(SAMPLES / "healthy" / "checkpoint-1500"),
+            "--stage",
+            "post-training",
+        ],
+    )
     assert result.exit_code == 1 and "refinement" in result.output
 
 
@@ -295,8 +321,11 @@ def test_gate_promotes_what_certify_passes_within_one_run(tmp_path, cache_dir) -
 def test_handoff_on_healthy_is_inconclusive_not_a_coin_flip(audits, policy) -> None:
     from moeaudit.margins import handoff
 
-    docs = {int(n.split("-")[1].split(".")[0]): d for n, d in audits["healthy"].receipts.items()
-            if n.startswith("checkpoint-")}
+    docs = {
+        int(n.split("-")[1].split(".")[0]): d
+        for n, d in audits["healthy"].receipts.items()
+        if n.startswith("checkpoint-")
+    }
     protected = audits["healthy"].statement["predicate"]["protected_layers"]
     statuses = []
     for cand in (1000, 1250, 1500):
@@ -367,20 +396,26 @@ def test_inputs_and_drifts_are_in_the_signed_predicate(audits) -> None:
     import hashlib
 
     pred = audits["resume"].statement["predicate"]
-    for name, file in (("metrics", "metrics.jsonl"), ("events", "events.jsonl"),
-                       ("probe", "canary_probe.jsonl"), ("policy_file", None)):
+    for name, file in (
+        ("metrics", "metrics.jsonl"),
+        ("events", "events.jsonl"),
+        ("probe", "canary_probe.jsonl"),
+        ("policy_file", None),
+    ):
         assert name in pred["inputs"]
         path = SAMPLES / "resume" / file if file else Path(pred["policy"]["source"])
         assert pred["inputs"][name]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     compared = [g for g in pred["gates"] if "structural" in g or "continuity" in g]
-    assert compared and all(set(g["drift"]["layers"][0]) >= {"coordinate", "boundary", "transition",
-                                                             "content"} for g in compared)
+    assert compared and all(
+        set(g["drift"]["layers"][0]) >= {"coordinate", "boundary", "transition", "content"} for g in compared
+    )
 
 
 def test_the_handoff_reference_is_digested(tmp_path, canary, policy, cache_dir) -> None:
     ref = SAMPLES / "healthy" / "checkpoint-1500"
-    pred = _audit(_run_of(tmp_path, "healthy", [1250, 1500]), canary, policy, cache_dir,
-                  reference=ref).statement["predicate"]
+    pred = _audit(_run_of(tmp_path, "healthy", [1250, 1500]), canary, policy, cache_dir, reference=ref).statement[
+        "predicate"
+    ]
     from moeaudit.checkpoint.digest import root_digest
 
     assert pred["inputs"]["reference"]["root_sha256"] == root_digest(ref)[0]
@@ -393,10 +428,12 @@ def test_decision_and_report_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import moeaudit.judge.decide, moeaudit.judge.gates, moeaudit.margins, "
-            "moeaudit.judge.envelope, moeaudit.policy, moeaudit.judge.promote, "
-            "moeaudit.report.html, moeaudit.report.ci, moeaudit.report.export, moeaudit.attest.certificate, "
-            "moeaudit.attest.signing; assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; import moeaudit.judge.decide, moeaudit.judge.gates, moeaudit.margins, "
+        "moeaudit.judge.envelope, moeaudit.policy, moeaudit.judge.promote, "
+        "moeaudit.report.html, moeaudit.report.ci, moeaudit.report.export, moeaudit.attest.certificate, "
+        "moeaudit.attest.signing; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -404,10 +441,14 @@ def test_decide_is_the_only_verdict(audits) -> None:
     """Re-deciding a certificate's own evidence reproduces its verdict and checks."""
     for run in RUNS:
         pred = audits[run].statement["predicate"]
-        ev = Evidence(stage=pred["run"]["stage"], gates=pred["gates"], margins=pred["margins"],
-                      envelope=pred["envelope"],
-                      envelope_reason=next(c["reason"] for c in pred["checks"] if c["name"] == "envelope"),
-                      band=pred["policy"]["gates"]["inconclusive_band"])
+        ev = Evidence(
+            stage=pred["run"]["stage"],
+            gates=pred["gates"],
+            margins=pred["margins"],
+            envelope=pred["envelope"],
+            envelope_reason=next(c["reason"] for c in pred["checks"] if c["name"] == "envelope"),
+            band=pred["policy"]["gates"]["inconclusive_band"],
+        )
         again = decide(ev)
         assert again["verdict"] == pred["verdict"], run
         assert [c["status"] for c in again["checks"]] == [c["status"] for c in pred["checks"]], run

@@ -38,9 +38,18 @@ def save_any(path: Path, family: str) -> Path:
 def _save_llama4(path: Path) -> None:
     """Llama4ForConditionalGeneration as Scout and Maverick are released (tests/test_oracle_llama4)."""
     text = tiny_config("llama4_text").to_dict()
-    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-                  image_size=28, patch_size=14, vision_output_dim=16, projector_input_dim=16,
-                  projector_output_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    vision = dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=16,
+        projector_input_dim=16,
+        projector_output_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
     torch.manual_seed(0)
     model = transformers.Llama4ForConditionalGeneration(config).float()

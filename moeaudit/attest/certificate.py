@@ -46,13 +46,11 @@ VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (SPEC §9)
 
 
 def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def statement(subjects: list[dict[str, Any]], predicate: dict[str, Any]) -> dict[str, Any]:
-    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
-            "predicate": predicate}
+    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
 def table4() -> list[dict[str, str]]:
@@ -88,8 +86,11 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     try:
         stmt = json.loads(verified.body.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:  # readers would disagree on which value was signed
-        raise InputError(f"signed payload names a key twice ({exc})", path=path,
-                         hint="moeaudit never writes one; do not trust this certificate") from exc
+        raise InputError(
+            f"signed payload names a key twice ({exc})",
+            path=path,
+            hint="moeaudit never writes one; do not trust this certificate",
+        ) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise InputError(f"signed payload is not JSON ({exc})", path=path) from exc
     _check_statement(stmt, path)
@@ -101,9 +102,9 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
 
 def _check_statement(stmt: Any, path: Path) -> None:
     """The fields ``verify`` reads; a correctly signed but malformed statement is still refused."""
+
     def fail(what: str) -> InputError:
-        return InputError(f"signed payload is not a moeaudit training-health statement ({what})",
-                          path=path)
+        return InputError(f"signed payload is not a moeaudit training-health statement ({what})", path=path)
 
     if not isinstance(stmt, dict):
         raise fail("not a JSON object")

@@ -40,14 +40,19 @@ from moeaudit.records import (
 )
 
 STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io/Statement/v1"
-TEST_RESULT_TYPE: Literal["https://in-toto.io/attestation/test-result/v0.1"] = \
+TEST_RESULT_TYPE: Literal["https://in-toto.io/attestation/test-result/v0.1"] = (
     "https://in-toto.io/attestation/test-result/v0.1"
+)
 SVR_TYPE: Literal["https://in-toto.io/attestation/svr/v0.1"] = "https://in-toto.io/attestation/svr/v0.1"
 VERIFIER_ID = "https://moeaudit.dev/verify/v1"  # bumped when what `verify` checks changes
-RESOURCE_DESCRIPTOR_ANY: Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"] = \
+RESOURCE_DESCRIPTOR_ANY: Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"] = (
     "type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"
+)
 RESULT_OF: dict[Promotion, Literal["PASSED", "WARNED", "FAILED"]] = {
-    "PROMOTE": "PASSED", "INCONCLUSIVE": "WARNED", "HOLD": "FAILED"}
+    "PROMOTE": "PASSED",
+    "INCONCLUSIVE": "WARNED",
+    "HOLD": "FAILED",
+}
 
 
 def _canonical_settings(settings: dict[str, Any]) -> bytes:
@@ -59,47 +64,82 @@ def policy_configuration(source: str, settings: dict[str, Any], file: Path | Non
     """The Test Result's ``configuration``: the policy settings (their bytes and digest, the
     certificate's ``predicate.policy.digest``) and, when they came from a file, the file."""
     content = _canonical_settings(settings)
-    out: list[ResourceDescriptor] = [{
-        "name": "moeaudit policy settings", "mediaType": "application/json",
-        "digest": {"sha256": hashlib.sha256(content).hexdigest()},
-        "content": base64.b64encode(content).decode("ascii"),
-        "annotations": {"source": source}}]
+    out: list[ResourceDescriptor] = [
+        {
+            "name": "moeaudit policy settings",
+            "mediaType": "application/json",
+            "digest": {"sha256": hashlib.sha256(content).hexdigest()},
+            "content": base64.b64encode(content).decode("ascii"),
+            "annotations": {"source": source},
+        }
+    ]
     if file is not None:
-        out.append({"name": file.name, "mediaType": "application/toml",
-                    "digest": {"sha256": hashlib.sha256(file.read_bytes()).hexdigest()}})
+        out.append(
+            {
+                "name": file.name,
+                "mediaType": "application/toml",
+                "digest": {"sha256": hashlib.sha256(file.read_bytes()).hexdigest()},
+            }
+        )
     return out
 
 
-def promotion_result(result: GateResult, candidate: Subject,
-                configuration: list[ResourceDescriptor]) -> TestResultStatement:
+def promotion_result(
+    result: GateResult, candidate: Subject, configuration: list[ResourceDescriptor]
+) -> TestResultStatement:
     """The promotion decision as an in-toto Test Result over the candidate checkpoint."""
     by_status: dict[str, list[str]] = {"pass": [], "inconclusive": [], "fail": [], "skipped": []}
     for cond in result["conditions"]:
         by_status[cond["status"]].append(cond["name"])
-    return {"_type": STATEMENT_TYPE, "subject": [candidate], "predicateType": TEST_RESULT_TYPE,
-            "predicate": {"result": RESULT_OF[result["decision"]], "configuration": configuration,
-                          "passedTests": by_status["pass"], "warnedTests": by_status["inconclusive"],
-                          "failedTests": by_status["fail"]}}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [candidate],
+        "predicateType": TEST_RESULT_TYPE,
+        "predicate": {
+            "result": RESULT_OF[result["decision"]],
+            "configuration": configuration,
+            "passedTests": by_status["pass"],
+            "warnedTests": by_status["inconclusive"],
+            "failedTests": by_status["fail"],
+        },
+    }
 
 
-def verification_result(certificate: Subject, checkpoints: list[Subject], *, keyid: str, verdict: str,
-                        required: tuple[str, ...], rechecked: bool, time: str) -> SvrStatement:
+def verification_result(
+    certificate: Subject,
+    checkpoints: list[Subject],
+    *,
+    keyid: str,
+    verdict: str,
+    required: tuple[str, ...],
+    rechecked: bool,
+    time: str,
+) -> SvrStatement:
     """What ``verify`` established about a certificate, as an in-toto Simple Verification Result.
     Written only when ``verify`` succeeds: every property listed held."""
-    rules = {"publicKeySha256": keyid, "requireVerdict": list(required), "recheck": rechecked,
-             "predicateTypes": ["https://moeaudit.dev/training-health/v2",
-                                "https://moeaudit.dev/training-health/v1"]}
+    rules = {
+        "publicKeySha256": keyid,
+        "requireVerdict": list(required),
+        "recheck": rechecked,
+        "predicateTypes": ["https://moeaudit.dev/training-health/v2", "https://moeaudit.dev/training-health/v1"],
+    }
     content = canonical_json(rules)
     policy: PolicyDescriptor = {
-        "@type": RESOURCE_DESCRIPTOR_ANY, "name": "moeaudit verify requirements",
-        "digest": {"sha256": hashlib.sha256(content).hexdigest()}, "mediaType": "application/json",
-        "content": base64.b64encode(content).decode("ascii")}
+        "@type": RESOURCE_DESCRIPTOR_ANY,
+        "name": "moeaudit verify requirements",
+        "digest": {"sha256": hashlib.sha256(content).hexdigest()},
+        "mediaType": "application/json",
+        "content": base64.b64encode(content).decode("ascii"),
+    }
     properties = ["MOEAUDIT_SIGNATURE_VALID", f"MOEAUDIT_VERDICT_{verdict}"]
     if rechecked:
         properties.append("MOEAUDIT_INPUTS_UNCHANGED")
-    return {"_type": STATEMENT_TYPE, "subject": [certificate, *checkpoints], "predicateType": SVR_TYPE,
-            "predicate": {"verifier": {"id": VERIFIER_ID, "policy": policy}, "timeCreated": time,
-                          "properties": properties}}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [certificate, *checkpoints],
+        "predicateType": SVR_TYPE,
+        "predicate": {"verifier": {"id": VERIFIER_ID, "policy": policy}, "timeCreated": time, "properties": properties},
+    }
 
 
 def sign(stmt: TestResultStatement | SvrStatement, key: PrivateKey) -> bytes:

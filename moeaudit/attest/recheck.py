@@ -38,8 +38,11 @@ from typing import Any
 from moeaudit.errors import InputError, MoeauditError
 
 # ``canary.origin`` as moeaudit.locate and the certify command write it
-_CANARY_AT = re.compile(r"(?:found|named with --canary) at (?P<path>.+?)"
-                        r"(?:, outside the audited run(?:;.*)?)?", re.DOTALL)
+_CANARY_AT = re.compile(
+    r"(?:found|named with --canary) at (?P<path>.+?)"
+    r"(?:, outside the audited run(?:;.*)?)?",
+    re.DOTALL,
+)
 _LOGS = {"metrics": "metrics log", "events": "events log", "probe": "canary probe log"}
 
 
@@ -112,12 +115,10 @@ def run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
         run = stmt["predicate"].get("run")
         recorded = run.get("path") if isinstance(run, dict) else None
         if not isinstance(recorded, str) or not recorded:
-            raise InputError("the certificate records no run directory",
-                             hint="pass --run-dir RUN_DIR")
+            raise InputError("the certificate records no run directory", hint="pass --run-dir RUN_DIR")
         root, where = Path(recorded), "the path the certificate records"
     if not root.is_dir():
-        raise InputError(f"run directory not found ({where})", path=root,
-                         hint="pass --run-dir where the run is now")
+        raise InputError(f"run directory not found ({where})", path=root, hint="pass --run-dir where the run is now")
     return root
 
 
@@ -130,8 +131,11 @@ def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
         name = _bare_name(subject["name"], "subject name")
         path = root / name
         if not path.is_dir():
-            raise InputError(f"certified checkpoint {name} is not in the run directory",
-                             path=path, hint="pass --run-dir where the run is now")
+            raise InputError(
+                f"certified checkpoint {name} is not in the run directory",
+                path=path,
+                hint="pass --run-dir where the run is now",
+            )
         out.append(_Bound("checkpoint", str(path), path, subject["digest"]["sha256"], _root_digest))
     return out
 
@@ -140,8 +144,10 @@ def _inputs(inputs: Any, pred: dict[str, Any], root: Path, given: Overrides) -> 
     if inputs is None:  # a certificate from before inputs were bound (checkpoints only)
         return []
     if not isinstance(inputs, dict):
-        raise InputError("the signed predicate's inputs is not an object",
-                         hint="moeaudit never writes one; do not trust this certificate")
+        raise InputError(
+            "the signed predicate's inputs is not an object",
+            hint="moeaudit never writes one; do not trust this certificate",
+        )
     out = []
     for key, entry in inputs.items():
         if key == "policy_file":
@@ -156,8 +162,7 @@ def _inputs(inputs: Any, pred: dict[str, Any], root: Path, given: Overrides) -> 
 def _run_file(key: str, entry: Any, root: Path) -> _Bound:
     name = _bare_name(_field(entry, "path", key), f"inputs.{key}.path")
     path = root / name
-    return _Bound(_LOGS.get(key, f"input {key}"), str(path), path, _field(entry, "sha256", key),
-                  _file_sha256)
+    return _Bound(_LOGS.get(key, f"input {key}"), str(path), path, _field(entry, "sha256", key), _file_sha256)
 
 
 def _policy(entry: Any, pred: dict[str, Any], root: Path, given: Path | None) -> _Bound:
@@ -174,8 +179,7 @@ def _reference(entry: Any, root: Path, given: Path | None) -> _Bound:
     digest = _root_digest if kind == "checkpoint" else _file_sha256
     hint = "pass --reference PATH"
     if given is None and Path(recorded).name == recorded:  # a bare name: nowhere to look
-        return _Bound("reference", recorded, None, certified, digest, hint,
-                      "the certificate records only its name")
+        return _Bound("reference", recorded, None, certified, digest, hint, "the certificate records only its name")
     return _placed("reference", given, recorded, root, certified, digest, hint)
 
 
@@ -188,8 +192,17 @@ def _canary(pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
     certified = f"sha256:{digest['sha256'][:16]}…"
     hint = "pass --canary FILE"
     if given.canary is None and recorded is None:
-        return [_Bound("canary", certified, None, digest["sha256"], _canary_digest, hint,
-                       "the certificate records no path for it")]
+        return [
+            _Bound(
+                "canary",
+                certified,
+                None,
+                digest["sha256"],
+                _canary_digest,
+                hint,
+                "the certificate records no path for it",
+            )
+        ]
     return [_placed("canary", given.canary, recorded or "", root, digest["sha256"], _canary_digest, hint)]
 
 
@@ -199,8 +212,9 @@ def _origin_path(canary: dict[str, Any]) -> str | None:
     return m.group("path") if m else None
 
 
-def _placed(what: str, given: Path | None, recorded: str, root: Path, certified: str,
-            digest: Callable[[Path], str], hint: str) -> _Bound:
+def _placed(
+    what: str, given: Path | None, recorded: str, root: Path, certified: str, digest: Callable[[Path], str], hint: str
+) -> _Bound:
     """The input where it is: ``given`` as it is; a recorded absolute path as it is; a recorded
     relative one (relative to where certify ran) under the run directory and its ancestors,
     nearest first, then the current directory; nowhere when none of them has it."""
@@ -210,8 +224,15 @@ def _placed(what: str, given: Path | None, recorded: str, root: Path, certified:
     for base in (root, *root.parents, Path.cwd()):
         if os.path.lexists(base / recorded):
             return _Bound(what, str(base / recorded), base / recorded, certified, digest, hint)
-    return _Bound(what, recorded, None, certified, digest, hint,
-                  "not found under the run directory, its parents or the current directory")
+    return _Bound(
+        what,
+        recorded,
+        None,
+        certified,
+        digest,
+        hint,
+        "not found under the run directory, its parents or the current directory",
+    )
 
 
 def _added(inputs: dict[str, Any], root: Path) -> list[Finding]:
@@ -220,19 +241,23 @@ def _added(inputs: dict[str, Any], root: Path) -> list[Finding]:
     from moeaudit.run import PROBE_FILE
 
     names = {"metrics": "metrics.jsonl", "events": "events.jsonl", "probe": PROBE_FILE}
-    return [Finding("added", _LOGS[key], str(root / name),
-                    "not bound by the certificate: added since certification")
-            for key, name in names.items() if key not in inputs and os.path.lexists(root / name)]
+    return [
+        Finding("added", _LOGS[key], str(root / name), "not bound by the certificate: added since certification")
+        for key, name in names.items()
+        if key not in inputs and os.path.lexists(root / name)
+    ]
 
 
 def _check_overrides(given: Overrides, bound: list[_Bound]) -> None:
-    for flag, value, what in (("--canary", given.canary, "canary"), ("--policy", given.policy, "policy file"),
-                              ("--reference", given.reference, "reference")):
+    for flag, value, what in (
+        ("--canary", given.canary, "canary"),
+        ("--policy", given.policy, "policy file"),
+        ("--reference", given.reference, "reference"),
+    ):
         if value is not None and not any(b.what == what for b in bound):
             from moeaudit.errors import UsageError
 
-            raise UsageError(f"{flag} given, but the certificate binds no {what}",
-                             hint=f"drop {flag}")
+            raise UsageError(f"{flag} given, but the certificate binds no {what}", hint=f"drop {flag}")
 
 
 # ----- digests ----------------------------------------------------------------------------
@@ -242,16 +267,14 @@ def _check(item: _Bound) -> Finding | None:
     if item.path is None:
         return Finding("missing", item.what, item.where, f"{item.unlocated} — {item.hint}")
     if not os.path.lexists(item.path):
-        return Finding("missing", item.what, item.where,
-                       "not found" + (f" — {item.hint}" if item.hint else ""))
+        return Finding("missing", item.what, item.where, "not found" + (f" — {item.hint}" if item.hint else ""))
     try:
         now = item.digest(item.path)
     except (MoeauditError, OSError) as exc:
         why = exc.what if isinstance(exc, MoeauditError) else (exc.strerror or str(exc))
         return Finding("changed", item.what, item.where, f"cannot be read as certified ({why})")
     if now != item.certified:
-        return Finding("changed", item.what, item.where,
-                       f"digest now {now[:16]}…, certified {item.certified[:16]}…")
+        return Finding("changed", item.what, item.where, f"digest now {now[:16]}…, certified {item.certified[:16]}…")
     return None
 
 
@@ -281,14 +304,17 @@ def _canary_digest(path: Path) -> str:
 
 def _bare_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
-        raise InputError(f"{what} {name!r} is not a file name in the run directory",
-                         hint="recheck only looks inside the run directory")
+        raise InputError(
+            f"{what} {name!r} is not a file name in the run directory",
+            hint="recheck only looks inside the run directory",
+        )
     return name
 
 
 def _field(entry: Any, key: str, name: str) -> Any:
     value = entry.get(key) if isinstance(entry, dict) else None
     if not isinstance(value, str) or not value:
-        raise InputError(f"the signed inputs.{name} has no {key}",
-                         hint="moeaudit never writes one; do not trust this certificate")
+        raise InputError(
+            f"the signed inputs.{name} has no {key}", hint="moeaudit never writes one; do not trust this certificate"
+        )
     return value

@@ -58,8 +58,7 @@ def pae(payload_type: str, body: bytes) -> bytes:
 
 
 def _spki_sha256(public_key: PublicKey) -> bytes:
-    der = public_key.public_bytes(serialization.Encoding.DER,
-                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).digest()
 
 
@@ -71,8 +70,7 @@ def key_hint(public_key: PublicKey) -> str:
     """The Sigstore bundle's ``publicKey.hint``: hex SHA-256 of the PEM SubjectPublicKeyInfo, as
     model-signing 1.x computes it from the public key it is given (a different hint is its "Key
     mismatch"). The hint is only a name to look the key up by; the signature decides."""
-    pem = public_key.public_bytes(serialization.Encoding.PEM,
-                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
 
 
@@ -84,8 +82,7 @@ def legacy_key_hint(public_key: PublicKey) -> str:
 def _check_supported(key: Any, path: Path) -> None:
     if isinstance(key, (ed25519.Ed25519PrivateKey, ed25519.Ed25519PublicKey)):
         return
-    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and isinstance(
-            key.curve, ec.SECP256R1):
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and isinstance(key.curve, ec.SECP256R1):
         return
     raise InputError("unsupported key type", path=path, hint="use Ed25519 or ECDSA P-256 keys")
 
@@ -132,11 +129,10 @@ def _b64(value: Any, what: str, path: Path) -> bytes:
         raise SignatureInvalid(f"{what} is not valid base64", path=path) from exc
 
 
-
-
 ENVELOPE_KEYS = frozenset({"payload", "payloadType", "signatures"})
-WHAT_A_CERTIFICATE_IS = ("give certificate.json (a DSSE envelope) or certificate.sigstore.json (a "
-                         "Sigstore bundle) as certify wrote it")
+WHAT_A_CERTIFICATE_IS = (
+    "give certificate.json (a DSSE envelope) or certificate.sigstore.json (a Sigstore bundle) as certify wrote it"
+)
 
 
 def _parse(raw: bytes, what: str, path: Path) -> Any:
@@ -149,8 +145,7 @@ def _parse(raw: bytes, what: str, path: Path) -> Any:
     except DuplicateKey as exc:
         raise SignatureInvalid(f"not a {what} ({exc})", path=path) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
-        raise InputError(f"not a certificate (not JSON: {exc})", path=path,
-                         hint=WHAT_A_CERTIFICATE_IS) from exc
+        raise InputError(f"not a certificate (not JSON: {exc})", path=path, hint=WHAT_A_CERTIFICATE_IS) from exc
     if not isinstance(doc, dict) or not (ENVELOPE_KEYS & set(doc) or "mediaType" in doc):
         unsigned = isinstance(doc, dict) and "_type" in doc and "predicate" in doc
         kind = "an unsigned in-toto statement" if unsigned else "JSON without a DSSE envelope's fields"
@@ -188,12 +183,14 @@ def _verify_dsse(env: Any, public_key: PublicKey, path: Path, *, in_bundle: bool
     # a bundle's signature carries no keyid (cosign writes none; sigstore-go would compare one
     # with an SSH fingerprint): its key is named by verificationMaterial.publicKey.hint instead
     if entry.get("keyid") != want and not (in_bundle and entry.get("keyid", "") == ""):
-        raise SignatureInvalid(f"signed by key {str(entry.get('keyid'))[:16]}…, not by this public key "
-                               f"({want[:16]}…)", path=path)
+        raise SignatureInvalid(
+            f"signed by key {str(entry.get('keyid'))[:16]}…, not by this public key ({want[:16]}…)", path=path
+        )
     body, sig = _b64(env["payload"], "payload", path), _b64(entry["sig"], "signature", path)
     if not verify_bytes(public_key, sig, pae(PAYLOAD_TYPE, body)):
-        raise SignatureInvalid("signature does not verify: the certificate was modified or signed "
-                               "by another key", path=path)
+        raise SignatureInvalid(
+            "signature does not verify: the certificate was modified or signed by another key", path=path
+        )
     return Verified(PAYLOAD_TYPE, body, want)
 
 
@@ -202,8 +199,11 @@ def to_bundle(envelope: dict[str, Any], public_key: PublicKey) -> dict[str, Any]
     return {
         "mediaType": BUNDLE_MEDIA_TYPE,
         "verificationMaterial": {"publicKey": {"hint": key_hint(public_key)}, "tlogEntries": []},
-        "dsseEnvelope": {"payload": envelope["payload"], "payloadType": envelope["payloadType"],
-                         "signatures": [{"sig": s["sig"]} for s in envelope["signatures"]]},
+        "dsseEnvelope": {
+            "payload": envelope["payload"],
+            "payloadType": envelope["payloadType"],
+            "signatures": [{"sig": s["sig"]} for s in envelope["signatures"]],
+        },
     }
 
 
@@ -214,24 +214,32 @@ def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> 
     checks no transparency-log entry or timestamp, so a bundle that carries any is refused rather
     than accepted as if they had been checked (issue 24 §5): its signer meant them to be verified."""
     if bundle.get("mediaType") not in BUNDLE_MEDIA_TYPES:
-        raise SignatureInvalid(f"mediaType is {str(bundle.get('mediaType'))[:80]!r}, expected "
-                               f"{BUNDLE_MEDIA_TYPE!r}", path=path)
+        raise SignatureInvalid(
+            f"mediaType is {str(bundle.get('mediaType'))[:80]!r}, expected {BUNDLE_MEDIA_TYPE!r}", path=path
+        )
     extra = set(bundle) - {"mediaType", "verificationMaterial", "dsseEnvelope"}
     if extra:
-        what = "a message signature, not an attestation" if "messageSignature" in extra else \
-            f"unexpected {', '.join(sorted(extra))}"
+        what = (
+            "a message signature, not an attestation"
+            if "messageSignature" in extra
+            else f"unexpected {', '.join(sorted(extra))}"
+        )
         raise SignatureInvalid(f"not a moeaudit certificate bundle ({what})", path=path)
     material = bundle.get("verificationMaterial")
     if not isinstance(material, dict) or not isinstance(material.get("publicKey"), dict):
-        raise SignatureInvalid("the bundle is not key-based (no verificationMaterial.publicKey)", path=path,
-                               hint="verify certificate-based (keyless) bundles with cosign or sigstore")
+        raise SignatureInvalid(
+            "the bundle is not key-based (no verificationMaterial.publicKey)",
+            path=path,
+            hint="verify certificate-based (keyless) bundles with cosign or sigstore",
+        )
     if set(material) - {"publicKey", "tlogEntries", "timestampVerificationData"}:
         raise SignatureInvalid("the bundle's verificationMaterial holds a certificate and a key", path=path)
     _refuse_unverified_evidence(material, path)
     hint = material["publicKey"].get("hint")
     if hint is not None and hint not in (key_hint(public_key), legacy_key_hint(public_key)):
-        raise SignatureInvalid(f"signed by key hint {str(hint)[:16]}…, not by this public key "
-                               f"({key_hint(public_key)[:16]}…)", path=path)
+        raise SignatureInvalid(
+            f"signed by key hint {str(hint)[:16]}…, not by this public key ({key_hint(public_key)[:16]}…)", path=path
+        )
     return _verify_dsse(bundle.get("dsseEnvelope"), public_key, path, in_bundle=True)
 
 
@@ -241,20 +249,27 @@ def _refuse_unverified_evidence(material: dict[str, Any], path: Path) -> None:
     tlog = material.get("tlogEntries", [])
     stamps = material.get("timestampVerificationData", {})
     if not isinstance(tlog, list) or not isinstance(stamps, dict):
-        raise SignatureInvalid("the bundle's tlogEntries is not a list or its "
-                               "timestampVerificationData not an object", path=path)
+        raise SignatureInvalid(
+            "the bundle's tlogEntries is not a list or its timestampVerificationData not an object", path=path
+        )
     timestamps = stamps.get("rfc3161Timestamps", [])
     if set(stamps) - {"rfc3161Timestamps"} or not isinstance(timestamps, list):
-        raise SignatureInvalid("the bundle's timestampVerificationData holds more than "
-                               "rfc3161Timestamps", path=path)
-    held = [f"{len(x)} {one if len(x) == 1 else many}" for x, one, many in (
-        (tlog, "transparency-log entry", "transparency-log entries"),
-        (timestamps, "RFC 3161 timestamp", "RFC 3161 timestamps")) if x]
+        raise SignatureInvalid("the bundle's timestampVerificationData holds more than rfc3161Timestamps", path=path)
+    held = [
+        f"{len(x)} {one if len(x) == 1 else many}"
+        for x, one, many in (
+            (tlog, "transparency-log entry", "transparency-log entries"),
+            (timestamps, "RFC 3161 timestamp", "RFC 3161 timestamps"),
+        )
+        if x
+    ]
     if held:
-        raise SignatureInvalid(f"the bundle carries {' and '.join(held)}, which moeaudit does not "
-                               "verify", path=path,
-                               hint="verify it with cosign or sigstore, which check them; moeaudit "
-                                    "verifies key-based bundles with no log entries and no timestamps")
+        raise SignatureInvalid(
+            f"the bundle carries {' and '.join(held)}, which moeaudit does not verify",
+            path=path,
+            hint="verify it with cosign or sigstore, which check them; moeaudit "
+            "verifies key-based bundles with no log entries and no timestamps",
+        )
 
 
 # ----- keys ------------------------------------------------------------------------------
@@ -270,15 +285,19 @@ def default_public_key() -> Path:
     reader who never certified anything has none yet, and is told how to name the signer's."""
     path = Path(str(default_key_path()) + ".pub")
     if not os.path.lexists(path):
-        raise InputError("no --pubkey given and you have no moeaudit key yet", path=path,
-                         hint="pass --pubkey KEY.pub, the public key of whoever signed the certificate "
-                              "(`moeaudit keygen --out KEY` writes KEY.pub; certify creates your key on "
-                              "first use)")
+        raise InputError(
+            "no --pubkey given and you have no moeaudit key yet",
+            path=path,
+            hint="pass --pubkey KEY.pub, the public key of whoever signed the certificate "
+            "(`moeaudit keygen --out KEY` writes KEY.pub; certify creates your key on "
+            "first use)",
+        )
     return path
 
 
-def generate_key(path: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None,
-                 force: bool = False) -> PrivateKey:
+def generate_key(
+    path: Path, *, algorithm: str = DEFAULT_ALGORITHM, passphrase: bytes | None = None, force: bool = False
+) -> PrivateKey:
     """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM) as a pair, under KEY.lock."""
     key = _new_key(algorithm)
     with _key_lock(path):
@@ -301,8 +320,11 @@ def ensure_key(path: Path) -> bool:
             return False
         pub = path.with_name(path.name + ".pub")
         if os.path.lexists(pub):
-            raise InputError("a public key exists without its private key", path=pub,
-                             hint="move it away to create a new key pair, or pass --key KEY")
+            raise InputError(
+                "a public key exists without its private key",
+                path=pub,
+                hint="move it away to create a new key pair, or pass --key KEY",
+            )
         _write_pair(path, _new_key(DEFAULT_ALGORITHM), None, force=False)
     return True
 
@@ -310,8 +332,7 @@ def ensure_key(path: Path) -> bool:
 def _new_key(algorithm: str) -> PrivateKey:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown key algorithm {algorithm!r}")
-    return (ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519"
-            else ec.generate_private_key(ec.SECP256R1()))
+    return ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519" else ec.generate_private_key(ec.SECP256R1())
 
 
 @contextmanager
@@ -334,11 +355,9 @@ def _key_lock(path: Path) -> Iterator[None]:
 def _write_pair(path: Path, key: PrivateKey, passphrase: bytes | None, force: bool) -> None:
     """Both files written to temps first; KEY.pub is linked into place before KEY, so a KEY
     that exists always has its KEY.pub. Without ``force`` the links fail if either exists."""
-    enc = (serialization.BestAvailableEncryption(passphrase) if passphrase
-           else serialization.NoEncryption())
+    enc = serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
-    pub = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     pub_path = path.with_name(path.name + ".pub")
     for p in (path, pub_path):
         check_output_target(p, force=True)  # a link, device or FIFO is never a key file
@@ -368,11 +387,13 @@ def load_private_key(path: Path, passphrase: bytes | None = None) -> tuple[Priva
     try:
         key = serialization.load_pem_private_key(raw, password=passphrase)
     except TypeError as exc:
-        raise KeyNeedsPassphrase("private key is encrypted", path=path,
-                                 hint=f"set {PASSPHRASE_ENV} or answer the prompt") from exc
+        raise KeyNeedsPassphrase(
+            "private key is encrypted", path=path, hint=f"set {PASSPHRASE_ENV} or answer the prompt"
+        ) from exc
     except ValueError as exc:
-        raise InputError(f"not a usable PEM private key ({exc})", path=path,
-                         hint="create one with `moeaudit keygen --out KEY`") from exc
+        raise InputError(
+            f"not a usable PEM private key ({exc})", path=path, hint="create one with `moeaudit keygen --out KEY`"
+        ) from exc
     _check_supported(key, path)
     return key, warnings  # type: ignore[return-value]
 
@@ -386,14 +407,31 @@ def load_public_key(path: Path) -> PublicKey:
     try:
         key = serialization.load_pem_public_key(raw)
     except ValueError as exc:
-        raise InputError("not a PEM public key", path=path,
-                         hint="pass the KEY.pub written by `moeaudit keygen`") from exc
+        raise InputError(
+            "not a PEM public key", path=path, hint="pass the KEY.pub written by `moeaudit keygen`"
+        ) from exc
     _check_supported(key, path)
     return key  # type: ignore[return-value]
 
 
-__all__ = ["BUNDLE_MEDIA_TYPE", "MoeauditError", "SignatureInvalid", "Verified", "default_key_path",
-           "default_public_key", "ensure_key", "generate_key", "key_hint", "keyid", "load_private_key",
-           "load_public_key",
-           "no_duplicate_keys", "pae", "sign_envelope", "to_bundle", "verify_bundle", "verify_envelope",
-           "verify_signed"]
+__all__ = [
+    "BUNDLE_MEDIA_TYPE",
+    "MoeauditError",
+    "SignatureInvalid",
+    "Verified",
+    "default_key_path",
+    "default_public_key",
+    "ensure_key",
+    "generate_key",
+    "key_hint",
+    "keyid",
+    "load_private_key",
+    "load_public_key",
+    "no_duplicate_keys",
+    "pae",
+    "sign_envelope",
+    "to_bundle",
+    "verify_bundle",
+    "verify_envelope",
+    "verify_signed",
+]

@@ -76,9 +76,7 @@ class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
     def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
     @overload
     def __getitem__(self, e: slice) -> list[dict[str, torch.Tensor]]: ...
-    def __getitem__(
-        self, e: int | slice
-    ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
+    def __getitem__(self, e: int | slice) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
         if isinstance(e, slice):
             return [self[i] for i in range(*e.indices(len(self)))]
         return self.convert(self.stored[e])
@@ -97,9 +95,14 @@ class MXFP4Experts(StoredExperts):
             w = {n: t.to(device) for n, t in w.items()}
         gate_up = mxfp4.dequantize_rows(w["gate_up_blocks"], w["gate_up_scales"], self.dtype)  # [2I, H]
         b_gu = w["gate_up_bias"].to(self.dtype)
-        return {"w1": gate_up[0::2], "w3": gate_up[1::2],
-                "w2": mxfp4.dequantize_rows(w["down_blocks"], w["down_scales"], self.dtype),  # [H, I]
-                "b1": b_gu[0::2], "b3": b_gu[1::2], "b2": w["down_bias"].to(self.dtype)}
+        return {
+            "w1": gate_up[0::2],
+            "w3": gate_up[1::2],
+            "w2": mxfp4.dequantize_rows(w["down_blocks"], w["down_scales"], self.dtype),  # [H, I]
+            "b1": b_gu[0::2],
+            "b3": b_gu[1::2],
+            "b2": w["down_bias"].to(self.dtype),
+        }
 
     def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for e, w in enumerate(self.stored):
@@ -124,8 +127,11 @@ class FP8Experts(StoredExperts):
     def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
         if device is not None:
             w = {n: t.to(device) for n, t in w.items()}
-        return {n: (t if (s := w.get(n + SCALE_SUFFIX)) is None else dequantize_fp8(t, s, self.block)).to(self.dtype)
-                for n, t in w.items() if not n.endswith(SCALE_SUFFIX)}
+        return {
+            n: (t if (s := w.get(n + SCALE_SUFFIX)) is None else dequantize_fp8(t, s, self.block)).to(self.dtype)
+            for n, t in w.items()
+            if not n.endswith(SCALE_SUFFIX)
+        }
 
     def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for e, w in enumerate(self.stored):
@@ -175,8 +181,12 @@ class LeftOut:
     keys: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"what": self.what, "reason": self.reason, "tensors": len(self.keys),
-                "names": list(self.keys[:LEFT_OUT_NAMES])}
+        return {
+            "what": self.what,
+            "reason": self.reason,
+            "tensors": len(self.keys),
+            "names": list(self.keys[:LEFT_OUT_NAMES]),
+        }
 
 
 LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is always exact)
@@ -188,8 +198,19 @@ SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factor
 # MiniMax-01's lightning attention: its weights (gradients measured) and its decay buffers (not)
 LIGHTNING_NAMES = ("light_qkv", "light_gate", "light_norm", "light_out")
 LIGHTNING_BUFFERS = ("light_slope", "light_qdecay", "light_kdecay", "light_ddecay")
-LINEAR_ATTENTION_NAMES = ("lin_qkvz", "lin_ba", "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv",
-                          "lin_dt_bias", "lin_A_log", "lin_norm", "lin_out")
+LINEAR_ATTENTION_NAMES = (
+    "lin_qkvz",
+    "lin_ba",
+    "lin_qkv",
+    "lin_z",
+    "lin_b",
+    "lin_a",
+    "lin_conv",
+    "lin_dt_bias",
+    "lin_A_log",
+    "lin_norm",
+    "lin_out",
+)
 # Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
 GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
 FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
@@ -204,10 +225,12 @@ def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
     if not isinstance(q, dict) or q.get("quant_method") != "fp8":
         return None
     block = q.get("weight_block_size", [128, 128])
-    if (not isinstance(block, list) or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        raise CheckpointError(f"config.json: weight_block_size must be two positive ints, got "
-                              f"{block!r}", path=path)
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise CheckpointError(f"config.json: weight_block_size must be two positive ints, got {block!r}", path=path)
     return block[0], block[1]
 
 
@@ -284,8 +307,9 @@ class Checkpoint:
         if not self.path.exists():
             raise CheckpointError("no such checkpoint directory", path=self.path)
         if not self.path.is_dir():
-            raise CheckpointError("not a directory", path=self.path,
-                                  hint="pass the save_pretrained directory, not a file")
+            raise CheckpointError(
+                "not a directory", path=self.path, hint="pass the save_pretrained directory, not a file"
+            )
         self._pins: dict[str, FileId] = {}  # relative path → identity at its first read
         self._hashed: dict[str, bytes] = {}  # relative path → SHA-256 of the bytes parsed
         self._snapshot: Snapshot | None = None
@@ -300,8 +324,9 @@ class Checkpoint:
         self._open_files()
         self.fp8_block = _fp8_block(self.config, self.path / "config.json")
         self.packed = self._find_mxfp4()  # dequantised key → (blocks key, scales key)
-        self.scales = {k[: -len(SCALE_SUFFIX)]: k for k in self.key_file
-                       if k.endswith(SCALE_SUFFIX)}  # weight key → its block scales' key
+        self.scales = {
+            k[: -len(SCALE_SUFFIX)]: k for k in self.key_file if k.endswith(SCALE_SUFFIX)
+        }  # weight key → its block scales' key
         self._resolved: dict[str, str] = {}
         self.fused = self._detect_fused()
         self._validate()
@@ -311,9 +336,12 @@ class Checkpoint:
     def _read_config(self) -> dict[str, Any]:
         cfg_path = self.path / "config.json"
         if not cfg_path.is_file():
-            hint = ("copy the model's Hugging Face config.json next to .metadata (a DCP directory "
-                    "does not say its architecture)" if is_dcp(self.path)
-                    else "a checkpoint is a save_pretrained directory")
+            hint = (
+                "copy the model's Hugging Face config.json next to .metadata (a DCP directory "
+                "does not say its architecture)"
+                if is_dcp(self.path)
+                else "a checkpoint is a save_pretrained directory"
+            )
             raise CheckpointError("no config.json", path=self.path, hint=hint)
         raw, self._pins["config.json"] = read_bytes(cfg_path, limit=MAX_CONFIG_BYTES)
         self._hashed["config.json"] = hashlib.sha256(raw).digest()
@@ -329,9 +357,10 @@ class Checkpoint:
             # transformers loads model.safetensors and never reads the index; we would read
             # the shards: two readers, two models. Refuse rather than pick one (issue 14).
             raise CheckpointError(
-                f"both {SINGLE_NAME} and {INDEX_NAME}: which weights are the checkpoint is "
-                "ambiguous", path=self.path,
-                hint=f"delete the stale one (transformers would load {SINGLE_NAME})")
+                f"both {SINGLE_NAME} and {INDEX_NAME}: which weights are the checkpoint is ambiguous",
+                path=self.path,
+                hint=f"delete the stale one (transformers would load {SINGLE_NAME})",
+            )
         if index.is_file():
             weight_map = self._read_index(index)
             for shard in sorted(set(weight_map.values())):
@@ -348,18 +377,23 @@ class Checkpoint:
             self.key_file = dict.fromkeys(self.files[SINGLE_NAME].tensors, SINGLE_NAME)
         else:
             pickled = [n for n in PICKLE_NAMES if (self.path / n).exists()]
-            hint = ("pickled weights are never loaded; convert them to safetensors "
-                    "(save_pretrained(..., safe_serialization=True))" if pickled
-                    else "expected model.safetensors or model.safetensors.index.json")
+            hint = (
+                "pickled weights are never loaded; convert them to safetensors "
+                "(save_pretrained(..., safe_serialization=True))"
+                if pickled
+                else "expected model.safetensors or model.safetensors.index.json"
+            )
             raise CheckpointError("no safetensors weights", path=self.path, hint=hint)
 
     def _open_dcp(self, index: Path, single: Path) -> None:
         """A DCP directory: tensors named as Hugging Face names (``DcpDirectory.map_names``)."""
         others = [p.name for p in (single, index) if p.exists()]
         if others:  # as for model.safetensors beside its index: two readers, two models
-            raise CheckpointError(f"both {METADATA_NAME} and {others[0]}: which weights are the "
-                                  "checkpoint is ambiguous", path=self.path,
-                                  hint="keep one format per checkpoint directory")
+            raise CheckpointError(
+                f"both {METADATA_NAME} and {others[0]}: which weights are the checkpoint is ambiguous",
+                path=self.path,
+                hint="keep one format per checkpoint directory",
+            )
         dcp = DcpDirectory(self.path)
         left = dcp.map_names(self.spec.family)
         self.files[METADATA_NAME] = dcp
@@ -367,11 +401,18 @@ class Checkpoint:
         self.key_file = dict.fromkeys(dcp.tensors, METADATA_NAME)
         if left or dcp.byte_entries:
             shown = ", ".join((left + dcp.byte_entries)[:3])
-            self.left_out.append(LeftOut("DCP entries that are not model weights",
-                                         "optimizer or trainer state", tuple(left + dcp.byte_entries)))
-            self.notes.append(f"{len(left)} DCP tensor(s) and {len(dcp.byte_entries)} pickled entr"
-                              f"{'y' if len(dcp.byte_entries) == 1 else 'ies'} that are not model "
-                              f"weights left out (optimizer or trainer state: {shown}…)")
+            self.left_out.append(
+                LeftOut(
+                    "DCP entries that are not model weights",
+                    "optimizer or trainer state",
+                    tuple(left + dcp.byte_entries),
+                )
+            )
+            self.notes.append(
+                f"{len(left)} DCP tensor(s) and {len(dcp.byte_entries)} pickled entr"
+                f"{'y' if len(dcp.byte_entries) == 1 else 'ies'} that are not model "
+                f"weights left out (optimizer or trainer state: {shown}…)"
+            )
 
     def _open_shard(self, name: str) -> None:
         sf = SafetensorsFile(self.path / name, sealed=True)
@@ -385,8 +426,7 @@ class Checkpoint:
             data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
             weight_map = data["weight_map"]
         except DuplicateKey as exc:
-            raise CheckpointError(f"the shard index repeats the key {exc.key!r}",
-                                  path=index) from exc
+            raise CheckpointError(f"the shard index repeats the key {exc.key!r}", path=index) from exc
         except (ValueError, RecursionError, KeyError, TypeError) as exc:
             raise CheckpointError(f"unreadable shard index ({exc})", path=index) from exc
         if not isinstance(weight_map, dict) or not all(
@@ -401,11 +441,15 @@ class Checkpoint:
         if not mxfp4.is_mxfp4(self.config):
             return {}
         if self.layout.fused_format != "interleaved":
-            raise CheckpointError(f"MXFP4 weights are read for gpt_oss only, not {self.spec.family!r}",
-                                  path=self.path / "config.json")
+            raise CheckpointError(
+                f"MXFP4 weights are read for gpt_oss only, not {self.spec.family!r}", path=self.path / "config.json"
+            )
         stems = [k[: -len(mxfp4.BLOCKS_SUFFIX)] for k in self.key_file if k.endswith(mxfp4.BLOCKS_SUFFIX)]
-        return {s: (s + mxfp4.BLOCKS_SUFFIX, s + mxfp4.SCALES_SUFFIX) for s in stems
-                if s + mxfp4.SCALES_SUFFIX in self.key_file}
+        return {
+            s: (s + mxfp4.BLOCKS_SUFFIX, s + mxfp4.SCALES_SUFFIX)
+            for s in stems
+            if s + mxfp4.SCALES_SUFFIX in self.key_file
+        }
 
     def info(self, key: str) -> TensorInfo:
         return self.files[self.key_file[key]].tensors[key]
@@ -426,8 +470,7 @@ class Checkpoint:
         scale_key = self.scales.get(key)
         if scale_key is None:
             return t
-        return dequantize_fp8(t, self.files[self.key_file[scale_key]].read(scale_key),
-                              self.fp8_block or (128, 128))
+        return dequantize_fp8(t, self.files[self.key_file[scale_key]].read(scale_key), self.fp8_block or (128, 128))
 
     # ----- layout resolution ---------------------------------------------------------------
 
@@ -454,8 +497,11 @@ class Checkpoint:
             # Qwen3-VL-MoE: the released files hold gate_up [E, H, 2I], transformers 5.24's
             # save_pretrained writes [E, 2I, H]; the stored shape says which (H = 2I reads as stacked)
             shape, s = self.info(fused).shape, self.spec
-            self.fused_format = "transposed" if shape[1:] == (s.hidden_size, 2 * s.expert_dim) \
-                and s.hidden_size != 2 * s.expert_dim else "stacked"
+            self.fused_format = (
+                "transposed"
+                if shape[1:] == (s.hidden_size, 2 * s.expert_dim) and s.hidden_size != 2 * s.expert_dim
+                else "stacked"
+            )
         return fused is not None
 
     def global_key(self, name: str) -> str | None:
@@ -473,11 +519,14 @@ class Checkpoint:
 
     def expert_keys(self, layer: int) -> dict[str, str] | list[dict[str, str]]:
         if self.fused:
-            return {n: self._resolve(n, t, layer=layer) or t[0].format(layer=layer)
-                    for n, t in self.layout.fused.items()}
+            return {
+                n: self._resolve(n, t, layer=layer) or t[0].format(layer=layer) for n, t in self.layout.fused.items()
+            }
         return [
-            {n: self._resolve(n, t, layer=layer, expert=e) or t[0].format(layer=layer, expert=e)
-             for n, t in self.layout.expert.items()}
+            {
+                n: self._resolve(n, t, layer=layer, expert=e) or t[0].format(layer=layer, expert=e)
+                for n, t in self.layout.expert.items()
+            }
             for e in range(self.spec.num_experts)
         ]
 
@@ -494,8 +543,11 @@ class Checkpoint:
             self._check_mxfp4(key, want, seen)
             return
         if key not in self.key_file:
-            raise CheckpointError(f"missing tensor {key!r} ({name})", path=self.path,
-                                  hint="the checkpoint is incomplete or of another layout")
+            raise CheckpointError(
+                f"missing tensor {key!r} ({name})",
+                path=self.path,
+                hint="the checkpoint is incomplete or of another layout",
+            )
         info = self.info(key)
         if name == "router_bias" and info.shape == (1, *want):  # ERNIE 4.5 stores it as [1, E]
             want = info.shape
@@ -510,14 +562,16 @@ class Checkpoint:
                 path=self.path / self.key_file[key],
             )
         if info.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {key!r} has non-float dtype {info.dtype}",
-                                  path=self.path / self.key_file[key])
+            raise CheckpointError(
+                f"tensor {key!r} has non-float dtype {info.dtype}", path=self.path / self.key_file[key]
+            )
         if key in self.scales:
             self._check_scale(key, info, seen)
         elif info.dtype.startswith("F8"):
             raise CheckpointError(
-                f"tensor {key!r} is {info.dtype} without {key + SCALE_SUFFIX!r}: an FP8 weight "
-                "needs its block scales", path=self.path / self.key_file[key])
+                f"tensor {key!r} is {info.dtype} without {key + SCALE_SUFFIX!r}: an FP8 weight needs its block scales",
+                path=self.path / self.key_file[key],
+            )
         seen.add(key)
 
     def _check_mxfp4(self, key: str, want: tuple[int, ...], seen: set[str]) -> None:
@@ -526,10 +580,15 @@ class Checkpoint:
         for k, shape in zip(self.packed[key], shapes or ((), ()), strict=True):
             info = self.info(k)
             if shapes is None or info.shape != shape or info.dtype != "U8":
-                need = (f"uint8 {list(shape)}" if shapes else
-                        f"an input size that is a multiple of {mxfp4.BLOCK} (got {want[1]})")
-                raise CheckpointError(f"MXFP4 tensor {k!r} is {info.dtype} {list(info.shape)}; "
-                                      f"{list(want)} needs {need}", path=self.path / self.key_file[k])
+                need = (
+                    f"uint8 {list(shape)}"
+                    if shapes
+                    else f"an input size that is a multiple of {mxfp4.BLOCK} (got {want[1]})"
+                )
+                raise CheckpointError(
+                    f"MXFP4 tensor {k!r} is {info.dtype} {list(info.shape)}; {list(want)} needs {need}",
+                    path=self.path / self.key_file[k],
+                )
             seen.add(k)
 
     def _check_scale(self, key: str, info: TensorInfo, seen: set[str]) -> None:
@@ -544,7 +603,9 @@ class Checkpoint:
         if scale.shape != want or scale.dtype not in ("F32", "BF16", "F16"):
             raise CheckpointError(
                 f"tensor {scale_key!r} is {scale.dtype} {list(scale.shape)}; {bm}×{bn} blocks of "
-                f"{key!r} {list(info.shape)} need float {list(want)}", path=where)
+                f"{key!r} {list(info.shape)} need float {list(want)}",
+                path=where,
+            )
         seen.add(scale_key)
 
     def _validate(self) -> None:
@@ -553,23 +614,24 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
-        for name, on, want in (("final_norm_bias", s.layer_norm and s.norm_bias, (H,)),
-                               ("lm_head_bias", s.lm_head_bias, (V,))):
+        for name, on, want in (
+            ("final_norm_bias", s.layer_norm and s.norm_bias, (H,)),
+            ("lm_head_bias", s.lm_head_bias, (V,)),
+        ):
             if on:
                 self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
         head = self.global_key("lm_head")
         if head is not None:
             self._check("lm_head", head, (V, H), seen)
         elif not s.tie_embeddings:
-            raise CheckpointError("missing tensor 'lm_head.weight' and embeddings are not tied",
-                                  path=self.path)
+            raise CheckpointError("missing tensor 'lm_head.weight' and embeddings are not tied", path=self.path)
         for layer in range(s.num_layers):
             shapes = self.expected_shapes(layer)
             for name, key in self.layer_keys(layer).items():
                 self._check(name, key, shapes[name], seen)
             if s.is_routed(layer):
                 keys = self.expert_keys(layer)
-                for table in (keys if isinstance(keys, list) else [keys]):
+                for table in keys if isinstance(keys, list) else [keys]:
                     for name, key in table.items():
                         self._check(name, key, shapes[name], seen)
         self._set_aside(sorted(set(self.key_file) - seen))
@@ -582,16 +644,23 @@ class Checkpoint:
         s = self.spec
         rope = [k for k in extra if ROTARY_BUFFER.search(k)]
         if rope:
-            self._leave_out("rotary inv_freq buffers", "RoPE frequencies are computed from config.json, "
-                            "as transformers does (it does not load these buffers)", rope)
+            self._leave_out(
+                "rotary inv_freq buffers",
+                "RoPE frequencies are computed from config.json, as transformers does (it does not load these buffers)",
+                rope,
+            )
         # the MTP modules stored as decoder layers N … N + mtp_layers − 1 (DeepSeek-V3's layer 61)
-        mtp_layers = {k: i for k in extra if (i := _layer_index(k)) is not None
-                      and s.num_layers <= i < s.num_layers + s.mtp_layers}
+        mtp_layers = {
+            k: i
+            for k in extra
+            if (i := _layer_index(k)) is not None and s.num_layers <= i < s.num_layers + s.mtp_layers
+        }
         mtp = list(mtp_layers)
         if mtp:
             layers = ", ".join(map(str, sorted(set(mtp_layers.values()))))
-            self._leave_out(f"multi-token-prediction layer(s) {layers}",
-                            "the replay scores next-token prediction only", mtp)
+            self._leave_out(
+                f"multi-token-prediction layer(s) {layers}", "the replay scores next-token prediction only", mtp
+            )
         taken = set(rope) | set(mtp)
         extra = [k for k in extra if k not in taken]
         by_what: dict[str, list[str]] = {}  # several prefixes may name one module (ERNIE's MTP)
@@ -611,8 +680,9 @@ class Checkpoint:
                 f"{len(extra)} tensor(s) that moeaudit's {s.family} replay does not use: {shown}",
                 path=self.path,
                 hint="moeaudit refuses to audit a model other than the one in the file: if these "
-                     "are part of the model, moeaudit does not replay them yet; if they are not "
-                     "model weights (optimizer or trainer state), save the checkpoint without them")
+                "are part of the model, moeaudit does not replay them yet; if they are not "
+                "model weights (optimizer or trainer state), save the checkpoint without them",
+            )
 
     def _leave_out(self, what: str, reason: str, keys: list[str]) -> None:
         self.left_out.append(LeftOut(what, reason, tuple(keys)))
@@ -636,8 +706,9 @@ class Checkpoint:
             return t.to(dtype or torch.float32) + self.spec.norm_offset
         return t if dtype is None else t.to(dtype)
 
-    def layer_weights(self, layer: int, dtype: torch.dtype | None = None, *,
-                      lazy_experts: bool = False) -> LayerWeights:
+    def layer_weights(
+        self, layer: int, dtype: torch.dtype | None = None, *, lazy_experts: bool = False
+    ) -> LayerWeights:
         """One decoder layer in ``dtype`` (default float32). ``lazy_experts`` keeps the routed
         experts in their on-disk dtype and converts one expert at a time on access
         (:class:`StoredExperts`); otherwise every tensor is converted now (what a trainer that
@@ -660,8 +731,7 @@ class Checkpoint:
         lw = LayerWeights(layer=layer, routed=self.spec.is_routed(layer), params=params)
         if lw.routed:
             experts = self._stored_experts(layer, dtype)
-            lw.experts = (experts if lazy_experts
-                          else [{n: t.contiguous() for n, t in w.items()} for w in experts])
+            lw.experts = experts if lazy_experts else [{n: t.contiguous() for n, t in w.items()} for w in experts]
         return lw
 
     def _stored_experts(self, layer: int, dtype: torch.dtype) -> StoredExperts:
@@ -670,16 +740,30 @@ class Checkpoint:
         keys = self.expert_keys(layer)
         if isinstance(keys, dict) and keys["gate_up"] in self.packed and keys["down"] in self.packed:
             (gu_b, gu_s), (d_b, d_s) = self.packed[keys["gate_up"]], self.packed[keys["down"]]
-            gate_up_b, gate_up_s, down_b, down_s = (self.files[self.key_file[k]].read(k)
-                                                    for k in (gu_b, gu_s, d_b, d_s))
+            gate_up_b, gate_up_s, down_b, down_s = (
+                self.files[self.key_file[k]].read(k) for k in (gu_b, gu_s, d_b, d_s)
+            )
             b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
-            return MXFP4Experts([{"gate_up_blocks": gate_up_b[e], "gate_up_scales": gate_up_s[e],
-                                  "down_blocks": down_b[e], "down_scales": down_s[e],
-                                  "gate_up_bias": b_gu[e], "down_bias": b_down[e]}
-                                 for e in range(self.spec.num_experts)], dtype)
+            return MXFP4Experts(
+                [
+                    {
+                        "gate_up_blocks": gate_up_b[e],
+                        "gate_up_scales": gate_up_s[e],
+                        "down_blocks": down_b[e],
+                        "down_scales": down_s[e],
+                        "gate_up_bias": b_gu[e],
+                        "down_bias": b_down[e],
+                    }
+                    for e in range(self.spec.num_experts)
+                ],
+                dtype,
+            )
         if isinstance(keys, list) and any(k in self.scales for table in keys for k in table.values()):
-            return FP8Experts([{m: t for n, k in table.items() for m, t in self._fp8_stored(n, k)}
-                               for table in keys], dtype, self.fp8_block or (128, 128))
+            return FP8Experts(
+                [{m: t for n, k in table.items() for m, t in self._fp8_stored(n, k)} for table in keys],
+                dtype,
+                self.fp8_block or (128, 128),
+            )
         return StoredExperts(self._read_experts(layer), dtype)
 
     def _fp8_stored(self, name: str, key: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -703,14 +787,23 @@ class Checkpoint:
             if self.fused_format == "interleaved":  # transformers: [E, H, 2I], [E, I, H]
                 gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
             b_gu, b_down = self.read(keys["gate_up_bias"]), self.read(keys["down_bias"])
-            return [{"w1": gate_up[e, 0::2], "w3": gate_up[e, 1::2], "w2": down[e],
-                     "b1": b_gu[e, 0::2], "b3": b_gu[e, 1::2], "b2": b_down[e]}
-                    for e in range(self.spec.num_experts)]
+            return [
+                {
+                    "w1": gate_up[e, 0::2],
+                    "w3": gate_up[e, 1::2],
+                    "w2": down[e],
+                    "b1": b_gu[e, 0::2],
+                    "b3": b_gu[e, 1::2],
+                    "b2": b_down[e],
+                }
+                for e in range(self.spec.num_experts)
+            ]
         if self.fused_format == "transposed":  # Llama 4: [E, H, 2I], gate columns first
-            return [{"w1": gate_up[e, :, :I].T, "w3": gate_up[e, :, I:].T, "w2": down[e].T}
-                    for e in range(self.spec.num_experts)]
-        return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]}
-                for e in range(self.spec.num_experts)]
+            return [
+                {"w1": gate_up[e, :, :I].T, "w3": gate_up[e, :, I:].T, "w2": down[e].T}
+                for e in range(self.spec.num_experts)
+            ]
+        return [{"w1": gate_up[e, :I], "w3": gate_up[e, I:], "w2": down[e]} for e in range(self.spec.num_experts)]
 
     # ----- summary -------------------------------------------------------------------------
 
@@ -786,17 +879,31 @@ class Checkpoint:
             "kv_heads": s.num_kv_heads,
             "head_dim": s.head_dim,
             "vocab_size": s.vocab_size,
-            **({"mla": {"q_lora_rank": s.mla.q_lora_rank, "kv_lora_rank": s.mla.kv_lora_rank,
+            **(
+                {
+                    "mla": {
+                        "q_lora_rank": s.mla.q_lora_rank,
+                        "kv_lora_rank": s.mla.kv_lora_rank,
                         "qk_nope_head_dim": s.mla.qk_nope_dim,
-                        "qk_rope_head_dim": s.mla.qk_rope_dim, "v_head_dim": s.mla.v_head_dim}}
-               if s.mla is not None else {}),
+                        "qk_rope_head_dim": s.mla.qk_rope_dim,
+                        "v_head_dim": s.mla.v_head_dim,
+                    }
+                }
+                if s.mla is not None
+                else {}
+            ),
             **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
             **({"rotary_dim": s.rotary_dim} if s.rotary_dim else {}),  # partial rotary
-            **({"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} "
-                              f"({len(self.scales)} block-scaled weights)"}
-               if self.scales and self.fp8_block else {}),
-            **({"mxfp4": f"{len(self.packed)} expert tensors in MXFP4 (blocks of {mxfp4.BLOCK})"}
-               if self.packed else {}),
+            **(
+                {"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} ({len(self.scales)} block-scaled weights)"}
+                if self.scales and self.fp8_block
+                else {}
+            ),
+            **(
+                {"mxfp4": f"{len(self.packed)} expert tensors in MXFP4 (blocks of {mxfp4.BLOCK})"}
+                if self.packed
+                else {}
+            ),
             "dtypes": dict(sorted(dtypes.items())),
             "parameters": self._parameter_count(),
             "files": self.data_files,
@@ -865,20 +972,46 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
     H, E, I = s.hidden_size, s.num_experts, s.expert_dim
     q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     shapes = {
-        "input_norm": (H,), "post_norm": (H,), "input_norm_bias": (H,), "post_norm_bias": (H,), "moe_out_norm": (H,),
-        "q": (q_dim, H), "k": (kv_dim, H),
-        "v": (kv_dim, H), "o": (H, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,),
-        "v_bias": (kv_dim,), "o_bias": (H,), "qkv": (q_dim + 2 * kv_dim, H), "qkv_bias": (q_dim + 2 * kv_dim,),
+        "input_norm": (H,),
+        "post_norm": (H,),
+        "input_norm_bias": (H,),
+        "post_norm_bias": (H,),
+        "moe_out_norm": (H,),
+        "q": (q_dim, H),
+        "k": (kv_dim, H),
+        "v": (kv_dim, H),
+        "o": (H, q_dim),
+        "q_bias": (q_dim,),
+        "k_bias": (kv_dim,),
+        "v_bias": (kv_dim,),
+        "o_bias": (H,),
+        "qkv": (q_dim + 2 * kv_dim, H),
+        "qkv_bias": (q_dim + 2 * kv_dim,),
         "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
         "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
-        "router": (E, H), "w1": (I, H), "w3": (I, H), "w2": (H, I),
-        "gate_up": (E, 2 * I, H), "down": (E, H, I),
-        "shared_w1": (s.shared_dim, H), "shared_w3": (s.shared_dim, H),
-        "shared_w2": (H, s.shared_dim), "shared_gate": (1, H), "shared_gate_up": (2 * s.shared_dim, H),
-        "mlp_w1": (s.dense_dim, H), "mlp_w3": (s.dense_dim, H), "mlp_w2": (H, s.dense_dim),
-        "router_bias": (E,), "router_logit_bias": (E,), "sinks": (s.num_heads,),
+        "router": (E, H),
+        "w1": (I, H),
+        "w3": (I, H),
+        "w2": (H, I),
+        "gate_up": (E, 2 * I, H),
+        "down": (E, H, I),
+        "shared_w1": (s.shared_dim, H),
+        "shared_w3": (s.shared_dim, H),
+        "shared_w2": (H, s.shared_dim),
+        "shared_gate": (1, H),
+        "shared_gate_up": (2 * s.shared_dim, H),
+        "mlp_w1": (s.dense_dim, H),
+        "mlp_w3": (s.dense_dim, H),
+        "mlp_w2": (H, s.dense_dim),
+        "router_bias": (E,),
+        "router_logit_bias": (E,),
+        "sinks": (s.num_heads,),
         "g_proj": (s.num_heads if s.output_gate == "head" else q_dim, H),
-        "b1": (I,), "b3": (I,), "b2": (H,), "gate_up_bias": (E, 2 * I), "down_bias": (E, H),
+        "b1": (I,),
+        "b3": (I,),
+        "b2": (H,),
+        "gate_up_bias": (E, 2 * I),
+        "down_bias": (E, H),
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
         shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
@@ -888,44 +1021,91 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
     if s.sparse_index is not None and s.mla is not None:
         x = s.sparse_index
-        shapes.update({"idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
-                       "idx_wk": (x.head_dim, H), "idx_k_norm": (x.head_dim,),
-                       "idx_k_norm_bias": (x.head_dim,), "idx_weights": (x.n_heads, H)})
+        shapes.update(
+            {
+                "idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
+                "idx_wk": (x.head_dim, H),
+                "idx_k_norm": (x.head_dim,),
+                "idx_k_norm_bias": (x.head_dim,),
+                "idx_weights": (x.n_heads, H),
+            }
+        )
     if (la := s.linear_attention) is not None:
         key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
-        shapes.update({"lin_qkvz": (2 * key_dim + 2 * value_dim, H),
-                       "lin_ba": (2 * la.num_v_heads, H),
-                       "lin_qkv": (2 * key_dim + value_dim, H), "lin_z": (value_dim, H),
-                       "lin_b": (la.num_v_heads, H), "lin_a": (la.num_v_heads, H),
-                       "lin_conv": (la.conv_channels, 1, la.conv_kernel),
-                       "lin_dt_bias": (la.num_v_heads,), "lin_A_log": (la.num_v_heads,),
-                       "lin_norm": (la.v_dim,), "lin_out": (H, value_dim)})
+        shapes.update(
+            {
+                "lin_qkvz": (2 * key_dim + 2 * value_dim, H),
+                "lin_ba": (2 * la.num_v_heads, H),
+                "lin_qkv": (2 * key_dim + value_dim, H),
+                "lin_z": (value_dim, H),
+                "lin_b": (la.num_v_heads, H),
+                "lin_a": (la.num_v_heads, H),
+                "lin_conv": (la.conv_channels, 1, la.conv_kernel),
+                "lin_dt_bias": (la.num_v_heads,),
+                "lin_A_log": (la.num_v_heads,),
+                "lin_norm": (la.v_dim,),
+                "lin_out": (H, value_dim),
+            }
+        )
     if s.conv_layers:
-        shapes.update({"conv_in": (3 * H, H), "conv_in_bias": (3 * H,), "conv_w": (H, 1, s.conv_kernel),
-                       "conv_bias": (H,), "conv_out": (H, H), "conv_out_bias": (H,)})
+        shapes.update(
+            {
+                "conv_in": (3 * H, H),
+                "conv_in_bias": (3 * H,),
+                "conv_w": (H, 1, s.conv_kernel),
+                "conv_bias": (H,),
+                "conv_out": (H, H),
+                "conv_out_bias": (H,),
+            }
+        )
     if s.lightning_layers:  # MiniMax-01's lightning attention and its stored decay buffers
         n, D, C = s.num_heads, s.head_dim, s.lightning_block
-        shapes.update({"light_qkv": (3 * n * D, H), "light_gate": (n * D, H), "light_norm": (n * D,),
-                       "light_out": (H, n * D), "light_slope": (n, 1, 1), "light_qdecay": (n, C, 1),
-                       "light_kdecay": (n, C, 1), "light_ddecay": (1, n, C, C)})
+        shapes.update(
+            {
+                "light_qkv": (3 * n * D, H),
+                "light_gate": (n * D, H),
+                "light_norm": (n * D,),
+                "light_out": (H, n * D),
+                "light_slope": (n, 1, 1),
+                "light_qdecay": (n, C, 1),
+                "light_kdecay": (n, C, 1),
+                "light_ddecay": (1, n, C, C),
+            }
+        )
     if s.mamba is not None:
         shapes.update(s.mamba.shapes(H))
     if s.mla is not None:
         m, nh = s.mla, s.num_heads
-        shapes.update({
-            "q": (nh * m.qk_head_dim, H), "q_a": (m.q_lora_rank, H),
-            "q_a_bias": (m.q_lora_rank,), "q_a_norm": (m.q_lora_rank,),
-            "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
-            "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
-            "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,), "kv_a_norm": (m.kv_lora_rank,),
-            "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
-            "o": (H, nh * m.v_head_dim),
-        })
+        shapes.update(
+            {
+                "q": (nh * m.qk_head_dim, H),
+                "q_a": (m.q_lora_rank, H),
+                "q_a_bias": (m.q_lora_rank,),
+                "q_a_norm": (m.q_lora_rank,),
+                "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
+                "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
+                "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,),
+                "kv_a_norm": (m.kv_lora_rank,),
+                "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
+                "o": (H, nh * m.v_head_dim),
+            }
+        )
     return shapes
 
 
-ARCH_FIELDS = ("family", "num_layers", "routed_layers", "num_experts", "top_k", "hidden_size",
-               "vocab_size", "expert_dim", "num_heads", "num_kv_heads", "head_dim")
+ARCH_FIELDS = (
+    "family",
+    "num_layers",
+    "routed_layers",
+    "num_experts",
+    "top_k",
+    "hidden_size",
+    "vocab_size",
+    "expert_dim",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+)
 
 
 def check_compatible(a: Checkpoint, b: Checkpoint) -> None:

@@ -61,10 +61,18 @@ ST_DTYPE = {torch_name: st for st, (torch_name, _size) in DTYPES.items()}
 ITEMSIZE = {torch_name: size for _st, (torch_name, size) in DTYPES.items()}
 # typed-storage class names torch.save writes (torch/storage.py) → dtype name
 STORAGE_DTYPE = {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
-    "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2",
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "Float8_e4m3fnStorage": "float8_e4m3fn",
+    "Float8_e5m2Storage": "float8_e5m2",
 }
 LAYOUTS = {"torch.strided"}
 MEM_FORMATS = {0, 1, 2}  # metadata._MEM_FORMAT_ENCODING: contiguous, channels_last, preserve
@@ -91,12 +99,26 @@ class _Record:
 
 
 class _Metadata(_Record): ...
+
+
 class _TensorStorageMetadata(_Record): ...
+
+
 class _BytesStorageMetadata(_Record): ...
+
+
 class _ChunkStorageMetadata(_Record): ...
+
+
 class _TensorProperties(_Record): ...  # state: (dtype, layout, requires_grad, mem_format, pin)
+
+
 class _MetadataIndex(_Record): ...
+
+
 class _StorageMeta(_Record): ...
+
+
 class _StorageInfo(_Record): ...
 
 
@@ -154,8 +176,9 @@ METADATA_GLOBALS: dict[tuple[str, str], Any] = {
 
 
 def _refused(module: str, name: str, where: Path) -> CheckpointError:
-    return CheckpointError(f"refusing to unpickle global {module}.{name}: not a DCP metadata class",
-                           path=where, hint=REFUSED_HINT)
+    return CheckpointError(
+        f"refusing to unpickle global {module}.{name}: not a DCP metadata class", path=where, hint=REFUSED_HINT
+    )
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -191,9 +214,15 @@ class _TensorRef:
     stride: tuple[int, ...]
 
 
-def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any,
-                       requires_grad: Any = False, backward_hooks: Any = None,
-                       metadata: Any = None) -> _TensorRef:
+def _rebuild_tensor_v2(
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    requires_grad: Any = False,
+    backward_hooks: Any = None,
+    metadata: Any = None,
+) -> _TensorRef:
     if not isinstance(storage, _StorageRef) or not isinstance(storage_offset, int):
         raise ValueError("a tensor record without a storage")
     if backward_hooks or metadata:
@@ -215,15 +244,31 @@ class TensorUnpickler(MetadataUnpickler):
 
     def persistent_load(self, pid: Any) -> _StorageRef:
         # ('storage', storage_type, key, location, numel), torch/serialization.py persistent_id
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _DType) and isinstance(pid[2], str)
-                and isinstance(pid[4], int) and pid[4] >= 0):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], _DType)
+            and isinstance(pid[2], str)
+            and isinstance(pid[4], int)
+            and pid[4] >= 0
+        ):
             raise ValueError(f"persistent id {pid!r} is not a storage")
         return _StorageRef(pid[1].name, pid[2], pid[4])
 
 
-_UNPICKLE_ERRORS = (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError,
-                    IndexError, KeyError, RecursionError, UnicodeDecodeError, OverflowError)
+_UNPICKLE_ERRORS = (
+    pickle.UnpicklingError,
+    EOFError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    RecursionError,
+    UnicodeDecodeError,
+    OverflowError,
+)
 
 
 class _View(io.RawIOBase):
@@ -247,20 +292,20 @@ class _View(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         n = max(0, min(len(b), len(self.view) - self.pos))
-        b[:n] = self.view[self.pos:self.pos + n]
+        b[:n] = self.view[self.pos : self.pos + n]
         self.pos += n
         return n
 
 
 def _stored_range(raw: bytearray, info: zipfile.ZipInfo) -> range:
     """The bytes of an uncompressed zip member, after its local header, CRC-checked."""
-    head = bytes(raw[info.header_offset:info.header_offset + 30])
+    head = bytes(raw[info.header_offset : info.header_offset + 30])
     if len(head) != 30 or not head.startswith(TORCH_SAVE_MAGIC):
         raise ValueError(f"no local header for {info.filename}")
     start = info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
     if info.compress_size != info.file_size or start + info.file_size > len(raw):
         raise ValueError(f"{info.filename} runs past its archive")
-    if zlib.crc32(memoryview(raw)[start:start + info.file_size]) != info.CRC:
+    if zlib.crc32(memoryview(raw)[start : start + info.file_size]) != info.CRC:
         raise ValueError(f"{info.filename} fails its CRC")
     return range(start, start + info.file_size)
 
@@ -294,9 +339,8 @@ def _chunks_tile(shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
             return f"chunk at {list(c.offsets)} of size {list(c.sizes)} runs past {list(shape)}"
     boxes = [c for c in chunks if 0 not in c.sizes]  # an empty chunk overlaps nothing
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
-            if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs
-                   in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
+        for b in boxes[i + 1 :]:
+            if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
                 return f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap"
     covered = sum(math.prod(c.sizes) for c in chunks)
     if covered != math.prod(shape):
@@ -338,15 +382,18 @@ class DcpDirectory:
         except CheckpointError:
             raise
         except (*_UNPICKLE_ERRORS, MemoryError) as exc:
-            raise self._fail(f"unreadable DCP metadata ({type(exc).__name__}: {exc})",
-                             "the file is truncated or not written by torch.distributed.checkpoint"
-                             ) from None
+            raise self._fail(
+                f"unreadable DCP metadata ({type(exc).__name__}: {exc})",
+                "the file is truncated or not written by torch.distributed.checkpoint",
+            ) from None
         if not isinstance(meta, _Metadata) or not isinstance(meta.state, dict):
             raise self._fail("not a DCP Metadata record")
         sd_meta, storage = meta.get("state_dict_metadata"), meta.get("storage_data")
         if not isinstance(sd_meta, dict) or not isinstance(storage, dict):
-            raise self._fail("DCP metadata without state_dict_metadata and storage_data",
-                             "only checkpoints of torch.distributed.checkpoint's FileSystemWriter are read")
+            raise self._fail(
+                "DCP metadata without state_dict_metadata and storage_data",
+                "only checkpoints of torch.distributed.checkpoint's FileSystemWriter are read",
+            )
         where: dict[tuple[str, tuple[int, ...]], Chunk] = {}
         for index, info in storage.items():
             if not isinstance(index, _MetadataIndex) or not isinstance(info, _StorageInfo):
@@ -369,8 +416,10 @@ class DcpDirectory:
     def _chunk(self, fqn: Any, info: _StorageInfo) -> Chunk:
         rel, begin, length = info.get("relative_path"), info.get("offset"), info.get("length")
         if info.get("transform_descriptors"):
-            raise self._fail(f"{fqn!r} is stored through transforms {info.get('transform_descriptors')!r}",
-                             "compressed or otherwise transformed DCP entries are not read")
+            raise self._fail(
+                f"{fqn!r} is stored through transforms {info.get('transform_descriptors')!r}",
+                "compressed or otherwise transformed DCP entries are not read",
+            )
         if not isinstance(rel, str) or PurePosixPath(rel).name != rel or rel in ("", ".", ".."):
             raise self._fail(f"{fqn!r} names storage file {rel!r}, not a file of this directory")
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (begin, length)):
@@ -378,17 +427,22 @@ class DcpDirectory:
         if rel not in self.pins:
             file = self.path / rel
             if not file.is_file():
-                raise self._fail(f"{fqn!r} is stored in {rel}, which is missing",
-                                 "the checkpoint is incomplete; copy it again")
+                raise self._fail(
+                    f"{fqn!r} is stored in {rel}, which is missing", "the checkpoint is incomplete; copy it again"
+                )
             self.pins[rel] = pinned(file, None, lambda _fd: None)
         size = self.pins[rel].size
         if begin + length > size:
-            raise self._fail(f"{fqn!r}: bytes {begin}..{begin + length} run past the end of the "
-                             f"{size}-byte file", "the file is truncated; copy it again", self.path / rel)
+            raise self._fail(
+                f"{fqn!r}: bytes {begin}..{begin + length} run past the end of the {size}-byte file",
+                "the file is truncated; copy it again",
+                self.path / rel,
+            )
         return Chunk((), (), rel, begin, length)
 
-    def _tensor(self, fqn: str, entry: _TensorStorageMetadata,
-                where: dict[tuple[str, tuple[int, ...]], Chunk]) -> DcpTensor:
+    def _tensor(
+        self, fqn: str, entry: _TensorStorageMetadata, where: dict[tuple[str, tuple[int, ...]], Chunk]
+    ) -> DcpTensor:
         props, shape, chunks = entry.get("properties"), entry.get("size"), entry.get("chunks")
         pstate = props.state if isinstance(props, _TensorProperties) else None
         dtype = pstate[0] if isinstance(pstate, tuple) and pstate else None
@@ -436,18 +490,21 @@ class DcpDirectory:
         if got != c.length:
             raise self._fail(f"{name}: file ended early", "the file is truncated; copy it again", file)
         if not buf.startswith(TORCH_SAVE_MAGIC):
-            raise self._fail(f"{name}: bytes at {c.begin} are not a torch.save record",
-                             "only DCP's default torch_save serialization format is read", file)
+            raise self._fail(
+                f"{name}: bytes at {c.begin} are not a torch.save record",
+                "only DCP's default torch_save serialization format is read",
+                file,
+            )
         ref, data = self._archive(name, buf, file)
         if ref.storage.dtype != entry.dtype:
             raise self._fail(f"{name}: stored as {ref.storage.dtype}, metadata says {entry.dtype}", path=file)
         if ref.size != c.sizes:
-            raise self._fail(f"{name}: stored chunk is {list(ref.size)}, metadata says {list(c.sizes)}",
-                             path=file)
+            raise self._fail(f"{name}: stored chunk is {list(ref.size)}, metadata says {list(c.sizes)}", path=file)
         itemsize = ITEMSIZE[entry.dtype]
         if len(data) != ref.storage.numel * itemsize:
-            raise self._fail(f"{name}: storage holds {len(data)} bytes, not {ref.storage.numel} × "
-                             f"{itemsize}", path=file)
+            raise self._fail(
+                f"{name}: storage holds {len(data)} bytes, not {ref.storage.numel} × {itemsize}", path=file
+            )
         numel = math.prod(ref.size)
         if numel == 0:
             return torch.empty(ref.size, dtype=dtype)
@@ -465,8 +522,7 @@ class DcpDirectory:
         archive (read in place: a storage is not copied out of the archive)."""
         try:
             with zipfile.ZipFile(_View(memoryview(raw))) as z:
-                pkls = [i for i in z.infolist() if i.filename.endswith("/data.pkl")
-                        and i.filename.count("/") == 1]
+                pkls = [i for i in z.infolist() if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
                 if len(pkls) != 1:
                     raise ValueError("no single data.pkl")
                 prefix = pkls[0].filename[: -len("data.pkl")]
@@ -484,9 +540,11 @@ class DcpDirectory:
         except CheckpointError:
             raise
         except (*_UNPICKLE_ERRORS, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as exc:
-            raise self._fail(f"{name}: unreadable torch.save record ({exc})",
-                             "the file is truncated or not written by torch.distributed.checkpoint",
-                             file) from None
+            raise self._fail(
+                f"{name}: unreadable torch.save record ({exc})",
+                "the file is truncated or not written by torch.distributed.checkpoint",
+                file,
+            ) from None
 
     # ----- Hugging Face names -------------------------------------------------------------------
 
@@ -503,7 +561,7 @@ class DcpDirectory:
             if not fqn.startswith(prefix):
                 left.append(fqn)
                 continue
-            name = fqn[len(prefix):]
+            name = fqn[len(prefix) :]
             if naming == "hf":
                 if name.startswith(("model.", "lm_head.")):
                     self._add(name, (fqn,))
@@ -522,15 +580,18 @@ class DcpDirectory:
         return left
 
     def _naming(self) -> tuple[str, str]:
-        for naming, prefix, probe in (("hf", "", "model.embed_tokens.weight"),
-                                      ("hf", "model.", "model.model.embed_tokens.weight"),
-                                      ("torchtitan", "", "tok_embeddings.weight"),
-                                      ("torchtitan", "model.", "model.tok_embeddings.weight")):
+        for naming, prefix, probe in (
+            ("hf", "", "model.embed_tokens.weight"),
+            ("hf", "model.", "model.model.embed_tokens.weight"),
+            ("torchtitan", "", "tok_embeddings.weight"),
+            ("torchtitan", "model.", "model.tok_embeddings.weight"),
+        ):
             if probe in self.entries:
                 return naming, prefix
-        raise self._fail("no embedding table under a known name (model.embed_tokens.weight or "
-                         "torchtitan's tok_embeddings.weight)",
-                         "save the model's state_dict with Hugging Face or torchtitan names")
+        raise self._fail(
+            "no embedding table under a known name (model.embed_tokens.weight or torchtitan's tok_embeddings.weight)",
+            "save the model's state_dict with Hugging Face or torchtitan names",
+        )
 
     def _fuse_experts(self, prefix: str) -> None:
         """torchtitan's GroupedExperts w1, w3 [E, I, H] → ``mlp.experts.gate_up_proj`` [E, 2I, H]
@@ -545,8 +606,10 @@ class DcpDirectory:
                 raise self._fail(f"{w1!r} without {w3!r} and {w2!r}")
             a, b = self.entries[w1], self.entries[w3]
             if a.dtype != b.dtype or a.shape != b.shape or len(a.shape) != 3:
-                raise self._fail(f"{w1!r} {a.dtype} {list(a.shape)} and {w3!r} {b.dtype} "
-                                 f"{list(b.shape)} are not two stacks of one shape")
+                raise self._fail(
+                    f"{w1!r} {a.dtype} {list(a.shape)} and {w3!r} {b.dtype} "
+                    f"{list(b.shape)} are not two stacks of one shape"
+                )
             hf = f"model.layers.{m.group(1)}.mlp.experts."
             self._add(hf + "gate_up_proj", (w1, w3), (a.shape[0], 2 * a.shape[1], a.shape[2]))
             self._add(hf + "down_proj", (w2,))
@@ -581,8 +644,10 @@ class DcpDirectory:
     def seal(self) -> dict[str, bytes]:
         """Relative path → SHA-256 of the bytes read and used: the ``.metadata`` as unpickled,
         each ``.distcp`` file as read once into private memory (every chunk comes from there)."""
-        return {METADATA_NAME: self.meta_sha256,
-                **{rel: self._sealed(rel).sha256 for rel in self.pins if rel != METADATA_NAME}}
+        return {
+            METADATA_NAME: self.meta_sha256,
+            **{rel: self._sealed(rel).sha256 for rel in self.pins if rel != METADATA_NAME},
+        }
 
 
 def is_dcp(path: Path) -> bool:

@@ -34,10 +34,16 @@ CHUNK = 1 << 20
 # model-signing ignores git metadata at the model root by default (hashing.Config).
 IGNORED_AT_ROOT = {".git", ".gitattributes", ".github", ".gitignore"}
 RACY_NS = 2_000_000_000  # timestamps this close to our first look do not prove "unchanged"
-_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-CHANGED_HINT = ("audit a checkpoint only once it is completely written, and leave it alone "
-                "until the audit ends; then rerun")
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+CHANGED_HINT = (
+    "audit a checkpoint only once it is completely written, and leave it alone until the audit ends; then rerun"
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,7 @@ class FileId:
 
 
 def changed(path: Path, why: str) -> CheckpointError:
-    return CheckpointError(f"changed while it was being audited: {why}", path=path,
-                           hint=CHANGED_HINT)
+    return CheckpointError(f"changed while it was being audited: {why}", path=path, hint=CHANGED_HINT)
 
 
 def _open(path: Path) -> tuple[int, FileId]:
@@ -87,8 +92,11 @@ def _open(path: Path) -> tuple[int, FileId]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise CheckpointError("not a regular file (a pipe, socket or device)", path=path,
-                              hint="a checkpoint directory holds only regular files")
+        raise CheckpointError(
+            "not a regular file (a pipe, socket or device)",
+            path=path,
+            hint="a checkpoint directory holds only regular files",
+        )
     return fd, FileId.of(st)
 
 
@@ -116,8 +124,11 @@ def read_bytes(path: Path, expect: FileId | None = None, limit: int | None = Non
     chunks: list[bytes] = []
 
     def too_big(size: int) -> CheckpointError:
-        return CheckpointError(f"{size} bytes, over the {limit}-byte limit for this file", path=path,
-                               hint="this is not a file save_pretrained writes; check the checkpoint")
+        return CheckpointError(
+            f"{size} bytes, over the {limit}-byte limit for this file",
+            path=path,
+            hint="this is not a file save_pretrained writes; check the checkpoint",
+        )
 
     def io(fd: int) -> None:
         if limit is not None and (size := os.fstat(fd).st_size) > limit:
@@ -141,8 +152,11 @@ def pread_into(path: Path, expect: FileId | None, offset: int, buf: bytearray) -
         nonlocal got
         view = memoryview(buf)
         while got < len(buf):
-            n = os.preadv(fd, [view[got:]], offset + got) if hasattr(os, "preadv") else \
-                _pread_copy(fd, view[got:], offset + got)
+            n = (
+                os.preadv(fd, [view[got:]], offset + got)
+                if hasattr(os, "preadv")
+                else _pread_copy(fd, view[got:], offset + got)
+            )
             if n == 0:
                 break
             got += n
@@ -192,21 +206,26 @@ def iter_files(root: Path) -> list[Path]:
             path = Path(dirpath) / name
             _refuse_link(path)
             if not path.is_file():
-                raise CheckpointError("not a regular file (a pipe, socket or device)", path=path,
-                                      hint="a checkpoint directory holds only regular files")
+                raise CheckpointError(
+                    "not a regular file (a pipe, socket or device)",
+                    path=path,
+                    hint="a checkpoint directory holds only regular files",
+                )
             files.append(path)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
 def _unlistable(exc: OSError) -> None:
     """os.walk skips a directory it cannot list unless told otherwise; we refuse instead."""
-    raise CheckpointError(f"cannot list directory: {exc.strerror or exc}",
-                          path=exc.filename) from exc
+    raise CheckpointError(f"cannot list directory: {exc.strerror or exc}", path=exc.filename) from exc
 
 
 def _link_error(path: Path) -> CheckpointError:
-    return CheckpointError("symbolic links are not followed in a checkpoint", path=path,
-                           hint="copy the target file into the checkpoint directory")
+    return CheckpointError(
+        "symbolic links are not followed in a checkpoint",
+        path=path,
+        hint="copy the target file into the checkpoint directory",
+    )
 
 
 def _refuse_link(path: Path) -> None:
@@ -244,8 +263,7 @@ class Snapshot:
                 pinned(self.root / rel, fid, lambda _fd: None)
 
 
-def snapshot(root: Path, known: dict[str, FileId] | None = None,
-             hashed: dict[str, bytes] | None = None) -> Snapshot:
+def snapshot(root: Path, known: dict[str, FileId] | None = None, hashed: dict[str, bytes] | None = None) -> Snapshot:
     """Hash every file below ``root``; a file in ``known`` (relative path → the identity it had
     when it was first read) must still have that identity. A file in ``hashed`` (relative path →
     SHA-256 of the bytes that were read and used) is not read again: its digest is of the bytes

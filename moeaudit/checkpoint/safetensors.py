@@ -105,8 +105,9 @@ class SafetensorsFile:
         try:
             header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
         except DuplicateKey as exc:
-            raise self._fail(f"header repeats the key {exc.key!r}",
-                             "the file was written by a non-standard writer; re-save it") from exc
+            raise self._fail(
+                f"header repeats the key {exc.key!r}", "the file was written by a non-standard writer; re-save it"
+            ) from exc
         except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
             raise self._fail(f"header is not valid JSON ({exc})", "not a safetensors file") from exc
         if not isinstance(header, dict):
@@ -132,7 +133,7 @@ class SafetensorsFile:
         raw = bytearray(n)
         view, got = memoryview(raw), 0
         while got < n and (chunk := os.pread(fd, n - got, 8 + got)):
-            view[got:got + len(chunk)] = chunk
+            view[got : got + len(chunk)] = chunk
             got += len(chunk)
         if got != n:
             raise self._fail("file ended inside its header", "the file changed while reading")
@@ -160,8 +161,7 @@ class SafetensorsFile:
         hint = "the file was padded or rewritten by a non-standard writer; re-save it"
         for begin, stop, _name in spans:
             if begin != start:
-                raise self._fail(f"{begin - start} bytes at offset {start} belong to no tensor",
-                                 hint)
+                raise self._fail(f"{begin - start} bytes at offset {start} belong to no tensor", hint)
             start = stop
         if start != end:
             raise self._fail(f"{end - start} bytes after the last tensor belong to no tensor", hint)
@@ -189,9 +189,7 @@ class SafetensorsFile:
             )
         want = math.prod(shape) * DTYPES[dtype][1]
         if end - begin != want:
-            raise self._fail(
-                f"tensor {name!r}: {end - begin} bytes on disk but shape {shape} {dtype} needs {want}"
-            )
+            raise self._fail(f"tensor {name!r}: {end - begin} bytes on disk but shape {shape} {dtype} needs {want}")
         return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
     def seal(self) -> Sealed:
@@ -200,8 +198,7 @@ class SafetensorsFile:
         if self._seal is None:
             sealed = seal(self.path, self.identity)
             head = bytearray(self._head_len)
-            if (sealed.read_into(0, head) != len(head)
-                    or hashlib.sha256(head).digest() != self._head_sha256):
+            if sealed.read_into(0, head) != len(head) or hashlib.sha256(head).digest() != self._head_sha256:
                 raise changed(self.path, "its header is not the one read before it was hashed")
             self._seal = sealed
         return self._seal
@@ -215,8 +212,9 @@ class SafetensorsFile:
             else:
                 got = pread_into(self.path, self.identity, info.begin, buf)
         except CheckpointError as exc:
-            what = f"{exc.what} (reading tensor {name!r})" if self.sealed else \
-                f"cannot read tensor {name!r}: {exc.what}"
+            what = (
+                f"{exc.what} (reading tensor {name!r})" if self.sealed else f"cannot read tensor {name!r}: {exc.what}"
+            )
             raise self._fail(what, exc.hint) from exc
         if got != len(buf):
             raise self._fail(f"tensor {name!r}: file ended early", "the file changed while reading")
@@ -259,8 +257,7 @@ def write_safetensors(
     for name, tensor in sorted(tensors.items()):
         t = tensor.detach().contiguous().cpu()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")

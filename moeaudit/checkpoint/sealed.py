@@ -48,8 +48,7 @@ EDGE_BLOCKS = 8  # verified partial blocks kept per file: neighbouring tensors s
 class Sealed:
     """One file as it was hashed: identity, SHA-256, block digests or the bytes themselves."""
 
-    def __init__(self, path: Path, fid: FileId, sha256: bytes, blocks: bytes | None,
-                 data: bytearray | None):
+    def __init__(self, path: Path, fid: FileId, sha256: bytes, blocks: bytes | None, data: bytearray | None):
         assert blocks is not None or data is not None
         self.path, self.fid, self.sha256 = path, fid, sha256
         self.blocks, self.data = blocks, data
@@ -73,7 +72,7 @@ class Sealed:
         if self.data is not None:
             COPIES.used(self)
             pinned(self.path, self.fid, lambda _fd: None)  # a swapped file is an error all the same
-            view[:] = memoryview(self.data)[offset: offset + len(view)]
+            view[:] = memoryview(self.data)[offset : offset + len(view)]
         else:
             pinned(self.path, self.fid, lambda fd: self._verified(fd, offset, view))
         return len(view)
@@ -86,16 +85,16 @@ class Sealed:
         while pos < end:
             i = pos // BLOCK
             if pos % BLOCK == 0 and stop > pos:
-                _pread_exact(self.path, fd, view[pos - offset: stop - offset], pos)
+                _pread_exact(self.path, fd, view[pos - offset : stop - offset], pos)
                 for j in range(i, -(-stop // BLOCK)):
                     lo = j * BLOCK
-                    self._check(j, view[lo - offset: min(lo + BLOCK, stop) - offset])
+                    self._check(j, view[lo - offset : min(lo + BLOCK, stop) - offset])
                 pos = stop
                 continue
             lo, hi = i * BLOCK, min(i * BLOCK + BLOCK, self.size)
             block = memoryview(self._edge(fd, i, lo, hi))
             upto = min(hi, end)
-            view[pos - offset: upto - offset] = block[pos - lo: upto - lo]
+            view[pos - offset : upto - offset] = block[pos - lo : upto - lo]
             pos = upto
 
     def _edge(self, fd: int, i: int, lo: int, hi: int) -> bytes:
@@ -114,10 +113,9 @@ class Sealed:
 
     def _check(self, i: int, block: memoryview) -> None:
         assert self.blocks is not None
-        if hashlib.sha256(block).digest() != self.blocks[i * DIGEST: (i + 1) * DIGEST]:
+        if hashlib.sha256(block).digest() != self.blocks[i * DIGEST : (i + 1) * DIGEST]:
             lo = i * BLOCK
-            raise changed(self.path, f"bytes {lo}..{lo + len(block)} no longer hash to what was "
-                                     "digested")
+            raise changed(self.path, f"bytes {lo}..{lo + len(block)} no longer hash to what was digested")
 
 
 def _pread_exact(path: Path, fd: int, view: memoryview, offset: int) -> None:
@@ -147,7 +145,7 @@ def block_digests(sealed: Sealed) -> bytes:
 
 
 def _block_digests(view: memoryview) -> bytes:
-    return b"".join(hashlib.sha256(view[i: i + BLOCK]).digest() for i in range(0, len(view), BLOCK))
+    return b"".join(hashlib.sha256(view[i : i + BLOCK]).digest() for i in range(0, len(view), BLOCK))
 
 
 # Set by an expert-parallel replay (``moeaudit.replay.dist``): a checkpoint's files are hashed

@@ -50,9 +50,11 @@ EXPERT_COUNT_KEYS: dict[str, tuple[str, ...]] = {n: f.expert_count_keys for n, f
 # stale and ignored. "not supported yet" names what the replay lacks.
 _SUBCONFIG = "a sub-configuration of {0}: checkpoints carry model_type {0!r}"
 # Nemotron-H (and the models built on its decoder): why its Mamba-2 mixer alone does not make it replayable
-_NEMOTRON_H = ("its experts, shared expert and dense MLPs are non-gated ReLU² MLPs (up/down only), each layer "
-               "is a single Mamba, attention, MLP or MoE block rather than mixer then MLP, and "
-               "moe_latent_size adds latent projections around the experts")
+_NEMOTRON_H = (
+    "its experts, shared expert and dense MLPs are non-gated ReLU² MLPs (up/down only), each layer "
+    "is a single Mamba, attention, MLP or MoE block rather than mixer then MLP, and "
+    "moe_latent_size adds latent projections around the experts"
+)
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
     "jamba": "its Mamba (state-space) layers are not replayed",
@@ -60,15 +62,15 @@ _REFUSED_ALL: dict[str, str] = {
     "nemotron_h": _NEMOTRON_H,
     "nemotron_h_omni": "a multimodal model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
     "zaya": "not supported yet (compressed convolutional attention and a routed MLP with its own "
-            "router MLP, router_hidden_size)",
+    "router MLP, router_hidden_size)",
     # --- new routed designs (each its own family file, in progress)
     "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
     "jetmoe": "its routed experts are attention heads (per-expert q/o projections over shared k/v) as well as MLPs; "
-              "the receipts model one routed MLP block per layer",
+    "the receipts model one routed MLP block per layer",
     "longcat_flash": "each layer holds two attention and two MLP sub-blocks around one shortcut-connected MoE whose "
-                     "routed set includes identity (zero-computation) experts; the replay has one residual path",
+    "routed set includes identity (zero-computation) experts; the replay has one residual path",
     "afmoe": "it normalises the MoE output before the residual add, which the streaming backward (dL/d(layer output) "
-             "taken as dL/d(MoE output)) does not replay",
+    "taken as dL/d(MoE output)) does not replay",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
@@ -80,83 +82,79 @@ _REFUSED_ALL: dict[str, str] = {
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",
     "step3p5": "the text decoder of step3p7 (transformers' Step3p7TextConfig): per-layer head counts and "
-               "per-layer-type RoPE, which the replay does not have",
+    "per-layer-type RoPE, which the replay does not have",
     "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
-               "the replay does not have",
+    "the replay does not have",
     "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
-                     "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
+    "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
     "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
-                   "compressors) and hash routing are not replayed",
+    "compressors) and hash routing are not replayed",
     "glm_moe_dsa": "not supported yet (GLM-5: MLA with DeepSeek sparse attention)",
     "kimi_linear": "Kimi Delta Attention (delta rule with per-channel decay) is not replayed; only per-head scalar "
-                   "decay (Gated DeltaNet) is",
+    "decay (Gated DeltaNet) is",
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl": "a vision-language model: its text decoder (hy_v4) is not supported yet",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
     "glm5_next": "a vision-language model: its text decoder (GLM-5's MLA with sparse attention "
-                 "and an indexer) is not supported yet",
+    "and an indexer) is not supported yet",
     "glm5_next_text": _SUBCONFIG.format("glm5_next"),
     "dots3_note": "a multimodal model: its text decoder (DeepSeek-V3.2-style sparse attention with "
-                  "an indexer and MTP) and its MoE vision encoder are not supported yet",
+    "an indexer and MTP) and its MoE vision encoder are not supported yet",
     "dots3_note_text": _SUBCONFIG.format("dots3_note"),
     "dots3_note_vision_encoder": "a MoE vision encoder (image patches, not tokens): moeaudit audits "
-                                 "language-model decoders",
+    "language-model decoders",
     "mistral_large4": "a vision-language model: its text decoder (MLA with sparse attention and "
-                      "an indexer) is not supported yet",
+    "an indexer) is not supported yet",
     "mistral_large4_text": _SUBCONFIG.format("mistral_large4"),
     "minimax_m3_vl": "a vision-language model: its text decoder (MiniMax-M3) is not supported yet",
     "minimax_m3_vl_text": _SUBCONFIG.format("minimax_m3_vl"),
     "muse_spark": "a multimodal model: its text decoder (Muse Glimmer attention) is not supported yet",
     "muse_spark_text": _SUBCONFIG.format("muse_spark"),
     "inkling_mm_model": "a multimodal model: its text decoder (shared-expert sinks, a normed "
-                        "router) is not supported yet",
+    "router) is not supported yet",
     "inkling_text": _SUBCONFIG.format("inkling_mm_model"),
     "inkling2": "a vision-language model: its text decoder (sliding/full attention layers, "
-                "DeepSeek-V4's router) is not supported yet",
+    "DeepSeek-V4's router) is not supported yet",
     "inkling2_text": _SUBCONFIG.format("inkling2"),
     "inkling2_loop": "a looped (weight-shared, repeated) Inkling2 decoder: not supported yet",
     "inkling2_loop_text": _SUBCONFIG.format("inkling2_loop"),
     "deepseek_ocr2_text": _SUBCONFIG.format("deepseek_ocr2"),
     "unlimited_ocr_text": _SUBCONFIG.format("unlimited_ocr"),
-    "qwen4_exp": "a vision-language model: its text decoder (a Qwen3.5-MoE variant) is not "
-                 "supported yet",
+    "qwen4_exp": "a vision-language model: its text decoder (a Qwen3.5-MoE variant) is not supported yet",
     "qwen4_exp_text": "not supported yet (Qwen3.5-MoE hybrid variant with different decoder layers)",
     "qwen3_omni_moe_talker_text": "the talker (speech-code generator) of qwen3_omni_moe: moeaudit "
-                                  "audits the thinker's text decoder",
+    "audits the thinker's text decoder",
     "nemo_speechlm": "a speech-language model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
     # --- not causal decoders
     "switch_transformers": "an encoder-decoder model (T5 layout); moeaudit replays decoders",
     "nllb-moe": "an encoder-decoder translation model; moeaudit replays decoders",
     "openai_privacy_filter": "a bidirectional token-classification encoder (gpt-oss blocks without "
-                             "a causal mask or an LM head); moeaudit replays causal decoders",
-    "diffusion_gemma": "a diffusion (non-autoregressive) encoder-decoder: there is no next-token "
-                       "loss to replay",
+    "a causal mask or an LM head); moeaudit replays causal decoders",
+    "diffusion_gemma": "a diffusion (non-autoregressive) encoder-decoder: there is no next-token loss to replay",
     "diffusion_gemma_text": _SUBCONFIG.format("diffusion_gemma"),
     "vitpose": "a pose-estimation vision model: its experts are chosen by dataset index, not routed "
-               "per token, and there is no language model",
+    "per token, and there is no language model",
     "vitpose_backbone": "a pose-estimation vision backbone: its experts are chosen by dataset "
-                        "index, not routed per token",
+    "index, not routed per token",
     "doge": "not supported yet (cross-domain MoE: product-key retrieval over single-neuron "
-            "experts, dynamic mask attention)",
+    "experts, dynamic mask attention)",
     # --- other designs
     "gemma4": "a multimodal model: Gemma 4's text decoder (per-layer inputs, sliding/global "
-              "layers, a dense MLP beside the experts) is not supported yet",
+    "layers, a dense MLP beside the experts) is not supported yet",
     "gemma4_text": "not supported yet (Gemma 4: per-layer inputs, sliding/global layers, a dense "
-                   "MLP beside the experts)",
+    "MLP beside the experts)",
     "gemma4_assistant": "a Gemma 4 speculative-decoding assistant: not supported yet",
     "axk2": "not supported yet (DeepSeek-V3.2-style sparse attention variant)",
-    "beam": "not supported yet (DeepSeek-V4 experts and DeepSeek-V3.2 decoder layers on Qwen3 "
-            "attention)",
+    "beam": "not supported yet (DeepSeek-V4 experts and DeepSeek-V3.2 decoder layers on Qwen3 attention)",
     "flint": "not supported yet (Qwen2-MoE-style shared expert with gpt-oss components)",
-    "kolibri1": "not supported yet (EXAONE-4 attention with post-norms, DeepSeek-style shared "
-                "experts)",
+    "kolibri1": "not supported yet (EXAONE-4 attention with post-norms, DeepSeek-style shared experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
     "flex_olmo": "OLMo-2 post-norm layers: no norm before attention or the MoE block (the router and "
-                 "experts read the raw residual stream, the receipts' gate input y = γ ⊙ z has no γ or z) and "
-                 "an RMSNorm on the attention output before the residual add",
+    "experts read the raw residual stream, the receipts' gate input y = γ ⊙ z has no γ or z) and "
+    "an RMSNorm on the attention output before the residual add",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
@@ -171,10 +169,8 @@ _REFUSED_ALL: dict[str, str] = {
 HUB_ONLY: dict[str, str] = {
     "bailing_moe": "Ling / Ring (remote code, not in transformers): not supported yet",
     "bailing_moe_v2": "Ling 2.0 (remote code, not in transformers): not supported yet",
-    "deepseek_vl_v2": "a vision-language model (remote code, not in transformers): its vision "
-                      "tower is not replayed",
-    "kimi_vl": "a vision-language model (remote code, not in transformers): its vision tower is "
-               "not replayed",
+    "deepseek_vl_v2": "a vision-language model (remote code, not in transformers): its vision tower is not replayed",
+    "kimi_vl": "a vision-language model (remote code, not in transformers): its vision tower is not replayed",
 }
 _REFUSED_ALL.update({k: v for k, v in HUB_ONLY.items() if k not in _REFUSED_ALL})
 REFUSED: dict[str, str] = {k: v for k, v in _REFUSED_ALL.items() if k not in FAMILIES}
@@ -186,10 +182,12 @@ def family_of(model_type: object, path: Path | str = "config.json") -> Family:
     if isinstance(model_type, str) and model_type in FAMILIES:
         return FAMILIES[model_type]
     if isinstance(model_type, str) and model_type in REFUSED:
-        raise CheckpointError(f"model family {model_type!r} cannot be replayed: {REFUSED[model_type]}",
-                              path=path, hint=f"supported: {', '.join(FAMILIES)}")
-    raise CheckpointError(f"unknown model family {model_type!r}", path=path,
-                          hint=f"supported: {', '.join(FAMILIES)}")
+        raise CheckpointError(
+            f"model family {model_type!r} cannot be replayed: {REFUSED[model_type]}",
+            path=path,
+            hint=f"supported: {', '.join(FAMILIES)}",
+        )
+    raise CheckpointError(f"unknown model family {model_type!r}", path=path, hint=f"supported: {', '.join(FAMILIES)}")
 
 
 def spec_from_config(cfg: dict[str, Any], path: Path | str = "config.json") -> ModelSpec:

@@ -13,8 +13,9 @@ from moeaudit.families.base import Family
 from moeaudit.spec.layouts import Layout, Templates
 
 
-def rebase(table: Mapping[str, Templates], bases: tuple[str, ...],
-           layers: tuple[str, ...] = ()) -> dict[str, Templates]:
+def rebase(
+    table: Mapping[str, Templates], bases: tuple[str, ...], layers: tuple[str, ...] = ()
+) -> dict[str, Templates]:
     """Each ``model.…`` template once per base (``model.language_model.``, ``language_model.model.``);
     ``layers``: further spellings of ``<base>layers.`` (transformers 5.24 saves Kimi-K2.5's decoder
     layers as ``language_model.model.blocks.*``, its load renaming read backwards)."""
@@ -25,18 +26,26 @@ def rebase(table: Mapping[str, Templates], bases: tuple[str, ...],
             if not t.startswith("model."):
                 alts.append(t)
                 continue
-            rest = t[len("model."):]
+            rest = t[len("model.") :]
             for base in bases:
                 alts.append(base + rest)
             if rest.startswith("layers."):
-                alts += [spelling + rest[len("layers."):] for spelling in layers]
+                alts += [spelling + rest[len("layers.") :] for spelling in layers]
         out[name] = tuple(dict.fromkeys(alts))
     return out
 
 
-def wrapped(text: Family, name: str, *, bases: tuple[str, ...], heads: tuple[str, ...],
-            audits: str, left_out: Mapping[str, str], layers: tuple[str, ...] = (),
-            **changes: object) -> Family:
+def wrapped(
+    text: Family,
+    name: str,
+    *,
+    bases: tuple[str, ...],
+    heads: tuple[str, ...],
+    audits: str,
+    left_out: Mapping[str, str],
+    layers: tuple[str, ...] = (),
+    **changes: object,
+) -> Family:
     """``text``'s family read from a wrapper checkpoint: keys under ``bases``, the LM head at
     ``heads``, ``left_out`` prefixes noted (vision, audio towers); ``audits`` is the receipts'
     note of what is replayed."""
@@ -53,5 +62,4 @@ def wrapped(text: Family, name: str, *, bases: tuple[str, ...], heads: tuple[str
         notes=f"{audits}; {lay.notes}",
         left_out={**lay.left_out, **left_out},
     )
-    return dataclasses.replace(text, name=name, layout=layout, torchtitan=(), audits=audits,
-                               **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(text, name=name, layout=layout, torchtitan=(), audits=audits, **changes)  # type: ignore[arg-type]

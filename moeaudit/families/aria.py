@@ -12,12 +12,16 @@ from moeaudit.families._wrap import wrapped
 from moeaudit.families.base import text_config
 
 FAMILY = wrapped(
-    aria_text.FAMILY, "aria",
+    aria_text.FAMILY,
+    "aria",
     bases=("model.language_model.", "language_model.model."),
     heads=("lm_head.weight", "language_model.lm_head.weight"),
     audits="the text decoder (aria_text: Mixtral routing with shared experts) of the Aria vision-language model",
-    left_out={"model.vision_tower.": "vision tower", "vision_tower.": "vision tower",
-              "model.multi_modal_projector.": "multi-modal projector",
-              "multi_modal_projector.": "multi-modal projector"},
+    left_out={
+        "model.vision_tower.": "vision tower",
+        "vision_tower.": "vision tower",
+        "model.multi_modal_projector.": "multi-modal projector",
+        "multi_modal_projector.": "multi-modal projector",
+    },
     decoder_config=text_config,
 )

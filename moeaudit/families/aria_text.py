@@ -17,8 +17,11 @@ from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 def _fields(c: Ctx) -> dict[str, Any]:
     if c.cfg.get("mlp_bias"):
-        raise CheckpointError("model family 'aria_text' with mlp_bias true cannot be replayed: the shared "
-                              "experts' biases are not replayed", path=c.path)
+        raise CheckpointError(
+            "model family 'aria_text' with mlp_bias true cannot be replayed: the shared "
+            "experts' biases are not replayed",
+            path=c.path,
+        )
     shared = c.get("moe_num_shared_experts", int, 2)
     if shared < 0:
         raise CheckpointError(f"config.json: moe_num_shared_experts must be ≥ 0, got {shared}", path=c.path)
@@ -53,5 +56,11 @@ LAYOUT = Layout(
     notes=NOTES,
 )
 
-FAMILY = Family(name="aria_text", layout=LAYOUT, fields=_fields, expert_count_keys=("moe_num_experts",),
-                expert_dim_key="intermediate_size", top_k_key="moe_topk")
+FAMILY = Family(
+    name="aria_text",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("moe_num_experts",),
+    expert_dim_key="intermediate_size",
+    top_k_key="moe_topk",
+)

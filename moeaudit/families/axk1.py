@@ -26,10 +26,11 @@ def _routed(c: Ctx) -> tuple[int, ...]:
         if freq < 1:
             raise CheckpointError(f"config.json: moe_layer_freq must be ≥ 1, got {freq}", path=c.path)
         return tuple(i for i in range(c.num_layers) if i >= first and i % freq == 0)
-    if (not isinstance(types, list) or len(types) != c.num_layers
-            or any(t not in ("dense", "sparse") for t in types)):
-        raise CheckpointError(f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the "
-                              f"{c.num_layers} layers", path=c.path)
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
+            path=c.path,
+        )
     return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
@@ -40,17 +41,25 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="axk1",
     globals=GLOBALS,
-    layer=prefixed(L, {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight",
-                                                          "mlp.post_mlp_layernorm.weight")}),
+    layer=prefixed(
+        L, {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight", "mlp.post_mlp_layernorm.weight")}
+    ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine weights; shared "
-          "experts; an RMSNorm on the MoE output; mlp_layer_types dense/sparse layers",
-    left_out={L + "post_mlp_layernorm.": "the MoE-output norm stored on dense layers (transformers ignores it)",
-              L + "mlp.post_mlp_layernorm.": "the MoE-output norm stored on dense layers (transformers ignores it)"},
+    "experts; an RMSNorm on the MoE output; mlp_layer_types dense/sparse layers",
+    left_out={
+        L + "post_mlp_layernorm.": "the MoE-output norm stored on dense layers (transformers ignores it)",
+        L + "mlp.post_mlp_layernorm.": "the MoE-output norm stored on dense layers (transformers ignores it)",
+    },
 )
 
 # the settings DeepSeek-V3's family refuses; moe_layer_freq is read here (transformers converts it)
-FAMILY = Family(name="axk1", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"), mla=parse_mla,
-                refuse=tuple(r for r in deepseek_v3.REFUSE if r.key != "moe_layer_freq"))
+FAMILY = Family(
+    name="axk1",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
+    mla=parse_mla,
+    refuse=tuple(r for r in deepseek_v3.REFUSE if r.key != "moe_layer_freq"),
+)

@@ -69,9 +69,11 @@ class Refuse:
             return
         shown = json.dumps(value) if isinstance(value, (bool, int, float, str)) else repr(value)
         raise CheckpointError(
-            f"moeaudit does not replay {self.key}={shown} for {family} yet ({self.what})", path=path,
+            f"moeaudit does not replay {self.key}={shown} for {family} yet ({self.what})",
+            path=path,
             hint=f"a limit of moeaudit, not a fault of the checkpoint: the replay implements "
-                 f"{self.key} = {' or '.join(json.dumps(r) for r in self.replayed)}")
+            f"{self.key} = {' or '.join(json.dumps(r) for r in self.replayed)}",
+        )
 
 
 # every family: settings of Llama-style configs whose math no family here implements
@@ -92,10 +94,11 @@ def check_quantization(cfg: dict[str, Any], family: str, path: Path | str) -> No
     if method not in READ_QUANTIZATION:
         shown = f"quant_method={json.dumps(method)}" if isinstance(method, str) else "an unrecognised format"
         raise CheckpointError(
-            f"moeaudit does not read {family} weights quantised with quantization_config "
-            f"{shown} yet", path=path,
+            f"moeaudit does not read {family} weights quantised with quantization_config {shown} yet",
+            path=path,
             hint=f"a limit of moeaudit, not a fault of the checkpoint: it reads unquantised "
-                 f"weights and {' / '.join(READ_QUANTIZATION)}; audit the unquantised checkpoint")
+            f"weights and {' / '.join(READ_QUANTIZATION)}; audit the unquantised checkpoint",
+        )
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,11 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         rule.check(cfg, fam.name, path)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":  # the experts and MLPs are SwiGLU, the DeltaNet conv is SiLU
-        raise CheckpointError(f"model family {fam.name!r} with hidden_act {act!r} cannot be "
-                              "replayed: the replay implements SiLU (SwiGLU) only", path=path)
+        raise CheckpointError(
+            f"model family {fam.name!r} with hidden_act {act!r} cannot be "
+            "replayed: the replay implements SiLU (SwiGLU) only",
+            path=path,
+        )
     get = getter(cfg, path)
     hidden = get("hidden_size", int)
     heads = get("num_attention_heads", int)
@@ -146,8 +152,7 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
             raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)
     for key, value in (("num_hidden_layers", n_layers), ("the expert count", num_experts)):
         if value > MAX_COUNT:  # we build per-layer and per-expert tables before reading weights
-            raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})",
-                                  path=path)
+            raise CheckpointError(f"config.json: {key} {value} is implausible (over {MAX_COUNT})", path=path)
     if hidden % heads and "head_dim" not in cfg and fam.mla is None:
         raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=path)
     if heads % kv_heads:
@@ -175,8 +180,13 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         yarn=yarn,
         llama3_rope=llama3_rope(cfg, path),
     )
-    defaults: dict[str, Any] = dict(norm_topk_prob=False, attention_bias=bool(cfg.get("attention_bias", False)),
-                                    qk_norm="none", clip_qkv=None, shared_gated=False)
+    defaults: dict[str, Any] = dict(
+        norm_topk_prob=False,
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        qk_norm="none",
+        clip_qkv=None,
+        shared_gated=False,
+    )
     spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
@@ -199,16 +209,22 @@ def head_dim(c: Ctx) -> int:
     if value is None:
         return int(c.get("hidden_size", int) // c.get("num_attention_heads", int))
     if value < 1:
-        raise CheckpointError(f"config.json: head_dim must be ≥ 1, got {value}", path=c.path,
-                              hint="remove the key to use hidden_size // num_attention_heads")
+        raise CheckpointError(
+            f"config.json: head_dim must be ≥ 1, got {value}",
+            path=c.path,
+            hint="remove the key to use hidden_size // num_attention_heads",
+        )
     return int(value)
 
 
 def mtp_count(c: Ctx, default: int) -> int:
     """Multi-token-prediction modules stored after the decoder: ``num_nextn_predict_layers``
     (what save_pretrained writes) or ``num_mtp_layers`` (its attribute_map alias)."""
-    key = "num_mtp_layers" if "num_nextn_predict_layers" not in c.cfg and "num_mtp_layers" in c.cfg \
+    key = (
+        "num_mtp_layers"
+        if "num_nextn_predict_layers" not in c.cfg and "num_mtp_layers" in c.cfg
         else "num_nextn_predict_layers"
+    )
     return int(c.get(key, int, default))
 
 
@@ -237,8 +253,9 @@ def sliding_window(c: Ctx, switch: str | None = None) -> int | None:
     if window is None:
         return None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise CheckpointError(f"config.json: sliding_window must be a positive integer or null, got {window!r}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: sliding_window must be a positive integer or null, got {window!r}", path=c.path
+        )
     return window
 
 
@@ -257,13 +274,23 @@ def parse_mla(c: Ctx, always_interleave: bool = False) -> MLA:
         rope_interleave=always_interleave or bool(get("rope_interleave", bool, True)),
     )
     if mla.kv_lora_rank < 1 or mla.qk_rope_dim < 2 or mla.qk_rope_dim % 2 or mla.v_head_dim < 1:
-        raise CheckpointError("config.json: MLA needs kv_lora_rank ≥ 1, an even "
-                              "qk_rope_head_dim ≥ 2 and v_head_dim ≥ 1", path=c.path)
+        raise CheckpointError(
+            "config.json: MLA needs kv_lora_rank ≥ 1, an even qk_rope_head_dim ≥ 2 and v_head_dim ≥ 1", path=c.path
+        )
     return mla
 
 
-def grouped_gate(c: Ctx, *, scoring: str, selection_bias: bool, grouped: bool, n_group: int,
-                 topk_group: int, group_score: str, scaling: float) -> Gate:
+def grouped_gate(
+    c: Ctx,
+    *,
+    scoring: str,
+    selection_bias: bool,
+    grouped: bool,
+    n_group: int,
+    topk_group: int,
+    group_score: str,
+    scaling: float,
+) -> Gate:
     """A DeepSeek-style gate: ``n_group``/``topk_group`` read (with these defaults) and
     validated when ``grouped``; ``routed_scaling_factor`` read with ``scaling`` as default."""
     get = c.get
@@ -271,19 +298,25 @@ def grouped_gate(c: Ctx, *, scoring: str, selection_bias: bool, grouped: bool, n
     kg = get("topk_group", int, topk_group) if grouped else 1
     if grouped:
         if n < 1 or c.num_experts % n:
-            raise CheckpointError(f"config.json: {c.num_experts} experts do not split into "
-                                  f"n_group={n} equal groups", path=c.path)
+            raise CheckpointError(
+                f"config.json: {c.num_experts} experts do not split into n_group={n} equal groups", path=c.path
+            )
         if not 1 <= kg <= n:
             raise CheckpointError(f"config.json: topk_group={kg} not in 1..{n}", path=c.path)
         if kg * (c.num_experts // n) < c.top_k:
-            raise CheckpointError(f"config.json: the best {kg} groups hold fewer than "
-                                  f"num_experts_per_tok={c.top_k} experts", path=c.path)
+            raise CheckpointError(
+                f"config.json: the best {kg} groups hold fewer than num_experts_per_tok={c.top_k} experts", path=c.path
+            )
         if group_score == "top2sum" and c.num_experts // n < 2:
-            raise CheckpointError(f"config.json: {c.family} group scores need ≥ 2 experts per "
-                                  "group", path=c.path)
-    return Gate(scoring=scoring, selection_bias=selection_bias, n_group=n, topk_group=kg,
-                group_score=group_score if grouped else "none",
-                scaling=get("routed_scaling_factor", float, scaling))
+            raise CheckpointError(f"config.json: {c.family} group scores need ≥ 2 experts per group", path=c.path)
+    return Gate(
+        scoring=scoring,
+        selection_bias=selection_bias,
+        n_group=n,
+        topk_group=kg,
+        group_score=group_score if grouped else "none",
+        scaling=get("routed_scaling_factor", float, scaling),
+    )
 
 
 def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
@@ -291,8 +324,11 @@ def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
     (``ModelSpec.rotary_dim``; 0 there means the whole head)."""
     dim = int(head_dim * factor)
     if dim < 2 or dim % 2:
-        raise CheckpointError(f"config.json: the rotary part of a head must be even and in 2..{head_dim}, "
-                              f"got {dim} (head_dim {head_dim} × partial_rotary_factor {factor:g})", path=c.path)
+        raise CheckpointError(
+            f"config.json: the rotary part of a head must be even and in 2..{head_dim}, "
+            f"got {dim} (head_dim {head_dim} × partial_rotary_factor {factor:g})",
+            path=c.path,
+        )
     return dim
 
 
@@ -301,7 +337,7 @@ def text_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     ``tie_word_embeddings`` is read at the top level, where transformers writes it."""
     text = cfg.get("text_config")
     if not isinstance(text, dict):
-        raise CheckpointError(f"config.json: model_type {cfg.get('model_type')!r} needs a "
-                              "text_config object", path=path)
-    return {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings",
-                                                   text.get("tie_word_embeddings", False))}
+        raise CheckpointError(
+            f"config.json: model_type {cfg.get('model_type')!r} needs a text_config object", path=path
+        )
+    return {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}

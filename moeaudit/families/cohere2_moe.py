@@ -24,8 +24,9 @@ def _choice(c: Ctx, key: str, allowed: tuple[str, ...], default: str) -> str:
     if value is None:
         return default
     if value not in allowed:
-        raise CheckpointError(f"config.json: {key} must be {' or '.join(map(repr, allowed))}, got {value!r}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: {key} must be {' or '.join(map(repr, allowed))}, got {value!r}", path=c.path
+        )
     return str(value)
 
 
@@ -34,8 +35,9 @@ def _typed(c: Ctx, key: str, kinds: tuple[str, ...], default: list[str]) -> list
     if types is None:
         return default
     if not isinstance(types, list) or len(types) != c.num_layers or not all(t in kinds for t in types):
-        raise CheckpointError(f"config.json: {key} must list {c.num_layers} layers, each "
-                              f"{' or '.join(map(repr, kinds))}", path=c.path)
+        raise CheckpointError(
+            f"config.json: {key} must list {c.num_layers} layers, each {' or '.join(map(repr, kinds))}", path=c.path
+        )
     return types
 
 
@@ -52,12 +54,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     dense_k = min(c.get("first_k_dense_replace", int, 0), c.num_layers)
     prefix_pattern = _positive(c, "prefix_dense_sliding_window_pattern", 1)
     pattern = _positive(c, "sliding_window_pattern", 4)
-    types = _typed(c, "layer_types", ("sliding_attention", "full_attention"),
-                   ["sliding_attention" if (i + 1) % prefix_pattern else "full_attention" for i in range(dense_k)]
-                   + ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                      for i in range(c.num_layers - dense_k)])
-    mlp = _typed(c, "mlp_layer_types", ("dense", "sparse"),
-                 ["dense" if i < dense_k else "sparse" for i in range(c.num_layers)])
+    types = _typed(
+        c,
+        "layer_types",
+        ("sliding_attention", "full_attention"),
+        ["sliding_attention" if (i + 1) % prefix_pattern else "full_attention" for i in range(dense_k)]
+        + ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(c.num_layers - dense_k)],
+    )
+    mlp = _typed(
+        c, "mlp_layer_types", ("dense", "sparse"), ["dense" if i < dense_k else "sparse" for i in range(c.num_layers)]
+    )
     window = sliding_window(c)
     # Cohere2MoeAttention: a layer is windowed — and rotated — when it is a sliding layer and the
     # config has a window; a dense layer is also rotated when the prefix pattern is 1
@@ -115,9 +121,15 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="parallel attention + MoE on one input norm; interleaved RoPE on sliding layers, NoPE global "
-          "layers; top-k of the logits, softmax (or sigmoid) over them; shared experts summed or averaged; "
-          "logit_scale",
+    "layers; top-k of the logits, softmax (or sigmoid) over them; shared experts summed or averaged; "
+    "logit_scale",
 )
 
-FAMILY = Family(name="cohere2_moe", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5)
+FAMILY = Family(
+    name="cohere2_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts",),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+)

@@ -39,10 +39,12 @@ def flat_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     top = (params.get("rope_theta") if isinstance(params, dict) else None) or cfg.get("rope_theta")
     theta = attn.get("rope_theta")
     if top is not None and theta is not None and float(top) != float(theta):
-        raise CheckpointError(f"config.json: attn_config.rope_theta {theta} and rope_parameters' rope_theta "
-                              f"{top} differ: which one the model was trained with is ambiguous", path=path,
-                              hint="keep one of them (transformers 5.24 reads rope_parameters, DBRX's own code "
-                                   "attn_config.rope_theta)")
+        raise CheckpointError(
+            f"config.json: attn_config.rope_theta {theta} and rope_parameters' rope_theta "
+            f"{top} differ: which one the model was trained with is ambiguous",
+            path=path,
+            hint="keep one of them (transformers 5.24 reads rope_parameters, DBRX's own code attn_config.rope_theta)",
+        )
     out.update(
         hidden_size=cfg.get("d_model", 2048),
         num_attention_heads=cfg.get("n_heads", 16),
@@ -63,10 +65,13 @@ def flat_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
 def _fields(c: Ctx) -> dict[str, Any]:
     p = c.cfg.get("moe_normalize_expert_weights")
     if p not in (None, 1, 1.0) or isinstance(p, bool):
-        raise CheckpointError(f"moeaudit does not replay moe_normalize_expert_weights={p!r} for dbrx yet "
-                              "(the chosen weights divided by their p-norm)", path=c.path,
-                              hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1 "
-                                   "(renormalised, DBRX's default) and null (not normalised)")
+        raise CheckpointError(
+            f"moeaudit does not replay moe_normalize_expert_weights={p!r} for dbrx yet "
+            "(the chosen weights divided by their p-norm)",
+            path=c.path,
+            hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1 "
+            "(renormalised, DBRX's default) and null (not normalised)",
+        )
     clip = c.get("clip_qkv", float, None)
     if clip is not None and not clip > 0:
         raise CheckpointError(f"config.json: clip_qkv must be positive or null, got {clip!r}", path=c.path)
@@ -85,22 +90,34 @@ B = "transformer.blocks.{layer}."
 
 LAYOUT = Layout(
     family="dbrx",
-    globals={"embed": ("transformer.wte.weight",), "final_norm": ("transformer.norm_f.weight",),
-             "lm_head": ("lm_head.weight",)},
-    layer=prefixed(B, {
-        "input_norm": "norm_attn_norm.norm_1.weight",
-        "post_norm": "norm_attn_norm.norm_2.weight",
-        "qkv": "norm_attn_norm.attn.Wqkv.weight",
-        "o": "norm_attn_norm.attn.out_proj.weight",
-        "router": "ffn.router.layer.weight",
-    }),
+    globals={
+        "embed": ("transformer.wte.weight",),
+        "final_norm": ("transformer.norm_f.weight",),
+        "lm_head": ("lm_head.weight",),
+    },
+    layer=prefixed(
+        B,
+        {
+            "input_norm": "norm_attn_norm.norm_1.weight",
+            "post_norm": "norm_attn_norm.norm_2.weight",
+            "qkv": "norm_attn_norm.attn.Wqkv.weight",
+            "o": "norm_attn_norm.attn.out_proj.weight",
+            "router": "ffn.router.layer.weight",
+        },
+    ),
     expert={},
     # "gate_up" holds the gate projections only here (w1), "up" the up projections (v1)
     fused=prefixed(B, {"gate_up": "ffn.experts.mlp.w1", "up": "ffn.experts.mlp.v1", "down": "ffn.experts.mlp.w2"}),
     fused_format="flat",
     notes="bias-free LayerNorms; fused Wqkv clamped by clip_qkv; softmax top-k renormalised; experts "
-          "stored flat [E·I, H]",
+    "stored flat [E·I, H]",
 )
 
-FAMILY = Family(name="dbrx", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",),
-                decoder_config=flat_config, default_rms_eps=1e-5)
+FAMILY = Family(
+    name="dbrx",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts",),
+    decoder_config=flat_config,
+    default_rms_eps=1e-5,
+)

@@ -25,14 +25,19 @@ def fields(c: Ctx, default_types: list[str] | None = None) -> dict[str, Any]:
     """The decoder's fields; ``default_types``: the dense/sparse layers when ``mlp_layer_types`` is
     absent (DeepSeek-OCR-2 has none: transformers cannot build the model without it)."""
     types = c.cfg.get("mlp_layer_types", default_types)
-    if (not isinstance(types, list) or len(types) != c.num_layers
-            or any(t not in ("dense", "sparse") for t in types)):
-        raise CheckpointError(f"config.json: deepseek_ocr2's text_config needs mlp_layer_types, 'dense' or "
-                              f"'sparse' for each of its {c.num_layers} layers", path=c.path)
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: deepseek_ocr2's text_config needs mlp_layer_types, 'dense' or "
+            f"'sparse' for each of its {c.num_layers} layers",
+            path=c.path,
+        )
     method = c.get("topk_method", str, "greedy")
     if method not in METHODS:
-        raise CheckpointError(f"config.json: topk_method {method!r} is not one of {', '.join(METHODS)} "
-                              "(transformers' DeepSeek-OCR-2 router has no other)", path=c.path)
+        raise CheckpointError(
+            f"config.json: topk_method {method!r} is not one of {', '.join(METHODS)} "
+            "(transformers' DeepSeek-OCR-2 router has no other)",
+            path=c.path,
+        )
     hidden, heads = c.get("hidden_size", int), c.get("num_attention_heads", int)
     if hidden % heads:
         raise CheckpointError(f"hidden_size {hidden} not divisible by {heads} heads", path=c.path)
@@ -43,13 +48,22 @@ def fields(c: Ctx, default_types: list[str] | None = None) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 11008),
         "shared_dim": c.get("n_shared_experts", int, 2) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(c, scoring="softmax", selection_bias=False, grouped=method == "group_limited_greedy",
-                             n_group=1, topk_group=1, group_score="max", scaling=1.0),
+        "gate": grouped_gate(
+            c,
+            scoring="softmax",
+            selection_bias=False,
+            grouped=method == "group_limited_greedy",
+            n_group=1,
+            topk_group=1,
+            group_score="max",
+            scaling=1.0,
+        ),
     }
 
 
 TEXT = {
-    **ATTN, **MLP_MOE,
+    **ATTN,
+    **MLP_MOE,
     "shared_w1": "mlp.shared_experts.gate_proj.weight",
     "shared_w3": "mlp.shared_experts.up_proj.weight",
     "shared_w2": "mlp.shared_experts.down_proj.weight",
@@ -62,20 +76,31 @@ BASES = ("model.", "model.language_model.")
 
 LAYOUT = Layout(
     family="deepseek_ocr2",
-    globals={**rebase({"embed": ("model.embed_tokens.weight",), "final_norm": ("model.norm.weight",)}, BASES),
-             "lm_head": ("lm_head.weight",)},
+    globals={
+        **rebase({"embed": ("model.embed_tokens.weight",), "final_norm": ("model.norm.weight",)}, BASES),
+        "lm_head": ("lm_head.weight",),
+    },
     layer=rebase(prefixed(L, TEXT), BASES),
     expert=rebase(prefixed(L, MLP_EXPERTS), BASES),
     fused=rebase(prefixed(L, MLP_FUSED), BASES),
     notes="the text decoder (DeepSeek-V2 MoE on Llama attention) of the DeepSeek-OCR-2 vision-language model; "
-          "softmax greedy / group-limited top-k, not renormalised, scaled; shared experts; mlp_layer_types",
-    left_out={"model.sam_model.": "SAM vision encoder", "model.qwen2_model.": "Qwen2 vision encoder",
-              "model.projector.": "multi-modal projector", "model.view_seperator": "view separator",
-              "model.vision_tower.": "vision tower", "model.multi_modal_projector.": "multi-modal projector",
-              "model.view_separator": "view separator"},
+    "softmax greedy / group-limited top-k, not renormalised, scaled; shared experts; mlp_layer_types",
+    left_out={
+        "model.sam_model.": "SAM vision encoder",
+        "model.qwen2_model.": "Qwen2 vision encoder",
+        "model.projector.": "multi-modal projector",
+        "model.view_seperator": "view separator",
+        "model.vision_tower.": "vision tower",
+        "model.multi_modal_projector.": "multi-modal projector",
+        "model.view_separator": "view separator",
+    },
 )
 
-FAMILY = Family(name="deepseek_ocr2", layout=LAYOUT, fields=fields,
-                expert_count_keys=("n_routed_experts", "num_experts"), decoder_config=text_config,
-                audits="the text decoder (DeepSeek-V2 MoE on Llama attention) of the DeepSeek-OCR-2 "
-                       "vision-language model")
+FAMILY = Family(
+    name="deepseek_ocr2",
+    layout=LAYOUT,
+    fields=fields,
+    expert_count_keys=("n_routed_experts", "num_experts"),
+    decoder_config=text_config,
+    audits="the text decoder (DeepSeek-V2 MoE on Llama attention) of the DeepSeek-OCR-2 vision-language model",
+)

@@ -29,8 +29,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         **windowed_all(c, sliding_window(c)),
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=8,
-                             topk_group=4, group_score="top2sum", scaling=2.5),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=8,
+            topk_group=4,
+            group_score="top2sum",
+            scaling=2.5,
+        ),
         "shared_gated": False,
         "mtp_layers": mtp_count(c, 1),  # transformers' default
     }
@@ -43,7 +51,7 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine "
-          "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
+    "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
 )
 
 # settings DeepSeek's reference code reads and transformers' class ignores: replayed only at the
@@ -54,7 +62,12 @@ REFUSE = (
     Refuse("moe_layer_freq", (1,), "MoE layers only every moe_layer_freq-th layer"),
 )
 
-FAMILY = Family(name="deepseek_v3", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
-                mla=parse_mla,
-                torchtitan=TORCHTITAN_MLA, refuse=REFUSE)
+FAMILY = Family(
+    name="deepseek_v3",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
+    mla=parse_mla,
+    torchtitan=TORCHTITAN_MLA,
+    refuse=REFUSE,
+)

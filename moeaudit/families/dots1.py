@@ -35,8 +35,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": (c.get("n_shared_experts", int, None) or 0) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=1.0),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=1.0,
+        ),
         "sliding_window": window if layers else None,
         "sliding_layers": layers,
     }
@@ -62,9 +70,14 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="per-head qk norm; sigmoid router with selection bias and group-limited top-k; shared "
-          "experts; first_k_dense_replace dense layers; layer_types sliding window",
+    "experts; first_k_dense_replace dense layers; layer_types sliding window",
 )
 
-FAMILY = Family(name="dots1", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-6,
-                torchtitan=TORCHTITAN_SHARED_EXPERTS)
+FAMILY = Family(
+    name="dots1",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts"),
+    default_rms_eps=1e-6,
+    torchtitan=TORCHTITAN_SHARED_EXPERTS,
+)

@@ -61,9 +61,11 @@ LAYOUT = Layout(
             **ATTN,
             **MLP_MOE,
             # transformers' save_pretrained name, its module path, the original release's name
-            "router_bias": ("mlp.moe_statics.e_score_correction_bias",
-                            "mlp.gate.moe_statics.e_score_correction_bias",
-                            "mlp.moe_statistic.e_score_correction_bias"),
+            "router_bias": (
+                "mlp.moe_statics.e_score_correction_bias",
+                "mlp.gate.moe_statics.e_score_correction_bias",
+                "mlp.moe_statistic.e_score_correction_bias",
+            ),
             "shared_w1": "mlp.shared_experts.gate_proj.weight",
             "shared_w3": "mlp.shared_experts.up_proj.weight",
             "shared_w2": "mlp.shared_experts.down_proj.weight",
@@ -75,12 +77,19 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="softmax router with a selection bias; shared experts; interval MoE layers; interleaved RoPE; "
-          "MTP module left out",
-    left_out={prefix: "multi-token-prediction module model.mtp_*"
-              for prefix in ("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.",
-                             "model.mtp_linear_proj.")},
+    "MTP module left out",
+    left_out={
+        prefix: "multi-token-prediction module model.mtp_*"
+        for prefix in ("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.", "model.mtp_linear_proj.")
+    },
 )
 
-FAMILY = Family(name="ernie4_5_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("moe_num_experts", "num_experts"), top_k_key="moe_k", default_rms_eps=1e-5,
-                refuse=(Refuse("use_bias", (False,), "biases on the attention, MLPs, experts and LM head"),))
+FAMILY = Family(
+    name="ernie4_5_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("moe_num_experts", "num_experts"),
+    top_k_key="moe_k",
+    default_rms_eps=1e-5,
+    refuse=(Refuse("use_bias", (False,), "biases on the attention, MLPs, experts and LM head"),),
+)

@@ -35,26 +35,34 @@ def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     if not isinstance(text, dict):
         raise CheckpointError("config.json: model_type 'ernie4_5_vl_moe' needs a text_config object", path=path)
     sizes = text.get("moe_intermediate_size", [1536, 512])
-    if (not isinstance(sizes, list) or len(sizes) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)):
-        raise CheckpointError(f"config.json: text_config.moe_intermediate_size must be [text, vision] sizes, "
-                              f"got {sizes!r}", path=path)
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)
+    ):
+        raise CheckpointError(
+            f"config.json: text_config.moe_intermediate_size must be [text, vision] sizes, got {sizes!r}", path=path
+        )
     rope = text.get("rope_parameters") or {}
     section = rope.get("mrope_section", [22, 22, 20]) if isinstance(rope, dict) else None
     if not isinstance(section, list) or len(section) != 3 or section[0] != section[1]:
         raise CheckpointError(f"config.json: mrope_section must be [h, w, t] with h = w, got {section!r}", path=path)
-    return {**text, "moe_intermediate_size": sizes[0],
-            "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))}
+    return {
+        **text,
+        "moe_intermediate_size": sizes[0],
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True)),
+    }
 
 
 def _routed(c: Ctx) -> tuple[int, ...]:
     types = c.cfg.get("mlp_layer_types")
     if types is None:  # Ernie4_5_VLMoeTextConfig's default
         return tuple(range(1, c.num_layers))
-    if (not isinstance(types, list) or len(types) != c.num_layers
-            or any(t not in ("dense", "sparse") for t in types)):
-        raise CheckpointError(f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the "
-                              f"{c.num_layers} layers", path=c.path)
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
+            path=c.path,
+        )
     return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
@@ -91,28 +99,43 @@ VISION_GROUP = "the vision expert group (router, bias row, experts): text tokens
 
 LAYOUT = Layout(
     family="ernie4_5_vl_moe",
-    globals={**rebase({"embed": ("model.embed_tokens.weight",), "final_norm": ("model.norm.weight",)}, BASES),
-             "lm_head": ("lm_head.weight",)},
+    globals={
+        **rebase({"embed": ("model.embed_tokens.weight",), "final_norm": ("model.norm.weight",)}, BASES),
+        "lm_head": ("lm_head.weight",),
+    },
     layer=rebase(prefixed(L, TEXT), BASES),
     expert=rebase(prefixed(L, MLP_EXPERTS), BASES),
-    fused=rebase(prefixed(L, {"gate_up": "mlp.text_moe.experts.gate_up_proj",
-                              "down": "mlp.text_moe.experts.down_proj"}), BASES),
-    stored={"model.layers.{layer}.mlp.gate.weight": "transposed",
-            "model.layers.{layer}.mlp.moe_statics.e_score_correction_bias": "first_row",
-            "model.language_model.layers.{layer}.mlp.moe_statics.e_score_correction_bias": "first_row"},
+    fused=rebase(
+        prefixed(L, {"gate_up": "mlp.text_moe.experts.gate_up_proj", "down": "mlp.text_moe.experts.down_proj"}), BASES
+    ),
+    stored={
+        "model.layers.{layer}.mlp.gate.weight": "transposed",
+        "model.layers.{layer}.mlp.moe_statics.e_score_correction_bias": "first_row",
+        "model.language_model.layers.{layer}.mlp.moe_statics.e_score_correction_bias": "first_row",
+    },
     notes="the text decoder and text expert group of the ERNIE 4.5 VL vision-language model: softmax router "
-          "with a selection bias; shared experts; mlp_layer_types; interleaved RoPE",
+    "with a selection bias; shared experts; mlp_layer_types; interleaved RoPE",
     left_out={
         # the text experts are read first, so what is left under experts.* is the vision group
-        L + "mlp.experts.": VISION_GROUP, L + "mlp.gate.weight_1": VISION_GROUP,
+        L + "mlp.experts.": VISION_GROUP,
+        L + "mlp.gate.weight_1": VISION_GROUP,
         "model.language_model.layers.{layer}.mlp.vision_moe.": VISION_GROUP,
-        "model.vision_model.": "vision tower", "model.vision_tower.": "vision tower",
-        "vision_model.": "vision tower", "model.resampler_model.": "resampler", "resampler_model.": "resampler",
+        "model.vision_model.": "vision tower",
+        "model.vision_tower.": "vision tower",
+        "vision_model.": "vision tower",
+        "model.resampler_model.": "resampler",
+        "resampler_model.": "resampler",
     },
 )
 
-FAMILY = Family(name="ernie4_5_vl_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("moe_num_experts", "num_experts"), top_k_key="moe_k", default_rms_eps=1e-5,
-                decoder_config=_text,
-                refuse=(Refuse("use_bias", (False,), "biases on the attention, MLPs, experts and LM head"),),
-                audits="the text decoder and text expert group of the ERNIE 4.5 VL vision-language model")
+FAMILY = Family(
+    name="ernie4_5_vl_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("moe_num_experts", "num_experts"),
+    top_k_key="moe_k",
+    default_rms_eps=1e-5,
+    decoder_config=_text,
+    refuse=(Refuse("use_bias", (False,), "biases on the attention, MLPs, experts and LM head"),),
+    audits="the text decoder and text expert group of the ERNIE 4.5 VL vision-language model",
+)

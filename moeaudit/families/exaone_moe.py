@@ -20,8 +20,9 @@ def _typed_layers(c: Ctx, key: str, kinds: tuple[str, str], default: list[str]) 
     if types is None:
         return default
     if not isinstance(types, list) or len(types) != c.num_layers or not all(t in kinds for t in types):
-        raise CheckpointError(f"config.json: {key} must list {c.num_layers} layers, each "
-                              f"{' or '.join(map(repr, kinds))}", path=c.path)
+        raise CheckpointError(
+            f"config.json: {key} must list {c.num_layers} layers, each {' or '.join(map(repr, kinds))}", path=c.path
+        )
     return types
 
 
@@ -32,24 +33,29 @@ def _layer_types(c: Ctx, window: int | None) -> list[str]:
         pattern = c.cfg.get("sliding_window_pattern", 4)
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             # a "LLLG" string or 0: transformers' rule (i + 1) % pattern fails on it too
-            raise CheckpointError(f"config.json: without layer_types, sliding_window_pattern must be a "
-                                  f"positive integer, got {pattern!r}", path=c.path,
-                                  hint="write layer_types (what save_pretrained writes)")
+            raise CheckpointError(
+                f"config.json: without layer_types, sliding_window_pattern must be a positive integer, got {pattern!r}",
+                path=c.path,
+                hint="write layer_types (what save_pretrained writes)",
+            )
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(c.num_layers)]
-    return _typed_layers(c, "layer_types", ("sliding_attention", "full_attention"),
-                         ["full_attention"] * c.num_layers)
+    return _typed_layers(c, "layer_types", ("sliding_attention", "full_attention"), ["full_attention"] * c.num_layers)
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
     window = sliding_window(c)
     types = _layer_types(c, window)
     dense = c.get("first_k_dense_replace", int, 1)
-    mlp = _typed_layers(c, "mlp_layer_types", ("dense", "sparse"),
-                        ["dense" if i < dense else "sparse" for i in range(c.num_layers)])
+    mlp = _typed_layers(
+        c, "mlp_layer_types", ("dense", "sparse"), ["dense" if i < dense else "sparse" for i in range(c.num_layers)]
+    )
     shared = c.get("num_shared_experts", int, 1)
     if shared < 1:  # transformers still builds (and saves) a zero-width shared MLP
-        raise CheckpointError("config.json: num_shared_experts must be ≥ 1 for exaone_moe "
-                              f"(transformers always builds the shared expert), got {shared}", path=c.path)
+        raise CheckpointError(
+            "config.json: num_shared_experts must be ≥ 1 for exaone_moe "
+            f"(transformers always builds the shared expert), got {shared}",
+            path=c.path,
+        )
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window is not None else ()
     return {
         "routed_layers": tuple(i for i, t in enumerate(mlp) if t == "sparse"),
@@ -58,8 +64,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": shared * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=2.5),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=2.5,
+        ),
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding,
         # EXAONE 4: with a window, the global layers have no RoPE (ExaoneMoeAttention rotates only
@@ -89,9 +103,10 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="per-head qk norm; sliding layers with RoPE, global layers without; sigmoid router with "
-          "selection bias and group-limited top-k; shared experts; mlp_layer_types dense layers",
+    "selection bias and group-limited top-k; shared experts; mlp_layer_types dense layers",
     left_out={"mtp.": "the multi-token-prediction module (mtp.*)"},
 )
 
-FAMILY = Family(name="exaone_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts",), default_rms_eps=1e-5)
+FAMILY = Family(
+    name="exaone_moe", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",), default_rms_eps=1e-5
+)

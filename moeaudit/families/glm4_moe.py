@@ -31,8 +31,7 @@ def _partial_rotary_factor(c: Ctx) -> float:
     if value is None:
         value = c.cfg.get("partial_rotary_factor", 0.5)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}",
-                              path=c.path)
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}", path=c.path)
     return float(value)
 
 
@@ -45,8 +44,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary_factor(c)),
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=1.0),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=1.0,
+        ),
         "mtp_layers": mtp_count(c, 1),
     }
 
@@ -71,9 +78,14 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="q/k/v bias, optional per-head qk norm, partial rotary; sigmoid router with selection "
-          "bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
+    "bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
 )
 
-FAMILY = Family(name="glm4_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-5,
-                torchtitan=TORCHTITAN_SHARED_EXPERTS)
+FAMILY = Family(
+    name="glm4_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts"),
+    default_rms_eps=1e-5,
+    torchtitan=TORCHTITAN_SHARED_EXPERTS,
+)

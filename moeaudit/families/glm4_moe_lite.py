@@ -19,10 +19,11 @@ def _routed(c: Ctx) -> tuple[int, ...]:
     types = c.cfg.get("mlp_layer_types")
     if types is None:
         return tuple(range(1, c.num_layers))
-    if (not isinstance(types, list) or len(types) != c.num_layers
-            or any(t not in ("dense", "sparse") for t in types)):
-        raise CheckpointError(f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the "
-                              f"{c.num_layers} layers", path=c.path)
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
+            path=c.path,
+        )
     return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
@@ -30,15 +31,29 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
         "routed_layers": _routed(c),
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=1.8),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=1.8,
+        ),
         "mtp_layers": mtp_count(c, 0),
     }
 
 
 FAMILY = dataclasses.replace(
-    deepseek_v3.FAMILY, name="glm4_moe_lite", fields=_fields, default_rms_eps=1e-5,
-    layout=dataclasses.replace(deepseek_v3.LAYOUT, family="glm4_moe_lite",
-                               notes="MLA attention; GLM-4.5's sigmoid router with selection bias; shared "
-                                     "experts; mlp_layer_types dense/sparse layers; MTP layers left out"),
+    deepseek_v3.FAMILY,
+    name="glm4_moe_lite",
+    fields=_fields,
+    default_rms_eps=1e-5,
+    layout=dataclasses.replace(
+        deepseek_v3.LAYOUT,
+        family="glm4_moe_lite",
+        notes="MLA attention; GLM-4.5's sigmoid router with selection bias; shared "
+        "experts; mlp_layer_types dense/sparse layers; MTP layers left out",
+    ),
 )

@@ -15,15 +15,20 @@ from moeaudit.families.base import Ctx, text_config
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
-    return {**glm4_moe.FAMILY.fields(c), "qk_norm": "none",
-            "mtp_layers": int(c.get("num_nextn_predict_layers", int, 0))}
+    return {
+        **glm4_moe.FAMILY.fields(c),
+        "qk_norm": "none",
+        "mtp_layers": int(c.get("num_nextn_predict_layers", int, 0)),
+    }
 
 
 FAMILY = wrapped(
-    glm4_moe.FAMILY, "glm4v_moe",
+    glm4_moe.FAMILY,
+    "glm4v_moe",
     bases=("model.language_model.",),
     heads=("lm_head.weight",),
     audits="the text decoder (GLM-4.5 MoE architecture) of the GLM-4.5V vision-language model",
     left_out={"model.visual.": "vision encoder model.visual.*"},
-    fields=_fields, decoder_config=text_config,
+    fields=_fields,
+    decoder_config=text_config,
 )

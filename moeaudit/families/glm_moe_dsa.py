@@ -39,10 +39,13 @@ def _check_indexers(c: Ctx) -> None:
     types = indexer_types(c)
     shared = [i for i, t in enumerate(types) if t != "full"]
     if shared:
-        raise CheckpointError(f"moeaudit does not replay glm_moe_dsa indexer_types other than 'full' yet "
-                              f"(layers {shared[:5]} reuse another layer's DSA key selection)", path=c.path,
-                              hint="a limit of moeaudit, not a fault of the checkpoint: the streaming replay "
-                                   "recomputes each layer from its own input")
+        raise CheckpointError(
+            f"moeaudit does not replay glm_moe_dsa indexer_types other than 'full' yet "
+            f"(layers {shared[:5]} reuse another layer's DSA key selection)",
+            path=c.path,
+            hint="a limit of moeaudit, not a fault of the checkpoint: the streaming replay "
+            "recomputes each layer from its own input",
+        )
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -51,15 +54,28 @@ def _fields(c: Ctx) -> dict[str, Any]:
     index = fields["sparse_index"]
     return {
         **fields,
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=2.5),
-        "sparse_index": SparseIndex(topk=index.topk, n_heads=c.get("index_n_heads", int, 32),
-                                    head_dim=index.head_dim),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=2.5,
+        ),
+        "sparse_index": SparseIndex(topk=index.topk, n_heads=c.get("index_n_heads", int, 32), head_dim=index.head_dim),
         "index_rope_interleave": True,
         "mtp_layers": mtp_count(c, 1),
     }
 
 
-FAMILY = Family(name="glm_moe_dsa", layout=dataclasses.replace(deepseek_v32.LAYOUT, family="glm_moe_dsa"),
-                fields=_fields, expert_count_keys=deepseek_v3.FAMILY.expert_count_keys,
-                mla=deepseek_v32.FAMILY.mla, default_rms_eps=1e-5, refuse=deepseek_v3.REFUSE)
+FAMILY = Family(
+    name="glm_moe_dsa",
+    layout=dataclasses.replace(deepseek_v32.LAYOUT, family="glm_moe_dsa"),
+    fields=_fields,
+    expert_count_keys=deepseek_v3.FAMILY.expert_count_keys,
+    mla=deepseek_v32.FAMILY.mla,
+    default_rms_eps=1e-5,
+    refuse=deepseek_v3.REFUSE,
+)

@@ -21,8 +21,14 @@ from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' GptOssConfig when config.json names no RoPE scaling
-DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": False, "original_max_position_embeddings": 4096}
+DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 
 def _with_defaults(cfg: dict[str, Any], _path: Any) -> dict[str, Any]:
@@ -38,8 +44,9 @@ def _sliding_layers(c: Ctx) -> tuple[int, ...]:
     if types is None:
         return tuple(i for i in range(c.num_layers) if (i + 1) % 2)
     if not isinstance(types, list) or len(types) != c.num_layers or any(t not in LAYER_TYPES for t in types):
-        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} of "
-                              f"{' / '.join(LAYER_TYPES)}", path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} of {' / '.join(LAYER_TYPES)}", path=c.path
+        )
     return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
 
 
@@ -53,12 +60,12 @@ def _positive(c: Ctx, key: str, default: float) -> float:
 def _fields(c: Ctx) -> dict[str, Any]:
     window = c.cfg.get("sliding_window", 128)  # null: every layer attends fully
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise CheckpointError(f"config.json: sliding_window must be a positive integer or null, got {window!r}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: sliding_window must be a positive integer or null, got {window!r}", path=c.path
+        )
     sliding = _sliding_layers(c)
     if sliding and window is None:  # transformers cannot build such a model either
-        raise CheckpointError("config.json: layer_types name sliding layers but sliding_window is null",
-                              path=c.path)
+        raise CheckpointError("config.json: layer_types name sliding layers but sliding_window is null", path=c.path)
     return {
         "routed_layers": all_layers(c),
         "norm_topk_prob": True,
@@ -67,8 +74,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "sliding_layers": sliding,
         "attention_sinks": True,
         "router_logit_bias": True,
-        "clamped_glu": ClampedGLU(alpha=_positive(c, "swiglu_alpha", 1.702),
-                                  limit=_positive(c, "swiglu_limit", 7.0)),
+        "clamped_glu": ClampedGLU(alpha=_positive(c, "swiglu_alpha", 1.702), limit=_positive(c, "swiglu_limit", 7.0)),
     }
 
 
@@ -90,21 +96,33 @@ TORCHTITAN: Rules = (
 LAYOUT = Layout(
     family="gpt_oss",
     globals=GLOBALS,
-    layer=prefixed(L, {**ATTN, "sinks": "self_attn.sinks", "router": "mlp.router.weight",
-                       "router_logit_bias": "mlp.router.bias"}),
+    layer=prefixed(
+        L, {**ATTN, "sinks": "self_attn.sinks", "router": "mlp.router.weight", "router_logit_bias": "mlp.router.bias"}
+    ),
     expert={},
-    fused=prefixed(L, {
-        "gate_up": ("mlp.experts.gate_up_proj", "mlp.experts.mlp1_weight"),
-        "gate_up_bias": "mlp.experts.gate_up_proj_bias",
-        "down": ("mlp.experts.down_proj", "mlp.experts.mlp2_weight"),
-        "down_bias": "mlp.experts.down_proj_bias",
-    }),
+    fused=prefixed(
+        L,
+        {
+            "gate_up": ("mlp.experts.gate_up_proj", "mlp.experts.mlp1_weight"),
+            "gate_up_bias": "mlp.experts.gate_up_proj_bias",
+            "down": ("mlp.experts.down_proj", "mlp.experts.mlp2_weight"),
+            "down_bias": "mlp.experts.down_proj_bias",
+        },
+    ),
     fused_format="interleaved",
     fused_formats={L + "mlp.experts.mlp1_weight": "interleaved_rows"},
     notes="attention sinks, alternating sliding windows, biased router, biased clamped-GLU experts "
-          "stored [E, H, 2I] with gate/up columns interleaved",
+    "stored [E, H, 2I] with gate/up columns interleaved",
 )
 
-FAMILY = Family(name="gpt_oss", layout=LAYOUT, fields=_fields, expert_count_keys=("num_local_experts", "num_experts"),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=150000.0,
-                decoder_config=_with_defaults, torchtitan=TORCHTITAN)
+FAMILY = Family(
+    name="gpt_oss",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+    default_rope_theta=150000.0,
+    decoder_config=_with_defaults,
+    torchtitan=TORCHTITAN,
+)

@@ -48,6 +48,10 @@ LAYOUT = Layout(
     notes="Mixtral routing; embedding, attention, residual and logits multipliers; fused experts",
 )
 
-FAMILY = Family(name="granitemoe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size")
-
+FAMILY = Family(
+    name="granitemoe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+)

@@ -24,8 +24,9 @@ def _layer_types(c: Ctx) -> list[str]:
     if types is None:  # GraniteMoeSWAConfig's default
         return ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(c.num_layers)]
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= set(LAYER_TYPES):
-        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} of "
-                              f"{' / '.join(LAYER_TYPES)}", path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} of {' / '.join(LAYER_TYPES)}", path=c.path
+        )
     return types
 
 
@@ -33,11 +34,15 @@ def _thetas(c: Ctx, theta: float) -> list[float]:
     raw = c.cfg.get("layer_rope_theta")
     if raw is None:
         return [theta] * c.num_layers
-    ok = isinstance(raw, list) and len(raw) == c.num_layers and all(
-        isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in raw)
+    ok = (
+        isinstance(raw, list)
+        and len(raw) == c.num_layers
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in raw)
+    )
     if not ok:
-        raise CheckpointError(f"config.json: layer_rope_theta must list {c.num_layers} RoPE bases ≥ 0 "
-                              "(0: no RoPE)", path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_rope_theta must list {c.num_layers} RoPE bases ≥ 0 (0: no RoPE)", path=c.path
+        )
     return [float(t) for t in raw]
 
 
@@ -46,14 +51,18 @@ def _fields(c: Ctx, theta: float) -> dict[str, Any]:
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     window = c.cfg.get("sliding_window", 128)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise CheckpointError(f"config.json: sliding_window must be a positive integer or null, got {window!r}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: sliding_window must be a positive integer or null, got {window!r}", path=c.path
+        )
     thetas = _thetas(c, theta)
     bases = sorted({t for t in thetas if t})
     if len(bases) > 1:
-        raise CheckpointError(f"model family 'granitemoe_swa' with layer_rope_theta of several RoPE bases "
-                              f"({', '.join(f'{t:g}' for t in bases)}) cannot be replayed: the replay "
-                              "holds one RoPE base", path=c.path)
+        raise CheckpointError(
+            f"model family 'granitemoe_swa' with layer_rope_theta of several RoPE bases "
+            f"({', '.join(f'{t:g}' for t in bases)}) cannot be replayed: the replay "
+            "holds one RoPE base",
+            path=c.path,
+        )
     return {
         **granitemoe._fields(c),
         **granitemoeshared.shared_mlp(c),
@@ -73,7 +82,7 @@ LAYOUT = Layout(
     expert={},
     fused=granitemoe.LAYOUT.fused,
     notes="Granite MoE (+ shared MLP) with attention sinks, sliding/full layer_types and per-layer "
-          "RoPE bases (0: NoPE); Granite's multipliers; fused experts",
+    "RoPE bases (0: NoPE); Granite's multipliers; fused experts",
 )
 
 
@@ -84,5 +93,10 @@ def _fields_of(c: Ctx) -> dict[str, Any]:
     return _fields(c, float(theta))
 
 
-FAMILY = Family(name="granitemoe_swa", layout=LAYOUT, fields=_fields_of,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size")
+FAMILY = Family(
+    name="granitemoe_swa",
+    layout=LAYOUT,
+    fields=_fields_of,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+)

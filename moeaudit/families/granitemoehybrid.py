@@ -55,14 +55,27 @@ def _dt_limit(c: Ctx) -> tuple[float, float | None]:
     pair = [_number(v) for v in raw] if isinstance(raw, list) else []
     lo, hi = (pair + [None, None])[:2] if len(pair) == 2 else (None, None)
     if lo is None or hi is None or not math.isfinite(lo) or math.isnan(hi) or hi < lo:
-        raise CheckpointError(f"config.json: time_step_limit must be [min, max] with a finite min ≤ max, "
-                              f"got {raw!r}", path=c.path)
+        raise CheckpointError(
+            f"config.json: time_step_limit must be [min, max] with a finite min ≤ max, got {raw!r}", path=c.path
+        )
     return lo, (None if math.isinf(hi) else hi)
 
 
-def mamba2(c: Ctx, *, heads: str, head_dim: str, groups: str, state: str, conv: str, chunk: str,
-           conv_bias: str, proj_bias: str, eps: float, dt_limit: tuple[float, float | None],
-           defaults: dict[str, Any]) -> Mamba:
+def mamba2(
+    c: Ctx,
+    *,
+    heads: str,
+    head_dim: str,
+    groups: str,
+    state: str,
+    conv: str,
+    chunk: str,
+    conv_bias: str,
+    proj_bias: str,
+    eps: float,
+    dt_limit: tuple[float, float | None],
+    defaults: dict[str, Any],
+) -> Mamba:
     """A Mamba-2 mixer's sizes from the config keys a family names, validated as transformers'
     reshapes need them."""
     hidden = c.get("hidden_size", int)
@@ -74,17 +87,32 @@ def mamba2(c: Ctx, *, heads: str, head_dim: str, groups: str, state: str, conv: 
     else:
         d_head = c.get(head_dim, int)
     inner = inner or n_heads * d_head
-    m = Mamba(version=2, inner=inner, state=c.get(state, int, defaults[state]),
-              conv_kernel=c.get(conv, int, defaults[conv]), conv_bias=bool(c.get(conv_bias, bool, True)),
-              proj_bias=bool(c.get(proj_bias, bool, False)), heads=n_heads, head_dim=d_head,
-              groups=c.get(groups, int, defaults[groups]), chunk=c.get(chunk, int, defaults[chunk]),
-              dt_min=dt_limit[0], dt_max=dt_limit[1], eps=eps)
+    m = Mamba(
+        version=2,
+        inner=inner,
+        state=c.get(state, int, defaults[state]),
+        conv_kernel=c.get(conv, int, defaults[conv]),
+        conv_bias=bool(c.get(conv_bias, bool, True)),
+        proj_bias=bool(c.get(proj_bias, bool, False)),
+        heads=n_heads,
+        head_dim=d_head,
+        groups=c.get(groups, int, defaults[groups]),
+        chunk=c.get(chunk, int, defaults[chunk]),
+        dt_min=dt_limit[0],
+        dt_max=dt_limit[1],
+        eps=eps,
+    )
     if min(m.heads, m.head_dim, m.groups, m.state, m.conv_kernel, m.chunk) < 1:
-        raise CheckpointError("config.json: the Mamba heads, head size, groups, state size, conv kernel and "
-                              "chunk size must be ≥ 1", path=c.path)
+        raise CheckpointError(
+            "config.json: the Mamba heads, head size, groups, state size, conv kernel and chunk size must be ≥ 1",
+            path=c.path,
+        )
     if m.heads * m.head_dim != m.inner or m.heads % m.groups:
-        raise CheckpointError(f"config.json: {m.heads} Mamba heads of {m.head_dim} do not make the "
-                              f"{m.inner} scan channels, or do not split into {m.groups} groups", path=c.path)
+        raise CheckpointError(
+            f"config.json: {m.heads} Mamba heads of {m.head_dim} do not make the "
+            f"{m.inner} scan channels, or do not split into {m.groups} groups",
+            path=c.path,
+        )
     return m
 
 
@@ -94,18 +122,36 @@ def _mamba_layers(c: Ctx) -> tuple[int, ...]:
     if types is None:
         return all_layers(c)  # transformers' default: every layer Mamba
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {*MAMBA_TYPES, *ATTENTION_TYPES}:
-        raise CheckpointError(f"config.json: {key} must list {c.num_layers} layers, each 'mamba' or "
-                              "'attention'", path=c.path)
+        raise CheckpointError(
+            f"config.json: {key} must list {c.num_layers} layers, each 'mamba' or 'attention'", path=c.path
+        )
     return tuple(i for i, t in enumerate(types) if t in MAMBA_TYPES)
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
     eps = c.get("rms_norm_eps", float, 1e-6)
-    m = mamba2(c, heads="mamba_n_heads", head_dim="mamba_d_head", groups="mamba_n_groups", state="mamba_d_state",
-               conv="mamba_d_conv", chunk="mamba_chunk_size", conv_bias="mamba_conv_bias",
-               proj_bias="mamba_proj_bias", eps=eps, dt_limit=_dt_limit(c),
-               defaults={"mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256,
-                         "mamba_d_conv": 4, "mamba_chunk_size": 256, "mamba_expand": 2})
+    m = mamba2(
+        c,
+        heads="mamba_n_heads",
+        head_dim="mamba_d_head",
+        groups="mamba_n_groups",
+        state="mamba_d_state",
+        conv="mamba_d_conv",
+        chunk="mamba_chunk_size",
+        conv_bias="mamba_conv_bias",
+        proj_bias="mamba_proj_bias",
+        eps=eps,
+        dt_limit=_dt_limit(c),
+        defaults={
+            "mamba_n_heads": 128,
+            "mamba_d_head": "auto",
+            "mamba_n_groups": 1,
+            "mamba_d_state": 256,
+            "mamba_d_conv": 4,
+            "mamba_chunk_size": 256,
+            "mamba_expand": 2,
+        },
+    )
     rope = c.cfg.get("position_embedding_type") == "rope"
     return {
         "routed_layers": all_layers(c) if c.num_experts > 0 else (),
@@ -125,21 +171,32 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="granitemoehybrid",
     globals=GLOBALS,
-    layer=prefixed(L, {
-        **ATTN,
-        "router": ("block_sparse_moe.router.layer.weight", "block_sparse_moe.router.weight"),
-        "shared_gate_up": "shared_mlp.input_linear.weight",
-        "shared_w2": "shared_mlp.output_linear.weight",
-        **MAMBA2,
-    }),
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            "router": ("block_sparse_moe.router.layer.weight", "block_sparse_moe.router.weight"),
+            "shared_gate_up": "shared_mlp.input_linear.weight",
+            "shared_w2": "shared_mlp.output_linear.weight",
+            **MAMBA2,
+        },
+    ),
     expert={},
-    fused=prefixed(L, {
-        "gate_up": ("block_sparse_moe.input_linear.weight", "block_sparse_moe.experts.gate_up_proj"),
-        "down": ("block_sparse_moe.output_linear.weight", "block_sparse_moe.experts.down_proj"),
-    }),
+    fused=prefixed(
+        L,
+        {
+            "gate_up": ("block_sparse_moe.input_linear.weight", "block_sparse_moe.experts.gate_up_proj"),
+            "down": ("block_sparse_moe.output_linear.weight", "block_sparse_moe.experts.down_proj"),
+        },
+    ),
     notes="hybrid: Mamba-2 (SSD) and attention (RoPE only with position_embedding_type 'rope'); "
-          "Mixtral routing plus an ungated shared MLP on every layer; Granite's multipliers",
+    "Mixtral routing plus an ungated shared MLP on every layer; Granite's multipliers",
 )
 
-FAMILY = Family(name="granitemoehybrid", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size")
+FAMILY = Family(
+    name="granitemoehybrid",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+)

@@ -39,5 +39,10 @@ LAYOUT = Layout(
     notes="Mixtral routing plus an ungated shared MLP (fused gate/up rows); Granite's multipliers; fused experts",
 )
 
-FAMILY = Family(name="granitemoeshared", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size")
+FAMILY = Family(
+    name="granitemoeshared",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+)

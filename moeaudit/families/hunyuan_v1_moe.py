@@ -43,12 +43,20 @@ LAYOUT = Layout(
     notes="per-head q/k norm after RoPE; softmax top-k renormalised; ungated shared MLP",
 )
 
-FAMILY = Family(name="hunyuan_v1_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts", "num_local_experts"), expert_dim_key="intermediate_size",
-                top_k_key="moe_topk", default_rms_eps=1e-5,
-                # keys of the released configs (Tencent's code reads them; transformers' class builds the
-                # released values): cross-layer attention, the shared MLP, the q/k norms, RoPE
-                refuse=(Refuse("use_cla", (False,), "cross-layer attention"),
-                        Refuse("use_mixed_mlp_moe", (True,), "the shared MLP beside the experts"),
-                        Refuse("use_qk_norm", (True,), "the q/k RMSNorm after RoPE"),
-                        Refuse("use_rotary_pos_emb", (True,), "RoPE")))
+FAMILY = Family(
+    name="hunyuan_v1_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts", "num_local_experts"),
+    expert_dim_key="intermediate_size",
+    top_k_key="moe_topk",
+    default_rms_eps=1e-5,
+    # keys of the released configs (Tencent's code reads them; transformers' class builds the
+    # released values): cross-layer attention, the shared MLP, the q/k norms, RoPE
+    refuse=(
+        Refuse("use_cla", (False,), "cross-layer attention"),
+        Refuse("use_mixed_mlp_moe", (True,), "the shared MLP beside the experts"),
+        Refuse("use_qk_norm", (True,), "the q/k RMSNorm after RoPE"),
+        Refuse("use_rotary_pos_emb", (True,), "RoPE"),
+    ),
+)

@@ -23,8 +23,9 @@ def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:
     if types is None:
         return tuple(range(min(dense_first, c.num_layers), c.num_layers))
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
-        raise CheckpointError(f"config.json: mlp_layer_types must list {c.num_layers} layers, each "
-                              "'dense' or 'sparse'", path=c.path)
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
+        )
     return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
@@ -38,8 +39,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         # HYV3MLP(intermediate_size=0) falls back to intermediate_size (``or``), as here
         "shared_dim": shared or c.get("intermediate_size", int, 13312),
         "shared_gated": False,
-        "gate": Gate(scoring="sigmoid", selection_bias=True,
-                     scaling=c.get("router_scaling_factor", float, 2.826)),
+        "gate": Gate(scoring="sigmoid", selection_bias=True, scaling=c.get("router_scaling_factor", float, 2.826)),
     }
 
 
@@ -63,9 +63,14 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="per-head q/k norm before RoPE; sigmoid router with a selection bias, renormalised and "
-          "scaled; shared experts; mlp_layer_types dense/sparse placement",
+    "scaled; shared experts; mlp_layer_types dense/sparse placement",
 )
 
-FAMILY = Family(name="hy_v3", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts", "num_local_experts"), default_rms_eps=1e-5,
-                default_rope_theta=11_158_840.0)
+FAMILY = Family(
+    name="hy_v3",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts", "num_local_experts"),
+    default_rms_eps=1e-5,
+    default_rope_theta=11_158_840.0,
+)

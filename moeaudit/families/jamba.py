@@ -46,13 +46,20 @@ def _mamba(c: Ctx) -> Mamba:
     hidden = c.get("hidden_size", int)
     rank = c.cfg.get("mamba_dt_rank", "auto")
     rank = math.ceil(hidden / 16) if rank in ("auto", None) else c.get("mamba_dt_rank", int)
-    m = Mamba(version=1, inner=c.get("mamba_expand", int, 2) * hidden, state=c.get("mamba_d_state", int, 16),
-              conv_kernel=c.get("mamba_d_conv", int, 4), conv_bias=bool(c.get("mamba_conv_bias", bool, True)),
-              proj_bias=bool(c.get("mamba_proj_bias", bool, False)), dt_rank=rank,
-              eps=c.get("rms_norm_eps", float, 1e-6))
+    m = Mamba(
+        version=1,
+        inner=c.get("mamba_expand", int, 2) * hidden,
+        state=c.get("mamba_d_state", int, 16),
+        conv_kernel=c.get("mamba_d_conv", int, 4),
+        conv_bias=bool(c.get("mamba_conv_bias", bool, True)),
+        proj_bias=bool(c.get("mamba_proj_bias", bool, False)),
+        dt_rank=rank,
+        eps=c.get("rms_norm_eps", float, 1e-6),
+    )
     if min(m.inner, m.state, m.conv_kernel, m.dt_rank) < 1:
-        raise CheckpointError("config.json: mamba_expand, mamba_d_state, mamba_d_conv and mamba_dt_rank "
-                              "must be ≥ 1", path=c.path)
+        raise CheckpointError(
+            "config.json: mamba_expand, mamba_d_state, mamba_d_conv and mamba_dt_rank must be ≥ 1", path=c.path
+        )
     return m
 
 
@@ -72,26 +79,40 @@ def _fields(c: Ctx) -> dict[str, Any]:
 
 LAYOUT = Layout(
     family="jamba",
-    globals={"embed": ("model.embed_tokens.weight",), "final_norm": ("model.final_layernorm.weight",),
-             "lm_head": ("lm_head.weight",)},
-    layer=prefixed(L, {
-        **ATTN,
-        "post_norm": "pre_ff_layernorm.weight",
-        "router": "feed_forward.router.weight",
-        "mlp_w1": "feed_forward.gate_proj.weight",
-        "mlp_w3": "feed_forward.up_proj.weight",
-        "mlp_w2": "feed_forward.down_proj.weight",
-        **MAMBA1,
-    }),
-    expert=prefixed(L, {
-        "w1": "feed_forward.experts.{expert}.gate_proj.weight",
-        "w3": "feed_forward.experts.{expert}.up_proj.weight",
-        "w2": "feed_forward.experts.{expert}.down_proj.weight",
-    }),
+    globals={
+        "embed": ("model.embed_tokens.weight",),
+        "final_norm": ("model.final_layernorm.weight",),
+        "lm_head": ("lm_head.weight",),
+    },
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            "post_norm": "pre_ff_layernorm.weight",
+            "router": "feed_forward.router.weight",
+            "mlp_w1": "feed_forward.gate_proj.weight",
+            "mlp_w3": "feed_forward.up_proj.weight",
+            "mlp_w2": "feed_forward.down_proj.weight",
+            **MAMBA1,
+        },
+    ),
+    expert=prefixed(
+        L,
+        {
+            "w1": "feed_forward.experts.{expert}.gate_proj.weight",
+            "w3": "feed_forward.experts.{expert}.up_proj.weight",
+            "w2": "feed_forward.experts.{expert}.down_proj.weight",
+        },
+    ),
     fused=prefixed(L, {"gate_up": "feed_forward.experts.gate_up_proj", "down": "feed_forward.experts.down_proj"}),
     notes="hybrid: Mamba-1 mixers and attention without positional encoding; softmax top-k not "
-          "renormalised on every expert_layer_period-th layer, dense SwiGLU MLPs elsewhere",
+    "renormalised on every expert_layer_period-th layer, dense SwiGLU MLPs elsewhere",
 )
 
-FAMILY = Family(name="jamba", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts", "num_local_experts"),
-                expert_dim_key="intermediate_size")
+FAMILY = Family(
+    name="jamba",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts", "num_local_experts"),
+    expert_dim_key="intermediate_size",
+)

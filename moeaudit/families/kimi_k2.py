@@ -9,7 +9,8 @@ import dataclasses
 from moeaudit.families import deepseek_v3
 
 FAMILY = dataclasses.replace(
-    deepseek_v3.FAMILY, name="kimi_k2",
+    deepseek_v3.FAMILY,
+    name="kimi_k2",
     layout=dataclasses.replace(deepseek_v3.LAYOUT, family="kimi_k2"),
     audits="Kimi-K2, replayed as DeepSeek-V3 (the architecture transformers reads kimi_k2 as)",
 )

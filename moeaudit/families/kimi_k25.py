@@ -12,12 +12,17 @@ from moeaudit.families._wrap import wrapped
 from moeaudit.families.base import text_config
 
 FAMILY = wrapped(
-    deepseek_v3.FAMILY, "kimi_k25",
+    deepseek_v3.FAMILY,
+    "kimi_k25",
     bases=("language_model.model.", "model.language_model."),
     layers=("language_model.model.blocks.",),
     heads=("language_model.lm_head.weight", "lm_head.weight"),
     audits="the text decoder (DeepSeek-V3 architecture) of the Kimi-K2.5 vision-language model",
-    left_out={"vision_tower.": "vision tower", "model.vision_tower.": "vision tower",
-              "mm_projector.": "multi-modal projector", "model.mm_projector.": "multi-modal projector"},
+    left_out={
+        "vision_tower.": "vision tower",
+        "model.vision_tower.": "vision tower",
+        "mm_projector.": "multi-modal projector",
+        "model.mm_projector.": "multi-modal projector",
+    },
     decoder_config=text_config,
 )

@@ -22,11 +22,15 @@ from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # LagunaConfig's RoPE per layer type when config.json gives none
-DEFAULT_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+DEFAULT_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+}
 KINDS = tuple(DEFAULT_ROPE)
-LIMIT = "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table and one attention " \
-        "geometry for every layer"
+LIMIT = (
+    "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table and one attention "
+    "geometry for every layer"
+)
 
 
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -37,16 +41,26 @@ def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
         raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
     params = cfg.get("rope_parameters") or DEFAULT_ROPE
     if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
-        raise CheckpointError("config.json: laguna's rope_parameters must be given per layer type "
-                              f"({' / '.join(KINDS)}), for every type layer_types uses", path=path)
+        raise CheckpointError(
+            "config.json: laguna's rope_parameters must be given per layer type "
+            f"({' / '.join(KINDS)}), for every type layer_types uses",
+            path=path,
+        )
     used = [params[t] for t in KINDS if t in set(types)]
     if any(p != used[0] for p in used[1:]):
-        raise CheckpointError("moeaudit does not replay laguna with different RoPE per layer type yet "
-                              "(full_attention and sliding_attention layers)", path=path, hint=LIMIT)
+        raise CheckpointError(
+            "moeaudit does not replay laguna with different RoPE per layer type yet "
+            "(full_attention and sliding_attention layers)",
+            path=path,
+            hint=LIMIT,
+        )
     heads = cfg.get("num_attention_heads_per_layer")
     if heads is not None and (not isinstance(heads, list) or any(h != cfg.get("num_attention_heads") for h in heads)):
-        raise CheckpointError("moeaudit does not replay laguna with per-layer head counts yet "
-                              "(num_attention_heads_per_layer)", path=path, hint=LIMIT)
+        raise CheckpointError(
+            "moeaudit does not replay laguna with per-layer head counts yet (num_attention_heads_per_layer)",
+            path=path,
+            hint=LIMIT,
+        )
     return {**cfg, "rope_parameters": used[0] if used else DEFAULT_ROPE["full_attention"], "layer_types": types}
 
 
@@ -63,8 +77,10 @@ def _gate_kind(c: Ctx) -> str:
         return "head"
     if gating == "per-element":
         return "element"
-    raise CheckpointError(f"moeaudit does not replay laguna gating={gating!r} (it replays true, 'per-head' "
-                          "and 'per-element')", path=c.path)
+    raise CheckpointError(
+        f"moeaudit does not replay laguna gating={gating!r} (it replays true, 'per-head' and 'per-element')",
+        path=c.path,
+    )
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -83,8 +99,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_gated": False,
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding if window is not None else (),
-        "gate": Gate(scoring="sigmoid", selection_bias=True,
-                     scaling=c.get("moe_routed_scaling_factor", float, 1.0)),
+        "gate": Gate(scoring="sigmoid", selection_bias=True, scaling=c.get("moe_routed_scaling_factor", float, 1.0)),
         "router_softcap": cap,
         "output_gate": _gate_kind(c),
     }
@@ -93,26 +108,40 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="laguna",
     globals=GLOBALS,
-    layer=prefixed(L, {
-        **ATTN,
-        "g_proj": "self_attn.g_proj.weight",
-        **MLP_MOE,
-        "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-        "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
-        "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
-        "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-        "mlp_w1": "mlp.gate_proj.weight",
-        "mlp_w3": "mlp.up_proj.weight",
-        "mlp_w2": "mlp.down_proj.weight",
-    }),
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            "g_proj": "self_attn.g_proj.weight",
+            **MLP_MOE,
+            "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+            "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+            "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+            "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+            "mlp_w1": "mlp.gate_proj.weight",
+            "mlp_w3": "mlp.up_proj.weight",
+            "mlp_w2": "mlp.down_proj.weight",
+        },
+    ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="per-head q/k norm, partial rotary, softplus output gate; soft-capped sigmoid router with a selection "
-          "bias, renormalised, routed sum scaled; ungated shared expert; mlp_layer_types",
+    "bias, renormalised, routed sum scaled; ungated shared expert; mlp_layer_types",
 )
 
-FAMILY = Family(name="laguna", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts", "num_local_experts"), default_rms_eps=1e-6,
-                default_rope_theta=500000.0, decoder_config=_one_rope,
-                refuse=(Refuse("moe_apply_router_weight_on_input", (False,),
-                               "router weights applied to the experts' input (transformers raises on it too)"),))
+FAMILY = Family(
+    name="laguna",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts", "num_local_experts"),
+    default_rms_eps=1e-6,
+    default_rope_theta=500000.0,
+    decoder_config=_one_rope,
+    refuse=(
+        Refuse(
+            "moe_apply_router_weight_on_input",
+            (False,),
+            "router weights applied to the experts' input (transformers raises on it too)",
+        ),
+    ),
+)

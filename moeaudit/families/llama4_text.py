@@ -57,8 +57,9 @@ def _rope_layers(c: Ctx) -> list[bool]:
             raise CheckpointError("config.json: no_rope_layer_interval must be ≥ 1", path=c.path)
         return [(i + 1) % interval != 0 for i in range(c.num_layers)]
     if len(flags) < c.num_layers or any(f not in (0, 1) for f in flags):
-        raise CheckpointError(f"config.json: no_rope_layers must hold a 0 or 1 for each of the {c.num_layers} "
-                              "layers", path=c.path)
+        raise CheckpointError(
+            f"config.json: no_rope_layers must hold a 0 or 1 for each of the {c.num_layers} layers", path=c.path
+        )
     return [bool(f) for f in flags[: c.num_layers]]
 
 
@@ -66,19 +67,22 @@ def fields(c: Ctx) -> dict[str, Any]:
     rope = _rope_layers(c)
     chunk = c.cfg.get("attention_chunk_size", 8192)
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-        raise CheckpointError(f"config.json: attention_chunk_size must be a positive integer or null, got {chunk!r}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: attention_chunk_size must be a positive integer or null, got {chunk!r}", path=c.path
+        )
     types = c.cfg.get("layer_types")
     if types is None:
         chunked = tuple(i for i, r in enumerate(rope) if r and chunk is not None)
     elif not isinstance(types, list) or len(types) != c.num_layers or any(t not in LAYER_TYPES for t in types):
-        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} of {' / '.join(LAYER_TYPES)}",
-                              path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} of {' / '.join(LAYER_TYPES)}", path=c.path
+        )
     else:
         chunked = tuple(i for i, t in enumerate(types) if t == "chunked_attention")
         if chunked and chunk is None:
-            raise CheckpointError("config.json: layer_types name chunked layers but attention_chunk_size is null",
-                                  path=c.path)
+            raise CheckpointError(
+                "config.json: layer_types name chunked layers but attention_chunk_size is null", path=c.path
+            )
     temperature = None
     if c.get("attn_temperature_tuning", bool, True):
         floor_scale = c.get("floor_scale", float, 8192.0)
@@ -130,13 +134,29 @@ TORCHTITAN: Rules = (
     (TT_LAYER + r"moe\.expert_bias(?:_E)?", HF_LAYER + "feed_forward.router.expert_bias"),
 )
 TT_FUSED = {"gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj"}
-NOTES = ("sigmoid top-k router scaling each expert's input, ungated shared expert, interleaved dense layers, "
-         "NoPE layers with temperature tuning, chunked attention, L2 qk norm, Llama 3 RoPE")
+NOTES = (
+    "sigmoid top-k router scaling each expert's input, ungated shared expert, interleaved dense layers, "
+    "NoPE layers with temperature tuning, chunked attention, L2 qk norm, Llama 3 RoPE"
+)
 
-LAYOUT = Layout(family="llama4_text", globals=GLOBALS, layer=prefixed(L, TEXT_LAYER), expert={},
-                fused={n: (L + TEXT_FUSED[n], L + TT_FUSED[n]) for n in TEXT_FUSED}, fused_format="transposed",
-                fused_formats={L + TT_FUSED["gate_up"]: "stacked"}, notes=NOTES)
+LAYOUT = Layout(
+    family="llama4_text",
+    globals=GLOBALS,
+    layer=prefixed(L, TEXT_LAYER),
+    expert={},
+    fused={n: (L + TEXT_FUSED[n], L + TT_FUSED[n]) for n in TEXT_FUSED},
+    fused_format="transposed",
+    fused_formats={L + TT_FUSED["gate_up"]: "stacked"},
+    notes=NOTES,
+)
 
-FAMILY = Family(name="llama4_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_local_experts",),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=500000.0,
-                torchtitan=TORCHTITAN)
+FAMILY = Family(
+    name="llama4_text",
+    layout=LAYOUT,
+    fields=fields,
+    expert_count_keys=("num_local_experts",),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+    default_rope_theta=500000.0,
+    torchtitan=TORCHTITAN,
+)

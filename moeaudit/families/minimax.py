@@ -26,8 +26,10 @@ def _layer_types(c: Ctx) -> list[str]:
     if types is None:  # MiniMaxConfig's default
         return [KINDS[i % 2] for i in range(c.num_layers)]
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= set(KINDS):
-        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} layers, each "
-                              "'full_attention' or 'linear_attention'", path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} layers, each 'full_attention' or 'linear_attention'",
+            path=c.path,
+        )
     return types
 
 
@@ -35,9 +37,12 @@ def _full_rotary(c: Ctx) -> None:
     params = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling") or {}
     value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     if value is not None and value != 1:
-        raise CheckpointError(f"moeaudit does not replay partial_rotary_factor={value!r} for minimax "
-                              "(transformers' MiniMax rotates the whole head)", path=c.path,
-                              hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1.0")
+        raise CheckpointError(
+            f"moeaudit does not replay partial_rotary_factor={value!r} for minimax "
+            "(transformers' MiniMax rotates the whole head)",
+            path=c.path,
+            hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1.0",
+        )
 
 
 def _residual_scales(c: Ctx) -> tuple[tuple[float, float], ...]:
@@ -72,31 +77,46 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="minimax",
     globals=GLOBALS,
-    layer=prefixed(L, {
-        **ATTN,
-        "light_qkv": "self_attn.qkv_proj.weight",
-        "light_gate": "self_attn.output_gate.weight",
-        "light_norm": "self_attn.norm.weight",
-        "light_out": "self_attn.out_proj.weight",
-        "light_slope": "self_attn.slope_rate",
-        "light_qdecay": "self_attn.query_decay",
-        "light_kdecay": "self_attn.key_decay",
-        "light_ddecay": "self_attn.diagonal_decay",
-        "router": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
-    }),
-    expert=prefixed(L, {
-        "w1": ("block_sparse_moe.experts.{expert}.w1.weight", "mlp.experts.{expert}.gate_proj.weight"),
-        "w3": ("block_sparse_moe.experts.{expert}.w3.weight", "mlp.experts.{expert}.up_proj.weight"),
-        "w2": ("block_sparse_moe.experts.{expert}.w2.weight", "mlp.experts.{expert}.down_proj.weight"),
-    }),
-    fused=prefixed(L, {
-        "gate_up": ("mlp.experts.gate_up_proj", "block_sparse_moe.experts.gate_up_proj"),
-        "down": ("mlp.experts.down_proj", "block_sparse_moe.experts.down_proj"),
-    }),
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            "light_qkv": "self_attn.qkv_proj.weight",
+            "light_gate": "self_attn.output_gate.weight",
+            "light_norm": "self_attn.norm.weight",
+            "light_out": "self_attn.out_proj.weight",
+            "light_slope": "self_attn.slope_rate",
+            "light_qdecay": "self_attn.query_decay",
+            "light_kdecay": "self_attn.key_decay",
+            "light_ddecay": "self_attn.diagonal_decay",
+            "router": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+        },
+    ),
+    expert=prefixed(
+        L,
+        {
+            "w1": ("block_sparse_moe.experts.{expert}.w1.weight", "mlp.experts.{expert}.gate_proj.weight"),
+            "w3": ("block_sparse_moe.experts.{expert}.w3.weight", "mlp.experts.{expert}.up_proj.weight"),
+            "w2": ("block_sparse_moe.experts.{expert}.w2.weight", "mlp.experts.{expert}.down_proj.weight"),
+        },
+    ),
+    fused=prefixed(
+        L,
+        {
+            "gate_up": ("mlp.experts.gate_up_proj", "block_sparse_moe.experts.gate_up_proj"),
+            "down": ("mlp.experts.down_proj", "block_sparse_moe.experts.down_proj"),
+        },
+    ),
     notes="Mixtral's MoE; full softmax attention or lightning (decayed linear) attention per layer_types; "
-          "DeepNorm residuals (α·norm(x) + β·f(norm(x)))",
+    "DeepNorm residuals (α·norm(x) + β·f(norm(x)))",
 )
 
-FAMILY = Family(name="minimax", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size",
-                default_rms_eps=1e-5, default_rope_theta=1e6)
+FAMILY = Family(
+    name="minimax",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+    default_rope_theta=1e6,
+)

@@ -38,9 +38,12 @@ def _attention_kinds(c: Ctx) -> None:
         raise CheckpointError("config.json: attn_type_list must be a list of integers", path=c.path)
     other = [i for i, k in enumerate(kinds[: c.num_layers]) if k != 1]
     if other:
-        raise CheckpointError(f"moeaudit does not replay attn_type_list values other than 1 for minimax_m2 yet "
-                              f"(layers {other[:5]}: lightning linear attention)", path=c.path,
-                              hint="a limit of moeaudit, not a fault of the checkpoint")
+        raise CheckpointError(
+            f"moeaudit does not replay attn_type_list values other than 1 for minimax_m2 yet "
+            f"(layers {other[:5]}: lightning linear attention)",
+            path=c.path,
+            hint="a limit of moeaudit, not a fault of the checkpoint",
+        )
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -60,8 +63,14 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="minimax_m2",
     globals=GLOBALS,
-    layer=prefixed(L, {**ATTN, "router": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
-                       "router_bias": ("block_sparse_moe.e_score_correction_bias", "mlp.e_score_correction_bias")}),
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            "router": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+            "router_bias": ("block_sparse_moe.e_score_correction_bias", "mlp.e_score_correction_bias"),
+        },
+    ),
     expert=prefixed(
         L,
         {
@@ -89,6 +98,12 @@ REFUSE = (
     Refuse("qk_norm_type", ("per_layer",), "q/k RMSNorm over all heads"),
 )
 
-FAMILY = Family(name="minimax_m2", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"), expert_dim_key="intermediate_size",
-                default_rope_theta=5e6, refuse=REFUSE)
+FAMILY = Family(
+    name="minimax_m2",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+    default_rope_theta=5e6,
+    refuse=REFUSE,
+)

@@ -23,16 +23,27 @@ def _query_scale(c: Ctx) -> tuple[float, int]:
     params: dict[str, Any] = raw if isinstance(raw, dict) else {}
     beta, length = params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings")
     number = (int, float)
-    if not isinstance(beta, number) or isinstance(beta, bool) or not isinstance(length, int) \
-            or isinstance(length, bool) or length < 1:
-        raise CheckpointError("config.json: mistral4 needs rope_parameters.llama_4_scaling_beta (a number) and "
-                              "original_max_position_embeddings (≥ 1): transformers' Mistral4Attention scales "
-                              "every query by them", path=c.path)
+    if (
+        not isinstance(beta, number)
+        or isinstance(beta, bool)
+        or not isinstance(length, int)
+        or isinstance(length, bool)
+        or length < 1
+    ):
+        raise CheckpointError(
+            "config.json: mistral4 needs rope_parameters.llama_4_scaling_beta (a number) and "
+            "original_max_position_embeddings (≥ 1): transformers' Mistral4Attention scales "
+            "every query by them",
+            path=c.path,
+        )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("default", "linear", "dynamic"):
-        raise CheckpointError(f"model family 'mistral4' with rope_type {kind!r} cannot be replayed: transformers' "
-                              "Mistral 4 builds that rotary table over the whole head while it rotates only "
-                              "qk_rope_head_dim dims of it (it runs with YaRN, as released)", path=c.path)
+        raise CheckpointError(
+            f"model family 'mistral4' with rope_type {kind!r} cannot be replayed: transformers' "
+            "Mistral 4 builds that rotary table over the whole head while it rotates only "
+            "qk_rope_head_dim dims of it (it runs with YaRN, as released)",
+            path=c.path,
+        )
     return float(beta), length
 
 
@@ -45,8 +56,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
         **windowed_all(c, sliding_window(c)),
-        "gate": grouped_gate(c, scoring="softmax", selection_bias=False, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=1.0),
+        "gate": grouped_gate(
+            c,
+            scoring="softmax",
+            selection_bias=False,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=1.0,
+        ),
         "query_position_scale": _query_scale(c),
     }
 
@@ -59,8 +78,13 @@ LAYOUT = Layout(
     expert=_V3.expert,
     fused=_V3.fused,
     notes="MLA; softmax group-limited top-k (top-2 sum per group, no selection bias), renormalised, scaled; "
-          "shared experts; Llama 4 query scaling by position",
+    "shared experts; Llama 4 query scaling by position",
 )
 
-FAMILY = Family(name="mistral4", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"), mla=parse_mla)
+FAMILY = Family(
+    name="mistral4",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts", "num_experts"),
+    mla=parse_mla,
+)

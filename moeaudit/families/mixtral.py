@@ -35,6 +35,12 @@ LAYOUT = Layout(
     notes="softmax over all experts, top-k renormalised",
 )
 
-FAMILY = Family(name="mixtral", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_local_experts", "num_experts"),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5, default_rope_theta=1e6)
+FAMILY = Family(
+    name="mixtral",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+    default_rope_theta=1e6,
+)

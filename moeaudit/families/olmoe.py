@@ -10,9 +10,13 @@ from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
-    return {"routed_layers": all_layers(c), "norm_topk_prob": bool(c.get("norm_topk_prob", bool, False)),
-            "qk_norm": "full", "clip_qkv": c.get("clip_qkv", float, None),
-            **windowed_all(c, sliding_window(c))}
+    return {
+        "routed_layers": all_layers(c),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, False)),
+        "qk_norm": "full",
+        "clip_qkv": c.get("clip_qkv", float, None),
+        **windowed_all(c, sliding_window(c)),
+    }
 
 
 LAYOUT = Layout(
@@ -24,6 +28,11 @@ LAYOUT = Layout(
     notes="q_norm/k_norm over all heads; norm_topk_prob (default false)",
 )
 
-FAMILY = Family(name="olmoe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts", "num_local_experts"),
-                expert_dim_key="intermediate_size", default_rms_eps=1e-5)
+FAMILY = Family(
+    name="olmoe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_experts", "num_local_experts"),
+    expert_dim_key="intermediate_size",
+    default_rms_eps=1e-5,
+)

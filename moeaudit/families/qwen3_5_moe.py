@@ -18,15 +18,23 @@ def _under_lm(table: dict[str, Templates]) -> dict[str, Templates]:
 
 LAYOUT = Layout(
     family="qwen3_5_moe",
-    globals={"embed": (LM + "embed_tokens.weight",), "final_norm": (LM + "norm.weight",),
-             "lm_head": ("lm_head.weight",)},
+    globals={
+        "embed": (LM + "embed_tokens.weight",),
+        "final_norm": (LM + "norm.weight",),
+        "lm_head": ("lm_head.weight",),
+    },
     layer=_under_lm(dict(text.LAYOUT.layer)),
     expert=_under_lm(dict(text.LAYOUT.expert)),
     fused=_under_lm(dict(text.LAYOUT.fused)),
     notes="Qwen3.5-MoE vision-language checkpoint: its text decoder under model.language_model; "
-          "the vision encoder model.visual.* and mtp.* left out",
+    "the vision encoder model.visual.* and mtp.* left out",
     left_out={**text.MTP, "model.visual.": "vision encoder model.visual.*"},
 )
 
-FAMILY = Family(name="qwen3_5_moe", layout=LAYOUT, fields=text.fields,
-                expert_count_keys=("num_experts",), decoder_config=text_config)
+FAMILY = Family(
+    name="qwen3_5_moe",
+    layout=LAYOUT,
+    fields=text.fields,
+    expert_count_keys=("num_experts",),
+    decoder_config=text_config,
+)

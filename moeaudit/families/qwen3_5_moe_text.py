@@ -31,8 +31,7 @@ LAYOUT = Layout(
     layer=prefixed(L, LAYER),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
-    notes="Qwen3-Next's hybrid with flat DeltaNet projections; every layer routed, top-k "
-          "renormalised; mtp.* left out",
+    notes="Qwen3-Next's hybrid with flat DeltaNet projections; every layer routed, top-k renormalised; mtp.* left out",
     left_out=MTP,
 )
 

@@ -37,5 +37,4 @@ LAYOUT = Layout(
     notes="per-head q_norm/k_norm; norm_topk_prob",
 )
 
-FAMILY = Family(name="qwen3_moe", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("num_experts", "num_local_experts"))
+FAMILY = Family(name="qwen3_moe", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts", "num_local_experts"))

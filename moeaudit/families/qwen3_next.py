@@ -41,20 +41,24 @@ def _partial_rotary(c: Ctx) -> float:
     factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     factor = factor if factor is not None else c.cfg.get("partial_rotary_factor", 0.25)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}",
-                              path=c.path)
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}", path=c.path)
     return float(factor)
 
 
 def _linear_attention(c: Ctx) -> LinearAttention:
-    la = LinearAttention(num_k_heads=c.get("linear_num_key_heads", int, 16),
-                         num_v_heads=c.get("linear_num_value_heads", int, 32),
-                         k_dim=c.get("linear_key_head_dim", int, 128),
-                         v_dim=c.get("linear_value_head_dim", int, 128),
-                         conv_kernel=c.get("linear_conv_kernel_dim", int, 4))
+    la = LinearAttention(
+        num_k_heads=c.get("linear_num_key_heads", int, 16),
+        num_v_heads=c.get("linear_num_value_heads", int, 32),
+        k_dim=c.get("linear_key_head_dim", int, 128),
+        v_dim=c.get("linear_value_head_dim", int, 128),
+        conv_kernel=c.get("linear_conv_kernel_dim", int, 4),
+    )
     if min(la.num_k_heads, la.k_dim, la.v_dim, la.conv_kernel) < 1 or la.num_v_heads % la.num_k_heads:
-        raise CheckpointError("config.json: linear attention needs positive sizes and "
-                              "linear_num_value_heads divisible by linear_num_key_heads", path=c.path)
+        raise CheckpointError(
+            "config.json: linear attention needs positive sizes and "
+            "linear_num_value_heads divisible by linear_num_key_heads",
+            path=c.path,
+        )
     return la
 
 
@@ -68,8 +72,10 @@ def _linear_layers(c: Ctx) -> tuple[int, ...]:
         types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(c.num_layers)]
     kinds = {"linear_attention", "full_attention"}
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= kinds:
-        raise CheckpointError(f"config.json: layer_types must list {c.num_layers} layers, each "
-                              "'linear_attention' or 'full_attention'", path=c.path)
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} layers, each 'linear_attention' or 'full_attention'",
+            path=c.path,
+        )
     return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
 
 
@@ -99,13 +105,19 @@ def _fields(c: Ctx) -> dict[str, Any]:
 LAYOUT = Layout(
     family="qwen3_next",
     globals=GLOBALS,
-    layer=prefixed(L, {**QWEN_MOE_LAYER, **DELTANET,
-                       "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
-                       "lin_ba": "linear_attn.in_proj_ba.weight"}),
+    layer=prefixed(
+        L,
+        {
+            **QWEN_MOE_LAYER,
+            **DELTANET,
+            "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
+            "lin_ba": "linear_attn.in_proj_ba.weight",
+        },
+    ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="hybrid: gated DeltaNet and gated full attention (partial RoPE, per-head q/k norms); "
-          "zero-centred norms (1 + w); shared expert with sigmoid gate; mtp.* left out",
+    "zero-centred norms (1 + w); shared expert with sigmoid gate; mtp.* left out",
     left_out=MTP,
 )
 

@@ -33,21 +33,29 @@ def _thinker_text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     thinker = cfg.get("thinker_config")
     text = thinker.get("text_config") if isinstance(thinker, dict) else None
     if not isinstance(text, dict):
-        raise CheckpointError("config.json: model_type 'qwen3_omni_moe' needs a thinker_config object with a "
-                              "text_config object", path=path)
+        raise CheckpointError(
+            "config.json: model_type 'qwen3_omni_moe' needs a thinker_config object with a text_config object",
+            path=path,
+        )
     assert isinstance(thinker, dict)
     return {**text, "tie_word_embeddings": thinker.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
 
 
 FAMILY = wrapped(
-    qwen3_moe.FAMILY, "qwen3_omni_moe",
+    qwen3_moe.FAMILY,
+    "qwen3_omni_moe",
     bases=("thinker.model.", "thinker.model.language_model."),
     heads=("thinker.lm_head.weight",),
     audits="the thinker's text decoder (Qwen3-MoE architecture) of the Qwen3-Omni-MoE omni model",
-    left_out={"thinker.audio_tower.": "audio encoder thinker.audio_tower.*",
-              "thinker.visual.": "vision encoder thinker.visual.*",
-              "thinker.model.audio_tower.": "audio encoder thinker.model.audio_tower.*",
-              "thinker.model.visual.": "vision encoder thinker.model.visual.*",
-              "talker.": "talker (speech-code generator) talker.*", "code2wav.": "speech decoder code2wav.*"},
-    fields=_fields, decoder_config=_thinker_text, default_rope_theta=1e6,
+    left_out={
+        "thinker.audio_tower.": "audio encoder thinker.audio_tower.*",
+        "thinker.visual.": "vision encoder thinker.visual.*",
+        "thinker.model.audio_tower.": "audio encoder thinker.model.audio_tower.*",
+        "thinker.model.visual.": "vision encoder thinker.model.visual.*",
+        "talker.": "talker (speech-code generator) talker.*",
+        "code2wav.": "speech decoder code2wav.*",
+    },
+    fields=_fields,
+    decoder_config=_thinker_text,
+    default_rope_theta=1e6,
 )

@@ -28,11 +28,14 @@ def _fields(c: Ctx) -> dict[str, Any]:
 
 
 FAMILY = wrapped(
-    qwen3_moe.FAMILY, "qwen3_vl_moe",
+    qwen3_moe.FAMILY,
+    "qwen3_vl_moe",
     bases=("model.language_model.",),
     heads=("lm_head.weight",),
     audits="the text decoder (Qwen3-MoE architecture) of the Qwen3-VL-MoE vision-language model",
     left_out={"model.visual.": "vision encoder model.visual.*"},
     fused_format="stacked_or_transposed",
-    fields=_fields, decoder_config=text_config, default_rope_theta=500000.0,
+    fields=_fields,
+    decoder_config=text_config,
+    default_rope_theta=500000.0,
 )

@@ -17,8 +17,11 @@ from moeaudit.families import deepseek_v3
 from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, mtp_count, parse_mla
 
 # SarvamMLAConfig.attribute_map: the original sarvamai/sarvam-105b names → DeepSeek-V3's
-ALIASES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
-           "num_mtp_layers": "num_nextn_predict_layers"}
+ALIASES = {
+    "num_experts": "n_routed_experts",
+    "num_shared_experts": "n_shared_experts",
+    "num_mtp_layers": "num_nextn_predict_layers",
+}
 
 
 def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -30,9 +33,12 @@ def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
         if alias not in cfg:
             continue
         if name in cfg and cfg[name] != cfg[alias]:
-            raise CheckpointError(f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
-                                  "name the same setting with different values", path=path,
-                                  hint="keep one of the two")
+            raise CheckpointError(
+                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
+                "name the same setting with different values",
+                path=path,
+                hint="keep one of the two",
+            )
         out[name] = out.pop(alias)
     out.pop("head_dim", None)
     out.pop("q_head_dim", None)
@@ -47,13 +53,27 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
         "routed_layers": first_k_dense(c, 1),
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=2.5),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=2.5,
+        ),
         "mtp_layers": mtp_count(c, 0),
     }
 
 
-FAMILY = Family(name="sarvam_mla", layout=dataclasses.replace(deepseek_v3.LAYOUT, family="sarvam_mla"),
-                fields=_fields, expert_count_keys=("n_routed_experts", "num_local_experts"),
-                mla=parse_mla, torchtitan=deepseek_v3.FAMILY.torchtitan, refuse=deepseek_v3.REFUSE,
-                decoder_config=_canonical)
+FAMILY = Family(
+    name="sarvam_mla",
+    layout=dataclasses.replace(deepseek_v3.LAYOUT, family="sarvam_mla"),
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts"),
+    mla=parse_mla,
+    torchtitan=deepseek_v3.FAMILY.torchtitan,
+    refuse=deepseek_v3.REFUSE,
+    decoder_config=_canonical,
+)

@@ -19,8 +19,12 @@ from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, hea
 from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # SarvamMoEConfig.attribute_map: the original sarvamai/sarvam-30b names → GLM-4.5's
-ALIASES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
-           "use_qkv_bias": "attention_bias", "num_mtp_layers": "num_nextn_predict_layers"}
+ALIASES = {
+    "num_experts": "n_routed_experts",
+    "num_shared_experts": "n_shared_experts",
+    "use_qkv_bias": "attention_bias",
+    "num_mtp_layers": "num_nextn_predict_layers",
+}
 
 
 def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -30,9 +34,12 @@ def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
         if alias not in cfg:
             continue
         if name in cfg and cfg[name] != cfg[alias]:
-            raise CheckpointError(f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
-                                  "name the same setting with different values", path=path,
-                                  hint="keep one of the two")
+            raise CheckpointError(
+                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
+                "name the same setting with different values",
+                path=path,
+                hint="keep one of the two",
+            )
         out[name] = out.pop(alias)
     return out
 
@@ -56,8 +63,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _rotary_factor(c)),
         "dense_dim": c.get("intermediate_size", int, 8192),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=2.5),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=2.5,
+        ),
         "mtp_layers": mtp_count(c, 0),
     }
 
@@ -87,10 +102,16 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="GLM-4.5 with a fused query_key_value projection, full rotary, q/k norms; sigmoid router "
-          "with selection bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
+    "with selection bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
 )
 
-FAMILY = Family(name="sarvam_moe", layout=LAYOUT,
-                fields=_fields, expert_count_keys=("n_routed_experts", "num_local_experts"),
-                default_rms_eps=1e-6, default_rope_theta=8e6, torchtitan=glm4_moe.FAMILY.torchtitan,
-                decoder_config=_canonical)
+FAMILY = Family(
+    name="sarvam_moe",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts"),
+    default_rms_eps=1e-6,
+    default_rope_theta=8e6,
+    torchtitan=glm4_moe.FAMILY.torchtitan,
+    decoder_config=_canonical,
+)

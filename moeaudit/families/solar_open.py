@@ -21,9 +21,12 @@ def _full_rotary(c: Ctx) -> None:
     value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     value = c.cfg.get("partial_rotary_factor") if value is None else value
     if value is not None and value != 1:
-        raise CheckpointError(f"moeaudit does not replay partial_rotary_factor={value!r} for solar_open "
-                              "(transformers' Solar Open rotates the whole head)", path=c.path,
-                              hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1.0")
+        raise CheckpointError(
+            f"moeaudit does not replay partial_rotary_factor={value!r} for solar_open "
+            "(transformers' Solar Open rotates the whole head)",
+            path=c.path,
+            hint="a limit of moeaudit, not a fault of the checkpoint: it replays 1.0",
+        )
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -34,8 +37,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "o_bias": False,
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(c, scoring="sigmoid", selection_bias=True, grouped=True, n_group=1,
-                             topk_group=1, group_score="top2sum", scaling=1.0),
+        "gate": grouped_gate(
+            c,
+            scoring="sigmoid",
+            selection_bias=True,
+            grouped=True,
+            n_group=1,
+            topk_group=1,
+            group_score="top2sum",
+            scaling=1.0,
+        ),
     }
 
 
@@ -56,9 +67,15 @@ LAYOUT = Layout(
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="Llama attention (q/k/v bias, no o bias, full rotary); GLM-4.5's sigmoid router with "
-          "selection bias and group-limited top-k; shared experts; every layer routed",
+    "selection bias and group-limited top-k; shared experts; every layer routed",
 )
 
-FAMILY = Family(name="solar_open", layout=LAYOUT, fields=_fields,
-                expert_count_keys=("n_routed_experts", "num_local_experts"), default_rms_eps=1e-5,
-                default_rope_theta=1e6, torchtitan=TORCHTITAN_SHARED_EXPERTS)
+FAMILY = Family(
+    name="solar_open",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("n_routed_experts", "num_local_experts"),
+    default_rms_eps=1e-5,
+    default_rope_theta=1e6,
+    torchtitan=TORCHTITAN_SHARED_EXPERTS,
+)

@@ -60,9 +60,11 @@ def hf_model(module: torch.nn.Module) -> torch.nn.Module:
         return module
     found = [m for m in module.children() if hasattr(m, "save_pretrained") and hasattr(m, "config")]
     if len(found) != 1:
-        raise InputError(f"{type(module).__name__} holds {len(found)} Hugging Face models; expected "
-                         "exactly one direct submodule with save_pretrained() and a config",
-                         hint="pass the model with model=...")
+        raise InputError(
+            f"{type(module).__name__} holds {len(found)} Hugging Face models; expected "
+            "exactly one direct submodule with save_pretrained() and a config",
+            hint="pass the model with model=...",
+        )
     return found[0]
 
 
@@ -76,10 +78,20 @@ class RunRecorder:
     default: the built-in policy's). ``routing``: count routed tokens for the tracker scalars
     (:mod:`moeaudit.integrations.summary`)."""
 
-    def __init__(self, run_dir: str | Path, model: torch.nn.Module, *, canary: Canary | None,
-                 every: int, probe: bool, resume_step: int | None, rank_zero: bool = True,
-                 total: bool = False, envelope: EnvelopeSettings | None = None,
-                 routing: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model: torch.nn.Module,
+        *,
+        canary: Canary | None,
+        every: int,
+        probe: bool,
+        resume_step: int | None,
+        rank_zero: bool = True,
+        total: bool = False,
+        envelope: EnvelopeSettings | None = None,
+        routing: bool = True,
+    ):
         self.run_dir = Path(run_dir)
         self.model = model
         self.canary = canary
@@ -95,8 +107,14 @@ class RunRecorder:
             if isinstance(vocab, int):
                 canary.check_vocab(vocab, where=type(model).__name__)
             self._save_canary(canary)
-        self.logger = ExpertGradLogger(self.run_dir / "metrics.jsonl", model, every=every,
-                                       resume_step=resume_step, total=total, rank_zero=rank_zero)
+        self.logger = ExpertGradLogger(
+            self.run_dir / "metrics.jsonl",
+            model,
+            every=every,
+            resume_step=resume_step,
+            total=total,
+            rank_zero=rank_zero,
+        )
         if rank_zero:
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
@@ -122,9 +140,12 @@ class RunRecorder:
         if path.exists():
             existing = canary_mod.load(path)
             if existing.digest != canary.digest:
-                raise CanaryError(f"the run already holds a different canary (sha256:{existing.digest[:16]}…, "
-                                  f"this one sha256:{canary.digest[:16]}…)", path=path,
-                                  hint="use the run's canary, or a new output directory")
+                raise CanaryError(
+                    f"the run already holds a different canary (sha256:{existing.digest[:16]}…, "
+                    f"this one sha256:{canary.digest[:16]}…)",
+                    path=path,
+                    hint="use the run's canary, or a new output directory",
+                )
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         canary_mod.save(canary, path)
@@ -132,9 +153,14 @@ class RunRecorder:
     def due(self, step: int) -> bool:
         return self.logger.due(step)
 
-    def log_step(self, step: int, loss: torch.Tensor | float | None = None, *,
-                 extra_of: Callable[[Sums], dict[str, Any]] | None = None,
-                 **extra: Any) -> dict[str, Any] | None:
+    def log_step(
+        self,
+        step: int,
+        loss: torch.Tensor | float | None = None,
+        *,
+        extra_of: Callable[[Sums], dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any] | None:
         """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now and
         ``loss`` (default: what the meter saw; null when none was seen); ``extra``: more fields
         for the line as given (a hand-written loop's ``ce_loss=…, aux_loss=…``, as before);
@@ -161,9 +187,8 @@ class RunRecorder:
         for event in self.monitor.push(step, record["expert_grad_norms"]):
             log.warning(event.message())
         if self.routing is not None:
-            self.summary.add_counts(layers, sums.extras[:len(counts)], tokens, self.routing.k)
-        self.summary.update(record, self.monitor.margins, len(self.monitor.events),
-                            self.settings.starve_share)
+            self.summary.add_counts(layers, sums.extras[: len(counts)], tokens, self.routing.k)
+        self.summary.update(record, self.monitor.margins, len(self.monitor.events), self.settings.starve_share)
         return record
 
     def scalars(self) -> dict[str, float]:

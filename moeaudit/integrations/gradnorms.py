@@ -123,10 +123,13 @@ class NormPass:
         values = values[:S]
         s = self.slots
         other = values[s.other] if s.other is not None else None
-        return Sums(experts={k: values[r.start:r.stop] for k, r in s.experts.items()},
-                    router={k: values[i] for k, i in s.router.items()},
-                    shared={k: values[i] for k, i in s.shared.items()},
-                    total=None if other is None else sum(values), extras=more)
+        return Sums(
+            experts={k: values[r.start : r.stop] for k, r in s.experts.items()},
+            router={k: values[i] for k, i in s.router.items()},
+            shared={k: values[i] for k, i in s.shared.items()},
+            total=None if other is None else sum(values),
+            extras=more,
+        )
 
 
 def _cumsum(xs: Sequence[int]) -> list[int]:
@@ -137,8 +140,7 @@ def _cumsum(xs: Sequence[int]) -> list[int]:
     return out
 
 
-def _slot_vector(entries: Sequence[_Entry], size: int, grad_of: GradOf,
-                 collective: bool) -> torch.Tensor:
+def _slot_vector(entries: Sequence[_Entry], size: int, grad_of: GradOf, collective: bool) -> torch.Tensor:
     """[S] float64: each gradient's squares added into its slots, summed across devices."""
     pieces: dict[torch.device, _Pieces] = {}
     for entry in entries:

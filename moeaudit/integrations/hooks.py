@@ -139,9 +139,7 @@ def _from_layer_weights(layers: Sequence[LayerWeights]) -> dict[int, _LayerParam
     return out
 
 
-def _from_named(
-    named: Iterable[tuple[str, torch.Tensor]], layouts: Sequence[Layout]
-) -> dict[int, _LayerParams]:
+def _from_named(named: Iterable[tuple[str, torch.Tensor]], layouts: Sequence[Layout]) -> dict[int, _LayerParams]:
     patterns = layout_patterns(layouts)
     out: dict[int, _LayerParams] = {}
     for name, param in named:
@@ -198,8 +196,7 @@ def collect_params(source: Source, family: str | None = None) -> dict[int, _Laye
 # --- norms ---------------------------------------------------------------------------------------
 
 
-def grad_norms(layers: Mapping[int, _LayerParams],
-               grad_of: GradOf = dot_grad) -> dict[str, dict[str, Any]]:
+def grad_norms(layers: Mapping[int, _LayerParams], grad_of: GradOf = dot_grad) -> dict[str, dict[str, Any]]:
     """The three norm tables of one metrics line (finite or not; sanitised by the caller).
     ``grad_of(tensor)``: its gradient (default ``tensor.grad``), None for no gradient."""
     return norm_tables(NormPass(layers).sums(grad_of))
@@ -210,7 +207,8 @@ def norm_tables(sums: Sums) -> dict[str, dict[str, Any]]:
     tables of a metrics line (``math.sqrt`` keeps NaN and Inf for :func:`_finite`)."""
     out: dict[str, dict[str, Any]] = {
         "expert_grad_norms": {str(k): [math.sqrt(s) for s in v] for k, v in sums.experts.items()},
-        "router_grad_norms": {str(k): math.sqrt(v) for k, v in sums.router.items()}}
+        "router_grad_norms": {str(k): math.sqrt(v) for k, v in sums.router.items()},
+    }
     if sums.shared:
         out["shared_grad_norms"] = {str(k): math.sqrt(v) for k, v in sums.shared.items()}
     return out
@@ -263,8 +261,7 @@ class ExpertGradLogger:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.path = Path(path)
-        self.probe_path = (Path(probe_path) if probe_path is not None
-                           else self.path.with_name(PROBE_FILE))
+        self.probe_path = Path(probe_path) if probe_path is not None else self.path.with_name(PROBE_FILE)
         self.every = every
         if not isinstance(source, torch.nn.Module):
             source = list(source)  # type: ignore[assignment]  # an iterator is read twice (total)
@@ -326,8 +323,7 @@ class ExpertGradLogger:
 
     __call__ = log
 
-    def write(self, step: int, loss: float | torch.Tensor, sums: Sums,
-              **extra: Any) -> dict[str, Any] | None:
+    def write(self, step: int, loss: float | torch.Tensor, sums: Sums, **extra: Any) -> dict[str, Any] | None:
         """The metrics line of ``step`` from norms :meth:`measure` returned."""
         if not self.writes:
             return None
@@ -335,8 +331,7 @@ class ExpertGradLogger:
         record: dict[str, Any] = {"step": int(step), "loss": loss_value, **norm_tables(sums)}
         return self._record(self.path, record, extra)
 
-    def probe(self, step: int, loss: torch.Tensor, *, canary: str | None = None,
-              **extra: Any) -> dict[str, Any] | None:
+    def probe(self, step: int, loss: torch.Tensor, *, canary: str | None = None, **extra: Any) -> dict[str, Any] | None:
         """Log the per-expert gradient norms of a canary ``loss`` to :attr:`probe_path`.
 
         Call it at save steps with the mean next-token NLL of the canary windows under the
@@ -348,8 +343,7 @@ class ExpertGradLogger:
         """
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
-        tensors = list(dict.fromkeys(
-            t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
+        tensors = list(dict.fromkeys(t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
         grads = torch.autograd.grad(loss, tensors, allow_unused=True) if tensors else ()
         by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
         if not self.writes and not self.collective:
@@ -357,16 +351,14 @@ class ExpertGradLogger:
         sums = self._plan.sums(lambda t: by_id.get(id(t)))  # every rank, when sharded
         if not self.writes:
             return None
-        record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()),
-                                  **norm_tables(sums)}
+        record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()), **norm_tables(sums)}
         if canary is not None:
             record["canary"] = canary
         out = self._record(self.probe_path, record, extra)
         self.sync()
         return out
 
-    def _record(self, path: Path, record: dict[str, Any],
-                extra: Mapping[str, Any]) -> dict[str, Any]:
+    def _record(self, path: Path, record: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
         record.update(extra)
         bad: list[str] = []
         record = {k: _finite(v, k, bad) for k, v in record.items()}

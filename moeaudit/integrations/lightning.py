@@ -44,10 +44,17 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
     every ``save_every`` steps (None: the caller saves them) each followed by a canary probe
     (``probe``), all under ``run_dir`` (default: the Trainer's ``default_root_dir``)."""
 
-    def __init__(self, canary: Canary | str | Path | None = None, *, run_dir: str | Path | None = None,
-                 every: int = 1, save_every: int | None = None, probe: bool = True,
-                 model: torch.nn.Module | None = None,
-                 envelope: EnvelopeSettings | Policy | str | Path | None = None):
+    def __init__(
+        self,
+        canary: Canary | str | Path | None = None,
+        *,
+        run_dir: str | Path | None = None,
+        every: int = 1,
+        save_every: int | None = None,
+        probe: bool = True,
+        model: torch.nn.Module | None = None,
+        envelope: EnvelopeSettings | Policy | str | Path | None = None,
+    ):
         for name, value in (("every", every), ("save_every", save_every or 1)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -64,9 +71,16 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         model = self.model if self.model is not None else hf_model(pl_module)
         self.model = model
         self.run_dir = Path(self.run_dir or trainer.default_root_dir)
-        self.recorder = RunRecorder(self.run_dir, model, canary=self.canary, every=self.every,
-                                    probe=self.probe, resume_step=trainer.global_step or None,
-                                    rank_zero=trainer.is_global_zero, envelope=self.envelope)
+        self.recorder = RunRecorder(
+            self.run_dir,
+            model,
+            canary=self.canary,
+            every=self.every,
+            probe=self.probe,
+            resume_step=trainer.global_step or None,
+            rank_zero=trainer.is_global_zero,
+            envelope=self.envelope,
+        )
         self._saved = trainer.global_step
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
@@ -80,8 +94,7 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
             for logger in trainer.loggers:  # Lightning's loggers: TensorBoard, CSV, W&B …
                 logger.log_metrics(scalars, step=step)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if self.save_every is None or step == self._saved or step % self.save_every:
             return
@@ -106,8 +119,9 @@ def save_checkpoint(model: torch.nn.Module, target: Path) -> None:
     """``model.save_pretrained`` (safetensors) into a staging directory, renamed to ``target``
     when whole; an existing ``target`` is an error, never overwritten."""
     if target.exists():
-        raise InputError("a checkpoint already exists here", path=target,
-                         hint="use a new run directory, or resume from this step")
+        raise InputError(
+            "a checkpoint already exists here", path=target, hint="use a new run directory, or resume from this step"
+        )
     staging = target.with_name(f".{target.name}.staging-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:

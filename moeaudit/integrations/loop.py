@@ -46,24 +46,38 @@ from moeaudit.policy import EnvelopeSettings, Policy
 class MoeauditHook:
     """``after_backward`` every step, ``on_save`` at every checkpoint, ``close`` at the end."""
 
-    def __init__(self, run_dir: str | Path, model: torch.nn.Module, *,
-                 canary: Canary | str | Path | None = None, every: int = 1, probe: bool = True,
-                 resume_step: int | None = None,
-                 envelope: EnvelopeSettings | Policy | str | Path | None = None,
-                 log_fn: Callable[[dict[str, float], int], Any] | None = None, log_every: int = 10,
-                 rank_zero: bool | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model: torch.nn.Module,
+        *,
+        canary: Canary | str | Path | None = None,
+        every: int = 1,
+        probe: bool = True,
+        resume_step: int | None = None,
+        envelope: EnvelopeSettings | Policy | str | Path | None = None,
+        log_fn: Callable[[dict[str, float], int], Any] | None = None,
+        log_every: int = 10,
+        rank_zero: bool | None = None,
+    ):
         if every < 1 or log_every < 1:
             raise ValueError(f"every and log_every must be >= 1, got {every} and {log_every}")
         if rank_zero is None:
             dist = torch.distributed
             rank_zero = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-        self.recorder = RunRecorder(run_dir, model, canary=load_canary(canary), every=every,
-                                    probe=probe, resume_step=resume_step, rank_zero=rank_zero,
-                                    envelope=envelope_settings(envelope))
+        self.recorder = RunRecorder(
+            run_dir,
+            model,
+            canary=load_canary(canary),
+            every=every,
+            probe=probe,
+            resume_step=resume_step,
+            rank_zero=rank_zero,
+            envelope=envelope_settings(envelope),
+        )
         self.log_fn, self.log_every = log_fn, log_every
 
-    def after_backward(self, step: int, loss: torch.Tensor | float | None = None
-                       ) -> dict[str, Any] | None:
+    def after_backward(self, step: int, loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
         """Log optimizer step ``step`` (counted from 1) from the ``.grad`` now; returns the
         metrics line on rank 0 when one was due. ``loss``: the step's loss (a tensor is read
         in the same host sync as the norms)."""

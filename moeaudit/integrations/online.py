@@ -55,10 +55,13 @@ class EnvelopeEvent:
     def message(self) -> str:
         where = f"layer {self.series}" if self.series != POOLED else "pooled"
         if self.kind == "variance_bound":
-            return (f"moeaudit: step {self.step}: {where} left the envelope ({self.check} bound "
-                    f"{_fmt(self.bound)}, V {_fmt(self.value)})")
-        what = {"alert": "starvation alert (000 Eq. 21)", "dead_expert": "expert dead",
-                "starvation": "expert starved"}[self.kind]
+            return (
+                f"moeaudit: step {self.step}: {where} left the envelope ({self.check} bound "
+                f"{_fmt(self.bound)}, V {_fmt(self.value)})"
+            )
+        what = {"alert": "starvation alert (000 Eq. 21)", "dead_expert": "expert dead", "starvation": "expert starved"}[
+            self.kind
+        ]
         expert = f", expert {self.expert}" if self.expert is not None else ""
         return f"moeaudit: step {self.step}: {what} in {where}{expert} (value {_fmt(self.value)})"
 
@@ -98,15 +101,20 @@ class OnlineEnvelope:
         layers = sorted(norms, key=lambda k: (0, int(k)) if k.isdigit() else (1, k))
         series = {POOLED: [g for k in layers for g in norms[k]], **{k: list(norms[k]) for k in layers}}
         values = {k: variance(g, s.variant)[0] for k, g in series.items()}
-        new = [*self._alerts(step, series, values), *self._deads(step, norms, layers),
-               *self._starvations(step, norms, layers), *self._variance_step(step, values)]
+        new = [
+            *self._alerts(step, series, values),
+            *self._deads(step, norms, layers),
+            *self._starvations(step, norms, layers),
+            *self._variance_step(step, values),
+        ]
         self.events.extend(new)
         return new
 
     # --- the level rules, on every logged sample --------------------------------------------------
 
-    def _alerts(self, step: int, series: Mapping[str, Norms], values: Mapping[str, float | None]
-                ) -> list[EnvelopeEvent]:
+    def _alerts(
+        self, step: int, series: Mapping[str, Norms], values: Mapping[str, float | None]
+    ) -> list[EnvelopeEvent]:
         s, out = self.settings, []
         for key, g_E in series.items():
             v = values[key]
@@ -133,14 +141,15 @@ class OnlineEnvelope:
                     state[0], state[1] = None, False
         return out
 
-    def _starvations(self, step: int, norms: Mapping[str, Norms], layers: list[str]
-                     ) -> list[EnvelopeEvent]:
+    def _starvations(self, step: int, norms: Mapping[str, Norms], layers: list[str]) -> list[EnvelopeEvent]:
         out: list[EnvelopeEvent] = []
         for layer in layers:
             st = self._starve.setdefault(layer, _Starvation(len(norms[layer])))
             assert self._start is not None
-            out.extend(EnvelopeEvent("starvation", layer, step, expert=e, value=share)
-                       for e, share in st.push(step, norms[layer], self.settings, self._start))
+            out.extend(
+                EnvelopeEvent("starvation", layer, step, expert=e, value=share)
+                for e, share in st.push(step, norms[layer], self.settings, self._start)
+            )
         return out
 
     # --- the variance bound, on block means when calibrated ---------------------------------------
@@ -169,8 +178,7 @@ class OnlineEnvelope:
             st = self._variance.setdefault(key, _Variance())
             for check, value, bound in st.push(step, v, s):
                 if s.calibrated:
-                    out.append(EnvelopeEvent("variance_bound", key, step, check=check,
-                                             value=value, bound=bound))
+                    out.append(EnvelopeEvent("variance_bound", key, step, check=check, value=value, bound=bound))
             self.margins[key] = st.margin
         return out
 
@@ -184,8 +192,7 @@ class _Variance:
     members: int = 0
     margin: float | None = None
 
-    def push(self, t: int, v: float | None, s: EnvelopeSettings
-             ) -> list[tuple[str, float | None, float | None]]:
+    def push(self, t: int, v: float | None, s: EnvelopeSettings) -> list[tuple[str, float | None, float | None]]:
         d, e = s.delta, s.epsilon
         if self.last is None:  # the first sample: Eq. 12 at t = t_0
             self.anchor = self.last = (t, v)
@@ -225,8 +232,15 @@ class _Starvation:
     def push(self, t: int, g_E: Norms, s: EnvelopeSettings, start: int) -> list[tuple[int, float]]:
         known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
         total = sum(g_E) if known else 0.0  # type: ignore[arg-type]
-        self.window.append((t, [g * len(g_E) / total if known else None  # type: ignore[operator]
-                                for g in g_E]))
+        self.window.append(
+            (
+                t,
+                [
+                    g * len(g_E) / total if known else None  # type: ignore[operator]
+                    for g in g_E
+                ],
+            )
+        )
         while self.window[0][0] <= t - s.starve_steps:
             self.window.popleft()
         if t - start + 1 < s.starve_steps:
@@ -252,16 +266,23 @@ def events_of_report(report: Mapping[str, Any], *, calibrated: bool = True) -> l
     """The events an ``moeaudit.envelope/v1`` report holds, as :class:`EnvelopeEvent` s (the
     variance bound only when ``calibrated``), in the order :class:`OnlineEnvelope` raises them."""
     out = [EnvelopeEvent("alert", a["series"], a["step"], value=a["value"]) for a in report["alerts"]]
-    out += [EnvelopeEvent("dead_expert", d["layer"], d["step"], expert=d["expert"])
-            for d in report["dead_experts"]]
-    out += [EnvelopeEvent("starvation", r["layer"], r["step"], expert=r["expert"], value=r["share"])
-            for r in report["starvation"]]
+    out += [EnvelopeEvent("dead_expert", d["layer"], d["step"], expert=d["expert"]) for d in report["dead_experts"]]
+    out += [
+        EnvelopeEvent("starvation", r["layer"], r["step"], expert=r["expert"], value=r["share"])
+        for r in report["starvation"]
+    ]
     if calibrated:
-        out += [EnvelopeEvent("variance_bound", key, r["step"], check="gronwall", value=r["value"],
-                              bound=r["bound"])
-                for key, rows in report["series"].items() for r in rows if not r["compliant"]]
-        out += [EnvelopeEvent("variance_bound", r["series"], r["to_step"], check="discrete",
-                              value=r["value"], bound=r["bound"])
-                for r in report["discrete"] if not r["compliant"]]
+        out += [
+            EnvelopeEvent("variance_bound", key, r["step"], check="gronwall", value=r["value"], bound=r["bound"])
+            for key, rows in report["series"].items()
+            for r in rows
+            if not r["compliant"]
+        ]
+        out += [
+            EnvelopeEvent(
+                "variance_bound", r["series"], r["to_step"], check="discrete", value=r["value"], bound=r["bound"]
+            )
+            for r in report["discrete"]
+            if not r["compliant"]
+        ]
     return sorted(out, key=lambda e: e.step)
-

@@ -46,23 +46,26 @@ class RoutingCounts:
         for layer, lp in layers.items():
             module = owner.get(id(lp.fused[0])) if lp.fused else None
             if module is not None:
-                self._handles.append(module.register_forward_pre_hook(
-                    self._hook(layer), with_kwargs=True))
+                self._handles.append(module.register_forward_pre_hook(self._hook(layer), with_kwargs=True))
 
     def _hook(self, layer: int) -> Any:
         def count(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             idx = args[1] if len(args) > 1 else kwargs.get("top_k_index")
-            if (self.paused or not torch.is_grad_enabled()
-                    or not isinstance(idx, torch.Tensor) or idx.is_floating_point()):
+            if (
+                self.paused
+                or not torch.is_grad_enabled()
+                or not isinstance(idx, torch.Tensor)
+                or idx.is_floating_point()
+            ):
                 return  # evaluation, the canary probe, or not the routing we know
             flat = idx.detach().reshape(-1)
             counts = self._counts.get(layer)
             if counts is None:
-                counts = self._counts[layer] = torch.zeros(self.E[layer], dtype=torch.int64,
-                                                           device=flat.device)
+                counts = self._counts[layer] = torch.zeros(self.E[layer], dtype=torch.int64, device=flat.device)
             counts.scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
             self.tokens[layer] += idx.shape[0]
             self.k[layer] = idx.shape[-1] if idx.dim() > 1 else 1
+
         return count
 
     def take(self) -> tuple[list[int], list[torch.Tensor], dict[int, int]]:
@@ -88,16 +91,18 @@ class Summary:
         self.k: dict[int, int] = {}
         self.last: dict[str, float] = {}
 
-    def add_counts(self, layers: Sequence[int], counts: Sequence[Sequence[float]],
-                   tokens: Mapping[int, int], k: Mapping[int, int]) -> None:
+    def add_counts(
+        self, layers: Sequence[int], counts: Sequence[Sequence[float]], tokens: Mapping[int, int], k: Mapping[int, int]
+    ) -> None:
         for layer, c in zip(layers, counts, strict=True):
             old = self.counts.get(layer, [0.0] * len(c))
             self.counts[layer] = [a + b for a, b in zip(old, c, strict=True)]
             self.tokens[layer] = self.tokens.get(layer, 0) + tokens[layer]
             self.k[layer] = k[layer]
 
-    def update(self, record: Mapping[str, Any], margins: Mapping[str, float | None],
-               events: int, starve_share: float) -> None:
+    def update(
+        self, record: Mapping[str, Any], margins: Mapping[str, float | None], events: int, starve_share: float
+    ) -> None:
         """The scalars of the last logged ``record`` (a metrics line) and the routing so far."""
         out: dict[str, float] = {}
         for layer, g_E in record["expert_grad_norms"].items():
@@ -140,6 +145,8 @@ def _routing_scalars(prefix: str, counts_E: Sequence[float], tokens: int, k: int
     E = len(counts_E)
     p = [c / (k * tokens) for c in counts_E]
     entropy = -sum(x * math.log(x) for x in p if x > 0)
-    return {f"{prefix}/pi_min": min(counts_E) / tokens,
-            f"{prefix}/load_entropy_norm": entropy / math.log(E) if E > 1 else 0.0,
-            f"{prefix}/dead_experts": float(sum(c == 0 for c in counts_E))}
+    return {
+        f"{prefix}/pi_min": min(counts_E) / tokens,
+        f"{prefix}/load_entropy_norm": entropy / math.log(E) if E > 1 else 0.0,
+        f"{prefix}/dead_experts": float(sum(c == 0 for c in counts_E)),
+    }

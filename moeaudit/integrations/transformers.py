@@ -50,8 +50,14 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
     ``EnvelopeSettings``; default the built-in policy). :meth:`attach` routes the per-layer
     scalars through the Trainer's logging path (``report_to``)."""
 
-    def __init__(self, canary: Canary | str | Path | None = None, *, every: int = 1,
-                 probe: bool = True, envelope: EnvelopeSettings | Policy | str | Path | None = None):
+    def __init__(
+        self,
+        canary: Canary | str | Path | None = None,
+        *,
+        every: int = 1,
+        probe: bool = True,
+        envelope: EnvelopeSettings | Policy | str | Path | None = None,
+    ):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.canary = load_canary(canary)
@@ -71,14 +77,22 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         callbacks.insert(0, self)
         return self
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None, **kwargs: Any
+    ) -> None:
         if model is None:
             raise ValueError("MoeauditCallback needs the Trainer's model")
-        self.recorder = RunRecorder(args.output_dir, model, canary=self.canary, every=self.every,
-                                    probe=self.probe, resume_step=state.global_step or None,
-                                    rank_zero=state.is_world_process_zero, total=True,
-                                    envelope=self.envelope)
+        self.recorder = RunRecorder(
+            args.output_dir,
+            model,
+            canary=self.canary,
+            every=self.every,
+            probe=self.probe,
+            resume_step=state.global_step or None,
+            rank_zero=state.is_world_process_zero,
+            total=True,
+            envelope=self.envelope,
+        )
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -88,8 +102,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         step = state.global_step + 1  # the Trainer increments after the update
         self.recorder.log_step(step, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)})
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Add the ``moe/…`` scalars to a training log (the dict every later callback reports)
         and to its ``log_history`` entry (``trainer_state.json``)."""
         if self.recorder is None or logs is None or "loss" not in logs:

@@ -51,13 +51,15 @@ class Evidence:
     notes: Sequence[str] = field(default_factory=tuple)
 
 
-def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None,
-                  default: str) -> tuple[str, str]:
+def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
     """(stage, where it came from): --stage, then the run's own events.jsonl (run metadata,
     more specific than a shared policy), then the policy, then the command's default (SPEC §8
     pretraining for a run, §9 post-training for a promotion between runs)."""
-    for value, source in ((flag, "--stage"), (run_stage, "the run's events.jsonl"),
-                          (policy_stage, "policy gates.stage")):
+    for value, source in (
+        (flag, "--stage"),
+        (run_stage, "the run's events.jsonl"),
+        (policy_stage, "policy gates.stage"),
+    ):
         if value:
             return value, source
     return default, "default"
@@ -67,44 +69,47 @@ def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | N
 
 
 def _check(name: str, status: str | None, reason: str, **extra: Any) -> Check:
-    return cast(Check, {"name": name, "evaluated": status is not None, "status": status, "reason": reason,
-                        **extra})
+    return cast(Check, {"name": name, "evaluated": status is not None, "status": status, "reason": reason, **extra})
 
 
 def health_check(gates: Sequence[GateEntry]) -> Check:
     bad = [f"{g['receipts']['checkpoint']}: {p}" for g in gates for p in g["health"]["problems"]]
     if bad:
         more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
-        return _check("health", FAIL, "below an absolute health floor — " + "; ".join(bad[:4]) + more,
-                      problems=bad)
-    return _check("health", PASS, f"every checkpoint ({len(gates)}) clears the dead-expert, π_min "
-                                  "and load-entropy floors")
+        return _check("health", FAIL, "below an absolute health floor — " + "; ".join(bad[:4]) + more, problems=bad)
+    return _check(
+        "health", PASS, f"every checkpoint ({len(gates)}) clears the dead-expert, π_min and load-entropy floors"
+    )
 
 
 def comparison_check(gates: Sequence[GateEntry]) -> Check:
     """At least one checkpoint compared with a baseline it is not a byte-identical copy of: two
     step names with the same digest are one checkpoint of evidence (issue 23 §6)."""
-    compared = [g for g in gates if ("structural" in g or "continuity" in g)
-                and g.get("duplicate_of") is None]
+    compared = [g for g in gates if ("structural" in g or "continuity" in g) and g.get("duplicate_of") is None]
     if compared:
         return _check("comparison", PASS, f"{len(compared)} checkpoint(s) compared with a baseline")
     copies = [g for g in gates if g.get("duplicate_of") is not None]
-    why = (f"; {len(copies)} later checkpoint(s) are byte-identical copies of earlier ones" if copies
-           else "")
-    return _check("comparison", INCONCLUSIVE,
-                  "baseline only: every distinct checkpoint is a baseline, so nothing was compared "
-                  f"and no preservation claim can be made (add a later checkpoint){why}",
-                  basis="baseline-only")
+    why = f"; {len(copies)} later checkpoint(s) are byte-identical copies of earlier ones" if copies else ""
+    return _check(
+        "comparison",
+        INCONCLUSIVE,
+        "baseline only: every distinct checkpoint is a baseline, so nothing was compared "
+        f"and no preservation claim can be made (add a later checkpoint){why}",
+        basis="baseline-only",
+    )
 
 
 def duplicates_check(gates: Sequence[GateEntry]) -> Check | None:
     """Reported, not gated: checkpoints under two step names with one digest."""
-    copies = [f"step {g['step']} = step {g['duplicate_of']}" for g in gates
-              if g.get("duplicate_of") is not None]
+    copies = [f"step {g['step']} = step {g['duplicate_of']}" for g in gates if g.get("duplicate_of") is not None]
     if not copies:
         return None
-    return _check("distinct", None, "the same checkpoint digest under two step names (one "
-                  "checkpoint of evidence, counted once): " + ", ".join(copies))
+    return _check(
+        "distinct",
+        None,
+        "the same checkpoint digest under two step names (one "
+        "checkpoint of evidence, counted once): " + ", ".join(copies),
+    )
 
 
 def _series_name(key: str) -> str:
@@ -112,15 +117,18 @@ def _series_name(key: str) -> str:
 
 
 def _violation_text(fv: Violation) -> str:
-    what = {"gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
-            "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
-            "starvation": "has an expert starved of gradient (000 §8.1 level side)"}.get(
-        fv["check"], fv["check"])
+    what = {
+        "gronwall": "exceeds its Grönwall bound (000 Eq. 12)",
+        "discrete": f"exceeds the Δ-step bound from step {fv.get('from_step')} (000 Eq. 11)",
+        "starvation": "has an expert starved of gradient (000 §8.1 level side)",
+    }.get(fv["check"], fv["check"])
     value = "" if fv.get("value") is None else f": value {fv['value']:.4g} vs bound {fv['bound']:.4g}"
     if fv["check"] == "starvation":
-        value = (f": expert {fv['expert']} share below {fv['bound']:.3g} on "
-                 f"{fv.get('fraction', 1.0):.0%} of the samples of a {fv['steps']}-step window "
-                 f"(lowest {fv['value']:.3g})")
+        value = (
+            f": expert {fv['expert']} share below {fv['bound']:.3g} on "
+            f"{fv.get('fraction', 1.0):.0%} of the samples of a {fv['steps']}-step window "
+            f"(lowest {fv['value']:.3g})"
+        )
     return f"{_series_name(fv['layer'])} {what} at step {fv['step']}{value}"
 
 
@@ -144,27 +152,39 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     starved = report.get("starvation") or []
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
-        fv: Violation = {"layer": first["layer"], "step": first["step"], "check": "starvation",
-                         "expert": first["expert"], "value": first["share"],
-                         "bound": report["rules"]["starvation"]["share"], "steps": first["steps"],
-                         "fraction": first.get("fraction", 1.0)}
+        fv: Violation = {
+            "layer": first["layer"],
+            "step": first["step"],
+            "check": "starvation",
+            "expert": first["expert"],
+            "value": first["share"],
+            "bound": report["rules"]["starvation"]["share"],
+            "steps": first["steps"],
+            "fraction": first.get("fraction", 1.0),
+        }
         return _check("envelope", FAIL, _violation_text(fv) + span, deciding=fv)
     first_violation = report.get("first_violation")
     if gated_variance and not variance_ok and first_violation:
-        return _check("envelope", FAIL, _violation_text(first_violation) + span,
-                      deciding=dict(first_violation))
+        return _check("envelope", FAIL, _violation_text(first_violation) + span, deciding=dict(first_violation))
     unevaluable = report.get("unevaluable") or []
     if unevaluable:
-        return _check("envelope", INCONCLUSIVE, "not every envelope rule could be evaluated"
-                      f"{span}: " + "; ".join(f"{u['check']}: {u['reason']}" for u in unevaluable),
-                      unevaluable=list(unevaluable))
+        return _check(
+            "envelope",
+            INCONCLUSIVE,
+            "not every envelope rule could be evaluated"
+            f"{span}: " + "; ".join(f"{u['check']}: {u['reason']}" for u in unevaluable),
+            unevaluable=list(unevaluable),
+        )
     if not gated_variance:
         bound = ("within" if variance_ok else "outside") + " the illustrative variance bound"
-        return _check("envelope", PASS, f"no expert starved of gradient (level check){span}; the "
-                      f"variance series stays {bound} (000 Table 6 constants, not calibrated on this "
-                      f"model: reported, not gated — `moeaudit calibrate` to gate it) ({report['source']})")
-    return _check("envelope", PASS, f"compliant on every window and level check{span} "
-                                    f"({report['source']})")
+        return _check(
+            "envelope",
+            PASS,
+            f"no expert starved of gradient (level check){span}; the "
+            f"variance series stays {bound} (000 Table 6 constants, not calibrated on this "
+            f"model: reported, not gated — `moeaudit calibrate` to gate it) ({report['source']})",
+        )
+    return _check("envelope", PASS, f"compliant on every window and level check{span} ({report['source']})")
 
 
 def margin_status(margin: Margin, band: float) -> str:
@@ -192,9 +212,11 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     if stage != "post-training":
         return _check("refinement", None, f"pretraining run: reported, not gated ({text})", **value)
     status = margin_status(margin, band)
-    verdict = {PASS: "refinement: the protected layers stayed within the budget τ",
-               FAIL: "repurposing: a protected layer exceeds the budget τ",
-               INCONCLUSIVE: "within noise of the budget τ"}[status]
+    verdict = {
+        PASS: "refinement: the protected layers stayed within the budget τ",
+        FAIL: "repurposing: a protected layer exceeds the budget τ",
+        INCONCLUSIVE: "within noise of the budget τ",
+    }[status]
     return _check("refinement", status, f"{verdict} ({text}, τ = {margin.get('tau')})", **value)
 
 
@@ -202,29 +224,47 @@ def handoff_check(margin: Margin | None, band: float) -> Check:
     if margin is None:
         return _check("handoff", None, "no --reference given")
     status = margin_status(margin, band)
-    verdict = {PASS: "clears the reference's overlap-and-occupancy floor",
-               FAIL: "falls below the reference on a protected layer",
-               INCONCLUSIVE: "within noise of the reference"}[status]
-    return _check("handoff", status, f"{verdict} against {margin.get('reference')} "
-                                     f"({_margin_text('handoff', 'h_ex', margin)})",
-                  value=margin.get("exact"), ci95=margin.get("ci95"))
+    verdict = {
+        PASS: "clears the reference's overlap-and-occupancy floor",
+        FAIL: "falls below the reference on a protected layer",
+        INCONCLUSIVE: "within noise of the reference",
+    }[status]
+    return _check(
+        "handoff",
+        status,
+        f"{verdict} against {margin.get('reference')} ({_margin_text('handoff', 'h_ex', margin)})",
+        value=margin.get("exact"),
+        ci95=margin.get("ci95"),
+    )
 
 
 def checks(ev: Evidence) -> list[Check]:
-    out = [health_check(ev.gates), comparison_check(ev.gates),
-           envelope_check(ev.envelope, ev.envelope_reason),
-           refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
-           handoff_check(ev.margins.get("handoff"), ev.band)]
+    out = [
+        health_check(ev.gates),
+        comparison_check(ev.gates),
+        envelope_check(ev.envelope, ev.envelope_reason),
+        refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
+        handoff_check(ev.margins.get("handoff"), ev.band),
+    ]
     dup = duplicates_check(ev.gates)
     if dup is not None:
         out.append(dup)
     if ev.skipped:
-        out.append(_check("coverage", INCONCLUSIVE, "checkpoint(s) skipped as unreadable or still "
-                                                    f"being written: {', '.join(ev.skipped)}"))
+        out.append(
+            _check(
+                "coverage",
+                INCONCLUSIVE,
+                f"checkpoint(s) skipped as unreadable or still being written: {', '.join(ev.skipped)}",
+            )
+        )
     bad = list(dict.fromkeys(ev.nonfinite))  # weights first, then receipts, each once
-    out.append(_check("finite", FAIL if bad else PASS,
-                      ("NaN/Inf found: " + "; ".join(bad[:5])) if bad
-                      else "every weight and receipt is finite"))
+    out.append(
+        _check(
+            "finite",
+            FAIL if bad else PASS,
+            ("NaN/Inf found: " + "; ".join(bad[:5])) if bad else "every weight and receipt is finite",
+        )
+    )
     return out
 
 
@@ -239,16 +279,16 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
     red = [g["step"] for g in gates if g["status"] == RED]
     failed = [c["name"] for c in evaluated if c["status"] == FAIL]
     if red or failed:
-        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red else []) + \
-                [f"{name} failed" for name in failed]
+        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red else []) + [f"{name} failed" for name in failed]
         return FAIL, "; ".join(parts)
     yellow = [g["step"] for g in gates if g["status"] == YELLOW]
     open_checks = [c["name"] for c in evaluated if c["status"] != PASS]
     if not yellow and not open_checks:
         assert all(g["status"] in (BASELINE, GREEN) for g in gates)
         return PASS, "every gate BASELINE or GREEN and every evaluated check passes"
-    parts = ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else []) + \
-            [f"{name} inconclusive" for name in open_checks]
+    parts = ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else []) + [
+        f"{name} inconclusive" for name in open_checks
+    ]
     return INCONCLUSIVE, "; ".join(parts)
 
 
@@ -266,5 +306,11 @@ def promotion(verdict_: str, gates: Sequence[GateEntry]) -> Promotion:
 def decide(ev: Evidence) -> Decision:
     check_list = checks(ev)
     v, why = verdict(ev.gates, check_list)
-    return {"verdict": v, "verdict_reason": why, "promotion": promotion(v, ev.gates),
-            "checks": check_list, "stage": ev.stage, "stage_source": ev.stage_source}
+    return {
+        "verdict": v,
+        "verdict_reason": why,
+        "promotion": promotion(v, ev.gates),
+        "checks": check_list,
+        "stage": ev.stage,
+        "stage_source": ev.stage_source,
+    }

@@ -93,9 +93,11 @@ class EnvelopeSeries:
     def between(self, start: int | None, end: int | None, *, include_start: bool) -> EnvelopeSeries:
         """The samples in (start, end] — or [start, end] with ``include_start`` — the window a
         verdict speaks for (a gate's (base, candidate], a run's first to last checkpoint)."""
+
         def inside(t: int) -> bool:
             after = start is None or (t >= start if include_start else t > start)
             return after and (end is None or t <= end)
+
         return self._keep([j for j, t in enumerate(self.steps) if inside(t)])
 
     def at(self, steps: Iterable[int]) -> EnvelopeSeries:
@@ -104,43 +106,63 @@ class EnvelopeSeries:
         return self._keep([j for j, t in enumerate(self.steps) if t in wanted])
 
     def _keep(self, keep: list[int]) -> EnvelopeSeries:
-        norms = None if self.norms is None else {
-            k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
+        norms = None if self.norms is None else {k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
         pos = {j: i for i, j in enumerate(keep)}
-        notes = {k: {pos[j]: why for j, why in n.items() if j in pos}
-                 for k, n in self.notes.items()}
-        return replace(self, steps=tuple(self.steps[j] for j in keep), norms=norms, notes=notes,
-                       values={k: tuple(v[j] for j in keep) for k, v in self.values.items()})
+        notes = {k: {pos[j]: why for j, why in n.items() if j in pos} for k, n in self.notes.items()}
+        return replace(
+            self,
+            steps=tuple(self.steps[j] for j in keep),
+            norms=norms,
+            notes=notes,
+            values={k: tuple(v[j] for j in keep) for k, v in self.values.items()},
+        )
 
 
-def from_norms(source: str, steps: Sequence[int],
-               norms: Mapping[str, Sequence[Sequence[float | None]]], variant: str, *,
-               origin: str = "", findings: Iterable[dict[str, Any]] = ()) -> EnvelopeSeries:
+def from_norms(
+    source: str,
+    steps: Sequence[int],
+    norms: Mapping[str, Sequence[Sequence[float | None]]],
+    variant: str,
+    *,
+    origin: str = "",
+    findings: Iterable[dict[str, Any]] = (),
+) -> EnvelopeSeries:
     """A series from per-expert gradient norms ``{layer: [S] vectors of [E]}`` (logs or replay)."""
     _check_steps(steps, origin, variant)
     for layer, vectors in norms.items():
         if len(vectors) != len(steps):
-            raise InputError(f"layer {layer}: {len(vectors)} norm vectors for {len(steps)} steps",
-                             path=origin or None)
+            raise InputError(f"layer {layer}: {len(vectors)} norm vectors for {len(steps)} steps", path=origin or None)
     values, notes = variance_series(norms, variant)
     frozen = {k: tuple(tuple(v) for v in vs) for k, vs in norms.items()}
-    return EnvelopeSeries(_source(source), variant, tuple(steps),
-                          {k: tuple(v) for k, v in values.items()}, frozen, notes, origin,
-                          tuple(findings))
+    return EnvelopeSeries(
+        _source(source),
+        variant,
+        tuple(steps),
+        {k: tuple(v) for k, v in values.items()},
+        frozen,
+        notes,
+        origin,
+        tuple(findings),
+    )
 
 
 def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> EnvelopeSeries:
     """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
     ``canary_probe.jsonl`` (same format, ``source="probe"``)."""
-    return from_norms(source, metrics.steps, metrics.norms, variant, origin=metrics.path,
-                      findings=[f.to_json() for f in metrics.findings])
+    return from_norms(
+        source,
+        metrics.steps,
+        metrics.norms,
+        variant,
+        origin=metrics.path,
+        findings=[f.to_json() for f in metrics.findings],
+    )
 
 
 Record = tuple[int, Mapping[str, float | None], float | None]  # (step, {layer: V}, pooled V)
 
 
-def from_records(source: str, records: Iterable[Record], variant: str, *,
-                 origin: str = "") -> EnvelopeSeries:
+def from_records(source: str, records: Iterable[Record], variant: str, *, origin: str = "") -> EnvelopeSeries:
     """A series from ``(step, {layer: V}, pooled V)`` records, V already in ``variant``."""
     records = list(records)
     steps = [r[0] for r in records]
@@ -150,15 +172,15 @@ def from_records(source: str, records: Iterable[Record], variant: str, *,
     notes: dict[str, dict[int, str]] = {}
     for j, (step, by_layer, pooled) in enumerate(records):
         if list(by_layer) != layers:
-            raise InputError(f"step {step}: layers {list(by_layer)} differ from {layers}",
-                             path=origin or None)
+            raise InputError(f"step {step}: layers {list(by_layer)} differ from {layers}", path=origin or None)
         for key, v in [(POOLED, pooled), *by_layer.items()]:
             finite = v is not None and math.isfinite(v)
             values[key].append(float(v) if finite else None)  # type: ignore[arg-type]
             if not finite:
                 notes.setdefault(key, {})[j] = "value is non-finite"
-    return EnvelopeSeries(_source(source), variant, tuple(steps),
-                          {k: tuple(v) for k, v in values.items()}, None, notes, origin)
+    return EnvelopeSeries(
+        _source(source), variant, tuple(steps), {k: tuple(v) for k, v in values.items()}, None, notes, origin
+    )
 
 
 def median_gap(steps: Sequence[int]) -> int | None:
@@ -196,12 +218,22 @@ def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
         return sum(known) / len(known) if known else None
 
     values = {k: tuple(mean([v[j] for j in g]) for g in groups) for k, v in series.values.items()}
-    norms = None if series.norms is None else {
-        k: tuple(tuple(mean([v[j][e] for j in g]) for e in range(len(v[g[0]]))) for g in groups)
-        for k, v in series.norms.items()}
-    return replace(series, steps=tuple(series.steps[g[-1]] for g in groups), values=values,
-                   norms=norms, notes={},
-                   origin=f"{series.origin} (means over blocks of {interval} steps)")
+    norms = (
+        None
+        if series.norms is None
+        else {
+            k: tuple(tuple(mean([v[j][e] for j in g]) for e in range(len(v[g[0]]))) for g in groups)
+            for k, v in series.norms.items()
+        }
+    )
+    return replace(
+        series,
+        steps=tuple(series.steps[g[-1]] for g in groups),
+        values=values,
+        norms=norms,
+        notes={},
+        origin=f"{series.origin} (means over blocks of {interval} steps)",
+    )
 
 
 def _source(source: str) -> str:
@@ -241,14 +273,20 @@ def windows(steps: Sequence[int], window: int) -> list[tuple[int, list[int]]]:
     return out
 
 
-def discrete_checks(steps: Sequence[int], values: Sequence[float | None], delta: float,
-                    epsilon: float) -> list[dict[str, Any]]:
+def discrete_checks(
+    steps: Sequence[int], values: Sequence[float | None], delta: float, epsilon: float
+) -> list[dict[str, Any]]:
     """The composed Eq. 11 condition for every consecutive pair of samples."""
     out = []
     for j in range(len(steps) - 1):
         gap, v0, v1 = steps[j + 1] - steps[j], values[j], values[j + 1]
-        row: dict[str, Any] = {"from_step": steps[j], "to_step": steps[j + 1], "gap": gap,
-                               "value_from": v0, "value": v1}
+        row: dict[str, Any] = {
+            "from_step": steps[j],
+            "to_step": steps[j + 1],
+            "gap": gap,
+            "value_from": v0,
+            "value": v1,
+        }
         if v0 is None or v1 is None:
             row.update(bound=None, margin=None, compliant=False, reason="non-finite value")
         else:
@@ -271,9 +309,16 @@ class SeriesCheck:
         return all(r["compliant"] for r in self.samples + self.windows + self.discrete)
 
 
-def check_series(steps: Sequence[int], values: Sequence[float | None], delta: float,
-                 epsilon: float, window: int, *, breaks: Iterable[int] = (),
-                 notes: Mapping[int, str] | None = None) -> SeriesCheck:
+def check_series(
+    steps: Sequence[int],
+    values: Sequence[float | None],
+    delta: float,
+    epsilon: float,
+    window: int,
+    *,
+    breaks: Iterable[int] = (),
+    notes: Mapping[int, str] | None = None,
+) -> SeriesCheck:
     """Grönwall windows and discrete checks of one series, restarting at each break."""
     notes = notes or {}
     samples: list[dict[str, Any]] = []
@@ -282,25 +327,45 @@ def check_series(steps: Sequence[int], values: Sequence[float | None], delta: fl
     for seg in segments(steps, breaks):
         t, v = [steps[j] for j in seg], [values[j] for j in seg]
         first = None if v[0] is None else gronwall(v[0], t[0], t[0], delta, epsilon)
-        samples.append(_row(t[0], v[0], first, len(wins) if len(t) > 1 else None,
-                            notes.get(seg[0])))
+        samples.append(_row(t[0], v[0], first, len(wins) if len(t) > 1 else None, notes.get(seg[0])))
         for anchor, members in windows(t, window):
             v_a, t_a, index = v[anchor], t[anchor], len(wins)
-            rows = [_row(t[m], v[m], None if v_a is None else
-                         gronwall(v_a, t_a, t[m], delta, epsilon), index,
-                         notes.get(seg[m]) or (None if v_a is not None else "anchor is non-finite"))
-                    for m in members]
+            rows = [
+                _row(
+                    t[m],
+                    v[m],
+                    None if v_a is None else gronwall(v_a, t_a, t[m], delta, epsilon),
+                    index,
+                    notes.get(seg[m]) or (None if v_a is not None else "anchor is non-finite"),
+                )
+                for m in members
+            ]
             samples.extend(rows)
-            wins.append({"index": index, "start": t_a, "end": t[members[-1]], "anchor_value": v_a,
-                         "samples": len(members) + 1, "stretched": t[members[-1]] - t_a > window,
-                         "min_margin": _min_margin(rows),
-                         "compliant": v_a is not None and all(r["compliant"] for r in rows)})
+            wins.append(
+                {
+                    "index": index,
+                    "start": t_a,
+                    "end": t[members[-1]],
+                    "anchor_value": v_a,
+                    "samples": len(members) + 1,
+                    "stretched": t[members[-1]] - t_a > window,
+                    "min_margin": _min_margin(rows),
+                    "compliant": v_a is not None and all(r["compliant"] for r in rows),
+                }
+            )
         discrete.extend(discrete_checks(t, v, delta, epsilon))
     return SeriesCheck(samples, wins, discrete)
 
 
-def holds(steps: Sequence[int], values: Sequence[float], delta: float, epsilon: float,
-          window: int, *, breaks: Iterable[int] = ()) -> bool:
+def holds(
+    steps: Sequence[int],
+    values: Sequence[float],
+    delta: float,
+    epsilon: float,
+    window: int,
+    *,
+    breaks: Iterable[int] = (),
+) -> bool:
     """``check_series(...).compliant`` for a finite series, stopping at the first violation."""
     for seg in segments(steps, breaks):
         t, v = [steps[j] for j in seg], [values[j] for j in seg]
@@ -314,13 +379,25 @@ def holds(steps: Sequence[int], values: Sequence[float], delta: float, epsilon: 
     return True
 
 
-def _row(step: int, value: float | None, bound: float | None, window: int | None,
-         why: str | None) -> dict[str, Any]:
+def _row(step: int, value: float | None, bound: float | None, window: int | None, why: str | None) -> dict[str, Any]:
     if value is None or bound is None:
-        return {"step": step, "value": value, "bound": bound, "margin": None, "compliant": False,
-                "window": window, "reason": why or "non-finite value"}
-    return {"step": step, "value": value, "bound": bound, "margin": bound - value,
-            "compliant": _holds(value, bound), "window": window}
+        return {
+            "step": step,
+            "value": value,
+            "bound": bound,
+            "margin": None,
+            "compliant": False,
+            "window": window,
+            "reason": why or "non-finite value",
+        }
+    return {
+        "step": step,
+        "value": value,
+        "bound": bound,
+        "margin": bound - value,
+        "compliant": _holds(value, bound),
+        "window": window,
+    }
 
 
 def _min_margin(rows: list[dict[str, Any]]) -> float | None:
@@ -331,8 +408,14 @@ def _min_margin(rows: list[dict[str, Any]]) -> float | None:
 # --- alert rule (`000` Eq. 21) and dead experts (§10.3) ------------------------------------------
 
 
-def alerts(steps: Sequence[int], norms: Sequence[Sequence[float | None]],
-           values: Sequence[float | None], a: float, b: float, n: int) -> list[dict[str, Any]]:
+def alerts(
+    steps: Sequence[int],
+    norms: Sequence[Sequence[float | None]],
+    values: Sequence[float | None],
+    a: float,
+    b: float,
+    n: int,
+) -> list[dict[str, Any]]:
     """Eq. 21 on one series: ``max_e g_e < a ∧ V > b`` for n consecutive samples.
 
     One alert per run of consecutive samples meeting the condition, firing at the n-th; a
@@ -345,8 +428,16 @@ def alerts(steps: Sequence[int], norms: Sequence[Sequence[float | None]],
         if known and max(g_E) < a and v > b:  # type: ignore[operator, type-var]
             run.append(j)
             if len(run) == n:
-                out.append({"step": steps[j], "since": steps[run[0]], "until": steps[j],
-                            "samples": n, "max_grad": max(g_E), "value": v})  # type: ignore[type-var]
+                out.append(
+                    {
+                        "step": steps[j],
+                        "since": steps[run[0]],
+                        "until": steps[j],
+                        "samples": n,
+                        "max_grad": max(g_E),  # type: ignore[type-var]
+                        "value": v,
+                    }
+                )
             elif len(run) > n:
                 out[-1].update(until=steps[j], samples=len(run))
         else:
@@ -354,8 +445,9 @@ def alerts(steps: Sequence[int], norms: Sequence[Sequence[float | None]],
     return out
 
 
-def dead_experts(steps: Sequence[int], norms: Sequence[Sequence[float | None]], dead_grad: float,
-                 dead_steps: int) -> list[dict[str, Any]]:
+def dead_experts(
+    steps: Sequence[int], norms: Sequence[Sequence[float | None]], dead_grad: float, dead_steps: int
+) -> list[dict[str, Any]]:
     """§10.3: expert e is dead once ``g_e < dead_grad`` for more than ``dead_steps`` steps.
 
     Counted in training steps, not samples (logs may be every K steps): a run of consecutive
@@ -382,8 +474,9 @@ def dead_experts(steps: Sequence[int], norms: Sequence[Sequence[float | None]], 
     return out
 
 
-def starvation(steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float,
-               max_steps: int, fraction: float = 0.5) -> list[dict[str, Any]]:
+def starvation(
+    steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float, max_steps: int, fraction: float = 0.5
+) -> list[dict[str, Any]]:
     """The level side of `000` §8.1 / Eq. 13: expert e is starved when, in some window of
     ``max_steps`` consecutive training steps, at least ``fraction`` of the logged samples give it
     a share of the layer's gradient signal g_e / mean_e g below ``share``. Counting the fraction
@@ -412,9 +505,18 @@ def starvation(steps: Sequence[int], norms: Sequence[Sequence[float | None]], sh
             seen: list[float] = [x for i in range(lo, j + 1) if (x := shares[i][e]) is not None]
             low = [x for x in seen if x < share]
             if seen and len(low) >= fraction * len(seen):
-                out.append({"expert": e, "since": steps[lo], "step": t, "until": t,
-                            "steps": max_steps, "share": min(low),
-                            "fraction": len(low) / len(seen), "samples": len(seen)})
+                out.append(
+                    {
+                        "expert": e,
+                        "since": steps[lo],
+                        "step": t,
+                        "until": t,
+                        "steps": max_steps,
+                        "share": min(low),
+                        "fraction": len(low) / len(seen),
+                        "samples": len(seen),
+                    }
+                )
                 break
     return out
 
@@ -432,18 +534,23 @@ def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> lis
     if series.norms is None:
         out.append({"check": "starvation", "reason": "no per-expert gradient norms in the series"})
     elif not starvation_evaluable(series.steps, settings.starve_steps):
-        out.append({"check": "starvation",
-                    "reason": f"the series spans {span} step(s) (steps {series.steps[0]}–"
-                              f"{series.steps[-1]}); the level rule judges windows of "
-                              f"envelope.starve_steps = {settings.starve_steps} steps"})
+        out.append(
+            {
+                "check": "starvation",
+                "reason": f"the series spans {span} step(s) (steps {series.steps[0]}–"
+                f"{series.steps[-1]}); the level rule judges windows of "
+                f"envelope.starve_steps = {settings.starve_steps} steps",
+            }
+        )
     return out
 
 
 # --- the report (`moeaudit.envelope/v1`) ---------------------------------------------------------
 
 
-def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iterable[int] = (),
-             policy_path: str | None = None) -> EnvelopeReport:
+def evaluate(
+    series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iterable[int] = (), policy_path: str | None = None
+) -> EnvelopeReport:
     """Check every series of ``series`` under ``settings``; the plain-dict envelope report.
 
     ``breaks``: steps of resume / regime-change events; windows re-anchor at the first sample at
@@ -455,33 +562,54 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
     native = series
     if settings.calibrated:  # the variance bound at the sampling it was fitted at
         series = resample(series, settings.sampling_interval)
-    checks = {key: check_series(series.steps, values, d, e, tau, breaks=breaks,
-                                notes=series.notes.get(key))
-              for key, values in series.values.items()}
+    checks = {
+        key: check_series(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
+        for key, values in series.values.items()
+    }
     report: dict[str, Any] = {
-        "schema": SCHEMA, "source": series.source, "origin": series.origin,
+        "schema": SCHEMA,
+        "source": series.source,
+        "origin": series.origin,
         "variant": series.variant,
         "constants": {"delta": d, "epsilon": e, "window": tau, "budget": budget(d, e)},
-        "calibrated": settings.calibrated, "provenance": settings.provenance,
-        "rules": {"alert": {"a": settings.alert_a, "b": settings.alert_b, "n": settings.alert_n},
-                  "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps},
-                  "starvation": {"share": settings.starve_share, "steps": settings.starve_steps,
-                                 "fraction": settings.starve_fraction}},
+        "calibrated": settings.calibrated,
+        "provenance": settings.provenance,
+        "rules": {
+            "alert": {"a": settings.alert_a, "b": settings.alert_b, "n": settings.alert_n},
+            "dead_expert": {"grad": settings.dead_grad, "steps": settings.dead_steps},
+            "starvation": {
+                "share": settings.starve_share,
+                "steps": settings.starve_steps,
+                "fraction": settings.starve_fraction,
+            },
+        },
         "series": {key: c.samples for key, c in checks.items()},
         "windows": [{"series": key, **w} for key, c in checks.items() for w in c.windows],
         "discrete": [{"series": key, **r} for key, c in checks.items() for r in c.discrete],
         "compliant": all(c.compliant for c in checks.values()),
         "first_violation": first_violation(checks),
-        "alerts": [], "dead_experts": [], "starvation": [], "findings": list(series.findings),
-        "skipped": [{"check": "discrete", "series": "*", "from_step": series.steps[s.start - 1],
-                     "to_step": series.steps[s.start], "reason": "resume / regime change between"}
-                    for s in segments(series.steps, breaks)[1:]],
+        "alerts": [],
+        "dead_experts": [],
+        "starvation": [],
+        "findings": list(series.findings),
+        "skipped": [
+            {
+                "check": "discrete",
+                "series": "*",
+                "from_step": series.steps[s.start - 1],
+                "to_step": series.steps[s.start],
+                "reason": "resume / regime change between",
+            }
+            for s in segments(series.steps, breaks)[1:]
+        ],
     }
     report["sampling"] = sampling(series, settings)
     if series is not native:
-        report["sampling"]["resampled"] = {"native_gap": median_gap(native.steps),
-                                           "block": settings.sampling_interval,
-                                           "samples": len(series.steps)}
+        report["sampling"]["resampled"] = {
+            "native_gap": median_gap(native.steps),
+            "block": settings.sampling_interval,
+            "samples": len(series.steps),
+        }
     if native.steps:
         report["window"] = {"from": native.steps[0], "to": native.steps[-1]}
     report["variance_compliant"] = report["compliant"]
@@ -493,9 +621,16 @@ def evaluate(series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iter
         fv = report["first_violation"]
         if fv is None or first["step"] < fv["step"]:
             report["first_violation"] = {
-                "layer": first["layer"], "step": first["step"], "check": "starvation",
-                "expert": first["expert"], "value": first["share"], "bound": settings.starve_share,
-                "steps": first["steps"], "fraction": first["fraction"], "series": [first["layer"]]}
+                "layer": first["layer"],
+                "step": first["step"],
+                "check": "starvation",
+                "expert": first["expert"],
+                "value": first["share"],
+                "bound": settings.starve_share,
+                "steps": first["steps"],
+                "fraction": first["fraction"],
+                "series": [first["layer"]],
+            }
     return cast(EnvelopeReport, report)
 
 
@@ -511,15 +646,21 @@ def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, An
     """
     gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
     gap = gaps[len(gaps) // 2] if gaps else None
-    out: dict[str, Any] = {"policy_interval": settings.sampling_interval, "median_gap": gap,
-                           "floor_bound": None, "vacuous": [], "warnings": []}
+    out: dict[str, Any] = {
+        "policy_interval": settings.sampling_interval,
+        "median_gap": gap,
+        "floor_bound": None,
+        "vacuous": [],
+        "warnings": [],
+    }
     if gap is None:
         return out
     if gap != settings.sampling_interval:
         out["warnings"].append(
             f"the constants are for samples every {settings.sampling_interval} steps "
             f"(envelope.sampling_interval); this series is sampled every {gap} (median gap) — "
-            "constants fitted at one sampling do not transfer to another; calibrate at this one")
+            "constants fitted at one sampling do not transfer to another; calibrate at this one"
+        )
     floor = composed_bound(0.0, settings.delta, settings.epsilon, gap)
     out["floor_bound"] = floor
     if series.variant != "normalized" or not series.norms:
@@ -531,18 +672,20 @@ def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, An
         out["warnings"].append(
             f"vacuous at this sampling: from V = 0 the {gap}-step bound is {floor:.4g}, at or above "
             f"the largest possible var_grad_norm (E − 1) of series {', '.join(out['vacuous'])}; "
-            "nothing there can leave the envelope")
+            "nothing there can leave the envelope"
+        )
     return out
 
 
 def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: str | None) -> None:
     if series.variant != settings.variant:
-        raise InputError(f"the series is {series.variant!r} variance but the policy asks for "
-                         f"{settings.variant!r}", path=policy_path,
-                         hint="build the series with the policy's envelope.variant")
+        raise InputError(
+            f"the series is {series.variant!r} variance but the policy asks for {settings.variant!r}",
+            path=policy_path,
+            hint="build the series with the policy's envelope.variant",
+        )
     if len(series.steps) < 2:
-        raise InputError("the envelope needs at least two samples (steps) of the series",
-                         path=series.origin or None)
+        raise InputError("the envelope needs at least two samples (steps) of the series", path=series.origin or None)
     if series.norms is not None:
         sizes = {k: len(v[0]) for k, v in with_pooled(series.norms).items()}
         for key, size in sorted(sizes.items(), key=lambda kv: kv[0] == POOLED):  # layers first
@@ -565,18 +708,23 @@ def first_violation(checks: Mapping[str, SeriesCheck]) -> dict[str, Any] | None:
     if not found:
         return None
     step, _, key, check, r = min(found, key=lambda f: (f[0], f[1], f[3] != "gronwall"))
-    return {"layer": key, "step": step, "check": check, "value": r["value"],
-            "bound": r["bound"], **({"from_step": r["from_step"]} if check == "discrete" else {}),
-            "series": [f[2] for f in sorted(
-                {f[:3] for f in found if f[0] == step}, key=lambda f: f[1])]}
+    return {
+        "layer": key,
+        "step": step,
+        "check": check,
+        "value": r["value"],
+        "bound": r["bound"],
+        **({"from_step": r["from_step"]} if check == "discrete" else {}),
+        "series": [f[2] for f in sorted({f[:3] for f in found if f[0] == step}, key=lambda f: f[1])],
+    }
 
 
 def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str, Any]) -> None:
     if series.norms is None:
-        for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)",
-                      "starvation (000 §8.1 level side)"):
-            report["skipped"].append({"check": check, "series": "*",
-                                      "reason": "no per-expert gradient norms in the series"})
+        for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)", "starvation (000 §8.1 level side)"):
+            report["skipped"].append(
+                {"check": check, "series": "*", "reason": "no per-expert gradient norms in the series"}
+            )
         return
     s = settings
     for key, vectors in with_pooled(series.norms).items():
@@ -585,8 +733,7 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
     for layer, norms in series.norms.items():
         for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
-        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps,
-                                  s.starve_fraction):
+        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction):
             report["starvation"].append({"layer": layer, **starved})
 
 
@@ -606,15 +753,25 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         s = self.settings
-        return {"variant": s.variant, "delta": s.delta, "epsilon": s.epsilon, "window": s.window,
-                "budget": budget(s.delta, s.epsilon), "c": self.c, "delta_max": self.delta_max,
-                "temporal_variance": self.temporal_variance, "epsilon_series": self.epsilon_series,
-                "binding": self.binding, "eq17_window_min": math.ceil(3 / s.delta),
-                "provenance": s.provenance}
+        return {
+            "variant": s.variant,
+            "delta": s.delta,
+            "epsilon": s.epsilon,
+            "window": s.window,
+            "budget": budget(s.delta, s.epsilon),
+            "c": self.c,
+            "delta_max": self.delta_max,
+            "temporal_variance": self.temporal_variance,
+            "epsilon_series": self.epsilon_series,
+            "binding": self.binding,
+            "eq17_window_min": math.ceil(3 / s.delta),
+            "provenance": s.provenance,
+        }
 
 
-def calibrate(series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C,
-              breaks: Iterable[int] = ()) -> Calibration:
+def calibrate(
+    series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C, breaks: Iterable[int] = ()
+) -> Calibration:
     """Fit ε and δ on a healthy series (SPEC §7), under ``base``'s window τ.
 
     ε = c·max over series of the population temporal variance Var_t[V] (`000` Eq. 16), so the
@@ -628,28 +785,34 @@ def calibrate(series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALI
     key = max(tv, key=lambda k: tv[k])
     epsilon = c * tv[key]
     if not epsilon > 0:
-        raise InputError("the healthy series has zero temporal variance, so ε = c·Var_t[V] = 0",
-                         path=series.origin or None, hint="calibrate on a run with real updates")
+        raise InputError(
+            "the healthy series has zero temporal variance, so ε = c·Var_t[V] = 0",
+            path=series.origin or None,
+            hint="calibrate on a run with real updates",
+        )
 
     def check(delta: float) -> dict[str, SeriesCheck]:
-        return {k: check_series(series.steps, v, delta, epsilon, base.window, breaks=breaks)
-                for k, v in series.values.items()}
+        return {
+            k: check_series(series.steps, v, delta, epsilon, base.window, breaks=breaks)
+            for k, v in series.values.items()
+        }
 
     def ok(delta: float) -> bool:
-        return all(holds(series.steps, v, delta, epsilon, base.window, breaks=breaks)
-                   for v in finite.values())
+        return all(holds(series.steps, v, delta, epsilon, base.window, breaks=breaks) for v in finite.values())
 
     lo, hi = 1e-12, 1.0 - 1e-12
     if not ok(lo):
         where = first_violation(check(lo)) or {}
         c_min = _epsilon_floor(series.steps, finite, breaks) / tv[key]
-        raise InputError(f"the healthy series is not compliant for any δ with ε = {c:g}·Var_t[V] "
-                         f"= {epsilon:.6g}: series {where.get('layer')!r} leaves the envelope at "
-                         f"step {where.get('step')} ({where.get('check')} check) even as δ → 0",
-                         path=series.origin or None,
-                         hint=f"a rise between samples Δ steps apart must stay below ε·Δ, which "
-                              f"needs c > {c_min:.4g} here (Eq. 16 is not scale-free: Var_t[V] "
-                              f"has units of V²; see docs/envelope.md)")
+        raise InputError(
+            f"the healthy series is not compliant for any δ with ε = {c:g}·Var_t[V] "
+            f"= {epsilon:.6g}: series {where.get('layer')!r} leaves the envelope at "
+            f"step {where.get('step')} ({where.get('check')} check) even as δ → 0",
+            path=series.origin or None,
+            hint=f"a rise between samples Δ steps apart must stay below ε·Δ, which "
+            f"needs c > {c_min:.4g} here (Eq. 16 is not scale-free: Var_t[V] "
+            f"has units of V²; see docs/envelope.md)",
+        )
     if ok(hi):
         lo = hi
     while hi / lo > 1 + 1e-7:
@@ -658,21 +821,33 @@ def calibrate(series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALI
     binding = first_violation(check(hi)) if hi > lo else None
     delta = lo / 2
     steps = series.steps
-    provenance = (f"calibrated on {series.origin or 'a healthy run'} ({series.source}, steps "
-                  f"{steps[0]}–{steps[-1]}, {len(steps)} samples, variant {series.variant}): "
-                  f"ε = c·Var_t[V], c = {c:g}, population variance over time of series {key!r}; "
-                  f"δ = δ*/2, δ* = {lo:.6g} under window τ = {base.window}")
+    provenance = (
+        f"calibrated on {series.origin or 'a healthy run'} ({series.source}, steps "
+        f"{steps[0]}–{steps[-1]}, {len(steps)} samples, variant {series.variant}): "
+        f"ε = c·Var_t[V], c = {c:g}, population variance over time of series {key!r}; "
+        f"δ = δ*/2, δ* = {lo:.6g} under window τ = {base.window}"
+    )
     gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
-    settings = replace(base, variant=series.variant, delta=delta, epsilon=epsilon, calibrated=True,
-                       provenance=provenance, sampling_interval=gaps[len(gaps) // 2])
+    settings = replace(
+        base,
+        variant=series.variant,
+        delta=delta,
+        epsilon=epsilon,
+        calibrated=True,
+        provenance=provenance,
+        sampling_interval=gaps[len(gaps) // 2],
+    )
     return Calibration(settings, lo, tv, key, binding, c)
 
 
-def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]],
-                   breaks: Sequence[int]) -> float:
+def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]], breaks: Sequence[int]) -> float:
     """The ε the discrete checks need as δ → 0 (bound → V + εΔ): the largest rise per step."""
-    rises = [(v[j + 1] - v[j]) / (steps[j + 1] - steps[j])
-             for v in finite.values() for seg in segments(steps, breaks) for j in seg[:-1]]
+    rises = [
+        (v[j + 1] - v[j]) / (steps[j + 1] - steps[j])
+        for v in finite.values()
+        for seg in segments(steps, breaks)
+        for j in seg[:-1]
+    ]
     return max([0.0, *rises])
 
 
@@ -680,14 +855,15 @@ def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
     if not c > 0:
         raise ValueError(f"c must be > 0, got {c}")
     if len(series.steps) < 3:
-        raise InputError("calibration needs at least three samples of the healthy run",
-                         path=series.origin or None)
+        raise InputError("calibration needs at least three samples of the healthy run", path=series.origin or None)
     for key, values in series.values.items():
         bad = [series.steps[j] for j, v in enumerate(values) if v is None]
         if bad:
-            raise InputError(f"the healthy series {key!r} has no finite value at step(s) "
-                             f"{bad[:5]}", path=series.origin or None,
-                             hint="a run with non-finite gradient norms is not a healthy reference")
+            raise InputError(
+                f"the healthy series {key!r} has no finite value at step(s) {bad[:5]}",
+                path=series.origin or None,
+                hint="a run with non-finite gradient norms is not a healthy reference",
+            )
     return {key: [v for v in values if v is not None] for key, values in series.values.items()}
 
 
@@ -697,8 +873,9 @@ C_RANGE = (2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)  # `000` §6.5.2: "typically c ∈
 LEVEL_SAFETY = 2.0  # starve_share = (lowest share the healthy run showed) / 2
 
 
-def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
-                       breaks: Iterable[int] = (), cs: Sequence[float] = C_RANGE) -> Calibration:
+def calibrate_tightest(
+    series: EnvelopeSeries, base: EnvelopeSettings, *, breaks: Iterable[int] = (), cs: Sequence[float] = C_RANGE
+) -> Calibration:
     """Eq. 16 for every c in ``cs``; keep the fit with the smallest residual budget ε/δ.
 
     With noisy logged norms the Δ-step check binds: a rise between samples needs ε·Δ, so a
@@ -719,14 +896,20 @@ def calibrate_tightest(series: EnvelopeSeries, base: EnvelopeSettings, *,
     share = healthy_share(series)
     window = s.window
     if window < 3 / s.delta:
-        raise InputError(f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
-                         f"{math.ceil(3 / s.delta)} steps (000 Eq. 17), the policy has {window}",
-                         path=series.origin or None, hint="raise envelope.window and calibrate again")
-    provenance = (s.provenance + f"; c = {best.c:g} chosen in [{cs[0]:g}, {cs[-1]:g}] for the smallest "
-                  f"budget ε/δ = {budget(s.delta, s.epsilon):.4g}")
+        raise InputError(
+            f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
+            f"{math.ceil(3 / s.delta)} steps (000 Eq. 17), the policy has {window}",
+            path=series.origin or None,
+            hint="raise envelope.window and calibrate again",
+        )
+    provenance = (
+        s.provenance + f"; c = {best.c:g} chosen in [{cs[0]:g}, {cs[-1]:g}] for the smallest "
+        f"budget ε/δ = {budget(s.delta, s.epsilon):.4g}"
+    )
     if share is not None:
-        provenance += (f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (1% quantile of the healthy "
-                       "run's expert shares, halved)")
+        provenance += (
+            f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (1% quantile of the healthy run's expert shares, halved)"
+        )
     starve_share = s.starve_share if share is None else share / LEVEL_SAFETY
     settings = replace(s, calibration_c=best.c, provenance=provenance, starve_share=starve_share)
     return replace(best, settings=settings)
@@ -756,21 +939,27 @@ def half_dead(series: EnvelopeSeries) -> EnvelopeSeries:
     """The healthy run's steps with the first half of every layer's experts at zero gradient
     for the whole run (the others as logged) — starvation every useful envelope must reject."""
     if not series.norms:
-        raise InputError("a falsifiability check needs per-expert gradient norms",
-                         path=series.origin or None)
-    norms = {layer: [[0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0)
-                      for e, g in enumerate(g_E)] for g_E in vectors]
-             for layer, vectors in series.norms.items()}
-    return from_norms(series.source, series.steps, norms, series.variant,
-                      origin=f"{series.origin} (half the experts at zero gradient)")
+        raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
+    norms = {
+        layer: [
+            [0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0) for e, g in enumerate(g_E)] for g_E in vectors
+        ]
+        for layer, vectors in series.norms.items()
+    }
+    return from_norms(
+        series.source,
+        series.steps,
+        norms,
+        series.variant,
+        origin=f"{series.origin} (half the experts at zero gradient)",
+    )
 
 
 def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
     """The healthy run's steps with one expert per layer carrying the gradient signal and the
     others at 1e-5 of it (a starved layer) — a series every useful envelope must reject."""
     if not series.norms:
-        raise InputError("a falsifiability check needs per-expert gradient norms",
-                         path=series.origin or None)
+        raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
     norms = {}
     for layer, vectors in series.norms.items():
         rows = []
@@ -779,12 +968,16 @@ def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
             top = max(known) if known else 1.0
             rows.append([top, *([top * 1e-5] * (len(g_E) - 1))])
         norms[layer] = rows
-    return from_norms(series.source, series.steps, norms, series.variant,
-                      origin=f"{series.origin} (starved: one expert per layer, others ×1e-5)")
+    return from_norms(
+        series.source,
+        series.steps,
+        norms,
+        series.variant,
+        origin=f"{series.origin} (starved: one expert per layer, others ×1e-5)",
+    )
 
 
-def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings,
-                   breaks: Iterable[int] = ()) -> dict[str, Any]:
+def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings, breaks: Iterable[int] = ()) -> dict[str, Any]:
     """Does the envelope under ``settings`` reject a starved version of ``series``, and which
     side rejects it? The normalized variance of E non-negative norms is at most E − 1; a budget
     ε/δ at or above half of that is flagged as too loose to be evidence."""
@@ -793,9 +986,14 @@ def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings,
     sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
     E = min(sizes) if sizes else None
     b = budget(settings.delta, settings.epsilon)
-    out: dict[str, Any] = {"known_bad_rejected": not bad["compliant"], "caught_by": fv.get("check"),
-                           "at_step": fv.get("step"), "budget": b, "variance_cap": None,
-                           "variance_side_falsifiable": None}
+    out: dict[str, Any] = {
+        "known_bad_rejected": not bad["compliant"],
+        "caught_by": fv.get("check"),
+        "at_step": fv.get("step"),
+        "budget": b,
+        "variance_cap": None,
+        "variance_side_falsifiable": None,
+    }
     if settings.variant == "normalized" and E:
         out["variance_cap"] = E - 1
         out["variance_side_falsifiable"] = b < (E - 1) / 2

@@ -41,9 +41,14 @@ if TYPE_CHECKING:
 VIEWS = ("replay", "logs", "logs_endpoints")  # which constants each verdict is judged under
 
 
-def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = None,
-                      replay: EnvelopeSeries | None = None, probe: EnvelopeSeries | None = None,
-                      breaks: Iterable[int] = ()) -> dict[str, EnvelopeSettings]:
+def calibrate_sources(
+    base: EnvelopeSettings,
+    *,
+    logs: EnvelopeSeries | None = None,
+    replay: EnvelopeSeries | None = None,
+    probe: EnvelopeSeries | None = None,
+    breaks: Iterable[int] = (),
+) -> dict[str, EnvelopeSettings]:
     """Each view's constants fitted on one healthy run, from the same source and sampling.
 
     ``logs`` on every logged step, ``replay`` on the replays, and with both, ``logs_endpoints``
@@ -62,13 +67,18 @@ def calibrate_sources(base: EnvelopeSettings, *, logs: EnvelopeSeries | None = N
     out = {v: f.settings for v, f in fits.items()}
     if "logs_endpoints" in out:
         s = out["logs_endpoints"]
-        out["logs_endpoints"] = replace(
-            s, provenance="logs at the checkpoint steps only; " + s.provenance)
+        out["logs_endpoints"] = replace(s, provenance="logs at the checkpoint steps only; " + s.provenance)
     return out
 
 
-def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str, EnvelopeSettings],
-            *, breaks: Iterable[int] = (), probe: EnvelopeSeries | None = None) -> dict[str, Any]:
+def compare(
+    logs: EnvelopeSeries,
+    replay: EnvelopeSeries,
+    constants: Mapping[str, EnvelopeSettings],
+    *,
+    breaks: Iterable[int] = (),
+    probe: EnvelopeSeries | None = None,
+) -> dict[str, Any]:
     """The per-window side-by-side comparison (the ``comparison`` field of the report).
 
     ``constants``: settings per view (:data:`VIEWS`, plus ``probe`` with a ``probe`` series).
@@ -81,13 +91,21 @@ def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str
     skipped: list[dict[str, Any]] = [
         {"series": k, "reason": f"only in the {name} series"}
         for name, a, b in (("replay", replay, logs), ("logs", logs, replay))
-        for k in a.values if k not in b.values]
+        for k in a.values
+        if k not in b.values
+    ]
     pairs = {k: _logged_pairs(logs, k, constants["logs"], breaks) for k in keys}
     for index, (t_a, t_b) in enumerate(zip(replay.steps, replay.steps[1:], strict=False)):
         cut = [b for b in breaks if t_a < b <= t_b]
         if cut:
-            skipped.append({"window": index, "start": t_a, "end": t_b,
-                            "reason": f"resume / regime change at step {cut[0]} in the window"})
+            skipped.append(
+                {
+                    "window": index,
+                    "start": t_a,
+                    "end": t_b,
+                    "reason": f"resume / regime change at step {cut[0]} in the window",
+                }
+            )
             continue
         for key in keys:
             row = _window(index, t_a, t_b, key, logs, replay, constants, pairs[key])
@@ -96,37 +114,59 @@ def compare(logs: EnvelopeSeries, replay: EnvelopeSeries, constants: Mapping[str
                 row["agree_probe"] = _same(row["replay"]["compliant"], row["probe"]["compliant"])
             rows.append(row)
     views = (*VIEWS, "probe") if probe is not None else VIEWS
-    out = {"windows": rows, "skipped": skipped, "agreement": agreement(rows),
-           "constants": {v: _constants(constants[v]) for v in views}}
+    out = {
+        "windows": rows,
+        "skipped": skipped,
+        "agreement": agreement(rows),
+        "constants": {v: _constants(constants[v]) for v in views},
+    }
     if probe is not None:
         out["probe_vs_replay"] = _value_agreement(probe, replay)
     return out
 
 
-def _window(index: int, t_a: int, t_b: int, key: str, logs: EnvelopeSeries,
-            replay: EnvelopeSeries, constants: Mapping[str, EnvelopeSettings],
-            logged_pairs: list[dict[str, Any]]) -> dict[str, Any]:
+def _window(
+    index: int,
+    t_a: int,
+    t_b: int,
+    key: str,
+    logs: EnvelopeSeries,
+    replay: EnvelopeSeries,
+    constants: Mapping[str, EnvelopeSettings],
+    logged_pairs: list[dict[str, Any]],
+) -> dict[str, Any]:
     j = replay.steps.index(t_a)
-    r = _endpoint_check(t_a, t_b, replay.values[key][j], replay.values[key][j + 1],
-                        constants["replay"])
+    r = _endpoint_check(t_a, t_b, replay.values[key][j], replay.values[key][j + 1], constants["replay"])
     e = _at_endpoints(t_a, t_b, logs, key, constants["logs_endpoints"])
-    w = _logs_window([p for p in logged_pairs if t_a < p["to_step"] <= t_b],
-                     sum(t_a <= t <= t_b for t in logs.steps))
-    return {"series": key, "window": index, "start": t_a, "end": t_b, "gap": t_b - t_a,
-            "replay": r, "logs": w, "logs_endpoints": e,
-            "agree": _same(r["compliant"], w["compliant"]),
-            "agree_endpoints": _same(r["compliant"], e["compliant"])}
+    w = _logs_window([p for p in logged_pairs if t_a < p["to_step"] <= t_b], sum(t_a <= t <= t_b for t in logs.steps))
+    return {
+        "series": key,
+        "window": index,
+        "start": t_a,
+        "end": t_b,
+        "gap": t_b - t_a,
+        "replay": r,
+        "logs": w,
+        "logs_endpoints": e,
+        "agree": _same(r["compliant"], w["compliant"]),
+        "agree_endpoints": _same(r["compliant"], e["compliant"]),
+    }
 
 
-def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str,
-                  s: EnvelopeSettings) -> dict[str, Any]:
+def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str, s: EnvelopeSettings) -> dict[str, Any]:
     """The endpoint check on a logged source's samples at t_a and t_b (when it has both)."""
     at = dict(zip(source.steps, source.values.get(key, ()), strict=False))
     if t_a in at and t_b in at:
         return _endpoint_check(t_a, t_b, at[t_a], at[t_b], s)
     missing = [t for t in (t_a, t_b) if t not in at]
-    return {"value_from": at.get(t_a), "value": at.get(t_b), "bound": None, "margin": None,
-            "compliant": None, "reason": f"no logged sample at step {missing[0]}"}
+    return {
+        "value_from": at.get(t_a),
+        "value": at.get(t_b),
+        "bound": None,
+        "margin": None,
+        "compliant": None,
+        "reason": f"no logged sample at step {missing[0]}",
+    }
 
 
 def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> dict[str, Any]:
@@ -146,15 +186,13 @@ def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> dict[str,
     return {"steps": steps, "max_rel_diff": max(known) if known else None, "by_series": worst}
 
 
-def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None,
-                    s: EnvelopeSettings) -> dict[str, Any]:
+def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None, s: EnvelopeSettings) -> dict[str, Any]:
     """The Δ-step composed condition between two samples (a one-pair ``discrete_checks``)."""
     row = discrete_checks([t_a, t_b], [v_a, v_b], s.delta, s.epsilon)[0]
     return {k: v for k, v in row.items() if k not in ("from_step", "to_step", "gap")}
 
 
-def _logged_pairs(logs: EnvelopeSeries, key: str, s: EnvelopeSettings,
-                  breaks: Sequence[int]) -> list[dict[str, Any]]:
+def _logged_pairs(logs: EnvelopeSeries, key: str, s: EnvelopeSettings, breaks: Sequence[int]) -> list[dict[str, Any]]:
     """The logs' discrete pairs of one series, none across a break (as in ``evaluate``)."""
     out = []
     for seg in segments(logs.steps, breaks):
@@ -167,14 +205,18 @@ def _logs_window(pairs: list[dict[str, Any]], samples: int) -> dict[str, Any]:
     """The logs' verdict on one window: every logged pair ending in it must comply."""
     bad = [p for p in pairs if not p["compliant"]]
     finite = [p for p in pairs if p["margin"] is not None]
-    worst = bad[0] if bad and bad[0]["margin"] is None else min(
-        finite, key=lambda p: p["margin"], default=None)
-    out = {"samples": samples, "pairs": len(pairs), "violations": len(bad),
-           "first_violation": bad[0]["to_step"] if bad else None,
-           "min_margin": None if worst is None else worst["margin"],
-           "worst": None if worst is None else {k: worst[k] for k in (
-               "from_step", "to_step", "value_from", "value", "bound")},
-           "compliant": (not bad) if pairs else None}
+    worst = bad[0] if bad and bad[0]["margin"] is None else min(finite, key=lambda p: p["margin"], default=None)
+    out = {
+        "samples": samples,
+        "pairs": len(pairs),
+        "violations": len(bad),
+        "first_violation": bad[0]["to_step"] if bad else None,
+        "min_margin": None if worst is None else worst["margin"],
+        "worst": None
+        if worst is None
+        else {k: worst[k] for k in ("from_step", "to_step", "value_from", "value", "bound")},
+        "compliant": (not bad) if pairs else None,
+    }
     if not pairs:
         out["reason"] = "no logged pair ends in the window"
     return out
@@ -186,13 +228,14 @@ def _same(a: bool | None, b: bool | None) -> bool | None:
 
 def agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Agreement rates over every compared (window, series), overall and per series."""
+
     def rate(subset: Sequence[Mapping[str, Any]], field: str) -> dict[str, Any]:
         known = [r[field] for r in subset if r[field] is not None]
-        return {"compared": len(known), "agree": sum(known),
-                "rate": sum(known) / len(known) if known else None}
+        return {"compared": len(known), "agree": sum(known), "rate": sum(known) / len(known) if known else None}
 
     series = list(dict.fromkeys(r["series"] for r in rows))
     by = {k: [r for r in rows if r["series"] == k] for k in series}
+
     def both(subset: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out = {"logs": rate(subset, "agree"), "logs_endpoints": rate(subset, "agree_endpoints")}
         if any("agree_probe" in r for r in subset):
@@ -203,5 +246,10 @@ def agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _constants(s: EnvelopeSettings) -> dict[str, Any]:
-    return {"delta": s.delta, "epsilon": s.epsilon, "budget": budget(s.delta, s.epsilon),
-            "calibrated": s.calibrated, "provenance": s.provenance}
+    return {
+        "delta": s.delta,
+        "epsilon": s.epsilon,
+        "budget": budget(s.delta, s.epsilon),
+        "calibrated": s.calibrated,
+        "provenance": s.provenance,
+    }

@@ -108,8 +108,9 @@ def _half_width(entry: Mapping[str, Any]) -> float:
     return 0.5 * (ci[1] - ci[0]) if ci else 0.0
 
 
-def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int],
-               g: GateSettings) -> Structural:
+def structural(
+    gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int], g: GateSettings
+) -> Structural:
     """c2_ok and occupancy_ok of a gate against a baseline (SPEC §8).
 
     A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
@@ -135,8 +136,7 @@ def structural(gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequ
             dead_up.append(layer)
         pi_ratio.append(_ratio(o["pi_min"], ob["pi_min"]))
         h_ratio.append(_ratio(o["entropy_norm"], ob["entropy_norm"]))
-    occupancy_ok = (not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor
-                    and min(h_ratio) >= g.entropy_ratio_floor)
+    occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
     return {
         "against": base["checkpoint"]["name"],
         "c2_ok": not fallen,
@@ -172,10 +172,8 @@ def health(doc: Mapping[str, Any], g: GateSettings) -> Health:
         share = None if o["pi_min"] is None or not E or not k else o["pi_min"] * E / k
         if share is None or share < g.floor_pi_share:
             shown = "unknown" if share is None else f"{share:.3f}"
-            problems.append(f"layer {layer}: π_min is {shown} of the uniform share k/E "
-                            f"(floor {g.floor_pi_share})")
-            failed.append({"layer": layer, "what": "π_min share of k/E", "value": share,
-                           "threshold": g.floor_pi_share})
+            problems.append(f"layer {layer}: π_min is {shown} of the uniform share k/E (floor {g.floor_pi_share})")
+            failed.append({"layer": layer, "what": "π_min share of k/E", "value": share, "threshold": g.floor_pi_share})
         h = o["entropy_norm"]
         if h is None or h < g.floor_entropy_norm:
             shown = "unknown" if h is None else f"{h:.3f}"
@@ -202,16 +200,22 @@ def paired_interval(wa: list[float], wb: list[float], resamples: int, seed: int)
     return [float(stats[int(0.025 * (resamples - 1))]), float(stats[int(0.975 * (resamples - 1))])]
 
 
-def nll_change(previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int,
-               seed: int, interval: Interval = paired_interval) -> NllChange:
+def nll_change(
+    previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int, seed: int, interval: Interval = paired_interval
+) -> NllChange:
     """Change of canary NLL between two gates, with its 95% paired window-bootstrap interval
     (``interval``: :func:`paired_interval`, or a cached copy of it)."""
     a, b = previous.get("nll"), now.get("nll")
-    out: NllChange = {"from": a, "to": b, "delta": None if a is None or b is None else b - a,
-                      "ci95": None}
+    out: NllChange = {"from": a, "to": b, "delta": None if a is None or b is None else b - a, "ci95": None}
     wa, wb = previous.get("nll_windows"), now.get("nll_windows")
-    if (resamples and isinstance(wa, list) and isinstance(wb, list) and len(wa) == len(wb) and wa
-            and all(x is not None for x in wa + wb)):
+    if (
+        resamples
+        and isinstance(wa, list)
+        and isinstance(wb, list)
+        and len(wa) == len(wb)
+        and wa
+        and all(x is not None for x in wa + wb)
+    ):
         out["ci95"] = interval(wa, wb, resamples, seed)
     return out
 
@@ -240,7 +244,7 @@ def _fmt_change(c: NllChange) -> str:
 TRAINING_KEYS = {
     "lm_loss": "the logged lm_loss (language-model loss of the training batches, no auxiliary terms)",
     "loss": "the logged loss (the training loop's reported objective, auxiliary terms included "
-            "where the model adds them)",
+    "where the model adds them)",
 }
 
 
@@ -253,8 +257,9 @@ def _training_sentences(training: Mapping[str, Any] | None) -> list[str]:
             continue
         a, b = pair
         verb = "fell" if b < a else "rose" if b > a else "held"
-        out.append(f"{name} {verb} from {a:.4f} to {b:.4f} (interval means; the run's own "
-                   "training batches, not the canary)")
+        out.append(
+            f"{name} {verb} from {a:.4f} to {b:.4f} (interval means; the run's own training batches, not the canary)"
+        )
     return out
 
 
@@ -268,9 +273,16 @@ def _scalar_sentence(trend: str, change: NllChange) -> str:
     return f"canary NLL: no change beyond tolerance and bootstrap noise, {_fmt_change(change)}"
 
 
-def claims(status: str, trend: str, change: NllChange | None, st: Structural | None,
-           training: Mapping[str, Any] | None = None, tol: float = 0.0,
-           health_problems: Sequence[str] = (), stage: str = "pretraining") -> GateClaims:
+def claims(
+    status: str,
+    trend: str,
+    change: NllChange | None,
+    st: Structural | None,
+    training: Mapping[str, Any] | None = None,
+    tol: float = 0.0,
+    health_problems: Sequence[str] = (),
+    stage: str = "pretraining",
+) -> GateClaims:
     """What this gate's receipts license and what they do not, each sentence naming its numbers.
 
     ``training``: logged key → (value at the previous gate, value here), interval means."""
@@ -281,40 +293,53 @@ def claims(status: str, trend: str, change: NllChange | None, st: Structural | N
             lic.append("the objective improved on the visited region (the canary)")
             not_lic.append("the routed model (atlas) was preserved — falling NLL alone never licenses it")
         if scalar_bad(trend, stage):
-            lic.append("the held-out canary NLL worsened during pretraining: a bad gate by itself "
-                       "(overfitting or divergence), whatever the structure")
+            lic.append(
+                "the held-out canary NLL worsened during pretraining: a bad gate by itself "
+                "(overfitting or divergence), whatever the structure"
+            )
             not_lic.append("progress on the pretraining objective at this gate")
     lic += _training_sentences(training)
     both = {k: v for k, v in (training or {}).items() if v[0] is not None and v[1] is not None}
     key = next((k for k in ("lm_loss", "loss") if k in both), None)
     training_fell = key is not None and both[key][1] < both[key][0] - tol
     if health_problems:
-        lic.append("expert usage is below an absolute health floor: " + "; ".join(health_problems[:3])
-                   + (f" (and {len(health_problems) - 3} more)" if len(health_problems) > 3 else ""))
+        lic.append(
+            "expert usage is below an absolute health floor: "
+            + "; ".join(health_problems[:3])
+            + (f" (and {len(health_problems) - 3} more)" if len(health_problems) > 3 else "")
+        )
     if st is None:
         lic.append("this is the state of the routed model at this reference point")
         not_lic.append("any preservation claim about training after this point (needs the next gate)")
         return {"licensed": lic, "not_licensed": not_lic}
     against = st.get("against", "the baseline")
     if st["occupancy_ok"] and not health_problems:
-        lic.append(f"expert usage stayed within the occupancy floors of {against} "
-                   f"(π_min ratio {st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})")
+        lic.append(
+            f"expert usage stayed within the occupancy floors of {against} "
+            f"(π_min ratio {st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})"
+        )
     elif not st["occupancy_ok"]:
-        lic.append(f"expert usage narrowed against {against} (occupancy degeneration: π_min ratio "
-                   f"{st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})")
+        lic.append(
+            f"expert usage narrowed against {against} (occupancy degeneration: π_min ratio "
+            f"{st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})"
+        )
     if st["c2_ok"]:
         lic.append("co-active overlap compatibility (C2) held on the protected layers")
     else:
-        lic.append(f"co-active overlap compatibility (C2) fell on protected layer(s) "
-                   f"{st['c2_fallen_layers']} against {against}")
+        lic.append(
+            f"co-active overlap compatibility (C2) fell on protected layer(s) "
+            f"{st['c2_fallen_layers']} against {against}"
+        )
     structure_ok = st["ok"] and not health_problems
     if not structure_ok and trend == IMPROVING:
         lic.append("scalar improvement without geometric recovery (canary NLL improving, structure did not hold)")
         not_lic.append("structural health or preservation of the routed model")
     elif not structure_ok and training_fell:
         canary = "no change beyond noise" if trend == NO_CHANGE else f"{trend} beyond noise"
-        lic.append(f"training-loss improvement without geometric recovery (the logged {key} fell, "
-                   f"structure did not hold; canary NLL: {canary})")
+        lic.append(
+            f"training-loss improvement without geometric recovery (the logged {key} fell, "
+            f"structure did not hold; canary NLL: {canary})"
+        )
         not_lic.append("structural health or preservation of the routed model")
     if structure_ok:
         lic.append(f"structure preserved against {against} at this gate")
@@ -336,8 +361,9 @@ def scalar_bad(trend: str, stage: str) -> bool:
     return trend == WORSENING and stage != "post-training"
 
 
-def _status(st: Structural, health_bad: bool, trend: str, streak: int, g: GateSettings,
-            stage: str = "pretraining") -> str:
+def _status(
+    st: Structural, health_bad: bool, trend: str, streak: int, g: GateSettings, stage: str = "pretraining"
+) -> str:
     """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
     otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
     structure and scalar are both bad (SPEC §8: structure bad and canary NLL worsening; `003`
@@ -364,15 +390,29 @@ def _combine(comparisons: Sequence[Structural]) -> Structural:
     deciding["active"] = active["against"]
     others = [c for c in comparisons if c is not (failing[0] if failing else active)]
     if others:
-        deciding["also_against"] = [cast(Comparison, {k: c[k] for k in (
-            "against", "ok", "c2_ok", "occupancy_ok", "c2_min_delta", "pi_min_ratio", "entropy_ratio")})
-            for c in others]
+        deciding["also_against"] = [
+            cast(
+                Comparison,
+                {
+                    k: c[k]
+                    for k in ("against", "ok", "c2_ok", "occupancy_ok", "c2_min_delta", "pi_min_ratio", "entropy_ratio")
+                },
+            )
+            for c in others
+        ]
     return deciding
 
 
-def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: GateSettings, *,
-                   resamples: int = 1000, seed: int = 0, interval: Interval = paired_interval,
-                   stage: str = "pretraining") -> list[GateEntry]:
+def evaluate_gates(
+    points: Sequence[Checkpointed],
+    protected: Sequence[int],
+    g: GateSettings,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    interval: Interval = paired_interval,
+    stage: str = "pretraining",
+) -> list[GateEntry]:
     """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
     first checkpoint and each event's — and is judged by the worst comparison, so an event
     written by the audited party can start a new drift baseline but never erase a regression."""
@@ -382,17 +422,28 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
     seen: dict[str, int] = {}  # digest → first step with it
     streak = 0
     for p in points:
-        change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed,
-                                                          interval)
+        change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed, interval)
         trend = "first" if change is None else scalar_trend(change, g.nll_tol)
-        training = None if previous is None else {
-            k: (None if previous.training is None else previous.training.get(k), p.training.get(k))
-            for k in (p.training or {})} if p.training else None
+        training = (
+            None
+            if previous is None
+            else {
+                k: (None if previous.training is None else previous.training.get(k), p.training.get(k))
+                for k in (p.training or {})
+            }
+            if p.training
+            else None
+        )
         summary = gate_summary(p.receipts)
         summary["training_loss"] = p.training_loss
         hp = health(p.receipts, g)
-        gate: dict[str, Any] = {"step": p.step, "scalar": trend, "nll_change": change,
-                                "receipts": summary, "health": hp}
+        gate: dict[str, Any] = {
+            "step": p.step,
+            "scalar": trend,
+            "nll_change": change,
+            "receipts": summary,
+            "health": hp,
+        }
         digest = p.receipts["checkpoint"].get("digest")
         digest = digest.get("sha256") if isinstance(digest, dict) else digest
         if isinstance(digest, str) and digest in seen:
@@ -409,17 +460,17 @@ def evaluate_gates(points: Sequence[Checkpointed], protected: Sequence[int], g: 
             gate["new_baseline"] = True
             if st is not None:
                 gate["continuity"] = st  # a resume cannot erase a regression
-            gate["status"] = BASELINE if st is None or not bad else \
-                _status(st, health_bad, trend, streak, g, stage)
+            gate["status"] = BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, stage)
             gate["baseline"] = p.step if not bases else bases[-1].step
             bases.append(p)
         else:
-            gate.update(status=_status(st, health_bad, trend, streak, g, stage),  # type: ignore[arg-type]
-                        baseline=bases[-1].step,
-                        structural=st)
+            gate.update(
+                status=_status(st, health_bad, trend, streak, g, stage),  # type: ignore[arg-type]
+                baseline=bases[-1].step,
+                structural=st,
+            )
         gate["consecutive_bad"] = streak
-        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"],
-                                stage)
+        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], stage)
         gates.append(cast(GateEntry, gate))
         previous = p
     return gates
@@ -442,11 +493,18 @@ def gate_summary(doc: Mapping[str, Any]) -> GateReceipts:
         "cv_mean": sum(cvs) / len(cvs) if cvs else None,
         "entropy_norm_min": min(ents) if ents else None,
         "nll_by_domain": doc.get("nll_by_domain", {}),
-        "per_layer": [{"layer": e["layer"], "c2": e["overlap"].get("c2"),
-                       "c2_ci95": e["overlap"].get("ci95", {}).get("c2"), "dead": e["occupancy"]["dead"],
-                       "pi_min": e["occupancy"]["pi_min"], "state1": e["boundary"]["margin_mean"],
-                       "entropy_norm": e["occupancy"]["entropy_norm"]}
-                      for e in layers],
+        "per_layer": [
+            {
+                "layer": e["layer"],
+                "c2": e["overlap"].get("c2"),
+                "c2_ci95": e["overlap"].get("ci95", {}).get("c2"),
+                "dead": e["occupancy"]["dead"],
+                "pi_min": e["occupancy"]["pi_min"],
+                "state1": e["boundary"]["margin_mean"],
+                "entropy_norm": e["occupancy"]["entropy_norm"],
+            }
+            for e in layers
+        ],
     }
 
 
@@ -455,14 +513,24 @@ DRIFTS = ("coordinate", "boundary", "transition", "content")
 
 def drift_summary(pair: Mapping[str, Any]) -> DriftSummary:
     """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
-    return {"against_step": pair["base_step"],
-            "layers": [cast(DriftLayer, {"layer": e["layer"], **{k: e["drift"].get(k) for k in DRIFTS},
-                                         "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS}})
-                       for e in pair["layers"]]}
+    return {
+        "against_step": pair["base_step"],
+        "layers": [
+            cast(
+                DriftLayer,
+                {
+                    "layer": e["layer"],
+                    **{k: e["drift"].get(k) for k in DRIFTS},
+                    "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS},
+                },
+            )
+            for e in pair["layers"]
+        ],
+    }
 
 
 def nonfinite_findings(docs: Iterable[Mapping[str, Any]]) -> list[str]:
-    """"checkpoint: what" for every NaN/Inf weight, then every non-finite receipt."""
+    """ "checkpoint: what" for every NaN/Inf weight, then every non-finite receipt."""
     docs = list(docs)
     bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs for w in d["nonfinite_weights"]]
     bad += [f"{d['checkpoint']['name']}: {f['path']}" for d in docs for f in d.get("nonfinite", [])]

@@ -50,7 +50,11 @@ from moeaudit.records import (
 from moeaudit.run import read_logs, run_of, step_of
 
 CONDITION_STATUS: dict[str | None, Literal["pass", "fail", "inconclusive", "skipped"]] = {
-    "PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", None: "skipped"}
+    "PASS": "pass",
+    "FAIL": "fail",
+    "INCONCLUSIVE": "inconclusive",
+    None: "skipped",
+}
 
 
 def placement(base: Path, candidate: Path) -> tuple[Path | None, int | None, int | None]:
@@ -64,13 +68,31 @@ def placement(base: Path, candidate: Path) -> tuple[Path | None, int | None, int
 
 def rollback(base: Path, candidate: Path, b_step: int, c_step: int) -> GateResult:
     """The held result for a candidate earlier than its base in the same run."""
-    why = (f"{candidate.name} (step {c_step}) is earlier than {base.name} (step {b_step}) in the "
-           "same run: a rollback, not a promotion")
-    cond: Condition = {"name": "candidate after base", "status": "fail", "value": c_step, "threshold": b_step,
-            "detail": why}
-    return {"decision": HOLD, "verdict": None, "verdict_reason": why, "conditions": [cond],
-            "base": base.name, "candidate": candidate.name, "stage": None, "stage_source": None,
-            "gates": [], "checks": [], "envelope": None, "judged_in_run": None}
+    why = (
+        f"{candidate.name} (step {c_step}) is earlier than {base.name} (step {b_step}) in the "
+        "same run: a rollback, not a promotion"
+    )
+    cond: Condition = {
+        "name": "candidate after base",
+        "status": "fail",
+        "value": c_step,
+        "threshold": b_step,
+        "detail": why,
+    }
+    return {
+        "decision": HOLD,
+        "verdict": None,
+        "verdict_reason": why,
+        "conditions": [cond],
+        "base": base.name,
+        "candidate": candidate.name,
+        "stage": None,
+        "stage_source": None,
+        "gates": [],
+        "checks": [],
+        "envelope": None,
+        "judged_in_run": None,
+    }
 
 
 def decision(verdict: str, gates: Sequence[GateEntry]) -> Promotion:
@@ -83,62 +105,102 @@ def decision(verdict: str, gates: Sequence[GateEntry]) -> Promotion:
     return INCONCLUSIVE
 
 
-def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step: int,
-                    policy: Policy) -> GateResult:
+def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step: int, policy: Policy) -> GateResult:
     """The promotion decision on certify's own evidence of the run truncated at the candidate."""
     gates = predicate["gates"]
     cand = gates[-1]
     result_decision = decision(predicate["verdict"], gates)
     notes = []
     if cand["baseline"] != b_step and cand.get("status") != "BASELINE":
-        notes.append(f"judged against the run's active baseline at step {cand['baseline']} (as "
-                     f"certify would), with every checkpoint up to {candidate.name}; the base you "
-                     f"named is step {b_step}")
+        notes.append(
+            f"judged against the run's active baseline at step {cand['baseline']} (as "
+            f"certify would), with every checkpoint up to {candidate.name}; the base you "
+            f"named is step {b_step}"
+        )
     earlier = [g["step"] for g in gates[:-1] if g["status"] in (YELLOW, RED)]
     if earlier and result_decision == INCONCLUSIVE and cand["status"] == GREEN:
-        notes.append(f"the candidate is GREEN, but the run was YELLOW/RED at step(s) "
-                     f"{', '.join(map(str, earlier))}: one recovery is no all-clear (003 Table 13)")
-    return {"decision": result_decision, "verdict": predicate["verdict"],
-            "verdict_reason": predicate["verdict_reason"],
-            "conditions": conditions(cand, predicate["checks"], policy.gates),
-            "base": base.name, "candidate": candidate.name, "stage": predicate["run"]["stage"],
-            "stage_source": predicate["run"]["stage_source"], "gates": gates,
-            "checks": predicate["checks"], "envelope": predicate["envelope"],
-            "judged_in_run": {"run": predicate["run"]["path"], "checkpoints": predicate["run"]["checkpoints"],
-                              "baseline": cand["baseline"]},
-            "notes": notes}
+        notes.append(
+            f"the candidate is GREEN, but the run was YELLOW/RED at step(s) "
+            f"{', '.join(map(str, earlier))}: one recovery is no all-clear (003 Table 13)"
+        )
+    return {
+        "decision": result_decision,
+        "verdict": predicate["verdict"],
+        "verdict_reason": predicate["verdict_reason"],
+        "conditions": conditions(cand, predicate["checks"], policy.gates),
+        "base": base.name,
+        "candidate": candidate.name,
+        "stage": predicate["run"]["stage"],
+        "stage_source": predicate["run"]["stage_source"],
+        "gates": gates,
+        "checks": predicate["checks"],
+        "envelope": predicate["envelope"],
+        "judged_in_run": {
+            "run": predicate["run"]["path"],
+            "checkpoints": predicate["run"]["checkpoints"],
+            "baseline": cand["baseline"],
+        },
+        "notes": notes,
+    }
 
 
-def gate_candidate(compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path,
-                   spec: Any, stage: str | None = None) -> GateResult:
+def gate_candidate(
+    compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path, spec: Any, stage: str | None = None
+) -> GateResult:
     """The promotion decision across runs, on ``compare``'s evidence (``moeaudit.compare/v1``)."""
 
     b_step, c_step = step_of(base), step_of(candidate)
     run_dir = run_of(candidate)
     logs = read_logs(run_dir) if run_dir is not None else None
-    stage, stage_source = resolve_stage(stage, policy.gates.stage, logs.stage if logs else None,
-                                        "post-training")
+    stage, stage_source = resolve_stage(stage, policy.gates.stage, logs.stage if logs else None, "post-training")
     base_doc, cand_doc = compare_doc["base"], compare_doc["candidate"]
     known = b_step is not None and c_step is not None
-    points = [Checkpointed(b_step if known else 0, base_doc, "base of the promotion"),  # type: ignore[arg-type]
-              Checkpointed(c_step if known else 1, cand_doc)]  # type: ignore[arg-type]
-    gates = evaluate_gates(points, compare_doc["protected_layers"], policy.gates,
-                           resamples=policy.receipts.bootstrap, seed=policy.receipts.seed, stage=stage)
+    points = [
+        Checkpointed(b_step if known else 0, base_doc, "base of the promotion"),  # type: ignore[arg-type]
+        Checkpointed(c_step if known else 1, cand_doc),  # type: ignore[arg-type]
+    ]
+    gates = evaluate_gates(
+        points,
+        compare_doc["protected_layers"],
+        policy.gates,
+        resamples=policy.receipts.bootstrap,
+        seed=policy.receipts.seed,
+        stage=stage,
+    )
     gates[1]["drift"] = drift_summary({"base_step": points[0].step, "layers": compare_doc["layers"]})
     env_report: EnvelopeReport | None = None
-    env_why = ("base and candidate are checkpoints of different runs: the candidate run's logs "
-               "before the base are not training from the base, so no envelope window is known")
+    env_why = (
+        "base and candidate are checkpoints of different runs: the candidate run's logs "
+        "before the base are not training from the base, so no envelope window is known"
+    )
     bad = nonfinite_findings([cand_doc])
-    decided = decide(Evidence(stage=stage, stage_source=stage_source, gates=gates,
-                              margins=compare_doc["margins"], envelope=env_report,
-                              envelope_reason=env_why, nonfinite=bad,
-                              band=policy.gates.inconclusive_band))
-    return {"decision": decision(decided["verdict"], gates), "verdict": decided["verdict"],
-            "verdict_reason": decided["verdict_reason"],
-            "conditions": conditions(gates[1], decided["checks"], policy.gates),
-            "base": base_doc["checkpoint"]["name"], "candidate": cand_doc["checkpoint"]["name"],
-            "stage": stage, "stage_source": stage_source, "gates": gates,
-            "checks": decided["checks"], "envelope": env_report, "judged_in_run": None, "notes": []}
+    decided = decide(
+        Evidence(
+            stage=stage,
+            stage_source=stage_source,
+            gates=gates,
+            margins=compare_doc["margins"],
+            envelope=env_report,
+            envelope_reason=env_why,
+            nonfinite=bad,
+            band=policy.gates.inconclusive_band,
+        )
+    )
+    return {
+        "decision": decision(decided["verdict"], gates),
+        "verdict": decided["verdict"],
+        "verdict_reason": decided["verdict_reason"],
+        "conditions": conditions(gates[1], decided["checks"], policy.gates),
+        "base": base_doc["checkpoint"]["name"],
+        "candidate": cand_doc["checkpoint"]["name"],
+        "stage": stage,
+        "stage_source": stage_source,
+        "gates": gates,
+        "checks": decided["checks"],
+        "envelope": env_report,
+        "judged_in_run": None,
+        "notes": [],
+    }
 
 
 def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailure]:
@@ -147,49 +209,76 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
     if not st["c2_ok"]:
         tol = st["c2_tolerance"]
         for layer in st["c2_fallen_layers"]:
-            out.append({"what": f"C2 change on protected layer {layer} against {st['against']}",
-                        "value": (st.get("c2_deltas") or {}).get(str(layer), st["c2_min_delta"]),
-                        "threshold": -tol[str(layer)]})
+            out.append(
+                {
+                    "what": f"C2 change on protected layer {layer} against {st['against']}",
+                    "value": (st.get("c2_deltas") or {}).get(str(layer), st["c2_min_delta"]),
+                    "threshold": -tol[str(layer)],
+                }
+            )
     if st["pi_min_ratio"] < g.pi_min_ratio_floor:
-        out.append({"what": f"π_min ratio against {st['against']}", "value": st["pi_min_ratio"],
-                    "threshold": g.pi_min_ratio_floor})
+        out.append(
+            {
+                "what": f"π_min ratio against {st['against']}",
+                "value": st["pi_min_ratio"],
+                "threshold": g.pi_min_ratio_floor,
+            }
+        )
     if st["entropy_ratio"] < g.entropy_ratio_floor:
-        out.append({"what": f"entropy ratio against {st['against']}", "value": st["entropy_ratio"],
-                    "threshold": g.entropy_ratio_floor})
+        out.append(
+            {
+                "what": f"entropy ratio against {st['against']}",
+                "value": st["entropy_ratio"],
+                "threshold": g.entropy_ratio_floor,
+            }
+        )
     if st["layers_with_more_dead"]:
-        out.append({"what": f"layers with more dead experts than {st['against']}",
-                    "value": len(st["layers_with_more_dead"]), "threshold": 0})
+        out.append(
+            {
+                "what": f"layers with more dead experts than {st['against']}",
+                "value": len(st["layers_with_more_dead"]),
+                "threshold": 0,
+            }
+        )
     return out
 
 
 def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
     st = gate.get("structural") or gate.get("continuity")
     failed = [] if st is None else _structure_failures(st, g)
-    failed += [{"what": f"layer {f['layer']} {f['what']} (absolute floor)", "value": f["value"],
-                "threshold": f["threshold"]} for f in gate["health"].get("failed", [])]
+    failed += [
+        {"what": f"layer {f['layer']} {f['what']} (absolute floor)", "value": f["value"], "threshold": f["threshold"]}
+        for f in gate["health"].get("failed", [])
+    ]
     parts = []
     if st is not None:
         tol = max(st["c2_tolerance"].values(), default=0.0)
-        more = (f", more dead experts on layers {st['layers_with_more_dead']}"
-                if st["layers_with_more_dead"] else "")
-        parts = [f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
-                 f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
-                 f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
-                 f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
-                 f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}{more})"]
+        more = f", more dead experts on layers {st['layers_with_more_dead']}" if st["layers_with_more_dead"] else ""
+        parts = [
+            f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
+            f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
+            f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
+            f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
+            f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}{more})",
+        ]
     if gate["health"]["problems"]:
         parts.append("below a health floor: " + "; ".join(gate["health"]["problems"][:2]))
     if st is None:
         parts.append("the candidate is a baseline: nothing to compare it with")
     status: Literal["pass", "inconclusive", "fail"] = (
-        "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail")
+        "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail"
+    )
     first = failed[0] if failed else None
-    return {"name": "candidate gate", "status": status,
-            "value": first["value"] if first else (None if st is None else st["c2_min_delta"]),
-            "threshold": first["threshold"] if first else (None if st is None else
-                                                             -max(st["c2_tolerance"].values(), default=0.0)),
-            "failed": failed,
-            "detail": f"{gate['status']} at step {gate['step']} — " + "; ".join(parts)}
+    return {
+        "name": "candidate gate",
+        "status": status,
+        "value": first["value"] if first else (None if st is None else st["c2_min_delta"]),
+        "threshold": first["threshold"]
+        if first
+        else (None if st is None else -max(st["c2_tolerance"].values(), default=0.0)),
+        "failed": failed,
+        "detail": f"{gate['status']} at step {gate['step']} — " + "; ".join(parts),
+    }
 
 
 def conditions(gate: GateEntry, checks: Sequence[Check], g: GateSettings) -> list[Condition]:
@@ -199,9 +288,15 @@ def conditions(gate: GateEntry, checks: Sequence[Check], g: GateSettings) -> lis
         deciding = c.get("deciding")
         if deciding and deciding.get("value") is not None:
             value, threshold = deciding["value"], deciding.get("bound")
-        out.append({"name": c["name"], "status": CONDITION_STATUS[c["status"]],
-                    "value": value, "threshold": threshold,
-                    "detail": c["reason"] if c["evaluated"] else f"not evaluated: {c['reason']}"})
+        out.append(
+            {
+                "name": c["name"],
+                "status": CONDITION_STATUS[c["status"]],
+                "value": value,
+                "threshold": threshold,
+                "detail": c["reason"] if c["evaluated"] else f"not evaluated: {c['reason']}",
+            }
+        )
     return out
 
 

@@ -38,8 +38,9 @@ class WindowBootstrap:
         out.W, out.B, out.idx_BW = self.W, self.B, self.idx_BW.to(device, non_blocking=True)
         return out
 
-    def per_window(self, values_N: torch.Tensor,
-                   mask_N: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_window(
+        self, values_N: torch.Tensor, mask_N: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ values, count) per window for token-level values [W·T] (optionally masked)."""
         v = values_N.double().view(self.W, -1)
         m = torch.ones_like(v) if mask_N is None else mask_N.double().view(self.W, -1)
@@ -78,18 +79,21 @@ class WindowBootstrap:
         values_WX = per_window_WX.double()
         return fn(torch.cat([values_WX[idx].sum(1) for idx in self._chunks(values_WX)]))
 
-    def statistic_replicates_pending(self, per_window_WX: torch.Tensor,
-                                     fn: Callable[[torch.Tensor], torch.Tensor]) -> Pending | None:
+    def statistic_replicates_pending(
+        self, per_window_WX: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Pending | None:
         if self.idx_BW is None:
             return None
         return replicates_pending(self._resampled(per_window_WX, fn))
 
-    def statistic_replicates(self, per_window_WX: torch.Tensor,
-                             fn: Callable[[torch.Tensor], torch.Tensor]) -> list[float] | None:
+    def statistic_replicates(
+        self, per_window_WX: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
+    ) -> list[float] | None:
         return resolve(self.statistic_replicates_pending(per_window_WX, fn))  # type: ignore[no-any-return]
 
-    def statistic_pending(self, per_window_WX: torch.Tensor,
-                          fn: Callable[[torch.Tensor], torch.Tensor]) -> Pending | None:
+    def statistic_pending(
+        self, per_window_WX: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Pending | None:
         """Interval of ``fn`` applied to resampled sums of per-window vectors [W, X] → [B, X]."""
         if self.idx_BW is None:
             return None

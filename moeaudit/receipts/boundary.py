@@ -26,9 +26,16 @@ def same_sets(a_NK: torch.Tensor, b_NK: torch.Tensor) -> torch.Tensor:
     return (a_NK.sort(dim=-1).values == b_NK.sort(dim=-1).values).all(dim=-1)
 
 
-def flip_rate(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk_NK: torch.Tensor,
-              sigma: float, seed: int, bias_E: torch.Tensor | None = None,
-              logit_bias_E: torch.Tensor | None = None) -> torch.Tensor:
+def flip_rate(
+    spec: ModelSpec,
+    router_EH: torch.Tensor,
+    y_NH: torch.Tensor,
+    topk_NK: torch.Tensor,
+    sigma: float,
+    seed: int,
+    bias_E: torch.Tensor | None = None,
+    logit_bias_E: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-token flips of R_k under W_r ← W_r + σ·rms(W_r)·G, G ~ N(0, 1) seeded (`002` §7.2);
     a selection bias, the operator's setting, and a logit bias (gpt-oss) are kept as they are.
     G is drawn on the host (the same numbers whatever device computes) and copied over."""
@@ -39,23 +46,52 @@ def flip_rate(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk
     return ~same_sets(route(spec, perturbed, y_NH, bias_E, logit_bias_E).topk_NK, topk_NK)
 
 
-def boundary_receipts(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.Tensor,
-                      y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
-                      boot: WindowBootstrap, seed: int, *, bias_E: torch.Tensor | None = None,
-                      margin_N: torch.Tensor | None = None,
-                      logit_bias_E: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+def boundary_receipts(
+    spec: ModelSpec,
+    scores_NE: torch.Tensor,
+    router_EH: torch.Tensor,
+    y_NH: torch.Tensor,
+    topk_NK: torch.Tensor,
+    settings: ReceiptSettings,
+    boot: WindowBootstrap,
+    seed: int,
+    *,
+    bias_E: torch.Tensor | None = None,
+    margin_N: torch.Tensor | None = None,
+    logit_bias_E: torch.Tensor | None = None,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """(receipts, per-token margins m_t). ``margin_N``: the router's own margin where a group
     limit decides R_k (:func:`moeaudit.replay.model.route`), else s_(k) − s_(k+1)."""
-    out, m_N = boundary_pending(spec, scores_NE, router_EH, y_NH, topk_NK, settings, boot, seed, bias_E=bias_E,
-                                margin_N=margin_N, logit_bias_E=logit_bias_E)
+    out, m_N = boundary_pending(
+        spec,
+        scores_NE,
+        router_EH,
+        y_NH,
+        topk_NK,
+        settings,
+        boot,
+        seed,
+        bias_E=bias_E,
+        margin_N=margin_N,
+        logit_bias_E=logit_bias_E,
+    )
     return resolve(out), m_N
 
 
-def boundary_pending(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.Tensor,
-                     y_NH: torch.Tensor, topk_NK: torch.Tensor, settings: ReceiptSettings,
-                     boot: WindowBootstrap, seed: int, *, bias_E: torch.Tensor | None = None,
-                     margin_N: torch.Tensor | None = None,
-                     logit_bias_E: torch.Tensor | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+def boundary_pending(
+    spec: ModelSpec,
+    scores_NE: torch.Tensor,
+    router_EH: torch.Tensor,
+    y_NH: torch.Tensor,
+    topk_NK: torch.Tensor,
+    settings: ReceiptSettings,
+    boot: WindowBootstrap,
+    seed: int,
+    *,
+    bias_E: torch.Tensor | None = None,
+    margin_N: torch.Tensor | None = None,
+    logit_bias_E: torch.Tensor | None = None,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """:func:`boundary_receipts`, computed where the routing is and left there
     (``deferred.resolve`` reads it); the margins stay there too."""
     if spec.top_k >= scores_NE.shape[1]:  # E = k: no (k+1)-th score, R_k never changes
@@ -82,7 +118,8 @@ def boundary_pending(spec: ModelSpec, scores_NE: torch.Tensor, router_EH: torch.
         out["boundary_mass_units"] = (
             f"sigmoid selection scores: B(η) counts margins below η·σ'(0) = {scale:g}·η, the score "
             "gap a logit gap η makes at the decision point, so the η grid means the same as for "
-            "softmax (logit) routers")
+            "softmax (logit) routers"
+        )
     return out, m_N
 
 

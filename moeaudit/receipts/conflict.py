@@ -26,8 +26,23 @@ from moeaudit.receipts.state import domain_windows
 from moeaudit.replay import replay
 from moeaudit.replay.device import Device
 
-SHARED = ("router", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm",
-          "shared_w1", "shared_w3", "shared_w2", "shared_gate")
+SHARED = (
+    "router",
+    "q",
+    "k",
+    "v",
+    "o",
+    "q_bias",
+    "k_bias",
+    "v_bias",
+    "o_bias",
+    "q_norm",
+    "k_norm",
+    "shared_w1",
+    "shared_w3",
+    "shared_w2",
+    "shared_gate",
+)
 
 
 def _flat_grad(lw: LayerWeights) -> torch.Tensor:
@@ -47,8 +62,9 @@ def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor, device: Device) -> 
             per_layer[lw.layer] = _flat_grad(lw)
 
     W = tokens_WT.shape[0]
-    replay(ckpt, tokens_WT, grad_observers=[keep], window_weights_W=torch.ones(W, dtype=torch.float64) / W,
-           device=device)
+    replay(
+        ckpt, tokens_WT, grad_observers=[keep], window_weights_W=torch.ones(W, dtype=torch.float64) / W, device=device
+    )
     return per_layer
 
 
@@ -56,15 +72,22 @@ def _layer(layer: int, grads_PX: torch.Tensor, share_P: torch.Tensor, names: lis
     unit_PX = grads_PX / grads_PX.norm(dim=1, keepdim=True).clamp_min(1e-300)
     pooled_X = share_P @ grads_PX  # = the gradient of the whole canary's mean NLL
     cos_P = (unit_PX @ (pooled_X / pooled_X.norm().clamp_min(1e-300))).clamp(-1.0, 1.0)
-    out: dict[str, Any] = {"layer": layer,
-                           "conflict_to_pooled": dict(zip(names, (-cos_P).clamp_min(0).tolist(), strict=True))}
+    out: dict[str, Any] = {
+        "layer": layer,
+        "conflict_to_pooled": dict(zip(names, (-cos_P).clamp_min(0).tolist(), strict=True)),
+    }
     if len(names) <= MAX_PAIRWISE_DOMAINS:
         cos = unit_PX @ unit_PX.T
         conflict = (-cos).clamp_min(0)
         return {**out, "cos": cos.tolist(), "conflict": conflict.tolist(), "max_conflict": float(conflict.max())}
     widest = float(cos_P.acos().topk(2).values.sum())
-    return {**out, "cos": None, "conflict": None, "max_conflict": None,
-            "max_conflict_upper": max(0.0, -math.cos(min(math.pi, widest)))}
+    return {
+        **out,
+        "cos": None,
+        "conflict": None,
+        "max_conflict": None,
+        "max_conflict_upper": max(0.0, -math.cos(min(math.pi, widest))),
+    }
 
 
 def domain_conflict(ckpt: Checkpoint, canary: Canary, device: Device = None) -> dict[str, Any]:
@@ -74,14 +97,17 @@ def domain_conflict(ckpt: Checkpoint, canary: Canary, device: Device = None) -> 
     names = [n for n, _ in windows]
     grads = [_domain_grads(ckpt, canary.tokens[idx], device) for _, idx in windows]
     share_P = torch.tensor([idx.numel() / canary.num_windows for _, idx in windows], dtype=torch.float64)
-    layers = [_layer(layer, torch.stack([g[layer] for g in grads]), share_P, names)
-              for layer in ckpt.spec.routed_layers]
+    layers = [
+        _layer(layer, torch.stack([g[layer] for g in grads]), share_P, names) for layer in ckpt.spec.routed_layers
+    ]
     out: dict[str, Any] = {"domains": names, "parameters": list(SHARED), "layers": layers}
     if len(names) > MAX_PAIRWISE_DOMAINS:
-        out["bounded"] = {"conflict": {
-            "max_domains": MAX_PAIRWISE_DOMAINS,
-            "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise cos/conflict matrices "
-                      "(O(D²) per layer) are omitted; conflict_to_pooled gives each domain's conflict "
-                      "with the whole canary's gradient",
-        }}
+        out["bounded"] = {
+            "conflict": {
+                "max_domains": MAX_PAIRWISE_DOMAINS,
+                "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise cos/conflict matrices "
+                "(O(D²) per layer) are omitted; conflict_to_pooled gives each domain's conflict "
+                "with the whole canary's gradient",
+            }
+        }
     return out

@@ -70,8 +70,7 @@ def integers(t: torch.Tensor) -> Pending:
 
 def mean_or_none(values: torch.Tensor, count: torch.Tensor) -> Pending:
     """``float(values)`` where ``count`` > 0, else None (a mean over no tokens)."""
-    return Pending(torch.stack([values.double(), count.double()]),
-                   lambda h: float(h[0]) if float(h[1]) > 0 else None)
+    return Pending(torch.stack([values.double(), count.double()]), lambda h: float(h[0]) if float(h[1]) > 0 else None)
 
 
 def interval(q_2: torch.Tensor) -> Pending:
@@ -121,6 +120,6 @@ def resolve(tree: Any) -> Any:
     offset = 0
     for p in pending:
         n = p.tensor.numel()
-        values[id(p)] = p.read(host[offset:offset + n].view(p.tensor.shape))
+        values[id(p)] = p.read(host[offset : offset + n].view(p.tensor.shape))
         offset += n
     return _rebuild(tree, values)

@@ -42,8 +42,15 @@ def relative_change(u0: torch.Tensor, u1: torch.Tensor, z_NH: torch.Tensor, cent
     return (v1 - v0).norm(dim=-1) / (v1.norm(dim=-1) + v0.norm(dim=-1) + EPS_U)
 
 
-def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
-               cand: AnchorStates, boot: WindowBootstrap, device: Device = None) -> dict[str, Any]:
+def pair_layer(
+    spec: ModelSpec,
+    lw0: LayerWeights,
+    lw1: LayerWeights,
+    base: AnchorStates,
+    cand: AnchorStates,
+    boot: WindowBootstrap,
+    device: Device = None,
+) -> dict[str, Any]:
     """One layer's pair receipts, computed on ``device`` as the replays are (None: the host,
     no copies): the two layers' weights are copied there (experts one at a time, converted
     there) with both checkpoints' anchor states; per-token values and per-expert sums come back
@@ -61,8 +68,9 @@ def pair_layer(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: Anch
     return out
 
 
-def _pair_tensors(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates,
-                  cand: AnchorStates) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+def _pair_tensors(
+    spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: AnchorStates, cand: AnchorStates
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None]:
     """(per-token drift values [N], the selection biases and top-k shares (b0, b1, π0, π1) or
     None), where the inputs live."""
     K = spec.top_k
@@ -106,8 +114,10 @@ def _pair_tensors(spec: ModelSpec, lw0: LayerWeights, lw1: LayerWeights, base: A
 def _drift(per_token: dict[str, torch.Tensor], boot: WindowBootstrap) -> dict[str, Any]:
     """Means over the canary tokens, their window-bootstrap intervals and replicates."""
     drift: dict[str, Any] = {name: float(v.mean()) for name, v in per_token.items()}
-    drift["ci95"] = {name: boot.mean(per_token[name]) for name in (
-        "coordinate", "boundary", "transition", "content", "boundary_smooth", "content_smooth")}
+    drift["ci95"] = {
+        name: boot.mean(per_token[name])
+        for name in ("coordinate", "boundary", "transition", "content", "boundary_smooth", "content_smooth")
+    }
     drift["replicates"] = {name: boot.mean_replicates(per_token[name]) for name in ("boundary", "content")}
     return drift
 

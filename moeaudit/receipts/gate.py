@@ -27,8 +27,7 @@ HOLDS = [
     "exact C2, transition incompatibility and adjacency specificity: taken over those active "
     "sets with the combine weights the model uses",
     "expert, router and shared-expert gradient norms, the envelope series, NLL and entropy",
-    "the expert cover of `003` Theorem 1 (charts from the down-projections): it does not "
-    "involve the gate",
+    "the expert cover of `003` Theorem 1 (charts from the down-projections): it does not involve the gate",
 ]
 
 
@@ -43,8 +42,9 @@ def _score(spec: ModelSpec) -> tuple[str, str]:
     """(the selection scores, the units their margins are in; "" for logit units)."""
     g = spec.gate
     if g.selection_bias:  # ERNIE 4.5: softmax + b; DeepSeek-V3 and others: σ + b
-        return ("σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"), \
-            ("sigmoid" if g.scoring == "sigmoid" else "probability")
+        return ("σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"), (
+            "sigmoid" if g.scoring == "sigmoid" else "probability"
+        )
     if g.scoring == "sigmoid":
         return "σ(W_r y)", "sigmoid"
     return ("W_r y + b" if spec.router_logit_bias else "W_r y"), ""
@@ -62,55 +62,75 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
     if g.selection_bias:
         why.append(f"a per-expert selection bias b ({score} is not linear in y)")
     elif g.scoring == "sigmoid":
-        why.append("sigmoid combine weights σ(W_r y), not renormalised (the choice is the top-k of the "
-                   "bias-free linear logits W_r y)")
+        why.append(
+            "sigmoid combine weights σ(W_r y), not renormalised (the choice is the top-k of the "
+            "bias-free linear logits W_r y)"
+        )
     if spec.router_logit_bias:
         why.append("a router bias b in the logits W_r y + b (affine, not linear, in y)")
     if g.scoring == "sparsemixer":
-        why.append("sparsemixer combine weights (each chosen expert's softmax over the experts within a "
-                   "relative jitter band of it; the choice is the top-2 of the bias-free linear logits W_r y)")
+        why.append(
+            "sparsemixer combine weights (each chosen expert's softmax over the experts within a "
+            "relative jitter band of it; the choice is the top-2 of the bias-free linear logits W_r y)"
+        )
     if g.grouped:
         why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups compete)")
     if spec.scaled_expert_inputs:
-        why.append("combine weights that scale each chosen expert's input, u_e(c_e y) (the receipts use "
-                   "u_e(c_e y)/c_e as the expert output, docs/families.md)")
-    rho = ("ρ = σ(s)/Σσ(s) on the unbiased scores" if g.scoring == "sigmoid" else
-           "ρ = softmax(W_r y + b)" if spec.router_logit_bias else "ρ = softmax(W_r y)")
+        why.append(
+            "combine weights that scale each chosen expert's input, u_e(c_e y) (the receipts use "
+            "u_e(c_e y)/c_e as the expert output, docs/families.md)"
+        )
+    rho = (
+        "ρ = σ(s)/Σσ(s) on the unbiased scores"
+        if g.scoring == "sigmoid"
+        else "ρ = softmax(W_r y + b)"
+        if spec.router_logit_bias
+        else "ρ = softmax(W_r y)"
+    )
     smooth = "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe "
     if g.selection_bias or g.grouped:
         without = [w for w, on in (("the bias", g.selection_bias), ("the group limit", g.grouped)) if on]
         smooth += f"the gate without {' and without '.join(without)} ({rho}): their top-k need not be the active set"
     elif g.scoring == "sigmoid":
-        smooth += (f"σ(W_r y) normalised over all experts ({rho}), not the combine weights σ(W_r y) the model "
-                   "uses; their top-k is the active set")
+        smooth += (
+            f"σ(W_r y) normalised over all experts ({rho}), not the combine weights σ(W_r y) the model "
+            "uses; their top-k is the active set"
+        )
     elif g.scoring == "sparsemixer":
-        smooth += f"the softmax over all experts ({rho}), not the sparsemixer's combine weights; their top-2 is " \
-                  "the active set"
+        smooth += (
+            f"the softmax over all experts ({rho}), not the sparsemixer's combine weights; their top-2 is "
+            "the active set"
+        )
     else:
         smooth += f"the gate's own softmax ({rho}), bias included"
     changed = [
         f"margins, boundary mass and flip rate are measured on the selection scores {score}"
         + (f" in {units} units, not comparable with softmax-logit margins of other families" if units else "")
-        + (", as the distance to the nearer of an in-group swap and a group swap (docs/decisions.md)"
-           if g.grouped else ""),
+        + (
+            ", as the distance to the nearer of an in-group swap and a group swap (docs/decisions.md)"
+            if g.grouped
+            else ""
+        ),
         smooth,
     ]
     not_certified = []
     if g.selection_bias:
-        not_certified.append("`003` Theorem 1's cells as linear cones (the routing assumption fails): cell "
-                             "walls are curved")
+        not_certified.append(
+            "`003` Theorem 1's cells as linear cones (the routing assumption fails): cell walls are curved"
+        )
     elif g.grouped:
         not_certified.append("`003` Theorem 1's cells as linear cones: the group limit adds a second partition")
     if spec.router_logit_bias:
-        not_certified.append("`003` Theorem 1's cells as linear cones: the logit bias makes the cell walls "
-                             "affine hyperplanes, so the cells are convex polyhedra, not cones through the origin")
+        not_certified.append(
+            "`003` Theorem 1's cells as linear cones: the logit bias makes the cell walls "
+            "affine hyperplanes, so the cells are convex polyhedra, not cones through the origin"
+        )
     if g.selection_bias or g.grouped or spec.router_logit_bias or units:
         not_certified.append("the Gaussian boundary-mass closed form of `002`, which assumes a linear gate")
     return {
         "gate": spec.routing,
         "bias_free_linear": False,
-        "why": "the atlas theorem (`003` §4.1) assumes a bias-free linear gate; this layer has "
-               + " and ".join(why),
+        "why": "the atlas theorem (`003` §4.1) assumes a bias-free linear gate; this layer has " + " and ".join(why),
         "holds": HOLDS,
         "changed": changed,
         "not_certified": not_certified,
@@ -140,8 +160,7 @@ def bias_telemetry_pending(bias_E: torch.Tensor | None) -> dict[str, Any] | None
     }
 
 
-def bias_drift(b0_E: torch.Tensor, b1_E: torch.Tensor, pi0_E: torch.Tensor,
-               pi1_E: torch.Tensor) -> dict[str, Any]:
+def bias_drift(b0_E: torch.Tensor, b1_E: torch.Tensor, pi0_E: torch.Tensor, pi1_E: torch.Tensor) -> dict[str, Any]:
     """Δb per expert between two checkpoints next to Δπ, the result of that control (both π on
     the base checkpoint's states, so only the router moved). An aux-loss-free balancer
     (``b_i ← b_i + γ·sign(load deficit)``, `000` Eq. 2) lowers the bias of over-loaded

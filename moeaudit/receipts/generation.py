@@ -29,7 +29,7 @@ def high_frequency_ids(tokens: torch.Tensor, fraction: float = 0.1) -> set[int]:
 
 
 def distinct_n(seqs: list[list[int]], n: int) -> float:
-    grams = [tuple(s[i:i + n]) for s in seqs for i in range(len(s) - n + 1)]
+    grams = [tuple(s[i : i + n]) for s in seqs for i in range(len(s) - n + 1)]
     return len(set(grams)) / len(grams) if grams else float("nan")
 
 
@@ -37,15 +37,16 @@ def rep_n(seq: list[int], n: int) -> float:
     seen: set[tuple[int, ...]] = set()
     repeats = total = 0
     for i in range(len(seq) - n + 1):
-        gram = tuple(seq[i:i + n])
+        gram = tuple(seq[i : i + n])
         repeats += gram in seen
         total += 1
         seen.add(gram)
     return repeats / total if total else float("nan")
 
 
-def generation_receipts(ckpt: Checkpoint, canary: Canary, new_tokens: int, prompts: int = 8,
-                        device: Device = None) -> dict[str, Any]:
+def generation_receipts(
+    ckpt: Checkpoint, canary: Canary, new_tokens: int, prompts: int = 8, device: Device = None
+) -> dict[str, Any]:
     """The generation receipts; the greedy continuation runs on ``device``."""
     P = min(prompts, canary.num_windows)
     prompt_len = min(PROMPT_LEN, canary.window_len)

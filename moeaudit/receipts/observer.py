@@ -58,24 +58,38 @@ class StateObserver:
         seed = self._seed(tap.layer)
         dev = tap.y_NH.device
         boot = WindowBootstrap(self.canary.num_windows, s.bootstrap, seed).on(dev)
-        router = {n: t.to(dev, non_blocking=True) for n in ("router", "router_bias", "router_logit_bias")
-                  if (t := lw.params.get(n)) is not None}  # where the layer ran: no copy
+        router = {
+            n: t.to(dev, non_blocking=True)
+            for n in ("router", "router_bias", "router_logit_bias")
+            if (t := lw.params.get(n)) is not None
+        }  # where the layer ran: no copy
         bias_E = router.get("router_bias")
-        boundary, m_N = boundary_pending(self.spec, r.scores_NE, router["router"], tap.y_NH,
-                                         r.topk_NK, s, boot, seed, bias_E=bias_E,
-                                         margin_N=r.margin_N, logit_bias_E=router.get("router_logit_bias"))
+        boundary, m_N = boundary_pending(
+            self.spec,
+            r.scores_NE,
+            router["router"],
+            tap.y_NH,
+            r.topk_NK,
+            s,
+            boot,
+            seed,
+            bias_E=bias_E,
+            margin_N=r.margin_N,
+            logit_bias_E=router.get("router_logit_bias"),
+        )
         note = gate_note(self.spec)
         layer = {
-            **({} if note is None else
-               {"gate": {**note, "selection_bias": bias_telemetry_pending(bias_E)}}),
+            **({} if note is None else {"gate": {**note, "selection_bias": bias_telemetry_pending(bias_E)}}),
             "occupancy": occupancy_pending(r.topk_NK, r.probs_NE, boot),
             "boundary": boundary,
             # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
             "overlap": overlap_pending(tap, lw, m_N / eta_scale(self.spec), s, boot, seed, self.spec),
-            "domains": domain_routing_pending(r.topk_NK, self.canary.domain_ids, self.canary.domains,
-                                              self.spec.num_experts),
+            "domains": domain_routing_pending(
+                r.topk_NK, self.canary.domain_ids, self.canary.domains, self.spec.num_experts
+            ),
         }
         if self.keep_states:  # the pair receipts' anchors, on the host (queued before the one wait)
-            self.states[tap.layer] = moved(AnchorStates(tap.z_NH.detach().clone(), tap.y_NH.detach().clone()),
-                                           HOST, non_blocking=True)
+            self.states[tap.layer] = moved(
+                AnchorStates(tap.z_NH.detach().clone(), tap.y_NH.detach().clone()), HOST, non_blocking=True
+            )
         self.layers[tap.layer] = resolve(layer)

@@ -52,8 +52,9 @@ def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstr
     return resolve(occupancy_pending(topk_NK, probs_NE, boot))  # type: ignore[no-any-return]
 
 
-def occupancy_pending(topk_NK: torch.Tensor, probs_NE: torch.Tensor,
-                      boot: WindowBootstrap | None = None) -> dict[str, Any]:
+def occupancy_pending(
+    topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None
+) -> dict[str, Any]:
     """:func:`occupancy`, its numbers left where the routing is (``deferred.resolve`` reads them)."""
     N, K = topk_NK.shape
     E = probs_NE.shape[1]
@@ -79,8 +80,9 @@ def occupancy_pending(topk_NK: torch.Tensor, probs_NE: torch.Tensor,
             name: boot.statistic_pending(per_window_WE, _one_stat(name, float(boot.W * T), K))
             for name in ("pi_min", "dead", "cv", "entropy_norm")
         }
-        out["replicates"] = {"pi_min": boot.statistic_replicates_pending(
-            per_window_WE, _one_stat("pi_min", float(boot.W * T), K))}
+        out["replicates"] = {
+            "pi_min": boot.statistic_replicates_pending(per_window_WE, _one_stat("pi_min", float(boot.W * T), K))
+        }
     return out
 
 
@@ -97,14 +99,12 @@ def _set_counts(topk_NK: torch.Tensor, E: int) -> torch.Tensor:
     return torch.unique(keys_N, return_counts=True)[1]
 
 
-def active_sets(topk_NK: torch.Tensor, top: int = 10,
-                num_experts: int | None = None) -> dict[str, Any]:
+def active_sets(topk_NK: torch.Tensor, top: int = 10, num_experts: int | None = None) -> dict[str, Any]:
     """Active-set occupancy μ (`003` Eq. 16): distinct sets visited, entropy, top-10 mass."""
     return resolve(active_sets_pending(topk_NK, top, num_experts))  # type: ignore[no-any-return]
 
 
-def active_sets_pending(topk_NK: torch.Tensor, top: int = 10,
-                        num_experts: int | None = None) -> dict[str, Any]:
+def active_sets_pending(topk_NK: torch.Tensor, top: int = 10, num_experts: int | None = None) -> dict[str, Any]:
     """:func:`active_sets` left on the device. ``unique`` sizes its result from the data, so on
     a GPU it waits for the device once (the number of distinct sets is a shape)."""
     if num_experts is None:
@@ -130,8 +130,9 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
 
 
-def domain_counts(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor,
-                  num_domains: int, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+def domain_counts(
+    topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, num_domains: int, E: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens_D, counts_DE): each domain's token count and expert counts, in one bincount
     each (a mask per domain would be O(D·N): quadratic when the canary grows with D)."""
     N, K = topk_NK.shape
@@ -142,14 +143,16 @@ def domain_counts(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor,
     return counts(dom_N, D).double(), counts_DE.double()
 
 
-def domain_routing(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...],
-                   E: int) -> dict[str, Any]:
+def domain_routing(
+    topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...], E: int
+) -> dict[str, Any]:
     """Per-domain π and JS divergences between domains' loads (:func:`domain_routing_pending`)."""
     return resolve(domain_routing_pending(topk_NK, domain_ids_W, domains, E))  # type: ignore[no-any-return]
 
 
-def domain_routing_pending(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...],
-                           E: int) -> dict[str, Any]:
+def domain_routing_pending(
+    topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...], E: int
+) -> dict[str, Any]:
     """Per-domain π (the domain routing heatmap) and JS divergence between domains' loads.
 
     Linear in the number of domains P present: ``pi`` (P × E) and ``js_to_pooled``, each
@@ -169,22 +172,27 @@ def domain_routing_pending(topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, do
     load_PE = counts_PE / (K * tokens_P[:, None])
     pooled_E = counts_PE.sum(0) / (K * tokens_P.sum())
     to_pooled_P = js_divergence(load_PE, pooled_E[None, :])
+
     def by_name(rows: list[Any]) -> dict[str, Any]:
         return dict(zip(names, rows, strict=True))
 
-    out: dict[str, Any] = {"domains": names,
-                           "pi": apply(floats(counts_PE / tokens_P[:, None]), by_name),
-                           "js_to_pooled": apply(floats(to_pooled_P), by_name)}
+    out: dict[str, Any] = {
+        "domains": names,
+        "pi": apply(floats(counts_PE / tokens_P[:, None]), by_name),
+        "js_to_pooled": apply(floats(to_pooled_P), by_name),
+    }
     if len(names) <= MAX_PAIRWISE_DOMAINS:
         # entry by entry the same float ops as js_divergence(load[a], load[b])
         out["js"] = floats(js_divergence(load_PE[:, None, :], load_PE[None, :, :]))
         return out
     top2 = to_pooled_P.sqrt().topk(2).values
     out["js"] = None
-    out["bounded"] = {"js": {
-        "max_domains": MAX_PAIRWISE_DOMAINS,
-        "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise matrix (O(D²) per "
-                  "layer) is omitted; js_to_pooled gives each domain's JS to the pooled load",
-        "pair_max_upper": Pending(top2.sum() ** 2, lambda h: min(math.log(2), float(h))),
-    }}
+    out["bounded"] = {
+        "js": {
+            "max_domains": MAX_PAIRWISE_DOMAINS,
+            "reason": f"{len(names)} domains > {MAX_PAIRWISE_DOMAINS}: the pairwise matrix (O(D²) per "
+            "layer) is omitted; js_to_pooled gives each domain's JS to the pooled load",
+            "pair_max_upper": Pending(top2.sum() ** 2, lambda h: min(math.log(2), float(h))),
+        }
+    }
     return out

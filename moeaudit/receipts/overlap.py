@@ -71,16 +71,26 @@ def extra_experts(routing: Routing, seed: int) -> dict[str, torch.Tensor]:
     if E <= K:
         return {}
     cand_NC = candidates(routing.scores_NE, routing.topk_NK, min(E, 2 * K))
-    return {"overlap_candidates": cand_NC[:, K:].contiguous(),
-            "overlap_random": random_outside(routing.topk_NK, E, seed)}
+    return {
+        "overlap_candidates": cand_NC[:, K:].contiguous(),
+        "overlap_random": random_outside(routing.topk_NK, E, seed),
+    }
 
 
 TOKEN_CHUNK = 1024  # tokens per step: every quantity is per token, so chunks change no value
 
 
-def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.Tensor,
-               z_NH: torch.Tensor, rho_NC: torch.Tensor, s_NC: torch.Tensor, c_k_N: torch.Tensor,
-               beta_adj: float, centred: bool = False) -> dict[str, torch.Tensor]:
+def _per_token(
+    u_NKH: torch.Tensor,
+    extra_NXH: torch.Tensor,
+    u_rand_N1H: torch.Tensor,
+    z_NH: torch.Tensor,
+    rho_NC: torch.Tensor,
+    s_NC: torch.Tensor,
+    c_k_N: torch.Tensor,
+    beta_adj: float,
+    centred: bool = False,
+) -> dict[str, torch.Tensor]:
     """Per-token c2 (Eq. 20), c2_smooth (Eq. 21–22), transition jump (Eq. 14) and adjacency
     specificity (Table 2) for a chunk of tokens; the [n, K', H] fields stay small."""
     K = u_NKH.shape[1]
@@ -91,8 +101,7 @@ def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.T
     out = {}
     if K > 1:
         out["c2"] = pair_weighted(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :])
-    w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(
-        -beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
+    w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(-beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
     out["c2s"] = pair_weighted(kap_NCC, w_adj)
     # Transition incompatibility at the k-th / (k+1)-th swap (`003` Eq. 14).
     out["jump"] = c_k_N * (v_NCH[:, K] - v_NCH[:, K - 1]).double().norm(dim=-1)
@@ -102,13 +111,27 @@ def _per_token(u_NKH: torch.Tensor, extra_NXH: torch.Tensor, u_rand_N1H: torch.T
     return out
 
 
-def overlap_receipts(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
-                     boot: WindowBootstrap, seed: int, spec: ModelSpec | None = None) -> dict[str, Any]:
+def overlap_receipts(
+    tap: MoETap,
+    lw: LayerWeights,
+    m_N: torch.Tensor,
+    settings: ReceiptSettings,
+    boot: WindowBootstrap,
+    seed: int,
+    spec: ModelSpec | None = None,
+) -> dict[str, Any]:
     return resolve(overlap_pending(tap, lw, m_N, settings, boot, seed, spec))  # type: ignore[no-any-return]
 
 
-def overlap_pending(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: ReceiptSettings,
-                    boot: WindowBootstrap, seed: int, spec: ModelSpec | None = None) -> dict[str, Any]:
+def overlap_pending(
+    tap: MoETap,
+    lw: LayerWeights,
+    m_N: torch.Tensor,
+    settings: ReceiptSettings,
+    boot: WindowBootstrap,
+    seed: int,
+    spec: ModelSpec | None = None,
+) -> dict[str, Any]:
     """:func:`overlap_receipts` computed where the taps are, left there (``deferred.resolve``).
     The mean over boundary tokens takes a boolean index: on a GPU one wait for its size."""
     r = tap.routing
@@ -129,9 +152,10 @@ def overlap_pending(tap: MoETap, lw: LayerWeights, m_N: torch.Tensor, settings: 
     s_NC = r.scores_NE.double().gather(1, cand_NC)
     c_k = r.combine_NK[:, K - 1].double()
     centred = spec is not None and spec.layer_norm
-    chunks = [_per_token(tap.u_NKH[t], extra[t], u_rand[t], z[t], rho_NC[t], s_NC[t], c_k[t],
-                         settings.beta_adj, centred)
-              for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, N, TOKEN_CHUNK))]
+    chunks = [
+        _per_token(tap.u_NKH[t], extra[t], u_rand[t], z[t], rho_NC[t], s_NC[t], c_k[t], settings.beta_adj, centred)
+        for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, N, TOKEN_CHUNK))
+    ]
     c2_N = torch.cat([c["c2"] for c in chunks]) if K > 1 else None
     c2s_N, jump_N, spec_N = (torch.cat([c[n] for c in chunks]) for n in ("c2s", "jump", "spec"))
     left_out_N = 1.0 - rho_NC.sum(1)

@@ -23,8 +23,11 @@ from moeaudit.receipts.state import run_state
 from moeaudit.replay.engine import Progress
 
 SCHEMA = "moeaudit.compare/v1"
-def load_reference(path: str | Path, canary: Canary, policy: Policy,
-                   progress: Progress | None = None, device: str | None = None) -> dict[str, Any]:
+
+
+def load_reference(
+    path: str | Path, canary: Canary, policy: Policy, progress: Progress | None = None, device: str | None = None
+) -> dict[str, Any]:
     """A reference is a healthy checkpoint directory (replayed on ``device``) or its receipts
     JSON on the same canary."""
     path = Path(path)
@@ -36,15 +39,18 @@ def load_reference(path: str | Path, canary: Canary, policy: Policy,
     except DuplicateKey as exc:  # readers would disagree on which value counts
         raise InputError(f"reference receipts JSON repeats the key {exc.key!r}", path=path) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8 or JSON
-        raise InputError(f"reference is neither a checkpoint directory nor receipts JSON ({exc})",
-                         path=path) from exc
+        raise InputError(f"reference is neither a checkpoint directory nor receipts JSON ({exc})", path=path) from exc
     if not isinstance(doc, dict) or doc.get("schema") != RECEIPTS_SCHEMA:
         raise InputError(f"reference JSON is not a {RECEIPTS_SCHEMA} document", path=path)
     digest = _field(doc, "canary", "digest", "sha256")
     if digest != canary.digest:
-        raise InputError("reference receipts were computed on another canary" if isinstance(digest, str)
-                         else "reference receipts name no canary digest", path=path,
-                         hint="recompute them with `moeaudit receipts REF --canary ...`")
+        raise InputError(
+            "reference receipts were computed on another canary"
+            if isinstance(digest, str)
+            else "reference receipts name no canary digest",
+            path=path,
+            hint="recompute them with `moeaudit receipts REF --canary ...`",
+        )
     _check_reference(doc, policy, path)
     return doc
 
@@ -62,13 +68,22 @@ def _check_reference(doc: dict[str, Any], policy: Policy, path: Path) -> None:
         routed = [int(entry["layer"]) for entry in doc["layers"]]
         handoff(doc, doc, protected_layers(policy, routed, str(path)), policy.margins)
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
-        raise InputError(f"reference receipts JSON lacks or garbles a field the handoff margin reads "
-                         f"({type(exc).__name__}: {exc})", path=path,
-                         hint="use receipts written by `moeaudit receipts REF --json OUT`") from exc
+        raise InputError(
+            f"reference receipts JSON lacks or garbles a field the handoff margin reads ({type(exc).__name__}: {exc})",
+            path=path,
+            hint="use receipts written by `moeaudit receipts REF --json OUT`",
+        ) from exc
 
 
-def compare(base: Checkpoint, cand: Checkpoint, canary: Canary, policy: Policy, *,
-            reference: str | Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def compare(
+    base: Checkpoint,
+    cand: Checkpoint,
+    canary: Canary,
+    policy: Policy,
+    *,
+    reference: str | Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     check_compatible(base, cand)
     # A bad reference (wrong canary, not receipts) should fail before the replays, not after.
     ref_doc = None if reference is None else load_reference(reference, canary, policy, progress)

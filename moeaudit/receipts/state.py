@@ -26,13 +26,25 @@ SCHEMA = "moeaudit.receipts/v1"
 def environment(device: str | None = None) -> dict[str, Any]:
     """Where the receipts were computed: ``device`` is the device that computed every part of
     them (replay, conflict, generation), "cpu" on the default path."""
-    return {"torch": torch.__version__, "python": platform.python_version(),
-            "device": device_name(device), "dtype": "float32"}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device_name(device),
+        "dtype": "float32",
+    }
 
 
-def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: bool = False,
-              conflict: bool = False, generate: int = 0, progress: Progress | None = None,
-              device: str | None = None) -> tuple[dict[str, Any], StateObserver]:
+def run_state(
+    ckpt: Checkpoint,
+    canary: Canary,
+    policy: Policy,
+    *,
+    keep_states: bool = False,
+    conflict: bool = False,
+    generate: int = 0,
+    progress: Progress | None = None,
+    device: str | None = None,
+) -> tuple[dict[str, Any], StateObserver]:
     """Replay once and return (receipts document, the observer holding per-layer states).
 
     ``conflict`` (one backward per domain) and ``generate`` (G streamed forwards) are the
@@ -44,8 +56,9 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
-    result = replay(ckpt, canary.tokens, observers=[observer], progress=progress, device=device,
-                    keep_routing=False)  # the observer took what the receipts need
+    result = replay(
+        ckpt, canary.tokens, observers=[observer], progress=progress, device=device, keep_routing=False
+    )  # the observer took what the receipts need
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
     if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict
@@ -59,16 +72,29 @@ def run_state(ckpt: Checkpoint, canary: Canary, policy: Policy, *, keep_states: 
     return finite_document(doc), observer
 
 
-def state_receipts(ckpt: Checkpoint, canary: Canary, policy: Policy | None = None, *,
-                   conflict: bool = False, generate: int = 0,
-                   progress: Progress | None = None, device: str | None = None) -> dict[str, Any]:
-    return run_state(ckpt, canary, policy or Policy(), conflict=conflict, generate=generate,
-                     progress=progress, device=device)[0]
+def state_receipts(
+    ckpt: Checkpoint,
+    canary: Canary,
+    policy: Policy | None = None,
+    *,
+    conflict: bool = False,
+    generate: int = 0,
+    progress: Progress | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    return run_state(
+        ckpt, canary, policy or Policy(), conflict=conflict, generate=generate, progress=progress, device=device
+    )[0]
 
 
-def receipts_document(ckpt: Checkpoint, canary: Canary, result: ReplayResult,
-                      observer: StateObserver, policy: Policy,
-                      device: str | None = None) -> dict[str, Any]:
+def receipts_document(
+    ckpt: Checkpoint,
+    canary: Canary,
+    result: ReplayResult,
+    observer: StateObserver,
+    policy: Policy,
+    device: str | None = None,
+) -> dict[str, Any]:
     s = ckpt.spec
     layers = []
     for i in s.routed_layers:
@@ -122,5 +148,8 @@ def domain_windows(canary: Canary) -> list[torch.Tensor]:
 
 def _nll_by_domain(canary: Canary, nll_W: torch.Tensor) -> dict[str, float]:
     # each domain's windows in canary order, copied out: the same sum as nll_W[mask].mean()
-    return {name: float(nll_W[idx].double().mean())
-            for name, idx in zip(canary.domains, domain_windows(canary), strict=True) if idx.numel()}
+    return {
+        name: float(nll_W[idx].double().mean())
+        for name, idx in zip(canary.domains, domain_windows(canary), strict=True)
+        if idx.numel()
+    }

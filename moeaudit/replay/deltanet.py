@@ -36,8 +36,14 @@ def _prefix_sum(x_XC: torch.Tensor, lower_CC: torch.Tensor) -> torch.Tensor:
     return torch.where(lower_CC, x_XC.double()[..., None, :], 0.0).sum(-1).to(x_XC.dtype)
 
 
-def gated_delta_rule(q_BTkK: torch.Tensor, k_BTkK: torch.Tensor, v_BTvV: torch.Tensor,
-                     g_BTv: torch.Tensor, beta_BTv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+def gated_delta_rule(
+    q_BTkK: torch.Tensor,
+    k_BTkK: torch.Tensor,
+    v_BTvV: torch.Tensor,
+    g_BTv: torch.Tensor,
+    beta_BTv: torch.Tensor,
+    chunk: int = 64,
+) -> torch.Tensor:
     """o_BTvV of the recurrence above from a zero state, in float32, in chunks of ``chunk``
     tokens: within a chunk the delta rule's updates are solved at once as a unit lower-
     triangular system (the WY form, Gated DeltaNet §3.3), across chunks the state is carried.
@@ -46,8 +52,10 @@ def gated_delta_rule(q_BTkK: torch.Tensor, k_BTkK: torch.Tensor, v_BTvV: torch.T
     B, T, nv, V = v_BTvV.shape
     rep = nv // q_BTkK.shape[2]
     q, k = (t.repeat_interleave(rep, dim=2) for t in (q_BTkK, k_BTkK))
-    q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
-                        for x in (q, k, v_BTvV, beta_BTv, g_BTv))  # heads before time
+    q, k, v, beta, g = (
+        x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+        for x in (q, k, v_BTvV, beta_BTv, g_BTv)
+    )  # heads before time
     q, k = _l2norm(q), _l2norm(k)
     q = q * q.shape[-1] ** -0.5
     pad = (chunk - T % chunk) % chunk
@@ -84,8 +92,14 @@ def _split_heads(la: LinearAttention, qkvz: torch.Tensor, ba: torch.Tensor):
     q, k, v, z = qkvz.view(B, T, nk, -1).split([la.k_dim, la.k_dim, r * la.v_dim, r * la.v_dim], dim=3)
     b, a = ba.view(B, T, nk, 2 * r).split([r, r], dim=3)
     nv = la.num_v_heads
-    return (q, k, v.reshape(B, T, nv, la.v_dim), z.reshape(B, T, nv, la.v_dim),
-            b.reshape(B, T, nv), a.reshape(B, T, nv))
+    return (
+        q,
+        k,
+        v.reshape(B, T, nv, la.v_dim),
+        z.reshape(B, T, nv, la.v_dim),
+        b.reshape(B, T, nv),
+        a.reshape(B, T, nv),
+    )
 
 
 def _causal_conv(x_BTC: torch.Tensor, w_C1K: torch.Tensor) -> torch.Tensor:
@@ -94,8 +108,7 @@ def _causal_conv(x_BTC: torch.Tensor, w_C1K: torch.Tensor) -> torch.Tensor:
     return F.silu(y[:, :, :T]).transpose(1, 2)
 
 
-def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor,
-                   eps: float) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' ``Qwen3NextRMSNormGated``: w ⊙ rmsnorm(x) ⊙ SiLU(gate) (the gain is the
     stored weight, not the zero-centred 1 + w of the other norms)."""
     x32 = x.float()
@@ -103,8 +116,7 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor,
     return normed * F.silu(gate.float())
 
 
-def gated_deltanet(la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
-                   eps: float) -> torch.Tensor:
+def gated_deltanet(la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, eps: float) -> torch.Tensor:
     """The linear-attention token mixer of one layer, for its normalised input x."""
     B, T, _ = x_BTH.shape
     if "lin_qkv" in p:  # Qwen3.5: q | k | v flat, z, b, a in their own projections
@@ -112,14 +124,14 @@ def gated_deltanet(la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch
         z = F.linear(x_BTH, p["lin_z"]).view(B, T, la.num_v_heads, la.v_dim)
         b, a = F.linear(x_BTH, p["lin_b"]), F.linear(x_BTH, p["lin_a"])
     else:
-        q, k, v, z, b, a = _split_heads(la, F.linear(x_BTH, p["lin_qkvz"]),
-                                        F.linear(x_BTH, p["lin_ba"]))
+        q, k, v, z, b, a = _split_heads(la, F.linear(x_BTH, p["lin_qkvz"]), F.linear(x_BTH, p["lin_ba"]))
         qkv = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], dim=-1)
     mixed = _causal_conv(qkv, p["lin_conv"])
     key_dim = la.num_k_heads * la.k_dim
     q, k, v = mixed.split([key_dim, key_dim, la.num_v_heads * la.v_dim], dim=-1)
     g = -p["lin_A_log"].float().exp() * F.softplus(a.float() + p["lin_dt_bias"])
-    o = gated_delta_rule(q.view(B, T, -1, la.k_dim), k.view(B, T, -1, la.k_dim),
-                         v.view(B, T, -1, la.v_dim), g, b.sigmoid())
+    o = gated_delta_rule(
+        q.view(B, T, -1, la.k_dim), k.view(B, T, -1, la.k_dim), v.view(B, T, -1, la.v_dim), g, b.sigmoid()
+    )
     o = gated_rms_norm(o, p["lin_norm"], z, eps).to(x_BTH.dtype)
     return F.linear(o.reshape(B, T, -1), p["lin_out"])

@@ -71,10 +71,17 @@ CUDA_RAISING: dict[str, Raising] = {
     "fractional_max_pool3d_backward": Raising(f"torch.nn.FractionalMaxPool3d {_DIFFERENTIATE}"),
     "max_unpool2d": Raising("torch.nn.MaxUnpool1d / MaxUnpool2d"),
     "max_unpool3d": Raising("torch.nn.MaxUnpool3d"),
-    **{op: Raising(f"torch.nn.functional.interpolate {_DIFFERENTIATE} (linear, bilinear, bicubic, trilinear)")
-       for op in ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
-                  "upsample_trilinear3d_backward", "_upsample_bilinear2d_aa_backward",
-                  "_upsample_bicubic2d_aa_backward")},
+    **{
+        op: Raising(f"torch.nn.functional.interpolate {_DIFFERENTIATE} (linear, bilinear, bicubic, trilinear)")
+        for op in (
+            "upsample_linear1d_backward",
+            "upsample_bilinear2d_backward",
+            "upsample_bicubic2d_backward",
+            "upsample_trilinear3d_backward",
+            "_upsample_bilinear2d_aa_backward",
+            "_upsample_bicubic2d_aa_backward",
+        )
+    },
     **{f"reflection_pad{d}d_backward": Raising(f"torch.nn.ReflectionPad{d}d {_DIFFERENTIATE}") for d in (1, 2, 3)},
     "nll_loss_forward": Raising("torch.nn.NLLLoss when called on a CUDA tensor (F.cross_entropy too)"),
     "nll_loss2d_forward": Raising("torch.nn.NLLLoss when called on a CUDA tensor"),
@@ -88,14 +95,16 @@ CUDA_RAISING: dict[str, Raising] = {
     "median": Raising("torch.median with indices output when called on a CUDA tensor"),  # .dim overloads only
     "grid_sampler_2d_backward": Raising(f"torch.nn.functional.grid_sample {_DIFFERENTIATE}"),
     "grid_sampler_3d_backward": Raising(f"torch.nn.functional.grid_sample {_DIFFERENTIATE}"),
-    "cumsum": Raising("torch.cumsum when called on a CUDA tensor when dtype is floating point or complex",
-                      _float_cumsum),
-    "cumsum_": Raising("torch.cumsum when called on a CUDA tensor when dtype is floating point or complex",
-                       _float_cumsum),
-    "scatter_reduce": Raising("torch.Tensor.scatter_reduce when reduce='prod' and called on CUDA tensor",
-                              _reduce_prod),
-    "scatter_reduce_": Raising("torch.Tensor.scatter_reduce when reduce='prod' and called on CUDA tensor",
-                               _reduce_prod),
+    "cumsum": Raising(
+        "torch.cumsum when called on a CUDA tensor when dtype is floating point or complex", _float_cumsum
+    ),
+    "cumsum_": Raising(
+        "torch.cumsum when called on a CUDA tensor when dtype is floating point or complex", _float_cumsum
+    ),
+    "scatter_reduce": Raising("torch.Tensor.scatter_reduce when reduce='prod' and called on CUDA tensor", _reduce_prod),
+    "scatter_reduce_": Raising(
+        "torch.Tensor.scatter_reduce when reduce='prod' and called on CUDA tensor", _reduce_prod
+    ),
     "resize_": Raising("torch.Tensor.resize_ when called with a quantized tensor", _quantized),
 }
 _MEDIAN_WITH_INDICES = {"dim", "dim_values", "names_dim", "names_dim_values"}
@@ -124,8 +133,9 @@ class _Recorder(TorchDispatchMode):
         self.ops: set[str] = set()
         self.raising: dict[str, str] = {}  # "aten.cumsum.default" → the documented entry
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         self.ops.add(str(func))
         why = raising_on_cuda(func, args, kwargs)

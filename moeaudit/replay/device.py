@@ -59,9 +59,13 @@ def describe_device(device: Device) -> dict[str, str]:
     out = {"device": str(dev), "torch": torch.__version__}
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
-        out.update(gpu=torch.cuda.get_device_name(dev), capability=f"sm_{major}{minor}",
-                   cuda=str(torch.version.cuda), driver=_cuda_driver(),
-                   cudnn=str(torch.backends.cudnn.version()))
+        out.update(
+            gpu=torch.cuda.get_device_name(dev),
+            capability=f"sm_{major}{minor}",
+            cuda=str(torch.version.cuda),
+            driver=_cuda_driver(),
+            cudnn=str(torch.backends.cudnn.version()),
+        )
     return out
 
 
@@ -87,8 +91,10 @@ def moved(obj: Any, device: Device, non_blocking: bool = False) -> Any:
     if isinstance(obj, tuple | list):
         return type(obj)(moved(v, device, non_blocking) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: moved(getattr(obj, f.name), device, non_blocking)
-                                           for f in dataclasses.fields(obj) if f.init})
+        return dataclasses.replace(
+            obj,
+            **{f.name: moved(getattr(obj, f.name), device, non_blocking) for f in dataclasses.fields(obj) if f.init},
+        )
     return obj
 
 
@@ -179,7 +185,7 @@ class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
                 t.record_stream(current)  # allocated on the side stream, used on this one
         if e in self._plan:  # start the next expert's copy before this one computes
             i = self._plan.index(e)
-            self._plan = self._plan[i + 1:]
+            self._plan = self._plan[i + 1 :]
             if self._plan:
                 nxt = self._plan[0]
                 self._ahead = (nxt, *self._send(nxt))
@@ -203,8 +209,9 @@ def on_device(lw: LayerWeights, device: Device) -> LayerWeights:
     """The layer's weights for computing on ``device`` (the same object on the default path)."""
     if device is None:
         return lw
-    return dataclasses.replace(lw, params={n: to_device(t, device) for n, t in lw.params.items()},
-                               experts=DeviceExperts(lw.experts, device))
+    return dataclasses.replace(
+        lw, params={n: to_device(t, device) for n, t in lw.params.items()}, experts=DeviceExperts(lw.experts, device)
+    )
 
 
 def _set_deterministic(on: bool, warn_only: bool) -> None:
@@ -247,9 +254,17 @@ def _fp32_backends() -> list[Any]:
     """Every backend whose float32 products torch may run in reduced precision (TF32 on cuBLAS
     and cuDNN, bf16/TF32 in oneDNN on CPUs that have them)."""
     b = torch.backends
-    found = [getattr(getattr(b, lib, None), op, None) for lib, op in (
-        ("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
-        ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))]
+    found = [
+        getattr(getattr(b, lib, None), op, None)
+        for lib, op in (
+            ("cuda", "matmul"),
+            ("cudnn", "conv"),
+            ("cudnn", "rnn"),
+            ("mkldnn", "matmul"),
+            ("mkldnn", "conv"),
+            ("mkldnn", "rnn"),
+        )
+    ]
     return [x for x in found if x is not None and hasattr(x, "fp32_precision")]
 
 

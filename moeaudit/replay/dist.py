@@ -223,8 +223,10 @@ def out_of_memory(exc: BaseException) -> str | None:
     """A one-line account of an allocation that failed (Python's MemoryError, torch's CPU
     allocator), or None for any other error."""
     text = str(exc)
-    if not (isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and (
-            "can't allocate memory" in text or "Cannot allocate memory" in text))):
+    if not (
+        isinstance(exc, MemoryError)
+        or (isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "Cannot allocate memory" in text))
+    ):
         return None
     size = re.search(r"tried to allocate (\d+) bytes", text)
     what = f" ({int(size[1]) / 2**20:.0f} MiB more)" if size else ""
@@ -282,8 +284,10 @@ def _init(rank: int, world: int) -> Session:
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise InputError("torch.distributed is not available in this torch build",
-                         hint="install a torch with distributed support, or drop --nproc")
+        raise InputError(
+            "torch.distributed is not available in this torch build",
+            hint="install a torch with distributed support, or drop --nproc",
+        )
     backend = _backend()
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=_timeout())
     s = Session(rank, world, backend)
@@ -302,15 +306,26 @@ def _free_port() -> int:
 def _spawn(nproc: int) -> list[subprocess.Popen[bytes]]:
     """Ranks 1 … nproc − 1 as child processes, with the environment torchrun gives its ranks."""
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": threads}
-    os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")},
-                      RANK="0", LOCAL_RANK="0")
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "OMP_NUM_THREADS": threads,
+    }
+    os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}, RANK="0", LOCAL_RANK="0")
     quiet = not os.environ.get(VERBOSE_ENV)
-    return [subprocess.Popen([sys.executable, "-m", "moeaudit.replay.dist"],
-                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if quiet else None)
-            for r in range(1, nproc)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "moeaudit.replay.dist"],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if quiet else None,
+        )
+        for r in range(1, nproc)
+    ]
 
 
 @contextmanager
@@ -326,8 +341,10 @@ def session(nproc: int | None = None) -> Iterator[Session | None]:
     if spawned:
         assert nproc is not None
         if world > 1:
-            raise InputError("--nproc inside a torchrun launch: torchrun already started the ranks",
-                             hint="drop --nproc, or run without torchrun")
+            raise InputError(
+                "--nproc inside a torchrun launch: torchrun already started the ranks",
+                hint="drop --nproc, or run without torchrun",
+            )
         rank, world = 0, nproc
         children = _spawn(nproc)
     elif world <= 1:
@@ -365,7 +382,8 @@ def is_comm_error(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(exc, getattr(dist, "DistError", ())) or (
-        isinstance(exc, RuntimeError) and any(w in str(exc) for w in ("Gloo", "gloo", "Connection closed", "NCCL")))
+        isinstance(exc, RuntimeError) and any(w in str(exc) for w in ("Gloo", "gloo", "Connection closed", "NCCL"))
+    )
 
 
 def lost(exc: BaseException) -> MoeauditError:
@@ -382,8 +400,10 @@ def _lost(s: Session, exc: BaseException) -> MoeauditError:
     who = "; ".join(f"rank {r} exited with code {code}" for r, code in gone) or "a rank stopped answering"
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     detail = re.sub(r"^\[[^\]]*\] ", "", first).split(". ")[0][:160]  # gloo: "[file.cc:537] Read error …"
-    return RankFailed(f"expert-parallel replay of {s.world} ranks failed: {who} ({detail})",
-                      hint="nothing was written; rerun (with MOEAUDIT_DIST_VERBOSE=1 to see every rank's stderr)")
+    return RankFailed(
+        f"expert-parallel replay of {s.world} ranks failed: {who} ({detail})",
+        hint="nothing was written; rerun (with MOEAUDIT_DIST_VERBOSE=1 to see every rank's stderr)",
+    )
 
 
 def _close(s: Session, clean: bool) -> None:

@@ -38,15 +38,21 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: boo
 
 
 @torch.no_grad()
-def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: torch.Tensor,
-                 cos_TD: torch.Tensor, sin_TD: torch.Tensor, n_heads: int,
-                 head_dim: int, interleave: bool = False) -> torch.Tensor:
+def index_scores(
+    p: dict[str, torch.Tensor],
+    x_BTH: torch.Tensor,
+    q_lat_BTR: torch.Tensor,
+    cos_TD: torch.Tensor,
+    sin_TD: torch.Tensor,
+    n_heads: int,
+    head_dim: int,
+    interleave: bool = False,
+) -> torch.Tensor:
     """Indexer scores I_BTT[b, s, t] for every query s and key t (causality not yet applied)."""
     B, T, _ = x_BTH.shape
     rot = cos_TD.shape[-1]
     q = F.linear(q_lat_BTR, p["idx_wq_b"]).view(B, T, n_heads, head_dim)
-    k = F.layer_norm(F.linear(x_BTH, p["idx_wk"]), (head_dim,), p["idx_k_norm"],
-                     p["idx_k_norm_bias"], INDEXER_NORM_EPS)
+    k = F.layer_norm(F.linear(x_BTH, p["idx_wk"]), (head_dim,), p["idx_k_norm"], p["idx_k_norm_bias"], INDEXER_NORM_EPS)
     cos, sin = cos_TD[:, None, :], sin_TD[:, None, :]
     q_rot, q_pass = q.split([rot, head_dim - rot], dim=-1)
     q = torch.cat([_rope(q_rot, cos, sin, interleave), q_pass], dim=-1)  # [B, T, n, D]
@@ -56,15 +62,22 @@ def index_scores(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: tor
     w_BTn = F.linear(x_BTH, p["idx_weights"]).float() * n_heads**-0.5
     out = []
     for s0 in range(0, T, QUERY_BLOCK):  # [B, block, n, T] at a time, not [B, T, n, T]
-        scores = F.relu(torch.matmul(q[:, s0:s0 + QUERY_BLOCK].float(), kT_B1DT) * head_dim**-0.5)
-        out.append(torch.matmul(w_BTn[:, s0:s0 + QUERY_BLOCK].unsqueeze(-2), scores).squeeze(-2))
+        scores = F.relu(torch.matmul(q[:, s0 : s0 + QUERY_BLOCK].float(), kT_B1DT) * head_dim**-0.5)
+        out.append(torch.matmul(w_BTn[:, s0 : s0 + QUERY_BLOCK].unsqueeze(-2), scores).squeeze(-2))
     return torch.cat(out, dim=1)
 
 
 @torch.no_grad()
-def sparse_causal_mask(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, q_lat_BTR: torch.Tensor,
-                       rope: tuple[torch.Tensor, torch.Tensor], n_heads: int, head_dim: int,
-                       topk: int, interleave: bool = False) -> torch.Tensor | None:
+def sparse_causal_mask(
+    p: dict[str, torch.Tensor],
+    x_BTH: torch.Tensor,
+    q_lat_BTR: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    n_heads: int,
+    head_dim: int,
+    topk: int,
+    interleave: bool = False,
+) -> torch.Tensor | None:
     """keep_B1TT: causal keys among each query's ``topk`` best; None when every causal key is
     kept (T ≤ topk), so the caller's plain causal attention is exactly DSA's.
 

@@ -82,8 +82,14 @@ class ReplayResult:
 
 
 def _detached(r: Routing) -> Routing:
-    return Routing(r.scores_NE.detach(), r.probs_NE.detach(), r.topk_NK, r.combine_NK.detach(),
-                   None if r.logits_NE is None else r.logits_NE.detach(), r.margin_N)
+    return Routing(
+        r.scores_NE.detach(),
+        r.probs_NE.detach(),
+        r.topk_NK,
+        r.combine_NK.detach(),
+        None if r.logits_NE is None else r.logits_NE.detach(),
+        r.margin_N,
+    )
 
 
 def _load_trim() -> Callable[[], object]:
@@ -197,10 +203,17 @@ class Head:
     grad_x_WTH: torch.Tensor | None  # dL/dx of the final hidden state, when asked
 
 
-def lm_head_pass(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
-                 x_WTH: torch.Tensor, tokens_WT: torch.Tensor,
-                 grad_nll_WT1: torch.Tensor | None, *, final_norm_bias: torch.Tensor | None = None,
-                 lm_head_bias: torch.Tensor | None = None) -> Head:
+def lm_head_pass(
+    spec: ModelSpec,
+    final_norm: torch.Tensor,
+    lm_head: torch.Tensor,
+    x_WTH: torch.Tensor,
+    tokens_WT: torch.Tensor,
+    grad_nll_WT1: torch.Tensor | None,
+    *,
+    final_norm_bias: torch.Tensor | None = None,
+    lm_head_bias: torch.Tensor | None = None,
+) -> Head:
     """NLL and predictive entropy per position; with ``grad_nll_WT1`` = dL/dnll also dL/dx.
     Rows are independent through the final norm, the head and the softmax, so chunking them
     changes no value; the last position of each window predicts nothing and is skipped."""
@@ -306,18 +319,44 @@ def replay(
         from moeaudit.replay.sharded import sharded_replay
 
         with replay_scope(dev):
-            return sharded_replay(sess, ckpt, tokens_WT, backward=backward, observers=observers,
-                                  progress=progress, dtype=dtype, device=dev)
+            return sharded_replay(
+                sess,
+                ckpt,
+                tokens_WT,
+                backward=backward,
+                observers=observers,
+                progress=progress,
+                dtype=dtype,
+                device=dev,
+            )
     with replay_scope(dev):
-        return _replay(ckpt, tokens_WT, backward=backward, observers=observers,
-                       grad_observers=grad_observers, window_weights_W=window_weights_W,
-                       progress=progress, dtype=dtype, device=dev, keep_routing=keep_routing)
+        return _replay(
+            ckpt,
+            tokens_WT,
+            backward=backward,
+            observers=observers,
+            grad_observers=grad_observers,
+            window_weights_W=window_weights_W,
+            progress=progress,
+            dtype=dtype,
+            device=dev,
+            keep_routing=keep_routing,
+        )
 
 
-def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
-            observers: Sequence[Observer], grad_observers: Sequence[Callable[[LayerWeights], None]],
-            window_weights_W: torch.Tensor | None, progress: Progress | None, dtype: torch.dtype,
-            device: torch.device | None, keep_routing: bool = True) -> ReplayResult:
+def _replay(
+    ckpt: Checkpoint,
+    tokens_WT: torch.Tensor,
+    *,
+    backward: bool,
+    observers: Sequence[Observer],
+    grad_observers: Sequence[Callable[[LayerWeights], None]],
+    window_weights_W: torch.Tensor | None,
+    progress: Progress | None,
+    dtype: torch.dtype,
+    device: torch.device | None,
+    keep_routing: bool = True,
+) -> ReplayResult:
     spec = ckpt.spec
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
@@ -325,18 +364,27 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
-    x, inputs, routing = forward_pass(ckpt, tokens_WT, rope, observers=observers, tick=tick,
-                                      total_steps=n_steps, dtype=dtype, nonfinite=bad,
-                                      device=device, keep_routing=keep_routing)
+    x, inputs, routing = forward_pass(
+        ckpt,
+        tokens_WT,
+        rope,
+        observers=observers,
+        tick=tick,
+        total_steps=n_steps,
+        dtype=dtype,
+        nonfinite=bad,
+        device=device,
+        keep_routing=keep_routing,
+    )
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
     biases = head_biases(ckpt, dtype)
-    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items())
-            if not all_finite(t)]
+    bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items()) if not all_finite(t)]
     grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
     if device is not None:
-        final_norm, lm_head, tokens_WT, grad_nll, biases = moved((final_norm, lm_head, tokens_WT, grad_nll, biases),
-                                                                 device, non_blocking=True)
+        final_norm, lm_head, tokens_WT, grad_nll, biases = moved(
+            (final_norm, lm_head, tokens_WT, grad_nll, biases), device, non_blocking=True
+        )
     head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll, **biases)
     del final_norm, lm_head, x
     nll, nll_W, entropy = to_host((head.nll_WT1.mean(), head.nll_WT1.mean(1), head.entropy_WT1.mean()), device)
@@ -360,9 +408,14 @@ def _replay(ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
     return result
 
 
-def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_BTH: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor], device: torch.device | None = None,
-                   ) -> tuple[torch.Tensor, LayerGrads | None]:
+def layer_backward(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTH: torch.Tensor,
+    grad_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, LayerGrads | None]:
     """Recompute one layer from its input and push dL/d(output) through it: (dL/d(input),
     gradient norms). Autograd covers attention, norms, router and shared expert (whose
     ``.grad`` it fills); the routed experts go through ``experts_backward`` one at a time."""
@@ -388,9 +441,16 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     if spec.moe_out_norm:  # A.X-K1: out = h + norm(routed + shared); dL/d(routed + shared) through the norm
         slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
         g_NH, out_norm = _through_out_norm(spec, lw, y_NH, routing, shared, g_NH, slots)
-    back = experts_backward(lw.experts, y_NH.detach(), routing.topk_NK,
-                            routing.combine_NK.detach(), g_NH, spec.clamped_glu, spec.scaled_expert_inputs,
-                            sorted_slots=slots)
+    back = experts_backward(
+        lw.experts,
+        y_NH.detach(),
+        routing.topk_NK,
+        routing.combine_NK.detach(),
+        g_NH,
+        spec.clamped_glu,
+        spec.scaled_expert_inputs,
+        sorted_slots=slots,
+    )
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
     if scales is not None:  # no identity path from h: dL/dy = α·dL/d(out) + the experts'
         roots, grads = roots[1:], [back.y_NH + scales[0] * grad_BTH.reshape(-1, H), back.combine_NK]
@@ -405,16 +465,23 @@ def layer_backward(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_
     return x.grad, layer_grads(lw, back.sq_E, device)
 
 
-def _through_out_norm(spec: ModelSpec, lw: LayerWeights, y_NH: torch.Tensor, routing: Routing,
-                      shared: torch.Tensor | None, g_out_NH: torch.Tensor, slots: tuple[torch.Tensor, list[int]]
-                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+def _through_out_norm(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    y_NH: torch.Tensor,
+    routing: Routing,
+    shared: torch.Tensor | None,
+    g_out_NH: torch.Tensor,
+    slots: tuple[torch.Tensor, list[int]],
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """A MoE block whose output s = routed + shared passes an RMSNorm: the routed output is
     recomputed (one more sweep over the chosen experts), and dL/ds = J_norm^T dL/d(out) taken by
     autograd on a detached s; returns (dL/ds, (the normed output, dL/d it) for the gain's gradient)."""
     with torch.no_grad():
         sets = [routing.topk_NK]
-        (u_NKH,) = experts_forward_sets(lw.experts, y_NH.detach(), sets, spec.clamped_glu,
-                                        input_scales(spec, routing, sets), sorted_slots=[slots])
+        (u_NKH,) = experts_forward_sets(
+            lw.experts, y_NH.detach(), sets, spec.clamped_glu, input_scales(spec, routing, sets), sorted_slots=[slots]
+        )
         s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
         if shared is not None:
             s_NH = s_NH + shared.detach()
@@ -425,37 +492,76 @@ def _through_out_norm(spec: ModelSpec, lw: LayerWeights, y_NH: torch.Tensor, rou
     return g_s_NH, (out_NH, g_out_NH)
 
 
-def greedy_generate(ckpt: Checkpoint, prompts_PT: torch.Tensor, new_tokens: int,
-                    dtype: torch.dtype = torch.float32, device: Device = None) -> torch.Tensor:
+def greedy_generate(
+    ckpt: Checkpoint,
+    prompts_PT: torch.Tensor,
+    new_tokens: int,
+    dtype: torch.dtype = torch.float32,
+    device: Device = None,
+) -> torch.Tensor:
     """Greedy continuation [P, new_tokens] (no KV cache: each step re-streams the decoder, which
     keeps one layer resident; the generation receipts are opt-in because of that cost), computed
     on ``device`` as the replay is; the tokens come back to the host after each step."""
     dev = prepare_device(device)
     with replay_scope(dev):
         spec = ckpt.spec
-        final_norm, lm_head, biases = moved((ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype),
-                                             head_biases(ckpt, dtype)), dev, non_blocking=True)
+        final_norm, lm_head, biases = moved(
+            (ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype), head_biases(ckpt, dtype)),
+            dev,
+            non_blocking=True,
+        )
         seq = prompts_PT.long()
         for _ in range(new_tokens):
             rope = moved(rope_tables(spec, seq.shape[1]), dev, non_blocking=True)
             x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype, device=dev)
             seq = torch.cat([seq, _next_token(spec, final_norm, lm_head, biases, x[:, -1]).cpu()], dim=1)
-    return seq[:, prompts_PT.shape[1]:]
+    return seq[:, prompts_PT.shape[1] :]
 
 
 @torch.no_grad()
-def _next_token(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
-                biases: dict[str, torch.Tensor], x_PH: torch.Tensor) -> torch.Tensor:
-    logits = F.linear(block_norm(spec, x_PH, final_norm, biases.get("final_norm_bias")), lm_head,
-                      biases.get("lm_head_bias"))
+def _next_token(
+    spec: ModelSpec,
+    final_norm: torch.Tensor,
+    lm_head: torch.Tensor,
+    biases: dict[str, torch.Tensor],
+    x_PH: torch.Tensor,
+) -> torch.Tensor:
+    logits = F.linear(
+        block_norm(spec, x_PH, final_norm, biases.get("final_norm_bias")), lm_head, biases.get("lm_head_bias")
+    )
     return logits.argmax(-1, keepdim=True)
 
 
-ATTENTION_GRADS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "input_norm",
-                   "input_norm_bias", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias", "kv_a_norm",
-                   "kv_b", "sinks", "qkv", "qkv_bias", "g_proj",
-                   *LIGHTNING_NAMES, *LINEAR_ATTENTION_NAMES, *MAMBA_NAMES,
-                   *SHORT_CONV_NAMES)
+ATTENTION_GRADS = (
+    "q",
+    "k",
+    "v",
+    "o",
+    "q_bias",
+    "k_bias",
+    "v_bias",
+    "o_bias",
+    "q_norm",
+    "k_norm",
+    "input_norm",
+    "input_norm_bias",
+    "q_a",
+    "q_a_bias",
+    "q_a_norm",
+    "q_b",
+    "kv_a",
+    "kv_a_bias",
+    "kv_a_norm",
+    "kv_b",
+    "sinks",
+    "qkv",
+    "qkv_bias",
+    "g_proj",
+    *LIGHTNING_NAMES,
+    *LINEAR_ATTENTION_NAMES,
+    *MAMBA_NAMES,
+    *SHORT_CONV_NAMES,
+)
 
 
 def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
@@ -472,8 +578,11 @@ def layer_grads(lw: LayerWeights, sq_E: torch.Tensor, device: torch.device | Non
     compute device) and the ``.grad`` of its other weights: every number of the layer comes to
     the host in one transfer (issue 31 §4), not one sync per tensor."""
     p = lw.params
-    groups = ([p["router"], p.get("router_logit_bias")], [p.get(n) for n in ATTENTION_GRADS],
-              [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")])
+    groups = (
+        [p["router"], p.get("router_logit_bias")],
+        [p.get(n) for n in ATTENTION_GRADS],
+        [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")],
+    )
     sq = to_host(torch.cat([sq_E, torch.stack([_sum_sq(g, sq_E) for g in groups])]), device)
-    router, attention, shared = (float(v) ** 0.5 for v in sq[len(sq_E):].tolist())
-    return LayerGrads(sq[:len(sq_E)].sqrt(), router=router, shared=shared, attention=attention)
+    router, attention, shared = (float(v) ** 0.5 for v in sq[len(sq_E) :].tolist())
+    return LayerGrads(sq[: len(sq_E)].sqrt(), router=router, shared=shared, attention=attention)

@@ -21,21 +21,21 @@ import torch.nn.functional as F
 NORM_EPS = 1e-6  # transformers builds the heads' RMSNorm with its default eps, not the config's
 
 
-def lightning_attention(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, n_heads: int,
-                        head_dim: int) -> torch.Tensor:
+def lightning_attention(p: dict[str, torch.Tensor], x_BTH: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
     """The lightning attention block's output [B, T, H] for its normed input x."""
     B, T, _ = x_BTH.shape
     D = head_dim
     qkv = F.silu(F.linear(x_BTH, p["light_qkv"])).view(B, T, n_heads, 3 * D)
     q_BnTD, k_BnTD, v_BnTD = (t.transpose(1, 2) for t in qkv.split(D, dim=-1))
-    slope_n11, q_decay, k_decay, diag_decay = (p[n] for n in ("light_slope", "light_qdecay", "light_kdecay",
-                                                              "light_ddecay"))
+    slope_n11, q_decay, k_decay, diag_decay = (
+        p[n] for n in ("light_slope", "light_qdecay", "light_kdecay", "light_ddecay")
+    )
     block = q_decay.shape[1]
     state_BnDD = x_BTH.new_zeros(B, n_heads, D, D)
     out = []
     for s0 in range(0, T, block):
         C = min(block, T - s0)
-        q, k, v = (t[:, :, s0:s0 + C] for t in (q_BnTD, k_BnTD, v_BnTD))
+        q, k, v = (t[:, :, s0 : s0 + C] for t in (q_BnTD, k_BnTD, v_BnTD))
         intra = torch.matmul(torch.matmul(q, k.transpose(-1, -2)) * diag_decay[:, :, :C, :C], v)
         inter = torch.matmul(q * q_decay[:, :C], state_BnDD)
         out.append(inter + intra)

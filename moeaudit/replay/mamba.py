@@ -64,8 +64,14 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
 # ----- Mamba-1 (Jamba) ---------------------------------------------------------------------------
 
 
-def selective_scan(x_BTI: torch.Tensor, dt_BTI: torch.Tensor, A_IN: torch.Tensor, B_BTN: torch.Tensor,
-                   C_BTN: torch.Tensor, chunk: int = MAMBA1_CHUNK) -> torch.Tensor:
+def selective_scan(
+    x_BTI: torch.Tensor,
+    dt_BTI: torch.Tensor,
+    A_IN: torch.Tensor,
+    B_BTN: torch.Tensor,
+    C_BTN: torch.Tensor,
+    chunk: int = MAMBA1_CHUNK,
+) -> torch.Tensor:
     """y_BTI = Σ_n C_t[n] h_t[:, n] of the Mamba-1 recurrence from a zero state, in float32.
 
     Mamba-1's decay exp(Δ_t[c] A[c, n]) differs per (channel, state) pair, so the chunked dual
@@ -78,14 +84,14 @@ def selective_scan(x_BTI: torch.Tensor, dt_BTI: torch.Tensor, A_IN: torch.Tensor
     h = x_BTI.new_zeros(B, I, N, dtype=torch.float32)
     out = []
     for s in range(0, T, chunk):
-        dt = dt_BTI[:, s:s + chunk]
+        dt = dt_BTI[:, s : s + chunk]
         dA = torch.exp(A_IN[None, None] * dt[..., None])
-        dBu = (dt[..., None] * B_BTN[:, s:s + chunk, None, :].float()) * x_BTI[:, s:s + chunk, :, None].float()
+        dBu = (dt[..., None] * B_BTN[:, s : s + chunk, None, :].float()) * x_BTI[:, s : s + chunk, :, None].float()
         states = []
         for t in range(dt.shape[1]):
             h = dA[:, t] * h + dBu[:, t]
             states.append(h)
-        out.append((torch.stack(states, dim=1) @ C_BTN[:, s:s + chunk, :, None].float()).squeeze(-1))
+        out.append((torch.stack(states, dim=1) @ C_BTN[:, s : s + chunk, :, None].float()).squeeze(-1))
     return torch.cat(out, dim=1)
 
 
@@ -115,16 +121,25 @@ def _chunks(x: torch.Tensor, pad: int, L: int) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, L, *x.shape[2:])
 
 
-def ssd_scan(x_BThP: torch.Tensor, dt_BTh: torch.Tensor, A_h: torch.Tensor, B_BTGN: torch.Tensor,
-             C_BTGN: torch.Tensor, D_h: torch.Tensor, chunk: int) -> torch.Tensor:
+def ssd_scan(
+    x_BThP: torch.Tensor,
+    dt_BTh: torch.Tensor,
+    A_h: torch.Tensor,
+    B_BTGN: torch.Tensor,
+    C_BTGN: torch.Tensor,
+    D_h: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
     """y_BThP of the Mamba-2 recurrence from a zero state (transformers' ``mamba2_chunk_scan``):
     within a chunk, y = (C Bᵀ ⊙ decay) (Δ x) as a masked attention-like product; the state at
     each chunk's start from the chunk sums, decayed across chunks; plus D x."""
     Bsz, T, h, P = x_BThP.shape
     G = B_BTGN.shape[2]
     x = x_BThP.float()
-    Bm, Cm = (t.float()[:, :, :, None, :].expand(Bsz, T, G, h // G, t.shape[-1]).reshape(Bsz, T, h, -1)
-              for t in (B_BTGN, C_BTGN))  # head j reads group j // (h / G)
+    Bm, Cm = (
+        t.float()[:, :, :, None, :].expand(Bsz, T, G, h // G, t.shape[-1]).reshape(Bsz, T, h, -1)
+        for t in (B_BTGN, C_BTGN)
+    )  # head j reads group j // (h / G)
     pad = (chunk - T % chunk) % chunk
     D_residual = D_h[:, None] * F.pad(x, (0, 0, 0, 0, 0, pad))
     x = x * dt_BTh[..., None].float()
@@ -148,8 +163,7 @@ def ssd_scan(x_BThP: torch.Tensor, dt_BTh: torch.Tensor, A_h: torch.Tensor, B_BT
     return y[:, :T]
 
 
-def gated_group_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int,
-                     eps: float) -> torch.Tensor:
+def gated_group_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
     """transformers' ``GraniteMoeHybridRMSNormGated``: w ⊙ groupwise-rmsnorm(y ⊙ SiLU(z))."""
     x = y.float() * F.silu(z.float())
     grouped = x.view(*x.shape[:-1], groups, -1)
@@ -168,8 +182,15 @@ def mamba2_mixer(m: Mamba, p: dict[str, torch.Tensor], x_BTH: torch.Tensor) -> t
     dt = F.softplus(dt + p["ssm_dt_bias"].to(dt.dtype))
     dt = dt.clamp(min=m.dt_min, max=m.dt_max)
     A = -torch.exp(p["ssm_A_log"].float())
-    y = ssd_scan(xs.reshape(Bsz, T, m.heads, m.head_dim), dt, A, B.reshape(Bsz, T, m.groups, m.state),
-                 C.reshape(Bsz, T, m.groups, m.state), p["ssm_D"], m.chunk)
+    y = ssd_scan(
+        xs.reshape(Bsz, T, m.heads, m.head_dim),
+        dt,
+        A,
+        B.reshape(Bsz, T, m.groups, m.state),
+        C.reshape(Bsz, T, m.groups, m.state),
+        p["ssm_D"],
+        m.chunk,
+    )
     y = gated_group_norm(y.reshape(Bsz, T, I), z, p["ssm_norm"], m.groups, m.eps)
     return F.linear(y.to(x_BTH.dtype), p["ssm_out"], p.get("ssm_out_bias"))
 

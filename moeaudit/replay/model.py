@@ -33,17 +33,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def block_norm(spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+def block_norm(
+    spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The decoder's block and final norm: RMSNorm, or LayerNorm with a bias (Phi-3.5-MoE)."""
     if spec.layer_norm:
-        return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(),
-                            spec.rms_eps)
+        return F.layer_norm(
+            x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(), spec.rms_eps
+        )
     return rms_norm(x, weight, spec.rms_eps)
 
 
-def embed(spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor,
-          dtype: torch.dtype | None = None) -> torch.Tensor:
+def embed(
+    spec: ModelSpec, table_VH: torch.Tensor, tokens: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``).
     The rows are cast to the compute ``dtype`` before any scaling: a multiplier applied in the
     stored bf16/fp16 would round there, so the file's dtype would change the math (issue 24)."""
@@ -133,8 +136,9 @@ def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], w: str, b: str) -> torc
     return F.linear(x, p[w], p.get(b))
 
 
-def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
-                  rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def mla_attention(
+    spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """Multi-head latent attention (DeepSeek-V2/V3): the query through a low-rank bottleneck
     with its own RMSNorm, keys and values expanded from one normalised latent per token, and a
     single rotary key shared by every head; heads are ``qk_nope + qk_rope`` wide."""
@@ -169,15 +173,21 @@ def mla_attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tens
     mask = None
     if (si := spec.sparse_index) is not None:
         assert q_lat is not None  # the config reader requires q_lora_rank for DSA
-        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk,
-                                  spec.index_rope_interleave)
-    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None,
-                                         scale=spec.attention_scale)
+        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk, spec.index_rope_interleave)
+    out = F.scaled_dot_product_attention(
+        q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None, scale=spec.attention_scale
+    )
     return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
 
 
-def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor], window: int | None, layer: int = -1) -> torch.Tensor:
+def attention(
+    spec: ModelSpec,
+    p: dict[str, torch.Tensor],
+    x_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    window: int | None,
+    layer: int = -1,
+) -> torch.Tensor:
     if spec.mla is not None:
         return mla_attention(spec, p, x_BTH, rope)
     B, T, _ = x_BTH.shape
@@ -227,15 +237,15 @@ def attention(spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor,
     scale = D**-0.5 if spec.attention_scale is None else spec.attention_scale  # Granite: attention_multiplier
     if spec.attention_sinks:
         q_BnTD, k_BnTD, v_BnTD, mask = _with_sink_key(p["sinks"], q_BnTD, k_BnTD, v_BnTD, mask, scale)
-    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask,
-                                         is_causal=mask is None, scale=scale)
+    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask, is_causal=mask is None, scale=scale)
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
     if spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
         g = F.softplus(F.linear(x_BTH, p["g_proj"]).float())
-        out_BTH = (out_BTH.view(B, T, nh, D) * g[..., None]).view(B, T, nh * D) if spec.output_gate == "head" \
-            else out_BTH * g
+        out_BTH = (
+            (out_BTH.view(B, T, nh, D) * g[..., None]).view(B, T, nh * D) if spec.output_gate == "head" else out_BTH * g
+        )
     return _linear(out_BTH, p, "o", "o_bias")
 
 
@@ -250,9 +260,9 @@ def _chunked_mask(T: int, chunk: int, device: torch.device) -> torch.Tensor:
     return (i[:, None] >= i[None, :]) & (i[:, None] // chunk == i[None, :] // chunk)
 
 
-def _with_sink_key(sinks_n: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   mask_TT: torch.Tensor | None, scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _with_sink_key(
+    sinks_n: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_TT: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """gpt-oss's attention sinks as one more key: softmax over [q·k_j·scale …, sink_h], the
     sink's share dropped, is attention with an extra key scoring sink_h for every query and
     carrying a zero value. Each head gets a (D+1)-th dim: 1 in the queries, 0 in the real keys,
@@ -321,8 +331,13 @@ class Routing:
     margin_N: torch.Tensor | None = None  # distance to a routing change when groups limit R_k
 
 
-def route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor,
-          bias_E: torch.Tensor | None = None, logit_bias_E: torch.Tensor | None = None) -> Routing:
+def route(
+    spec: ModelSpec,
+    router_EH: torch.Tensor,
+    y_NH: torch.Tensor,
+    bias_E: torch.Tensor | None = None,
+    logit_bias_E: torch.Tensor | None = None,
+) -> Routing:
     """The family's routing rule (transformers' routers): softmax then top-k (Mixtral, OLMoE,
     Qwen, DeepSeek-V2 greedy) or sigmoid scores, a selection-only bias ``bias_E`` and
     group-limited top-k (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``.
@@ -390,8 +405,7 @@ def _sparsemixer(spec: ModelSpec, logits_NE: torch.Tensor) -> Routing:
     return Routing(s, torch.softmax(s, dim=-1), torch.cat([first, second], dim=-1), torch.cat(combine, dim=-1))
 
 
-def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor,
-                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(experts allowed to compete [N, E], margin to a routing change [N]).
 
     The groups are chosen on ``select_NE`` exactly as transformers chooses them (float32; V2:
@@ -414,8 +428,9 @@ def _group_limit(g: Gate, select_NE: torch.Tensor, s_NE: torch.Tensor,
     allowed = chosen[:, :, None].expand(N, g.n_group, per).reshape(N, E)
     g_NG = group_scores(s_NE)
     unit = 2.0 if g.group_score == "top2sum" else 1.0
-    group_gap = (g_NG.masked_fill(~chosen, float("inf")).amin(-1)
-                 - g_NG.masked_fill(chosen, float("-inf")).amax(-1)) / unit
+    group_gap = (
+        g_NG.masked_fill(~chosen, float("inf")).amin(-1) - g_NG.masked_fill(chosen, float("-inf")).amax(-1)
+    ) / unit
     inner = torch.full_like(group_gap, float("inf"))
     if per * g.topk_group > k:
         ranked = s_NE.masked_fill(~allowed, float("-inf")).topk(k + 1, dim=-1).values
@@ -439,11 +454,15 @@ def _slots_of_sets(sets: Sequence[torch.Tensor], E: int) -> list[tuple[torch.Ten
     return [(torch.argsort(f, stable=True), c) for f, c in zip(flat, counts, strict=True)]
 
 
-def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                         sets: Sequence[torch.Tensor], glu: ClampedGLU | None = None,
-                         scales: Sequence[torch.Tensor] | None = None,
-                         only: range | None = None,
-                         sorted_slots: list[tuple[torch.Tensor, list[int]]] | None = None) -> list[torch.Tensor]:
+def experts_forward_sets(
+    experts: Sequence[dict[str, torch.Tensor]],
+    y_NH: torch.Tensor,
+    sets: Sequence[torch.Tensor],
+    glu: ClampedGLU | None = None,
+    scales: Sequence[torch.Tensor] | None = None,
+    only: range | None = None,
+    sorted_slots: list[tuple[torch.Tensor, list[int]]] | None = None,
+) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone.
@@ -458,8 +477,14 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
     leave the rows of the others zero; each expert's rows are those it gets in the full sweep.
     ``sorted_slots``: the sets' ``_slots_of_sets``, when the caller has them (one host sync fewer)."""
     slots = _slots_of_sets(sets, len(experts)) if sorted_slots is None else sorted_slots
-    announce(experts, [e for e in range(len(experts))  # the experts read below, in order
-                       if any(counts[e] for _, counts in slots) and (only is None or e in only)])
+    announce(
+        experts,
+        [
+            e
+            for e in range(len(experts))  # the experts read below, in order
+            if any(counts[e] for _, counts in slots) and (only is None or e in only)
+        ],
+    )
     out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
     starts = [0] * len(sets)
     for e in range(len(experts)):
@@ -471,7 +496,7 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
         for i, (order, counts) in enumerate(slots):
             c = counts[e]
             if c:
-                slots_c = order[starts[i]:starts[i] + c]
+                slots_c = order[starts[i] : starts[i] + c]
                 tok = slots_c // sets[i].shape[1]
                 if scales is None:
                     u = expert_mlp(w, y_NH[tok], glu)
@@ -486,9 +511,13 @@ def experts_forward_sets(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch
     return [u.view(idx.shape[0], idx.shape[1], y_NH.shape[-1]) for u, idx in zip(out, sets, strict=True)]
 
 
-def experts_forward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                    topk_NK: torch.Tensor, glu: ClampedGLU | None = None,
-                    scales_NK: torch.Tensor | None = None) -> torch.Tensor:
+def experts_forward(
+    experts: Sequence[dict[str, torch.Tensor]],
+    y_NH: torch.Tensor,
+    topk_NK: torch.Tensor,
+    glu: ClampedGLU | None = None,
+    scales_NK: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one MLP."""
     return experts_forward_sets(experts, y_NH, [topk_NK], glu, None if scales_NK is None else [scales_NK])[0]
 
@@ -514,8 +543,9 @@ class ExpertsBackward:
     dx_SH: torch.Tensor | None = None  # dL/dy per (token, slot) instead of y_NH (``slot_dx``)
 
 
-def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor,
-                  c_M1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def _swiglu_grads(
+    x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor, c_M1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Backward of c·W2(silu(W1 x) ⊙ W3 x) given dL/d(out) = g_out: (dL/dx, dL/dc, [dW1, dW3, dW2]).
     The forward's W2 product is never needed: ⟨u, g⟩ = ⟨silu(a1)⊙a3, g W2⟩."""
     a1, a3 = F.linear(x_MH, w["w1"]), F.linear(x_MH, w["w3"])
@@ -532,8 +562,9 @@ def _swiglu_grads(x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torc
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, dw2]
 
 
-def _clamped_glu_grads(glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor,
-                       c_M1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def _clamped_glu_grads(
+    glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor, c_M1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """:func:`_swiglu_grads` for gpt-oss's c·(W2 h + b2), h = (clamp(u, ±L) + 1) ⊙ g σ(α g),
     g = min(a, L), a = W1 x + b1, u = W3 x + b3: (dL/dx, dL/dc, [dW1, dW3, dW2, db1, db3, db2]).
     A clamped entry passes no gradient (torch's clamp backward: only min ≤ x ≤ max does)."""
@@ -553,12 +584,18 @@ def _clamped_glu_grads(glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.T
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, gc_MH.T @ h_MI, da1.sum(0), da3.sum(0), gc_MH.sum(0)]
 
 
-def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Tensor,
-                     topk_NK: torch.Tensor, combine_NK: torch.Tensor,
-                     grad_NH: torch.Tensor, glu: ClampedGLU | None = None,
-                     scaled_inputs: bool = False, only: range | None = None,
-                     slot_dx: bool = False, sorted_slots: tuple[torch.Tensor, list[int]] | None = None,
-                     ) -> ExpertsBackward:
+def experts_backward(
+    experts: Sequence[dict[str, torch.Tensor]],
+    y_NH: torch.Tensor,
+    topk_NK: torch.Tensor,
+    combine_NK: torch.Tensor,
+    grad_NH: torch.Tensor,
+    glu: ClampedGLU | None = None,
+    scaled_inputs: bool = False,
+    only: range | None = None,
+    slot_dx: bool = False,
+    sorted_slots: tuple[torch.Tensor, list[int]] | None = None,
+) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
     dropped before the next expert is converted, so a layer's gradients never coexist.
@@ -579,7 +616,7 @@ def experts_backward(experts: Sequence[dict[str, torch.Tensor]], y_NH: torch.Ten
     start = 0
     for e, c in enumerate(counts):
         if c and (only is None or e in only):
-            slots = order[start:start + c]
+            slots = order[start : start + c]
             tok = slots // K
             x, c_M1 = y_NH[tok], c_S[slots, None]
             if scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
@@ -643,8 +680,7 @@ class MoETap:
         return self._h_centred() / self.r_N[:, None]
 
 
-def moe_router(spec: ModelSpec, lw: LayerWeights,
-               h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
     w, b = mlp_norm(spec)
     y_NH = block_norm(spec, h_NH, lw.params[w], lw.params.get(b))
@@ -678,8 +714,9 @@ def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tenso
     return out if spec.shared_scale == 1.0 else out * spec.shared_scale
 
 
-def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
-              extra: ExtraExperts | None = None) -> tuple[torch.Tensor, MoETap]:
+def moe_block(
+    spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor, extra: ExtraExperts | None = None
+) -> tuple[torch.Tensor, MoETap]:
     """The MoE block; ``extra(layer, routing)`` names more expert-index sets [N, X] whose
     outputs observers need (overlap receipts): they are computed in the same sweep over the
     experts, so each expert is converted once, and handed over in ``tap.extra_u``."""
@@ -692,13 +729,22 @@ def moe_block(spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor,
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
-    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more, strict=True)),
-                 _eps=spec.rms_eps, _centred=spec.layer_norm)
+    tap = MoETap(
+        lw.layer,
+        h_NH,
+        y_NH,
+        routing,
+        u_NKH,
+        dict(zip(wanted, more, strict=True)),
+        _eps=spec.rms_eps,
+        _centred=spec.layer_norm,
+    )
     return out_NH.view(B, T, H), tap
 
 
-def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
-                    rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def attention_block(
+    spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block."""
     p = lw.params
     x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias"))
@@ -708,8 +754,11 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     if spec.residual_scales is not None:  # MiniMax-01: α·norm(x) + β·mixer(norm(x))
         light = lw.layer in spec.lightning_layers
         a, b = spec.residual_scales[1 if light else 0]
-        out = (lightning_attention(p, x_norm, spec.num_heads, spec.head_dim) if light
-               else attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer))
+        out = (
+            lightning_attention(p, x_norm, spec.num_heads, spec.head_dim)
+            if light
+            else attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
+        )
         return x_norm * a + out * b
     if lw.layer in spec.mamba_layers:  # Jamba, Granite 4.0: a selective state-space scan
         assert spec.mamba is not None
@@ -721,9 +770,13 @@ def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
 
-def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
-                  rope: tuple[torch.Tensor, torch.Tensor],
-                  extra: ExtraExperts | None = None) -> tuple[torch.Tensor, MoETap | None]:
+def decoder_layer(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    extra: ExtraExperts | None = None,
+) -> tuple[torch.Tensor, MoETap | None]:
     h = attention_block(spec, lw, x_BTH, rope)
     r = spec.residual_multiplier
     if lw.routed:
@@ -744,14 +797,20 @@ def decoder_layer(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
     return h + (out if r == 1.0 else out * r), None
 
 
-def token_nll(spec: ModelSpec, final_norm: torch.Tensor, lm_head: torch.Tensor,
-              x_BTH: torch.Tensor, tokens_BT: torch.Tensor, *, final_norm_bias: torch.Tensor | None = None,
-              lm_head_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_nll(
+    spec: ModelSpec,
+    final_norm: torch.Tensor,
+    lm_head: torch.Tensor,
+    x_BTH: torch.Tensor,
+    tokens_BT: torch.Tensor,
+    *,
+    final_norm_bias: torch.Tensor | None = None,
+    lm_head_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(nll_B(T-1) next-token cross-entropy in nats, logits_BTV)."""
     logits = F.linear(block_norm(spec, x_BTH, final_norm, final_norm_bias), lm_head, lm_head_bias).float()
     if spec.logits_scaling != 1.0:
         logits = logits / spec.logits_scaling
     B, T, V = logits.shape
-    nll = F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens_BT[:, 1:].reshape(-1).long(),
-                          reduction="none")
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens_BT[:, 1:].reshape(-1).long(), reduction="none")
     return nll.view(B, T - 1), logits

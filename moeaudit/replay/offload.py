@@ -27,8 +27,18 @@ from moeaudit.replay.device import HOST, Device, prepare_device
 
 ENV = "MOEAUDIT_INPUT_BUDGET"
 DEFAULT_SHARE = 0.5  # of the device's memory, on CUDA
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_budget(text: str) -> float:

@@ -86,7 +86,8 @@ def plan(ckpt: Checkpoint, world: int, files: dict[str, SafetensorsFile]) -> Pla
     ranges: list[dict[str, list[tuple[int, int]]]] = [{n: [] for n in files} for _ in range(world)]
     everyone: dict[str, list[tuple[int, int]]] = {  # the header: every rank checks it
         n: [(0, min((t.begin for t in f.tensors.values()), default=f.identity.size if f.identity else 0))]
-        for n, f in files.items()}
+        for n, f in files.items()
+    }
 
     def add(table: dict[str, list[tuple[int, int]]], key: str, lo: int | None = None, hi: int | None = None) -> None:
         name = ckpt.key_file.get(key)
@@ -122,8 +123,9 @@ def plan(ckpt: Checkpoint, world: int, files: dict[str, SafetensorsFile]) -> Pla
                             add(ranges[r], k)
             continue
         names = list(keys.values())
-        sliced = (ckpt.fused_format in SLICED_FORMATS
-                  and not any(k in ckpt.packed or k in ckpt.scales or k not in ckpt.key_file for k in names))
+        sliced = ckpt.fused_format in SLICED_FORMATS and not any(
+            k in ckpt.packed or k in ckpt.scales or k not in ckpt.key_file for k in names
+        )
         for key in names:
             for r, mine in enumerate(share):
                 for k in with_scales(key):
@@ -178,7 +180,7 @@ def hash_keeping(path: Path, fid: FileId, keep: set[int]) -> tuple[bytes, bytes,
         while n := sealed_mod._read_exact(fd, view := memoryview(chunk)):
             file_h.update(view[:n])
             for at in range(0, n, BLOCK):
-                block = view[at: min(at + BLOCK, n)]
+                block = view[at : min(at + BLOCK, n)]
                 digests += hashlib.sha256(block).digest()
                 if (i := (total + at) // BLOCK) in keep:
                     kept[i] = bytes(block)
@@ -237,7 +239,7 @@ class RankSealed(Sealed):
                 tmp = bytearray(hi - lo)
                 sealed_mod._pread_exact(self.path, fd, memoryview(tmp), lo)
                 for k in range(i, j):
-                    block = bytes(tmp[(k - i) * BLOCK: (k - i + 1) * BLOCK])
+                    block = bytes(tmp[(k - i) * BLOCK : (k - i + 1) * BLOCK])
                     self.check(k, block)
                     read[k] = block
                 i = j
@@ -247,7 +249,7 @@ class RankSealed(Sealed):
             block = kept.get(i) or read[i]
             lo = i * BLOCK
             a, b = max(offset, lo), min(end, lo + len(block))
-            view[a - offset: b - offset] = block[a - lo: b - lo]
+            view[a - offset : b - offset] = block[a - lo : b - lo]
         self.keep(read)
         return len(view)
 
@@ -293,8 +295,13 @@ _LOCK = threading.RLock()  # the prefetch thread reads while the main thread may
 # ----- the round: hash, send, receive, verify ---------------------------------------------
 
 
-def seal_files(rank: int, p: Plan, files: dict[str, SafetensorsFile], agree: Callable[[BaseException | None], None],
-               gather_json: Callable[[object], list[object]]) -> dict[str, RankSealed]:
+def seal_files(
+    rank: int,
+    p: Plan,
+    files: dict[str, SafetensorsFile],
+    agree: Callable[[BaseException | None], None],
+    gather_json: Callable[[object], list[object]],
+) -> dict[str, RankSealed]:
     """Every rank: hash its files, exchange the blocks each rank needs, share the digests;
     every file's :class:`RankSealed` on every rank (``agree`` ends all ranks on one failure)."""
     world = p.world
@@ -341,8 +348,11 @@ def seal_files(rank: int, p: Plan, files: dict[str, SafetensorsFile], agree: Cal
     try:
         for name, f in files.items():
             assert f.identity is not None
-            sha, digests = (hashed[name][0], hashed[name][1]) if name in hashed else \
-                (bytes.fromhex(table[name][0]), bytes.fromhex(table[name][1]))
+            sha, digests = (
+                (hashed[name][0], hashed[name][1])
+                if name in hashed
+                else (bytes.fromhex(table[name][0]), bytes.fromhex(table[name][1]))
+            )
             s = RankSealed(f.path, f.identity, sha, digests)
             held = hashed[name][2] if name in hashed else got.get(name, {})
             for i, block in held.items():
@@ -359,7 +369,7 @@ def _split(data: bytes, blocks: list[int], size: int) -> dict[int, bytes]:
     out, at = {}, 0
     for b in blocks:
         n = min(BLOCK, size - b * BLOCK)
-        out[b] = data[at: at + n]
+        out[b] = data[at : at + n]
         at += n
     return out
 

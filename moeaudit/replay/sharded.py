@@ -94,28 +94,57 @@ from moeaudit.spec.config import ModelSpec
 # ----- rank 0 and the serving ranks ---------------------------------------------------------
 
 
-def sharded_replay(sess: Session, ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool,
-                   observers: Sequence[Observer], progress: Progress | None, dtype: torch.dtype,
-                   device: torch.device | None) -> ReplayResult:
+def sharded_replay(
+    sess: Session,
+    ckpt: Checkpoint,
+    tokens_WT: torch.Tensor,
+    *,
+    backward: bool,
+    observers: Sequence[Observer],
+    progress: Progress | None,
+    dtype: torch.dtype,
+    device: torch.device | None,
+) -> ReplayResult:
     """Rank 0: the replay of ``engine.replay`` across the session's ranks."""
     W = tokens_WT.shape[0]
     if ckpt.spec.residual_scales is not None:
-        raise InputError(f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
-                         hint="replay it on one process (without --nproc)")
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if ckpt.spec.moe_out_norm:
-        raise InputError(f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output "
-                         "yet", hint="replay it on one process (without --nproc)")
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if W < sess.world:
-        raise InputError(f"the canary has {W} windows and the replay {sess.world} ranks: each rank "
-                         "replays its own windows", hint=f"use at most --nproc {W}")
+        raise InputError(
+            f"the canary has {W} windows and the replay {sess.world} ranks: each rank replays its own windows",
+            hint=f"use at most --nproc {W}",
+        )
     try:
         sess.ensure_sealed(absolute(ckpt.path))
         extra = _extra_requests(observers)
-        sess.request("replay", dir=str(absolute(ckpt.path)), tokens=tokens_WT.tolist(), backward=backward,
-                     dtype=str(dtype).removeprefix("torch."), device=None if device is None else device.type,
-                     extra=extra is not None)
-        result = _run(sess, ckpt, tokens_WT, backward=backward, dtype=dtype, device=device,
-                      observers=observers, extra=extra, tick=progress or (lambda *_: None))
+        sess.request(
+            "replay",
+            dir=str(absolute(ckpt.path)),
+            tokens=tokens_WT.tolist(),
+            backward=backward,
+            dtype=str(dtype).removeprefix("torch."),
+            device=None if device is None else device.type,
+            extra=extra is not None,
+        )
+        result = _run(
+            sess,
+            ckpt,
+            tokens_WT,
+            backward=backward,
+            dtype=dtype,
+            device=device,
+            observers=observers,
+            extra=extra,
+            tick=progress or (lambda *_: None),
+        )
         sess.done()
     except Exception as exc:
         if is_comm_error(exc):
@@ -134,8 +163,17 @@ def serve_replay(sess: Session, ckpt: Checkpoint, req: dict[str, Any]) -> None:
         index = int(os.environ.get("LOCAL_RANK", "0"))
         device = prepare_device(f"{req['device']}:{index}" if req["device"] == "cuda" else req["device"])
     with replay_scope(device):
-        _run(sess, ckpt, tokens, backward=req["backward"], dtype=dtype, device=device, observers=(),
-             extra=_ask_rank0 if req["extra"] else None, tick=lambda *_: None)
+        _run(
+            sess,
+            ckpt,
+            tokens,
+            backward=req["backward"],
+            dtype=dtype,
+            device=device,
+            observers=(),
+            extra=_ask_rank0 if req["extra"] else None,
+            tick=lambda *_: None,
+        )
 
 
 def _ask_rank0(_layer: int, _routing: Routing) -> dict[str, torch.Tensor]:
@@ -183,8 +221,11 @@ class _Ctx:
         names = self.sess.bcast_json({n: list(t.shape) for n, t in wanted.items()} if self.rank == 0 else None)
         out = {}
         for name, shape in names.items():
-            t = (wanted[name].to("cpu", torch.long).contiguous() if self.rank == 0
-                 else torch.empty(shape, dtype=torch.long))
+            t = (
+                wanted[name].to("cpu", torch.long).contiguous()
+                if self.rank == 0
+                else torch.empty(shape, dtype=torch.long)
+            )
             dist.broadcast(t, 0)
             out[name] = t if self.device is None else t.to(self.device)
         return out
@@ -211,8 +252,9 @@ def _own_stored(ckpt: Checkpoint, layer: int, dtype: torch.dtype, mine: range) -
     E = ckpt.spec.num_experts
     keys = ckpt.expert_keys(layer)
     if isinstance(keys, list):  # a tensor per expert: read its own (FP8 ones dequantised by read)
-        return StoredExperts([{n: ckpt.read(k) for n, k in table.items()} if e in mine else {}
-                              for e, table in enumerate(keys)], dtype)
+        return StoredExperts(
+            [{n: ckpt.read(k) for n, k in table.items()} if e in mine else {} for e, table in enumerate(keys)], dtype
+        )
     names = list(keys.values())
     if ckpt.fused_format not in ("stacked", "interleaved", "interleaved_rows", "transposed"):
         return None  # a layout this reader does not slice (DBRX's flat [E·I, H]): read whole
@@ -228,8 +270,17 @@ def _own_stored(ckpt: Checkpoint, layer: int, dtype: torch.dtype, mine: range) -
         if fmt == "interleaved":
             gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
         b_gu, b_down = rows["gate_up_bias"], rows["down_bias"]
-        own = [{"w1": gate_up[j, 0::2], "w3": gate_up[j, 1::2], "w2": down[j],
-                "b1": b_gu[j, 0::2], "b3": b_gu[j, 1::2], "b2": b_down[j]} for j in range(len(mine))]
+        own = [
+            {
+                "w1": gate_up[j, 0::2],
+                "w3": gate_up[j, 1::2],
+                "w2": down[j],
+                "b1": b_gu[j, 0::2],
+                "b3": b_gu[j, 1::2],
+                "b2": b_down[j],
+            }
+            for j in range(len(mine))
+        ]
     elif fmt == "transposed":
         own = [{"w1": gate_up[j, :, :I].T, "w3": gate_up[j, :, I:].T, "w2": down[j].T} for j in range(len(mine))]
     else:
@@ -267,8 +318,7 @@ class _Reader:
         if self.fault is not None and self.fault[0] == layer:
             if self.fault[1] == "exit":
                 os._exit(9)  # a rank that dies (test hook)
-            raise CheckpointError(f"injected read failure in layer {layer} (${FAULT_ENV})",
-                                  path=self.ckpt.path)
+            raise CheckpointError(f"injected read failure in layer {layer} (${FAULT_ENV})", path=self.ckpt.path)
         return self.ckpt.layer_weights(layer, self.dtype, lazy_experts=True)
 
     def get(self, layer: int, then: int | None) -> LayerWeights:
@@ -301,9 +351,18 @@ def _fault(rank: int) -> tuple[int, str] | None:
 # ----- the replay ------------------------------------------------------------------------------
 
 
-def _run(sess: Session, ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: bool, dtype: torch.dtype,
-         device: torch.device | None, observers: Sequence[Observer],
-         extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None, tick: Progress) -> ReplayResult | None:
+def _run(
+    sess: Session,
+    ckpt: Checkpoint,
+    tokens_WT: torch.Tensor,
+    *,
+    backward: bool,
+    dtype: torch.dtype,
+    device: torch.device | None,
+    observers: Sequence[Observer],
+    extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None,
+    tick: Progress,
+) -> ReplayResult | None:
     spec = ckpt.spec
     tokens_WT = tokens_WT.long()
     W, T = tokens_WT.shape
@@ -317,16 +376,20 @@ def _run(sess: Session, ckpt: Checkpoint, tokens_WT: torch.Tensor, *, backward: 
     pending: list[BaseException] = []  # an observer's failure on rank 0, reported at the next step
     try:
         with own_experts(ckpt, ctx.mine):
-            x, inputs, routing, bad = _forward(ctx, spec, ckpt, reader, tokens_WT, rope, dtype,
-                                               observers, extra, pending, tick, n_steps)
+            x, inputs, routing, bad = _forward(
+                ctx, spec, ckpt, reader, tokens_WT, rope, dtype, observers, extra, pending, tick, n_steps
+            )
             head, nll = _head(ctx, spec, ckpt, x, tokens_WT, dtype, backward, bad, pending)
             del x
             result = None
             if sess.rank == 0:
                 nll_v, nll_W, entropy = nll
                 result = ReplayResult(nll_v, nll_W, entropy, routing, nonfinite_weights=bad)
-                result.parallel = {"world_size": sess.world, "backend": _backend_of(sess, device),
-                                   "rank_devices": [d.decode() for d in devices]}
+                result.parallel = {
+                    "world_size": sess.world,
+                    "backend": _backend_of(sess, device),
+                    "rank_devices": [d.decode() for d in devices],
+                }
             if backward:
                 grads = _backward(ctx, spec, reader, inputs, head, rope, device, pending, tick, n_steps)
                 if result is not None:
@@ -355,10 +418,20 @@ def _step(sess: Session, read: Callable[[], Any], pending: list[BaseException]) 
     return got
 
 
-def _forward(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, reader: _Reader, tokens_WT: torch.Tensor,
-             rope: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype, observers: Sequence[Observer],
-             extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None, pending: list[BaseException],
-             tick: Progress, n_steps: int) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing], list[str]]:
+def _forward(
+    ctx: _Ctx,
+    spec: ModelSpec,
+    ckpt: Checkpoint,
+    reader: _Reader,
+    tokens_WT: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+    observers: Sequence[Observer],
+    extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None,
+    pending: list[BaseException],
+    tick: Progress,
+    n_steps: int,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, Routing], list[str]]:
     sess, device = ctx.sess, ctx.device
     bad: list[str] = []
 
@@ -370,7 +443,7 @@ def _forward(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, reader: _Reader, toke
 
     embed = _step(sess, read_embed, pending)
     with torch.no_grad():
-        x = embed_tokens(spec, embed, tokens_WT[ctx.win.start:ctx.win.stop], dtype)
+        x = embed_tokens(spec, embed, tokens_WT[ctx.win.start : ctx.win.stop], dtype)
     del embed
     x = x if device is None else moved(x, device)
     inputs: list[torch.Tensor] = []
@@ -399,8 +472,12 @@ def _forward(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, reader: _Reader, toke
     # every rank's non-finite experts, in the order one process lists them
     import json
 
-    parts = [json.loads(p.decode()) for p in sess.gather_bytes(json.dumps(
-        {i: [n for n in got if n.startswith(f"layer {i} expert ")] for i, got in names.items()}).encode())]
+    parts = [
+        json.loads(p.decode())
+        for p in sess.gather_bytes(
+            json.dumps({i: [n for n in got if n.startswith(f"layer {i} expert ")] for i, got in names.items()}).encode()
+        )
+    ]
     if ctx.rank == 0:
         for i in range(L):
             bad += [n for n in names[i] if not n.startswith(f"layer {i} expert ")]
@@ -408,10 +485,14 @@ def _forward(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, reader: _Reader, toke
     return x, inputs, routing, bad
 
 
-def _forward_layer(ctx: _Ctx, spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor],
-                   extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None,
-                   ) -> tuple[torch.Tensor, MoETap | None]:
+def _forward_layer(
+    ctx: _Ctx,
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None,
+) -> tuple[torch.Tensor, MoETap | None]:
     if not lw.routed:
         return decoder_layer(spec, lw, x_BTH, rope)
     h = attention_block(spec, lw, x_BTH, rope)
@@ -425,8 +506,9 @@ def _forward_layer(ctx: _Ctx, spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Te
             asked = extra(lw.layer, routing if ctx.device is None else to_host(routing, ctx.device))
         wanted = ctx.share_sets(asked)
     sets = [routing.topk_NK, *wanted.values()]
-    outs = experts_forward_sets(lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets),
-                                only=ctx.mine)
+    outs = experts_forward_sets(
+        lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets), only=ctx.mine
+    )
     u_NKH, *more = [ctx.slots_together(u) for u in outs]
     rows = ctx.rows
     out = (u_NKH[rows] * routing.combine_NK[rows].to(u_NKH.dtype)[..., None]).sum(1)
@@ -437,14 +519,30 @@ def _forward_layer(ctx: _Ctx, spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Te
     x = h + (out if r == 1.0 else out * r)
     if ctx.rank != 0:
         return x, None
-    tap = MoETap(lw.layer, h_NH, y_NH, routing, u_NKH, dict(zip(wanted, more, strict=True)),
-                 _eps=spec.rms_eps, _centred=spec.layer_norm)
+    tap = MoETap(
+        lw.layer,
+        h_NH,
+        y_NH,
+        routing,
+        u_NKH,
+        dict(zip(wanted, more, strict=True)),
+        _eps=spec.rms_eps,
+        _centred=spec.layer_norm,
+    )
     return x, tap
 
 
-def _head(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, x: torch.Tensor, tokens_WT: torch.Tensor,
-          dtype: torch.dtype, backward: bool, bad: list[str], pending: list[BaseException],
-          ) -> tuple[torch.Tensor | None, tuple[float, torch.Tensor, float]]:
+def _head(
+    ctx: _Ctx,
+    spec: ModelSpec,
+    ckpt: Checkpoint,
+    x: torch.Tensor,
+    tokens_WT: torch.Tensor,
+    dtype: torch.dtype,
+    backward: bool,
+    bad: list[str],
+    pending: list[BaseException],
+) -> tuple[torch.Tensor | None, tuple[float, torch.Tensor, float]]:
     """The LM head over the rank's windows; (dL/dx of them, (NLL, NLL per window, entropy))."""
     device = ctx.device
 
@@ -453,11 +551,10 @@ def _head(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, x: torch.Tensor, tokens_
 
     final_norm, lm_head, biases = _step(ctx.sess, read, pending)
     if ctx.rank == 0:
-        bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items())
-                if not all_finite(t)]
+        bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items()) if not all_finite(t)]
     W, T = tokens_WT.shape
-    own = tokens_WT[ctx.win.start:ctx.win.stop]
-    grad_nll = _loss_grad(W, T - 1, None)[ctx.win.start:ctx.win.stop] if backward else None
+    own = tokens_WT[ctx.win.start : ctx.win.stop]
+    grad_nll = _loss_grad(W, T - 1, None)[ctx.win.start : ctx.win.stop] if backward else None
     if device is not None:
         final_norm, lm_head, own, grad_nll, biases = moved((final_norm, lm_head, own, grad_nll, biases), device)
     head = lm_head_pass(spec, final_norm, lm_head, x, own, grad_nll, **biases)
@@ -468,9 +565,18 @@ def _head(ctx: _Ctx, spec: ModelSpec, ckpt: Checkpoint, x: torch.Tensor, tokens_
     return head.grad_x_WTH, (float(nll), nll_W, float(entropy))
 
 
-def _backward(ctx: _Ctx, spec: ModelSpec, reader: _Reader, inputs: list[torch.Tensor], grad: torch.Tensor | None,
-              rope: tuple[torch.Tensor, torch.Tensor], device: torch.device | None,
-              pending: list[BaseException], tick: Progress, n_steps: int) -> dict[int, LayerGrads]:
+def _backward(
+    ctx: _Ctx,
+    spec: ModelSpec,
+    reader: _Reader,
+    inputs: list[torch.Tensor],
+    grad: torch.Tensor | None,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device | None,
+    pending: list[BaseException],
+    tick: Progress,
+    n_steps: int,
+) -> dict[int, LayerGrads]:
     assert grad is not None
     grads: dict[int, LayerGrads] = {}
     L = spec.num_layers
@@ -487,8 +593,14 @@ def _backward(ctx: _Ctx, spec: ModelSpec, reader: _Reader, inputs: list[torch.Te
     return grads
 
 
-def _backward_layer(ctx: _Ctx, spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, grad_BTH: torch.Tensor,
-                    rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, LayerGrads | None]:
+def _backward_layer(
+    ctx: _Ctx,
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTH: torch.Tensor,
+    grad_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, LayerGrads | None]:
     """``engine.layer_backward`` of the rank's windows, the routed experts on their owners."""
     for t in lw.params.values():
         t.requires_grad_(True)
@@ -510,8 +622,17 @@ def _backward_layer(ctx: _Ctx, spec: ModelSpec, lw: LayerWeights, x_BTH: torch.T
     g_own = grad_BTH.reshape(-1, H)
     g_own = g_own if spec.residual_multiplier == 1.0 else g_own * spec.residual_multiplier
     g_NH = ctx.gather_windows(g_own.view(B, T, H)).reshape(-1, H)
-    back = experts_backward(lw.experts, y_NH, routing.topk_NK, routing.combine_NK, g_NH, spec.clamped_glu,
-                            spec.scaled_expert_inputs, only=ctx.mine, slot_dx=True)
+    back = experts_backward(
+        lw.experts,
+        y_NH,
+        routing.topk_NK,
+        routing.combine_NK,
+        g_NH,
+        spec.clamped_glu,
+        spec.scaled_expert_inputs,
+        only=ctx.mine,
+        slot_dx=True,
+    )
     assert back.dx_SH is not None
     dx_SH = ctx.slots_together(back.dx_SH)
     dc_NK = ctx.slots_together(back.combine_NK.contiguous())
@@ -541,7 +662,7 @@ def _slot_sum(dx_SH: torch.Tensor, topk_NK: torch.Tensor, E: int) -> torch.Tenso
     start = 0
     for c in counts:
         if c:
-            slots = order[start:start + c]
+            slots = order[start : start + c]
             dy.index_add_(0, slots // K, dx_SH[slots])
         start += c
     return dy
@@ -558,7 +679,7 @@ def _sum_weight_grads(lw: LayerWeights) -> None:
     for t in held:
         assert t.grad is not None
         n = t.grad.numel()
-        t.grad.copy_(flat[at:at + n].view_as(t.grad))
+        t.grad.copy_(flat[at : at + n].view_as(t.grad))
         at += n
 
 

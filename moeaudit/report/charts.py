@@ -76,9 +76,13 @@ def _steps(v: float) -> str:
 # --- per-layer C2 (`003` Fig. 5) -----------------------------------------------------------------
 
 
-def c2_bars(per_layer: Sequence[Mapping[str, Any]], baseline: Mapping[int, float | None],
-            protected: Sequence[int], label: str,
-            tolerance: Mapping[int, float] | None = None) -> Markup:
+def c2_bars(
+    per_layer: Sequence[Mapping[str, Any]],
+    baseline: Mapping[int, float | None],
+    protected: Sequence[int],
+    label: str,
+    tolerance: Mapping[int, float] | None = None,
+) -> Markup:
     """Signed horizontal bars of C2 per layer. The colour is the drop from the baseline, not
     C2's sign (issue 25 §4): green where C2 held or rose, cream → orange as the drop nears the
     layer's allowed drop (``tolerance``), darkest and outlined beyond it; grey without a baseline."""
@@ -88,19 +92,31 @@ def c2_bars(per_layer: Sequence[Mapping[str, Any]], baseline: Mapping[int, float
     row, top, x0, x1 = 28, 34, 170, W - 90
     x = scale(lo, hi, x0, x1)
     height = top + row * len(per_layer) + 36
-    body: list[Markup] = [tag("rect", {"x": 4, "y": top + i * row, "width": W - 8, "height": row,
-                                       "fill": "#eef3f9"})
-                          for i, e in enumerate(per_layer) if e["layer"] in protected]
+    body: list[Markup] = [
+        tag("rect", {"x": 4, "y": top + i * row, "width": W - 8, "height": row, "fill": "#eef3f9"})
+        for i, e in enumerate(per_layer)
+        if e["layer"] in protected
+    ]
     body += x_axis(ticks, x, top - 4, height - 30, _fixed(dec))
     body.append(line(x0, height - 30, x1, height - 30, stroke=MUTED))
     for i, e in enumerate(per_layer):
-        body += _c2_row(e, baseline.get(e["layer"]), (tolerance or {}).get(e["layer"]),
-                        e["layer"] in protected, top + i * row, row, x, x1)
+        body += _c2_row(
+            e,
+            baseline.get(e["layer"]),
+            (tolerance or {}).get(e["layer"]),
+            e["layer"] in protected,
+            top + i * row,
+            row,
+            x,
+            x1,
+        )
     body.append(line(x(0), top - 4, x(0), height - 30, stroke=INK, width=1.2))
     swatch = {"x": 0, "y": -6, "width": 20, "height": 12}
-    items = [("held or rose", tag("rect", {**swatch, "fill": POS})),
-             ("dropped (darker = closer to fallen)", tag("rect", {**swatch, "fill": mix(NEG_LO, NEG_HI, 0.5)})),
-             ("fallen", tag("rect", {**swatch, "fill": NEG_HI, "stroke": FALLEN, "stroke-width": 1.5}))]
+    items = [
+        ("held or rose", tag("rect", {**swatch, "fill": POS})),
+        ("dropped (darker = closer to fallen)", tag("rect", {**swatch, "fill": mix(NEG_LO, NEG_HI, 0.5)})),
+        ("fallen", tag("rect", {**swatch, "fill": NEG_HI, "stroke": FALLEN, "stroke-width": 1.5})),
+    ]
     if baseline:
         items.append(("baseline value", line(10, -8, 10, 8, stroke=INK, width=2.5)))
     else:
@@ -126,8 +142,16 @@ def drop_fill(c2: float, base: float | None, tol: float | None, gated: bool = Tr
     return mix(NEG_LO, NEG_HI, min(1.0, drop / allowed)), gated and drop > allowed
 
 
-def _c2_row(e: Mapping[str, Any], base: float | None, tol: float | None, is_protected: bool,
-            y: float, row: float, x: Scale, x1: float) -> list[Markup]:
+def _c2_row(
+    e: Mapping[str, Any],
+    base: float | None,
+    tol: float | None,
+    is_protected: bool,
+    y: float,
+    row: float,
+    x: Scale,
+    x1: float,
+) -> list[Markup]:
     mid = y + row / 2 + 4
     name = f"layer {e['layer']}" + (" · protected" if is_protected else "")
     out = [text(160, mid, name, anchor="end", weight="bold" if is_protected else None)]
@@ -136,16 +160,28 @@ def _c2_row(e: Mapping[str, Any], base: float | None, tol: float | None, is_prot
         return out + [text(x(0) + 6, mid, "— no co-active pairs (top-1 routing)", fill=MUTED)]
     fill, fallen = drop_fill(c2, base, tol, gated=is_protected)
     a, b = sorted((x(0), x(c2)))
-    out.append(tag("rect", {"x": a, "y": y + 6, "width": max(b - a, 1.0), "height": row - 12,
-                            "fill": fill, "stroke": FALLEN if fallen else None,
-                            "stroke-width": 1.5 if fallen else None}))
+    out.append(
+        tag(
+            "rect",
+            {
+                "x": a,
+                "y": y + 6,
+                "width": max(b - a, 1.0),
+                "height": row - 12,
+                "fill": fill,
+                "stroke": FALLEN if fallen else None,
+                "stroke-width": 1.5 if fallen else None,
+            },
+        )
+    )
     if base is not None:
         out.append(line(x(base), y + 3, x(base), y + row - 3, stroke=INK, width=2.5))
     ends = [b, x(base)] if base is not None else [b]  # the label clears the baseline tick
     lx = max(ends) + 6 if c2 >= 0 else min([a, *ends[1:]]) - 6
     delta = "" if base is None else f" (Δ {signed(c2 - base)}{', fallen' if fallen else ''})"
-    out.append(text(min(lx, x1 + 60), mid, signed(c2) + delta, anchor="start" if c2 >= 0 else "end",
-                    size=11, weight="bold"))
+    out.append(
+        text(min(lx, x1 + 60), mid, signed(c2) + delta, anchor="start" if c2 >= 0 else "end", size=11, weight="bold")
+    )
     return out
 
 
@@ -159,26 +195,29 @@ def loss_c2(points: Sequence[Mapping[str, Any]], label: str) -> Markup:
     x = scale(lo, hi, 80, W - 30)
     body: list[Markup] = x_axis(xt, x, 40, 380, _steps)
     body.append(line(80, 380, W - 30, 380, stroke=MUTED))
-    panels = (("Canary NLL (loss) — lower is better", "nll", LOSS, 40),
-              ("Mean C2 over routed layers — higher is better", "c2", C2_LINE, 240))
+    panels = (
+        ("Canary NLL (loss) — lower is better", "nll", LOSS, 40),
+        ("Mean C2 over routed layers — higher is better", "c2", C2_LINE, 240),
+    )
     for title, key, color, top in panels:
         body += _panel(points, key, color, title, x, top, 140)
     body.append(text(W / 2, 414, "training step", anchor="middle", size=11, fill=MUTED))
     for p in points:
         status = p["status"]
-        body.append(text(x(p["step"]), 432, status, anchor="middle", size=10, weight="bold",
-                         fill=STATUS_INK.get(status, INK)))
+        body.append(
+            text(x(p["step"]), 432, status, anchor="middle", size=10, weight="bold", fill=STATUS_INK.get(status, INK))
+        )
     return svg(440, label, body)
 
 
-def _panel(points: Sequence[Mapping[str, Any]], key: str, color: str, title: str, x: Scale,
-           top: float, height: float) -> list[Markup]:
+def _panel(
+    points: Sequence[Mapping[str, Any]], key: str, color: str, title: str, x: Scale, top: float, height: float
+) -> list[Markup]:
     """One panel under its title; 15 % headroom keeps the top point's label inside it."""
     known = [(p["step"], p[key]) for p in points if p.get(key) is not None]
     body = [text(80, top - 14, title, weight="bold")]
     if not known:
-        return body + [text(W / 2, top + height / 2, "— not measured at any gate", anchor="middle",
-                            fill=MUTED)]
+        return body + [text(W / 2, top + height / 2, "— not measured at any gate", anchor="middle", fill=MUTED)]
     vals = [v for _, v in known] + ([0.0] if key == "c2" else [])
     lo, hi, yt, ydec = linear_ticks(min(vals), max(vals), 4)
     y = scale(lo, hi + 0.15 * (hi - lo), top + height, top)
@@ -187,8 +226,9 @@ def _panel(points: Sequence[Mapping[str, Any]], key: str, color: str, title: str
         body.append(line(80, y(0), W - 30, y(0), stroke=INK, width=1.2))
     body.append(polyline([(x(s), y(v)) for s, v in known], color, 2.5))
     for s, v in known:
-        body.append(tag("circle", {"cx": x(s), "cy": y(v), "r": 4.5, "fill": color,
-                                   "stroke": "#ffffff", "stroke-width": 1.5}))
+        body.append(
+            tag("circle", {"cx": x(s), "cy": y(v), "r": 4.5, "fill": color, "stroke": "#ffffff", "stroke-width": 1.5})
+        )
         fmt = f"{v:.3f}" if key == "nll" else signed(v, 3)
         body.append(text(x(s), y(v) - 10, fmt, anchor="middle", size=11, fill=INK))
     return body
@@ -197,9 +237,16 @@ def _panel(points: Sequence[Mapping[str, Any]], key: str, color: str, title: str
 # --- envelope series against the Grönwall bound (`000` Eq. 12) -----------------------------------
 
 
-def envelope_chart(samples: Sequence[Sample], windows: Sequence[Mapping[str, Any]],
-                   budget: float | None, label: str, *, width: float = W, height: float = 300,
-                   show_legend: bool = True) -> Markup:
+def envelope_chart(
+    samples: Sequence[Sample],
+    windows: Sequence[Mapping[str, Any]],
+    budget: float | None,
+    label: str,
+    *,
+    width: float = W,
+    height: float = 300,
+    show_legend: bool = True,
+) -> Markup:
     """V(t) (solid), the bound of each compliance window (dashed, re-anchored per window) and
     the budget ε/δ (dotted); a sample outside its bound is a red ×."""
     curves = _bound_curves(samples, windows, budget)
@@ -208,8 +255,12 @@ def envelope_chart(samples: Sequence[Sample], windows: Sequence[Mapping[str, Any
     steps = [r["step"] for r in samples]
     top, bottom, left, right = (44 if show_legend else 16), height - 28, 76, width - 16
     if not pts or not steps:
-        return svg(height, label, [text(width / 2, height / 2, "— no finite value in this series",
-                                        anchor="middle", fill=MUTED)], width)
+        return svg(
+            height,
+            label,
+            [text(width / 2, height / 2, "— no finite value in this series", anchor="middle", fill=MUTED)],
+            width,
+        )
     lo, hi, xt = step_axis(min(steps), max(steps), 6 if width >= W else 4)
     x = scale(lo, hi, left, right)
     y, body = _value_axis(ys, top, bottom, left, right)
@@ -226,8 +277,9 @@ def envelope_chart(samples: Sequence[Sample], windows: Sequence[Mapping[str, Any
     return svg(height, label, body, width)
 
 
-def _value_axis(ys: Sequence[float], top: float, bottom: float, left: float,
-                right: float) -> tuple[Scale, list[Markup]]:
+def _value_axis(
+    ys: Sequence[float], top: float, bottom: float, left: float, right: float
+) -> tuple[Scale, list[Markup]]:
     positive = [v for v in ys if v > 0]
     if positive and len(positive) == len(ys) and max(ys) / min(ys) > LOG_SPAN:
         lo, hi, ticks = log_ticks(min(ys), max(ys))
@@ -243,11 +295,11 @@ def _value_axis(ys: Sequence[float], top: float, bottom: float, left: float,
     return y, y_axis(ticks, y, left, right, label)
 
 
-def _bound_curves(samples: Sequence[Sample], windows: Sequence[Mapping[str, Any]],
-                  budget: float | None) -> list[list[tuple[float, float]]]:
+def _bound_curves(
+    samples: Sequence[Sample], windows: Sequence[Mapping[str, Any]], budget: float | None
+) -> list[list[tuple[float, float]]]:
     """One polyline per compliance window, from its anchor a: B(a) = V(a) + ε/δ (Eq. 12)."""
-    anchors = {w["index"]: (w["start"], w["anchor_value"]) for w in windows
-               if w.get("anchor_value") is not None}
+    anchors = {w["index"]: (w["start"], w["anchor_value"]) for w in windows if w.get("anchor_value") is not None}
     curves: dict[Any, list[tuple[float, float]]] = {}
     for r in samples:
         if r.get("bound") is None:
@@ -287,19 +339,19 @@ def _sample_marks(samples: Sequence[Sample], x: Scale, y: Scale, many: bool) -> 
 
 def _cross(cx: float, cy: float, r: float) -> Markup:
     a, b, c, d = f1(cx - r), f1(cx + r), f1(cy - r), f1(cy + r)
-    return tag("path", {"d": f"M{a},{c}L{b},{d}M{a},{d}L{b},{c}", "stroke": BAD, "stroke-width": 3,
-                        "fill": "none"})
+    return tag("path", {"d": f"M{a},{c}L{b},{d}M{a},{d}L{b},{c}", "stroke": BAD, "stroke-width": 3, "fill": "none"})
 
 
 def _no_value(cx: float, bottom: float) -> Markup:
     """A sample without a finite value: a hollow marker on the axis (its reason is in the text)."""
-    return tag("circle", {"cx": cx, "cy": bottom - 6, "r": 4, "fill": "#ffffff", "stroke": BAD,
-                          "stroke-width": 1.5})
+    return tag("circle", {"cx": cx, "cy": bottom - 6, "r": 4, "fill": "#ffffff", "stroke": BAD, "stroke-width": 1.5})
 
 
 def _envelope_legend(budget: float | None, gaps: bool) -> list[tuple[str, Markup]]:
-    items = [("V(t), gradient variance", line(0, 0, 20, 0, stroke=VALUE, width=2.0)),
-             ("Grönwall bound B(t)", line(0, 0, 20, 0, stroke=BOUND, width=1.6, dash="6 4"))]
+    items = [
+        ("V(t), gradient variance", line(0, 0, 20, 0, stroke=VALUE, width=2.0)),
+        ("Grönwall bound B(t)", line(0, 0, 20, 0, stroke=BOUND, width=1.6, dash="6 4")),
+    ]
     if budget:
         dotted = line(0, 0, 20, 0, stroke=MUTED, width=1.2, dash="2 3")
         items.append((f"budget ε/δ = {sig(budget, 2)}", dotted))
@@ -312,9 +364,16 @@ def _envelope_legend(budget: float | None, gaps: bool) -> list[tuple[str, Markup
 # --- π heatmaps ----------------------------------------------------------------------------------
 
 
-def heatmap(rows: Sequence[tuple[str, Sequence[float | None]]], vmax: float, label: str, *,
-            width: float = W, left: float = 90, cell_h: float = 30,
-            title: str | None = None) -> Markup:
+def heatmap(
+    rows: Sequence[tuple[str, Sequence[float | None]]],
+    vmax: float,
+    label: str,
+    *,
+    width: float = W,
+    left: float = 90,
+    cell_h: float = 30,
+    title: str | None = None,
+) -> Markup:
     """Rows × experts, colored on [0, vmax]; a dead expert (π = 0) is a red ×, a missing one —."""
     n = max((len(r) for _, r in rows), default=0)
     cell = min((width - left - 10) / max(n, 1), 72.0)
@@ -322,8 +381,9 @@ def heatmap(rows: Sequence[tuple[str, Sequence[float | None]]], vmax: float, lab
     body: list[Markup] = [text(left, 14, title, weight="bold")] if title else []
     show = cell >= 30
     every = 1 if show else max(1, round(24 / cell))  # expert numbers that fit above the cells
-    body += [text(left + (j + 0.5) * cell, top - 6, str(j), anchor="middle", size=10, fill=MUTED)
-             for j in range(0, n, every)]
+    body += [
+        text(left + (j + 0.5) * cell, top - 6, str(j), anchor="middle", size=10, fill=MUTED) for j in range(0, n, every)
+    ]
     for i, (name, values) in enumerate(rows):
         y = top + i * cell_h
         body.append(text(left - 8, y + cell_h / 2 + 4, name, anchor="end", size=11))
@@ -333,41 +393,61 @@ def heatmap(rows: Sequence[tuple[str, Sequence[float | None]]], vmax: float, lab
     return svg(height, label, body, width)
 
 
-def _cell(x: float, y: float, w: float, h: float, v: float | None, vmax: float,
-          show: bool) -> list[Markup]:
+def _cell(x: float, y: float, w: float, h: float, v: float | None, vmax: float, show: bool) -> list[Markup]:
     t = 0.0 if v is None else min(1.0, v / vmax) if vmax > 0 else 0.0  # above vmax: saturated
     fill = "#ffffff" if v is None or v == 0 else blues(t)
-    out = [tag("rect", {"x": x, "y": y, "width": w, "height": h, "fill": fill, "stroke": "#ffffff",
-                        "stroke-width": 1})]
+    out = [tag("rect", {"x": x, "y": y, "width": w, "height": h, "fill": fill, "stroke": "#ffffff", "stroke-width": 1})]
     if v is None or v == 0:
         mark = "—" if v is None else "×"
-        out.append(text(x + w / 2, y + h / 2 + 5, mark, anchor="middle", size=14 if show else 9,
-                        fill=BAD if v == 0 else MUTED, weight="bold"))
+        out.append(
+            text(
+                x + w / 2,
+                y + h / 2 + 5,
+                mark,
+                anchor="middle",
+                size=14 if show else 9,
+                fill=BAD if v == 0 else MUTED,
+                weight="bold",
+            )
+        )
     elif show:
-        out.append(text(x + w / 2, y + h / 2 + 4, f"{v:.2f}", anchor="middle", size=10,
-                        fill=ink_on(t)))
+        out.append(text(x + w / 2, y + h / 2 + 4, f"{v:.2f}", anchor="middle", size=10, fill=ink_on(t)))
     return out
 
 
-def heat_legend(vmax: float, mean: float | None, label: str, width: float = W, *,
-                caption: str = "π: share of canary tokens routed to the expert",
-                mean_label: str = "mean π", zero_label: str = "dead expert (π = 0)") -> Markup:
+def heat_legend(
+    vmax: float,
+    mean: float | None,
+    label: str,
+    width: float = W,
+    *,
+    caption: str = "π: share of canary tokens routed to the expert",
+    mean_label: str = "mean π",
+    zero_label: str = "dead expert (π = 0)",
+) -> Markup:
     """The color scale with its ticks, the mean π (uniform load) marked, and what × means
     (``zero_label``: a dead expert on the occupancy map; no tokens of that domain on a domain map)."""
     x0, x1, steps = 90, 90 + 360, 36
     x, dx = scale(0, vmax, x0, x1), (x1 - x0) / steps
     body = [text(x0, 12, caption, size=11, fill=MUTED)]
-    body += [tag("rect", {"x": x0 + k * dx, "y": 18, "width": dx + 0.5, "height": 14,
-                          "fill": blues((k + 0.5) / steps)}) for k in range(steps)]
+    body += [
+        tag("rect", {"x": x0 + k * dx, "y": 18, "width": dx + 0.5, "height": 14, "fill": blues((k + 0.5) / steps)})
+        for k in range(steps)
+    ]
     _, _, ticks, dec = linear_ticks(0, vmax, 6)
     for t in [t for t in ticks if t <= vmax * (1 + 1e-9)]:
-        body += [line(x(t), 32, x(t), 37, stroke=MUTED),
-                 text(x(t), 49, f"{t:.{dec}f}", anchor="middle", size=10, fill=MUTED)]
+        body += [
+            line(x(t), 32, x(t), 37, stroke=MUTED),
+            text(x(t), 49, f"{t:.{dec}f}", anchor="middle", size=10, fill=MUTED),
+        ]
     if mean is not None and 0 < mean <= vmax:
-        body += [line(x(mean), 15, x(mean), 35, stroke=INK, width=2),
-                 text(x(mean), 62, f"{mean_label} = {mean:.3f}", anchor="middle", size=10)]
-    body += [tag("rect", {"x": x1 + 40, "y": 18, "width": 22, "height": 14, "fill": "#ffffff",
-                          "stroke": GRID}),
-             text(x1 + 51, 30, "×", anchor="middle", size=13, fill=BAD, weight="bold"),
-             text(x1 + 70, 30, zero_label, size=11)]
+        body += [
+            line(x(mean), 15, x(mean), 35, stroke=INK, width=2),
+            text(x(mean), 62, f"{mean_label} = {mean:.3f}", anchor="middle", size=10),
+        ]
+    body += [
+        tag("rect", {"x": x1 + 40, "y": 18, "width": 22, "height": 14, "fill": "#ffffff", "stroke": GRID}),
+        text(x1 + 51, 30, "×", anchor="middle", size=13, fill=BAD, weight="bold"),
+        text(x1 + 70, 30, zero_label, size=11),
+    ]
     return svg(68, label, body, width)

@@ -14,8 +14,7 @@ def junit_xml(result: GateResult) -> str:
     # reads only the failure count never sees an inconclusive gate as "0 failures" (issue 23 §8).
     decided = result["decision"]
     why = f"{decided}: {result.get('verdict_reason') or ''}"
-    inner = "" if decided == "PROMOTE" else \
-        f"<failure type={quoteattr(decided.lower())} message={quoteattr(why)}/>"
+    inner = "" if decided == "PROMOTE" else f"<failure type={quoteattr(decided.lower())} message={quoteattr(why)}/>"
     cases = [f'  <testcase classname="moeaudit.gate" name="decision">{inner}</testcase>']
     for c in result["conditions"]:
         inner = ""
@@ -27,15 +26,20 @@ def junit_xml(result: GateResult) -> str:
     failures = sum(c["status"] == "fail" for c in result["conditions"]) + (decided != "PROMOTE")
     skipped = sum(c["status"] in ("skipped", "inconclusive") for c in result["conditions"])
     name = escape(f"{result['base']} → {result['candidate']}")
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="moeaudit gate: {name}" '
-            f'tests="{len(cases)}" failures="{failures}" skipped="{skipped}">\n' + "\n".join(cases)
-            + "\n</testsuite>\n")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="moeaudit gate: {name}" '
+        f'tests="{len(cases)}" failures="{failures}" skipped="{skipped}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
 
 
 def markdown_summary(result: GateResult) -> str:
     result = named_strings(result)
     icon = {"PROMOTE": "✅", "HOLD": "⛔", "INCONCLUSIVE": "⚠️"}[result["decision"]]
-    lines = [f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
-             "", "| condition | status | detail |", "|---|---|---|"]
+    lines = [
+        f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
+        "",
+        "| condition | status | detail |",
+        "|---|---|---|",
+    ]
     lines += [f"| {c['name']} | {c['status']} | {c['detail'].replace('|', '/')} |" for c in result["conditions"]]
     return "\n".join(lines) + "\n"

@@ -44,10 +44,16 @@ def _style(styles: Styles, i: int, j: int) -> str:
     return styles[i][j] if styles is not None else ""
 
 
-def _table(title: str, columns: Sequence[Column], rows: Rows, styles: Styles, *,
-           wrap_headers: bool, boxed: bool) -> Table:
-    table = Table(title=escape(title), box=box.HEAVY_HEAD if boxed else box.SIMPLE_HEAD,
-                  show_edge=boxed, pad_edge=boxed, collapse_padding=not boxed)
+def _table(
+    title: str, columns: Sequence[Column], rows: Rows, styles: Styles, *, wrap_headers: bool, boxed: bool
+) -> Table:
+    table = Table(
+        title=escape(title),
+        box=box.HEAVY_HEAD if boxed else box.SIMPLE_HEAD,
+        show_edge=boxed,
+        pad_edge=boxed,
+        collapse_padding=not boxed,
+    )
     for j, col in enumerate(columns):
         header = col.header.replace(" ", "\n") if wrap_headers else col.header
         width = max([cell_len(line) for line in header.split("\n")] + [cell_len(r[j]) for r in rows])
@@ -65,8 +71,7 @@ def rendered_width(table: Table) -> int:
     return max((cell_len(line.rstrip()) for line in cap.get().splitlines()), default=0)
 
 
-def fitted_table(title: str, columns: Sequence[Column], rows: Rows, width: int,
-                 styles: Styles = None) -> Table | None:
+def fitted_table(title: str, columns: Sequence[Column], rows: Rows, width: int, styles: Styles = None) -> Table | None:
     """The first table layout that fits ``width`` columns whole, or None (then :func:`as_list`)."""
     for wrap, boxed in ((False, True), (True, True), (True, False)):
         table = _table(title, columns, rows, styles, wrap_headers=wrap, boxed=boxed)
@@ -75,8 +80,7 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Rows, width: int,
     return None
 
 
-def as_list(title: str, columns: Sequence[Column], rows: Rows, width: int,
-            styles: Styles = None) -> list[str]:
+def as_list(title: str, columns: Sequence[Column], rows: Rows, width: int, styles: Styles = None) -> list[str]:
     """Rich markup lines: per row, "<first header> <value>" and then the other "name value"
     items packed into lines no wider than ``width``, never broken inside an item."""
     lines = [f"[bold]{escape(title)}[/]"]
@@ -95,8 +99,7 @@ def as_list(title: str, columns: Sequence[Column], rows: Rows, width: int,
     return lines
 
 
-def print_fitted(console: Console, title: str, columns: Sequence[Column], rows: Rows,
-                 styles: Styles = None) -> None:
+def print_fitted(console: Console, title: str, columns: Sequence[Column], rows: Rows, styles: Styles = None) -> None:
     """The table at ``console``'s width, or the list when no table layout fits."""
     table = fitted_table(title, columns, rows, console.width, styles)
     if table is not None:

@@ -15,9 +15,18 @@ from moeaudit.report.fit import Column
 
 STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
 
-COLUMNS = (Column("step", "right"), Column("gate"), Column("vs", "right"), Column("canary NLL", "right"),
-           Column("trend"), Column("C2 (mean)", "right"), Column("State1", "right"),
-           Column("dead", "right"), Column("CV", "right"), Column("H_norm min", "right"))
+COLUMNS = (
+    Column("step", "right"),
+    Column("gate"),
+    Column("vs", "right"),
+    Column("canary NLL", "right"),
+    Column("trend"),
+    Column("C2 (mean)", "right"),
+    Column("State1", "right"),
+    Column("dead", "right"),
+    Column("CV", "right"),
+    Column("H_norm min", "right"),
+)
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -27,10 +36,18 @@ def _fmt(x: Any, spec: str) -> str:
 def gate_cells(g: Mapping[str, Any]) -> list[str]:
     """One gate's cells as plain text, in ``COLUMNS`` order."""
     r = g["receipts"]
-    return [str(g["step"]), str(g["status"]), str(g.get("baseline", "—")), _fmt(r.get("nll"), ".4f"),
-            str(g.get("scalar") or "—"), _fmt(r.get("c2_mean"), "+.4f"),
-            _fmt(r.get("state1_mean"), ".4f"), _fmt(r.get("dead"), "d"), _fmt(r.get("cv_mean"), ".3f"),
-            _fmt(r.get("entropy_norm_min"), ".3f")]
+    return [
+        str(g["step"]),
+        str(g["status"]),
+        str(g.get("baseline", "—")),
+        _fmt(r.get("nll"), ".4f"),
+        str(g.get("scalar") or "—"),
+        _fmt(r.get("c2_mean"), "+.4f"),
+        _fmt(r.get("state1_mean"), ".4f"),
+        _fmt(r.get("dead"), "d"),
+        _fmt(r.get("cv_mean"), ".3f"),
+        _fmt(r.get("entropy_norm_min"), ".3f"),
+    ]
 
 
 def gate_styles(cells: list[str]) -> list[str]:
@@ -44,24 +61,46 @@ def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
     protected = ", ".join(map(str, pred.get("protected_layers") or [])) or "protected"
     tol_c2, rel, tol_dead = g.get("tol_c2", 0.02), g.get("tol_c2_rel", 0.5), g.get("tol_dead", 0)
     return [
-        ("gate", "BASELINE is a reference point; GREEN is good; YELLOW is a bad gate; RED after "
-                 f"{g.get('escalate_after', 4)} bad gates in a row, or at once when structure and "
-                 "canary NLL are both bad"),
+        (
+            "gate",
+            "BASELINE is a reference point; GREEN is good; YELLOW is a bad gate; RED after "
+            f"{g.get('escalate_after', 4)} bad gates in a row, or at once when structure and "
+            "canary NLL are both bad",
+        ),
         ("vs", "the baseline step the gate is compared with (the worst of every earlier baseline)"),
-        ("canary NLL", f"nats, lower is better; a change counts only beyond {g.get('nll_tol', 1e-3):g} "
-                       "nats with its 95% interval excluding 0"),
-        ("trend", "canary NLL against the previous gate: improving is good; worsening makes a "
-                  "pretraining gate bad; no change = within noise (not improving)"),
-        ("C2 (mean)", f"higher is better; fallen when a protected layer ({protected}) drops by more "
-                      f"than max({tol_c2:g}, {rel:g} × its baseline C2, the bootstrap noise)"),
+        (
+            "canary NLL",
+            f"nats, lower is better; a change counts only beyond {g.get('nll_tol', 1e-3):g} "
+            "nats with its 95% interval excluding 0",
+        ),
+        (
+            "trend",
+            "canary NLL against the previous gate: improving is good; worsening makes a "
+            "pretraining gate bad; no change = within noise (not improving)",
+        ),
+        (
+            "C2 (mean)",
+            f"higher is better; fallen when a protected layer ({protected}) drops by more "
+            f"than max({tol_c2:g}, {rel:g} × its baseline C2, the bootstrap noise)",
+        ),
         ("State1", "mean router boundary margin; reported, not gated"),
-        ("dead", "lower is better; no more than the baseline's" + (f" + {tol_dead}" if tol_dead else "")
-                 + f", and at most {g.get('floor_dead_fraction', 0.0):.0%} of a layer's experts"),
-        ("CV", "load imbalance across experts, lower is more even; reported, not gated (π_min is "
-               f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's and ≥ "
-               f"{g.get('floor_pi_share', 0.1):g} × k/E)"),
-        ("H_norm min", f"higher is better; ≥ {g.get('entropy_ratio_floor', 0.9):g} × the baseline's "
-                       f"and ≥ {g.get('floor_entropy_norm', 0.6):g}"),
+        (
+            "dead",
+            "lower is better; no more than the baseline's"
+            + (f" + {tol_dead}" if tol_dead else "")
+            + f", and at most {g.get('floor_dead_fraction', 0.0):.0%} of a layer's experts",
+        ),
+        (
+            "CV",
+            "load imbalance across experts, lower is more even; reported, not gated (π_min is "
+            f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's and ≥ "
+            f"{g.get('floor_pi_share', 0.1):g} × k/E)",
+        ),
+        (
+            "H_norm min",
+            f"higher is better; ≥ {g.get('entropy_ratio_floor', 0.9):g} × the baseline's "
+            f"and ≥ {g.get('floor_entropy_norm', 0.6):g}",
+        ),
     ]
 
 

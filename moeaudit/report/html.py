@@ -35,8 +35,7 @@ MAX_DOMAIN_PANELS = 8
 Doc = Mapping[str, Any]
 
 
-def render_html(statement: Doc, *, keyid: str, envelope_sha256: str,
-                compiled: ReceiptsCache | None = None) -> str:
+def render_html(statement: Doc, *, keyid: str, envelope_sha256: str, compiled: ReceiptsCache | None = None) -> str:
     """The certificate page for a verified statement; ``envelope_sha256`` is the SHA-256 of the
     signed ``certificate.json`` file the page describes."""
     return _environment(compiled).get_template(TEMPLATE).render(page(statement, keyid, envelope_sha256))
@@ -51,8 +50,7 @@ class SignedBytecode(jinja2.BytecodeCache):
         self.store = store
 
     def _key(self, bucket: jinja2.bccache.Bucket) -> str:
-        return self.store.key("jinja-bytecode", bucket.key, bucket.checksum, jinja2.__version__,
-                              sys.version)
+        return self.store.key("jinja-bytecode", bucket.key, bucket.checksum, jinja2.__version__, sys.version)
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         data = self.store.get_bytes(self._key(bucket))
@@ -65,10 +63,15 @@ class SignedBytecode(jinja2.BytecodeCache):
 
 @lru_cache(maxsize=4)
 def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), autoescape=True,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True,
-                             bytecode_cache=SignedBytecode(compiled) if compiled is not None else None)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        bytecode_cache=SignedBytecode(compiled) if compiled is not None else None,
+    )
     env.filters["num"] = num
     env.filters["sig"] = sig
     env.filters["cite"] = cite
@@ -105,8 +108,9 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     abandoned = {str(a.get("name")) for a in _get(p, "run", "abandoned") or [] if isinstance(a, Mapping)}
     return {
         "verdict": p["verdict"],
-        "verdict_why": ([p["verdict_reason"]] if p.get("verdict_reason")
-                        else verdict_reasons(p["verdict"], gates, checks)),
+        "verdict_why": (
+            [p["verdict_reason"]] if p.get("verdict_reason") else verdict_reasons(p["verdict"], gates, checks)
+        ),
         "run": run_view(p.get("run") or {}, len(gates)),
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
@@ -119,9 +123,10 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
         "router": router_view(p.get("router")),
         "gate_claims": [claims_row(g) for g in gates],
-        "table4": [{k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses",
-                                                        "does_not_license")}
-                   for row in p.get("claims") or []],
+        "table4": [
+            {k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses", "does_not_license")}
+            for row in p.get("claims") or []
+        ],
         "digests": digests(statement, keyid, envelope_sha256),
         "verify_command": VERIFY,
         "papers": [{"number": n, "short": short, "title": title} for n, (short, title) in PAPERS.items()],
@@ -142,32 +147,46 @@ def router_view(router: Doc | None) -> dict[str, Any] | None:
             continue
         first, last = cps[0], cps[-1]
         drift = [c["bias_drift"] for c in cps if c.get("bias_drift") is not None]
-        rows.append({
-            "layer": str(layer["layer"]),
-            "bias": (f"{num(last.get('bias_min'))} … {num(last.get('bias_max'))}"
-                     if last.get("bias_min") is not None else "—"),
-            "drift": num(sum(drift)) if drift else "—",
-            "pi_min": f"{num(first.get('pi_min'))} → {num(last.get('pi_min'))}",
-            "dead": f"{first.get('dead')} → {last.get('dead')}",
-        })
-    return {"gate": router.get("gate") or "—", "why": router.get("why") or "",
-            "holds": list(router.get("holds") or []), "changed": list(router.get("changed") or []),
-            "not_certified": list(router.get("not_certified") or []), "rows": rows}
+        rows.append(
+            {
+                "layer": str(layer["layer"]),
+                "bias": (
+                    f"{num(last.get('bias_min'))} … {num(last.get('bias_max'))}"
+                    if last.get("bias_min") is not None
+                    else "—"
+                ),
+                "drift": num(sum(drift)) if drift else "—",
+                "pi_min": f"{num(first.get('pi_min'))} → {num(last.get('pi_min'))}",
+                "dead": f"{first.get('dead')} → {last.get('dead')}",
+            }
+        )
+    return {
+        "gate": router.get("gate") or "—",
+        "why": router.get("why") or "",
+        "holds": list(router.get("holds") or []),
+        "changed": list(router.get("changed") or []),
+        "not_certified": list(router.get("not_certified") or []),
+        "rows": rows,
+    }
 
 
 def run_view(run: Doc, gates: int) -> dict[str, Any]:
-    return {"name": str(run.get("name") or "unnamed run"), "stage": str(run.get("stage") or "—"),
-            "checkpoints": len(run.get("checkpoints") or []) or gates,
-            "skipped": [_named(s) for s in run.get("skipped") or []],
-            "abandoned": [_named(a) for a in run.get("abandoned") or []],
-            "events": [{"step": e.get("step", "—"), "event": e.get("event", "event"),
-                        "note": str(e.get("note") or "")} for e in run.get("events") or []]}
+    return {
+        "name": str(run.get("name") or "unnamed run"),
+        "stage": str(run.get("stage") or "—"),
+        "checkpoints": len(run.get("checkpoints") or []) or gates,
+        "skipped": [_named(s) for s in run.get("skipped") or []],
+        "abandoned": [_named(a) for a in run.get("abandoned") or []],
+        "events": [
+            {"step": e.get("step", "—"), "event": e.get("event", "event"), "note": str(e.get("note") or "")}
+            for e in run.get("events") or []
+        ],
+    }
 
 
 def _named(item: Any) -> dict[str, str]:
     if isinstance(item, Mapping):
-        return {"name": str(item.get("name") or item.get("path") or "—"),
-                "reason": str(item.get("reason") or "")}
+        return {"name": str(item.get("name") or item.get("path") or "—"), "reason": str(item.get("reason") or "")}
     return {"name": str(item), "reason": ""}
 
 
@@ -176,9 +195,16 @@ def check_rows(checks: Sequence[Doc]) -> list[dict[str, Any]]:
     rows = []
     for c in sorted(checks, key=lambda c: rank.get(c.get("name", ""), len(rank))):
         result = str(c.get("status") or "no status") if c.get("evaluated") else "not evaluated"
-        rows.append({"name": str(c.get("name", "—")), "result": result,
-                     "css": result.lower().replace(" ", "-"), "value": _value(c.get("value")),
-                     "reason": str(c.get("reason") or "—"), "all": _all_reasons(c)})
+        rows.append(
+            {
+                "name": str(c.get("name", "—")),
+                "result": result,
+                "css": result.lower().replace(" ", "-"),
+                "value": _value(c.get("value")),
+                "reason": str(c.get("reason") or "—"),
+                "all": _all_reasons(c),
+            }
+        )
     return rows
 
 
@@ -203,48 +229,77 @@ def margin_rows(margins: Doc, stage: str = "", rules: Doc | None = None) -> list
         m = margins.get(name)
         if not isinstance(m, Mapping):
             why = f": {m}" if isinstance(m, str) else ""
-            rows.append({"name": name, "exact": "—", "smooth": "—", "note": f"not computed{why}",
-                         "plain": f"Not computed{why}."})
+            rows.append(
+                {
+                    "name": name,
+                    "exact": "—",
+                    "smooth": "—",
+                    "note": f"not computed{why}",
+                    "plain": f"Not computed{why}.",
+                }
+            )
             continue
         ci = m.get("ci95")
-        note = [f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
-                f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
-                f"against {m['reference']}" if m.get("reference") else "",
-                f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
-                *[str(n) for n in m.get("notes") or []]]
-        rows.append({"name": name, "exact": signed(m.get("exact"), 4),
-                     "smooth": signed(m.get("smooth"), 4), "note": "; ".join(n for n in note if n),
-                     "plain": plain_margin(name, m, stage, (rules or {}).get("inconclusive_band"))})
+        note = [
+            f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
+            f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
+            f"against {m['reference']}" if m.get("reference") else "",
+            f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
+            *[str(n) for n in m.get("notes") or []],
+        ]
+        rows.append(
+            {
+                "name": name,
+                "exact": signed(m.get("exact"), 4),
+                "smooth": signed(m.get("smooth"), 4),
+                "note": "; ".join(n for n in note if n),
+                "plain": plain_margin(name, m, stage, (rules or {}).get("inconclusive_band")),
+            }
+        )
     return rows
 
 
-def gate_row(g: Doc, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()
-             ) -> dict[str, Any]:
+def gate_row(g: Doc, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     r = g.get("receipts") or {}
     checkpoint = str(r.get("checkpoint") or "—")
     problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
     note = gate_note(g, rules)
     if worsened_by_design(g, stage):
-        note += ("; the canary NLL worsened, which is expected in post-training: the new objective "
-                 "moves the held-out canary, so the refinement margin decides, not the loss "
-                 "(docs/policy.md, “scalar bad”)")
+        note += (
+            "; the canary NLL worsened, which is expected in post-training: the new objective "
+            "moves the held-out canary, so the refinement margin decides, not the loss "
+            "(docs/policy.md, “scalar bad”)"
+        )
     if checkpoint in abandoned:
         note = "abandoned: left from a branch a resume abandoned (audited, not the model's history); " + note
-    return {"step": g["step"], "status": g["status"], "checkpoint": checkpoint,
-            "scalar": g.get("scalar") or "—", "nll": r.get("nll"), "c2": r.get("c2_mean"),
-            "state1": r.get("state1_mean"), "dead": r.get("dead"), "cv": r.get("cv_mean"),
-            "entropy": r.get("entropy_norm_min"), "note": note,
-            "problems": problems if len(problems) > 2 else []}
+    return {
+        "step": g["step"],
+        "status": g["status"],
+        "checkpoint": checkpoint,
+        "scalar": g.get("scalar") or "—",
+        "nll": r.get("nll"),
+        "c2": r.get("c2_mean"),
+        "state1": r.get("state1_mean"),
+        "dead": r.get("dead"),
+        "cv": r.get("cv_mean"),
+        "entropy": r.get("entropy_norm_min"),
+        "note": note,
+        "problems": problems if len(problems) > 2 else [],
+    }
 
 
 def claims_row(g: Doc) -> dict[str, Any]:
     c = g.get("claims") or {}
     licensed = [str(x) for x in c.get("licensed") or []]
     problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
-    return {"step": g["step"], "status": g["status"],
-            "checkpoint": _get(g, "receipts", "checkpoint") or "—",
-            "licensed": licensed, "not_licensed": [str(x) for x in c.get("not_licensed") or []],
-            "more": problems if any(" more)" in x for x in licensed) else []}
+    return {
+        "step": g["step"],
+        "status": g["status"],
+        "checkpoint": _get(g, "receipts", "checkpoint") or "—",
+        "licensed": licensed,
+        "not_licensed": [str(x) for x in c.get("not_licensed") or []],
+        "more": problems if any(" more)" in x for x in licensed) else [],
+    }
 
 
 # --- figures -------------------------------------------------------------------------------------
@@ -257,25 +312,36 @@ def figures(gates: Sequence[Doc], protected: Sequence[int], rules: Doc | None = 
         return {"c2_bars": None, "c2_caption": "no gates", "loss_c2": None}
     last = gates[-1]
     base = next((g for g in gates if g["step"] == last.get("baseline") and g is not last), None)
-    per_layer = sorted(_get(last, "receipts", "per_layer") or [],
-                       key=lambda e: layer_key(e["layer"]))
+    per_layer = sorted(_get(last, "receipts", "per_layer") or [], key=lambda e: layer_key(e["layer"]))
     base_c2 = {e["layer"]: e.get("c2") for e in _get(base, "receipts", "per_layer") or []}
     caption = f"Per-layer C2 at step {last['step']} ({last['status']})"
     if base is not None:
         caption += f"; ticks: baseline at step {base['step']}"
-    points = [{"step": g["step"], "status": g["status"], "nll": _get(g, "receipts", "nll"),
-               "c2": _get(g, "receipts", "c2_mean")} for g in gates]
-    bars = (charts.c2_bars(per_layer, base_c2, protected, caption,
-                           _allowed_drops(last, base_c2, rules or {})) if per_layer else None)
-    return {"c2_bars": bars, "c2_caption": caption,
-            "loss_c2": charts.loss_c2(points, "Canary NLL and mean C2 at each gate")}
+    points = [
+        {
+            "step": g["step"],
+            "status": g["status"],
+            "nll": _get(g, "receipts", "nll"),
+            "c2": _get(g, "receipts", "c2_mean"),
+        }
+        for g in gates
+    ]
+    bars = (
+        charts.c2_bars(per_layer, base_c2, protected, caption, _allowed_drops(last, base_c2, rules or {}))
+        if per_layer
+        else None
+    )
+    return {
+        "c2_bars": bars,
+        "c2_caption": caption,
+        "loss_c2": charts.loss_c2(points, "Canary NLL and mean C2 at each gate"),
+    }
 
 
 def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[int, float]:
     """Per layer, the C2 drop the gate rule allows against the baseline: the gate's own
     tolerance on a protected layer (noise included), else max(tol_c2, tol_c2_rel·|C2_b|)."""
-    signed_tol = {int(k): float(v) for k, v in ((gate.get("structural") or {}).get("c2_tolerance")
-                                                 or {}).items()}
+    signed_tol = {int(k): float(v) for k, v in ((gate.get("structural") or {}).get("c2_tolerance") or {}).items()}
     tol_c2, rel = rules.get("tol_c2"), rules.get("tol_c2_rel")
     out: dict[int, float] = {}
     for layer, b in base_c2.items():
@@ -300,22 +366,29 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     return {
         "missing": None,
         "panels": [_envelope_panel(k, series[k], report, i == 0) for i, k in enumerate(keys)],
-        "source": report.get("source") or "—", "variant": report.get("variant") or "—",
+        "source": report.get("source") or "—",
+        "variant": report.get("variant") or "—",
         "constants": {k: const.get(k) for k in ("delta", "epsilon", "window", "budget")},
-        "calibration": ("calibrated" if report.get("calibrated") else "not calibrated") +
-                       (f": {report['provenance']}" if report.get("provenance") else ""),
+        "calibration": ("calibrated" if report.get("calibrated") else "not calibrated")
+        + (f": {report['provenance']}" if report.get("provenance") else ""),
         "compliant": bool(report.get("compliant")),
-        "first_violation": None if not first else decided or
-        f"first leaves the envelope at step {first.get('step')} on "
+        "first_violation": None
+        if not first
+        else decided
+        or f"first leaves the envelope at step {first.get('step')} on "
         f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
         f"({first.get('check')} check)",
         "deciding_check": None if not first else first.get("check"),
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
-                  f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
-                  f"{len(report.get('findings') or [])} log finding(s)",
-        "nulls": [{"series": k, "step": r.get("step"), "reason": r.get("reason") or "no value"}
-                  for k in keys for r in series[k] if r.get("value") is None],
+        f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
+        f"{len(report.get('findings') or [])} log finding(s)",
+        "nulls": [
+            {"series": k, "step": r.get("step"), "reason": r.get("reason") or "no value"}
+            for k in keys
+            for r in series[k]
+            if r.get("value") is None
+        ],
     }
 
 
@@ -323,25 +396,43 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
     wins = [w for w in report.get("windows") or [] if w.get("series") == key]
     name = "pooled over all routed layers" if key == "pooled" else f"layer {key}"
     budget = _get(report, "constants", "budget")
-    chart = charts.envelope_chart(samples, wins, budget, f"Envelope: {name}",
-                                  width=svg.W if main else 470, height=300 if main else 200,
-                                  show_legend=main)
+    chart = charts.envelope_chart(
+        samples,
+        wins,
+        budget,
+        f"Envelope: {name}",
+        width=svg.W if main else 470,
+        height=300 if main else 200,
+        show_legend=main,
+    )
     margins = [r["margin"] for r in samples if r.get("margin") is not None]
     outside = [r.get("step") for r in samples if not r.get("compliant", True)]
-    discrete = [r.get("to_step") for r in report.get("discrete") or []
-                if r.get("series") == key and not r.get("compliant", True)]
-    starved = [f"expert {r.get('expert')} from step {r.get('since')}" for r in report.get("starvation") or []
-               if str(r.get("layer")) == key]
+    discrete = [
+        r.get("to_step")
+        for r in report.get("discrete") or []
+        if r.get("series") == key and not r.get("compliant", True)
+    ]
+    starved = [
+        f"expert {r.get('expert')} from step {r.get('since')}"
+        for r in report.get("starvation") or []
+        if str(r.get("layer")) == key
+    ]
     failing = bool(outside or discrete or starved)
-    return {"name": name, "svg": chart, "samples": len(samples), "windows": len(wins),
-            "min_margin": min(margins) if margins else None, "outside": outside,
-            "discrete": discrete, "starved": starved,
-            "status": "leaves the envelope" if failing else "within every check"}
+    return {
+        "name": name,
+        "svg": chart,
+        "samples": len(samples),
+        "windows": len(wins),
+        "min_margin": min(margins) if margins else None,
+        "outside": outside,
+        "discrete": discrete,
+        "starved": starved,
+        "status": "leaves the envelope" if failing else "within every check",
+    }
 
 
 def _skipped(s: Doc) -> str:
-    where = (f" between steps {s['from_step']} and {s['to_step']}"
-             if s.get("from_step") is not None else "")
+    where = f" between steps {s['from_step']} and {s['to_step']}" if s.get("from_step") is not None else ""
     return f"{s.get('check', 'check')}{where} — {s.get('reason') or 'no reason given'}"
 
 
@@ -349,8 +440,7 @@ def _skipped(s: Doc) -> str:
 
 
 def heatmap_view(h: Doc, protected: Sequence[int]) -> dict[str, Any]:
-    return {"occupancy": _occupancy(h.get("occupancy"), protected),
-            "domains": _domains(h.get("domains"), protected)}
+    return {"occupancy": _occupancy(h.get("occupancy"), protected), "domains": _domains(h.get("domains"), protected)}
 
 
 def _is_protected(layer: Any, protected: Sequence[int]) -> bool:
@@ -365,11 +455,14 @@ def _occupancy(occ: Doc | None, protected: Sequence[int]) -> dict[str, Any] | No
     rows = []
     for i, layer in enumerate(occ["layers"]):
         row = pi.get(str(layer)) if isinstance(pi, Mapping) else (pi[i] if i < len(pi) else None)
-        rows.append((f"layer {layer}" + (" (P)" if _is_protected(layer, protected) else ""),
-                     _shares(list(row or []))))
-    return {"svg": charts.heatmap(rows, SHARE_SCALE, "Occupancy: π per layer and expert, in units "
-                                  "of the uniform share k/E"),
-            "legend": _share_legend("Color scale of π / (k/E)"), "step": occ.get("step")}
+        rows.append((f"layer {layer}" + (" (P)" if _is_protected(layer, protected) else ""), _shares(list(row or []))))
+    return {
+        "svg": charts.heatmap(
+            rows, SHARE_SCALE, "Occupancy: π per layer and expert, in units of the uniform share k/E"
+        ),
+        "legend": _share_legend("Color scale of π / (k/E)"),
+        "step": occ.get("step"),
+    }
 
 
 SHARE_SCALE = 2.0  # a fixed scale, so that any two certificates compare by eye (issue 16)
@@ -386,9 +479,14 @@ def _shares(row: list[float | None]) -> list[float | None]:
 
 
 def _share_legend(label: str) -> Any:
-    return charts.heat_legend(SHARE_SCALE, 1.0, label, caption="π / (k/E): an expert's share of the "
-                              "routed tokens against a uniform split (fixed scale 0–2; ≥ 2 saturates)",
-                              mean_label="uniform share")
+    return charts.heat_legend(
+        SHARE_SCALE,
+        1.0,
+        label,
+        caption="π / (k/E): an expert's share of the "
+        "routed tokens against a uniform split (fixed scale 0–2; ≥ 2 saturates)",
+        mean_label="uniform share",
+    )
 
 
 def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
@@ -400,40 +498,59 @@ def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None
     if len(layers) > MAX_DOMAIN_PANELS:
         shown = ([k for k in layers if _is_protected(k, protected)] or layers)[:MAX_DOMAIN_PANELS]
     names = [str(n) for n in dom.get("names") or []]
-    grids = {k: [(n, _shares(list(dom["layers"][k].get(n) or []))) for n in names or dom["layers"][k]]
-             for k in shown}
+    grids = {k: [(n, _shares(list(dom["layers"][k].get(n) or []))) for n in names or dom["layers"][k]] for k in shown}
     panels = []
     for k, rows in grids.items():
         title = f"layer {k}" + (" · protected" if _is_protected(k, protected) else "")
-        panels.append(charts.heatmap(rows, SHARE_SCALE, f"Domain routing: π / (k/E), {title}", width=470,
-                                     left=80, cell_h=26, title=title))
-    legend = charts.heat_legend(SHARE_SCALE, 1.0, "Color scale of π / (k/E)", caption="π / (k/E): the "
-                                "domain's share of an expert's routed tokens against a uniform split "
-                                "(fixed scale 0–2; ≥ 2 saturates)", mean_label="uniform share",
-                                zero_label="no tokens from this domain (π = 0)")
-    return {"panels": panels, "legend": legend,
-            "step": dom.get("step"), "omitted": [k for k in layers if k not in shown]}
+        panels.append(
+            charts.heatmap(
+                rows, SHARE_SCALE, f"Domain routing: π / (k/E), {title}", width=470, left=80, cell_h=26, title=title
+            )
+        )
+    legend = charts.heat_legend(
+        SHARE_SCALE,
+        1.0,
+        "Color scale of π / (k/E)",
+        caption="π / (k/E): the "
+        "domain's share of an expert's routed tokens against a uniform split "
+        "(fixed scale 0–2; ≥ 2 saturates)",
+        mean_label="uniform share",
+        zero_label="no tokens from this domain (π = 0)",
+    )
+    return {
+        "panels": panels,
+        "legend": legend,
+        "step": dom.get("step"),
+        "omitted": [k for k in layers if k not in shown],
+    }
 
 
 def digests(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     """Everything a reader needs to verify the certificate and re-run the audit."""
     p = statement["predicate"]
     canary, policy, tool = p.get("canary") or {}, p.get("policy") or {}, p.get("tool") or {}
-    shape = (f"{canary['windows']} windows × {canary.get('window_len', '?')} tokens"
-             if canary.get("windows") is not None else "")
+    shape = (
+        f"{canary['windows']} windows × {canary.get('window_len', '?')} tokens"
+        if canary.get("windows") is not None
+        else ""
+    )
     if canary.get("domains"):
         shape += ("; " if shape else "") + "domains: " + ", ".join(map(str, canary["domains"]))
     calibrated = policy.get("calibrated")
-    return {"subjects": [{"name": str(s.get("name", "—")),
-                          "sha256": str(_get(s, "digest", "sha256") or "—")}
-                         for s in statement.get("subject") or []],
-            "canary": _get(canary, "digest", "sha256") or "—", "canary_shape": shape,
-            "policy": policy.get("digest") or "—",
-            "policy_note": str(policy.get("source") or "source not stated") + (
-                "" if calibrated is None else ", calibrated" if calibrated else ", not calibrated"),
-            "keyid": keyid, "envelope": envelope_sha256,
-            "statement_type": statement.get("_type") or "—",
-            "predicate_type": statement.get("predicateType") or "—",
-            "tool": f"{tool.get('name') or 'moeaudit'} {tool.get('version') or ''}".strip(),
-            "environment": " · ".join(f"{k} {v}" for k, v in sorted((p.get("environment") or
-                                                                       {}).items())) or "—"}
+    return {
+        "subjects": [
+            {"name": str(s.get("name", "—")), "sha256": str(_get(s, "digest", "sha256") or "—")}
+            for s in statement.get("subject") or []
+        ],
+        "canary": _get(canary, "digest", "sha256") or "—",
+        "canary_shape": shape,
+        "policy": policy.get("digest") or "—",
+        "policy_note": str(policy.get("source") or "source not stated")
+        + ("" if calibrated is None else ", calibrated" if calibrated else ", not calibrated"),
+        "keyid": keyid,
+        "envelope": envelope_sha256,
+        "statement_type": statement.get("_type") or "—",
+        "predicate_type": statement.get("predicateType") or "—",
+        "tool": f"{tool.get('name') or 'moeaudit'} {tool.get('version') or ''}".strip(),
+        "environment": " · ".join(f"{k} {v}" for k, v in sorted((p.get("environment") or {}).items())) or "—",
+    }

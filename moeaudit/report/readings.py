@@ -17,10 +17,12 @@ def verdict_reasons(verdict: str, gates: Sequence[Doc], checks: Sequence[Doc]) -
     """Why the verdict is what it is (SPEC §8), in the order the rule reads."""
     if verdict == "PASS":
         return ["every gate is BASELINE or GREEN and every evaluated check passed"]
-    out = [f"{g['status']} gate at step {g['step']}" for g in gates
-           if g["status"] not in ("BASELINE", "GREEN")]
-    out += [f"{c.get('name')} check {c.get('status') or 'without a status'}" for c in checks
-            if c.get("evaluated") and c.get("status") != "PASS"]
+    out = [f"{g['status']} gate at step {g['step']}" for g in gates if g["status"] not in ("BASELINE", "GREEN")]
+    out += [
+        f"{c.get('name')} check {c.get('status') or 'without a status'}"
+        for c in checks
+        if c.get("evaluated") and c.get("status") != "PASS"
+    ]
     if any(g["status"] == "YELLOW" for g in gates) and verdict == "INCONCLUSIVE":
         out.append("a YELLOW gate revokes the success claim without calling for intervention")
     return out or ["the evidence does not support PASS"]
@@ -34,20 +36,28 @@ def plain_margin(name: str, m: Doc, stage: str, band: Any) -> str:
     if exact is None:
         return "Not computed: " + "; ".join(str(n) for n in m.get("notes") or []) + "."
     if name == "handoff":
-        return ("Too close to the healthy reference to call either way." if unsure else
-                "The protected layers are at least as healthy as the reference: the handoff is licensed."
-                if exact >= 0 else "The protected layers fall short of the healthy reference: the "
-                "handoff is not licensed.")
+        return (
+            "Too close to the healthy reference to call either way."
+            if unsure
+            else "The protected layers are at least as healthy as the reference: the handoff is licensed."
+            if exact >= 0
+            else "The protected layers fall short of the healthy reference: the handoff is not licensed."
+        )
     if stage == "pretraining":
-        return ("Reported, not gated. In pretraining the routed layers are meant to change as they "
-                "learn, so moving beyond the refinement budget (a negative margin) is expected on a "
-                "healthy run; the margin matters for a fine-tune (post-training), where it is gated "
-                "(MoE atlas (003) Table 5).")
+        return (
+            "Reported, not gated. In pretraining the routed layers are meant to change as they "
+            "learn, so moving beyond the refinement budget (a negative margin) is expected on a "
+            "healthy run; the margin matters for a fine-tune (post-training), where it is gated "
+            "(MoE atlas (003) Table 5)."
+        )
     if unsure:
         return "Too close to the drift budget to call: neither refinement nor repurposing is licensed."
-    return ("The fine-tune stayed within its drift budget: the protected layers were refined, not "
-            "repurposed." if exact >= 0 else "The fine-tune moved the protected layers beyond its "
-            "drift budget: it repurposed them rather than refining them.")
+    return (
+        "The fine-tune stayed within its drift budget: the protected layers were refined, not repurposed."
+        if exact >= 0
+        else "The fine-tune moved the protected layers beyond its "
+        "drift budget: it repurposed them rather than refining them."
+    )
 
 
 def worsened_by_design(g: Doc, stage: str) -> bool:
@@ -61,13 +71,18 @@ def by_design(gates: Sequence[Doc], stage: str) -> list[str]:
     if worse:
         first = (gates[0].get("receipts") or {}).get("nll")
         last = (gates[-1].get("receipts") or {}).get("nll")
-        rise = (f" ({signed(100 * (last - first) / first, 1)} % from the first checkpoint)"
-                if isinstance(first, (int, float)) and isinstance(last, (int, float)) and first else "")
-        out.append(f"The canary NLL worsens at step(s) {', '.join(map(str, worse))}{rise} while "
-                   "those gates stay GREEN. This is by design in post-training: a fine-tune trades "
-                   "loss on the pretraining canary for its new objective, so a rising canary NLL "
-                   "alone never makes a post-training gate bad; the refinement margin decides "
-                   "whether the routed structure was refined or repurposed.")
+        rise = (
+            f" ({signed(100 * (last - first) / first, 1)} % from the first checkpoint)"
+            if isinstance(first, (int, float)) and isinstance(last, (int, float)) and first
+            else ""
+        )
+        out.append(
+            f"The canary NLL worsens at step(s) {', '.join(map(str, worse))}{rise} while "
+            "those gates stay GREEN. This is by design in post-training: a fine-tune trades "
+            "loss on the pretraining canary for its new objective, so a rising canary NLL "
+            "alone never makes a post-training gate bad; the refinement margin decides "
+            "whether the routed structure was refined or repurposed."
+        )
     return out
 
 
@@ -91,10 +106,13 @@ def gate_note(g: Doc, rules: Doc) -> str:
         notes.append(f"protected-layer C2 moved {moved} vs step {base}{tol}")
     if st.get("occupancy_ok") is False:
         more = ", ".join(map(str, st.get("layers_with_more_dead") or []))
-        notes.append(f"occupancy narrowed: more dead experts on layers {more}" if more else
-                     f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}"
-                     f"{_floor(rules, 'pi_min_ratio_floor')}; entropy ratio "
-                     f"{num(st.get('entropy_ratio'), '.2f')}{_floor(rules, 'entropy_ratio_floor')})")
+        notes.append(
+            f"occupancy narrowed: more dead experts on layers {more}"
+            if more
+            else f"occupancy narrowed (π_min ratio {num(st.get('pi_min_ratio'), '.2f')}"
+            f"{_floor(rules, 'pi_min_ratio_floor')}; entropy ratio "
+            f"{num(st.get('entropy_ratio'), '.2f')}{_floor(rules, 'entropy_ratio_floor')})"
+        )
     if st.get("ok"):
         notes.append(f"structure held vs baseline at step {base}")
     if g.get("consecutive_bad"):

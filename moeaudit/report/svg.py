@@ -19,8 +19,7 @@ INK, MUTED, GRID = "#1f2328", "#57606a", "#d0d7de"
 POS, NEG_LO, NEG_HI = "#2f7d6d", "#f4d9a6", "#c2410c"  # C2 ≥ 0; cream → orange as `003` Fig. 5
 LOSS, C2_LINE, VALUE, BOUND, BAD = "#1f4e99", "#b45309", "#1f4e99", "#57606a", "#b42318"
 STATUS_INK = {"BASELINE": "#57606a", "GREEN": "#1a7f37", "YELLOW": "#9a6700", "RED": "#b42318"}
-BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5",
-         "#08519c", "#08306b")
+BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
 
 
 # --- primitives ----------------------------------------------------------------------------------
@@ -45,32 +44,48 @@ def tag(name: str, attrs: Mapping[str, Any] | None = None, *children: str) -> Ma
     return Markup(f"<{head}>{inner}</{name}>" if inner else f"<{head}/>")
 
 
-def text(x: float, y: float, s: str, *, anchor: str = "start", size: int = FONT,
-         fill: str = INK, weight: str | None = None) -> Markup:
-    return tag("text", {"x": x, "y": y, "text-anchor": anchor, "font-size": size, "fill": fill,
-                        "font-weight": weight}, s)
+def text(
+    x: float, y: float, s: str, *, anchor: str = "start", size: int = FONT, fill: str = INK, weight: str | None = None
+) -> Markup:
+    return tag(
+        "text", {"x": x, "y": y, "text-anchor": anchor, "font-size": size, "fill": fill, "font-weight": weight}, s
+    )
 
 
-def line(x1: float, y1: float, x2: float, y2: float, stroke: str = GRID, width: float = 1.0,
-         dash: str | None = None) -> Markup:
-    return tag("line", {"x1": x1, "y1": y1, "x2": x2, "y2": y2, "stroke": stroke,
-                        "stroke-width": width, "stroke-dasharray": dash})
+def line(
+    x1: float, y1: float, x2: float, y2: float, stroke: str = GRID, width: float = 1.0, dash: str | None = None
+) -> Markup:
+    return tag(
+        "line",
+        {"x1": x1, "y1": y1, "x2": x2, "y2": y2, "stroke": stroke, "stroke-width": width, "stroke-dasharray": dash},
+    )
 
 
-def polyline(points: Sequence[tuple[float, float]], stroke: str, width: float = 2.0,
-             dash: str | None = None) -> Markup:
+def polyline(points: Sequence[tuple[float, float]], stroke: str, width: float = 2.0, dash: str | None = None) -> Markup:
     pts = " ".join(f"{f1(x)},{f1(y)}" for x, y in points)
-    return tag("polyline", {"points": pts, "fill": "none", "stroke": stroke,
-                            "stroke-width": width, "stroke-dasharray": dash,
-                            "stroke-linejoin": "round"})
+    return tag(
+        "polyline",
+        {
+            "points": pts,
+            "fill": "none",
+            "stroke": stroke,
+            "stroke-width": width,
+            "stroke-dasharray": dash,
+            "stroke-linejoin": "round",
+        },
+    )
 
 
 def svg(height: float, label: str, body: Iterable[str], width: float = W) -> Markup:
     """A responsive SVG with an accessible name (``role="img"`` + ``<title>``); inline in HTML it
     needs no ``xmlns``, so the page holds no URL at all."""
-    attrs = {"viewBox": f"0 0 {f1(width)} {f1(height)}",
-             "role": "img", "aria-label": label, "class": "chart",
-             "font-family": "system-ui, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif"}
+    attrs = {
+        "viewBox": f"0 0 {f1(width)} {f1(height)}",
+        "role": "img",
+        "aria-label": label,
+        "class": "chart",
+        "font-family": "system-ui, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif",
+    }
     return tag("svg", attrs, tag("title", None, label), *body)
 
 
@@ -110,7 +125,7 @@ def step_axis(lo: float, hi: float, n: int = 6) -> tuple[float, float, list[floa
 def log_ticks(lo: float, hi: float) -> tuple[float, float, list[float]]:
     a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
     b = b if b > a else a + 1
-    return 10.0 ** a, 10.0 ** b, [10.0 ** e for e in range(a, b + 1)]
+    return 10.0**a, 10.0**b, [10.0**e for e in range(a, b + 1)]
 
 
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -120,8 +135,7 @@ def decade(x: float) -> str:
     return "10" + str(round(math.log10(x))).translate(SUPERSCRIPT)
 
 
-def scale(lo: float, hi: float, r0: float, r1: float,
-          log: bool = False) -> Callable[[float], float]:
+def scale(lo: float, hi: float, r0: float, r1: float, log: bool = False) -> Callable[[float], float]:
     if log:
         a, b = math.log10(lo), math.log10(hi)
         return lambda v: r0 + (math.log10(v) - a) / (b - a) * (r1 - r0)
@@ -177,7 +191,7 @@ def blues(t: float) -> str:
 
 def mix(a: str, b: str, t: float) -> str:
     """The color a fraction t of the way from ``#rrggbb`` a to b."""
-    c = [round(int(a[k:k + 2], 16) * (1 - t) + int(b[k:k + 2], 16) * t) for k in (1, 3, 5)]
+    c = [round(int(a[k : k + 2], 16) * (1 - t) + int(b[k : k + 2], 16) * t) for k in (1, 3, 5)]
     return "#" + "".join(f"{v:02x}" for v in c)
 
 
@@ -188,8 +202,9 @@ def ink_on(t: float) -> str:
 # --- axes ----------------------------------------------------------------------------------------
 
 
-def y_axis(ticks: Sequence[float], y: Callable[[float], float], x0: float, x1: float,
-           label: Callable[[float], str]) -> list[Markup]:
+def y_axis(
+    ticks: Sequence[float], y: Callable[[float], float], x0: float, x1: float, label: Callable[[float], str]
+) -> list[Markup]:
     out = []
     for t in ticks:
         out.append(line(x0, y(t), x1, y(t)))
@@ -197,8 +212,9 @@ def y_axis(ticks: Sequence[float], y: Callable[[float], float], x0: float, x1: f
     return out
 
 
-def x_axis(ticks: Sequence[float], x: Callable[[float], float], y0: float, y1: float,
-           label: Callable[[float], str]) -> list[Markup]:
+def x_axis(
+    ticks: Sequence[float], x: Callable[[float], float], y0: float, y1: float, label: Callable[[float], str]
+) -> list[Markup]:
     out = []
     for t in ticks:
         out.append(line(x(t), y0, x(t), y1, stroke="#eef1f4"))

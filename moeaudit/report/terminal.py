@@ -55,12 +55,18 @@ def _right(*headers: str) -> tuple[Column, ...]:
     return tuple(Column(h, "right") for h in headers)
 
 
-RECEIPT_COLUMNS = _right("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~", "ḡ",
-                         "var_grad_norm")
-ENVELOPE_COLUMNS = (Column("series"), *_right("samples", "min Grönwall margin"), Column("Grönwall (Eq. 12)"),
-                    Column("Δ-step (Eq. 11)"), Column("starved experts", "right"), Column("compliant"))
-COMPARE_COLUMNS = _right("layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition",
-                         "content", "router Δ")
+RECEIPT_COLUMNS = _right("layer", "dead", "π_min", "CV", "H_norm", "State1", "flip", "C2", "C2~", "ḡ", "var_grad_norm")
+ENVELOPE_COLUMNS = (
+    Column("series"),
+    *_right("samples", "min Grönwall margin"),
+    Column("Grönwall (Eq. 12)"),
+    Column("Δ-step (Eq. 11)"),
+    Column("starved experts", "right"),
+    Column("compliant"),
+)
+COMPARE_COLUMNS = _right(
+    "layer", "dead", "π_min", "State1", "C2", "coord", "boundary", "transition", "content", "router Δ"
+)
 
 
 def print_receipts(doc: dict[str, Any]) -> None:
@@ -70,29 +76,45 @@ def print_receipts(doc: dict[str, Any]) -> None:
     for layer in doc["layers"]:
         o, b, c = layer["occupancy"], layer["boundary"], layer["overlap"]
         g = layer.get("gradients", {})
-        rows.append([str(layer["layer"]), str(o["dead"]), fmt(o["pi_min"], ".3f"), fmt(o["cv"], ".3f"),
-                     fmt(o["entropy_norm"], ".3f"), fmt(b["margin_mean"], ".4f"),
-                     fmt(b["flip_rate"], ".3f"), fmt(c.get("c2"), "+.4f"),
-                     fmt(c.get("c2_smooth"), "+.4f"), fmt(g.get("grad_mean")),
-                     fmt(g.get("var_grad_norm"))])
+        rows.append(
+            [
+                str(layer["layer"]),
+                str(o["dead"]),
+                fmt(o["pi_min"], ".3f"),
+                fmt(o["cv"], ".3f"),
+                fmt(o["entropy_norm"], ".3f"),
+                fmt(b["margin_mean"], ".4f"),
+                fmt(b["flip_rate"], ".3f"),
+                fmt(c.get("c2"), "+.4f"),
+                fmt(c.get("c2_smooth"), "+.4f"),
+                fmt(g.get("grad_mean")),
+                fmt(g.get("var_grad_norm")),
+            ]
+        )
         styles.append(["", "red" if o["dead"] else ""] + [""] * 9)
     print_fitted(out, "state receipts per routed layer", RECEIPT_COLUMNS, rows, styles)
     gated = [layer for layer in doc["layers"] if layer.get("gate")]
     if gated:
         g = gated[0]["gate"]
-        out.print(f"gate of layers {esc(', '.join(str(x['layer']) for x in gated))}: {esc(g['gate'])}. "
-                  f"{esc(named(g['why'], seen))}: State1 and flip are on the selection scores, C2~ on the unbiased "
-                  "gate (see 'gate' in the JSON for what still holds)")
+        out.print(
+            f"gate of layers {esc(', '.join(str(x['layer']) for x in gated))}: {esc(g['gate'])}. "
+            f"{esc(named(g['why'], seen))}: State1 and flip are on the selection scores, C2~ on the unbiased "
+            "gate (see 'gate' in the JSON for what still holds)"
+        )
         biased = [x for x in gated if (x["gate"].get("selection_bias") or {}).get("values")]
         for x in biased:
             b = x["gate"]["selection_bias"]
-            out.print(f"  layer {esc(x['layer'])} selection bias: {fmt(b['min'], '+.4f')} … "
-                      f"{fmt(b['max'], '+.4f')} (std {fmt(b['std'], '.4f')})")
+            out.print(
+                f"  layer {esc(x['layer'])} selection bias: {fmt(b['min'], '+.4f')} … "
+                f"{fmt(b['max'], '+.4f')} (std {fmt(b['std'], '.4f')})"
+            )
     if "generation" in doc:
         gen = doc["generation"]
-        out.print(f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
-                  f"proportion {fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
-                  f"{fmt(gen['distinct_2'], '.3f')}, rep-4 {fmt(gen['rep_4'], '.3f')}")
+        out.print(
+            f"generation ({gen['prompts']} prompts × {gen['new_tokens']} tokens): high-frequency "
+            f"proportion {fmt(gen['high_frequency_proportion'], '.3f')}, distinct-2 "
+            f"{fmt(gen['distinct_2'], '.3f')}, rep-4 {fmt(gen['rep_4'], '.3f')}"
+        )
     if "conflict" in doc:
         # beyond MAX_PAIRWISE_DOMAINS only an upper bound on the pairwise maximum is known
         bounded = doc["conflict"]["layers"][0].get("max_conflict") is None
@@ -111,15 +133,19 @@ def print_nonfinite(doc: dict[str, Any]) -> None:
     parts = [f"NaN/Inf in weight{plural} {', '.join(weights)}"] if weights else []
     if nulled:
         first = ", ".join(item["path"] for item in nulled[:3]) + (", …" if len(nulled) > 3 else "")
-        parts.append(f"{len(nulled)} receipt value{'s' if len(nulled) > 1 else ''} became null "
-                     f"({first}; all listed under \"nonfinite\" in the JSON)")
+        parts.append(
+            f"{len(nulled)} receipt value{'s' if len(nulled) > 1 else ''} became null "
+            f'({first}; all listed under "nonfinite" in the JSON)'
+        )
     warn("warning: " + "; ".join(parts))
 
 
 def receipts_header(doc: dict[str, Any]) -> None:
     ck, cn = doc["checkpoint"], doc["canary"]
-    out.print(f"[bold]{esc(ck['name'])}[/] ({esc(ck['family'])}, {ck['experts']} experts, top-{ck['top_k']})  "
-              f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…")
+    out.print(
+        f"[bold]{esc(ck['name'])}[/] ({esc(ck['family'])}, {ck['experts']} experts, top-{ck['top_k']})  "
+        f"canary {cn['windows']}×{cn['window_len']}  sha256:{ck['digest']['sha256'][:16]}…"
+    )
     by_domain = "  ".join(f"{esc(k)} {fmt(v, '.3f')}" for k, v in doc["nll_by_domain"].items())
     out.print(f"NLL {fmt(doc['nll'], '.4f')} nats   ({by_domain})")
 
@@ -131,8 +157,10 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
 
     base, cand = doc["base"], doc["candidate"]
     seen: set[str] = set()  # papers named so far in this report
-    out.print(f"[bold]base[/] {esc(base['checkpoint']['name'])}  →  [bold]candidate[/] "
-              f"{esc(cand['checkpoint']['name'])}   protected layers {esc(doc['protected_layers'])}")
+    out.print(
+        f"[bold]base[/] {esc(base['checkpoint']['name'])}  →  [bold]candidate[/] "
+        f"{esc(cand['checkpoint']['name'])}   protected layers {esc(doc['protected_layers'])}"
+    )
     out.print(f"NLL {fmt(base['nll'], '.4f')} → {fmt(cand['nll'], '.4f')} nats")
     by_layer = {entry["layer"]: entry for entry in cand["layers"]}
     rows = []
@@ -140,23 +168,42 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
         i, d = entry["layer"], entry["drift"]
         st = by_layer[i]
         mark = "*" if i in doc["protected_layers"] else ""
-        rows.append([f"{i}{mark}", str(st["occupancy"]["dead"]), fmt(st["occupancy"]["pi_min"], ".3f"),
-                     fmt(st["boundary"]["margin_mean"], ".4f"), fmt(st["overlap"].get("c2"), "+.4f"),
-                     fmt(d["coordinate"], ".4f"), fmt(d["boundary"], ".3f"),
-                     fmt(d["transition"], ".4f"), fmt(d["content"], ".3f"),
-                     fmt(entry["weights"]["router_drift"], ".3f")])
+        rows.append(
+            [
+                f"{i}{mark}",
+                str(st["occupancy"]["dead"]),
+                fmt(st["occupancy"]["pi_min"], ".3f"),
+                fmt(st["boundary"]["margin_mean"], ".4f"),
+                fmt(st["overlap"].get("c2"), "+.4f"),
+                fmt(d["coordinate"], ".4f"),
+                fmt(d["boundary"], ".3f"),
+                fmt(d["transition"], ".4f"),
+                fmt(d["content"], ".3f"),
+                fmt(entry["weights"]["router_drift"], ".3f"),
+            ]
+        )
     print_fitted(out, "per routed layer (candidate state; drift from base)", COMPARE_COLUMNS, rows)
     for entry in doc["layers"]:
         b = entry.get("selection_bias")
         if b is not None:
-            out.print(f"layer {esc(entry['layer'])} selection bias: ‖Δb‖ {fmt(b['l2'], '.4f')}, "
-                      f"max |Δb| {fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
-                      f"{fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}")
+            out.print(
+                f"layer {esc(entry['layer'])} selection bias: ‖Δb‖ {fmt(b['l2'], '.4f')}, "
+                f"max |Δb| {fmt(b['max_abs'], '.4f')}, corr(Δb, base load excess) "
+                f"{fmt(b['corr_delta_bias_vs_load_excess'], '+.3f')}"
+            )
     band = policy.gates.inconclusive_band
-    words = {"refinement": {"PASS": "refinement (within the budget τ)", "FAIL": "repurposing (beyond τ)",
-                            "INCONCLUSIVE": "within noise of the budget τ — neither claim is licensed"},
-             "handoff": {"PASS": "handoff licensed", "FAIL": "handoff not licensed",
-                         "INCONCLUSIVE": "within noise of the reference — neither claim is licensed"}}
+    words = {
+        "refinement": {
+            "PASS": "refinement (within the budget τ)",
+            "FAIL": "repurposing (beyond τ)",
+            "INCONCLUSIVE": "within noise of the budget τ — neither claim is licensed",
+        },
+        "handoff": {
+            "PASS": "handoff licensed",
+            "FAIL": "handoff not licensed",
+            "INCONCLUSIVE": "within noise of the reference — neither claim is licensed",
+        },
+    }
     for name, symbol in (("refinement", "r_ex"), ("handoff", "h_ex")):
         m = doc["margins"][name]
         if m is None:
@@ -166,9 +213,13 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
         why = m.get("reason") if m["exact"] is None else words[name][margin_status(m, band)]
         out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {esc(named(why, seen))}")
         out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {esc(named(SMOOTH_NOTE, seen))}[/]")
-    gates = evaluate_gates([Checkpointed(0, doc["base"], "base"), Checkpointed(1, doc["candidate"])],
-                           doc["protected_layers"], policy.gates,
-                           resamples=policy.receipts.bootstrap, seed=policy.receipts.seed)
+    gates = evaluate_gates(
+        [Checkpointed(0, doc["base"], "base"), Checkpointed(1, doc["candidate"])],
+        doc["protected_layers"],
+        policy.gates,
+        resamples=policy.receipts.bootstrap,
+        seed=policy.receipts.seed,
+    )
     claims = gates[1]["claims"]
     heading = named("What these receipts license (003 Table 4, computed from the numbers above):", seen)
     out.print(f"[dim]{esc(heading)}[/]")
@@ -184,9 +235,16 @@ def print_envelope(report: EnvelopeReport) -> None:
     k = report["constants"]
     seen: set[str] = set()  # papers named so far in this report
     kind = "calibrated" if report["calibrated"] else "illustrative (000 Table 6)"
-    out.print(esc(named(f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
-                        f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} "
-                        f"[{kind}]", seen)))
+    out.print(
+        esc(
+            named(
+                f"envelope on {report['source']} ({report['variant']} variance) — δ = {k['delta']:.4g}, "
+                f"ε = {k['epsilon']:.4g}, τ = {k['window']}, budget ε/δ = {k['budget']:.4g} "
+                f"[{kind}]",
+                seen,
+            )
+        )
+    )
     cells, styles = [], []
     for key, rows in report["series"].items():
         margins = [m for r in rows if (m := r.get("margin")) is not None]
@@ -194,45 +252,67 @@ def print_envelope(report: EnvelopeReport) -> None:
         discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
         starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))
         ok = gronwall + discrete + starved == 0
-        cells.append([series_name(key), str(len(rows)), fmt(min(margins) if margins else None, ".4g"),
-                      _count(gronwall, "sample"), _count(discrete, "pair"), str(starved), "yes" if ok else "no"])
-        styles.append(["", "", "", "red" if gronwall else "", "red" if discrete else "", "",
-                       "green" if ok else "red"])
-    print_fitted(out, named("bounds of the Gradient Starvation Envelope (000), per series", seen),
-                 ENVELOPE_COLUMNS, cells, styles)
+        cells.append(
+            [
+                series_name(key),
+                str(len(rows)),
+                fmt(min(margins) if margins else None, ".4g"),
+                _count(gronwall, "sample"),
+                _count(discrete, "pair"),
+                str(starved),
+                "yes" if ok else "no",
+            ]
+        )
+        styles.append(["", "", "", "red" if gronwall else "", "red" if discrete else "", "", "green" if ok else "red"])
+    print_fitted(
+        out,
+        named("bounds of the Gradient Starvation Envelope (000), per series", seen),
+        ENVELOPE_COLUMNS,
+        cells,
+        styles,
+    )
     fv = report["first_violation"]
     if fv:
-        what = {"gronwall": "is above its Grönwall bound", "discrete":
-                f"rose above the Δ-step bound from step {fv.get('from_step')}",
-                "starvation": f"starves expert {fv.get('expert')} (share of the layer's gradient)"
-                }.get(fv["check"], fv["check"])
-        out.print(f"[red]first leaves the envelope at step {esc(fv['step'])}: {esc(series_name(fv['layer']))} "
-                  f"{esc(what)}[/] — {fmt(fv['value'], '.4g')} against a bound of {fmt(fv['bound'], '.4g')}")
+        what = {
+            "gronwall": "is above its Grönwall bound",
+            "discrete": f"rose above the Δ-step bound from step {fv.get('from_step')}",
+            "starvation": f"starves expert {fv.get('expert')} (share of the layer's gradient)",
+        }.get(fv["check"], fv["check"])
+        out.print(
+            f"[red]first leaves the envelope at step {esc(fv['step'])}: {esc(series_name(fv['layer']))} "
+            f"{esc(what)}[/] — {fmt(fv['value'], '.4g')} against a bound of {fmt(fv['bound'], '.4g')}"
+        )
     for w in report.get("sampling", {}).get("warnings", []):
         out.print(f"[yellow]warning:[/] {esc(named(w, seen))}")
     for a in report["alerts"]:
-        out.print(f"[yellow]alert[/] ({named('000 Eq. 21', seen)}) on {esc(series_name(a['series']))}: "
-                  "every expert's gradient "
-                  f"below {report['rules']['alert']['a']:g} with V above {report['rules']['alert']['b']:g} "
-                  f"for {a['samples']} samples, steps {a['since']}–{a['until']}")
+        out.print(
+            f"[yellow]alert[/] ({named('000 Eq. 21', seen)}) on {esc(series_name(a['series']))}: "
+            "every expert's gradient "
+            f"below {report['rules']['alert']['a']:g} with V above {report['rules']['alert']['b']:g} "
+            f"for {a['samples']} samples, steps {a['since']}–{a['until']}"
+        )
     for d in report["dead_experts"]:
         state = "recovered" if d.get("recovered") else "still dead at the last sample"
-        out.print(f"[yellow]dead expert[/] ({named('000 §10.3', seen)}): layer {esc(d['layer'])} expert "
-                  f"{esc(d['expert'])} had a "
-                  f"gradient norm below {report['rules']['dead_expert']['grad']:g} for {d['steps']} steps "
-                  f"({d['since']}–{d['until']}), {state}")
+        out.print(
+            f"[yellow]dead expert[/] ({named('000 §10.3', seen)}): layer {esc(d['layer'])} expert "
+            f"{esc(d['expert'])} had a "
+            f"gradient norm below {report['rules']['dead_expert']['grad']:g} for {d['steps']} steps "
+            f"({d['since']}–{d['until']}), {state}"
+        )
     for s in report.get("starvation", []):
-        out.print(f"[yellow]starved expert[/] ({named('000 §8.1', seen)}): layer {esc(s['layer'])} expert "
-                  f"{esc(s['expert'])} got "
-                  f"under {report['rules']['starvation']['share']:.3g} of the mean expert gradient for "
-                  f"{s['steps']} steps ({s['since']}–{s['until']}; lowest share {s['share']:.3g})")
+        out.print(
+            f"[yellow]starved expert[/] ({named('000 §8.1', seen)}): layer {esc(s['layer'])} expert "
+            f"{esc(s['expert'])} got "
+            f"under {report['rules']['starvation']['share']:.3g} of the mean expert gradient for "
+            f"{s['steps']} steps ({s['since']}–{s['until']}; lowest share {s['share']:.3g})"
+        )
     if report.get("comparison"):
         print_comparison(report["comparison"], seen)
     out.print("[bold green]compliant[/]" if report["compliant"] else "[bold red]not compliant[/]")
 
 
 def series_name(key: Any) -> str:
-    """"pooled" and layer keys as a reader says them."""
+    """ "pooled" and layer keys as a reader says them."""
     return "all layers pooled" if str(key) == "pooled" else f"layer {key}"
 
 
@@ -245,11 +325,13 @@ def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
     for view, k in c["constants"].items():
         out.print(f"{esc(view)}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
     spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
-    views = ("replay", "logs", "logs_endpoints", "probe") if "probe" in c["constants"] else (
-        "replay", "logs", "logs_endpoints")
-    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[:len(views)])
-    table = Table("series", *[f"{a}–{b}" for a, b in spans],
-                  title=f"per window: {title} (+ complies, - leaves)")
+    views = (
+        ("replay", "logs", "logs_endpoints", "probe")
+        if "probe" in c["constants"]
+        else ("replay", "logs", "logs_endpoints")
+    )
+    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[: len(views)])
+    table = Table("series", *[f"{a}–{b}" for a, b in spans], title=f"per window: {title} (+ complies, - leaves)")
     for key in dict.fromkeys(w["series"] for w in c["windows"]):
         cells = []
         for w in (w for w in c["windows"] if w["series"] == key):
@@ -261,22 +343,26 @@ def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
     for s in c["skipped"]:
         where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
         out.print(esc(named(f"not compared: {where} ({s['reason']})", seen)))
-    for view, what in (("logs", "every logged step"), ("logs_endpoints", "logs at the checkpoints"),
-                       ("probe", "the canary probe")):
+    for view, what in (
+        ("logs", "every logged step"),
+        ("logs_endpoints", "logs at the checkpoints"),
+        ("probe", "the canary probe"),
+    ):
         if view not in c["agreement"]:
             continue
         r = c["agreement"][view]
         rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
         out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
     if c.get("probe_vs_replay", {}).get("max_rel_diff") is not None:
-        out.print(f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
-                  "(relative) at the checkpoints")
+        out.print(
+            f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
+            "(relative) at the checkpoints"
+        )
     if c.get("note"):
         out.print(f"[yellow]note:[/] {esc(named(c['note'], seen))}")
 
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
-
 
 
 def print_gates(pred: dict[str, Any]) -> None:
@@ -289,8 +375,7 @@ def print_gates(pred: dict[str, Any]) -> None:
     rows = [gate_table.gate_cells(g) for g in pred["gates"]]
     print_fitted(out, title, gate_table.COLUMNS, rows, [gate_table.gate_styles(r) for r in rows])
     for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
-        out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"),
-                  style="yellow")
+        out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"), style="yellow")
     out.print(gate_table.legend_grid(pred), style="dim")
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"

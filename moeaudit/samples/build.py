@@ -155,11 +155,7 @@ class Context:
         return replace(base, **kw)
 
     def healthy_final(self) -> Path:
-        path = (
-            self.out
-            / "healthy"
-            / f"checkpoint-{self.scale.interval * self.scale.pretrain_checkpoints}"
-        )
+        path = self.out / "healthy" / f"checkpoint-{self.scale.interval * self.scale.pretrain_checkpoints}"
         if not path.is_dir():
             raise UsageError("the healthy run must be built first", path=path)
         return path
@@ -333,9 +329,7 @@ def deterministic() -> Iterator[None]:
 def build_canary(out: Path, scale: Scale) -> canary_mod.Canary:
     """``canary.jsonl`` (held-out windows, every domain) and ``canary.safetensors``."""
     windows = canary_windows(scale.canary_per_domain, scale.seq_len, seed=0)
-    lines = [
-        json.dumps({"domain": d, "tokens": toks}, separators=(",", ":")) for d, toks in windows
-    ]
+    lines = [json.dumps({"domain": d, "tokens": toks}, separators=(",", ":")) for d, toks in windows]
     (out / "canary.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     canary = canary_mod.build_from_jsonl(out / "canary.jsonl")
     canary_mod.save(canary, out / "canary.safetensors")
@@ -425,10 +419,7 @@ def measure(ckpt_dir: Path, canary: canary_mod.Canary) -> CheckpointStats:
         dead.append(int((counts == 0).sum()))
         pi_min.append(float(counts.min() / topk.shape[0]))
         ent.append(float(-(nz * nz.log()).sum() / math.log(E)))
-    by_domain = {
-        d: float(result.nll_windows_W[canary.domain_ids == i].mean())
-        for i, d in enumerate(canary.domains)
-    }
+    by_domain = {d: float(result.nll_windows_W[canary.domain_ids == i].mean()) for i, d in enumerate(canary.domains)}
     step = int(ckpt_dir.name.rsplit("-", 1)[1])
     return CheckpointStats(
         step,

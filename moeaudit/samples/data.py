@@ -109,9 +109,7 @@ def prose_doc(rng: Gen) -> str:
     for _ in range(int(rng.integers(2, 5))):
         subject = f"{_pick(rng, _DET)} {_pick(rng, _ADJ)} {_pick(rng, _NOUN)}"
         place = f"the {_pick(rng, _ADJ)} {_pick(rng, _NOUN)}"
-        sentences.append(
-            f"{subject} {_pick(rng, _VERB)} {_pick(rng, _ADV)} {_pick(rng, _PREP)} {place}."
-        )
+        sentences.append(f"{subject} {_pick(rng, _VERB)} {_pick(rng, _ADV)} {_pick(rng, _PREP)} {place}.")
     return " ".join(sentences) + "\n"
 
 

@@ -44,8 +44,7 @@ from moeaudit.spec.config import ModelSpec
 
 Progress = Callable[[str, int, int], None]
 COMPONENTS = ("embed", "lm_head", "norms", "attention", "router", "experts", "shared")
-_ATTN = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_a", "q_b", "kv_a",
-         "kv_b")
+_ATTN = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_a", "q_b", "kv_a", "kv_b")
 _NORMS = ("input_norm", "post_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm")
 _SHARED = ("shared_w1", "shared_w3", "shared_w2", "shared_gate")
 
@@ -163,8 +162,7 @@ def hf_config(arch: Arch, aux_coef: float = 0.0) -> dict[str, Any]:
             "topk_method": "noaux_tc",
             "v_head_dim": arch.v_dim,
         }
-    raise ValueError(f"sample runs support mixtral, qwen2_moe and deepseek_v3, "
-                     f"not {arch.family!r}")
+    raise ValueError(f"sample runs support mixtral, qwen2_moe and deepseek_v3, not {arch.family!r}")
 
 
 # --- the model as leaf tensors -------------------------------------------------------------------
@@ -180,14 +178,11 @@ class Model:
     layers: list[LayerWeights]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.embed, self.final_norm, self.lm_head] + [
-            t for lw in self.layers for t in lw.tensors()
-        ]
+        return [self.embed, self.final_norm, self.lm_head] + [t for lw in self.layers for t in lw.tensors()]
 
     def selection_biases(self) -> dict[int, torch.Tensor]:
         """DeepSeek-V3's per-expert selection bias by layer: a control input, not trained."""
-        return {lw.layer: lw.params["router_bias"] for lw in self.layers
-                if "router_bias" in lw.params}
+        return {lw.layer: lw.params["router_bias"] for lw in self.layers if "router_bias" in lw.params}
 
     def component(self, name: str) -> list[torch.Tensor]:
         """The tensors of one freezable component (see :data:`COMPONENTS`)."""
@@ -224,9 +219,32 @@ def _named(layers: list[LayerWeights], names: tuple[str, ...]) -> list[torch.Ten
 
 # The order in which a layer's tensors are drawn from the seeded generator (and listed): fixed,
 # so a sample run's weights do not depend on how a family's layout orders its names.
-_DRAW_ORDER = ("input_norm", "post_norm", "q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "kv_b",
-               "q", "k", "v", "o", "mlp_w1", "mlp_w3", "mlp_w2", "router", "router_bias",
-               "q_bias", "k_bias", "v_bias", "shared_w1", "shared_w3", "shared_w2", "shared_gate")
+_DRAW_ORDER = (
+    "input_norm",
+    "post_norm",
+    "q_a",
+    "q_a_norm",
+    "q_b",
+    "kv_a",
+    "kv_a_norm",
+    "kv_b",
+    "q",
+    "k",
+    "v",
+    "o",
+    "mlp_w1",
+    "mlp_w3",
+    "mlp_w2",
+    "router",
+    "router_bias",
+    "q_bias",
+    "k_bias",
+    "v_bias",
+    "shared_w1",
+    "shared_w3",
+    "shared_w2",
+    "shared_gate",
+)
 
 
 def _layer_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -303,7 +321,9 @@ def switch_aux(tap: MoETap, num_experts: int) -> torch.Tensor:
 
 
 def forward_loss(
-    model: Model, tokens_BT: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    model: Model,
+    tokens_BT: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
     loads: dict[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean next-token CE, mean Switch aux loss over routed layers); ``loads`` receives each
@@ -316,8 +336,7 @@ def forward_loss(
         if tap is not None:
             aux.append(switch_aux(tap, spec.num_experts))
             if loads is not None:
-                loads[lw.layer] = torch.bincount(tap.routing.topk_NK.reshape(-1),
-                                                 minlength=spec.num_experts)
+                loads[lw.layer] = torch.bincount(tap.routing.topk_NK.reshape(-1), minlength=spec.num_experts)
     nll_BT1, _ = token_nll(spec, model.final_norm, model.lm_head, x, tokens_BT)
     return nll_BT1.mean(), torch.stack(aux).mean()
 
@@ -477,13 +496,9 @@ def train(
     state.max_steps = cfg.steps
     state.log_history = [h for h in state.log_history if h["step"] <= start_step]
     opt, live = _optimizer(model, cfg)
-    batches = Batches(
-        cfg.mix, batch=cfg.batch, seq_len=cfg.seq_len, seed=cfg.seed * 100_003 + start_step
-    )
+    batches = Batches(cfg.mix, batch=cfg.batch, seq_len=cfg.seq_len, seed=cfg.seed * 100_003 + start_step)
     rope = rope_tables(model.spec, cfg.seq_len)
-    logger = ExpertGradLogger(
-        run_dir / "metrics.jsonl", model.layers, every=cfg.log_every, resume_step=start_step
-    )
+    logger = ExpertGradLogger(run_dir / "metrics.jsonl", model.layers, every=cfg.log_every, resume_step=start_step)
     last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     with logger:
         if start_step in cfg.save_steps:

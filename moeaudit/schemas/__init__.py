@@ -86,8 +86,7 @@ def generate(record: type, *, wire: bool, name: str) -> dict[str, Any]:
         raise TypeError(f"no JSON Schema for {tp!r}")
 
     root = schema(record)
-    out: dict[str, Any] = {"$schema": DRAFT, "$id": BASE_ID + name,
-                           "title": f"moeaudit {record.__name__}"}
+    out: dict[str, Any] = {"$schema": DRAFT, "$id": BASE_ID + name, "title": f"moeaudit {record.__name__}"}
     out.update(defs[record.__name__])
     out["$defs"] = {k: v for k, v in sorted(defs.items()) if k != record.__name__}
     assert root == {"$ref": f"#/$defs/{record.__name__}"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,23 @@ class ClampedGLU:
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
 # LFM2's short convolution mixer (``replay.shortconv``): its weights, in the attention gradient norm
 SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out", "conv_out_bias")
-MAMBA_NAMES = ("ssm_in", "ssm_in_bias", "ssm_conv", "ssm_conv_bias", "ssm_x", "ssm_dt", "ssm_dt_bias",
-               "ssm_A_log", "ssm_D", "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm", "ssm_norm", "ssm_out",
-               "ssm_out_bias")
+MAMBA_NAMES = (
+    "ssm_in",
+    "ssm_in_bias",
+    "ssm_conv",
+    "ssm_conv_bias",
+    "ssm_x",
+    "ssm_dt",
+    "ssm_dt_bias",
+    "ssm_A_log",
+    "ssm_D",
+    "ssm_dt_norm",
+    "ssm_b_norm",
+    "ssm_c_norm",
+    "ssm_norm",
+    "ssm_out",
+    "ssm_out_bias",
+)
 
 
 @dataclass(frozen=True)
@@ -171,18 +186,38 @@ class Mamba:
     def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
         I, N = self.inner, self.state
         if self.version == 1:
-            return {"ssm_in": (2 * I, hidden), "ssm_in_bias": (2 * I,), "ssm_x": (self.dt_rank + 2 * N, I),
-                    "ssm_dt": (I, self.dt_rank), "ssm_dt_bias": (I,), "ssm_A_log": (I, N), "ssm_D": (I,),
-                    "ssm_dt_norm": (self.dt_rank,), "ssm_b_norm": (N,), "ssm_c_norm": (N,),
-                    **self._common(hidden)}
+            return {
+                "ssm_in": (2 * I, hidden),
+                "ssm_in_bias": (2 * I,),
+                "ssm_x": (self.dt_rank + 2 * N, I),
+                "ssm_dt": (I, self.dt_rank),
+                "ssm_dt_bias": (I,),
+                "ssm_A_log": (I, N),
+                "ssm_D": (I,),
+                "ssm_dt_norm": (self.dt_rank,),
+                "ssm_b_norm": (N,),
+                "ssm_c_norm": (N,),
+                **self._common(hidden),
+            }
         proj = I + self.conv_channels + self.heads
-        return {"ssm_in": (proj, hidden), "ssm_in_bias": (proj,), "ssm_dt_bias": (self.heads,),
-                "ssm_A_log": (self.heads,), "ssm_D": (self.heads,), "ssm_norm": (I,), **self._common(hidden)}
+        return {
+            "ssm_in": (proj, hidden),
+            "ssm_in_bias": (proj,),
+            "ssm_dt_bias": (self.heads,),
+            "ssm_A_log": (self.heads,),
+            "ssm_D": (self.heads,),
+            "ssm_norm": (I,),
+            **self._common(hidden),
+        }
 
     def _common(self, hidden: int) -> dict[str, tuple[int, ...]]:
         C = self.conv_channels
-        return {"ssm_conv": (C, 1, self.conv_kernel), "ssm_conv_bias": (C,), "ssm_out": (hidden, self.inner),
-                "ssm_out_bias": (hidden,)}
+        return {
+            "ssm_conv": (C, 1, self.conv_kernel),
+            "ssm_conv_bias": (C,),
+            "ssm_out": (hidden, self.inner),
+            "ssm_out_bias": (hidden,),
+        }
 
 
 @dataclass(frozen=True)
@@ -372,8 +407,9 @@ def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:
-        raise CheckpointError(f"config.json: repeats the key {exc.key!r}", path=cfg_path,
-                              hint="keep one of the two values") from exc
+        raise CheckpointError(
+            f"config.json: repeats the key {exc.key!r}", path=cfg_path, hint="keep one of the two values"
+        ) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
         raise CheckpointError(f"config.json is not valid JSON ({exc})", path=cfg_path) from exc
     if not isinstance(cfg, dict):
@@ -381,38 +417,46 @@ def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
     return cfg
 
 
-
 def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
     """Sizes the replay divides by or loops over: zero (or odd, for RoPE) would be a crash
     or a silently empty audit later, so they are errors here, naming the config key."""
+
     def fail(what: str) -> CheckpointError:
         return CheckpointError(f"config.json: {what}", path=path)
 
-    for key, value in (("num_hidden_layers", spec.num_layers), ("vocab_size", spec.vocab_size),
-                       ("the expert intermediate size", spec.expert_dim)):
+    for key, value in (
+        ("num_hidden_layers", spec.num_layers),
+        ("vocab_size", spec.vocab_size),
+        ("the expert intermediate size", spec.expert_dim),
+    ):
         if value < 1:
             raise fail(f"{key} must be ≥ 1, got {value}")
     if spec.head_dim < 2 or spec.head_dim % 2:
         given = cfg.get("head_dim")
-        source = (f"head_dim {given}" if given else
-                  f"hidden_size {spec.hidden_size} // {spec.num_heads} heads = {spec.head_dim}")
+        source = (
+            f"head_dim {given}"
+            if given
+            else f"hidden_size {spec.hidden_size} // {spec.num_heads} heads = {spec.head_dim}"
+        )
         if spec.mla is not None:
             source = f"qk_rope_head_dim {spec.head_dim}"
-        raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); "
-                   f"{source}")
+        raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); {source}")
     if spec.rotary_dim and not (2 <= spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
-        raise fail(f"the rotary part of a head must be even and in 2..{spec.head_dim}, got "
-                   f"{spec.rotary_dim} (head_dim × partial_rotary_factor)")
+        raise fail(
+            f"the rotary part of a head must be even and in 2..{spec.head_dim}, got "
+            f"{spec.rotary_dim} (head_dim × partial_rotary_factor)"
+        )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
     if not spec.routed_layers:
         raise CheckpointError(
             f"config.json: none of the {spec.num_layers} decoder layers is a routed MoE layer",
-            path=path, hint="check decoder_sparse_step, mlp_only_layers or first_k_dense_replace; "
-                            "moeaudit audits MoE routing")
+            path=path,
+            hint="check decoder_sparse_step, mlp_only_layers or first_k_dense_replace; moeaudit audits MoE routing",
+        )
 
 
-def getter(cfg: dict[str, Any], path: Path | str):
+def getter(cfg: dict[str, Any], path: Path | str) -> Callable[..., Any]:
     missing = object()
 
     def get(key: str, kind: type, default: Any = missing) -> Any:
@@ -436,14 +480,15 @@ def getter(cfg: dict[str, Any], path: Path | str):
     return get
 
 
-def rope(cfg: dict[str, Any], default_theta: float, path: Path | str,
-         mla: MLA | None) -> tuple[float, float | None, Yarn | None]:
+def rope(
+    cfg: dict[str, Any], default_theta: float, path: Path | str, mla: MLA | None
+) -> tuple[float, float | None, Yarn | None]:
     """(θ, softmax scale, YaRN): the scale is None (head_dim ** -0.5) except for MLA, whose
     query and key heads are ``qk_nope + qk_rope`` wide, and whose scale YaRN's
     ``mscale_all_dim`` multiplies by mscale² (transformers' ``yarn_apply_mscale``)."""
     theta = _rope_theta(cfg, default_theta, path)
     yarn = _yarn(cfg, path)
-    scale = None if mla is None else mla.qk_head_dim ** -0.5
+    scale = None if mla is None else mla.qk_head_dim**-0.5
     if scale is not None and yarn is not None and yarn.mscale_all_dim:
         scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
     return theta, scale, yarn
@@ -469,38 +514,48 @@ def _yarn(cfg: dict[str, Any], path: Path | str) -> Yarn | None:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not _is_finite(value):
-            raise CheckpointError(f"config.json: rope {key!r} must be a number, got {value!r}",
-                                  path=path)
+            raise CheckpointError(f"config.json: rope {key!r} must be a number, got {value!r}", path=path)
         return float(value)
 
     original = num("original_max_position_embeddings", None)
     if original is None or original <= 0:
-        raise CheckpointError("config.json: YaRN RoPE needs original_max_position_embeddings",
-                              path=path)
+        raise CheckpointError("config.json: YaRN RoPE needs original_max_position_embeddings", path=path)
     factor = num("factor", None)
     if factor is None:
         factor = float(getter(cfg, path)("max_position_embeddings", int)) / original
     if factor <= 0:
-        raise CheckpointError(f"config.json: YaRN factor must be positive, got {factor!r}",
-                              path=path)
+        raise CheckpointError(f"config.json: YaRN factor must be positive, got {factor!r}", path=path)
     mscale, mscale_all_dim = num("mscale", None), num("mscale_all_dim", None)
     for key, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
         if value == 0:  # transformers reads 0 as absent, DeepSeek's reference code as 0
-            raise CheckpointError(f"config.json: YaRN {key}=0 is ambiguous, moeaudit does not replay it",
-                                  path=path, hint="remove the key, or give the value the model was trained with")
+            raise CheckpointError(
+                f"config.json: YaRN {key}=0 is ambiguous, moeaudit does not replay it",
+                path=path,
+                hint="remove the key, or give the value the model was trained with",
+            )
     attention_factor = num("attention_factor", None)
     if attention_factor is None:
-        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
-                            if mscale and mscale_all_dim else yarn_mscale(factor))
+        attention_factor = (
+            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+            if mscale and mscale_all_dim
+            else yarn_mscale(factor)
+        )
     beta_fast, beta_slow = num("beta_fast", 32.0), num("beta_slow", 1.0)
     assert beta_fast is not None and beta_slow is not None
     if not (beta_fast > 0 and beta_slow > 0):  # log(0) in the correction range: refused, not defaulted
-        raise CheckpointError(f"config.json: YaRN beta_fast and beta_slow must be positive, got "
-                              f"{beta_fast!r} and {beta_slow!r}", path=path)
-    return Yarn(factor=factor, original_max_positions=original,
-                beta_fast=beta_fast, beta_slow=beta_slow,
-                attention_factor=attention_factor, mscale_all_dim=mscale_all_dim or 0.0,
-                truncate=bool(p.get("truncate", True)))
+        raise CheckpointError(
+            f"config.json: YaRN beta_fast and beta_slow must be positive, got {beta_fast!r} and {beta_slow!r}",
+            path=path,
+        )
+    return Yarn(
+        factor=factor,
+        original_max_positions=original,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        attention_factor=attention_factor,
+        mscale_all_dim=mscale_all_dim or 0.0,
+        truncate=bool(p.get("truncate", True)),
+    )
 
 
 def llama3_rope(cfg: dict[str, Any], path: Path | str) -> Llama3Rope | None:
@@ -516,8 +571,12 @@ def llama3_rope(cfg: dict[str, Any], path: Path | str) -> Llama3Rope | None:
         values[key] = float(v)
     if values["high_freq_factor"] < values["low_freq_factor"]:
         raise CheckpointError("config.json: llama3 RoPE needs high_freq_factor ≥ low_freq_factor", path=path)
-    return Llama3Rope(values["factor"], values["low_freq_factor"], values["high_freq_factor"],
-                      values["original_max_position_embeddings"])
+    return Llama3Rope(
+        values["factor"],
+        values["low_freq_factor"],
+        values["high_freq_factor"],
+        values["original_max_position_embeddings"],
+    )
 
 
 def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> float:
@@ -527,12 +586,14 @@ def _rope_theta(cfg: dict[str, Any], default_theta: float, path: Path | str) -> 
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet", path=path)
     # the first present: rope_parameters (v5), then the top level (v4); only an absent (or null)
     # key takes the family default — an explicit 0 is refused, never read as "use the default"
-    theta = next((t for t in (params.get("rope_theta"), cfg.get("rope_theta")) if t is not None),
-                 default_theta)
+    theta = next((t for t in (params.get("rope_theta"), cfg.get("rope_theta")) if t is not None), default_theta)
     number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
     if not (number and _is_finite(theta) and theta > 0):
-        raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}",
-                              path=path, hint="remove the key to use the family's default")
+        raise CheckpointError(
+            f"config.json: rope_theta must be a positive number, got {theta!r}",
+            path=path,
+            hint="remove the key to use the family's default",
+        )
     return float(theta)
 
 

@@ -125,4 +125,3 @@ DEEPSEEK_LAYER = {
     "mlp_w3": "mlp.up_proj.weight",
     "mlp_w2": "mlp.down_proj.weight",
 }
-
