@@ -22,6 +22,7 @@ import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
 import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
+import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -41,6 +42,7 @@ TINY = (
     "qwen3_5_moe_text",
     "jamba",
     "granitemoehybrid",
+    "nemotron_h",
     "granitemoeshared",
     "granitemoe_swa",
     "aria_text",

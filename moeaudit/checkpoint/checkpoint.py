@@ -490,9 +490,10 @@ class Checkpoint:
         first = self.spec.routed_layers[0] if self.spec.routed_layers else None
         if first is None:
             return False
-        fused = self._resolve("gate_up", self.layout.fused.get("gate_up", ()), layer=first)
+        name = "up" if self.fused_format == "up_down" else "gate_up"  # Nemotron-H: no gate
+        fused = self._resolve(name, self.layout.fused.get(name, ()), layer=first)
         if fused is not None:
-            self.fused_format = self.layout.fused_formats.get(self._resolved["gate_up"], self.fused_format)
+            self.fused_format = self.layout.fused_formats.get(self._resolved[name], self.fused_format)
         if fused is not None and self.fused_format == "stacked_or_transposed":
             # Qwen3-VL-MoE: the released files hold gate_up [E, H, 2I], transformers 5.24's
             # save_pretrained writes [E, 2I, H]; the stored shape says which (H = 2I reads as stacked)
@@ -738,7 +739,7 @@ class Checkpoint:
         """The layer's experts as stored, converted one at a time on access; MXFP4 and block-scaled
         FP8 experts stay packed until then."""
         keys = self.expert_keys(layer)
-        if isinstance(keys, dict) and keys["gate_up"] in self.packed and keys["down"] in self.packed:
+        if isinstance(keys, dict) and keys.get("gate_up") in self.packed and keys["down"] in self.packed:
             (gu_b, gu_s), (d_b, d_s) = self.packed[keys["gate_up"]], self.packed[keys["down"]]
             gate_up_b, gate_up_s, down_b, down_s = (
                 self.files[self.key_file[k]].read(k) for k in (gu_b, gu_s, d_b, d_s)
@@ -782,6 +783,9 @@ class Checkpoint:
             E, H = self.spec.num_experts, self.spec.hidden_size
             w1, w3, w2 = (self.read(keys[n]).view(E, I, H) for n in ("gate_up", "up", "down"))
             return [{"w1": w1[e], "w3": w3[e], "w2": w2[e].T} for e in range(E)]
+        if self.fused_format == "up_down":  # Nemotron-H's non-gated experts: up [E, I, H], down [E, H, I]
+            up, down = self.read(keys["up"]), self.read(keys["down"])
+            return [{"w1": up[e], "w2": down[e]} for e in range(self.spec.num_experts)]
         gate_up, down = self.read(keys["gate_up"]), self.read(keys["down"])
         if self.fused_format in ("interleaved", "interleaved_rows"):  # gpt-oss: gate/up alternate
             if self.fused_format == "interleaved":  # transformers: [E, H, 2I], [E, I, H]
@@ -919,6 +923,8 @@ class Checkpoint:
 
 def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``."""
+    if s.block_kinds:
+        return _single_block_names(s, layer)
     if s.mla is not None:
         names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
         names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
@@ -965,6 +971,23 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     else:
         names += ["mlp_w1", "mlp_w3", "mlp_w2"]
     return names
+
+
+def _single_block_names(s: ModelSpec, layer: int) -> list[str]:
+    """A single-block layer's tensors (Nemotron-H): its one norm and its block's weights."""
+    kind = s.block_kind(layer)
+    names = ["input_norm"]
+    if kind == "mamba":
+        assert s.mamba is not None
+        return names + s.mamba.names()
+    if kind == "attention":
+        return names + ["q", "k", "v", "o"] + (["q_bias", "k_bias", "v_bias", "o_bias"] if s.attention_bias else [])
+    up_down = ["w1", "w2"] if s.mlp_act == "relu2" else ["w1", "w3", "w2"]
+    if kind == "mlp":
+        return names + [f"mlp_{n}" for n in up_down]
+    # "post_norm": the same gain again, as the MoE block's norm (what the drift receipts read)
+    names += ["post_norm", "router", *(["router_bias"] if s.gate.selection_bias else [])]
+    return names + ([f"shared_{n}" for n in up_down] if s.shared_dim else [])
 
 
 def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, tuple[int, ...]]:
@@ -1015,6 +1038,8 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
         shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
+    if (fused_format or s.layout.fused_format) == "up_down":  # Nemotron-H: up [E, I, H], no gate
+        shapes["up"] = (E, I, H)
     if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head

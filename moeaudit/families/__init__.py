@@ -49,18 +49,16 @@ EXPERT_COUNT_KEYS: dict[str, tuple[str, ...]] = {n: f.expert_count_keys for n, f
 # holds this list to it). A family file for a listed type takes precedence: the entry is then
 # stale and ignored. "not supported yet" names what the replay lacks.
 _SUBCONFIG = "a sub-configuration of {0}: checkpoints carry model_type {0!r}"
-# Nemotron-H (and the models built on its decoder): why its Mamba-2 mixer alone does not make it replayable
+# the models built on Nemotron-H's decoder (itself replayed: families/nemotron_h.py)
 _NEMOTRON_H = (
-    "its experts, shared expert and dense MLPs are non-gated ReLU² MLPs (up/down only), each layer "
-    "is a single Mamba, attention, MLP or MoE block rather than mixer then MLP, and "
-    "moe_latent_size adds latent projections around the experts"
+    "its text decoder is Nemotron-H's (replayed as nemotron_h), but the wrapper (its encoders and "
+    "their projector, the text_config nesting) is not read yet"
 )
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
     "jamba": "its Mamba (state-space) layers are not replayed",
     "granitemoehybrid": "its Mamba (state-space) layers are not replayed",
-    "nemotron_h": _NEMOTRON_H,
-    "nemotron_h_omni": "a multimodal model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
+    "nemotron_h_omni": "a multimodal model: " + _NEMOTRON_H,
     "zaya": "not supported yet (compressed convolutional attention and a routed MLP with its own "
     "router MLP, router_hidden_size)",
     # --- new routed designs (each its own family file, in progress)
@@ -126,7 +124,7 @@ _REFUSED_ALL: dict[str, str] = {
     "qwen4_exp_text": "not supported yet (Qwen3.5-MoE hybrid variant with different decoder layers)",
     "qwen3_omni_moe_talker_text": "the talker (speech-code generator) of qwen3_omni_moe: moeaudit "
     "audits the thinker's text decoder",
-    "nemo_speechlm": "a speech-language model whose text decoder is Nemotron-H's, and " + _NEMOTRON_H,
+    "nemo_speechlm": "a speech-language model: " + _NEMOTRON_H,
     # --- not causal decoders
     "switch_transformers": "an encoder-decoder model (T5 layout); moeaudit replays decoders",
     "nllb-moe": "an encoder-decoder translation model; moeaudit replays decoders",

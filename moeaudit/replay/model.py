@@ -305,6 +305,18 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
+def relu2_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Nemotron-H's non-gated MLP: W2 relu(W1 x)² (transformers' ``relu2`` activation)."""
+    return F.linear(torch.square(F.relu(F.linear(x, w1))), w2)
+
+
+def mlp(spec: ModelSpec, p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """A dense MLP (``mlp_``) or shared expert (``shared_``) of the family's kind."""
+    if spec.mlp_act == "relu2":
+        return relu2_mlp(x, p[prefix + "w1"], p[prefix + "w2"])
+    return swiglu(x, p[prefix + "w1"], p[prefix + "w3"], p[prefix + "w2"])
+
+
 def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Tensor:
     """gpt-oss: (clamp(up, ±limit) + 1) ⊙ g σ(α g), g = min(gate, limit)."""
     g = a1.clamp(max=glu.limit)
@@ -312,7 +324,10 @@ def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Te
 
 
 def expert_mlp(w: dict[str, torch.Tensor], x: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
-    """One routed expert's output u(x): SwiGLU, or gpt-oss's biased clamped GLU."""
+    """One routed expert's output u(x): SwiGLU, Nemotron-H's ReLU² (no ``w3``), or gpt-oss's
+    biased clamped GLU."""
+    if "w3" not in w:
+        return relu2_mlp(x, w["w1"], w["w2"])
     if glu is None:
         return swiglu(x, w["w1"], w["w3"], w["w2"])
     h = clamped_glu(glu, F.linear(x, w["w1"], w.get("b1")), F.linear(x, w["w3"], w.get("b3")))
@@ -562,6 +577,20 @@ def _swiglu_grads(
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, dw2]
 
 
+def _relu2_grads(
+    x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor, c_M1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """:func:`_swiglu_grads` for Nemotron-H's non-gated c·W2 relu(a)², a = W1 x:
+    (dL/dx, dL/dc, [dW1, dW2]); d relu(a)²/da = 2 relu(a)."""
+    r_MI = F.relu(F.linear(x_MH, w["w1"]))
+    h_MI = r_MI * r_MI
+    p_MI = g_out_MH @ w["w2"]  # dL/dh before the combine weight
+    dc_M = (h_MI * p_MI).sum(-1)
+    dw2 = (g_out_MH * c_M1).T @ h_MI
+    da1 = p_MI.mul_(c_M1).mul_(r_MI).mul_(2)
+    return da1 @ w["w1"], dc_M, [da1.T @ x_MH, dw2]
+
+
 def _clamped_glu_grads(
     glu: ClampedGLU, x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor, c_M1: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -619,7 +648,9 @@ def experts_backward(
             slots = order[start : start + c]
             tok = slots // K
             x, c_M1 = y_NH[tok], c_S[slots, None]
-            if scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
+            if "w3" not in experts[e]:  # Nemotron-H: non-gated ReLU²
+                dx, dc, grads = _relu2_grads(x, experts[e], grad_NH[tok], c_M1)
+            elif scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
                 xs, ones = x * c_M1, torch.ones_like(c_M1)
                 if glu is None:
                     dxs, _, grads = _swiglu_grads(xs, experts[e], grad_NH[tok], ones)
@@ -690,8 +721,10 @@ def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[t
 def mlp_norm(spec: ModelSpec) -> tuple[str, str]:
     """The norm (gain, bias) in front of the MLP / MoE block: ``post_norm``, or with a parallel
     block (Cohere) the one norm both branches read, ``input_norm`` (so that its gradient
-    gathers both branches', as transformers' single norm parameter does)."""
-    return ("input_norm", "input_norm_bias") if spec.parallel_block else ("post_norm", "post_norm_bias")
+    gathers both branches', as transformers' single norm parameter does), or a single-block
+    layer's only norm (Nemotron-H)."""
+    single = spec.parallel_block or bool(spec.block_kinds)
+    return ("input_norm", "input_norm_bias") if single else ("post_norm", "post_norm_bias")
 
 
 def mlp_input(spec: ModelSpec, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
@@ -708,7 +741,7 @@ def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor)
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
     """The always-on expert: behind a sigmoid gate (Qwen2-MoE) or not (DeepSeek, whose
     ``n_shared_experts`` are stored as one MLP of their summed width)."""
-    out = swiglu(y_NH, p["shared_w1"], p["shared_w3"], p["shared_w2"])
+    out = mlp(spec, p, "shared_", y_NH)
     if spec.shared_gated:
         out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
     return out if spec.shared_scale == 1.0 else out * spec.shared_scale
@@ -745,8 +778,11 @@ def moe_block(
 def attention_block(
     spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor:
-    """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block."""
+    """h = x + attention(norm(x)): the residual stream entering the MLP / MoE block (x itself
+    where a single-block layer is only that block, Nemotron-H)."""
     p = lw.params
+    if spec.block_kind(lw.layer) in ("mlp", "moe"):
+        return x_BTH
     x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias"))
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
@@ -778,6 +814,8 @@ def decoder_layer(
     extra: ExtraExperts | None = None,
 ) -> tuple[torch.Tensor, MoETap | None]:
     h = attention_block(spec, lw, x_BTH, rope)
+    if spec.block_kind(lw.layer) in ("mamba", "attention"):  # Nemotron-H: the mixer is the layer
+        return h, None
     r = spec.residual_multiplier
     if lw.routed:
         mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra)
@@ -790,7 +828,7 @@ def decoder_layer(
     p = lw.params
     w, b = mlp_norm(spec)
     y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b))
-    out = swiglu(y, p["mlp_w1"], p["mlp_w3"], p["mlp_w2"])
+    out = mlp(spec, p, "mlp_", y)
     if spec.residual_scales is not None:
         alpha, beta = spec.residual_scales[2]
         return y * alpha + out * beta, None

@@ -349,6 +349,13 @@ class ModelSpec:
     # A.X-K1: the MoE block's output (routed + shared) passes an RMSNorm (gain ``moe_out_norm``)
     # before the residual add
     moe_out_norm: bool = field(default=False, metadata=NEW)
+    # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
+    # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
+    mlp_act: str = field(default="swiglu", metadata=NEW)
+    # Nemotron-H: each layer one block, x + f(norm(x)) with f its kind ("mamba", "attention",
+    # "mlp" or "moe") and norm its only norm (``input_norm``); () : every layer is a token mixer
+    # then an MLP / MoE block
+    block_kinds: tuple[str, ...] = field(default=(), metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -380,6 +387,10 @@ class ModelSpec:
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
 
+    def block_kind(self, layer: int) -> str:
+        """The one block of a single-block layer (``block_kinds``); "" for a mixer-then-MLP layer."""
+        return self.block_kinds[layer] if self.block_kinds else ""
+
     def attention_window(self, layer: int) -> int | None:
         return self.sliding_window if layer in self.sliding_layers else None
 
@@ -390,7 +401,7 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
-        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers", "conv_layers"):
+        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers", "conv_layers", "block_kinds"):
             if name in out:
                 out[name] = list(getattr(self, name))
         if "attn_temperature" in out and out["attn_temperature"] is not None:
