@@ -17,6 +17,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import hf_models_afmoe  # noqa: E402,F401  (registers the AFMoE tiny config)
 import hf_models_aliases2  # noqa: E402  (registers issue 27's later aliases' tiny configs)
 import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
@@ -61,6 +62,7 @@ TINY = (
     "glm_moe_dsa",
     "minimax",
     "laguna",
+    "afmoe",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hf_models_afmoe  # noqa: F401  (issue 27: AFMoE)
 import hf_models_aliases2  # issue 27: wrappers, relabelled types, later aliases
 import hf_models_famC
 import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)

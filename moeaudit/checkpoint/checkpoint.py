@@ -947,6 +947,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
         names += ["sinks"] if s.attention_sinks else []
         names += ["g_proj"] if s.output_gate else []
+        names += ["attn_out_norm"] if s.attn_out_norm else []
     mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers  # no attention
     if s.attention_bias and s.mla is None and not mixer:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
@@ -970,6 +971,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
             names += ["shared_gate"] if s.shared_gated else []
     else:
         names += ["mlp_w1", "mlp_w3", "mlp_w2"]
+        names += ["moe_out_norm"] if s.dense_out_norm else []
     return names
 
 
@@ -1000,6 +1002,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "input_norm_bias": (H,),
         "post_norm_bias": (H,),
         "moe_out_norm": (H,),
+        "attn_out_norm": (H,),
         "q": (q_dim, H),
         "k": (kv_dim, H),
         "v": (kv_dim, H),

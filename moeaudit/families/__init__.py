@@ -67,8 +67,6 @@ _REFUSED_ALL: dict[str, str] = {
     "the receipts model one routed MLP block per layer",
     "longcat_flash": "each layer holds two attention and two MLP sub-blocks around one shortcut-connected MoE whose "
     "routed set includes identity (zero-computation) experts; the replay has one residual path",
-    "afmoe": "it normalises the MoE output before the residual add, which the streaming backward (dL/d(layer output) "
-    "taken as dL/d(MoE output)) does not replay",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
@@ -150,9 +148,9 @@ _REFUSED_ALL: dict[str, str] = {
     "kolibri1": "not supported yet (EXAONE-4 attention with post-norms, DeepSeek-style shared experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
-    "flex_olmo": "OLMo-2 post-norm layers: no norm before attention or the MoE block (the router and "
-    "experts read the raw residual stream, the receipts' gate input y = γ ⊙ z has no γ or z) and "
-    "an RMSNorm on the attention output before the residual add",
+    "flex_olmo": "OLMo-2 post-norms: no RMSNorm before the router (it reads the raw stream, not γ ⊙ z) and the "
+    "expert outputs pass the MoE-output norm, not the next norm's P_z: the receipts' gate input and visible field "
+    "do not exist",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),

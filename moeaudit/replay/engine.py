@@ -545,6 +545,7 @@ ATTENTION_GRADS = (
     "k_norm",
     "input_norm",
     "input_norm_bias",
+    "attn_out_norm",
     "q_a",
     "q_a_bias",
     "q_a_norm",

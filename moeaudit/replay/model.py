@@ -241,7 +241,9 @@ def attention(
     out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
-    if spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
+    if spec.output_gate == "sigmoid":  # AFMoE: σ(W_g x) per channel
+        out_BTH = out_BTH * torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+    elif spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
         g = F.softplus(F.linear(x_BTH, p["g_proj"]).float())
         out_BTH = (
             (out_BTH.view(B, T, nh, D) * g[..., None]).view(B, T, nh * D) if spec.output_gate == "head" else out_BTH * g
@@ -803,6 +805,8 @@ def attention_block(
     if lw.layer in spec.conv_layers:  # LFM2: a short causal convolution
         return x_BTH + short_conv(p, x_norm)
     out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
+    if spec.attn_out_norm:  # AFMoE: an RMSNorm on the attention output before the residual add
+        out = rms_norm(out, p["attn_out_norm"], spec.rms_eps)
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
 
@@ -829,6 +833,8 @@ def decoder_layer(
     w, b = mlp_norm(spec)
     y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b))
     out = mlp(spec, p, "mlp_", y)
+    if spec.dense_out_norm:  # AFMoE: the dense MLP's output normed as the MoE output is
+        out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)
     if spec.residual_scales is not None:
         alpha, beta = spec.residual_scales[2]
         return y * alpha + out * beta, None

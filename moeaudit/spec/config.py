@@ -356,6 +356,11 @@ class ModelSpec:
     # "mlp" or "moe") and norm its only norm (``input_norm``); () : every layer is a token mixer
     # then an MLP / MoE block
     block_kinds: tuple[str, ...] = field(default=(), metadata=NEW)
+    # AFMoE (sandwich norms): the attention output passes an RMSNorm (gain ``attn_out_norm``)
+    # before the residual add, and so does a dense layer's MLP output (``dense_out_norm``: gain
+    # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
+    attn_out_norm: bool = field(default=False, metadata=NEW)
+    dense_out_norm: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
