@@ -66,6 +66,22 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the test. Tests that demand bit-identical numbers from
+    two storage layouts or code paths use it: in one thread the float kernels are the same;
+    with several, a matrix product's blocking (and so its last bits) may follow the operands'
+    memory layout. The product claims bit-identity per thread setting, not across them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _subprocesses_check_their_documents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Python subprocesses the tests start (``python -m moeaudit …``) validate what they write

@@ -285,7 +285,7 @@ def test_fp8_experts_cross_as_stored_bytes(fp8: tuple[Path, Path]) -> None:
         assert packed[f"forward {layer}"]["h2d"] - twin[f"forward {layer}"]["h2d"] == 3 * len(keys)
 
 
-def test_mxfp4_experts_cross_as_stored_bytes(tmp_path: Path) -> None:
+def test_mxfp4_experts_cross_as_stored_bytes(tmp_path: Path, one_thread: None) -> None:
     """The same for gpt-oss's MXFP4 experts: held as uint8 codes and exponents, and what crosses
     per routed layer is the packed bytes, not the bfloat16 the twin stores."""
     save_tiny(tmp_path / "dense", "gpt_oss", intermediate_size=32)

@@ -124,7 +124,7 @@ def _rename(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
-def test_qwen3_vl_moe_released_layout_transposed_experts(tmp_path: Path) -> None:
+def test_qwen3_vl_moe_released_layout_transposed_experts(tmp_path: Path, one_thread: None) -> None:
     """The released Qwen3-VL-MoE files store the experts [E, H, 2I] / [E, I, H]: the same numbers."""
     aliases.save_wrapper(tmp_path / "a", "qwen3_vl_moe")
 

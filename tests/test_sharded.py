@@ -69,7 +69,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], di
         root / "canary.safetensors",
     )
     canary = root / "canary.safetensors"
-    return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
+    # the reference in the ranks' thread setting (OMP_NUM_THREADS=1, ``_env``): bit-identity is
+    # claimed per thread count, and the pytest process may run with several
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _launch(world: int, out: Path, canary: Path, ckpts: list[str], **extra: str) -> None:

@@ -650,26 +650,27 @@ def experts_backward(
             slots = order[start : start + c]
             tok = slots // K
             x, c_M1 = y_NH[tok], c_S[slots, None]
-            if "w3" not in experts[e]:  # Nemotron-H: non-gated ReLU²
-                dx, dc, grads = _relu2_grads(x, experts[e], grad_NH[tok], c_M1)
+            w = experts[e]  # fetched (converted, sent to the device) once
+            if "w3" not in w:  # Nemotron-H: non-gated ReLU²
+                dx, dc, grads = _relu2_grads(x, w, grad_NH[tok], c_M1)
             elif scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
                 xs, ones = x * c_M1, torch.ones_like(c_M1)
                 if glu is None:
-                    dxs, _, grads = _swiglu_grads(xs, experts[e], grad_NH[tok], ones)
+                    dxs, _, grads = _swiglu_grads(xs, w, grad_NH[tok], ones)
                 else:
-                    dxs, _, grads = _clamped_glu_grads(glu, xs, experts[e], grad_NH[tok], ones)
+                    dxs, _, grads = _clamped_glu_grads(glu, xs, w, grad_NH[tok], ones)
                 dx, dc = dxs * c_M1, (dxs * x).sum(-1)
             elif glu is None:
-                dx, dc, grads = _swiglu_grads(x, experts[e], grad_NH[tok], c_M1)
+                dx, dc, grads = _swiglu_grads(x, w, grad_NH[tok], c_M1)
             else:
-                dx, dc, grads = _clamped_glu_grads(glu, x, experts[e], grad_NH[tok], c_M1)
+                dx, dc, grads = _clamped_glu_grads(glu, x, w, grad_NH[tok], c_M1)
             if dx_SH is not None:
                 dx_SH[slots] = dx
             else:
                 dy_NH.index_add_(0, tok, dx)
             dc_S[slots] = dc.to(dc_S.dtype)
             norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
-            del dx, dc, grads, x, c_M1  # before the next expert is converted
+            del dx, dc, grads, x, c_M1, w  # before the next expert is converted
             sq_E[e] = _sum_of_squares(norms)
         start += c
     return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E, dx_SH)
