@@ -63,6 +63,7 @@ TINY = (
     "minimax",
     "laguna",
     "afmoe",
+    "kimi_linear",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

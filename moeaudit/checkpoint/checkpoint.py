@@ -211,6 +211,25 @@ LINEAR_ATTENTION_NAMES = (
     "lin_norm",
     "lin_out",
 )
+# Kimi Linear's Kimi Delta Attention (``replay.kda``): q, k, v, their convolutions (stored apart), the low-rank
+# per-channel forget gate (f_a, f_b, dt_bias, A_log), β, the low-rank output gate, norm, output
+KDA_NAMES = (
+    "kda_q",
+    "kda_k",
+    "kda_v",
+    "kda_q_conv",
+    "kda_k_conv",
+    "kda_v_conv",
+    "kda_f_a",
+    "kda_f_b",
+    "kda_dt_bias",
+    "kda_A_log",
+    "kda_b",
+    "kda_g_a",
+    "kda_g_b",
+    "kda_norm",
+    "kda_o",
+)
 # Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
 GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
 FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
@@ -925,7 +944,9 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``."""
     if s.block_kinds:
         return _single_block_names(s, layer)
-    if s.mla is not None:
+    if layer in s.kda_layers:
+        names = ["input_norm", "post_norm", *KDA_NAMES]
+    elif s.mla is not None:
         names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
         names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
         if s.attention_bias:
@@ -948,7 +969,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["sinks"] if s.attention_sinks else []
         names += ["g_proj"] if s.output_gate else []
         names += ["attn_out_norm"] if s.attn_out_norm else []
-    mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers  # no attention
+    mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers or layer in s.kda_layers
     if s.attention_bias and s.mla is None and not mixer:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
         names += ["o_bias"] if s.o_bias else []
@@ -1073,6 +1094,27 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                 "lin_A_log": (la.num_v_heads,),
                 "lin_norm": (la.v_dim,),
                 "lin_out": (H, value_dim),
+            }
+        )
+    if s.kda_layers and la is not None:
+        qkv_dim, K = la.num_v_heads * la.v_dim, la.v_dim
+        shapes.update(
+            {
+                "kda_q": (qkv_dim, H),
+                "kda_k": (qkv_dim, H),
+                "kda_v": (qkv_dim, H),
+                "kda_q_conv": (qkv_dim, 1, la.conv_kernel),
+                "kda_k_conv": (qkv_dim, 1, la.conv_kernel),
+                "kda_v_conv": (qkv_dim, 1, la.conv_kernel),
+                "kda_f_a": (K, H),
+                "kda_f_b": (qkv_dim, K),
+                "kda_dt_bias": (qkv_dim,),
+                "kda_A_log": (1, 1, la.num_v_heads, 1),
+                "kda_b": (la.num_v_heads, H),
+                "kda_g_a": (K, H),
+                "kda_g_b": (qkv_dim, K),
+                "kda_norm": (K,),
+                "kda_o": (H, qkv_dim),
             }
         )
     if s.conv_layers:

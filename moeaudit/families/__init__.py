@@ -73,7 +73,8 @@ _REFUSED_ALL: dict[str, str] = {
     "minimax": "not supported yet (lightning linear attention)",
     "hy_v3": "not supported yet (Hunyuan v3 routing with fp32 combine and a scaling factor)",
     "hy_v4": "hyper-connections (several residual streams mixed per layer) are not replayed",
-    "bailing_hybrid": "its Kimi Delta Attention layers (delta rule with per-channel decay) are not replayed",
+    "bailing_hybrid": "its Kimi Delta Attention forget gate (full-rank, optionally a bounded sigmoid) and its MLA "
+    "layers' per-head sigmoid output gate are not replayed (kimi_linear's KDA is)",
     "sarvam_moe": "not supported yet (Sarvam MoE)",
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",
@@ -86,8 +87,6 @@ _REFUSED_ALL: dict[str, str] = {
     "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
     "compressors) and hash routing are not replayed",
     "glm_moe_dsa": "not supported yet (GLM-5: MLA with DeepSeek sparse attention)",
-    "kimi_linear": "Kimi Delta Attention (delta rule with per-channel decay) is not replayed; only per-head scalar "
-    "decay (Gated DeltaNet) is",
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),

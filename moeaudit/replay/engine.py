@@ -23,7 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import LIGHTNING_NAMES, LINEAR_ATTENTION_NAMES, Checkpoint, LayerWeights
+from moeaudit.checkpoint.checkpoint import (
+    KDA_NAMES,
+    LIGHTNING_NAMES,
+    LINEAR_ATTENTION_NAMES,
+    Checkpoint,
+    LayerWeights,
+)
 from moeaudit.replay.device import (
     Device,
     moved,
@@ -560,6 +566,7 @@ ATTENTION_GRADS = (
     "g_proj",
     *LIGHTNING_NAMES,
     *LINEAR_ATTENTION_NAMES,
+    *KDA_NAMES,
     *MAMBA_NAMES,
     *SHORT_CONV_NAMES,
 )

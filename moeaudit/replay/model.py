@@ -22,6 +22,7 @@ from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.device import announce
 from moeaudit.replay.dsa import sparse_causal_mask
+from moeaudit.replay.kda import kimi_delta_attention
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 from moeaudit.replay.shortconv import short_conv
@@ -137,7 +138,11 @@ def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], w: str, b: str) -> torc
 
 
 def mla_attention(
-    spec: ModelSpec, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    spec: ModelSpec,
+    p: dict[str, torch.Tensor],
+    x_BTH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    layer: int = -1,
 ) -> torch.Tensor:
     """Multi-head latent attention (DeepSeek-V2/V3): the query through a low-rank bottleneck
     with its own RMSNorm, keys and values expanded from one normalised latent per token, and a
@@ -157,7 +162,9 @@ def mla_attention(
     kv_lat = rms_norm(kv_lat, p["kv_a_norm"], MLA_NORM_EPS)
     k_rot = k_rot.view(B, 1, T, rot)
     cos, sin = rope
-    if m.rope_interleave:
+    if layer in spec.nope_layers:  # Kimi Linear: the "rope" dims are used as they are
+        pass
+    elif m.rope_interleave:
         q_rot, k_rot = _rotate_interleaved(q_rot, cos, sin), _rotate_interleaved(k_rot, cos, sin)
     else:
         q_rot = q_rot * cos + _rotate_half(q_rot) * sin
@@ -189,7 +196,7 @@ def attention(
     layer: int = -1,
 ) -> torch.Tensor:
     if spec.mla is not None:
-        return mla_attention(spec, p, x_BTH, rope)
+        return mla_attention(spec, p, x_BTH, rope, layer)
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
     if "qkv" in p:  # one fused [q | k | v] projection (Sarvam-30B)
@@ -790,6 +797,9 @@ def attention_block(
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
+    if lw.layer in spec.kda_layers:  # Kimi Linear: delta rule with a per-channel decay
+        assert spec.linear_attention is not None
+        return x_BTH + kimi_delta_attention(spec.linear_attention, p, x_norm, spec.rms_eps)
     if spec.residual_scales is not None:  # MiniMax-01: α·norm(x) + β·mixer(norm(x))
         light = lw.layer in spec.lightning_layers
         a, b = spec.residual_scales[1 if light else 0]

@@ -112,6 +112,11 @@ def sharded_replay(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
             hint="replay it on one process (without --nproc)",
         )
+    if ckpt.spec.kda_layers:
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s Kimi Delta Attention layers yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if ckpt.spec.moe_out_norm:
         raise InputError(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",

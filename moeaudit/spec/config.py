@@ -281,6 +281,8 @@ class ModelSpec:
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
     linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
+    # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
+    kda_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
     rope_interleaved: bool = field(default=False, metadata=NEW)
     # Granite's µP-style multipliers: embeddings × e, each block's output × r before the
@@ -406,7 +408,15 @@ class ModelSpec:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
-        for name in ("linear_layers", "nope_layers", "chunked_layers", "mamba_layers", "conv_layers", "block_kinds"):
+        for name in (
+            "linear_layers",
+            "kda_layers",
+            "nope_layers",
+            "chunked_layers",
+            "mamba_layers",
+            "conv_layers",
+            "block_kinds",
+        ):
             if name in out:
                 out[name] = list(getattr(self, name))
         if "attn_temperature" in out and out["attn_temperature"] is not None:

@@ -1,0 +1,165 @@
+"""Kimi Linear (``kimi_linear``, issue 27) replayed against transformers' pure-torch path
+(flash-linear-attention is absent, so ``KimiLinearDeltaAttention`` runs
+``chunk_kimi_delta_attention``): loss, per-window NLL, hidden states, MoE inputs, raw router
+logits, top-k sets off near-ties, combine weights and gradient norms per expert, router, shared
+experts and token mixer (Kimi Delta Attention or MLA without RoPE), in float32 and from
+bfloat16 checkpoints, on two configurations that move top-k, the expert count, the routing
+groups, the shared experts' width, the dense/sparse placement and where the KDA and MLA layers
+sit; the second runs 70 tokens, two of transformers' 64-token chunks. Tolerances are
+``test_oracle``'s (gradient norms 2e-3 relative, NLL 1e-4)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_kda  # noqa: E402, F401  (registers the tiny config)
+from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from test_oracle import Observed, transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+import moeaudit.replay.kda as kda  # noqa: E402
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.errors import CheckpointError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+CASES: dict[str, tuple[dict[str, Any], int]] = {
+    # KDA, MLA, KDA; a dense first layer; top-2 of 8 in one group, one shared expert; 12 tokens
+    "kda-mla-kda-dense-first-top2-8-experts": ({}, 12),
+    # MLA, KDA, KDA, MLA with a low-rank query and biases; every layer routed; top-3 of 12 in 3
+    # groups of which 2 are kept, two shared experts' width; 3 KDA heads; 70 tokens (two chunks)
+    "mla-kda-kda-mla-all-routed-top3-12-experts-grouped": (
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+            "mlp_layer_types": ["sparse"] * 4,
+            "num_experts_per_tok": 3,
+            "num_local_experts": 12,
+            "n_group": 3,
+            "topk_group": 2,
+            "num_shared_experts": 2,
+            "routed_scaling_factor": 1.5,
+            "q_lora_rank": 12,
+            "attention_bias": True,
+            "linear_num_heads": 3,
+            "linear_head_dim": 6,
+            "linear_conv_kernel_dim": 3,
+        },
+        70,
+    ),
+}
+
+
+def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
+    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, mixer)."""
+    rel = [0.0]
+    for i in ref.scores:
+        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
+        keep = r > 1e-6
+        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
+            if want > 1e-6:
+                rel.append(abs(got - want) / want)
+    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
+
+
+def _check(tmp_path: Path, case: str, dtype: str) -> tuple[Observed, Observed, Checkpoint, Any]:
+    overrides, T = CASES[case]
+    save_tiny(tmp_path, "kimi_linear", dtype=DTYPES[dtype], **overrides)
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens(length=T)
+    model = load(tmp_path)
+    ref, ours = transformers_observed(model, tokens), observed(ckpt, tokens)
+    assert_agree_deepseek(ref, ours, ckpt)
+    return ref, ours, ckpt, model
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_kimi_linear_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    ref, ours, ckpt, model = _check(tmp_path, case, dtype)
+    assert ckpt.warnings == [] and ckpt.notes == []
+    layers = model.model.layers
+    routed = tuple(i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed
+    kinds = model.config.layer_types
+    kda_layers = tuple(i for i, t in enumerate(kinds) if t == "linear_attention")
+    assert ckpt.spec.kda_layers == kda_layers and 0 < len(kda_layers) < len(kinds)
+    assert ckpt.spec.nope_layers == tuple(range(len(kinds)))
+    assert set(kda_layers) & set(routed) and set(routed) - set(kda_layers)  # both mixers ahead of a MoE
+    assert min(float(layers[i].mlp.gate.e_score_correction_bias.abs().min()) for i in routed) > 0  # a real bias
+    if log := os.environ.get("MOEAUDIT_KDA_LOG"):
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"case": case, "dtype": dtype, **_worst(ref, ours)}) + "\n")
+
+
+def test_the_decay_is_per_channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny model's decay differs across a head's channels, and a replay that used one decay
+    per head (Gated DeltaNet's: the channels' mean) disagrees with transformers."""
+    case = "mla-kda-kda-mla-all-routed-top3-12-experts-grouped"
+    rule = kda.kda_rule
+    spread: list[float] = []
+
+    def per_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> Any:
+        spread.append(float((g - g.mean(-1, keepdim=True)).abs().max().detach()))
+        return rule(q, k, v, g.mean(-1, keepdim=True).expand_as(g), beta)
+
+    monkeypatch.setattr(kda, "kda_rule", per_head)
+    with pytest.raises(AssertionError):
+        _check(tmp_path, case, "fp32")
+    assert spread and min(spread) > 0.1
+
+
+def test_kimi_linear_config_defaults_match_transformers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("kimi_linear")
+    spec = spec_from_config(hf.to_dict())
+    assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.gate.scaling) == (256, 8, 1e-5, 2.446)
+    assert spec.shared_dim == hf.moe_intermediate_size and spec.dense_dim == hf.intermediate_size
+    assert spec.routed_layers == tuple(range(1, hf.num_hidden_layers))
+    assert spec.kda_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    la = spec.linear_attention
+    assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (32, 128, 4)
+    assert spec.mla is not None and spec.attention_scale == pytest.approx(192**-0.5)
+    # the hub's config: DeepSeek names, linear_attn_config (1-indexed layers), first_k_dense_replace
+    hub = {
+        k: v
+        for k, v in hf.to_dict().items()
+        if k not in ("layer_types", "mlp_layer_types", "num_experts", "num_experts_per_token", "num_shared_experts")
+    }
+    hub.update(
+        num_experts=64,
+        num_experts_per_tok=6,
+        n_shared_experts=2,
+        first_k_dense_replace=2,
+        linear_attn_config={
+            "head_dim": 64,
+            "num_heads": 16,
+            "short_conv_kernel_size": 3,
+            "full_attn_layers": [4, 8],
+            "kda_layers": [i for i in range(1, 28) if i not in (4, 8)],
+        },
+    )
+    got = spec_from_config(hub)
+    want = transformers.KimiLinearConfig(**hub)
+    assert (got.num_experts, got.top_k, got.shared_dim) == (64, 6, 2 * hf.moe_intermediate_size)
+    assert got.routed_layers == tuple(i for i, t in enumerate(want.mlp_layer_types) if t == "sparse")
+    assert got.kda_layers == tuple(i for i, t in enumerate(want.layer_types) if t == "linear_attention")
+    assert 3 not in got.kda_layers and 7 not in got.kda_layers and got.routed_layers[0] == 2
+    la = got.linear_attention
+    assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (16, 64, 3)
+    with pytest.raises(CheckpointError, match="layer_types"):
+        spec_from_config({**hf.to_dict(), "layer_types": ["linear_attention"]})
+    with pytest.raises(CheckpointError, match="mlp_layer_types"):
+        spec_from_config({**hf.to_dict(), "mlp_layer_types": ["moe"] * hf.num_hidden_layers})
