@@ -30,3 +30,29 @@ TINY: dict[str, dict[str, Any]] = {
     ),
 }
 hf_models._FAMILY.update(TINY)
+
+BAILING: dict[str, dict[str, Any]] = {
+    # Ling 3: 3 layers, KDA, MLA (interleaved RoPE, per-head sigmoid output gate), KDA; a dense first
+    # layer; top-2 of 8 in 2 groups of which 1 is kept; one shared expert; KDA with 4 heads (the
+    # attention heads) of 8 channels, the bounded forget gate
+    "bailing_hybrid": dict(
+        num_experts=8,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        num_shared_experts=1,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        num_key_value_heads=4,
+        head_dim=8,
+        layer_group_size=2,
+        first_k_dense_replace=1,
+        rope_theta=10000.0,
+        kda_lower_bound=-2.0,
+    ),
+}
+hf_models._FAMILY.update(BAILING)

@@ -64,6 +64,7 @@ TINY = (
     "laguna",
     "afmoe",
     "kimi_linear",
+    "bailing_hybrid",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

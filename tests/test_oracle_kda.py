@@ -1,12 +1,14 @@
-"""Kimi Linear (``kimi_linear``, issue 27) replayed against transformers' pure-torch path
-(flash-linear-attention is absent, so ``KimiLinearDeltaAttention`` runs
-``chunk_kimi_delta_attention``): loss, per-window NLL, hidden states, MoE inputs, raw router
-logits, top-k sets off near-ties, combine weights and gradient norms per expert, router, shared
-experts and token mixer (Kimi Delta Attention or MLA without RoPE), in float32 and from
-bfloat16 checkpoints, on two configurations that move top-k, the expert count, the routing
-groups, the shared experts' width, the dense/sparse placement and where the KDA and MLA layers
-sit; the second runs 70 tokens, two of transformers' 64-token chunks. Tolerances are
-``test_oracle``'s (gradient norms 2e-3 relative, NLL 1e-4)."""
+"""Kimi Linear (``kimi_linear``) and Ling 3 (``bailing_hybrid``), issue 27, replayed against
+transformers' pure-torch path (flash-linear-attention is absent, so ``KimiLinearDeltaAttention``
+and ``BailingHybridDeltaAttention`` run ``chunk_kimi_delta_attention``): loss, per-window NLL,
+hidden states, MoE inputs, raw router logits, top-k sets off near-ties, combine weights and
+gradient norms per expert, router, shared experts and token mixer (Kimi Delta Attention; MLA
+without RoPE, or Ling's with interleaved RoPE and a per-head output gate), in float32 and from
+bfloat16 checkpoints, on two configurations per family that move top-k, the expert count, the
+routing groups, the shared experts' width, the dense/sparse placement, where the KDA and MLA
+layers sit, and Ling's forget gate (bounded or softplus); the second of each runs 70 tokens, two
+of transformers' 64-token chunks. Tolerances are ``test_oracle``'s (gradient norms 2e-3
+relative, NLL 1e-4)."""
 
 from __future__ import annotations
 
@@ -32,12 +34,13 @@ from moeaudit.families import spec_from_config  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
-CASES: dict[str, tuple[dict[str, Any], int]] = {
+CASES: dict[str, tuple[str, dict[str, Any], int]] = {
     # KDA, MLA, KDA; a dense first layer; top-2 of 8 in one group, one shared expert; 12 tokens
-    "kda-mla-kda-dense-first-top2-8-experts": ({}, 12),
+    "kda-mla-kda-dense-first-top2-8-experts": ("kimi_linear", {}, 12),
     # MLA, KDA, KDA, MLA with a low-rank query and biases; every layer routed; top-3 of 12 in 3
     # groups of which 2 are kept, two shared experts' width; 3 KDA heads; 70 tokens (two chunks)
     "mla-kda-kda-mla-all-routed-top3-12-experts-grouped": (
+        "kimi_linear",
         {
             "num_hidden_layers": 4,
             "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
@@ -53,6 +56,31 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
             "linear_num_heads": 3,
             "linear_head_dim": 6,
             "linear_conv_kernel_dim": 3,
+        },
+        70,
+    ),
+    # Ling 3: KDA, MLA (interleaved RoPE, per-head output gate), KDA; a dense first layer; top-2 of
+    # 8 in 2 groups of which 1 is kept, one shared expert; the bounded forget gate (bound −2)
+    "ling-kda-mla-kda-bounded-gate-top2-8-experts": ("bailing_hybrid", {}, 12),
+    # Ling 3: MLA, KDA, KDA, MLA with a low-rank query and biases, every layer routed, top-3 of 12
+    # in 3 groups of which 2 are kept, two shared experts' width, the softplus forget gate; 70 tokens
+    "ling-mla-kda-kda-mla-softplus-gate-all-routed-top3-12-experts": (
+        "bailing_hybrid",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+            "first_k_dense_replace": 0,
+            "num_experts_per_tok": 3,
+            "num_experts": 12,
+            "n_group": 3,
+            "topk_group": 2,
+            "num_shared_experts": 2,
+            "q_lora_rank": 12,
+            "attention_bias": True,
+            "kda_safe_gate": False,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 6,
         },
         70,
     ),
@@ -74,8 +102,8 @@ def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
 
 
 def _check(tmp_path: Path, case: str, dtype: str) -> tuple[Observed, Observed, Checkpoint, Any]:
-    overrides, T = CASES[case]
-    save_tiny(tmp_path, "kimi_linear", dtype=DTYPES[dtype], **overrides)
+    family, overrides, T = CASES[case]
+    save_tiny(tmp_path, family, dtype=DTYPES[dtype], **overrides)
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens(length=T)
     model = load(tmp_path)
@@ -86,7 +114,7 @@ def _check(tmp_path: Path, case: str, dtype: str) -> tuple[Observed, Observed, C
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_kimi_linear_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+def test_kda_hybrid_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     ref, ours, ckpt, model = _check(tmp_path, case, dtype)
     assert ckpt.warnings == [] and ckpt.notes == []
     layers = model.model.layers
@@ -95,7 +123,10 @@ def test_kimi_linear_replay_matches_transformers(case: str, dtype: str, tmp_path
     kinds = model.config.layer_types
     kda_layers = tuple(i for i, t in enumerate(kinds) if t == "linear_attention")
     assert ckpt.spec.kda_layers == kda_layers and 0 < len(kda_layers) < len(kinds)
-    assert ckpt.spec.nope_layers == tuple(range(len(kinds)))
+    assert ckpt.spec.nope_layers == (tuple(range(len(kinds))) if CASES[case][0] == "kimi_linear" else ())
+    la = ckpt.spec.linear_attention
+    kda_mod = layers[kda_layers[0]].self_attn
+    assert la is not None and (la.num_v_heads, la.v_dim) == (kda_mod.num_heads, kda_mod.head_dim)
     assert set(kda_layers) & set(routed) and set(routed) - set(kda_layers)  # both mixers ahead of a MoE
     assert min(float(layers[i].mlp.gate.e_score_correction_bias.abs().min()) for i in routed) > 0  # a real bias
     if log := os.environ.get("MOEAUDIT_KDA_LOG"):
@@ -163,3 +194,26 @@ def test_kimi_linear_config_defaults_match_transformers() -> None:
         spec_from_config({**hf.to_dict(), "layer_types": ["linear_attention"]})
     with pytest.raises(CheckpointError, match="mlp_layer_types"):
         spec_from_config({**hf.to_dict(), "mlp_layer_types": ["moe"] * hf.num_hidden_layers})
+
+
+def test_bailing_hybrid_config_defaults_match_transformers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("bailing_hybrid")
+    spec = spec_from_config(hf.to_dict())
+    assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.gate.scaling) == (512, 8, 1e-6, 2.5)
+    assert (spec.gate.n_group, spec.gate.topk_group, spec.rope_theta, spec.mtp_layers) == (8, 4, 6e6, 1)
+    assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.kda_gate_bound == -5.0
+    assert spec.kda_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    la = spec.linear_attention
+    assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (32, 128, 4)
+    assert spec.mla is not None and spec.mla.rope_interleave and spec.output_gate == "head_sigmoid"
+    # the released config: head_dim is the KDA head size, no linear_* keys, DeepSeek names
+    raw = {"model_type": "bailing_hybrid", "vocab_size": 64, "num_experts": 16, "num_experts_per_tok": 4}
+    raw.update(n_group=4, topk_group=2, head_dim=64, num_hidden_layers=6, kda_safe_gate=False)
+    raw.update(hidden_size=64, num_attention_heads=4, moe_intermediate_size=32, intermediate_size=128)
+    got = spec_from_config(raw)
+    want = transformers.BailingHybridConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert got.kda_layers == tuple(i for i, t in enumerate(want.layer_types) if t == "linear_attention")
+    assert got.linear_attention is not None and got.linear_attention.v_dim == want.linear_head_dim == 64
+    assert (got.top_k, got.gate.n_group, got.kda_gate_bound) == (4, 4, None)

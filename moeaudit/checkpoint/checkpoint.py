@@ -222,14 +222,18 @@ KDA_NAMES = (
     "kda_v_conv",
     "kda_f_a",
     "kda_f_b",
+    "kda_f",
     "kda_dt_bias",
     "kda_A_log",
     "kda_b",
     "kda_g_a",
     "kda_g_b",
+    "kda_g",
     "kda_norm",
     "kda_o",
 )
+KDA_LOW_RANK = ("kda_f_a", "kda_f_b", "kda_g_a", "kda_g_b")  # Kimi Linear's gates
+KDA_FULL_RANK = ("kda_f", "kda_g")  # Ling 3's (bailing_hybrid)
 # Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
 GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
 FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
@@ -944,8 +948,9 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``."""
     if s.block_kinds:
         return _single_block_names(s, layer)
-    if layer in s.kda_layers:
-        names = ["input_norm", "post_norm", *KDA_NAMES]
+    if layer in s.kda_layers:  # Kimi Linear's low-rank forget and output gates, or Ling 3's full-rank ones
+        skip = KDA_LOW_RANK if "kda_f" in s.layout.layer else KDA_FULL_RANK
+        names = ["input_norm", "post_norm", *(n for n in KDA_NAMES if n not in skip)]
     elif s.mla is not None:
         names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
         names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
@@ -953,6 +958,7 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
             names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
         if s.sparse_index is not None:
             names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
+        names += ["g_proj"] if s.output_gate else []
     elif layer in s.linear_layers:
         skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
@@ -1053,7 +1059,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "router_bias": (E,),
         "router_logit_bias": (E,),
         "sinks": (s.num_heads,),
-        "g_proj": (s.num_heads if s.output_gate == "head" else q_dim, H),
+        "g_proj": (s.num_heads if s.output_gate in ("head", "head_sigmoid") else q_dim, H),
         "b1": (I,),
         "b3": (I,),
         "b2": (H,),
@@ -1109,7 +1115,9 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                 "kda_f_a": (K, H),
                 "kda_f_b": (qkv_dim, K),
                 "kda_dt_bias": (qkv_dim,),
-                "kda_A_log": (1, 1, la.num_v_heads, 1),
+                "kda_f": (qkv_dim, H),
+                "kda_g": (qkv_dim, H),
+                "kda_A_log": (la.num_v_heads,) if "kda_f" in s.layout.layer else (1, 1, la.num_v_heads, 1),
                 "kda_b": (la.num_v_heads, H),
                 "kda_g_a": (K, H),
                 "kda_g_b": (qkv_dim, K),

@@ -73,8 +73,6 @@ _REFUSED_ALL: dict[str, str] = {
     "minimax": "not supported yet (lightning linear attention)",
     "hy_v3": "not supported yet (Hunyuan v3 routing with fp32 combine and a scaling factor)",
     "hy_v4": "hyper-connections (several residual streams mixed per layer) are not replayed",
-    "bailing_hybrid": "its Kimi Delta Attention forget gate (full-rank, optionally a bounded sigmoid) and its MLA "
-    "layers' per-head sigmoid output gate are not replayed (kimi_linear's KDA is)",
     "sarvam_moe": "not supported yet (Sarvam MoE)",
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",

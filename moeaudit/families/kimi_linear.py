@@ -67,7 +67,7 @@ EXPERTS = {
 }
 
 
-def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
+def canonical_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config under both names of each alias (one fills the other where it is unset): the
     family reads the stored names, the shared gate reader the DeepSeek ones (``n_group``)."""
     out = dict(cfg)
@@ -106,13 +106,12 @@ def _kda_sizes(c: Ctx) -> LinearAttention:
     return LinearAttention(num_k_heads=heads, num_v_heads=heads, k_dim=dim, v_dim=dim, conv_kernel=kernel)
 
 
-def _layer_types(c: Ctx) -> list[Any]:
-    """``layer_types``; else the checkpoint's 1-indexed ``full_attn_layers`` / ``kda_layers``;
+def _default_types(c: Ctx) -> list[Any]:
+    """The checkpoint's 1-indexed ``linear_attn_config`` ``full_attn_layers`` / ``kda_layers``;
     else every 4th layer but the first full (transformers' precedence and default)."""
-    types = c.cfg.get("layer_types")
     sub = _linear_config(c)
-    if types is None and "full_attn_layers" in sub and "kda_layers" in sub:
-        types = [None] * c.num_layers
+    if "full_attn_layers" in sub and "kda_layers" in sub:
+        types: list[Any] = [None] * c.num_layers
         for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
             listed = sub[key]
             if not isinstance(listed, list) or not all(
@@ -123,8 +122,14 @@ def _layer_types(c: Ctx) -> list[Any]:
                 )
             for i in listed:
                 types[i - 1] = kind
-    if types is None:
-        types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(c.num_layers)]
+        return types
+    return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(c.num_layers)]
+
+
+def mla_kda_layers(c: Ctx, default: list[Any]) -> tuple[int, ...]:
+    """The KDA layers of ``layer_types`` (``default`` where it is unset), the others MLA."""
+    types = c.cfg.get("layer_types")
+    types = default if types is None else types
     if (
         not isinstance(types, list)
         or len(types) != c.num_layers
@@ -135,15 +140,15 @@ def _layer_types(c: Ctx) -> list[Any]:
             "'linear_attention' or 'full_attention'",
             path=c.path,
         )
-    return types
+    return tuple(i for i, t in enumerate(types) if t == "linear_attention")
 
 
-def _routed_layers(c: Ctx) -> tuple[int, ...]:
+def routed_layers(c: Ctx, first_dense: int) -> tuple[int, ...]:
     """``mlp_layer_types`` ("dense" / "sparse"), else the first ``first_k_dense_replace``
-    (default 1) layers dense."""
+    (default ``first_dense``) layers dense."""
     kinds = c.cfg.get("mlp_layer_types")
     if kinds is None:
-        first = c.get("first_k_dense_replace", int, 1)
+        first = c.get("first_k_dense_replace", int, first_dense)
         kinds = ["dense" if i < first else "sparse" for i in range(c.num_layers)]
     if not isinstance(kinds, list) or len(kinds) != c.num_layers or not set(kinds) <= {"dense", "sparse"}:
         raise CheckpointError(
@@ -155,9 +160,8 @@ def _routed_layers(c: Ctx) -> tuple[int, ...]:
 
 def _fields(c: Ctx) -> dict[str, Any]:
     assert c.mla is not None
-    types = _layer_types(c)
     return {
-        "routed_layers": _routed_layers(c),
+        "routed_layers": routed_layers(c, 1),
         "norm_topk_prob": bool(c.get("moe_renormalize", bool, True)),
         "dense_dim": c.get("intermediate_size", int, 9216),
         "shared_dim": c.get("num_shared_experts", int, 1) * c.get("moe_intermediate_size", int, 1024),
@@ -177,7 +181,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "attention_scale": c.mla.qk_head_dim**-0.5,
         "yarn": None,
         "linear_attention": _kda_sizes(c),
-        "kda_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        "kda_layers": mla_kda_layers(c, _default_types(c)),
     }
 
 
@@ -200,5 +204,5 @@ FAMILY = Family(
     top_k_key="num_experts_per_token",
     default_rms_eps=1e-5,
     mla=parse_mla,
-    decoder_config=_canonical,
+    decoder_config=canonical_config,
 )

@@ -94,20 +94,35 @@ def _softplus(x: torch.Tensor) -> torch.Tensor:
 
 
 def kimi_delta_attention(
-    la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, eps: float
+    la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, eps: float, bound: float | None = None
 ) -> torch.Tensor:
-    """The KDA token mixer of one layer, for its normalised input x."""
+    """The KDA token mixer of one layer, for its normalised input x. Kimi Linear's forget and
+    output gates are low-rank (``kda_f_a`` → ``kda_f_b``, ``kda_g_a`` → ``kda_g_b``), Ling 3's
+    full-rank (``kda_f``, ``kda_g``); ``bound``: Ling 3's bounded forget gate, log α =
+    bound · σ(exp(A_log) · f) (else −exp(A_log) · softplus(f)), rounded to the activations' dtype
+    as transformers does."""
     B, T, _ = x_BTH.shape
     h, K = la.num_v_heads, la.v_dim
     qkv = torch.cat([F.linear(x_BTH, p[n]) for n in ("kda_q", "kda_k", "kda_v")], dim=-1)
     conv = torch.cat([p["kda_q_conv"], p["kda_k_conv"], p["kda_v_conv"]])  # transformers stacks them on loading
-    q, k, v = (t.reshape(B, T, h, K) for t in _causal_conv(qkv, conv).split(h * K, dim=-1))
-    f = F.linear(F.linear(x_BTH, p["kda_f_a"]), p["kda_f_b"])
+    mixed = _causal_conv(qkv.to(conv.dtype), conv).to(qkv.dtype)
+    q, k, v = (t.reshape(B, T, h, K) for t in mixed.split(h * K, dim=-1))
+    if "kda_f" in p:
+        f = F.linear(x_BTH, p["kda_f"])
+    else:
+        f = F.linear(F.linear(x_BTH, p["kda_f_a"]), p["kda_f_b"])
     f = (f.float() + p["kda_dt_bias"].float()).view(B, T, h, K)
-    g = -p["kda_A_log"].float().exp().view(1, 1, h, 1) * _softplus(f)
+    rate = p["kda_A_log"].float().exp().view(1, 1, h, 1)
+    if "kda_f" not in p:  # Kimi Linear
+        g = -rate * _softplus(f)
+    else:  # Ling 3: bounded, or F.softplus's, and rounded to the activations' dtype
+        g = (bound * torch.sigmoid(rate * f) if bound is not None else -rate * F.softplus(f)).to(x_BTH.dtype)
     beta = F.linear(x_BTH, p["kda_b"]).sigmoid()
     o = kda_rule(q, k, v, g, beta)
-    gate = F.linear(F.linear(x_BTH, p["kda_g_a"]), p["kda_g_b"]).view(B, T, h, K)
+    if "kda_g" in p:
+        gate = F.linear(x_BTH, p["kda_g"]).view(B, T, h, K)
+    else:
+        gate = F.linear(F.linear(x_BTH, p["kda_g_a"]), p["kda_g_b"]).view(B, T, h, K)
     o32 = o.float()
     normed = p["kda_norm"].float() * (o32 * torch.rsqrt(o32.pow(2).mean(-1, keepdim=True) + eps))
     o = (normed * torch.sigmoid(gate.float())).to(o.dtype)

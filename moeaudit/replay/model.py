@@ -184,6 +184,9 @@ def mla_attention(
     out = F.scaled_dot_product_attention(
         q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None, scale=spec.attention_scale
     )
+    if spec.output_gate == "head_sigmoid":  # Ling 3: σ(W_g x) per head, rounded to the activations' dtype
+        gate = torch.sigmoid(F.linear(x_BTH, p["g_proj"]).float()).to(x_BTH.dtype)
+        out = out * gate.transpose(1, 2)[..., None]
     return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
 
 
@@ -799,7 +802,7 @@ def attention_block(
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
     if lw.layer in spec.kda_layers:  # Kimi Linear: delta rule with a per-channel decay
         assert spec.linear_attention is not None
-        return x_BTH + kimi_delta_attention(spec.linear_attention, p, x_norm, spec.rms_eps)
+        return x_BTH + kimi_delta_attention(spec.linear_attention, p, x_norm, spec.rms_eps, spec.kda_gate_bound)
     if spec.residual_scales is not None:  # MiniMax-01: α·norm(x) + β·mixer(norm(x))
         light = lw.layer in spec.lightning_layers
         a, b = spec.residual_scales[1 if light else 0]

@@ -283,6 +283,9 @@ class ModelSpec:
     linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
     # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
     kda_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
+    # −exp(A_log) · softplus(f))
+    kda_gate_bound: float | None = field(default=None, metadata=NEW)
     # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
     rope_interleaved: bool = field(default=False, metadata=NEW)
     # Granite's µP-style multipliers: embeddings × e, each block's output × r before the
