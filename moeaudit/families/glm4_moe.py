@@ -23,13 +23,13 @@ from moeaudit.families.base import (
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
-def _partial_rotary_factor(c: Ctx) -> float:
-    """From ``rope_parameters`` (v5) or the top level (the hub's v4 configs); 0.5 when absent,
-    as transformers' Glm4MoeConfig sets it."""
+def _partial_rotary_factor(c: Ctx, default: float = 0.5) -> float:
+    """From ``rope_parameters`` (v5) or the top level (the hub's v4 configs); ``default`` when
+    absent (0.5, as transformers' Glm4MoeConfig sets it; GLM-derived configs pass their own)."""
     params = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling") or {}
     value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     if value is None:
-        value = c.cfg.get("partial_rotary_factor", 0.5)
+        value = c.cfg.get("partial_rotary_factor", default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}", path=c.path)
     return float(value)

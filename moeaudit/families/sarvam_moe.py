@@ -44,23 +44,15 @@ def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     return out
 
 
-def _rotary_factor(c: Ctx) -> float:
-    params = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling") or {}
-    value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
-    if value is None:
-        value = c.cfg.get("partial_rotary_factor", 1.0)  # SarvamMoEConfig's default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {value!r}", path=c.path)
-    return float(value)
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     return {
         "routed_layers": first_k_dense(c, 1),
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "o_bias": False,
         "qk_norm": "head" if c.get("use_qk_norm", bool, True) else "none",
-        "rotary_dim": partial_rotary_dim(c, head_dim(c), _rotary_factor(c)),
+        "rotary_dim": partial_rotary_dim(
+            c, head_dim(c), glm4_moe._partial_rotary_factor(c, 1.0)
+        ),  # SarvamMoEConfig: 1.0
         "dense_dim": c.get("intermediate_size", int, 8192),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         "gate": grouped_gate(
