@@ -33,6 +33,7 @@ def main(ckpt: str, canary: str, *flags: str) -> None:
     observers = (OverlapExperts(),) if "--overlap" in flags else ()
     result = replay(Checkpoint(ckpt), canary_mod.load(canary).tokens, observers=observers)
     print(result.nll, float(next(iter(result.grads.values())).experts_E.sum()))
+    print(f"kept W1/W3 products of layers {result.kept_layers}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = {"moeaudit/hf_fp32": 0.7, "moeaudit/floor": 1.1, "floor/hf_fp32": 0.6}
-RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap", "floor_overlap/floor", "floor/hf_fp32")
+RATIOS = (
+    "moeaudit/hf_fp32",
+    "moeaudit/floor",
+    "moeaudit/floor_overlap",
+    "floor_overlap/floor",
+    "floor/hf_fp32",
+    "moeaudit/moeaudit_recompute",
+)
 
 
 def speed(env_name: str, s: dict[str, Any]) -> list[str]:
@@ -20,7 +27,13 @@ def speed(env_name: str, s: dict[str, Any]) -> list[str]:
         f"#### {env_name} environment {s['env'] or '(nothing set)'}",
         "",
         f"Every contender reported computing in: `{s.get('env_reported', 'not recorded')}`, "
-        f"{s.get('dtype', 'float32')}.",
+        f"{s.get('dtype', 'float32')}."
+        + (
+            f" W1/W3 products kept for every layer by default: {s['kept_by_default']}; receipts identical "
+            f"with none kept (`moeaudit_recompute`): {s['receipts_identical_recomputed']}."
+            if "kept_by_default" in s
+            else ""
+        ),
         "",
         "| contender | "
         + " | ".join(f"round {r + 1} wall (cpu) s" for r in range(rounds))

@@ -215,6 +215,22 @@ def speed(
             str(out),
             "--force",
         ],
+        # the same command with no expert products kept for the backward (``replay.stash``):
+        # what the default's memory buys
+        "moeaudit_recompute": [
+            "env",
+            "MOEAUDIT_ACTIVATION_BUDGET=0",
+            *WRAP,
+            "-m",
+            "moeaudit",
+            "receipts",
+            str(ckpt),
+            "--canary",
+            str(canary),
+            "--json",
+            str(work / "mid-receipts-recompute.json"),
+            "--force",
+        ],
         "hf_fp32": [*WRAP, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
         "floor": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary)],
         "floor_overlap": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary), "--overlap"],
@@ -226,11 +242,16 @@ def speed(
     runs = alternate(contenders, rounds, env)
     seen = same_env(runs)
     print(f"  every contender computed in: {seen}", flush=True)
+    kept = kept_by_default(runs["floor"][-1].out, arch.layers)
     gflop = {
-        "floor": replay_gflop(arch, windows, length, overlap=False),
-        "floor_overlap": replay_gflop(arch, windows, length, overlap=True),
+        "floor": replay_gflop(arch, windows, length, overlap=False, kept=kept),
+        "floor_overlap": replay_gflop(arch, windows, length, overlap=True, kept=kept),
+        "moeaudit_recompute": replay_gflop(arch, windows, length, overlap=True, kept=False),
     }
     gflop["moeaudit"] = gflop["floor_overlap"]
+    same = json.loads(Path(out).read_text()) == json.loads((work / "mid-receipts-recompute.json").read_text())
+    # (the whole documents: the environment block names torch, python, device and dtype only)
+    print(f"  W1/W3 products kept for every layer by default: {kept}; receipts identical without: {same}")
     ceiling = ceiling_rate(arch, env)
     # per CPU-second: the rate one core achieved over the whole process (imports, reading and
     # hashing included), set against what one core reaches on the experts' product alone
@@ -249,17 +270,26 @@ def speed(
         "env": env,
         "env_reported": seen,
         "dtype": "float32",
+        "kept_by_default": kept,
+        "receipts_identical_recomputed": same,
         "runs": {n: [vars(r) | {"out": None} for r in rs] for n, rs in runs.items()},
         **{key: ratios(runs, *key.split("/")) for key in RATIOS},
     }
 
 
-def replay_gflop(arch: Arch, windows: int, length: int, overlap: bool) -> float:
+def kept_by_default(floor_out: str, layers: int) -> bool:
+    """Whether the floor's replay kept every layer's W1/W3 products (its own report line)."""
+    m = re.search(r"kept W1/W3 products of layers \[(.*)\]", floor_out)
+    return m is not None and len([v for v in m.group(1).split(",") if v.strip()]) == layers
+
+
+def replay_gflop(arch: Arch, windows: int, length: int, overlap: bool, kept: bool = False) -> float:
     """Matrix-product GFLOP of one replay as moeaudit computes it (2 FLOPs a multiply-add):
     the forward; the backward, which recomputes each layer from its stored input (attention,
     router, the experts' W1/W3 products) and forms input and weight gradients; the LM head's
     logits and dL/dx (its weight gradient is never formed). ``overlap``: the receipts' extra
     experts (K' − k next candidates and one random, per token and layer) in the forward.
+    ``kept``: the backward reuses the forward's W1/W3 products (``replay.stash``) instead.
     Element-wise work, norms and softmax are left out: this is the floor's arithmetic."""
     N, R = windows * length, windows * (length - 1)
     H, inter, E, k = arch.hidden, arch.inter, arch.experts, arch.top_k
@@ -272,7 +302,7 @@ def replay_gflop(arch: Arch, windows: int, length: int, overlap: bool) -> float:
     fwd = proj + scores + router + 3 * expert + 3 * expert * extra / k
     # backward: recompute (proj + scores + router + W1, W3) + input and weight gradients
     # (2 × proj, 2 × scores, 2 × router) + experts: p = g·W2, dx (2), dW1, dW3, dW2
-    bwd = 3 * (proj + scores + router) + 2 * expert + 6 * expert
+    bwd = 3 * (proj + scores + router) + (0 if kept else 2 * expert) + 6 * expert
     head = 2 * (2 * R * H * arch.vocab)
     return (arch.layers * (fwd + bwd) + head) / 1e9
 
@@ -286,7 +316,14 @@ def ceiling_rate(arch: Arch, env: dict[str, str]) -> float:
     return float(r.out.strip().splitlines()[-1])
 
 
-RATIOS = ("moeaudit/hf_fp32", "moeaudit/floor", "moeaudit/floor_overlap", "floor_overlap/floor", "floor/hf_fp32")
+RATIOS = (
+    "moeaudit/hf_fp32",
+    "moeaudit/floor",
+    "moeaudit/floor_overlap",
+    "floor_overlap/floor",
+    "floor/hf_fp32",
+    "moeaudit/moeaudit_recompute",
+)
 
 
 # ----- peak memory ---------------------------------------------------------------------------
@@ -316,7 +353,9 @@ def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, en
                 str(work / "big-receipts.json"),
                 "--force",
             ],
-            env,
+            # the leanest replay: no expert products kept for the backward (replay.stash); the
+            # default keeps them within a quarter of the free memory, for speed
+            {**env, "MOEAUDIT_ACTIVATION_BUDGET": "0"},
         )
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.out)
         assert m, r.out[-2000:]
@@ -331,7 +370,7 @@ def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, en
         "arch": describe(arch),
         "checkpoint_bytes": size,
         "canary": [windows, length],
-        "env": env,
+        "env": {**env, "MOEAUDIT_ACTIVATION_BUDGET": "0"},
         "runs": results,
     }
 

@@ -60,6 +60,7 @@ from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
+from moeaudit.replay.stash import ExpertStash, Kept, activation_budget
 from moeaudit.spec.config import MAMBA_NAMES, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
@@ -85,6 +86,7 @@ class ReplayResult:
     grads: dict[int, LayerGrads] = field(default_factory=dict)
     nonfinite_weights: list[str] = field(default_factory=list)  # "layer 3 router", "lm_head", ...
     parallel: dict[str, Any] | None = None  # expert-parallel replay: world size, backend, devices
+    kept_layers: list[int] = field(default_factory=list)  # layers whose W1/W3 products the backward reused
 
 
 def _detached(r: Routing) -> Routing:
@@ -156,6 +158,7 @@ def forward_pass(
     nonfinite: list[str] | None = None,
     device: Device = None,
     keep_routing: bool = True,
+    stash: ExpertStash | None = None,
 ) -> tuple[torch.Tensor, StoredInputs, dict[int, Routing]]:
     """Stream the decoder once: (final hidden state, each layer's input, routing per layer —
     none unless ``keep_routing``). Names of weights holding NaN/Inf are appended to
@@ -165,7 +168,9 @@ def forward_pass(
     weights there: they compute their statistics where the tensors live and bring back only
     those (issue 31 §4; ``receipts.deferred``). The routing returned is on the host (one copy
     per layer, N·E numbers, only when kept). The layer inputs stay on the device up to a memory
-    budget, the first layers' beyond it wait in host memory (``replay.offload``, issue 31 §6)."""
+    budget, the first layers' beyond it wait in host memory (``replay.offload``, issue 31 §6).
+    ``stash``: the routed experts' W1/W3 products are kept there for the backward, for the
+    layers its budget has room for (``replay.stash``)."""
     spec = ckpt.spec
     embed = ckpt.read_global("embed", None)  # on-disk dtype; only the canary's rows are converted
     if nonfinite is not None and not all_finite(embed):
@@ -183,8 +188,9 @@ def forward_pass(
             nonfinite.extend(nonfinite_names(lw))
         inputs.append(x)
         lw = on_device(lw, device)
+        keep = stash.offer(i) if stash is not None and lw.routed else None
         with torch.no_grad():
-            x, tap = decoder_layer(spec, lw, x, rope, extra)
+            x, tap = decoder_layer(spec, lw, x, rope, extra, keep)
         if tap is not None:
             if keep_routing:
                 routing[i] = _detached(tap.routing if device is None else to_host(tap.routing, device))
@@ -370,6 +376,7 @@ def _replay(
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
+    stash = ExpertStash(spec, W * T, activation_budget(device), dtype) if backward else None
     x, inputs, routing = forward_pass(
         ckpt,
         tokens_WT,
@@ -381,6 +388,7 @@ def _replay(
         nonfinite=bad,
         device=device,
         keep_routing=keep_routing,
+        stash=stash,
     )
 
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
@@ -397,12 +405,14 @@ def _replay(
     result = ReplayResult(float(nll), nll_W, float(entropy), routing, nonfinite_weights=bad)
     if not backward:
         return result
+    result.kept_layers = stash.layers if stash is not None else []
 
     grad = head.grad_x_WTH
     assert grad is not None
     for step, i in enumerate(reversed(range(spec.num_layers))):
         lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True), device)
-        grad, layer = layer_backward(spec, lw, inputs[i], grad, rope, device)
+        kept = stash.take(i) if stash is not None else None
+        grad, layer = layer_backward(spec, lw, inputs[i], grad, rope, device, kept)
         if layer is not None:
             result.grads[i] = layer
         for observe_grad in grad_observers:
@@ -421,10 +431,12 @@ def layer_backward(
     grad_BTH: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
     device: torch.device | None = None,
+    kept: Kept | None = None,
 ) -> tuple[torch.Tensor, LayerGrads | None]:
     """Recompute one layer from its input and push dL/d(output) through it: (dL/d(input),
     gradient norms). Autograd covers attention, norms, router and shared expert (whose
-    ``.grad`` it fills); the routed experts go through ``experts_backward`` one at a time."""
+    ``.grad`` it fills); the routed experts go through ``experts_backward`` one at a time,
+    with the forward's W1/W3 products where it ``kept`` them (``replay.stash``)."""
     for t in lw.params.values():
         t.requires_grad_(True)
     x = x_BTH.detach().requires_grad_(True)
@@ -456,6 +468,7 @@ def layer_backward(
         spec.clamped_glu,
         spec.scaled_expert_inputs,
         sorted_slots=slots,
+        kept=kept,
     )
     roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
     if scales is not None:  # no identity path from h: dL/dy = α·dL/d(out) + the experts'

@@ -489,6 +489,7 @@ def experts_forward_sets(
     scales: Sequence[torch.Tensor] | None = None,
     only: range | None = None,
     sorted_slots: list[tuple[torch.Tensor, list[int]]] | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[torch.Tensor]:
     """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
@@ -502,7 +503,11 @@ def experts_forward_sets(
 
     ``only`` (expert-parallel replay, ``replay.sharded``): compute the experts in that range and
     leave the rows of the others zero; each expert's rows are those it gets in the full sweep.
-    ``sorted_slots``: the sets' ``_slots_of_sets``, when the caller has them (one host sync fewer)."""
+    ``sorted_slots``: the sets' ``_slots_of_sets``, when the caller has them (one host sync fewer).
+
+    ``keep`` (``replay.stash``): for the first set, each SwiGLU expert's products (W1 x, W3 x)
+    are put there under its index, for the backward to use instead of forming them again; the
+    output is the one :func:`swiglu` gives (the same products in the same order)."""
     slots = _slots_of_sets(sets, len(experts)) if sorted_slots is None else sorted_slots
     announce(
         experts,
@@ -525,7 +530,11 @@ def experts_forward_sets(
             if c:
                 slots_c = order[starts[i] : starts[i] + c]
                 tok = slots_c // sets[i].shape[1]
-                if scales is None:
+                if keep is not None and i == 0 and glu is None and scales is None and "w3" in w:
+                    a1, a3 = F.linear(y_NH[tok], w["w1"]), F.linear(y_NH[tok], w["w3"])
+                    u = F.linear(F.silu(a1) * a3, w["w2"])
+                    keep[e] = (a1, a3)
+                elif scales is None:
                     u = expert_mlp(w, y_NH[tok], glu)
                 else:
                     s_C1 = scales[i].reshape(-1)[slots_c].to(y_NH.dtype)[:, None]
@@ -571,11 +580,16 @@ class ExpertsBackward:
 
 
 def _swiglu_grads(
-    x_MH: torch.Tensor, w: dict[str, torch.Tensor], g_out_MH: torch.Tensor, c_M1: torch.Tensor
+    x_MH: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    g_out_MH: torch.Tensor,
+    c_M1: torch.Tensor,
+    kept: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Backward of c·W2(silu(W1 x) ⊙ W3 x) given dL/d(out) = g_out: (dL/dx, dL/dc, [dW1, dW3, dW2]).
-    The forward's W2 product is never needed: ⟨u, g⟩ = ⟨silu(a1)⊙a3, g W2⟩."""
-    a1, a3 = F.linear(x_MH, w["w1"]), F.linear(x_MH, w["w3"])
+    The forward's W2 product is never needed: ⟨u, g⟩ = ⟨silu(a1)⊙a3, g W2⟩. ``kept``: the
+    forward's (W1 x, W3 x) for these rows (``replay.stash``), instead of forming them again."""
+    a1, a3 = (F.linear(x_MH, w["w1"]), F.linear(x_MH, w["w3"])) if kept is None else kept
     s, sig = F.silu(a1), torch.sigmoid(a1)
     h_MI = s * a3
     p_MI = g_out_MH @ w["w2"]  # dL/dh before the combine weight
@@ -636,6 +650,7 @@ def experts_backward(
     only: range | None = None,
     slot_dx: bool = False,
     sorted_slots: tuple[torch.Tensor, list[int]] | None = None,
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> ExpertsBackward:
     """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
@@ -645,7 +660,8 @@ def experts_backward(
     others' norms, dL/dc and dL/dy contributions stay zero); ``slot_dx`` returns each (token,
     slot)'s dL/dy in ``dx_SH`` [N·K, H] rather than their sum per token (``y_NH`` is then empty),
     so that the sum can be formed after the ranks' slots are brought together, in this order.
-    ``sorted_slots``: ``expert_slots`` of ``topk_NK``, when the caller has them (one host sync fewer)."""
+    ``sorted_slots``: ``expert_slots`` of ``topk_NK``, when the caller has them (one host sync fewer).
+    ``kept``: the forward's (W1 x, W3 x) per expert (``replay.stash``), each dropped once used."""
     N, K = topk_NK.shape
     order, counts = _expert_slots(topk_NK, len(experts)) if sorted_slots is None else sorted_slots
     announce(experts, [e for e, c in enumerate(counts) if c and (only is None or e in only)])  # read below
@@ -671,7 +687,7 @@ def experts_backward(
                     dxs, _, grads = _clamped_glu_grads(glu, xs, w, grad_NH[tok], ones)
                 dx, dc = dxs * c_M1, (dxs * x).sum(-1)
             elif glu is None:
-                dx, dc, grads = _swiglu_grads(x, w, grad_NH[tok], c_M1)
+                dx, dc, grads = _swiglu_grads(x, w, grad_NH[tok], c_M1, None if kept is None else kept.pop(e, None))
             else:
                 dx, dc, grads = _clamped_glu_grads(glu, x, w, grad_NH[tok], c_M1)
             if dx_SH is not None:
@@ -761,7 +777,11 @@ def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tenso
 
 
 def moe_block(
-    spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor, extra: ExtraExperts | None = None
+    spec: ModelSpec,
+    lw: LayerWeights,
+    h_BTH: torch.Tensor,
+    extra: ExtraExperts | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, MoETap]:
     """The MoE block; ``extra(layer, routing)`` names more expert-index sets [N, X] whose
     outputs observers need (overlap receipts): they are computed in the same sweep over the
@@ -771,7 +791,9 @@ def moe_block(
     y_NH, routing = moe_router(spec, lw, h_NH)
     wanted = extra(lw.layer, routing) if extra is not None else {}
     sets = [routing.topk_NK, *wanted.values()]
-    u_NKH, *more = experts_forward_sets(lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets))
+    u_NKH, *more = experts_forward_sets(
+        lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets), keep=keep
+    )
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
@@ -830,13 +852,14 @@ def decoder_layer(
     x_BTH: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
     extra: ExtraExperts | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, MoETap | None]:
     h = attention_block(spec, lw, x_BTH, rope)
     if spec.block_kind(lw.layer) in ("mamba", "attention"):  # Nemotron-H: the mixer is the layer
         return h, None
     r = spec.residual_multiplier
     if lw.routed:
-        mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra)
+        mlp_out, tap = moe_block(spec, lw, mlp_input(spec, x_BTH, h), extra, keep)
         if spec.moe_out_norm:  # A.X-K1: RMSNorm on routed + shared before the residual add
             mlp_out = rms_norm(mlp_out, lw.params["moe_out_norm"], spec.rms_eps)
         if spec.residual_scales is not None:  # MiniMax-01: α·y + β·MoE(y), y = norm(h)

@@ -41,12 +41,13 @@ _UNITS = {
 }
 
 
-def parse_budget(text: str) -> float:
-    """Bytes from ``text`` ("12GB", "512MiB", "1e9", "inf"), or a usage error naming it."""
+def parse_budget(text: str, name: str = ENV) -> float:
+    """Bytes from ``text`` ("12GB", "512MiB", "1e9", "inf"), or a usage error naming the
+    variable ``name`` it came from."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|inf)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS or (m.group(1) == "inf" and unit):
-        raise UsageError(f"{ENV}={text!r} is not a number of bytes (e.g. 24GB, 512MiB, 0, inf)")
+        raise UsageError(f"{name}={text!r} is not a number of bytes (e.g. 24GB, 512MiB, 0, inf)")
     return float(m.group(1)) * _UNITS[unit]
 
 

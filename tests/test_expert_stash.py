@@ -1,0 +1,142 @@
+"""The routed experts' W1/W3 products kept from the forward for the backward (issue 30,
+``replay.stash``): which layers keep them under a budget, that the backward uses them, and that
+the receipts do not depend on it — bit for bit, in the test process's default thread setting,
+since the default budget follows the memory free when a replay starts."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from moeaudit.checkpoint import Checkpoint
+from moeaudit.errors import UsageError
+from moeaudit.policy import Policy
+from moeaudit.receipts.state import run_state
+from moeaudit.replay import engine, model, stash
+from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_headroom, keepable
+
+pytest.importorskip("transformers")
+
+import tiny_families  # noqa: E402
+from test_device_receipts import _probe  # noqa: E402
+
+
+def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budget: str) -> tuple[str, list[Any]]:
+    monkeypatch.setenv(ENV, budget)
+    made: list[ExpertStash] = []
+    used: list[bool] = []
+
+    class Spy(ExpertStash):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def offer(self, layer: int) -> Any:
+            kept = super().offer(layer)
+            if kept is not None:
+                used.append(layer)
+            return kept
+
+    real = model._swiglu_grads
+    reused: list[int] = []
+
+    def spy_grads(*args: Any) -> Any:
+        if len(args) > 4 and args[4] is not None:
+            reused.append(args[4][0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(engine, "ExpertStash", Spy)
+    monkeypatch.setattr(model, "_swiglu_grads", spy_grads)
+    doc = run_state(ckpt, _probe(), Policy())[0]
+    doc.pop("environment", None)
+    assert len(made) == 1 and made[0].used == 0 and made[0].layers == []  # every layer's taken back
+    return json.dumps(doc, sort_keys=True), [used, sum(reused)]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "qwen2_moe"])
+def test_kept_products_give_the_same_receipts(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    spec = ckpt.spec
+    probe = _probe()
+    N = probe.num_windows * probe.window_len
+    routed = list(spec.routed_layers)
+    per_layer = N * spec.top_k * spec.expert_dim * 2 * 4
+    none, (kept_none, rows_none) = _receipts_and_stash(ckpt, monkeypatch, "0")
+    one, (kept_one, rows_one) = _receipts_and_stash(ckpt, monkeypatch, str(per_layer))
+    every, (kept_all, rows_all) = _receipts_and_stash(ckpt, monkeypatch, "inf")
+    assert kept_none == [] and rows_none == 0
+    assert kept_one == routed[:1] and rows_one == N * spec.top_k  # the first routed layer only
+    assert kept_all == routed and rows_all == len(routed) * N * spec.top_k  # every (token, slot) reused
+    assert none == one == every  # the numbers do not depend on the budget
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "llama4_text", "nemotron_h"])
+def test_other_expert_forms_keep_nothing(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-oss's clamped GLU, Llama 4's scaled inputs, Nemotron-H's ReLU² form their own
+    products in the backward: no budget is spent on them."""
+    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    assert not keepable(ckpt.spec)
+    _, (kept, rows) = _receipts_and_stash(ckpt, monkeypatch, "inf")
+    assert kept == [] and rows == 0
+
+
+def test_layers_are_kept_in_forward_order_while_the_budget_lasts(tmp_path: Path) -> None:
+    spec = Checkpoint(tiny_families.save_any(tmp_path / "mixtral", "mixtral")).spec
+    s = ExpertStash(spec, tokens=10, budget=2.5 * 10 * spec.top_k * spec.expert_dim * 2 * 4, dtype=torch.float32)
+    assert [s.offer(i) is not None for i in range(4)] == [True, True, False, False]
+    assert s.layers == [0, 1] and s.take(3) is None
+    assert s.take(1) == {} and s.layers == [0] and s.used == s.per_layer
+    assert s.offer(2) is not None  # room again once a layer's products are taken
+    half = ExpertStash(spec, tokens=10, budget=math.inf, dtype=torch.bfloat16)
+    assert half.per_layer * 2 == s.per_layer
+
+
+@pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("2GB", 2e9), ("512MiB", 512 * 2**20), ("inf", math.inf)])
+def test_budget_settings(text: str, value: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, text)
+    assert activation_budget(None) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "-1GB", "infGB"])
+def test_a_bad_budget_is_one_clear_usage_error(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, text)
+    with pytest.raises(UsageError, match=ENV):
+        activation_budget(None)
+
+
+def test_the_default_is_a_quarter_of_the_headroom_on_the_host_and_nothing_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(stash, "host_headroom", lambda: 8e9)
+    assert activation_budget(None) == 2e9 and activation_budget("cpu:0") == 2e9
+    assert activation_budget("meta") == 0.0  # an accelerator: recomputed, its memory kept for the inputs
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_the_headroom_respects_rlimit_data() -> None:
+    """Under an RLIMIT_DATA cap the headroom is below the cap (the cap less the data segment);
+    without one it is at most the machine's available memory."""
+    assert 0 < host_headroom() <= stash._meminfo_available()
+    cap = 3 * 2**30
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_DATA, ({cap}, {cap}))\n"
+        "from moeaudit.replay.stash import host_headroom, _rlimit_headroom\n"
+        "print(host_headroom(), _rlimit_headroom())\n"
+    )
+    if resource.getrlimit(resource.RLIMIT_DATA)[1] not in (resource.RLIM_INFINITY,) and (
+        resource.getrlimit(resource.RLIMIT_DATA)[1] < cap
+    ):
+        pytest.skip("the hard RLIMIT_DATA is below the cap this test sets")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    headroom, rlimit = (float(v) for v in out.stdout.split())
+    assert 0 < rlimit < cap and headroom <= rlimit
