@@ -849,7 +849,8 @@ def decoder_layer(
         return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
     w, b = mlp_norm(spec)
-    y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b)) if spec.pre_norm else h
+    y = mlp_input(spec, x_BTH, h)
+    y = block_norm(spec, y, p[w], p.get(b)) if spec.pre_norm else y  # post-norm layers: the stream itself
     out = mlp(spec, p, "mlp_", y)
     if spec.dense_out_norm:  # AFMoE: the dense MLP's output normed as the MoE output is
         out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)
