@@ -999,6 +999,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     else:
         names += ["mlp_w1", "mlp_w3", "mlp_w2"]
         names += ["moe_out_norm"] if s.dense_out_norm else []
+    if not s.pre_norm:  # OLMo-2 post-norm layers: no norm in front of attention or the MLP / MoE block
+        names = [n for n in names if n not in ("input_norm", "post_norm")]
     return names
 
 

@@ -145,9 +145,6 @@ _REFUSED_ALL: dict[str, str] = {
     "kolibri1": "not supported yet (EXAONE-4 attention with post-norms, DeepSeek-style shared experts)",
     "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
     "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
-    "flex_olmo": "OLMo-2 post-norms: no RMSNorm before the router (it reads the raw stream, not γ ⊙ z) and the "
-    "expert outputs pass the MoE-output norm, not the next norm's P_z: the receipts' gate input and visible field "
-    "do not exist",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),

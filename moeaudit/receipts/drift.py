@@ -4,6 +4,9 @@ Table 7; SPEC §5).
 Base-anchored states: z^(0) from θ0's replay; y^(0→j) = γ_j ⊙ z^(0) pushes the same state
 through each checkpoint's own gain, isolating routing and expert change from path change.
 Both anchored states are built the same way, so identical checkpoints give exactly zero.
+Without a pre-norm (``ModelSpec.pre_norm`` false: OLMo-2 post-norm layers) the router reads the
+residual stream itself, so y^(0→j) = h^(0), the base's stream, for every checkpoint, and the
+gain drift is null (docs/decisions.md).
 
 Shape suffixes: N tokens, E experts, K top-k, U = 2K (R^0 then R^1), C candidates, H hidden.
 """
@@ -62,7 +65,7 @@ def pair_layer(
     with replay_scope(dev):
         per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
         per_token, bias = to_host((per_token, bias), dev)
-        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev)}
+        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm)}
     if bias is not None:  # the balancer's control input, next to its result
         out["selection_bias"] = bias_drift(*bias)
     return out
@@ -75,7 +78,10 @@ def _pair_tensors(
     None), where the inputs live."""
     K = spec.top_k
     z = base.z_NH
-    y00, y01 = (lw.params["post_norm"] * z + lw.params.get("post_norm_bias", 0.0) for lw in (lw0, lw1))
+    if spec.pre_norm:
+        y00, y01 = (lw.params["post_norm"] * z + lw.params.get("post_norm_bias", 0.0) for lw in (lw0, lw1))
+    else:  # no gain: each checkpoint's router reads the base's stream h^(0) (the base tap's y)
+        y00 = y01 = base.y_NH
     r0, r1 = route_layer(spec, lw0.params, y00), route_layer(spec, lw1.params, y01)
 
     shared_N = (r0.topk_NK[:, :, None] == r1.topk_NK[:, None, :]).any(-1).sum(-1)
@@ -122,9 +128,10 @@ def _drift(per_token: dict[str, torch.Tensor], boot: WindowBootstrap) -> dict[st
     return drift
 
 
-def weight_change(lw0: LayerWeights, lw1: LayerWeights, device: Device = None) -> dict[str, Any]:
+def weight_change(lw0: LayerWeights, lw1: LayerWeights, device: Device = None, gain: bool = True) -> dict[str, Any]:
     """Secondary surface (`003` Table 7): ‖ΔW‖_F / ‖W^θ0‖_F per expert, and router drift. The
-    sums are taken where the weights are, and come to the host in one transfer."""
+    sums are taken where the weights are, and come to the host in one transfer. ``gain`` false (a
+    post-norm family, no norm before the router): the gain drift is null, with the reason."""
 
     def sums(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
         """[Σ ‖b − a‖², Σ ‖a‖²] in float64, summed in order from 0."""
@@ -141,10 +148,16 @@ def weight_change(lw0: LayerWeights, lw1: LayerWeights, device: Device = None) -
     rows = [sums(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts, strict=True)]
     names = [n for n in ("router", "router_logit_bias") if n in lw0.params]
     rows.append(sums([lw0.params[n] for n in names], [lw1.params[n] for n in names]))
-    rows.append(sums([lw0.params["post_norm"]], [lw1.params["post_norm"]]))
+    if gain:
+        rows.append(sums([lw0.params["post_norm"]], [lw1.params["post_norm"]]))
     host = to_host(torch.stack(rows), device).tolist()
-    *experts, router, gain = (rel(num, den) for num, den in host)
-    return {"expert_relative_change": experts, "router_drift": router, "gain_drift": gain}
+    changes = [rel(num, den) for num, den in host]
+    if not gain:
+        *experts, router = changes
+        no_gain = {"gain_drift": None, "reason": "no pre-norm gain (post-norm family)"}
+        return {"expert_relative_change": experts, "router_drift": router, **no_gain}
+    *experts, router, gain_drift = changes
+    return {"expert_relative_change": experts, "router_drift": router, "gain_drift": gain_drift}
 
 
 def bootstrap_for(settings: ReceiptSettings, num_windows: int, layer: int) -> WindowBootstrap:

@@ -33,7 +33,7 @@ class AnchorStates:
     """What a pair comparison needs from one checkpoint's replay of one layer."""
 
     z_NH: torch.Tensor  # pre-gain normalised state
-    y_NH: torch.Tensor  # this checkpoint's own post-gain gate input
+    y_NH: torch.Tensor  # this checkpoint's own post-gain gate input (h itself without a pre-norm)
 
 
 @dataclass

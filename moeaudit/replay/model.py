@@ -719,7 +719,7 @@ class MoETap:
 
     layer: int
     h_NH: torch.Tensor  # residual stream entering the MoE block
-    y_NH: torch.Tensor  # post-gain gate input γ ⊙ z
+    y_NH: torch.Tensor  # post-gain gate input γ ⊙ z (h itself without a pre-norm: ``spec.pre_norm``)
     routing: Routing
     u_NKH: torch.Tensor  # raw expert outputs for the active set
     extra_u: dict[str, torch.Tensor] = field(default_factory=dict)  # outputs observers asked for
@@ -741,7 +741,10 @@ class MoETap:
 
 
 def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
-    """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it."""
+    """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it; without a pre-norm
+    (``spec.pre_norm`` false, OLMo-2 post-norm layers) the router and experts read h itself: y = h."""
+    if not spec.pre_norm:
+        return h_NH, route_layer(spec, lw.params, h_NH)
     w, b = mlp_norm(spec)
     y_NH = block_norm(spec, h_NH, lw.params[w], lw.params.get(b))
     return y_NH, route_layer(spec, lw.params, y_NH)
@@ -818,7 +821,8 @@ def attention_block(
     p = lw.params
     if spec.block_kind(lw.layer) in ("mlp", "moe"):
         return x_BTH
-    x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias"))
+    # OLMo-2 post-norm layers (``pre_norm`` false): attention reads the stream itself
+    x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias")) if spec.pre_norm else x_BTH
     if lw.layer in spec.linear_layers:
         assert spec.linear_attention is not None
         return x_BTH + gated_deltanet(spec.linear_attention, p, x_norm, spec.rms_eps)
@@ -868,7 +872,8 @@ def decoder_layer(
         return h + (mlp_out if r == 1.0 else mlp_out * r), tap
     p = lw.params
     w, b = mlp_norm(spec)
-    y = block_norm(spec, mlp_input(spec, x_BTH, h), p[w], p.get(b))
+    y = mlp_input(spec, x_BTH, h)
+    y = block_norm(spec, y, p[w], p.get(b)) if spec.pre_norm else y  # post-norm layers: the stream itself
     out = mlp(spec, p, "mlp_", y)
     if spec.dense_out_norm:  # AFMoE: the dense MLP's output normed as the MoE output is
         out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)

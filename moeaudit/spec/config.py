@@ -366,6 +366,11 @@ class ModelSpec:
     # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
     attn_out_norm: bool = field(default=False, metadata=NEW)
     dense_out_norm: bool = field(default=False, metadata=NEW)
+    # OLMo-2 post-norm layers (FlexOlmo): False = no RMSNorm before attention or the MLP / MoE
+    # block (no ``input_norm``, no ``post_norm``): each block reads the residual stream itself, so
+    # the router's input is y = h (no gain; z = h / r stays the receipts' state), and the block
+    # outputs are normed instead (``attn_out_norm``, ``moe_out_norm``) — docs/decisions.md
+    pre_norm: bool = field(default=True, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
