@@ -22,6 +22,7 @@ import hf_models_aliases2  # noqa: E402  (registers issue 27's later aliases' ti
 import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
 import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
+import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
@@ -66,6 +67,7 @@ TINY = (
     "afmoe",
     "kimi_linear",
     "bailing_hybrid",
+    "jetmoe",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

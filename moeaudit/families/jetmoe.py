@@ -8,8 +8,9 @@ receipts audit: ``num_local_experts`` SwiGLU experts of ``intermediate_size`` st
 top-k of the router logits with a softmax over those k (the renormalised top-k of the full
 softmax), and a bias on the block's output (``moe_bias``). No shared expert, every layer routed.
 
-transformers fixes ``num_attention_heads`` = ``num_key_value_heads`` × ``num_experts_per_tok``
-and ``head_dim`` = ``kv_channels``, whatever the file says; it builds the two layer norms with
+transformers' forward has ``num_key_value_heads`` × ``num_experts_per_tok`` query heads of
+``kv_channels`` dims (its ``num_attention_heads``, derived so by JetMoeConfig, is not read by the
+forward; a file's value, which can differ, is ignored here too); it builds the two layer norms with
 eps 1e-6 and only the final norm with ``rms_norm_eps`` (``ModelSpec.final_norm_eps``); the
 embeddings are tied unless ``tie_word_embeddings`` is false."""
 
@@ -26,9 +27,9 @@ LAYER_NORM_EPS = 1e-6  # JetMoeRMSNorm(hidden_size) for input_layernorm and post
 
 
 def _heads(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
-    """The config with JetMoeConfig's derived attention sizes: num_attention_heads = kv heads ×
-    top-k (each of a token's k attention experts brings kv-heads query heads), head_dim =
-    kv_channels (its ``attribute_map``)."""
+    """The config with the attention sizes of transformers' forward: num_attention_heads = kv
+    heads × top-k (each of a token's k attention experts brings kv-heads query heads; JetMoeConfig
+    derives it so), head_dim = kv_channels (its ``attribute_map``)."""
     for key in ("num_key_value_heads", "num_experts_per_tok", "kv_channels"):
         value = cfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
