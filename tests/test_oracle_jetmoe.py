@@ -34,12 +34,21 @@ pytest.importorskip("transformers")
 
 import hf_models_jetmoe  # noqa: E402, F401  (registers the tiny config)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import FORWARD, TIE_GAP, Observed, _by_expert, _cross_entropy, _norm  # noqa: E402
+from test_oracle import (  # noqa: E402
+    FORWARD,
+    TIE_GAP,
+    Observed,
+    _by_expert,
+    _cross_entropy,
+    _norm,
+    assert_identical,
+)
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402
+from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.moa import moa_route  # noqa: E402
 from moeaudit.replay.model import rms_norm  # noqa: E402
 
@@ -234,3 +243,30 @@ def test_expert_parallel_replay_refuses_jetmoe_by_name(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not replay jetmoe's mixture of attention heads") as err:
         check_shardable(Checkpoint(tmp_path).spec)
     assert "without --nproc" in (err.value.hint or "")
+
+
+def test_jetmoe_replay_is_deterministic_and_attention_expert_labels_do_not_matter(tmp_path: Path) -> None:
+    """Two replays are bit-identical. Relabelling the attention experts of every layer (router
+    rows, q and o projections moved together) changes no forward number (each expert gets the same
+    rows in the same order under its new label) and moves the gradients by float32 rounding only:
+    the backward of the expert-sorted gather sums a token's k slot gradients in the new order."""
+    import safetensors.torch as st
+
+    save_tiny(tmp_path / "a", "jetmoe")
+    tokens = random_tokens()
+    base = replay(Checkpoint(tmp_path / "a"), tokens)
+    assert_identical(base, replay(Checkpoint(tmp_path / "a"), tokens))
+    perm = torch.tensor([2, 0, 3, 1])
+    tensors = st.load_file(tmp_path / "a" / "model.safetensors")
+    moved = {k: v[perm] if ".self_attention.experts." in k and v.dim() >= 2 else v for k, v in tensors.items()}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_bytes((tmp_path / "a" / "config.json").read_bytes())
+    st.save_file(moved, tmp_path / "b" / "model.safetensors", metadata={"format": "pt"})
+    other = replay(Checkpoint(tmp_path / "b"), tokens)
+    assert other.nll == base.nll and torch.equal(other.nll_windows_W, base.nll_windows_W)
+    for i, r in base.routing.items():
+        assert torch.equal(other.routing[i].topk_NK, r.topk_NK) and torch.equal(other.routing[i].scores_NE, r.scores_NE)
+        g, h = base.grads[i], other.grads[i]
+        torch.testing.assert_close(h.experts_E, g.experts_E, rtol=1e-6, atol=0)
+        for a, b in ((g.router, h.router), (g.shared, h.shared), (g.attention, h.attention)):
+            assert b == pytest.approx(a, rel=1e-6)
