@@ -23,6 +23,7 @@ import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
 import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
 import hf_models_flex_olmo  # noqa: E402,F401  (registers the FlexOlmo tiny config)
+import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
@@ -68,6 +69,7 @@ TINY = (
     "kimi_linear",
     "bailing_hybrid",
     "flex_olmo",
+    "jetmoe",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -114,7 +114,7 @@ def _unknown_family(ckpt: Path) -> None:
 
 def _refused_family(ckpt: Path) -> None:
     cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["model_type"] = "jetmoe"
+    cfg["model_type"] = "vitpose"
     (ckpt / "config.json").write_text(json.dumps(cfg))
 
 
@@ -140,7 +140,7 @@ def _missing_expert(ckpt: Path) -> None:
     [
         (_shape_mismatch, "config.json implies"),
         (_unknown_family, "unknown model family 'llama'"),
-        (_refused_family, "model family 'jetmoe' cannot be replayed: its routed experts are attention heads"),
+        (_refused_family, "model family 'vitpose' cannot be replayed: a pose-estimation vision model"),
         (_truncate, "truncated"),
         (_pickle_only, "pickled weights are never loaded"),
         (_missing_expert, "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),

@@ -25,7 +25,7 @@ def test_every_family_file_is_discovered_with_its_layout() -> None:
     assert not set(FAMILIES) & set(REFUSED)  # a family file overrides a stale refusal
 
 
-@pytest.mark.parametrize("model_type", ["jetmoe", "nllb-moe", "switch_transformers"])
+@pytest.mark.parametrize("model_type", ["nllb-moe", "switch_transformers", "vitpose"])
 def test_refused_family_names_itself_and_why(model_type: str) -> None:
     cfg = {**hf_config(Arch()), "model_type": model_type}
     with pytest.raises(CheckpointError) as err:

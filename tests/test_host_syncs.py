@@ -52,10 +52,11 @@ def test_syncs_and_copies_per_layer_are_capped(family: str, tmp_path: Path) -> N
     path = tiny_families.save_any(tmp_path / family, family)
     ckpt = Checkpoint(path)
     meter = metered(path)
+    moa = 1 if ckpt.spec.moa else 0  # JetMoE's attention: its tokens per attention expert (1 a pass)
     for phase in ("forward", "backward"):
         for i, counts in zip(ckpt.spec.routed_layers, _routed(meter, ckpt, phase), strict=True):
             for kind, cap in CAP[phase].items():
-                assert counts[kind] <= cap, (phase, i, kind, dict(counts))
+                assert counts[kind] <= cap + moa, (phase, i, kind, dict(counts))
     for phase in ("forward", "backward"):  # dense layers: no tap, no expert sweep
         for i in set(range(ckpt.spec.num_layers)) - set(ckpt.spec.routed_layers):
             assert meter.counts[f"{phase} {i}"]["sync"] <= 1, (phase, i)

@@ -187,7 +187,7 @@ def _layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tenso
         inputs.append(x)
         x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
     bias = ckpt.read_global("final_norm_bias") if spec.layer_norm and spec.norm_bias else None
-    return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"), bias)]
+    return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"), bias, spec.final_eps)]
 
 
 # ----- comparison --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from moeaudit.checkpoint.safetensors import (
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
-from moeaudit.spec.config import ModelSpec, parse_config
+from moeaudit.spec.config import MOA_NAMES, ModelSpec, parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -970,12 +970,15 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     elif layer in s.mamba_layers:
         assert s.mamba is not None
         names = ["input_norm", "post_norm", *s.mamba.names()]
+    elif s.moa:  # JetMoE: a mixture of attention heads (``replay.moa``)
+        names = ["input_norm", "post_norm", *MOA_NAMES]
     else:
         names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
         names += ["sinks"] if s.attention_sinks else []
         names += ["g_proj"] if s.output_gate else []
         names += ["attn_out_norm"] if s.attn_out_norm else []
     mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers or layer in s.kda_layers
+    mixer = mixer or s.moa
     if s.attention_bias and s.mla is None and not mixer:
         names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
         names += ["o_bias"] if s.o_bias else []
@@ -991,6 +994,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
             names.append("router_logit_bias")
         if s.moe_out_norm:
             names.append("moe_out_norm")
+        if s.moe_bias:
+            names.append("moe_bias")
         if s.shared_dim:
             # Granite 4.0's shared MLP: gate and up rows in one ``input_linear`` (split on reading)
             fused = "shared_gate_up" in s.layout.layer
@@ -1067,6 +1072,13 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "b2": (H,),
         "gate_up_bias": (E, 2 * I),
         "down_bias": (E, H),
+        # JetMoE's mixture of attention heads: as many attention experts as MLP experts
+        "moa_router": (E, H),
+        "moa_q": (E, kv_dim, H),
+        "moa_o": (E, H, kv_dim),
+        "moa_bias": (H,),
+        "kv": (2 * kv_dim, H),
+        "moe_bias": (H,),
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
         shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)

@@ -61,7 +61,7 @@ from moeaudit.replay.model import (
 )
 from moeaudit.replay.offload import StoredInputs
 from moeaudit.replay.stash import ExpertStash, Kept, activation_budget
-from moeaudit.spec.config import MAMBA_NAMES, SHORT_CONV_NAMES, ModelSpec
+from moeaudit.spec.config import MAMBA_NAMES, MOA_NAMES, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -240,7 +240,7 @@ def lm_head_pass(
         rows = slice(a, a + step)
         xc = x_RH[rows].detach().requires_grad_(g_R is not None)
         with torch.set_grad_enabled(g_R is not None):
-            xn = block_norm(spec, xc, final_norm, final_norm_bias)
+            xn = block_norm(spec, xc, final_norm, final_norm_bias, spec.final_eps)
         with torch.no_grad():
             logits = F.linear(xn, lm_head, lm_head_bias).float()
             if spec.logits_scaling != 1.0:  # Granite: logits ÷ s
@@ -451,6 +451,7 @@ def layer_backward(
         h = attention_block(spec, lw, x, rope)
         y_NH, routing = moe_router(spec, lw, mlp_input(spec, x, h).reshape(-1, H))
         shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
+        bias = lw.params["moe_bias"].expand_as(y_NH) if spec.moe_bias else None  # JetMoE
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     scales = spec.residual_scales[2] if spec.residual_scales is not None else None
@@ -475,6 +476,9 @@ def layer_backward(
         roots, grads = roots[1:], [back.y_NH + scales[0] * grad_BTH.reshape(-1, H), back.combine_NK]
     if shared is not None:
         roots.append(shared)
+        grads.append(g_NH)
+    if bias is not None:  # JetMoE: the bias on the MoE output gets dL/d(MoE output), summed over tokens
+        roots.append(bias)
         grads.append(g_NH)
     if out_norm is not None:  # the norm's gain (its input is a detached leaf: nothing else moves)
         roots.append(out_norm[0])
@@ -504,6 +508,8 @@ def _through_out_norm(
         s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
         if shared is not None:
             s_NH = s_NH + shared.detach()
+        if spec.moe_bias:
+            s_NH = s_NH + lw.params["moe_bias"].detach()
     s_NH = s_NH.requires_grad_(True)
     with torch.enable_grad():
         out_NH = rms_norm(s_NH, lw.params["moe_out_norm"], spec.rms_eps)
@@ -546,7 +552,9 @@ def _next_token(
     x_PH: torch.Tensor,
 ) -> torch.Tensor:
     logits = F.linear(
-        block_norm(spec, x_PH, final_norm, biases.get("final_norm_bias")), lm_head, biases.get("lm_head_bias")
+        block_norm(spec, x_PH, final_norm, biases.get("final_norm_bias"), spec.final_eps),
+        lm_head,
+        biases.get("lm_head_bias"),
     )
     return logits.argmax(-1, keepdim=True)
 
@@ -582,6 +590,7 @@ ATTENTION_GRADS = (
     *KDA_NAMES,
     *MAMBA_NAMES,
     *SHORT_CONV_NAMES,
+    *MOA_NAMES,
 )
 
 
@@ -602,7 +611,8 @@ def layer_grads(lw: LayerWeights, sq_E: torch.Tensor, device: torch.device | Non
     groups = (
         [p["router"], p.get("router_logit_bias")],
         [p.get(n) for n in ATTENTION_GRADS],
-        [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate")],
+        # JetMoE's bias on the MoE output: an always-on term of the block, with the shared expert
+        [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate", "moe_bias")],
     )
     sq = to_host(torch.cat([sq_E, torch.stack([_sum_sq(g, sq_E) for g in groups])]), device)
     router, attention, shared = (float(v) ** 0.5 for v in sq[len(sq_E) :].tolist())

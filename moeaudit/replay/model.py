@@ -25,6 +25,7 @@ from moeaudit.replay.dsa import sparse_causal_mask
 from moeaudit.replay.kda import kimi_delta_attention
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
+from moeaudit.replay.moa import moa_attention
 from moeaudit.replay.shortconv import short_conv
 from moeaudit.spec.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
 
@@ -35,14 +36,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def block_norm(
-    spec: ModelSpec, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    spec: ModelSpec,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float | None = None,
 ) -> torch.Tensor:
-    """The decoder's block and final norm: RMSNorm, or LayerNorm with a bias (Phi-3.5-MoE)."""
+    """The decoder's block and final norm: RMSNorm, or LayerNorm with a bias (Phi-3.5-MoE);
+    ``eps`` the final norm's (``spec.final_eps``) where it differs from the layers' (JetMoE)."""
+    eps = spec.rms_eps if eps is None else eps
     if spec.layer_norm:
-        return F.layer_norm(
-            x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(), spec.rms_eps
-        )
-    return rms_norm(x, weight, spec.rms_eps)
+        return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), None if bias is None else bias.float(), eps)
+    return rms_norm(x, weight, eps)
 
 
 def embed(
@@ -800,6 +805,8 @@ def moe_block(
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
+    if spec.moe_bias:  # JetMoE: a bias on the block's output
+        out_NH = out_NH + lw.params["moe_bias"]
     tap = MoETap(
         lw.layer,
         h_NH,
@@ -844,6 +851,8 @@ def attention_block(
         return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
     if lw.layer in spec.conv_layers:  # LFM2: a short causal convolution
         return x_BTH + short_conv(p, x_norm)
+    if spec.moa:  # JetMoE: a mixture of attention heads (routed q/o projections over shared k/v)
+        return x_BTH + moa_attention(p, x_norm, rope, spec.top_k, spec.num_kv_heads, spec.head_dim)
     out = attention(spec, p, x_norm, rope, spec.attention_window(lw.layer), lw.layer)
     if spec.attn_out_norm:  # AFMoE: an RMSNorm on the attention output before the residual add
         out = rms_norm(out, p["attn_out_norm"], spec.rms_eps)
@@ -894,7 +903,9 @@ def token_nll(
     lm_head_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(nll_B(T-1) next-token cross-entropy in nats, logits_BTV)."""
-    logits = F.linear(block_norm(spec, x_BTH, final_norm, final_norm_bias), lm_head, lm_head_bias).float()
+    logits = F.linear(
+        block_norm(spec, x_BTH, final_norm, final_norm_bias, spec.final_eps), lm_head, lm_head_bias
+    ).float()
     if spec.logits_scaling != 1.0:
         logits = logits / spec.logits_scaling
     B, T, V = logits.shape

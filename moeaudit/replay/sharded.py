@@ -94,6 +94,18 @@ from moeaudit.spec.config import ModelSpec
 # ----- rank 0 and the serving ranks ---------------------------------------------------------
 
 
+def check_shardable(spec: ModelSpec) -> None:
+    """JetMoE (``spec.moa``): refused by name. Its mixture of attention heads would run in each
+    rank's attention block, but the ranks' MoE forward and backward form routed + shared without
+    the bias on the MoE output (``moe_bias``), and no multi-rank run has been checked on it."""
+    if spec.moa or spec.moe_bias:
+        raise InputError(
+            f"the expert-parallel replay does not replay {spec.family}'s mixture of attention heads "
+            "and the bias on its MoE output yet",
+            hint="replay it on one process (without --nproc)",
+        )
+
+
 def sharded_replay(
     sess: Session,
     ckpt: Checkpoint,
@@ -107,6 +119,7 @@ def sharded_replay(
 ) -> ReplayResult:
     """Rank 0: the replay of ``engine.replay`` across the session's ranks."""
     W = tokens_WT.shape[0]
+    check_shardable(ckpt.spec)
     if ckpt.spec.residual_scales is not None:
         raise InputError(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",

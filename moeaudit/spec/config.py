@@ -128,6 +128,10 @@ class ClampedGLU:
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
 # LFM2's short convolution mixer (``replay.shortconv``): its weights, in the attention gradient norm
 SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out", "conv_out_bias")
+# JetMoE's mixture of attention heads (``replay.moa``): router [E, H], expert q [E, X, H] and o
+# [E, H, X] projections (X = num_kv_heads · head_dim), the output bias [H], the shared kv [2X, H];
+# in the attention gradient norm
+MOA_NAMES = ("moa_router", "moa_q", "moa_o", "moa_bias", "kv")
 MAMBA_NAMES = (
     "ssm_in",
     "ssm_in_bias",
@@ -371,6 +375,14 @@ class ModelSpec:
     # the router's input is y = h (no gain; z = h / r stays the receipts' state), and the block
     # outputs are normed instead (``attn_out_norm``, ``moe_out_norm``) — docs/decisions.md
     pre_norm: bool = field(default=True, metadata=NEW)
+    # JetMoE: the token mixer is a mixture of attention heads (``replay.moa``: routed per-expert
+    # q/o projections over one shared kv projection, ``MOA_NAMES``), top-``top_k`` of
+    # ``num_experts`` attention experts, ``num_heads`` = top_k · ``num_kv_heads``; a bias
+    # (``moe_bias``) added to the routed MoE block's output; the final norm's eps when it is not
+    # the decoder layers' (``rms_eps``; JetMoE builds its layer norms with eps 1e-6)
+    moa: bool = field(default=False, metadata=NEW)
+    moe_bias: bool = field(default=False, metadata=NEW)
+    final_norm_eps: float | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -393,6 +405,11 @@ class ModelSpec:
         if g.scaling != 1.0:
             out += f", ×{g.scaling:g}"
         return out
+
+    @property
+    def final_eps(self) -> float:
+        """The final norm's eps: ``final_norm_eps``, else the decoder layers' ``rms_eps``."""
+        return self.rms_eps if self.final_norm_eps is None else self.final_norm_eps
 
     @property
     def rope_dim(self) -> int:

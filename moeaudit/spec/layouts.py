@@ -26,6 +26,9 @@ Canonical per-layer names::
     router_bias                     DeepSeek-V3 selection bias ``e_score_correction_bias`` [E]
     q_a q_a_bias q_a_norm q_b       MLA low-rank query (or ``q`` when q_lora_rank is null)
     kv_a kv_a_bias kv_a_norm kv_b   MLA shared kv latent + rope key, its norm, its expansion
+    moa_router moa_q moa_o moa_bias kv   JetMoE's mixture of attention heads: its router [E, H],
+                                    expert q [E, X, H] and o [E, H, X], output bias, shared kv [2X, H]
+    moe_bias                        a bias on the MoE block's output (JetMoE) [H]
 """
 
 from __future__ import annotations
