@@ -23,6 +23,7 @@ import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
 import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
+import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
 from click.testing import CliRunner  # noqa: E402
@@ -66,6 +67,7 @@ TINY = (
     "afmoe",
     "kimi_linear",
     "bailing_hybrid",
+    "longcat_flash",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

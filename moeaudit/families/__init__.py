@@ -65,8 +65,6 @@ _REFUSED_ALL: dict[str, str] = {
     "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
     "jetmoe": "its routed experts are attention heads (per-expert q/o projections over shared k/v) as well as MLPs; "
     "the receipts model one routed MLP block per layer",
-    "longcat_flash": "each layer holds two attention and two MLP sub-blocks around one shortcut-connected MoE whose "
-    "routed set includes identity (zero-computation) experts; the replay has one residual path",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
