@@ -279,3 +279,19 @@ def test_other_families_have_no_zero_expert_share(tmp_path: Path) -> None:
     probs = torch.full((3, 4), 0.25)
     assert "zero_expert_share" not in occupancy(topk, probs)
     assert occupancy(topk, probs, zero_experts=1)["zero_expert_share"] == pytest.approx(0.5)
+
+
+def test_grad_logger_reads_parametric_experts_and_refuses_the_live_fused_model(tmp_path: Path) -> None:
+    """``ExpertGradLogger``'s parameter collection: from LayerWeights the identity experts (no
+    weights) are not experts to measure; a live transformers model (fused experts with identity
+    rows) is refused by layer rather than measured wrong."""
+    from hf_models import tiny_model
+
+    from moeaudit.integrations.hooks import collect_params
+
+    save_longcat(tmp_path)
+    ckpt = Checkpoint(tmp_path)
+    layers = collect_params([ckpt.layer_weights(i) for i in range(ckpt.spec.num_layers)])
+    assert [lp.num_experts() for lp in layers.values()] == [ckpt.spec.parametric_experts] * ckpt.spec.num_layers
+    with pytest.raises(InputError, match="layer 0: a router but no expert parameters"):
+        collect_params(tiny_model("longcat_flash"))
