@@ -295,3 +295,19 @@ def test_grad_logger_reads_parametric_experts_and_refuses_the_live_fused_model(t
     assert [lp.num_experts() for lp in layers.values()] == [ckpt.spec.parametric_experts] * ckpt.spec.num_layers
     with pytest.raises(InputError, match="layer 0: a router but no expert parameters"):
         collect_params(tiny_model("longcat_flash"))
+
+
+def test_longcat_mtp_module_is_left_out_by_name(tmp_path: Path) -> None:
+    """The released checkpoints carry an MTP module under ``model.mtp.`` (transformers ignores it on
+    loading): recognised and left out, the replay unchanged."""
+    save_longcat(tmp_path)
+    tokens = random_tokens()
+    base = replay(Checkpoint(tmp_path), tokens, backward=False).nll
+    (path,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(path)
+    tensors["model.mtp.layers.0.eh_proj.weight"] = torch.ones(32, 64)
+    save_file(tensors, path, metadata={"format": "pt"})
+    ckpt = Checkpoint(tmp_path)
+    mtp = [x for x in ckpt.left_out if x.what.startswith("the multi-token-prediction module")]
+    assert [x.keys for x in mtp] == [("model.mtp.layers.0.eh_proj.weight",)]
+    assert replay(ckpt, tokens, backward=False).nll == base
