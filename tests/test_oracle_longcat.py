@@ -1,7 +1,7 @@
 """LongCat-Flash (``longcat_flash``) replayed against transformers' ``LongcatFlashForCausalLM``.
 
 Three configurations (top-k, parametric and zero-computation expert counts, layer count,
-attention biases, the scaling factor varied; every LongCat layer is routed, so there is no
+attention biases, the scaling factor and YaRN RoPE varied; every LongCat layer is routed, so there is no
 dense/sparse placement to vary), each in float32 and from a bfloat16 checkpoint (transformers
 computing in float32 from the same stored values, as ``test_oracle_dtypes``), with the float32
 tolerances of ``test_oracle``: NLL, hidden states, the MoE input h (what
@@ -35,7 +35,7 @@ import hf_models_longcat  # noqa: E402, F401  (registers the tiny config)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import Observed, _cross_entropy, _norm  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from test_oracle_deepseek import YARN, assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
@@ -47,8 +47,10 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 CASES: dict[str, dict[str, Any]] = {
     # 2 layers; top-2 of 6 parametric + 2 zero-computation experts, × 2.5
     "top2-6-experts-2-zero": {},
-    # 3 layers; top-3 of 8 parametric + 4 zero-computation experts, MLA biases, × 6 (the default)
-    "top3-8-experts-4-zero-attention-bias": {
+    # 3 layers; top-3 of 8 parametric + 4 zero-computation experts, MLA biases, × 6 (the default),
+    # YaRN RoPE with mscale_all_dim (the softmax scale × mscale²)
+    "top3-8-experts-4-zero-attention-bias-yarn": {
+        "rope_parameters": {**YARN, "rope_theta": 1e7},
         "num_hidden_layers": 6,
         "n_routed_experts": 8,
         "zero_expert_num": 4,
