@@ -216,6 +216,7 @@ def test_longcat_config_defaults_match_transformers() -> None:
     ("bad", "message"),
     [
         ({"num_hidden_layers": 10}, "not twice num_layers"),
+        ({"num_layers": "2"}, "'num_layers' must be int"),
         ({"head_dim": 32}, "differs from qk_rope_head_dim"),
         ({"qk_head_dim": 100}, "qk_head_dim=100"),
         ({"q_lora_rank": None}, "q_lora_rank"),

@@ -22,7 +22,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, Refuse, all_layers, parse_mla
-from moeaudit.spec.config import MLA, SECOND_BLOCK, Gate
+from moeaudit.spec.config import MLA, SECOND_BLOCK, Gate, getter
 from moeaudit.spec.layouts import GLOBALS, MLP_EXPERTS, L, Layout, prefixed
 
 DEFAULT_LAYERS = 28  # LongcatFlashConfig.num_layers
@@ -32,7 +32,7 @@ def _decoder_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """``num_layers`` (what save_pretrained writes) as the layer count the reader takes from
     ``num_hidden_layers``; a config giving only ``num_hidden_layers`` means half of it, as
     transformers' setter reads it."""
-    layers, sub = cfg.get("num_layers"), cfg.get("num_hidden_layers")
+    layers, sub = getter(cfg, path)("num_layers", int, None), cfg.get("num_hidden_layers")
     if layers is None:
         layers = sub // 2 if isinstance(sub, int) and not isinstance(sub, bool) else DEFAULT_LAYERS
     elif sub is not None and sub != 2 * layers:
