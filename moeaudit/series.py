@@ -61,7 +61,7 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
     use = cache is not None and cache.enabled
     key = cache.key("grad_norms", ckpt.digest, canary.digest) if use else None
     doc = (
-        cache.get(key, check=lambda d: _norms_shape(d["norms"], layers, ckpt.spec.num_experts))
+        cache.get(key, check=lambda d: _norms_shape(d["norms"], layers, ckpt.spec.parametric_experts))
         if key is not None
         else None
     )

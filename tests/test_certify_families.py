@@ -25,6 +25,7 @@ import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' t
 import hf_models_flex_olmo  # noqa: E402,F401  (registers the FlexOlmo tiny config)
 import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
+import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
 from click.testing import CliRunner  # noqa: E402
@@ -70,6 +71,7 @@ TINY = (
     "bailing_hybrid",
     "flex_olmo",
     "jetmoe",
+    "longcat_flash",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -39,7 +39,7 @@ from moeaudit.checkpoint.safetensors import (
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
-from moeaudit.spec.config import MOA_NAMES, ModelSpec, parse_config
+from moeaudit.spec.config import MOA_NAMES, SECOND_BLOCK, ModelSpec, parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -551,7 +551,7 @@ class Checkpoint:
                 n: self._resolve(n, t, layer=layer, expert=e) or t[0].format(layer=layer, expert=e)
                 for n, t in self.layout.expert.items()
             }
-            for e in range(self.spec.num_experts)
+            for e in range(self.spec.parametric_experts)  # LongCat's zero-computation experts have no weights
         ]
 
     def _expected_layer_names(self, layer: int) -> list[str]:
@@ -782,13 +782,14 @@ class Checkpoint:
                 ],
                 dtype,
             )
+        zero: list[dict[str, torch.Tensor]] = [{} for _ in range(self.spec.zero_experts)]  # identity experts
         if isinstance(keys, list) and any(k in self.scales for table in keys for k in table.values()):
             return FP8Experts(
-                [{m: t for n, k in table.items() for m, t in self._fp8_stored(n, k)} for table in keys],
+                [{m: t for n, k in table.items() for m, t in self._fp8_stored(n, k)} for table in keys] + zero,
                 dtype,
                 self.fp8_block or (128, 128),
             )
-        return StoredExperts(self._read_experts(layer), dtype)
+        return StoredExperts(self._read_experts(layer) + zero, dtype)
 
     def _fp8_stored(self, name: str, key: str) -> Iterator[tuple[str, torch.Tensor]]:
         """``name``'s tensor as stored, and its block scales when it has them."""
@@ -986,6 +987,9 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["input_norm_bias", "post_norm_bias"]
     if s.qk_norm not in ("none", "l2") and not mixer:
         names += ["q_norm", "k_norm"]
+    if s.shortcut_moe:  # LongCat: both dense MLPs beside the MoE, and a second attention sub-block
+        names += ["mlp_w1", "mlp_w3", "mlp_w2"]
+        names += [SECOND_BLOCK + n for n in names]
     if s.is_routed(layer):
         names.append("router")
         if s.gate.selection_bias:
@@ -1182,6 +1186,8 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
                 "o": (H, nh * m.v_head_dim),
             }
         )
+    if s.shortcut_moe:  # LongCat: the second sub-block's tensors are shaped as the first's
+        shapes.update({SECOND_BLOCK + n: shape for n, shape in shapes.items()})
     return shapes
 
 

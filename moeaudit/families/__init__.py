@@ -63,8 +63,6 @@ _REFUSED_ALL: dict[str, str] = {
     "router MLP, router_hidden_size)",
     # --- new routed designs (each its own family file, in progress)
     "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
-    "longcat_flash": "each layer holds two attention and two MLP sub-blocks around one shortcut-connected MoE whose "
-    "routed set includes identity (zero-computation) experts; the replay has one residual path",
     "lfm2_moe": "not supported yet (short convolution layers)",
     "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",

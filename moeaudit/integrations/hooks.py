@@ -132,7 +132,8 @@ def _from_layer_weights(layers: Sequence[LayerWeights]) -> dict[int, _LayerParam
         if not lw.routed:
             continue
         lp = _LayerParams()
-        lp.experts = {e: list(w.values()) for e, w in enumerate(lw.experts)}
+        # LongCat's zero-computation experts (no weights, the last indices) have no gradient norm
+        lp.experts = {e: list(w.values()) for e, w in enumerate(lw.experts) if w}
         lp.router = [lw.params[n] for n in ROUTER_NAMES if n in lw.params]
         lp.shared = [lw.params[n] for n in SHARED_NAMES if n in lw.params]
         out[lw.layer] = lp
@@ -184,6 +185,11 @@ def collect_params(source: Source, family: str | None = None) -> dict[int, _Laye
             hint="pass the MoE model, its named_parameters(), or LayerWeights of routed layers",
         )
     for layer, lp in layers.items():
+        if not lp.experts and not lp.fused:  # LongCat's live model: fused experts with identity rows
+            raise InputError(
+                f"layer {layer}: a router but no expert parameters in a layout moeaudit reads",
+                hint="pass the model's per-expert weights (as save_pretrained writes them) or LayerWeights",
+            )
         E = lp.num_experts()
         missing = [e for e in range(E) if e not in lp.experts] if lp.experts else []
         if missing:

@@ -145,7 +145,8 @@ def weight_change(lw0: LayerWeights, lw1: LayerWeights, device: Device = None, g
     def rel(num: float, den: float) -> float:
         return (num / den) ** 0.5 if den > 0 else float("nan")
 
-    rows = [sums(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts, strict=True)]
+    # a zero-computation expert (LongCat, no weights) has no relative change: the parametric experts only
+    rows = [sums(list(e0.values()), [e1[n] for n in e0]) for e0, e1 in zip(lw0.experts, lw1.experts, strict=True) if e0]
     names = [n for n in ("router", "router_logit_bias") if n in lw0.params]
     rows.append(sums([lw0.params[n] for n in names], [lw1.params[n] for n in names]))
     if gain:

@@ -80,7 +80,7 @@ class StateObserver:
         note = gate_note(self.spec)
         layer = {
             **({} if note is None else {"gate": {**note, "selection_bias": bias_telemetry_pending(bias_E)}}),
-            "occupancy": occupancy_pending(r.topk_NK, r.probs_NE, boot),
+            "occupancy": occupancy_pending(r.topk_NK, r.probs_NE, boot, self.spec.zero_experts),
             "boundary": boundary,
             # boundary-layer tokens (m_t < boundary_layer_eta) on the same η units as B(η)
             "overlap": overlap_pending(tap, lw, m_N / eta_scale(self.spec), s, boot, seed, self.spec),

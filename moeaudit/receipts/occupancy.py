@@ -47,15 +47,19 @@ def counts(idx: torch.Tensor, n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
 
 
-def occupancy(topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None) -> dict[str, Any]:
+def occupancy(
+    topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None, zero_experts: int = 0
+) -> dict[str, Any]:
     """Counts, marginal π, dead experts, CV, imbalance, load entropy, smooth marginal π̃."""
-    return resolve(occupancy_pending(topk_NK, probs_NE, boot))  # type: ignore[no-any-return]
+    return resolve(occupancy_pending(topk_NK, probs_NE, boot, zero_experts))  # type: ignore[no-any-return]
 
 
 def occupancy_pending(
-    topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None
+    topk_NK: torch.Tensor, probs_NE: torch.Tensor, boot: WindowBootstrap | None = None, zero_experts: int = 0
 ) -> dict[str, Any]:
-    """:func:`occupancy`, its numbers left where the routing is (``deferred.resolve`` reads them)."""
+    """:func:`occupancy`, its numbers left where the routing is (``deferred.resolve`` reads them).
+    ``zero_experts`` (LongCat: the last experts are identity experts) adds ``zero_expert_share``,
+    the share of the N·K routed slots they take; every other number counts them as experts."""
     N, K = topk_NK.shape
     E = probs_NE.shape[1]
     counts_E = counts(topk_NK, E).double()
@@ -72,6 +76,8 @@ def occupancy_pending(
         "pi_smooth": floats(probs_NE.double().mean(0)),
         "active_sets": active_sets_pending(topk_NK, num_experts=E),
     }
+    if zero_experts:
+        out["zero_expert_share"] = number(counts_E[E - zero_experts :].sum() / (N * K))
     if boot is not None and boot.idx_BW is not None:
         onehot_NE = torch.zeros(N, E, dtype=torch.float64, device=topk_NK.device).scatter_(1, topk_NK, 1.0)
         per_window_WE = onehot_NE.view(boot.W, -1, E).sum(1)

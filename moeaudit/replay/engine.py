@@ -55,13 +55,14 @@ from moeaudit.replay.model import (
     rms_norm,
     rope_tables,
     shared_expert,
+    shortcut_rest,
 )
 from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
 from moeaudit.replay.stash import ExpertStash, Kept, activation_budget
-from moeaudit.spec.config import MAMBA_NAMES, MOA_NAMES, SHORT_CONV_NAMES, ModelSpec
+from moeaudit.spec.config import MAMBA_NAMES, MOA_NAMES, SECOND_BLOCK, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -452,6 +453,8 @@ def layer_backward(
         y_NH, routing = moe_router(spec, lw, mlp_input(spec, x, h).reshape(-1, H))
         shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
         bias = lw.params["moe_bias"].expand_as(y_NH) if spec.moe_bias else None  # JetMoE
+        if spec.shortcut_moe:  # LongCat: out = rest(h, y) + MoE(y); the rest takes dL/d(out) as h does elsewhere
+            h = shortcut_rest(spec, lw, h, y_NH.view_as(h), rope)
     g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
     g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
     scales = spec.residual_scales[2] if spec.residual_scales is not None else None
@@ -485,7 +488,8 @@ def layer_backward(
         grads.append(out_norm[1])
     backward_from(roots, grads)
     assert x.grad is not None
-    return x.grad, layer_grads(lw, back.sq_E, device)
+    # a zero-computation expert (LongCat) has no weights, hence no gradient norm: not reported
+    return x.grad, layer_grads(lw, back.sq_E[: spec.parametric_experts], device)
 
 
 def _through_out_norm(
@@ -585,6 +589,8 @@ ATTENTION_GRADS = (
     "qkv",
     "qkv_bias",
     "g_proj",
+    *(SECOND_BLOCK + n for n in ("input_norm", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias")),
+    *(SECOND_BLOCK + n for n in ("kv_a_norm", "kv_b", "o", "o_bias")),  # LongCat's second attention
     *LIGHTNING_NAMES,
     *LINEAR_ATTENTION_NAMES,
     *KDA_NAMES,

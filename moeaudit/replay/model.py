@@ -27,7 +27,7 @@ from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 from moeaudit.replay.moa import moa_attention
 from moeaudit.replay.shortconv import short_conv
-from moeaudit.spec.config import MLA_NORM_EPS, ClampedGLU, Gate, ModelSpec
+from moeaudit.spec.config import MLA_NORM_EPS, SECOND_BLOCK, ClampedGLU, Gate, ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -162,9 +162,13 @@ def mla_attention(
         q = F.linear(q_lat, p["q_b"])
     else:
         q = F.linear(x_BTH, p["q"])
+    if spec.mla_lora_scale:  # LongCat: the query (nope and rope parts) × √(H / q_lora_rank)
+        q = q * (spec.hidden_size / m.q_lora_rank) ** 0.5
     q_nope, q_rot = q.view(B, T, nh, m.qk_head_dim).transpose(1, 2).split([nope, rot], dim=-1)
     kv_lat, k_rot = _linear(x_BTH, p, "kv_a", "kv_a_bias").split([m.kv_lora_rank, rot], dim=-1)
     kv_lat = rms_norm(kv_lat, p["kv_a_norm"], MLA_NORM_EPS)
+    if spec.mla_lora_scale:  # LongCat: the normed latent × √(H / kv_lora_rank), before its expansion
+        kv_lat = kv_lat * (spec.hidden_size / m.kv_lora_rank) ** 0.5
     k_rot = k_rot.view(B, 1, T, rot)
     cos, sin = rope
     if layer in spec.nope_layers:  # Kimi Linear: the "rope" dims are used as they are
@@ -342,7 +346,9 @@ def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Te
 
 def expert_mlp(w: dict[str, torch.Tensor], x: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
     """One routed expert's output u(x): SwiGLU, Nemotron-H's ReLU² (no ``w3``), or gpt-oss's
-    biased clamped GLU."""
+    biased clamped GLU; an expert without weights is a zero-computation expert, u(x) = x (LongCat)."""
+    if not w:
+        return x
     if "w3" not in w:
         return relu2_mlp(x, w["w1"], w["w2"])
     if glu is None:
@@ -682,7 +688,11 @@ def experts_backward(
             tok = slots // K
             x, c_M1 = y_NH[tok], c_S[slots, None]
             w = experts[e]  # fetched (converted, sent to the device) once
-            if "w3" not in w:  # Nemotron-H: non-gated ReLU²
+            if not w:  # LongCat's zero-computation expert: c·y; no weights, so no norm (sq_E[e] stays 0)
+                g_M = grad_NH[tok]
+                dx, dc = g_M * c_M1, (g_M * x).sum(-1)
+                grads: list[torch.Tensor] = []
+            elif "w3" not in w:  # Nemotron-H: non-gated ReLU²
                 dx, dc, grads = _relu2_grads(x, w, grad_NH[tok], c_M1)
             elif scaled_inputs:  # Llama 4: out += u_e(c·y): backward through the input c·y
                 xs, ones = x * c_M1, torch.ones_like(c_M1)
@@ -702,7 +712,7 @@ def experts_backward(
             dc_S[slots] = dc.to(dc_S.dtype)
             norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
             del dx, dc, grads, x, c_M1, w  # before the next expert is converted
-            sq_E[e] = _sum_of_squares(norms)
+            sq_E[e] = _sum_of_squares(norms) if norms else 0.0
         start += c
     return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E, dx_SH)
 
@@ -859,6 +869,19 @@ def attention_block(
     return x_BTH + (out if spec.residual_multiplier == 1.0 else out * spec.residual_multiplier)
 
 
+def shortcut_rest(
+    spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor, y_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """A LongCat-Flash layer without its MoE: from h = x + attention₁(norm(x)) and y = post_norm(h)
+    (the MoE's input too), m = h + MLP₁(y), a = m + attention₂(norm₂(m)), a + MLP₂(post_norm₂(a)).
+    The layer's output is this plus the MoE output (``shortcut_moe``)."""
+    p = lw.params
+    second = {n.removeprefix(SECOND_BLOCK): t for n, t in p.items() if n.startswith(SECOND_BLOCK)}
+    m = h_BTH + mlp(spec, p, "mlp_", y_BTH)
+    a = m + attention(spec, second, block_norm(spec, m, second["input_norm"]), rope, None, lw.layer)
+    return a + mlp(spec, second, "mlp_", block_norm(spec, a, second["post_norm"]))
+
+
 def decoder_layer(
     spec: ModelSpec,
     lw: LayerWeights,
@@ -868,6 +891,9 @@ def decoder_layer(
     keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, MoETap | None]:
     h = attention_block(spec, lw, x_BTH, rope)
+    if spec.shortcut_moe:  # LongCat: the MoE reads the stream after the first attention, adds at the end
+        moe_out, moe_tap = moe_block(spec, lw, h, extra, keep)
+        return shortcut_rest(spec, lw, h, moe_tap.y_NH.view_as(h), rope) + moe_out, moe_tap
     if spec.block_kind(lw.layer) in ("mamba", "attention"):  # Nemotron-H: the mixer is the layer
         return h, None
     r = spec.residual_multiplier

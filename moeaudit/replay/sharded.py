@@ -135,6 +135,12 @@ def sharded_replay(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",
             hint="replay it on one process (without --nproc)",
         )
+    if ckpt.spec.shortcut_moe or ckpt.spec.zero_experts:
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s shortcut-connected MoE "
+            "(two attention and dense-MLP sub-blocks per layer, zero-computation experts) yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if W < sess.world:
         raise InputError(
             f"the canary has {W} windows and the replay {sess.world} ranks: each rank replays its own windows",

@@ -20,6 +20,9 @@ from moeaudit.spec.layouts import Layout
 
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
 MLA_NORM_EPS = 1e-6
+# LongCat-Flash: the canonical names of a layer's second attention and dense-MLP sub-block are
+# the first's with this prefix (``ModelSpec.shortcut_moe``)
+SECOND_BLOCK = "s2_"
 MAX_COUNT = 1 << 16  # layers or experts; far above any real model
 
 
@@ -383,6 +386,15 @@ class ModelSpec:
     moa: bool = field(default=False, metadata=NEW)
     moe_bias: bool = field(default=False, metadata=NEW)
     final_norm_eps: float | None = field(default=None, metadata=NEW)
+    # LongCat-Flash: each layer two attention + dense-MLP sub-blocks (the second's tensors named
+    # ``SECOND_BLOCK`` + the first's) and one MoE reading the first MLP's input (the stream after the
+    # first attention, normed by ``post_norm``), its output added at the end of the layer
+    # (``shortcut_moe``); the last ``zero_experts`` of the ``num_experts`` are identity
+    # (zero-computation) experts, u_e(y) = y; MLA with the LoRA scales q × √(H / q_lora_rank) and
+    # the kv latent × √(H / kv_lora_rank) (``mla_lora_scale``)
+    shortcut_moe: bool = field(default=False, metadata=NEW)
+    zero_experts: int = field(default=0, metadata=NEW)
+    mla_lora_scale: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -395,6 +407,8 @@ class ModelSpec:
             return f"sparsemixer top-{self.top_k} of {self.num_experts}, jitter ε {self.sparsemixer_eps or 0:g}"
         renorm = "renormalised" if self.norm_topk_prob else "not renormalised"
         out = f"{g.scoring} top-{self.top_k} of {self.num_experts}"
+        if self.zero_experts:
+            out += f" ({self.zero_experts} zero-computation)"
         if g.grouped:
             out += f" within the best {g.topk_group} of {g.n_group} groups"
         if g.selection_bias:
@@ -415,6 +429,11 @@ class ModelSpec:
     def rope_dim(self) -> int:
         """How many leading dims of a head RoPE rotates (partial rotary: fewer than head_dim)."""
         return self.rotary_dim or self.head_dim
+
+    @property
+    def parametric_experts(self) -> int:
+        """The experts with weights (all but LongCat's zero-computation experts, which come last)."""
+        return self.num_experts - self.zero_experts
 
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
