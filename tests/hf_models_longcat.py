@@ -4,9 +4,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import hf_models
+import torch
+from hf_models import save_tiny
+from safetensors.torch import load_file, save_file
 
 TINY: dict[str, dict[str, Any]] = {
     # 2 decoder layers (num_hidden_layers counts the 4 attention sub-blocks), each two MLA
@@ -30,3 +35,20 @@ TINY: dict[str, dict[str, Any]] = {
     ),
 }
 hf_models._FAMILY.update(TINY)
+
+
+def save_longcat(path: Path, dtype: torch.dtype | None = None, **overrides: Any) -> None:
+    """``save_tiny`` with, in the file, the selection bias scaled to std 0.02 and the sub-block norm
+    gains redrawn near 1 (``hf_models`` draws gains by the name ending "norm.weight", which
+    ``input_layernorm.0.weight`` does not have, so they came out as biases, near 0)."""
+    save_tiny(path, "longcat_flash", dtype=dtype, **overrides)
+    (file,) = path.glob("*.safetensors")
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(2)
+    for key in sorted(tensors):
+        t = tensors[key]
+        if key.endswith("e_score_correction_bias"):
+            tensors[key] = t * 0.1
+        elif re.search(r"layernorm\.[01]\.weight$", key):
+            tensors[key] = (1.0 + 0.2 * torch.randn(t.shape, generator=gen)).to(t.dtype)
+    save_file(tensors, file, metadata={"format": "pt"})

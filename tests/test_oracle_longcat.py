@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_longcat  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hf_models import load, random_tokens  # noqa: E402
+from hf_models_longcat import save_longcat  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import Observed, _cross_entropy, _norm  # noqa: E402
 from test_oracle_deepseek import YARN, assert_agree_deepseek, observed  # noqa: E402
@@ -62,23 +61,6 @@ CASES: dict[str, dict[str, Any]] = {
     # loop's ``squeeze(0)`` drops the slot dimension of a one-slot mask)
     "top3-5-experts-no-zero": {"n_routed_experts": 5, "zero_expert_num": 0, "num_experts_per_tok": 3},
 }
-
-
-def save_longcat(path: Path, dtype: torch.dtype | None = None, **overrides: Any) -> None:
-    """``save_tiny`` with, in the file, the selection bias scaled to std 0.02 and the sub-block norm
-    gains redrawn near 1 (``hf_models`` draws gains by the name ending "norm.weight", which
-    ``input_layernorm.0.weight`` does not have, so they came out as biases, near 0)."""
-    save_tiny(path, "longcat_flash", dtype=dtype, **overrides)
-    (file,) = path.glob("*.safetensors")
-    tensors = load_file(file)
-    gen = torch.Generator().manual_seed(2)
-    for key in sorted(tensors):
-        t = tensors[key]
-        if key.endswith("e_score_correction_bias"):
-            tensors[key] = t * 0.1
-        elif re.search(r"layernorm\.[01]\.weight$", key):
-            tensors[key] = (1.0 + 0.2 * torch.randn(t.shape, generator=gen)).to(t.dtype)
-    save_file(tensors, file, metadata={"format": "pt"})
 
 
 def longcat_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:

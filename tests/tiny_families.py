@@ -34,6 +34,8 @@ def save_any(path: Path, family: str) -> Path:
         hf_models_famC.save_tiny_qwen3_5_moe(path)
     elif family == "llama4":
         _save_llama4(path)
+    elif family == "longcat_flash":  # its sub-block norm gains drawn near 1, not as biases
+        hf_models_longcat.save_longcat(path)
     elif hf_models_aliases2.save_any(path, family):
         pass
     else:
