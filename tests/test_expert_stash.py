@@ -21,7 +21,7 @@ from moeaudit.errors import UsageError
 from moeaudit.policy import Policy
 from moeaudit.receipts.state import run_state
 from moeaudit.replay import engine, model, stash
-from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_headroom, keepable
+from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_headroom, keepable, reserved_bytes
 
 pytest.importorskip("transformers")
 
@@ -100,6 +100,8 @@ def test_layers_are_kept_in_forward_order_while_the_budget_lasts(tmp_path: Path)
     assert s.offer(2) is not None  # room again once a layer's products are taken
     half = ExpertStash(spec, tokens=10, budget=math.inf, dtype=torch.bfloat16)
     assert half.per_layer * 2 == s.per_layer
+    H = spec.hidden_size
+    assert reserved_bytes(spec, 10, torch.float32) == (spec.num_layers * 10 + spec.vocab_size) * H * 4
 
 
 @pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("2GB", 2e9), ("512MiB", 512 * 2**20), ("inf", math.inf)])
@@ -121,6 +123,8 @@ def test_the_default_is_a_quarter_of_the_headroom_on_the_host_and_nothing_elsewh
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(stash, "host_headroom", lambda: 8e9)
     assert activation_budget(None) == 2e9 and activation_budget("cpu:0") == 2e9
+    assert activation_budget(None, reserved=4e9) == 1e9  # what the replay holds anyway comes off first
+    assert activation_budget(None, reserved=9e9) == 0.0
     assert activation_budget("meta") == 0.0  # an accelerator: recomputed, its memory kept for the inputs
 
 

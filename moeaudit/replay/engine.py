@@ -61,7 +61,7 @@ from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
-from moeaudit.replay.stash import ExpertStash, Kept, activation_budget
+from moeaudit.replay.stash import ExpertStash, Kept, activation_budget, reserved_bytes
 from moeaudit.spec.config import MAMBA_NAMES, MOA_NAMES, SECOND_BLOCK, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
@@ -377,7 +377,11 @@ def _replay(
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
-    stash = ExpertStash(spec, W * T, activation_budget(device), dtype) if backward else None
+    stash = (
+        ExpertStash(spec, W * T, activation_budget(device, reserved_bytes(spec, W * T, dtype)), dtype)
+        if backward
+        else None
+    )
     x, inputs, routing = forward_pass(
         ckpt,
         tokens_WT,

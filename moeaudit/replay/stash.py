@@ -15,10 +15,11 @@ assert identical receipts with and without), so only time and memory change.
 
 The budget: ``MOEAUDIT_ACTIVATION_BUDGET`` (bytes, or with a unit: ``2GB``, ``512MiB``; ``0``
 keeps nothing, ``inf`` everything). By default on the host, a quarter of the memory the process
-may still take when the replay starts: the smallest of the machine's available memory, the
-cgroup's limit less its use and ``RLIMIT_DATA`` less the data segment (Linux; elsewhere 0,
-nothing kept). On an accelerator nothing is kept by default (recomputing is cheap there and its
-memory holds the stored inputs, ``replay.offload``)."""
+may still take when the replay starts (the smallest of the machine's available memory, the
+cgroup's limit less its use and ``RLIMIT_DATA`` less the data segment; Linux, elsewhere 0 and
+nothing kept) less what the replay will hold anyway (its stored layer inputs, the LM head). On
+an accelerator nothing is kept by default (recomputing is cheap there and its memory holds the
+stored inputs, ``replay.offload``)."""
 
 from __future__ import annotations
 
@@ -72,14 +73,23 @@ def host_headroom() -> float:
         return 0.0
 
 
-def activation_budget(device: Device) -> float:
-    """Bytes of kept expert products the replay may hold (``math.inf``: no limit)."""
+def activation_budget(device: Device, reserved: float = 0.0) -> float:
+    """Bytes of kept expert products the replay may hold (``math.inf``: no limit). By default a
+    quarter of the host headroom left once ``reserved`` bytes (what the replay will hold anyway:
+    its stored layer inputs, the LM head) are set aside."""
     if os.environ.get(ENV):
         return parse_budget(os.environ[ENV], ENV)
     dev = prepare_device(device)
     if dev is not None and dev.type != "cpu":
         return 0.0
-    return DEFAULT_SHARE * host_headroom()
+    return DEFAULT_SHARE * max(0.0, host_headroom() - reserved)
+
+
+def reserved_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
+    """What a replay of ``tokens`` canary tokens holds whatever the budget: every layer's stored
+    input and the LM head, in the compute dtype."""
+    size = torch.finfo(dtype).bits // 8
+    return float((spec.num_layers * tokens + spec.vocab_size) * spec.hidden_size * size)
 
 
 def keepable(spec: ModelSpec) -> bool:
