@@ -47,20 +47,33 @@ EXPERT_COUNT_KEYS: dict[str, tuple[str, ...]] = {n: f.expert_count_keys for n, f
 # model_type → why it cannot be replayed (one line), for every MoE model type transformers 5.24
 # ships that has no family file (tests/test_family_inventory.py walks transformers' registry and
 # holds this list to it). A family file for a listed type takes precedence: the entry is then
-# stale and ignored. "not supported yet" names what the replay lacks.
+# stale and ignored. Each reason names what the replay lacks, concretely.
 _SUBCONFIG = "a sub-configuration of {0}: checkpoints carry model_type {0!r}"
 # the models built on Nemotron-H's decoder (itself replayed: families/nemotron_h.py)
 _NEMOTRON_H = (
     "its text decoder is Nemotron-H's (replayed as nemotron_h), but the wrapper (its encoders and "
     "their projector, the text_config nesting) is not read yet"
 )
+_GEMMA4 = (
+    "its experts run beside a dense MLP on separately normed inputs, under a router with its own weightless "
+    "RMS norm and learned per-channel and per-expert scales; its full-attention layers have their own head "
+    "size, KV heads and partial RoPE, and it can share KV across layers and add per-layer input embeddings; "
+    "the replay has one attention geometry and none of these"
+)
+_QWEN4_EXP = (
+    "it keeps hc_count residual streams mixed by gated hyper-connections, adds hashed n-gram embeddings (PLE) "
+    "in chosen layers, and can restrict its full-attention layers to the keys a block-compressed indexer (QSA) "
+    "selects; the replay has none of these (its gated DeltaNet and MoE block it has)"
+)
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
     "jamba": "its Mamba (state-space) layers are not replayed",
     "granitemoehybrid": "its Mamba (state-space) layers are not replayed",
     "nemotron_h_omni": "a multimodal model: " + _NEMOTRON_H,
-    "zaya": "not supported yet (compressed convolutional attention and a routed MLP with its own "
-    "router MLP, router_hidden_size)",
+    "zaya": "its attention is compressed convolutional attention (q and k mixed by causal convolutions, half "
+    "of each value head taken from the previous token, L2-normalised q and k with a learned key scale) and its "
+    "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "
+    "expert and learned scales and biases on both residual branches; the replay has none of these",
     # --- new routed designs (each its own family file, in progress)
     "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
     "lfm2_moe": "not supported yet (short convolution layers)",
@@ -84,35 +97,51 @@ _REFUSED_ALL: dict[str, str] = {
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
-    "hy_v4_vl": "a vision-language model: its text decoder (hy_v4) is not supported yet",
+    "hy_v4_vl": "a vision-language model: its text decoder is hy_v4's, whose hyper-connections (hc_mult residual "
+    "streams mixed per layer) the replay does not have",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
-    "glm5_next": "a vision-language model: its text decoder (GLM-5's MLA with sparse attention "
-    "and an indexer) is not supported yet",
+    "glm5_next": "a vision-language model: its text decoder mixes hc_mult residual streams by Sinkhorn "
+    "hyper-connections (DeepSeek-V4's), and its NoPE MLA layers, between KDA layers, attend to the pooled key "
+    "blocks a DSA indexer selects (later layers may reuse the selection); the replay has neither the "
+    "hyper-connections nor the pooled key selection",
     "glm5_next_text": _SUBCONFIG.format("glm5_next"),
-    "dots3_note": "a multimodal model: its text decoder (DeepSeek-V3.2-style sparse attention with "
-    "an indexer and MTP) and its MoE vision encoder are not supported yet",
+    "dots3_note": "a multimodal model: its text decoder gives its sliding-window MLA layers their own geometry "
+    "and RoPE (head counts, LoRA ranks and head sizes per layer type, θ 50000 against 80000000 on the DSA "
+    "layers), RMS-normalises the RoPE key and gates each head's output by a sigmoid; the replay has one "
+    "attention geometry and one RoPE table, and neither of the other two",
     "dots3_note_text": _SUBCONFIG.format("dots3_note"),
     "dots3_note_vision_encoder": "a MoE vision encoder (image patches, not tokens): moeaudit audits "
     "language-model decoders",
-    "mistral_large4": "a vision-language model: its text decoder (MLA with sparse attention and "
-    "an indexer) is not supported yet",
+    "mistral_large4": "a vision-language model: its text decoder (MLA without a query LoRA, DeepSeek sparse "
+    "attention) scales each head's queries by a learned a·log(pos + 1) + b, lets layers reuse an earlier "
+    "layer's latent KV and DSA key selection, and soft-caps its logits; the replay has none of these",
     "mistral_large4_text": _SUBCONFIG.format("mistral_large4"),
-    "minimax_m3_vl": "a vision-language model: its text decoder (MiniMax-M3) is not supported yet",
+    "minimax_m3_vl": "a vision-language model: its text decoder (MiniMax-M2's attention with zero-centred "
+    "norms) runs gpt-oss's clamped GLU in its shared expert and dense MLPs too, and its sparse layers attend "
+    "only to the key blocks a max-pooling block indexer selects; the replay has the clamped GLU for routed "
+    "experts only, and no block indexer",
     "minimax_m3_vl_text": _SUBCONFIG.format("minimax_m3_vl"),
-    "muse_spark": "a multimodal model: its text decoder (Muse Glimmer attention) is not supported yet",
+    "muse_spark": "a multimodal model: its text decoder's experts work in a smaller space (they read a normed "
+    "projection of the block input, each expert's output is RMS-normalised, the sum is projected back) and "
+    "each block joins the residual stream through learned gates (α·x + β·f(x)); the replay has neither",
     "muse_spark_text": _SUBCONFIG.format("muse_spark"),
-    "inkling_mm_model": "a multimodal model: its text decoder (shared-expert sinks, a normed "
-    "router) is not supported yet",
+    "inkling_mm_model": "a multimodal model: its text decoder has no RoPE but a token-conditioned relative "
+    "position bias, short convolutions on keys, values and every block's output, sliding-window layers with "
+    "their own head counts, and shared experts scored with the routed ones in one normalisation (sinks); the "
+    "replay has none of these",
     "inkling_text": _SUBCONFIG.format("inkling_mm_model"),
-    "inkling2": "a vision-language model: its text decoder (sliding/full attention layers, "
-    "DeepSeek-V4's router) is not supported yet",
+    "inkling2": "a vision-language model: its text decoder feeds each block a learned attention over earlier "
+    "blocks' outputs (block attention residuals) instead of one residual stream, keeps Inkling's relative "
+    "position bias and short convolutions, and soft-caps its experts' SwiGLU; the replay has none of these",
     "inkling2_text": _SUBCONFIG.format("inkling2"),
-    "inkling2_loop": "a looped (weight-shared, repeated) Inkling2 decoder: not supported yet",
+    "inkling2_loop": "a vision-language model: Inkling2's text decoder (block attention residuals, relative "
+    "position bias, short convolutions) with a core of layers run loop_num_passes times, the passes joined by "
+    "gated messages; the replay has none of these and runs each layer once",
     "inkling2_loop_text": _SUBCONFIG.format("inkling2_loop"),
     "deepseek_ocr2_text": _SUBCONFIG.format("deepseek_ocr2"),
     "unlimited_ocr_text": _SUBCONFIG.format("unlimited_ocr"),
-    "qwen4_exp": "a vision-language model: its text decoder (a Qwen3.5-MoE variant) is not supported yet",
-    "qwen4_exp_text": "not supported yet (Qwen3.5-MoE hybrid variant with different decoder layers)",
+    "qwen4_exp": "a vision-language model whose text decoder is qwen4_exp_text's: " + _QWEN4_EXP,
+    "qwen4_exp_text": _QWEN4_EXP,
     "qwen3_omni_moe_talker_text": "the talker (speech-code generator) of qwen3_omni_moe: moeaudit "
     "audits the thinker's text decoder",
     "nemo_speechlm": "a speech-language model: " + _NEMOTRON_H,
@@ -127,20 +156,36 @@ _REFUSED_ALL: dict[str, str] = {
     "per token, and there is no language model",
     "vitpose_backbone": "a pose-estimation vision backbone: its experts are chosen by dataset "
     "index, not routed per token",
-    "doge": "not supported yet (cross-domain MoE: product-key retrieval over single-neuron "
-    "experts, dynamic mask attention)",
+    "doge": "its attention adds a learned per-key bias to the logits and keeps only the keep_window_size best "
+    "keys (dynamic mask attention), its residual adds have learned per-channel gains, and its MoE block "
+    "retrieves single-neuron experts stored as embedding rows by product keys, beside a dense MLP; the replay "
+    "has none of these",
     # --- other designs
-    "gemma4": "a multimodal model: Gemma 4's text decoder (per-layer inputs, sliding/global "
-    "layers, a dense MLP beside the experts) is not supported yet",
-    "gemma4_text": "not supported yet (Gemma 4: per-layer inputs, sliding/global layers, a dense "
-    "MLP beside the experts)",
-    "gemma4_assistant": "a Gemma 4 speculative-decoding assistant: not supported yet",
-    "axk2": "not supported yet (DeepSeek-V3.2-style sparse attention variant)",
-    "beam": "not supported yet (DeepSeek-V4 experts and DeepSeek-V3.2 decoder layers on Qwen3 attention)",
-    "flint": "not supported yet (Qwen2-MoE-style shared expert with gpt-oss components)",
-    "kolibri1": "not supported yet (EXAONE-4 attention with post-norms, DeepSeek-style shared experts)",
-    "lara_mini": "not supported yet (Qwen3.5 hybrid decoder layers with Flint's MoE block)",
-    "mellum": "not supported yet (Laguna decoder layers on Qwen3-MoE attention)",
+    "gemma4": "a multimodal model whose text decoder is gemma4_text's: " + _GEMMA4,
+    "gemma4_text": _GEMMA4,
+    "gemma4_assistant": "a Gemma 4 speculative-decoding drafter: it reads the target model's hidden states and "
+    "stored keys and values instead of tokens, so a checkpoint alone has no next-token loss to replay",
+    "axk2": "its block norms before attention and before each MoE block are gated (RMSNorm(h) times a low-rank "
+    "sigmoid gate of itself), and its MLA query comes from one fused q/gate projection of the normed and raw "
+    "query latents, with a sigmoid gate on the attention output; the replay has neither (its DeepSeek-V3.2 "
+    "sparse attention and routing it has)",
+    "beam": "its residual adds are depth-scaled (x·√((i−1)/i) + f(x)/√i), its logits soft-capped, its NoPE "
+    "full-attention layers scale queries by (1 + (pos + 1)/2048)^0.1 and its attention output gate has a "
+    "per-head bias; the replay has none of these (its DeepSeek-V3 router, Qwen3 attention and sandwich norms "
+    "it has)",
+    "flint": "a Qwen3-MoE decoder with gpt-oss's attention sinks, RoPE only on its sliding-window layers, a "
+    "sigmoid router and an ungated shared expert: each piece is in the replay, but no family file maps its "
+    "config and weights to them yet",
+    "kolibri1": "its router picks experts by logit plus the correction bias and weights them by the sigmoid of "
+    "the chosen logits (DeepSeek-V3 adds the bias to the sigmoid scores), which the replay's routing does not "
+    "have; its EXAONE-4 attention (NoPE on full-attention layers), sandwich norms and shared expert the replay "
+    "has",
+    "lara_mini": "its checkpoints store the gated DeltaNet's input projections fused in one in_proj (rows "
+    "q | k | v | z | b | a), which the replay does not read; the rest (Qwen3.5's DeltaNet and Qwen3 attention "
+    "layers with RoPE only on the sliding-window ones, a softmax router, an ungated shared expert) it has",
+    "mellum": "its sliding-window and full-attention layers have RoPE of their own (θ 10000 and 500000 by "
+    "default), which the replay does not have (one RoPE table); the rest is Qwen3-MoE's decoder with dense or "
+    "routed layers by mlp_layer_types, which the replay has",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
@@ -153,8 +198,12 @@ _REFUSED_ALL: dict[str, str] = {
 # MoE model types that transformers does not ship (hub checkpoints with their own modeling code),
 # refused by name so that they are not "unknown"
 HUB_ONLY: dict[str, str] = {
-    "bailing_moe": "Ling / Ring (remote code, not in transformers): not supported yet",
-    "bailing_moe_v2": "Ling 2.0 (remote code, not in transformers): not supported yet",
+    "bailing_moe": "Ling / Ring 1.0 (remote code, not in transformers): its decoder (fused query_key_value, "
+    "softmax top-k, ungated shared experts, dense first layers) is made of pieces the replay has, but no family "
+    "file reads it, and its norm_head option (the LM head's columns L2-normalised) is not replayed",
+    "bailing_moe_v2": "Ling 2.0 (remote code, not in transformers): its decoder is the one replayed as "
+    "sarvam_moe (fused query_key_value, per-head q/k norms, partial RoPE, sigmoid group-limited routing with "
+    "expert_bias), but no family file reads its config, tensor names and MTP layers yet",
     "deepseek_vl_v2": "a vision-language model (remote code, not in transformers): its vision tower is not replayed",
     "kimi_vl": "a vision-language model (remote code, not in transformers): its vision tower is not replayed",
 }
