@@ -146,6 +146,7 @@ def test_the_decay_is_per_channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         return rule(q, k, v, g.mean(-1, keepdim=True).expand_as(g), beta)
 
     monkeypatch.setattr(kda, "kda_rule", per_head)
+    monkeypatch.delenv("MOEAUDIT_ORACLE_LOG", raising=False)  # a wrong replay on purpose: not a measurement
     with pytest.raises(AssertionError):
         _check(tmp_path, case, "fp32")
     assert spread and min(spread) > 0.1
