@@ -150,6 +150,21 @@ def test_hy_v4_shared_indexer_layers(tmp_path: Path) -> None:
         replay(Checkpoint(tmp_path / "short"), tokens)
 
 
+def test_hy_v4_greedy_generation_matches_transformers(tmp_path: Path) -> None:
+    """The generation receipts' greedy continuation passes the hyper head too: each new token is
+    the argmax of transformers' logits on the sequence so far (no cache: the replay keeps none)."""
+    from moeaudit.replay.engine import greedy_generate
+
+    save_tiny(tmp_path, "hy_v4")
+    model, prompts = load(tmp_path), random_tokens()[:, :8]
+    ours = greedy_generate(Checkpoint(tmp_path), prompts, 3)
+    seq = prompts
+    with torch.no_grad():
+        for _ in range(3):
+            seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(ours, seq[:, 8:])
+
+
 def test_hy_v4_config_defaults_match_transformers() -> None:
     import transformers
 

@@ -631,6 +631,7 @@ def greedy_generate(
     keeps one layer resident; the generation receipts are opt-in because of that cost), computed
     on ``device`` as the replay is; the tokens come back to the host after each step."""
     dev = prepare_device(device)
+    check_shared_index(ckpt.spec, prompts_PT.shape[1] + new_tokens - 1)  # the longest sequence run
     with replay_scope(dev):
         spec = ckpt.spec
         final_norm, lm_head, biases = moved(
