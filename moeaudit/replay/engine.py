@@ -4,7 +4,7 @@ Forward: read layer ℓ's weights, run it, keep its *input* (not its activations
 taps to observers while the weights are resident, drop the weights. Backward: walk the
 layers in reverse, re-read each layer's weights, recompute it from its stored input with
 autograd on, and push the incoming gradient through it. At any time one decoder layer's
-weights are resident; the per-layer state kept is the N×H input.
+weights are resident; the per-layer state kept is the N×H input (N×S×H: HY-V4's S residual streams).
 
 Memory (issue 6): a layer's routed experts stay in their on-disk dtype and are converted to
 the compute dtype one expert at a time; in the backward each expert's weight gradients are

@@ -6,7 +6,7 @@ transformers' modeling code for each family (RMSNorm in float32, rotate-half RoP
 softmax over all experts then top-k, optional renormalisation, SwiGLU experts).
 
 Shape suffixes: B windows, T tokens per window, N = B·T tokens, H hidden size, E experts,
-K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim.
+K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim, S residual streams (HY-V4's hc_mult).
 """
 
 from __future__ import annotations
