@@ -23,6 +23,7 @@ import hf_models_famC  # noqa: E402,F401  (registers the famC tiny configs)
 import hf_models_famD  # noqa: E402,F401  (registers the routed designs' tiny configs)
 import hf_models_famE  # noqa: E402,F401  (registers the newer routed designs' tiny configs)
 import hf_models_flex_olmo  # noqa: E402,F401  (registers the FlexOlmo tiny config)
+import hf_models_hy_v4  # noqa: E402,F401  (registers the HY-V4 tiny config)
 import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
@@ -72,6 +73,7 @@ TINY = (
     "flex_olmo",
     "jetmoe",
     "longcat_flash",
+    "hy_v4",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -13,6 +13,7 @@ import hf_models_famC
 import hf_models_famD  # noqa: F401  (issue 27 §2 routed designs)
 import hf_models_famE  # noqa: F401  (issue 27 §2 newer routed designs)
 import hf_models_flex_olmo  # noqa: F401  (issue 27: FlexOlmo, post-norms)
+import hf_models_hy_v4  # noqa: F401  (issue 27: HY-V4)
 import hf_models_jetmoe  # noqa: F401  (issue 27: JetMoE)
 import hf_models_kda  # noqa: F401  (issue 27: Kimi Linear)
 import hf_models_longcat  # noqa: F401  (issue 27: LongCat-Flash)

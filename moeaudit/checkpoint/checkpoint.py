@@ -39,7 +39,7 @@ from moeaudit.checkpoint.safetensors import (
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
-from moeaudit.spec.config import MOA_NAMES, SECOND_BLOCK, ModelSpec, parse_config
+from moeaudit.spec.config import HC_NAMES, MOA_NAMES, SECOND_BLOCK, ModelSpec, parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -638,9 +638,13 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
+        hc = s.hc_mult
         for name, on, want in (
             ("final_norm_bias", s.layer_norm and s.norm_bias, (H,)),
             ("lm_head_bias", s.lm_head_bias, (V,)),
+            ("hc_head_fn", bool(hc), (hc, hc * H)),  # HY-V4: the streams' final mix
+            ("hc_head_base", bool(hc), (hc,)),
+            ("hc_head_scale", bool(hc), (1,)),
         ):
             if on:
                 self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
@@ -957,9 +961,10 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
         if s.attention_bias:
             names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
-        if s.sparse_index is not None:
+        if s.sparse_index is not None and layer not in s.shared_index_layers:  # HY-V4: shared layers have none
             names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
         names += ["g_proj"] if s.output_gate else []
+        names += ["sinks"] if s.attention_sinks else []  # HY-V4
     elif layer in s.linear_layers:
         skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
         names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
@@ -1008,6 +1013,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
     else:
         names += ["mlp_w1", "mlp_w3", "mlp_w2"]
         names += ["moe_out_norm"] if s.dense_out_norm else []
+    if s.hc_mult:  # HY-V4: the hyper-connections' mixing weights
+        names += list(HC_NAMES)
     if not s.pre_norm:  # OLMo-2 post-norm layers: no norm in front of attention or the MLP / MoE block
         names = [n for n in names if n not in ("input_norm", "post_norm")]
     return names
@@ -1070,7 +1077,14 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         "router_bias": (E,),
         "router_logit_bias": (E,),
         "sinks": (s.num_heads,),
-        "g_proj": (s.num_heads if s.output_gate in ("head", "head_sigmoid") else q_dim, H),
+        "g_proj": (
+            s.num_heads
+            if s.output_gate in ("head", "head_sigmoid")
+            else s.num_heads * s.mla.v_head_dim
+            if s.mla is not None  # HY-V4: a gate per channel of the MLA output
+            else q_dim,
+            H,
+        ),
         "b1": (I,),
         "b3": (I,),
         "b2": (H,),
@@ -1092,6 +1106,12 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
+    if s.hc_mult:  # HY-V4's hyper-connections: pre and post logits from the flattened streams
+        hc = s.hc_mult
+        for block in ("attn", "ffn"):
+            shapes.update(
+                {f"{block}_hc_fn": (2 * hc, hc * H), f"{block}_hc_base": (2 * hc,), f"{block}_hc_scale": (2,)}
+            )
     if s.sparse_index is not None and s.mla is not None:
         x = s.sparse_index
         shapes.update(

@@ -81,7 +81,6 @@ _REFUSED_ALL: dict[str, str] = {
     "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
     "minimax": "not supported yet (lightning linear attention)",
     "hy_v3": "not supported yet (Hunyuan v3 routing with fp32 combine and a scaling factor)",
-    "hy_v4": "hyper-connections (several residual streams mixed per layer) are not replayed",
     "sarvam_moe": "not supported yet (Sarvam MoE)",
     "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
     "solar_open": "not supported yet (Solar Open)",
@@ -97,8 +96,7 @@ _REFUSED_ALL: dict[str, str] = {
     "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
-    "hy_v4_vl": "a vision-language model: its text decoder is hy_v4's, whose hyper-connections (hc_mult residual "
-    "streams mixed per layer) the replay does not have",
+    "hy_v4_vl": "a vision-language model: its text decoder is replayed as hy_v4, but the wrapper is not read yet",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
     "glm5_next": "a vision-language model: its text decoder mixes hc_mult residual streams by Sinkhorn "
     "hyper-connections (DeepSeek-V4's), and its NoPE MLA layers, between KDA layers, attend to the pooled key "

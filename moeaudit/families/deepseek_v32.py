@@ -76,20 +76,18 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {**fields, "routed_layers": _routed_layers(c, fields["routed_layers"]), "sparse_index": _sparse_index(c)}
 
 
+INDEXER = {
+    "idx_wq_b": "self_attn.indexer.wq_b.weight",
+    "idx_wk": "self_attn.indexer.wk.weight",
+    "idx_k_norm": "self_attn.indexer.k_norm.weight",
+    "idx_k_norm_bias": "self_attn.indexer.k_norm.bias",
+    "idx_weights": "self_attn.indexer.weights_proj.weight",
+}
+
 LAYOUT = Layout(
     family="deepseek_v32",
     globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **DEEPSEEK_LAYER,
-            "idx_wq_b": "self_attn.indexer.wq_b.weight",
-            "idx_wk": "self_attn.indexer.wk.weight",
-            "idx_k_norm": "self_attn.indexer.k_norm.weight",
-            "idx_k_norm_bias": "self_attn.indexer.k_norm.bias",
-            "idx_weights": "self_attn.indexer.weights_proj.weight",
-        },
-    ),
+    layer=prefixed(L, {**DEEPSEEK_LAYER, **INDEXER}),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
     notes="DeepSeek-V3 plus the DSA lightning indexer (each query attends to its index_topk best "

@@ -47,17 +47,28 @@ def index_scores(
     n_heads: int,
     head_dim: int,
     interleave: bool = False,
+    rope_last: bool = False,
+    norm_eps: float | None = None,
 ) -> torch.Tensor:
-    """Indexer scores I_BTT[b, s, t] for every query s and key t (causality not yet applied)."""
+    """Indexer scores I_BTT[b, s, t] for every query s and key t (causality not yet applied).
+    ``rope_last`` (HY-V4): RoPE on the last ``rot`` dims of each head, not the first;
+    ``norm_eps``: the key LayerNorm's eps (None: ``INDEXER_NORM_EPS``)."""
     B, T, _ = x_BTH.shape
     rot = cos_TD.shape[-1]
+    eps = INDEXER_NORM_EPS if norm_eps is None else norm_eps
     q = F.linear(q_lat_BTR, p["idx_wq_b"]).view(B, T, n_heads, head_dim)
-    k = F.layer_norm(F.linear(x_BTH, p["idx_wk"]), (head_dim,), p["idx_k_norm"], p["idx_k_norm_bias"], INDEXER_NORM_EPS)
+    k = F.layer_norm(F.linear(x_BTH, p["idx_wk"]), (head_dim,), p["idx_k_norm"], p["idx_k_norm_bias"], eps)
     cos, sin = cos_TD[:, None, :], sin_TD[:, None, :]
-    q_rot, q_pass = q.split([rot, head_dim - rot], dim=-1)
-    q = torch.cat([_rope(q_rot, cos, sin, interleave), q_pass], dim=-1)  # [B, T, n, D]
-    k_rot, k_pass = k.split([rot, head_dim - rot], dim=-1)
-    k = torch.cat([_rope(k_rot, cos_TD, sin_TD, interleave), k_pass], dim=-1)  # [B, T, D]
+    if rope_last:
+        q_pass, q_rot = q.split([head_dim - rot, rot], dim=-1)
+        q = torch.cat([q_pass, _rope(q_rot, cos, sin, interleave)], dim=-1)  # [B, T, n, D]
+        k_pass, k_rot = k.split([head_dim - rot, rot], dim=-1)
+        k = torch.cat([k_pass, _rope(k_rot, cos_TD, sin_TD, interleave)], dim=-1)  # [B, T, D]
+    else:
+        q_rot, q_pass = q.split([rot, head_dim - rot], dim=-1)
+        q = torch.cat([_rope(q_rot, cos, sin, interleave), q_pass], dim=-1)  # [B, T, n, D]
+        k_rot, k_pass = k.split([rot, head_dim - rot], dim=-1)
+        k = torch.cat([_rope(k_rot, cos_TD, sin_TD, interleave), k_pass], dim=-1)  # [B, T, D]
     kT_B1DT = k.transpose(-1, -2).float().unsqueeze(1)
     w_BTn = F.linear(x_BTH, p["idx_weights"]).float() * n_heads**-0.5
     out = []
@@ -77,6 +88,8 @@ def sparse_causal_mask(
     head_dim: int,
     topk: int,
     interleave: bool = False,
+    rope_last: bool = False,
+    norm_eps: float | None = None,
 ) -> torch.Tensor | None:
     """keep_B1TT: causal keys among each query's ``topk`` best; None when every causal key is
     kept (T ≤ topk), so the caller's plain causal attention is exactly DSA's.
@@ -86,7 +99,7 @@ def sparse_causal_mask(
     B, T, _ = x_BTH.shape
     if T <= topk:
         return None
-    scores_BTT = index_scores(p, x_BTH, q_lat_BTR, *rope, n_heads, head_dim, interleave)
+    scores_BTT = index_scores(p, x_BTH, q_lat_BTR, *rope, n_heads, head_dim, interleave, rope_last, norm_eps)
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=x_BTH.device).tril()
     scores_BTT = scores_BTT.masked_fill(~causal_TT, torch.finfo(scores_BTT.dtype).min)
     chosen = scores_BTT.topk(topk, dim=-1).indices

@@ -4,7 +4,7 @@ Forward: read layer ℓ's weights, run it, keep its *input* (not its activations
 taps to observers while the weights are resident, drop the weights. Backward: walk the
 layers in reverse, re-read each layer's weights, recompute it from its stored input with
 autograd on, and push the incoming gradient through it. At any time one decoder layer's
-weights are resident; the per-layer state kept is the N×H input.
+weights are resident; the per-layer state kept is the N×H input (N×S×H: HY-V4's S residual streams).
 
 Memory (issue 6): a layer's routed experts stay in their on-disk dtype and are converted to
 the compute dtype one expert at a time; in the backward each expert's weight gradients are
@@ -49,6 +49,9 @@ from moeaudit.replay.model import (
     expert_slots,
     experts_backward,
     experts_forward_sets,
+    hc_add,
+    hc_attention_block,
+    hc_mix,
     input_scales,
     mlp_input,
     moe_router,
@@ -62,7 +65,7 @@ from moeaudit.replay.model import (
 )
 from moeaudit.replay.offload import StoredInputs
 from moeaudit.replay.stash import ExpertStash, Kept, activation_budget, reserved_bytes
-from moeaudit.spec.config import MAMBA_NAMES, MOA_NAMES, SECOND_BLOCK, SHORT_CONV_NAMES, ModelSpec
+from moeaudit.spec.config import HC_NAMES, MAMBA_NAMES, MOA_NAMES, SECOND_BLOCK, SHORT_CONV_NAMES, ModelSpec
 
 Observer = Callable[[MoETap, LayerWeights], None]
 Progress = Callable[[str, int, int], None]
@@ -324,6 +327,7 @@ def replay(
     from moeaudit.limits import check_window_len
 
     check_window_len(tokens_WT.shape[-1])  # callers check first, naming the canary file
+    check_shared_index(ckpt.spec, tokens_WT.shape[-1])
     dev = prepare_device(device)
     from moeaudit.replay import dist
 
@@ -355,6 +359,35 @@ def replay(
             device=dev,
             keep_routing=keep_routing,
         )
+
+
+def check_shared_index(spec: ModelSpec, window_len: int) -> None:
+    """HY-V4 layers that reuse the previous layer's DSA key selection (``shared_index_layers``)
+    are replayed only where that selection keeps every causal key (windows of at most index_topk
+    tokens): the streaming replay recomputes each layer from its own input, without the other
+    layer's selection."""
+    si = spec.sparse_index
+    if spec.shared_index_layers and si is not None and window_len > si.topk:
+        from moeaudit.errors import CanaryError
+
+        raise CanaryError(
+            f"canary windows are {window_len} tokens long; {spec.family} layers "
+            f"{list(spec.shared_index_layers[:5])} reuse another layer's sparse-attention key selection "
+            f"(indexer_types 'shared'), which moeaudit replays only for windows of at most index_topk = "
+            f"{si.topk} tokens (there every causal key is kept)",
+            hint=f"build the canary from windows of at most {si.topk} tokens",
+        )
+
+
+def hc_head_weights(ckpt: Checkpoint, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """HY-V4's final stream mix (fn, base, scale), kept in float32 as transformers keeps them."""
+    return tuple(ckpt.read_global(n, torch.float32) for n in ("hc_head_fn", "hc_head_base", "hc_head_scale"))
+
+
+def hc_collapse(spec: ModelSpec, head: Sequence[torch.Tensor], x_BTSH: torch.Tensor) -> torch.Tensor:
+    """The streams mixed into one hidden state before the final norm (``HYV4HyperHead``)."""
+    fn, base, scale = head
+    return hc_mix(spec, fn, base, scale, x_BTSH, head=True)[1]
 
 
 def _replay(
@@ -404,8 +437,20 @@ def _replay(
         final_norm, lm_head, tokens_WT, grad_nll, biases = moved(
             (final_norm, lm_head, tokens_WT, grad_nll, biases), device, non_blocking=True
         )
-    head = lm_head_pass(spec, final_norm, lm_head, x, tokens_WT, grad_nll, **biases)
-    del final_norm, lm_head, x
+    streams = None
+    if spec.hc_mult:  # HY-V4: the streams mixed into one before the final norm, under autograd
+        hc_head = hc_head_weights(ckpt, dtype)
+        bad += [n for n, t in zip(("hc_head_fn", "hc_head_base", "hc_head_scale"), hc_head) if not all_finite(t)]
+        hc_head = hc_head if device is None else moved(hc_head, device, non_blocking=True)
+        streams = x.detach().requires_grad_(backward)
+        with torch.set_grad_enabled(backward):
+            x = hc_collapse(spec, hc_head, streams)
+    head = lm_head_pass(spec, final_norm, lm_head, x.detach(), tokens_WT, grad_nll, **biases)
+    if streams is not None and head.grad_x_WTH is not None:
+        backward_from([x], [head.grad_x_WTH])
+        assert streams.grad is not None
+        head.grad_x_WTH = streams.grad
+    del final_norm, lm_head, x, streams
     nll, nll_W, entropy = to_host((head.nll_WT1.mean(), head.nll_WT1.mean(1), head.entropy_WT1.mean()), device)
     result = ReplayResult(float(nll), nll_W, float(entropy), routing, nonfinite_weights=bad)
     if not backward:
@@ -451,6 +496,8 @@ def layer_backward(
         backward_from([out], [grad_BTH])
         assert x.grad is not None
         return x.grad, None
+    if spec.hc_mult:  # HY-V4: the layer's input and output are its residual streams
+        return _hc_layer_backward(spec, lw, x, grad_BTH, rope, device, kept)
     B, T, H = x.shape
     with torch.enable_grad():
         h = attention_block(spec, lw, x, rope)
@@ -496,6 +543,58 @@ def layer_backward(
     return x.grad, layer_grads(lw, back.sq_E[: spec.parametric_experts], device)
 
 
+def _hc_layer_backward(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTSH: torch.Tensor,
+    grad_BTSH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device | None,
+    kept: Kept | None,
+) -> tuple[torch.Tensor, LayerGrads | None]:
+    """:func:`layer_backward` of a routed HY-V4 layer, out = x1 + post ⊗ (routed + shared)(y):
+    dL/d(block output) and dL/dpost need the block's output, so the routed part is formed again
+    (one more sweep over the chosen experts, as for A.X-K1's output norm) and autograd takes the
+    hyper-connection's output on a detached copy of it; the experts then get Σ_s post_s dL/dout_s."""
+    p = lw.params
+    B, T, S, H = x_BTSH.shape
+    with torch.enable_grad():
+        x1 = hc_attention_block(spec, lw, x_BTSH, rope)
+        post, m_BTH = hc_mix(spec, p["ffn_hc_fn"], p["ffn_hc_base"], p["ffn_hc_scale"], x1)
+        assert post is not None
+        y_NH, routing = moe_router(spec, lw, m_BTH.reshape(-1, H))
+        shared = shared_expert(spec, p, y_NH) if spec.shared_dim else None
+    slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
+    with torch.no_grad():
+        sets = [routing.topk_NK]
+        (u_NKH,) = experts_forward_sets(lw.experts, y_NH.detach(), sets, spec.clamped_glu, sorted_slots=[slots])
+        s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
+        del u_NKH
+        if shared is not None:
+            s_NH = s_NH + shared.detach()
+    s_NH = s_NH.requires_grad_(True)
+    with torch.enable_grad():
+        out = hc_add(post, s_NH.view(B, T, H), x1)
+    (g_NH,) = torch.autograd.grad(out, s_NH, grad_BTSH, retain_graph=True)
+    back = experts_backward(
+        lw.experts,
+        y_NH.detach(),
+        routing.topk_NK,
+        routing.combine_NK.detach(),
+        g_NH,
+        spec.clamped_glu,
+        sorted_slots=slots,
+        kept=kept,
+    )
+    roots, grads = [out, y_NH, routing.combine_NK], [grad_BTSH, back.y_NH, back.combine_NK]
+    if shared is not None:
+        roots.append(shared)
+        grads.append(g_NH)
+    backward_from(roots, grads)
+    assert x_BTSH.grad is not None
+    return x_BTSH.grad, layer_grads(lw, back.sq_E, device)
+
+
 def _through_out_norm(
     spec: ModelSpec,
     lw: LayerWeights,
@@ -536,6 +635,7 @@ def greedy_generate(
     keeps one layer resident; the generation receipts are opt-in because of that cost), computed
     on ``device`` as the replay is; the tokens come back to the host after each step."""
     dev = prepare_device(device)
+    check_shared_index(ckpt.spec, prompts_PT.shape[1] + new_tokens - 1)  # the longest sequence run
     with replay_scope(dev):
         spec = ckpt.spec
         final_norm, lm_head, biases = moved(
@@ -543,10 +643,13 @@ def greedy_generate(
             dev,
             non_blocking=True,
         )
+        hc_head = moved(hc_head_weights(ckpt, dtype), dev, non_blocking=True) if spec.hc_mult else None
         seq = prompts_PT.long()
         for _ in range(new_tokens):
             rope = moved(rope_tables(spec, seq.shape[1]), dev, non_blocking=True)
             x, _, _ = forward_pass(ckpt, seq, rope, dtype=dtype, device=dev)
+            with torch.no_grad():
+                x = x if hc_head is None else hc_collapse(spec, hc_head, x)
             seq = torch.cat([seq, _next_token(spec, final_norm, lm_head, biases, x[:, -1]).cpu()], dim=1)
     return seq[:, prompts_PT.shape[1] :]
 
@@ -601,6 +704,7 @@ ATTENTION_GRADS = (
     *MAMBA_NAMES,
     *SHORT_CONV_NAMES,
     *MOA_NAMES,
+    *HC_NAMES[:3],  # HY-V4: the attention sub-block's hyper-connection (it forms the attention's input)
 )
 
 

@@ -6,7 +6,7 @@ transformers' modeling code for each family (RMSNorm in float32, rotate-half RoP
 softmax over all experts then top-k, optional renormalisation, SwiGLU experts).
 
 Shape suffixes: B windows, T tokens per window, N = B·T tokens, H hidden size, E experts,
-K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim.
+K top-k, V vocabulary, nh/nkv heads, D head dim, I expert dim, S residual streams (HY-V4's hc_mult).
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ def embed(
     stored bf16/fp16 would round there, so the file's dtype would change the math (issue 24)."""
     x = F.embedding(tokens.long(), table_VH)
     x = x if dtype is None else x.to(dtype)
-    return x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier
+    x = x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier
+    if spec.hc_mult:  # HY-V4: the same row on each of the hc_mult residual streams, [B, T, hc, H]
+        return x.unsqueeze(-2).expand(*x.shape[:-1], spec.hc_mult, x.shape[-1]).contiguous()
+    return x
 
 
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,16 +190,34 @@ def mla_attention(
         q_BnTD = q_BnTD * (1 + beta * torch.log(1 + torch.floor(pos / length)))[:, None].to(q_BnTD.dtype)
     k_BnTD = torch.cat([k_nope, k_rot.expand(B, nh, T, rot)], dim=-1)
     mask = None
-    if (si := spec.sparse_index) is not None:
+    if (si := spec.sparse_index) is not None and T > si.topk:  # T ≤ topk: DSA keeps every causal key
+        if layer in spec.shared_index_layers:  # refused before the replay starts (engine.check_replayable)
+            raise ValueError(f"layer {layer} reuses another layer's DSA key selection, which is not replayed")
         assert q_lat is not None  # the config reader requires q_lora_rank for DSA
-        mask = sparse_causal_mask(p, x_BTH, q_lat, rope, si.n_heads, si.head_dim, si.topk, spec.index_rope_interleave)
-    out = F.scaled_dot_product_attention(
-        q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None, scale=spec.attention_scale
-    )
+        mask = sparse_causal_mask(
+            p,
+            x_BTH,
+            q_lat,
+            rope,
+            si.n_heads,
+            si.head_dim,
+            si.topk,
+            spec.index_rope_interleave,
+            spec.index_rope_last,
+            spec.index_norm_eps,
+        )
+    scale = spec.attention_scale
+    if spec.attention_sinks:  # HY-V4: a learned sink logit per head, as gpt-oss's
+        assert scale is not None  # MLA's scale is always set (config.rope)
+        q_BnTD, k_BnTD, v, mask = _with_sink_key(p["sinks"], q_BnTD, k_BnTD, v, mask, scale)
+    out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v, attn_mask=mask, is_causal=mask is None, scale=scale)
     if spec.output_gate == "head_sigmoid":  # Ling 3: σ(W_g x) per head, rounded to the activations' dtype
         gate = torch.sigmoid(F.linear(x_BTH, p["g_proj"]).float()).to(x_BTH.dtype)
         out = out * gate.transpose(1, 2)[..., None]
-    return _linear(out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim), p, "o", "o_bias")
+    out_BTX = out.transpose(1, 2).reshape(B, T, nh * m.v_head_dim)
+    if spec.output_gate == "sigmoid":  # HY-V4: σ(W_g x) per channel of every head's output
+        out_BTX = out_BTX * torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+    return _linear(out_BTX, p, "o", "o_bias")
 
 
 def attention(
@@ -294,10 +315,10 @@ def _with_sink_key(
     k1 = torch.cat([k, k.new_zeros(B, nh, T, 1)], dim=-1)
     sink_key = torch.cat([k.new_zeros(nh, D), (sinks_n.to(k.dtype) / scale)[:, None]], dim=-1)
     k1 = torch.cat([sink_key[None, :, None].expand(B, nh, 1, D + 1), k1], dim=2)
-    v1 = torch.cat([v.new_zeros(B, nh, 1, D), v], dim=2)
+    v1 = torch.cat([v.new_zeros(B, nh, 1, v.shape[-1]), v], dim=2)  # MLA (HY-V4): values v_head_dim wide
     causal = mask_TT if mask_TT is not None else _causal_mask(T, None, q.device, force=True)
-    assert causal is not None
-    mask = torch.cat([causal.new_ones(T, 1), causal], dim=1)
+    assert causal is not None  # [T, T], or DSA's [B, 1, T, T] (HY-V4)
+    mask = torch.cat([causal.new_ones(*causal.shape[:-1], 1), causal], dim=-1)
     return q1, k1, v1, mask
 
 
@@ -341,7 +362,7 @@ def mlp(spec: ModelSpec, p: dict[str, torch.Tensor], prefix: str, x: torch.Tenso
 def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Tensor:
     """gpt-oss: (clamp(up, ±limit) + 1) ⊙ g σ(α g), g = min(gate, limit)."""
     g = a1.clamp(max=glu.limit)
-    return (a3.clamp(-glu.limit, glu.limit) + 1) * (g * torch.sigmoid(glu.alpha * g))
+    return (a3.clamp(-glu.limit, glu.limit) + glu.offset) * (g * torch.sigmoid(glu.alpha * g))
 
 
 def expert_mlp(w: dict[str, torch.Tensor], x: torch.Tensor, glu: ClampedGLU | None = None) -> torch.Tensor:
@@ -635,19 +656,22 @@ def _clamped_glu_grads(
     g = min(a, L), a = W1 x + b1, u = W3 x + b3: (dL/dx, dL/dc, [dW1, dW3, dW2, db1, db3, db2]).
     A clamped entry passes no gradient (torch's clamp backward: only min ≤ x ≤ max does)."""
     L, alpha = glu.limit, glu.alpha
-    a1, a3 = F.linear(x_MH, w["w1"], w["b1"]), F.linear(x_MH, w["w3"], w["b3"])
+    a1, a3 = F.linear(x_MH, w["w1"], w.get("b1")), F.linear(x_MH, w["w3"], w.get("b3"))
     g, u = a1.clamp(max=L), a3.clamp(-L, L)
     sig = torch.sigmoid(alpha * g)
     act = g * sig
-    h_MI = (u + 1) * act
+    h_MI = (u + glu.offset) * act
     p_MI = g_out_MH @ w["w2"]
-    dc_M = (h_MI * p_MI).sum(-1) + g_out_MH @ w["b2"]
+    dc_M = (h_MI * p_MI).sum(-1)
+    if "b2" in w:  # gpt-oss; HY-V4's clamped SwiGLU has no biases
+        dc_M = dc_M + g_out_MH @ w["b2"]
     gc_MH = g_out_MH * c_M1
     dh_MI = p_MI * c_M1
     da3 = (dh_MI * act).masked_fill_((a3 < -L) | (a3 > L), 0.0)
-    da1 = (dh_MI * (u + 1) * sig * (1 + alpha * g * (1 - sig))).masked_fill_(a1 > L, 0.0)
+    da1 = (dh_MI * (u + glu.offset) * sig * (1 + alpha * g * (1 - sig))).masked_fill_(a1 > L, 0.0)
     dx = da1 @ w["w1"] + da3 @ w["w3"]
-    return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, gc_MH.T @ h_MI, da1.sum(0), da3.sum(0), gc_MH.sum(0)]
+    biases = [da1.sum(0), da3.sum(0), gc_MH.sum(0)] if "b1" in w else []
+    return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, gc_MH.T @ h_MI, *biases]
 
 
 def experts_backward(
@@ -890,6 +914,8 @@ def decoder_layer(
     extra: ExtraExperts | None = None,
     keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, MoETap | None]:
+    if spec.hc_mult:  # HY-V4: x is [B, T, hc, H], the layer's residual streams
+        return hc_decoder_layer(spec, lw, x_BTH, rope, extra, keep)
     h = attention_block(spec, lw, x_BTH, rope)
     if spec.shortcut_moe:  # LongCat: the MoE reads the stream after the first attention, adds at the end
         moe_out, moe_tap = moe_block(spec, lw, h, extra, keep)
@@ -916,6 +942,67 @@ def decoder_layer(
         alpha, beta = spec.residual_scales[2]
         return y * alpha + out * beta, None
     return h + (out if r == 1.0 else out * r), None
+
+
+def hc_mix(
+    spec: ModelSpec, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, x_BTSH: torch.Tensor, head: bool = False
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """HY-V4's hyper-connection read (transformers' ``HYV4HyperConnection``, in float32): logits
+    W_fn · flat(x) / rms(flat(x)) from the S streams flattened, pre = σ(logit·scale + base) + ε,
+    the sub-block's input Σ_s pre_s x_s (in x's dtype); post = magnitude · σ(·) + ε from the
+    other half of the logits. ``head``: the final ``HYV4HyperHead``, pre only (post is None)."""
+    S = spec.hc_mult
+    flat = x_BTSH.flatten(-2).float()
+    mixes = F.linear(flat, fn.float()) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + spec.rms_eps)
+    if head:
+        pre = torch.sigmoid(mixes * scale.float() + base.float()) + spec.hc_eps
+        post = None
+    else:
+        pre_b, post_b = base.split(S, dim=-1)
+        pre_s, post_s = scale.unbind(0)
+        pre_l, post_l = mixes.split(S, dim=-1)
+        pre = torch.sigmoid(pre_l * pre_s + pre_b) + spec.hc_eps
+        post = spec.hc_magnitude * torch.sigmoid(post_l * post_s + post_b) + spec.hc_eps
+    return post, (pre.unsqueeze(-1) * x_BTSH).sum(dim=-2).to(x_BTSH.dtype)
+
+
+def hc_add(post_BTS: torch.Tensor, out_BTH: torch.Tensor, x_BTSH: torch.Tensor) -> torch.Tensor:
+    """A sub-block's output onto every stream: x_s + post_s · f, in float32, back in x's dtype."""
+    return (post_BTS.float().unsqueeze(-1) * out_BTH.float().unsqueeze(-2) + x_BTSH.float()).to(x_BTSH.dtype)
+
+
+def hc_attention_block(
+    spec: ModelSpec, lw: LayerWeights, x_BTSH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """HY-V4: the streams after the attention sub-block, x_s + post_s · attention(norm(Σ pre x))."""
+    p = lw.params
+    post, a_BTH = hc_mix(spec, p["attn_hc_fn"], p["attn_hc_base"], p["attn_hc_scale"], x_BTSH)
+    assert post is not None
+    out = attention(spec, p, block_norm(spec, a_BTH, p["input_norm"]), rope, None, lw.layer)
+    return hc_add(post, out, x_BTSH)
+
+
+def hc_decoder_layer(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTSH: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    extra: ExtraExperts | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> tuple[torch.Tensor, MoETap | None]:
+    """A HY-V4 layer on its streams: the attention sub-block, then the MLP / MoE block reading
+    the mix m = Σ pre_s x_s its own hyper-connection forms (the MoE's h, whose norm gives y = γ ⊙ z),
+    its output added onto every stream × post_s."""
+    p = lw.params
+    x1 = hc_attention_block(spec, lw, x_BTSH, rope)
+    post, m_BTH = hc_mix(spec, p["ffn_hc_fn"], p["ffn_hc_base"], p["ffn_hc_scale"], x1)
+    assert post is not None
+    tap = None
+    if lw.routed:
+        out, tap = moe_block(spec, lw, m_BTH, extra, keep)
+    else:
+        out = mlp(spec, p, "mlp_", block_norm(spec, m_BTH, p["post_norm"]))
+    return hc_add(post, out, x1), tap
 
 
 def token_nll(

@@ -135,6 +135,12 @@ def sharded_replay(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",
             hint="replay it on one process (without --nproc)",
         )
+    if ckpt.spec.hc_mult:
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s hyper-connections "
+            "(several residual streams mixed before and after each sub-block) yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if ckpt.spec.shortcut_moe or ckpt.spec.zero_experts:
         raise InputError(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s shortcut-connected MoE "

@@ -126,6 +126,9 @@ class ClampedGLU:
 
     alpha: float
     limit: float
+    # HY-V4: (clamp(u, −limit, limit) + offset) with offset 0 and α 1 is SwiGLU on the clamped
+    # gate and up, silu(min(a, limit)) ⊙ clamp(u, ±limit); left out of ``to_json`` at gpt-oss's 1
+    offset: float = 1.0
 
 
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
@@ -135,6 +138,9 @@ SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out"
 # [E, H, X] projections (X = num_kv_heads · head_dim), the output bias [H], the shared kv [2X, H];
 # in the attention gradient norm
 MOA_NAMES = ("moa_router", "moa_q", "moa_o", "moa_bias", "kv")
+# HY-V4's hyper-connection mixing weights of a layer (``ModelSpec.hc_mult``): for the attention and
+# the MLP / MoE sub-block each, fn [2·hc, hc·H], base [2·hc], scale [2]
+HC_NAMES = tuple(f"{block}_hc_{n}" for block in ("attn", "ffn") for n in ("fn", "base", "scale"))
 MAMBA_NAMES = (
     "ssm_in",
     "ssm_in_bias",
@@ -395,6 +401,21 @@ class ModelSpec:
     shortcut_moe: bool = field(default=False, metadata=NEW)
     zero_experts: int = field(default=0, metadata=NEW)
     mla_lora_scale: bool = field(default=False, metadata=NEW)
+    # HY-V4 (hy_v4): hyper-connections. The residual stream is ``hc_mult`` streams, [B, T, hc, H]
+    # (the embedding copied onto each; a layer's input and output): each sub-block reads a mix
+    # Σ_s pre_s x_s, pre = σ(·) + ``hc_eps`` formed from the flattened streams (``HC_NAMES``:
+    # ``attn_hc_*`` before attention, ``ffn_hc_*`` before the MLP / MoE block), and its output f is
+    # added to every stream s × post_s = ``hc_magnitude``·σ(·) + ``hc_eps``; a head (globals
+    # ``hc_head_*``) mixes the streams into one before the final norm. The DSA indexer rotates the
+    # last qk_rope dims of its heads (``index_rope_last``) and norms its key with eps
+    # ``index_norm_eps`` (None: DeepSeek-V3.2's 1e-6); ``shared_index_layers`` reuse the previous
+    # layer's key selection, replayed only where it keeps every causal key (T ≤ index_topk)
+    hc_mult: int = field(default=0, metadata=NEW)
+    hc_magnitude: float = field(default=2.0, metadata=NEW)
+    hc_eps: float = field(default=1e-6, metadata=NEW)
+    index_rope_last: bool = field(default=False, metadata=NEW)
+    index_norm_eps: float | None = field(default=None, metadata=NEW)
+    shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
 
     @property
     def layout(self) -> Layout:
@@ -460,6 +481,7 @@ class ModelSpec:
             "mamba_layers",
             "conv_layers",
             "block_kinds",
+            "shared_index_layers",
         ):
             if name in out:
                 out[name] = list(getattr(self, name))
@@ -467,6 +489,8 @@ class ModelSpec:
             out["attn_temperature"] = list(out["attn_temperature"])
         if self.mla is None:
             del out["mla"]
+        if self.clamped_glu is not None and self.clamped_glu.offset == 1.0:  # gpt-oss's JSON as before
+            del out["clamped_glu"]["offset"]
         out["routing"] = self.routing
         return out
 

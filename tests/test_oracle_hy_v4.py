@@ -1,0 +1,214 @@
+"""HY-V4 (``hy_v4``, Hunyuan V4) replayed against transformers.
+
+Hyper-connections: the layer input is the ``hc_mult`` residual streams, [B, T, hc, H]; the
+replay's layer inputs are compared stream by stream with transformers' hidden states, and the
+last with its output after the hyper head and the final norm. Configurations vary the stream
+count, top-k, expert count, shared experts, dense/sparse layer placement, the SwiGLU clamp and
+the DSA indexer (keeping fewer keys than the window, so the selection decides what each query
+sees), each in float32 and from a bfloat16 checkpoint (transformers computing in float32 from
+the same stored values, as ``test_oracle_dtypes``), with ``test_oracle``'s float32 tolerances.
+The MoE input h is what the MoE block's pre-norm reads: the mix the MLP sub-block's
+hyper-connection forms (docs/decisions.md, HY-V4). The attention gradient norm covers the
+attention projections, its gate and sinks, the input norm and the attention sub-block's
+hyper-connection (``attn_hc``), as the replay's attention group does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_hy_v4  # noqa: E402, F401  (registers the tiny config)
+from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from test_oracle import Observed, _norm, transformers_observed  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.errors import CanaryError, CheckpointError, InputError  # noqa: E402
+from moeaudit.families import spec_from_config  # noqa: E402
+from moeaudit.replay.engine import hc_collapse, hc_head_weights, replay  # noqa: E402
+from moeaudit.replay.model import block_norm, decoder_layer, embed, rope_tables  # noqa: E402
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+CASES: dict[str, dict[str, Any]] = {
+    # two streams; dense first layer; top-2 of 8, one shared expert; the clamp at 0.5 bites;
+    # every layer's indexer keeps 5 of the 12 keys
+    "two-streams-dense-first-top2-8-experts-clamped": {},
+    # four streams; every layer routed; top-3 of 12, two shared experts, not renormalised, × 1;
+    # four layers, layer 2 dense; the indexer keeps 7 keys; eps large enough to be seen (the
+    # norms', the indexer key norm's among them, and the hyper-connections')
+    "four-streams-top3-12-experts-two-shared": {
+        "rms_norm_eps": 0.05,
+        "hc_eps": 0.05,
+        "hc_mult": 4,
+        "num_hidden_layers": 4,
+        "mlp_layer_types": ["sparse", "sparse", "dense", "sparse"],
+        "indexer_types": ["full"] * 4,
+        "num_experts_per_tok": 3,
+        "n_routed_experts": 12,
+        "n_shared_experts": 2,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "index_topk": 7,
+        "swiglu_limit": 10.0,
+        "hc_magnitude": 1.5,
+    },
+}
+
+
+def hy_v4_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
+    """transformers' side: the MoE input h is what ``post_attention_layernorm`` reads (the ffn
+    hyper-connection's mix, which ``transformers_observed`` hooks), and the attention gradient
+    norm takes in the attention sub-block's hyper-connection and its gate and sinks."""
+    ref = transformers_observed(model, tokens_WT)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for i in ref.scores:
+        parts = tuple(f"model.layers.{i}.{p}" for p in ("self_attn.", "input_layernorm.", "attn_hc."))
+        ref.attention_grads[i] = _norm([g for n, g in grads.items() if n.startswith(parts)])
+    return ref
+
+
+@torch.no_grad()
+def layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's streams, then the final hidden state after the hyper head and the final norm."""
+    spec = ckpt.spec
+    rope = rope_tables(spec, tokens_WT.shape[1])
+    x = embed(spec, ckpt.read_global("embed"), tokens_WT)
+    inputs = []
+    for i in range(spec.num_layers):
+        inputs.append(x)
+        x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
+    x = hc_collapse(spec, hc_head_weights(ckpt, torch.float32), x)
+    return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"))]
+
+
+def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
+    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, attention)."""
+    rel = [0.0]
+    for i in ref.scores:
+        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
+        keep = r > 1e-6
+        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
+            if want > 1e-6:
+                rel.append(abs(got - want) / want)
+    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_hy_v4_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+    save_tiny(tmp_path, "hy_v4", dtype=DTYPES[dtype], **CASES[case])
+    ckpt = Checkpoint(tmp_path)
+    tokens = random_tokens()
+    model = load(tmp_path)
+    ref, ours = hy_v4_observed(model, tokens), observed(ckpt, tokens)
+    ours.layer_inputs = layer_inputs(ckpt, tokens)
+    assert_agree_deepseek(ref, ours, ckpt)
+    assert ckpt.warnings == [] and ckpt.notes == []
+    routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
+    assert ckpt.spec.routed_layers == routed and ckpt.spec.hc_mult == model.config.hc_mult
+    assert ckpt.spec.sparse_index is not None and ckpt.spec.sparse_index.topk < tokens.shape[1]
+    assert min(float(model.model.layers[i].mlp.gate.e_score_correction_bias.abs().min()) for i in routed) > 0
+    if log := os.environ.get("MOEAUDIT_HY_V4_LOG"):
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"case": case, "dtype": dtype, **_worst(ref, ours)}) + "\n")
+
+
+def test_hy_v4_the_clamp_bites_in_the_tiny_checkpoint(tmp_path: Path) -> None:
+    """The first case's experts meet their SwiGLU clamp (else the oracle would not test it):
+    raising the limit changes the loss."""
+    tokens = random_tokens()
+    save_tiny(tmp_path / "a", "hy_v4")
+    save_tiny(tmp_path / "b", "hy_v4", swiglu_limit=100.0)
+    a, b = (replay(Checkpoint(tmp_path / d), tokens, backward=False).nll for d in ("a", "b"))
+    assert abs(a - b) > 1e-4
+
+
+def test_hy_v4_shared_indexer_layers(tmp_path: Path) -> None:
+    """transformers' default indexer pattern (layers reusing the previous layer's key selection)
+    is replayed for windows of at most index_topk tokens, where DSA keeps every causal key and
+    the replay agrees with transformers; longer windows are refused by name before the replay."""
+    save_tiny(tmp_path, "hy_v4", indexer_types=["full", "full", "shared"], index_topk=12)
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.shared_index_layers == (2,)
+    tokens = random_tokens()
+    ours = observed(ckpt, tokens)
+    ours.layer_inputs = layer_inputs(ckpt, tokens)
+    assert_agree_deepseek(hy_v4_observed(load(tmp_path), tokens), ours, ckpt)
+    save_tiny(tmp_path / "short", "hy_v4", indexer_types=["full", "full", "shared"], index_topk=5)
+    with pytest.raises(CanaryError, match=r"layers \[2\] reuse another layer's sparse-attention key selection"):
+        replay(Checkpoint(tmp_path / "short"), tokens)
+
+
+def test_hy_v4_greedy_generation_matches_transformers(tmp_path: Path) -> None:
+    """The generation receipts' greedy continuation passes the hyper head too: each new token is
+    the argmax of transformers' logits on the sequence so far (no cache: the replay keeps none)."""
+    from moeaudit.replay.engine import greedy_generate
+
+    save_tiny(tmp_path, "hy_v4")
+    model, prompts = load(tmp_path), random_tokens()[:, :8]
+    ours = greedy_generate(Checkpoint(tmp_path), prompts, 3)
+    seq = prompts
+    with torch.no_grad():
+        for _ in range(3):
+            seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(ours, seq[:, 8:])
+
+
+def test_hy_v4_config_defaults_match_transformers() -> None:
+    import transformers
+
+    hf = transformers.AutoConfig.for_model("hy_v4")
+    spec = spec_from_config(hf.to_dict())
+    assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.hc_mult, spec.hc_magnitude) == (256, 8, 1e-5, 4, 2.0)
+    assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
+    assert spec.shared_index_layers == tuple(i for i, t in enumerate(hf.indexer_types) if t == "shared")
+    assert spec.gate.scaling == hf.routed_scaling_factor and spec.clamped_glu is not None
+    assert spec.clamped_glu.limit == hf.swiglu_limit and spec.mla is not None and not spec.mla.rope_interleave
+    cfg = {k: v for k, v in hf.to_dict().items() if k not in ("mlp_layer_types", "indexer_types", "layer_types")}
+    absent = spec_from_config(cfg)  # the configuration class's rules when the keys are absent
+    assert (absent.routed_layers, absent.shared_index_layers) == (spec.routed_layers, spec.shared_index_layers)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"swiglu_limit": 0.0}, "swiglu_limit=0 is ambiguous"),
+        ({"layer_types": ["sliding_attention"] * 34}, "does not replay layer_types"),
+        ({"indexer_types": ["shared"] * 34}, "the first layer's indexer_types must be 'full'"),
+        ({"q_lora_rank": None}, "needs q_lora_rank"),
+        ({"hc_mult": 0}, "hc_mult must be in 1..64"),
+    ],
+)
+def test_inconsistent_hy_v4_configs_are_refused(bad: dict[str, Any], message: str) -> None:
+    import transformers
+
+    with pytest.raises(CheckpointError, match=message):
+        spec_from_config({**transformers.AutoConfig.for_model("hy_v4").to_dict(), **bad})
+
+
+def test_expert_parallel_replay_refuses_hy_v4(tmp_path: Path) -> None:
+    from moeaudit.replay.sharded import sharded_replay
+
+    save_tiny(tmp_path, "hy_v4")
+    with pytest.raises(InputError, match="does not replay hy_v4's hyper-connections"):
+        sharded_replay(
+            None,  # type: ignore[arg-type]  (refused before the session is used)
+            Checkpoint(tmp_path),
+            random_tokens(),
+            backward=True,
+            observers=(),
+            progress=None,
+            dtype=torch.float32,
+            device=None,
+        )
