@@ -27,6 +27,7 @@ import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
+import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
@@ -72,6 +73,7 @@ TINY = (
     "flex_olmo",
     "jetmoe",
     "longcat_flash",
+    "flint",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -173,9 +173,6 @@ _REFUSED_ALL: dict[str, str] = {
     "full-attention layers scale queries by (1 + (pos + 1)/2048)^0.1 and its attention output gate has a "
     "per-head bias; the replay has none of these (its DeepSeek-V3 router, Qwen3 attention and sandwich norms "
     "it has)",
-    "flint": "a Qwen3-MoE decoder with gpt-oss's attention sinks, RoPE only on its sliding-window layers, a "
-    "sigmoid router and an ungated shared expert: each piece is in the replay, but no family file maps its "
-    "config and weights to them yet",
     "kolibri1": "its router picks experts by logit plus the correction bias and weights them by the sigmoid of "
     "the chosen logits (DeepSeek-V3 adds the bias to the sigmoid scores), which the replay's routing does not "
     "have; its EXAONE-4 attention (NoPE on full-attention layers), sandwich norms and shared expert the replay "

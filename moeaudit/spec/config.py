@@ -395,6 +395,10 @@ class ModelSpec:
     shortcut_moe: bool = field(default=False, metadata=NEW)
     zero_experts: int = field(default=0, metadata=NEW)
     mla_lora_scale: bool = field(default=False, metadata=NEW)
+    # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
+    # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
+    # logits (Llama 4's router) — docs/decisions.md
+    sigmoid_select: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

@@ -1,0 +1,24 @@
+"""Tiny Flint (``flint``), Mellum (``mellum``) and Lara-Mini (``lara_mini``) checkpoint configs,
+same conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse);
+importing this module registers them in ``hf_models._FAMILY``. Importing it needs transformers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hf_models
+
+TINY: dict[str, dict[str, Any]] = {
+    # 4 layers: full (no RoPE), full, sliding (a 5-token window < T = 12, RoPE), full (the last);
+    # the first two dense (mlp_only_layers' default), top-2 of 8 sigmoid, one ungated shared expert
+    "flint": dict(
+        num_hidden_layers=4,
+        num_experts=8,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        intermediate_size=56,
+        head_dim=8,
+        sliding_window=5,
+    ),
+}
+hf_models._FAMILY.update(TINY)
