@@ -20,5 +20,14 @@ TINY: dict[str, dict[str, Any]] = {
         head_dim=8,
         sliding_window=5,
     ),
+    # 3 layers, all full attention (MellumConfig's default: one RoPE, θ 500000); a dense first
+    # layer (mlp_layer_types), top-2 of 8 softmax, no shared expert
+    "mellum": dict(
+        num_local_experts=8,
+        moe_intermediate_size=24,
+        intermediate_size=56,
+        head_dim=8,
+        mlp_layer_types=["dense", "sparse", "sparse"],
+    ),
 }
 hf_models._FAMILY.update(TINY)

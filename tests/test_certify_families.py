@@ -74,6 +74,7 @@ TINY = (
     "jetmoe",
     "longcat_flash",
     "flint",
+    "mellum",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -180,9 +180,6 @@ _REFUSED_ALL: dict[str, str] = {
     "lara_mini": "its checkpoints store the gated DeltaNet's input projections fused in one in_proj (rows "
     "q | k | v | z | b | a), which the replay does not read; the rest (Qwen3.5's DeltaNet and Qwen3 attention "
     "layers with RoPE only on the sliding-window ones, a softmax router, an ungated shared expert) it has",
-    "mellum": "its sliding-window and full-attention layers have RoPE of their own (θ 10000 and 500000 by "
-    "default), which the replay does not have (one RoPE table); the rest is Qwen3-MoE's decoder with dense or "
-    "routed layers by mlp_layer_types, which the replay has",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
