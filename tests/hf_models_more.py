@@ -29,5 +29,20 @@ TINY: dict[str, dict[str, Any]] = {
         head_dim=8,
         mlp_layer_types=["dense", "sparse", "sparse"],
     ),
+    # 5 layers, LaraMiniConfig's released pattern: DeltaNet, sliding (a 5-token window, RoPE),
+    # DeltaNet, full (no RoPE), sliding; every layer routed, top-2 of 8 softmax plus one ungated
+    # shared expert; 2 key heads serving 4 value heads; tied embeddings (the default)
+    "lara_mini": dict(
+        num_hidden_layers=5,
+        num_experts=8,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        head_dim=8,
+        sliding_window=5,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+    ),
 }
 hf_models._FAMILY.update(TINY)

@@ -75,6 +75,7 @@ TINY = (
     "longcat_flash",
     "flint",
     "mellum",
+    "lara_mini",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

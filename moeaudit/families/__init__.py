@@ -177,9 +177,6 @@ _REFUSED_ALL: dict[str, str] = {
     "the chosen logits (DeepSeek-V3 adds the bias to the sigmoid scores), which the replay's routing does not "
     "have; its EXAONE-4 attention (NoPE on full-attention layers), sandwich norms and shared expert the replay "
     "has",
-    "lara_mini": "its checkpoints store the gated DeltaNet's input projections fused in one in_proj (rows "
-    "q | k | v | z | b | a), which the replay does not read; the rest (Qwen3.5's DeltaNet and Qwen3 attention "
-    "layers with RoPE only on the sliding-window ones, a softmax router, an ungated shared expert) it has",
     "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
     "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
