@@ -105,3 +105,18 @@ def test_mellum_refuses_per_layer_type_rope_by_name() -> None:
                 "rope_parameters": {"full_attention": {**ONE_ROPE, "partial_rotary_factor": 0.5}},
             }
         )
+
+
+def test_mellum_mtp_module_is_left_out_with_a_note(tmp_path: Path) -> None:
+    """``mtp.*`` (transformers ignores it on load) is recognised and noted, not replayed or warned about."""
+    import safetensors.torch as st
+
+    save_tiny(tmp_path, "mellum")
+    tokens = random_tokens()
+    base = observed(Checkpoint(tmp_path), tokens).loss
+    (path,) = tmp_path.glob("*.safetensors")
+    tensors = st.load_file(path)
+    st.save_file({**tensors, "mtp.0.eh_proj.weight": torch.ones(32, 64)}, path, metadata={"format": "pt"})
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.warnings == [] and any("mtp" in n for n in ckpt.notes)
+    assert torch.equal(observed(ckpt, tokens).loss, base)

@@ -14,6 +14,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # MellumConfig's RoPE per layer type when config.json gives none
@@ -96,7 +97,9 @@ LAYOUT = Layout(
     ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
-    notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; one RoPE for the layer types used",
+    notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; one RoPE for the layer types used; "
+    "mtp.* left out",
+    left_out=MTP,
 )
 
 FAMILY = Family(
