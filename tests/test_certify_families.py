@@ -28,6 +28,7 @@ import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
+import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
@@ -74,6 +75,9 @@ TINY = (
     "jetmoe",
     "longcat_flash",
     "hy_v4",
+    "flint",
+    "mellum",
+    "lara_mini",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

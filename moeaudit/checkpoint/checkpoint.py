@@ -199,6 +199,7 @@ SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factor
 LIGHTNING_NAMES = ("light_qkv", "light_gate", "light_norm", "light_out")
 LIGHTNING_BUFFERS = ("light_slope", "light_qdecay", "light_kdecay", "light_ddecay")
 LINEAR_ATTENTION_NAMES = (
+    "lin_in",
     "lin_qkvz",
     "lin_ba",
     "lin_qkv",
@@ -237,6 +238,8 @@ KDA_FULL_RANK = ("kda_f", "kda_g")  # Ling 3's (bailing_hybrid)
 # Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
 GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
 FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
+# Lara-Mini's checkpoints: Qwen3.5's four flat projections stored as one ``in_proj``, rows q|k|v|z|b|a
+FUSED_PROJECTION = ("lin_in",)
 # RMSNorm gains stored as w with the norm applying 1 + w (Qwen3-Next); the DeltaNet's gated
 # output norm (lin_norm) applies its weight as stored.
 ZERO_CENTRED_NORMS = frozenset({"input_norm", "post_norm", "q_norm", "k_norm"})
@@ -966,8 +969,10 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names += ["g_proj"] if s.output_gate else []
         names += ["sinks"] if s.attention_sinks else []  # HY-V4
     elif layer in s.linear_layers:
-        skip = FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS
-        names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in skip)]
+        unused: tuple[str, ...] = GROUPED_PROJECTIONS + FLAT_PROJECTIONS  # the fused in_proj (Lara-Mini)
+        if "lin_in" not in s.layout.layer:
+            unused = (FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS) + FUSED_PROJECTION
+        names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in unused)]
     elif layer in s.lightning_layers:
         names = ["input_norm", "post_norm", *LIGHTNING_NAMES, *LIGHTNING_BUFFERS]
     elif layer in s.conv_layers:  # LFM2's short convolution (its biases with conv_bias)
@@ -1127,6 +1132,7 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
         key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
         shapes.update(
             {
+                "lin_in": (2 * key_dim + 2 * value_dim + 2 * la.num_v_heads, H),
                 "lin_qkvz": (2 * key_dim + 2 * value_dim, H),
                 "lin_ba": (2 * la.num_v_heads, H),
                 "lin_qkv": (2 * key_dim + value_dim, H),

@@ -67,23 +67,12 @@ _QWEN4_EXP = (
 )
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
-    "jamba": "its Mamba (state-space) layers are not replayed",
-    "granitemoehybrid": "its Mamba (state-space) layers are not replayed",
     "nemotron_h_omni": "a multimodal model: " + _NEMOTRON_H,
     "zaya": "its attention is compressed convolutional attention (q and k mixed by causal convolutions, half "
     "of each value head taken from the previous token, L2-normalised q and k with a learned key scale) and its "
     "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "
     "expert and learned scales and biases on both residual branches; the replay has none of these",
-    # --- new routed designs (each its own family file, in progress)
-    "dbrx": "not supported yet (fused Wqkv, clip_qkv, LayerNorm without bias)",
-    "lfm2_moe": "not supported yet (short convolution layers)",
-    "cohere2_moe": "not supported yet (parallel attention+MoE block, sliding/global layers)",
-    "exaone_moe": "not supported yet (EXAONE-MoE: sliding/global layers, sigmoid router with bias)",
-    "minimax": "not supported yet (lightning linear attention)",
-    "hy_v3": "not supported yet (Hunyuan v3 routing with fp32 combine and a scaling factor)",
-    "sarvam_moe": "not supported yet (Sarvam MoE)",
-    "sarvam_mla": "not supported yet (Sarvam MoE with MLA)",
-    "solar_open": "not supported yet (Solar Open)",
+    # --- routed designs whose pieces the replay lacks
     "step3p5": "the text decoder of step3p7 (transformers' Step3p7TextConfig): per-layer head counts and "
     "per-layer-type RoPE, which the replay does not have",
     "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
@@ -92,8 +81,6 @@ _REFUSED_ALL: dict[str, str] = {
     "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
     "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
     "compressors) and hash routing are not replayed",
-    "glm_moe_dsa": "not supported yet (GLM-5: MLA with DeepSeek sparse attention)",
-    "laguna": "not supported yet (Laguna: router logit soft-capping, routing weights on the inputs)",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl": "a vision-language model: its text decoder is replayed as hy_v4, but the wrapper is not read yet",
@@ -171,27 +158,14 @@ _REFUSED_ALL: dict[str, str] = {
     "full-attention layers scale queries by (1 + (pos + 1)/2048)^0.1 and its attention output gate has a "
     "per-head bias; the replay has none of these (its DeepSeek-V3 router, Qwen3 attention and sandwich norms "
     "it has)",
-    "flint": "a Qwen3-MoE decoder with gpt-oss's attention sinks, RoPE only on its sliding-window layers, a "
-    "sigmoid router and an ungated shared expert: each piece is in the replay, but no family file maps its "
-    "config and weights to them yet",
     "kolibri1": "its router picks experts by logit plus the correction bias and weights them by the sigmoid of "
     "the chosen logits (DeepSeek-V3 adds the bias to the sigmoid scores), which the replay's routing does not "
     "have; its EXAONE-4 attention (NoPE on full-attention layers), sandwich norms and shared expert the replay "
     "has",
-    "lara_mini": "its checkpoints store the gated DeltaNet's input projections fused in one in_proj (rows "
-    "q | k | v | z | b | a), which the replay does not read; the rest (Qwen3.5's DeltaNet and Qwen3 attention "
-    "layers with RoPE only on the sliding-window ones, a softmax router, an ungated shared expert) it has",
-    "mellum": "its sliding-window and full-attention layers have RoPE of their own (θ 10000 and 500000 by "
-    "default), which the replay does not have (one RoPE table); the rest is Qwen3-MoE's decoder with dense or "
-    "routed layers by mlp_layer_types, which the replay has",
-    "kimi_k25": "a vision-language model whose text decoder is DeepSeek-V3: not supported yet",
-    "qwen3_vl_moe": "a vision-language model whose text decoder is Qwen3-MoE: not supported yet",
     "qwen3_vl_moe_text": _SUBCONFIG.format("qwen3_vl_moe"),
-    "glm4v_moe": "a vision-language model whose text decoder is GLM-4.5's: not supported yet",
     "glm4v_moe_text": _SUBCONFIG.format("glm4v_moe"),
     "qwen3_omni_moe_thinker": _SUBCONFIG.format("qwen3_omni_moe"),
     "qwen3_omni_moe_text": _SUBCONFIG.format("qwen3_omni_moe"),
-    "glm4_moe_lite": "not supported yet (GLM-4.7-Flash: DeepSeek-V3 MLA with GLM's router)",
 }
 # MoE model types that transformers does not ship (hub checkpoints with their own modeling code),
 # refused by name so that they are not "unknown"

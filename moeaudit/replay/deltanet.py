@@ -102,6 +102,14 @@ def _split_heads(la: LinearAttention, qkvz: torch.Tensor, ba: torch.Tensor):
     )
 
 
+def split_in_proj(la: LinearAttention, w_in: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Lara-Mini's fused ``in_proj`` [2·k·K + 2·v·V + 2·v, H] as Qwen3.5's four projections
+    (q|k|v, z, b, a), the row split transformers' conversion mapping makes on load; views of
+    the one tensor, so its gradient gathers all four."""
+    key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
+    return tuple(w_in.split([2 * key_dim + value_dim, value_dim, la.num_v_heads, la.num_v_heads], dim=0))
+
+
 def _causal_conv(x_BTC: torch.Tensor, w_C1K: torch.Tensor) -> torch.Tensor:
     T, C = x_BTC.shape[1], x_BTC.shape[2]
     y = F.conv1d(x_BTC.transpose(1, 2), w_C1K, padding=w_C1K.shape[-1] - 1, groups=C)
@@ -119,10 +127,13 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
 def gated_deltanet(la: LinearAttention, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, eps: float) -> torch.Tensor:
     """The linear-attention token mixer of one layer, for its normalised input x."""
     B, T, _ = x_BTH.shape
-    if "lin_qkv" in p:  # Qwen3.5: q | k | v flat, z, b, a in their own projections
-        qkv = F.linear(x_BTH, p["lin_qkv"])
-        z = F.linear(x_BTH, p["lin_z"]).view(B, T, la.num_v_heads, la.v_dim)
-        b, a = F.linear(x_BTH, p["lin_b"]), F.linear(x_BTH, p["lin_a"])
+    if "lin_qkv" in p or "lin_in" in p:  # Qwen3.5: q | k | v flat, z, b, a in their own projections
+        w_qkv, w_z, w_b, w_a = (
+            (p["lin_qkv"], p["lin_z"], p["lin_b"], p["lin_a"]) if "lin_qkv" in p else split_in_proj(la, p["lin_in"])
+        )
+        qkv = F.linear(x_BTH, w_qkv)
+        z = F.linear(x_BTH, w_z).view(B, T, la.num_v_heads, la.v_dim)
+        b, a = F.linear(x_BTH, w_b), F.linear(x_BTH, w_a)
     else:
         q, k, v, z, b, a = _split_heads(la, F.linear(x_BTH, p["lin_qkvz"]), F.linear(x_BTH, p["lin_ba"]))
         qkv = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], dim=-1)

@@ -430,7 +430,8 @@ def route(
         scores = sig if bias_E is None else sig + bias_E.float()
         # without a bias or groups, choose on the logits (Llama 4's router does): σ is monotone,
         # but saturates to 1.0 in float32 above ~17, where choosing on σ would meet ties
-        select = scores if bias_E is not None or g.grouped else logits.float()
+        # (Flint's router chooses on σ itself: ``sigmoid_select``)
+        select = scores if bias_E is not None or g.grouped or spec.sigmoid_select else logits.float()
         if g.grouped:
             allowed, margin = _group_limit(g, scores, scores.double(), spec.top_k)
             select = scores.masked_fill(~allowed, float("-inf"))

@@ -416,6 +416,10 @@ class ModelSpec:
     index_rope_last: bool = field(default=False, metadata=NEW)
     index_norm_eps: float | None = field(default=None, metadata=NEW)
     shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
+    # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
+    # logits (Llama 4's router) — docs/decisions.md
+    sigmoid_select: bool = field(default=False, metadata=NEW)
 
     @property
     def layout(self) -> Layout:

@@ -1,0 +1,113 @@
+"""Mellum (``mellum``, JetBrains Mellum 2): Qwen3-MoE's decoder — per-head q/k RMSNorm, a
+softmax router (top-k of the float32 probabilities, renormalised when ``norm_topk_prob``), no
+shared expert — with dense or routed layers by ``mlp_layer_types`` ("sparse" routed, default
+all) and sliding-window or full-attention layers by ``layer_types`` (default all full). RoPE
+parameters are given per layer type, as Laguna's (``rope_parameters.full_attention`` θ 500000,
+``.sliding_attention`` θ 10000 by default). Replayed when the layer types used share one RoPE
+(the default: every layer full attention); otherwise refused, because the replay builds one RoPE
+table for all layers. ``mtp.*`` (multi-token prediction) is left out, as transformers does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moeaudit.errors import CheckpointError
+from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families.qwen3_next import MTP
+from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+
+# MellumConfig's RoPE per layer type when config.json gives none
+DEFAULT_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+}
+KINDS = tuple(DEFAULT_ROPE)
+LIMIT = "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table for every layer"
+
+
+def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """The config with ``rope_parameters`` the one entry every used layer type shares."""
+    layers = cfg.get("num_hidden_layers")
+    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
+    if not isinstance(types, list) or not set(types) <= set(KINDS):
+        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
+    params = cfg.get("rope_parameters") or DEFAULT_ROPE
+    if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
+        raise CheckpointError(
+            "config.json: mellum's rope_parameters must be given per layer type "
+            f"({' / '.join(KINDS)}), for every type layer_types uses",
+            path=path,
+        )
+    used = [params[t] for t in KINDS if t in set(types)]
+    if any(p != used[0] for p in used[1:]):
+        raise CheckpointError(
+            "moeaudit does not replay mellum with different RoPE per layer type yet "
+            "(full_attention and sliding_attention layers)",
+            path=path,
+            hint=LIMIT,
+        )
+    one = used[0] if used else DEFAULT_ROPE["full_attention"]
+    factor = one.get("partial_rotary_factor", 1.0) if isinstance(one, dict) else 1.0
+    if factor != 1.0:  # transformers' Mellum rotates whole heads: a partial table does not broadcast
+        raise CheckpointError(
+            f"config.json: mellum rotates whole heads; partial_rotary_factor {factor!r} cannot be applied", path=path
+        )
+    return {**cfg, "rope_parameters": one, "layer_types": types}
+
+
+def _routed_layers(c: Ctx) -> tuple[int, ...]:
+    """``mlp_layer_types``: "sparse" layers routed, "dense" ones a dense MLP (default all sparse)."""
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return tuple(range(c.num_layers))
+    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
+        )
+    return tuple(i for i, t in enumerate(types) if t == "sparse")
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
+    window = sliding_window(c) if "sliding_window" in c.cfg else 1024
+    return {
+        "routed_layers": _routed_layers(c),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
+        "qk_norm": "head",
+        "dense_dim": c.get("intermediate_size", int, 7168),
+        # a null window: transformers' sliding mask then masks nothing beyond causal
+        "sliding_window": window if sliding else None,
+        "sliding_layers": sliding if window is not None else (),
+    }
+
+
+LAYOUT = Layout(
+    family="mellum",
+    globals=GLOBALS,
+    layer=prefixed(
+        L,
+        {
+            **ATTN,
+            **MLP_MOE,
+            "mlp_w1": "mlp.gate_proj.weight",
+            "mlp_w3": "mlp.up_proj.weight",
+            "mlp_w2": "mlp.down_proj.weight",
+        },
+    ),
+    expert=prefixed(L, MLP_EXPERTS),
+    fused=prefixed(L, MLP_FUSED),
+    notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; one RoPE for the layer types used; "
+    "mtp.* left out",
+    left_out=MTP,
+)
+
+FAMILY = Family(
+    name="mellum",
+    layout=LAYOUT,
+    fields=_fields,
+    expert_count_keys=("num_local_experts", "num_experts"),
+    default_rms_eps=1e-6,
+    default_rope_theta=500000.0,
+    decoder_config=_one_rope,
+)
