@@ -30,6 +30,7 @@ import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny c
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
+import hf_models_wrap  # noqa: E402  (the Nemotron-H Omni wrapper' tiny checkpoints)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -78,6 +79,8 @@ TINY = (
     "flint",
     "mellum",
     "lara_mini",
+    # wrappers certified end to end too (tests/hf_models_wrap.py saves them)
+    "nemotron_h_omni",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)
@@ -140,7 +143,8 @@ def certify_and_verify(run: Path, tmp_path: Path) -> tuple[CliRunner, Path]:
 def test_certify_a_run_of_each_family(family: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     if not hf_models_aliases2.save_any(run / "checkpoint-100", family):  # Mistral 4's LM class, kimi_k2's label
-        save_tiny(run / "checkpoint-100", family)
+        if not hf_models_wrap.save_any(run / "checkpoint-100", family):
+            save_tiny(run / "checkpoint-100", family)
     _nudged_copy(run / "checkpoint-100", run / "checkpoint-200")
     _, out = certify_and_verify(run, tmp_path)
     routed = list(Checkpoint(run / "checkpoint-100").spec.routed_layers)

@@ -20,6 +20,7 @@ import hf_models_longcat  # noqa: F401  (issue 27: LongCat-Flash)
 import hf_models_mamba  # noqa: F401  (issue 27 §3 Mamba hybrids)
 import hf_models_more  # noqa: F401  (issue 27: Flint, Mellum, Lara-Mini)
 import hf_models_nemotron  # noqa: F401  (issue 27 §3 Nemotron-H)
+import hf_models_wrap  # issue 27: wrappers around Nemotron-H
 import torch
 import transformers
 from hf_models import _redraw, save_tiny, tiny_config
@@ -39,6 +40,8 @@ def save_any(path: Path, family: str) -> Path:
     elif family == "longcat_flash":  # its sub-block norm gains drawn near 1, not as biases
         hf_models_longcat.save_longcat(path)
     elif hf_models_aliases2.save_any(path, family):
+        pass
+    elif hf_models_wrap.save_any(path, family):
         pass
     else:
         save_tiny(path, family)

@@ -67,7 +67,6 @@ _QWEN4_EXP = (
 )
 _REFUSED_ALL: dict[str, str] = {
     # --- state-space hybrids
-    "nemotron_h_omni": "a multimodal model: " + _NEMOTRON_H,
     "zaya": "its attention is compressed convolutional attention (q and k mixed by causal convolutions, half "
     "of each value head taken from the previous token, L2-normalised q and k with a learned key scale) and its "
     "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "

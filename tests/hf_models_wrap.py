@@ -1,0 +1,126 @@
+"""Tiny wrapper checkpoints around replayed text decoders (issue 27): ``nemotron_h_omni`` around
+:mod:`hf_models_nemotron`'s tiny Nemotron-H, saved by transformers'
+own wrapper class with one-block vision / audio parts; and a view that lets the text decoder's
+oracle (``test_oracle_nemotron.hf_observed``) read the wrapper's text decoder while running the
+wrapper's own forward on text tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import hf_models
+import hf_models_nemotron  # noqa: F401  (registers the tiny Nemotron-H)
+import torch
+import transformers
+
+
+def nemotron_text(**overrides: Any) -> dict[str, Any]:
+    """The tiny Nemotron-H config (``hf_models_nemotron``) as a wrapper's ``text_config``."""
+    cfg = {**hf_models._COMMON, **hf_models._FAMILY["nemotron_h"], **overrides}
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+# RADIO with one block of width 16 (patches of 4 on 16-pixel images), one Parakeet block
+_RADIO = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    patch_size=4,
+    image_size=16,
+    max_img_size=32,
+    num_cls_tokens=1,
+    num_registers=1,
+    video_temporal_patch_size=2,
+)
+_PARAKEET = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=16,
+    subsampling_conv_channels=4,
+    num_mel_bins=16,
+    projection_hidden_size=16,
+    projection_bias=False,
+)
+
+
+def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
+    if wrapper == "nemotron_h_omni":
+        cfg = transformers.AutoConfig.for_model(
+            wrapper,
+            text_config=nemotron_text(**overrides),
+            vision_config=_RADIO,
+            audio_config=_PARAKEET,
+            vision_hidden_size=16,
+            projector_hidden_size=16,
+        )
+    cfg._attn_implementation = "eager"
+    cfg.text_config._attn_implementation = "eager"
+    return cfg
+
+
+CLASSES = {
+    "nemotron_h_omni": "NemotronH_Omni_Reasoning_V3",
+}
+
+
+def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    """The wrapper around its tiny text decoder (``overrides`` its text config), float32, eval."""
+    cls = getattr(transformers, CLASSES[wrapper])
+    torch.manual_seed(seed)
+    model = cls(_config(wrapper, **overrides)).float()
+    hf_models._redraw(model, seed)
+    return model.eval()
+
+
+def save_wrapper(
+    path: Path, wrapper: str, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any
+) -> None:
+    model = wrapper_model(wrapper, seed=seed, **overrides)
+    (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
+
+
+def load_wrapper(path: Path, wrapper: str) -> transformers.PreTrainedModel:
+    cls = getattr(transformers, CLASSES[wrapper])
+    return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+# where each wrapper keeps its text decoder's layers, and its parameters' prefix
+DECODER = {
+    "nemotron_h_omni": "language_model.model.",
+}
+
+
+class TextView(torch.nn.Module):
+    """A wrapper as ``test_oracle_nemotron.hf_observed`` reads a causal LM: ``model.layers`` the
+    text decoder's layers, its parameters named ``model.layers.*``, the forward the wrapper's own
+    (text tokens only)."""
+
+    def __init__(self, wrapper: transformers.PreTrainedModel, family: str) -> None:
+        super().__init__()
+        self.wrapper, self.prefix = wrapper, DECODER[family]
+        decoder = wrapper
+        for name in self.prefix.strip(".").split("."):
+            decoder = getattr(decoder, name)
+        self.model = SimpleNamespace(layers=decoder.layers)
+
+    def forward(self, tokens: torch.Tensor, **kwargs: Any) -> Any:
+        return self.wrapper(input_ids=tokens, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        for name, p in self.wrapper.named_parameters():
+            yield name.replace(self.prefix, "model.", 1), p
+
+
+SAVERS: dict[str, Callable[[Path], None]] = {f: (lambda p, f=f: save_wrapper(p, f)) for f in CLASSES}
+
+
+def save_any(path: Path, family: str) -> bool:
+    """Save the tiny checkpoint of ``family`` at ``path`` when this module knows how (True)."""
+    if family in SAVERS:
+        SAVERS[family](path)
+        return True
+    return False

@@ -1,0 +1,93 @@
+"""The Nemotron-H wrappers (issue 27): ``nemotron_h_omni`` (Nemotron 3 Nano Omni: RADIO vision
+tower, Parakeet sound encoder), saved by transformers' wrapper class
+around the tiny Nemotron-H of :mod:`hf_models_nemotron`. The replay of the text decoder is
+compared with the wrapper's own forward on text tokens (``hf_models_wrap.TextView``): loss,
+per-window NLL, hidden states, MoE inputs, router logits, top-k sets off near-ties, combine
+weights, gradient norms per expert, router, shared expert and the MoE layer's norm, in float32
+and from bfloat16 checkpoints, on ``test_oracle_nemotron``'s two configurations."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_models_wrap as wrap  # noqa: E402
+from hf_models import random_tokens  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from test_oracle import FORWARD, GRADIENT  # noqa: E402
+from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from test_oracle_nemotron import CASES, hf_observed, worst  # noqa: E402
+
+from moeaudit.checkpoint import Checkpoint  # noqa: E402
+from moeaudit.families import FAMILIES  # noqa: E402
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+WRAPPERS = ("nemotron_h_omni",)
+# the parts each wrapper's tiny checkpoint leaves out (Checkpoint.notes)
+LEFT_OUT = {
+    "nemotron_h_omni": {"vision tower (RADIO)", "vision projector", "sound encoder (Parakeet)", "sound projector"},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("family", WRAPPERS)
+def test_text_decoder_matches_transformers(family: str, case: str, dtype: str, tmp_path: Path) -> None:
+    overrides, (windows, length) = CASES[case]
+    wrap.save_wrapper(tmp_path, family, dtype=DTYPES[dtype], **overrides)
+    tokens = random_tokens(windows, length)
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.family == family and ckpt.warnings == []
+    assert {x.what for x in ckpt.left_out} == LEFT_OUT[family]
+    ref = hf_observed(wrap.TextView(wrap.load_wrapper(tmp_path, family), family), tokens)
+    ours = observed(ckpt, tokens)
+    assert_agree_deepseek(ref, ours, ckpt, FORWARD, GRADIENT)
+    nll_abs, grad_rel = worst(ref, ours)
+    assert nll_abs <= 1e-4 and grad_rel <= 2e-3
+    if path := os.environ.get("MOEAUDIT_WORST_LOG"):  # the figures docs/families.md quotes
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": f"{family}[{case}-{dtype}]", "nll_abs": nll_abs, "grad_rel": grad_rel}) + "\n")
+    types = overrides.get("layers_block_type", wrap.nemotron_text()["layers_block_type"])
+    assert ckpt.spec.routed_layers == tuple(i for i, t in enumerate(types) if t == "moe")
+    assert "the text decoder" in FAMILIES[family].audits
+
+
+def _renamed(src: Path, dst: Path, rename) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    save_file({rename(k): v for k, v in load_file(src / "model.safetensors").items()}, dst / "model.safetensors")
+    return dst
+
+
+def _same(a: Checkpoint, b: Checkpoint) -> None:
+    tokens = random_tokens()
+    ours_a, ours_b = observed(a, tokens), observed(b, tokens)
+    assert ours_a.loss == ours_b.loss
+    assert all(torch.equal(ours_a.expert_grads[i], ours_b.expert_grads[i]) for i in ours_a.expert_grads)
+
+
+def test_nemotron_h_omni_names_and_legacy_config(tmp_path: Path) -> None:
+    """``language_model.backbone.*`` (as saved and released) and ``language_model.model.*``
+    (transformers' module names) give the same numbers; a released config's ``llm_config`` is
+    read as ``text_config``, as transformers reads it."""
+    wrap.save_wrapper(tmp_path / "a", "nemotron_h_omni")
+    a = Checkpoint(tmp_path / "a")
+    assert a.layer_keys(0)["ssm_in"] == "language_model.backbone.layers.0.mixer.in_proj.weight"
+    b = Checkpoint(_renamed(tmp_path / "a", tmp_path / "b", lambda k: k.replace(".backbone.", ".model.")))
+    assert b.layer_keys(0)["ssm_in"] == "language_model.model.layers.0.mixer.in_proj.weight"
+    _same(a, b)
+    cfg_path = tmp_path / "b" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["llm_config"] = cfg.pop("text_config")
+    cfg_path.write_text(json.dumps(cfg))
+    c = Checkpoint(tmp_path / "b")
+    assert c.spec == b.spec
+    _same(a, c)
