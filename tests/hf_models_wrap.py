@@ -1,5 +1,5 @@
-"""Tiny wrapper checkpoints around replayed text decoders (issue 27): ``nemotron_h_omni`` around
-:mod:`hf_models_nemotron`'s tiny Nemotron-H, saved by transformers'
+"""Tiny wrapper checkpoints around replayed text decoders (issue 27): ``nemotron_h_omni`` and
+``nemo_speechlm`` around :mod:`hf_models_nemotron`'s tiny Nemotron-H, each saved by transformers'
 own wrapper class with one-block vision / audio parts; and a view that lets the text decoder's
 oracle (``test_oracle_nemotron.hf_observed``) read the wrapper's text decoder while running the
 wrapper's own forward on text tokens."""
@@ -45,6 +45,18 @@ _PARAKEET = dict(
     projection_hidden_size=16,
     projection_bias=False,
 )
+# Nemotron 3.5 Transcribe's speech side: one-block recognition and diarization encoders, a
+# one-block word-timestamp decoder; its audio token past the text vocabulary, as released
+_BLOCK = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+_SPEECH_AUDIO = dict(
+    asr_config=dict(_BLOCK, num_mel_bins=16),
+    diarization_config=dict(
+        audio_config=dict(_BLOCK, num_mel_bins=16),
+        head_config=dict(hidden_size=8, audio_hidden_size=16, num_speakers=2),
+        streaming_config=dict(num_speakers=2),
+    ),
+)
+_WORD_TIMESTAMP = dict(_BLOCK, vocab_size=10, blank_token_id=9)
 
 
 def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
@@ -57,6 +69,14 @@ def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
             vision_hidden_size=16,
             projector_hidden_size=16,
         )
+    else:
+        cfg = transformers.AutoConfig.for_model(
+            wrapper,
+            text_config=nemotron_text(**overrides),
+            audio_config=_SPEECH_AUDIO,
+            word_timestamp_config=_WORD_TIMESTAMP,
+            audio_token_id=hf_models.VOCAB,
+        )
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
     return cfg
@@ -64,6 +84,7 @@ def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
 
 CLASSES = {
     "nemotron_h_omni": "NemotronH_Omni_Reasoning_V3",
+    "nemo_speechlm": "Nemotron3_5TranscribeForConditionalGeneration",
 }
 
 
@@ -91,6 +112,7 @@ def load_wrapper(path: Path, wrapper: str) -> transformers.PreTrainedModel:
 # where each wrapper keeps its text decoder's layers, and its parameters' prefix
 DECODER = {
     "nemotron_h_omni": "language_model.model.",
+    "nemo_speechlm": "model.language_model.",
 }
 
 

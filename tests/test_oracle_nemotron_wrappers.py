@@ -1,5 +1,6 @@
 """The Nemotron-H wrappers (issue 27): ``nemotron_h_omni`` (Nemotron 3 Nano Omni: RADIO vision
-tower, Parakeet sound encoder), saved by transformers' wrapper class
+tower, Parakeet sound encoder) and ``nemo_speechlm`` (Nemotron 3.5 Transcribe: speech recognition
+and diarization encoders, a word-timestamp decoder), each saved by transformers' wrapper class
 around the tiny Nemotron-H of :mod:`hf_models_nemotron`. The replay of the text decoder is
 compared with the wrapper's own forward on text tokens (``hf_models_wrap.TextView``): loss,
 per-window NLL, hidden states, MoE inputs, router logits, top-k sets off near-ties, combine
@@ -28,10 +29,11 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-WRAPPERS = ("nemotron_h_omni",)
+WRAPPERS = ("nemotron_h_omni", "nemo_speechlm")
 # the parts each wrapper's tiny checkpoint leaves out (Checkpoint.notes)
 LEFT_OUT = {
     "nemotron_h_omni": {"vision tower (RADIO)", "vision projector", "sound encoder (Parakeet)", "sound projector"},
+    "nemo_speechlm": {"speech encoders (recognition, diarization) and their projector", "word-timestamp decoder"},
 }
 
 
@@ -72,6 +74,33 @@ def _same(a: Checkpoint, b: Checkpoint) -> None:
     ours_a, ours_b = observed(a, tokens), observed(b, tokens)
     assert ours_a.loss == ours_b.loss
     assert all(torch.equal(ours_a.expert_grads[i], ours_b.expert_grads[i]) for i in ours_a.expert_grads)
+
+
+def test_nemo_speechlm_module_names(tmp_path: Path) -> None:
+    """transformers 5.24 saves Nemotron 3.5 Transcribe under NVIDIA's NeMo names
+    (``llm.model.embed_tokens``, ``llm.model.layers.*`` with ``mixer._fp32_params.A_log``,
+    ``llm.model.norm``, ``llm.lm_head``); the same tensors under transformers' module names
+    (``model.language_model.embeddings`` / ``layers.*`` / ``norm_f``, ``lm_head``) give the same
+    numbers."""
+    wrap.save_wrapper(tmp_path / "a", "nemo_speechlm")
+    a = Checkpoint(tmp_path / "a")
+    assert a.layer_keys(0)["ssm_A_log"] == "llm.model.layers.0.mixer._fp32_params.A_log"
+    names = (
+        ("llm.model.embed_tokens.", "model.language_model.embeddings."),
+        ("llm.model.norm.", "model.language_model.norm_f."),
+        ("llm.model.layers.", "model.language_model.layers."),
+        ("llm.lm_head.", "lm_head."),
+        ("mixer._fp32_params.", "mixer."),
+    )
+
+    def module_name(k: str) -> str:
+        for old, new in names:
+            k = k.replace(old, new)
+        return k
+
+    b = Checkpoint(_renamed(tmp_path / "a", tmp_path / "b", module_name))
+    assert b.layer_keys(0)["ssm_A_log"] == "model.language_model.layers.0.mixer.A_log"
+    _same(a, b)
 
 
 def test_nemotron_h_omni_names_and_legacy_config(tmp_path: Path) -> None:

@@ -49,11 +49,6 @@ EXPERT_COUNT_KEYS: dict[str, tuple[str, ...]] = {n: f.expert_count_keys for n, f
 # holds this list to it). A family file for a listed type takes precedence: the entry is then
 # stale and ignored. Each reason names what the replay lacks, concretely.
 _SUBCONFIG = "a sub-configuration of {0}: checkpoints carry model_type {0!r}"
-# the models built on Nemotron-H's decoder (itself replayed: families/nemotron_h.py)
-_NEMOTRON_H = (
-    "its text decoder is Nemotron-H's (replayed as nemotron_h), but the wrapper (its encoders and "
-    "their projector, the text_config nesting) is not read yet"
-)
 _GEMMA4 = (
     "its experts run beside a dense MLP on separately normed inputs, under a router with its own weightless "
     "RMS norm and learned per-channel and per-expert scales; its full-attention layers have their own head "
@@ -128,7 +123,6 @@ _REFUSED_ALL: dict[str, str] = {
     "qwen4_exp_text": _QWEN4_EXP,
     "qwen3_omni_moe_talker_text": "the talker (speech-code generator) of qwen3_omni_moe: moeaudit "
     "audits the thinker's text decoder",
-    "nemo_speechlm": "a speech-language model: " + _NEMOTRON_H,
     # --- not causal decoders
     "switch_transformers": "an encoder-decoder model (T5 layout); moeaudit replays decoders",
     "nllb-moe": "an encoder-decoder translation model; moeaudit replays decoders",
