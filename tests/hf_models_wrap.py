@@ -1,8 +1,9 @@
 """Tiny wrapper checkpoints around replayed text decoders (issue 27): ``nemotron_h_omni`` and
-``nemo_speechlm`` around :mod:`hf_models_nemotron`'s tiny Nemotron-H, each saved by transformers'
-own wrapper class with one-block vision / audio parts; and a view that lets the text decoder's
-oracle (``test_oracle_nemotron.hf_observed``) read the wrapper's text decoder while running the
-wrapper's own forward on text tokens."""
+``nemo_speechlm`` around :mod:`hf_models_nemotron`'s tiny Nemotron-H, ``hy_v4_vl`` around
+:mod:`hf_models_hy_v4`'s tiny HY-V4, each saved by transformers' own wrapper class with one-block
+vision / audio parts; and a view that lets the text decoder's oracle
+(``test_oracle_nemotron.hf_observed``, ``test_oracle_hy_v4.hy_v4_observed``) read the wrapper's
+text decoder while running the wrapper's own forward on text tokens."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import hf_models
+import hf_models_hy_v4  # noqa: F401  (registers the tiny HY-V4)
 import hf_models_nemotron  # noqa: F401  (registers the tiny Nemotron-H)
 import torch
 import transformers
@@ -21,6 +23,17 @@ def nemotron_text(**overrides: Any) -> dict[str, Any]:
     """The tiny Nemotron-H config (``hf_models_nemotron``) as a wrapper's ``text_config``."""
     cfg = {**hf_models._COMMON, **hf_models._FAMILY["nemotron_h"], **overrides}
     return {k: v for k, v in cfg.items() if v is not None}
+
+
+# HY-V4-VL's multimodal RoPE sections (time, height, width) must sum to qk_rope_head_dim / 2 = 2
+HY_V4_VL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0]}
+
+
+def hy_v4_text(**overrides: Any) -> dict[str, Any]:
+    """The tiny HY-V4 config (``hf_models_hy_v4``) as HY-V4-VL's ``text_config`` (its token ids
+    kept at None: HYV4VLTextConfig's defaults are past the tiny vocabulary)."""
+    cfg = {**hf_models._COMMON, **hf_models._FAMILY["hy_v4"], "rope_parameters": HY_V4_VL_ROPE, **overrides}
+    return {k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")}
 
 
 # RADIO with one block of width 16 (patches of 4 on 16-pixel images), one Parakeet block
@@ -57,10 +70,22 @@ _SPEECH_AUDIO = dict(
     ),
 )
 _WORD_TIMESTAMP = dict(_BLOCK, vocab_size=10, blank_token_id=9)
+# HY-V4-VL's vision tower: one block of width 16, patches of 4
+_HY_VISION = dict(
+    hidden_size=16,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    out_hidden_size=32,
+    patch_size=4,
+    max_image_size=32,
+)
 
 
 def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
-    if wrapper == "nemotron_h_omni":
+    if wrapper == "hy_v4_vl":
+        cfg = transformers.AutoConfig.for_model(wrapper, text_config=hy_v4_text(**overrides), vision_config=_HY_VISION)
+    elif wrapper == "nemotron_h_omni":
         cfg = transformers.AutoConfig.for_model(
             wrapper,
             text_config=nemotron_text(**overrides),
@@ -83,6 +108,7 @@ def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
 
 
 CLASSES = {
+    "hy_v4_vl": "HYV4VLForConditionalGeneration",
     "nemotron_h_omni": "NemotronH_Omni_Reasoning_V3",
     "nemo_speechlm": "Nemotron3_5TranscribeForConditionalGeneration",
 }
@@ -111,6 +137,7 @@ def load_wrapper(path: Path, wrapper: str) -> transformers.PreTrainedModel:
 
 # where each wrapper keeps its text decoder's layers, and its parameters' prefix
 DECODER = {
+    "hy_v4_vl": "model.language_model.",
     "nemotron_h_omni": "language_model.model.",
     "nemo_speechlm": "model.language_model.",
 }

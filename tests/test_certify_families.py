@@ -30,7 +30,7 @@ import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny c
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
 import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
-import hf_models_wrap  # noqa: E402  (the Nemotron-H wrappers' tiny checkpoints)
+import hf_models_wrap  # noqa: E402  (the Nemotron-H and HY-V4 wrappers' tiny checkpoints)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -82,6 +82,7 @@ TINY = (
     # wrappers certified end to end too (tests/hf_models_wrap.py saves them)
     "nemotron_h_omni",
     "nemo_speechlm",
+    "hy_v4_vl",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -20,7 +20,7 @@ import hf_models_longcat  # noqa: F401  (issue 27: LongCat-Flash)
 import hf_models_mamba  # noqa: F401  (issue 27 §3 Mamba hybrids)
 import hf_models_more  # noqa: F401  (issue 27: Flint, Mellum, Lara-Mini)
 import hf_models_nemotron  # noqa: F401  (issue 27 §3 Nemotron-H)
-import hf_models_wrap  # issue 27: wrappers around Nemotron-H
+import hf_models_wrap  # issue 27: wrappers around Nemotron-H and HY-V4
 import torch
 import transformers
 from hf_models import _redraw, save_tiny, tiny_config

@@ -77,7 +77,6 @@ _REFUSED_ALL: dict[str, str] = {
     "compressors) and hash routing are not replayed",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
-    "hy_v4_vl": "a vision-language model: its text decoder is replayed as hy_v4, but the wrapper is not read yet",
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
     "glm5_next": "a vision-language model: its text decoder mixes hc_mult residual streams by Sinkhorn "
     "hyper-connections (DeepSeek-V4's), and its NoPE MLA layers, between KDA layers, attend to the pooled key "

@@ -160,8 +160,9 @@ def mla_attention(
     B, T, _ = x_BTH.shape
     nh, nope, rot = spec.num_heads, m.qk_nope_dim, m.qk_rope_dim
     q_lat = None
+    eps = MLA_NORM_EPS if spec.mla_norm_eps is None else spec.mla_norm_eps
     if m.q_lora_rank:
-        q_lat = rms_norm(_linear(x_BTH, p, "q_a", "q_a_bias"), p["q_a_norm"], MLA_NORM_EPS)
+        q_lat = rms_norm(_linear(x_BTH, p, "q_a", "q_a_bias"), p["q_a_norm"], eps)
         q = F.linear(q_lat, p["q_b"])
     else:
         q = F.linear(x_BTH, p["q"])
@@ -169,7 +170,7 @@ def mla_attention(
         q = q * (spec.hidden_size / m.q_lora_rank) ** 0.5
     q_nope, q_rot = q.view(B, T, nh, m.qk_head_dim).transpose(1, 2).split([nope, rot], dim=-1)
     kv_lat, k_rot = _linear(x_BTH, p, "kv_a", "kv_a_bias").split([m.kv_lora_rank, rot], dim=-1)
-    kv_lat = rms_norm(kv_lat, p["kv_a_norm"], MLA_NORM_EPS)
+    kv_lat = rms_norm(kv_lat, p["kv_a_norm"], eps)
     if spec.mla_lora_scale:  # LongCat: the normed latent × √(H / kv_lora_rank), before its expansion
         kv_lat = kv_lat * (spec.hidden_size / m.kv_lora_rank) ** 0.5
     k_rot = k_rot.view(B, 1, T, rot)

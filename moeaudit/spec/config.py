@@ -420,6 +420,9 @@ class ModelSpec:
     # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
     # logits (Llama 4's router) — docs/decisions.md
     sigmoid_select: bool = field(default=False, metadata=NEW)
+    # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
+    # DeepSeek's and HY-V4's attention build them)
+    mla_norm_eps: float | None = field(default=None, metadata=NEW)
 
     @property
     def layout(self) -> Layout:
