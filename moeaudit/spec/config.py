@@ -139,7 +139,8 @@ SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out"
 # in the attention gradient norm
 MOA_NAMES = ("moa_router", "moa_q", "moa_o", "moa_bias", "kv")
 # HY-V4's hyper-connection mixing weights of a layer (``ModelSpec.hc_mult``): for the attention and
-# the MLP / MoE sub-block each, fn [2·hc, hc·H], base [2·hc], scale [2]
+# the MLP / MoE sub-block each, fn [2·hc, hc·H], base [2·hc], scale [2] (DeepSeek-V4's mHC,
+# ``ModelSpec.hc_sinkhorn_iters``: fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3])
 HC_NAMES = tuple(f"{block}_hc_{n}" for block in ("attn", "ffn") for n in ("fn", "base", "scale"))
 MAMBA_NAMES = (
     "ssm_in",
@@ -413,6 +414,11 @@ class ModelSpec:
     hc_mult: int = field(default=0, metadata=NEW)
     hc_magnitude: float = field(default=2.0, metadata=NEW)
     hc_eps: float = field(default=1e-6, metadata=NEW)
+    # DeepSeek-V4's manifold-constrained hyper-connections (mHC): > 0, each hyper-connection also
+    # forms a residual mixing matrix comb [B, T, hc, hc] = Sinkhorn(softmax(·) + ``hc_eps``) with
+    # this many iterations (fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3]); a sub-block's
+    # output f is written as Σ_j comb_js x_j + post_s · f, post = ``hc_magnitude``·σ(·) (no ε)
+    hc_sinkhorn_iters: int = field(default=0, metadata=NEW)
     index_rope_last: bool = field(default=False, metadata=NEW)
     index_norm_eps: float | None = field(default=None, metadata=NEW)
     shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
