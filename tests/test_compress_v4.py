@@ -1,0 +1,164 @@
+"""DeepSeek-V4's compressed attention branches (``moeaudit.replay.compress``) against transformers'
+``DeepseekV4HCACompressor`` and ``DeepseekV4CSACompressor`` (with its ``DeepseekV4Indexer``), run
+without a cache as a training forward runs them.
+
+Compared: the compressed entries (values, and gradients of a random projection of them with
+respect to the input and every compressor weight), which entries each query may read (HCA: the
+closed windows; CSA: those the indexer keeps), in float32 and in bfloat16 (projections in
+bfloat16, the position bias and norms in float32, as transformers keeps them), on two
+configurations varying the compression ratios, head sizes, indexer heads and top-k (fewer kept
+than readable, so the selection decides), with a sequence that leaves a partial last window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as dsv4  # noqa: E402
+from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config  # noqa: E402
+
+from moeaudit.replay.compress import compressed_entries, indexer_selection, visible_entries  # noqa: E402
+
+H = 24
+CASES: dict[str, dict[str, Any]] = {
+    # CSA every 4 tokens, HCA every 8; head 16 with 8 rotary dims; 3 indexer heads keeping 2
+    "csa4-hca8-top2": {
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        "head_dim": 16,
+        "partial_rotary_factor": 0.5,
+        "index_n_heads": 3,
+        "index_head_dim": 12,
+        "index_topk": 2,
+        "rms_norm_eps": 1e-6,
+    },
+    # CSA every 2 tokens, HCA every 5; head 12 with 4 rotary dims; 2 indexer heads keeping 3;
+    # a large eps and another RoPE base
+    "csa2-hca5-top3": {
+        "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 5},
+        "head_dim": 12,
+        "partial_rotary_factor": 1 / 3,
+        "index_n_heads": 2,
+        "index_head_dim": 8,
+        "index_topk": 3,
+        "rms_norm_eps": 0.05,
+        "compress_rope_theta": 500.0,
+    },
+}
+T = 23  # a partial last window for every ratio above
+
+
+def _config(case: dict[str, Any]) -> DeepseekV4Config:
+    return DeepseekV4Config(
+        vocab_size=32,
+        hidden_size=H,
+        moe_intermediate_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        q_lora_rank=10,
+        o_groups=1,
+        o_lora_rank=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+        mlp_layer_types=["moe", "moe"],
+        **case,
+    )
+
+
+def _inv_freq(cfg: DeepseekV4Config) -> torch.Tensor:
+    rd = cfg.qk_rope_head_dim
+    return 1.0 / (cfg.rope_parameters["compress"]["rope_theta"] ** (torch.arange(0, rd, 2).float() / rd))
+
+
+def _prepare(module: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) -> None:
+    """Random weights; the projections in ``dtype``, the position biases and norms in float32."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            scale = 1.0 if "position_bias" in name or "norm" in name else 0.4
+            p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if "norm" in name else 0.0))
+    for name, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Linear) and "norm" not in name:
+            sub.to(dtype)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _entries(comp: Any, x: torch.Tensor, overlap: bool, cfg: DeepseekV4Config, ratio: int) -> torch.Tensor:
+    return compressed_entries(
+        x,
+        comp.kv_proj.weight,
+        comp.gate_proj.weight,
+        comp.position_bias,
+        comp.kv_norm.weight,
+        cfg.rms_norm_eps,
+        ratio,
+        overlap,
+        _inv_freq(cfg),
+    )
+
+
+def _grads(out: torch.Tensor, probe: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return list(torch.autograd.grad((out.float() * probe).sum(), params))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_hca_compressor(name: str, dtype: torch.dtype) -> None:
+    cfg = _config(CASES[name])
+    ratio = cfg.compress_rates["heavily_compressed_attention"]
+    gen = torch.Generator().manual_seed(1)
+    comp = dsv4.DeepseekV4HCACompressor(cfg)
+    _prepare(comp, dtype, gen)
+    assert torch.equal(comp.rotary_emb.compress_inv_freq, _inv_freq(cfg))
+    x = torch.randn(2, T, H, generator=gen).to(dtype).requires_grad_(True)
+    kv_t, bias_t = comp(x, None, torch.arange(T)[None].expand(2, T), None, 0)
+    kv_r = _entries(comp, x, False, cfg, ratio)
+    assert kv_r.dtype == kv_t.dtype == dtype and kv_r.shape == kv_t[:, 0].shape == (2, T // ratio, cfg.head_dim)
+    assert _rel(kv_r, kv_t[:, 0]) < 1e-6
+    assert torch.equal(visible_entries(T, T // ratio, ratio).expand(2, -1, -1), bias_t[:, 0] == 0)
+    probe = torch.randn(kv_r.shape, generator=gen)
+    params = [x, comp.kv_proj.weight, comp.gate_proj.weight, comp.position_bias, comp.kv_norm.weight]
+    for g_r, g_t in zip(_grads(kv_r, probe, params), _grads(kv_t[:, 0], probe, params)):
+        assert _rel(g_r, g_t) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_csa_compressor_and_indexer(name: str, dtype: torch.dtype) -> None:
+    cfg = _config(CASES[name])
+    ratio = cfg.compress_rates["compressed_sparse_attention"]
+    gen = torch.Generator().manual_seed(2)
+    comp = dsv4.DeepseekV4CSACompressor(cfg)
+    _prepare(comp, dtype, gen)
+    x = torch.randn(2, T, H, generator=gen).to(dtype).requires_grad_(True)
+    q_latent = torch.randn(2, T, cfg.q_lora_rank, generator=gen).to(dtype)
+    kv_t, bias_t = comp(x, q_latent, torch.arange(T)[None].expand(2, T), None, 0)
+    W = T // ratio
+    kv_r = _entries(comp, x, True, cfg, ratio)
+    assert kv_r.dtype == kv_t.dtype == dtype and kv_r.shape == (2, W, cfg.head_dim)
+    assert _rel(kv_r, kv_t[:, 0]) < 1e-6
+    probe = torch.randn(kv_r.shape, generator=gen)
+    params = [x, comp.kv_proj.weight, comp.gate_proj.weight, comp.position_bias, comp.kv_norm.weight]
+    for g_r, g_t in zip(_grads(kv_r, probe, params), _grads(kv_t[:, 0], probe, params)):
+        assert _rel(g_r, g_t) < 1e-5
+
+    ix = comp.indexer
+    with torch.no_grad():
+        keys = _entries(ix, x, True, cfg, ratio)
+        kept = indexer_selection(
+            x, q_latent, keys, ix.q_b_proj.weight, ix.scorer.weights_proj.weight, cfg.index_n_heads,
+            cfg.index_topk, ratio, _inv_freq(cfg),
+        )  # fmt: skip
+    assert torch.equal(kept, bias_t[:, 0] == 0)
+    visible = visible_entries(T, W, ratio)
+    # the selection decides: some queries read fewer entries than have closed, and those kept differ
+    assert bool((kept.sum(-1) < visible.sum(-1)).any())
+    assert bool((kept.sum(-1) == torch.clamp(visible.sum(-1), max=cfg.index_topk)).all())
