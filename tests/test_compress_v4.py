@@ -22,7 +22,13 @@ pytest.importorskip("transformers")
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as dsv4  # noqa: E402
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config  # noqa: E402
 
-from moeaudit.replay.compress import compressed_entries, indexer_selection, visible_entries  # noqa: E402
+from moeaudit.replay.compress import (  # noqa: E402
+    V4Branch,
+    compressed_entries,
+    indexer_selection,
+    v4_attention,
+    visible_entries,
+)
 
 H = 24
 CASES: dict[str, dict[str, Any]] = {
@@ -53,21 +59,21 @@ T = 23  # a partial last window for every ratio above
 
 
 def _config(case: dict[str, Any]) -> DeepseekV4Config:
-    return DeepseekV4Config(
-        vocab_size=32,
-        hidden_size=H,
-        moe_intermediate_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        q_lora_rank=10,
-        o_groups=1,
-        o_lora_rank=8,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
-        mlp_layer_types=["moe", "moe"],
-        **case,
-    )
+    base: dict[str, Any] = {
+        "vocab_size": 32,
+        "hidden_size": H,
+        "moe_intermediate_size": 8,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "q_lora_rank": 10,
+        "o_groups": 1,
+        "o_lora_rank": 8,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
+        "mlp_layer_types": ["moe", "moe"],
+    }
+    return DeepseekV4Config(**{**base, **case})
 
 
 def _inv_freq(cfg: DeepseekV4Config) -> torch.Tensor:
@@ -162,3 +168,75 @@ def test_csa_compressor_and_indexer(name: str, dtype: torch.dtype) -> None:
     # the selection decides: some queries read fewer entries than have closed, and those kept differ
     assert bool((kept.sum(-1) < visible.sum(-1)).any())
     assert bool((kept.sum(-1) == torch.clamp(visible.sum(-1), max=cfg.index_topk)).all())
+
+
+_NAMES = {
+    "q_a": "q_a_proj.weight",
+    "q_a_norm": "q_a_norm.weight",
+    "q_b": "q_b_proj.weight",
+    "kv": "kv_proj.weight",
+    "kv_norm": "kv_norm.weight",
+    "sinks": "sinks",
+    "o_a": "o_a_proj.weight",
+    "o_b": "o_b_proj.weight",
+    "c_kv": "compressor.kv_proj.weight",
+    "c_gate": "compressor.gate_proj.weight",
+    "c_bias": "compressor.position_bias",
+    "c_norm": "compressor.kv_norm.weight",
+    "i_kv": "compressor.indexer.kv_proj.weight",
+    "i_gate": "compressor.indexer.gate_proj.weight",
+    "i_bias": "compressor.indexer.position_bias",
+    "i_norm": "compressor.indexer.kv_norm.weight",
+    "i_q": "compressor.indexer.q_b_proj.weight",
+    "i_w": "compressor.indexer.scorer.weights_proj.weight",
+}
+ATTENTION: dict[str, dict[str, Any]] = {
+    # 4 heads in 2 output groups; a window of 6 (shorter than the sequence)
+    "csa4-hca8-top2": {"num_attention_heads": 4, "o_groups": 2, "sliding_window": 6, "rope_theta": 100.0},
+    # 3 heads in 3 groups; a window of 9
+    "csa2-hca5-top3": {"num_attention_heads": 3, "o_groups": 3, "sliding_window": 9, "o_lora_rank": 5},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention(name: str, kind: str, dtype: torch.dtype) -> None:
+    """``v4_attention`` against ``DeepseekV4Attention`` (eager, no cache), each layer type: the
+    output and the gradients of a random projection of it (input and every weight)."""
+    cfg = _config({**CASES[name], **ATTENTION[name]})
+    cfg.layer_types = [kind, kind]
+    cfg._attn_implementation = "eager"
+    gen = torch.Generator().manual_seed(4)
+    attn = dsv4.DeepseekV4Attention(cfg, 0)
+    _prepare(attn, dtype, gen)
+    with torch.no_grad():
+        attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen))
+    x = torch.randn(2, T, H, generator=gen).to(dtype).requires_grad_(True)
+    pos = torch.arange(T)[None].expand(2, T)
+    rotary = dsv4.DeepseekV4RotaryEmbedding(cfg)
+    embeddings = {k: rotary(x, position_ids=pos, layer_type=k) for k in ("main", "compress")}
+    i = torch.arange(T)
+    allowed = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < cfg.sliding_window)
+    mask = torch.zeros(2, 1, T, T, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    out_t, _ = attn(x, embeddings, pos, mask)
+
+    parts = {"sliding_attention": ("",), "heavily_compressed_attention": ("", "c_")}.get(kind, ("", "c_", "i_"))
+    p = {k: attn.get_parameter(v) for k, v in _NAMES.items() if (k[:2] if k[:2] in ("c_", "i_") else "") in parts}
+    if kind == "sliding_attention":
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.qk_rope_head_dim, 2).float() / cfg.qk_rope_head_dim))
+        branch = None
+    else:
+        inv_freq = _inv_freq(cfg)
+        csa = kind == "compressed_sparse_attention"
+        branch = V4Branch(cfg.compress_rates[kind], csa, cfg.index_n_heads if csa else 0, cfg.index_topk if csa else 0)
+    out_r = v4_attention(
+        p, x, n_heads=cfg.num_attention_heads, head_dim=cfg.head_dim, window=cfg.sliding_window,
+        eps=cfg.rms_norm_eps, o_groups=cfg.o_groups, inv_freq=inv_freq, branch=branch,
+    )  # fmt: skip
+    assert out_r.dtype == out_t.dtype == dtype
+    assert _rel(out_r, out_t) < 1e-5
+    probe = torch.randn(out_r.shape, generator=gen)
+    params = [x, *(t for k, t in p.items() if k[:2] != "i_")]  # the indexer takes no gradient
+    for g_r, g_t in zip(_grads(out_r, probe, params), _grads(out_t, probe, params)):
+        assert _rel(g_r, g_t) < 1e-4

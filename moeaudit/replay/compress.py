@@ -1,5 +1,5 @@
-"""DeepSeek-V4's compressed attention branches: the keys/values its attention appends to the
-sliding-window ones, and which of them each query may read.
+"""DeepSeek-V4's attention (:func:`v4_attention`) and its compressed branches: the keys/values
+the attention appends to the sliding-window ones, and which of them each query may read.
 
 A compressor pools every ``ratio`` tokens of a projection C = W_kv x into one entry: the softmax
 over the window's positions of the gate Z = W_z x + B (a learned bias per position in the window,
@@ -23,6 +23,8 @@ C projected features, D entry dim, n indexer heads, K kept entries.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -112,3 +114,84 @@ def indexer_selection(
     top_BTK = index_BTW.topk(min(topk, W), dim=-1).indices
     kept = torch.zeros(B, T, W, dtype=torch.bool, device=x_BTH.device).scatter_(-1, top_BTK, True)
     return kept & visible_TW
+
+
+@dataclass(frozen=True)
+class V4Branch:
+    """A DeepSeek-V4 attention layer's compressed branch: ``ratio`` tokens per entry; CSA
+    (``overlap``) with its indexer's heads, head dim and top-k, HCA without (n_heads 0)."""
+
+    ratio: int
+    overlap: bool
+    index_heads: int = 0
+    index_topk: int = 0
+
+
+def _v4_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``DeepseekV4RMSNorm`` (float32, a float32 gain, back in x's dtype) or, without a gain,
+    ``DeepseekV4UnweightedRMSNorm`` (x times its float32 rsqrt rounded to x's dtype)."""
+    x32 = x.float()
+    r = torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return x * r.to(x.dtype)
+    return (weight.float() * (x32 * r)).to(x.dtype)
+
+
+def v4_attention(
+    p: dict[str, torch.Tensor],
+    x_BTH: torch.Tensor,
+    *,
+    n_heads: int,
+    head_dim: int,
+    window: int,
+    eps: float,
+    o_groups: int,
+    inv_freq: torch.Tensor,
+    branch: V4Branch | None,
+) -> torch.Tensor:
+    """``DeepseekV4Attention`` without a cache: a query latent q_r = norm(W_qa x), per-head
+    queries norm(W_qb q_r) (no gain); one shared key-and-value head norm(W_kv x); V4's RoPE on
+    both at t (``inv_freq``: the main base on sliding layers, the compressed one on CSA / HCA
+    layers); each query reads the keys of its ``window`` (t − s < window) and the compressed
+    entries it may read (:func:`visible_entries`, CSA: those its indexer keeps), with a learned
+    sink logit per head in the softmax (float32); the output's rotary dims turned back by −t; the
+    heads in ``o_groups`` groups, each projected by its block of W_oa, then W_ob.
+
+    ``p``: q_a, q_a_norm, q_b, kv, kv_norm, sinks, o_a [g·r, nh·D/g], o_b; a branch's c_kv, c_gate,
+    c_bias, c_norm and, CSA, its indexer's i_kv, i_gate, i_bias, i_norm, i_q, i_w."""
+    B, T, _ = x_BTH.shape
+    pos = torch.arange(T, device=x_BTH.device)
+    q_latent = _v4_norm(F.linear(x_BTH, p["q_a"]), p["q_a_norm"], eps)
+    q = _v4_norm(F.linear(q_latent, p["q_b"]).view(B, T, n_heads, head_dim).transpose(1, 2), None, eps)
+    q = v4_rope(q, pos, inv_freq)  # [B, nh, T, D]
+    kv = v4_rope(_v4_norm(F.linear(x_BTH, p["kv"]), p["kv_norm"], eps), pos, inv_freq)  # [B, T, D]
+    diff = pos[:, None] - pos[None, :]
+    mask = ((diff >= 0) & (diff < window)).expand(B, T, T)
+    if branch is not None:
+        entries = compressed_entries(
+            x_BTH, p["c_kv"], p["c_gate"], p["c_bias"], p["c_norm"], eps, branch.ratio, branch.overlap, inv_freq
+        )
+        W = entries.shape[1]
+        if branch.overlap:
+            with torch.no_grad():
+                keys = compressed_entries(
+                    x_BTH, p["i_kv"], p["i_gate"], p["i_bias"], p["i_norm"], eps, branch.ratio, True, inv_freq
+                )
+            readable = indexer_selection(
+                x_BTH, q_latent, keys, p["i_q"], p["i_w"], branch.index_heads, branch.index_topk, branch.ratio, inv_freq
+            )
+        else:
+            readable = visible_entries(T, W, branch.ratio, x_BTH.device).expand(B, T, W)
+        kv = torch.cat([kv, entries], dim=1)
+        mask = torch.cat([mask, readable], dim=-1)
+    logits = torch.matmul(q, kv.unsqueeze(1).transpose(-1, -2)) * head_dim**-0.5  # [B, nh, T, S]
+    logits = logits.float().masked_fill(~mask.unsqueeze(1), float("-inf"))
+    sinks = p["sinks"].float().view(1, n_heads, 1, 1).expand(B, n_heads, T, 1)
+    combined = torch.cat([logits, sinks], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values  # as transformers (bf16 overflow guard)
+    probs = combined.softmax(dim=-1)[..., :-1].to(kv.dtype)
+    out = torch.matmul(probs, kv.unsqueeze(1))  # [B, nh, T, D]
+    out = v4_rope(out, -pos, inv_freq).transpose(1, 2).reshape(B, T, o_groups, -1)
+    w_oa = p["o_a"].view(o_groups, -1, out.shape[-1])
+    grouped = torch.einsum("btgi,goi->btgo", out, w_oa).flatten(2)
+    return F.linear(grouped, p["o_b"])
