@@ -427,7 +427,7 @@ def route(
             top_vals, top_idx = torch.topk(select, spec.top_k, dim=-1)
             scores, raw_logits = logits, None
     else:
-        sig = torch.sigmoid(logits.float())
+        sig = positive_scores(g.scoring, logits)
         probs = sig / sig.sum(dim=-1, keepdim=True)
         scores = sig if bias_E is None else sig + bias_E.float()
         # without a bias or groups, choose on the logits (Llama 4's router does): σ is monotone,
@@ -440,12 +440,37 @@ def route(
         top_idx = torch.topk(select, spec.top_k, dim=-1).indices
         top_vals, raw_logits = sig.gather(1, top_idx), logits
     if spec.norm_topk_prob:
-        eps = spec.renorm_eps or (1e-20 if g.scoring == "sigmoid" else 0.0)  # transformers' V3 denominator
+        eps = spec.renorm_eps or (1e-20 if g.scoring in POSITIVE_SCORES else 0.0)  # transformers' V3 denominator
         denom = top_vals.sum(dim=-1, keepdim=True) + eps
         top_vals = top_vals / (denom.clamp_min(spec.renorm_min) if spec.renorm_min else denom)
     if g.scaling != 1.0:
         top_vals = top_vals * g.scaling
     return Routing(scores, probs, top_idx, top_vals, raw_logits, margin)
+
+
+POSITIVE_SCORES = ("sigmoid", "sqrtsoftplus")
+
+
+def positive_scores(scoring: str, logits_NE: torch.Tensor) -> torch.Tensor:
+    """A sigmoid-style router's scores, in float32: σ(logits), or DeepSeek-V4's √softplus(logits)."""
+    if scoring == "sqrtsoftplus":
+        return F.softplus(logits_NE.float()).sqrt()
+    return torch.sigmoid(logits_NE.float())
+
+
+def hash_route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, topk_NK: torch.Tensor) -> Routing:
+    """DeepSeek-V4's hash-routed layers (``DeepseekV4HashRouter``): the active set is fixed by
+    the token id (R_k = ``tid2eid[token]``, in the table's order, not ordered by score); the
+    learned router only weights it — its scores s gathered on R_k, renormalised (+1e-20),
+    × ``routed_scaling_factor``. No selection happens, so there is no boundary."""
+    logits = F.linear(y_NH, router_EH)
+    scores = positive_scores(spec.gate.scoring, logits)
+    top_vals = scores.gather(1, topk_NK)
+    if spec.norm_topk_prob:
+        top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + (spec.renorm_eps or 1e-20))
+    if spec.gate.scaling != 1.0:
+        top_vals = top_vals * spec.gate.scaling
+    return Routing(scores, scores / scores.sum(dim=-1, keepdim=True), topk_NK, top_vals, logits)
 
 
 def _sparsemixer(spec: ModelSpec, logits_NE: torch.Tensor) -> Routing:
@@ -815,7 +840,13 @@ def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor)
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
     """The always-on expert: behind a sigmoid gate (Qwen2-MoE) or not (DeepSeek, whose
     ``n_shared_experts`` are stored as one MLP of their summed width)."""
-    out = mlp(spec, p, "shared_", y_NH)
+    if spec.shared_clamped:  # DeepSeek-V4: silu(min(gate, limit)) ⊙ clamp(up, ±limit), as DeepseekV4MLP
+        assert spec.clamped_glu is not None  # validated with the spec
+        limit = spec.clamped_glu.limit
+        gate = F.linear(y_NH, p["shared_w1"]).clamp(max=limit)
+        out = F.linear(F.silu(gate) * F.linear(y_NH, p["shared_w3"]).clamp(-limit, limit), p["shared_w2"])
+    else:
+        out = mlp(spec, p, "shared_", y_NH)
     if spec.shared_gated:
         out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
     return out if spec.shared_scale == 1.0 else out * spec.shared_scale

@@ -88,7 +88,7 @@ class LongRope:
 class Gate:
     """How a router turns scores into an active set, beyond softmax-then-top-k.
 
-    ``scoring`` "softmax" or "sigmoid"; ``selection_bias``: a per-expert bias added to the
+    ``scoring`` "softmax", "sigmoid" or "sqrtsoftplus" (DeepSeek-V4); ``selection_bias``: a per-expert bias added to the
     scores for choosing experts only (DeepSeek-V3 ``e_score_correction_bias``); groups: the
     experts split into ``n_group`` equal groups, each scored by ``group_score`` ("top2sum" of
     its selection scores, V3; "max", V2), and only the ``topk_group`` best groups compete;
@@ -419,6 +419,9 @@ class ModelSpec:
     # this many iterations (fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3]); a sub-block's
     # output f is written as Σ_j comb_js x_j + post_s · f, post = ``hc_magnitude``·σ(·) (no ε)
     hc_sinkhorn_iters: int = field(default=0, metadata=NEW)
+    # DeepSeek-V4: the shared expert's SwiGLU clamped at ``clamped_glu.limit`` as the routed experts'
+    # are (gate ≤ limit, |up| ≤ limit; α 1, offset 0)
+    shared_clamped: bool = field(default=False, metadata=NEW)
     index_rope_last: bool = field(default=False, metadata=NEW)
     index_norm_eps: float | None = field(default=None, metadata=NEW)
     shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
@@ -555,6 +558,8 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
+    if spec.shared_clamped and spec.clamped_glu is None:
+        raise fail("a clamped shared expert needs the experts' clamp (swiglu_limit)")
     if not spec.routed_layers:
         raise CheckpointError(
             f"config.json: none of the {spec.num_layers} decoder layers is a routed MoE layer",
