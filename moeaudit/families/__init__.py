@@ -73,11 +73,11 @@ _REFUSED_ALL: dict[str, str] = {
     "the replay does not have",
     "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
     "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
-    "deepseek_v4": "its hash-routed layers (experts looked up in a token-id table, tid2eid), its sqrt-softplus "
-    "router, its clamped shared expert and YaRN on its compressed branches' RoPE are not replayed, and its "
-    "decoder is not assembled: the Sinkhorn hyper-connections and the sliding-window attention with HCA/CSA "
-    "compressed branches and their indexer are replayed as pieces, agreeing with transformers' modules, "
-    "not as a family",
+    "deepseek_v4": "its decoder is not assembled: the Sinkhorn hyper-connections, the sliding-window attention "
+    "with HCA/CSA compressed branches and their indexer, the sqrt-softplus and hash routers and the clamped "
+    "shared expert are replayed as pieces, agreeing with transformers' modules, but the replay does not yet "
+    "read the hash layers' token-id table (tid2eid) or pass token ids to them, has no receipts for a "
+    "sqrt-softplus gate, and has not been tested with YaRN on the compressed branches' RoPE or as a whole model",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),
