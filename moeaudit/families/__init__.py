@@ -71,8 +71,6 @@ _REFUSED_ALL: dict[str, str] = {
     "per-layer-type RoPE, which the replay does not have",
     "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
     "the replay does not have",
-    "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
-    "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
     "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
     "compressors) and hash routing are not replayed",
     # --- vision-language / omni models whose text decoder is not a replayed family
