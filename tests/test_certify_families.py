@@ -31,6 +31,7 @@ import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny co
 import hf_models_mimo  # noqa: E402,F401  (registers the MiMo-V2-Flash tiny config)
 import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
+import hf_models_step  # noqa: E402,F401  (the Step 3.5 / Step-3.7 tiny checkpoints, via hf_models_wrap)
 import hf_models_wrap  # noqa: E402  (the Nemotron-H and HY-V4 wrappers' tiny checkpoints)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
@@ -85,6 +86,8 @@ TINY = (
     "nemotron_h_omni",
     "nemo_speechlm",
     "hy_v4_vl",
+    "step3p5",
+    "step3p7",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

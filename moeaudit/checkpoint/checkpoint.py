@@ -814,6 +814,9 @@ class Checkpoint:
             E, H = self.spec.num_experts, self.spec.hidden_size
             w1, w3, w2 = (self.read(keys[n]).view(E, I, H) for n in ("gate_up", "up", "down"))
             return [{"w1": w1[e], "w3": w3[e], "w2": w2[e].T} for e in range(E)]
+        if self.fused_format == "split":  # Step 3.5: gate [E, I, H], up [E, I, H], down [E, H, I]
+            w1, w3, w2 = (self.read(keys[n]) for n in ("gate_up", "up", "down"))
+            return [{"w1": w1[e], "w3": w3[e], "w2": w2[e]} for e in range(self.spec.num_experts)]
         if self.fused_format == "up_down":  # Nemotron-H's non-gated experts: up [E, I, H], down [E, H, I]
             up, down = self.read(keys["up"]), self.read(keys["down"])
             return [{"w1": up[e], "w2": down[e]} for e in range(self.spec.num_experts)]
@@ -1109,6 +1112,8 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None, layer: int = 
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
         shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
+    if (fused_format or s.layout.fused_format) == "split":  # Step 3.5: gate and up each [E, I, H]
+        shapes["gate_up"] = shapes["up"] = (E, I, H)
     if (fused_format or s.layout.fused_format) == "up_down":  # Nemotron-H: up [E, I, H], no gate
         shapes["up"] = (E, I, H)
     if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):

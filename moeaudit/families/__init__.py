@@ -67,14 +67,6 @@ _REFUSED_ALL: dict[str, str] = {
     "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "
     "expert and learned scales and biases on both residual branches; the replay has none of these",
     # --- routed designs whose pieces the replay lacks
-    "step3p5": "the text decoder of step3p7 (transformers' Step3p7TextConfig): its per-layer-type head counts and "
-    "RoPE the replay has (attention kinds), but not its SwiGLU clamped after the activation (swiglu_limits, "
-    "set on Step-3.7-Flash's last layers), its per-head sigmoid output gate outside MLA, its experts stored as "
-    "separate stacked gate and up tensors; and transformers has no causal LM for it alone to check a "
-    "replay against",
-    "step3p7": "a vision-language model whose text decoder (step3p5) is refused: SwiGLU clamped after the "
-    "activation, a per-head sigmoid output gate outside MLA and separately stacked gate/up experts are not "
-    "replayed (its per-layer head counts and RoPE are)",
     "deepseek_v4": "hyper-connections (several residual streams), compressed sparse attention (HCA/CSA "
     "compressors) and hash routing are not replayed",
     # --- vision-language / omni models whose text decoder is not a replayed family

@@ -329,6 +329,9 @@ def attention(
         out_BTH = out_BTH * torch.sigmoid(gate)
     if spec.output_gate == "sigmoid":  # AFMoE: σ(W_g x) per channel
         out_BTH = out_BTH * torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+    elif spec.output_gate == "head_sigmoid":  # Step 3.5: σ(W_g x) per head, broadcast over its dims
+        g = torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+        out_BTH = (out_BTH.view(B, T, nh, Dv) * g[..., None]).view(B, T, nh * Dv)
     elif spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
         g = F.softplus(F.linear(x_BTH, p["g_proj"]).float())
         out_BTH = (
