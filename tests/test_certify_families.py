@@ -28,8 +28,10 @@ import hf_models_jetmoe  # noqa: E402,F401  (registers the JetMoE tiny config)
 import hf_models_kda  # noqa: E402,F401  (registers the Kimi Delta Attention tiny configs)
 import hf_models_longcat  # noqa: E402,F401  (registers the LongCat-Flash tiny config)
 import hf_models_mamba  # noqa: E402,F401  (registers the Mamba hybrids' tiny configs)
+import hf_models_mimo  # noqa: E402,F401  (registers the MiMo-V2-Flash tiny config)
 import hf_models_more  # noqa: E402,F401  (registers the Flint, Mellum and Lara-Mini tiny configs)
 import hf_models_nemotron  # noqa: E402,F401  (registers the Nemotron-H tiny config)
+import hf_models_step  # noqa: E402,F401  (the Step 3.5 / Step-3.7 tiny checkpoints, via hf_models_wrap)
 import hf_models_wrap  # noqa: E402  (the Nemotron-H and HY-V4 wrappers' tiny checkpoints)
 from click.testing import CliRunner  # noqa: E402
 from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, save_tiny  # noqa: E402
@@ -79,10 +81,13 @@ TINY = (
     "flint",
     "mellum",
     "lara_mini",
+    "mimo_v2_flash",
     # wrappers certified end to end too (tests/hf_models_wrap.py saves them)
     "nemotron_h_omni",
     "nemo_speechlm",
     "hy_v4_vl",
+    "step3p5",
+    "step3p7",
 )
 # vision-language / omni wrappers: their text decoder's family is certified above, the wrapper
 # checked against transformers in its own oracle test (tests/test_oracle_aliases*.py, …)

@@ -1,11 +1,9 @@
 """Mellum (``mellum``) replayed against transformers.
 
 Two configurations (top-k, expert count, dense/sparse placement by ``mlp_layer_types``,
-sliding/full layer pattern sharing one RoPE, renormalisation and attention biases varied), each
-in float32 and from a bfloat16 checkpoint (transformers computing in float32 from the same
-stored values), with the float32 tolerances of ``test_oracle``. Configurations whose layer types
-have different RoPE (MellumConfig's default θ per type once sliding layers are used) are refused
-at config read, by name.
+sliding/full layer pattern sharing one RoPE or with a RoPE table per layer type, renormalisation
+and attention biases varied), each in float32 and from a bfloat16 checkpoint (transformers
+computing in float32 from the same stored values), with the float32 tolerances of ``test_oracle``.
 """
 
 from __future__ import annotations
@@ -49,6 +47,38 @@ CASES: dict[str, dict[str, Any]] = {
         "attention_bias": True,
         "sliding_window": 4,
     },
+    # MellumConfig's default RoPE per type (sliding θ 10000, full θ 500000: a table per type);
+    # full, sliding, sliding, full, sliding; dense, sparse ×4; top-1 of 6, a 3-token window
+    "per-type-rope-default-top1-6-experts": {
+        "num_hidden_layers": 5,
+        "layer_types": [
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse"],
+        "num_experts_per_tok": 1,
+        "num_local_experts": 6,
+        "sliding_window": 3,
+    },
+    # sliding θ 50, full θ 3 (RoPE tables far apart); sparse, dense, sparse, sparse; top-4 of 16,
+    # not renormalised, biases, a window wider than the canary (T = 12)
+    "per-type-rope-top4-16-experts": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 3.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+        },
+        "mlp_layer_types": ["sparse", "dense", "sparse", "sparse"],
+        "num_experts_per_tok": 4,
+        "num_local_experts": 16,
+        "norm_topk_prob": False,
+        "attention_bias": True,
+        "sliding_window": 64,
+    },
 }
 
 
@@ -65,7 +95,13 @@ def test_mellum_replay_matches_transformers(case: str, dtype: str, tmp_path: Pat
     routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
     assert ckpt.spec.routed_layers == routed and len(routed) < model.config.num_hidden_layers
     sliding = tuple(i for i, t in enumerate(model.config.layer_types) if t == "sliding_attention")
-    assert ckpt.spec.sliding_layers == sliding and ckpt.spec.rope_theta == (1e4 if sliding else 5e5)
+    assert ckpt.spec.sliding_layers == sliding or model.config.sliding_window >= tokens.shape[1]
+    ropes = {t: model.config.rope_parameters[t]["rope_theta"] for t in model.config.layer_types}
+    if len(set(ropes.values())) == 1:  # one table, as before attention kinds
+        assert ckpt.spec.attention_kinds == () and ckpt.spec.rope_theta == (1e4 if sliding else 5e5)
+    else:
+        kinds = [ckpt.spec.attention_kind(i) for i in range(model.config.num_hidden_layers)]
+        assert [k.rope_theta for k in kinds if k] == [ropes[t] for t in model.config.layer_types]
     if log := os.environ.get("MOEAUDIT_MELLUM_LOG"):
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps({"case": case, "dtype": dtype, **_worst(ref, ours)}) + "\n")
@@ -83,18 +119,22 @@ def test_mellum_config_defaults_match_transformers() -> None:
     assert spec_from_config(absent) == spec  # the configuration class's defaults when the keys are absent
 
 
-def test_mellum_refuses_per_layer_type_rope_by_name() -> None:
-    """Sliding layers beside full ones with MellumConfig's default RoPE (θ 10000 vs 500000): the
-    replay has one RoPE table, so the config is refused at read, naming what it lacks."""
+def test_mellum_per_layer_type_rope_and_its_refusals() -> None:
+    """Sliding layers beside full ones with MellumConfig's default RoPE (θ 10000 vs 500000): a
+    RoPE table per layer type (``attention_kinds``); a flat ``rope_parameters``, a partial rotary
+    or another RoPE type per layer type are refused at read."""
     import transformers
 
     n = 4
     types = ["sliding_attention", "full_attention"] * 2
     hf = transformers.AutoConfig.for_model("mellum", num_hidden_layers=n, layer_types=types)
     assert hf.rope_parameters["sliding_attention"] != hf.rope_parameters["full_attention"]
-    with pytest.raises(CheckpointError, match="different RoPE per layer type") as err:
-        spec_from_config(hf.to_dict())
-    assert "one RoPE table" in (err.value.hint or "")
+    spec = spec_from_config(hf.to_dict())
+    assert [k.name for k in spec.attention_kinds] == ["full_attention", "sliding_attention"]
+    assert spec.layer_kinds == (1, 0, 1, 0) and [k.rope_theta for k in spec.attention_kinds] == [5e5, 1e4]
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 64}
+    with pytest.raises(CheckpointError, match="default RoPE per layer type only"):
+        spec_from_config({**hf.to_dict(), "rope_parameters": {**hf.rope_parameters, "sliding_attention": yarn}})
     with pytest.raises(CheckpointError, match="per layer type"):  # a flat rope_parameters: transformers fails too
         spec_from_config({**hf.to_dict(), "rope_parameters": ONE_ROPE})
     with pytest.raises(CheckpointError, match="partial_rotary_factor"):
@@ -120,3 +160,21 @@ def test_mellum_mtp_module_is_left_out_with_a_note(tmp_path: Path) -> None:
     ckpt = Checkpoint(tmp_path)
     assert ckpt.warnings == [] and any("mtp" in n for n in ckpt.notes)
     assert torch.equal(observed(ckpt, tokens).loss, base)
+
+
+def test_expert_parallel_replay_refuses_mellum_with_rope_per_layer_type(tmp_path: Path) -> None:
+    from moeaudit.errors import InputError
+    from moeaudit.replay.sharded import sharded_replay
+
+    save_tiny(tmp_path, "mellum", **CASES["per-type-rope-default-top1-6-experts"])
+    with pytest.raises(InputError, match="does not replay mellum's attention per kind of layer"):
+        sharded_replay(
+            None,  # type: ignore[arg-type]  (refused before the session is used)
+            Checkpoint(tmp_path),
+            random_tokens(),
+            backward=True,
+            observers=(),
+            progress=None,
+            dtype=torch.float32,
+            device=None,
+        )

@@ -18,8 +18,10 @@ import hf_models_jetmoe  # noqa: F401  (issue 27: JetMoE)
 import hf_models_kda  # noqa: F401  (issue 27: Kimi Linear)
 import hf_models_longcat  # noqa: F401  (issue 27: LongCat-Flash)
 import hf_models_mamba  # noqa: F401  (issue 27 §3 Mamba hybrids)
+import hf_models_mimo  # noqa: F401  (issue 27: MiMo-V2-Flash)
 import hf_models_more  # noqa: F401  (issue 27: Flint, Mellum, Lara-Mini)
 import hf_models_nemotron  # noqa: F401  (issue 27 §3 Nemotron-H)
+import hf_models_step  # noqa: F401  (issue 27: Step 3.5 and Step-3.7, saved through hf_models_wrap)
 import hf_models_wrap  # issue 27: wrappers around Nemotron-H and HY-V4
 import torch
 import transformers

@@ -21,7 +21,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -563,7 +563,7 @@ class Checkpoint:
     # ----- validation ----------------------------------------------------------------------
 
     def expected_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        return expected_shapes(self.spec, self.fused_format)
+        return expected_shapes(self.spec, self.fused_format, layer)
 
     def _check(self, name: str, key: str, want: tuple[int, ...], seen: set[str]) -> None:
         if key in self.packed:
@@ -814,6 +814,9 @@ class Checkpoint:
             E, H = self.spec.num_experts, self.spec.hidden_size
             w1, w3, w2 = (self.read(keys[n]).view(E, I, H) for n in ("gate_up", "up", "down"))
             return [{"w1": w1[e], "w3": w3[e], "w2": w2[e].T} for e in range(E)]
+        if self.fused_format == "split":  # Step 3.5: gate [E, I, H], up [E, I, H], down [E, H, I]
+            w1, w3, w2 = (self.read(keys[n]) for n in ("gate_up", "up", "down"))
+            return [{"w1": w1[e], "w3": w3[e], "w2": w2[e]} for e in range(self.spec.num_experts)]
         if self.fused_format == "up_down":  # Nemotron-H's non-gated experts: up [E, I, H], down [E, H, I]
             up, down = self.read(keys["up"]), self.read(keys["down"])
             return [{"w1": up[e], "w2": down[e]} for e in range(self.spec.num_experts)]
@@ -985,7 +988,8 @@ def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
         names = ["input_norm", "post_norm", *MOA_NAMES]
     else:
         names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
-        names += ["sinks"] if s.attention_sinks else []
+        kind = s.attention_kind(layer)
+        names += ["sinks"] if (s.attention_sinks if kind is None else kind.sinks) else []
         names += ["g_proj"] if s.output_gate else []
         names += ["attn_out_norm"] if s.attn_out_norm else []
     mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers or layer in s.kda_layers
@@ -1042,9 +1046,12 @@ def _single_block_names(s: ModelSpec, layer: int) -> list[str]:
     return names + ([f"shared_{n}" for n in up_down] if s.shared_dim else [])
 
 
-def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, tuple[int, ...]]:
-    """The shape of every canonical per-layer tensor name under ``s`` (a superset of a layer's)."""
+def expected_shapes(s: ModelSpec, fused_format: str | None = None, layer: int = -1) -> dict[str, tuple[int, ...]]:
+    """The shape of every canonical per-layer tensor name under ``s`` (a superset of a layer's);
+    where the attention is given per kind of layer (``s.attention_kinds``), ``layer``'s."""
     H, E, I = s.hidden_size, s.num_experts, s.expert_dim
+    if (kind := s.attention_kind(layer)) is not None:
+        s = replace(s, num_heads=kind.num_heads, num_kv_heads=kind.num_kv_heads, head_dim=kind.head_dim)
     q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     shapes = {
         "input_norm": (H,),
@@ -1105,12 +1112,17 @@ def expected_shapes(s: ModelSpec, fused_format: str | None = None) -> dict[str, 
     }
     if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
         shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
+    if (fused_format or s.layout.fused_format) == "split":  # Step 3.5: gate and up each [E, I, H]
+        shapes["gate_up"] = shapes["up"] = (E, I, H)
     if (fused_format or s.layout.fused_format) == "up_down":  # Nemotron-H: up [E, I, H], no gate
         shapes["up"] = (E, I, H)
     if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):
         shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
     if s.gated_attention:  # q_proj emits [query | gate] per head
         shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
+    if kind is not None and kind.v_head_dim:  # MiMo-V2-Flash: values unlike the keys in size
+        v_dim = s.num_kv_heads * kind.v_head_dim
+        shapes["v"], shapes["v_bias"], shapes["o"] = (v_dim, H), (v_dim,), (H, s.num_heads * kind.v_head_dim)
     if s.hc_mult:  # HY-V4's hyper-connections: pre and post logits from the flattened streams
         hc = s.hc_mult
         for block in ("attn", "ffn"):

@@ -67,12 +67,6 @@ _REFUSED_ALL: dict[str, str] = {
     "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "
     "expert and learned scales and biases on both residual branches; the replay has none of these",
     # --- routed designs whose pieces the replay lacks
-    "step3p5": "the text decoder of step3p7 (transformers' Step3p7TextConfig): per-layer head counts and "
-    "per-layer-type RoPE, which the replay does not have",
-    "step3p7": "a vision-language model whose text decoder needs per-layer head counts and per-layer-type RoPE, which "
-    "the replay does not have",
-    "mimo_v2_flash": "its sliding layers have twice the KV heads, attention sinks and a value head size unlike the "
-    "key's, with RoPE per layer type; the replay has one attention geometry and one RoPE table",
     "deepseek_v4": "its decoder is not assembled: the Sinkhorn hyper-connections, the sliding-window attention "
     "with HCA/CSA compressed branches and their indexer, the sqrt-softplus and hash routers and the clamped "
     "shared expert are replayed as pieces, agreeing with transformers' modules, but the replay does not yet "

@@ -3,9 +3,10 @@ softmax router (top-k of the float32 probabilities, renormalised when ``norm_top
 shared expert — with dense or routed layers by ``mlp_layer_types`` ("sparse" routed, default
 all) and sliding-window or full-attention layers by ``layer_types`` (default all full). RoPE
 parameters are given per layer type, as Laguna's (``rope_parameters.full_attention`` θ 500000,
-``.sliding_attention`` θ 10000 by default). Replayed when the layer types used share one RoPE
-(the default: every layer full attention); otherwise refused, because the replay builds one RoPE
-table for all layers. ``mtp.*`` (multi-token prediction) is left out, as transformers does."""
+``.sliding_attention`` θ 10000 by default). When the layer types used share one RoPE (the
+default: every layer full attention) the spec has one table, as before; when they differ, one
+attention kind per layer type (``ModelSpec.attention_kinds``: same heads, that type's θ).
+``mtp.*`` (multi-token prediction) is left out, as transformers does."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families._kinds import by_layer_type, type_rope
+from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
 from moeaudit.families.qwen3_next import MTP
+from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # MellumConfig's RoPE per layer type when config.json gives none
@@ -23,7 +26,7 @@ DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
 }
 KINDS = tuple(DEFAULT_ROPE)
-LIMIT = "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table for every layer"
+PER_TYPE = "_moeaudit_rope_per_type"  # rope_parameters of layer types whose RoPE differs (``_kinds``)
 
 
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -40,20 +43,31 @@ def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
             path=path,
         )
     used = [params[t] for t in KINDS if t in set(types)]
-    if any(p != used[0] for p in used[1:]):
-        raise CheckpointError(
-            "moeaudit does not replay mellum with different RoPE per layer type yet "
-            "(full_attention and sliding_attention layers)",
-            path=path,
-            hint=LIMIT,
-        )
+    for one in used:
+        factor = one.get("partial_rotary_factor", 1.0) if isinstance(one, dict) else 1.0
+        if factor != 1.0:  # transformers' Mellum rotates whole heads: a partial table does not broadcast
+            raise CheckpointError(
+                f"config.json: mellum rotates whole heads; partial_rotary_factor {factor!r} cannot be applied",
+                path=path,
+            )
+    if any(p != used[0] for p in used[1:]):  # a RoPE table per layer type (``_fields``)
+        return {**cfg, "rope_parameters": used[0], "layer_types": types, PER_TYPE: params}
     one = used[0] if used else DEFAULT_ROPE["full_attention"]
-    factor = one.get("partial_rotary_factor", 1.0) if isinstance(one, dict) else 1.0
-    if factor != 1.0:  # transformers' Mellum rotates whole heads: a partial table does not broadcast
-        raise CheckpointError(
-            f"config.json: mellum rotates whole heads; partial_rotary_factor {factor!r} cannot be applied", path=path
-        )
     return {**cfg, "rope_parameters": one, "layer_types": types}
+
+
+def _kinds(c: Ctx) -> dict[str, Any]:
+    """Layer types whose RoPE differs: one attention kind per type used (same heads, own θ)."""
+    params = c.cfg.get(PER_TYPE)
+    if params is None:
+        return {}
+    heads = c.get("num_attention_heads", int)
+    kv, D = c.get("num_key_value_heads", int, heads), head_dim(c)
+    kinds = {}
+    for name in (n for n in KINDS if n in params):  # _one_rope: every type used is there
+        kinds[name] = AttentionKind(name, heads, kv, D, type_rope(c, name, params[name], D)[0])
+    attention_kinds, layer_kinds = by_layer_type(c.cfg["layer_types"], kinds)
+    return {"attention_kinds": attention_kinds, "layer_kinds": layer_kinds}
 
 
 def _routed_layers(c: Ctx) -> tuple[int, ...]:
@@ -79,6 +93,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         # a null window: transformers' sliding mask then masks nothing beyond causal
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding if window is not None else (),
+        **_kinds(c),
     }
 
 
@@ -97,8 +112,7 @@ LAYOUT = Layout(
     ),
     expert=prefixed(L, MLP_EXPERTS),
     fused=prefixed(L, MLP_FUSED),
-    notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; one RoPE for the layer types used; "
-    "mtp.* left out",
+    notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; RoPE per layer type; mtp.* left out",
     left_out=MTP,
 )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -28,7 +28,7 @@ from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 from moeaudit.replay.moa import moa_attention
 from moeaudit.replay.shortconv import short_conv
-from moeaudit.spec.config import MLA_NORM_EPS, SECOND_BLOCK, ClampedGLU, Gate, ModelSpec
+from moeaudit.spec.config import MLA_NORM_EPS, SECOND_BLOCK, AttentionKind, ClampedGLU, Gate, ModelSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,7 +67,17 @@ def embed(
 
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """cos_TD, sin_TD of rotate-half RoPE (positions 0..T-1 of every window); D is the rotated
-    part of a head (``spec.rope_dim``: all of it unless the rotary is partial)."""
+    part of a head (``spec.rope_dim``: all of it unless the rotary is partial).
+
+    With attention per kind of layer (``spec.attention_kinds``): cos_KTD, sin_KTD, one table per
+    kind stacked, each zero-padded to the widest kind's D (:func:`kind_rope` takes a layer's)."""
+    if spec.attention_kinds:
+        tables = [rope_tables(_kind_spec(spec, a), T, device) for a in spec.attention_kinds]
+        width = max(c.shape[-1] for c, _ in tables)
+        return (
+            torch.stack([F.pad(c, (0, width - c.shape[-1])) for c, _ in tables]),
+            torch.stack([F.pad(s, (0, width - s.shape[-1])) for _, s in tables]),
+        )
     D = spec.rope_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
     if spec.yarn is not None:
@@ -86,6 +96,35 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
         a = spec.yarn.attention_factor
         return emb_TD.cos() * a, emb_TD.sin() * a
     return emb_TD.cos(), emb_TD.sin()
+
+
+def _kind_spec(spec: ModelSpec, a: AttentionKind) -> ModelSpec:
+    """``spec`` with one kind of layer's attention as its own (default RoPE of that kind)."""
+    return replace(
+        spec,
+        num_heads=a.num_heads,
+        num_kv_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        rope_theta=a.rope_theta,
+        rotary_dim=a.rotary_dim,
+        attention_sinks=a.sinks,
+        yarn=None,
+        llama3_rope=None,
+        longrope=None,
+        attention_kinds=(),
+        layer_kinds=(),
+    )
+
+
+def kind_rope(
+    spec: ModelSpec, rope: tuple[torch.Tensor, torch.Tensor], layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE table ``layer`` uses: ``rope`` itself, or its kind's from the stacked tables."""
+    a = spec.attention_kind(layer)
+    if a is None:
+        return rope
+    k, D = spec.layer_kinds[layer], a.rope_dim
+    return rope[0][k, :, :D], rope[1][k, :, :D]
 
 
 def _yarn_inv_freq(spec: ModelSpec, D: int, device: torch.device | str) -> torch.Tensor:
@@ -234,10 +273,16 @@ def attention(
         return mla_attention(spec, p, x_BTH, rope, layer)
     B, T, _ = x_BTH.shape
     D, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    Dv, sinks = D, spec.attention_sinks
+    if (kind := spec.attention_kind(layer)) is not None:  # MiMo-V2-Flash, Mellum: this layer kind's own
+        D, nh, nkv, Dv, sinks = kind.head_dim, kind.num_heads, kind.num_kv_heads, kind.value_dim, kind.sinks
+        rope = kind_rope(spec, rope, layer)
     if "qkv" in p:  # one fused [q | k | v] projection (Sarvam-30B)
         q, k, v = _linear(x_BTH, p, "qkv", "qkv_bias").split([nh * D, nkv * D, nkv * D], dim=-1)
     else:
         q, k, v = (_linear(x_BTH, p, n, f"{n}_bias") for n in ("q", "k", "v"))
+    if kind is not None and kind.value_scale != 1.0:  # MiMo: the values × attention_value_scale
+        v = v * kind.value_scale
     gate = None
     if spec.gated_attention:  # Qwen3-Next: per head [query | gate], the gate σ'd onto the output
         q, gate = q.view(B, T, nh, 2 * D).chunk(2, dim=-1)
@@ -247,7 +292,7 @@ def attention(
     if spec.clip_qkv is not None:
         c = spec.clip_qkv
         q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
-    q_BTnD, k_BTnD, v_BTnD = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, D)
+    q_BTnD, k_BTnD, v_BTnD = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, Dv)
     if spec.qk_norm == "head":  # Qwen3: per-head norm
         q_BTnD = rms_norm(q_BTnD, p["q_norm"], spec.rms_eps)
         k_BTnD = rms_norm(k_BTnD, p["k_norm"], spec.rms_eps)
@@ -277,18 +322,23 @@ def attention(
     if layer in spec.chunked_layers and spec.attention_chunk is not None and spec.attention_chunk < T:
         mask = _chunked_mask(T, spec.attention_chunk, x_BTH.device)
     scale = D**-0.5 if spec.attention_scale is None else spec.attention_scale  # Granite: attention_multiplier
-    if spec.attention_sinks:
+    if sinks:
         q_BnTD, k_BnTD, v_BnTD, mask = _with_sink_key(p["sinks"], q_BnTD, k_BnTD, v_BnTD, mask, scale)
     out = F.scaled_dot_product_attention(q_BnTD, k_BnTD, v_BnTD, attn_mask=mask, is_causal=mask is None, scale=scale)
-    out_BTH = out.transpose(1, 2).reshape(B, T, nh * D)
+    out_BTH = out.transpose(1, 2).reshape(B, T, nh * Dv)
     if gate is not None:
         out_BTH = out_BTH * torch.sigmoid(gate)
     if spec.output_gate == "sigmoid":  # AFMoE: σ(W_g x) per channel
         out_BTH = out_BTH * torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+    elif spec.output_gate == "head_sigmoid":  # Step 3.5: σ(W_g x) per head, broadcast over its dims
+        g = torch.sigmoid(F.linear(x_BTH, p["g_proj"]))
+        out_BTH = (out_BTH.view(B, T, nh, Dv) * g[..., None]).view(B, T, nh * Dv)
     elif spec.output_gate:  # Laguna: softplus(W_g x) per head (broadcast over its dims) or per channel
         g = F.softplus(F.linear(x_BTH, p["g_proj"]).float())
         out_BTH = (
-            (out_BTH.view(B, T, nh, D) * g[..., None]).view(B, T, nh * D) if spec.output_gate == "head" else out_BTH * g
+            (out_BTH.view(B, T, nh, Dv) * g[..., None]).view(B, T, nh * Dv)
+            if spec.output_gate == "head"
+            else out_BTH * g
         )
     return _linear(out_BTH, p, "o", "o_bias")
 

@@ -141,6 +141,12 @@ def sharded_replay(
             "(several residual streams mixed before and after each sub-block) yet",
             hint="replay it on one process (without --nproc)",
         )
+    if ckpt.spec.attention_kinds:
+        raise InputError(
+            f"the expert-parallel replay does not replay {ckpt.spec.family}'s attention per kind of layer "
+            "(head counts, head sizes, RoPE tables and sinks by layer type) yet",
+            hint="replay it on one process (without --nproc)",
+        )
     if ckpt.spec.shortcut_moe or ckpt.spec.zero_experts:
         raise InputError(
             f"the expert-parallel replay does not replay {ckpt.spec.family}'s shortcut-connected MoE "

@@ -85,6 +85,33 @@ class LongRope:
 
 
 @dataclass(frozen=True)
+class AttentionKind:
+    """The attention of one kind of layer where a model's layers differ in it (MiMo-V2-Flash,
+    Mellum: ``layer_types``): head counts, head sizes, RoPE and sinks (``ModelSpec.attention_kinds``,
+    chosen per layer by ``ModelSpec.layer_kinds``). RoPE is transformers' default (rotate-half,
+    θ, the first ``rotary_dim`` dims of a head; 0: all of them); values are ``v_head_dim`` wide
+    (0: as the keys) and × ``value_scale`` (MiMo's ``attention_value_scale``)."""
+
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rotary_dim: int = 0
+    v_head_dim: int = 0
+    sinks: bool = False
+    value_scale: float = 1.0
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+
+@dataclass(frozen=True)
 class Gate:
     """How a router turns scores into an active set, beyond softmax-then-top-k.
 
@@ -432,6 +459,16 @@ class ModelSpec:
     # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
     # DeepSeek's and HY-V4's attention build them)
     mla_norm_eps: float | None = field(default=None, metadata=NEW)
+    # MiMo-V2-Flash, Mellum (issue 27): attention per kind of layer — ``layer_kinds[i]`` indexes
+    # ``attention_kinds`` for layer i, whose head counts, head sizes, RoPE table and sinks then
+    # replace the spec's own (num_heads, num_kv_heads, head_dim, rope_theta, rotary_dim,
+    # attention_sinks); empty: one attention geometry and one RoPE table for every layer
+    attention_kinds: tuple[AttentionKind, ...] = field(default=(), metadata=NEW)
+    layer_kinds: tuple[int, ...] = field(default=(), metadata=NEW)
+
+    def attention_kind(self, layer: int) -> AttentionKind | None:
+        """The attention of ``layer`` where it is given per kind of layer; None otherwise."""
+        return self.attention_kinds[self.layer_kinds[layer]] if self.layer_kinds and layer >= 0 else None
 
     @property
     def layout(self) -> Layout:
@@ -498,6 +535,7 @@ class ModelSpec:
             "conv_layers",
             "block_kinds",
             "shared_index_layers",
+            "layer_kinds",
         ):
             if name in out:
                 out[name] = list(getattr(self, name))

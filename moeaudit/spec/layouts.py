@@ -50,7 +50,8 @@ class Layout:
     # "interleaved": gate_up [E, H, 2I] with gate/up alternating columns, down [E, I, H] (gpt-oss);
     # "transposed": gate_up [E, H, 2I] with the gate columns first, down [E, I, H] (Llama 4);
     # "interleaved_rows": gate_up [E, 2I, H] with gate/up alternating rows, down [E, H, I]
-    # (torchtitan's gpt-oss)
+    # (torchtitan's gpt-oss); "split" (Step 3.5): ``gate_up`` the gates [E, I, H], ``up`` the ups
+    # [E, I, H], down [E, H, I]
     fused_format: str = "stacked"
     # a fused template stored in another format than ``fused_format`` (Llama 4's experts as the
     # torchtitan DCP reader fuses them: "stacked" under ``mlp.experts``)
