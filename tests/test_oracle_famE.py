@@ -363,6 +363,25 @@ LAGUNA: dict[str, dict[str, Any]] = {
         "sliding_window": 5,
         "attention_bias": True,
     },
+    # issue 27: attention per kind of layer — RoPE per layer type (θ and partial rotary differ)
+    # and query heads per layer (4 / 2 / 6 over 2 kv heads)
+    "rope-per-type-heads-per-layer-top2": {
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 5,
+        "num_attention_heads_per_layer": [4, 2, 6],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 1.0},
+        },
+    },
+    "element-gate-heads-per-layer-one-rope-top3-of-12": {
+        "gating": "per-element",
+        "num_experts": 12,
+        "num_experts_per_tok": 3,
+        "moe_routed_scaling_factor": 1.0,
+        "num_attention_heads_per_layer": [2, 6, 4],
+        "mlp_layer_types": ["sparse", "sparse", "dense"],
+    },
 }
 
 
@@ -384,9 +403,19 @@ def test_laguna_replay_matches_transformers(case: str, dtype: str, tmp_path: Pat
     overrides = LAGUNA[case]
     scale = overrides.get("moe_routed_scaling_factor", 1.5)
     ckpt = check(tmp_path, "laguna", dtype, reference=_laguna_reference(scale), **overrides)
-    assert ckpt.spec.output_gate == ("element" if "gating" in overrides else "head") and ckpt.spec.rope_dim == (
-        8 if "layer_types" in overrides else 4
-    )
+    spec = ckpt.spec
+    assert spec.output_gate == ("element" if "gating" in overrides else "head")
+    heads = overrides.get("num_attention_heads_per_layer")
+    if heads is None:
+        assert not spec.attention_kinds and spec.rope_dim == (8 if "layer_types" in overrides else 4)
+        return
+    kinds = [spec.attention_kind(i) for i in range(3)]
+    assert [k.num_heads for k in kinds if k is not None] == heads
+    types = overrides.get("layer_types", ["full_attention"] * 3)
+    theta = {"full_attention": 5e5, "sliding_attention": 100.0 if "rope_parameters" in overrides else 5e5}
+    assert [(k.rope_theta, k.rope_dim) for k in kinds if k is not None] == [
+        (theta[t], 4 if t == "full_attention" else 8) for t in types
+    ]
 
 
 def test_laguna_softcap_and_gate_change_the_loss(tmp_path: Path) -> None:
@@ -415,10 +444,15 @@ def test_laguna_config_defaults_and_refusals() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
     assert spec.routed_layers == tuple(range(1, 40)) and spec.output_gate == "head" and spec.router_softcap == 0.0
-    mixed = {**hf.to_dict(), "layer_types": ["sliding_attention", "full_attention"] * 20}
-    with pytest.raises(CheckpointError, match="RoPE per layer type"):
-        spec_from_config(mixed)
-    with pytest.raises(CheckpointError, match="per-layer head counts"):
-        spec_from_config({**hf.to_dict(), "num_attention_heads_per_layer": [48, 32] * 20})
+    # issue 27: RoPE per layer type and heads per layer, as attention kinds (no longer refused)
+    mixed = spec_from_config({**hf.to_dict(), "layer_types": ["sliding_attention", "full_attention"] * 20})
+    assert [(a.name, a.rope_theta, a.rope_dim) for a in mixed.attention_kinds] == [
+        ("sliding_attention", 1e4, 128),
+        ("full_attention", 5e5, 64),
+    ] and mixed.layer_kinds == (0, 1) * 20
+    heads = spec_from_config({**hf.to_dict(), "num_attention_heads_per_layer": [48, 32] * 20})
+    assert [a.num_heads for a in heads.attention_kinds] == [48, 32] and heads.layer_kinds == (0, 1) * 20
+    with pytest.raises(CheckpointError, match="num_attention_heads_per_layer"):
+        spec_from_config({**hf.to_dict(), "num_attention_heads_per_layer": [48, 32]})
     with pytest.raises(CheckpointError, match="moe_apply_router_weight_on_input"):
         spec_from_config({**hf.to_dict(), "moe_apply_router_weight_on_input": True})

@@ -5,9 +5,11 @@ whose top-k is chosen on σ + ``e_score_correction_bias``, the chosen σ renorma
 sum × ``moe_routed_scaling_factor`` (the combine weights carry it) plus an ungated shared
 expert; ``mlp_layer_types`` places dense and routed layers (default: the first dense).
 RoPE parameters are given per layer type (``rope_parameters.full_attention`` /
-``.sliding_attention``). Replayed when every layer has the same head count and the layer types
-used share one RoPE (the default: every layer full attention); otherwise refused, because the
-replay builds one RoPE table and one attention geometry for all layers. The checkpoints use
+``.sliding_attention``: θ, partial rotary) and query head counts per layer
+(``num_attention_heads_per_layer``). When every layer has the same head count and the layer
+types used share one RoPE (the default: every layer full attention) the spec has one table, as
+before; otherwise one attention kind per (layer type, head count) used
+(``ModelSpec.attention_kinds``). The checkpoints use
 Qwen2-MoE's names (``mlp.shared_expert``, the bias as ``mlp.experts.e_score_correction_bias``)."""
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
+from moeaudit.families._kinds import by_layer_type, type_rope
 from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
 from moeaudit.families.hy_v3 import mlp_layer_types
-from moeaudit.spec.config import Gate
+from moeaudit.spec.config import AttentionKind, Gate
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # LagunaConfig's RoPE per layer type when config.json gives none
@@ -27,10 +30,7 @@ DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
 }
 KINDS = tuple(DEFAULT_ROPE)
-LIMIT = (
-    "a limit of moeaudit, not a fault of the checkpoint: the replay builds one RoPE table and one attention "
-    "geometry for every layer"
-)
+PER_TYPE = "_moeaudit_rope_per_type"  # rope_parameters of layer types whose RoPE differs (``_kinds``)
 
 
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -47,21 +47,54 @@ def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
             path=path,
         )
     used = [params[t] for t in KINDS if t in set(types)]
-    if any(p != used[0] for p in used[1:]):
-        raise CheckpointError(
-            "moeaudit does not replay laguna with different RoPE per layer type yet "
-            "(full_attention and sliding_attention layers)",
-            path=path,
-            hint=LIMIT,
-        )
     heads = cfg.get("num_attention_heads_per_layer")
-    if heads is not None and (not isinstance(heads, list) or any(h != cfg.get("num_attention_heads") for h in heads)):
+    if heads is not None and (
+        not isinstance(heads, list)
+        or (isinstance(layers, int) and len(heads) != layers)
+        or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in heads)
+    ):
         raise CheckpointError(
-            "moeaudit does not replay laguna with per-layer head counts yet (num_attention_heads_per_layer)",
-            path=path,
-            hint=LIMIT,
+            "config.json: num_attention_heads_per_layer must list a positive head count per layer", path=path
         )
-    return {**cfg, "rope_parameters": used[0] if used else DEFAULT_ROPE["full_attention"], "layer_types": types}
+    one = used[0] if used else DEFAULT_ROPE["full_attention"]
+    out = {**cfg, "rope_parameters": one, "layer_types": types}
+    if any(p != used[0] for p in used[1:]) or any(h != cfg.get("num_attention_heads") for h in heads or []):
+        out[PER_TYPE] = params  # an attention kind per (layer type, head count) (``_kinds``)
+    return out
+
+
+def _kinds(c: Ctx) -> dict[str, Any]:
+    """Layer types whose RoPE differs, or layers whose head counts do: one attention kind per
+    (layer type, head count) used (that type's θ and partial rotary, that count of query heads)."""
+    params = c.cfg.get(PER_TYPE)
+    if params is None:
+        return {}
+    types: list[str] = c.cfg["layer_types"]
+    heads = c.cfg.get("num_attention_heads_per_layer") or [c.get("num_attention_heads", int)] * len(types)
+    if len(types) != c.num_layers or len(heads) != c.num_layers:
+        raise CheckpointError(
+            f"config.json: layer_types and num_attention_heads_per_layer must list {c.num_layers} layers", path=c.path
+        )
+    D, kv = head_dim(c), c.get("num_key_value_heads", int)
+    kinds: dict[str, AttentionKind] = {}
+    names = []
+    for t, n in zip(types, heads, strict=True):
+        if n % kv:
+            raise CheckpointError(f"config.json: {n} heads not divisible by {kv} kv heads", path=c.path)
+        name = f"{t}/{n}"
+        if name not in kinds:
+            theta, rotary = type_rope(c, t, params[t], D)
+            kinds[name] = AttentionKind(t, n, kv, D, theta, rotary)
+        names.append(name)
+    attention_kinds, layer_kinds = by_layer_type(names, kinds)
+    first = attention_kinds[layer_kinds[0]]
+    return {
+        "num_heads": first.num_heads,
+        "rope_theta": first.rope_theta,
+        "rotary_dim": first.rotary_dim,
+        "attention_kinds": attention_kinds,
+        "layer_kinds": layer_kinds,
+    }
 
 
 def _rotary_factor(c: Ctx) -> float:
@@ -102,6 +135,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "gate": Gate(scoring="sigmoid", selection_bias=True, scaling=c.get("moe_routed_scaling_factor", float, 1.0)),
         "router_softcap": cap,
         "output_gate": _gate_kind(c),
+        **_kinds(c),
     }
 
 
