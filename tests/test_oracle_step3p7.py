@@ -66,6 +66,14 @@ CASES: dict[str, dict[str, Any]] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 50.0, "partial_rotary_factor": 0.5},
         },
     },
+    # Step-3.7-Flash's SwiGLU limits (clamps after the activation) on some layers: the routed
+    # experts at 3 on layer 1 and 4 on layer 3 (none on 2: 0.0; layer 0 is dense), the dense MLP
+    # of layer 0 at 3.5 and the shared expert of layer 2 at 2.5 (none on 1 and 3); the tiny
+    # model's silu(gate) and |up| reach ~7 (90th percentile ~2.3 / ~3.2), so each clamp bites
+    "swiglu-limits-on-some-layers": {
+        "swiglu_limits": [None, 3.0, 0.0, 4.0],
+        "swiglu_limits_shared": [3.5, 0.0, 2.5, None],
+    },
 }
 
 
@@ -100,6 +108,14 @@ def test_step3p7_text_decoder_matches_transformers(case: str, dtype: str, tmp_pa
         assert kind.rope_dim == 2 * inv_freq.numel()
     assert len({k.num_heads for k in spec.attention_kinds}) == 2  # the head counts differ by type
     assert "the text decoder" in FAMILIES["step3p7"].audits
+    for i, layer in enumerate(layers):  # the clamp bound of each layer, as transformers builds it
+        mlp = layer.mlp
+        if hasattr(mlp, "experts"):
+            glu = spec.expert_glu(i)
+            assert (float("inf") if glu is None else glu.limit) == mlp.experts.limit
+            assert glu is None or (glu.after and glu.alpha == 1.0 and glu.offset == 0.0)
+            mlp = mlp.shared_experts
+        assert (spec.mlp_glu_limit(i) or float("inf")) == mlp.limit
     if log := os.environ.get("MOEAUDIT_STEP_LOG"):
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps({"case": case, "dtype": dtype, **_worst(ref, ours)}) + "\n")
@@ -137,6 +153,28 @@ def test_each_step_attention_piece_moves_the_loss(tmp_path: Path) -> None:
     ckpt.spec = spec
 
 
+def test_each_swiglu_limit_moves_the_loss(tmp_path: Path) -> None:
+    """Each clamp of the limits case bites: dropping the routed experts' limit of one layer, or
+    the shared expert's / dense MLP's of one layer, moves the loss by > 1e-4; and the stash keeps
+    no products of a clamped layer (its experts' backward forms them again)."""
+    from moeaudit.replay.stash import ExpertStash
+
+    step.save_step3p7(tmp_path, **CASES["swiglu-limits-on-some-layers"])
+    ckpt, tokens = Checkpoint(tmp_path), random_tokens()
+    spec = ckpt.spec
+    assert spec.expert_glu_limits == (0.0, 3.0, 0.0, 4.0) and spec.mlp_glu_limits == (3.5, 0.0, 2.5, 0.0)
+    base = float(observed(ckpt, tokens).loss)
+    for field, i in (("expert_glu_limits", 1), ("expert_glu_limits", 3), ("mlp_glu_limits", 0), ("mlp_glu_limits", 2)):
+        limits = list(getattr(spec, field))
+        limits[i] = 0.0
+        ckpt.spec = dataclasses.replace(spec, **{field: tuple(limits)})
+        moved = abs(float(observed(ckpt, tokens).loss) - base)
+        assert moved > 1e-4, (field, i, moved)
+    ckpt.spec = spec
+    stash = ExpertStash(spec, 16, float("inf"), torch.float32)
+    assert [i for i in spec.routed_layers if stash.offer(i) is not None] == [2]
+
+
 def test_step3p5_config_defaults_and_refusals() -> None:
     import transformers
 
@@ -145,9 +183,15 @@ def test_step3p5_config_defaults_and_refusals() -> None:
     assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.shared_dim) == (288, 8, 128, 1e-5, 1280)
     assert spec.routed_layers == tuple(range(3, 45)) and spec.norm_offset == 1.0
     assert spec.output_gate == "head_sigmoid" and spec.attention_scale == 128**-0.5
+    # Step-3.7-Flash's limits (on its last layers), read as transformers reads them
+    flash = spec_from_config(
+        {**hf.to_dict(), "swiglu_limits": [None] * 43 + [7, 7], "swiglu_limits_shared": [0] * 43 + [16, 16]}
+    )
+    assert flash.expert_glu_limits == (0.0,) * 43 + (7.0, 7.0) and flash.mlp_glu_limits == (0.0,) * 43 + (16.0, 16.0)
+    assert spec.expert_glu_limits == () and spec.expert_glu(44) is None and spec.mlp_glu_limit(44) == 0.0
     for bad, message in (
-        ({"swiglu_limits": [None] * 44 + [7.0]}, "swiglu_limits"),
-        ({"swiglu_limits_shared": [0.0] * 44 + [16.0]}, "swiglu_limits_shared"),
+        ({"swiglu_limits": [7.0]}, "swiglu_limits"),
+        ({"swiglu_limits_shared": [0.0] * 44 + [-1.0]}, "swiglu_limits_shared"),
         ({"gating": "per-channel"}, "gating"),
         ({"use_bidirectional_attention": True}, "bidirectional"),
         ({"layer_types": ["minimax_m3_sparse"] * 45}, "layer types"),

@@ -9,8 +9,9 @@ sigmoid router whose top-k is chosen on σ + ``e_score_correction_bias`` (stored
 renormalised, × ``moe_router_scaling_factor``; an ungated shared expert (``share_expert_dim``);
 dense layers (``intermediate_size``) by ``mlp_layer_types`` (default: the first three). Experts
 as saved and released: ``moe.gate_proj`` / ``moe.up_proj`` [E, I, H], ``moe.down_proj`` [E, H, I].
+SwiGLU limits per layer (``swiglu_limits`` for the routed experts, ``swiglu_limits_shared``
+for the shared expert and dense MLP: min(silu(gate), L) ⊙ clamp(up, ±L), ``ModelSpec.expert_glu``).
 Refused by name: a gate per channel (other ``gating``: transformers' attention fails on it),
-SwiGLU limits (clamps after the activation, ``swiglu_limits``, ``swiglu_limits_shared``),
 ``mlp_bias``, bidirectional attention, layer types beyond full and sliding, ``per_layer_config``
 beyond head counts, RoPE other than the default per type. MTP layers stored after the decoder
 (``num_nextn_predict_layers``) are left out."""
@@ -57,11 +58,34 @@ def _heads(c: Ctx, types: list[str]) -> list[int]:
     return out
 
 
-def _fields(c: Ctx) -> dict[str, Any]:
-    for key in ("swiglu_limits", "swiglu_limits_shared"):
+def _limits(c: Ctx) -> dict[str, Any]:
+    """``swiglu_limits`` (routed experts) / ``swiglu_limits_shared`` (shared expert and dense MLP):
+    per layer, the bound of SwiGLU clamped after the activation, min(silu(gate), L) ⊙
+    clamp(up, ±L); null or 0 an unclamped layer (transformers' ``or None`` / ``or inf``). Lists
+    one longer per MTP layer are cut to the decoder's, as Step3p7TextConfig does."""
+    out = {}
+    for key, name in (("swiglu_limits", "expert_glu_limits"), ("swiglu_limits_shared", "mlp_glu_limits")):
         limits = c.cfg.get(key)
-        if limits is not None and (not isinstance(limits, list) or any(limits)):
-            raise _refuse(c, f"{key} (SwiGLU clamped after the activation)")
+        if limits is None or limits == []:
+            continue
+        mtp = c.get("num_nextn_predict_layers", int, 0)
+        if isinstance(limits, list) and mtp and len(limits) == c.num_layers + mtp:
+            limits = limits[: c.num_layers]
+        if not isinstance(limits, list) or len(limits) != c.num_layers:
+            raise CheckpointError(f"config.json: {key} must list {c.num_layers} layers", path=c.path)
+        values = []
+        for v in limits:
+            if v is None:
+                v = 0.0
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise CheckpointError(f"config.json: {key} entries must be null or ≥ 0, got {v!r}", path=c.path)
+            values.append(float(v))
+        if any(values):
+            out[name] = tuple(values)
+    return out
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
     if c.cfg.get("mlp_bias"):
         raise _refuse(c, "mlp_bias")
     if c.cfg.get("use_bidirectional_attention"):
@@ -127,6 +151,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
         "attention_kinds": attention_kinds,
         "layer_kinds": layer_kinds,
+        **_limits(c),
     }
 
 

@@ -92,7 +92,7 @@ def _pair_tensors(
     def outputs(lw: LayerWeights, y: torch.Tensor, r: Routing) -> list[torch.Tensor]:
         """u of both index sets in one sweep over the experts (each converted once)."""
         sets = [union_NU, cand_NC]
-        return experts_forward_sets(lw.experts, y, sets, spec.clamped_glu, input_scales(spec, r, sets))
+        return experts_forward_sets(lw.experts, y, sets, spec.expert_glu(lw.layer), input_scales(spec, r, sets))
 
     (u0_NU, u0_NC), (u1_NU, u1_NC) = outputs(lw0, y00, r0), outputs(lw1, y01, r1)
     ratio_NU = relative_change(u0_NU, u1_NU, z, spec.layer_norm)

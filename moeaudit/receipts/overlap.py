@@ -146,7 +146,7 @@ def overlap_pending(
     else:
         wanted = extra_experts(r, seed)
         sets = list(wanted.values())
-        glu, scales = (None, None) if spec is None else (spec.clamped_glu, input_scales(spec, r, sets))
+        glu, scales = (None, None) if spec is None else (spec.expert_glu(lw.layer), input_scales(spec, r, sets))
         extra, u_rand = experts_forward_sets(lw.experts, tap.y_NH, sets, glu, scales)
     rho_NC = r.probs_NE.double().gather(1, cand_NC)
     s_NC = r.scores_NE.double().gather(1, cand_NC)

@@ -502,7 +502,7 @@ def layer_backward(
     with torch.enable_grad():
         h = attention_block(spec, lw, x, rope)
         y_NH, routing = moe_router(spec, lw, mlp_input(spec, x, h).reshape(-1, H))
-        shared = shared_expert(spec, lw.params, y_NH) if spec.shared_dim else None
+        shared = shared_expert(spec, lw.params, y_NH, lw.layer) if spec.shared_dim else None
         bias = lw.params["moe_bias"].expand_as(y_NH) if spec.moe_bias else None  # JetMoE
         if spec.shortcut_moe:  # LongCat: out = rest(h, y) + MoE(y); the rest takes dL/d(out) as h does elsewhere
             h = shortcut_rest(spec, lw, h, y_NH.view_as(h), rope)
@@ -520,7 +520,7 @@ def layer_backward(
         routing.topk_NK,
         routing.combine_NK.detach(),
         g_NH,
-        spec.clamped_glu,
+        spec.expert_glu(lw.layer),
         spec.scaled_expert_inputs,
         sorted_slots=slots,
         kept=kept,
@@ -563,11 +563,13 @@ def _hc_layer_backward(
         post, m_BTH = hc_mix(spec, p["ffn_hc_fn"], p["ffn_hc_base"], p["ffn_hc_scale"], x1)
         assert post is not None
         y_NH, routing = moe_router(spec, lw, m_BTH.reshape(-1, H))
-        shared = shared_expert(spec, p, y_NH) if spec.shared_dim else None
+        shared = shared_expert(spec, p, y_NH, lw.layer) if spec.shared_dim else None
     slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
     with torch.no_grad():
         sets = [routing.topk_NK]
-        (u_NKH,) = experts_forward_sets(lw.experts, y_NH.detach(), sets, spec.clamped_glu, sorted_slots=[slots])
+        (u_NKH,) = experts_forward_sets(
+            lw.experts, y_NH.detach(), sets, spec.expert_glu(lw.layer), sorted_slots=[slots]
+        )
         s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
         del u_NKH
         if shared is not None:
@@ -582,7 +584,7 @@ def _hc_layer_backward(
         routing.topk_NK,
         routing.combine_NK.detach(),
         g_NH,
-        spec.clamped_glu,
+        spec.expert_glu(lw.layer),
         sorted_slots=slots,
         kept=kept,
     )
@@ -610,7 +612,12 @@ def _through_out_norm(
     with torch.no_grad():
         sets = [routing.topk_NK]
         (u_NKH,) = experts_forward_sets(
-            lw.experts, y_NH.detach(), sets, spec.clamped_glu, input_scales(spec, routing, sets), sorted_slots=[slots]
+            lw.experts,
+            y_NH.detach(),
+            sets,
+            spec.expert_glu(lw.layer),
+            input_scales(spec, routing, sets),
+            sorted_slots=[slots],
         )
         s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
         if shared is not None:

@@ -404,15 +404,24 @@ def relu2_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tens
     return F.linear(torch.square(F.relu(F.linear(x, w1))), w2)
 
 
-def mlp(spec: ModelSpec, p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor) -> torch.Tensor:
-    """A dense MLP (``mlp_``) or shared expert (``shared_``) of the family's kind."""
+def mlp(spec: ModelSpec, p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, layer: int = -1) -> torch.Tensor:
+    """A dense MLP (``mlp_``) or shared expert (``shared_``) of the family's kind; on a layer
+    with a clamp after the activation (Step 3.5 ``swiglu_limits_shared``, ``spec.mlp_glu_limit``),
+    W2(min(silu(W1 x), L) ⊙ clamp(W3 x, ±L)) as Step3p7MLP."""
     if spec.mlp_act == "relu2":
         return relu2_mlp(x, p[prefix + "w1"], p[prefix + "w2"])
+    if limit := spec.mlp_glu_limit(layer):
+        gate = F.silu(F.linear(x, p[prefix + "w1"])).clamp(max=limit)
+        return F.linear(gate * F.linear(x, p[prefix + "w3"]).clamp(-limit, limit), p[prefix + "w2"])
     return swiglu(x, p[prefix + "w1"], p[prefix + "w3"], p[prefix + "w2"])
 
 
 def clamped_glu(glu: ClampedGLU, a1: torch.Tensor, a3: torch.Tensor) -> torch.Tensor:
-    """gpt-oss: (clamp(up, ±limit) + 1) ⊙ g σ(α g), g = min(gate, limit)."""
+    """gpt-oss: (clamp(up, ±limit) + 1) ⊙ g σ(α g), g = min(gate, limit); with ``glu.after``
+    (Step 3.5): (clamp(up, ±limit) + offset) ⊙ min(silu(gate), limit)."""
+    if glu.after:
+        assert glu.alpha == 1.0  # silu, as transformers' act_fn
+        return (a3.clamp(-glu.limit, glu.limit) + glu.offset) * F.silu(a1).clamp(max=glu.limit)
     g = a1.clamp(max=glu.limit)
     return (a3.clamp(-glu.limit, glu.limit) + glu.offset) * (g * torch.sigmoid(glu.alpha * g))
 
@@ -732,12 +741,19 @@ def _clamped_glu_grads(
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """:func:`_swiglu_grads` for gpt-oss's c·(W2 h + b2), h = (clamp(u, ±L) + 1) ⊙ g σ(α g),
     g = min(a, L), a = W1 x + b1, u = W3 x + b3: (dL/dx, dL/dc, [dW1, dW3, dW2, db1, db3, db2]).
-    A clamped entry passes no gradient (torch's clamp backward: only min ≤ x ≤ max does)."""
+    A clamped entry passes no gradient (torch's clamp backward: only min ≤ x ≤ max does).
+    ``glu.after`` (Step 3.5): h = (clamp(u, ±L) + offset) ⊙ min(silu(a), L), the gate's gradient
+    silu'(a) where silu(a) ≤ L, none where it is clamped."""
     L, alpha = glu.limit, glu.alpha
     a1, a3 = F.linear(x_MH, w["w1"], w.get("b1")), F.linear(x_MH, w["w3"], w.get("b3"))
-    g, u = a1.clamp(max=L), a3.clamp(-L, L)
-    sig = torch.sigmoid(alpha * g)
-    act = g * sig
+    if glu.after:
+        g, u = a1, a3.clamp(-L, L)
+        sig, silu = torch.sigmoid(a1), F.silu(a1)
+        act = silu.clamp(max=L)
+    else:
+        g, u = a1.clamp(max=L), a3.clamp(-L, L)
+        sig = torch.sigmoid(alpha * g)
+        act = g * sig
     h_MI = (u + glu.offset) * act
     p_MI = g_out_MH @ w["w2"]
     dc_M = (h_MI * p_MI).sum(-1)
@@ -746,7 +762,9 @@ def _clamped_glu_grads(
     gc_MH = g_out_MH * c_M1
     dh_MI = p_MI * c_M1
     da3 = (dh_MI * act).masked_fill_((a3 < -L) | (a3 > L), 0.0)
-    da1 = (dh_MI * (u + glu.offset) * sig * (1 + alpha * g * (1 - sig))).masked_fill_(a1 > L, 0.0)
+    da1 = (dh_MI * (u + glu.offset) * sig * (1 + alpha * g * (1 - sig))).masked_fill_(
+        (silu > L) if glu.after else (a1 > L), 0.0
+    )
     dx = da1 @ w["w1"] + da3 @ w["w3"]
     biases = [da1.sum(0), da3.sum(0), gc_MH.sum(0)] if "b1" in w else []
     return dx, dc_M, [da1.T @ x_MH, da3.T @ x_MH, gc_MH.T @ h_MI, *biases]
@@ -887,16 +905,17 @@ def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor)
     return route(spec, p["router"], y_NH, p.get("router_bias"), p.get("router_logit_bias"))
 
 
-def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> torch.Tensor:
+def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor, layer: int = -1) -> torch.Tensor:
     """The always-on expert: behind a sigmoid gate (Qwen2-MoE) or not (DeepSeek, whose
-    ``n_shared_experts`` are stored as one MLP of their summed width)."""
+    ``n_shared_experts`` are stored as one MLP of their summed width); ``layer``: for a clamp
+    per layer (Step 3.5, :func:`mlp`)."""
     if spec.shared_clamped:  # DeepSeek-V4: silu(min(gate, limit)) ⊙ clamp(up, ±limit), as DeepseekV4MLP
         assert spec.clamped_glu is not None  # validated with the spec
         limit = spec.clamped_glu.limit
         gate = F.linear(y_NH, p["shared_w1"]).clamp(max=limit)
         out = F.linear(F.silu(gate) * F.linear(y_NH, p["shared_w3"]).clamp(-limit, limit), p["shared_w2"])
     else:
-        out = mlp(spec, p, "shared_", y_NH)
+        out = mlp(spec, p, "shared_", y_NH, layer)
     if spec.shared_gated:
         out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
     return out if spec.shared_scale == 1.0 else out * spec.shared_scale
@@ -918,11 +937,11 @@ def moe_block(
     wanted = extra(lw.layer, routing) if extra is not None else {}
     sets = [routing.topk_NK, *wanted.values()]
     u_NKH, *more = experts_forward_sets(
-        lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets), keep=keep
+        lw.experts, y_NH, sets, spec.expert_glu(lw.layer), input_scales(spec, routing, sets), keep=keep
     )
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
-        out_NH = out_NH + shared_expert(spec, lw.params, y_NH)
+        out_NH = out_NH + shared_expert(spec, lw.params, y_NH, lw.layer)
     if spec.moe_bias:  # JetMoE: a bias on the block's output
         out_NH = out_NH + lw.params["moe_bias"]
     tap = MoETap(
@@ -1019,7 +1038,7 @@ def decoder_layer(
     w, b = mlp_norm(spec)
     y = mlp_input(spec, x_BTH, h)
     y = block_norm(spec, y, p[w], p.get(b)) if spec.pre_norm else y  # post-norm layers: the stream itself
-    out = mlp(spec, p, "mlp_", y)
+    out = mlp(spec, p, "mlp_", y, lw.layer)
     if spec.dense_out_norm:  # AFMoE: the dense MLP's output normed as the MoE output is
         out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)
     if spec.residual_scales is not None:

@@ -543,13 +543,13 @@ def _forward_layer(
         wanted = ctx.share_sets(asked)
     sets = [routing.topk_NK, *wanted.values()]
     outs = experts_forward_sets(
-        lw.experts, y_NH, sets, spec.clamped_glu, input_scales(spec, routing, sets), only=ctx.mine
+        lw.experts, y_NH, sets, spec.expert_glu(lw.layer), input_scales(spec, routing, sets), only=ctx.mine
     )
     u_NKH, *more = [ctx.slots_together(u) for u in outs]
     rows = ctx.rows
     out = (u_NKH[rows] * routing.combine_NK[rows].to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
-        out = out + shared_expert(spec, lw.params, y_NH[rows])
+        out = out + shared_expert(spec, lw.params, y_NH[rows], lw.layer)
     out = out.view(B, T, H)
     r = spec.residual_multiplier
     x = h + (out if r == 1.0 else out * r)
@@ -652,7 +652,7 @@ def _backward_layer(
         h = attention_block(spec, lw, x, rope)
         moe_in = _moe_input(spec, x, h)
         y_own, routing_own = moe_router(spec, lw, moe_in.reshape(-1, H))
-        shared = shared_expert(spec, lw.params, y_own) if spec.shared_dim else None
+        shared = shared_expert(spec, lw.params, y_own, lw.layer) if spec.shared_dim else None
     with torch.no_grad():  # every token, for the experts: the forward's routing, bit for bit
         y_NH, routing = moe_router(spec, lw, ctx.gather_windows(moe_in.detach()).reshape(-1, H))
     g_own = grad_BTH.reshape(-1, H)
@@ -664,7 +664,7 @@ def _backward_layer(
         routing.topk_NK,
         routing.combine_NK,
         g_NH,
-        spec.clamped_glu,
+        spec.expert_glu(lw.layer),
         spec.scaled_expert_inputs,
         only=ctx.mine,
         slot_dx=True,

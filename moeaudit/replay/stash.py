@@ -105,11 +105,15 @@ class ExpertStash:
     def __init__(self, spec: ModelSpec, tokens: int, budget: float, dtype: torch.dtype):
         self.per_layer = tokens * spec.top_k * spec.expert_dim * 2 * torch.finfo(dtype).bits // 8
         self.budget = budget if keepable(spec) else 0.0
+        # Step 3.5: layers whose experts clamp their SwiGLU (``spec.expert_glu``) keep nothing
+        self._clamped = {i for i, limit in enumerate(spec.expert_glu_limits) if limit}
         self.used = 0
         self._kept: dict[int, Kept] = {}
 
     def offer(self, layer: int) -> Kept | None:
         """A place for layer ``layer``'s products if the budget still has room, else None."""
+        if layer in self._clamped:
+            return None
         if self.used + self.per_layer > self.budget:
             return None
         self.used += self.per_layer

@@ -156,6 +156,10 @@ class ClampedGLU:
     # HY-V4: (clamp(u, −limit, limit) + offset) with offset 0 and α 1 is SwiGLU on the clamped
     # gate and up, silu(min(a, limit)) ⊙ clamp(u, ±limit); left out of ``to_json`` at gpt-oss's 1
     offset: float = 1.0
+    # Step 3.5 / Step-3.7 (``ModelSpec.expert_glu``): the clamp after the activation,
+    # min(g σ(α g), limit) ⊙ (clamp(u, ±limit) + offset) with g = a unclamped (α 1, offset 0:
+    # min(silu(a), limit) ⊙ clamp(u, ±limit)); left out of ``to_json`` when false
+    after: bool = False
 
 
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
@@ -465,6 +469,23 @@ class ModelSpec:
     # attention_sinks); empty: one attention geometry and one RoPE table for every layer
     attention_kinds: tuple[AttentionKind, ...] = field(default=(), metadata=NEW)
     layer_kinds: tuple[int, ...] = field(default=(), metadata=NEW)
+    # Step 3.5 / Step-3.7 (``swiglu_limits`` / ``swiglu_limits_shared``): per layer, the bound L of
+    # a SwiGLU clamped after the activation, min(silu(gate), L) ⊙ clamp(up, ±L), for the routed
+    # experts (``expert_glu_limits``) and for the shared expert and dense MLP (``mlp_glu_limits``);
+    # 0 (or empty): no clamp on that layer
+    expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+
+    def expert_glu(self, layer: int) -> ClampedGLU | None:
+        """The routed experts' activation on ``layer`` when it is not plain SwiGLU: that layer's
+        clamp after the activation (``expert_glu_limits``), else ``clamped_glu`` (gpt-oss, HY-V4)."""
+        if self.expert_glu_limits and layer >= 0 and self.expert_glu_limits[layer]:
+            return ClampedGLU(alpha=1.0, limit=self.expert_glu_limits[layer], offset=0.0, after=True)
+        return self.clamped_glu
+
+    def mlp_glu_limit(self, layer: int) -> float:
+        """The shared expert's and dense MLP's clamp bound on ``layer`` (0: none)."""
+        return self.mlp_glu_limits[layer] if self.mlp_glu_limits and layer >= 0 else 0.0
 
     def attention_kind(self, layer: int) -> AttentionKind | None:
         """The attention of ``layer`` where it is given per kind of layer; None otherwise."""
@@ -536,6 +557,8 @@ class ModelSpec:
             "block_kinds",
             "shared_index_layers",
             "layer_kinds",
+            "expert_glu_limits",
+            "mlp_glu_limits",
         ):
             if name in out:
                 out[name] = list(getattr(self, name))
@@ -545,6 +568,8 @@ class ModelSpec:
             del out["mla"]
         if self.clamped_glu is not None and self.clamped_glu.offset == 1.0:  # gpt-oss's JSON as before
             del out["clamped_glu"]["offset"]
+        if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
+            del out["clamped_glu"]["after"]
         out["routing"] = self.routing
         return out
 
