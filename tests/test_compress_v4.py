@@ -240,3 +240,75 @@ def test_attention(name: str, kind: str, dtype: torch.dtype) -> None:
     params = [x, *(t for k, t in p.items() if k[:2] != "i_")]  # the indexer takes no gradient
     for g_r, g_t in zip(_grads(out_r, probe, params), _grads(out_t, probe, params)):
         assert _rel(g_r, g_t) < 1e-4
+
+
+YARN: dict[str, dict[str, Any]] = {
+    # factor 4 from 8 original positions (T = 23 reaches past them), default betas
+    "yarn4": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    # factor 16 as DeepSeek-V4's configs, narrower betas: the ramp falls inside the rotary dims
+    "yarn16-beta8-2": {
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 4,
+        "beta_fast": 8.0,
+        "beta_slow": 2.0,
+    },
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["compressed_sparse_attention", "heavily_compressed_attention"])
+@pytest.mark.parametrize("yarn", list(YARN))
+def test_attention_with_yarn_on_the_compressed_rope(yarn: str, kind: str, dtype: torch.dtype) -> None:
+    """YaRN on the compressed branches' RoPE (what DeepSeek-V4's configs give, flat
+    ``rope_parameters`` that transformers applies to the ``compress`` base only, forcing its
+    attention_factor to 1): the replay's ``yarn_inv_freq`` at ``compress_rope_theta`` over the
+    rotary dims is transformers' ``compress_inv_freq``, the sliding base is left unscaled, and
+    ``v4_attention`` with it agrees with ``DeepseekV4Attention`` (output and gradients)."""
+    from moeaudit.replay.model import yarn_inv_freq
+    from moeaudit.spec.config import _yarn
+
+    name = "csa4-hca8-top2"
+    r = YARN[yarn]
+    positions = int(r["factor"] * r["original_max_position_embeddings"])
+    cfg = _config({**CASES[name], **ATTENTION[name], "rope_parameters": dict(r), "max_position_embeddings": positions})
+    cfg.layer_types = [kind, kind]
+    cfg._attn_implementation = "eager"
+    compress = cfg.rope_parameters["compress"]
+    assert compress["rope_type"] == "yarn" and cfg.rope_parameters["main"]["rope_type"] == "default"
+    y = _yarn({"rope_parameters": compress}, "config.json")
+    assert y is not None and y.attention_factor == 1.0
+    inv_freq = yarn_inv_freq(y, compress["rope_theta"], cfg.qk_rope_head_dim)
+    rotary = dsv4.DeepseekV4RotaryEmbedding(cfg)
+    assert rotary.compress_attention_scaling == 1.0
+    assert torch.equal(inv_freq, rotary.compress_inv_freq)
+    assert not torch.allclose(inv_freq, _inv_freq(cfg))  # the scaling changes the frequencies
+    gen = torch.Generator().manual_seed(5)
+    attn = dsv4.DeepseekV4Attention(cfg, 0)
+    _prepare(attn, dtype, gen)
+    with torch.no_grad():
+        attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen))
+    x = torch.randn(2, T, H, generator=gen).to(dtype).requires_grad_(True)
+    pos = torch.arange(T)[None].expand(2, T)
+    embeddings = {k: rotary(x, position_ids=pos, layer_type=k) for k in ("main", "compress")}
+    i = torch.arange(T)
+    allowed = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < cfg.sliding_window)
+    mask = torch.zeros(2, 1, T, T, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    out_t, _ = attn(x, embeddings, pos, mask)
+    csa = kind == "compressed_sparse_attention"
+    parts = ("", "c_", "i_") if csa else ("", "c_")
+    p = {k: attn.get_parameter(v) for k, v in _NAMES.items() if (k[:2] if k[:2] in ("c_", "i_") else "") in parts}
+    branch = V4Branch(cfg.compress_rates[kind], csa, cfg.index_n_heads if csa else 0, cfg.index_topk if csa else 0)
+    kw: dict[str, Any] = {
+        "n_heads": cfg.num_attention_heads, "head_dim": cfg.head_dim, "window": cfg.sliding_window,
+        "eps": cfg.rms_norm_eps, "o_groups": cfg.o_groups, "branch": branch,
+    }  # fmt: skip
+    out_r = v4_attention(p, x, inv_freq=inv_freq, **kw)
+    assert _rel(out_r, out_t) < 1e-5
+    probe = torch.randn(out_r.shape, generator=gen)
+    params = [x, *(t for k, t in p.items() if k[:2] != "i_")]
+    for g_r, g_t in zip(_grads(out_r, probe, params), _grads(out_t, probe, params)):
+        assert _rel(g_r, g_t) < 1e-4
+    # the unscaled compressed base gives another output: the YaRN frequencies are what agree
+    with torch.no_grad():
+        assert _rel(v4_attention(p, x, inv_freq=_inv_freq(cfg), **kw), out_t) > 1e-3

@@ -143,3 +143,23 @@ def test_clamped_shared_expert(name: str, dtype: torch.dtype) -> None:
     assert _rel(out_r, mlp(y)) < 1e-6
     # the clamp bites: the unclamped SwiGLU differs
     assert _rel(shared_expert(dataclasses.replace(spec, shared_clamped=False), p, y), mlp(y)) > 1e-2
+
+
+def test_sqrtsoftplus_gate_receipts_keep_their_own_units() -> None:
+    """The √softplus gate's receipts (the lead's decision, docs/decisions.md): margins on the
+    selection scores √softplus(W_r y) + b in the gate's own units (the η grid unscaled), the
+    gate note naming √softplus, not σ or softmax, and saying the units are not comparable."""
+    from moeaudit.receipts.boundary import eta_scale
+    from moeaudit.receipts.gate import gate_note
+
+    spec = _spec(_cfg(CASES["top2-of-8-scaled-1.5"]))
+    assert eta_scale(spec) == 1.0
+    note = gate_note(spec)
+    assert note is not None and not note["bias_free_linear"]
+    text = " ".join([note["why"], *note["changed"], *note["not_certified"]])
+    assert "√softplus(W_r y) + b" in text and "in √softplus units, not comparable" in text
+    assert "ρ = √softplus(s)/Σ√softplus(s) on the unbiased scores" in text
+    assert "σ(" not in text and "softmax(W_r y) + b" not in text
+    assert any("Gaussian boundary-mass closed form" in s for s in note["not_certified"])
+    plain = gate_note(dataclasses.replace(spec, gate=Gate(scoring="sqrtsoftplus")))
+    assert plain is not None and "√softplus combine weights √softplus(W_r y)" in plain["why"]

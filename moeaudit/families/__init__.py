@@ -67,11 +67,12 @@ _REFUSED_ALL: dict[str, str] = {
     "router is an MLP over a down-projected state carried over from the previous layer's router, with a skip "
     "expert and learned scales and biases on both residual branches; the replay has none of these",
     # --- routed designs whose pieces the replay lacks
-    "deepseek_v4": "its decoder is not assembled: the Sinkhorn hyper-connections, the sliding-window attention "
-    "with HCA/CSA compressed branches and their indexer, the sqrt-softplus and hash routers and the clamped "
-    "shared expert are replayed as pieces, agreeing with transformers' modules, but the replay does not yet "
-    "read the hash layers' token-id table (tid2eid) or pass token ids to them, has no receipts for a "
-    "sqrt-softplus gate, and has not been tested with YaRN on the compressed branches' RoPE or as a whole model",
+    "deepseek_v4": "its pieces agree with transformers, composed as a whole model too (Sinkhorn "
+    "hyper-connections, sliding-window attention with HCA/CSA compressed branches and their indexer, YaRN on "
+    "the compressed RoPE, the sqrt-softplus and hash routers, clamped experts and shared expert), but the "
+    "replay's engine does not run them: no spec fields or tensor names for V4's attention, the checkpoint "
+    "reader does not read the hash layers' integer token-id table (tid2eid), and the MoE block, its backward "
+    "recompute and the receipts are not given the token ids hash layers route by",
     # --- vision-language / omni models whose text decoder is not a replayed family
     "ernie4_5_vl_moe_text": _SUBCONFIG.format("ernie4_5_vl_moe"),
     "hy_v4_vl_text": _SUBCONFIG.format("hy_v4_vl"),

@@ -126,7 +126,9 @@ def boundary_pending(
 def eta_scale(spec: ModelSpec) -> float:
     """Units of the η grid: 1 for logit-scale scores (softmax routers); σ'(0) = 1/4 for sigmoid
     scores, whose margins live in (0, 1) — a logit grid there would call nearly every token a
-    boundary token (B(0.1) = 0.92 on the deepseek sample)."""
+    boundary token (B(0.1) = 0.92 on the deepseek sample). DeepSeek-V4's √softplus scores keep
+    their own units (1, the lead's decision, docs/decisions.md): the gate note says the margins
+    are √softplus gaps, not comparable with other families'."""
     return 0.25 if spec.gate.scoring == "sigmoid" else 1.0
 
 

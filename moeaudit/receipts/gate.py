@@ -41,13 +41,22 @@ def bias_free_linear(spec: ModelSpec) -> bool:
 def _score(spec: ModelSpec) -> tuple[str, str]:
     """(the selection scores, the units their margins are in; "" for logit units)."""
     g = spec.gate
-    if g.selection_bias:  # ERNIE 4.5: softmax + b; DeepSeek-V3 and others: σ + b
+    if g.selection_bias:  # ERNIE 4.5: softmax + b; DeepSeek-V3 and others: σ + b; DeepSeek-V4: √softplus + b
+        if g.scoring == "sqrtsoftplus":
+            return "√softplus(W_r y) + b", "√softplus"
         return ("σ(W_r y) + b" if g.scoring == "sigmoid" else "softmax(W_r y) + b"), (
             "sigmoid" if g.scoring == "sigmoid" else "probability"
         )
     if g.scoring == "sigmoid":
         return "σ(W_r y)", "sigmoid"
+    if g.scoring == "sqrtsoftplus":
+        return "√softplus(W_r y)", "√softplus"
     return ("W_r y + b" if spec.router_logit_bias else "W_r y"), ""
+
+
+def _positive(scoring: str) -> str:
+    """The positive score map of a sigmoid-style gate, as a formula: σ or √softplus (DeepSeek-V4)."""
+    return "√softplus" if scoring == "sqrtsoftplus" else "σ"
 
 
 def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
@@ -61,10 +70,11 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
     why = []
     if g.selection_bias:
         why.append(f"a per-expert selection bias b ({score} is not linear in y)")
-    elif g.scoring == "sigmoid":
+    elif g.scoring in ("sigmoid", "sqrtsoftplus"):
+        f = _positive(g.scoring)
         why.append(
-            "sigmoid combine weights σ(W_r y), not renormalised (the choice is the top-k of the "
-            "bias-free linear logits W_r y)"
+            f"{'sigmoid' if g.scoring == 'sigmoid' else '√softplus'} combine weights {f}(W_r y), not "
+            "renormalised (the choice is the top-k of the bias-free linear logits W_r y)"
         )
     if spec.router_logit_bias:
         why.append("a router bias b in the logits W_r y + b (affine, not linear, in y)")
@@ -81,8 +91,8 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
             "u_e(c_e y)/c_e as the expert output, docs/families.md)"
         )
     rho = (
-        "ρ = σ(s)/Σσ(s) on the unbiased scores"
-        if g.scoring == "sigmoid"
+        f"ρ = {_positive(g.scoring)}(s)/Σ{_positive(g.scoring)}(s) on the unbiased scores"
+        if g.scoring in ("sigmoid", "sqrtsoftplus")
         else "ρ = softmax(W_r y + b)"
         if spec.router_logit_bias
         else "ρ = softmax(W_r y)"
@@ -91,9 +101,10 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
     if g.selection_bias or g.grouped:
         without = [w for w, on in (("the bias", g.selection_bias), ("the group limit", g.grouped)) if on]
         smooth += f"the gate without {' and without '.join(without)} ({rho}): their top-k need not be the active set"
-    elif g.scoring == "sigmoid":
+    elif g.scoring in ("sigmoid", "sqrtsoftplus"):
+        f = _positive(g.scoring)
         smooth += (
-            f"σ(W_r y) normalised over all experts ({rho}), not the combine weights σ(W_r y) the model "
+            f"{f}(W_r y) normalised over all experts ({rho}), not the combine weights {f}(W_r y) the model "
             "uses; their top-k is the active set"
         )
     elif g.scoring == "sparsemixer":

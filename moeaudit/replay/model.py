@@ -28,7 +28,7 @@ from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
 from moeaudit.replay.moa import moa_attention
 from moeaudit.replay.shortconv import short_conv
-from moeaudit.spec.config import MLA_NORM_EPS, SECOND_BLOCK, AttentionKind, ClampedGLU, Gate, ModelSpec
+from moeaudit.spec.config import MLA_NORM_EPS, SECOND_BLOCK, AttentionKind, ClampedGLU, Gate, ModelSpec, Yarn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,10 +128,14 @@ def kind_rope(
 
 
 def _yarn_inv_freq(spec: ModelSpec, D: int, device: torch.device | str) -> torch.Tensor:
+    assert spec.yarn is not None
+    return yarn_inv_freq(spec.yarn, spec.rope_theta, D, device)
+
+
+def yarn_inv_freq(y: Yarn, base: float, D: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """transformers' ``_compute_yarn_parameters``: interpolate the low frequencies by the
-    factor, keep the high ones, ramp linearly between the correction dims."""
-    y, base = spec.yarn, spec.rope_theta
-    assert y is not None
+    factor, keep the high ones, ramp linearly between the correction dims (D rotated dims,
+    RoPE base ``base``; DeepSeek-V4's compressed branches: ``compress_rope_theta``)."""
 
     def correction_dim(rotations: float) -> float:
         return D * math.log(y.original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(base))
