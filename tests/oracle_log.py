@@ -25,6 +25,21 @@ def _abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if b.numel() else 0.0
 
 
+def worst(ref: Any, ours: Any) -> dict[str, float]:
+    """NLL abs and the worst relative gradient-norm difference over experts, router, shared
+    expert and attention (norms where transformers' is above 1e-6), for a family test's own log."""
+    rel = [0.0]
+    for i in ref.scores:
+        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
+        keep = r > 1e-6
+        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
+        for name in ("router_grads", "shared_grads", "attention_grads"):
+            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
+            if want > 1e-6:
+                rel.append(abs(got - want) / want)
+    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
+
+
 def record(ref: Any, ours: Any, decisive: dict[int, torch.Tensor], same_topk: dict[int, bool]) -> None:
     """Append the comparison's worst differences to $MOEAUDIT_ORACLE_LOG (nothing when unset).
     Gradient norms are compared where transformers' norm is above 1e-6 (the tests' atol)."""

@@ -24,6 +24,7 @@ pytest.importorskip("transformers")
 
 import hf_models_afmoe  # noqa: E402, F401  (registers the tiny config)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import Observed, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
@@ -79,20 +80,6 @@ def afmoe_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
         grads = [p.grad for n, p in layers[i].named_parameters() if n.startswith(parts) and p.grad is not None]
         ref.attention_grads[i] = sum(float(g.double().pow(2).sum()) for g in grads) ** 0.5
     return ref
-
-
-def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
-    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, attention)."""
-    rel = [0.0]
-    for i in ref.scores:
-        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
-        keep = r > 1e-6
-        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
-        for name in ("router_grads", "shared_grads", "attention_grads"):
-            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
-            if want > 1e-6:
-                rel.append(abs(got - want) / want)
-    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

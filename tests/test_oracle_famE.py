@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 import hf_models_famE  # noqa: E402, F401  (registers the tiny configs)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import Observed, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
@@ -30,20 +31,6 @@ from moeaudit.errors import CheckpointError  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-
-
-def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
-    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, attention)."""
-    rel = [0.0]
-    for i in ref.scores:
-        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
-        keep = r > 1e-6
-        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
-        for name in ("router_grads", "shared_grads", "attention_grads"):
-            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
-            if want > 1e-6:
-                rel.append(abs(got - want) / want)
-    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
 
 
 def check(tmp_path: Path, family: str, dtype: str, reference: Any = None, **overrides: Any) -> Checkpoint:

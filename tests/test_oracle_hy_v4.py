@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 
 import hf_models_hy_v4  # noqa: E402, F401  (registers the tiny config)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import Observed, _norm, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
@@ -88,20 +89,6 @@ def layer_inputs(ckpt: Checkpoint, tokens_WT: torch.Tensor) -> list[torch.Tensor
         x, _ = decoder_layer(spec, ckpt.layer_weights(i), x, rope)
     x = hc_collapse(spec, hc_head_weights(ckpt, torch.float32), x)
     return inputs + [block_norm(spec, x, ckpt.read_global("final_norm"))]
-
-
-def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
-    """NLL abs and the worst relative gradient-norm difference (experts, router, shared, attention)."""
-    rel = [0.0]
-    for i in ref.scores:
-        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
-        keep = r > 1e-6
-        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
-        for name in ("router_grads", "shared_grads", "attention_grads"):
-            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
-            if want > 1e-6:
-                rel.append(abs(got - want) / want)
-    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -22,8 +22,9 @@ pytest.importorskip("transformers")
 
 import hf_models_wrap as wrap  # noqa: E402
 from hf_models import random_tokens  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_hy_v4 import CASES, _worst, hy_v4_observed, layer_inputs  # noqa: E402
+from test_oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402

@@ -34,6 +34,7 @@ pytest.importorskip("transformers")
 
 import hf_models_jetmoe  # noqa: E402, F401  (registers the tiny config)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import (  # noqa: E402
     FORWARD,
     TIE_GAP,
@@ -142,20 +143,6 @@ def assert_moa_routing_agrees(ref: Any, ours: Observed, ckpt: Checkpoint) -> Non
         (got_NK, got_gates), (want_NK, want_gates) = _by_expert(got_NK, got_gates), _by_expert(want_NK, want_gates)
         assert torch.equal(got_NK[ok], want_NK[ok]), f"layer {i}: the attention experts differ"
         torch.testing.assert_close(got_gates[ok], want_gates[ok], **FORWARD)
-
-
-def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
-    """NLL abs and the worst relative gradient-norm difference (experts, router, bias, attention)."""
-    rel = [0.0]
-    for i in ref.scores:
-        r, o = ref.expert_grads[i].double(), ours.expert_grads[i].double()
-        keep = r > 1e-6
-        rel.append(float(((o[keep] - r[keep]).abs() / r[keep]).max()) if keep.any() else 0.0)
-        for name in ("router_grads", "shared_grads", "attention_grads"):
-            want, got = getattr(ref, name)[i], getattr(ours, name)[i]
-            if want > 1e-6:
-                rel.append(abs(got - want) / want)
-    return {"nll_abs": abs(float(ours.loss) - float(ref.loss)), "grad_rel": max(rel)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -27,9 +27,9 @@ pytest.importorskip("transformers")
 import hf_models_step as step  # noqa: E402
 import hf_models_wrap as wrap  # noqa: E402
 from hf_models import random_tokens  # noqa: E402
+from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_flint import _worst  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
