@@ -475,6 +475,7 @@ def receipts(
     _refuse_inside("--json", json_out, ckpt)
     _check_output(json_out, force)
     _one_checkpoint(ckpt, "moeaudit receipts {ckpt}")
+    dev = None if device == "cpu" else _device(device)  # before the checkpoint is read
     checkpoint = _open_checkpoint(ckpt)
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
     policy = _load_policy(policy_path, ckpt)
@@ -486,7 +487,7 @@ def receipts(
             conflict=conflict,
             generate=generate,
             progress=tick,
-            device=None if device == "cpu" else _device(device),
+            device=dev,
         )
     _emit_json(doc, json_out, lambda: print_receipts(doc))
 
@@ -501,6 +502,9 @@ def _device(name: str) -> str:
         raise click.BadParameter(str(exc), param_hint="--device") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+    from moeaudit.replay.hostplan import plan_host_copies
+
+    plan_host_copies(dev)  # before anything is hashed: the copies it keeps are the replay's source
     return str(dev)
 
 

@@ -220,12 +220,24 @@ class SafetensorsFile:
             raise self._fail(f"tensor {name!r}: file ended early", "the file changed while reading")
         return buf
 
+    def _aliased(self, name: str) -> memoryview | None:
+        """The tensor's bytes as a view of the private copy, where the host plan allows it."""
+        info = self.tensors[name]
+        try:
+            return self.seal().view(info.begin, info.end - info.begin)
+        except CheckpointError as exc:
+            raise self._fail(f"{exc.what} (reading tensor {name!r})", exc.hint) from exc
+
     def read(self, name: str) -> torch.Tensor:
-        """Read one tensor (a fresh, writable CPU tensor in its on-disk dtype)."""
+        """Read one tensor in its on-disk dtype: a fresh, writable CPU tensor, or under a host plan
+        that aliases (``sealed.HostPlan``, a replay on an accelerator) a view of the private copy
+        that callers only convert or copy."""
         import torch
 
         info = self.tensors[name]
         dtype = torch_dtype(info.dtype)
+        if self.sealed and info.end > info.begin and (view := self._aliased(name)) is not None:
+            return torch.frombuffer(view, dtype=dtype).reshape(info.shape)
         buf = self._read_bytes(name)
         if not buf:
             return torch.empty(info.shape, dtype=dtype)

@@ -24,6 +24,11 @@ router and once with a forged one. Here nothing is ever read twice without proof
 
 Every read still checks the file's identity (``pinned``), so a file renamed over or rewritten
 with new timestamps is named as changed even when its bytes come from the private copy.
+
+A replay on an accelerator sets a :class:`HostPlan` (``replay.device.plan_host_copies``): the
+budget sized from the memory the process may take (the host is otherwise idle there), the copies
+allocated in pinned memory, and tensor reads served as views of them — the copy the file was
+hashed into is the DMA's source, so a weight crosses the host once, when it is hashed.
 Torch-free.
 """
 
@@ -34,6 +39,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from moeaudit import limits
@@ -45,10 +51,28 @@ DIGEST = 32
 EDGE_BLOCKS = 8  # verified partial blocks kept per file: neighbouring tensors share their edge
 
 
+Buffer = bytearray | memoryview  # a private copy: a bytearray, or pinned memory as a byte view
+
+
+@dataclass
+class HostPlan:
+    """How private copies are held. ``budget`` None: ``limits.PRIVATE_COPY_BYTES``; ``allocate``
+    makes a writable buffer of n bytes; ``alias``: tensor reads are views of the copy (read-only
+    by contract: the replay only converts or copies weights, never writes into them)."""
+
+    budget: int | None = None
+    allocate: Callable[[int], Buffer] = bytearray
+    alias: bool = False
+    settle: Callable[[], None] = lambda: None  # before a copy is given up: copies from it are done
+
+
+PLAN = HostPlan()
+
+
 class Sealed:
     """One file as it was hashed: identity, SHA-256, block digests or the bytes themselves."""
 
-    def __init__(self, path: Path, fid: FileId, sha256: bytes, blocks: bytes | None, data: bytearray | None):
+    def __init__(self, path: Path, fid: FileId, sha256: bytes, blocks: bytes | None, data: Buffer | None):
         assert blocks is not None or data is not None
         self.path, self.fid, self.sha256 = path, fid, sha256
         self.blocks, self.data = blocks, data
@@ -63,6 +87,7 @@ class Sealed:
         if self.data is not None:
             if self.blocks is None:
                 self.blocks = _block_digests(memoryview(self.data))
+            PLAN.settle()  # an aliased view may still be the source of a queued device copy
             self.data = None
 
     def read_into(self, offset: int, buf: bytearray | memoryview) -> int:
@@ -76,6 +101,15 @@ class Sealed:
         else:
             pinned(self.path, self.fid, lambda fd: self._verified(fd, offset, view))
         return len(view)
+
+    def view(self, offset: int, size: int) -> memoryview | None:
+        """``size`` sealed bytes from ``offset`` without a copy, where the plan lets reads alias
+        the private copy and the copy is held; None otherwise (then :meth:`read_into`)."""
+        if not PLAN.alias or self.data is None or offset + size > self.size:
+            return None
+        COPIES.used(self)
+        pinned(self.path, self.fid, lambda _fd: None)  # a swapped file is an error all the same
+        return memoryview(self.data)[offset : offset + size]
 
     def _verified(self, fd: int, offset: int, view: memoryview) -> None:
         """Whole blocks are read straight into ``view``; a partial one at either edge through a
@@ -169,7 +203,7 @@ def seal_here(path: Path, expect: FileId | None = None) -> Sealed:
 
     def io(fd: int) -> None:
         if COPIES.room(fid.size):
-            data = bytearray(fid.size)
+            data = PLAN.allocate(fid.size)
             if _read_exact(fd, memoryview(data)) != fid.size:
                 raise changed(path, "it ended early while it was hashed")
             made.append(Sealed(path, fid, hashlib.sha256(data).digest(), None, data))
@@ -203,7 +237,7 @@ class _Copies:
 
     def room(self, size: int) -> bool:
         """Make room for ``size`` bytes (giving up the oldest copies); False if it cannot fit."""
-        budget = limits.PRIVATE_COPY_BYTES
+        budget = limits.PRIVATE_COPY_BYTES if PLAN.budget is None else PLAN.budget
         if size > budget:
             return False
         live = self._live()

@@ -119,6 +119,14 @@ def _load_trim() -> Callable[[], object]:
 release_freed_memory = _load_trim()
 
 
+def trimmer(device: Device) -> Callable[[], object]:
+    """What to call after each layer: the trim on the host; nothing on an accelerator, where the
+    host holds the pinned copies and little else, and a trim costs ~12 ms a layer (0.2 s of the
+    1.32 B GPU benchmark's replay, docs/benchmarks.md "GPU")."""
+    dev = prepare_device(device)
+    return release_freed_memory if dev is None or dev.type == "cpu" else (lambda: None)
+
+
 _SUMMABLE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -186,6 +194,7 @@ def forward_pass(
     inputs = StoredInputs(device, spec.num_layers)
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
+    trim = trimmer(device)
     for i in range(spec.num_layers):
         lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
         if nonfinite is not None:
@@ -201,7 +210,7 @@ def forward_pass(
             for observe in observers:
                 observe(tap, lw)
         del lw, tap
-        release_freed_memory()
+        trim()
         tick(f"forward layer {i + 1}/{spec.num_layers}", i + 1, total_steps or spec.num_layers)
     return x, inputs, routing
 
@@ -459,6 +468,7 @@ def _replay(
 
     grad = head.grad_x_WTH
     assert grad is not None
+    trim = trimmer(device)
     for step, i in enumerate(reversed(range(spec.num_layers))):
         lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True), device)
         kept = stash.take(i) if stash is not None else None
@@ -469,7 +479,7 @@ def _replay(
             observe_grad(lw)
         inputs[i] = None
         del lw
-        release_freed_memory()
+        trim()
         tick(f"backward layer {i + 1}/{spec.num_layers}", spec.num_layers + step + 1, n_steps)
     return result
 
