@@ -149,3 +149,29 @@ def test_cuda_reads_are_pinned_views(ckpt_dir: Path, monkeypatch: pytest.MonkeyP
     t = sf.read(name)
     assert t.is_pinned()
     assert t.pin_memory().data_ptr() == t.data_ptr()  # no staging copy before the DMA
+
+
+def test_the_device_branch_names_the_same_nonfinite_weights(
+    ckpt_dir: Path, tmp_path: Path, probe: canary_mod.Canary
+) -> None:
+    """Weights that cross in their on-disk dtype are checked on the device, read back once per
+    forward: the same names, in the same order, as the host's check."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from moeaudit.checkpoint.safetensors import write_safetensors
+    from moeaudit.replay.engine import replay
+
+    shutil.copytree(ckpt_dir, tmp_path / "bad")
+    tensors = load_file(tmp_path / "bad" / "model.safetensors")
+    attn = next(k for k in sorted(tensors) if "layers.1." in k and "q_proj" in k)
+    expert = next(k for k in sorted(tensors) if "layers.0." in k and "experts" in k)
+    tensors[attn][0, 0] = float("nan")
+    tensors[expert][-1, -1] = float("inf")
+    write_safetensors(tmp_path / "bad" / "model.safetensors", tensors)
+    ckpt = Checkpoint(tmp_path / "bad")
+    on_host = replay(ckpt, probe.tokens, backward=False).nonfinite_weights
+    on_device = replay(ckpt, probe.tokens, backward=False, device="cpu:0").nonfinite_weights
+    assert len(on_host) == 2 and any("layer 1" in n for n in on_host) and any("layer 0" in n for n in on_host)
+    assert on_device == on_host

@@ -738,16 +738,22 @@ class Checkpoint:
         return t if dtype is None else t.to(dtype)
 
     def layer_weights(
-        self, layer: int, dtype: torch.dtype | None = None, *, lazy_experts: bool = False
+        self,
+        layer: int,
+        dtype: torch.dtype | None = None,
+        *,
+        lazy_experts: bool = False,
+        device: torch.device | str | None = None,
     ) -> LayerWeights:
         """One decoder layer in ``dtype`` (default float32). ``lazy_experts`` keeps the routed
         experts in their on-disk dtype and converts one expert at a time on access
         (:class:`StoredExperts`); otherwise every tensor is converted now (what a trainer that
-        updates them in place needs)."""
+        updates them in place needs). ``device``: the layer's other tensors cross in their
+        on-disk dtype and are converted there (the same values: widening is exact)."""
         import torch
 
         dtype = torch.float32 if dtype is None else dtype
-        params = {n: self.read(k).to(dtype) for n, k in self.layer_keys(layer).items()}
+        params = {n: self._on(self.read(k), device).to(dtype) for n, k in self.layer_keys(layer).items()}
         for n in params.keys() & {n for n, t in self._resolved.items() if t in self.layout.stored}:
             how = self.layout.stored[self._resolved[n]]  # ERNIE 4.5 VL: back to the canonical form
             params[n] = params[n].T.contiguous() if how == "transposed" else params[n][0].contiguous()
@@ -764,6 +770,10 @@ class Checkpoint:
             experts = self._stored_experts(layer, dtype)
             lw.experts = experts if lazy_experts else [{n: t.contiguous() for n, t in w.items()} for w in experts]
         return lw
+
+    @staticmethod
+    def _on(t: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+        return t if device is None else t.to(device, non_blocking=True)
 
     def _stored_experts(self, layer: int, dtype: torch.dtype) -> StoredExperts:
         """The layer's experts as stored, converted one at a time on access; MXFP4 and block-scaled

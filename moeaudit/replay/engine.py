@@ -139,10 +139,36 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+class FiniteCheck:
+    """Which weights hold NaN or Inf, over a whole forward: tensors on the host are checked at
+    once (``all_finite``), tensors on a device queue an exact flag there (``isfinite(t).all()``,
+    no fallback needed) and are read back together at the end — one host read for the pass,
+    not one per layer (a read waits for the device's queue; tests/test_host_syncs.py)."""
+
+    def __init__(self, device: Device = None) -> None:
+        self.device = prepare_device(device)
+        self.entries: list[tuple[str, bool | int]] = []  # name, host verdict or index of a device flag
+        self.flags: list[torch.Tensor] = []
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        if self.device is None or t.device != self.device:
+            self.entries.append((name, all_finite(t)))
+        else:
+            self.entries.append((name, len(self.flags)))
+            self.flags.append(torch.isfinite(t).all())
+
+    def nonfinite(self) -> list[str]:
+        read = torch.stack(self.flags).tolist() if self.flags else []
+        return [n for n, f in self.entries if not (f if isinstance(f, bool) else read[f])]
+
+
 def nonfinite_names(lw: LayerWeights) -> list[str]:
     """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass, on the
     tensors as stored: converting to float32 neither creates nor removes a NaN/Inf)."""
-    return [f"layer {lw.layer} {n}" for n, t in lw.stored_tensors() if not all_finite(t)]
+    check = FiniteCheck()
+    for n, t in lw.stored_tensors():
+        check.add(f"layer {lw.layer} {n}", t)
+    return check.nonfinite()
 
 
 def _extra_requests(observers: Sequence[Observer]) -> ExtraExperts | None:
@@ -195,10 +221,12 @@ def forward_pass(
     routing: dict[int, Routing] = {}
     extra = _extra_requests(observers)
     trim = trimmer(device)
+    check = FiniteCheck(device)
     for i in range(spec.num_layers):
-        lw = ckpt.layer_weights(i, dtype, lazy_experts=True)
+        lw = ckpt.layer_weights(i, dtype, lazy_experts=True, device=device)
         if nonfinite is not None:
-            nonfinite.extend(nonfinite_names(lw))
+            for n, t in lw.stored_tensors():
+                check.add(f"layer {i} {n}", t)
         inputs.append(x)
         lw = on_device(lw, device)
         keep = stash.offer(i) if stash is not None and lw.routed else None
@@ -212,6 +240,8 @@ def forward_pass(
         del lw, tap
         trim()
         tick(f"forward layer {i + 1}/{spec.num_layers}", i + 1, total_steps or spec.num_layers)
+    if nonfinite is not None:
+        nonfinite.extend(check.nonfinite())
     return x, inputs, routing
 
 
@@ -470,7 +500,7 @@ def _replay(
     assert grad is not None
     trim = trimmer(device)
     for step, i in enumerate(reversed(range(spec.num_layers))):
-        lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True), device)
+        lw = on_device(ckpt.layer_weights(i, dtype, lazy_experts=True, device=device), device)
         kept = stash.take(i) if stash is not None else None
         grad, layer = layer_backward(spec, lw, inputs[i], grad, rope, device, kept)
         if layer is not None:
