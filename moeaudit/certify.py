@@ -204,6 +204,9 @@ def audit_run(
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
         ckpt.verify_unchanged()
     subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
+    # the root digest does not bind file names: each subject's files are signed too (SPEC §9)
+    files: list[dict[str, Any]] = [{"name": c.path.name, "resources": c.resources} for _, c in run.checkpoints]
+    predicate["checkpoint_files"] = files
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
         audit.receipts[f"checkpoint-{step}.json"] = doc

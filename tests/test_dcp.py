@@ -440,6 +440,9 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
             # the NLL interval is cached under its inputs, the per-window NLLs, which are the same
             assert "from_cache" not in ref["predicate"]
             assert ours["predicate"].pop("from_cache") == [{"kind": "nll_interval"}]
+            for doc in (ours, ref):  # each lists its own files: DCP's .metadata and .distcp, or safetensors
+                files = doc["predicate"].pop("checkpoint_files")
+                assert [f["name"] for f in files] == [s["name"] for s in doc["subject"]]
         assert _pop_left_out(ref) == []
         lefts = _pop_left_out(ours)  # issue 24: what is not replayed is in the receipts
         assert lefts or not name.startswith("checkpoint-"), name

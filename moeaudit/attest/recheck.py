@@ -19,6 +19,12 @@ A recorded relative path is relative to the directory certify ran in, which the 
 not record: it is looked for under the run directory and its ancestors, nearest first (certify's
 directory is one of them whenever the run was below it), then under the current directory.
 
+A checkpoint is compared file by file where the certificate signs its file list
+(``checkpoint_files``: name, size, SHA-256 of every file its root digest covers): the root digest
+alone does not bind names (two files renamed so that the sorted order is kept leave it unchanged),
+so every file renamed, added, removed or changed is a finding naming the file. The signed list
+must hash to the signed subject digest, or the certificate is not trusted (exit 4).
+
 Every bound input that changed (or can no longer be read as what was certified) or is missing,
 and every run log added since, is one :class:`Finding`. A certified checkpoint that is not in the
 run directory is an input error instead (exit 4, issue 14): the run is elsewhere, and
@@ -94,10 +100,15 @@ def recheck(stmt: dict[str, Any], given: Overrides | None = None) -> Recheck:
     root = run_root(stmt, given.run_dir)
     pred = stmt["predicate"]
     inputs = pred.get("inputs")
+    listed = _checkpoint_files(stmt)
     bound = [*_subjects(stmt, root), *_inputs(inputs, pred, root, given), *_canary(pred, root, given)]
     _check_overrides(given, bound)
-    findings, matched = [], []
+    findings: list[Finding] = []
+    matched = []
     for item in bound:
+        if item.what == "checkpoint" and item.path is not None and Path(item.path).name in listed:
+            findings += _check_files(item, listed[Path(item.path).name])
+            continue
         finding = _check(item)
         if finding is not None:
             findings.append(finding)
@@ -137,6 +148,78 @@ def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
                 hint="pass --run-dir where the run is now",
             )
         out.append(_Bound("checkpoint", str(path), path, subject["digest"]["sha256"], _root_digest))
+    return out
+
+
+def _checkpoint_files(stmt: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Subject name → its signed file list (none before certificates listed files). A list that
+    does not hash to its subject's digest is refused: the signature holds, the content does not."""
+    from moeaudit.checkpoint.digest import root_of
+
+    entries = stmt["predicate"].get("checkpoint_files")
+    if entries is None:
+        return {}
+    roots = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+    out: dict[str, list[dict[str, Any]]] = {}
+    untrusted = "moeaudit never writes one; do not trust this certificate"
+    for entry in entries if isinstance(entries, list) else [None]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        files = entry.get("resources") if isinstance(entry, dict) else None
+        if (
+            not isinstance(name, str)
+            or not isinstance(files, list)
+            or not all(
+                isinstance(f, dict)
+                and isinstance(f.get("name"), str)
+                and isinstance(f.get("size"), int)
+                and isinstance(f.get("digest"), str)
+                and re.fullmatch("[0-9a-f]{64}", f["digest"])
+                for f in files
+            )
+        ):
+            raise InputError("the signed checkpoint_files is malformed", hint=untrusted)
+        if name not in roots or name in out or root_of(files) != roots[name]:
+            raise InputError(
+                f"the signed file list of checkpoint {name} does not hash to its subject digest", hint=untrusted
+            )
+        out[name] = files
+    return out
+
+
+def _check_files(item: _Bound, listed: list[dict[str, Any]]) -> list[Finding]:
+    """Every file of the checkpoint ``item`` that was renamed (missing under its certified name,
+    added under its new one), added, removed or changed since certification."""
+    from moeaudit.checkpoint.digest import snapshot
+
+    assert item.path is not None
+    what = f"file of checkpoint {item.path.name}"
+    try:
+        now = {r["name"]: r for r in snapshot(item.path).resources}
+    except (MoeauditError, OSError) as exc:
+        why = exc.what if isinstance(exc, MoeauditError) else (exc.strerror or str(exc))
+        where = exc.path if isinstance(exc, MoeauditError) else exc.filename
+        if where is None or str(where) == str(item.path):
+            return [Finding("changed", item.what, item.where, f"cannot be read as certified ({why})")]
+        return [Finding("changed", what, str(where), f"cannot be read as certified ({why})")]
+    certified = {r["name"]: r for r in listed}
+    out = []
+    for name in sorted(certified.keys() | now.keys()):
+        where = str(item.path / name)
+        was, got = certified.get(name), now.get(name)
+        if got is None:
+            out.append(Finding("missing", what, where, "certified, no longer in the checkpoint (removed or renamed)"))
+        elif was is None:
+            out.append(Finding("added", what, where, "not in the certified file list: added or renamed since"))
+        elif (got["size"], got["digest"]) != (was["size"], was["digest"]):
+            out.append(
+                Finding(
+                    "changed",
+                    what,
+                    where,
+                    f"{got['size']} bytes, digest now {got['digest'][:16]}…; "
+                    f"certified {was['size']} bytes, {was['digest'][:16]}…",
+                )
+            )
     return out
 
 
