@@ -307,13 +307,15 @@ def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
 
 
 def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
+    if path.is_dir():  # a checkpoint: its model-signing root digest and file list, as for the subjects
+        from moeaudit.checkpoint.digest import changed, snapshot
+
         digest = doc["checkpoint"]["digest"]
-        return {
-            "path": path.name,
-            "kind": "checkpoint",
-            "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest,
-        }
+        root = digest["sha256"] if isinstance(digest, dict) else digest
+        snap = snapshot(path)  # hashed again: the list must be of the files that were replayed
+        if snap.digest != root:
+            raise changed(path, "its files no longer hash to the root digest of the replayed reference")
+        return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": snap.resources}
     return {**_file_digest(path), "kind": "receipts"}
 
 

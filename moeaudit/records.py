@@ -649,10 +649,21 @@ class InputFile(TypedDict):
     bytes: int
 
 
+class FileResource(TypedDict):
+    """One file a checkpoint's root digest covers, as OpenSSF model-signing's predicate lists
+    its ``resources`` (``name``, ``algorithm``, ``digest``), with its size in bytes."""
+
+    name: str  # path relative to the checkpoint directory, POSIX separators
+    size: int
+    algorithm: Literal["sha256"]
+    digest: str  # hex
+
+
 class ReferenceInput(TypedDict):
     path: str
     kind: Literal["checkpoint", "receipts"]
     root_sha256: NotRequired[str]
+    resources: NotRequired[list[FileResource]]  # a checkpoint's files, as a subject's
     sha256: NotRequired[str]
     bytes: NotRequired[int]
 
@@ -713,16 +724,6 @@ class RouterSection(TypedDict):
 class CacheUse(TypedDict):
     kind: str
     checkpoints: NotRequired[list[str]]
-
-
-class FileResource(TypedDict):
-    """One file a checkpoint's root digest covers, as OpenSSF model-signing's predicate lists
-    its ``resources`` (``name``, ``algorithm``, ``digest``), with its size in bytes."""
-
-    name: str  # path relative to the checkpoint directory, POSIX separators
-    size: int
-    algorithm: Literal["sha256"]
-    digest: str  # hex
 
 
 class CheckpointFiles(TypedDict):

@@ -212,8 +212,37 @@ def test_a_file_list_that_does_not_hash_to_the_subject_is_not_trusted(certified:
     _, cert = certified
     stmt = signed_statement(json.loads(cert.read_text()))
     stmt["predicate"]["checkpoint_files"][0]["resources"].reverse()
-    with pytest.raises(InputError, match="file list of checkpoint checkpoint-1 does not hash to its subject"):
+    with pytest.raises(InputError, match="file list of checkpoint checkpoint-1 does not hash to its root digest"):
         recheck_stmt(stmt)
+
+
+def test_a_reference_checkpoint_is_bound_by_its_files_too(
+    work: Path, certified: tuple[Path, Path], tmp_path: Path
+) -> None:
+    run, _ = certified
+    ref = Path(shutil.copytree(run / "checkpoint-1", tmp_path / "reference"))
+    result = invoke(
+        "certify", run, "--canary", work / "canary.safetensors", "--policy", work / "fast.toml",
+        "--key", work / "key", "--out", tmp_path / "out", "--reference", ref,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    cert = tmp_path / "out" / "certificate.json"
+    entry = signed_statement(json.loads(cert.read_text()))["predicate"]["inputs"]["reference"]
+    assert entry["kind"] == "checkpoint" and entry["root_sha256"] == root_digest(ref)[0]
+    assert [r["name"] for r in entry["resources"]] == sorted(["config.json", "model.safetensors", *LOADER_FILES])
+    verify = ("verify", cert, "--pubkey", work / "key.pub", "--recheck", "--run-dir", run, "--reference", ref)
+    result = invoke(*verify)
+    assert result.exit_code == 0, result.output
+    assert f"reference {ref}" in result.stdout
+    (ref / "tokenizer.json").rename(ref / "tokenizer.jsom")
+    result = invoke(*verify)
+    assert result.exit_code == 1, result.output
+    found = [x for x in result.stdout.splitlines() if x.startswith("recheck: ") and "match" not in x]
+    assert [x.split(" (")[0] for x in found] == [
+        f"recheck: added: {ref / 'tokenizer.jsom'}",
+        f"recheck: missing: {ref / 'tokenizer.json'}",
+    ]
+    assert all("(file of the reference)" in x for x in found)
 
 
 # ----- issue §1's attack: two renames that keep the sorted order keep the root digest ---------

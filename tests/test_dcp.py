@@ -351,6 +351,9 @@ def test_no_config_and_ambiguous_format(tmp_path: Path) -> None:
     shutil.copy(SOURCE / "model.safetensors", ckpt)
     with pytest.raises(CheckpointError, match="both .metadata and model.safetensors"):
         Checkpoint(ckpt)
+    (ckpt / "model.safetensors").rename(ckpt / "adapter_model.safetensors")  # another reader's weights
+    with pytest.raises(CheckpointError, match=r"1 weight file\(s\) beside .metadata: adapter_model.safetensors"):
+        Checkpoint(ckpt)
 
 
 def json_diff(a: object, b: object, at: str = "") -> list[str]:

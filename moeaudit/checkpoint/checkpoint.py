@@ -427,6 +427,7 @@ class Checkpoint:
         dcp = DcpDirectory(self.path)
         left = dcp.map_names(self.spec.family)
         self.files[METADATA_NAME] = dcp
+        self._refuse_strays(METADATA_NAME)  # a *.safetensors beside it: another reader's model
         self._pins.update(dcp.pins)
         self.key_file = dict.fromkeys(dcp.tensors, METADATA_NAME)
         if left or dcp.byte_entries:
@@ -446,7 +447,8 @@ class Checkpoint:
 
     def _refuse_strays(self, read: str) -> None:
         """Refuse a weight file beside the ones read (:func:`weight_files`): a shard the index
-        does not reference, or any weight file beside a single ``model.safetensors``. Another
+        does not reference, or any weight file beside a single ``model.safetensors`` or a DCP
+        ``.metadata``. Another
         loader may read it (a duplicate of a tensor in an unreferenced shard is what some
         loaders load; a stale ``pytorch_model.bin`` is what ``use_safetensors=False`` loads),
         and whoever renames one file makes it the checkpoint: refused as :meth:`_set_aside`
@@ -454,7 +456,7 @@ class Checkpoint:
         stray = [n for n in weight_files(self.path) if n not in self.files]
         if stray:
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
-            why = "the shard index does not reference" if read == INDEX_NAME else f"beside {SINGLE_NAME}"
+            why = "the shard index does not reference" if read == INDEX_NAME else f"beside {read}"
             raise CheckpointError(
                 f"{len(stray)} weight file(s) {why}: {shown}",
                 path=self.path / stray[0],
