@@ -448,11 +448,10 @@ class Checkpoint:
     def _refuse_strays(self, read: str) -> None:
         """Refuse a weight file beside the ones read (:func:`weight_files`): a shard the index
         does not reference, or any weight file beside a single ``model.safetensors`` or a DCP
-        ``.metadata``. Another
-        loader may read it (a duplicate of a tensor in an unreferenced shard is what some
-        loaders load; a stale ``pytorch_model.bin`` is what ``use_safetensors=False`` loads),
-        and whoever renames one file makes it the checkpoint: refused as :meth:`_set_aside`
-        refuses a tensor the replay does not use."""
+        ``.metadata``. Another loader may read it (a stale ``pytorch_model.bin`` is what
+        ``use_safetensors=False`` loads), and a rename that keeps the root digest makes it the
+        checkpoint (docs/security.md): refused as :meth:`_set_aside` refuses a tensor the replay
+        does not use."""
         stray = [n for n in weight_files(self.path) if n not in self.files]
         if stray:
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
