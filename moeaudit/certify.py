@@ -204,6 +204,9 @@ def audit_run(
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
         ckpt.verify_unchanged()
     subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
+    # the root digest does not bind file names: each subject's files are signed too (SPEC §9)
+    files: list[dict[str, Any]] = [{"name": c.path.name, "resources": c.resources} for _, c in run.checkpoints]
+    predicate["checkpoint_files"] = files
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
         audit.receipts[f"checkpoint-{step}.json"] = doc
@@ -304,13 +307,15 @@ def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
 
 
 def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
+    if path.is_dir():  # a checkpoint: its model-signing root digest and file list, as for the subjects
+        from moeaudit.checkpoint.digest import changed, snapshot
+
         digest = doc["checkpoint"]["digest"]
-        return {
-            "path": path.name,
-            "kind": "checkpoint",
-            "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest,
-        }
+        root = digest["sha256"] if isinstance(digest, dict) else digest
+        snap = snapshot(path)  # hashed again: the list must be of the files that were replayed
+        if snap.digest != root:
+            raise changed(path, "its files no longer hash to the root digest of the replayed reference")
+        return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": snap.resources}
     return {**_file_digest(path), "kind": "receipts"}
 
 

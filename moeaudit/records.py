@@ -649,10 +649,21 @@ class InputFile(TypedDict):
     bytes: int
 
 
+class FileResource(TypedDict):
+    """One file a checkpoint's root digest covers, as OpenSSF model-signing's predicate lists
+    its ``resources`` (``name``, ``algorithm``, ``digest``), with its size in bytes."""
+
+    name: str  # path relative to the checkpoint directory, POSIX separators
+    size: int
+    algorithm: Literal["sha256"]
+    digest: str  # hex
+
+
 class ReferenceInput(TypedDict):
     path: str
     kind: Literal["checkpoint", "receipts"]
     root_sha256: NotRequired[str]
+    resources: NotRequired[list[FileResource]]  # a checkpoint's files, as a subject's
     sha256: NotRequired[str]
     bytes: NotRequired[int]
 
@@ -715,6 +726,14 @@ class CacheUse(TypedDict):
     checkpoints: NotRequired[list[str]]
 
 
+class CheckpointFiles(TypedDict):
+    """The files of one subject (``name`` is the subject's name), in model-signing's order:
+    their digests hash to the subject's root digest, and their names are what it does not bind."""
+
+    name: str
+    resources: list[FileResource]
+
+
 class Predicate(TypedDict):
     """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
 
@@ -736,6 +755,7 @@ class Predicate(TypedDict):
     issued_at: NotRequired[str]  # set when signed
     router: NotRequired[RouterSection]
     from_cache: NotRequired[list[CacheUse]]
+    checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it
 
 
 class Subject(TypedDict):

@@ -351,6 +351,9 @@ def test_no_config_and_ambiguous_format(tmp_path: Path) -> None:
     shutil.copy(SOURCE / "model.safetensors", ckpt)
     with pytest.raises(CheckpointError, match="both .metadata and model.safetensors"):
         Checkpoint(ckpt)
+    (ckpt / "model.safetensors").rename(ckpt / "adapter_model.safetensors")  # another reader's weights
+    with pytest.raises(CheckpointError, match=r"1 weight file\(s\) beside .metadata: adapter_model.safetensors"):
+        Checkpoint(ckpt)
 
 
 def json_diff(a: object, b: object, at: str = "") -> list[str]:
@@ -440,6 +443,9 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
             # the NLL interval is cached under its inputs, the per-window NLLs, which are the same
             assert "from_cache" not in ref["predicate"]
             assert ours["predicate"].pop("from_cache") == [{"kind": "nll_interval"}]
+            for doc in (ours, ref):  # each lists its own files: DCP's .metadata and .distcp, or safetensors
+                files = doc["predicate"].pop("checkpoint_files")
+                assert [f["name"] for f in files] == [s["name"] for s in doc["subject"]]
         assert _pop_left_out(ref) == []
         lefts = _pop_left_out(ours)  # issue 24: what is not replayed is in the receipts
         assert lefts or not name.startswith("checkpoint-"), name

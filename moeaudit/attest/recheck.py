@@ -19,6 +19,12 @@ A recorded relative path is relative to the directory certify ran in, which the 
 not record: it is looked for under the run directory and its ancestors, nearest first (certify's
 directory is one of them whenever the run was below it), then under the current directory.
 
+A checkpoint is compared file by file where the certificate signs its file list
+(``checkpoint_files``: name, size, SHA-256 of every file its root digest covers): the root digest
+alone does not bind names (two files renamed so that the sorted order is kept leave it unchanged),
+so every file renamed, added, removed or changed is a finding naming the file. The signed list
+must hash to the signed subject digest, or the certificate is not trusted (exit 4).
+
 Every bound input that changed (or can no longer be read as what was certified) or is missing,
 and every run log added since, is one :class:`Finding`. A certified checkpoint that is not in the
 run directory is an input error instead (exit 4, issue 14): the run is elsewhere, and
@@ -31,7 +37,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +81,7 @@ class _Bound:
     digest: Callable[[Path], str]
     hint: str = ""  # what to pass when it is not found
     unlocated: str = ""
+    files: list[dict[str, Any]] | None = None  # a checkpoint's signed file list, when signed
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,15 @@ def recheck(stmt: dict[str, Any], given: Overrides | None = None) -> Recheck:
     inputs = pred.get("inputs")
     bound = [*_subjects(stmt, root), *_inputs(inputs, pred, root, given), *_canary(pred, root, given)]
     _check_overrides(given, bound)
-    findings, matched = [], []
+    findings: list[Finding] = []
+    matched = []
     for item in bound:
+        if item.files is not None and item.path is not None and item.path.is_dir():
+            found = _check_files(item, item.files)
+            findings += found
+            if not found and item.what != "checkpoint":
+                matched.append(f"{item.what} {item.where}")
+            continue
         finding = _check(item)
         if finding is not None:
             findings.append(finding)
@@ -126,6 +140,7 @@ def run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
 
 
 def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
+    listed = _checkpoint_files(stmt)
     out = []
     for subject in stmt["subject"]:
         name = _bare_name(subject["name"], "subject name")
@@ -136,7 +151,83 @@ def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
                 path=path,
                 hint="pass --run-dir where the run is now",
             )
-        out.append(_Bound("checkpoint", str(path), path, subject["digest"]["sha256"], _root_digest))
+        root_sha256 = subject["digest"]["sha256"]
+        out.append(_Bound("checkpoint", str(path), path, root_sha256, _root_digest, files=listed.get(name)))
+    return out
+
+
+def _checkpoint_files(stmt: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Subject name → its signed file list (none before certificates listed files). A list that
+    does not hash to its subject's digest is refused: the signature holds, the content does not."""
+    entries = stmt["predicate"].get("checkpoint_files")
+    if entries is None:
+        return {}
+    roots = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries if isinstance(entries, list) else [None]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        files = entry.get("resources") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name not in roots or name in out:
+            raise InputError("the signed checkpoint_files names no subject, or one twice", hint=_UNTRUSTED)
+        out[name] = _file_list(files, roots[name], f"file list of checkpoint {name}")
+    return out
+
+
+_UNTRUSTED = "moeaudit never writes one; do not trust this certificate"
+
+
+def _file_list(files: Any, root: str, what: str) -> list[dict[str, Any]]:
+    """``files`` checked to be a list of resources that hashes to the signed ``root``."""
+    from moeaudit.checkpoint.digest import root_of
+
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict)
+        and isinstance(f.get("name"), str)
+        and isinstance(f.get("size"), int)
+        and isinstance(f.get("digest"), str)
+        and re.fullmatch("[0-9a-f]{64}", f["digest"])
+        for f in files
+    ):
+        raise InputError(f"the signed {what} is malformed", hint=_UNTRUSTED)
+    if root_of(files) != root:
+        raise InputError(f"the signed {what} does not hash to its root digest", hint=_UNTRUSTED)
+    return files
+
+
+def _check_files(item: _Bound, listed: list[dict[str, Any]]) -> list[Finding]:
+    """Every file of the checkpoint ``item`` that was renamed (missing under its certified name,
+    added under its new one), added, removed or changed since certification."""
+    from moeaudit.checkpoint.digest import snapshot
+
+    assert item.path is not None
+    what = f"file of checkpoint {item.path.name}" if item.what == "checkpoint" else f"file of the {item.what}"
+    try:
+        now = {r["name"]: r for r in snapshot(item.path).resources}
+    except (MoeauditError, OSError) as exc:
+        why = exc.what if isinstance(exc, MoeauditError) else (exc.strerror or str(exc))
+        where = exc.path if isinstance(exc, MoeauditError) else exc.filename
+        if where is None or str(where) == str(item.path):
+            return [Finding("changed", item.what, item.where, f"cannot be read as certified ({why})")]
+        return [Finding("changed", what, str(where), f"cannot be read as certified ({why})")]
+    certified = {r["name"]: r for r in listed}
+    out = []
+    for name in sorted(certified.keys() | now.keys()):
+        where = str(item.path / name)
+        was, got = certified.get(name), now.get(name)
+        if got is None:
+            out.append(Finding("missing", what, where, "certified, no longer in the checkpoint (removed or renamed)"))
+        elif was is None:
+            out.append(Finding("added", what, where, "not in the certified file list: added or renamed since"))
+        elif (got["size"], got["digest"]) != (was["size"], was["digest"]):
+            out.append(
+                Finding(
+                    "changed",
+                    what,
+                    where,
+                    f"{got['size']} bytes, digest now {got['digest'][:16]}…; "
+                    f"certified {was['size']} bytes, {was['digest'][:16]}…",
+                )
+            )
     return out
 
 
@@ -177,10 +268,13 @@ def _reference(entry: Any, root: Path, given: Path | None) -> _Bound:
     kind = entry.get("kind")
     certified = _field(entry, "root_sha256" if kind == "checkpoint" else "sha256", "reference")
     digest = _root_digest if kind == "checkpoint" else _file_sha256
+    files = None
+    if kind == "checkpoint" and "resources" in entry:
+        files = _file_list(entry["resources"], certified, "file list of the reference")
     hint = "pass --reference PATH"
     if given is None and Path(recorded).name == recorded:  # a bare name: nowhere to look
         return _Bound("reference", recorded, None, certified, digest, hint, "the certificate records only its name")
-    return _placed("reference", given, recorded, root, certified, digest, hint)
+    return replace(_placed("reference", given, recorded, root, certified, digest, hint), files=files)
 
 
 def _canary(pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -398,9 +399,12 @@ class Checkpoint:
                 if key not in self.files[shard].tensors:
                     raise CheckpointError(f"index maps {key!r} to {shard}, which lacks it", path=index)
                 self.key_file[key] = shard
+            self._refuse_strays(INDEX_NAME)
+            self._refuse_repeated_names()
         elif single.is_file():
             self._open_shard(SINGLE_NAME)
             self.key_file = dict.fromkeys(self.files[SINGLE_NAME].tensors, SINGLE_NAME)
+            self._refuse_strays(SINGLE_NAME)
         else:
             pickled = [n for n in PICKLE_NAMES if (self.path / n).exists()]
             hint = (
@@ -423,6 +427,7 @@ class Checkpoint:
         dcp = DcpDirectory(self.path)
         left = dcp.map_names(self.spec.family)
         self.files[METADATA_NAME] = dcp
+        self._refuse_strays(METADATA_NAME)  # a *.safetensors beside it: another reader's model
         self._pins.update(dcp.pins)
         self.key_file = dict.fromkeys(dcp.tensors, METADATA_NAME)
         if left or dcp.byte_entries:
@@ -438,6 +443,42 @@ class Checkpoint:
                 f"{len(left)} DCP tensor(s) and {len(dcp.byte_entries)} pickled entr"
                 f"{'y' if len(dcp.byte_entries) == 1 else 'ies'} that are not model "
                 f"weights left out (optimizer or trainer state: {shown}…)"
+            )
+
+    def _refuse_strays(self, read: str) -> None:
+        """Refuse a weight file beside the ones read (:func:`weight_files`): a shard the index
+        does not reference, or any weight file beside a single ``model.safetensors`` or a DCP
+        ``.metadata``. Another loader may read it (a stale ``pytorch_model.bin`` is what
+        ``use_safetensors=False`` loads), and a rename that keeps the root digest makes it the
+        checkpoint (docs/security.md): refused as :meth:`_set_aside` refuses a tensor the replay
+        does not use."""
+        stray = [n for n in weight_files(self.path) if n not in self.files]
+        if stray:
+            shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+            why = "the shard index does not reference" if read == INDEX_NAME else f"beside {read}"
+            raise CheckpointError(
+                f"{len(stray)} weight file(s) {why}: {shown}",
+                path=self.path / stray[0],
+                hint="another loader could read them, so which weights are the checkpoint is ambiguous; "
+                "move them out of the checkpoint directory",
+            )
+
+    def _refuse_repeated_names(self) -> None:
+        """A tensor name stored in two shards: the index maps it to one of them, but a loader
+        that reads every shard of the index keeps whichever copy it reads last."""
+        where: dict[str, list[str]] = {}
+        for name, f in sorted(self.files.items()):
+            for key in f.tensors:
+                where.setdefault(key, []).append(name)
+        repeated = sorted(k for k, files in where.items() if len(files) > 1)
+        if repeated:
+            key = repeated[0]
+            more = f" (and {len(repeated) - 1} more tensor(s))" if len(repeated) > 1 else ""
+            raise CheckpointError(
+                f"tensor {key!r} is stored in {' and '.join(where[key])}{more}: which copy is the "
+                "checkpoint depends on the loader",
+                path=self.path / where[key][-1],
+                hint="save the checkpoint again so that each tensor is stored once",
             )
 
     def _open_shard(self, name: str) -> None:
@@ -886,6 +927,14 @@ class Checkpoint:
         return self._snapshot.digest
 
     @property
+    def resources(self) -> list[dict[str, Any]]:
+        """Every file the root digest covers (name, size, SHA-256), in its order."""
+        if self._snapshot is None:
+            _ = self.digest
+        assert self._snapshot is not None
+        return self._snapshot.resources
+
+    @property
     def is_dcp(self) -> bool:
         return isinstance(self.files.get(METADATA_NAME), DcpDirectory)
 
@@ -963,6 +1012,23 @@ class Checkpoint:
         if with_digest:
             out["digest"] = {"sha256": self.digest}
         return out
+
+
+# transformers' pickled and other frameworks' weight names (a loader told not to use safetensors
+# reads them); any ``*.safetensors`` is a weight file too
+_OTHER_WEIGHTS = re.compile(r"(pytorch_model|tf_model|flax_model)(-\d+-of-\d+)?\.(bin|h5|msgpack)(\.index\.json)?")
+
+
+def weight_files(path: Path) -> list[str]:
+    """The weight files at the top of a checkpoint directory, where a loader looks for them:
+    ``*.safetensors``, and ``pytorch_model*.bin`` (with its index), ``tf_model.h5``,
+    ``flax_model.msgpack``. Subdirectories are not read by ``from_pretrained``; their files are
+    still covered by the digest and the signed file list."""
+    return sorted(
+        e.name
+        for e in os.scandir(path)
+        if not e.is_dir() and (e.name.endswith(".safetensors") or _OTHER_WEIGHTS.fullmatch(e.name))
+    )
 
 
 def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:

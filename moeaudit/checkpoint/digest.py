@@ -16,6 +16,20 @@ mapping into an already-dirty page moves no timestamp); it names honest changes 
 changed within ``RACY_NS`` of when we first saw it may keep its timestamps through one more
 write, so such a file is hashed again at the end (:meth:`Snapshot.verify`), as git does for its
 "racily clean" index entries: a checkpoint still being written fails rather than passes.
+
+What is covered: every regular file below the checkpoint directory except git's metadata at its
+root, exactly model-signing's default ignore list (``hashing.Config.hash`` in model-signing
+1.1.1 adds ``.git/``, ``.gitattributes``, ``.github/`` and ``.gitignore`` and nothing else), so
+README.md and a ``hf download --local-dir`` directory's ``.cache/huggingface/`` metadata are
+covered (docs/security.md). The root digest does not bind names: two files renamed so that the
+sorted order is kept give the same root, so the certificate also signs :attr:`Snapshot.resources`
+(name, size, SHA-256 of each file, as model-signing's predicate lists its ``resources``).
+
+Symbolic links are refused, except the Hugging Face cache layout
+(``models--ORG--NAME/snapshots/REV/NAME`` → ``../../blobs/SHA``, what ``huggingface_hub``
+downloads write): a link to a file that resolves to a regular file directly inside the same
+repository's ``blobs/`` folder is followed, its target hashed and its name in the snapshot
+signed, as model-signing does with ``allow_symlinks`` set.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from moeaudit.errors import CheckpointError
 
@@ -82,13 +97,20 @@ def changed(path: Path, why: str) -> CheckpointError:
 
 
 def _open(path: Path) -> tuple[int, FileId]:
-    """A descriptor on the regular file ``path`` (never a link, pipe or device) and its id."""
+    """A descriptor on the regular file ``path`` (never a pipe or device, nor a link other than a
+    Hugging Face cache snapshot's link into its blobs, :func:`hf_blob`) and its id."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
-        if os.path.islink(path):
+        if not os.path.islink(path):
+            raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+        target = hf_blob(path)
+        if target is None:
             raise _link_error(path) from exc
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+        try:  # the resolved blob itself, still never through a link
+            fd = os.open(target, _OPEN_FLAGS)
+        except OSError as exc2:
+            raise CheckpointError(f"cannot read its blob {target}: {exc2.strerror or exc2}", path=path) from exc2
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -187,7 +209,8 @@ def hash_file(path: Path, expect: FileId | None = None) -> tuple[bytes, FileId]:
 
 
 def iter_files(root: Path) -> list[Path]:
-    """Regular files below ``root`` in sorted POSIX-path order; links are refused.
+    """Regular files below ``root`` in model-signing's order (:func:`order`); links are refused
+    (but for a Hugging Face cache snapshot's links into its blobs, :func:`hf_blob`).
 
     os.walk lists a link to a directory among the directories and does not descend into it,
     so both lists are checked: a linked directory is refused, never silently left out of the
@@ -204,7 +227,8 @@ def iter_files(root: Path) -> list[Path]:
             if at_root and name in IGNORED_AT_ROOT:
                 continue
             path = Path(dirpath) / name
-            _refuse_link(path)
+            if hf_blob(path) is None:
+                _refuse_link(path)
             if not path.is_file():
                 raise CheckpointError(
                     "not a regular file (a pipe, socket or device)",
@@ -212,7 +236,13 @@ def iter_files(root: Path) -> list[Path]:
                     hint="a checkpoint directory holds only regular files",
                 )
             files.append(path)
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    return sorted(files, key=lambda p: order(p.relative_to(root).as_posix()))
+
+
+def order(rel: str) -> list[str]:
+    """model-signing's order of files: by ``PurePosixPath``, component by component, so
+    ``a/b`` sorts before ``a-b/c`` (as strings it would not: ``-`` < ``/``)."""
+    return rel.split("/")
 
 
 def _unlistable(exc: OSError) -> None:
@@ -222,10 +252,38 @@ def _unlistable(exc: OSError) -> None:
 
 def _link_error(path: Path) -> CheckpointError:
     return CheckpointError(
-        "symbolic links are not followed in a checkpoint",
+        "symbolic links are not followed in a checkpoint (except a Hugging Face cache snapshot's "
+        "links into its own repository's blobs/)",
         path=path,
         hint="copy the target file into the checkpoint directory",
     )
+
+
+def hf_blob(path: Path) -> Path | None:
+    """The blob a Hugging Face cache snapshot's link ``path`` stands for, or None when ``path``
+    is not such a link: it lies below ``<repo>/snapshots/<rev>/``, ``<repo>/blobs`` is a real
+    directory (not a link), and the link resolves to a regular file directly inside it. Any
+    other link (to a directory, outside the repository, into another repository's blobs,
+    dangling or looping) is not followed."""
+    if not os.path.islink(path):
+        return None
+    here = Path(os.path.realpath(path.parent))
+    for rev in (here, *here.parents):
+        if rev.parent.name == "snapshots" and rev.parent.parent != rev.parent:
+            blobs = rev.parent.parent / "blobs"
+            break
+    else:
+        return None
+    if blobs.is_symlink() or not blobs.is_dir():
+        return None
+    try:
+        target = Path(os.path.realpath(path, strict=True))
+        st = os.lstat(target)
+    except (OSError, RuntimeError):
+        return None
+    if target.parent != Path(os.path.realpath(blobs)) or not stat.S_ISREG(st.st_mode):
+        return None
+    return target
 
 
 def _refuse_link(path: Path) -> None:
@@ -244,6 +302,12 @@ class Snapshot:
     @property
     def per_file(self) -> dict[str, str]:
         return {rel: hexd for rel, (_fid, hexd) in self.files.items()}
+
+    @property
+    def resources(self) -> list[dict[str, Any]]:
+        """Every file the root digest covers, in its order: as model-signing's predicate lists
+        its ``resources`` (``name``, ``algorithm``, ``digest``), with the file's ``size``."""
+        return resources(self.files)
 
     def verify(self) -> None:
         """Raise unless the directory still holds exactly the files hashed, unchanged: same
@@ -288,3 +352,19 @@ def root_digest(root: Path) -> tuple[str, dict[str, str]]:
     """(hex root digest, {relative path: hex file digest})."""
     snap = snapshot(root)
     return snap.digest, snap.per_file
+
+
+def resources(files: dict[str, tuple[FileId, str]]) -> list[dict[str, Any]]:
+    return [
+        {"name": rel, "size": fid.size, "algorithm": "sha256", "digest": hexd}
+        for rel, (fid, hexd) in sorted(files.items(), key=lambda kv: order(kv[0]))
+    ]
+
+
+def root_of(listed: list[dict[str, Any]]) -> str:
+    """The root digest a list of :func:`resources` hashes to (model-signing's subject digest:
+    SHA-256 over the file digests in the listed order)."""
+    h = hashlib.sha256()
+    for r in listed:
+        h.update(bytes.fromhex(r["digest"]))
+    return h.hexdigest()
