@@ -53,3 +53,29 @@ def test_zero_shared_experts_replay_matches_transformers(family: str, tmp_path: 
     ours = observed(ckpt, tokens)
     assert_agree_deepseek(ref, ours, ckpt)
     _log(f"{family} n_shared_experts=0", ref, ours)
+
+
+# LongCat-Flash: the router's top-k is over routed + zero-computation experts, so moe_topk may
+# exceed n_routed_experts (top-4 of 3 parametric + 2 identity experts: at least two identity
+# or parametric picks per token either way)
+LONGCAT_TOPK = {"n_routed_experts": 3, "zero_expert_num": 2, "num_experts_per_tok": 4}
+
+
+def test_longcat_topk_over_routed_and_zero_experts_matches_transformers(tmp_path: Path) -> None:
+    from hf_models_longcat import save_longcat
+    from test_oracle_longcat import longcat_observed
+
+    save_longcat(tmp_path, None, **LONGCAT_TOPK)
+    ckpt = Checkpoint(tmp_path)
+    spec = ckpt.spec
+    assert (spec.top_k, spec.num_experts, spec.parametric_experts) == (4, 5, 3)
+    tokens = random_tokens()
+    model = load(tmp_path)
+    assert model.config.moe_topk > model.config.n_routed_experts
+    ref, ours = longcat_observed(model, tokens), observed(ckpt, tokens)
+    assert_agree_deepseek(ref, ours, ckpt)
+    for i in spec.routed_layers:  # identity experts are picked, and parametric ones
+        picks = ours.topk[i].flatten()
+        assert bool((picks >= 3).any()) and bool((picks < 3).any())
+        assert ours.expert_grads[i].shape == (3,)
+    _log("longcat_flash moe_topk=4 > n_routed_experts=3", ref, ours)
