@@ -146,9 +146,10 @@ def run_series(
         return env.from_metrics(read_metrics(run.metrics), variant), breaks
     if chosen == "probe":
         assert run.probe is not None
+        series = env.from_metrics(read_metrics(run.probe), variant, "probe")  # validated first
         if check_probe:
             check_probe_canary(run.probe, canary_path, path)
-        return env.from_metrics(read_metrics(run.probe), variant, "probe"), breaks
+        return series, breaks
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary
 
