@@ -18,6 +18,7 @@ from signed import signed_statement
 from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary, run_mismatches
 from moeaudit.cli import cli
+from moeaudit.report.export import canary as canary_evidence
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 pytestmark = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
@@ -82,7 +83,9 @@ def test_an_accepted_mismatch_is_signed_as_a_finding(tmp_path, env, key) -> None
     args = ["certify", str(SAMPLES / "healthy"), "--canary", str(other), "--policy", str(policy)]
     result = CliRunner(env=env).invoke(cli, [*args, "--key", str(key), "--out", str(out), "--accept-canary-mismatch"])
     assert result.exit_code == 0, result.output + result.stderr
-    pred = signed_statement(json.loads((out / "certificate.json").read_text()))["predicate"]
+    stmt = signed_statement(json.loads((out / "certificate.json").read_text()))
+    pred = stmt["predicate"]
+    assert "NOT the run's canary (recorded otherwise in canary_probe.jsonl" in canary_evidence(stmt).summary
     assert pred["canary"]["digest"]["sha256"] == canary_mod.load(other).digest
     assert pred["canary"]["mismatches"] == [
         {"source": "canary_probe.jsonl", "recorded": _run_canary().digest, "given": canary_mod.load(other).digest}

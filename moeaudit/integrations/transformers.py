@@ -19,6 +19,11 @@ norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md). That g
 sum of the per-parameter squared norms of the same fused pass over every gradient — no second
 pass (issue 29 §1).
 
+Under ``torch.distributed`` (DDP) the line's ``loss`` is the loss the Trainer logs for the step —
+its own scaling by the data-parallel world size under ``average_tokens_across_devices`` and its
+mean over ranks, one ``all_reduce`` on every rank at each logged step — not rank 0's share of it
+(docs/decisions.md, "Distributed training").
+
 Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so its ``on_log``
 adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
 before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
