@@ -127,3 +127,16 @@ def test_mistral4_partial_rotary_transformers_cannot_apply_is_refused() -> None:
     cfg["rope_parameters"] = {**cfg["rope_parameters"], "partial_rotary_factor": 0.5}
     with pytest.raises(CheckpointError, match=r"'mistral4' with head_dim × partial_rotary_factor = 12 × 0.5 → 6"):
         spec_from_config(cfg)
+
+
+def test_mistral4_reads_the_rotary_factor_from_rope_parameters_only(tmp_path: Path) -> None:
+    """Mistral4Config sets rope_parameters' partial_rotary_factor by default and never reads a
+    top-level one: a top-level factor changes nothing, in transformers and in the replay."""
+    hf_models_aliases2.save_causal(tmp_path, "mistral4")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_parameters"].pop("partial_rotary_factor", None)
+    cfg["partial_rotary_factor"] = 0.2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    assert model.model.rotary_emb.inv_freq.numel() == model.config.qk_rope_head_dim // 2
+    assert Checkpoint(tmp_path).spec.rope_freq_dim == 0

@@ -59,7 +59,7 @@ def _rope_freq_dim(c: Ctx) -> int:
     head = mla.qk_nope_dim + mla.qk_rope_dim
     raw = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling")
     params: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    factor = params.get("partial_rotary_factor", c.cfg.get("partial_rotary_factor"))
+    factor = params.get("partial_rotary_factor")  # a top-level one is not read (Mistral4Config)
     if factor is None:
         factor = mla.qk_rope_dim / head  # Mistral4Config.__post_init__'s setdefault
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
