@@ -5,7 +5,8 @@ Modes:
 
 * ``trainer`` — the HF Trainer under DDP (2 CPU ranks, its default
   ``average_tokens_across_devices``) with :class:`MoeauditCallback`; rank 0 writes the Trainer's
-  ``log_history`` next to the callback's ``metrics.jsonl``;
+  ``log_history`` next to the callback's ``metrics.jsonl``; ``trainer_ga``: the same with two
+  micro-batches per optimizer step;
 * ``fsdp_probe`` — FSDP2 ``fully_shard`` per decoder layer and the root; the loop hook's
   ``on_save`` writes the canary probe (every rank calls it).
 
@@ -43,7 +44,7 @@ def tokens() -> torch.Tensor:
     return torch.randint(0, VOCAB, (STEPS * ROWS, SEQ), generator=torch.Generator().manual_seed(7))
 
 
-def trainer(out: Path, world: int) -> None:
+def trainer(out: Path, world: int, accumulate: int = 1) -> None:
     import transformers
 
     from moeaudit.integrations.transformers import MoeauditCallback
@@ -52,7 +53,8 @@ def trainer(out: Path, world: int) -> None:
     args = transformers.TrainingArguments(
         output_dir=str(out),
         max_steps=STEPS,
-        per_device_train_batch_size=ROWS // world,
+        per_device_train_batch_size=ROWS // world // accumulate,
+        gradient_accumulation_steps=accumulate,
         learning_rate=1e-3,
         max_grad_norm=1.0,
         train_sampling_strategy="sequential",
@@ -118,7 +120,8 @@ def main(mode: str, out: Path, single: bool) -> None:
     if not single:
         dist.init_process_group("gloo", timeout=TIMEOUT)
         world = dist.get_world_size()
-    {"trainer": trainer, "fsdp_probe": fsdp_probe}[mode](out, world)
+    modes = {"trainer": trainer, "trainer_ga": lambda o, w: trainer(o, w, accumulate=2), "fsdp_probe": fsdp_probe}
+    modes[mode](out, world)
     if not single:
         dist.barrier()
         dist.destroy_process_group()

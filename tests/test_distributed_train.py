@@ -74,9 +74,12 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_trainer_ddp_logs_the_loss_the_trainer_logs(tmp_path: Path) -> None:
-    _run("trainer", tmp_path / "ddp")
-    _run("trainer", tmp_path / "one", single=True)
+@pytest.mark.parametrize("mode", ["trainer", "trainer_ga"])
+def test_trainer_ddp_logs_the_loss_the_trainer_logs(tmp_path: Path, mode: str) -> None:
+    """``trainer_ga``: two micro-batches per optimizer step (each rank's loss is a share of the
+    step's, normalised by the token count of every micro-batch on every rank)."""
+    _run(mode, tmp_path / "ddp")
+    _run(mode, tmp_path / "one", single=True)
     ddp, one = _lines(tmp_path / "ddp" / "metrics.jsonl"), _lines(tmp_path / "one" / "metrics.jsonl")
     logged = json.loads((tmp_path / "ddp" / "log_history.json").read_text())
     assert [x["step"] for x in ddp] == [h["step"] for h in logged] == list(range(1, STEPS + 1))
