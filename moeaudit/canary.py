@@ -672,3 +672,97 @@ def _parse_names(text: str, fail: Fail) -> tuple[str, ...]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise fail(f"metadata domains must be a JSON list of strings, got {text!r}")
     return tuple(names)
+
+
+# --- the run's own canary ------------------------------------------------------------------------
+
+RUN_COPY = "canary.safetensors"  # the trainer callbacks' copy of the run's canary, in the run directory
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def probe_digests(probe: str | Path) -> list[str | None]:
+    """The canary digest of each line of a hook's ``canary_probe.jsonl`` (None: a line that names
+    none); unreadable lines are skipped (the metrics reader judges them)."""
+    from moeaudit.limits import iter_lines
+
+    out: list[str | None] = []
+    for _, line, _ in iter_lines(probe, "canary probe log"):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):  # a torn last line
+            continue
+        digest = value.get("canary") if isinstance(value, dict) else None
+        out.append(digest if isinstance(digest, str) else None)
+    return out
+
+
+def probe_mismatch(canary: Canary, probe: str | Path) -> dict[str, str] | None:
+    """The first canary digest the probe lines name that is not ``canary``'s, as a finding
+    (lines that name none are not a mismatch), or None."""
+    for digest in probe_digests(probe):
+        if digest is not None and digest != canary.digest:
+            return {"source": Path(probe).name, "recorded": digest, "given": canary.digest}
+    return None
+
+
+def run_mismatches(canary: Canary, run_dir: str | Path, checkpoints: Sequence[str | Path] = ()) -> list[dict[str, str]]:
+    """Where the run records another canary than ``canary`` (docs/decisions.md, "The canary must be
+    the run's canary"): the canary probe's lines, the callback's copy ``RUN/canary.safetensors``,
+    and — for a canary built from text — each checkpoint's ``tokenizer.json`` against the
+    canary's ``tokenizer_sha256``. Each finding: {"source", "recorded", "given"} (SHA-256s)."""
+    run = Path(run_dir)
+    found: list[dict[str, str]] = []
+    probe = run / "canary_probe.jsonl"
+    if probe.is_file():
+        m = probe_mismatch(canary, probe)
+        if m is not None:
+            found.append(m)
+    copy = run / RUN_COPY
+    if copy.is_file():
+        recorded = _stored_digest(copy)
+        if recorded != canary.digest:
+            found.append({"source": RUN_COPY, "recorded": recorded, "given": canary.digest})
+    tokenizer = (canary.built_from or {}).get("tokenizer_sha256")
+    if tokenizer:
+        for ckpt in checkpoints:
+            path = Path(ckpt) / TOKENIZER_FILE
+            if path.is_file():
+                shipped = _file_sha256(path)
+                if shipped != tokenizer:
+                    found.append(
+                        {"source": f"{Path(ckpt).name}/{TOKENIZER_FILE}", "recorded": shipped, "given": tokenizer}
+                    )
+    return found
+
+
+def mismatch_error(finding: dict[str, str], flag: str | None = None) -> CanaryError:
+    """The one-line refusal of a mismatch, both digests named."""
+    if finding["source"].endswith(TOKENIZER_FILE):
+        what = (
+            f"{finding['source']} has sha256:{finding['recorded']}, but the canary was built with a "
+            f"tokenizer.json of sha256:{finding['given']} (tokenizer_sha256): its token ids mean other text here"
+        )
+    else:
+        what = (
+            f"the run recorded canary sha256:{finding['recorded']} ({finding['source']}), "
+            f"but the canary given is sha256:{finding['given']}"
+        )
+    hint = "use the run's canary" + (f", or pass {flag} to sign the mismatch as a finding" if flag else "")
+    return CanaryError(what, hint=hint)
+
+
+def _stored_digest(path: Path) -> str:
+    """The digest a canary file's content hashes to (the file is validated as a canary)."""
+    return load(path).digest
+
+
+def _file_sha256(path: Path) -> str:
+    from moeaudit.limits import open_regular
+
+    h = hashlib.sha256()
+    with open_regular(path, "tokenizer file") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

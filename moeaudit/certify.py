@@ -74,15 +74,32 @@ def audit_run(
     canary_origin: str = "",
     progress: Callable[[str, int, int], None] | None = None,
     until: int | None = None,
+    accept_canary_mismatch: bool = False,
 ) -> Audit:
     """``until``: audit the run as it stood at that step — only the checkpoints up to it
-    (``moeaudit gate`` judges a candidate exactly as certify of the truncated run would)."""
+    (``moeaudit gate`` judges a candidate exactly as certify of the truncated run would).
+
+    A run that records another canary than ``canary`` (its canary probe's lines, the callback's
+    ``canary.safetensors``, a checkpoint's ``tokenizer.json`` against a text canary's
+    ``tokenizer_sha256``) is refused; ``accept_canary_mismatch`` signs each mismatch as a
+    finding under ``canary.mismatches`` instead (docs/decisions.md, "The canary must be the run's
+    canary")."""
     run = discover(run_path)
     if until is not None:
         run = truncate(run, until)
+    from moeaudit.canary import mismatch_error, run_mismatches
+
+    mismatches = run_mismatches(canary, run.path, [ckpt.path for _, ckpt in run.checkpoints])
+    if mismatches and not accept_canary_mismatch:
+        raise mismatch_error(mismatches[0], "--accept-canary-mismatch (certify)")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
     warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
+    warnings += [
+        f"canary mismatch signed as a finding: {m['source']} has sha256:{m['recorded'][:16]}…, "
+        f"the audit used sha256:{m['given'][:16]}…"
+        for m in mismatches
+    ]
     for w in warnings:
         say(f"warning: {w}")
     first = run.checkpoints[0][1]
@@ -143,6 +160,15 @@ def audit_run(
     env_report, env_why = envelope_evidence(
         run, docs, policy, stage, first.spec, start=run.steps[0], end=run.steps[-1], breaks=(), origin=str(run.path)
     )
+    probe_off = [m for m in mismatches if run.probe is not None and m["source"] == run.probe.name]
+    if probe_off and env_report is not None and env_report.get("source") == "probe":
+        env_report, env_why = (
+            None,
+            (
+                f"the canary probe logged canary sha256:{probe_off[0]['recorded'][:16]}…, not the audited "
+                f"sha256:{probe_off[0]['given'][:16]}…: it is not this canary's gradient"
+            ),
+        )
     # No breaks: declared events do not restart the envelope's windows for the verdict — an
     # event written by the audited party can never improve one (issue 23 §5; docs/policy.md).
     evidence = Evidence(
@@ -178,7 +204,8 @@ def audit_run(
             "domains": list(canary.domains),
             **({"origin": canary_origin} if canary_origin else {}),
             **(canary.built_from or {}),
-        },  # a canary built from text: its tokenizer and text
+            **({"mismatches": mismatches} if mismatches else {}),
+        },  # a canary built from text: its tokenizer and text; what the run recorded otherwise
         "policy": {
             "source": policy.source,
             "digest": policy.digest,

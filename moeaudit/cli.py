@@ -795,6 +795,12 @@ def calibrate(
     help="After writing the certificate, exit 1 on a FAIL verdict; 'inconclusive' also "
     "exits 3 on INCONCLUSIVE (default: exit 0 whatever the verdict).",
 )
+@click.option(
+    "--accept-canary-mismatch",
+    is_flag=True,
+    help="Certify although the run records another canary (canary_probe.jsonl, its canary.safetensors, "
+    "a checkpoint's tokenizer.json); the certificate signs each mismatch as a finding.",
+)
 @nproc_option
 @verbose_option
 def certify(
@@ -809,6 +815,7 @@ def certify(
     device: str,
     stage: str | None,
     fail_on: str | None,
+    accept_canary_mismatch: bool,
     nproc: int | None,
 ) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
@@ -860,6 +867,7 @@ def certify(
             stage=stage,
             canary_origin=canary_origin,
             progress=tick,
+            accept_canary_mismatch=accept_canary_mismatch,
         )
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])

@@ -67,6 +67,15 @@ class EnvironmentRecord(TypedDict):
     world_sizes: NotRequired[dict[str, int]]  # part → world size, when the parts' differ
 
 
+class CanaryMismatch(TypedDict):
+    """Where the audited run records another canary than the one audited (signed only when
+    certify was told to accept it)."""
+
+    source: str  # canary_probe.jsonl, canary.safetensors, checkpoint-N/tokenizer.json
+    recorded: str  # SHA-256: the digest the run records (a tokenizer.json's own)
+    given: str  # SHA-256: the audited canary's digest (its tokenizer_sha256)
+
+
 class CanaryRecord(TypedDict):
     digest: Sha256
     windows: int
@@ -75,6 +84,7 @@ class CanaryRecord(TypedDict):
     origin: NotRequired[str]
     tokenizer_sha256: NotRequired[str]  # a canary built from text: its tokenizer.json's SHA-256
     text_sha256: NotRequired[str]  # … and its text file's
+    mismatches: NotRequired[list[CanaryMismatch]]  # the run recorded another canary (accepted)
 
 
 # --- the policy as signed -----------------------------------------------------------------------------

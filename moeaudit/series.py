@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moeaudit.errors import InputError
+from moeaudit.errors import CanaryError, InputError
 from moeaudit.limits import check_window_len, iter_lines
 from moeaudit.records import EnvelopeReport
 from moeaudit.run import PROBE_FILE
@@ -117,8 +117,11 @@ def run_series(
     progress: Any = None,
     warn: Any = None,
     cache: Any = None,
+    check_probe: bool = True,
 ) -> tuple[Any, list[int]]:
-    """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl."""
+    """(EnvelopeSeries, break steps) for a run directory or a bare metrics.jsonl. A probe series
+    is refused when its lines name another canary (:func:`check_probe_canary`) unless
+    ``check_probe`` is False (``--compare`` drops such a probe with a note instead)."""
     from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
 
@@ -126,7 +129,10 @@ def run_series(
         if source == "replay":
             raise InputError("a replay series needs a run directory, not a log file", path=path)
         kind = "probe" if source == "probe" or path.name == PROBE_FILE else "logs"
-        return env.from_metrics(read_metrics(path), variant, kind), []
+        series = env.from_metrics(read_metrics(path), variant, kind)
+        if kind == "probe" and check_probe:
+            check_probe_canary(path, canary_path, path)
+        return series, []
     from moeaudit.run import discover
 
     run = discover(path)
@@ -140,7 +146,10 @@ def run_series(
         return env.from_metrics(read_metrics(run.metrics), variant), breaks
     if chosen == "probe":
         assert run.probe is not None
-        return env.from_metrics(read_metrics(run.probe), variant, "probe"), breaks
+        series = env.from_metrics(read_metrics(run.probe), variant, "probe")  # validated first
+        if check_probe:
+            check_probe_canary(run.probe, canary_path, path)
+        return series, breaks
     from moeaudit import canary as canary_mod
     from moeaudit.locate import require_canary
 
@@ -195,10 +204,10 @@ def evaluate_run(
     from moeaudit.judge import envelope as env
     from moeaudit.judge import envelope_compare as cmp
 
-    def get(where: Path, src: str) -> tuple[Any, list[int]]:
-        return run_series(where, src, settings.variant, canary_path, progress, warn, cache)
+    def get(where: Path, src: str, check_probe: bool = False) -> tuple[Any, list[int]]:
+        return run_series(where, src, settings.variant, canary_path, progress, warn, cache, check_probe)
 
-    primary, breaks = get(path, source)
+    primary, breaks = get(path, source, check_probe=True)
     series = {primary.source: primary}
     other = "replay" if primary.source == "logs" else "logs"
     probe_note = None
@@ -251,6 +260,35 @@ def evaluate_run(
         if probe_note is not None:
             report["comparison"]["skipped"].append({"series": "probe", "reason": probe_note})
     return report
+
+
+def check_probe_canary(probe: Path, canary_path: str | Path | None, where: Path) -> None:
+    """A probe series stands for the replay's quantity only on the same canary (the check
+    ``--compare`` makes): its lines must name the canary given with ``--canary``, else the one
+    found (SPEC §10), else the run's own copy (``canary.safetensors`` beside the probe), and
+    one canary throughout. Refused with both digests named (exit 4)."""
+    from moeaudit import canary as canary_mod
+    from moeaudit.locate import locate_canary
+
+    run_dir = probe.parent
+    reference: Path | None = None
+    try:
+        reference = locate_canary(canary_path, where)[0]
+    except InputError:
+        if (run_dir / canary_mod.RUN_COPY).is_file():
+            reference = run_dir / canary_mod.RUN_COPY
+    if reference is not None:
+        mismatch = canary_mod.probe_mismatch(canary_mod.load(reference), probe)
+        if mismatch is not None:
+            raise canary_mod.mismatch_error(mismatch)
+        return
+    named = sorted({d for d in canary_mod.probe_digests(probe) if d is not None})
+    if len(named) > 1:
+        raise CanaryError(
+            f"the canary probe's lines name {len(named)} canaries (sha256:{named[0]} and sha256:{named[1]})",
+            path=probe,
+            hint="a probe series needs one canary throughout; pass --canary with the run's canary",
+        )
 
 
 def _probe_mismatch(probe: Path, canary_path: str | Path | None, run_dir: Path) -> str | None:

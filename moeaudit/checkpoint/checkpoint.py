@@ -194,6 +194,7 @@ LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is al
 # RoPE buffers that older transformers versions saved beside the weights; transformers never loads
 # them (non-persistent buffers, recomputed from config.json), and neither does the replay
 ROTARY_BUFFER = re.compile(r"(?:^|\.)rotary_emb\.inv_freq$")
+SHARED_MODULE = re.compile(r"\.mlp\.shared_experts?\.")  # a decoder layer's shared-expert module
 
 SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
 # MiniMax-01's lightning attention: its weights (gradients measured) and its decay buffers (not)
@@ -733,7 +734,17 @@ class Checkpoint:
             self._leave_out(
                 f"multi-token-prediction layer(s) {layers}", "the replay scores next-token prediction only", mtp
             )
-        taken = set(rope) | set(mtp)
+        # n_shared_experts = 0: transformers still builds the shared MLP, zero units wide, and
+        # saves its empty weights (DeepSeek-V2/V3, GLM-4-MoE, AFMoE); an empty tensor adds nothing
+        empty_shared = [k for k in extra if not s.shared_dim and SHARED_MODULE.search(k) and 0 in self.info(k).shape]
+        if empty_shared:
+            self._leave_out(
+                "zero-width shared experts",
+                "the config has no shared expert (n_shared_experts = 0): transformers saves empty "
+                "shared-expert weights, which add nothing",
+                empty_shared,
+            )
+        taken = set(rope) | set(mtp) | set(empty_shared)
         extra = [k for k in extra if k not in taken]
         by_what: dict[str, list[str]] = {}  # several prefixes may name one module (ERNIE's MTP)
         for prefix, what in self.layout.left_out.items():

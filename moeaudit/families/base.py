@@ -111,6 +111,9 @@ class Family:
     expert_count_keys: tuple[str, ...]  # either name transformers' attribute_map accepts
     expert_dim_key: str = "moe_intermediate_size"
     top_k_key: str = "num_experts_per_tok"  # the name config.json stores top-k under
+    # experts the router may pick besides the routed ones (LongCat's zero-computation experts):
+    # (config, getter) → their count; top-k may reach routed + these
+    selectable_extra: Callable[[dict[str, Any], Callable[..., Any]], int] | None = None
     default_rms_eps: float = 1e-6
     default_rope_theta: float = 1e4  # transformers' ``default_theta`` (1e4 unless overridden)
     mla: Callable[[Ctx], MLA] | None = None  # multi-head latent attention parser
@@ -145,8 +148,9 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
     keys = fam.expert_count_keys
     num_experts = get(next((k for k in keys if cfg.get(k) is not None), keys[0]), int)
     top_k = get(fam.top_k_key, int)
-    if not 1 <= top_k <= num_experts:
-        raise CheckpointError(f"{fam.top_k_key}={top_k} not in 1..{num_experts}", path=path)
+    selectable = num_experts + (fam.selectable_extra(cfg, get) if fam.selectable_extra is not None else 0)
+    if not 1 <= top_k <= selectable:
+        raise CheckpointError(f"{fam.top_k_key}={top_k} not in 1..{selectable}", path=path)
     for key, value in (("hidden_size", hidden), ("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
         if value < 1:
             raise CheckpointError(f"config.json: {key!r} must be ≥ 1, got {value}", path=path)

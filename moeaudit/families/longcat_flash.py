@@ -17,6 +17,7 @@ leaves it. Every layer is routed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,15 @@ def _mla(c: Ctx) -> MLA:
     return mla
 
 
+def _zero_experts(cfg: dict[str, Any], get: Callable[..., Any]) -> int:
+    """LongcatFlashConfig's default when absent; null reads as 0 (transformers: ``zero_expert_num or 0``).
+    The router takes its top-``moe_topk`` over the routed and these experts together, so
+    ``moe_topk`` may exceed ``n_routed_experts`` (docs/decisions.md)."""
+    return 0 if "zero_expert_num" in cfg and cfg["zero_expert_num"] is None else int(get("zero_expert_num", int, 256))
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
-    # LongcatFlashConfig's default when absent; null reads as 0 (transformers: ``zero_expert_num or 0``)
-    zero = 0 if "zero_expert_num" in c.cfg and c.cfg["zero_expert_num"] is None else c.get("zero_expert_num", int, 256)
+    zero = _zero_experts(c.cfg, c.get)
     return {
         "num_experts": c.num_experts + zero,
         "zero_experts": zero,
@@ -138,6 +145,7 @@ FAMILY = Family(
     expert_count_keys=("n_routed_experts", "num_local_experts"),
     expert_dim_key="expert_ffn_hidden_size",
     top_k_key="moe_topk",
+    selectable_extra=_zero_experts,
     default_rms_eps=1e-5,
     default_rope_theta=1e7,
     mla=_mla,

@@ -47,6 +47,41 @@ def _query_scale(c: Ctx) -> tuple[float, int]:
     return float(beta), length
 
 
+def _rope_freq_dim(c: Ctx) -> int:
+    """transformers' rotary width for Mistral 4: ``int(head_dim × partial_rotary_factor)`` with
+    head_dim = qk_nope_head_dim + qk_rope_head_dim (the config forces it) and the factor from
+    ``rope_parameters`` (default qk_rope_head_dim / head_dim). YaRN computes the frequencies for
+    that width — arange(0, dim, 2) of them, ramped over dim // 2 — and the attention applies the
+    table to the qk_rope_head_dim rotated dims by broadcasting. 0 when the width is the rotated
+    one; refused by name where transformers' own broadcast fails (it cannot run that model)."""
+    mla = c.mla
+    assert mla is not None
+    head = mla.qk_nope_dim + mla.qk_rope_dim
+    raw = c.cfg.get("rope_parameters") or c.cfg.get("rope_scaling")
+    params: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    factor = params.get("partial_rotary_factor")  # a top-level one is not read (Mistral4Config)
+    if factor is None:
+        factor = mla.qk_rope_dim / head  # Mistral4Config.__post_init__'s setdefault
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise CheckpointError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}", path=c.path)
+    dim = int(head * factor)
+    if dim == mla.qk_rope_dim:
+        return 0
+    freqs, ramp = len(range(0, dim, 2)), dim // 2
+    width = max(freqs, ramp) if 1 in (freqs, ramp) or freqs == ramp else -1  # torch's broadcast
+    pairs = mla.qk_rope_dim // 2
+    fits = width == pairs or (width == 1 and mla.rope_interleave)
+    if width < 1 or not fits:
+        raise CheckpointError(
+            f"model family 'mistral4' with head_dim × partial_rotary_factor = {head} × {factor} → {dim} "
+            f"rotary dims and qk_rope_head_dim {mla.qk_rope_dim} cannot be replayed: transformers' "
+            f"Mistral 4 builds a {max(width, 0)}-frequency table it cannot apply to {pairs} rotated pairs "
+            "(its forward fails)",
+            path=c.path,
+        )
+    return dim
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
     return {
         "routed_layers": first_k_dense(c, 0),
@@ -67,6 +102,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
             scaling=1.0,
         ),
         "query_position_scale": _query_scale(c),
+        "rope_freq_dim": _rope_freq_dim(c),
     }
 
 

@@ -210,9 +210,9 @@ class RunRecorder:
         if self.routing is not None:
             self.routing.paused = True
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), self.logger.probe_scope():
                 loss = canary_loss(self.model, self.canary)
-            return self.logger.probe(step, loss, canary=self.canary.digest)
+                return self.logger.probe(step, loss, canary=self.canary.digest)
         finally:
             self.meter.paused = False
             if self.routing is not None:
@@ -254,6 +254,11 @@ class LossMeter:
             return
         self._values.append(loss.detach().reshape(()))
         self._shares = kwargs.get("num_items_in_batch") is not None
+
+    @property
+    def shares(self) -> bool:
+        """The last loss seen was normalised by ``num_items_in_batch`` (a share of the step's)."""
+        return self._shares
 
     def take_tensor(self) -> torch.Tensor | None:
         """The step's loss as a float64 device scalar (no host sync), or None if none was seen."""

@@ -44,7 +44,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,7 @@ class ExpertGradLogger:
         self.layers = collect_params(source, family)
         self._plan = self._make_plan()
         self._replanned = not isinstance(source, torch.nn.Module)
+        self._scoped = False  # inside probe_scope (FSDP2)
         self.writes = _is_rank_zero() if rank_zero is None else rank_zero
         self._files = {p: LineLog(p) for p in (self.path, self.probe_path)}
         if self.writes:
@@ -345,16 +347,22 @@ class ExpertGradLogger:
         pass the canary's digest as ``canary``. The gradients come from
         ``torch.autograd.grad``: the parameters' ``.grad`` (the training step's) are left
         untouched and nothing accumulates. A parameter that does not require grad counts as 0.
-        Both files are synced to disk afterwards (a save is a sync point).
+        Both files are synced to disk afterwards (a save is a sync point). Under FSDP2, compute
+        the loss inside :meth:`probe_scope` on every rank. A loss with no gradient path to any
+        router is refused (InputError), never logged as zeros.
         """
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
-        tensors = list(dict.fromkeys(t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
-        grads = torch.autograd.grad(loss, tensors, allow_unused=True) if tensors else ()
-        by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
-        if not self.writes and not self.collective:
-            return None
-        sums = self._plan.sums(lambda t: by_id.get(id(t)))  # every rank, when sharded
+        if _fsdp2(self._source):
+            sums = self._fsdp2_probe(loss)
+        else:
+            tensors = list(dict.fromkeys(t for lp in self.layers.values() for t in lp.tensors() if t.requires_grad))
+            grads = torch.autograd.grad(loss, tensors, allow_unused=True) if tensors else ()
+            by_id = {id(t): g for t, g in zip(tensors, grads, strict=True)}
+            if not self.writes and not self.collective:
+                return None
+            _refuse_no_path(self.layers, lambda t: by_id.get(id(t)))
+            sums = self._plan.sums(lambda t: by_id.get(id(t)))  # every rank, when sharded
         if not self.writes:
             return None
         record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()), **norm_tables(sums)}
@@ -363,6 +371,50 @@ class ExpertGradLogger:
         out = self._record(self.probe_path, record, extra)
         self.sync()
         return out
+
+    @contextmanager
+    def probe_scope(self) -> Iterator[None]:
+        """Compute the canary loss for :meth:`probe` inside this (every rank, under FSDP2).
+
+        FSDP2 (``fully_shard``) computes with unsharded copies of its parameters that it
+        all-gathers in the forward pass; the gradient reaches the sharded parameters only
+        through its post-backward reduce-scatter, never through an autograd edge, so
+        ``torch.autograd.grad`` of the sharded parameters finds nothing (every norm 0). Under
+        FSDP2 the probe therefore runs ``backward`` like a training step: this scope lists the
+        sharded parameters before the forward swaps the unsharded ones in, sets their ``.grad``
+        aside (copies: a sharded gradient is a view of a reduce-scatter buffer FSDP2 may write
+        again) and puts it back on exit. Without FSDP2 it does nothing."""
+        if not _fsdp2(self._source):
+            yield
+            return
+        assert isinstance(self._source, torch.nn.Module)
+        self._replan()
+        params = [p for p in self._source.parameters() if p.requires_grad]
+        kept = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        for p in params:
+            p.grad = None
+        self._scoped = True
+        try:
+            yield
+        finally:
+            self._scoped = False
+            for p, g in zip(params, kept, strict=True):
+                p.grad = g
+
+    def _fsdp2_probe(self, loss: torch.Tensor) -> Sums:
+        """The probe's squared norms under FSDP2, on every rank: every rank computed the same
+        loss on the whole canary, so the reduce-scatter's mean over ranks is that loss's
+        gradient, sharded; its squared norms are summed over ranks
+        (:mod:`moeaudit.integrations.gradnorms`; docs/decisions.md, "The canary probe under FSDP2")."""
+        if not self._scoped:
+            raise InputError(
+                "canary probe under FSDP2: compute the canary loss inside ExpertGradLogger.probe_scope() "
+                "(the sharded parameters have no autograd edge to the forward pass, so every norm would be 0)",
+                hint="with ExpertGradLogger.probe_scope(): loss = canary_loss(model, canary); logger.probe(step, loss)",
+            )
+        loss.backward()
+        _refuse_no_path(self.layers, dot_grad)
+        return self._plan.sums()
 
     def _record(self, path: Path, record: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
         record.update(extra)
@@ -387,6 +439,30 @@ class ExpertGradLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fsdp2(source: Any) -> bool:
+    """Whether ``source`` is a module with FSDP2 (``fully_shard``) modules in it."""
+    if not isinstance(source, torch.nn.Module) or not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in source.modules())
+
+
+def _refuse_no_path(layers: Mapping[int, _LayerParams], grad_of: GradOf) -> None:
+    """A canary probe in which no router parameter got a gradient measured nothing: every
+    token is routed, so the loss reaches each router unless the parameters read are not the
+    ones the forward pass used (a wrapper's copies). Refused rather than logged as zeros."""
+    routers = [t for lp in layers.values() for t in lp.router if t.requires_grad]
+    if routers and all(grad_of(t) is None for t in routers):
+        raise InputError(
+            "canary probe: the canary loss has no gradient path to the model's router parameters, "
+            "so every norm would be logged as 0",
+            hint="pass the module the forward pass runs (with FSDP2, the fully_shard-ed model itself)",
+        )
 
 
 def _is_rank_zero() -> bool:

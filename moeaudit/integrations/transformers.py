@@ -19,6 +19,11 @@ norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md). That g
 sum of the per-parameter squared norms of the same fused pass over every gradient — no second
 pass (issue 29 §1).
 
+Under ``torch.distributed`` (DDP) the line's ``loss`` is the loss the Trainer logs for the step —
+its own scaling by the data-parallel world size under ``average_tokens_across_devices`` and its
+mean over ranks, one ``all_reduce`` on every rank at each logged step — not rank 0's share of it
+(docs/decisions.md, "Distributed training").
+
 Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so its ``on_log``
 adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
 before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
@@ -66,6 +71,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         self.envelope = envelope_settings(envelope)
         self.recorder: RunRecorder | None = None
         self._handle: Any = None
+        self._model: torch.nn.Module | None = None
 
     def attach(self, trainer: Any) -> MoeauditCallback:
         """Put this callback first among ``trainer``'s callbacks, so the ``moe/…`` scalars it
@@ -94,13 +100,43 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             envelope=self.envelope,
         )
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
+        self._model = model
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.recorder is None:
             return
         max_norm = args.max_grad_norm or 0.0
         step = state.global_step + 1  # the Trainer increments after the update
-        self.recorder.log_step(step, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)})
+        loss = self._reported_loss(args, step)
+        self.recorder.log_step(step, loss, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)})
+
+    def _reported_loss(self, args: Any, step: int) -> torch.Tensor | None:
+        """Under ``torch.distributed``, the loss the Trainer logs for this step, on every rank
+        (one ``all_reduce``); None in one process, where the meter's value is that loss.
+
+        The Trainer's ``compute_loss`` multiplies a loss normalised by the step's token count
+        across devices (``average_tokens_across_devices``, its default) by the number of data
+        ranks, and its log is the mean over ranks (``nested_gather(tr_loss).mean()``): the
+        global token-mean loss. The model's own output on one rank is only that rank's share
+        of it (half of it on two ranks), so rank 0's meter alone cannot be logged
+        (docs/decisions.md, "The training loss under distributed training")."""
+        recorder = self.recorder
+        assert recorder is not None
+        dist = torch.distributed
+        if not recorder.due(step) or not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = dist.get_world_size()
+        if world < 2:
+            return None
+        shares = recorder.meter.shares
+        local = recorder.meter.take_tensor()
+        device = local.device if local is not None else torch.device(args.device)
+        value = torch.full((1,), math.nan, dtype=torch.float64, device=device) if local is None else local.reshape(1)
+        if shares and getattr(args, "average_tokens_across_devices", False):
+            tp = getattr(self._model, "_tp_size", None) or 1
+            value = value * (world // tp)
+        dist.all_reduce(value)
+        return value[0] / world
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Add the ``moe/…`` scalars to a training log (the dict every later callback reports)

@@ -79,9 +79,12 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
             torch.stack([F.pad(s, (0, width - s.shape[-1])) for _, s in tables]),
         )
     D = spec.rope_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    Df = spec.rope_freq_dim or D  # the width the frequencies are computed for (transformers' ``dim``)
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, Df, 2, dtype=torch.float32, device=device) / Df))
     if spec.yarn is not None:
-        inv_freq = _yarn_inv_freq(spec, D, device)
+        inv_freq = _yarn_inv_freq(spec, Df, device)
+    if Df != D:  # Mistral 4: that table, broadcast over the D/2 rotated pairs as transformers does
+        inv_freq = inv_freq.expand(D // 2)
     if spec.llama3_rope is not None:
         inv_freq = _llama3_inv_freq(spec, inv_freq)
     if (lr := spec.longrope) is not None:  # transformers' Phi-3.5-MoE: short factors at every length

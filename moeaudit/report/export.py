@@ -219,10 +219,13 @@ def canary(stmt: Mapping[str, Any]) -> Evidence:
     if not digest:
         return Evidence("predicate.canary", "no canary digest", False)
     domains = ", ".join(map(str, c.get("domains") or [])) or "—"
+    mismatches = c.get("mismatches") or []
+    where = ", ".join(str(m.get("source")) for m in mismatches if isinstance(m, Mapping))
     return Evidence(
         "predicate.canary",
         f"{_g(c.get('windows'))} token windows × "
-        f"{_g(c.get('window_len'))} tokens, domains {domains}; SHA-256 {digest[:16]}…",
+        f"{_g(c.get('window_len'))} tokens, domains {domains}; SHA-256 {digest[:16]}…"
+        + (f"; NOT the run's canary (recorded otherwise in {where}; accepted as a finding)" if mismatches else ""),
     )
 
 

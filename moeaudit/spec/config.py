@@ -319,6 +319,10 @@ class ModelSpec:
     # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
     o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
     rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
+    # the width transformers computes the rotary frequencies for, int(head_dim × partial_rotary_factor),
+    # where it is not the rotated width (Mistral 4's MLA); its table is broadcast over the rotated
+    # pairs (0: the rotated width)
+    rope_freq_dim: int = field(default=0, metadata=NEW)
     sparse_index: SparseIndex | None = field(default=None, metadata=NEW)  # DSA indexer (DeepSeek-V3.2)
     # zero-centred RMSNorm gains (Qwen3-Next): the norm applies offset + stored w; the checkpoint
     # reader hands the replay the applied gain
