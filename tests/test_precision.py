@@ -361,3 +361,52 @@ def test_certify_records_precision_and_agreement(tmp_path: Path) -> None:
     )
     assert "precision" not in pred32 and "precision_agreement" not in pred32
     assert "precision" not in [c["name"] for c in pred32["checks"]]
+
+
+# --- the GPU path, checked on the CPU (and on CUDA where there is one) -----------------------------
+
+
+@pytest.mark.parametrize("kernel", ["loop", "grouped"])
+def test_bf16_adds_no_host_synchronisation_per_layer(kernel: str) -> None:
+    """The bf16 sweeps on the stand-in device (tests/device_meter.py): no more host syncs per
+    routed layer than the fp32 sweeps' caps (tests/test_host_syncs.py), whatever the kernel."""
+    pytest.importorskip("transformers")
+    from device_meter import STANDIN, measure
+    from test_host_syncs import CAP
+
+    ckpt = Checkpoint(HEALTHY)
+    tokens = canary_mod.load(SAMPLES / "canary.safetensors").tokens[:4, :16]
+    with precision_mode("bf16", kernel=kernel):
+        meter = measure(ckpt, lambda tick: replay(ckpt, tokens, progress=tick, device=STANDIN))
+    for phase in ("forward", "backward"):
+        for i in ckpt.spec.routed_layers:
+            counts = meter.counts[f"{phase} {i}"]
+            assert counts["sync"] <= CAP[phase]["sync"], (phase, i, dict(counts))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_cuda_grouped_kernel_agrees_with_the_loop() -> None:
+    """On a GPU the grouped kernel (CUTLASS on sm_90+) and the per-expert bf16 matmuls are the
+    same products with different accumulation orders: equal to bf16 rounding, not bit for bit."""
+    experts = [{n: t.cuda() for n, t in w.items()} for w in _experts()]
+    y, topk, c, gout = (t.cuda() for t in _inputs())
+    out = {}
+    for kernel in ("loop", "grouped"):
+        with precision_mode("bf16", kernel=kernel):
+            out[kernel] = (model.experts_forward(experts, y, topk), model.experts_backward(experts, y, topk, c, gout))
+    (ul, bl), (ug, bg) = out["loop"], out["grouped"]
+    torch.testing.assert_close(ug, ul, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(bg.y_NH, bl.y_NH, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(bg.sq_E, bl.sq_E, rtol=2e-2, atol=1e-6)
+    ref_u = _bf16_reference(_experts(), *_inputs())[0]
+    torch.testing.assert_close(ug.cpu(), ref_u, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_cuda_receipts_record_the_grouped_kernel_on_sm90(probe) -> None:
+    with precision_mode("bf16"):
+        doc = state_receipts(Checkpoint(HEALTHY), probe, device="cuda")
+    a = doc["precision_agreement"]
+    grouped = torch.cuda.get_device_capability() >= (9, 0)
+    assert a["expert_kernel"] == (rp.GROUPED if grouped else rp.PER_EXPERT)
+    assert 0 <= a["nll"]["relative_difference"] < 1e-2 and a["grad_norm_relative_difference"]["max"] < 0.1

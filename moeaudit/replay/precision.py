@@ -100,7 +100,10 @@ class _Products:
     def __init__(self, weights: dict[str, torch.Tensor], sizes: Sequence[int], grouped: bool):
         KERNELS_RUN.add(GROUPED if grouped else PER_EXPERT)
         self.w, self.sizes, self.grouped = weights, list(sizes), grouped
-        self.offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32) if grouped else None
+        self._offs: torch.Tensor | None = None
+        if grouped:  # the group ends, int32, sent once without a stream synchronisation (device.to_device)
+            ends = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            self._offs = ends.to(next(iter(weights.values())).device, non_blocking=True)
 
     def _blocks(self, x: torch.Tensor) -> list[torch.Tensor]:
         return list(x.split(self.sizes))
@@ -108,22 +111,21 @@ class _Products:
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Row block j times W_jᵀ (F.linear per expert): [M, out]."""
         W = self.w[name]  # [G, out, in]
-        if self.grouped:
-            offs = self.offs.to(x.device)  # type: ignore[union-attr]
-            return torch._grouped_mm(x, W.transpose(1, 2), offs=offs)
+        if self._offs is not None:
+            return torch._grouped_mm(x, W.transpose(1, 2), offs=self._offs)
         return torch.cat([F.linear(xb, W[j]) for j, xb in enumerate(self._blocks(x))])
 
     def matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Row block j times W_j (the transposed product, for dL/dx): [M, in]."""
         W = self.w[name]
-        if self.grouped:
-            return torch._grouped_mm(x, W, offs=self.offs.to(x.device))  # type: ignore[union-attr]
+        if self._offs is not None:
+            return torch._grouped_mm(x, W, offs=self._offs)
         return torch.cat([xb @ W[j] for j, xb in enumerate(self._blocks(x))])
 
     def outer(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Per block, a_jᵀ @ b_j (a weight gradient): [G, a.cols, b.cols]."""
-        if self.grouped:
-            return torch._grouped_mm(a.t(), b, offs=self.offs.to(a.device))  # type: ignore[union-attr]
+        if self._offs is not None:
+            return torch._grouped_mm(a.t(), b, offs=self._offs)
         return torch.stack([ab.t() @ bb for ab, bb in zip(self._blocks(a), self._blocks(b), strict=True)])
 
 
@@ -202,7 +204,8 @@ def forward_sets(
     for idx, (order, counts) in zip(sets, slots, strict=True):
         g = _group(order, counts)
         sel = [where[e] for e in g.used]
-        Wg = W if sel == list(range(len(used))) else {n: t[sel] for n, t in W.items()}
+        rows = torch.tensor(sel).to(y_NH.device, non_blocking=True)
+        Wg = W if sel == list(range(len(used))) else {n: t.index_select(0, rows) for n, t in W.items()}
         P = _Products(Wg, g.sizes, grouped)
         x = y_NH[g.slots // idx.shape[1]].to(LOW)
         h = F.silu(P.linear(x, "w1")) * P.linear(x, "w3")
@@ -252,5 +255,5 @@ def backward(
     for d in (P.outer(da1, x), P.outer(da3, x), dw2):  # ‖dW1‖² + ‖dW3‖² + ‖dW2‖², as _sum_of_squares
         n = torch.linalg.vector_norm(d, dim=(1, 2), dtype=torch.float64)
         sq = sq + n * n
-    sq_E[torch.tensor(g.used, device=sq_E.device)] = sq
+    sq_E[torch.tensor(g.used).to(sq_E.device, non_blocking=True)] = sq
     return dy_NH, dc_S.view(N, K), sq_E
