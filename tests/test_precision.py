@@ -410,3 +410,18 @@ def test_bf16_cuda_receipts_record_the_grouped_kernel_on_sm90(probe) -> None:
     grouped = torch.cuda.get_device_capability() >= (9, 0)
     assert a["expert_kernel"] == (rp.GROUPED if grouped else rp.PER_EXPERT)
     assert 0 <= a["nll"]["relative_difference"] < 1e-2 and a["grad_norm_relative_difference"]["max"] < 0.1
+
+
+def test_gate_reads_the_precision_check(tmp_path: Path) -> None:
+    """``moeaudit gate --precision bf16``: its exit code is the decision the precision check leaves
+    (3 when the flip rate exceeds the resolution; the same gate in fp32 promotes)."""
+    base, cand = str(SAMPLES / "healthy" / "checkpoint-250"), str(SAMPLES / "healthy" / "checkpoint-1500")
+    out = tmp_path / "g.json"
+    r = CliRunner().invoke(cli, ["gate", base, cand, "--precision", "bf16", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    (check,) = [c for c in doc["checks"] if c["name"] == "precision"]
+    assert r.exit_code == (3 if check["status"] == "INCONCLUSIVE" else 0), r.output
+    assert doc["decision"] == ("INCONCLUSIVE" if check["status"] == "INCONCLUSIVE" else "PROMOTE")
+    r32 = CliRunner().invoke(cli, ["gate", base, cand, "--json", str(tmp_path / "g32.json")])
+    assert r32.exit_code == 0
+    assert "precision" not in [c["name"] for c in json.loads((tmp_path / "g32.json").read_text())["checks"]]
