@@ -70,13 +70,15 @@ KERNELS_RUN: set[str] = set()  # which of the two ran since it was last cleared 
 
 def grouped_kernel(device: torch.device, dims: Sequence[int]) -> bool:
     """Whether the layer's products run as grouped GEMMs: forced by ``precision_mode``'s
-    ``kernel``, else on CUDA devices of compute capability 9.0+ (where torch's grouped bf16 GEMM
-    is a CUTLASS kernel) when every size is a multiple of 8 (its 16-byte stride rule)."""
+    ``kernel``, else on CUDA devices of compute capability 9.x or 10.x (where torch's grouped bf16
+    GEMM is a CUTLASS kernel) when every size is a multiple of 8 (its 16-byte stride rule)."""
     forced = forced_kernel()
     aligned = hasattr(torch, "_grouped_mm") and all(d % 8 == 0 for d in dims)
     if forced is not None:
         return forced == "grouped" and aligned
-    return aligned and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    # torch builds its CUTLASS grouped bf16 GEMM for sm_90 and sm_100 (ATen GroupMM.cu); each
+    # group's operand starts at a row offset × a row stride that the size rule keeps 16-byte aligned
+    return aligned and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 @dataclass
