@@ -78,6 +78,19 @@ def test_tf32_products_are_scoped_to_cuda_replays() -> None:
     assert torch.backends.cuda.matmul.fp32_precision == before
 
 
+def test_tf32_inside_a_cuda_replay_scope_and_restored_after() -> None:
+    """The CUDA branch's settings, checked without a GPU (the flags are plain settings)."""
+    from moeaudit.replay.device import replay_scope
+
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    with precision_mode("tf32"), replay_scope("cuda:0"):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    with precision_mode("bf16"), replay_scope("cuda:0"):  # bf16 keeps the float32 products IEEE
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+
+
 # --- the bf16 experts ---------------------------------------------------------------------------------
 
 
