@@ -160,6 +160,7 @@ def audit_run(
         precision_agreement=agreements,
     )
     decision = decide(evidence)
+    environment = _environment(replayer.computed_by, replayer.parallel)
     predicate = {
         "verdict": decision["verdict"],
         "verdict_reason": decision["verdict_reason"],
@@ -190,7 +191,7 @@ def audit_run(
             **policy.to_json(),
         },
         "tool": {"name": "moeaudit", "version": __version__},
-        "environment": _environment(replayer.computed_by, replayer.parallel),
+        "environment": environment,
         "protected_layers": protected,
         "gates": gates,
         "checks": decision["checks"],
@@ -201,6 +202,7 @@ def audit_run(
     }
     if (computed_in := _precision(docs)) != "fp32":  # absent: fp32, the reference (the golden's bytes)
         predicate["precision"] = computed_in
+        environment["precision"] = computed_in  # shown where the environment is
     if agreements:
         predicate["precision_agreement"] = agreements
     router = _router_section(first.spec, docs)

@@ -359,7 +359,9 @@ def test_certify_records_precision_and_agreement(tmp_path: Path) -> None:
     import base64
 
     pred = from_wire(json.loads(base64.b64decode(env["payload"]))["predicate"])
-    assert pred["precision"] == "bf16" and pred["environment"].get("dtype") == "float32"
+    assert pred["precision"] == pred["environment"]["precision"] == "bf16"
+    assert pred["environment"]["dtype"] == "float32"
+    assert "precision bf16" in (tmp_path / "c" / "certificate.html").read_text(encoding="utf-8")
     assert [a["checkpoint"] for a in pred["precision_agreement"]] == ["checkpoint-250", "checkpoint-1500"]
     (check,) = [c for c in pred["checks"] if c["name"] == "precision"]
     assert check["status"] == (
@@ -373,6 +375,7 @@ def test_certify_records_precision_and_agreement(tmp_path: Path) -> None:
         ]
     )
     assert "precision" not in pred32 and "precision_agreement" not in pred32
+    assert "precision" not in pred32["environment"]
     assert "precision" not in [c["name"] for c in pred32["checks"]]
 
 
