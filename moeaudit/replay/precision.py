@@ -1,13 +1,14 @@
 """The replay's compute precision (``--precision fp32|tf32|bf16``, SPEC §3 "Precision").
 
-fp32 is the reference and the default, and nothing here runs on it: every function below is
-the identity (or not called) unless a lower precision was asked for with :func:`moeaudit.precision.precision_mode`,
-so fp32 receipts are the bytes they were before the mode existed (tests/test_precision.py).
+fp32 is the reference and the default, and nothing here runs on it: every function below does
+nothing (or is not called) unless a lower precision was asked for with
+``moeaudit.precision.precision_mode``, so fp32 receipts are the bytes they were before the mode
+existed (tests/test_precision.py).
 
 * ``tf32``: float32 storage, cuBLAS / cuDNN products in TF32 inside the replay scope
   (:func:`moeaudit.replay.device.replay_scope`). Only CUDA has TF32 kernels here; on any other
   device the products stay IEEE float32 and the receipts record ``fp32``, what actually ran
-  (:func:`ran`).
+  (``moeaudit.precision.ran``).
 * ``bf16``: the routed experts' products in bfloat16 — the weights and the gathered token rows
   cast to bf16, the matmuls accumulating in float32 inside the GEMM (cuBLAS and the CPU's
   kernels do), their outputs and the element-wise SwiGLU in bf16 as transformers' bf16 forward
@@ -16,9 +17,9 @@ so fp32 receipts are the bytes they were before the mode existed (tests/test_pre
   float32, so the routing decision is taken on float32 scores of a state the bf16 experts moved
   (docs/decisions.md "Reduced-precision replay"). The products of a layer run as grouped GEMMs
   (``torch._grouped_mm``: one kernel per product over all of the layer's chosen experts) where
-  the kernel exists (CUDA sm_90+, bf16, sizes a multiple of 8) and as one bf16 matmul per
-  expert otherwise — the same products of the same operands, so the same math
-  (:func:`grouped_kernel`).
+  the kernel exists (CUDA sm_90 / sm_100, sizes a multiple of 8) and as one bf16 matmul per
+  expert otherwise — the same products of the same operands (bit for bit on the CPU; on a GPU
+  up to the kernels' accumulation order) (:func:`grouped_kernel`).
 
 A lower precision is only licensed with a measured agreement with fp32 on the canary
 (:mod:`moeaudit.receipts.agreement`).
