@@ -113,3 +113,77 @@ def test_the_callback_step_is_sync_free_and_its_lines_are_the_step_gradients(
         for layer, norms in want.items():
             assert line["expert_grad_norms"][layer] == pytest.approx(norms, rel=1e-6)
         assert math.isfinite(line["loss"]) and isinstance(line["clipped"], bool)
+
+
+class _SlowEvent:
+    """A copy that has not landed until the host waits for it (a GPU whose queue is behind)."""
+
+    waits = 0
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        _SlowEvent.waits += 1
+        self.done = True
+
+
+def test_lines_in_flight_are_written_at_log_save_and_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the copies land late, nothing waits on a step; the log step, the save step and the
+    end of training write every line still in flight, in step order."""
+    from moeaudit.integrations import gradnorms
+
+    push = gradnorms.Readback.push
+
+    def slow_push(self: gradnorms.Readback, vector: torch.Tensor, context: Any) -> None:
+        push(self, vector, context)
+        host, _, ctx = self._pending.pop()
+        self._pending.append((host, _SlowEvent(), ctx))
+
+    monkeypatch.setattr(gradnorms.Readback, "push", slow_push)
+    _SlowEvent.waits = 0
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(
+        transformers.MixtralConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            vocab_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+        )
+    )
+    cb = MoeauditCallback()
+    args = SimpleNamespace(output_dir=str(tmp_path), max_grad_norm=1.0)
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True, log_history=[])
+    cb.on_train_begin(args, state, None, model=model)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "metrics.jsonl"
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            model(input_ids=ids, labels=ids).loss.backward()
+            cb.on_pre_optimizer_step(args, state, None)
+            model.zero_grad()
+            state.global_step += 1
+
+    def logged() -> list[int]:
+        return [json.loads(x)["step"] for x in path.read_text().splitlines()] if path.exists() else []
+
+    steps(3)
+    assert logged() == [] and _SlowEvent.waits == 0  # three steps, no wait, no line yet
+    cb.on_log(args, state, None, logs={"loss": 1.0})
+    assert logged() == [1, 2, 3] and _SlowEvent.waits == 3
+    steps(2)
+    assert logged() == [1, 2, 3]
+    cb.on_save(args, state, None)
+    assert logged() == [1, 2, 3, 4, 5]
+    steps(1)
+    cb.on_train_end(args, state, None)
+    assert logged() == [1, 2, 3, 4, 5, 6] and _SlowEvent.waits == 6
