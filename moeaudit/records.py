@@ -771,6 +771,8 @@ class Predicate(TypedDict):
     policy: PolicyRecord
     tool: ToolRecord
     environment: EnvironmentRecord
+    precision: NotRequired[str]  # what the replays computed in when not fp32 (absent: fp32, the reference)
+    precision_agreement: NotRequired[list[CheckpointAgreement]]  # per checkpoint, when not fp32
     protected_layers: list[int]
     gates: list[GateEntry]
     checks: list[Check]
@@ -781,8 +783,6 @@ class Predicate(TypedDict):
     issued_at: NotRequired[str]  # set when signed
     router: NotRequired[RouterSection]
     from_cache: NotRequired[list[CacheUse]]
-    precision: NotRequired[str]  # what the replays computed in when not fp32 (absent: fp32, the reference)
-    precision_agreement: NotRequired[list[CheckpointAgreement]]  # per checkpoint, when not fp32
 
 
 class Subject(TypedDict):
