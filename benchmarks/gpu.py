@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py --device cuda --precision bf16 --rounds 2          # the GPU benchmark
     python benchmarks/gpu.py --device cpu --rounds 1                            # a tiny shape on the CPU
+    python benchmarks/gpu.py --device cuda --only cli,cli_low,floor,floor_low   # the precision target only
 
 The GPU shape is the one the GPU probe measured (a 1.32 B mixtral-layout checkpoint from
 ``benchmarks/build.py``, 8 layers × 16 experts, a 32 × 512 canary); the CPU default is tiny, so
@@ -44,6 +45,7 @@ SHAPES = {  # (Arch fields, canary windows, window length)
         512,
     ),
     "tiny": (dict(vocab=512, hidden=64, layers=2, experts=4, top_k=2, inter=128, heads=4, kv_heads=2), 4, 32),
+    "small": (dict(vocab=4096, hidden=256, layers=4, experts=8, top_k=2, inter=704, heads=8, kv_heads=2), 8, 128),
 }
 
 
