@@ -245,6 +245,13 @@ def test_the_agreement_numbers_are_an_independent_computation(bf16_doc, fp32_doc
     assert bf16_doc["nll"] != fp32_doc["nll"]
 
 
+def test_bf16_receipts_are_deterministic(bf16_doc, probe) -> None:
+    """SPEC §3: the same inputs give bit-identical receipts on the same machine, in bf16 too."""
+    with precision_mode("bf16"):
+        again = state_receipts(Checkpoint(HEALTHY), probe)
+    assert json.dumps(again, sort_keys=True) == json.dumps(bf16_doc, sort_keys=True)
+
+
 def test_reduced_precision_receipts_validate_against_the_schema(bf16_doc) -> None:
     import schema_check
 
