@@ -77,7 +77,8 @@ class RunRecorder:
     ``total``: plan the global gradient norm too (a trainer's clipping decision reads it).
     ``envelope``: the constants of the online rules (:mod:`moeaudit.integrations.online`;
     default: the built-in policy's). ``routing``: count routed tokens for the tracker scalars
-    (:mod:`moeaudit.integrations.summary`)."""
+    (:mod:`moeaudit.integrations.summary`). ``defer``: :meth:`log_step` stops the host never
+    (its lines are written once their numbers are back; :meth:`flush`)."""
 
     def __init__(
         self,
@@ -92,6 +93,7 @@ class RunRecorder:
         total: bool = False,
         envelope: EnvelopeSettings | None = None,
         routing: bool = True,
+        defer: bool = False,
     ):
         self.run_dir = Path(run_dir)
         self.model = model
@@ -102,7 +104,8 @@ class RunRecorder:
         self.settings = envelope if envelope is not None else EnvelopeSettings()
         self.summary = Summary()
         self.monitor: OnlineEnvelope | None = None
-        self._readback = Readback()  # deferred lines (log_step(defer=True))
+        self.defer = defer  # log_step's default: the line written once its numbers are back
+        self._readback = Readback()  # deferred lines
         self.routing: RoutingCounts | None = None
         if rank_zero and canary is not None:
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -161,7 +164,7 @@ class RunRecorder:
         loss: torch.Tensor | float | None = None,
         *,
         extra_of: Callable[[Sums], dict[str, Any]] | None = None,
-        defer: bool = False,
+        defer: bool | None = None,
         **extra: Any,
     ) -> dict[str, Any] | None:
         """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now and
@@ -171,7 +174,7 @@ class RunRecorder:
         ``clipped``). One host sync: the norms, the loss and the routing counts come back
         together.
 
-        ``defer``: no host sync at all — the numbers are reduced on the device now and copied
+        ``defer`` (default: the recorder's ``defer``): no host sync at all — the numbers are reduced on the device now and copied
         back behind the step's kernels (:class:`~moeaudit.integrations.gradnorms.Readback`);
         the line is written by a later call once its copy has landed (normally the next
         step's), or by :meth:`flush` (also run by :meth:`scalars`, :meth:`sync` and
@@ -189,7 +192,7 @@ class RunRecorder:
             loss = torch.as_tensor(loss).detach().reshape(())
         extras = [*counts, *([] if loss is None else [loss])]
         line = _Line(step, [x.numel() for x in extras], layers, tokens, loss is not None, extra, extra_of)
-        if not defer:
+        if not (self.defer if defer is None else defer):
             return self._write(line, self.logger.measure(extras=extras))
         self._readback.push(self.logger.vector(extras), line)
         self._drain(wait=False)

@@ -19,16 +19,16 @@ norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md). That g
 sum of the per-parameter squared norms of the same fused pass over every gradient — no second
 pass (issue 29 §1).
 
-No host synchronisation on a training step: the pass is queued on the gradients' device and its
-one vector copied back behind the step's kernels; the line is written when that copy has landed
-(normally during the next step) and every pending line at the Trainer's log and save steps and at
-the end of training (``RunRecorder.log_step(defer=True)``; docs/benchmarks.md §7). A process killed
-between two log steps loses the lines still in flight: normally its last step's.
-
 Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so its ``on_log``
 adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
 before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
 events are logged as warnings on the ``moeaudit`` logger when they fire.
+
+No host synchronisation on a training step: the pass is queued on the gradients' device and its
+one vector copied back behind the step's kernels; the line is written when that copy has landed
+(normally during the next step) and every pending line at the Trainer's log and save steps and at
+the end of training (``RunRecorder(defer=True)``; docs/benchmarks.md §7). A process killed
+between two log steps loses the lines still in flight: normally its last step's.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             rank_zero=state.is_world_process_zero,
             total=True,
             envelope=self.envelope,
+            defer=True,  # no host sync on a step: lines are written once their numbers are back
         )
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
 
@@ -106,9 +107,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             return
         max_norm = args.max_grad_norm or 0.0
         step = state.global_step + 1  # the Trainer increments after the update
-        # no host sync on a training step: the line is written once its numbers are back
-        # (normally at the next step), and everything is flushed at log, save and train end
-        self.recorder.log_step(step, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)}, defer=True)
+        self.recorder.log_step(step, extra_of=lambda sums: {"clipped": _clipped(sums, max_norm)})
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Add the ``moe/…`` scalars to a training log (the dict every later callback reports)
