@@ -174,11 +174,12 @@ class RunRecorder:
         ``clipped``). One host sync: the norms, the loss and the routing counts come back
         together.
 
-        ``defer`` (default: the recorder's ``defer``): no host sync at all — the numbers are reduced on the device now and copied
-        back behind the step's kernels (:class:`~moeaudit.integrations.gradnorms.Readback`);
-        the line is written by a later call once its copy has landed (normally the next
-        step's), or by :meth:`flush` (also run by :meth:`scalars`, :meth:`sync` and
-        :meth:`close`: the trainer's log and save steps). Returns None then."""
+        ``defer`` (default: the recorder's ``defer``): no host sync at all — the numbers are
+        reduced on the device now and copied back behind the step's kernels
+        (:class:`~moeaudit.integrations.gradnorms.Readback`); the line is written by a later
+        call once its copy has landed (normally the next step's), or by :meth:`flush` (also run
+        by :meth:`scalars`, :meth:`sync` and :meth:`close`: the trainer's log and save steps).
+        Returns None then."""
         if callable(loss):  # the earlier positional form log_step(step, extra_of)
             extra_of, loss = loss, None
         if not self.due(step) or not (self.active or self.logger.collective):
