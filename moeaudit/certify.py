@@ -33,6 +33,7 @@ from moeaudit.judge.gates import (
 from moeaudit.lineage import abandoned
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
+from moeaudit.precision import current as current_precision
 from moeaudit.records import GateEntry, Margin, Margins
 from moeaudit.run import Run, discover, truncate
 from moeaudit.run_names import run_name
@@ -171,6 +172,7 @@ def audit_run(
         )
     # No breaks: declared events do not restart the envelope's windows for the verdict — an
     # event written by the audited party can never improve one (issue 23 §5; docs/policy.md).
+    agreements: Any = _agreements(run, docs)  # per checkpoint replayed below fp32 (SPEC §3)
     evidence = Evidence(
         stage=stage,
         stage_source=stage_source,
@@ -181,8 +183,10 @@ def audit_run(
         skipped=[p.name for p, _ in run.skipped],
         nonfinite=nonfinite_findings(docs.values()),
         band=policy.gates.inconclusive_band,
+        precision_agreement=agreements,
     )
     decision = decide(evidence)
+    environment = _environment(replayer.computed_by, replayer.parallel)
     predicate = {
         "verdict": decision["verdict"],
         "verdict_reason": decision["verdict_reason"],
@@ -214,7 +218,7 @@ def audit_run(
             **policy.to_json(),
         },
         "tool": {"name": "moeaudit", "version": __version__},
-        "environment": _environment(replayer.computed_by, replayer.parallel),
+        "environment": environment,
         "protected_layers": protected,
         "gates": gates,
         "checks": decision["checks"],
@@ -223,6 +227,11 @@ def audit_run(
         "heatmaps": _heatmaps(docs[last["step"]]),
         "claims": table4(),
     }
+    if (computed_in := _precision(docs)) != "fp32":  # absent: fp32, the reference (the golden's bytes)
+        predicate["precision"] = computed_in
+        environment["precision"] = computed_in  # shown where the environment is
+    if agreements:
+        predicate["precision_agreement"] = agreements
     router = _router_section(first.spec, docs)
     if router is not None:  # only for gates the atlas theorem does not cover (issue 8)
         predicate["router"] = router
@@ -274,6 +283,22 @@ def _worst_refinement(
             ],
         }
     return worst
+
+
+def _precision(docs: dict[int, dict[str, Any]]) -> str:
+    """What the receipts were computed in (SPEC §3): fp32, the reference, unless they say otherwise."""
+    found = sorted({d.get("environment", {}).get("precision", "fp32") for d in docs.values()})
+    return found[0] if len(found) == 1 else "mixed"
+
+
+def _agreements(run: Run, docs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each reduced-precision checkpoint's measured agreement with fp32, named."""
+    names = {step: ckpt.path.name for step, ckpt in run.checkpoints}
+    return [
+        {"checkpoint": names[step], "step": step, **doc["precision_agreement"]}
+        for step, doc in docs.items()
+        if "precision_agreement" in doc
+    ]
 
 
 def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -479,6 +504,8 @@ class _Replayer:
     def _key(self, kind: str, *ckpts: Any) -> str:
         # receipts are bit-identical per device model, driver and torch, not across them
         parts: list[Any] = [[c.digest for c in ckpts], self.canary.digest, self.settings]
+        if current_precision() != "fp32":  # a reduced-precision receipt never answers an fp32 request
+            parts.append({"precision": current_precision()})
         return self.cache.key(kind, *parts, self.machine)
 
     def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:

@@ -115,6 +115,32 @@ nproc_option = click.option(
 )
 
 
+def precision_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--precision``: the command's replays compute in fp32 (the reference), tf32 or bf16
+    (SPEC §3; ``moeaudit.precision``); a lower one records its measured agreement with fp32."""
+    import functools
+
+    from moeaudit.precision import PRECISIONS, precision_mode
+
+    @click.option(
+        "--precision",
+        type=click.Choice(PRECISIONS),
+        default="fp32",
+        show_default=True,
+        help="Compute precision of the replays: fp32 is the reference; tf32 (CUDA; elsewhere it runs fp32) "
+        "and bf16 (the routed experts' products) record their measured agreement with fp32 on the canary, "
+        "and boundary evidence inside that disagreement is INCONCLUSIVE.",
+    )
+    @functools.wraps(command)
+    def run(*args: Any, precision: str, **kwargs: Any) -> Any:
+        if precision == "bf16" and kwargs.get("nproc"):
+            raise UsageError("--precision bf16 runs on one process: drop --nproc, or use --precision fp32")
+        with precision_mode(precision):
+            return command(*args, **kwargs)
+
+    return run
+
+
 def _ranks(nproc: int | None) -> Any:
     """The expert-parallel session of a command (issue 28): --nproc starts the ranks; under
     torchrun they are there already; otherwise nothing (and torch is not imported for it)."""
@@ -449,6 +475,7 @@ def canary_show(path: Path, as_json: bool) -> None:
     "weights at a time); receipts are deterministic per device.",
 )
 @nproc_option
+@precision_option
 @verbose_option
 def receipts(
     ckpt: Path,
@@ -534,6 +561,7 @@ def _device(name: str) -> str:
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @nproc_option
+@precision_option
 @verbose_option
 def compare(
     base: Path,
@@ -802,6 +830,7 @@ def calibrate(
     "a checkpoint's tokenizer.json); the certificate signs each mismatch as a finding.",
 )
 @nproc_option
+@precision_option
 @verbose_option
 def certify(
     run_dir: Path,
@@ -945,6 +974,7 @@ def _signing_key(path: Path | None):
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --junit, --json or --attest-test-result file.")
 @nproc_option
+@precision_option
 @verbose_option
 def gate(
     base: Path,

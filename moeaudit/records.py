@@ -65,6 +65,7 @@ class EnvironmentRecord(TypedDict):
     backend: NotRequired[str]  # its torch.distributed backend: gloo, nccl
     rank_devices: NotRequired[list[str]]  # each rank's compute device, by rank
     world_sizes: NotRequired[dict[str, int]]  # part → world size, when the parts' differ
+    precision: NotRequired[str]  # --precision other than fp32: what ran (tf32 off CUDA ran fp32)
 
 
 class CanaryMismatch(TypedDict):
@@ -248,6 +249,49 @@ class NonFinite(TypedDict):
     reason: str
 
 
+class FlipRates(TypedDict):
+    overall: float  # mean over routed layers
+    max: float
+    layers: Annotated[dict[str, float], DATA_KEYS]  # routed layer → fraction of tokens whose R_k differs
+
+
+class NllAgreement(TypedDict):
+    reference: float | None  # the fp32 replay's NLL on the agreement windows
+    measured: float | None  # the reduced-precision replay's
+    relative_difference: float | None
+
+
+class GradNormAgreement(TypedDict):
+    max: float  # over every expert with a nonzero fp32 gradient norm, all routed layers
+    median: float
+    experts: int
+
+
+class Resolution(TypedDict):
+    rule: str
+    layers: Annotated[dict[str, float], DATA_KEYS]
+
+
+class PrecisionAgreement(TypedDict):
+    """A reduced-precision replay against the fp32 reference on the same canary windows (SPEC §3)."""
+
+    reference: Literal["fp32"]
+    precision: str
+    expert_kernel: NotRequired[str]  # bf16: grouped_mm, per-expert matmul (or mixed)
+    windows: list[int]
+    tokens_per_layer: int
+    topk_flip_rate: FlipRates
+    nll: NllAgreement
+    grad_norm_relative_difference: GradNormAgreement
+    resolution: Resolution  # the boundary receipts' own, per routed layer (docs/policy.md)
+    within_resolution: bool
+
+
+class CheckpointAgreement(PrecisionAgreement):
+    checkpoint: str
+    step: int
+
+
 class Receipts(TypedDict):
     """``moeaudit receipts --json`` and ``receipts/checkpoint-<step>.json``."""
 
@@ -267,6 +311,7 @@ class Receipts(TypedDict):
     conflict: NotRequired[dict[str, Any]]
     generation: NotRequired[dict[str, Any]]
     nonfinite: NotRequired[list[NonFinite]]
+    precision_agreement: NotRequired[PrecisionAgreement]  # only when not computed in fp32
 
 
 class PairLayer(TypedDict):
@@ -755,6 +800,8 @@ class Predicate(TypedDict):
     policy: PolicyRecord
     tool: ToolRecord
     environment: EnvironmentRecord
+    precision: NotRequired[str]  # what the replays computed in when not fp32 (absent: fp32, the reference)
+    precision_agreement: NotRequired[list[CheckpointAgreement]]  # per checkpoint, when not fp32
     protected_layers: list[int]
     gates: list[GateEntry]
     checks: list[Check]

@@ -19,7 +19,7 @@ ROOT = Path(moeaudit.__file__).resolve().parent
 # Bottom to top. A unit is a subpackage (``moeaudit.replay``) or a top-level module
 # (``moeaudit.cli``); a unit may import units of its own tier or below, never above.
 TIERS: list[tuple[str, set[str]]] = [
-    ("base", {"moeaudit", "errors", "limits", "locate", "output", "papers", "resources", "jsonio"}),
+    ("base", {"moeaudit", "errors", "limits", "locate", "output", "papers", "resources", "jsonio", "precision"}),
     ("documents and rules", {"records", "policy", "margins", "metrics"}),
     ("model description", {"spec"}),
     ("families", {"families"}),
@@ -42,6 +42,7 @@ TORCH_FREE = [
     "moeaudit.policy",
     "moeaudit.margins",
     "moeaudit.jsonio",
+    "moeaudit.precision",
 ]
 
 

@@ -96,6 +96,8 @@ def test_the_wire_name_exceptions_come_from_the_types() -> None:
         "gates[].receipts.nll_by_domain",
         "heatmaps.domains.layers",
         "heatmaps.domains.layers.*",
+        "precision_agreement[].topk_flip_rate.layers",
+        "precision_agreement[].resolution.layers",
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
-from moeaudit.integrations.gradnorms import Sums
+from moeaudit.integrations.gradnorms import Readback, Sums
 from moeaudit.integrations.hooks import ExpertGradLogger
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
@@ -76,7 +77,8 @@ class RunRecorder:
     ``total``: plan the global gradient norm too (a trainer's clipping decision reads it).
     ``envelope``: the constants of the online rules (:mod:`moeaudit.integrations.online`;
     default: the built-in policy's). ``routing``: count routed tokens for the tracker scalars
-    (:mod:`moeaudit.integrations.summary`)."""
+    (:mod:`moeaudit.integrations.summary`). ``defer``: :meth:`log_step` stops the host never
+    (its lines are written once their numbers are back; :meth:`flush`)."""
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class RunRecorder:
         total: bool = False,
         envelope: EnvelopeSettings | None = None,
         routing: bool = True,
+        defer: bool = False,
     ):
         self.run_dir = Path(run_dir)
         self.model = model
@@ -101,6 +104,8 @@ class RunRecorder:
         self.settings = envelope if envelope is not None else EnvelopeSettings()
         self.summary = Summary()
         self.monitor: OnlineEnvelope | None = None
+        self.defer = defer  # log_step's default: the line written once its numbers are back
+        self._readback = Readback()  # deferred lines
         self.routing: RoutingCounts | None = None
         if rank_zero and canary is not None:
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -159,6 +164,7 @@ class RunRecorder:
         loss: torch.Tensor | float | None = None,
         *,
         extra_of: Callable[[Sums], dict[str, Any]] | None = None,
+        defer: bool | None = None,
         **extra: Any,
     ) -> dict[str, Any] | None:
         """The metrics line of optimizer step ``step`` from the parameters' ``.grad`` now and
@@ -166,7 +172,14 @@ class RunRecorder:
         for the line as given (a hand-written loop's ``ce_loss=…, aux_loss=…``, as before);
         ``extra_of(sums)``: more fields from the same pass (the transformers callback's
         ``clipped``). One host sync: the norms, the loss and the routing counts come back
-        together."""
+        together.
+
+        ``defer`` (default: the recorder's ``defer``): no host sync at all — the numbers are
+        reduced on the device now and copied back behind the step's kernels
+        (:class:`~moeaudit.integrations.gradnorms.Readback`); the line is written by a later
+        call once its copy has landed (normally the next step's), or by :meth:`flush` (also run
+        by :meth:`scalars`, :meth:`sync` and :meth:`close`: the trainer's log and save steps).
+        Returns None then."""
         if callable(loss):  # the earlier positional form log_step(step, extra_of)
             extra_of, loss = loss, None
         if not self.due(step) or not (self.active or self.logger.collective):
@@ -178,25 +191,49 @@ class RunRecorder:
         else:
             self.meter.clear()
             loss = torch.as_tensor(loss).detach().reshape(())
-        sums = self.logger.measure(extras=[*counts, *([] if loss is None else [loss])])
-        loss_value = sums.extras[len(counts)][0] if loss is not None else math.nan
-        fields = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in extra.items()}
-        record = self.logger.write(step, loss_value, sums, **fields, **(extra_of(sums) if extra_of else {}))
+        extras = [*counts, *([] if loss is None else [loss])]
+        line = _Line(step, [x.numel() for x in extras], layers, tokens, loss is not None, extra, extra_of)
+        if not (self.defer if defer is None else defer):
+            return self._write(line, self.logger.measure(extras=extras))
+        self._readback.push(self.logger.vector(extras), line)
+        self._drain(wait=False)
+        return None
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Write every deferred line now (one host sync when any is still in flight)."""
+        return self._drain(wait=True)
+
+    def _drain(self, wait: bool) -> list[dict[str, Any]]:
+        out = []
+        for values, line in self._readback.ready(wait):
+            record = self._write(line, self.logger.unpack(values, line.sizes))
+            if record is not None:
+                out.append(record)
+        return out
+
+    def _write(self, line: _Line, sums: Sums) -> dict[str, Any] | None:
+        n = len(line.layers)
+        loss_value = sums.extras[n][0] if line.has_loss else math.nan
+        fields = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in line.extra.items()}
+        more = line.extra_of(sums) if line.extra_of else {}
+        record = self.logger.write(line.step, loss_value, sums, **fields, **more)
         if record is None or self.monitor is None:
             return record
-        for event in self.monitor.push(step, record["expert_grad_norms"]):
+        for event in self.monitor.push(line.step, record["expert_grad_norms"]):
             log.warning(event.message())
         if self.routing is not None:
-            self.summary.add_counts(layers, sums.extras[: len(counts)], tokens, self.routing.k)
+            self.summary.add_counts(line.layers, sums.extras[:n], line.tokens, self.routing.k)
         self.summary.update(record, self.monitor.margins, len(self.monitor.events), self.settings.starve_share)
         return record
 
     def scalars(self) -> dict[str, float]:
         """The tracker scalars now (``moe/layer_3/pi_min`` …); routing counts start afresh."""
+        self.flush()
         return self.summary.take() if self.active else {}
 
     def sync(self) -> None:
-        """A checkpoint save: every line logged so far made durable (fsync)."""
+        """A checkpoint save: every line logged so far written and made durable (fsync)."""
+        self.flush()
         self.logger.sync()
 
     def probe(self, step: int) -> dict[str, Any] | None:
@@ -220,9 +257,23 @@ class RunRecorder:
             self.model.train(was_training)
 
     def close(self) -> None:
+        self.flush()
         if self.routing is not None:
             self.routing.remove()
         self.logger.close()
+
+
+@dataclass
+class _Line:
+    """What a metrics line needs besides the numbers that are still on their way back."""
+
+    step: int
+    sizes: list[int]  # the extras' numel: routing counts per layer, then the loss
+    layers: list[int]
+    tokens: dict[int, int]
+    has_loss: bool
+    extra: dict[str, Any]
+    extra_of: Callable[[Sums], dict[str, Any]] | None
 
 
 def canary_loss(model: torch.nn.Module, canary: Canary) -> torch.Tensor:

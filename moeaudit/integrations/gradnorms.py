@@ -27,6 +27,7 @@ collective. Shape legend: E experts, R rows (E for a fused tensor, 1 otherwise),
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,14 +112,23 @@ class NormPass:
         """Every squared norm of this step: one reduction per gradient, one host sync (and one
         ``all_reduce`` when gradients are sharded). Call it on every rank when ``collective``.
         ``extras``: device tensors (a loss, routing counts) brought back in the same sync."""
-        S = self.slots.size
-        total = _slot_vector(self.entries, S, grad_of, self.collective)
+        vector = self.vector(grad_of, extras)
+        return self.unpack(vector.tolist(), [x.numel() for x in extras])  # the host sync
+
+    def vector(self, grad_of: GradOf = dot_grad, extras: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """:meth:`sums`' numbers as one float64 vector where the gradients live, with no host
+        sync: the squared-norm slots, then ``extras`` flattened (:meth:`unpack` reads it)."""
+        total = _slot_vector(self.entries, self.slots.size, grad_of, self.collective)
         if self.collective:
             torch.distributed.all_reduce(total)
         if extras:
             total = torch.cat([total, *(x.detach().reshape(-1).to(total) for x in extras)])
-        values = total.tolist()  # the host sync
-        cuts = [S, *(S + n for n in _cumsum([x.numel() for x in extras]))]
+        return total
+
+    def unpack(self, values: list[float], extra_sizes: Sequence[int] = ()) -> Sums:
+        """:class:`Sums` from a :meth:`vector` read on the host (``extra_sizes``: its extras' numel)."""
+        S = self.slots.size
+        cuts = [S, *(S + n for n in _cumsum(extra_sizes))]
         more = tuple(values[a:b] for a, b in zip(cuts, cuts[1:]))
         values = values[:S]
         s = self.slots
@@ -130,6 +140,41 @@ class NormPass:
             total=None if other is None else sum(values),
             extras=more,
         )
+
+
+class Readback:
+    """Per-step vectors read on the host without stopping it: each :meth:`push` queues the
+    vector's copy to the host behind the step's kernels (``non_blocking``: into pinned memory
+    on CUDA) and records an event; :meth:`ready` returns, oldest first, the ones whose copy has
+    landed — normally the previous step's, by the time the next step is measured — and never
+    waits, unless ``wait`` (one synchronisation, for a log or save step). The values are the
+    gradients' at push time: the copy is ordered on the stream before the optimizer's update."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[torch.Tensor, Any, Any]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def push(self, vector: torch.Tensor, context: Any) -> None:
+        host = vector.to("cpu", non_blocking=True)
+        event = None
+        if vector.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((host, event, context))
+
+    def ready(self, wait: bool = False) -> list[tuple[list[float], Any]]:
+        out = []
+        while self._pending:
+            host, event, context = self._pending[0]
+            if event is not None and not event.query():
+                if not wait:
+                    break
+                event.synchronize()
+            self._pending.popleft()
+            out.append((host.tolist(), context))  # a host tensor whose copy has landed
+        return out
 
 
 def _cumsum(xs: Sequence[int]) -> list[int]:

@@ -320,6 +320,15 @@ class ExpertGradLogger:
         self._replan()
         return self._plan.sums(extras=extras)
 
+    def vector(self, extras: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """:meth:`measure`'s numbers as one device vector, without the host sync (``NormPass.vector``)."""
+        self._replan()
+        return self._plan.vector(extras=extras)
+
+    def unpack(self, values: list[float], extra_sizes: Sequence[int] = ()) -> Sums:
+        """:class:`Sums` from a :meth:`vector` read on the host."""
+        return self._plan.unpack(values, extra_sizes)
+
     def log(self, step: int, loss: float | torch.Tensor, **extra: Any) -> dict[str, Any] | None:
         """Write the line for ``step`` if it is due; return the record written (or None; also
         None on a rank that does not write)."""

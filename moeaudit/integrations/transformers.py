@@ -28,6 +28,12 @@ Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so i
 adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
 before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
 events are logged as warnings on the ``moeaudit`` logger when they fire.
+
+No host synchronisation on a training step: the pass is queued on the gradients' device and its
+one vector copied back behind the step's kernels; the line is written when that copy has landed
+(normally during the next step) and every pending line at the Trainer's log and save steps and at
+the end of training (``RunRecorder(defer=True)``; docs/benchmarks.md §7). A process killed
+between two log steps loses the lines still in flight: normally its last step's.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             rank_zero=state.is_world_process_zero,
             total=True,
             envelope=self.envelope,
+            defer=True,  # no host sync on a step: lines are written once their numbers are back
         )
         self._handle = model.register_forward_hook(self.recorder.meter.hook, with_kwargs=True)
         self._model = model

@@ -23,7 +23,7 @@ A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -49,6 +49,8 @@ class Evidence:
     band: float = 0.0
     stage_source: str = ""
     notes: Sequence[str] = field(default_factory=tuple)
+    # per checkpoint replayed below fp32: its measured agreement with fp32 (receipts' precision_agreement)
+    precision_agreement: Sequence[Mapping[str, Any]] = ()
 
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
@@ -246,6 +248,9 @@ def checks(ev: Evidence) -> list[Check]:
         refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
         handoff_check(ev.margins.get("handoff"), ev.band),
     ]
+    low = precision_check(ev.precision_agreement)
+    if low is not None:
+        out.append(low)
     dup = duplicates_check(ev.gates)
     if dup is not None:
         out.append(dup)
@@ -266,6 +271,39 @@ def checks(ev: Evidence) -> list[Check]:
         )
     )
     return out
+
+
+def precision_check(agreements: Sequence[Mapping[str, Any]]) -> Check | None:
+    """Replays below fp32 (SPEC §3 "Precision"): the boundary evidence is INCONCLUSIVE where the
+    precision's own top-k flip rate against fp32 exceeds the boundary receipts' resolution on a
+    routed layer (docs/policy.md "Reduced precision"); not a check at all for fp32 certificates."""
+    if not agreements:
+        return None
+    precision = "/".join(sorted({str(a["precision"]) for a in agreements}))
+    outside = [
+        (a["checkpoint"], layer, flip, a["resolution"]["layers"][layer])
+        for a in agreements
+        for layer, flip in a["topk_flip_rate"]["layers"].items()
+        if layer in a["resolution"]["layers"] and flip > a["resolution"]["layers"][layer]
+    ]
+    if outside:
+        shown = "; ".join(f"{c} layer {ly}: {f:.4g} > {r:.4g}" for c, ly, f, r in outside[:4])
+        more = f" (and {len(outside) - 4} more)" if len(outside) > 4 else ""
+        return _check(
+            "precision",
+            INCONCLUSIVE,
+            f"{precision} replay: its top-k flip rate against fp32 exceeds the boundary receipts' resolution "
+            f"({shown}{more}), so the boundary evidence lies inside the precision's disagreement",
+            basis="precision-agreement",
+        )
+    worst = max(f for a in agreements for f in a["topk_flip_rate"]["layers"].values())
+    return _check(
+        "precision",
+        PASS,
+        f"{precision} replay: its top-k flip rate against fp32 (at most {worst:.4g}) is within the boundary "
+        f"receipts' resolution on every routed layer of {len(agreements)} checkpoint(s)",
+        basis="precision-agreement",
+    )
 
 
 # --- verdict and promotion ------------------------------------------------------------------------

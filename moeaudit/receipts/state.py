@@ -14,11 +14,13 @@ from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
 from moeaudit.limits import check_window_len
 from moeaudit.policy import Policy
+from moeaudit.precision import REFERENCE, current, ran
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
 from moeaudit.replay import ReplayResult, replay
 from moeaudit.replay.device import device_name
 from moeaudit.replay.engine import Progress
+from moeaudit.replay.precision import check_supported
 
 SCHEMA = "moeaudit.receipts/v1"
 
@@ -31,6 +33,8 @@ def environment(device: str | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "device": device_name(device),
         "dtype": "float32",
+        # --precision other than fp32 (the reference): what ran (SPEC §3 "Precision")
+        **({"precision": ran(current(), device)} if current() != REFERENCE else {}),
     }
 
 
@@ -54,12 +58,18 @@ def run_state(
     """
     check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
+    check_supported(ckpt.spec, current())
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(
         ckpt, canary.tokens, observers=[observer], progress=progress, device=device, keep_routing=False
     )  # the observer took what the receipts need
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
+    if current() != REFERENCE:  # a lower precision is licensed only with its measured agreement
+        from moeaudit.receipts.agreement import measure
+
+        if (block := measure(ckpt, canary, doc, device)) is not None:
+            doc["precision_agreement"] = block
     if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights, StoredExperts
+from moeaudit.replay.precision import tf32_products
 
 Device = torch.device | str | None  # None: the host, with no copies at all
 HOST = torch.device("cpu")
@@ -304,5 +305,6 @@ def replay_scope(device: Device = None) -> Iterator[None]:
     with ExitStack() as stack:
         stack.enter_context(deterministic())
         stack.enter_context(ieee_float32())
+        stack.enter_context(tf32_products(prepare_device(device)))  # only under --precision tf32, on CUDA
         stack.enter_context(cublas_workspace(prepare_device(device)))
         yield

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.replay import precision
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.device import announce
 from moeaudit.replay.dsa import sparse_causal_mask
@@ -635,6 +636,9 @@ def experts_forward_sets(
     are put there under its index, for the backward to use instead of forming them again; the
     output is the one :func:`swiglu` gives (the same products in the same order)."""
     slots = _slots_of_sets(sets, len(experts)) if sorted_slots is None else sorted_slots
+    if precision.low_precision_experts():  # --precision bf16 (replay.precision)
+        precision.check_sweep(glu is not None, scales is not None, only is not None)
+        return precision.forward_sets(experts, y_NH, sets, slots)
     announce(
         experts,
         [
@@ -802,6 +806,9 @@ def experts_backward(
     ``kept``: the forward's (W1 x, W3 x) per expert (``replay.stash``), each dropped once used."""
     N, K = topk_NK.shape
     order, counts = _expert_slots(topk_NK, len(experts)) if sorted_slots is None else sorted_slots
+    if precision.low_precision_experts():  # --precision bf16 (replay.precision)
+        precision.check_sweep(glu is not None, scaled_inputs, only is not None or slot_dx)
+        return ExpertsBackward(*precision.backward(experts, y_NH, topk_NK, combine_NK, grad_NH, order, counts))
     announce(experts, [e for e, c in enumerate(counts) if c and (only is None or e in only)])  # read below
     dy_NH = y_NH.new_zeros((0, y_NH.shape[1])) if slot_dx else torch.zeros_like(y_NH)
     dx_SH = y_NH.new_zeros((N * K, y_NH.shape[1])) if slot_dx else None

@@ -255,9 +255,11 @@ def tool(stmt: Mapping[str, Any]) -> Evidence:
 
 def environment(stmt: Mapping[str, Any]) -> Evidence:
     e = _p(stmt).get("environment") or {}
+    low = e.get("precision")  # a replay below fp32 (absent: fp32, the reference)
     return Evidence(
         "predicate.environment",
-        f"torch {_g(e.get('torch'))}, device {_g(e.get('device'))}, dtype {_g(e.get('dtype'))}",
+        f"torch {_g(e.get('torch'))}, device {_g(e.get('device'))}, dtype {_g(e.get('dtype'))}"
+        + (f", computed in {low} (its agreement with fp32: predicate.precisionAgreement)" if low else ""),
         bool(e),
     )
 
