@@ -15,6 +15,8 @@ the device is synchronised) and ``peak_gb``:
 * ``receipts``: the receipts in process (fp32); ``receipts_low``: in precision P;
 * ``floor``: the bare replay, forward + backward (fp32); ``floor_low``: in precision P;
 * ``floor_overlap``: the replay with the overlap receipts' extra experts (fp32);
+* ``floor_cap``: ``floor`` with the host copies capped as on the CPU (``MOEAUDIT_HOST_COPY_BUDGET=0``:
+  a checkpoint over 512 MiB is re-read through its block digests), the weight path's A/B;
 * ``hf_fp32`` / ``hf_bf16``: what a user writes with transformers (forward with router logits,
   next-token CE, backward, per-expert gradient norms and counts).
 
@@ -61,6 +63,8 @@ def _contenders(ckpt: Path, canary: Path, device: str, precision: str, work: Pat
         "receipts": inner("receipts"),
         "floor": inner("floor"),
         "floor_overlap": inner("overlap"),
+        # the weight path's A/B: private copies capped at the CPU's 512 MiB (block-verified re-reads)
+        "floor_cap": ["env", "MOEAUDIT_HOST_COPY_BUDGET=0", *inner("floor")],
         "hf_fp32": inner("hf", "fp32"),
         "hf_bf16": inner("hf", "bf16"),
     }
@@ -82,6 +86,7 @@ RATIOS = [
     ("receipts", "floor_overlap"),
     ("floor", "hf_fp32"),
     ("floor_low", "hf_bf16"),
+    ("floor", "floor_cap"),
 ]
 
 
@@ -181,10 +186,14 @@ def _run_moeaudit(mode: str, ckpt_path: str, canary_path: str, device: str, prec
     from moeaudit.checkpoint import Checkpoint
     from moeaudit.precision import precision_mode
 
+    dev = None if device == "cpu" else device
+    if dev is not None:
+        from moeaudit.replay.hostplan import plan_host_copies
+
+        plan_host_copies(dev)  # what the CLI does for --device, before anything is hashed
     ckpt = Checkpoint(ckpt_path)
     probe = canary_mod.load(canary_path)
     _ = ckpt.digest
-    dev = None if device == "cpu" else device
     t1 = time.perf_counter()
     with precision_mode(precision):
         if mode == "receipts":
