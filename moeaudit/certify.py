@@ -80,6 +80,8 @@ def audit_run(
     run = discover(run_path)
     if until is not None:
         run = truncate(run, until)
+    # every log read once, before the replays, hashed as parsed (docs/security.md)
+    run.read_logs_once(parse_probe=policy.envelope.source == "probe")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
     warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
@@ -133,11 +135,12 @@ def audit_run(
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
 
-        ref_doc = load_reference(reference, canary, policy, device=device)
+        read_bytes: list[dict[str, Any]] = []  # the receipts file's digest, of the bytes parsed
+        ref_doc = load_reference(reference, canary, policy, device=device, hashed=read_bytes)
         if Path(reference).is_dir():  # replayed by this audit
             replayer._computed("reference", ref_doc)
         margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
-        inputs["reference"] = _reference_digest(Path(reference), ref_doc)
+        inputs["reference"] = _reference_digest(Path(reference), ref_doc, read_bytes)
     from moeaudit.series import envelope_evidence
 
     env_report, env_why = envelope_evidence(
@@ -288,30 +291,25 @@ def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) 
     }
 
 
-def _file_digest(path: Path) -> dict[str, Any]:
-    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
-
-
 def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
-    """SHA-256 of every file besides the checkpoints that a signed number rests on."""
-    out: dict[str, Any] = {}
-    for name, path in (("metrics", run.metrics), ("probe", run.probe), ("events", run.path / "events.jsonl")):
-        if path is not None and path.is_file():
-            out[name] = _file_digest(path)
-    if policy.source != BUILTIN and Path(policy.source).is_file():
-        out["policy_file"] = _file_digest(Path(policy.source))
+    """SHA-256 of every file besides the checkpoints that a signed number rests on, each of the
+    very bytes its numbers were parsed from (one read per file, docs/security.md): never a
+    second read of a path that may by now name another file."""
+    out: dict[str, Any] = {k: dict(run.inputs[k]) for k in ("metrics", "probe", "events") if k in run.inputs}
+    if policy.source != BUILTIN and (parsed := policy.file_input()) is not None:
+        out["policy_file"] = parsed
     return out
 
 
-def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    if path.is_dir():  # a checkpoint: its model-signing root digest, as for the subjects
+def _reference_digest(path: Path, doc: dict[str, Any], read: list[dict[str, Any]]) -> dict[str, Any]:
+    if not read:  # a checkpoint: its model-signing root digest, as for the subjects
         digest = doc["checkpoint"]["digest"]
         return {
             "path": path.name,
             "kind": "checkpoint",
             "root_sha256": digest["sha256"] if isinstance(digest, dict) else digest,
         }
-    return {**_file_digest(path), "kind": "receipts"}
+    return {**read[0], "kind": "receipts"}
 
 
 def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
@@ -360,41 +358,25 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
     return {**note, "layers": layers}
 
 
-def _lm_losses(path: Path) -> dict[int, float]:
-    """``lm_loss`` per step where the hook logged it: the language-model part of the objective,
-    without auxiliary (balancing) terms."""
-    import json
-
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("lm_loss"), (int, float)) and isinstance(obj.get("step"), int):
-            out[obj["step"]] = float(obj["lm_loss"])
-    return out
-
-
 def _training_loss(run: Run) -> Callable[[int], dict[str, float] | None]:
     """The run's logged training losses over the interval that ends at a gate: the mean of each
-    logged key (``loss``, the loop's reported objective; ``lm_loss`` where logged) over
-    (previous checkpoint step, this step], by name; None without logs for that interval."""
-    if run.metrics is None:
+    logged key (``loss``, the loop's reported objective; ``lm_loss``, the language-model part
+    without auxiliary balancing terms, where logged) over (previous checkpoint step, this step],
+    by name; None without logs for that interval. From the metrics log as read once
+    (:meth:`Run.read_logs_once`): the bytes whose digest the certificate signs."""
+    series = run.parsed.get("metrics")
+    if series is None:
         return lambda _step: None
-    from moeaudit.metrics import read_metrics
+    from bisect import bisect_right
 
-    series = read_metrics(run.metrics)  # validates every line
-    logged = {
-        "loss": [(s, v) for s, v in zip(series.steps, series.loss) if v is not None],
-        "lm_loss": sorted(_lm_losses(run.metrics).items()),
-    }
+    steps = series.steps
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
     def over(step: int) -> dict[str, float] | None:
+        lo, hi = bisect_right(steps, starts[step]), bisect_right(steps, step)
         out = {}
-        for key, values in logged.items():
-            picked = [v for s, v in values if starts[step] < s <= step]
+        for key, column in (("loss", series.loss), ("lm_loss", series.lm_loss)):
+            picked = [v for v in column[lo:hi] if v is not None]
             if picked:
                 out[key] = sum(picked) / len(picked)
         return out or None

@@ -303,12 +303,15 @@ def envelope_evidence(
         return None, why
     metrics = getattr(logs, "metrics", None)
     probe = getattr(logs, "probe", None)
+    parsed = getattr(logs, "parsed", {})  # the logs as read once, hashed (Run.read_logs_once)
     in_window = [s for s in sorted(docs) if start <= s <= end]
     if metrics is not None and settings.source in ("auto", "logs"):
-        series = env.from_metrics(read_metrics(metrics), settings.variant)
+        logged = parsed["metrics"] if "metrics" in parsed else read_metrics(metrics)
+        series = env.from_metrics(logged, settings.variant)
         series = series.between(start, end, include_start=False)
     elif probe is not None and settings.source == "probe":
-        series = env.from_metrics(read_metrics(probe), settings.variant, "probe")
+        logged = parsed["probe"] if "probe" in parsed else read_metrics(probe, "canary probe log")
+        series = env.from_metrics(logged, settings.variant, "probe")
         series = series.between(start, end, include_start=True)
     elif len(in_window) >= 2 and settings.source in ("auto", "replay"):
         steps, norms = norms_from_receipts({s: docs[s] for s in in_window})
