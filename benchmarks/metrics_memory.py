@@ -27,6 +27,7 @@ LAYERS, EXPERTS = 8, 8
 CHILD = r"""
 import json, resource, sys, time
 from bisect import bisect_right
+from itertools import islice
 from moeaudit.metrics import read_metrics
 
 def rss_kib():
@@ -43,7 +44,7 @@ for lo, hi in zip([-1, *ckpts[:-1]], ckpts):
     a, b = bisect_right(steps, lo), bisect_right(steps, hi)
     picked = [v for v in series.lm_loss[a:b] if v is not None]
     means.append(sum(picked) / len(picked) if picked else None)
-reach = (steps[-1], max(b - a for a, b in zip(steps, steps[1:])))
+reach = (steps[-1], max(b - a for a, b in zip(steps, islice(steps, 1, None))))
 dt = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"lines": len(steps), "seconds": dt, "peak_above_base_mib": (peak - base) / 1024,
@@ -67,18 +68,22 @@ def write_log(path: Path, lines: int, seed: int = 0) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, nargs="+", default=[250_000, 500_000, 1_000_000])
-    parser.add_argument("--dir", type=Path, default=None, help="where to write the logs (default: a temp dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="keep the logs here and reuse them (default: a temp dir)"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        where = args.dir or Path(tmp)  # --dir: the logs are kept there and reused
         for n in args.lines:
-            log = Path(tmp) / f"metrics-{n}.jsonl"
-            write_log(log, n)
+            log = where / f"metrics-{n}.jsonl"
+            if not log.is_file():
+                write_log(log.with_suffix(".part"), n)
+                log.with_suffix(".part").rename(log)
             out = subprocess.run([sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, check=True)
             row = json.loads(out.stdout)
             row["us_per_line"] = 1e6 * row["seconds"] / n
             row["bytes_per_line_peak"] = row["peak_above_base_mib"] * 2**20 / n
             print(json.dumps(row), flush=True)
-            log.unlink()
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def audit_run(
     # every log read once, before the replays, hashed as parsed (docs/security.md)
     run.read_logs_once(parse_probe=policy.envelope.source == "probe")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
+    warnings += [f"left out {name}: {why}" for name, why in run.left_out]
     left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
     warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
     for w in warnings:

@@ -21,6 +21,7 @@ the HTML page, so nobody reads it as a state of the model that was kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _reach(run: Run) -> tuple[int, int] | None:
         steps = run.parsed["metrics"].steps if "metrics" in run.parsed else read_metrics(run.metrics).steps
     except InputError:  # a log that does not read is reported by the envelope, not guessed at
         return None
-    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    gaps = (b - a for a, b in zip(steps, islice(steps, 1, None)))  # streamed: a log may be long
     return steps[-1], max(gaps, default=1)
 
 

@@ -69,10 +69,10 @@ class Column(Sequence[Any]):
     @overload
     def __getitem__(self, j: int) -> Any: ...
     @overload
-    def __getitem__(self, j: slice) -> tuple[Any, ...]: ...
+    def __getitem__(self, j: slice) -> Column: ...
     def __getitem__(self, j: int | slice) -> Any:
         if isinstance(j, slice):
-            return tuple(self._out(v) for v in self._a[j])
+            return Column(self._a[j])  # a typed copy, not a million Python objects
         return self._out(self._a[j])
 
     def _out(self, v: Any) -> Any:
@@ -204,7 +204,7 @@ def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSerie
 def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) -> MetricsSeries:
     """(line number, line, terminated by a newline) → the series; the file is never one string,
     and no parsed line is kept (a line's dict costs ~100× its numbers)."""
-    steps: array[int] = array("q")
+    steps: array[int] = array("I")  # 4 bytes a step; promoted past 2³² − 1
     loss: array[float] = array("f")  # single precision while exact (as the norms, Rows)
     lm_loss: array[float] = array("f")
     lines: array[int] = array("I")  # 4 bytes a step; promoted past 2³² − 1 lines
@@ -241,6 +241,8 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
             )
         _check_layers(line_norms, norms, first_line, where)
         first_line = first_line or n
+        if step > 0xFFFFFFFF and steps.typecode == "I":
+            steps = array("q", steps)
         steps.append(step)
         loss = _extend(loss, [math.nan if line_loss is None else line_loss])
         lm_loss = _extend(lm_loss, [_lm_loss(obj)])

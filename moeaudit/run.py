@@ -47,6 +47,9 @@ class Run:
     metrics: Path | None = None
     probe: Path | None = None  # the hook's canary_probe.jsonl (canary gradients at saves)
     # log name ("events", "metrics", "probe") → its ``predicate.inputs`` entry, of the bytes read
+    # entries named like a checkpoint whose step cannot be read (``checkpoint-500 ``,
+    # ``checkpoint-1_000``): not audited, each named with why (docs/decisions.md)
+    left_out: list[tuple[str, str]] = field(default_factory=list)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)  # "metrics" / "probe" → MetricsSeries
 
@@ -88,8 +91,9 @@ def discover(path: str | Path) -> Run:
             path=root,
             hint=f"audit its run: {root.parent} (or one checkpoint: `moeaudit receipts {root}`)",
         )
-    found = _checkpoint_dirs(root)
-    run = Run(root, [])
+    left_out: list[tuple[str, str]] = []
+    found = _checkpoint_dirs(root, left_out)
+    run = Run(root, [], left_out=left_out)
     for step, directory in found:
         if not directory.is_dir():  # a stray file, or a link that loops or dangles
             run.skipped.append((directory, f"{directory}: not a directory"))
@@ -100,6 +104,7 @@ def discover(path: str | Path) -> Run:
             run.skipped.append((directory, exc.diagnostics()))
     if not run.checkpoints:
         why = f"; skipped: {run.skipped[0][1]}" if run.skipped else ""
+        why += f"; left out {left_out[0][0]}: {left_out[0][1]}" if left_out and not run.skipped else ""
         raise InputError(f"no usable checkpoint-<step>/ directory{why}", path=root)
     logs = read_logs(root)
     run.events, run.stage, run.metrics, run.probe = logs.events, logs.stage, logs.metrics, logs.probe
@@ -127,6 +132,7 @@ def truncate(run: Run, until: int) -> Run:
         run.stage,
         run.metrics,
         run.probe,
+        list(run.left_out),
         dict(run.inputs),
         dict(run.parsed),
     )
@@ -212,12 +218,15 @@ def step_of(checkpoint: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+def _checkpoint_dirs(root: Path, left_out: list[tuple[str, str]] | None = None) -> list[tuple[int, Path]]:
     """``checkpoint-<step>`` (or torchtitan's ``step-<step>``) entries by step. A step written
     in other than ASCII digits, or two entries with the same step (``checkpoint-0100`` beside
     ``checkpoint-100``, or ``step-100``), are errors:
     which one is "step 100" would be a guess, and the second would overwrite the first's
-    receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md)."""
+    receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md). Any other entry named
+    like a checkpoint whose step is not ASCII digits alone (``checkpoint-500 ``,
+    ``checkpoint-+500``, ``checkpoint-1_000``, a newline in it) is appended to ``left_out`` as
+    (its name, shown with escapes, and why): it is not audited, and never silently."""
     found: dict[int, Path] = {}
     for d in sorted(root.iterdir()):
         prefix = next((p for p in CHECKPOINT_PREFIXES if d.name.startswith(p)), "")
@@ -229,6 +238,8 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
                 hint="rename it checkpoint-<step> with digits 0-9",
             )
         if not (m := CHECKPOINT_RE.match(d.name)):
+            if prefix and left_out is not None:
+                left_out.append((ascii(d.name), _not_a_step(suffix, prefix)))
             continue
         step = int(m.group(1))
         if step in found:
@@ -239,6 +250,19 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
             )
         found[step] = d
     return sorted(found.items())
+
+
+def _not_a_step(suffix: str, prefix: str) -> str:
+    """Why ``<prefix><suffix>`` names no step, in one line."""
+    if suffix.strip() != suffix and suffix.strip().isdecimal():
+        what = "white space around the step"
+    elif suffix[:1] in "+-" and suffix[1:].isdecimal():
+        what = f"a sign before the step ({suffix[0]!r})"
+    elif "_" in suffix and suffix.replace("_", "").isdecimal():
+        what = "an underscore in the step"
+    else:
+        what = f"{ascii(suffix)} is not a step in digits 0-9"
+    return f"not audited: {what}; a checkpoint directory is named {prefix}<step>, the step in digits 0-9 alone"
 
 
 EVENT_KEYS = frozenset({"step", "event", "note", "stage"})
