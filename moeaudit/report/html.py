@@ -20,13 +20,12 @@ from typing import Any
 
 import jinja2
 import jinja2.bccache
-from markupsafe import Markup
 
 from moeaudit.cache import ReceiptsCache
 from moeaudit.papers import GLOSSARY, PAPERS, legend, named
 from moeaudit.report import charts, svg
 from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
-from moeaudit.report.svg import num, sci, sig, signed, visible
+from moeaudit.report.svg import num, sci, sig, signed
 from moeaudit.resources import templates_dir
 
 TEMPLATE = "certificate.html.j2"
@@ -72,20 +71,12 @@ def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         bytecode_cache=SignedBytecode(compiled) if compiled is not None else None,
-        finalize=_visible,
+        finalize=svg.page_text,
     )
     env.filters["num"] = num
     env.filters["sig"] = sig
     env.filters["cite"] = cite
     return env
-
-
-def _visible(value: Any) -> Any:
-    """Every string the page prints, control characters escaped (svg.visible) before it is
-    HTML-escaped; charts (Markup) are built from escaped parts already."""
-    if isinstance(value, str) and not isinstance(value, Markup):
-        return visible(value, keep="\n\t")
-    return value
 
 
 def cite(text: Any) -> str:

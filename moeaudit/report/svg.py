@@ -48,6 +48,15 @@ def f1(x: float) -> str:
     return "0.0" if s == "-0.0" else s
 
 
+def page_text(value: Any) -> Any:
+    """Jinja ``finalize`` for the HTML pages: every string a page prints has its control
+    characters escaped (:func:`visible`, line breaks kept) before it is HTML-escaped; charts
+    (Markup) are built from escaped parts already."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value, keep="\n\t")
+    return value
+
+
 def tag(name: str, attrs: Mapping[str, Any] | None = None, *children: str) -> Markup:
     """``<name a="v">children</name>``; attribute values and str children are escaped."""
     parts = [name]
