@@ -504,7 +504,6 @@ def test_trainer_state_is_parsed_from_the_bytes_the_checkpoint_digest_covers(tmp
     parsed = hashlib.sha256(state.read_bytes()).hexdigest()
     ckpt = Checkpoint(path)
     warmup = infer_warmup(_Run([(1000, ckpt)]))  # type: ignore[list-item]
-    assert f"(sha256 {parsed[:16]}…)" in warmup.how
     other = tmp_path / "other.json"
     other.write_text('{"log_history": [{"step": 1, "learning_rate": 1.0}, {"step": 2, "learning_rate": 0.5}]}')
     os.replace(other, state)
@@ -513,6 +512,7 @@ def test_trainer_state_is_parsed_from_the_bytes_the_checkpoint_digest_covers(tmp
     assert "trainer_state.json" in exc.value.diagnostics() and "changed while it was being audited" in str(
         exc.value.diagnostics()
     )
+    assert f"(sha256 {parsed[:16]}…)" in warmup.how  # the warm-up names the bytes it came from
     fresh = Checkpoint(path)  # unchanged since it was read: the digest is of the bytes parsed
     infer_warmup(_Run([(1000, fresh)]))  # type: ignore[list-item]
     assert fresh._snapshot is None and fresh.digest and fresh._snapshot is not None
