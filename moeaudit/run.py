@@ -46,10 +46,10 @@ class Run:
     stage: str | None = None  # from events.jsonl; None = not stated there
     metrics: Path | None = None
     probe: Path | None = None  # the hook's canary_probe.jsonl (canary gradients at saves)
-    # log name ("events", "metrics", "probe") → its ``predicate.inputs`` entry, of the bytes read
     # entries named like a checkpoint whose step cannot be read (``checkpoint-500 ``,
     # ``checkpoint-1_000``): not audited, each named with why (docs/decisions.md)
     left_out: list[tuple[str, str]] = field(default_factory=list)
+    # log name ("events", "metrics", "probe") → its ``predicate.inputs`` entry, of the bytes read
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)  # "metrics" / "probe" → MetricsSeries
 
