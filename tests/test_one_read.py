@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -88,8 +89,9 @@ def _part(pred: dict[str, Any], name: str) -> Any:
     """What the certificate takes from input ``name``."""
     if name == "events":
         return pred["run"]["events"]
-    if name == "metrics":
-        return [(g["step"], g["receipts"]["training_loss"]) for g in pred["gates"]]
+    if name == "metrics":  # the envelope without its origin (the log's path differs between runs)
+        envelope = {k: v for k, v in (pred["envelope"] or {}).items() if k != "origin"}
+        return [(g["step"], g["receipts"]["training_loss"]) for g in pred["gates"]], envelope
     if name == "policy":
         return {k: v for k, v in pred["policy"].items() if k not in ("source", "origin")}
     if name == "reference":
@@ -116,7 +118,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory, samples_cache: Path) -> dict
             text = (SAMPLES / "resume" / FILES[name]).read_text()
             files[name].write_text(change(text) if v == "B" else text)
         files["policy"] = work / f"policy-{v}.toml"
-        policy = (SAMPLES / "policy.toml").read_text()
+        # constants for any model, so that the envelope is evaluated on this run's log
+        policy = re.sub(
+            r'(?m)^calibrated_model = ".*"$', 'calibrated_model = ""', (SAMPLES / "policy.toml").read_text()
+        )
         files["policy"].write_text(policy if v == "A" else policy.replace("nll_tol = 0.001", "nll_tol = 0.002"))
         variants[v] = {"run": run, **files}
     assert variants["A"]["policy"].read_text() != variants["B"]["policy"].read_text()
@@ -140,6 +145,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, samples_cache: Path) -> dict
         controls[v] = _predicate(work / f"out-{v}")
     for name in ("events", "metrics", "policy", "reference"):
         assert _part(controls["A"], name) != _part(controls["B"], name), name  # each B is visible
+    assert controls["A"]["envelope"] and controls["A"]["envelope"] != controls["B"]["envelope"]
     return {"work": work, "env": env, "key": key, "variants": variants, "controls": controls}
 
 
