@@ -93,7 +93,10 @@ def audit_run(
     mismatches = run_mismatches(canary, run.path, [ckpt.path for _, ckpt in run.checkpoints])
     if mismatches and not accept_canary_mismatch:
         raise mismatch_error(mismatches[0], "--accept-canary-mismatch (certify)")
+    # every log read once, before the replays, hashed as parsed (docs/security.md)
+    run.read_logs_once(parse_probe=policy.envelope.source == "probe")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
+    warnings += [f"left out {name}: {why}" for name, why in run.left_out]
     left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
     warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
     warnings += [
@@ -151,11 +154,12 @@ def audit_run(
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
 
-        ref_doc = load_reference(reference, canary, policy, device=device)
+        read_bytes: list[dict[str, Any]] = []  # the receipts file's digest, of the bytes parsed
+        ref_doc = load_reference(reference, canary, policy, device=device, hashed=read_bytes)
         if Path(reference).is_dir():  # replayed by this audit
             replayer._computed("reference", ref_doc)
         margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
-        inputs["reference"] = _reference_digest(Path(reference), ref_doc)
+        inputs["reference"] = _reference_digest(Path(reference), ref_doc, read_bytes)
     from moeaudit.series import envelope_evidence
 
     env_report, env_why = envelope_evidence(
@@ -343,23 +347,18 @@ def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) 
     }
 
 
-def _file_digest(path: Path) -> dict[str, Any]:
-    return {"path": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
-
-
 def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
-    """SHA-256 of every file besides the checkpoints that a signed number rests on."""
-    out: dict[str, Any] = {}
-    for name, path in (("metrics", run.metrics), ("probe", run.probe), ("events", run.path / "events.jsonl")):
-        if path is not None and path.is_file():
-            out[name] = _file_digest(path)
-    if policy.source != BUILTIN and Path(policy.source).is_file():
-        out["policy_file"] = _file_digest(Path(policy.source))
+    """SHA-256 of every file besides the checkpoints that a signed number rests on, each of the
+    very bytes its numbers were parsed from (one read per file, docs/security.md): never a
+    second read of a path that may by now name another file."""
+    out: dict[str, Any] = {k: dict(run.inputs[k]) for k in ("metrics", "probe", "events") if k in run.inputs}
+    if policy.source != BUILTIN and (parsed := policy.file_input()) is not None:
+        out["policy_file"] = parsed
     return out
 
 
-def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    if path.is_dir():  # a checkpoint: its model-signing root digest and file list, as for the subjects
+def _reference_digest(path: Path, doc: dict[str, Any], read: list[dict[str, Any]]) -> dict[str, Any]:
+    if not read:  # a checkpoint: its model-signing root digest and file list, as for the subjects
         from moeaudit.checkpoint.digest import changed, snapshot
 
         digest = doc["checkpoint"]["digest"]
@@ -368,7 +367,7 @@ def _reference_digest(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
         if snap.digest != root:
             raise changed(path, "its files no longer hash to the root digest of the replayed reference")
         return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": snap.resources}
-    return {**_file_digest(path), "kind": "receipts"}
+    return {**read[0], "kind": "receipts"}
 
 
 def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
@@ -417,41 +416,25 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
     return {**note, "layers": layers}
 
 
-def _lm_losses(path: Path) -> dict[int, float]:
-    """``lm_loss`` per step where the hook logged it: the language-model part of the objective,
-    without auxiliary (balancing) terms."""
-    import json
-
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("lm_loss"), (int, float)) and isinstance(obj.get("step"), int):
-            out[obj["step"]] = float(obj["lm_loss"])
-    return out
-
-
 def _training_loss(run: Run) -> Callable[[int], dict[str, float] | None]:
     """The run's logged training losses over the interval that ends at a gate: the mean of each
-    logged key (``loss``, the loop's reported objective; ``lm_loss`` where logged) over
-    (previous checkpoint step, this step], by name; None without logs for that interval."""
-    if run.metrics is None:
+    logged key (``loss``, the loop's reported objective; ``lm_loss``, the language-model part
+    without auxiliary balancing terms, where logged) over (previous checkpoint step, this step],
+    by name; None without logs for that interval. From the metrics log as read once
+    (:meth:`Run.read_logs_once`): the bytes whose digest the certificate signs."""
+    series = run.parsed.get("metrics")
+    if series is None:
         return lambda _step: None
-    from moeaudit.metrics import read_metrics
+    from bisect import bisect_right
 
-    series = read_metrics(run.metrics)  # validates every line
-    logged = {
-        "loss": [(s, v) for s, v in zip(series.steps, series.loss) if v is not None],
-        "lm_loss": sorted(_lm_losses(run.metrics).items()),
-    }
+    steps = series.steps
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
     def over(step: int) -> dict[str, float] | None:
+        lo, hi = bisect_right(steps, starts[step]), bisect_right(steps, step)
         out = {}
-        for key, values in logged.items():
-            picked = [v for s, v in values if starts[step] < s <= step]
+        for key, column in (("loss", series.loss), ("lm_loss", series.lm_loss)):
+            picked = [v for v in column[lo:hi] if v is not None]
             if picked:
                 out[key] = sum(picked) / len(picked)
         return out or None

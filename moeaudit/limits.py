@@ -12,11 +12,12 @@ Torch-free.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from moeaudit.errors import InputError, from_os_error
 
@@ -115,11 +116,58 @@ def read_regular(path: str | Path, what: str, limit: int) -> bytes:
     return data
 
 
-def iter_lines(path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES) -> Iterator[tuple[int, bytes, bool]]:
+class Hashed:
+    """SHA-256 and length of exactly the bytes a reader took from one open file.
+
+    A reader that parses a file feeds every byte it read here as it reads it, so the digest a
+    certificate signs is of the bytes its numbers were parsed from, never of a second read of a
+    path that may since name another file (docs/security.md, "One read per input")."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        self._sha.update(data)
+        self.size += len(data)
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+    def record(self, name: str) -> dict[str, Any]:
+        """The ``predicate.inputs`` entry: the file's name, SHA-256 and length as read."""
+        return {"path": name, "sha256": self.sha256, "bytes": self.size}
+
+
+def read_hashed(data: bytes, name: str) -> dict[str, Any]:
+    """The ``predicate.inputs`` entry of bytes already read whole (``read_regular``)."""
+    h = Hashed()
+    h.update(data)
+    return h.record(name)
+
+
+def hash_regular(path: str | Path, what: str) -> dict[str, Any]:
+    """The ``predicate.inputs`` entry of a regular file that is bound but not parsed: one
+    streamed read, nothing kept."""
+    h = Hashed()
+    with open_regular(path, what) as f:
+        try:
+            while chunk := f.read(MiB):
+                h.update(chunk)
+        except OSError as exc:
+            raise from_os_error(exc, f"cannot read {what}", path) from exc
+    return h.record(Path(path).name)
+
+
+def iter_lines(
+    path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES, hashed: Hashed | None = None
+) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, raw bytes without the newline, terminated) for each line of a text log.
 
     A line longer than ``max_line`` bytes is an input error naming ``file:line``; the line is
-    never read past the cap.
+    never read past the cap. ``hashed`` is fed every byte read, newlines included: once the
+    lines are exhausted it holds the digest of exactly the bytes yielded.
     """
     with open_regular(path, what) as f:
         n = 0
@@ -130,6 +178,8 @@ def iter_lines(path: str | Path, what: str, max_line: int = MAX_JSONL_LINE_BYTES
                 raise from_os_error(exc, f"cannot read {what}", path) from exc
             if not raw:
                 return
+            if hashed is not None:
+                hashed.update(raw)
             n += 1
             terminated = raw.endswith(b"\n")
             if len(raw) > max_line and not (terminated and len(raw) == max_line + 1):

@@ -21,6 +21,7 @@ the HTML page, so nobody reads it as a state of the model that was kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,18 @@ class Abandoned:
         return {"name": self.name, "step": self.step, "resume_step": self.resume_step, "reason": self.reason}
 
 
-def _reach(metrics: Path | None) -> tuple[int, int] | None:
-    """(last logged step, largest gap between logged steps) of the log, or None without one."""
-    if metrics is None:
+def _reach(run: Run) -> tuple[int, int] | None:
+    """(last logged step, largest gap between logged steps) of the log, or None without one.
+    The log as the audit read it once (:meth:`Run.read_logs_once`) where it did."""
+    if run.metrics is None:
         return None
     from moeaudit.metrics import read_metrics
 
     try:
-        steps = read_metrics(metrics).steps
+        steps = run.parsed["metrics"].steps if "metrics" in run.parsed else read_metrics(run.metrics).steps
     except InputError:  # a log that does not read is reported by the envelope, not guessed at
         return None
-    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    gaps = (b - a for a, b in zip(steps, islice(steps, 1, None)))  # streamed: a log may be long
     return steps[-1], max(gaps, default=1)
 
 
@@ -58,7 +60,7 @@ def abandoned(run: Run) -> list[Abandoned]:
     resumes = sorted(e.step for e in run.events if e.event == "resume")
     if not resumes:
         return []
-    reach = _reach(run.metrics)
+    reach = _reach(run)
     out = []
     for step, ckpt in run.checkpoints:
         before = [s for s in resumes if s < step]

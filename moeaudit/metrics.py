@@ -10,7 +10,8 @@ not errors, because the hook writes them on purpose: a ``null`` norm or loss (a 
 number, SPEC §10; a literal beyond the float range such as ``1e999``, which JSON reads as Inf,
 is the same finding), and an unterminated, unparseable last line (the write in progress when a
 run was interrupted; the hook drops it when it reopens the file). Nothing is dropped silently.
-The file is streamed, one line of at most 4 MiB at a time (``moeaudit.limits``).
+The file is streamed, one line of at most 4 MiB at a time (``moeaudit.limits``), hashed as it is
+read, and kept as typed arrays (:class:`Column`, :class:`Rows`), not as parsed lines.
 
 Variance definitions follow `000` Def. 6.2 and SPEC §4 "Gradients": the population variance
 over experts ``var_grad = (1/E) Σ (g_e − ḡ)²``, its scale-free form ``var_grad / ḡ²``, and the
@@ -23,14 +24,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from moeaudit.errors import InputError
 from moeaudit.jsonio import no_duplicate_keys
-from moeaudit.limits import iter_lines
+from moeaudit.limits import Hashed, iter_lines
 
 POOLED = "pooled"
 VARIANTS = ("raw", "normalized")
@@ -51,16 +53,122 @@ class Finding:
         return {"line": self.line, "step": self.step, "where": self.where, "what": self.what}
 
 
+class Column(Sequence[Any]):
+    """One value per logged step, kept in a typed array (4 or 8 bytes a step, not a Python
+    object): ints, or floats with NaN standing for a missing value, read back as None. Equal to
+    any sequence with the same items, so it reads like the tuple it replaces."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: array[Any]):
+        self._a = a
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    @overload
+    def __getitem__(self, j: int) -> Any: ...
+    @overload
+    def __getitem__(self, j: slice) -> Column: ...
+    def __getitem__(self, j: int | slice) -> Any:
+        if isinstance(j, slice):
+            return Column(self._a[j])  # a typed copy, not a million Python objects
+        return self._out(self._a[j])
+
+    def _out(self, v: Any) -> Any:
+        return None if v != v else v  # NaN (floats only): missing
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._a.typecode in "qI":
+            return iter(self._a)
+        return (None if v != v else v for v in self._a)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Column({list(self)!r})"
+
+
+class Rows(Sequence[Norms]):
+    """One layer's [S] vectors of [E] norms in one flat typed array (NaN = null), read back a
+    step at a time as a tuple. Single precision when every norm of the layer is exactly a float32
+    — what the training hook logs (``Tensor.item()`` of float32 norms) — else double, so no value
+    is ever rounded (docs/benchmarks.md, "metrics.jsonl memory")."""
+
+    __slots__ = ("_a", "width")
+
+    def __init__(self, width: int):
+        self._a: array[float] = array("f")
+        self.width = width
+
+    def append(self, vector: Norms) -> None:
+        self._a = _extend(self._a, [math.nan if v is None else v for v in vector])
+
+    def __len__(self) -> int:
+        return len(self._a) // self.width
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("step index out of range")
+        w = self.width
+        return tuple(None if v != v else v for v in self._a[j * w : (j + 1) * w])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def itemsize(self) -> int:
+        return self._a.itemsize
+
+    def __repr__(self) -> str:
+        return f"Rows({list(self)!r})"
+
+
+def _extend(a: array[float], values: list[float]) -> array[float]:
+    """``a`` (single precision while every value so far was exactly a float32) extended by
+    ``values``; promoted to double, once, by the first value a float32 would round. NaN (a null,
+    or nothing logged) is exact in either."""
+    if a.typecode == "f":
+        single = array("f", values)
+        got = single.tolist()
+        if got == values or all(x == y or (x != x and y != y) for x, y in zip(got, values, strict=True)):
+            a.extend(single)
+            return a
+        a = array("d", a)
+    a.extend(values)
+    return a
+
+
 @dataclass(frozen=True)
 class MetricsSeries:
-    """The logged steps of one ``metrics.jsonl``: loss and per-layer expert norms."""
+    """The logged steps of one ``metrics.jsonl``: loss and per-layer expert norms.
+
+    Kept compact (typed arrays, :class:`Column` and :class:`Rows`) so a log of millions of
+    lines fits in memory; ``sha256`` and ``size`` are of exactly the bytes parsed (empty for
+    :func:`parse_metrics` of a string)."""
 
     path: str
-    steps: tuple[int, ...]  # [S], strictly increasing
-    loss: tuple[float | None, ...]  # [S]
-    norms: dict[str, tuple[Norms, ...]]  # layer → [S] vectors of [E]
-    lines: tuple[int, ...]  # [S] file line of each step
+    steps: Sequence[int]  # [S], strictly increasing
+    loss: Sequence[float | None]  # [S]
+    norms: dict[str, Sequence[Norms]]  # layer → [S] vectors of [E]
+    lines: Sequence[int]  # [S] file line of each step
     findings: tuple[Finding, ...] = ()
+    lm_loss: Sequence[float | None] = ()  # [S] where logged: the objective without auxiliary terms
+    sha256: str = ""
+    size: int = 0
 
     @property
     def layers(self) -> list[str]:
@@ -70,14 +178,21 @@ class MetricsSeries:
     def num_experts(self) -> dict[str, int]:
         return {layer: len(vectors[0]) for layer, vectors in self.norms.items()}
 
+    def record(self) -> dict[str, Any]:
+        """The ``predicate.inputs`` entry of the bytes this series was parsed from."""
+        return {"path": Path(self.path).name, "sha256": self.sha256, "bytes": self.size}
+
 
 # --- reading -------------------------------------------------------------------------------------
 
 
-def read_metrics(path: str | Path) -> MetricsSeries:
-    """Stream ``path`` line by line (a regular file; each line at most MAX_JSONL_LINE_BYTES)."""
+def read_metrics(path: str | Path, what: str = "metrics log") -> MetricsSeries:
+    """Stream ``path`` line by line (a regular file; each line at most MAX_JSONL_LINE_BYTES),
+    hashing exactly the bytes parsed: one read of the file (docs/security.md)."""
     path = Path(path)
-    return _parse(iter_lines(path, "metrics log"), path)
+    hashed = Hashed()
+    series = _parse(iter_lines(path, what, hashed=hashed), path)
+    return replace(series, sha256=hashed.sha256, size=hashed.size)
 
 
 def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSeries:
@@ -87,11 +202,14 @@ def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSerie
 
 
 def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) -> MetricsSeries:
-    """(line number, line, terminated by a newline) → the series; the file is never one string."""
-    steps: list[int] = []
-    loss: list[float | None] = []
-    lines: list[int] = []
-    norms: dict[str, list[Norms]] = {}
+    """(line number, line, terminated by a newline) → the series; the file is never one string,
+    and no parsed line is kept (a line's dict costs ~100× its numbers)."""
+    steps: array[int] = array("I")  # 4 bytes a step; promoted past 2³² − 1
+    loss: array[float] = array("f")  # single precision while exact (as the norms, Rows)
+    lm_loss: array[float] = array("f")
+    lines: array[int] = array("I")  # 4 bytes a step; promoted past 2³² − 1 lines
+    norms: dict[str, Rows] = {}
+    first_line = 0
     findings: list[Finding] = []
     for n, line, terminated in numbered:
         if not line.strip():
@@ -121,16 +239,36 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
                 path=where,
                 hint="steps must strictly increase",
             )
-        _check_layers(line_norms, norms, lines, where)
+        _check_layers(line_norms, norms, first_line, where)
+        first_line = first_line or n
+        if step > 0xFFFFFFFF and steps.typecode == "I":
+            steps = array("q", steps)
         steps.append(step)
-        loss.append(line_loss)
+        loss = _extend(loss, [math.nan if line_loss is None else line_loss])
+        lm_loss = _extend(lm_loss, [_lm_loss(obj)])
+        if n > 0xFFFFFFFF and lines.typecode == "I":
+            lines = array("q", lines)
         lines.append(n)
         for layer, vector in line_norms.items():
-            norms.setdefault(layer, []).append(vector)
+            norms.setdefault(layer, Rows(len(vector))).append(vector)
     if not steps:
         raise InputError("metrics log has no logged steps", path=path)
-    ordered = {layer: tuple(norms[layer]) for layer in sorted(norms, key=_layer_key)}
-    return MetricsSeries(str(path), tuple(steps), tuple(loss), ordered, tuple(lines), tuple(findings))
+    ordered: dict[str, Sequence[Norms]] = {layer: norms[layer] for layer in sorted(norms, key=_layer_key)}
+    return MetricsSeries(
+        str(path), Column(steps), Column(loss), ordered, Column(lines), tuple(findings), Column(lm_loss)
+    )
+
+
+def _lm_loss(obj: dict[str, Any]) -> float:
+    """``lm_loss`` where the hook logged a finite one (the language-model part of the objective,
+    without auxiliary balancing terms), else NaN (not logged)."""
+    value = obj.get("lm_loss")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        return float(value) if math.isfinite(value) else math.nan
+    except OverflowError:
+        return math.nan
 
 
 class _Refused(ValueError):
@@ -195,22 +333,22 @@ def _nonfinite(what: str, logged: Any) -> str:
     return f"non-finite {what} (a number beyond the float range, read as Inf)"
 
 
-def _check_layers(line_norms: dict[str, Norms], seen: dict[str, list[Norms]], lines: list[int], where: str) -> None:
+def _check_layers(line_norms: dict[str, Norms], seen: dict[str, Rows], first_line: int, where: str) -> None:
     """Every step logs the same layers with the same number of experts as the first step."""
     if not seen:
         return
     if set(line_norms) != set(seen):
         raise InputError(
             f"layers {sorted(line_norms, key=_layer_key)} differ from "
-            f"{sorted(seen, key=_layer_key)} logged at line {lines[0]}",
+            f"{sorted(seen, key=_layer_key)} logged at line {first_line}",
             path=where,
             hint="every line must log every routed layer",
         )
     for layer, vector in line_norms.items():
-        first = len(seen[layer][0])
+        first = seen[layer].width
         if len(vector) != first:
             raise InputError(
-                f"layer {layer!r} logs {len(vector)} experts here but {first} at line {lines[0]}",
+                f"layer {layer!r} logs {len(vector)} experts here but {first} at line {first_line}",
                 path=where,
                 hint="the expert count of a layer cannot change within a run",
             )

@@ -122,11 +122,15 @@ class Policy:
     gates: GateSettings = field(default_factory=GateSettings)
     source: str = BUILTIN
     origin: str = ""  # how it was chosen (--policy, found outside the run, built-in): not hashed
+    # (SHA-256, length) of the file bytes these settings were parsed from, and the settings'
+    # digest then: a policy changed since (``replace``) no longer claims that file.
+    parsed_from: tuple[str, int, str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("source")
         out.pop("origin")
+        out.pop("parsed_from")
         settings: dict[str, Any] = json.loads(json.dumps(out))  # tuples → lists
         return settings
 
@@ -134,6 +138,15 @@ class Policy:
     def digest(self) -> str:
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def file_input(self) -> dict[str, Any] | None:
+        """The ``predicate.inputs.policy_file`` entry: the file's SHA-256 and length of the very
+        bytes these settings were parsed from (one read, docs/security.md); None when they were
+        not parsed from a file, or were changed since."""
+        if self.parsed_from is None or self.parsed_from[2] != self.digest:
+            return None
+        sha, size, _ = self.parsed_from
+        return {"path": Path(self.source).name, "sha256": sha, "bytes": size}
 
 
 SECTIONS = {"receipts": ReceiptSettings, "margins": MarginSettings, "envelope": EnvelopeSettings, "gates": GateSettings}
@@ -148,7 +161,8 @@ def load_policy(path: str | Path | None) -> Policy:
         data = tomllib.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # ValueError: UTF-8, TOML, huge ints
         raise InputError(f"policy is not valid TOML ({exc})", path=path) from exc
-    return policy_from_dict(data, path)
+    policy = policy_from_dict(data, path)
+    return replace(policy, parsed_from=(hashlib.sha256(raw).hexdigest(), len(raw), policy.digest))
 
 
 def policy_from_dict(data: dict[str, Any], path: str | Path = "<policy>") -> Policy:
@@ -196,10 +210,14 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
     if isinstance(default, int) and not isinstance(default, bool):
         if not isinstance(value, int) or isinstance(value, bool):
             raise bad("an integer")
+        if abs(value) > MAX_SETTING_INT:
+            raise _overflows(where, value, f"2⁵³ = {MAX_SETTING_INT}", path)
         return value
     if isinstance(default, float):
         if _finite(value) is None:
             raise bad("a finite number")
+        if abs(float(value)) > MAX_SETTING:
+            raise _overflows(where, value, f"{MAX_SETTING:g}", path)
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
@@ -212,12 +230,32 @@ def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
     if isinstance(default, tuple) or default is None:  # lists of numbers / layer indices
         if not isinstance(value, list) or not all(_finite(v) is not None for v in value):
             raise bad("a list of finite numbers")
+        if any(abs(v) > MAX_SETTING for v in value):
+            raise _overflows(where, max(value, key=abs), f"{MAX_SETTING:g}", path)
         if where.endswith("protected_layers"):
             if not all(isinstance(v, int) for v in value) or not value:
                 raise bad("a non-empty list of layer indices")
             return tuple(value)
         return tuple(float(v) for v in value)
     raise bad(type(default).__name__)
+
+
+# The largest magnitude a policy constant may take. A finite constant can still overflow what it
+# enters: ε/δ, ε·Δ over a window, β·x inside a soft minimum, a² of the alert rule. Every constant
+# of `000` Table 6 and `003` is within 1e-11..1e3; at most 1e12, a product of two constants and a
+# receipt value stays far inside the float range, so a verdict never ends in inf after the
+# replays (docs/policy.md, "Ranges").
+MAX_SETTING = 1e12
+MAX_SETTING_INT = 2**53  # steps, windows and counts: every integer up to it is exact as a float
+
+
+def _overflows(where: str, value: Any, cap: str, path: str | Path) -> InputError:
+    shown = repr(value) if len(repr(value)) <= 24 else f"{str(value)[:8]}… ({len(str(abs(value)))} digits)"
+    return InputError(
+        f"{where} = {shown} is out of range: a policy constant is at most {cap} in magnitude "
+        "(larger ones overflow the checks they enter)",
+        path=path,
+    )
 
 
 def _finite(value: Any) -> float | None:

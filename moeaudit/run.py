@@ -17,7 +17,7 @@ from typing import Any
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.jsonio import NotStrictJSON, strict_loads
-from moeaudit.limits import iter_lines
+from moeaudit.limits import Hashed, hash_regular, iter_lines
 from moeaudit.locate import CHECKPOINT_PREFIXES
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.integrations.hooks)
@@ -46,10 +46,33 @@ class Run:
     stage: str | None = None  # from events.jsonl; None = not stated there
     metrics: Path | None = None
     probe: Path | None = None  # the hook's canary_probe.jsonl (canary gradients at saves)
+    # entries named like a checkpoint whose step cannot be read (``checkpoint-500 ``,
+    # ``checkpoint-1_000``): not audited, each named with why (docs/decisions.md)
+    left_out: list[tuple[str, str]] = field(default_factory=list)
+    # log name ("events", "metrics", "probe") → its ``predicate.inputs`` entry, of the bytes read
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parsed: dict[str, Any] = field(default_factory=dict)  # "metrics" / "probe" → MetricsSeries
 
     @property
     def steps(self) -> list[int]:
         return [s for s, _ in self.checkpoints]
+
+    def read_logs_once(self, *, parse_probe: bool) -> None:
+        """Read metrics.jsonl (and canary_probe.jsonl) once each, hashing the very bytes parsed:
+        every number a certificate takes from a log then belongs to the digest it signs beside
+        it, whatever the path names later (docs/security.md, "One read per input"). A probe
+        that nothing parses (``parse_probe`` false) is hashed in one read and not kept."""
+        from moeaudit.metrics import read_metrics
+
+        if self.metrics is not None and "metrics" not in self.parsed:
+            self.parsed["metrics"] = read_metrics(self.metrics)
+            self.inputs["metrics"] = self.parsed["metrics"].record()
+        if self.probe is not None and "probe" not in self.parsed:
+            if parse_probe:
+                self.parsed["probe"] = read_metrics(self.probe, "canary probe log")
+                self.inputs["probe"] = self.parsed["probe"].record()
+            elif "probe" not in self.inputs:
+                self.inputs["probe"] = hash_regular(self.probe, "canary probe log")
 
 
 def discover(path: str | Path) -> Run:
@@ -68,8 +91,9 @@ def discover(path: str | Path) -> Run:
             path=root,
             hint=f"audit its run: {root.parent} (or one checkpoint: `moeaudit receipts {root}`)",
         )
-    found = _checkpoint_dirs(root)
-    run = Run(root, [])
+    left_out: list[tuple[str, str]] = []
+    found = _checkpoint_dirs(root, left_out)
+    run = Run(root, [], left_out=left_out)
     for step, directory in found:
         if not directory.is_dir():  # a stray file, or a link that loops or dangles
             run.skipped.append((directory, f"{directory}: not a directory"))
@@ -80,9 +104,12 @@ def discover(path: str | Path) -> Run:
             run.skipped.append((directory, exc.diagnostics()))
     if not run.checkpoints:
         why = f"; skipped: {run.skipped[0][1]}" if run.skipped else ""
+        why += f"; left out {left_out[0][0]}: {left_out[0][1]}" if left_out and not run.skipped else ""
         raise InputError(f"no usable checkpoint-<step>/ directory{why}", path=root)
     logs = read_logs(root)
     run.events, run.stage, run.metrics, run.probe = logs.events, logs.stage, logs.metrics, logs.probe
+    if logs.events_input is not None:
+        run.inputs["events"] = logs.events_input
     return run
 
 
@@ -105,6 +132,9 @@ def truncate(run: Run, until: int) -> Run:
         run.stage,
         run.metrics,
         run.probe,
+        list(run.left_out),
+        dict(run.inputs),
+        dict(run.parsed),
     )
 
 
@@ -116,6 +146,7 @@ class RunLogs:
     stage: str | None
     metrics: Path | None
     probe: Path | None
+    events_input: dict[str, Any] | None = None  # the digest of the events.jsonl bytes parsed
 
 
 def read_logs(root: Path) -> RunLogs:
@@ -124,9 +155,19 @@ def read_logs(root: Path) -> RunLogs:
     Present = any directory entry, so that a FIFO, device or directory under a log's name is
     refused by the reader (it is not a regular file) instead of being silently ignored."""
     events_path, metrics, probe = root / "events.jsonl", root / "metrics.jsonl", root / PROBE_FILE
-    events, stage = read_events(events_path) if os.path.lexists(events_path) else ([], None)
+    events: list[Event] = []
+    stage: str | None = None
+    record: dict[str, Any] | None = None
+    if os.path.lexists(events_path):
+        hashed = Hashed()
+        events, stage = read_events(events_path, hashed)
+        record = hashed.record(events_path.name)
     return RunLogs(
-        events, stage, metrics if os.path.lexists(metrics) else None, probe if os.path.lexists(probe) else None
+        events,
+        stage,
+        metrics if os.path.lexists(metrics) else None,
+        probe if os.path.lexists(probe) else None,
+        record,
     )
 
 
@@ -177,12 +218,15 @@ def step_of(checkpoint: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+def _checkpoint_dirs(root: Path, left_out: list[tuple[str, str]] | None = None) -> list[tuple[int, Path]]:
     """``checkpoint-<step>`` (or torchtitan's ``step-<step>``) entries by step. A step written
     in other than ASCII digits, or two entries with the same step (``checkpoint-0100`` beside
     ``checkpoint-100``, or ``step-100``), are errors:
     which one is "step 100" would be a guess, and the second would overwrite the first's
-    receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md)."""
+    receipts. A lone ``checkpoint-0100`` is step 100 (docs/decisions.md). Any other entry named
+    like a checkpoint whose step is not ASCII digits alone (``checkpoint-500 ``,
+    ``checkpoint-+500``, ``checkpoint-1_000``, a newline in it) is appended to ``left_out`` as
+    (its name, shown with escapes, and why): it is not audited, and never silently."""
     found: dict[int, Path] = {}
     for d in sorted(root.iterdir()):
         prefix = next((p for p in CHECKPOINT_PREFIXES if d.name.startswith(p)), "")
@@ -194,6 +238,8 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
                 hint="rename it checkpoint-<step> with digits 0-9",
             )
         if not (m := CHECKPOINT_RE.match(d.name)):
+            if prefix and left_out is not None:
+                left_out.append((ascii(d.name), _not_a_step(suffix, prefix)))
             continue
         step = int(m.group(1))
         if step in found:
@@ -206,17 +252,31 @@ def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def _not_a_step(suffix: str, prefix: str) -> str:
+    """Why ``<prefix><suffix>`` names no step, in one line."""
+    if suffix.strip() != suffix and suffix.strip().isdecimal():
+        what = "white space around the step"
+    elif suffix[:1] in "+-" and suffix[1:].isdecimal():
+        what = f"a sign before the step ({suffix[0]!r})"
+    elif "_" in suffix and suffix.replace("_", "").isdecimal():
+        what = "an underscore in the step"
+    else:
+        what = f"{ascii(suffix)} is not a step in digits 0-9"
+    return f"not audited: {what}; a checkpoint directory is named {prefix}<step>, the step in digits 0-9 alone"
+
+
 EVENT_KEYS = frozenset({"step", "event", "note", "stage"})
 
 
-def read_events(path: Path) -> tuple[list[Event], str | None]:
+def read_events(path: Path, hashed: Hashed | None = None) -> tuple[list[Event], str | None]:
     """The events and the stage declared in ``events.jsonl``, read strictly: these lines decide
     which gates apply and where envelope windows break, so a line that two JSON parsers could read
     differently (a key named twice, NaN or Infinity) or that says more than moeaudit reads (an
-    unknown key, a misspelt one) is refused, naming ``file:line`` (issue 24 §5)."""
+    unknown key, a misspelt one) is refused, naming ``file:line`` (issue 24 §5). ``hashed`` is fed
+    the bytes parsed (one read, :func:`moeaudit.limits.iter_lines`)."""
     events: list[Event] = []
     stated: list[tuple[int, str, int]] = []  # (step, stage, line); a metadata line is step -1
-    for n, raw, _ in iter_lines(path, "events log"):  # a regular file, lines of at most 4 MiB
+    for n, raw, _ in iter_lines(path, "events log", hashed=hashed):  # a regular file, lines ≤ 4 MiB
         if not raw.strip():
             continue
         where = f"{path}:{n}"

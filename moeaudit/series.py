@@ -341,12 +341,15 @@ def envelope_evidence(
         return None, why
     metrics = getattr(logs, "metrics", None)
     probe = getattr(logs, "probe", None)
+    parsed = getattr(logs, "parsed", {})  # the logs as read once, hashed (Run.read_logs_once)
     in_window = [s for s in sorted(docs) if start <= s <= end]
     if metrics is not None and settings.source in ("auto", "logs"):
-        series = env.from_metrics(read_metrics(metrics), settings.variant)
+        logged = parsed["metrics"] if "metrics" in parsed else read_metrics(metrics)
+        series = env.from_metrics(logged, settings.variant)
         series = series.between(start, end, include_start=False)
     elif probe is not None and settings.source == "probe":
-        series = env.from_metrics(read_metrics(probe), settings.variant, "probe")
+        logged = parsed["probe"] if "probe" in parsed else read_metrics(probe, "canary probe log")
+        series = env.from_metrics(logged, settings.variant, "probe")
         series = series.between(start, end, include_start=True)
     elif len(in_window) >= 2 and settings.source in ("auto", "replay"):
         steps, norms = norms_from_receipts({s: docs[s] for s in in_window})
@@ -392,39 +395,48 @@ def infer_warmup(run: Any) -> Warmup:
         state = Path(ckpt.path) / TRAINER_STATE
         if not os.path.lexists(state):
             continue
-        history = _log_history(state, findings)
+        history, sha = _log_history(ckpt, state, findings)
         if history is None:
             continue
         rates = _learning_rates(history, state, findings)
         if len(rates) >= 2:
             peak = max(lr for _, lr in rates)
             step = next(s for s, lr in rates if lr >= peak * (1 - 1e-6))
-            return Warmup(step, f"learning-rate peak at step {step} in {state}", tuple(findings))
+            return Warmup(step, f"learning-rate peak at step {step} in {state} (sha256 {sha[:16]}…)", tuple(findings))
         findings.append(f"{state}: fewer than two finite learning rates logged; not used")
     return Warmup(0, f"no {TRAINER_STATE} with a learning-rate history", tuple(findings))
 
 
-def _log_history(state: Path, findings: list[str]) -> list[Any] | None:
-    """``log_history`` of a trainer_state.json, or None with the reason in ``findings``."""
+def _log_history(ckpt: Any, state: Path, findings: list[str]) -> tuple[list[Any] | None, str]:
+    """(``log_history`` of a trainer_state.json, SHA-256 of the bytes parsed), or None with the
+    reason in ``findings``. Read through the checkpoint (``Checkpoint.read_member``): once,
+    pinned, and the checkpoint's root digest covers the very bytes parsed."""
+    import hashlib
+
     from moeaudit.jsonio import NotStrictJSON, strict_loads
     from moeaudit.limits import read_regular
 
     try:
-        doc = strict_loads(read_regular(state, "trainer state", MAX_TRAINER_STATE_BYTES), nonfinite=True)
-    except InputError as exc:  # not a regular file, too large, unreadable
+        if hasattr(ckpt, "read_member"):
+            raw = ckpt.read_member(TRAINER_STATE, MAX_TRAINER_STATE_BYTES)
+        else:  # a bare directory (no Checkpoint): read once all the same
+            raw = read_regular(state, "trainer state", MAX_TRAINER_STATE_BYTES)
+        sha = hashlib.sha256(raw).hexdigest()
+        doc = strict_loads(raw, nonfinite=True)
+    except InputError as exc:  # not a regular file, too large, unreadable, changed
         findings.append(f"skipped {exc.diagnostics()}")
-        return None
+        return None, ""
     except NotStrictJSON as exc:
         findings.append(f"skipped {state}: {exc}")
-        return None
+        return None, ""
     except (ValueError, RecursionError) as exc:
         findings.append(f"skipped {state}: not JSON ({exc})")
-        return None
+        return None, ""
     history = doc.get("log_history") if isinstance(doc, dict) else None
     if not isinstance(history, list):
         findings.append(f"skipped {state}: no log_history list")
-        return None
-    return history
+        return None, ""
+    return history, sha
 
 
 def _learning_rates(history: list[Any], state: Path, findings: list[str]) -> list[tuple[int, float]]:

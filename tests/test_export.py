@@ -365,6 +365,16 @@ def test_untrusted_text_is_escaped(key_pair, tmp_path: Path) -> None:
     assert "[y](" not in md and "\\[y\\](" in md  # the link is shown as text, not made live
 
 
+def test_control_characters_are_shown_escaped_in_the_html_export(key_pair, tmp_path: Path) -> None:
+    """As on certificate.html: ESC, BEL and a bidi override in a signed name reach the page as
+    their escapes, never raw."""
+    stmt = copy.deepcopy(example_statement())
+    stmt["predicate"]["run"]["name"] = "run\x1b[31m\x07\u202e"
+    html = to_html(export(verified(stmt, key_pair, tmp_path), "eu-ai-act"))
+    assert not [ch for ch in html if ch in "\x1b\x07\u202e"]
+    assert "run\\x1b[31m\\x07\\u202e" in html
+
+
 def test_renderers_are_pure_functions_of_the_report(key_pair, tmp_path: Path) -> None:
     report = export(verified(example_statement(), key_pair, tmp_path), "nist-ai-600-1")
     again = json.loads(json.dumps(report))

@@ -128,6 +128,24 @@ def test_text_is_escaped(statement: dict[str, Any]) -> None:
     assert "&lt;b&gt;ckpt&lt;/b&gt;" in html and "&lt;i&gt;web&lt;/i&gt;" in html
 
 
+def test_control_characters_are_shown_escaped(statement: dict[str, Any]) -> None:
+    """A canary domain or checkpoint name with ESC, BEL or a bidi override reaches the page (SVG
+    text, attributes and prose) as its escape, as on the terminal and in the CI outputs."""
+    stmt = copy.deepcopy(statement)
+    evil = "web\x1b[31m\x07\u202e"
+    dom = stmt["predicate"]["heatmaps"]["domains"]
+    dom["layers"]["0"][evil] = dom["layers"]["0"]["web"]
+    dom["names"][0] = evil
+    stmt["predicate"]["canary"]["domains"][0] = evil
+    stmt["subject"][1]["name"] = "checkpoint-1500\x1b]0;owned\x07"
+    stmt["predicate"]["run"]["name"] = "run\x00\x08"
+    html = render(stmt)
+    assert not [ch for ch in html if ch in "\x1b\x07\x00\x08\u202e"]
+    assert "web\\x1b[31m\\x07\\u202e" in html  # in the heatmap's SVG text and in the digests table
+    assert html.count("web\\x1b[31m") >= 2
+    assert "checkpoint-1500\\x1b]0;owned\\x07" in html and "run\\x00\\x08" in html
+
+
 def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
     stmt = copy.deepcopy(statement)
     p = stmt["predicate"]

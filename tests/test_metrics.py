@@ -182,3 +182,55 @@ def test_reads_what_the_training_hook_writes(tmp_path: Path) -> None:
     assert ms.num_experts == {"0": 4, "1": 4}
     assert list(ms.norms["0"][0]) == written[0]["expert_grad_norms"]["0"]
     assert [(f.step, f.where) for f in ms.findings] == [(15, "expert_grad_norms['1'][2]"), (None, "line")]
+
+
+# --- memory: the log is kept as typed arrays, not parsed lines (docs/benchmarks.md §9) -----------
+
+
+def _hook_log(path: Path, lines: int, layers: int = 8, experts: int = 8) -> None:
+    """What the training hook writes: float32 norms and losses (``Tensor.item()``)."""
+    import random
+    from array import array
+
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for step in range(1, lines + 1):
+            norms = {
+                str(i): array("f", [rng.uniform(1e-3, 3e-3) for _ in range(experts)]).tolist() for i in range(layers)
+            }
+            loss = array("f", [rng.uniform(2, 4)])[0]
+            f.write(json.dumps({"step": step, "loss": loss, "lm_loss": loss, "expert_grad_norms": norms}) + "\n")
+
+
+def test_a_long_log_costs_its_numbers_not_its_lines(tmp_path: Path) -> None:
+    """8 layers × 8 experts: 64 float32 norms (256 bytes) and the step, losses and line number
+    (16 bytes) a line. Parsed lines kept as dicts or tuples cost over 3 KB a line."""
+    import tracemalloc
+
+    path = tmp_path / "metrics.jsonl"
+    _hook_log(path, 4000)
+    read_metrics(path)  # imports and caches warmed
+    tracemalloc.start()
+    try:
+        series = read_metrics(path)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(series.steps) == 4000 and series.size == path.stat().st_size
+    assert kept / 4000 < 320 and peak / 4000 < 400, (kept / 4000, peak / 4000)
+
+
+def test_compact_storage_keeps_every_value_exactly(tmp_path: Path) -> None:
+    """Single precision only while every value is exactly a float32; the first value it would
+    round promotes the layer to double, and the values read back are the values logged."""
+    logged = [
+        line(10, {"0": [0.5, 0.25], "1": [0.1, None]}, loss=2.5),
+        line(20, {"0": [0.75, 1.0], "1": [0.2, 0.3]}, loss=None, lm_loss=1.25),
+    ]
+    series = parse_metrics(text(*logged))
+    assert series.norms["0"] == ((0.5, 0.25), (0.75, 1.0))
+    assert series.norms["0"].itemsize == 4  # type: ignore[attr-defined]
+    assert series.norms["1"] == ((0.1, None), (0.2, 0.3))  # 0.1 is no float32: kept as double
+    assert series.norms["1"].itemsize == 8  # type: ignore[attr-defined]
+    assert series.loss == (2.5, None) and series.lm_loss == (None, 1.25)
+    assert list(series.steps[1:]) == [20] and series.steps[-1] == 20

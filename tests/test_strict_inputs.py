@@ -485,3 +485,80 @@ def test_an_error_about_a_staged_file_names_it_under_out(tmp_path: Path) -> None
         raise InputError("the certificate would be too large", path=target.staging / "certificate.json")
     assert info.value.diagnostics().startswith(f"{out / 'certificate.json'}: the certificate would be")
     assert str(out / "certificate.json") in str(info.value)
+
+
+@needs_samples
+def test_trainer_state_is_parsed_from_the_bytes_the_checkpoint_digest_covers(tmp_path: Path) -> None:
+    """The warm-up is read from trainer_state.json once, through the checkpoint: the root digest
+    covers exactly the bytes parsed, so a trainer_state.json renamed over it afterwards is named
+    as changed instead of being digested silently beside a warm-up taken from the other file."""
+    import hashlib
+
+    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.errors import CheckpointError
+    from moeaudit.series import infer_warmup
+
+    path = tmp_path / "checkpoint-1000"
+    shutil.copytree(SAMPLES / "healthy" / "checkpoint-1000", path)
+    state = path / "trainer_state.json"
+    parsed = hashlib.sha256(state.read_bytes()).hexdigest()
+    ckpt = Checkpoint(path)
+    warmup = infer_warmup(_Run([(1000, ckpt)]))  # type: ignore[list-item]
+    other = tmp_path / "other.json"
+    other.write_text('{"log_history": [{"step": 1, "learning_rate": 1.0}, {"step": 2, "learning_rate": 0.5}]}')
+    os.replace(other, state)
+    with pytest.raises(CheckpointError) as exc:
+        _ = ckpt.digest
+    assert "trainer_state.json" in exc.value.diagnostics() and "changed while it was being audited" in str(
+        exc.value.diagnostics()
+    )
+    assert f"(sha256 {parsed[:16]}…)" in warmup.how  # the warm-up names the bytes it came from
+    fresh = Checkpoint(path)  # unchanged since it was read: the digest is of the bytes parsed
+    infer_warmup(_Run([(1000, fresh)]))  # type: ignore[list-item]
+    assert fresh._snapshot is None and fresh.digest and fresh._snapshot is not None
+    assert fresh._snapshot.per_file["trainer_state.json"] == hashlib.sha256(state.read_bytes()).hexdigest()
+
+
+LOOK_ALIKES = {
+    "checkpoint-500 ": "'checkpoint-500 ': not audited: white space around the step",
+    "checkpoint-+500": "'checkpoint-+500': not audited: a sign before the step ('+')",
+    "checkpoint-1_000": "'checkpoint-1_000': not audited: an underscore in the step",
+    "checkpoint-5\n00": "'checkpoint-5\\n00': not audited: '5\\n00' is not a step in digits 0-9",
+    "step-x": "'step-x': not audited: 'x' is not a step in digits 0-9",
+}
+
+
+@needs_samples
+def test_directories_named_like_checkpoints_are_each_named_with_why(tmp_path: Path) -> None:
+    """A directory whose name looks like a checkpoint but gives no step is left out of the audit,
+    and named — one line each, control characters escaped — never silently."""
+    from moeaudit.attest.signing import generate_key
+    from moeaudit.run import discover
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(SAMPLES / "healthy" / "checkpoint-1000", run / "checkpoint-1000")
+    for name in LOOK_ALIKES:
+        shutil.copytree(SAMPLES / "healthy" / "checkpoint-1000", run / name)
+    found = discover(run)
+    assert found.steps == [1000]
+    assert sorted(f"{n}: {why.split(';')[0]}" for n, why in found.left_out) == sorted(LOOK_ALIKES.values())
+    generate_key(tmp_path / "key")
+    result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}).invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--key",
+            str(tmp_path / "key"),
+            "--out",
+            str(tmp_path / "out"),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning: left out ")]
+    assert sorted(line.removeprefix("warning: left out ").split(";")[0] for line in lines) == sorted(
+        LOOK_ALIKES.values()
+    ), result.stderr

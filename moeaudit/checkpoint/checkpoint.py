@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from moeaudit.checkpoint import mxfp4
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
-from moeaudit.checkpoint.digest import FileId, Snapshot, read_bytes, snapshot
+from moeaudit.checkpoint.digest import FileId, Snapshot, changed, read_bytes, snapshot
 from moeaudit.checkpoint.safetensors import (
     FLOAT_DTYPES,
     DuplicateKey,
@@ -374,6 +374,25 @@ class Checkpoint:
         raw, self._pins["config.json"] = read_bytes(cfg_path, limit=MAX_CONFIG_BYTES)
         self._hashed["config.json"] = hashlib.sha256(raw).digest()
         return parse_config(raw, cfg_path)
+
+    def read_member(self, name: str, limit: int) -> bytes:
+        """A small file of this checkpoint that some step reads on its own (``trainer_state.json``)
+        read once, pinned, and hashed from the bytes returned: the root digest covers exactly
+        these bytes — or, were it taken before, they must hash to its part of it
+        (docs/security.md, "One read per input")."""
+        path = self.path / name
+        raw, fid = read_bytes(path, expect=self._pins.get(name), limit=limit)
+        sha = hashlib.sha256(raw).digest()
+        before = self._hashed.get(name) or (
+            bytes.fromhex(self._snapshot.files[name][1])
+            if self._snapshot is not None and name in self._snapshot.files
+            else None
+        )
+        if before is not None and before != sha:
+            raise changed(path, "its bytes no longer hash to the digest")
+        self._pins.setdefault(name, fid)
+        self._hashed[name] = sha
+        return raw
 
     def _open_files(self) -> None:
         index = self.path / INDEX_NAME

@@ -14,7 +14,7 @@ from moeaudit.checkpoint.checkpoint import ARCH_FIELDS, check_compatible  # noqa
 from moeaudit.checkpoint.safetensors import DuplicateKey, no_duplicate_keys
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
-from moeaudit.limits import MAX_RECEIPTS_BYTES, read_regular
+from moeaudit.limits import MAX_RECEIPTS_BYTES, read_hashed, read_regular
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
@@ -26,14 +26,22 @@ SCHEMA = "moeaudit.compare/v1"
 
 
 def load_reference(
-    path: str | Path, canary: Canary, policy: Policy, progress: Progress | None = None, device: str | None = None
+    path: str | Path,
+    canary: Canary,
+    policy: Policy,
+    progress: Progress | None = None,
+    device: str | None = None,
+    hashed: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A reference is a healthy checkpoint directory (replayed on ``device``) or its receipts
-    JSON on the same canary."""
+    JSON on the same canary. For a receipts file, ``hashed`` receives the ``predicate.inputs``
+    entry of the very bytes parsed (one read, docs/security.md)."""
     path = Path(path)
     if path.is_dir():
         return run_state(Checkpoint(path), canary, policy, progress=progress, device=device)[0]
     raw = read_regular(path, "reference receipts", MAX_RECEIPTS_BYTES)
+    if hashed is not None:
+        hashed.append(read_hashed(raw, path.name))
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:  # readers would disagree on which value counts

@@ -953,6 +953,7 @@ def _md_list(title: str, lines: list[str]) -> list[str]:
 def _environment() -> Any:
     import jinja2
 
+    from moeaudit.report.svg import page_text
     from moeaudit.resources import templates_dir
 
     return jinja2.Environment(
@@ -962,6 +963,7 @@ def _environment() -> Any:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=page_text,  # control characters shown escaped, as on the certificate page
     )
 
 

@@ -71,6 +71,7 @@ def _environment(compiled: ReceiptsCache | None = None) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         bytecode_cache=SignedBytecode(compiled) if compiled is not None else None,
+        finalize=svg.page_text,
     )
     env.filters["num"] = num
     env.filters["sig"] = sig

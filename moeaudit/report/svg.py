@@ -1,13 +1,15 @@
 """SVG primitives for the certificate's charts: escaped tags, scales, ticks, colors, axes.
 
 Every text node and attribute goes through :func:`tag`, so a checkpoint, layer or domain name
-can never inject markup. Coordinates and labels use fixed formats (one decimal for
-coordinates), so the same input gives the same bytes. Pure Python; no scripts, no URLs.
+can never inject markup, and its control characters are shown escaped (:func:`visible`).
+Coordinates and labels use fixed formats (one decimal for coordinates), so the same input gives
+the same bytes. Pure Python; no scripts, no URLs.
 """
 
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,11 +26,35 @@ BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#217
 
 # --- primitives ----------------------------------------------------------------------------------
 
+# Bidirectional embeddings, overrides and isolates: they reorder the text around them on screen.
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def visible(text: str, keep: str = "") -> str:
+    """``text`` with each control character (ESC, BEL, NUL, …; bidi overrides) written as its
+    Python escape (``\\x1b``), as the terminal and CI outputs write them (errors.short_line):
+    a name taken from the audited party's files reaches the page as text, never as a control.
+    ``keep``: control characters left as they are (line breaks of page prose)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        repr(ch)[1:-1] if (unicodedata.category(ch) == "Cc" or ch in _BIDI) and ch not in keep else ch for ch in text
+    )
+
 
 def f1(x: float) -> str:
     """A coordinate: one decimal, no negative zero."""
     s = f"{x:.1f}"
     return "0.0" if s == "-0.0" else s
+
+
+def page_text(value: Any) -> Any:
+    """Jinja ``finalize`` for the HTML pages: every string a page prints has its control
+    characters escaped (:func:`visible`, line breaks kept) before it is HTML-escaped; charts
+    (Markup) are built from escaped parts already."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value, keep="\n\t")
+    return value
 
 
 def tag(name: str, attrs: Mapping[str, Any] | None = None, *children: str) -> Markup:
@@ -37,9 +63,9 @@ def tag(name: str, attrs: Mapping[str, Any] | None = None, *children: str) -> Ma
     for key, value in (attrs or {}).items():
         if value is None:
             continue
-        text = f1(value) if isinstance(value, float) else str(value)
+        text = f1(value) if isinstance(value, float) else visible(str(value))
         parts.append(f'{key}="{escape(text)}"')
-    inner = "".join(str(escape(c)) for c in children)
+    inner = "".join(str(c) if isinstance(c, Markup) else str(escape(visible(c))) for c in children)
     head = " ".join(parts)
     return Markup(f"<{head}>{inner}</{name}>" if inner else f"<{head}/>")
 
