@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU run that measures everything the GPU issue asks for, to run first in a session lent a GPU
+# (docs/benchmarks.md §11). Needs, copied into ignored folders of the checkout and carried:
+#   .gpu/  the shared gpu-probe (certcmp.py, callback_gpu.py)
+#   .whl/  wheels the GPU image lacks (cryptography, cffi, pycparser, jsonschema + its three deps,
+#          the transformers the tests use) for CPython 3.12 manylinux x86-64
+# Stage limits (seconds) S1 S3 S4 keep the whole run under 600 s; figures and logs go to $OUT.
+set -u
+export PYTHONUNBUFFERED=1 PROJ=$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PROJ
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+G=$PROJ/.gpu W=/tmp/w; mkdir -p $W
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  lscpu | grep -E "Model name|^CPU\(s\)"; } | tee "$OUT/env.txt"
+T0=$(date +%s); t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+t "stage 1: every CUDA test"
+MODS=$(grep -l "cuda" tests/test_*.py | tr '\n' ' ')
+timeout "${S1:-150}" python3 -m pytest -q --tb=short -p no:cacheprovider -p no:benchmark -rfE -n 8 --timeout 120 \
+  $MODS -k "cuda and not dispatches and not without_a_gpu" > "$OUT/stage1.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/stage1.log" | tail -12
+
+t "stage 2: certify healthy/deepseek on cuda vs cpu"
+for run in healthy deepseek; do
+  for dev in cuda cpu; do
+    extra=(); [[ $dev == cuda ]] && extra=(--device cuda)
+    timeout 60 python3 -m moeaudit certify "$PROJ/sample_checkpoints/$run" --out "$W/$run-$dev" --no-cache "${extra[@]}" 2>&1 | tail -1
+  done
+  python3 "$G/certcmp.py" "$W/$run-cuda" "$W/$run-cpu" > "$OUT/certcmp-$run.log" 2>&1; head -8 "$OUT/certcmp-$run.log"
+done
+
+t "stage 3: replay speed (fp32, bf16, the weight path's A/B, transformers)"
+timeout "${S3:-220}" python3 benchmarks/gpu.py --device cuda --precision bf16 --rounds "${ROUNDS:-2}" --work $W/gb --timeout 100 \
+  --only cli,cli_low,floor,floor_low,floor_cap,hf_fp32,hf_bf16 --out "$OUT/gpu_bench.json" 2>&1 | grep -v -i warn | tee "$OUT/bench.log"
+
+t "stage 3b: profile of the replay"
+timeout 60 python3 benchmarks/profile_replay.py $W/gb/gpu/ckpt $W/gb/gpu/canary.safetensors "$OUT" 2>&1 | grep -v -i warn
+
+t "stage 4: the Trainer callback's overhead"
+timeout "${S4:-80}" python3 "$G/callback_gpu.py" "${STEPS:-30}" 2 2>&1 | tee "$OUT/callback.log" | grep -v Warning | tail -6
+t "done"
