@@ -298,11 +298,24 @@ def envelope_evidence(
     from moeaudit.metrics import read_metrics
 
     settings = policy.envelope
-    why = envelope_applies(settings, stage, spec)
-    if why:
-        return None, why
     metrics = getattr(logs, "metrics", None)
     probe = getattr(logs, "probe", None)
+    # A policy's envelope that cannot be evaluated on this run (its constants fitted on another
+    # stage or model, or its source file absent) never leaves the envelope unjudged: the
+    # built-in rules are evaluated instead, on the series they would read — the logs, else the
+    # replays' per-expert canary gradients (docs/policy.md, "envelope fallback").
+    fallback = envelope_applies(settings, stage, spec)
+    if fallback is None and settings.source in ("logs", "probe"):
+        named = metrics if settings.source == "logs" else probe
+        if named is None:
+            file = "metrics.jsonl" if settings.source == "logs" else PROBE_FILE
+            fallback = (
+                f"the policy's envelope reads {file} (envelope.source = {settings.source!r}) and the run has none"
+            )
+    if fallback is not None:
+        from moeaudit.policy import EnvelopeSettings
+
+        settings = EnvelopeSettings()
     in_window = [s for s in sorted(docs) if start <= s <= end]
     if metrics is not None and settings.source in ("auto", "logs"):
         series = env.from_metrics(read_metrics(metrics), settings.variant)
@@ -319,7 +332,8 @@ def envelope_evidence(
             "probe": f"{PROBE_FILE} " + ("present" if probe else "absent"),
             "replay": f"{len(in_window)} checkpoint(s) in steps {start}–{end}",
         }
-        return None, (f"no series for policy source {settings.source!r}: {'; '.join(have.values())}")
+        why = f"no series for policy source {settings.source!r}: {'; '.join(have.values())}"
+        return None, why if fallback is None else f"{fallback}; the built-in rules found {why}"
     series = series.since(settings.warmup_steps)
     if len(series.steps) < 2:
         return None, (
@@ -327,6 +341,8 @@ def envelope_evidence(
             f"{start}–{end} after the warm-up (step {settings.warmup_steps})"
         )
     report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+    if fallback is not None:
+        report["fallback"] = fallback
     return report, None
 
 

@@ -142,6 +142,16 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     makes the check INCONCLUSIVE, never PASS (issue 23 §1)."""
     if report is None:
         return _check("envelope", None, why_not or "no gradient series for this window")
+    check = _policy_envelope_check(report)
+    if report.get("fallback"):  # the policy's own envelope could not be evaluated here
+        reason = (
+            f"the policy's envelope could not be evaluated ({report['fallback']}); built-in rules: {check['reason']}"
+        )
+        return cast(Check, {**check, "reason": reason})
+    return check
+
+
+def _policy_envelope_check(report: EnvelopeReport) -> Check:
     vacuous = report.get("sampling", {}).get("vacuous", [])
     if vacuous and set(vacuous) >= set(report["series"]):
         return _check("envelope", None, report["sampling"]["warnings"][-1])
