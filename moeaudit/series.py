@@ -336,8 +336,11 @@ def envelope_evidence(
         return None, why if fallback is None else f"{fallback}; the built-in rules found {why}"
     series = series.since(settings.warmup_steps)
     if len(series.steps) < 2:
-        return None, (
-            f"fewer than two samples of the {series.source} series in steps "
+        from moeaudit.judge.decide import NotEvaluable
+
+        # a series exists and the rules could not judge it: INCONCLUSIVE, never a pass
+        return None, NotEvaluable(
+            f"could not be evaluated: fewer than two samples of the {series.source} series in steps "
             f"{start}–{end} after the warm-up (step {settings.warmup_steps})"
         )
     report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)

@@ -35,6 +35,12 @@ HOLD: Final = "HOLD"
 STAGES = ("pretraining", "post-training")
 
 
+class NotEvaluable(str):
+    """Why an envelope series that exists could not be judged (a policy's warm-up covering the
+    whole window): the check is INCONCLUSIVE, never "not evaluated" and so never a pass. A
+    plain string reason is a window with no series at all (SPEC §8: not gated)."""
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything a verdict is made of; plain data."""
@@ -141,7 +147,8 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     was not fitted on (docs/policy.md). A gated rule the series cannot fire (too short a span)
     makes the check INCONCLUSIVE, never PASS (issue 23 §1)."""
     if report is None:
-        return _check("envelope", None, why_not or "no gradient series for this window")
+        status = INCONCLUSIVE if isinstance(why_not, NotEvaluable) else None
+        return _check("envelope", status, why_not or "no gradient series for this window")
     check = _policy_envelope_check(report)
     if report.get("fallback"):  # the policy's own envelope could not be evaluated here
         reason = (
