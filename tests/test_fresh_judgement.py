@@ -124,6 +124,16 @@ def test_a_confident_router_is_not_a_failure(fresh_runs, cache) -> None:
     _held_is_computed(pred)
 
 
+def test_held_is_signed_only_for_a_computed_c2_on_every_fresh_run(fresh_runs, cache) -> None:
+    """The invariant over every fresh run (healthy, collapsing, overfitting, awkwardly saved,
+    top-1, confident): no gate signs that C2 held unless C2 was computed on every protected
+    layer there and at its baseline, and no receipt the gates rest on is NaN."""
+    for name in fresh_runs:
+        pred = _audit(fresh_runs[name], cache)
+        _held_is_computed(pred)
+        assert not any("overlap.c2" in c["reason"] for c in pred["checks"] if c["name"] == "finite"), name
+
+
 def test_c2_leaves_out_only_tokens_without_a_pair_weight() -> None:
     """Per token: a pair weight of 0 makes the token undefined (left out), any positive weight
     keeps it; the mean over the kept tokens is the plain mean when every token is kept."""
