@@ -13,9 +13,10 @@ What is fitted, and how (docs/policy.md is the reference):
   already meant to pass healthy runs; calibration widens them only where this model needs it.
 
 Refused (exit 4, one line, the reason): calibrating on a run that fails the absolute health
-floors, or whose own certificate under the built-in policy is not PASS; any constant that cannot fail — a threshold of 0, ε/δ ≥ E − 1 for the normalized
-variance, tol_c2_rel ≥ 1 — and any envelope under which a synthetic starved version of the
-run (one expert per layer carrying the gradient, or half the experts at zero) is compliant.
+floors, or whose own certificate under the built-in policy is not PASS; any constant that
+cannot fail — a threshold of 0, ε/δ ≥ E − 1 for the normalized variance, tol_c2_rel ≥ 1 — and
+any envelope under which a synthetic starved version of the run (one expert per layer carrying
+the gradient, or half the experts at zero) is compliant.
 """
 
 from __future__ import annotations

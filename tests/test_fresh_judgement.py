@@ -289,6 +289,27 @@ def test_a_series_the_rules_cannot_judge_is_inconclusive_never_a_pass(fresh_runs
     assert pred["verdict"] == "INCONCLUSIVE" and "envelope inconclusive" in pred["verdict_reason"]
 
 
+def test_a_variance_bound_nothing_could_fail_does_not_hide_a_starved_expert() -> None:
+    """A vacuous variance side is not evaluated, but the level rule's finding still fails."""
+    from moeaudit.judge.decide import envelope_check
+
+    starved = {"layer": "0", "expert": 1, "step": 320, "share": 0.0, "steps": 100, "fraction": 1.0}
+    report: dict[str, Any] = {
+        "compliant": False,
+        "first_violation": None,
+        "source": "replay",
+        "series": {"pooled": [], "0": []},
+        "sampling": {"vacuous": ["pooled", "0"], "warnings": ["vacuous at this sampling: …"]},
+        "rules": {"starvation": {"share": 0.01}},
+        "starvation": [starved],
+    }
+    check = envelope_check(report, None)  # type: ignore[arg-type]
+    assert (check["evaluated"], check["status"]) == (True, "FAIL")
+    assert "expert 1" in check["reason"] and "starved" in check["reason"]
+    report["starvation"] = []
+    assert envelope_check(report, None)["status"] is None  # type: ignore[arg-type]
+
+
 # --- calibrate fits only healthy runs -------------------------------------------------------------
 
 

@@ -159,14 +159,14 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
 
 
 def _policy_envelope_check(report: EnvelopeReport) -> Check:
-    vacuous = report.get("sampling", {}).get("vacuous", [])
-    if vacuous and set(vacuous) >= set(report["series"]):
-        return _check("envelope", None, report["sampling"]["warnings"][-1])
     window = report.get("window")
     span = f" over steps {window['from']}–{window['to']}" if window else ""
+    starved = report.get("starvation") or []
+    vacuous = report.get("sampling", {}).get("vacuous", [])
+    if vacuous and set(vacuous) >= set(report["series"]) and not starved:  # a found starvation still fails
+        return _check("envelope", None, report["sampling"]["warnings"][-1])
     gated_variance = bool(report.get("calibrated"))
     variance_ok = report.get("variance_compliant", report["compliant"])
-    starved = report.get("starvation") or []
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
         fv: Violation = {
