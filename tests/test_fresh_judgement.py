@@ -90,7 +90,7 @@ def _held_is_computed(pred: dict[str, Any]) -> None:
 # --- a confident router is not a failure -------------------------------------------------------
 
 
-def test_a_confident_router_is_not_a_failure(fresh_runs, cache) -> None:
+def test_a_confident_router_is_not_a_failure(fresh_runs, env, cache, tmp_path) -> None:
     """Router rate ×1000 for 30 steps: the co-active partner's ρ underflows to exactly 0 on
     some canary tokens. C2 is the mean over the tokens with a pair weight, those left out are
     counted, every receipt is finite, and the healthy run passes with C2 signed as held over
@@ -122,6 +122,15 @@ def test_a_confident_router_is_not_a_failure(fresh_runs, cache) -> None:
     first = pred["gates"][0]["receipts"]["per_layer"]
     assert all("c2_excluded_tokens" not in row for row in first)
     _held_is_computed(pred)
+    # and the CI gate promotes the last checkpoint (it held every candidate on a NaN)
+    steps, out = _steps(run), tmp_path / "gate.json"
+    result = CliRunner(env=env).invoke(
+        cli,
+        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
+        + ["--canary", str(run / "canary.safetensors")],
+    )
+    assert result.exit_code == 0, result.output + result.stderr
+    assert json.loads(out.read_text())["decision"] == "PROMOTE"
 
 
 def test_held_is_signed_only_for_a_computed_c2_on_every_fresh_run(fresh_runs, cache) -> None:
