@@ -65,7 +65,9 @@ RECIPE_FILE = "recipe.json"  # written last into a run: its presence means the r
 class Recipe:
     """How one run is trained; every field enters the cache key."""
 
-    kind: str  # "healthy" | "collapse" | "overfit" | "stress" (healthy training, awkward layout)
+    # "healthy" | "collapse" | "overfit" | "stress" (healthy training, awkward layout) |
+    # "confident" (a router boosted into exact-zero combine weights) | "top1" | "killed" | "shift"
+    kind: str
     family: str = "mixtral"  # a transformers model_type moeaudit replays
     loop: str = "trainer"  # "trainer" (HF Trainer + MoeauditCallback) | "torch" (own loop + RunRecorder)
     seed: int = 0
