@@ -143,6 +143,39 @@ def test_held_is_signed_only_for_a_computed_c2_on_every_fresh_run(fresh_runs, ca
         assert not any("overlap.c2" in c["reason"] for c in pred["checks"] if c["name"] == "finite"), name
 
 
+def test_a_c2_that_was_not_computed_is_never_signed_held(fresh_runs, cache) -> None:
+    """k = 2 receipts of the confident run with one protected layer's C2 null at the last
+    checkpoint (a receipt that was not finite): "not computed" is said, no C2 is signed as held,
+    the structure is not established (never GREEN) and the CI condition names the layer."""
+    import copy
+
+    from moeaudit.judge.gates import Checkpointed, evaluate_gates
+    from moeaudit.judge.promote import candidate_condition
+
+    run = fresh_runs["confident-router"]
+    audit = audit_run(run, load(run / "canary.safetensors"), Policy(), cache=ReceiptsCache(cache))
+    pred = audit.statement["predicate"]
+    docs = {g["step"]: copy.deepcopy(audit.receipts[f"checkpoint-{g['step']}.json"]) for g in pred["gates"]}
+    last, layer = max(docs), pred["protected_layers"][0]
+    entry = next(e for e in docs[last]["layers"] if e["layer"] == layer)
+    entry["overlap"]["c2"] = None
+    points = [Checkpointed(step, doc, "first" if step == min(docs) else None) for step, doc in sorted(docs.items())]
+    policy = Policy()
+    gates = evaluate_gates(points, pred["protected_layers"], policy.gates, resamples=0)
+    g = gates[-1]
+    st = g["structural"]
+    assert st["c2_status"] == "not computed" and st["c2_not_computed_layers"] == [layer] and not st["ok"]
+    assert g["status"] == "YELLOW"
+    sentences = _sentences(g)
+    assert not any(s.startswith(HELD) for s in sentences)
+    assert any(f"not computed on protected layer(s) [{layer}]" in s for s in sentences)
+    assert not any(s.startswith("structure preserved") for s in sentences)
+    cond = candidate_condition(g, policy.gates)
+    assert cond["status"] == "fail" and "C2 not computed" in cond["detail"]
+    assert any(f["what"] == f"C2 on protected layer {layer} not computed" for f in cond["failed"])
+    assert gates[1]["status"] == "GREEN"  # the untouched gate before it
+
+
 def test_c2_leaves_out_only_tokens_without_a_pair_weight() -> None:
     """Per token: a pair weight of 0 makes the token undefined (left out), any positive weight
     keeps it; the mean over the kept tokens is the plain mean when every token is kept."""
