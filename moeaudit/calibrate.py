@@ -13,9 +13,10 @@ What is fitted, and how (docs/policy.md is the reference):
   already meant to pass healthy runs; calibration widens them only where this model needs it.
 
 Refused (exit 4, one line, the reason): calibrating on a run that fails the absolute health
-floors; any constant that cannot fail — a threshold of 0, ε/δ ≥ E − 1 for the normalized
-variance, tol_c2_rel ≥ 1 — and any envelope under which a synthetic starved version of the
-run (one expert per layer carrying the gradient, or half the experts at zero) is compliant.
+floors, or whose own certificate under the built-in policy is not PASS; any constant that
+cannot fail — a threshold of 0, ε/δ ≥ E − 1 for the normalized variance, tol_c2_rel ≥ 1 — and
+any envelope under which a synthetic starved version of the run (one expert per layer carrying
+the gradient, or half the experts at zero) is compliant.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError
-from moeaudit.policy import GateSettings, Policy, to_toml, validate
+from moeaudit.policy import BUILTIN, GateSettings, Policy, to_toml, validate
 
 SAFETY = 2.0  # every fitted excursion is doubled (the level side already halves its share)
 
@@ -198,6 +199,17 @@ def calibrate_run(
             path=run_dir,
             hint="calibrate on a run that clears the absolute health floors",
         )
+    # Only a run the built-in policy certifies PASS is "the healthy run": a failing or
+    # inconclusive one would set loose tolerances that then transfer to every other run
+    # (docs/policy.md, "What calibrate does and refuses").
+    own = pred if base.source == BUILTIN else _builtin_predicate(run_dir, canary, cache, say, progress)
+    if own["verdict"] != "PASS":
+        raise InputError(
+            f"not a healthy run: its certificate under the built-in policy is {own['verdict']} "
+            f"({own['verdict_reason']})",
+            path=run_dir,
+            hint="calibrate on a run that moeaudit certify passes under the built-in defaults",
+        )
     steps = (pred["run"]["checkpoints"][0], pred["run"]["checkpoints"][-1])
     gates, fitted = fit_gates(
         pred["gates"],
@@ -250,6 +262,13 @@ def calibrate_run(
     policy = replace(base, envelope=settings, gates=gates)
     validate(policy, "<calibrated policy>")
     return CalibrationResult(policy, fitted, NOT_FITTED, steps, (series.steps[0], series.steps[-1]), warnings)
+
+
+def _builtin_predicate(run_dir: Path, canary: Any, cache: Any, say: Callable[[str], None], progress: Any) -> Any:
+    """The run's own certificate predicate under the built-in policy."""
+    from moeaudit.certify import audit_run
+
+    return audit_run(run_dir, canary, Policy(), cache=cache, say=say, progress=progress).statement["predicate"]
 
 
 LADDER = (2, 5, 10, 20, 50, 100, 200, 500)  # block sizes tried after the native sampling

@@ -350,7 +350,9 @@ class LayerSummary(TypedDict):
     layer: int
     c2: float | None
     c2_ci95: Interval | None
-    dead: int
+    dead: int  # no token routed to it, or no canary gradient reaching it (gates.dead_experts)
+    no_gradient: NotRequired[list[int]]  # routed experts with no canary gradient (zero weights)
+    c2_excluded_tokens: NotRequired[int]  # canary tokens left out of C2 (pair weight 0)
     pi_min: float
     state1: float | None
     entropy_norm: float
@@ -412,6 +414,15 @@ class Structural(TypedDict):
     c2_deltas: Annotated[dict[str, float | None], DATA_KEYS]
     c2_tolerance: Annotated[dict[str, float], DATA_KEYS]
     c2_fallen_layers: list[int]
+    # absent: C2 held or fell on the protected layers (c2_ok says which); "not applicable": no
+    # co-active pairs (top-1 routing, E = k; the reason per layer); "not computed": a C2 that
+    # should exist and does not. Neither is ever signed as held (gates.claims).
+    c2_status: NotRequired[Literal["not applicable", "not computed"]]
+    c2_not_applicable: NotRequired[Annotated[dict[str, str], DATA_KEYS]]
+    c2_not_computed_layers: NotRequired[list[int]]
+    # per protected layer, canary tokens left out of C2 at this gate (pair weight 0), of c2_tokens
+    c2_excluded_tokens: NotRequired[Annotated[dict[str, int], DATA_KEYS]]
+    c2_tokens: NotRequired[int | None]
     occupancy_ok: bool
     layers_with_more_dead: list[int]
     pi_min_ratio: float
@@ -668,6 +679,9 @@ class EnvelopeReport(TypedDict):
     variance_compliant: bool
     unevaluable: list[Unevaluable]
     comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
+    # why the policy's own envelope could not be evaluated on this run, so that the built-in
+    # rules were (series.envelope_evidence; docs/policy.md "envelope fallback")
+    fallback: NotRequired[str]
 
 
 # --- the v2 predicate ---------------------------------------------------------------------------------

@@ -336,12 +336,25 @@ def envelope_evidence(
     from moeaudit.metrics import read_metrics
 
     settings = policy.envelope
-    why = envelope_applies(settings, stage, spec)
-    if why:
-        return None, why
     metrics = getattr(logs, "metrics", None)
     probe = getattr(logs, "probe", None)
     parsed = getattr(logs, "parsed", {})  # the logs as read once, hashed (Run.read_logs_once)
+    # A policy's envelope that cannot be evaluated on this run (its constants fitted on another
+    # stage or model, or its source file absent) never leaves the envelope unjudged: the
+    # built-in rules are evaluated instead, on the series they would read — the logs, else the
+    # replays' per-expert canary gradients (docs/policy.md, "envelope fallback").
+    fallback = envelope_applies(settings, stage, spec)
+    if fallback is None and settings.source in ("logs", "probe"):
+        named = metrics if settings.source == "logs" else probe
+        if named is None:
+            file = "metrics.jsonl" if settings.source == "logs" else PROBE_FILE
+            fallback = (
+                f"the policy's envelope reads {file} (envelope.source = {settings.source!r}) and the run has none"
+            )
+    if fallback is not None:
+        from moeaudit.policy import EnvelopeSettings
+
+        settings = EnvelopeSettings()
     in_window = [s for s in sorted(docs) if start <= s <= end]
     if metrics is not None and settings.source in ("auto", "logs"):
         logged = parsed["metrics"] if "metrics" in parsed else read_metrics(metrics)
@@ -360,14 +373,20 @@ def envelope_evidence(
             "probe": f"{PROBE_FILE} " + ("present" if probe else "absent"),
             "replay": f"{len(in_window)} checkpoint(s) in steps {start}–{end}",
         }
-        return None, (f"no series for policy source {settings.source!r}: {'; '.join(have.values())}")
+        why = f"no series for policy source {settings.source!r}: {'; '.join(have.values())}"
+        return None, why if fallback is None else f"{fallback}; the built-in rules found {why}"
     series = series.since(settings.warmup_steps)
     if len(series.steps) < 2:
-        return None, (
-            f"fewer than two samples of the {series.source} series in steps "
+        from moeaudit.judge.decide import NotEvaluable
+
+        # a series exists and the rules could not judge it: INCONCLUSIVE, never a pass
+        return None, NotEvaluable(
+            f"could not be evaluated: fewer than two samples of the {series.source} series in steps "
             f"{start}–{end} after the warm-up (step {settings.warmup_steps})"
         )
     report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+    if fallback is not None:
+        report["fallback"] = fallback
     return report, None
 
 

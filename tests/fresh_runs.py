@@ -65,7 +65,9 @@ RECIPE_FILE = "recipe.json"  # written last into a run: its presence means the r
 class Recipe:
     """How one run is trained; every field enters the cache key."""
 
-    kind: str  # "healthy" | "collapse" | "overfit" | "stress" (healthy training, awkward layout)
+    # "healthy" | "collapse" | "overfit" | "stress" (healthy training, awkward layout) |
+    # "confident" (a router boosted into exact-zero combine weights) | "top1" | "killed" | "shift"
+    kind: str
     family: str = "mixtral"  # a transformers model_type moeaudit replays
     loop: str = "trainer"  # "trainer" (HF Trainer + MoeauditCallback) | "torch" (own loop + RunRecorder)
     seed: int = 0
@@ -85,6 +87,13 @@ class Recipe:
     memorise_windows: int = 0
     memorise_lr: float = 0.0
     frozen: tuple[int, int] = (0, 0)  # steps in (lo, hi] compute and log gradients, skip the update
+    # torch loop only: the router's learning rate times ``router_boost[2]`` for the updates of
+    # steps in (lo, hi] (a confident router: logits so far apart that a combine weight is 0)
+    router_boost: tuple[int, int, float] = (0, 0, 1.0)
+    # torch loop only: (step, layer, expert) — from that step on the expert's weights are zeroed
+    # after every update (killed and frozen); (0, 0, 0) kills nothing
+    kill: tuple[int, int, int] = (0, 0, 0)
+    shift_from: int = 0  # > 0: after this step, train on the first domain only (a domain shift)
     note: str = ""
 
 
@@ -188,6 +197,38 @@ RECIPES: dict[str, Recipe] = {
         frozen=(200, 250),
         note="updates skipped in (200, 250]: checkpoint-200 and -250 hold the same bytes",
     ),
+    "confident-router": Recipe(
+        "confident",
+        loop="torch",
+        seed=12,
+        experts=8,
+        steps=150,
+        save_every=50,
+        router_boost=(60, 90, 1000.0),
+        note="router rate x1000 for steps 61-90: a second combine weight of exactly 0 on some "
+        "canary tokens, no collapse, NLL recovers",
+    ),
+    "top1": Recipe(
+        "top1", loop="torch", seed=13, top_k=1, steps=150, save_every=50, note="top-1 routing, 4 experts, plain loop"
+    ),
+    "killed-expert": Recipe(
+        "killed",
+        loop="torch",
+        seed=14,
+        steps=320,
+        save_every=40,
+        kill=(240, 0, 1),
+        note="healthy, then expert 1 of layer 0 zeroed and frozen from step 240 on",
+    ),
+    "domain-shift": Recipe(
+        "shift",
+        loop="torch",
+        seed=15,
+        steps=240,
+        save_every=40,
+        shift_from=120,
+        note="120 steps on every domain, then the first domain only",
+    ),
 }
 
 
@@ -251,6 +292,8 @@ def batches(w: World, r: Recipe) -> np.ndarray:
         sel = np.flatnonzero(doms == d)
         rows_NT[sel] = w.windows(d, len(sel), rng)
     out_SBT = rows_NT.reshape(r.steps, r.batch, SEQ)
+    if r.shift_from:
+        out_SBT[r.shift_from :] = w.windows(0, (r.steps - r.shift_from) * r.batch, rng).reshape(-1, r.batch, SEQ)
     if r.memorise_from:
         fixed = np.concatenate([w.windows(d % len(DOMAINS), 1, rng) for d in range(r.memorise_windows)])
         out_SBT[r.memorise_from :] = fixed[np.arange(r.batch) % r.memorise_windows]
@@ -320,7 +363,7 @@ def train_trainer(r: Recipe, run: Path, data: np.ndarray, probe: Canary) -> None
 
     from moeaudit.integrations.transformers import MoeauditCallback
 
-    assert not (r.save_at or r.memorise_from or any(r.frozen)), "torch-loop-only fields"
+    assert not (r.save_at or r.memorise_from or any(r.frozen) or r.kill[0] or r.router_boost[1]), "torch loop only"
     rows = torch.from_numpy(data.reshape(-1, SEQ))
     dataset = [{"input_ids": row, "labels": row} for row in rows]
     args = transformers.TrainingArguments(
@@ -355,7 +398,14 @@ def train_loop(r: Recipe, run: Path, data: np.ndarray, probe: Canary) -> None:
     from moeaudit.integrations.core import RunRecorder
 
     model = model_for(r).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0)
+    boost_lo, boost_hi, boost = r.router_boost
+    if boost_hi:  # the routers in a group of their own, whose rate the boost scales
+        named = dict(model.named_parameters())
+        routers = [p for n, p in named.items() if n.endswith("mlp.gate.weight")]
+        others = [p for p in named.values() if all(p is not q for q in routers)]
+        opt = torch.optim.AdamW([{"params": others}, {"params": routers}], lr=r.lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(r))
     recorder = RunRecorder(run, model, canary=probe, every=r.log_every, probe=True, resume_step=None)
     saves, (lo, hi) = set(save_schedule(r)), r.frozen
@@ -368,7 +418,14 @@ def train_loop(r: Recipe, run: Path, data: np.ndarray, probe: Canary) -> None:
             recorder.log_step(step, loss, ce_loss=loss - r.aux_coef * aux, aux_loss=aux)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             if not lo < step <= hi:
+                boosted = boost_lo < step <= boost_hi
+                if boosted:
+                    opt.param_groups[1]["lr"] *= boost
                 opt.step()
+                if boosted:
+                    opt.param_groups[1]["lr"] /= boost
+            if r.kill[0] and step >= r.kill[0]:
+                _kill(model, r.kill[1], r.kill[2])
             sched.step()
             opt.zero_grad(set_to_none=True)
             if step in saves:
@@ -376,6 +433,18 @@ def train_loop(r: Recipe, run: Path, data: np.ndarray, probe: Canary) -> None:
                 recorder.probe(step)
     finally:
         recorder.close()
+
+
+@torch.no_grad()
+def _kill(model: transformers.PreTrainedModel, layer: int, expert: int) -> None:
+    """Zero every weight of one routed expert (fused or per-expert storage)."""
+    experts = model.model.layers[layer].mlp.experts
+    for p in experts.parameters():
+        if p.dim() == 3:  # fused [E, ...]
+            p[expert].zero_()
+    for name, p in experts.named_parameters():
+        if p.dim() < 3 and name.split(".")[0] == str(expert):
+            p.zero_()
 
 
 @contextlib.contextmanager

@@ -219,8 +219,11 @@ def test_envelope_reason_with_two_checkpoints_names_the_real_cause(tmp_path, can
     run = _run_of(tmp_path, "healthy", [1250, 1500], logs=False)
     pred = _audit(run, canary, policy, cache_dir).statement["predicate"]
     check = next(c for c in pred["checks"] if c["name"] == "envelope")
-    assert not check["evaluated"] and "fewer than two checkpoints" not in check["reason"]
-    assert "metrics.jsonl absent" in check["reason"] and "2 checkpoint(s)" in check["reason"]
+    # the policy's logs are absent: never "not evaluated" (a pass by omission); the built-in
+    # rules are evaluated on the two checkpoints' replays instead, and the reason says so
+    assert check["evaluated"] and "fewer than two checkpoints" not in check["reason"]
+    assert "could not be evaluated" in check["reason"] and "metrics.jsonl" in check["reason"]
+    assert pred["envelope"]["source"] == "replay" and pred["envelope"]["window"] == {"from": 1250, "to": 1500}
 
 
 # --- 3. a falsifiable envelope -------------------------------------------------------------------

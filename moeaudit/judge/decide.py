@@ -35,6 +35,12 @@ HOLD: Final = "HOLD"
 STAGES = ("pretraining", "post-training")
 
 
+class NotEvaluable(str):
+    """Why an envelope series that exists could not be judged (a policy's warm-up covering the
+    whole window): the check is INCONCLUSIVE, never "not evaluated" and so never a pass. A
+    plain string reason is a window with no series at all (SPEC §8: not gated)."""
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything a verdict is made of; plain data."""
@@ -143,15 +149,26 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     was not fitted on (docs/policy.md). A gated rule the series cannot fire (too short a span)
     makes the check INCONCLUSIVE, never PASS (issue 23 §1)."""
     if report is None:
-        return _check("envelope", None, why_not or "no gradient series for this window")
-    vacuous = report.get("sampling", {}).get("vacuous", [])
-    if vacuous and set(vacuous) >= set(report["series"]):
-        return _check("envelope", None, report["sampling"]["warnings"][-1])
+        status = INCONCLUSIVE if isinstance(why_not, NotEvaluable) else None
+        return _check("envelope", status, why_not or "no gradient series for this window")
+    check = _policy_envelope_check(report)
+    if report.get("fallback"):  # the policy's own envelope could not be evaluated here
+        reason = (
+            f"the policy's envelope could not be evaluated ({report['fallback']}); built-in rules: {check['reason']}"
+        )
+        return cast(Check, {**check, "reason": reason})
+    return check
+
+
+def _policy_envelope_check(report: EnvelopeReport) -> Check:
     window = report.get("window")
     span = f" over steps {window['from']}–{window['to']}" if window else ""
+    starved = report.get("starvation") or []
+    vacuous = report.get("sampling", {}).get("vacuous", [])
+    if vacuous and set(vacuous) >= set(report["series"]) and not starved:  # a found starvation still fails
+        return _check("envelope", None, report["sampling"]["warnings"][-1])
     gated_variance = bool(report.get("calibrated"))
     variance_ok = report.get("variance_compliant", report["compliant"])
-    starved = report.get("starvation") or []
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
         fv: Violation = {

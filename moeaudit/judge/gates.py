@@ -35,6 +35,7 @@ from moeaudit.records import (
     GateReceipts,
     Health,
     HealthFailure,
+    LayerSummary,
     NllChange,
     Structural,
 )
@@ -121,25 +122,35 @@ def structural(
     """
     now, then = _layers(gate), _layers(base)
     c2_deltas, slack = {}, {}
+    not_applicable: dict[str, str] = {}  # layer → why C2 has no value by construction
+    not_computed: list[int] = []  # a C2 that should exist and does not (never signed "held")
     for layer in protected:
         a, b = now[layer]["overlap"].get("c2"), then[layer]["overlap"].get("c2")
         if a is not None and b is not None:
             c2_deltas[layer] = a - b
             noise = (_half_width(now[layer]) ** 2 + _half_width(then[layer]) ** 2) ** 0.5
             slack[layer] = max(g.tol_c2, g.tol_c2_rel * abs(b), noise)
+        elif a is None and b is None and now[layer]["overlap"].get("reason"):
+            not_applicable[str(layer)] = now[layer]["overlap"]["reason"]  # top-1 routing, E = k
+        else:
+            not_computed.append(layer)
     fallen = [layer for layer, d in c2_deltas.items() if d < -slack[layer]]
     c2_min = min(c2_deltas.values()) if c2_deltas else None
     dead_up, pi_ratio, h_ratio = [], [], []
     for layer, entry in now.items():
         o, ob = entry["occupancy"], then[layer]["occupancy"]
-        if o["dead"] > ob["dead"] + g.tol_dead:
+        if len(dead_experts(entry)) > len(dead_experts(then[layer])) + g.tol_dead:
             dead_up.append(layer)
         pi_ratio.append(_ratio(o["pi_min"], ob["pi_min"]))
         h_ratio.append(_ratio(o["entropy_norm"], ob["entropy_norm"]))
     occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
-    return {
+    excluded = {
+        str(layer): n for layer in c2_deltas if (n := now[layer]["overlap"].get("c2_excluded_tokens"))
+    }  # tokens left out of C2 where the pair weight vanishes (receipts.overlap)
+    c2_ok = not fallen and not not_computed
+    out: Structural = {
         "against": base["checkpoint"]["name"],
-        "c2_ok": not fallen,
+        "c2_ok": c2_ok,
         "c2_min_delta": c2_min,
         "c2_deltas": {str(k): v for k, v in c2_deltas.items()},
         "c2_tolerance": {str(k): v for k, v in slack.items()},
@@ -148,8 +159,57 @@ def structural(
         "layers_with_more_dead": dead_up,
         "pi_min_ratio": min(pi_ratio),
         "entropy_ratio": min(h_ratio),
-        "ok": not fallen and occupancy_ok,
+        "ok": c2_ok and occupancy_ok,
     }
+    # held / fell need no status beyond c2_ok; the two cases that sign no C2 say which
+    if not_computed and not fallen:
+        out["c2_status"] = "not computed"
+    elif not c2_deltas and not not_computed:
+        out["c2_status"] = "not applicable"
+    if not_applicable:
+        out["c2_not_applicable"] = not_applicable
+    if not_computed:
+        out["c2_not_computed_layers"] = not_computed
+    if excluded:
+        out["c2_excluded_tokens"] = excluded
+        out["c2_tokens"] = _tokens(gate)
+    return out
+
+
+def _tokens(doc: Mapping[str, Any]) -> int | None:
+    """N = W·T, the canary tokens every routed layer's receipts are over."""
+    k = doc["checkpoint"].get("top_k")
+    counts = doc["layers"][0]["occupancy"].get("counts") if doc["layers"] else None
+    return sum(counts) // k if k and counts else None
+
+
+# Share of the layer's mean canary gradient below which an expert counts as receiving none. Zero
+# weights give exactly zero gradient (every factor of a (gated) MLP's weight gradient is 0), as
+# does an expert no token reaches; 1e-6 of the mean leaves float noise no room to hide one.
+NO_GRADIENT_SHARE = 1e-6
+
+
+def silent_experts(entry: Mapping[str, Any]) -> list[int]:
+    """Experts routed tokens that receive no canary gradient at this checkpoint: zero weights, or
+    an expert severed from the loss. The replay sees them even when routing does not."""
+    grads = (entry.get("gradients") or {}).get("grad_norms")
+    counts = entry["occupancy"].get("counts") or []
+    if not grads or any(x is None for x in grads):
+        return []
+    mean = sum(grads) / len(grads)
+    if not mean > 0:
+        return []
+    return [e for e, x in enumerate(grads) if x <= NO_GRADIENT_SHARE * mean and e < len(counts) and counts[e] > 0]
+
+
+def dead_experts(entry: Mapping[str, Any]) -> list[int]:
+    """Every dead expert of a layer at this checkpoint: no token routed to it (`003` Eq. 17), or
+    no canary gradient reaching it (:func:`silent_experts`). Zero share is not the only death."""
+    counts = entry["occupancy"].get("counts")
+    routed_dead = [e for e, c in enumerate(counts) if c == 0] if counts is not None else []
+    if counts is None and entry["occupancy"].get("dead"):
+        return list(range(entry["occupancy"]["dead"]))  # a count without the vector: as many
+    return sorted(set(routed_dead) | set(silent_experts(entry)))
 
 
 # --- absolute health floors (every checkpoint, baselines included) -------------------------------
@@ -166,9 +226,16 @@ def health(doc: Mapping[str, Any], g: GateSettings) -> Health:
     for entry in doc["layers"]:
         o, layer = entry["occupancy"], entry["layer"]
         dead_max = int(g.floor_dead_fraction * E) if E else 0
-        if o["dead"] > dead_max:
-            problems.append(f"layer {layer}: {o['dead']} dead expert(s) (floor: at most {dead_max})")
-            failed.append({"layer": layer, "what": "dead experts", "value": o["dead"], "threshold": dead_max})
+        dead, silent = dead_experts(entry), silent_experts(entry)
+        if len(dead) > dead_max:
+            starved = (
+                f"; starved: expert(s) {', '.join(map(str, silent))} routed tokens but receive no canary "
+                "gradient (zero weights or severed)"
+                if silent
+                else ""
+            )
+            problems.append(f"layer {layer}: {len(dead)} dead expert(s) (floor: at most {dead_max}){starved}")
+            failed.append({"layer": layer, "what": "dead experts", "value": len(dead), "threshold": dead_max})
         share = None if o["pi_min"] is None or not E or not k else o["pi_min"] * E / k
         if share is None or share < g.floor_pi_share:
             shown = "unknown" if share is None else f"{share:.3f}"
@@ -323,13 +390,7 @@ def claims(
             f"expert usage narrowed against {against} (occupancy degeneration: π_min ratio "
             f"{st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})"
         )
-    if st["c2_ok"]:
-        lic.append("co-active overlap compatibility (C2) held on the protected layers")
-    else:
-        lic.append(
-            f"co-active overlap compatibility (C2) fell on protected layer(s) "
-            f"{st['c2_fallen_layers']} against {against}"
-        )
+    lic.append(_c2_sentence(st, against))
     structure_ok = st["ok"] and not health_problems
     if not structure_ok and trend == IMPROVING:
         lic.append("scalar improvement without geometric recovery (canary NLL improving, structure did not hold)")
@@ -342,11 +403,46 @@ def claims(
         )
         not_lic.append("structural health or preservation of the routed model")
     if structure_ok:
-        lic.append(f"structure preserved against {against} at this gate")
+        rule = " (judged on occupancy alone: C2 not applicable)" if st.get("c2_status") == "not applicable" else ""
+        lic.append(f"structure preserved against {against} at this gate{rule}")
     if status == BASELINE:
         not_lic.append("any preservation claim about training after this point (needs the next gate)")
     not_lic.append("compatibility of co-active experts from occupancy alone, or broad usage from C2 alone")
     return {"licensed": lic, "not_licensed": not_lic}
+
+
+def _c2_sentence(st: Structural, against: str) -> str:
+    """C2's sentence: "held" only for a C2 computed on every protected layer at both gates;
+    otherwise it says what it is — fallen, not applicable (and what was judged instead) or not
+    computed (docs/policy.md, "C2 in the claims")."""
+    status = c2_status(st)
+    if status == "fell":
+        fallen = st["c2_fallen_layers"]
+        return f"co-active overlap compatibility (C2) fell on protected layer(s) {fallen} against {against}"
+    if status == "not computed":
+        return (
+            f"co-active overlap compatibility (C2) not computed on protected layer(s) "
+            f"{st.get('c2_not_computed_layers')} (a receipt without a value here or at {against}): no C2 claim"
+        )
+    if status == "not applicable":
+        why = "; ".join(sorted(set((st.get("c2_not_applicable") or {}).values()))) or "no co-active pairs"
+        rule = " — the structural rule for k = 1" if "top-1" in why else ""
+        return (
+            f"co-active overlap compatibility (C2): not applicable on the protected layers ({why}); "
+            f"structure judged on occupancy alone{rule}"
+        )
+    excluded = st.get("c2_excluded_tokens") or {}
+    if excluded:
+        n = st.get("c2_tokens")
+        of = f" of {n}" if n else ""
+        counts = ", ".join(
+            f"layer {layer}: {k}{of}" for layer, k in sorted(excluded.items(), key=lambda kv: int(kv[0]))
+        )
+        return (
+            "co-active overlap compatibility (C2) held on the protected layers (over the canary tokens "
+            f"with a co-active pair weight; left out where it vanishes: {counts})"
+        )
+    return "co-active overlap compatibility (C2) held on the protected layers"
 
 
 # --- the gates ------------------------------------------------------------------------------------
@@ -372,8 +468,22 @@ def _status(
     if not structure_bad and not scalar_bad(trend, stage):
         return GREEN
     both_bad = structure_bad and trend == WORSENING
-    table11_last_row = not st["c2_ok"] and not st["occupancy_ok"] and trend != IMPROVING
+    table11_last_row = bool(st["c2_fallen_layers"]) and not st["occupancy_ok"] and trend != IMPROVING
     return RED if streak >= g.escalate_after or both_bad or table11_last_row else YELLOW
+
+
+C2_SEVERITY = {"not applicable": 0, "held": 1, "not computed": 2, "fell": 3}
+
+
+def c2_status(st: Mapping[str, Any]) -> str:
+    """held / fell / not applicable / not computed (the first two from ``c2_ok``)."""
+    if st.get("c2_fallen_layers"):
+        return "fell"
+    return str(st.get("c2_status") or ("held" if st["c2_ok"] else "fell"))
+
+
+def c2_severity(st: Mapping[str, Any]) -> int:
+    return C2_SEVERITY[c2_status(st)]
 
 
 def _combine(comparisons: Sequence[Structural]) -> Structural:
@@ -385,6 +495,15 @@ def _combine(comparisons: Sequence[Structural]) -> Structural:
     failing = [c for c in comparisons if not c["ok"]]
     deciding = cast(Structural, dict(failing[0] if failing else active))
     deciding["c2_ok"] = all(c["c2_ok"] for c in comparisons)
+    worst = max(comparisons, key=c2_severity)
+    if c2_severity(worst) > c2_severity(deciding):
+        deciding["c2_fallen_layers"] = worst["c2_fallen_layers"]
+        deciding.pop("c2_status", None)
+        deciding.pop("c2_not_computed_layers", None)
+        if "c2_status" in worst:
+            deciding["c2_status"] = worst["c2_status"]
+        if "c2_not_computed_layers" in worst:
+            deciding["c2_not_computed_layers"] = worst["c2_not_computed_layers"]
     deciding["occupancy_ok"] = all(c["occupancy_ok"] for c in comparisons)
     deciding["ok"] = not failing
     deciding["active"] = active["against"]
@@ -489,23 +608,30 @@ def gate_summary(doc: Mapping[str, Any]) -> GateReceipts:
         "nll": doc["nll"],
         "c2_mean": sum(c2) / len(c2) if c2 else None,
         "state1_mean": sum(state1) / len(state1) if state1 else None,
-        "dead": sum(e["occupancy"]["dead"] for e in layers),
+        "dead": sum(len(dead_experts(e)) for e in layers),
         "cv_mean": sum(cvs) / len(cvs) if cvs else None,
         "entropy_norm_min": min(ents) if ents else None,
         "nll_by_domain": doc.get("nll_by_domain", {}),
-        "per_layer": [
-            {
-                "layer": e["layer"],
-                "c2": e["overlap"].get("c2"),
-                "c2_ci95": e["overlap"].get("ci95", {}).get("c2"),
-                "dead": e["occupancy"]["dead"],
-                "pi_min": e["occupancy"]["pi_min"],
-                "state1": e["boundary"]["margin_mean"],
-                "entropy_norm": e["occupancy"]["entropy_norm"],
-            }
-            for e in layers
-        ],
+        "per_layer": [_layer_summary(e) for e in layers],
     }
+
+
+def _layer_summary(e: Mapping[str, Any]) -> LayerSummary:
+    row: LayerSummary = {
+        "layer": e["layer"],
+        "c2": e["overlap"].get("c2"),
+        "c2_ci95": e["overlap"].get("ci95", {}).get("c2"),
+        "dead": len(dead_experts(e)),
+        "pi_min": e["occupancy"]["pi_min"],
+        "state1": e["boundary"]["margin_mean"],
+        "entropy_norm": e["occupancy"]["entropy_norm"],
+    }
+    silent = silent_experts(e)
+    if silent:
+        row["no_gradient"] = silent
+    if e["overlap"].get("c2_excluded_tokens"):
+        row["c2_excluded_tokens"] = e["overlap"]["c2_excluded_tokens"]
+    return row
 
 
 DRIFTS = ("coordinate", "boundary", "transition", "content")

@@ -31,6 +31,7 @@ from moeaudit.judge.gates import (
     RED,
     YELLOW,
     Checkpointed,
+    c2_status,
     drift_summary,
     evaluate_gates,
     nonfinite_findings,
@@ -206,6 +207,8 @@ def gate_candidate(
 def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailure]:
     """Each structural condition that failed, with the value and threshold that failed."""
     out: list[ConditionFailure] = []
+    for layer in st.get("c2_not_computed_layers") or []:
+        out.append({"what": f"C2 on protected layer {layer} not computed", "value": None, "threshold": 0.0})
     if not st["c2_ok"]:
         tol = st["c2_tolerance"]
         for layer in st["c2_fallen_layers"]:
@@ -254,9 +257,12 @@ def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
     if st is not None:
         tol = max(st["c2_tolerance"].values(), default=0.0)
         more = f", more dead experts on layers {st['layers_with_more_dead']}" if st["layers_with_more_dead"] else ""
+        c2 = c2_status(st)
         parts = [
-            f"C2 {'held' if st['c2_ok'] else 'fell'} (smallest protected-layer change "
-            f"{_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})",
+            f"C2 {c2} (smallest protected-layer change {_signed(st['c2_min_delta'])}, allowed drop {tol:.4f})"
+            if c2 in ("held", "fell")
+            else f"C2 {c2} on the protected layers"
+            + (" (top-1 routing: structure judged on occupancy alone)" if c2 == "not applicable" else ""),
             f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
             f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
             f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}{more})",

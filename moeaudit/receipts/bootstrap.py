@@ -63,13 +63,13 @@ class WindowBootstrap:
     def mean(self, values_N: torch.Tensor, mask_N: torch.Tensor | None = None) -> list[float] | None:
         return resolve(self.mean_pending(values_N, mask_N))  # type: ignore[no-any-return]
 
-    def mean_replicates_pending(self, values_N: torch.Tensor) -> Pending | None:
+    def mean_replicates_pending(self, values_N: torch.Tensor, mask_N: torch.Tensor | None = None) -> Pending | None:
         """The B resampled means themselves, in resample order. Every checkpoint's receipts of
         one layer resample the same windows (same seed), so replicate b of two checkpoints is a
         paired draw: margins built from several receipts get a paired interval (judge/margins)."""
         if self.idx_BW is None:
             return None
-        num, den = self.per_window(values_N)
+        num, den = self.per_window(values_N, mask_N)
         return replicates_pending(num[self.idx_BW].sum(1) / den[self.idx_BW].sum(1))
 
     def mean_replicates(self, values_N: torch.Tensor) -> list[float] | None:

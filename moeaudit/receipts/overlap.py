@@ -13,7 +13,7 @@ import torch
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.bootstrap import WindowBootstrap
-from moeaudit.receipts.deferred import integer, mean_or_none, number, resolve
+from moeaudit.receipts.deferred import Pending, integer, mean_or_none, number, resolve
 from moeaudit.replay.model import MoETap, Routing, experts_forward_sets, input_scales
 from moeaudit.spec.config import ModelSpec
 
@@ -39,10 +39,26 @@ def kappa(v_NXH: torch.Tensor) -> torch.Tensor:
 
 
 def pair_weighted(kappa_NXX: torch.Tensor, w_NXX: torch.Tensor) -> torch.Tensor:
-    """Σ_{e≠e'} w κ / Σ_{e≠e'} w per token."""
+    """Σ_{e≠e'} w κ / Σ_{e≠e'} w per token (NaN where the pair weight vanishes)."""
+    return pair_weighted_defined(kappa_NXX, w_NXX)[0]
+
+
+def pair_weighted_defined(kappa_NXX: torch.Tensor, w_NXX: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ_{e≠e'} w κ / Σ_{e≠e'} w, defined) per token. A token whose pair weight Σ w is 0 — a
+    router so confident that ρ of every co-active partner underflows to 0 — has no weighted
+    mean: it is ``defined = False`` (its value NaN), to be left out of the mean over tokens
+    and counted (docs/policy.md, "C2 where the pair weight vanishes")."""
     off = 1.0 - torch.eye(kappa_NXX.shape[-1], dtype=w_NXX.dtype, device=w_NXX.device)
     w = w_NXX * off
-    return (w * kappa_NXX).sum((1, 2)) / w.sum((1, 2))
+    den = w.sum((1, 2))
+    return (w * kappa_NXX).sum((1, 2)) / den, den > 0
+
+
+def defined_mean(values_N: torch.Tensor, defined_N: torch.Tensor) -> torch.Tensor:
+    """The mean over the defined tokens (NaN where none is): the plain mean, bit for bit,
+    when every token is defined."""
+    kept = torch.where(defined_N, values_N, torch.zeros_like(values_N))
+    return torch.where(defined_N.all(), values_N.mean(), kept.sum() / defined_N.sum())
 
 
 def candidates(scores_NE: torch.Tensor, topk_NK: torch.Tensor, n: int) -> torch.Tensor:
@@ -100,9 +116,9 @@ def _per_token(
     rho_K = rho_NC[:, :K]
     out = {}
     if K > 1:
-        out["c2"] = pair_weighted(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :])
+        out["c2"], out["c2_defined"] = pair_weighted_defined(kap_NCC[:, :K, :K], rho_K[:, :, None] * rho_K[:, None, :])
     w_adj = rho_NC[:, :, None] * rho_NC[:, None, :] * torch.exp(-beta_adj * (s_NC[:, :, None] - s_NC[:, None, :]).abs())
-    out["c2s"] = pair_weighted(kap_NCC, w_adj)
+    out["c2s"], out["c2s_defined"] = pair_weighted_defined(kap_NCC, w_adj)
     # Transition incompatibility at the k-th / (k+1)-th swap (`003` Eq. 14).
     out["jump"] = c_k_N * (v_NCH[:, K] - v_NCH[:, K - 1]).double().norm(dim=-1)
     # Adjacency specificity (`003` Table 2, ΔBrand): κ(e(k), e_rand) − κ(e(k), e(k+1)).
@@ -157,14 +173,22 @@ def overlap_pending(
         for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, N, TOKEN_CHUNK))
     ]
     c2_N = torch.cat([c["c2"] for c in chunks]) if K > 1 else None
-    c2s_N, jump_N, spec_N = (torch.cat([c[n] for c in chunks]) for n in ("c2s", "jump", "spec"))
+    c2_def_N = torch.cat([c["c2_defined"] for c in chunks]) if K > 1 else None
+    c2s_N, c2s_def_N, jump_N, spec_N = (
+        torch.cat([c[n] for c in chunks]) for n in ("c2s", "c2s_defined", "jump", "spec")
+    )
     left_out_N = 1.0 - rho_NC.sum(1)
     boundary_N = m_N < settings.boundary_layer_eta
     n_boundary = boundary_N.sum()
+    # C2 where the pair weight vanishes (docs/policy.md): such tokens are left out of the mean
+    # and counted; a layer with no token left has no C2 (None, with the reason).
+    excluded = {} if c2_def_N is None else {"c2_excluded_tokens": integer((~c2_def_N).sum())}
     return {
-        "c2": None if c2_N is None else number(c2_N.mean()),
+        "c2": None if c2_N is None or c2_def_N is None else _mean_or_reason(c2_N, c2_def_N),
         **({"reason": "no co-active pairs (top-1 routing)"} if c2_N is None else {}),
-        "c2_smooth": number(c2s_N.mean()),
+        **excluded,
+        "c2_smooth": _mean_or_reason(c2s_N, c2s_def_N),
+        "c2_smooth_excluded_tokens": integer((~c2s_def_N).sum()),
         "c2_smooth_candidates": int(cand_NC.shape[1]),
         "c2_smooth_truncation_mass": number(left_out_N.mean()),
         "transition_incompatibility": {
@@ -173,12 +197,22 @@ def overlap_pending(
             "boundary_tokens": integer(n_boundary),
         },
         "adjacency_specificity": number(spec_N.mean()),
-        "replicates": {"c2": None if c2_N is None else boot.mean_replicates_pending(c2_N)},
+        "replicates": {"c2": None if c2_N is None else boot.mean_replicates_pending(_zeroed(c2_N, c2_def_N), c2_def_N)},
         "ci95": {
-            "c2": None if c2_N is None else boot.mean_pending(c2_N),
-            "c2_smooth": boot.mean_pending(c2s_N),
+            "c2": None if c2_N is None else boot.mean_pending(_zeroed(c2_N, c2_def_N), c2_def_N),
+            "c2_smooth": boot.mean_pending(_zeroed(c2s_N, c2s_def_N), c2s_def_N),
             "transition_incompatibility_all": boot.mean_pending(jump_N),
             "transition_incompatibility_boundary": boot.mean_pending(jump_N, boundary_N),
             "adjacency_specificity": boot.mean_pending(spec_N),
         },
     }
+
+
+def _zeroed(values_N: torch.Tensor, defined_N: torch.Tensor | None) -> torch.Tensor:
+    """The values with 0 where undefined (a masked sum must not meet NaN · 0)."""
+    return values_N if defined_N is None else torch.where(defined_N, values_N, torch.zeros_like(values_N))
+
+
+def _mean_or_reason(values_N: torch.Tensor, defined_N: torch.Tensor) -> Pending:
+    """The mean over defined tokens; None where no token is defined (never NaN)."""
+    return mean_or_none(defined_mean(values_N, defined_N), defined_N.sum())

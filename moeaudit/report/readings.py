@@ -100,7 +100,9 @@ def gate_note(g: Doc, rules: Doc) -> str:
         return f"baseline: {g.get('reason') or 'reference point'}{held}"
     st, base = g.get("structural") or g.get("continuity") or {}, g.get("baseline")
     notes = [f"new baseline ({g.get('reason')}), compared with the one before it"] if g.get("new_baseline") else []
-    if st.get("c2_ok") is False:
+    if st.get("c2_status") == "not computed":
+        notes.append(f"protected-layer C2 not computed on layer(s) {st.get('c2_not_computed_layers')}")
+    elif st.get("c2_ok") is False:
         tol = f" (tolerance −{tol_c2:g})" if tol_c2 is not None else ""
         moved = signed(st.get("c2_min_delta"))
         notes.append(f"protected-layer C2 moved {moved} vs step {base}{tol}")
@@ -114,7 +116,8 @@ def gate_note(g: Doc, rules: Doc) -> str:
             f"{num(st.get('entropy_ratio'), '.2f')}{_floor(rules, 'entropy_ratio_floor')})"
         )
     if st.get("ok"):
-        notes.append(f"structure held vs baseline at step {base}")
+        k1 = " (occupancy alone: C2 not applicable, top-1 routing)" if st.get("c2_status") == "not applicable" else ""
+        notes.append(f"structure held vs baseline at step {base}{k1}")
     if g.get("consecutive_bad"):
         notes.append(f"{g['consecutive_bad']} consecutive bad gate(s)")
     problems = (g.get("health") or {}).get("problems") or []
