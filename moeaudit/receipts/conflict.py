@@ -21,8 +21,8 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint, LayerWeights
+from moeaudit.receipts.domains import domain_windows
 from moeaudit.receipts.occupancy import MAX_PAIRWISE_DOMAINS
-from moeaudit.receipts.state import domain_windows
 from moeaudit.replay import replay
 from moeaudit.replay.device import Device
 
