@@ -347,6 +347,7 @@ def test_backward_through_scalar_roots_is_bit_identical(monkeypatch, run: str) -
     ckpt = Checkpoint(sorted((samples / run).glob("checkpoint-1500"))[0])
     tokens = canary_mod.load(samples / "canary.safetensors").tokens[:6]
     ours = replay(ckpt, tokens)
+
     def plain(roots, grads):
         torch.autograd.backward(list(roots), list(grads))
 
