@@ -1,7 +1,8 @@
-"""The domain conflict vector and the attention gradient norm cover a layer's whole token mixer —
-MLA (deepseek_v3), Gated DeltaNet beside gated attention (qwen3_next), Mamba beside attention
-(jamba) — checked against transformers' gradients over the same parameters: each domain's
-conflict gradient, the receipt's cosines, the attention gradient norm, and the document's
+"""The domain conflict vector and the attention gradient norm cover a layer's whole token mixer:
+MLA (deepseek_v3; longcat_flash's two MLA sub-blocks), Gated DeltaNet beside gated attention
+(qwen3_next), Mamba beside attention (jamba), a mixture of attention heads (jetmoe). Checked
+against transformers' gradients over the same parameters: each domain's conflict gradient, per
+tensor and whole, the receipt's cosines, the attention gradient norm, and the document's
 ``parameters`` naming exactly the tensors used."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 pytest.importorskip("transformers")
 
 import hf_models_famC  # noqa: E402, F401  (registers qwen3_next)
+import hf_models_jetmoe  # noqa: E402, F401  (registers jetmoe)
+import hf_models_longcat  # noqa: E402, F401  (registers longcat_flash)
 import hf_models_mamba  # noqa: E402, F401  (registers jamba)
 from hf_models import load, random_tokens, save_tiny  # noqa: E402
 from test_oracle import GRADIENT  # noqa: E402
@@ -26,7 +29,13 @@ from moeaudit.replay import replay  # noqa: E402
 from moeaudit.replay.groups import ATTENTION, CONFLICT, present  # noqa: E402
 
 # a tensor of each layer kind that the old fixed list (router, q/k/v/o, shared expert) missed
-MIXER_PROBES = {"deepseek_v3": {"kv_b", "q_a"}, "qwen3_next": {"lin_out", "lin_conv"}, "jamba": {"ssm_in", "ssm_out"}}
+MIXER_PROBES = {
+    "deepseek_v3": {"kv_b", "q_a"},
+    "longcat_flash": {"kv_b", "s2_kv_b", "s2_o"},  # two MLA sub-blocks
+    "qwen3_next": {"lin_out", "lin_conv"},
+    "jamba": {"ssm_in", "ssm_out"},
+    "jetmoe": {"moa_q", "moa_o", "kv"},  # a mixture of attention heads
+}
 DOMAINS_W = torch.tensor([0, 1, 0, 1, 1], dtype=torch.int32)
 
 
