@@ -73,11 +73,11 @@ def rank_main(ckpt: str, canary: str, out: str) -> None:
 
     from moeaudit import canary as canary_mod
     from moeaudit.checkpoint import Checkpoint
-    from moeaudit.replay import dist, replay
+    from moeaudit.replay import dist, replay, worker
 
     rank, world = dist.env_world()
     if rank > 0:
-        code = dist.serve()
+        code = worker.serve()
         stats: dict[str, Any] = {
             "rank": rank,
             "bytes_read": count["bytes"],

@@ -1475,9 +1475,9 @@ def main() -> None:
 
     torchrun = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     if torchrun and os.environ.get("RANK", "0") not in ("", "0"):
-        from moeaudit.replay import dist  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD` serve rank 0's replays
+        from moeaudit.replay import worker  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD` serve rank 0's replays
 
-        dist.worker_main()
+        worker.main()
     signal.signal(signal.SIGTERM, _terminate)
     try:
         with _ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others

@@ -2,7 +2,7 @@
 WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT set (what torchrun gives a rank). Rank 0 replays
 every checkpoint across the ranks and writes OUT (JSON: per checkpoint the root digest, each
 routed layer's top-k sets and per-expert gradient norms, the receipts document); the other ranks
-serve (``moeaudit.replay.dist``); every rank writes OUT.bytes.RANK: [checkpoint bytes it read
+serve (``moeaudit.replay.worker``); every rank writes OUT.bytes.RANK: [checkpoint bytes it read
 from disk, bytes it received from other ranks]. :func:`audit` is also the single-process
 reference."""
 
@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moeaudit.replay import dist  # noqa: E402
+from moeaudit.replay import dist, worker  # noqa: E402
 
 
 def audit(ckpts: list[str], canary_path: str) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def main(out: Path, canary_path: str, ckpts: list[str]) -> None:
         limits.PRIVATE_COPY_BYTES = int(budget)
     rank = dist.env_world()[0]
     if rank > 0:  # serves until rank 0 stops
-        code = dist.serve()
+        code = worker.serve()
         _write(out.with_name(f"{out.name}.bytes.{rank}"), [count["bytes"], rank_bytes.RECEIVED["bytes"]])
         sys.stdout.flush()
         sys.stderr.flush()

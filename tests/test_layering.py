@@ -1,7 +1,8 @@
-"""The import structure: no cycles between moeaudit's packages and top-level modules, and every
-import goes down the declared tiers (docs/architecture.md). Imports are read from the source
-(``ast``), function-level (lazy) ones included: a lazy import hides a cycle from Python, not
-from a reader. The torch-free packages are checked by importing every module they hold."""
+"""The import structure: no cycles between moeaudit's packages and top-level modules, none between
+its modules either, and every import goes down the declared tiers (docs/architecture.md).
+Imports are read from the source (``ast``), function-level (lazy) ones included: a lazy import
+hides a cycle from Python, not from a reader. The torch-free packages are checked by importing
+every module they hold."""
 
 from __future__ import annotations
 
@@ -97,26 +98,77 @@ def test_no_import_goes_up_a_tier() -> None:
     assert upward == set()
 
 
+def module_edges() -> dict[str, set[str]]:
+    """Module → the moeaudit modules it imports. ``from P import m`` where P.m is a module is an
+    edge to P.m alone (P's ``__init__`` runs before any of its submodules: that is no edge of
+    the importer's); names taken from P itself make an edge to P."""
+    mods = _modules()
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+                targets = subs + ([node.module] if len(subs) < len(node.names) else [])
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            out.setdefault(name, set()).update(t for t in targets if t in mods and t != name)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan): each is a set of
+    nodes that import each other around a loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 def test_no_cycles_between_units() -> None:
     graph: dict[str, set[str]] = {}
     for a, b in edges():
         graph.setdefault(a, set()).add(b)
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    cycles: list[list[str]] = []
+    assert cycles(graph) == []
 
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt) :] + [nxt])
-            elif nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
 
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
-    assert cycles == []
+def test_no_cycles_between_modules() -> None:
+    """Inside a package too: no module imports itself around a loop, lazily or not (a shared
+    piece moves down into a module both sides import)."""
+    assert cycles(module_edges()) == []
+
+
+def test_the_cycle_check_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert cycles({"a": {"b"}, "b": {"c"}}) == []
 
 
 def test_the_graph_is_read_at_all() -> None:
@@ -124,6 +176,12 @@ def test_the_graph_is_read_at_all() -> None:
     seen = edges()
     assert ("cli", "certify") in seen and ("receipts", "replay") in seen
     assert ("replay", "checkpoint") in seen and ("families", "spec") in seen
+    mods = module_edges()
+    assert len(mods) > 150 and sum(map(len, mods.values())) > 500
+    assert "moeaudit.replay.sharded" in mods["moeaudit.replay.engine"]  # lazy, inside replay()
+    assert "moeaudit.receipts.conflict" in mods["moeaudit.receipts.state"]  # lazy, inside run_state()
+    assert "moeaudit.replay.dist" in mods["moeaudit.replay.engine"]  # `from moeaudit.replay import dist`
+    assert "moeaudit.replay" not in mods["moeaudit.replay.engine"]
 
 
 def _torch_free_modules() -> list[str]:

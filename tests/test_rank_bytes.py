@@ -21,7 +21,7 @@ from moeaudit.checkpoint.digest import pinned  # noqa: E402
 from moeaudit.checkpoint.safetensors import SafetensorsFile  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
 from moeaudit.replay import rank_bytes  # noqa: E402
-from moeaudit.replay.dist import experts_of  # noqa: E402
+from moeaudit.replay.shards import experts_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")

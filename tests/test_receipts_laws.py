@@ -341,13 +341,18 @@ def test_receipts_json_is_byte_identical_across_runs(ckpt: Path, probe: Path, tm
 def test_backward_through_scalar_roots_is_bit_identical(monkeypatch, run: str) -> None:
     """``backward_from`` (Σ root ⊙ grad, to skip torch's sympy import) gives exactly the
     gradients of ``torch.autograd.backward(roots, grads)``, shared expert and MLA included."""
-    from moeaudit.replay import engine, replay
+    from moeaudit.replay import engine, head, replay
 
     samples = Path(__file__).resolve().parent.parent / "sample_checkpoints"
     ckpt = Checkpoint(sorted((samples / run).glob("checkpoint-1500"))[0])
     tokens = canary_mod.load(samples / "canary.safetensors").tokens[:6]
     ours = replay(ckpt, tokens)
-    monkeypatch.setattr(engine, "backward_from", lambda roots, grads: torch.autograd.backward(list(roots), list(grads)))
+
+    def plain(roots, grads):
+        torch.autograd.backward(list(roots), list(grads))
+
+    for module in (engine, head):  # the layers' backward and the LM head's
+        monkeypatch.setattr(module, "backward_from", plain)
     ref = replay(ckpt, tokens)
     assert ours.grads.keys() == ref.grads.keys() and ours.grads
     for layer, g in ours.grads.items():

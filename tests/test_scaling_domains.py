@@ -117,7 +117,7 @@ def _masked_grads(ckpt: Checkpoint, canary: Canary, weights_W: torch.Tensor) -> 
 
     def keep(lw: LayerWeights) -> None:
         if lw.routed:
-            out[lw.layer] = conflict_mod._flat_grad(lw)
+            out[lw.layer] = conflict_mod._flat_grad(lw)[1]
 
     replay(ckpt, canary.tokens, grad_observers=[keep], window_weights_W=weights_W)
     return out

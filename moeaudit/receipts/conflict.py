@@ -1,7 +1,10 @@
 """Domain gradient conflict (`001` Eq. 14–15 mapped to a standard MoE; SPEC §4 "Gradients").
 
 For each canary domain a, the gradient of the domain's mean NLL with respect to each routed
-layer's shared parameters (router, attention, shared expert); conflict(a, b) =
+layer's shared parameters — the router, the token mixer (softmax attention, MLA, linear
+attention, DeltaNet, Mamba, … : whatever the layer has, ``replay.groups.CONFLICT``) and the
+shared expert; the document's ``parameters`` names them, and a layer whose names differ from it
+(a hybrid's other mixer) carries its own; conflict(a, b) =
 max(0, −cos(∇_a, ∇_b)). Opt-in: one extra backward per domain, each over that domain's windows
 only, so the domains together replay the canary once (plus one weight read per domain).
 
@@ -21,41 +24,28 @@ import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint, LayerWeights
+from moeaudit.receipts.domains import domain_windows
 from moeaudit.receipts.occupancy import MAX_PAIRWISE_DOMAINS
-from moeaudit.receipts.state import domain_windows
 from moeaudit.replay import replay
 from moeaudit.replay.device import Device
-
-SHARED = (
-    "router",
-    "q",
-    "k",
-    "v",
-    "o",
-    "q_bias",
-    "k_bias",
-    "v_bias",
-    "o_bias",
-    "q_norm",
-    "k_norm",
-    "shared_w1",
-    "shared_w3",
-    "shared_w2",
-    "shared_gate",
-)
+from moeaudit.replay.groups import CONFLICT, present
 
 
-def _flat_grad(lw: LayerWeights) -> torch.Tensor:
-    """The layer's shared-parameter gradient as one float64 vector, on the host (one copy per
-    layer from a device: the P domains' vectors of every layer outlive the layer)."""
-    grads = [lw.params[n].grad for n in SHARED if n in lw.params]
-    parts = [g.double().reshape(-1) for g in grads if g is not None]
-    return torch.cat(parts).cpu()
+def _flat_grad(lw: LayerWeights) -> tuple[list[str], torch.Tensor]:
+    """The names whose gradient the layer's conflict vector holds, and the vector: one float64
+    vector, on the host (one copy per layer from a device: the P domains' vectors of every layer
+    outlive the layer)."""
+    names = [n for n in present(CONFLICT, lw.params) if lw.params[n].grad is not None]
+    parts = [g.double().reshape(-1) for n in names if (g := lw.params[n].grad) is not None]
+    return names, torch.cat(parts).cpu()
 
 
-def _domain_grads(ckpt: Checkpoint, tokens_WT: torch.Tensor, device: Device) -> dict[int, torch.Tensor]:
-    """Each routed layer's shared-parameter gradient of the mean NLL over ``tokens_WT``."""
-    per_layer: dict[int, torch.Tensor] = {}
+def _domain_grads(
+    ckpt: Checkpoint, tokens_WT: torch.Tensor, device: Device
+) -> dict[int, tuple[list[str], torch.Tensor]]:
+    """Each routed layer's shared-parameter gradient of the mean NLL over ``tokens_WT``, with
+    the names it covers."""
+    per_layer: dict[int, tuple[list[str], torch.Tensor]] = {}
 
     def keep(lw: LayerWeights) -> None:
         if lw.routed:
@@ -97,10 +87,17 @@ def domain_conflict(ckpt: Checkpoint, canary: Canary, device: Device = None) -> 
     names = [n for n, _ in windows]
     grads = [_domain_grads(ckpt, canary.tokens[idx], device) for _, idx in windows]
     share_P = torch.tensor([idx.numel() / canary.num_windows for _, idx in windows], dtype=torch.float64)
+    used = {layer: grads[0][layer][0] for layer in ckpt.spec.routed_layers}  # the same for every domain
+    assert all(g[layer][0] == used[layer] for g in grads for layer in used)
+    parameters = [n for n in CONFLICT if any(n in u for u in used.values())]
     layers = [
-        _layer(layer, torch.stack([g[layer] for g in grads]), share_P, names) for layer in ckpt.spec.routed_layers
+        {
+            **_layer(layer, torch.stack([g[layer][1] for g in grads]), share_P, names),
+            **({"parameters": used[layer]} if used[layer] != parameters else {}),
+        }
+        for layer in ckpt.spec.routed_layers
     ]
-    out: dict[str, Any] = {"domains": names, "parameters": list(SHARED), "layers": layers}
+    out: dict[str, Any] = {"domains": names, "parameters": parameters, "layers": layers}
     if len(names) > MAX_PAIRWISE_DOMAINS:
         out["bounded"] = {
             "conflict": {

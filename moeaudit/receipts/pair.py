@@ -20,7 +20,7 @@ from moeaudit.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state
-from moeaudit.replay.engine import Progress
+from moeaudit.replay.result import Progress
 
 SCHEMA = "moeaudit.compare/v1"
 

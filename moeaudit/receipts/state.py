@@ -15,12 +15,13 @@ from moeaudit.jsonio import finite_document
 from moeaudit.limits import check_window_len
 from moeaudit.policy import Policy
 from moeaudit.precision import REFERENCE, current, ran
+from moeaudit.receipts.domains import domain_windows
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
 from moeaudit.replay import ReplayResult, replay
 from moeaudit.replay.device import device_name
-from moeaudit.replay.engine import Progress
 from moeaudit.replay.precision import check_supported
+from moeaudit.replay.result import Progress
 
 SCHEMA = "moeaudit.receipts/v1"
 
@@ -146,14 +147,6 @@ def receipts_document(
         pooled = torch.cat([result.grads[i].experts_E for i in s.routed_layers])
         doc["pooled"] = {"gradients": grad_stats(pooled)}
     return doc
-
-
-def domain_windows(canary: Canary) -> list[torch.Tensor]:
-    """Window indices (int64, ascending) of each domain id, from one stable sort: O(W log W),
-    where a mask per domain is O(D·W)."""
-    ids_W = canary.domain_ids.long()
-    sizes = torch.bincount(ids_W, minlength=len(canary.domains)).tolist()
-    return list(torch.sort(ids_W, stable=True).indices.split(sizes))
 
 
 def _nll_by_domain(canary: Canary, nll_W: torch.Tensor) -> dict[str, float]:

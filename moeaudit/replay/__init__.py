@@ -1,5 +1,6 @@
 """Canary → replay taps (SPEC §3)."""
 
-from moeaudit.replay.engine import LayerGrads, ReplayResult, replay
+from moeaudit.replay.engine import replay
+from moeaudit.replay.result import LayerGrads, ReplayResult
 
 __all__ = ["LayerGrads", "ReplayResult", "replay"]

@@ -18,16 +18,18 @@ training processes too (the hook, library use), whose torch flags it must not ch
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 
 from moeaudit.checkpoint.checkpoint import LayerWeights, StoredExperts
-from moeaudit.replay.precision import tf32_products
+from moeaudit.precision import current
 
 Device = torch.device | str | None  # None: the host, with no copies at all
 HOST = torch.device("cpu")
@@ -72,8 +74,6 @@ def describe_device(device: Device) -> dict[str, str]:
 
 def _cuda_driver() -> str:
     """The driver's CUDA version (``cuDriverGetVersion``, e.g. "12080"), "unknown" if unreadable."""
-    import ctypes
-
     try:
         version = ctypes.c_int()
         if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
@@ -215,6 +215,29 @@ def on_device(lw: LayerWeights, device: Device) -> LayerWeights:
     )
 
 
+def _load_trim() -> Callable[[], object]:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return lambda: None
+    return lambda: trim(0)
+
+
+# glibc keeps freed blocks below its (dynamic, up to 32 MB) mmap threshold in the heap, and a
+# layer's many short-lived tensors fragment it: without a trim after each layer the peak RSS
+# of a 32-layer replay grows by ~25% with memory that is free but not returned (issue 6).
+release_freed_memory = _load_trim()
+
+
+def trimmer(device: Device) -> Callable[[], object]:
+    """What to call after each layer: the trim on the host; nothing on an accelerator, where the
+    host holds the pinned copies and little else, and a trim costs ~12 ms a layer (0.2 s of the
+    1.32 B GPU benchmark's replay, docs/benchmarks.md "GPU")."""
+    dev = prepare_device(device)
+    return release_freed_memory if dev is None or dev.type == "cpu" else (lambda: None)
+
+
 def _set_deterministic(on: bool, warn_only: bool) -> None:
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:
@@ -281,6 +304,26 @@ def ieee_float32() -> Iterator[None]:
     finally:
         for backend, value in reversed(saved):
             backend.fp32_precision = value
+
+
+@contextmanager
+def tf32_products(device: torch.device | None) -> Iterator[None]:
+    """TF32 products on cuBLAS and cuDNN for the duration when ``tf32`` was asked for and the
+    replay runs on CUDA; nothing otherwise (entered after ``ieee_float32``, so it overrides it
+    for the replay only; the same per-backend ``fp32_precision`` API)."""
+    if current() != "tf32" or device is None or device.type != "cuda":
+        yield
+        return
+    b = torch.backends
+    backends = [getattr(getattr(b, lib, None), op, None) for lib, op in (("cuda", "matmul"), ("cudnn", "conv"))]
+    saved = [(x, x.fp32_precision) for x in backends if x is not None and hasattr(x, "fp32_precision")]
+    try:
+        for x, _ in saved:
+            x.fp32_precision = "tf32"
+        yield
+    finally:
+        for x, value in reversed(saved):
+            x.fp32_precision = value
 
 
 @contextmanager

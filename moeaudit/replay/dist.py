@@ -1,8 +1,8 @@
 """The ranks of an expert-parallel replay (issue 28): process group, requests, failures, digest.
 
 Rank 0 runs the command (``receipts``, ``compare``, ``certify``, ``gate``) as one process would:
-it reads the inputs, keeps the cache and writes every file. The other ranks only serve: each
-waits for rank 0's next request and takes its part in it —
+it reads the inputs, keeps the cache and writes every file. The other ranks only serve
+(``replay.worker``): each waits for rank 0's next request and takes its part in it —
 
 * ``seal``: hash a checkpoint's weight files across the ranks, each file by one rank (the one
   that needs most of it, balanced by load), read once with its SHA-256 and block digests
@@ -195,22 +195,6 @@ def absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def windows_of(W: int, world: int) -> list[range]:
-    """Contiguous blocks of the canary's windows, one per rank (sizes differ by at most one)."""
-    base, extra = divmod(W, world)
-    out, start = [], 0
-    for r in range(world):
-        n = base + (1 if r < extra else 0)
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
-def experts_of(E: int, world: int) -> list[range]:
-    """Contiguous blocks of a layer's routed experts, one per rank."""
-    return windows_of(E, world)
-
-
 def _bytes_tensor(data: bytes) -> torch.Tensor:
     import torch
 
@@ -297,6 +281,13 @@ def _init(rank: int, world: int) -> Session:
     return s
 
 
+def join(rank: int, world: int) -> Session:
+    """A serving rank's session (``replay.worker``): the process group joined, as this process's."""
+    global _SESSION
+    _SESSION = _init(rank, world)
+    return _SESSION
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -318,7 +309,7 @@ def _spawn(nproc: int) -> list[subprocess.Popen[bytes]]:
     quiet = not os.environ.get(VERBOSE_ENV)
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "moeaudit.replay.dist"],
+            [sys.executable, "-m", "moeaudit.replay.worker"],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -444,64 +435,3 @@ def used() -> bool:
     """Whether this process ran a session (it then leaves by ``os._exit``: gloo's threads race
     C++ static destructors at interpreter exit, SIGABRT about one run in three)."""
     return _USED
-
-
-# ----- ranks ≥ 1 ---------------------------------------------------------------------------
-
-
-def serve() -> int:
-    """A serving rank: answer rank 0's requests until it says stop. 0 when it did, 4 when the
-    group broke (rank 0 reports why: this rank prints nothing)."""
-    global _SESSION
-    rank, world = env_world()
-    verbose = bool(os.environ.get(VERBOSE_ENV))
-    try:
-        _SESSION = s = _init(rank, world)
-        while True:
-            req = s.bcast_json()
-            if req["op"] == "stop":
-                break
-            try:
-                _answer(s, req)
-            except RankFailed:  # every rank raised it together; rank 0 reports it
-                continue
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
-    except BaseException as exc:  # noqa: BLE001 - a serving rank never prints a second error line
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        del exc
-        return 4
-
-
-def _answer(s: Session, req: dict[str, Any]) -> None:
-    if req["op"] == "seal":
-        s.seal_round(Path(req["dir"]))
-        return
-    if req["op"] == "replay":
-        from moeaudit.replay.sharded import serve_replay
-
-        directory = Path(req["dir"])
-        if directory not in s.sealed:
-            raise RuntimeError(f"replay of {directory} before its files were hashed")
-        serve_replay(s, s.opened[directory], req)
-        return
-    raise RuntimeError(f"unknown request {req['op']!r}")
-
-
-def worker_main() -> None:
-    """``python -m moeaudit.replay.dist`` (what ``--nproc`` starts) and ranks ≥ 1 of a torchrun
-    launch of ``moeaudit``: serve, then leave without running C++ static destructors."""
-    code = serve()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    worker_main()

@@ -14,22 +14,12 @@ row chunks, so the [N, V] logits never exist at once.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from moeaudit.checkpoint.checkpoint import (
-    KDA_NAMES,
-    LIGHTNING_NAMES,
-    LINEAR_ATTENTION_NAMES,
-    Checkpoint,
-    LayerWeights,
-)
+from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
 from moeaudit.replay.device import (
     Device,
     moved,
@@ -37,11 +27,12 @@ from moeaudit.replay.device import (
     prepare_device,
     replay_scope,
     to_host,
+    trimmer,
 )
 from moeaudit.replay.device import DeviceExperts as DeviceExperts  # re-exported
+from moeaudit.replay.finite import FiniteCheck, all_finite
+from moeaudit.replay.head import backward_from, head_biases, lm_head_pass, loss_grad
 from moeaudit.replay.model import (
-    ExtraExperts,
-    MoETap,
     Routing,
     attention_block,
     block_norm,
@@ -64,124 +55,9 @@ from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
+from moeaudit.replay.result import LayerGrads, Observer, Progress, ReplayResult, detached, extra_requests, layer_grads
 from moeaudit.replay.stash import ExpertStash, Kept, activation_budget, reserved_bytes
-from moeaudit.spec.config import HC_NAMES, MAMBA_NAMES, MOA_NAMES, SECOND_BLOCK, SHORT_CONV_NAMES, ModelSpec
-
-Observer = Callable[[MoETap, LayerWeights], None]
-Progress = Callable[[str, int, int], None]
-
-
-@dataclass
-class LayerGrads:
-    """‖∇L‖₂ per weight group of one layer (`000` Def. 6.1)."""
-
-    experts_E: torch.Tensor  # over all of expert e's weights
-    router: float = 0.0
-    shared: float = 0.0
-    attention: float = 0.0
-
-
-@dataclass
-class ReplayResult:
-    nll: float
-    nll_windows_W: torch.Tensor  # mean NLL of each window
-    entropy: float  # teacher-forced predictive entropy, mean over the W·(T−1) positions
-    routing: dict[int, Routing] = field(default_factory=dict)
-    grads: dict[int, LayerGrads] = field(default_factory=dict)
-    nonfinite_weights: list[str] = field(default_factory=list)  # "layer 3 router", "lm_head", ...
-    parallel: dict[str, Any] | None = None  # expert-parallel replay: world size, backend, devices
-    kept_layers: list[int] = field(default_factory=list)  # layers whose W1/W3 products the backward reused
-
-
-def _detached(r: Routing) -> Routing:
-    return Routing(
-        r.scores_NE.detach(),
-        r.probs_NE.detach(),
-        r.topk_NK,
-        r.combine_NK.detach(),
-        None if r.logits_NE is None else r.logits_NE.detach(),
-        r.margin_N,
-    )
-
-
-def _load_trim() -> Callable[[], object]:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return lambda: None
-    return lambda: trim(0)
-
-
-# glibc keeps freed blocks below its (dynamic, up to 32 MB) mmap threshold in the heap, and a
-# layer's many short-lived tensors fragment it: without a trim after each layer the peak RSS
-# of a 32-layer replay grows by ~25% with memory that is free but not returned (issue 6).
-release_freed_memory = _load_trim()
-
-
-def trimmer(device: Device) -> Callable[[], object]:
-    """What to call after each layer: the trim on the host; nothing on an accelerator, where the
-    host holds the pinned copies and little else, and a trim costs ~12 ms a layer (0.2 s of the
-    1.32 B GPU benchmark's replay, docs/benchmarks.md "GPU")."""
-    dev = prepare_device(device)
-    return release_freed_memory if dev is None or dev.type == "cpu" else (lambda: None)
-
-
-_SUMMABLE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    """No NaN/Inf in ``t``. Fast path: a NaN or ±Inf anywhere makes the float32 sum non-finite,
-    so a finite sum settles it in one pass; only a non-finite sum (which finite values can also
-    reach by overflow) needs the element-wise check."""
-    if t.dtype in _SUMMABLE and bool(torch.isfinite(t.sum(dtype=torch.float32))):
-        return True
-    return bool(torch.isfinite(t).all())
-
-
-class FiniteCheck:
-    """Which weights hold NaN or Inf, over a whole forward: tensors on the host are checked at
-    once (``all_finite``), tensors on a device queue an exact flag there (``isfinite(t).all()``,
-    no fallback needed) and are read back together at the end — one host read for the pass,
-    not one per layer (a read waits for the device's queue; tests/test_host_syncs.py)."""
-
-    def __init__(self, device: Device = None) -> None:
-        self.device = prepare_device(device)
-        self.entries: list[tuple[str, bool | int]] = []  # name, host verdict or index of a device flag
-        self.flags: list[torch.Tensor] = []
-
-    def add(self, name: str, t: torch.Tensor) -> None:
-        if self.device is None or t.device != self.device:
-            self.entries.append((name, all_finite(t)))
-        else:
-            self.entries.append((name, len(self.flags)))
-            self.flags.append(torch.isfinite(t).all())
-
-    def nonfinite(self) -> list[str]:
-        read = torch.stack(self.flags).tolist() if self.flags else []
-        return [n for n, f in self.entries if not (f if isinstance(f, bool) else read[f])]
-
-
-def nonfinite_names(lw: LayerWeights) -> list[str]:
-    """Which of a layer's tensors hold NaN or Inf (checked once, in the forward pass, on the
-    tensors as stored: converting to float32 neither creates nor removes a NaN/Inf)."""
-    check = FiniteCheck()
-    for n, t in lw.stored_tensors():
-        check.add(f"layer {lw.layer} {n}", t)
-    return check.nonfinite()
-
-
-def _extra_requests(observers: Sequence[Observer]) -> ExtraExperts | None:
-    """Merge the observers' ``extra_experts(layer, routing)`` requests (optional method): the
-    expert outputs they need beyond R_k, computed in the replay's own sweep over the experts."""
-    asks = [ask for o in observers if (ask := getattr(o, "extra_experts", None)) is not None]
-    if not asks:
-        return None
-
-    def extra(layer: int, routing: Routing) -> dict[str, torch.Tensor]:
-        return {name: idx for ask in asks for name, idx in ask(layer, routing).items()}
-
-    return extra
+from moeaudit.spec.config import ModelSpec
 
 
 def forward_pass(
@@ -219,7 +95,7 @@ def forward_pass(
     x = moved(x, device, non_blocking=True) if device is not None else x
     inputs = StoredInputs(device, spec.num_layers)
     routing: dict[int, Routing] = {}
-    extra = _extra_requests(observers)
+    extra = extra_requests(observers)
     trim = trimmer(device)
     check = FiniteCheck(device)
     for i in range(spec.num_layers):
@@ -234,7 +110,7 @@ def forward_pass(
             x, tap = decoder_layer(spec, lw, x, rope, extra, keep)
         if tap is not None:
             if keep_routing:
-                routing[i] = _detached(tap.routing if device is None else to_host(tap.routing, device))
+                routing[i] = detached(tap.routing if device is None else to_host(tap.routing, device))
             for observe in observers:
                 observe(tap, lw)
         del lw, tap
@@ -243,101 +119,6 @@ def forward_pass(
     if nonfinite is not None:
         nonfinite.extend(check.nonfinite())
     return x, inputs, routing
-
-
-HEAD_CHUNK_ELEMENTS = 1 << 23  # logits rows per LM-head chunk × vocabulary (32 MB of float32)
-
-
-@dataclass
-class Head:
-    """The LM head over all W·(T−1) predicted positions, computed in row chunks so that the
-    [N, V] logits never exist at once."""
-
-    nll_WT1: torch.Tensor
-    entropy_WT1: torch.Tensor
-    grad_x_WTH: torch.Tensor | None  # dL/dx of the final hidden state, when asked
-
-
-def lm_head_pass(
-    spec: ModelSpec,
-    final_norm: torch.Tensor,
-    lm_head: torch.Tensor,
-    x_WTH: torch.Tensor,
-    tokens_WT: torch.Tensor,
-    grad_nll_WT1: torch.Tensor | None,
-    *,
-    final_norm_bias: torch.Tensor | None = None,
-    lm_head_bias: torch.Tensor | None = None,
-) -> Head:
-    """NLL and predictive entropy per position; with ``grad_nll_WT1`` = dL/dnll also dL/dx.
-    Rows are independent through the final norm, the head and the softmax, so chunking them
-    changes no value; the last position of each window predicts nothing and is skipped."""
-    W, T, H = x_WTH.shape
-    x_RH = x_WTH[:, :-1].reshape(-1, H)
-    target_R = tokens_WT[:, 1:].reshape(-1)
-    nll_R, ent_R = x_RH.new_empty(x_RH.shape[0]), x_RH.new_empty(x_RH.shape[0])
-    grad_RH = torch.zeros_like(x_RH) if grad_nll_WT1 is not None else None
-    g_R = None if grad_nll_WT1 is None else grad_nll_WT1.reshape(-1)
-    step = max(1, HEAD_CHUNK_ELEMENTS // lm_head.shape[0])
-    for a in range(0, x_RH.shape[0], step):
-        rows = slice(a, a + step)
-        xc = x_RH[rows].detach().requires_grad_(g_R is not None)
-        with torch.set_grad_enabled(g_R is not None):
-            xn = block_norm(spec, xc, final_norm, final_norm_bias, spec.final_eps)
-        with torch.no_grad():
-            logits = F.linear(xn, lm_head, lm_head_bias).float()
-            if spec.logits_scaling != 1.0:  # Granite: logits ÷ s
-                logits = logits / spec.logits_scaling
-            logp = torch.log_softmax(logits, dim=-1)
-            tgt = target_R[rows, None]
-            nll_R[rows] = -logp.gather(1, tgt).squeeze(1)  # = F.cross_entropy
-            p_RV = logp.exp()
-            ent_R[rows] = -(p_RV * logp).sum(-1)
-            del logp
-        if g_R is not None and grad_RH is not None:
-            # d nll / d logits = softmax − onehot(target) (what autograd's log_softmax backward
-            # forms), scaled by dL/dnll; the head's own weight gradient is never needed.
-            g = g_R[rows, None]
-            dlogits = p_RV.mul_(g)
-            dlogits.scatter_add_(1, tgt, -g)
-            if spec.logits_scaling != 1.0:
-                dlogits.div_(spec.logits_scaling)
-            backward_from([xn], [(dlogits @ lm_head).to(xn.dtype)])
-            assert xc.grad is not None
-            grad_RH[rows] = xc.grad
-        del p_RV, xn, xc
-    grad = None
-    if grad_RH is not None:
-        grad = torch.zeros_like(x_WTH)
-        grad[:, :-1] = grad_RH.view(W, T - 1, H)
-    return Head(nll_R.view(W, T - 1), ent_R.view(W, T - 1), grad)
-
-
-def head_biases(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The final LayerNorm's bias and the LM head's bias, where the family has them (Phi-3.5-MoE)."""
-    s = ckpt.spec
-    names = (["final_norm_bias"] if s.layer_norm and s.norm_bias else []) + (["lm_head_bias"] if s.lm_head_bias else [])
-    return {n: ckpt.read_global(n, dtype) for n in names}
-
-
-def backward_from(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-    """``torch.autograd.backward(roots, grads)``, through the scalar roots Σ root ⊙ grad.
-
-    The gradients are the same bits: d/d(root) of Σ root ⊙ g is 1·g = g exactly, and the new
-    sum and product nodes all run before any node of the original graph, which then runs in
-    its own order (tested bit for bit against ``torch.autograd.backward`` on mixtral, qwen2_moe
-    and deepseek checkpoints). What it avoids is torch's explicit-gradient path, whose first use
-    in a process imports ``torch.fx``'s symbolic shapes and with them sympy — 0.55 s (482
-    modules) of every replay (docs/benchmarks.md §1e).
-    """
-    torch.autograd.backward([(r * g.detach()).sum() for r, g in zip(roots, grads, strict=True)])
-
-
-def _loss_grad(W: int, T1: int, window_weights_W: torch.Tensor | None) -> torch.Tensor:
-    """dL/dnll_wt for L = mean_wt nll (or Σ_w weight_w · mean_t nll_wt), as autograd forms it."""
-    if window_weights_W is None:
-        return torch.ones(W, T1) / (W * T1)
-    return window_weights_W.to(torch.float32)[:, None].expand(W, T1) / T1
 
 
 def replay(
@@ -471,7 +252,7 @@ def _replay(
     final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
     biases = head_biases(ckpt, dtype)
     bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items()) if not all_finite(t)]
-    grad_nll = _loss_grad(W, T - 1, window_weights_W) if backward else None
+    grad_nll = loss_grad(W, T - 1, window_weights_W) if backward else None
     if device is not None:
         final_norm, lm_head, tokens_WT, grad_nll, biases = moved(
             (final_norm, lm_head, tokens_WT, grad_nll, biases), device, non_blocking=True
@@ -715,66 +496,3 @@ def _next_token(
         biases.get("lm_head_bias"),
     )
     return logits.argmax(-1, keepdim=True)
-
-
-ATTENTION_GRADS = (
-    "q",
-    "k",
-    "v",
-    "o",
-    "q_bias",
-    "k_bias",
-    "v_bias",
-    "o_bias",
-    "q_norm",
-    "k_norm",
-    "input_norm",
-    "input_norm_bias",
-    "attn_out_norm",
-    "q_a",
-    "q_a_bias",
-    "q_a_norm",
-    "q_b",
-    "kv_a",
-    "kv_a_bias",
-    "kv_a_norm",
-    "kv_b",
-    "sinks",
-    "qkv",
-    "qkv_bias",
-    "g_proj",
-    *(SECOND_BLOCK + n for n in ("input_norm", "q_a", "q_a_bias", "q_a_norm", "q_b", "kv_a", "kv_a_bias")),
-    *(SECOND_BLOCK + n for n in ("kv_a_norm", "kv_b", "o", "o_bias")),  # LongCat's second attention
-    *LIGHTNING_NAMES,
-    *LINEAR_ATTENTION_NAMES,
-    *KDA_NAMES,
-    *MAMBA_NAMES,
-    *SHORT_CONV_NAMES,
-    *MOA_NAMES,
-    *HC_NAMES[:3],  # HY-V4: the attention sub-block's hyper-connection (it forms the attention's input)
-)
-
-
-def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
-    """Σ ‖grad‖² over ``tensors`` in float64, where the gradients live (no host sync)."""
-    total = like.new_zeros(())
-    for t in tensors:
-        if t is not None and t.grad is not None:
-            total = total + t.grad.double().pow(2).sum()
-    return total
-
-
-def layer_grads(lw: LayerWeights, sq_E: torch.Tensor, device: torch.device | None = None) -> LayerGrads:
-    """Gradient norms of one layer from ``sq_E`` = ‖∇_{θ_e} L‖² per expert (float64, on the
-    compute device) and the ``.grad`` of its other weights: every number of the layer comes to
-    the host in one transfer (issue 31 §4), not one sync per tensor."""
-    p = lw.params
-    groups = (
-        [p["router"], p.get("router_logit_bias")],
-        [p.get(n) for n in ATTENTION_GRADS],
-        # JetMoE's bias on the MoE output: an always-on term of the block, with the shared expert
-        [p.get(n) for n in ("shared_w1", "shared_w3", "shared_w2", "shared_gate", "moe_bias")],
-    )
-    sq = to_host(torch.cat([sq_E, torch.stack([_sum_sq(g, sq_E) for g in groups])]), device)
-    router, attention, shared = (float(v) ** 0.5 for v in sq[len(sq_E) :].tolist())
-    return LayerGrads(sq[: len(sq_E)].sqrt(), router=router, shared=shared, attention=attention)

@@ -27,8 +27,7 @@ A lower precision is only licensed with a measured agreement with fp32 on the ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,31 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.precision import current, forced_kernel
+from moeaudit.replay.device import announce
 
 
 def low_precision_experts() -> bool:
     """True when the routed experts compute in bf16 (the replay's expert sweeps branch here)."""
     return current() == "bf16"
-
-
-@contextmanager
-def tf32_products(device: torch.device | None) -> Iterator[None]:
-    """TF32 products on cuBLAS and cuDNN for the duration when ``tf32`` was asked for and the
-    replay runs on CUDA; nothing otherwise (entered after ``ieee_float32``, so it overrides it
-    for the replay only; the same per-backend ``fp32_precision`` API, see device.py)."""
-    if current() != "tf32" or device is None or device.type != "cuda":
-        yield
-        return
-    b = torch.backends
-    backends = [getattr(getattr(b, lib, None), op, None) for lib, op in (("cuda", "matmul"), ("cudnn", "conv"))]
-    saved = [(x, x.fp32_precision) for x in backends if x is not None and hasattr(x, "fp32_precision")]
-    try:
-        for x, _ in saved:
-            x.fp32_precision = "tf32"
-        yield
-    finally:
-        for x, value in reversed(saved):
-            x.fp32_precision = value
 
 
 LOW: Final = torch.bfloat16
@@ -135,8 +115,6 @@ class _Products:
 def _stacked(experts: Sequence[dict[str, torch.Tensor]], used: Sequence[int], names: Sequence[str]) -> dict[str, Any]:
     """The used experts' weights in bf16, stacked [G, out, in] per name: one layer's chosen
     experts at a time (SPEC §3's layer-local bound), each converted from its stored dtype once."""
-    from moeaudit.replay.device import announce
-
     announce(experts, list(used))
     parts: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     for e in used:

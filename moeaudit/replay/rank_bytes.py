@@ -42,6 +42,7 @@ from moeaudit import limits
 from moeaudit.checkpoint import sealed as sealed_mod
 from moeaudit.checkpoint.digest import FileId, changed, pinned
 from moeaudit.checkpoint.sealed import BLOCK, STREAM_CHUNK, Sealed
+from moeaudit.replay.shards import experts_of
 
 if TYPE_CHECKING:
     from moeaudit.checkpoint.checkpoint import Checkpoint
@@ -80,8 +81,6 @@ class Plan:
 
 def plan(ckpt: Checkpoint, world: int, files: dict[str, SafetensorsFile]) -> Plan:
     """Every rank computes the same plan from the headers alone."""
-    from moeaudit.replay.dist import experts_of
-
     spec = ckpt.spec
     ranges: list[dict[str, list[tuple[int, int]]]] = [{n: [] for n in files} for _ in range(world)]
     everyone: dict[str, list[tuple[int, int]]] = {  # the header: every rank checks it

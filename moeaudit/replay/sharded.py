@@ -57,24 +57,10 @@ import torch.distributed as dist
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, StoredExperts
 from moeaudit.checkpoint.safetensors import SafetensorsFile, torch_dtype
 from moeaudit.errors import CheckpointError, InputError
-from moeaudit.replay.device import moved, on_device, prepare_device, replay_scope, to_host
-from moeaudit.replay.dist import RankFailed, Session, absolute, experts_of, is_comm_error, lost, windows_of
-from moeaudit.replay.engine import (
-    LayerGrads,
-    Observer,
-    Progress,
-    ReplayResult,
-    _detached,
-    _extra_requests,
-    _loss_grad,
-    all_finite,
-    backward_from,
-    head_biases,
-    layer_grads,
-    lm_head_pass,
-    nonfinite_names,
-    release_freed_memory,
-)
+from moeaudit.replay.device import moved, on_device, prepare_device, release_freed_memory, replay_scope, to_host
+from moeaudit.replay.dist import RankFailed, Session, absolute, is_comm_error, lost
+from moeaudit.replay.finite import all_finite, nonfinite_names
+from moeaudit.replay.head import backward_from, head_biases, lm_head_pass, loss_grad
 from moeaudit.replay.model import (
     MoETap,
     Routing,
@@ -89,6 +75,8 @@ from moeaudit.replay.model import (
     shared_expert,
 )
 from moeaudit.replay.model import embed as embed_tokens
+from moeaudit.replay.result import LayerGrads, Observer, Progress, ReplayResult, detached, extra_requests, layer_grads
+from moeaudit.replay.shards import experts_of, windows_of
 from moeaudit.spec.config import ModelSpec
 
 # ----- rank 0 and the serving ranks ---------------------------------------------------------
@@ -160,7 +148,7 @@ def sharded_replay(
         )
     try:
         sess.ensure_sealed(absolute(ckpt.path))
-        extra = _extra_requests(observers)
+        extra = extra_requests(observers)
         sess.request(
             "replay",
             dir=str(absolute(ckpt.path)),
@@ -495,7 +483,7 @@ def _forward(
         if tap is not None:
             if device is not None:
                 tap = to_host(tap, device)
-            routing[i] = _detached(tap.routing)
+            routing[i] = detached(tap.routing)
             try:
                 for observe in observers:
                     observe(tap, lw)
@@ -590,7 +578,7 @@ def _head(
         bad += [n for n, t in (("final_norm", final_norm), ("lm_head", lm_head), *biases.items()) if not all_finite(t)]
     W, T = tokens_WT.shape
     own = tokens_WT[ctx.win.start : ctx.win.stop]
-    grad_nll = _loss_grad(W, T - 1, None)[ctx.win.start : ctx.win.stop] if backward else None
+    grad_nll = loss_grad(W, T - 1, None)[ctx.win.start : ctx.win.stop] if backward else None
     if device is not None:
         final_norm, lm_head, own, grad_nll, biases = moved((final_norm, lm_head, own, grad_nll, biases), device)
     head = lm_head_pass(spec, final_norm, lm_head, x, own, grad_nll, **biases)
