@@ -361,6 +361,10 @@ class Structural(TypedDict):
     layers_with_more_dead: list[int]
     pi_min_ratio: float
     entropy_ratio: float
+    # 95% interval of the lowest π_min and entropy ratio, and the occupancy quantities below their
+    # floor beyond that noise (name → layers): these, not the point ratios, decide occupancy_ok
+    ratio_ci95: NotRequired[dict[str, Interval | None]]
+    below_floor: NotRequired[dict[str, list[int]]]
     ok: bool
     active: NotRequired[str]
     also_against: NotRequired[list[Comparison]]

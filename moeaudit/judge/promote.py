@@ -216,7 +216,8 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
                     "threshold": -tol[str(layer)],
                 }
             )
-    if st["pi_min_ratio"] < g.pi_min_ratio_floor:
+    below = st.get("below_floor")  # below the floor beyond the bootstrap noise (gates.structural)
+    if (below is None and st["pi_min_ratio"] < g.pi_min_ratio_floor) or (below and "π_min ratio" in below):
         out.append(
             {
                 "what": f"π_min ratio against {st['against']}",
@@ -224,7 +225,7 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
                 "threshold": g.pi_min_ratio_floor,
             }
         )
-    if st["entropy_ratio"] < g.entropy_ratio_floor:
+    if (below is None and st["entropy_ratio"] < g.entropy_ratio_floor) or (below and "entropy ratio" in below):
         out.append(
             {
                 "what": f"entropy ratio against {st['against']}",
