@@ -1100,6 +1100,8 @@ def _print_gate(result: GateResult) -> None:
             f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
             f"{result['verdict_reason']}"
         )
+    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
+        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
     out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]

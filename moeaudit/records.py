@@ -192,6 +192,7 @@ class Margin(TypedDict, total=False):
     reference: str
     against_step: int
     also_against: list[AlsoAgainst]
+    stage: str  # refinement: the stage in force at its base step, which decides whether it is gated
 
 
 class Margins(TypedDict):
@@ -796,6 +797,8 @@ class GateResult(TypedDict):
     envelope: EnvelopeReport | None
     judged_in_run: JudgedInRun | None
     notes: NotRequired[list[str]]
+    # why the decision is not the run verdict's reading (an INCONCLUSIVE on a PASS run)
+    decision_reason: NotRequired[str]
     attestation: NotRequired[str]
 
 

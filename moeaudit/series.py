@@ -286,6 +286,7 @@ def envelope_evidence(
     end: int,
     breaks: Sequence[int] = (),
     origin: str = "",
+    whole_log: bool = False,
 ) -> tuple[EnvelopeReport | None, str | None]:
     """(report, None) or (None, why not): the envelope over the window a verdict speaks for.
 
@@ -293,6 +294,9 @@ def envelope_evidence(
     every logged step in (start, end]: the training after ``start``), else the hook's canary
     probe or the checkpoint replays ([start, end]: states at the checkpoints, ``start`` being
     the anchor), as the policy's ``envelope.source`` allows. Warm-up samples are dropped.
+    ``whole_log``: the logs from their first line to ``end`` (certify of a run: every logged
+    step of the run is its training, also before its first kept checkpoint when older ones
+    were rotated away by ``save_total_limit``).
     """
     from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
@@ -306,7 +310,7 @@ def envelope_evidence(
     in_window = [s for s in sorted(docs) if start <= s <= end]
     if metrics is not None and settings.source in ("auto", "logs"):
         series = env.from_metrics(read_metrics(metrics), settings.variant)
-        series = series.between(start, end, include_start=False)
+        series = series.between(None if whole_log else start, end, include_start=False)
     elif probe is not None and settings.source == "probe":
         series = env.from_metrics(read_metrics(probe), settings.variant, "probe")
         series = series.between(start, end, include_start=True)

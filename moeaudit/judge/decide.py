@@ -210,7 +210,8 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     text = _margin_text("refinement", "r_ex", margin)
     value = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
     if stage != "post-training":
-        return _check("refinement", None, f"pretraining run: reported, not gated ({text})", **value)
+        where = "pretraining run" if "stage" not in margin else f"pretraining at its base step {margin['against_step']}"
+        return _check("refinement", None, f"{where}: reported, not gated ({text})", **value)
     status = margin_status(margin, band)
     verdict = {
         PASS: "refinement: the protected layers stayed within the budget τ",
@@ -238,12 +239,18 @@ def handoff_check(margin: Margin | None, band: float) -> Check:
     )
 
 
+def _margin_stage(margin: Margin | None, stage: str) -> str:
+    """The stage a refinement margin is judged by: the stage in force at its base step, where
+    certify recorded it (a pair is judged by the stage at its base), else the run's."""
+    return str((margin or {}).get("stage") or stage)
+
+
 def checks(ev: Evidence) -> list[Check]:
     out = [
         health_check(ev.gates),
         comparison_check(ev.gates),
         envelope_check(ev.envelope, ev.envelope_reason),
-        refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
+        refinement_check(ev.margins.get("refinement"), _margin_stage(ev.margins.get("refinement"), ev.stage), ev.band),
         handoff_check(ev.margins.get("handoff"), ev.band),
     ]
     dup = duplicates_check(ev.gates)

@@ -61,6 +61,9 @@ class Checkpointed:
     # ``lm_loss`` (language-model loss, no auxiliary terms) and/or ``loss`` (what the training
     # loop reported as its objective). Never stands in for the canary NLL.
     training: Mapping[str, float] | None = None
+    # The same keys over the equal window before the previous gate, (2·prev − step, prev]: what
+    # the training-loss sentence compares ``training`` with (None: the previous gate's interval)
+    training_before: Mapping[str, float] | None = None
 
     @property
     def training_loss(self) -> float | None:
@@ -475,26 +478,32 @@ def evaluate_gates(
     resamples: int = 1000,
     seed: int = 0,
     interval: Interval = paired_interval,
-    stage: str = "pretraining",
+    stage: str | Callable[[int], str] = "pretraining",
 ) -> list[GateEntry]:
     """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
     first checkpoint and each event's — and is judged by the worst comparison, so an event
-    written by the audited party can start a new drift baseline but never erase a regression."""
+    written by the audited party can start a new drift baseline but never erase a regression.
+
+    ``stage``: the run's stage, or the stage in force at a step (a declared stage applies from
+    its step on). Each gate is judged by the stage in force at the base of its pair, the
+    previous gate: the pair 100 → 200 of a run that turns to post-training at 200 is
+    pretraining."""
+    fixed = stage
+    stage_at = stage if callable(stage) else (lambda _step: str(fixed))
     gates: list[GateEntry] = []
     bases: list[Checkpointed] = []
     previous: Checkpointed | None = None
     seen: dict[str, int] = {}  # digest → first step with it
     streak = 0
     for p in points:
+        gate_stage = stage_at(p.step if previous is None else previous.step)
         change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed, interval)
         trend = "first" if change is None else scalar_trend(change, g.nll_tol)
+        before = p.training_before if p.training_before is not None or previous is None else previous.training
         training = (
             None
             if previous is None
-            else {
-                k: (None if previous.training is None else previous.training.get(k), p.training.get(k))
-                for k in (p.training or {})
-            }
+            else {k: (None if before is None else before.get(k), p.training.get(k)) for k in (p.training or {})}
             if p.training
             else None
         )
@@ -520,7 +529,7 @@ def evaluate_gates(
         since_base = IMPROVING if since == {IMPROVING} else NO_CHANGE
         health_bad, bad = not hp["ok"], False
         if st is not None:
-            bad = structure_bad(st, health_bad, since_base, stage) or scalar_bad(trend, stage)
+            bad = structure_bad(st, health_bad, since_base, gate_stage) or scalar_bad(trend, gate_stage)
             streak = streak + 1 if bad else 0
         if not bases or p.baseline_reason is not None:
             gate["reason"] = p.baseline_reason or "first checkpoint of the run"
@@ -528,19 +537,19 @@ def evaluate_gates(
             if st is not None:
                 gate["continuity"] = st  # a resume cannot erase a regression
             gate["status"] = (
-                BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, stage, since_base)
+                BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, gate_stage, since_base)
             )
             gate["baseline"] = p.step if not bases else bases[-1].step
             bases.append(p)
         else:
             gate.update(
-                status=_status(st, health_bad, trend, streak, g, stage, since_base),  # type: ignore[arg-type]
+                status=_status(st, health_bad, trend, streak, g, gate_stage, since_base),  # type: ignore[arg-type]
                 baseline=bases[-1].step,
                 structural=st,
             )
         gate["consecutive_bad"] = streak
         gate["claims"] = claims(
-            gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], stage, since_base
+            gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], gate_stage, since_base
         )
         gates.append(cast(GateEntry, gate))
         previous = p

@@ -118,12 +118,19 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
             f"named is step {b_step}"
         )
     earlier = [g["step"] for g in gates[:-1] if g["status"] in (YELLOW, RED)]
+    why: str | None = None
     if earlier and result_decision == INCONCLUSIVE and cand["status"] == GREEN:
-        notes.append(
+        why = (
             f"the candidate is GREEN, but the run was YELLOW/RED at step(s) "
             f"{', '.join(map(str, earlier))}: one recovery is no all-clear (003 Table 13)"
         )
-    return {
+        notes.append(why)
+    if result_decision == INCONCLUSIVE and cand["status"] == "BASELINE":
+        why = (
+            f"{candidate.name} is a fresh baseline ({cand.get('reason')}): nothing has been compared "
+            "with it yet, so nothing licenses promoting it; gate a later checkpoint of the run against it"
+        )
+    result: GateResult = {
         "decision": result_decision,
         "verdict": predicate["verdict"],
         "verdict_reason": predicate["verdict_reason"],
@@ -142,6 +149,9 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
         },
         "notes": notes,
     }
+    if why:
+        result["decision_reason"] = why
+    return result
 
 
 def gate_candidate(
