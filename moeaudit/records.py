@@ -606,7 +606,7 @@ class EnvelopeReport(TypedDict):
     series: Annotated[dict[str, list[EnvelopeSample]], DATA_KEYS]
     windows: list[EnvelopeWindow]
     discrete: list[DiscreteRow]
-    compliant: bool
+    compliant: bool  # every gated rule holds (starvation; the variance bound when calibrated)
     first_violation: Violation | None
     alerts: list[Alert]
     dead_experts: list[DeadExpert]
@@ -615,7 +615,8 @@ class EnvelopeReport(TypedDict):
     skipped: list[SkippedCheck]
     sampling: Sampling
     window: NotRequired[StepWindow]
-    variance_compliant: bool
+    variance_gated: bool  # the variance bound is gated (calibrated constants), else only reported
+    variance_within_bound: bool  # the Grönwall and Δ-step result, gated or reported
     unevaluable: list[Unevaluable]
     comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
 

@@ -148,7 +148,7 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     window = report.get("window")
     span = f" over steps {window['from']}–{window['to']}" if window else ""
     gated_variance = bool(report.get("calibrated"))
-    variance_ok = report.get("variance_compliant", report["compliant"])
+    variance_ok = report.get("variance_within_bound", report.get("variance_compliant", report["compliant"]))
     starved = report.get("starvation") or []
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
