@@ -127,7 +127,7 @@ def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
         (
             "CV",
             "load imbalance across experts, lower is more even; reported, not gated (π_min is "
-            f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's and ≥ "
+            f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's beyond the bootstrap noise, and ≥ "
             f"{g.get('floor_pi_share', 0.1):g} × k/E)",
         ),
         (
