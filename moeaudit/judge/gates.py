@@ -524,9 +524,17 @@ def evaluate_gates(
         elif isinstance(digest, str):
             seen[digest] = p.step
         st = _combine([structural(p.receipts, b.receipts, protected, g) for b in bases]) if bases else None
-        # the canary NLL against every baseline: the loss trend over the horizon C2 is judged on
-        since = {scalar_trend(nll_change(b.receipts, p.receipts, resamples, seed, interval), g.nll_tol) for b in bases}
-        since_base = IMPROVING if since == {IMPROVING} else NO_CHANGE
+        # the canary NLL against every baseline, the horizon C2 is judged on: read only where a
+        # C2 fall with occupancy held may be atlas motion (the previous gate's trend is reused)
+        since_base = NO_CHANGE
+        if st is not None and not st["c2_ok"] and st["occupancy_ok"]:
+            since = {
+                trend
+                if b is previous
+                else scalar_trend(nll_change(b.receipts, p.receipts, resamples, seed, interval), g.nll_tol)
+                for b in bases
+            }
+            since_base = IMPROVING if since == {IMPROVING} else NO_CHANGE
         health_bad, bad = not hp["ok"], False
         if st is not None:
             bad = structure_bad(st, health_bad, since_base, gate_stage) or scalar_bad(trend, gate_stage)
