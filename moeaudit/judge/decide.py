@@ -210,7 +210,9 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     text = _margin_text("refinement", "r_ex", margin)
     value = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
     if stage != "post-training":
-        where = "pretraining run" if "stage" not in margin else f"pretraining at its base step {margin['against_step']}"
+        where = (
+            "pretraining run" if "stage" not in margin else f"pretraining at its base step {margin.get('against_step')}"
+        )
         return _check("refinement", None, f"{where}: reported, not gated ({text})", **value)
     status = margin_status(margin, band)
     verdict = {
