@@ -367,6 +367,13 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     gated = bool(report.get("variance_gated", report.get("calibrated")))
     within = report.get("variance_within_bound", report.get("variance_compliant", report.get("compliant")))
     reported = first is not None and not gated and first.get("check") != "starvation"
+    where = (
+        None
+        if not first or reported
+        else f"first leaves the envelope at step {first.get('step')} on "
+        f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
+        f"({first.get('check')} check)"
+    )
     return {
         "missing": None,
         "gated": gated,
@@ -386,12 +393,7 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
         "calibration": ("calibrated" if report.get("calibrated") else "not calibrated")
         + (f": {report['provenance']}" if report.get("provenance") else ""),
         "compliant": bool(report.get("compliant")),
-        "first_violation": None
-        if not first or reported
-        else decided
-        or f"first leaves the envelope at step {first.get('step')} on "
-        f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
-        f"({first.get('check')} check)",
+        "first_violation": decided or where,
         "deciding_check": None if not first else first.get("check"),
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
