@@ -410,7 +410,8 @@ def atlas_motion(st: Structural, health_bad: bool, since_base: str, stage: str) 
     claims, not a bad gate. In post-training the refinement margin answers that question."""
     return (
         stage != "post-training"
-        and not st["c2_ok"]
+        and bool(st["c2_fallen_layers"])  # a fall measured, never a C2 that could not be computed
+        and not st.get("c2_not_computed_layers")
         and st["occupancy_ok"]
         and not health_bad
         and since_base == IMPROVING
@@ -527,7 +528,7 @@ def evaluate_gates(
         # the canary NLL against every baseline, the horizon C2 is judged on: read only where a
         # C2 fall with occupancy held may be atlas motion (the previous gate's trend is reused)
         since_base = NO_CHANGE
-        if st is not None and not st["c2_ok"] and st["occupancy_ok"]:
+        if st is not None and st["c2_fallen_layers"] and st["occupancy_ok"]:
             since = {
                 trend
                 if b is previous
