@@ -35,7 +35,7 @@ from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.records import GateEntry, Margin, Margins
-from moeaudit.run import Run, discover, truncate
+from moeaudit.run import Run, discover, stage_at, stage_start, truncate
 from moeaudit.run_names import run_name
 
 if TYPE_CHECKING:
@@ -116,7 +116,13 @@ def audit_run(
     # new drift baseline but never erase a regression (gates.evaluate_gates, issue 23 §5)
     events = [{"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events]
     base_at = baselines(run.steps, events)
+    flag = stage
     stage, stage_source = resolve_stage(stage, policy.gates.stage, run.stage, "pretraining")
+
+    def stage_of(step: int) -> str:
+        """The stage in force at ``step``: --stage, else the run's declared stage at that step
+        (a declared stage applies from its step on), else the policy's, else pretraining."""
+        return flag or stage_at(run.stages, step) or policy.gates.stage or "pretraining"
 
     training_loss = _training_loss(run)
     replayer = _Replayer(
@@ -126,7 +132,7 @@ def audit_run(
     base: tuple[int, Any] | None = None
     for step, ckpt in run.checkpoints:
         docs[step] = replayer.receipts(step, ckpt)
-        points.append(Checkpointed(step, docs[step], base_at.get(step), training_loss(step)))
+        points.append(Checkpointed(step, docs[step], base_at.get(step), *training_loss(step)))
         if base is not None:  # a post-resume baseline is compared with the one before it too
             pairs[step] = replayer.pair(base, (step, ckpt))
         if step in base_at or base is None:
@@ -140,7 +146,7 @@ def audit_run(
         resamples=policy.receipts.bootstrap,
         seed=policy.receipts.seed,
         interval=replayer.nll_interval,
-        stage=stage,
+        stage=stage_of,
     )
     for gate in gates:
         if gate["step"] in pairs:
@@ -149,7 +155,10 @@ def audit_run(
     last = gates[-1]
     margins: Margins = {"refinement": None, "handoff": None}
     if last["step"] in pairs:
-        margins["refinement"] = _worst_refinement(replayer, run, docs, pairs, last, base_at, protected, policy)
+        refined = _worst_refinement(
+            replayer, run, docs, pairs, last, base_at, protected, policy, None if flag else run.stages
+        )
+        margins["refinement"] = {**refined, "stage": stage_of(last["baseline"])}  # gated by its base's stage
     inputs = _inputs(run, policy)
     if reference is not None:
         from moeaudit.receipts.pair import load_reference
@@ -163,7 +172,16 @@ def audit_run(
     from moeaudit.series import envelope_evidence
 
     env_report, env_why = envelope_evidence(
-        run, docs, policy, stage, first.spec, start=run.steps[0], end=run.steps[-1], breaks=(), origin=str(run.path)
+        run,
+        docs,
+        policy,
+        stage,
+        first.spec,
+        start=run.steps[0],
+        end=run.steps[-1],
+        breaks=(),
+        origin=str(run.path),
+        whole_log=True,  # the whole bound log: rotated-away checkpoints do not shorten it
     )
     probe_off = [m for m in mismatches if run.probe is not None and m["source"] == run.probe.name]
     if probe_off and env_report is not None and env_report.get("source") == "probe":
@@ -266,14 +284,19 @@ def _worst_refinement(
     base_at: dict[int, str],
     protected: list[int],
     policy: Policy,
+    stages: list[tuple[int, str]] | None = None,
 ) -> Margin:
     """The refinement margin of the last checkpoint against the active baseline and against every
-    earlier baseline (the first checkpoint, each event's): the worst of them is gated, so a
-    declared event can start a new drift baseline but never improve the margin (issue 23 §5)."""
+    earlier baseline (the first checkpoint, each event's) of the same stage: the worst of them is
+    gated, so a declared event can start a new drift baseline but never improve the margin
+    (issue 23 §5). A baseline before the stage in force at the active baseline was declared
+    belongs to another stage: a pair spanning the change is compared against the stage's own
+    baseline (``stages``: the run's declared stages; None when --stage fixes one for all)."""
     ckpts = dict(run.checkpoints)
     step = last["step"]
+    since = stage_start(stages or [], last["baseline"])
     found: list[Margin] = []
-    for b in sorted(s for s in base_at if s < step):
+    for b in sorted(s for s in base_at if s < step and (since is None or s >= since or s == last["baseline"])):
         pair = pairs[step] if b == last["baseline"] else replayer.pair((b, ckpts[b]), (step, ckpts[step]))
         drift = {entry["layer"]: entry["drift"] for entry in pair["layers"]}
         margin = refinement(docs[b], docs[step], drift, protected, policy.margins)
@@ -416,28 +439,38 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
     return {**note, "layers": layers}
 
 
-def _training_loss(run: Run) -> Callable[[int], dict[str, float] | None]:
-    """The run's logged training losses over the interval that ends at a gate: the mean of each
-    logged key (``loss``, the loop's reported objective; ``lm_loss``, the language-model part
-    without auxiliary balancing terms, where logged) over (previous checkpoint step, this step],
-    by name; None without logs for that interval. From the metrics log as read once
+Losses = dict[str, float] | None
+
+
+def _training_loss(run: Run) -> Callable[[int], tuple[Losses, Losses]]:
+    """The run's logged training losses around a gate: the mean of each logged key (``loss``,
+    the loop's reported objective; ``lm_loss``, the language-model part without auxiliary
+    balancing terms, where logged) over (previous checkpoint step, this step], by name, and over
+    the window of the same length before the previous checkpoint, (2·previous − step, previous]:
+    the training-loss sentence compares equal windows on either side of a checkpoint, never a
+    run's warm-up average with its latest steps (a run whose early checkpoints were rotated away
+    keeps its logs from step 1). None without logs there. From the metrics log as read once
     (:meth:`Run.read_logs_once`): the bytes whose digest the certificate signs."""
     series = run.parsed.get("metrics")
     if series is None:
-        return lambda _step: None
+        return lambda _step: (None, None)
     from bisect import bisect_right
 
     steps = series.steps
     starts = dict(zip(run.steps, [-1, *run.steps[:-1]]))
 
-    def over(step: int) -> dict[str, float] | None:
-        lo, hi = bisect_right(steps, starts[step]), bisect_right(steps, step)
+    def mean(a: int, b: int) -> Losses:
+        lo, hi = bisect_right(steps, a), bisect_right(steps, b)
         out = {}
         for key, column in (("loss", series.loss), ("lm_loss", series.lm_loss)):
             picked = [v for v in column[lo:hi] if v is not None]
             if picked:
                 out[key] = sum(picked) / len(picked)
         return out or None
+
+    def over(step: int) -> tuple[Losses, Losses]:
+        prev = starts[step]
+        return mean(prev, step), (None if prev < 0 else mean(2 * prev - step, prev))
 
     return over
 

@@ -644,7 +644,9 @@ def envelope(
     force: bool,
     no_cache: bool,
 ) -> None:
-    """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not).
+    """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not, 3 a gated
+    rule could not be evaluated), as certify's envelope check reads it: the variance bound is
+    gated only under calibrated constants, else reported.
 
     
     Examples:
@@ -675,7 +677,7 @@ def envelope(
         )
     report = finite_document(report)
     _emit_json(report, json_out, lambda: print_envelope(report))
-    raise SystemExit(0 if report["compliant"] else 1)
+    raise SystemExit(1 if not report["compliant"] else 3 if report.get("unevaluable") else 0)
 
 
 @cli.command(short_help="Fit the envelope and gate tolerances on a healthy run.")
@@ -1142,6 +1144,8 @@ def _print_gate(result: GateResult) -> None:
             f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
             f"{result['verdict_reason']}"
         )
+    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
+        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
     out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]

@@ -203,6 +203,7 @@ class Margin(TypedDict, total=False):
     reference: str
     against_step: int
     also_against: list[AlsoAgainst]
+    stage: str  # refinement: the stage in force at its base step, which decides whether it is gated
 
 
 class Margins(TypedDict):
@@ -427,6 +428,10 @@ class Structural(TypedDict):
     layers_with_more_dead: list[int]
     pi_min_ratio: float
     entropy_ratio: float
+    # 95% interval of the lowest π_min and entropy ratio, and the occupancy quantities below their
+    # floor beyond that noise (name → layers): these, not the point ratios, decide occupancy_ok
+    ratio_ci95: NotRequired[dict[str, Interval | None]]
+    below_floor: NotRequired[dict[str, list[int]]]
     ok: bool
     active: NotRequired[str]
     also_against: NotRequired[list[Comparison]]
@@ -667,7 +672,7 @@ class EnvelopeReport(TypedDict):
     series: Annotated[dict[str, list[EnvelopeSample]], DATA_KEYS]
     windows: list[EnvelopeWindow]
     discrete: list[DiscreteRow]
-    compliant: bool
+    compliant: bool  # every gated rule holds (starvation; the variance bound when calibrated)
     first_violation: Violation | None
     alerts: list[Alert]
     dead_experts: list[DeadExpert]
@@ -676,7 +681,8 @@ class EnvelopeReport(TypedDict):
     skipped: list[SkippedCheck]
     sampling: Sampling
     window: NotRequired[StepWindow]
-    variance_compliant: bool
+    variance_gated: bool  # the variance bound is gated (calibrated constants), else only reported
+    variance_within_bound: bool  # the Grönwall and Δ-step result, gated or reported
     unevaluable: list[Unevaluable]
     comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
     # why the policy's own envelope could not be evaluated on this run, so that the built-in
@@ -883,6 +889,8 @@ class GateResult(TypedDict):
     envelope: EnvelopeReport | None
     judged_in_run: JudgedInRun | None
     notes: NotRequired[list[str]]
+    # why the decision is not the run verdict's reading (an INCONCLUSIVE on a PASS run)
+    decision_reason: NotRequired[str]
     attestation: NotRequired[str]
 
 

@@ -52,6 +52,7 @@ class Run:
     # log name ("events", "metrics", "probe") → its ``predicate.inputs`` entry, of the bytes read
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)  # "metrics" / "probe" → MetricsSeries
+    stages: list[tuple[int, str]] = field(default_factory=list)  # (from step, stage); -1: from the start
 
     @property
     def steps(self) -> list[int]:
@@ -110,6 +111,7 @@ def discover(path: str | Path) -> Run:
     run.events, run.stage, run.metrics, run.probe = logs.events, logs.stage, logs.metrics, logs.probe
     if logs.events_input is not None:
         run.inputs["events"] = logs.events_input
+    run.stages = logs.stages
     return run
 
 
@@ -124,18 +126,34 @@ def truncate(run: Run, until: int) -> Run:
         m = CHECKPOINT_RE.match(p.name)
         return int(m.group(1)) if m else -1
 
+    stages = [(s, stage) for s, stage in run.stages if s <= until]
     return Run(
         run.path,
         kept,
         [(p, why) for p, why in run.skipped if step(p) <= until],
         [e for e in run.events if e.step <= until],
-        run.stage,
+        stages[-1][1] if stages else None,  # the stage as it stood at ``until``
         run.metrics,
         run.probe,
         list(run.left_out),
         dict(run.inputs),
         dict(run.parsed),
+        stages,
     )
+
+
+def stage_at(stages: list[tuple[int, str]], step: int) -> str | None:
+    """The stage in force at ``step``: a stage declared on an event applies from its step on,
+    so a checkpoint saved at that step starts the new stage (its baseline), and a pair whose
+    base is earlier is judged as the stage before it; None where no statement covers ``step``."""
+    found = [stage for s, stage in stages if s <= step]
+    return found[-1] if found else None
+
+
+def stage_start(stages: list[tuple[int, str]], step: int) -> int | None:
+    """The step from which the stage in force at ``step`` was declared (None: no statement)."""
+    found = [s for s, _ in stages if s <= step]
+    return found[-1] if found else None
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,7 @@ class RunLogs:
     metrics: Path | None
     probe: Path | None
     events_input: dict[str, Any] | None = None  # the digest of the events.jsonl bytes parsed
+    stages: list[tuple[int, str]] = field(default_factory=list)
 
 
 def read_logs(root: Path) -> RunLogs:
@@ -157,10 +176,11 @@ def read_logs(root: Path) -> RunLogs:
     events_path, metrics, probe = root / "events.jsonl", root / "metrics.jsonl", root / PROBE_FILE
     events: list[Event] = []
     stage: str | None = None
+    stages: list[tuple[int, str]] = []
     record: dict[str, Any] | None = None
     if os.path.lexists(events_path):
         hashed = Hashed()
-        events, stage = read_events(events_path, hashed)
+        events, stage, stages = _read_events(events_path, hashed)
         record = hashed.record(events_path.name)
     return RunLogs(
         events,
@@ -168,6 +188,7 @@ def read_logs(root: Path) -> RunLogs:
         metrics if os.path.lexists(metrics) else None,
         probe if os.path.lexists(probe) else None,
         record,
+        stages,
     )
 
 
@@ -269,6 +290,12 @@ EVENT_KEYS = frozenset({"step", "event", "note", "stage"})
 
 
 def read_events(path: Path, hashed: Hashed | None = None) -> tuple[list[Event], str | None]:
+    """The events and the run's stage (its latest statement by step); see :func:`_read_events`."""
+    events, stage, _ = _read_events(path, hashed)
+    return events, stage
+
+
+def _read_events(path: Path, hashed: Hashed | None = None) -> tuple[list[Event], str | None, list[tuple[int, str]]]:
     """The events and the stage declared in ``events.jsonl``, read strictly: these lines decide
     which gates apply and where envelope windows break, so a line that two JSON parsers could read
     differently (a key named twice, NaN or Infinity) or that says more than moeaudit reads (an
@@ -296,7 +323,9 @@ def read_events(path: Path, hashed: Hashed | None = None) -> tuple[list[Event], 
         events.append(Event(step, event, note, f"{path.name}:{n}"))
         if "stage" in obj:  # the stage the run is in from this event on
             stated.append((step, _stage(obj, where), n))
-    return sorted(events, key=lambda e: e.step), _run_stage(stated, path)
+    stage = _run_stage(stated, path)  # refuses two statements for one step that disagree
+    timeline = sorted({s: st for s, st, _ in stated}.items())
+    return sorted(events, key=lambda e: e.step), stage, timeline
 
 
 def _run_stage(stated: list[tuple[int, str, int]], path: Path) -> str | None:

@@ -324,6 +324,7 @@ def envelope_evidence(
     end: int,
     breaks: Sequence[int] = (),
     origin: str = "",
+    whole_log: bool = False,
 ) -> tuple[EnvelopeReport | None, str | None]:
     """(report, None) or (None, why not): the envelope over the window a verdict speaks for.
 
@@ -331,6 +332,9 @@ def envelope_evidence(
     every logged step in (start, end]: the training after ``start``), else the hook's canary
     probe or the checkpoint replays ([start, end]: states at the checkpoints, ``start`` being
     the anchor), as the policy's ``envelope.source`` allows. Warm-up samples are dropped.
+    ``whole_log``: the logs from their first line to ``end`` (certify of a run: every logged
+    step of the run is its training, also before its first kept checkpoint when older ones
+    were rotated away by ``save_total_limit``).
     """
     from moeaudit.judge import envelope as env
     from moeaudit.metrics import read_metrics
@@ -359,7 +363,7 @@ def envelope_evidence(
     if metrics is not None and settings.source in ("auto", "logs"):
         logged = parsed["metrics"] if "metrics" in parsed else read_metrics(metrics)
         series = env.from_metrics(logged, settings.variant)
-        series = series.between(start, end, include_start=False)
+        series = series.between(None if whole_log else start, end, include_start=False)
     elif probe is not None and settings.source == "probe":
         logged = parsed["probe"] if "probe" in parsed else read_metrics(probe, "canary probe log")
         series = env.from_metrics(logged, settings.variant, "probe")

@@ -197,7 +197,8 @@ def test_good_inputs_pass(corpus: dict[str, Path]) -> None:
     assert run("inspect", corpus["good_ckpt"])[0] == 0
     assert run("canary", "show", corpus["good_canary_safetensors"])[0] == 0
     assert run("verify", corpus["good_certificate_json"], "--pubkey", corpus["good_key_pub"])[0] == 0
-    assert run("envelope", corpus["good_metrics_jsonl"])[0] in (0, 1)  # ran: compliant or not
+    # ran: compliant, not, or a gated rule not evaluable
+    assert run("envelope", corpus["good_metrics_jsonl"])[0] in (0, 1, 3)
 
 
 # ----- NaN / Inf in weights (issue 7 item 4) ------------------------------------------------------
@@ -318,7 +319,7 @@ def test_ambiguous_steps_are_refused(corpus: dict[str, Path], tmp_path: Path, it
 def test_envelope_on_a_run_warns_about_the_partial_checkpoint(corpus: dict[str, Path]) -> None:
     code, _, stderr = run("envelope", corpus["run_writing"])
     no_error(stderr)
-    assert code in (0, 1) and "checkpoint-500" in stderr
+    assert code in (0, 1, 3) and "checkpoint-500" in stderr
 
 
 # ----- canaries --------------------------------------------------------------------------------

@@ -53,11 +53,14 @@ def test_the_variance_bound_is_gated_only_under_calibrated_constants() -> None:
     rising = _series([[1.0, 1.0, 1.0, 1.0 + t / 20] for t in range(300)])  # V grows: leaves any bound
     illustrative = EnvelopeSettings(variant="normalized", delta=0.05, epsilon=1e-5)
     report = env.evaluate(rising, illustrative)
-    assert not report["variance_compliant"]
+    assert not report["variance_within_bound"] and not report["variance_gated"]
+    assert report["compliant"]  # the gated rules alone: what the check and `moeaudit envelope` read
     check = envelope_check(report, None)
     assert check["status"] == "PASS" and "outside the illustrative variance bound" in check["reason"]
     calibrated = replace(illustrative, calibrated=True, sampling_interval=1)
-    assert envelope_check(env.evaluate(rising, calibrated), None)["status"] == "FAIL"
+    gated = env.evaluate(rising, calibrated)
+    assert envelope_check(gated, None)["status"] == "FAIL"
+    assert gated["variance_gated"] and not gated["compliant"] and not gated["variance_within_bound"]
 
 
 def test_the_starvation_share_is_a_quantile_not_a_minimum() -> None:

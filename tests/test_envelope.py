@@ -65,7 +65,7 @@ def test_an_exact_trajectory_is_compliant_at_every_sampling_gap(gap: int, v0: fl
     v = exact(v0, 5000)
     steps = list(range(0, 5001, gap))
     report = evaluate(series(steps, {"0": [v[t] for t in steps]}), TABLE6)
-    assert report["compliant"], report["first_violation"]
+    assert report["variance_within_bound"], report["first_violation"]
     assert report["first_violation"] is None
     assert all(r["compliant"] for r in report["discrete"])
 
@@ -75,7 +75,7 @@ def test_slow_decay_every_250_steps_fails_and_the_one_step_form_would_pass_it() 
     steps = list(range(0, 2001, 250))
     v = [1e-2 * rate**t for t in steps]
     report = evaluate(series(steps, {"0": v}), TABLE6)
-    assert not report["compliant"]
+    assert not report["variance_within_bound"]
     assert report["first_violation"]["step"] == 250
     assert report["first_violation"]["check"] == "gronwall"
     assert not any(r["compliant"] for r in report["discrete"])
@@ -90,7 +90,7 @@ def test_a_single_spike_above_the_budget_is_flagged_at_its_step() -> None:
     v = [0.5 * budget(DELTA, EPS)] * len(steps)
     v[7] = 10 * budget(DELTA, EPS)  # step 1750
     report = evaluate(series(steps, {"0": [0.5 * budget(DELTA, EPS)] * len(steps), "3": v}), TABLE6)
-    assert not report["compliant"]
+    assert not report["variance_within_bound"]
     assert report["first_violation"]["layer"] == "3"
     assert report["first_violation"]["step"] == 1750
     bad = [(r["series"], r["to_step"]) for r in report["discrete"] if not r["compliant"]]
@@ -197,9 +197,9 @@ def test_breaks_reanchor_windows_and_skip_the_pair_across() -> None:
     v[5] = 1.0  # step 1250: a resume from a different state
     v[6:] = exact(1.0, 750)[250::250]
     plain = evaluate(series(steps, {"0": v}), TABLE6)
-    assert not plain["compliant"]
+    assert not plain["variance_within_bound"]
     broken = evaluate(series(steps, {"0": v}), TABLE6, breaks=[1250])
-    assert broken["compliant"], broken["first_violation"]
+    assert broken["variance_within_bound"], broken["first_violation"]
     assert broken["skipped"][0]["from_step"] == 1000 and broken["skipped"][0]["to_step"] == 1250
 
 
@@ -239,7 +239,7 @@ def test_logs_go_through_the_same_evaluation_with_null_norms_as_violations() -> 
     report = evaluate(from_metrics(ms, "raw"), TABLE6)
     assert report["source"] == "logs" and report["origin"] == "run/metrics.jsonl"
     assert report["findings"][0]["step"] == 500
-    assert not report["compliant"]
+    assert not report["variance_within_bound"]
     assert report["first_violation"] == {
         "layer": "1",
         "step": 500,
@@ -294,10 +294,10 @@ def test_a_healthy_series_is_compliant_under_its_own_calibration() -> None:
     assert evaluate(healthy, s)["compliant"]
     # δ* is the edge: compliant at δ*, not just above it
     assert evaluate(healthy, EnvelopeSettings(variant="normalized", delta=cal.delta_max, epsilon=s.epsilon))[
-        "compliant"
+        "variance_within_bound"
     ]
     above = EnvelopeSettings(variant="normalized", delta=cal.delta_max * 1.01, epsilon=s.epsilon)
-    assert not evaluate(healthy, above)["compliant"]
+    assert not evaluate(healthy, above)["variance_within_bound"]
     assert cal.binding is not None
     validate(Policy(envelope=s))
 

@@ -154,7 +154,10 @@ def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
     p["margins"]["refinement"] = None
     html = render(stmt)
     assert "pooled at step 300: — (value is non-finite)" in html
-    assert "OUTSIDE</span> at step(s) 300" in html
+    # illustrative constants: the variance bound is reported, not gated, and shown so
+    assert "ABOVE, REPORTED</span> at step(s) 300" in html and "OUTSIDE</span>" not in html
+    p["envelope"]["variance_gated"] = True
+    assert "OUTSIDE</span> at step(s) 300" in render(stmt)
     assert "not computed" in html
     p["envelope"], p["heatmaps"] = None, {}
     html = render(stmt)

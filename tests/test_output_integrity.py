@@ -256,7 +256,7 @@ def test_bootstrap_is_capped(tmp_path: Path, metrics: Path) -> None:
     code, _, stderr = run("envelope", metrics, "--policy", policy)
     assert code == 4 and "p.toml: receipts.bootstrap must be ≤ 100000" in one_error(stderr)
     policy.write_text("[receipts]\nbootstrap = 100000\n")
-    assert run("envelope", metrics, "--policy", policy)[0] in (0, 1)
+    assert run("envelope", metrics, "--policy", policy)[0] in (0, 1, 3)
 
 
 def test_a_metrics_line_over_the_cap_is_refused(tmp_path: Path, metrics: Path) -> None:
@@ -378,6 +378,6 @@ def test_inf_in_metrics_is_reported_by_envelope(metrics: Path) -> None:
     metrics.write_text(metrics_text().replace('"loss": 1.9', '"loss": 1e999'))
     code, stdout, _ = run("envelope", metrics, "--json", "-")
     report = json.loads(stdout)
-    assert code in (0, 1)
+    assert code in (0, 1, 3)
     what = "non-finite loss (a number beyond the float range, read as Inf)"
     assert report["findings"] == [{"line": 2, "step": 20, "where": "loss", "what": what}]

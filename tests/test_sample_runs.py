@@ -64,9 +64,13 @@ def test_collapse_fails_on_occupancy_and_envelope(tmp_path, env, key) -> None:
 
 def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     pred = certify("frozen-drift", tmp_path, env, key)
-    # 003 Table 13's Distill-640 progression: YELLOW at 500, 1000, 1500 (occupancy narrowing
-    # while the canary NLL shows no change), RED at 2000, the fourth consecutive bad gate
-    assert statuses(pred) == [(0, "BASELINE"), (500, "YELLOW"), (1000, "YELLOW"), (1500, "YELLOW"), (2000, "RED")]
+    # 003 Table 13's Distill-640 progression was YELLOW at 500, 1000, 1500, RED at 2000. Here
+    # the π_min ratio at 500 (0.44) is within the canary's noise of the 0.5 floor (the range
+    # over both bootstrap intervals reaches 0.83), so 500 is GREEN; from 1000 on occupancy
+    # narrows beyond noise while the canary NLL shows no change: YELLOW at 1000, 1500, 2000
+    assert statuses(pred) == [(0, "BASELINE"), (500, "GREEN"), (1000, "YELLOW"), (1500, "YELLOW"), (2000, "YELLOW")]
+    at_500 = pred["gates"][1]["structural"]
+    assert at_500["pi_min_ratio"] < 0.5 < at_500["ratio_ci95"]["pi_min"][1]
     assert [g["scalar"] for g in pred["gates"][1:]] == ["no change"] * 4
     assert pred["verdict"] == "FAIL"
     # the training loss fell while the canary NLL stalled: the claim names the training loss
@@ -74,12 +78,14 @@ def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     assert sum(any(c.startswith(claim) for c in g["claims"]["licensed"]) for g in pred["gates"]) >= 2
     assert not any("canary NLL fell" in c for g in pred["gates"] for c in g["claims"]["licensed"])
     last = pred["gates"][-1]
-    assert not last["structural"]["occupancy_ok"] and last["consecutive_bad"] == 4
+    assert not last["structural"]["occupancy_ok"] and last["consecutive_bad"] == 3
+    assert last["structural"]["below_floor"]["π_min ratio"] == [0, 2]
     # layer 2's π_min and H_norm end below the absolute health floors: never GREEN, and said
     assert not last["health"]["ok"] and any("absolute health floor" in c for c in last["claims"]["licensed"])
+    assert next(c for c in pred["checks"] if c["name"] == "health")["status"] == "FAIL"
     # the HTML gate notes give each number with the policy's threshold (issue 16 item 2)
     html = (tmp_path / "frozen-drift" / "certificate.html").read_text()
-    assert "occupancy narrowed (π_min ratio 0.44, floor 0.5; entropy ratio 0.94, floor 0.9)" in html
+    assert "occupancy narrowed (π_min ratio 0.24, floor 0.5; entropy ratio 0.85, floor 0.9)" in html
 
 
 def test_deepseek_certificate_names_its_biased_gate(tmp_path, env, key) -> None:

@@ -56,7 +56,7 @@ def test_layout_degrades_from_boxed_to_borderless_to_list(
     pred: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert "┃ canary NLL ┃" in render(pred, 120, monkeypatch)  # room for everything
-    at_80 = render(pred, 80, monkeypatch)
+    at_80 = render(pred, 100, monkeypatch)  # the "why" column: borderless below 120
     assert "┃" not in at_80 and "canary" in at_80 and "─" in at_80  # borderless, headers wrapped
     at_60 = render(pred, 60, monkeypatch)
     assert "step 1250000\n  gate RED · vs 500 · canary NLL 12.3457" in at_60  # one block per checkpoint

@@ -200,7 +200,8 @@ def test_resumes_at_every_checkpoint_do_not_turn_collapse_into_pass(tmp_path, ca
 
 
 def test_a_resume_cannot_erase_a_regression(tmp_path, canary, policy, cache_dir) -> None:
-    """frozen-drift with a resume declared at its worst checkpoint: still RED there."""
+    """frozen-drift with a resume declared at its worst checkpoint: still bad there (YELLOW,
+    as without the resume: its fourth gate is its third bad one), and the run still FAILs."""
     events = [
         {"step": 0, "event": "regime_change", "note": "sft", "stage": "post-training"},
         {"step": 2000, "event": "resume", "note": "restarted"},
@@ -209,7 +210,7 @@ def test_a_resume_cannot_erase_a_regression(tmp_path, canary, policy, cache_dir)
         _run_of(tmp_path, "frozen-drift", [0, 500, 1000, 1500, 2000], events), canary, policy, cache_dir
     ).statement["predicate"]
     last = pred["gates"][-1]
-    assert last["new_baseline"] and last["status"] == "RED"
+    assert last["new_baseline"] and last["status"] == "YELLOW" and last["consecutive_bad"] == 3
     assert not last["continuity"]["ok"] and last["continuity"]["against"] == "checkpoint-0"
     assert pred["verdict"] == "FAIL"
 
@@ -303,7 +304,9 @@ def test_gate_promotes_what_certify_passes_within_one_run(tmp_path, cache_dir) -
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["decision"] == "PROMOTE" and doc["stage"] == "pretraining"
     envelope = doc["envelope"]
-    assert envelope["window"]["from"] > 250 and envelope["window"]["to"] == 1500  # (base, candidate]
+    # the whole bound log up to the candidate (after the policy's warm-up), not only the
+    # steps after the first kept checkpoint: rotated-away checkpoints do not shorten it
+    assert envelope["window"]["from"] < 250 and envelope["window"]["to"] == 1500
     # the same two checkpoints as a post-training promotion: refinement is gated and holds it
     result = CliRunner(env=env_).invoke(
         cli,

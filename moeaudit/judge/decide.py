@@ -168,7 +168,7 @@ def _policy_envelope_check(report: EnvelopeReport) -> Check:
     if vacuous and set(vacuous) >= set(report["series"]) and not starved:  # a found starvation still fails
         return _check("envelope", None, report["sampling"]["warnings"][-1])
     gated_variance = bool(report.get("calibrated"))
-    variance_ok = report.get("variance_compliant", report["compliant"])
+    variance_ok = report.get("variance_within_bound", report.get("variance_compliant", report["compliant"]))
     if starved:
         first = min(starved, key=lambda r: (r["step"], r["layer"] == "pooled"))
         fv: Violation = {
@@ -229,7 +229,10 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     text = _margin_text("refinement", "r_ex", margin)
     value = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
     if stage != "post-training":
-        return _check("refinement", None, f"pretraining run: reported, not gated ({text})", **value)
+        where = (
+            "pretraining run" if "stage" not in margin else f"pretraining at its base step {margin.get('against_step')}"
+        )
+        return _check("refinement", None, f"{where}: reported, not gated ({text})", **value)
     status = margin_status(margin, band)
     verdict = {
         PASS: "refinement: the protected layers stayed within the budget τ",
@@ -257,12 +260,18 @@ def handoff_check(margin: Margin | None, band: float) -> Check:
     )
 
 
+def _margin_stage(margin: Margin | None, stage: str) -> str:
+    """The stage a refinement margin is judged by: the stage in force at its base step, where
+    certify recorded it (a pair is judged by the stage at its base), else the run's."""
+    return str((margin or {}).get("stage") or stage)
+
+
 def checks(ev: Evidence) -> list[Check]:
     out = [
         health_check(ev.gates),
         comparison_check(ev.gates),
         envelope_check(ev.envelope, ev.envelope_reason),
-        refinement_check(ev.margins.get("refinement"), ev.stage, ev.band),
+        refinement_check(ev.margins.get("refinement"), _margin_stage(ev.margins.get("refinement"), ev.stage), ev.band),
         handoff_check(ev.margins.get("handoff"), ev.band),
     ]
     low = precision_check(ev.precision_agreement)

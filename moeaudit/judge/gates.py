@@ -62,6 +62,9 @@ class Checkpointed:
     # ``lm_loss`` (language-model loss, no auxiliary terms) and/or ``loss`` (what the training
     # loop reported as its objective). Never stands in for the canary NLL.
     training: Mapping[str, float] | None = None
+    # The same keys over the equal window before the previous gate, (2·prev − step, prev]: what
+    # the training-loss sentence compares ``training`` with (None: the previous gate's interval)
+    training_before: Mapping[str, float] | None = None
 
     @property
     def training_loss(self) -> float | None:
@@ -136,14 +139,26 @@ def structural(
             not_computed.append(layer)
     fallen = [layer for layer, d in c2_deltas.items() if d < -slack[layer]]
     c2_min = min(c2_deltas.values()) if c2_deltas else None
-    dead_up, pi_ratio, h_ratio = [], [], []
+    dead_up: list[int] = []
+    pi_ratio: list[float] = []
+    h_ratio: list[float] = []
+    below: dict[str, list[int]] = {"π_min ratio": [], "entropy ratio": []}
+    bounds: dict[str, tuple[float, list[float] | None]] = {}  # quantity → (lowest ratio, its interval)
     for layer, entry in now.items():
         o, ob = entry["occupancy"], then[layer]["occupancy"]
         if len(dead_experts(entry)) > len(dead_experts(then[layer])) + g.tol_dead:
             dead_up.append(layer)
-        pi_ratio.append(_ratio(o["pi_min"], ob["pi_min"]))
-        h_ratio.append(_ratio(o["entropy_norm"], ob["entropy_norm"]))
-    occupancy_ok = not dead_up and min(pi_ratio) >= g.pi_min_ratio_floor and min(h_ratio) >= g.entropy_ratio_floor
+        for name, key, floor, ratios in (
+            ("π_min ratio", "pi_min", g.pi_min_ratio_floor, pi_ratio),
+            ("entropy ratio", "entropy_norm", g.entropy_ratio_floor, h_ratio),
+        ):
+            r, ci = _ratio(o[key], ob[key]), ratio_interval(o, ob, key)
+            ratios.append(r)
+            if name not in bounds or r < bounds[name][0]:
+                bounds[name] = (r, ci)
+            if r < floor and (ci is None or ci[1] < floor):  # below the floor beyond noise
+                below[name].append(layer)
+    occupancy_ok = not dead_up and not any(below.values())
     excluded = {
         str(layer): n for layer in c2_deltas if (n := now[layer]["overlap"].get("c2_excluded_tokens"))
     }  # tokens left out of C2 where the pair weight vanishes (receipts.overlap)
@@ -159,6 +174,8 @@ def structural(
         "layers_with_more_dead": dead_up,
         "pi_min_ratio": min(pi_ratio),
         "entropy_ratio": min(h_ratio),
+        "ratio_ci95": {"pi_min": bounds["π_min ratio"][1], "entropy": bounds["entropy ratio"][1]},
+        "below_floor": {name: layers for name, layers in below.items() if layers},
         "ok": c2_ok and occupancy_ok,
     }
     # held / fell need no status beyond c2_ok; the two cases that sign no C2 say which
@@ -210,6 +227,19 @@ def dead_experts(entry: Mapping[str, Any]) -> list[int]:
     if counts is None and entry["occupancy"].get("dead"):
         return list(range(entry["occupancy"]["dead"]))  # a count without the vector: as many
     return sorted(set(routed_dead) | set(silent_experts(entry)))
+
+
+def ratio_interval(now: Mapping[str, Any], then: Mapping[str, Any], key: str) -> list[float] | None:
+    """The range of now[key] / then[key] (an occupancy ratio) over the two checkpoints' 95%
+    window-bootstrap intervals: [low(now)/high(then), high(now)/low(then)], or None without
+    intervals. A ratio below its floor counts only when this whole range lies below it: the
+    gate's occupancy must be distinguishable from the baseline's own interval, not only from
+    its point value (`003` §5: windows are the independent units; a first checkpoint saved
+    before the router has learned anything sits near the uniform share by chance)."""
+    ca, cb = (now.get("ci95") or {}).get(key), (then.get("ci95") or {}).get(key)
+    if ca and cb and cb[0] > 0:
+        return [ca[0] / cb[1], ca[1] / cb[0]]
+    return None
 
 
 # --- absolute health floors (every checkpoint, baselines included) -------------------------------
@@ -349,6 +379,7 @@ def claims(
     tol: float = 0.0,
     health_problems: Sequence[str] = (),
     stage: str = "pretraining",
+    since_base: str = NO_CHANGE,
 ) -> GateClaims:
     """What this gate's receipts license and what they do not, each sentence naming its numbers.
 
@@ -381,9 +412,11 @@ def claims(
         return {"licensed": lic, "not_licensed": not_lic}
     against = st.get("against", "the baseline")
     if st["occupancy_ok"] and not health_problems:
+        ci = (st.get("ratio_ci95") or {}).get("pi_min")
+        noise = "" if ci is None else f", range over both bootstrap intervals {ci[0]:.3f}–{ci[1]:.3f}"
         lic.append(
-            f"expert usage stayed within the occupancy floors of {against} "
-            f"(π_min ratio {st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})"
+            f"expert usage stayed within the occupancy floors of {against} beyond the canary's noise "
+            f"(π_min ratio {st['pi_min_ratio']:.3f}{noise}; entropy ratio {st['entropy_ratio']:.3f})"
         )
     elif not st["occupancy_ok"]:
         lic.append(
@@ -391,6 +424,12 @@ def claims(
             f"{st['pi_min_ratio']:.3f}, entropy ratio {st['entropy_ratio']:.3f})"
         )
     lic.append(_c2_sentence(st, against))
+    if atlas_motion(st, bool(health_problems), since_base, stage):
+        lic.append(
+            f"atlas motion during pretraining (003 Table 11, third row): C2 fell against {against} "
+            "while occupancy held and the canary NLL improved beyond noise against it; reported, "
+            "not a bad gate while the atlas is being formed"
+        )
     structure_ok = st["ok"] and not health_problems
     if not structure_ok and trend == IMPROVING:
         lic.append("scalar improvement without geometric recovery (canary NLL improving, structure did not hold)")
@@ -457,17 +496,46 @@ def scalar_bad(trend: str, stage: str) -> bool:
     return trend == WORSENING and stage != "post-training"
 
 
+def atlas_motion(st: Structural, health_bad: bool, since_base: str, stage: str) -> bool:
+    """`003` Table 11, third row, in pretraining: C2 fell against the baseline while occupancy
+    held, every health floor is cleared and the canary NLL improved beyond noise against the
+    same baseline(s) (``since_base``: the C2 trend and the loss trend over one horizon). "Atlas
+    motion is visible without occupancy collapse; the relevant question becomes … whether that motion is acceptable for
+    the current stage": while the atlas is being formed it is (a from-scratch run's experts
+    specialise away from their near-random start, and C2 falls with it). Reported in the
+    claims, not a bad gate. In post-training the refinement margin answers that question."""
+    return (
+        stage != "post-training"
+        and bool(st["c2_fallen_layers"])  # a fall measured, never a C2 that could not be computed
+        and not st.get("c2_not_computed_layers")
+        and st["occupancy_ok"]
+        and not health_bad
+        and since_base == IMPROVING
+    )
+
+
+def structure_bad(st: Structural, health_bad: bool, since_base: str, stage: str) -> bool:
+    return (not st["ok"] or health_bad) and not atlas_motion(st, health_bad, since_base, stage)
+
+
 def _status(
-    st: Structural, health_bad: bool, trend: str, streak: int, g: GateSettings, stage: str = "pretraining"
+    st: Structural,
+    health_bad: bool,
+    trend: str,
+    streak: int,
+    g: GateSettings,
+    stage: str = "pretraining",
+    since_base: str = NO_CHANGE,
 ) -> str:
     """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
     otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
     structure and scalar are both bad (SPEC §8: structure bad and canary NLL worsening; `003`
-    Table 11's last row: C2 fallen and occupancy degraded while the scalar is not improving)."""
-    structure_bad = not st["ok"] or health_bad
-    if not structure_bad and not scalar_bad(trend, stage):
+    Table 11's last row: C2 fallen and occupancy degraded while the scalar is not improving).
+    Pretraining atlas motion (:func:`atlas_motion`) is not bad structure."""
+    structure_bad_ = structure_bad(st, health_bad, since_base, stage)
+    if not structure_bad_ and not scalar_bad(trend, stage):
         return GREEN
-    both_bad = structure_bad and trend == WORSENING
+    both_bad = structure_bad_ and trend == WORSENING
     table11_last_row = bool(st["c2_fallen_layers"]) and not st["occupancy_ok"] and trend != IMPROVING
     return RED if streak >= g.escalate_after or both_bad or table11_last_row else YELLOW
 
@@ -530,26 +598,32 @@ def evaluate_gates(
     resamples: int = 1000,
     seed: int = 0,
     interval: Interval = paired_interval,
-    stage: str = "pretraining",
+    stage: str | Callable[[int], str] = "pretraining",
 ) -> list[GateEntry]:
     """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
     first checkpoint and each event's — and is judged by the worst comparison, so an event
-    written by the audited party can start a new drift baseline but never erase a regression."""
+    written by the audited party can start a new drift baseline but never erase a regression.
+
+    ``stage``: the run's stage, or the stage in force at a step (a declared stage applies from
+    its step on). Each gate is judged by the stage in force at the base of its pair, the
+    previous gate: the pair 100 → 200 of a run that turns to post-training at 200 is
+    pretraining."""
+    fixed = stage
+    stage_at = stage if callable(stage) else (lambda _step: str(fixed))
     gates: list[GateEntry] = []
     bases: list[Checkpointed] = []
     previous: Checkpointed | None = None
     seen: dict[str, int] = {}  # digest → first step with it
     streak = 0
     for p in points:
+        gate_stage = stage_at(p.step if previous is None else previous.step)
         change = None if previous is None else nll_change(previous.receipts, p.receipts, resamples, seed, interval)
         trend = "first" if change is None else scalar_trend(change, g.nll_tol)
+        before = p.training_before if p.training_before is not None or previous is None else previous.training
         training = (
             None
             if previous is None
-            else {
-                k: (None if previous.training is None else previous.training.get(k), p.training.get(k))
-                for k in (p.training or {})
-            }
+            else {k: (None if before is None else before.get(k), p.training.get(k)) for k in (p.training or {})}
             if p.training
             else None
         )
@@ -570,26 +644,41 @@ def evaluate_gates(
         elif isinstance(digest, str):
             seen[digest] = p.step
         st = _combine([structural(p.receipts, b.receipts, protected, g) for b in bases]) if bases else None
+        # the canary NLL against every baseline, the horizon C2 is judged on: read only where a
+        # C2 fall with occupancy held may be atlas motion (the previous gate's trend is reused)
+        since_base = NO_CHANGE
+        if st is not None and st["c2_fallen_layers"] and st["occupancy_ok"]:
+            since = {
+                trend
+                if b is previous
+                else scalar_trend(nll_change(b.receipts, p.receipts, resamples, seed, interval), g.nll_tol)
+                for b in bases
+            }
+            since_base = IMPROVING if since == {IMPROVING} else NO_CHANGE
         health_bad, bad = not hp["ok"], False
         if st is not None:
-            bad = not st["ok"] or health_bad or scalar_bad(trend, stage)
+            bad = structure_bad(st, health_bad, since_base, gate_stage) or scalar_bad(trend, gate_stage)
             streak = streak + 1 if bad else 0
         if not bases or p.baseline_reason is not None:
             gate["reason"] = p.baseline_reason or "first checkpoint of the run"
             gate["new_baseline"] = True
             if st is not None:
                 gate["continuity"] = st  # a resume cannot erase a regression
-            gate["status"] = BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, stage)
+            gate["status"] = (
+                BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, gate_stage, since_base)
+            )
             gate["baseline"] = p.step if not bases else bases[-1].step
             bases.append(p)
         else:
             gate.update(
-                status=_status(st, health_bad, trend, streak, g, stage),  # type: ignore[arg-type]
+                status=_status(st, health_bad, trend, streak, g, gate_stage, since_base),  # type: ignore[arg-type]
                 baseline=bases[-1].step,
                 structural=st,
             )
         gate["consecutive_bad"] = streak
-        gate["claims"] = claims(gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], stage)
+        gate["claims"] = claims(
+            gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], gate_stage, since_base
+        )
         gates.append(cast(GateEntry, gate))
         previous = p
     return gates

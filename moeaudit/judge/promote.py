@@ -119,12 +119,19 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
             f"named is step {b_step}"
         )
     earlier = [g["step"] for g in gates[:-1] if g["status"] in (YELLOW, RED)]
+    why: str | None = None
     if earlier and result_decision == INCONCLUSIVE and cand["status"] == GREEN:
-        notes.append(
+        why = (
             f"the candidate is GREEN, but the run was YELLOW/RED at step(s) "
             f"{', '.join(map(str, earlier))}: one recovery is no all-clear (003 Table 13)"
         )
-    return {
+        notes.append(why)
+    if result_decision == INCONCLUSIVE and cand["status"] == "BASELINE":
+        why = (
+            f"{candidate.name} is a fresh baseline ({cand.get('reason')}): nothing has been compared "
+            "with it yet, so nothing licenses promoting it; gate a later checkpoint of the run against it"
+        )
+    result: GateResult = {
         "decision": result_decision,
         "verdict": predicate["verdict"],
         "verdict_reason": predicate["verdict_reason"],
@@ -143,6 +150,9 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
         },
         "notes": notes,
     }
+    if why:
+        result["decision_reason"] = why
+    return result
 
 
 def gate_candidate(
@@ -219,7 +229,8 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
                     "threshold": -tol[str(layer)],
                 }
             )
-    if st["pi_min_ratio"] < g.pi_min_ratio_floor:
+    below = st.get("below_floor")  # below the floor beyond the bootstrap noise (gates.structural)
+    if (below is None and st["pi_min_ratio"] < g.pi_min_ratio_floor) or (below and "π_min ratio" in below):
         out.append(
             {
                 "what": f"π_min ratio against {st['against']}",
@@ -227,7 +238,7 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
                 "threshold": g.pi_min_ratio_floor,
             }
         )
-    if st["entropy_ratio"] < g.entropy_ratio_floor:
+    if (below is None and st["entropy_ratio"] < g.entropy_ratio_floor) or (below and "entropy ratio" in below):
         out.append(
             {
                 "what": f"entropy ratio against {st['against']}",

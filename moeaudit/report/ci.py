@@ -13,7 +13,7 @@ def junit_xml(result: GateResult) -> str:
     # The decision is a test case of its own: HOLD and INCONCLUSIVE both fail it, so a CI that
     # reads only the failure count never sees an inconclusive gate as "0 failures" (issue 23 §8).
     decided = result["decision"]
-    why = f"{decided}: {result.get('verdict_reason') or ''}"
+    why = f"{decided}: {result.get('decision_reason') or result.get('verdict_reason') or ''}"
     inner = "" if decided == "PROMOTE" else f"<failure type={quoteattr(decided.lower())} message={quoteattr(why)}/>"
     cases = [f'  <testcase classname="moeaudit.gate" name="decision">{inner}</testcase>']
     for c in result["conditions"]:
@@ -38,6 +38,7 @@ def markdown_summary(result: GateResult) -> str:
     lines = [
         f"### {icon} moeaudit gate: {result['decision']} — `{result['base']}` → `{result['candidate']}`",
         "",
+        *([result["decision_reason"], ""] if result.get("decision_reason") else []),
         "| condition | status | detail |",
         "|---|---|---|",
     ]

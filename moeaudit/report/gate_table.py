@@ -26,6 +26,7 @@ COLUMNS = (
     Column("dead", "right"),
     Column("CV", "right"),
     Column("H_norm min", "right"),
+    Column("why"),
 )
 
 
@@ -47,7 +48,36 @@ def gate_cells(g: Mapping[str, Any]) -> list[str]:
         _fmt(r.get("dead"), "d"),
         _fmt(r.get("cv_mean"), ".3f"),
         _fmt(r.get("entropy_norm_min"), ".3f"),
+        why(g),
     ]
+
+
+def why(g: Mapping[str, Any]) -> str:
+    """The quantity that made a gate what it is, short: each occupancy quantity below its floor
+    beyond noise, C2 fallen (and on which protected layers), a health floor, the canary NLL
+    worsening; for a GREEN gate with C2 fallen, the atlas motion that kept it GREEN."""
+    st = g.get("structural") or g.get("continuity") or {}
+    out = []
+    for name, layers in (st.get("below_floor") or {}).items():
+        value = st.get("pi_min_ratio" if name.startswith("π") else "entropy_ratio")
+        out.append(f"{name} {_fmt(value, '.2f')}{_on(layers)}")
+    if st.get("layers_with_more_dead"):
+        out.append(f"more dead{_on(st['layers_with_more_dead'])}")
+    if st and not st.get("c2_ok", True):
+        fell = f"C2 fell {_fmt(st.get('c2_min_delta'), '+.3f')}{_on(st.get('c2_fallen_layers'))}"
+        atlas = any(c.startswith("atlas motion") for c in (g.get("claims") or {}).get("licensed", []))
+        out.append(fell + (", atlas motion" if atlas else ""))
+    for f in (g.get("health") or {}).get("failed", [])[:2]:
+        value = f.get("value")
+        shown = _fmt(value, ".3g") if isinstance(value, (int, float)) else "—"
+        out.append(f"{f['what']} {shown} < floor{_on([f['layer']])}")
+    if g.get("scalar") == "worsening" and g.get("status") in ("YELLOW", "RED"):
+        out.append("canary NLL worsening")
+    return "; ".join(out) or ("—" if g.get("status") in ("GREEN", "BASELINE") else "")
+
+
+def _on(layers: Any) -> str:
+    return f" (L{','.join(map(str, layers))})" if layers else ""
 
 
 def gate_styles(cells: list[str]) -> list[str]:
@@ -80,8 +110,12 @@ def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "C2 (mean)",
-            f"higher is better; fallen when a protected layer ({protected}) drops by more "
-            f"than max({tol_c2:g}, {rel:g} × its baseline C2, the bootstrap noise)",
+            "mean cosine between co-active experts' visible fields (how compatible the experts "
+            "a token mixes are); its level is no score (a collapsed run's co-active experts are "
+            "near-copies, C2 near 1), it is judged by its change: fallen when a protected layer "
+            f"({protected}) drops by more than max({tol_c2:g}, {rel:g} × its baseline C2, the "
+            "bootstrap noise); in pretraining a fall with occupancy held and the canary NLL "
+            "improving is atlas motion, not a bad gate",
         ),
         ("State1", "mean router boundary margin; reported, not gated"),
         (
@@ -93,13 +127,19 @@ def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
         (
             "CV",
             "load imbalance across experts, lower is more even; reported, not gated (π_min is "
-            f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's and ≥ "
+            f"gated: ≥ {g.get('pi_min_ratio_floor', 0.5):g} × the baseline's beyond the bootstrap noise, and ≥ "
             f"{g.get('floor_pi_share', 0.1):g} × k/E)",
         ),
         (
             "H_norm min",
             f"higher is better; ≥ {g.get('entropy_ratio_floor', 0.9):g} × the baseline's "
             f"and ≥ {g.get('floor_entropy_norm', 0.6):g}",
+        ),
+        (
+            "why",
+            "the quantity that made the gate what it is: an occupancy ratio below its floor "
+            "beyond the bootstrap intervals of gate and baseline, C2 fallen, a health floor, the "
+            "canary NLL worsening (L: layers)",
         ),
     ]
 

@@ -113,6 +113,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
             [p["verdict_reason"]] if p.get("verdict_reason") else verdict_reasons(p["verdict"], gates, checks)
         ),
         "run": run_view(p.get("run") or {}, len(gates)),
+        "policy_banner": policy_banner(p.get("policy") or {}),
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
         "margins": margin_rows(p.get("margins") or {}, stage, rules),
@@ -364,21 +365,36 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     first = report.get("first_violation")
     check = next((c for c in checks if c.get("name") == "envelope"), {})
     decided = check.get("reason") if check.get("status") == "FAIL" else None
+    gated = bool(report.get("variance_gated", report.get("calibrated")))
+    within = report.get("variance_within_bound", report.get("variance_compliant", report.get("compliant")))
+    reported = first is not None and not gated and first.get("check") != "starvation"
+    where = (
+        None
+        if not first or reported
+        else f"first leaves the envelope at step {first.get('step')} on "
+        f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
+        f"({first.get('check')} check)"
+    )
     return {
         "missing": None,
-        "panels": [_envelope_panel(k, series[k], report, i == 0) for i, k in enumerate(keys)],
+        "gated": gated,
+        "variance_reported": None
+        if gated
+        else (
+            "within the illustrative bound"
+            if within
+            else "above the illustrative bound"
+            + (f" from step {first.get('step')} ({first.get('check')} check)" if first else "")
+        ),
+        "check_status": check.get("status") or "—",
+        "panels": [_envelope_panel(k, series[k], report, i == 0, gated) for i, k in enumerate(keys)],
         "source": report.get("source") or "—",
         "variant": report.get("variant") or "—",
         "constants": {k: const.get(k) for k in ("delta", "epsilon", "window", "budget")},
         "calibration": ("calibrated" if report.get("calibrated") else "not calibrated")
         + (f": {report['provenance']}" if report.get("provenance") else ""),
         "compliant": bool(report.get("compliant")),
-        "first_violation": None
-        if not first
-        else decided
-        or f"first leaves the envelope at step {first.get('step')} on "
-        f"{'all layers pooled' if first.get('layer') == 'pooled' else 'layer ' + str(first.get('layer'))} "
-        f"({first.get('check')} check)",
+        "first_violation": decided or where,
         "deciding_check": None if not first else first.get("check"),
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
@@ -393,7 +409,7 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     }
 
 
-def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -> dict[str, Any]:
+def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, gated: bool = True) -> dict[str, Any]:
     wins = [w for w in report.get("windows") or [] if w.get("series") == key]
     name = "pooled over all routed layers" if key == "pooled" else f"layer {key}"
     budget = _get(report, "constants", "budget")
@@ -405,6 +421,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
         width=svg.W if main else 470,
         height=300 if main else 200,
         show_legend=main,
+        gated=gated,
     )
     margins = [r["margin"] for r in samples if r.get("margin") is not None]
     outside = [r.get("step") for r in samples if not r.get("compliant", True)]
@@ -418,8 +435,15 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
         for r in report.get("starvation") or []
         if str(r.get("layer")) == key
     ]
-    failing = bool(outside or discrete or starved)
+    failing = bool(starved or (gated and (outside or discrete)))
+    if failing:
+        status = "leaves the envelope"
+    elif outside or discrete:  # the variance bound under illustrative constants: reported only
+        status = "above the illustrative variance bound (reported, not gated); no expert starved"
+    else:
+        status = "within every check"
     return {
+        "gated": gated,
         "name": name,
         "svg": chart,
         "samples": len(samples),
@@ -428,7 +452,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
         "outside": outside,
         "discrete": discrete,
         "starved": starved,
-        "status": "leaves the envelope" if failing else "within every check",
+        "status": status,
     }
 
 
@@ -524,6 +548,25 @@ def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None
         "step": dom.get("step"),
         "omitted": [k for k in layers if k not in shown],
     }
+
+
+def policy_banner(policy: Doc) -> str:
+    """Under which policy the verdict was reached: the built-in default (uncalibrated), or a
+    policy file and what it was calibrated on (gate tolerances and envelope constants)."""
+    source = str(policy.get("source") or "source not stated")
+    gates, env = policy.get("gates") or {}, policy.get("envelope") or {}
+    if source == "built-in default":
+        return (
+            "built-in default, uncalibrated: built-in gate tolerances; Gradient Starvation Envelope "
+            "(000) Table 6 constants, so the variance bound is reported, not gated"
+        )
+    tol = f"gate tolerances {gates['provenance']}" if gates.get("calibrated") else "built-in gate tolerances"
+    if env.get("calibrated"):
+        where = str(env.get("provenance") or "").split(":")[0] or "a healthy run"
+        constants = f"envelope constants {where}"
+    else:
+        constants = "envelope constants not calibrated (the variance bound is reported, not gated)"
+    return f"{source}: {tol}; {constants}"
 
 
 def digests(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:

@@ -106,6 +106,8 @@ def gate_note(g: Doc, rules: Doc) -> str:
         tol = f" (tolerance −{tol_c2:g})" if tol_c2 is not None else ""
         moved = signed(st.get("c2_min_delta"))
         notes.append(f"protected-layer C2 moved {moved} vs step {base}{tol}")
+        if any(c.startswith("atlas motion") for c in (g.get("claims") or {}).get("licensed", [])):
+            notes.append("atlas motion in pretraining (occupancy held, canary NLL improved): not a bad gate")
     if st.get("occupancy_ok") is False:
         more = ", ".join(map(str, st.get("layers_with_more_dead") or []))
         notes.append(
