@@ -431,7 +431,7 @@ class Structural(TypedDict):
     # 95% interval of the lowest π_min and entropy ratio, and the occupancy quantities below their
     # floor beyond that noise (name → layers): these, not the point ratios, decide occupancy_ok
     ratio_ci95: NotRequired[dict[str, Interval | None]]
-    below_floor: NotRequired[dict[str, list[int]]]
+    below_floor: NotRequired[Annotated[dict[str, list[int]], DATA_KEYS]]  # quantity name → layers
     ok: bool
     active: NotRequired[str]
     also_against: NotRequired[list[Comparison]]

@@ -97,6 +97,8 @@ def test_the_wire_name_exceptions_come_from_the_types() -> None:
         "gates[].continuity.c2_not_applicable",
         "gates[].structural.c2_excluded_tokens",
         "gates[].continuity.c2_excluded_tokens",
+        "gates[].structural.below_floor",
+        "gates[].continuity.below_floor",
         "gates[].receipts.nll_by_domain",
         "heatmaps.domains.layers",
         "heatmaps.domains.layers.*",
