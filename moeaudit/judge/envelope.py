@@ -21,15 +21,18 @@ per-step variances come from :mod:`moeaudit.metrics`. See ``docs/envelope.md``.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
+from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.records import EnvelopeReport
+
+if TYPE_CHECKING:
+    from moeaudit.judge.envelope_columns import LongCheck
 
 SCHEMA = "moeaudit.envelope/v1"
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
@@ -79,31 +82,36 @@ class EnvelopeSeries:
 
     source: str  # "logs" | "replay" | "probe"
     variant: str  # "raw" | "normalized"
-    steps: tuple[int, ...]
-    values: dict[str, tuple[float | None, ...]]
-    norms: dict[str, tuple[tuple[float | None, ...], ...]] | None = None
-    notes: dict[str, dict[int, str]] = field(default_factory=dict)  # series → sample → why None
+    steps: Sequence[int]  # a tuple, or a typed Column for a parsed log (envelope_columns)
+    values: Mapping[str, Sequence[float | None]]
+    norms: Mapping[str, Sequence[Sequence[float | None]]] | None = None
+    notes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # series → sample → why None
     origin: str = ""  # the run directory or log it came from
     findings: tuple[dict[str, Any], ...] = ()
 
     def since(self, step: int) -> EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
-        return self._keep([j for j, t in enumerate(self.steps) if t >= step])
+        return self._keep_range(bisect_left(self.steps, step), len(self.steps))
 
     def between(self, start: int | None, end: int | None, *, include_start: bool) -> EnvelopeSeries:
         """The samples in (start, end] — or [start, end] with ``include_start`` — the window a
         verdict speaks for (a gate's (base, candidate], a run's first to last checkpoint)."""
 
-        def inside(t: int) -> bool:
-            after = start is None or (t >= start if include_start else t > start)
-            return after and (end is None or t <= end)
-
-        return self._keep([j for j, t in enumerate(self.steps) if inside(t)])
+        lo = 0 if start is None else (bisect_left if include_start else bisect_right)(self.steps, start)
+        hi = len(self.steps) if end is None else bisect_right(self.steps, end)
+        return self._keep_range(lo, max(lo, hi))  # steps increase: the samples inside are a range
 
     def at(self, steps: Iterable[int]) -> EnvelopeSeries:
         """Only the samples at ``steps`` (e.g. logs at a run's checkpoint steps)."""
         wanted = set(steps)
         return self._keep([j for j, t in enumerate(self.steps) if t in wanted])
+
+    def _keep_range(self, lo: int, hi: int) -> EnvelopeSeries:
+        from moeaudit.judge import envelope_columns as columns
+
+        if isinstance(self.values, columns.LazyValues):  # a parsed log: views, no copy
+            return columns.keep_range(self, lo, hi)
+        return self._keep(list(range(lo, hi)))
 
     def _keep(self, keep: list[int]) -> EnvelopeSeries:
         norms = None if self.norms is None else {k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
@@ -148,7 +156,15 @@ def from_norms(
 
 def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> EnvelopeSeries:
     """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
-    ``canary_probe.jsonl`` (same format, ``source="probe"``)."""
+    ``canary_probe.jsonl`` (same format, ``source="probe"``). A log read by
+    :func:`moeaudit.metrics.read_metrics` stays in its typed arrays (envelope_columns)."""
+    from moeaudit.judge import envelope_columns as columns
+
+    if columns.compactable(metrics.norms):
+        _check_steps(metrics.steps, metrics.path, variant)
+        return columns.compact_series(
+            _source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings)
+        )
     return from_norms(
         source,
         metrics.steps,
@@ -201,10 +217,12 @@ def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
     gap = median_gap(series.steps)
     if gap is None or interval <= 1 or gap >= interval:
         return series
-    blocks: dict[int, list[int]] = {}
-    for j, t in enumerate(series.steps):
-        blocks.setdefault(-(-t // interval), []).append(j)
-    groups = list(blocks.values())
+    groups: list[range] = []  # steps increase, so each block is a range of samples
+    lo = 0
+    for j in range(1, len(series.steps) + 1):
+        if j == len(series.steps) or -(-series.steps[j] // interval) != -(-series.steps[lo] // interval):
+            groups.append(range(lo, j))
+            lo = j
     full = sorted(len(g) for g in groups)[len(groups) // 2]
     # a first or last block holding under half the samples of a typical one is a partial
     # block: its mean carries more noise than the constants were fitted to, so it is left out
@@ -222,7 +240,7 @@ def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
         None
         if series.norms is None
         else {
-            k: tuple(tuple(mean([v[j][e] for j in g]) for e in range(len(v[g[0]]))) for g in groups)
+            k: tuple(tuple(mean(by_e) for by_e in zip(*(v[j] for j in g), strict=True)) for g in groups)
             for k, v in series.norms.items()
         }
     )
@@ -562,8 +580,12 @@ def evaluate(
     native = series
     if settings.calibrated:  # the variance bound at the sampling it was fitted at
         series = resample(series, settings.sampling_interval)
+    from moeaudit.judge.envelope_columns import check_series_long
+
+    # check_series in one pass a series, keeping the rows the report shows (docs/envelope.md,
+    # "Long series"); the verdict is over every sample
     checks = {
-        key: check_series(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
+        key: check_series_long(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
         for key, values in series.values.items()
     }
     report: dict[str, Any] = {
@@ -603,6 +625,8 @@ def evaluate(
             for s in segments(series.steps, breaks)[1:]
         ],
     }
+    if any(c.thinned for c in checks.values()):
+        report["shown"] = {key: c.counts for key, c in checks.items()}
     report["sampling"] = sampling(series, settings)
     if series is not native:
         report["sampling"]["resampled"] = {
@@ -687,14 +711,15 @@ def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: 
     if len(series.steps) < 2:
         raise InputError("the envelope needs at least two samples (steps) of the series", path=series.origin or None)
     if series.norms is not None:
-        sizes = {k: len(v[0]) for k, v in with_pooled(series.norms).items()}
+        sizes = {k: len(v[0]) for k, v in series.norms.items()}  # with_pooled's widths, not its copy
+        sizes = {POOLED: sum(sizes.values()), **sizes}
         for key, size in sorted(sizes.items(), key=lambda kv: kv[0] == POOLED):  # layers first
             why = alert_rule_problem(settings.alert_a, settings.alert_b, settings.variant, size)
             if why:
                 raise InputError(f"envelope.alert_b: on series {key!r}, {why}", path=policy_path)
 
 
-def first_violation(checks: Mapping[str, SeriesCheck]) -> dict[str, Any] | None:
+def first_violation(checks: Mapping[str, SeriesCheck | LongCheck]) -> dict[str, Any] | None:
     """The earliest step where any series leaves the envelope (a layer before "pooled")."""
     found = []
     for order, (key, c) in enumerate(checks.items()):
@@ -726,14 +751,19 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
                 {"check": check, "series": "*", "reason": "no per-expert gradient norms in the series"}
             )
         return
+    from moeaudit.judge import envelope_columns as columns
+
     s = settings
-    for key, vectors in with_pooled(series.norms).items():
+    by_series = {POOLED: columns.PooledRows(series.norms), **series.norms}  # with_pooled, a step at a time
+    for key, vectors in by_series.items():
         for a in alerts(series.steps, vectors, series.values[key], s.alert_a, s.alert_b, s.alert_n):
             report["alerts"].append({"series": key, **a})
     for layer, norms in series.norms.items():
-        for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
+        for dead in columns.dead_experts_columns(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
-        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction):
+        for starved in columns.starvation_columns(
+            series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction
+        ):
             report["starvation"].append({"layer": layer, **starved})
 
 

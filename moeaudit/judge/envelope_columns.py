@@ -1,0 +1,473 @@
+"""The envelope over a long log: compact series and one streamed pass per series (SPEC §7).
+
+A ``metrics.jsonl`` of 10⁶ logged steps is read into typed arrays (:class:`moeaudit.metrics.Rows`,
+273 B a line for 8 layers × 8 experts). This module keeps the envelope over it in the same
+budget (docs/benchmarks.md §10, docs/envelope.md "Long series"):
+
+* :class:`RowsView` — a contiguous range of a layer's rows (``since``/``between`` slice the log
+  without copying it);
+* :class:`LazyValues` — V(t) per series computed on access with the very function the short path
+  uses (:func:`moeaudit.metrics.variance`), into one ``array('d')``; only the series in use (the
+  last one asked for) is held, never all of them;
+* :func:`check_series_long` — the Grönwall windows and the Δ-fold discrete condition of
+  :func:`moeaudit.judge.envelope.check_series`, the same rows for the same samples, in one pass
+  that keeps only the rows the report shows (:func:`shown`) and counts every sample;
+* :func:`dead_experts_columns` and :func:`starvation_columns` — the §10.3 and level rules with
+  run lengths and a sliding window per expert, O(samples × experts).
+
+Every number is computed with the same float operations in the same order as the short path
+(``tests/test_envelope_long.py`` compares them on random series), so the verdict does not
+depend on which path ran, and it is always computed over every sample, never the shown ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, overload
+
+from moeaudit.metrics import POOLED, Column, MetricsSeries, Norms, Rows, variance
+
+if TYPE_CHECKING:
+    from moeaudit.judge.envelope import EnvelopeSeries
+
+Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
+
+# What the report shows of a long series (docs/envelope.md "Long series"): every row up to
+# SHOW_CAP; beyond it every stride-th row (stride = ceil(n / SHOW_CAP)), the first and last,
+# the first NONCOMPLIANT_CAP non-compliant rows and the WORST rows of smallest margin.
+SHOW_CAP = 2000
+NONCOMPLIANT_CAP = 1000
+WORST = 16
+
+
+class RowsView(Sequence[Norms]):
+    """Rows ``lo``..``hi`` (exclusive) of a :class:`Rows`, read as it reads, without a copy."""
+
+    __slots__ = ("_rows", "lo", "hi", "width")
+
+    def __init__(self, rows: Rows | RowsView, lo: int, hi: int):
+        base = rows.lo if isinstance(rows, RowsView) else 0
+        self._rows: Rows = rows._rows if isinstance(rows, RowsView) else rows
+        self.lo: int = base + lo
+        self.hi: int = base + hi
+        self.width: int = rows.width
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("step index out of range")
+        return self._rows[self.lo + j]
+
+    def __iter__(self) -> Iterator[Norms]:
+        a, w = self._rows._a, self.width
+        for j in range(self.lo, self.hi):
+            yield tuple(None if v != v else v for v in a[j * w : (j + 1) * w])
+
+    def expert(self, e: int) -> array[float]:
+        """Expert ``e``'s norm at every row (NaN = null), one strided copy."""
+        w = self.width
+        return self._rows._a[self.lo * w + e : self.hi * w : w]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def compact(rows: Vectors) -> RowsView | None:
+    """``rows`` as a view when it is a typed layer of a parsed log, else None."""
+    if isinstance(rows, RowsView):
+        return rows
+    if isinstance(rows, Rows):
+        return RowsView(rows, 0, len(rows))
+    return None
+
+
+class PooledRows(Sequence[Norms]):
+    """All layers' vectors concatenated per step (:func:`moeaudit.metrics.with_pooled`), built
+    a step at a time."""
+
+    def __init__(self, norms: Mapping[str, Vectors]):
+        self._layers = list(norms.values())
+        self._n = len(self._layers[0]) if self._layers else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        return tuple(g for rows in self._layers for g in rows[j])
+
+    def __iter__(self) -> Iterator[Norms]:
+        for parts in zip(*self._layers, strict=True):
+            yield tuple(g for part in parts for g in part)
+
+
+class LazyValues(Mapping[str, Sequence[float | None]]):
+    """V per series ("pooled" first, then layers), computed when asked for: one
+    ``array('d')`` (NaN = no value) per series, the last one kept. ``notes`` fills in as
+    series are computed (:class:`LazyNotes`)."""
+
+    def __init__(self, norms: Mapping[str, Vectors], variant: str):
+        self._norms = norms
+        self._variant = variant
+        self._keys = [POOLED, *norms]
+        self._last: tuple[str, Column] | None = None
+        self._notes: dict[str, dict[int, str]] = {}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __getitem__(self, key: str) -> Column:
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        if key not in self._keys:
+            raise KeyError(key)
+        vectors = PooledRows(self._norms) if key == POOLED else self._norms[key]
+        out: array[float] = array("d")
+        notes: dict[int, str] = {}
+        for j, g_E in enumerate(vectors):
+            value, why = variance(g_E, self._variant)
+            out.append(math.nan if value is None else value)
+            if why is not None:
+                notes[j] = why
+        self._notes[key] = notes
+        self._last = (key, Column(out))
+        return self._last[1]
+
+    def notes_of(self, key: str) -> dict[int, str]:
+        if key not in self._notes:
+            self[key]
+        return self._notes[key]
+
+
+class LazyNotes(Mapping[str, dict[int, str]]):
+    """``{series: {sample: why None}}`` of a :class:`LazyValues` (only series with a note)."""
+
+    def __init__(self, values: LazyValues):
+        self._values = values
+
+    def _all(self) -> dict[str, dict[int, str]]:
+        return {k: n for k in self._values if (n := self._values.notes_of(k))}
+
+    def __getitem__(self, key: str) -> dict[int, str]:
+        if key not in self._values or not (n := self._values.notes_of(key)):
+            raise KeyError(key)
+        return n
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def compactable(norms: Mapping[str, Vectors]) -> bool:
+    """Are these a parsed log's typed layers (every one a :class:`Rows`, as many steps each)?"""
+    views = [compact(v) for v in norms.values()]
+    return bool(views) and all(v is not None for v in views) and len({len(v) for v in views if v is not None}) == 1
+
+
+def compact_series(
+    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[dict[str, Any], ...]
+) -> EnvelopeSeries:
+    """:func:`moeaudit.judge.envelope.from_metrics` of a parsed log, left in its arrays: the
+    steps as their :class:`Column`, the norms as views, V computed per series when asked for."""
+    from moeaudit.judge.envelope import EnvelopeSeries
+
+    views = {k: v for k, v in ((k, compact(v)) for k, v in metrics.norms.items()) if v is not None}
+    values = LazyValues(views, variant)
+    steps = metrics.steps if isinstance(metrics.steps, Column) else tuple(metrics.steps)
+    return EnvelopeSeries(source, variant, steps, values, views, LazyNotes(values), metrics.path, findings)
+
+
+def keep_range(series: EnvelopeSeries, lo: int, hi: int) -> EnvelopeSeries:
+    """Samples ``lo``..``hi`` of a compact series, still compact (``since``, ``between``)."""
+    views = {k: RowsView(v, lo, hi) for k, v in (series.norms or {}).items() if isinstance(v, (Rows, RowsView))}
+    values = LazyValues(views, series.variant)
+    return replace(series, steps=series.steps[lo:hi], norms=views, values=values, notes=LazyNotes(values))
+
+
+# --- the windows and discrete checks in one pass -------------------------------------------------
+
+
+@dataclass
+class _Shown:
+    """Which rows of one list (samples, windows or discrete pairs) the report keeps."""
+
+    n: int
+    stride: int = field(init=False)
+    kept: dict[int, dict[str, Any]] = field(default_factory=dict)
+    worst: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)  # max-heap on margin
+    noncompliant: int = 0
+
+    def __post_init__(self) -> None:
+        self.stride = max(1, -(-self.n // SHOW_CAP))
+
+    def wants(self, i: int, compliant: bool, margin: float | None) -> bool:
+        if self.n <= SHOW_CAP or i % self.stride == 0 or i == self.n - 1:
+            return True
+        if not compliant and self.noncompliant < NONCOMPLIANT_CAP:
+            return True
+        return margin is not None and (len(self.worst) < WORST or -self.worst[0][0] > margin)
+
+    def add(self, i: int, row: dict[str, Any], compliant: bool, margin: float | None) -> None:
+        if not compliant:
+            self.noncompliant += 1
+        if self.n <= SHOW_CAP or i % self.stride == 0 or i == self.n - 1:
+            self.kept[i] = row
+        elif not compliant and self.noncompliant <= NONCOMPLIANT_CAP:
+            self.kept[i] = row
+        if margin is not None and self.n > SHOW_CAP:
+            if len(self.worst) < WORST:
+                heapq.heappush(self.worst, (-margin, i, row))
+            elif -self.worst[0][0] > margin:
+                heapq.heapreplace(self.worst, (-margin, i, row))
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = dict(self.kept)
+        for _, i, row in self.worst:
+            out[i] = row
+        return [out[i] for i in sorted(out)]
+
+
+@dataclass(frozen=True)
+class LongCheck:
+    """:class:`moeaudit.judge.envelope.SeriesCheck` of a series whose rows are thinned for the
+    report: ``compliant`` and ``counts`` are over every sample, the rows are those shown."""
+
+    samples: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+    discrete: list[dict[str, Any]]
+    compliant: bool
+    counts: dict[str, dict[str, Any]]
+
+    @property
+    def thinned(self) -> bool:
+        return any(c["shown"] < c["evaluated"] for c in self.counts.values())
+
+
+def check_series_long(
+    steps: Sequence[int],
+    values: Sequence[float | None],
+    delta: float,
+    epsilon: float,
+    window: int,
+    *,
+    breaks: Sequence[int] = (),
+    notes: Mapping[int, str] | None = None,
+) -> LongCheck:
+    """:func:`moeaudit.judge.envelope.check_series` in one pass: the same rows (built by the same
+    ``_row``), the same windows and discrete pairs, keeping the ones :class:`_Shown` picks."""
+    from moeaudit.judge.envelope import _holds, _row, composed_bound, gronwall, segments
+
+    notes = notes or {}
+    n = len(steps)
+    segs = segments(steps, breaks)
+    n_windows = _count_windows(steps, segs, window)
+    samples, wins, pairs = _Shown(n), _Shown(n_windows), _Shown(n - len(segs))
+    ok = True
+    i_pair = 0
+    index = 0
+    for seg in segs:
+        lo, hi = seg.start, seg.stop
+        v0 = values[lo]
+        first = None if v0 is None else gronwall(v0, steps[lo], steps[lo], delta, epsilon)
+        row = _row(steps[lo], v0, first, index if hi - lo > 1 else None, notes.get(lo))
+        ok &= row["compliant"]
+        samples.add(lo, row, row["compliant"], row["margin"])
+        # discrete pairs of the segment (discrete_checks)
+        for j in range(lo, hi - 1):
+            gap, a, b = steps[j + 1] - steps[j], values[j], values[j + 1]
+            if a is None or b is None:
+                bound, margin, good = None, None, False
+            else:
+                bound = composed_bound(a, delta, epsilon, gap)
+                margin, good = bound - b, _holds(b, bound)
+            ok &= good
+            if pairs.wants(i_pair, good, margin):
+                r: dict[str, Any] = {
+                    "from_step": steps[j],
+                    "to_step": steps[j + 1],
+                    "gap": gap,
+                    "value_from": a,
+                    "value": b,
+                }
+                if bound is None:
+                    r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
+                else:
+                    r.update(bound=bound, margin=margin, compliant=good)
+                pairs.add(i_pair, r, good, margin)
+            elif not good:
+                pairs.noncompliant += 1
+            i_pair += 1
+        # Grönwall windows (windows(): anchor i, members i+1 .. while within τ, at least one)
+        i = lo
+        while i < hi - 1:
+            t_a, v_a = steps[i], values[i]
+            m = i + 1
+            min_margin: float | None = None
+            all_ok = v_a is not None
+            while True:
+                v = values[m]
+                bound = None if v_a is None else gronwall(v_a, t_a, steps[m], delta, epsilon)
+                if v is None or bound is None:
+                    margin, good = None, False
+                else:
+                    margin, good = bound - v, _holds(v, bound)
+                    min_margin = margin if min_margin is None or margin < min_margin else min_margin
+                all_ok &= good
+                if samples.wants(m, good, margin):
+                    why = notes.get(m) or (None if v_a is not None else "anchor is non-finite")
+                    samples.add(m, _row(steps[m], v, bound, index, why), good, margin)
+                elif not good:
+                    samples.noncompliant += 1
+                if m + 1 < hi and steps[m + 1] - t_a <= window:
+                    m += 1
+                else:
+                    break
+            ok &= all_ok
+            w = {
+                "index": index,
+                "start": t_a,
+                "end": steps[m],
+                "anchor_value": v_a,
+                "samples": m - i + 1,
+                "stretched": steps[m] - t_a > window,
+                "min_margin": min_margin,
+                "compliant": all_ok,
+            }
+            wins.add(index, w, all_ok, min_margin)
+            index += 1
+            i = m
+    s_rows, w_rows, p_rows = samples.rows(), wins.rows(), pairs.rows()
+    counts = {
+        name: {"evaluated": s.n, "shown": len(rows), "noncompliant": s.noncompliant}
+        for name, s, rows in (("samples", samples, s_rows), ("windows", wins, w_rows), ("discrete", pairs, p_rows))
+    }
+    return LongCheck(s_rows, w_rows, p_rows, ok, counts)
+
+
+def _count_windows(steps: Sequence[int], segs: Sequence[range], window: int) -> int:
+    n = 0
+    for seg in segs:
+        i, hi = seg.start, seg.stop
+        while i < hi - 1:
+            m = i + 1
+            while m + 1 < hi and steps[m + 1] - steps[i] <= window:
+                m += 1
+            n, i = n + 1, m
+    return n
+
+
+# --- the level rules by run lengths and sliding windows ------------------------------------------
+
+
+def _column(norms: Vectors, e: int) -> Sequence[float]:
+    """Expert ``e``'s norm at every step, NaN for null."""
+    view = compact(norms)
+    if view is not None:
+        return view.expert(e)
+    return [math.nan if g_E[e] is None else g_E[e] for g_E in norms]  # type: ignore[misc]
+
+
+def dead_experts_columns(
+    steps: Sequence[int], norms: Vectors, dead_grad: float, dead_steps: int
+) -> list[dict[str, Any]]:
+    """:func:`moeaudit.judge.envelope.dead_experts` over one column per expert: each run of
+    below-threshold samples is walked once."""
+    out: list[dict[str, Any]] = []
+    width = len(norms[0]) if len(norms) else 0
+    for e in range(width):
+        since: int | None = None
+        entry: dict[str, Any] | None = None
+        for t, g in zip(steps, _column(norms, e)):
+            if g < dead_grad:  # NaN (null) compares False: it ends a run
+                since = t if since is None else since
+                if t - since + 1 > dead_steps:
+                    if entry is None:
+                        entry = {"expert": e, "since": since, "step": t}
+                        out.append(entry)
+                    entry.update(until=t, steps=t - since + 1, recovered=False)
+            else:
+                if entry is not None and g == g:
+                    entry["recovered"] = True
+                since, entry = None, None
+    return out
+
+
+def starvation_columns(
+    steps: Sequence[int], norms: Vectors, share: float, max_steps: int, fraction: float = 0.5
+) -> list[dict[str, Any]]:
+    """:func:`moeaudit.judge.envelope.starvation` with the counts of the window (t − max_steps, t]
+    kept as it slides (two pointers), not recounted at every sample: O(samples × experts)."""
+    out: list[dict[str, Any]] = []
+    n = len(steps)
+    if not n:
+        return out
+    width = len(norms[0])
+    start = steps[0]
+    totals: array[float] = array("d")  # Σ_e g_e where every norm is known and the sum > 0, else NaN
+    for g_E in norms:
+        known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
+        totals.append(sum(g_E) if known else math.nan)  # type: ignore[arg-type]
+    for e in range(width):
+        col = _column(norms, e)
+        shares: array[float] = array(
+            "d", (math.nan if total != total else g * width / total for g, total in zip(col, totals))
+        )
+        lo, seen, low = 0, 0, 0
+        for j, t in enumerate(steps):
+            x = shares[j]
+            if x == x:
+                seen += 1
+                low += x < share
+            while steps[lo] <= t - max_steps:
+                y = shares[lo]
+                if y == y:
+                    seen -= 1
+                    low -= y < share
+                lo += 1
+            if t - start + 1 < max_steps:
+                continue  # the window (t − max_steps, t] reaches before the series
+            if seen and low >= fraction * seen:
+                lows = [y for y in shares[lo : j + 1] if y == y and y < share]
+                out.append(
+                    {
+                        "expert": e,
+                        "since": steps[lo],
+                        "step": t,
+                        "until": t,
+                        "steps": max_steps,
+                        "share": min(lows),
+                        "fraction": low / seen,
+                        "samples": seen,
+                    }
+                )
+                break
+    return out
