@@ -642,6 +642,20 @@ class EnvelopeRules(TypedDict):
 StepWindow = TypedDict("StepWindow", {"from": int, "to": int})
 
 
+class ShownCount(TypedDict):
+    """Rows of one list of a long series: how many were evaluated, shown, and non-compliant."""
+
+    evaluated: int
+    shown: int
+    noncompliant: int
+
+
+class ShownRows(TypedDict):
+    samples: ShownCount
+    windows: ShownCount
+    discrete: ShownCount
+
+
 class EnvelopeReport(TypedDict):
     """``moeaudit envelope --json``, ``receipts/envelope.json`` and the predicate's ``envelope``."""
 
@@ -667,6 +681,7 @@ class EnvelopeReport(TypedDict):
     window: NotRequired[StepWindow]
     variance_compliant: bool
     unevaluable: list[Unevaluable]
+    shown: NotRequired[Annotated[dict[str, ShownRows], DATA_KEYS]]  # a long series' rows are thinned (docs/envelope.md)
     comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
 
 

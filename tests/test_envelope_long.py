@@ -271,3 +271,25 @@ def test_the_envelope_of_a_parsed_log_costs_little_memory_per_sample(tmp_path: P
     per_step = (peaks[8000] - peaks[4000]) / 4000
     assert per_step < 150, per_step
     assert math.isfinite(per_step)
+
+
+def test_the_command_line_counts_every_sample_of_a_thinned_series(tmp_path: Path, monkeypatch: Any) -> None:
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    monkeypatch.setattr(columns, "SHOW_CAP", 50)
+    log = tmp_path / "metrics.jsonl"
+    _write_log(log, 617)
+    out = tmp_path / "envelope.json"
+    done = CliRunner().invoke(cli, ["envelope", str(log), "--json", str(out)], terminal_width=200)
+    assert done.exit_code in (0, 1), done.output
+    report = json.loads(out.read_text())
+    assert report["shown"][POOLED]["samples"] == {
+        "evaluated": 617,
+        "shown": len(report["series"][POOLED]),
+        "noncompliant": 0,
+    }
+    assert len(report["series"][POOLED]) < 617
+    table = [line for line in done.output.splitlines() if "all layers pooled" in line]
+    assert table and "617" in table[0]  # the sample count is of every sample, not of the rows shown

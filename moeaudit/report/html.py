@@ -422,8 +422,8 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -
     return {
         "name": name,
         "svg": chart,
-        "samples": len(samples),
-        "windows": len(wins),
+        "samples": (report.get("shown") or {}).get(key, {}).get("samples", {}).get("evaluated", len(samples)),
+        "windows": (report.get("shown") or {}).get(key, {}).get("windows", {}).get("evaluated", len(wins)),
         "min_margin": min(margins) if margins else None,
         "outside": outside,
         "discrete": discrete,
