@@ -122,17 +122,61 @@ class PooledRows(Sequence[Norms]):
             yield tuple(g for part in parts for g in part)
 
 
+class VarianceColumn(Sequence[float | None]):
+    """V of one series at every sample, each computed when read (with
+    :func:`moeaudit.metrics.variance`, as :func:`moeaudit.metrics.variance_series` does) and
+    never stored: the checks read it once in step order, the alert rule once more."""
+
+    __slots__ = ("_vectors", "_variant", "_memo")
+
+    def __init__(self, vectors: Vectors, variant: str):
+        self._vectors = vectors
+        self._variant = variant
+        self._memo: tuple[int, float | None, str | None] = (-1, None, None)
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def _at(self, j: int) -> tuple[float | None, str | None]:
+        if self._memo[0] != j:
+            self._memo = (j, *variance(self._vectors[j], self._variant))
+        return self._memo[1], self._memo[2]
+
+    @overload
+    def __getitem__(self, j: int) -> float | None: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[float | None, ...]: ...
+    def __getitem__(self, j: int | slice) -> float | None | tuple[float | None, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("sample index out of range")
+        return self._at(j)[0]
+
+    def __iter__(self) -> Iterator[float | None]:
+        for g_E in self._vectors:
+            yield variance(g_E, self._variant)[0]
+
+    def why(self, j: int) -> str | None:
+        """Why sample ``j`` has no value (None when it has one)."""
+        return self._at(j)[1]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class LazyValues(Mapping[str, Sequence[float | None]]):
-    """V per series ("pooled" first, then layers), computed when asked for: one
-    ``array('d')`` (NaN = no value) per series, the last one kept. ``notes`` fills in as
-    series are computed (:class:`LazyNotes`)."""
+    """V per series ("pooled" first, then layers) as :class:`VarianceColumn` s: nothing per
+    sample is held (``notes``: :class:`LazyNotes`)."""
 
     def __init__(self, norms: Mapping[str, Vectors], variant: str):
         self._norms = norms
         self._variant = variant
         self._keys = [POOLED, *norms]
-        self._last: tuple[str, Column] | None = None
-        self._notes: dict[str, dict[int, str]] = {}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -143,48 +187,46 @@ class LazyValues(Mapping[str, Sequence[float | None]]):
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def __getitem__(self, key: str) -> Column:
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
+    def __getitem__(self, key: str) -> VarianceColumn:
         if key not in self._keys:
             raise KeyError(key)
-        vectors = PooledRows(self._norms) if key == POOLED else self._norms[key]
-        out: array[float] = array("d")
-        notes: dict[int, str] = {}
-        for j, g_E in enumerate(vectors):
-            value, why = variance(g_E, self._variant)
-            out.append(math.nan if value is None else value)
-            if why is not None:
-                notes[j] = why
-        self._notes[key] = notes
-        self._last = (key, Column(out))
-        return self._last[1]
-
-    def notes_of(self, key: str) -> dict[int, str]:
-        if key not in self._notes:
-            self[key]
-        return self._notes[key]
+        return VarianceColumn(PooledRows(self._norms) if key == POOLED else self._norms[key], self._variant)
 
 
-class LazyNotes(Mapping[str, dict[int, str]]):
-    """``{series: {sample: why None}}`` of a :class:`LazyValues` (only series with a note)."""
+class SampleNotes(Mapping[int, str]):
+    """``{sample: why it has no value}`` of one series, looked up per sample; listing it
+    (iteration, ``len``) walks the series once."""
+
+    def __init__(self, column: VarianceColumn):
+        self._column = column
+
+    def __getitem__(self, j: int) -> str:
+        why = self._column.why(j) if isinstance(j, int) and 0 <= j < len(self._column) else None
+        if why is None:
+            raise KeyError(j)
+        return why
+
+    def __iter__(self) -> Iterator[int]:
+        return (j for j in range(len(self._column)) if self._column.why(j) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class LazyNotes(Mapping[str, Mapping[int, str]]):
+    """``{series: {sample: why None}}`` of a :class:`LazyValues`; listed, only series with a note."""
 
     def __init__(self, values: LazyValues):
         self._values = values
 
-    def _all(self) -> dict[str, dict[int, str]]:
-        return {k: n for k in self._values if (n := self._values.notes_of(k))}
-
-    def __getitem__(self, key: str) -> dict[int, str]:
-        if key not in self._values or not (n := self._values.notes_of(key)):
-            raise KeyError(key)
-        return n
+    def __getitem__(self, key: str) -> SampleNotes:
+        return SampleNotes(self._values[key])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
+        return (k for k in self._values if len(self[k]))
 
     def __len__(self) -> int:
-        return len(self._all())
+        return sum(1 for _ in self)
 
 
 def compactable(norms: Mapping[str, Vectors]) -> bool:
@@ -208,6 +250,8 @@ def compact_series(
 
 def keep_range(series: EnvelopeSeries, lo: int, hi: int) -> EnvelopeSeries:
     """Samples ``lo``..``hi`` of a compact series, still compact (``since``, ``between``)."""
+    if lo == 0 and hi == len(series.steps):
+        return series  # nothing dropped: no copy of the steps
     views = {k: RowsView(v, lo, hi) for k, v in (series.norms or {}).items() if isinstance(v, (Rows, RowsView))}
     values = LazyValues(views, series.variant)
     return replace(series, steps=series.steps[lo:hi], norms=views, values=values, notes=LazyNotes(values))
@@ -286,7 +330,7 @@ def check_series_long(
     ``_row``), the same windows and discrete pairs, keeping the ones :class:`_Shown` picks."""
     from moeaudit.judge.envelope import _holds, _row, composed_bound, gronwall, segments
 
-    notes = notes or {}
+    notes = notes if notes is not None else {}  # (a lazy mapping's truth value would walk it)
     n = len(steps)
     segs = segments(steps, breaks)
     n_windows = _count_windows(steps, segs, window)
@@ -296,45 +340,44 @@ def check_series_long(
     index = 0
     for seg in segs:
         lo, hi = seg.start, seg.stop
-        v0 = values[lo]
-        first = None if v0 is None else gronwall(v0, steps[lo], steps[lo], delta, epsilon)
-        row = _row(steps[lo], v0, first, index if hi - lo > 1 else None, notes.get(lo))
+        v_prev = values[lo]  # every value is read once, in step order
+        first = None if v_prev is None else gronwall(v_prev, steps[lo], steps[lo], delta, epsilon)
+        row = _row(steps[lo], v_prev, first, index if hi - lo > 1 else None, notes.get(lo))
         ok &= row["compliant"]
         samples.add(lo, row, row["compliant"], row["margin"])
-        # discrete pairs of the segment (discrete_checks)
-        for j in range(lo, hi - 1):
-            gap, a, b = steps[j + 1] - steps[j], values[j], values[j + 1]
-            if a is None or b is None:
-                bound, margin, good = None, None, False
-            else:
-                bound = composed_bound(a, delta, epsilon, gap)
-                margin, good = bound - b, _holds(b, bound)
-            ok &= good
-            if pairs.wants(i_pair, good, margin):
-                r: dict[str, Any] = {
-                    "from_step": steps[j],
-                    "to_step": steps[j + 1],
-                    "gap": gap,
-                    "value_from": a,
-                    "value": b,
-                }
-                if bound is None:
-                    r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
-                else:
-                    r.update(bound=bound, margin=margin, compliant=good)
-                pairs.add(i_pair, r, good, margin)
-            elif not good:
-                pairs.noncompliant += 1
-            i_pair += 1
-        # Grönwall windows (windows(): anchor i, members i+1 .. while within τ, at least one)
+        # Grönwall windows (windows(): anchor i, members i+1 … while within τ, at least one),
+        # and the discrete pair (m − 1, m) of discrete_checks at each member m
         i = lo
         while i < hi - 1:
-            t_a, v_a = steps[i], values[i]
+            t_a, v_a = steps[i], v_prev
             m = i + 1
             min_margin: float | None = None
             all_ok = v_a is not None
             while True:
                 v = values[m]
+                gap, a = steps[m] - steps[m - 1], v_prev
+                if a is None or v is None:
+                    bound, margin, good = None, None, False
+                else:
+                    bound = composed_bound(a, delta, epsilon, gap)
+                    margin, good = bound - v, _holds(v, bound)
+                ok &= good
+                if pairs.wants(i_pair, good, margin):
+                    r: dict[str, Any] = {
+                        "from_step": steps[m - 1],
+                        "to_step": steps[m],
+                        "gap": gap,
+                        "value_from": a,
+                        "value": v,
+                    }
+                    if bound is None:
+                        r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
+                    else:
+                        r.update(bound=bound, margin=margin, compliant=good)
+                    pairs.add(i_pair, r, good, margin)
+                elif not good:
+                    pairs.noncompliant += 1
+                i_pair += 1
                 bound = None if v_a is None else gronwall(v_a, t_a, steps[m], delta, epsilon)
                 if v is None or bound is None:
                     margin, good = None, False
@@ -347,6 +390,7 @@ def check_series_long(
                     samples.add(m, _row(steps[m], v, bound, index, why), good, margin)
                 elif not good:
                     samples.noncompliant += 1
+                v_prev = v
                 if m + 1 < hi and steps[m + 1] - t_a <= window:
                     m += 1
                 else:
@@ -432,23 +476,25 @@ def starvation_columns(
         return out
     width = len(norms[0])
     start = steps[0]
-    totals: array[float] = array("d")  # Σ_e g_e where every norm is known and the sum > 0, else NaN
-    for g_E in norms:
-        known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
-        totals.append(sum(g_E) if known else math.nan)  # type: ignore[arg-type]
+    totals: array[float] = array("d", [math.nan]) * n  # Σ_e g_e where every norm is known and > 0
+    for j, g_E in enumerate(norms):
+        if all(g is not None for g in g_E) and sum(g_E) > 0:  # type: ignore[arg-type]
+            totals[j] = sum(g_E)  # type: ignore[arg-type]
     for e in range(width):
         col = _column(norms, e)
-        shares: array[float] = array(
-            "d", (math.nan if total != total else g * width / total for g, total in zip(col, totals))
-        )
+
+        def share_at(i: int, col: Sequence[float] = col) -> float:  # g_e·E/Σg as starvation() has it
+            total = totals[i]
+            return math.nan if total != total else col[i] * width / total
+
         lo, seen, low = 0, 0, 0
         for j, t in enumerate(steps):
-            x = shares[j]
+            x = share_at(j)
             if x == x:
                 seen += 1
                 low += x < share
             while steps[lo] <= t - max_steps:
-                y = shares[lo]
+                y = share_at(lo)
                 if y == y:
                     seen -= 1
                     low -= y < share
@@ -456,7 +502,7 @@ def starvation_columns(
             if t - start + 1 < max_steps:
                 continue  # the window (t − max_steps, t] reaches before the series
             if seen and low >= fraction * seen:
-                lows = [y for y in shares[lo : j + 1] if y == y and y < share]
+                lows = [y for i in range(lo, j + 1) if (y := share_at(i)) == y and y < share]
                 out.append(
                     {
                         "expert": e,
