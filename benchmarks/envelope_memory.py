@@ -7,7 +7,8 @@ Two measurements per size, each in a fresh process, on the log ``metrics_memory.
   build the series, check every series, the level rules, write the report);
 * ``certify``: the envelope part of ``certify`` — the log read once and hashed
   (``read_metrics``), ``series.envelope_evidence`` over the run's window (first to last
-  logged step) under the built-in policy, and the report serialised as certify writes it.
+  logged step) under the built-in policy (``evidence_peak_above_base_mib``: the peak until
+  then), and the report serialised as certify writes it (``jsonio.dumps``).
 
 Peak = ``ru_maxrss`` above the process's RSS once moeaudit (and the command line) is imported.
 
@@ -54,12 +55,15 @@ else:
     policy = load_policy(None)
     report, why = envelope_evidence(logs, {}, policy, "pretrain", None, start=series.steps[0] - 1, end=series.steps[-1])
     assert why is None, why
+    evidence_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # before serialising
     with open(out, "w") as f:
         f.write(dumps(finite_document(report)))
 dt = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 shown = report.get("shown", {}).get("pooled", {}).get("samples", {})
+evidence = (evidence_peak - base) / 1024 if mode == "certify" else None
 print(json.dumps({"mode": mode, "seconds": dt, "peak_above_base_mib": (peak - base) / 1024,
+                  "evidence_peak_above_base_mib": evidence,
                   "base_mib": base / 1024, "compliant": report["compliant"],
                   "evaluated": shown.get("evaluated"), "shown": shown.get("shown"),
                   "report_bytes": os.path.getsize(out)}))

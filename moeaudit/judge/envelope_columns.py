@@ -39,8 +39,8 @@ Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as Envel
 # What the report shows of a long series (docs/envelope.md "Long series"): every row up to
 # SHOW_CAP; beyond it every stride-th row (stride = ceil(n / SHOW_CAP)), the first and last,
 # the first NONCOMPLIANT_CAP non-compliant rows and the WORST rows of smallest margin.
-SHOW_CAP = 500
-NONCOMPLIANT_CAP = 200
+SHOW_CAP = 250
+NONCOMPLIANT_CAP = 100
 WORST = 16
 
 
