@@ -242,6 +242,14 @@ def test_the_report_of_a_long_series_is_bounded_and_says_what_it_shows(monkeypat
         nc = sum(not r["compliant"] for r in full["series"][key])
         assert shown[key]["samples"]["noncompliant"] == nc
     assert "shown" not in env.evaluate(series.since(steps[-40]), s)  # short: every row, no summary
+    from moeaudit.report import export
+
+    stmt = {"predicate": {"envelope": report, "checks": [{"name": "envelope", "evaluated": True, "status": "PASS"}]}}
+    windows = sum(
+        len(c.windows)
+        for c in (env.check_series(steps, v, s.delta, s.epsilon, s.window) for v in series.values.values())
+    )
+    assert f"over {windows} window(s)" in export.envelope(stmt).summary  # every window, not the rows shown
 
 
 def _write_log(path: Path, n: int) -> None:
