@@ -6,12 +6,11 @@ budget (docs/benchmarks.md §10, docs/envelope.md "Long series"):
 
 * :class:`RowsView` — a contiguous range of a layer's rows (``since``/``between`` slice the log
   without copying it);
-* :class:`LazyValues` — V(t) per series computed on access with the very function the short path
-  uses (:func:`moeaudit.metrics.variance`), into one ``array('d')``; only the series in use (the
-  last one asked for) is held, never all of them;
+* :class:`LazyValues` / :class:`VarianceColumn` — V(t) of a sample computed when it is read,
+  with the very function the short path uses (:func:`moeaudit.metrics.variance`), never stored;
 * :func:`check_series_long` — the Grönwall windows and the Δ-fold discrete condition of
   :func:`moeaudit.judge.envelope.check_series`, the same rows for the same samples, in one pass
-  that keeps only the rows the report shows (:func:`shown`) and counts every sample;
+  that keeps only the rows the report shows (:class:`_Shown`) and counts every sample;
 * :func:`dead_experts_columns` and :func:`starvation_columns` — the §10.3 and level rules with
   run lengths and a sliding window per expert, O(samples × experts).
 
