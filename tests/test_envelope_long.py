@@ -250,6 +250,12 @@ def test_the_report_of_a_long_series_is_bounded_and_says_what_it_shows(monkeypat
         for c in (env.check_series(steps, v, s.delta, s.epsilon, s.window) for v in series.values.values())
     )
     assert f"over {windows} window(s)" in export.envelope(stmt).summary  # every window, not the rows shown
+    from moeaudit.report import html
+
+    view = html.envelope_view(report, [])
+    assert "every one of the 600 samples per series is judged" in view["counts"]
+    assert view["panels"][0]["samples"] == 600
+    assert "judged" not in html.envelope_view(env.evaluate(series.since(steps[-40]), s), [])["counts"]
 
 
 def _write_log(path: Path, n: int) -> None:

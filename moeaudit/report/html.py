@@ -383,7 +383,7 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
         f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
-        f"{len(report.get('findings') or [])} log finding(s)",
+        f"{len(report.get('findings') or [])} log finding(s)" + _thinned(report),
         "nulls": [
             {"series": k, "step": r.get("step"), "reason": r.get("reason") or "no value"}
             for k in keys
@@ -391,6 +391,19 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
             if r.get("value") is None
         ],
     }
+
+
+def _thinned(report: Doc) -> str:
+    """A long series' rows are thinned (docs/envelope.md, "Long series"): say so by the charts."""
+    shown = report.get("shown") or {}
+    if not shown:
+        return ""
+    n = max(c["samples"]["evaluated"] for c in shown.values())
+    rows = max(c["samples"]["shown"] for c in shown.values())
+    return (
+        f"; every one of the {n} samples per series is judged, the charts draw at most {rows} "
+        "(an even grid, every violation up to 100, the smallest margins)"
+    )
 
 
 def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -> dict[str, Any]:
