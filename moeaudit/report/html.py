@@ -353,6 +353,19 @@ def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[in
     return out
 
 
+def _thinned(report: Doc) -> str:
+    """A long series' rows are thinned (docs/envelope.md, "Long series"): say so by the charts."""
+    shown = report.get("shown") or {}
+    if not shown:
+        return ""
+    n = max(c["samples"]["evaluated"] for c in shown.values())
+    rows = max(c["samples"]["shown"] for c in shown.values())
+    return (
+        f"; every one of the {n} samples per series is judged, the charts draw at most {rows} "
+        "(an even grid, every violation up to 100, the smallest margins)"
+    )
+
+
 def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     """The envelope report (`moeaudit.envelope/v1`): pooled chart, per-layer panels, summary."""
     if not report:
@@ -391,19 +404,6 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
             if r.get("value") is None
         ],
     }
-
-
-def _thinned(report: Doc) -> str:
-    """A long series' rows are thinned (docs/envelope.md, "Long series"): say so by the charts."""
-    shown = report.get("shown") or {}
-    if not shown:
-        return ""
-    n = max(c["samples"]["evaluated"] for c in shown.values())
-    rows = max(c["samples"]["shown"] for c in shown.values())
-    return (
-        f"; every one of the {n} samples per series is judged, the charts draw at most {rows} "
-        "(an even grid, every violation up to 100, the smallest margins)"
-    )
 
 
 def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool) -> dict[str, Any]:
