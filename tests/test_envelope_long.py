@@ -1,4 +1,4 @@
-"""The envelope over a long log (moeaudit.judge.envelope_columns): the one-pass checks and the
+"""The envelope over a long log (envelope_columns, check_series_long): the one-pass checks and the
 windowed level rules give exactly the numbers of the per-sample reference functions
 (``check_series``, ``dead_experts``, ``starvation``, ``alerts`` over ``with_pooled``), the
 compact series built from a parsed log equals the one built from plain lists, the report of a
@@ -73,7 +73,7 @@ def test_the_one_pass_check_equals_check_series(seed: int, n: int) -> None:
     notes = {j: "why" for j, v in enumerate(values) if v is None and rng.random() < 0.5}
     delta, eps, tau = rng.choice([0.05, 0.3]), rng.choice([1e-5, 1e-4, 0.0]), rng.choice([1, 5, 30])
     old = env.check_series(steps, values, delta, eps, tau, breaks=breaks, notes=notes)
-    new = columns.check_series_long(steps, values, delta, eps, tau, breaks=breaks, notes=notes)
+    new = env.check_series_long(steps, values, delta, eps, tau, breaks=breaks, notes=notes)
     assert new.samples == old.samples
     assert new.windows == old.windows
     assert new.discrete == old.discrete
@@ -96,7 +96,7 @@ def test_a_thinned_check_keeps_a_subset_and_judges_every_sample(seed: int, monke
     delta, eps, tau = 0.05, rng.choice([1e-5, 1e-3]), 20
     breaks = [steps[n // 2]]
     old = env.check_series(steps, values, delta, eps, tau, breaks=breaks)
-    new = columns.check_series_long(steps, values, delta, eps, tau, breaks=breaks)
+    new = env.check_series_long(steps, values, delta, eps, tau, breaks=breaks)
     assert new.compliant == old.compliant
     assert new.thinned
     for name, full, shown, key in (

@@ -26,15 +26,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series
+from moeaudit.judge import envelope_columns as columns
+from moeaudit.metrics import POOLED, VARIANTS, Column, MetricsSeries, Rows, var_grad, variance_series
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.records import EnvelopeReport
-
-if TYPE_CHECKING:
-    from moeaudit.judge.envelope_columns import LongCheck
 
 SCHEMA = "moeaudit.envelope/v1"
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
@@ -109,10 +107,8 @@ class EnvelopeSeries:
         return self._keep([j for j, t in enumerate(self.steps) if t in wanted])
 
     def _keep_range(self, lo: int, hi: int) -> EnvelopeSeries:
-        from moeaudit.judge import envelope_columns as columns
-
         if isinstance(self.values, columns.LazyValues):  # a parsed log: views, no copy
-            return columns.keep_range(self, lo, hi)
+            return _keep_compact(self, lo, hi)
         return self._keep(list(range(lo, hi)))
 
     def _keep(self, keep: list[int]) -> EnvelopeSeries:
@@ -160,13 +156,9 @@ def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> 
     """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
     ``canary_probe.jsonl`` (same format, ``source="probe"``). A log read by
     :func:`moeaudit.metrics.read_metrics` stays in its typed arrays (envelope_columns)."""
-    from moeaudit.judge import envelope_columns as columns
-
     if columns.compactable(metrics.norms):
         _check_steps(metrics.steps, metrics.path, variant)
-        return columns.compact_series(
-            _source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings)
-        )
+        return _compact_series(_source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings))
     return from_norms(
         source,
         metrics.steps,
@@ -588,8 +580,6 @@ def evaluate(
     native = series
     if settings.calibrated:  # the variance bound at the sampling it was fitted at
         series = resample(series, settings.sampling_interval)
-    from moeaudit.judge.envelope_columns import check_series_long
-
     # check_series in one pass a series, keeping the rows the report shows (docs/envelope.md,
     # "Long series"); the verdict is over every sample
     checks = {
@@ -726,7 +716,7 @@ def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: 
                 raise InputError(f"envelope.alert_b: on series {key!r}, {why}", path=policy_path)
 
 
-def first_violation(checks: Mapping[str, SeriesCheck | LongCheck]) -> dict[str, Any] | None:
+def first_violation(checks: Mapping[str, SeriesCheck | columns.LongCheck]) -> dict[str, Any] | None:
     """The earliest step where any series leaves the envelope (a layer before "pooled")."""
     found = []
     for order, (key, c) in enumerate(checks.items()):
@@ -758,8 +748,6 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
                 {"check": check, "series": "*", "reason": "no per-expert gradient norms in the series"}
             )
         return
-    from moeaudit.judge import envelope_columns as columns
-
     s = settings
     by_series = {POOLED: columns.PooledRows(series.norms), **series.norms}  # with_pooled, a step at a time
     for key, vectors in by_series.items():
@@ -1035,3 +1023,141 @@ def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings, breaks: I
         out["variance_cap"] = E - 1
         out["variance_side_falsifiable"] = b < (E - 1) / 2
     return out
+
+
+# --- a long series (a parsed log of millions of steps): docs/envelope.md, "Long series" ------------
+
+
+def _compact_series(
+    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[dict[str, Any], ...]
+) -> EnvelopeSeries:
+    """:func:`moeaudit.judge.envelope.from_metrics` of a parsed log, left in its arrays: the
+    steps as their :class:`Column`, the norms as views, V computed per series when asked for."""
+    views = {k: v for k, v in ((k, columns.compact(v)) for k, v in metrics.norms.items()) if v is not None}
+    values = columns.LazyValues(views, variant)
+    steps = metrics.steps if isinstance(metrics.steps, Column) else tuple(metrics.steps)
+    return EnvelopeSeries(source, variant, steps, values, views, columns.LazyNotes(values), metrics.path, findings)
+
+
+def _keep_compact(series: EnvelopeSeries, lo: int, hi: int) -> EnvelopeSeries:
+    """Samples ``lo``..``hi`` of a compact series, still compact (``since``, ``between``)."""
+    if lo == 0 and hi == len(series.steps):
+        return series  # nothing dropped: no copy of the steps
+    views = {
+        k: columns.RowsView(v, lo, hi)
+        for k, v in (series.norms or {}).items()
+        if isinstance(v, (Rows, columns.RowsView))
+    }
+    values = columns.LazyValues(views, series.variant)
+    return replace(series, steps=series.steps[lo:hi], norms=views, values=values, notes=columns.LazyNotes(values))
+
+
+def check_series_long(
+    steps: Sequence[int],
+    values: Sequence[float | None],
+    delta: float,
+    epsilon: float,
+    window: int,
+    *,
+    breaks: Sequence[int] = (),
+    notes: Mapping[int, str] | None = None,
+) -> columns.LongCheck:
+    """:func:`moeaudit.judge.envelope.check_series` in one pass: the same rows (built by the same
+    ``_row``), the same windows and discrete pairs, keeping the ones :class:`_Shown` picks."""
+    notes = notes if notes is not None else {}  # (a lazy mapping's truth value would walk it)
+    n = len(steps)
+    segs = segments(steps, breaks)
+    n_windows = _count_windows(steps, segs, window)
+    samples, wins, pairs = columns.Shown(n), columns.Shown(n_windows), columns.Shown(n - len(segs))
+    ok = True
+    i_pair = 0
+    index = 0
+    for seg in segs:
+        lo, hi = seg.start, seg.stop
+        v_prev = values[lo]  # every value is read once, in step order
+        first = None if v_prev is None else gronwall(v_prev, steps[lo], steps[lo], delta, epsilon)
+        row = _row(steps[lo], v_prev, first, index if hi - lo > 1 else None, notes.get(lo))
+        ok &= row["compliant"]
+        samples.add(lo, row, row["compliant"], row["margin"])
+        # Grönwall windows (windows(): anchor i, members i+1 … while within τ, at least one),
+        # and the discrete pair (m − 1, m) of discrete_checks at each member m
+        i = lo
+        while i < hi - 1:
+            t_a, v_a = steps[i], v_prev
+            m = i + 1
+            min_margin: float | None = None
+            all_ok = v_a is not None
+            while True:
+                v = values[m]
+                gap, a = steps[m] - steps[m - 1], v_prev
+                if a is None or v is None:
+                    bound, margin, good = None, None, False
+                else:
+                    bound = composed_bound(a, delta, epsilon, gap)
+                    margin, good = bound - v, _holds(v, bound)
+                ok &= good
+                if pairs.wants(i_pair, good, margin):
+                    r: dict[str, Any] = {
+                        "from_step": steps[m - 1],
+                        "to_step": steps[m],
+                        "gap": gap,
+                        "value_from": a,
+                        "value": v,
+                    }
+                    if bound is None:
+                        r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
+                    else:
+                        r.update(bound=bound, margin=margin, compliant=good)
+                    pairs.add(i_pair, r, good, margin)
+                elif not good:
+                    pairs.noncompliant += 1
+                i_pair += 1
+                bound = None if v_a is None else gronwall(v_a, t_a, steps[m], delta, epsilon)
+                if v is None or bound is None:
+                    margin, good = None, False
+                else:
+                    margin, good = bound - v, _holds(v, bound)
+                    min_margin = margin if min_margin is None or margin < min_margin else min_margin
+                all_ok &= good
+                if samples.wants(m, good, margin):
+                    why = notes.get(m) or (None if v_a is not None else "anchor is non-finite")
+                    samples.add(m, _row(steps[m], v, bound, index, why), good, margin)
+                elif not good:
+                    samples.noncompliant += 1
+                v_prev = v
+                if m + 1 < hi and steps[m + 1] - t_a <= window:
+                    m += 1
+                else:
+                    break
+            ok &= all_ok
+            w = {
+                "index": index,
+                "start": t_a,
+                "end": steps[m],
+                "anchor_value": v_a,
+                "samples": m - i + 1,
+                "stretched": steps[m] - t_a > window,
+                "min_margin": min_margin,
+                "compliant": all_ok,
+            }
+            wins.add(index, w, all_ok, min_margin)
+            index += 1
+            i = m
+    s_rows, w_rows, p_rows = samples.rows(), wins.rows(), pairs.rows()
+    counts = {
+        name: {"evaluated": s.n, "shown": len(rows), "noncompliant": s.noncompliant}
+        for name, s, rows in (("samples", samples, s_rows), ("windows", wins, w_rows), ("discrete", pairs, p_rows))
+    }
+    return columns.LongCheck(s_rows, w_rows, p_rows, ok, counts)
+
+
+def _count_windows(steps: Sequence[int], segs: Sequence[range], window: int) -> int:
+    n = 0
+    for seg in segs:
+        i, hi = seg.start, seg.stop
+        while i < hi - 1:
+            m = i + 1
+            while m + 1 < hi and steps[m + 1] - steps[i] <= window:
+                m += 1
+            n, i = n + 1, m
+    return n

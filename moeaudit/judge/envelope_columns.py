@@ -8,9 +8,9 @@ budget (docs/benchmarks.md §10, docs/envelope.md "Long series"):
   without copying it);
 * :class:`LazyValues` / :class:`VarianceColumn` — V(t) of a sample computed when it is read,
   with the very function the short path uses (:func:`moeaudit.metrics.variance`), never stored;
-* :func:`check_series_long` — the Grönwall windows and the Δ-fold discrete condition of
-  :func:`moeaudit.judge.envelope.check_series`, the same rows for the same samples, in one pass
-  that keeps only the rows the report shows (:class:`_Shown`) and counts every sample;
+* :class:`Shown` and :class:`LongCheck` — the rows of a long series the report keeps, for
+  :func:`moeaudit.judge.envelope.check_series_long` (the Grönwall windows and the Δ-fold
+  discrete condition of ``check_series`` in one pass, the same rows for the same samples);
 * :func:`dead_experts_columns` and :func:`starvation_columns` — the §10.3 and level rules with
   run lengths and a sliding window per expert, O(samples × experts).
 
@@ -25,13 +25,10 @@ import heapq
 import math
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, overload
+from dataclasses import dataclass, field
+from typing import Any, overload
 
-from moeaudit.metrics import POOLED, Column, MetricsSeries, Norms, Rows, variance
-
-if TYPE_CHECKING:
-    from moeaudit.judge.envelope import EnvelopeSeries
+from moeaudit.metrics import POOLED, Norms, Rows, variance
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
 
@@ -234,33 +231,11 @@ def compactable(norms: Mapping[str, Vectors]) -> bool:
     return bool(views) and all(v is not None for v in views) and len({len(v) for v in views if v is not None}) == 1
 
 
-def compact_series(
-    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[dict[str, Any], ...]
-) -> EnvelopeSeries:
-    """:func:`moeaudit.judge.envelope.from_metrics` of a parsed log, left in its arrays: the
-    steps as their :class:`Column`, the norms as views, V computed per series when asked for."""
-    from moeaudit.judge.envelope import EnvelopeSeries
-
-    views = {k: v for k, v in ((k, compact(v)) for k, v in metrics.norms.items()) if v is not None}
-    values = LazyValues(views, variant)
-    steps = metrics.steps if isinstance(metrics.steps, Column) else tuple(metrics.steps)
-    return EnvelopeSeries(source, variant, steps, values, views, LazyNotes(values), metrics.path, findings)
-
-
-def keep_range(series: EnvelopeSeries, lo: int, hi: int) -> EnvelopeSeries:
-    """Samples ``lo``..``hi`` of a compact series, still compact (``since``, ``between``)."""
-    if lo == 0 and hi == len(series.steps):
-        return series  # nothing dropped: no copy of the steps
-    views = {k: RowsView(v, lo, hi) for k, v in (series.norms or {}).items() if isinstance(v, (Rows, RowsView))}
-    values = LazyValues(views, series.variant)
-    return replace(series, steps=series.steps[lo:hi], norms=views, values=values, notes=LazyNotes(values))
-
-
 # --- the windows and discrete checks in one pass -------------------------------------------------
 
 
 @dataclass
-class _Shown:
+class Shown:
     """Which rows of one list (samples, windows or discrete pairs) the report keeps."""
 
     n: int
@@ -313,119 +288,6 @@ class LongCheck:
     @property
     def thinned(self) -> bool:
         return any(c["shown"] < c["evaluated"] for c in self.counts.values())
-
-
-def check_series_long(
-    steps: Sequence[int],
-    values: Sequence[float | None],
-    delta: float,
-    epsilon: float,
-    window: int,
-    *,
-    breaks: Sequence[int] = (),
-    notes: Mapping[int, str] | None = None,
-) -> LongCheck:
-    """:func:`moeaudit.judge.envelope.check_series` in one pass: the same rows (built by the same
-    ``_row``), the same windows and discrete pairs, keeping the ones :class:`_Shown` picks."""
-    from moeaudit.judge.envelope import _holds, _row, composed_bound, gronwall, segments
-
-    notes = notes if notes is not None else {}  # (a lazy mapping's truth value would walk it)
-    n = len(steps)
-    segs = segments(steps, breaks)
-    n_windows = _count_windows(steps, segs, window)
-    samples, wins, pairs = _Shown(n), _Shown(n_windows), _Shown(n - len(segs))
-    ok = True
-    i_pair = 0
-    index = 0
-    for seg in segs:
-        lo, hi = seg.start, seg.stop
-        v_prev = values[lo]  # every value is read once, in step order
-        first = None if v_prev is None else gronwall(v_prev, steps[lo], steps[lo], delta, epsilon)
-        row = _row(steps[lo], v_prev, first, index if hi - lo > 1 else None, notes.get(lo))
-        ok &= row["compliant"]
-        samples.add(lo, row, row["compliant"], row["margin"])
-        # Grönwall windows (windows(): anchor i, members i+1 … while within τ, at least one),
-        # and the discrete pair (m − 1, m) of discrete_checks at each member m
-        i = lo
-        while i < hi - 1:
-            t_a, v_a = steps[i], v_prev
-            m = i + 1
-            min_margin: float | None = None
-            all_ok = v_a is not None
-            while True:
-                v = values[m]
-                gap, a = steps[m] - steps[m - 1], v_prev
-                if a is None or v is None:
-                    bound, margin, good = None, None, False
-                else:
-                    bound = composed_bound(a, delta, epsilon, gap)
-                    margin, good = bound - v, _holds(v, bound)
-                ok &= good
-                if pairs.wants(i_pair, good, margin):
-                    r: dict[str, Any] = {
-                        "from_step": steps[m - 1],
-                        "to_step": steps[m],
-                        "gap": gap,
-                        "value_from": a,
-                        "value": v,
-                    }
-                    if bound is None:
-                        r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
-                    else:
-                        r.update(bound=bound, margin=margin, compliant=good)
-                    pairs.add(i_pair, r, good, margin)
-                elif not good:
-                    pairs.noncompliant += 1
-                i_pair += 1
-                bound = None if v_a is None else gronwall(v_a, t_a, steps[m], delta, epsilon)
-                if v is None or bound is None:
-                    margin, good = None, False
-                else:
-                    margin, good = bound - v, _holds(v, bound)
-                    min_margin = margin if min_margin is None or margin < min_margin else min_margin
-                all_ok &= good
-                if samples.wants(m, good, margin):
-                    why = notes.get(m) or (None if v_a is not None else "anchor is non-finite")
-                    samples.add(m, _row(steps[m], v, bound, index, why), good, margin)
-                elif not good:
-                    samples.noncompliant += 1
-                v_prev = v
-                if m + 1 < hi and steps[m + 1] - t_a <= window:
-                    m += 1
-                else:
-                    break
-            ok &= all_ok
-            w = {
-                "index": index,
-                "start": t_a,
-                "end": steps[m],
-                "anchor_value": v_a,
-                "samples": m - i + 1,
-                "stretched": steps[m] - t_a > window,
-                "min_margin": min_margin,
-                "compliant": all_ok,
-            }
-            wins.add(index, w, all_ok, min_margin)
-            index += 1
-            i = m
-    s_rows, w_rows, p_rows = samples.rows(), wins.rows(), pairs.rows()
-    counts = {
-        name: {"evaluated": s.n, "shown": len(rows), "noncompliant": s.noncompliant}
-        for name, s, rows in (("samples", samples, s_rows), ("windows", wins, w_rows), ("discrete", pairs, p_rows))
-    }
-    return LongCheck(s_rows, w_rows, p_rows, ok, counts)
-
-
-def _count_windows(steps: Sequence[int], segs: Sequence[range], window: int) -> int:
-    n = 0
-    for seg in segs:
-        i, hi = seg.start, seg.stop
-        while i < hi - 1:
-            m = i + 1
-            while m + 1 < hi and steps[m + 1] - steps[i] <= window:
-                m += 1
-            n, i = n + 1, m
-    return n
 
 
 # --- the level rules by run lengths and sliding windows ------------------------------------------
