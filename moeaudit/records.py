@@ -658,6 +658,20 @@ class EnvelopeRules(TypedDict):
 StepWindow = TypedDict("StepWindow", {"from": int, "to": int})
 
 
+class ShownCount(TypedDict):
+    """Rows of one list of a long series: how many were evaluated, shown, and non-compliant."""
+
+    evaluated: int
+    shown: int
+    noncompliant: int
+
+
+class ShownRows(TypedDict):
+    samples: ShownCount
+    windows: ShownCount
+    discrete: ShownCount
+
+
 class EnvelopeReport(TypedDict):
     """``moeaudit envelope --json``, ``receipts/envelope.json`` and the predicate's ``envelope``."""
 
@@ -684,6 +698,7 @@ class EnvelopeReport(TypedDict):
     variance_gated: bool  # the variance bound is gated (calibrated constants), else only reported
     variance_within_bound: bool  # the Grönwall and Δ-step result, gated or reported
     unevaluable: list[Unevaluable]
+    shown: NotRequired[Annotated[dict[str, ShownRows], DATA_KEYS]]  # a long series' rows are thinned (docs/envelope.md)
     comparison: NotRequired[dict[str, Any]]  # ``envelope --compare``: the other sources' reports
     # why the policy's own envelope could not be evaluated on this run, so that the built-in
     # rules were (series.envelope_evidence; docs/policy.md "envelope fallback")

@@ -89,6 +89,7 @@ def test_the_policy_records_name_every_policy_setting() -> None:
 def test_the_wire_name_exceptions_come_from_the_types() -> None:
     assert DATA_MAPS == {
         "envelope.series",
+        "envelope.shown",
         "gates[].structural.c2_tolerance",
         "gates[].continuity.c2_tolerance",
         "gates[].structural.c2_deltas",

@@ -21,13 +21,16 @@ per-step variances come from :mod:`moeaudit.metrics`. See ``docs/envelope.md``.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any, cast
 
 from moeaudit.errors import InputError
-from moeaudit.metrics import POOLED, VARIANTS, MetricsSeries, var_grad, variance_series, with_pooled
+from moeaudit.judge import envelope_columns as columns
+from moeaudit.metrics import POOLED, VARIANTS, Column, MetricsSeries, Rows, var_grad, variance_series
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.records import EnvelopeReport
 
@@ -79,31 +82,34 @@ class EnvelopeSeries:
 
     source: str  # "logs" | "replay" | "probe"
     variant: str  # "raw" | "normalized"
-    steps: tuple[int, ...]
-    values: dict[str, tuple[float | None, ...]]
-    norms: dict[str, tuple[tuple[float | None, ...], ...]] | None = None
-    notes: dict[str, dict[int, str]] = field(default_factory=dict)  # series → sample → why None
+    steps: Sequence[int]  # a tuple, or a typed Column for a parsed log (envelope_columns)
+    values: Mapping[str, Sequence[float | None]]
+    norms: Mapping[str, Sequence[Sequence[float | None]]] | None = None
+    notes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # series → sample → why None
     origin: str = ""  # the run directory or log it came from
     findings: tuple[dict[str, Any], ...] = ()
 
     def since(self, step: int) -> EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
-        return self._keep([j for j, t in enumerate(self.steps) if t >= step])
+        return self._keep_range(bisect_left(self.steps, step), len(self.steps))
 
     def between(self, start: int | None, end: int | None, *, include_start: bool) -> EnvelopeSeries:
         """The samples in (start, end] — or [start, end] with ``include_start`` — the window a
         verdict speaks for (a gate's (base, candidate], a run's first to last checkpoint)."""
 
-        def inside(t: int) -> bool:
-            after = start is None or (t >= start if include_start else t > start)
-            return after and (end is None or t <= end)
-
-        return self._keep([j for j, t in enumerate(self.steps) if inside(t)])
+        lo = 0 if start is None else (bisect_left if include_start else bisect_right)(self.steps, start)
+        hi = len(self.steps) if end is None else bisect_right(self.steps, end)
+        return self._keep_range(lo, max(lo, hi))  # steps increase: the samples inside are a range
 
     def at(self, steps: Iterable[int]) -> EnvelopeSeries:
         """Only the samples at ``steps`` (e.g. logs at a run's checkpoint steps)."""
         wanted = set(steps)
         return self._keep([j for j, t in enumerate(self.steps) if t in wanted])
+
+    def _keep_range(self, lo: int, hi: int) -> EnvelopeSeries:
+        if isinstance(self.values, columns.LazyValues):  # a parsed log: views, no copy
+            return _keep_compact(self, lo, hi)
+        return self._keep(list(range(lo, hi)))
 
     def _keep(self, keep: list[int]) -> EnvelopeSeries:
         norms = None if self.norms is None else {k: tuple(v[j] for j in keep) for k, v in self.norms.items()}
@@ -148,7 +154,11 @@ def from_norms(
 
 def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> EnvelopeSeries:
     """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
-    ``canary_probe.jsonl`` (same format, ``source="probe"``)."""
+    ``canary_probe.jsonl`` (same format, ``source="probe"``). A log read by
+    :func:`moeaudit.metrics.read_metrics` stays in its typed arrays (envelope_columns)."""
+    if columns.compactable(metrics.norms):
+        _check_steps(metrics.steps, metrics.path, variant)
+        return _compact_series(_source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings))
     return from_norms(
         source,
         metrics.steps,
@@ -184,8 +194,14 @@ def from_records(source: str, records: Iterable[Record], variant: str, *, origin
 
 
 def median_gap(steps: Sequence[int]) -> int | None:
-    gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False))
-    return gaps[len(gaps) // 2] if gaps else None
+    """The gap at index ⌊n/2⌋ of the sorted gaps, counted (a log's few distinct gaps), not sorted."""
+    counts = Counter(b - a for a, b in zip(steps, islice(steps, 1, None)))
+    rank = sum(counts.values()) // 2
+    for gap in sorted(counts):
+        rank -= counts[gap]
+        if rank < 0:
+            return gap
+    return None
 
 
 def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
@@ -201,10 +217,12 @@ def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
     gap = median_gap(series.steps)
     if gap is None or interval <= 1 or gap >= interval:
         return series
-    blocks: dict[int, list[int]] = {}
-    for j, t in enumerate(series.steps):
-        blocks.setdefault(-(-t // interval), []).append(j)
-    groups = list(blocks.values())
+    groups: list[range] = []  # steps increase, so each block is a range of samples
+    lo = 0
+    for j in range(1, len(series.steps) + 1):
+        if j == len(series.steps) or -(-series.steps[j] // interval) != -(-series.steps[lo] // interval):
+            groups.append(range(lo, j))
+            lo = j
     full = sorted(len(g) for g in groups)[len(groups) // 2]
     # a first or last block holding under half the samples of a typical one is a partial
     # block: its mean carries more noise than the constants were fitted to, so it is left out
@@ -222,7 +240,7 @@ def resample(series: EnvelopeSeries, interval: int) -> EnvelopeSeries:
         None
         if series.norms is None
         else {
-            k: tuple(tuple(mean([v[j][e] for j in g]) for e in range(len(v[g[0]]))) for g in groups)
+            k: tuple(tuple(mean(by_e) for by_e in zip(*(v[j] for j in g), strict=True)) for g in groups)
             for k, v in series.norms.items()
         }
     )
@@ -245,7 +263,7 @@ def _source(source: str) -> str:
 def _check_steps(steps: Sequence[int], origin: str, variant: str) -> None:
     if variant not in VARIANTS:
         raise InputError(f"envelope variant must be one of {VARIANTS}, got {variant!r}")
-    for a, b in zip(steps, steps[1:], strict=False):
+    for a, b in zip(steps, islice(steps, 1, None)):
         if not b > a:
             raise InputError(f"steps must strictly increase, got {a} then {b}", path=origin or None)
 
@@ -562,8 +580,10 @@ def evaluate(
     native = series
     if settings.calibrated:  # the variance bound at the sampling it was fitted at
         series = resample(series, settings.sampling_interval)
+    # check_series in one pass a series, keeping the rows the report shows (docs/envelope.md,
+    # "Long series"); the verdict is over every sample
     checks = {
-        key: check_series(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
+        key: check_series_long(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
         for key, values in series.values.items()
     }
     report: dict[str, Any] = {
@@ -603,6 +623,8 @@ def evaluate(
             for s in segments(series.steps, breaks)[1:]
         ],
     }
+    if any(c.thinned for c in checks.values()):
+        report["shown"] = {key: c.counts for key, c in checks.items()}
     report["sampling"] = sampling(series, settings)
     if series is not native:
         report["sampling"]["resampled"] = {
@@ -650,8 +672,7 @@ def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, An
     reaches E − 1 no value can fail the discrete check, nor the Grönwall windows (whose bound
     is at least ε/δ): such series are listed under ``vacuous``.
     """
-    gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
-    gap = gaps[len(gaps) // 2] if gaps else None
+    gap = median_gap(series.steps)
     out: dict[str, Any] = {
         "policy_interval": settings.sampling_interval,
         "median_gap": gap,
@@ -693,14 +714,15 @@ def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: 
     if len(series.steps) < 2:
         raise InputError("the envelope needs at least two samples (steps) of the series", path=series.origin or None)
     if series.norms is not None:
-        sizes = {k: len(v[0]) for k, v in with_pooled(series.norms).items()}
+        sizes = {k: len(v[0]) for k, v in series.norms.items()}  # with_pooled's widths, not its copy
+        sizes = {POOLED: sum(sizes.values()), **sizes}
         for key, size in sorted(sizes.items(), key=lambda kv: kv[0] == POOLED):  # layers first
             why = alert_rule_problem(settings.alert_a, settings.alert_b, settings.variant, size)
             if why:
                 raise InputError(f"envelope.alert_b: on series {key!r}, {why}", path=policy_path)
 
 
-def first_violation(checks: Mapping[str, SeriesCheck]) -> dict[str, Any] | None:
+def first_violation(checks: Mapping[str, SeriesCheck | columns.LongCheck]) -> dict[str, Any] | None:
     """The earliest step where any series leaves the envelope (a layer before "pooled")."""
     found = []
     for order, (key, c) in enumerate(checks.items()):
@@ -733,13 +755,16 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str,
             )
         return
     s = settings
-    for key, vectors in with_pooled(series.norms).items():
+    by_series = {POOLED: columns.PooledRows(series.norms), **series.norms}  # with_pooled, a step at a time
+    for key, vectors in by_series.items():
         for a in alerts(series.steps, vectors, series.values[key], s.alert_a, s.alert_b, s.alert_n):
             report["alerts"].append({"series": key, **a})
     for layer, norms in series.norms.items():
-        for dead in dead_experts(series.steps, norms, s.dead_grad, s.dead_steps):
+        for dead in columns.dead_experts_columns(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
-        for starved in starvation(series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction):
+        for starved in columns.starvation_columns(
+            series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction
+        ):
             report["starvation"].append({"layer": layer, **starved})
 
 
@@ -1004,3 +1029,141 @@ def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings, breaks: I
         out["variance_cap"] = E - 1
         out["variance_side_falsifiable"] = b < (E - 1) / 2
     return out
+
+
+# --- a long series (a parsed log of millions of steps): docs/envelope.md, "Long series" ------------
+
+
+def _compact_series(
+    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[dict[str, Any], ...]
+) -> EnvelopeSeries:
+    """:func:`moeaudit.judge.envelope.from_metrics` of a parsed log, left in its arrays: the
+    steps as their :class:`Column`, the norms as views, V computed per series when asked for."""
+    views = {k: v for k, v in ((k, columns.compact(v)) for k, v in metrics.norms.items()) if v is not None}
+    values = columns.LazyValues(views, variant)
+    steps = metrics.steps if isinstance(metrics.steps, Column) else tuple(metrics.steps)
+    return EnvelopeSeries(source, variant, steps, values, views, columns.LazyNotes(values), metrics.path, findings)
+
+
+def _keep_compact(series: EnvelopeSeries, lo: int, hi: int) -> EnvelopeSeries:
+    """Samples ``lo``..``hi`` of a compact series, still compact (``since``, ``between``)."""
+    if lo == 0 and hi == len(series.steps):
+        return series  # nothing dropped: no copy of the steps
+    views = {
+        k: columns.RowsView(v, lo, hi)
+        for k, v in (series.norms or {}).items()
+        if isinstance(v, (Rows, columns.RowsView))
+    }
+    values = columns.LazyValues(views, series.variant)
+    return replace(series, steps=series.steps[lo:hi], norms=views, values=values, notes=columns.LazyNotes(values))
+
+
+def check_series_long(
+    steps: Sequence[int],
+    values: Sequence[float | None],
+    delta: float,
+    epsilon: float,
+    window: int,
+    *,
+    breaks: Sequence[int] = (),
+    notes: Mapping[int, str] | None = None,
+) -> columns.LongCheck:
+    """:func:`moeaudit.judge.envelope.check_series` in one pass: the same rows (built by the same
+    ``_row``), the same windows and discrete pairs, keeping the ones :class:`_Shown` picks."""
+    notes = notes if notes is not None else {}  # (a lazy mapping's truth value would walk it)
+    n = len(steps)
+    segs = segments(steps, breaks)
+    n_windows = _count_windows(steps, segs, window)
+    samples, wins, pairs = columns.Shown(n), columns.Shown(n_windows), columns.Shown(n - len(segs))
+    ok = True
+    i_pair = 0
+    index = 0
+    for seg in segs:
+        lo, hi = seg.start, seg.stop
+        v_prev = values[lo]  # every value is read once, in step order
+        first = None if v_prev is None else gronwall(v_prev, steps[lo], steps[lo], delta, epsilon)
+        row = _row(steps[lo], v_prev, first, index if hi - lo > 1 else None, notes.get(lo))
+        ok &= row["compliant"]
+        samples.add(lo, row, row["compliant"], row["margin"])
+        # Grönwall windows (windows(): anchor i, members i+1 … while within τ, at least one),
+        # and the discrete pair (m − 1, m) of discrete_checks at each member m
+        i = lo
+        while i < hi - 1:
+            t_a, v_a = steps[i], v_prev
+            m = i + 1
+            min_margin: float | None = None
+            all_ok = v_a is not None
+            while True:
+                v = values[m]
+                gap, a = steps[m] - steps[m - 1], v_prev
+                if a is None or v is None:
+                    bound, margin, good = None, None, False
+                else:
+                    bound = composed_bound(a, delta, epsilon, gap)
+                    margin, good = bound - v, _holds(v, bound)
+                ok &= good
+                if pairs.wants(i_pair, good, margin):
+                    r: dict[str, Any] = {
+                        "from_step": steps[m - 1],
+                        "to_step": steps[m],
+                        "gap": gap,
+                        "value_from": a,
+                        "value": v,
+                    }
+                    if bound is None:
+                        r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
+                    else:
+                        r.update(bound=bound, margin=margin, compliant=good)
+                    pairs.add(i_pair, r, good, margin)
+                elif not good:
+                    pairs.noncompliant += 1
+                i_pair += 1
+                bound = None if v_a is None else gronwall(v_a, t_a, steps[m], delta, epsilon)
+                if v is None or bound is None:
+                    margin, good = None, False
+                else:
+                    margin, good = bound - v, _holds(v, bound)
+                    min_margin = margin if min_margin is None or margin < min_margin else min_margin
+                all_ok &= good
+                if samples.wants(m, good, margin):
+                    why = notes.get(m) or (None if v_a is not None else "anchor is non-finite")
+                    samples.add(m, _row(steps[m], v, bound, index, why), good, margin)
+                elif not good:
+                    samples.noncompliant += 1
+                v_prev = v
+                if m + 1 < hi and steps[m + 1] - t_a <= window:
+                    m += 1
+                else:
+                    break
+            ok &= all_ok
+            w = {
+                "index": index,
+                "start": t_a,
+                "end": steps[m],
+                "anchor_value": v_a,
+                "samples": m - i + 1,
+                "stretched": steps[m] - t_a > window,
+                "min_margin": min_margin,
+                "compliant": all_ok,
+            }
+            wins.add(index, w, all_ok, min_margin)
+            index += 1
+            i = m
+    s_rows, w_rows, p_rows = samples.rows(), wins.rows(), pairs.rows()
+    counts = {
+        name: {"evaluated": s.n, "shown": len(rows), "noncompliant": s.noncompliant}
+        for name, s, rows in (("samples", samples, s_rows), ("windows", wins, w_rows), ("discrete", pairs, p_rows))
+    }
+    return columns.LongCheck(s_rows, w_rows, p_rows, ok, counts)
+
+
+def _count_windows(steps: Sequence[int], segs: Sequence[range], window: int) -> int:
+    n = 0
+    for seg in segs:
+        i, hi = seg.start, seg.stop
+        while i < hi - 1:
+            m = i + 1
+            while m + 1 < hi and steps[m + 1] - steps[i] <= window:
+                m += 1
+            n, i = n + 1, m
+    return n

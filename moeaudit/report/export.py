@@ -311,6 +311,8 @@ def envelope(stmt: Mapping[str, Any]) -> Evidence:
         why = str(chk.get("reason") or "no series")
         return Evidence("predicate.envelope", f"not evaluated: {why}", False)
     wins = env.get("windows") or []
+    shown = env.get("shown") or {}  # a long series: windows thinned, counted over all of them
+    count = sum(c["windows"]["evaluated"] for c in shown.values()) if shown else len(wins)
     low = min((w["min_margin"] for w in wins if w.get("min_margin") is not None), default=None)
     k = env.get("constants") or {}
     cal = "calibrated" if env.get("calibrated") else "illustrative"
@@ -327,7 +329,7 @@ def envelope(stmt: Mapping[str, Any]) -> Evidence:
     return Evidence(
         "predicate.envelope",
         f"{env.get('source')} series ({env.get('variant')} variance), {rules} over "
-        f"{len(wins)} window(s), min Grönwall margin {_g(low)}, δ "
+        f"{count} window(s), min Grönwall margin {_g(low)}, δ "
         f"{_g(k.get('delta'))}, ε {_g(k.get('epsilon'))} ({cal}); check "
         f"{chk.get('status')}",
     )

@@ -354,6 +354,19 @@ def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[in
     return out
 
 
+def _thinned(report: Doc) -> str:
+    """A long series' rows are thinned (docs/envelope.md, "Long series"): say so by the charts."""
+    shown = report.get("shown") or {}
+    if not shown:
+        return ""
+    n = max(c["samples"]["evaluated"] for c in shown.values())
+    rows = max(c["samples"]["shown"] for c in shown.values())
+    return (
+        f"; every one of the {n} samples per series is judged, the charts draw at most {rows} "
+        "(an even grid, every violation up to 100, the smallest margins)"
+    )
+
+
 def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     """The envelope report (`moeaudit.envelope/v1`): pooled chart, per-layer panels, summary."""
     if not report:
@@ -399,7 +412,7 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
         "skipped": [_skipped(s) for s in report.get("skipped") or []],
         "counts": f"{len(report.get('alerts') or [])} alert(s), "
         f"{len(report.get('dead_experts') or [])} dead-expert finding(s), "
-        f"{len(report.get('findings') or [])} log finding(s)",
+        f"{len(report.get('findings') or [])} log finding(s)" + _thinned(report),
         "nulls": [
             {"series": k, "step": r.get("step"), "reason": r.get("reason") or "no value"}
             for k in keys
@@ -446,8 +459,8 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, g
         "gated": gated,
         "name": name,
         "svg": chart,
-        "samples": len(samples),
-        "windows": len(wins),
+        "samples": (report.get("shown") or {}).get(key, {}).get("samples", {}).get("evaluated", len(samples)),
+        "windows": (report.get("shown") or {}).get(key, {}).get("windows", {}).get("evaluated", len(wins)),
         "min_margin": min(margins) if margins else None,
         "outside": outside,
         "discrete": discrete,

@@ -249,16 +249,19 @@ def print_envelope(report: EnvelopeReport) -> None:
     gated = report.get("variance_gated", report["calibrated"])
     over = "red" if gated else "dim"  # an excursion of a reported (not gated) bound is no failure
     for key, rows in report["series"].items():
-        margins = [m for r in rows if (m := r.get("margin")) is not None]
+        margins = [m for r in rows if (m := r.get("margin")) is not None]  # a long series keeps its worst
         gronwall = sum(not r["compliant"] for r in rows)
         discrete = sum(not d["compliant"] for d in report["discrete"] if d["series"] == key)
+        counts = report.get("shown", {}).get(key)  # a long series: counted over every sample, rows thinned
+        if counts is not None:
+            gronwall, discrete = counts["samples"]["noncompliant"], counts["discrete"]["noncompliant"]
         starved = sum(str(s["layer"]) == key for s in report.get("starvation", []))
         ok = starved == 0 and (not gated or gronwall + discrete == 0)
         suffix = "" if gated else " (reported)"
         cells.append(
             [
                 series_name(key),
-                str(len(rows)),
+                str(len(rows) if counts is None else counts["samples"]["evaluated"]),
                 fmt(min(margins) if margins else None, ".4g"),
                 _count(gronwall, "sample") + suffix,
                 _count(discrete, "pair") + suffix,

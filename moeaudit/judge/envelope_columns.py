@@ -1,0 +1,380 @@
+"""The envelope over a long log: compact series and one streamed pass per series (SPEC §7).
+
+A ``metrics.jsonl`` of 10⁶ logged steps is read into typed arrays (:class:`moeaudit.metrics.Rows`,
+273 B a line for 8 layers × 8 experts). This module keeps the envelope over it in the same
+budget (docs/benchmarks.md §10, docs/envelope.md "Long series"):
+
+* :class:`RowsView` — a contiguous range of a layer's rows (``since``/``between`` slice the log
+  without copying it);
+* :class:`LazyValues` / :class:`VarianceColumn` — V(t) of a sample computed when it is read,
+  with the very function the short path uses (:func:`moeaudit.metrics.variance`), never stored;
+* :class:`Shown` and :class:`LongCheck` — the rows of a long series the report keeps, for
+  :func:`moeaudit.judge.envelope.check_series_long` (the Grönwall windows and the Δ-fold
+  discrete condition of ``check_series`` in one pass, the same rows for the same samples);
+* :func:`dead_experts_columns` and :func:`starvation_columns` — the §10.3 and level rules with
+  run lengths and a sliding window per expert, O(samples × experts).
+
+Every number is computed with the same float operations in the same order as the short path
+(``tests/test_envelope_long.py`` compares them on random series), so the verdict does not
+depend on which path ran, and it is always computed over every sample, never the shown ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from moeaudit.metrics import POOLED, Norms, Rows, variance
+
+Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
+
+# What the report shows of a long series (docs/envelope.md "Long series"): every row up to
+# SHOW_CAP; beyond it every stride-th row (stride = ceil(n / SHOW_CAP)), the first and last,
+# the first NONCOMPLIANT_CAP non-compliant rows and the WORST rows of smallest margin.
+SHOW_CAP = 250
+NONCOMPLIANT_CAP = 100
+WORST = 16
+
+
+class RowsView(Sequence[Norms]):
+    """Rows ``lo``..``hi`` (exclusive) of a :class:`Rows`, read as it reads, without a copy."""
+
+    __slots__ = ("_rows", "lo", "hi", "width")
+
+    def __init__(self, rows: Rows | RowsView, lo: int, hi: int):
+        base = rows.lo if isinstance(rows, RowsView) else 0
+        self._rows: Rows = rows._rows if isinstance(rows, RowsView) else rows
+        self.lo: int = base + lo
+        self.hi: int = base + hi
+        self.width: int = rows.width
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("step index out of range")
+        return self._rows[self.lo + j]
+
+    def __iter__(self) -> Iterator[Norms]:
+        a, w = self._rows._a, self.width
+        for j in range(self.lo, self.hi):
+            yield tuple(None if v != v else v for v in a[j * w : (j + 1) * w])
+
+    def expert(self, e: int) -> array[float]:
+        """Expert ``e``'s norm at every row (NaN = null), one strided copy."""
+        w = self.width
+        return self._rows._a[self.lo * w + e : self.hi * w : w]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def compact(rows: Vectors) -> RowsView | None:
+    """``rows`` as a view when it is a typed layer of a parsed log, else None."""
+    if isinstance(rows, RowsView):
+        return rows
+    if isinstance(rows, Rows):
+        return RowsView(rows, 0, len(rows))
+    return None
+
+
+class PooledRows(Sequence[Norms]):
+    """All layers' vectors concatenated per step (:func:`moeaudit.metrics.with_pooled`), built
+    a step at a time."""
+
+    def __init__(self, norms: Mapping[str, Vectors]):
+        self._layers = list(norms.values())
+        self._n = len(self._layers[0]) if self._layers else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        return tuple(g for rows in self._layers for g in rows[j])
+
+    def __iter__(self) -> Iterator[Norms]:
+        for parts in zip(*self._layers, strict=True):
+            yield tuple(g for part in parts for g in part)
+
+
+class VarianceColumn(Sequence[float | None]):
+    """V of one series at every sample, each computed when read (with
+    :func:`moeaudit.metrics.variance`, as :func:`moeaudit.metrics.variance_series` does) and
+    never stored: the checks read it once in step order, the alert rule once more."""
+
+    __slots__ = ("_vectors", "_variant", "_memo")
+
+    def __init__(self, vectors: Vectors, variant: str):
+        self._vectors = vectors
+        self._variant = variant
+        self._memo: tuple[int, float | None, str | None] = (-1, None, None)
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def _at(self, j: int) -> tuple[float | None, str | None]:
+        if self._memo[0] != j:
+            self._memo = (j, *variance(self._vectors[j], self._variant))
+        return self._memo[1], self._memo[2]
+
+    @overload
+    def __getitem__(self, j: int) -> float | None: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[float | None, ...]: ...
+    def __getitem__(self, j: int | slice) -> float | None | tuple[float | None, ...]:
+        if isinstance(j, slice):
+            return tuple(self[i] for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("sample index out of range")
+        return self._at(j)[0]
+
+    def __iter__(self) -> Iterator[float | None]:
+        for g_E in self._vectors:
+            yield variance(g_E, self._variant)[0]
+
+    def why(self, j: int) -> str | None:
+        """Why sample ``j`` has no value (None when it has one)."""
+        return self._at(j)[1]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class LazyValues(Mapping[str, Sequence[float | None]]):
+    """V per series ("pooled" first, then layers) as :class:`VarianceColumn` s: nothing per
+    sample is held (``notes``: :class:`LazyNotes`)."""
+
+    def __init__(self, norms: Mapping[str, Vectors], variant: str):
+        self._norms = norms
+        self._variant = variant
+        self._keys = [POOLED, *norms]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __getitem__(self, key: str) -> VarianceColumn:
+        if key not in self._keys:
+            raise KeyError(key)
+        return VarianceColumn(PooledRows(self._norms) if key == POOLED else self._norms[key], self._variant)
+
+
+class SampleNotes(Mapping[int, str]):
+    """``{sample: why it has no value}`` of one series, looked up per sample; listing it
+    (iteration, ``len``) walks the series once."""
+
+    def __init__(self, column: VarianceColumn):
+        self._column = column
+
+    def __getitem__(self, j: int) -> str:
+        why = self._column.why(j) if isinstance(j, int) and 0 <= j < len(self._column) else None
+        if why is None:
+            raise KeyError(j)
+        return why
+
+    def __iter__(self) -> Iterator[int]:
+        return (j for j in range(len(self._column)) if self._column.why(j) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class LazyNotes(Mapping[str, Mapping[int, str]]):
+    """``{series: {sample: why None}}`` of a :class:`LazyValues`; listed, only series with a note."""
+
+    def __init__(self, values: LazyValues):
+        self._values = values
+
+    def __getitem__(self, key: str) -> SampleNotes:
+        return SampleNotes(self._values[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self._values if len(self[k]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def compactable(norms: Mapping[str, Vectors]) -> bool:
+    """Are these a parsed log's typed layers (every one a :class:`Rows`, as many steps each)?"""
+    views = [compact(v) for v in norms.values()]
+    return bool(views) and all(v is not None for v in views) and len({len(v) for v in views if v is not None}) == 1
+
+
+# --- the windows and discrete checks in one pass -------------------------------------------------
+
+
+@dataclass
+class Shown:
+    """Which rows of one list (samples, windows or discrete pairs) the report keeps."""
+
+    n: int
+    stride: int = field(init=False)
+    kept: dict[int, dict[str, Any]] = field(default_factory=dict)
+    worst: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)  # max-heap on margin
+    noncompliant: int = 0
+
+    def __post_init__(self) -> None:
+        self.stride = max(1, -(-self.n // SHOW_CAP))
+
+    def wants(self, i: int, compliant: bool, margin: float | None) -> bool:
+        if self.n <= SHOW_CAP or i % self.stride == 0 or i == self.n - 1:
+            return True
+        if not compliant and self.noncompliant < NONCOMPLIANT_CAP:
+            return True
+        return margin is not None and (len(self.worst) < WORST or -self.worst[0][0] > margin)
+
+    def add(self, i: int, row: dict[str, Any], compliant: bool, margin: float | None) -> None:
+        if not compliant:
+            self.noncompliant += 1
+        if self.n <= SHOW_CAP or i % self.stride == 0 or i == self.n - 1:
+            self.kept[i] = row
+        elif not compliant and self.noncompliant <= NONCOMPLIANT_CAP:
+            self.kept[i] = row
+        if margin is not None and self.n > SHOW_CAP:
+            if len(self.worst) < WORST:
+                heapq.heappush(self.worst, (-margin, i, row))
+            elif -self.worst[0][0] > margin:
+                heapq.heapreplace(self.worst, (-margin, i, row))
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = dict(self.kept)
+        for _, i, row in self.worst:
+            out[i] = row
+        return [out[i] for i in sorted(out)]
+
+
+@dataclass(frozen=True)
+class LongCheck:
+    """:class:`moeaudit.judge.envelope.SeriesCheck` of a series whose rows are thinned for the
+    report: ``compliant`` and ``counts`` are over every sample, the rows are those shown."""
+
+    samples: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+    discrete: list[dict[str, Any]]
+    compliant: bool
+    counts: dict[str, dict[str, Any]]
+
+    @property
+    def thinned(self) -> bool:
+        return any(c["shown"] < c["evaluated"] for c in self.counts.values())
+
+
+# --- the level rules by run lengths and sliding windows ------------------------------------------
+
+
+def _column(norms: Vectors, e: int) -> Sequence[float]:
+    """Expert ``e``'s norm at every step, NaN for null."""
+    view = compact(norms)
+    if view is not None:
+        return view.expert(e)
+    return [math.nan if g_E[e] is None else g_E[e] for g_E in norms]  # type: ignore[misc]
+
+
+def dead_experts_columns(
+    steps: Sequence[int], norms: Vectors, dead_grad: float, dead_steps: int
+) -> list[dict[str, Any]]:
+    """:func:`moeaudit.judge.envelope.dead_experts` over one column per expert: each run of
+    below-threshold samples is walked once."""
+    out: list[dict[str, Any]] = []
+    width = len(norms[0]) if len(norms) else 0
+    for e in range(width):
+        since: int | None = None
+        entry: dict[str, Any] | None = None
+        for t, g in zip(steps, _column(norms, e)):
+            if g < dead_grad:  # NaN (null) compares False: it ends a run
+                since = t if since is None else since
+                if t - since + 1 > dead_steps:
+                    if entry is None:
+                        entry = {"expert": e, "since": since, "step": t}
+                        out.append(entry)
+                    entry.update(until=t, steps=t - since + 1, recovered=False)
+            else:
+                if entry is not None and g == g:
+                    entry["recovered"] = True
+                since, entry = None, None
+    return out
+
+
+def starvation_columns(
+    steps: Sequence[int], norms: Vectors, share: float, max_steps: int, fraction: float = 0.5
+) -> list[dict[str, Any]]:
+    """:func:`moeaudit.judge.envelope.starvation` with the counts of the window (t − max_steps, t]
+    kept as it slides (two pointers), not recounted at every sample: O(samples × experts)."""
+    out: list[dict[str, Any]] = []
+    n = len(steps)
+    if not n:
+        return out
+    width = len(norms[0])
+    start = steps[0]
+    totals: array[float] = array("d", [math.nan]) * n  # Σ_e g_e where every norm is known and > 0
+    for j, g_E in enumerate(norms):
+        if all(g is not None for g in g_E) and sum(g_E) > 0:  # type: ignore[arg-type]
+            totals[j] = sum(g_E)  # type: ignore[arg-type]
+    for e in range(width):
+        col = _column(norms, e)
+
+        def share_at(i: int, col: Sequence[float] = col) -> float:  # g_e·E/Σg as starvation() has it
+            total = totals[i]
+            return math.nan if total != total else col[i] * width / total
+
+        lo, seen, low = 0, 0, 0
+        for j, t in enumerate(steps):
+            x = share_at(j)
+            if x == x:
+                seen += 1
+                low += x < share
+            while steps[lo] <= t - max_steps:
+                y = share_at(lo)
+                if y == y:
+                    seen -= 1
+                    low -= y < share
+                lo += 1
+            if t - start + 1 < max_steps:
+                continue  # the window (t − max_steps, t] reaches before the series
+            if seen and low >= fraction * seen:
+                lows = [y for i in range(lo, j + 1) if (y := share_at(i)) == y and y < share]
+                out.append(
+                    {
+                        "expert": e,
+                        "since": steps[lo],
+                        "step": t,
+                        "until": t,
+                        "steps": max_steps,
+                        "share": min(lows),
+                        "fraction": low / seen,
+                        "samples": seen,
+                    }
+                )
+                break
+    return out
