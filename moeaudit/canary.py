@@ -707,15 +707,26 @@ def probe_mismatch(canary: Canary, probe: str | Path) -> dict[str, str] | None:
     return None
 
 
-def run_mismatches(canary: Canary, run_dir: str | Path, checkpoints: Sequence[str | Path] = ()) -> list[dict[str, str]]:
+def run_mismatches(
+    canary: Canary,
+    run_dir: str | Path,
+    checkpoints: Sequence[str | Path] = (),
+    probe_canaries: Sequence[str | None] | None = None,
+) -> list[dict[str, str]]:
     """Where the run records another canary than ``canary`` (docs/decisions.md, "The canary must be
     the run's canary"): the canary probe's lines, the callback's copy ``RUN/canary.safetensors``,
     and — for a canary built from text — each checkpoint's ``tokenizer.json`` against the
-    canary's ``tokenizer_sha256``. Each finding: {"source", "recorded", "given"} (SHA-256s)."""
+    canary's ``tokenizer_sha256``. Each finding: {"source", "recorded", "given"} (SHA-256s).
+    ``probe_canaries``: the digests the probe's lines name, as read from the bytes whose digest a
+    certificate signs (``Run.read_logs_once``); otherwise the probe is read here."""
     run = Path(run_dir)
     found: list[dict[str, str]] = []
     probe = run / "canary_probe.jsonl"
-    if probe.is_file():
+    if probe_canaries is not None:
+        named = next((d for d in probe_canaries if d is not None and d != canary.digest), None)
+        if named is not None:
+            found.append({"source": probe.name, "recorded": named, "given": canary.digest})
+    elif probe.is_file():
         m = probe_mismatch(canary, probe)
         if m is not None:
             found.append(m)

@@ -90,11 +90,13 @@ def audit_run(
         run = truncate(run, until)
     from moeaudit.canary import mismatch_error, run_mismatches
 
-    mismatches = run_mismatches(canary, run.path, [ckpt.path for _, ckpt in run.checkpoints])
+    # every log read once, before the replays, hashed as parsed (docs/security.md); the canary the
+    # probe's lines name comes from that same read
+    run.read_logs_once(parse_probe=policy.envelope.source == "probe")
+    checkpoints = [ckpt.path for _, ckpt in run.checkpoints]
+    mismatches = run_mismatches(canary, run.path, checkpoints, run.probe_canaries)
     if mismatches and not accept_canary_mismatch:
         raise mismatch_error(mismatches[0], "--accept-canary-mismatch (certify)")
-    # every log read once, before the replays, hashed as parsed (docs/security.md)
-    run.read_logs_once(parse_probe=policy.envelope.source == "probe")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     warnings += [f"left out {name}: {why}" for name, why in run.left_out]
     left_behind = abandoned(run)  # still audited, and named (issue 25 §5)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, overload
@@ -186,13 +186,27 @@ class MetricsSeries:
 # --- reading -------------------------------------------------------------------------------------
 
 
-def read_metrics(path: str | Path, what: str = "metrics log") -> MetricsSeries:
+def read_metrics(
+    path: str | Path, what: str = "metrics log", tap: Callable[[bytes], None] | None = None
+) -> MetricsSeries:
     """Stream ``path`` line by line (a regular file; each line at most MAX_JSONL_LINE_BYTES),
-    hashing exactly the bytes parsed: one read of the file (docs/security.md)."""
+    hashing exactly the bytes parsed: one read of the file (docs/security.md). ``tap`` sees each
+    raw line of that same read (the canary digests a probe log names, ``Run.read_logs_once``)."""
     path = Path(path)
     hashed = Hashed()
-    series = _parse(iter_lines(path, what, hashed=hashed), path)
+    lines = iter_lines(path, what, hashed=hashed)
+    if tap is not None:
+        lines = _tapped(lines, tap)
+    series = _parse(lines, path)
     return replace(series, sha256=hashed.sha256, size=hashed.size)
+
+
+def _tapped(
+    lines: Iterator[tuple[int, bytes, bool]], tap: Callable[[bytes], None]
+) -> Iterator[tuple[int, bytes, bool]]:
+    for item in lines:
+        tap(item[1])
+        yield item
 
 
 def parse_metrics(text: str, path: str | Path = "metrics.jsonl") -> MetricsSeries:

@@ -17,7 +17,7 @@ from typing import Any
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import CheckpointError, InputError
 from moeaudit.jsonio import NotStrictJSON, strict_loads
-from moeaudit.limits import Hashed, hash_regular, iter_lines
+from moeaudit.limits import Hashed, iter_lines
 from moeaudit.locate import CHECKPOINT_PREFIXES
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.integrations.hooks)
@@ -53,6 +53,8 @@ class Run:
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     parsed: dict[str, Any] = field(default_factory=dict)  # "metrics" / "probe" → MetricsSeries
     stages: list[tuple[int, str]] = field(default_factory=list)  # (from step, stage); -1: from the start
+    # the canary digest each probe line names (None: names none), from the probe's hashed read
+    probe_canaries: list[str | None] | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -69,11 +71,31 @@ class Run:
             self.parsed["metrics"] = read_metrics(self.metrics)
             self.inputs["metrics"] = self.parsed["metrics"].record()
         if self.probe is not None and "probe" not in self.parsed:
+            canaries: list[str | None] = []
+            note = lambda line: _note_canary(line, canaries)  # noqa: E731
             if parse_probe:
-                self.parsed["probe"] = read_metrics(self.probe, "canary probe log")
+                self.parsed["probe"] = read_metrics(self.probe, "canary probe log", tap=note)
                 self.inputs["probe"] = self.parsed["probe"].record()
+                self.probe_canaries = canaries
             elif "probe" not in self.inputs:
-                self.inputs["probe"] = hash_regular(self.probe, "canary probe log")
+                hashed = Hashed()
+                for _, line, _ in iter_lines(self.probe, "canary probe log", hashed=hashed):
+                    note(line)
+                self.inputs["probe"] = hashed.record(self.probe.name)
+                self.probe_canaries = canaries
+
+
+def _note_canary(line: bytes, out: list[str | None]) -> None:
+    """The canary digest a probe line names (None: it names none); a line that is not JSON is
+    skipped here (the metrics reader judges it), as ``canary.probe_digests`` does."""
+    if not line.strip():
+        return
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return
+    digest = value.get("canary") if isinstance(value, dict) else None
+    out.append(digest if isinstance(digest, str) else None)
 
 
 def discover(path: str | Path) -> Run:
@@ -139,6 +161,7 @@ def truncate(run: Run, until: int) -> Run:
         dict(run.inputs),
         dict(run.parsed),
         stages,
+        run.probe_canaries,
     )
 
 

@@ -163,3 +163,29 @@ def test_envelope_source_probe_refuses_two_canaries_in_one_probe(tmp_path, env) 
     assert result.exit_code == 4, result.output + result.stderr
     line = _one_error_line(result.stderr)
     assert "name 2 canaries" in line and "0" * 64 in line and _run_canary().digest in line
+
+
+@pytest.mark.parametrize("parse_probe", [False, True], ids=["hashed", "parsed"])
+def test_the_probe_canary_is_read_from_the_bytes_whose_digest_is_signed(tmp_path: Path, parse_probe: bool) -> None:
+    """The canary the probe's lines name comes from the probe's one hashed read: a probe renamed
+    over it afterwards (before the replays) changes neither the finding nor the signed digest."""
+    from moeaudit.run import discover
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(SAMPLES / "healthy", run_dir)
+    probe = run_dir / "canary_probe.jsonl"
+    mine, other = _run_canary(), _other()
+    lines = [json.loads(x) for x in probe.read_text().splitlines() if x.strip()]
+    named = {x.get("canary") for x in lines}
+    assert named == {mine.digest}, "the sample's probe names its own canary"
+    run = discover(run_dir)
+    run.read_logs_once(parse_probe=parse_probe)
+    signed = run.inputs["probe"]["sha256"]
+    assert signed == hashlib.sha256(probe.read_bytes()).hexdigest()
+    swapped = tmp_path / "swapped.jsonl"
+    swapped.write_text("".join(json.dumps({**x, "canary": other.digest}) + "\n" for x in lines))
+    swapped.replace(probe)  # another probe, naming another canary, renamed over after the read
+    assert run_mismatches(mine, run.path, (), run.probe_canaries) == []  # the bytes signed name mine
+    assert run_mismatches(mine, run.path)[0]["recorded"] == other.digest  # a second read would not
+    found = run_mismatches(other, run.path, (), run.probe_canaries)
+    assert found == [{"source": "canary_probe.jsonl", "recorded": mine.digest, "given": other.digest}]
