@@ -25,7 +25,7 @@ router and once with a forged one. Here nothing is ever read twice without proof
 Every read still checks the file's identity (``pinned``), so a file renamed over or rewritten
 with new timestamps is named as changed even when its bytes come from the private copy.
 
-A replay on an accelerator sets a :class:`HostPlan` (``replay.device.plan_host_copies``): the
+A replay on an accelerator sets a :class:`HostPlan` (``replay.hostplan.plan_host_copies``): the
 budget sized from the memory the process may take (the host is otherwise idle there), the copies
 allocated in pinned memory, and tensor reads served as views of them — the copy the file was
 hashed into is the DMA's source, so a weight crosses the host once, when it is hashed.
