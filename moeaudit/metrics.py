@@ -92,7 +92,30 @@ class Column(Sequence[Any]):
         return f"Column({list(self)!r})"
 
 
-class Rows(Sequence[Norms]):
+class RowSequence(Sequence[Norms]):
+    """A sequence of per-step norm vectors read one step at a time: indexing (negative indices
+    and slices too) is here, a subclass says how step ``j`` (0 <= j < len) is read (``_row``)."""
+
+    __slots__ = ()
+
+    def _row(self, j: int) -> Norms:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, j: int) -> Norms: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
+    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
+        if isinstance(j, slice):
+            return tuple(self._row(i) for i in range(*j.indices(len(self))))
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("step index out of range")
+        return self._row(j)
+
+
+class Rows(RowSequence):
     """One layer's [S] vectors of [E] norms in one flat typed array (NaN = null), read back a
     step at a time as a tuple. Single precision when every norm of the layer is exactly a float32
     — what the training hook logs (``Tensor.item()`` of float32 norms) — else double, so no value
@@ -110,17 +133,7 @@ class Rows(Sequence[Norms]):
     def __len__(self) -> int:
         return len(self._a) // self.width
 
-    @overload
-    def __getitem__(self, j: int) -> Norms: ...
-    @overload
-    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
-    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
-        if isinstance(j, slice):
-            return tuple(self[i] for i in range(*j.indices(len(self))))
-        if j < 0:
-            j += len(self)
-        if not 0 <= j < len(self):
-            raise IndexError("step index out of range")
+    def _row(self, j: int) -> Norms:
         w = self.width
         return tuple(None if v != v else v for v in self._a[j * w : (j + 1) * w])
 

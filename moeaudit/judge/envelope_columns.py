@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from moeaudit.metrics import POOLED, Norms, Rows, variance
+from moeaudit.metrics import POOLED, Norms, Rows, RowSequence, variance
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
 
@@ -40,7 +40,7 @@ NONCOMPLIANT_CAP = 100
 WORST = 16
 
 
-class RowsView(Sequence[Norms]):
+class RowsView(RowSequence):
     """Rows ``lo``..``hi`` (exclusive) of a :class:`Rows`, read as it reads, without a copy."""
 
     __slots__ = ("_rows", "lo", "hi", "width")
@@ -55,17 +55,7 @@ class RowsView(Sequence[Norms]):
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    @overload
-    def __getitem__(self, j: int) -> Norms: ...
-    @overload
-    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
-    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
-        if isinstance(j, slice):
-            return tuple(self[i] for i in range(*j.indices(len(self))))
-        if j < 0:
-            j += len(self)
-        if not 0 <= j < len(self):
-            raise IndexError("step index out of range")
+    def _row(self, j: int) -> Norms:
         return self._rows[self.lo + j]
 
     def __iter__(self) -> Iterator[Norms]:
@@ -93,7 +83,7 @@ def compact(rows: Vectors) -> RowsView | None:
     return None
 
 
-class PooledRows(Sequence[Norms]):
+class PooledRows(RowSequence):
     """All layers' vectors concatenated per step (:func:`moeaudit.metrics.with_pooled`), built
     a step at a time."""
 
@@ -104,13 +94,7 @@ class PooledRows(Sequence[Norms]):
     def __len__(self) -> int:
         return self._n
 
-    @overload
-    def __getitem__(self, j: int) -> Norms: ...
-    @overload
-    def __getitem__(self, j: slice) -> tuple[Norms, ...]: ...
-    def __getitem__(self, j: int | slice) -> Norms | tuple[Norms, ...]:
-        if isinstance(j, slice):
-            return tuple(self[i] for i in range(*j.indices(len(self))))
+    def _row(self, j: int) -> Norms:
         return tuple(g for rows in self._layers for g in rows[j])
 
     def __iter__(self) -> Iterator[Norms]:
