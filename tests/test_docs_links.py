@@ -73,6 +73,31 @@ def cited(doc: Path) -> list[tuple[str, str]]:
     return out
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces
+    to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    heads = re.findall(r"^#+ (.+)$", _prose(doc), re.M)
+    return {slug(h) for h in heads}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_anchor_is_a_heading(doc: Path) -> None:
+    """``[x](other.md#a-heading)`` and ``[x](#a-heading)`` land on a heading of that document."""
+    missing = []
+    for target in _LINK.findall(_prose(doc)):
+        if "#" not in target or re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            continue
+        path, anchor = target.split("#", 1)
+        file = (doc.parent / path).resolve() if path else doc
+        if file.suffix == ".md" and file.is_file() and anchor not in anchors(file):
+            missing.append(target)
+    assert not missing, f"{doc.relative_to(ROOT)} links to anchors that are no heading: {missing}"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_cited_path_exists(doc: Path) -> None:
     missing = sorted({f"{kind}: {path}" for kind, path in cited(doc) if not _exists(path, doc)})
@@ -92,6 +117,11 @@ def test_the_checker_sees_links_code_and_prose(tmp_path: Path) -> None:
     assert ("prose", "docs/absent.md") in found and ("code", "replay/groups.py") in found
     assert not any("example.com" in p or "in_a_fence" in p or "<x>" in p for _, p in found)
     assert not _exists("moeaudit/nope.py", doc) and _exists("replay/groups.py", doc)
+    assert (
+        slug("Shortcut-connected MoE (LongCat-Flash, longcat_flash)")
+        == "shortcut-connected-moe-longcat-flash-longcat_flash"
+    )
+    assert slug("Runs, events and logs") == "runs-events-and-logs"
 
 
 def test_the_readme_layout_names_the_packages() -> None:
