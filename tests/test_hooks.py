@@ -43,7 +43,7 @@ def check_spec_format(record: dict, layers: list[int], num_experts: int) -> None
 
 def _hf_backward(family: str):
     pytest.importorskip("transformers")
-    from hf_models import random_tokens, tiny_model
+    from hfmodels import random_tokens, tiny_model
 
     model = tiny_model(family)
     tokens = random_tokens(3, 12)
@@ -165,7 +165,7 @@ def test_hook_on_transformers_gpt_oss(tmp_path: Path) -> None:
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")
-    from hf_models import load, random_tokens, save_tiny
+    from hfmodels import load, random_tokens, save_tiny
 
     from moeaudit.checkpoint import Checkpoint
     from moeaudit.replay import replay
@@ -193,7 +193,7 @@ def test_probe_on_transformers_equals_replay_and_leaves_grad_alone(tmp_path: Pat
     the same checkpoint and tokens (external check: HF autograd vs our streaming replay), and
     the training step's ``.grad`` are the same bytes before and after."""
     pytest.importorskip("transformers")
-    from hf_models import load, random_tokens, save_tiny
+    from hfmodels import load, random_tokens, save_tiny
 
     from moeaudit.checkpoint import Checkpoint
     from moeaudit.replay import replay

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 import oracle_log  # noqa: E402
-from hf_models import FAMILIES, load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import FAMILIES, load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402

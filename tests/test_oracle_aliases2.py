@@ -1,7 +1,7 @@
 """Issue 27's further model types against transformers: ``granitemoeshared`` (Granite MoE +
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
-wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
+wrapper's own forward on text tokens, ``hfmodels.aliases.TextView``), ``mistral4`` (DeepSeek-V3's
 MLA decoder with softmax group routing and Llama 4 query scaling), the text decoders of
 ``qwen3_omni_moe`` (its thinker's), ``deepseek_ocr2`` and ``unlimited_ocr`` (DeepSeek-V2's MoE on
 Llama attention) and
@@ -27,9 +27,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_aliases as aliases  # noqa: E402
-import hf_models_aliases2  # noqa: E402  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import aliases, aliases2, load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek  # noqa: E402
@@ -249,7 +247,7 @@ def test_aria_text_matches_transformers(case: str, dtype: str, tmp_path: Path) -
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ARIA_CASES)
 def test_aria_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_wrapper(tmp_path, "aria", dtype=DTYPES[dtype], **ARIA_CASES[case])
+    aliases2.save_wrapper(tmp_path, "aria", dtype=DTYPES[dtype], **ARIA_CASES[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "aria" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision tower and projector
@@ -261,7 +259,7 @@ def test_aria_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves Aria as released (``language_model.model.*``,
     ``language_model.lm_head``, experts ``fc1`` / ``fc2``); the same tensors under its module names
     (``model.language_model.*``, ``lm_head``, ``gate_up_proj`` / ``down_proj``) give the same numbers."""
-    hf_models_aliases2.save_wrapper(tmp_path / "a", "aria")
+    aliases2.save_wrapper(tmp_path / "a", "aria")
     a = Checkpoint(tmp_path / "a")
     assert a.layer_keys(0)["router"] == "language_model.model.layers.0.mlp.router.weight"
     assert a.expert_keys(0) == {
@@ -331,8 +329,8 @@ MISTRAL4: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", MISTRAL4)
 def test_mistral4_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_causal(tmp_path, "mistral4", dtype=DTYPES[dtype], **MISTRAL4[case])
-    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    aliases2.save_causal(tmp_path, "mistral4", dtype=DTYPES[dtype], **MISTRAL4[case])
+    ckpt, model = Checkpoint(tmp_path), aliases2.load_causal(tmp_path, "mistral4")
     assert ckpt.spec.family == "mistral4" and ckpt.warnings == [] and ckpt.notes == []
     agree(ckpt, model, random_tokens(), Modules(shared=("mlp.shared_experts.",)))
     rope = model.config.rope_parameters
@@ -345,7 +343,7 @@ def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
 
     from moeaudit.replay import replay
 
-    hf_models_aliases2.save_causal(tmp_path, "mistral4")
+    aliases2.save_causal(tmp_path, "mistral4")
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     scaled = replay(ckpt, tokens).nll
@@ -387,12 +385,12 @@ OMNI: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", OMNI)
 def test_qwen3_omni_moe_thinker_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_omni(tmp_path, dtype=DTYPES[dtype], **OMNI[case])
-    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_omni(tmp_path)
+    aliases2.save_omni(tmp_path, dtype=DTYPES[dtype], **OMNI[case])
+    ckpt, model = Checkpoint(tmp_path), aliases2.load_omni(tmp_path)
     assert ckpt.spec.family == "qwen3_omni_moe" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the audio and vision towers
     assert ckpt.spec.norm_topk_prob == model.config.thinker_config.text_config.norm_topk_prob
-    agree(ckpt, hf_models_aliases2.ThinkerView(model), random_tokens(), Modules())
+    agree(ckpt, aliases2.ThinkerView(model), random_tokens(), Modules())
     assert "thinker's text decoder" in FAMILIES["qwen3_omni_moe"].audits
 
 
@@ -404,7 +402,7 @@ def test_qwen3_omni_moe_without_thinker_text_config_is_refused() -> None:
 def test_qwen3_omni_moe_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves the thinker's decoder as released (``thinker.model.layers.*``); under
     its module names (``thinker.model.language_model.*``) the same tensors give the same numbers."""
-    hf_models_aliases2.save_omni(tmp_path / "a")
+    aliases2.save_omni(tmp_path / "a")
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = ("thinker.model.layers.", "thinker.model.embed_tokens.", "thinker.model.norm.")
@@ -440,7 +438,7 @@ OCR2: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", OCR2)
 def test_deepseek_ocr2_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], **OCR2[case])
+    aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], **OCR2[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "deepseek_ocr2" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision encoders
@@ -471,7 +469,7 @@ UNLIMITED: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", UNLIMITED)
 def test_unlimited_ocr_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], model_type="unlimited_ocr", **UNLIMITED[case])
+    aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], model_type="unlimited_ocr", **UNLIMITED[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "unlimited_ocr" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)
@@ -482,7 +480,7 @@ def test_unlimited_ocr_text_decoder_matches_transformers(case: str, dtype: str, 
 def test_deepseek_ocr2_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves DeepSeek-OCR-2's decoder as released (``model.layers.*``); under its
     module names (``model.language_model.*``) the same tensors give the same numbers."""
-    hf_models_aliases2.save_ocr2(tmp_path / "a")
+    aliases2.save_ocr2(tmp_path / "a")
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = ("model.layers.", "model.embed_tokens.", "model.norm.")
@@ -523,7 +521,7 @@ AXK1: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", AXK1)
 def test_axk1_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     overrides = {k: v for k, v in AXK1[case].items() if v is not None}
-    base = {k: v for k, v in hf_models_aliases2.TINY["axk1"].items() if k not in AXK1[case] or AXK1[case][k]}
+    base = {k: v for k, v in aliases2.TINY["axk1"].items() if k not in AXK1[case] or AXK1[case][k]}
     save_tiny(tmp_path, "axk1", dtype=DTYPES[dtype], **{**base, **overrides})
     ckpt, model = Checkpoint(tmp_path), load(tmp_path)
     assert ckpt.spec.family == "axk1" and ckpt.spec.moe_out_norm and ckpt.warnings == [] and ckpt.notes == []
@@ -577,7 +575,7 @@ ERNIE_VL: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ERNIE_VL)
 def test_ernie4_5_vl_moe_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ernie_vl(tmp_path, dtype=DTYPES[dtype], **ERNIE_VL[case])
+    aliases2.save_ernie_vl(tmp_path, dtype=DTYPES[dtype], **ERNIE_VL[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "ernie4_5_vl_moe" and ckpt.warnings == []
     left = {lo.what for lo in ckpt.left_out}
@@ -589,8 +587,8 @@ def test_ernie4_5_vl_moe_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves ERNIE 4.5 VL as released (transposed routers, one [2, E] bias, one
     expert list); converted to its module names (``model.language_model.*``, ``mlp.text_moe.*`` with
     fused experts, ``mlp.vision_moe.*``) the same model gives the same numbers."""
-    hf_models_aliases2.save_ernie_vl(tmp_path / "a")
-    E = int(hf_models_aliases2.ERNIE_VL_TEXT["moe_num_experts"])  # type: ignore[call-overload]
+    aliases2.save_ernie_vl(tmp_path / "a")
+    E = int(aliases2.ERNIE_VL_TEXT["moe_num_experts"])  # type: ignore[call-overload]
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

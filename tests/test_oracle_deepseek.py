@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("transformers")
 
 import oracle_log  # noqa: E402
-from hf_models import load, random_tokens, save_tiny, tiny_model  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_model  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import (  # noqa: E402
     FORWARD,
@@ -273,7 +273,7 @@ def test_inconsistent_deepseek_configs_are_refused(bad: dict[str, Any], message:
 
 
 def tiny_model_config() -> dict[str, Any]:
-    from hf_models import tiny_config
+    from hfmodels import tiny_config
 
     return tiny_config("deepseek_v3").to_dict()
 

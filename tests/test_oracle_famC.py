@@ -16,8 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import famc, load, random_tokens, save_tiny  # noqa: E402
 from test_oracle import (  # noqa: E402
     FORWARD,
     GRADIENT,
@@ -193,7 +192,7 @@ def test_qwen3_5_moe_vision_language_checkpoint_replays_its_text_decoder(tmp_pat
 
     from moeaudit.replay import replay
 
-    model = hf_models_famC.save_tiny_qwen3_5_moe(tmp_path)
+    model = famc.save_tiny_qwen3_5_moe(tmp_path)
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "qwen3_5_moe" and ckpt.spec.linear_layers == (0, 2)
     assert ckpt.warnings == [] and len(ckpt.notes) == 1 and "model.visual.*" in ckpt.notes[0]

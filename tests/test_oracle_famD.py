@@ -24,8 +24,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famD  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from test_oracle import Observed, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 

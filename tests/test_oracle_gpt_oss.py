@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402

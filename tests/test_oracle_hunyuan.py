@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from test_oracle import _norm, transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 

@@ -32,8 +32,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-import hf_models_jetmoe  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
 from test_oracle import (  # noqa: E402
     FORWARD,

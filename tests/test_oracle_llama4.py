@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import _redraw, load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, redraw, save_tiny, tiny_config  # noqa: E402
 from test_oracle import transformers_observed  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 from test_oracle_gpt_oss import assert_experts_backward_is_autograd  # noqa: E402
@@ -105,7 +105,7 @@ def test_the_released_vision_language_checkpoint_replays_its_text_decoder(tmp_pa
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
     torch.manual_seed(0)
     model = transformers.Llama4ForConditionalGeneration(config).float()
-    _redraw(model, 0)
+    redraw(model, 0)
     model.save_pretrained(tmp_path)
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "llama4" and ckpt.spec.routed_layers == (1, 3) and ckpt.warnings == []

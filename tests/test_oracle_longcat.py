@@ -12,10 +12,10 @@ experts (transformers' fused ``gate_up_proj`` has rows for the zero-computation 
 nothing reads: their gradient is 0 and is not compared). The attention norm covers both MLA
 sub-blocks and both input norms, as the replay's attention group does.
 
-The selection bias is redrawn at std 0.02 (``hf_models`` draws 0.2, which against softmax
+The selection bias is redrawn at std 0.02 (``hfmodels.core`` draws 0.2, which against softmax
 probabilities near 1/E would choose the same experts for every token), and the sub-block norm
 gains near 1 (``save_longcat``). ``moe_topk`` is set through its alias ``num_experts_per_tok``,
-which ``hf_models``' common settings also set.
+which ``hfmodels.core``'s common settings also set.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens  # noqa: E402
-from hf_models_longcat import save_longcat  # noqa: E402
+from hfmodels import load, random_tokens  # noqa: E402
+from hfmodels.longcat import save_longcat  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_oracle import Observed, _cross_entropy, _norm  # noqa: E402
 from test_oracle_deepseek import YARN, assert_agree_deepseek, observed  # noqa: E402
@@ -270,7 +270,7 @@ def test_grad_logger_reads_parametric_experts_and_refuses_the_live_fused_model(t
     """``ExpertGradLogger``'s parameter collection: from LayerWeights the identity experts (no
     weights) are not experts to measure; a live transformers model (fused experts with identity
     rows) is refused by layer rather than measured wrong."""
-    from hf_models import tiny_model
+    from hfmodels import tiny_model
 
     from moeaudit.integrations.hooks import collect_params
 

@@ -17,8 +17,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_nemotron  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm  # noqa: E402
 from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 

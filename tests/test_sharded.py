@@ -33,7 +33,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import sharded_worker  # noqa: E402
-from hf_models import save_tiny  # noqa: E402
+from hfmodels import save_tiny  # noqa: E402
 
 from moeaudit import canary as canary_mod  # noqa: E402
 
