@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers")
 
 from hfmodels import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import GRADIENT  # noqa: E402
+from support.oracle import GRADIENT  # noqa: E402
 
 from moeaudit.canary import Canary  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402

@@ -25,7 +25,7 @@ from moeaudit.receipts.state import state_receipts
 pytest.importorskip("transformers")
 
 import hfmodels  # noqa: E402
-from test_certify_families import _nudged_copy  # noqa: E402
+from support.certify_families import _nudged_copy  # noqa: E402
 
 STANDIN = "cpu:0"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -30,16 +30,10 @@ pytest.importorskip("transformers")
 
 import hfmodels  # noqa: E402
 from device_meter import STANDIN, DeviceGuard, Meter, measure, metering  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 FAMILIES = ["mixtral", "deepseek_v3", "qwen2_moe", "gpt_oss", "llama4_text", "phimoe"]
 TOKENS_PER_EXPERT_SETS = 3  # R_k, the overlap candidates, the random outside expert
-
-
-def _probe(windows: int = 4, T: int = 16) -> canary_mod.Canary:
-    tokens = torch.randint(
-        0, hfmodels.VOCAB, (windows, T), generator=torch.Generator().manual_seed(5), dtype=torch.int32
-    )
-    return canary_mod.Canary(tokens, torch.arange(windows, dtype=torch.int32) % 2, ("code", "prose"))
 
 
 def _on_standin(

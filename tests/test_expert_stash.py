@@ -26,7 +26,7 @@ from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_head
 pytest.importorskip("transformers")
 
 import hfmodels  # noqa: E402
-from test_device_receipts import _probe  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 
 def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budget: str) -> tuple[str, list[Any]]:

@@ -448,8 +448,8 @@ def test_deepseek_v32_mlp_layer_types_are_replayed(tmp_path: Path) -> None:
     """save_pretrained always writes ``mlp_layer_types``; any dense/sparse pattern is replayed,
     not only the first-k-dense one it defaults to."""
     from hfmodels import load
-    from test_oracle import transformers_observed
-    from test_oracle_deepseek import assert_agree_deepseek, observed
+    from support.oracle import transformers_observed
+    from support.oracle_deepseek import assert_agree_deepseek, observed
 
     save_tiny(tmp_path, "deepseek_v32", mlp_layer_types=["sparse", "dense", "sparse"])
     ckpt = Checkpoint(tmp_path)
@@ -465,8 +465,8 @@ def test_ernie_moe_norm_min_is_replayed(tmp_path: Path) -> None:
     """ERNIE divides the chosen probabilities by max(Σ, moe_norm_min); with a floor above most
     tokens' sums the clamp acts, and the replay still agrees with transformers."""
     from hfmodels import load
-    from test_oracle import transformers_observed
-    from test_oracle_deepseek import assert_agree_deepseek, observed
+    from support.oracle import transformers_observed
+    from support.oracle_deepseek import assert_agree_deepseek, observed
 
     save_tiny(tmp_path, "ernie4_5_moe", moe_norm_min=0.5)
     ckpt = Checkpoint(tmp_path)

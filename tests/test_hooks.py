@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.hooks import _per_expert_params  # noqa: E402
 
 from moeaudit.errors import InputError
 from moeaudit.integrations.hooks import ExpertGradLogger, template_regex
@@ -243,24 +244,6 @@ def test_probe_file_repaired_on_resume(tmp_path: Path) -> None:
 # --- per-expert names (transformers v4, on-disk layout) and our LayerWeights ---------------------
 
 
-def _per_expert_params(prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """Per-expert Mixtral names as transformers v4 wrote them, with seeded gradients."""
-    gen = torch.Generator().manual_seed(0)
-    named = []
-    for layer in range(2):
-        base = f"{prefix}model.layers.{layer}.block_sparse_moe."
-        names = (
-            [base + "gate.weight"]
-            + [f"{base}experts.{e}.{w}.weight" for e in range(3) for w in ("w1", "w3", "w2")]
-            + [f"{prefix}model.layers.{layer}.self_attn.q_proj.weight"]
-        )
-        for name in names:
-            t = torch.zeros(4, 5, requires_grad=True)
-            t.grad = torch.randn(4, 5, generator=gen)
-            named.append((name, t))
-    return named
-
-
 @pytest.mark.parametrize("prefix", ["", "module.", "base_model.model."])
 def test_per_expert_names(tmp_path: Path, prefix: str) -> None:
     named = _per_expert_params(prefix)
@@ -437,7 +420,7 @@ SIGTERM_CHILD = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import moeaudit.integrations.linelog as linelog
-from test_hooks import _per_expert_params
+from support.hooks import _per_expert_params
 from moeaudit.integrations.hooks import ExpertGradLogger
 real_fsync = os.fsync
 def fsync(fd):

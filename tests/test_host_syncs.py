@@ -23,12 +23,7 @@ pytest.importorskip("transformers")
 
 import hfmodels  # noqa: E402
 from device_meter import STANDIN, Meter, measure  # noqa: E402
-
-# per routed layer: the forward reads the tokens per expert (1) and the layer's receipts, computed
-# on the device, in one copy (1: tests/test_device_receipts.py caps its bytes); the backward the
-# tokens per expert (1) and the layer's gradient norms (1); the head its loss (1) and, once for the
-# whole forward, the finiteness flags of the weights that crossed in their on-disk dtype (1)
-CAP = {"forward": {"sync": 2, "d2h": 2}, "backward": {"sync": 2, "d2h": 2}, "head": {"sync": 2, "d2h": 4}}
+from support.host_syncs import CAP  # noqa: E402
 
 
 def _probe() -> canary_mod.Canary:

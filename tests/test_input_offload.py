@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 
 import hfmodels  # noqa: E402
 from device_meter import STANDIN, measure  # noqa: E402
-from test_device_receipts import _probe  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 
 def test_inputs_beyond_the_budget_go_to_the_host_and_come_back_one_ahead() -> None:

@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 
 from hfmodels import aliases, load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

@@ -17,15 +17,15 @@ import torch
 pytest.importorskip("transformers")
 
 from hfmodels import famc, load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import (  # noqa: E402
+from support.oracle import (  # noqa: E402
     FORWARD,
     GRADIENT,
-    _norm,
     assert_agree,
     moeaudit_observed,
     transformers_observed,
 )
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_famC import _attention_grads_with_linear_layers  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -107,16 +107,6 @@ NEXT: dict[str, dict[str, Any]] = {
         "layer_types": ["full_attention", "linear_attention", "linear_attention"],
     },
 }
-
-
-def _attention_grads_with_linear_layers(model: Any) -> dict[int, float]:
-    """``transformers_observed`` sums ``self_attn.`` and ``input_layernorm.`` gradients; a
-    DeltaNet layer's token mixer is ``linear_attn.``, which our attention norm includes."""
-    out = {}
-    for i, layer in enumerate(model.model.layers):
-        mixer = layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
-        out[i] = _norm([p.grad for p in [*mixer.parameters(), *layer.input_layernorm.parameters()]])
-    return out
 
 
 @pytest.mark.parametrize("case", NEXT)

@@ -18,11 +18,12 @@ pytest.importorskip("transformers")
 from hfmodels import aliases2, load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from hfmodels.longcat import save_longcat  # noqa: E402
 from oracle_log import worst  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_afmoe import afmoe_observed  # noqa: E402
-from test_oracle_aliases2 import Modules, agree, deepseek_observed, hf_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_longcat import longcat_observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_afmoe import afmoe_observed  # noqa: E402
+from support.oracle_aliases2 import Modules, agree, hf_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import observed as deepseek_observed  # noqa: E402
+from support.oracle_longcat import longcat_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

@@ -25,8 +25,8 @@ from hfmodels import (
     wrap,
 )
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402

@@ -34,7 +34,7 @@ pytest.importorskip("transformers")
 
 from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle import (  # noqa: E402
+from support.oracle import (  # noqa: E402
     FORWARD,
     TIE_GAP,
     Observed,
@@ -43,7 +43,7 @@ from test_oracle import (  # noqa: E402
     _norm,
     assert_identical,
 )
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 from hfmodels import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
+from support.oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

@@ -23,9 +23,9 @@ from hfmodels import (
     wrap,
 )
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import FORWARD, GRADIENT  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_nemotron import CASES, hf_observed, worst  # noqa: E402
+from support.oracle import FORWARD, GRADIENT  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_nemotron import CASES, hf_observed, worst  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402

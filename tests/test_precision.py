@@ -395,7 +395,7 @@ def test_bf16_adds_no_host_synchronisation_per_layer(kernel: str) -> None:
     routed layer than the fp32 sweeps' caps (tests/test_host_syncs.py), whatever the kernel."""
     pytest.importorskip("transformers")
     from device_meter import STANDIN, measure
-    from test_host_syncs import CAP
+    from support.host_syncs import CAP
 
     ckpt = Checkpoint(HEALTHY)
     tokens = canary_mod.load(SAMPLES / "canary.safetensors").tokens[:4, :16]
