@@ -1,4 +1,4 @@
-"""Tiny transformers checkpoints of the model types issue 27 adds after the first aliases
+"""Tiny transformers checkpoints of the model types added after the first aliases
 (:mod:`hfmodels.aliases`): Granite MoE with a shared MLP or sliding-window layers, and the
 wrappers and text decoders below. Same conventions as :mod:`hfmodels.core` (seeded weights
 re-drawn at std 1/√fan_in, float32 eval mode, eager attention); ``TINY`` is their table, which

@@ -1,6 +1,7 @@
-"""Tiny random configs of the families added in issue 15 (DeepSeek-V3.2, Qwen3-Next, Qwen3.5-MoE), same
-conventions as :mod:`hfmodels.core`: their table, which :mod:`hfmodels` merges into ``REGISTRY``, and
-the Qwen3.5-MoE vision-language checkpoint around ``qwen3_5_moe_text``."""
+"""Tiny random configs of DeepSeek-V3.2 (MLA with the DSA indexer) and the DeltaNet hybrids
+Qwen3-Next and Qwen3.5-MoE, same conventions as :mod:`hfmodels.core`: their table, which
+:mod:`hfmodels` merges into ``REGISTRY``, and the Qwen3.5-MoE vision-language checkpoint around
+``qwen3_5_moe_text``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Tiny random configs of the routed designs added in issue 27 §2 (K-EXAONE, Command A MoE,
-DBRX, …), same conventions as :mod:`hfmodels.core` (whose ``redraw`` draws DBRX's norm gains near 1
-and LFM2-MoE's selection bias); a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
+"""Tiny random configs of the routed designs K-EXAONE, Command A MoE, DBRX and LFM2-MoE, same
+conventions as :mod:`hfmodels.core` (whose ``redraw`` draws DBRX's norm gains near 1 and
+LFM2-MoE's selection bias); a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tiny random configs of the newer routed designs of issue 27 (Solar Open, Sarvam, Hy3, …), same
+"""Tiny random configs of the newer routed designs (Solar Open, Sarvam, Hy3, …), same
 conventions as :mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations

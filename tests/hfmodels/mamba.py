@@ -1,4 +1,4 @@
-"""Tiny random configs of the Mamba hybrids (issue 27 §3: Jamba, Granite 4.0), same conventions
+"""Tiny random configs of the Mamba hybrids (Jamba, Granite 4.0), same conventions
 as :mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``. transformers runs
 its pure-torch Mamba paths here: mamba_ssm and causal_conv1d are not installed."""
 

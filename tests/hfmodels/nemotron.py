@@ -1,4 +1,4 @@
-"""Tiny random configs of Nemotron-H (issue 27 §3), same conventions as :mod:`hfmodels.core`; a
+"""Tiny random configs of Nemotron-H, same conventions as :mod:`hfmodels.core`; a
 table, which :mod:`hfmodels` merges into ``REGISTRY``. transformers runs its pure-torch Mamba-2
 path here: mamba_ssm and causal_conv1d are not installed."""
 

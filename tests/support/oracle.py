@@ -20,8 +20,8 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.replay import ReplayResult, replay  # noqa: E402
 from moeaudit.replay.model import MoETap, block_norm, decoder_layer, embed, rope_tables  # noqa: E402
 
-# Float32 agreement with transformers, per quantity, in one place (issue 24 §6). Both sides run
-# the same float32 model but sum in different orders (fused or unfused ops, chunked or recurrent
+# Float32 agreement with transformers, per quantity, in one place. Both sides run the same
+# float32 model but sum in different orders (fused or unfused ops, chunked or recurrent
 # DeltaNet, GEMMs blocked for 8 (AVX2) or 16 (AVX-512) lanes, 1 or many threads); a reordered sum
 # of n terms moves by about √n·u·Σ|terms| (u = 2⁻²⁴ ≈ 6e-8), and that is carried through layers.
 FORWARD = {"rtol": 1e-4, "atol": 1e-5}  # loss, per-window NLL, entropy, combine weights: order 1
