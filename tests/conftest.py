@@ -1,4 +1,4 @@
-"""Shared fixtures; model builders live in ``hf_models`` (imported lazily: needs transformers)."""
+"""Shared fixtures; model builders live in the ``hfmodels`` package (imported lazily: needs transformers)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
     (copy it into ``tmp_path`` before rewriting any file).
     """
     pytest.importorskip("transformers")
-    from hf_models import save_tiny
+    from hfmodels import save_tiny
 
     cache: dict[str, Path] = {}
 

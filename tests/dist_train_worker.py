@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_models import VOCAB, tiny_model  # noqa: E402
+from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 from moeaudit.canary import Canary  # noqa: E402
 from moeaudit.errors import InputError  # noqa: E402

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_models import tiny_model  # noqa: E402
+from hfmodels import tiny_model  # noqa: E402
 
 from moeaudit.integrations.hooks import ExpertGradLogger  # noqa: E402
 from moeaudit.integrations.loop import MoeauditHook  # noqa: E402

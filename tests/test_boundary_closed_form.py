@@ -77,7 +77,7 @@ class Built:
 
 
 def build(root: Path, case: Case, seed: int = 0) -> Built:
-    from hf_models import save_tiny
+    from hfmodels import save_tiny
 
     save_tiny(
         root,

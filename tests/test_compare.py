@@ -20,7 +20,7 @@ from moeaudit.policy import Policy
 
 pytest.importorskip("transformers")
 
-VOCAB = 96  # hf_models.VOCAB
+VOCAB = 96  # hfmodels.VOCAB
 PROTECTED = 1  # default protected layers of a 3-layer model: the middle third, [1]
 LAYER = "model.layers.{layer}."
 EXPERT = LAYER + "block_sparse_moe.experts.{expert}.{w}.weight"

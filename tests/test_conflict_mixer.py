@@ -14,12 +14,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers qwen3_next)
-import hf_models_jetmoe  # noqa: E402, F401  (registers jetmoe)
-import hf_models_longcat  # noqa: E402, F401  (registers longcat_flash)
-import hf_models_mamba  # noqa: E402, F401  (registers jamba)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import GRADIENT  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
+from support.oracle import GRADIENT  # noqa: E402
 
 from moeaudit.canary import Canary  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402

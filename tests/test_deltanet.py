@@ -8,8 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny qwen3_next config)
-from hf_models import tiny_model  # noqa: E402
+from hfmodels import tiny_model  # noqa: E402
 
 from moeaudit.replay.deltanet import gated_delta_rule, gated_deltanet  # noqa: E402
 from moeaudit.spec.config import LinearAttention  # noqa: E402

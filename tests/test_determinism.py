@@ -20,7 +20,7 @@ from moeaudit.replay.determinism import CUDA_RAISING, recording
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
+import hfmodels  # noqa: E402
 
 STANDIN = "cpu:0"
 
@@ -31,15 +31,15 @@ def _raising(block: Any) -> dict[str, str]:
     return rec.raising
 
 
-@pytest.mark.parametrize("family", tiny_families.ALL)
+@pytest.mark.parametrize("family", hfmodels.ALL)
 def test_no_family_dispatches_an_operator_cuda_refuses(family: str, tmp_path: Path) -> None:
     from moeaudit.receipts.drift import bootstrap_for, pair_layer
     from moeaudit.receipts.state import run_state
     from moeaudit.replay.engine import greedy_generate, replay
 
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     g = torch.Generator().manual_seed(3)
-    tokens = torch.randint(0, tiny_families.VOCAB, (2, 70), generator=g)  # 70 > DeltaNet's chunk of 64
+    tokens = torch.randint(0, hfmodels.VOCAB, (2, 70), generator=g)  # 70 > DeltaNet's chunk of 64
     probe = canary_mod.Canary(tokens.int(), torch.zeros(2, dtype=torch.int32), ("all",))
     _, obs = run_state(ckpt, probe, Policy(), keep_states=True)
     layer = ckpt.spec.routed_layers[0]
@@ -59,8 +59,8 @@ def test_the_guard_catches_the_cumsum_it_replaced(tmp_path: Path, monkeypatch: p
     from moeaudit.replay import deltanet
     from moeaudit.replay.engine import replay
 
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / "qwen3_next", "qwen3_next"))
-    tokens = torch.randint(0, tiny_families.VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / "qwen3_next", "qwen3_next"))
+    tokens = torch.randint(0, hfmodels.VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(deltanet, "_prefix_sum", lambda x, lower: x.cumsum(-1))
     assert "aten.cumsum.default" in _raising(lambda: replay(ckpt, tokens))
 

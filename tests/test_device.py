@@ -24,8 +24,8 @@ from moeaudit.receipts.state import state_receipts
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
-from test_certify_families import _nudged_copy  # noqa: E402
+import hfmodels  # noqa: E402
+from support.certify_families import _nudged_copy  # noqa: E402
 
 STANDIN = "cpu:0"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -34,7 +34,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 @pytest.fixture(scope="module")
 def probe() -> canary_mod.Canary:
     g = torch.Generator().manual_seed(5)
-    tokens = torch.randint(0, tiny_families.VOCAB, (4, 16), generator=g, dtype=torch.int32)
+    tokens = torch.randint(0, hfmodels.VOCAB, (4, 16), generator=g, dtype=torch.int32)
     return canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose"))
 
 
@@ -45,7 +45,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def get(family: str) -> Path:
         if family not in saved:
-            saved[family] = tiny_families.save_any(tmp_path_factory.mktemp(family) / "ckpt", family)
+            saved[family] = hfmodels.save_any(tmp_path_factory.mktemp(family) / "ckpt", family)
         return saved[family]
 
     return get
@@ -104,7 +104,7 @@ def assert_receipts_agree(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-
     assert not bad, f"{len(bad)} numbers differ, first {bad[:5]}"
 
 
-@pytest.mark.parametrize("family", tiny_families.ALL)
+@pytest.mark.parametrize("family", hfmodels.ALL)
 def test_the_device_branch_gives_the_default_receipts(
     family: str, tiny: Any, probe: canary_mod.Canary, placements: list[str]
 ) -> None:
@@ -228,7 +228,7 @@ def test_cuda_receipts_match_cpu(tiny: Any, probe: canary_mod.Canary) -> None:
 
 
 @cuda
-@pytest.mark.parametrize("family", tiny_families.ALL)
+@pytest.mark.parametrize("family", hfmodels.ALL)
 def test_cuda_replays_every_family_deterministically(family: str, tiny: Any, probe: canary_mod.Canary) -> None:
     """Strict deterministic mode on CUDA (float cumsum would raise here) and bit-identical reruns."""
     ckpt = Checkpoint(tiny(family))

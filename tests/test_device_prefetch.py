@@ -60,7 +60,7 @@ def test_a_replay_sends_each_expert_it_reads_once_and_ahead(tmp_path: Path, monk
     """Mixtral with 16 experts on the stand-in: in every routed layer, forward and backward, the
     experts are sent in increasing order, each once, every one but the first before it is read;
     and no host tensor is pinned (the CPU has no pinned memory)."""
-    from hf_models import save_tiny
+    from hfmodels import save_tiny
 
     from moeaudit.replay.engine import replay
 

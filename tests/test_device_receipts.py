@@ -28,18 +28,12 @@ from moeaudit.receipts.state import run_state
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
+import hfmodels  # noqa: E402
 from device_meter import STANDIN, DeviceGuard, Meter, measure, metering  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 FAMILIES = ["mixtral", "deepseek_v3", "qwen2_moe", "gpt_oss", "llama4_text", "phimoe"]
 TOKENS_PER_EXPERT_SETS = 3  # R_k, the overlap candidates, the random outside expert
-
-
-def _probe(windows: int = 4, T: int = 16) -> canary_mod.Canary:
-    tokens = torch.randint(
-        0, tiny_families.VOCAB, (windows, T), generator=torch.Generator().manual_seed(5), dtype=torch.int32
-    )
-    return canary_mod.Canary(tokens, torch.arange(windows, dtype=torch.int32) % 2, ("code", "prose"))
 
 
 def _on_standin(
@@ -75,7 +69,7 @@ def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_layer_s_receipts_come_back_in_one_copy_of_their_own_size(family: str, tmp_path: Path) -> None:
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     probe = _probe()
     doc, meter, guard = _on_standin(ckpt, probe)
     assert guard.mixed == []
@@ -96,7 +90,7 @@ def test_a_layer_s_receipts_come_back_in_one_copy_of_their_own_size(family: str,
 def test_the_copy_back_does_not_grow_with_the_tokens_or_the_width(tmp_path: Path) -> None:
     """Three times the tokens and twice the width: not one byte more comes back per layer (the
     taps did: 61 024 bytes a mixtral layer at N 64, H 32, before issue 31 §4)."""
-    from hf_models import save_tiny
+    from hfmodels import save_tiny
 
     back = {}
     for hidden, T in ((32, 16), (64, 48)):
@@ -112,7 +106,7 @@ def test_the_copy_back_does_not_grow_with_the_tokens_or_the_width(tmp_path: Path
 def test_anchor_states_for_pair_receipts_come_to_the_host(tmp_path: Path) -> None:
     """``keep_states`` (compare, certify): z and y of each layer are kept on the host, queued
     before the layer's one wait (two copies more, no synchronisation more)."""
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / "mixtral", "mixtral"))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / "mixtral", "mixtral"))
     probe = _probe()
     guard = DeviceGuard()
     meter = Meter()
@@ -138,7 +132,7 @@ def test_the_guard_sees_a_host_tensor_meeting_a_device_one(tmp_path: Path, monke
         return r.scatter(1, topk_NK, -1.0).argmax(dim=-1, keepdim=True)
 
     monkeypatch.setattr(overlap, "random_outside", on_the_host)
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / "mixtral", "mixtral"))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / "mixtral", "mixtral"))
     _, _, guard = _on_standin(ckpt, _probe())
     assert any(m.startswith("scatter([64, 4], @[64, 2]") for m in guard.mixed), guard.mixed[:5]
 
@@ -203,7 +197,7 @@ def test_the_receipts_dispatch_no_operator_cuda_refuses(family: str, tmp_path: P
     on CUDA in deterministic mode (tests/test_determinism.py checks the replay itself)."""
     from moeaudit.replay.determinism import recording
 
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     with recording() as rec:
         run_state(ckpt, _probe(), Policy(), keep_states=True, device=str(STANDIN))
     assert rec.raising == {}

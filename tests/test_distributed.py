@@ -20,7 +20,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 from dist_worker import batch  # noqa: E402
-from hf_models import tiny_model  # noqa: E402
+from hfmodels import tiny_model  # noqa: E402
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 WORLD = 2

@@ -29,7 +29,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 from dist_train_worker import STEPS, canary  # noqa: E402
-from hf_models import tiny_model  # noqa: E402
+from hfmodels import tiny_model  # noqa: E402
 
 from moeaudit.errors import InputError  # noqa: E402
 from moeaudit.integrations.core import canary_loss  # noqa: E402

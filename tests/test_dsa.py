@@ -7,8 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny deepseek_v32 config)
-from hf_models import random_tokens, tiny_model  # noqa: E402
+from hfmodels import random_tokens, tiny_model  # noqa: E402
 
 from moeaudit.replay.dsa import index_scores, sparse_causal_mask  # noqa: E402
 

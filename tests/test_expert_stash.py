@@ -25,8 +25,8 @@ from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_head
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
-from test_device_receipts import _probe  # noqa: E402
+import hfmodels  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 
 def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budget: str) -> tuple[str, list[Any]]:
@@ -63,7 +63,7 @@ def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budge
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "qwen2_moe", "flex_olmo", "jetmoe", "longcat_flash"])
 def test_kept_products_give_the_same_receipts(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     spec = ckpt.spec
     probe = _probe()
     N = probe.num_windows * probe.window_len
@@ -85,14 +85,14 @@ def test_kept_products_give_the_same_receipts(family: str, tmp_path: Path, monke
 def test_other_expert_forms_keep_nothing(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gpt-oss's clamped GLU, Llama 4's scaled inputs, Nemotron-H's ReLU² form their own
     products in the backward: no budget is spent on them."""
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     assert not keepable(ckpt.spec)
     _, (kept, rows) = _receipts_and_stash(ckpt, monkeypatch, "inf")
     assert kept == [] and rows == 0
 
 
 def test_layers_are_kept_in_forward_order_while_the_budget_lasts(tmp_path: Path) -> None:
-    spec = Checkpoint(tiny_families.save_any(tmp_path / "mixtral", "mixtral")).spec
+    spec = Checkpoint(hfmodels.save_any(tmp_path / "mixtral", "mixtral")).spec
     s = ExpertStash(spec, tokens=10, budget=2.5 * 10 * spec.top_k * spec.expert_dim * 2 * 4, dtype=torch.float32)
     assert [s.offer(i) is not None for i in range(4)] == [True, True, False, False]
     assert s.layers == [0, 1] and s.take(3) is None

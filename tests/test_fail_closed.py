@@ -25,9 +25,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny configs of deepseek_v32 and the hybrids)
 from click.testing import CliRunner  # noqa: E402
-from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import DEEPSEEK, FAMILIES, NEW_FAMILIES, random_tokens, save_tiny, tiny_config  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
@@ -448,9 +447,9 @@ def test_only_an_absent_or_null_rope_theta_takes_the_family_default(family: str,
 def test_deepseek_v32_mlp_layer_types_are_replayed(tmp_path: Path) -> None:
     """save_pretrained always writes ``mlp_layer_types``; any dense/sparse pattern is replayed,
     not only the first-k-dense one it defaults to."""
-    from hf_models import load
-    from test_oracle import transformers_observed
-    from test_oracle_deepseek import assert_agree_deepseek, observed
+    from hfmodels import load
+    from support.oracle import transformers_observed
+    from support.oracle_deepseek import assert_agree_deepseek, observed
 
     save_tiny(tmp_path, "deepseek_v32", mlp_layer_types=["sparse", "dense", "sparse"])
     ckpt = Checkpoint(tmp_path)
@@ -465,9 +464,9 @@ def test_deepseek_v32_mlp_layer_types_are_replayed(tmp_path: Path) -> None:
 def test_ernie_moe_norm_min_is_replayed(tmp_path: Path) -> None:
     """ERNIE divides the chosen probabilities by max(Σ, moe_norm_min); with a floor above most
     tokens' sums the clamp acts, and the replay still agrees with transformers."""
-    from hf_models import load
-    from test_oracle import transformers_observed
-    from test_oracle_deepseek import assert_agree_deepseek, observed
+    from hfmodels import load
+    from support.oracle import transformers_observed
+    from support.oracle_deepseek import assert_agree_deepseek, observed
 
     save_tiny(tmp_path, "ernie4_5_moe", moe_norm_min=0.5)
     ckpt = Checkpoint(tmp_path)

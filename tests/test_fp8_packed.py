@@ -36,10 +36,10 @@ from moeaudit.replay.device import DeviceExperts
 pytest.importorskip("transformers")
 
 from device_meter import measure  # noqa: E402
-from hf_models import random_tokens, save_tiny  # noqa: E402
+from hfmodels import random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle_deepseek import _fp8_checkpoint  # noqa: E402
-from test_oracle_gpt_oss import _mxfp4_checkpoint  # noqa: E402
+from support.oracle_deepseek import _fp8_checkpoint  # noqa: E402
+from support.oracle_gpt_oss import _mxfp4_checkpoint  # noqa: E402
 
 STANDIN = "cpu:0"  # stands in for a GPU: the device branch, its copies counted (device_meter)
 BLOCK = (4, 4)  # every tiny deepseek_v3 dimension divides by 4 (partial blocks: test_dequantise…)

@@ -403,19 +403,18 @@ def test_gate_json_names_the_value_and_threshold_that_failed(fresh_runs, env, ca
     assert "GREEN: GREEN" not in text and "RED: RED" not in text
 
 
-def test_an_inconclusive_gate_exits_3_and_fails_the_junit_decision(fresh_runs, env, tmp_path) -> None:
-    """A GREEN candidate after a YELLOW that recovered: the run verdict is INCONCLUSIVE and the
-    gate says INCONCLUSIVE (exit 3); JUnit counts it as a failed decision, never 0 failures."""
+def test_an_inconclusive_gate_exits_3_and_fails_the_junit_decision(env, tmp_path) -> None:
+    """One sample checkpoint under two step names: baseline-only evidence, so the run verdict
+    is INCONCLUSIVE and the gate exits 3 (SPEC §10); JUnit counts its decision as a failure,
+    never 0 failures, and the same document with PROMOTE as 0 failures."""
     from moeaudit.report.ci import junit_xml
 
-    result = {
-        "base": "a",
-        "candidate": "b",
-        "decision": "INCONCLUSIVE",
-        "verdict": "INCONCLUSIVE",
-        "verdict_reason": "YELLOW at step(s) 300",
-        "conditions": [{"name": "candidate gate", "status": "pass", "detail": "GREEN"}],
-    }
+    run = tmp_path / "copy"
+    for step in (250, 500):
+        shutil.copytree(SAMPLES / "healthy" / "checkpoint-250", run / f"checkpoint-{step}")
+    code, result = _gate(env, run, 250, 500, tmp_path)
+    assert code == 3
+    assert (result["decision"], result["verdict"]) == ("INCONCLUSIVE", "INCONCLUSIVE")
     xml = junit_xml(result)
     assert 'failures="1"' in xml and 'type="inconclusive"' in xml
     promoted = junit_xml({**result, "decision": "PROMOTE"})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.hooks import _per_expert_params  # noqa: E402
 
 from moeaudit.errors import InputError
 from moeaudit.integrations.hooks import ExpertGradLogger, template_regex
@@ -43,7 +44,7 @@ def check_spec_format(record: dict, layers: list[int], num_experts: int) -> None
 
 def _hf_backward(family: str):
     pytest.importorskip("transformers")
-    from hf_models import random_tokens, tiny_model
+    from hfmodels import random_tokens, tiny_model
 
     model = tiny_model(family)
     tokens = random_tokens(3, 12)
@@ -165,7 +166,7 @@ def test_hook_on_transformers_gpt_oss(tmp_path: Path) -> None:
 def test_hook_agrees_with_replay_gradients(tmp_path: Path) -> None:
     """External check: autograd through transformers (hook) vs. our streaming replay."""
     pytest.importorskip("transformers")
-    from hf_models import load, random_tokens, save_tiny
+    from hfmodels import load, random_tokens, save_tiny
 
     from moeaudit.checkpoint import Checkpoint
     from moeaudit.replay import replay
@@ -193,7 +194,7 @@ def test_probe_on_transformers_equals_replay_and_leaves_grad_alone(tmp_path: Pat
     the same checkpoint and tokens (external check: HF autograd vs our streaming replay), and
     the training step's ``.grad`` are the same bytes before and after."""
     pytest.importorskip("transformers")
-    from hf_models import load, random_tokens, save_tiny
+    from hfmodels import load, random_tokens, save_tiny
 
     from moeaudit.checkpoint import Checkpoint
     from moeaudit.replay import replay
@@ -241,24 +242,6 @@ def test_probe_file_repaired_on_resume(tmp_path: Path) -> None:
 
 
 # --- per-expert names (transformers v4, on-disk layout) and our LayerWeights ---------------------
-
-
-def _per_expert_params(prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """Per-expert Mixtral names as transformers v4 wrote them, with seeded gradients."""
-    gen = torch.Generator().manual_seed(0)
-    named = []
-    for layer in range(2):
-        base = f"{prefix}model.layers.{layer}.block_sparse_moe."
-        names = (
-            [base + "gate.weight"]
-            + [f"{base}experts.{e}.{w}.weight" for e in range(3) for w in ("w1", "w3", "w2")]
-            + [f"{prefix}model.layers.{layer}.self_attn.q_proj.weight"]
-        )
-        for name in names:
-            t = torch.zeros(4, 5, requires_grad=True)
-            t.grad = torch.randn(4, 5, generator=gen)
-            named.append((name, t))
-    return named
 
 
 @pytest.mark.parametrize("prefix", ["", "module.", "base_model.model."])
@@ -437,7 +420,7 @@ SIGTERM_CHILD = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import moeaudit.integrations.linelog as linelog
-from test_hooks import _per_expert_params
+from support.hooks import _per_expert_params
 from moeaudit.integrations.hooks import ExpertGradLogger
 real_fsync = os.fsync
 def fsync(fd):

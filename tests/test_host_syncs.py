@@ -21,20 +21,13 @@ from moeaudit.receipts.state import state_receipts
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
+import hfmodels  # noqa: E402
 from device_meter import STANDIN, Meter, measure  # noqa: E402
-
-# per routed layer: the forward reads the tokens per expert (1) and the layer's receipts, computed
-# on the device, in one copy (1: tests/test_device_receipts.py caps its bytes); the backward the
-# tokens per expert (1) and the layer's gradient norms (1); the head its loss (1) and, once for the
-# whole forward, the finiteness flags of the weights that crossed in their on-disk dtype (1)
-CAP = {"forward": {"sync": 2, "d2h": 2}, "backward": {"sync": 2, "d2h": 2}, "head": {"sync": 2, "d2h": 4}}
+from support.host_syncs import CAP  # noqa: E402
 
 
 def _probe() -> canary_mod.Canary:
-    tokens = torch.randint(
-        0, tiny_families.VOCAB, (4, 16), generator=torch.Generator().manual_seed(5), dtype=torch.int32
-    )
+    tokens = torch.randint(0, hfmodels.VOCAB, (4, 16), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
     return canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose"))
 
 
@@ -48,9 +41,9 @@ def _routed(meter: Meter, ckpt: Checkpoint, phase: str) -> list[Counter[str]]:
     return [meter.counts[f"{phase} {i}"] for i in ckpt.spec.routed_layers]
 
 
-@pytest.mark.parametrize("family", tiny_families.ALL)
+@pytest.mark.parametrize("family", hfmodels.ALL)
 def test_syncs_and_copies_per_layer_are_capped(family: str, tmp_path: Path) -> None:
-    path = tiny_families.save_any(tmp_path / family, family)
+    path = hfmodels.save_any(tmp_path / family, family)
     ckpt = Checkpoint(path)
     meter = metered(path)
     moa = 1 if ckpt.spec.moa else 0  # JetMoE's attention: its tokens per attention expert (1 a pass)
@@ -69,7 +62,7 @@ def test_syncs_and_copies_per_layer_are_capped(family: str, tmp_path: Path) -> N
 def test_the_counts_do_not_grow_with_the_experts(tmp_path: Path) -> None:
     """Four times the experts: more copies (each expert's weights once per pass), not one more
     synchronisation; the copies to the device are queued, not waited for."""
-    from hf_models import save_tiny
+    from hfmodels import save_tiny
 
     def counts(experts: int) -> tuple[Counter[str], Counter[str]]:
         path = tmp_path / f"e{experts}"
@@ -99,7 +92,7 @@ def test_the_meter_sees_what_it_should() -> None:
 
 def _table(families: list[str], root: Path) -> None:  # pragma: no cover - a measurement tool
     for family in families:
-        path = tiny_families.save_any(root / family, family)
+        path = hfmodels.save_any(root / family, family)
         ckpt = Checkpoint(path)
         meter = metered(path)
         for phase in ("forward", "backward"):
@@ -111,7 +104,7 @@ if __name__ == "__main__":  # pragma: no cover
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        _table(sys.argv[1:] or list(tiny_families.ALL), Path(tmp))
+        _table(sys.argv[1:] or list(hfmodels.ALL), Path(tmp))
 
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "gpt_oss", "llama4_text"])
@@ -124,7 +117,7 @@ def test_pair_receipts_sync_four_times_a_layer(family: str, tmp_path: Path) -> N
     from moeaudit.receipts.drift import bootstrap_for, pair_layer
     from moeaudit.receipts.state import run_state
 
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     _, obs = run_state(ckpt, _probe(), Policy(), keep_states=True)
     layer = ckpt.spec.routed_layers[0]
     lw0, lw1 = (ckpt.layer_weights(layer, lazy_experts=True) for _ in range(2))

@@ -26,18 +26,18 @@ from moeaudit.replay import hostplan
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
+import hfmodels  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_families.save_any(tmp_path_factory.mktemp("mixtral") / "ckpt", "mixtral")
+    return hfmodels.save_any(tmp_path_factory.mktemp("mixtral") / "ckpt", "mixtral")
 
 
 @pytest.fixture(scope="module")
 def probe() -> canary_mod.Canary:
     g = torch.Generator().manual_seed(5)
-    tokens = torch.randint(0, tiny_families.VOCAB, (4, 16), generator=g, dtype=torch.int32)
+    tokens = torch.randint(0, hfmodels.VOCAB, (4, 16), generator=g, dtype=torch.int32)
     return canary_mod.Canary(tokens, torch.arange(4, dtype=torch.int32) % 2, ("code", "prose"))
 
 

@@ -197,7 +197,7 @@ READING_FACTS = """JSON.stringify((() => {
 
 
 def test_chromium_shows_the_reading(statement: dict[str, Any], tmp_path: Path) -> None:
-    from test_html import DevTools, chromium_binary, requests_and_errors
+    from support.html import DevTools, chromium_binary, requests_and_errors
 
     if chromium_binary() is None:
         pytest.skip("no chromium (apt-get install chromium); the HTML checks above still run")

@@ -25,9 +25,9 @@ from moeaudit.replay.offload import ENV, StoredInputs, input_budget, parse_budge
 
 pytest.importorskip("transformers")
 
-import tiny_families  # noqa: E402
+import hfmodels  # noqa: E402
 from device_meter import STANDIN, measure  # noqa: E402
-from test_device_receipts import _probe  # noqa: E402
+from support.device_receipts import _probe  # noqa: E402
 
 
 def test_inputs_beyond_the_budget_go_to_the_host_and_come_back_one_ahead() -> None:
@@ -60,7 +60,7 @@ def test_the_default_path_never_offloads(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_offloaded_inputs_give_the_same_receipts(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ckpt = Checkpoint(tiny_families.save_any(tmp_path / family, family))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     probe = _probe()
     N, H, L = probe.num_windows * probe.window_len, ckpt.spec.hidden_size, ckpt.spec.num_layers
     input_bytes = N * H * 4

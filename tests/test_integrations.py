@@ -25,7 +25,7 @@ from moeaudit.cli import cli
 from moeaudit.metrics import read_metrics, var_grad
 
 transformers = pytest.importorskip("transformers")
-from hf_models import VOCAB, tiny_model  # noqa: E402
+from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 STEPS, SAVE, BATCH, SEQ = 6, 3, 8, 32
 REL = 2e-3  # the replay oracle's gradient-norm tolerance (issue 15.1)

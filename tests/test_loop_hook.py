@@ -20,7 +20,7 @@ from moeaudit.canary import Canary
 from moeaudit.cli import cli
 
 pytest.importorskip("transformers")
-from hf_models import VOCAB, tiny_model  # noqa: E402
+from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 STEPS, SAVE, BATCH, SEQ = 4, 2, 8, 16
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support.naming import LOWER_CAMEL, _field_names  # noqa: E402
 
 from moeaudit.attest.certificate import (
     PREDICATE_TYPE,
@@ -21,7 +21,7 @@ from moeaudit.attest.certificate import (
     sign_statement,
     statement,
 )
-from moeaudit.attest.naming import DATA_MAPS, camel, from_wire, snake, to_wire, wire_path
+from moeaudit.attest.naming import camel, from_wire, snake, to_wire, wire_path
 from moeaudit.attest.signing import generate_key, load_public_key
 from moeaudit.cli import cli
 from moeaudit.jsonio import dumps
@@ -29,22 +29,6 @@ from moeaudit.report.export import export
 
 GOLDEN = Path(__file__).parent / "golden" / "healthy.statement.json"  # a real certificate, as signed
 EXAMPLE = Path(__file__).parent / "fixtures" / "statement_example.json"  # moeaudit's names
-LOWER_CAMEL = re.compile(r"[a-z][a-zA-Z0-9]*")
-
-
-def _field_names(value: Any, path: str = "") -> list[tuple[str, str]]:
-    """(path, name) of every field name, data maps' keys left out."""
-    out: list[tuple[str, str]] = []
-    if isinstance(value, list):
-        for v in value:
-            out += _field_names(v, f"{path}[]")
-    elif isinstance(value, dict):
-        data = path in DATA_MAPS
-        for key, v in value.items():
-            if not data:
-                out.append((path, key))
-            out += _field_names(v, f"{path}.*" if data else f"{path}.{snake(key)}".lstrip("."))
-    return out
 
 
 def test_the_signed_predicate_is_lower_camel_case() -> None:

@@ -112,7 +112,7 @@ def test_resume_primes_the_rules_from_the_kept_log(tmp_path: Path) -> None:
     """After a resume the online rules continue from the log's lines up to the resume step: an
     expert already reported starved is not reported again, and the windows go on."""
     pytest.importorskip("transformers")
-    from hf_models import tiny_model
+    from hfmodels import tiny_model
 
     from moeaudit.integrations.core import RunRecorder
 

@@ -1,7 +1,7 @@
 """Model types replayed as another family's decoder (issue 27 §1) against transformers: the
 vision-language wrappers ``kimi_k25`` (DeepSeek-V3 text decoder), ``qwen3_vl_moe`` (Qwen3-MoE),
 ``glm4v_moe`` (GLM-4.5 MoE, multimodal RoPE), compared with the wrapper's own forward on text
-tokens (``hf_models_aliases.TextView``); ``glm4_moe_lite`` (MLA + GLM's router) against
+tokens (``hfmodels.aliases.TextView``); ``glm4_moe_lite`` (MLA + GLM's router) against
 ``Glm4MoeLiteForCausalLM``; ``kimi_k2`` (a relabelled DeepSeek-V3 config) against
 ``DeepseekV3ForCausalLM``. Each in float32 and bfloat16, two configurations that vary top-k, the
 expert count, shared experts and dense/sparse placement; same checks and tolerances as the other
@@ -19,11 +19,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_aliases as aliases  # noqa: E402
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import aliases, load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

@@ -1,7 +1,7 @@
 """Issue 27's further model types against transformers: ``granitemoeshared`` (Granite MoE +
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
-wrapper's own forward on text tokens, ``hf_models_aliases.TextView``), ``mistral4`` (DeepSeek-V3's
+wrapper's own forward on text tokens, ``hfmodels.aliases.TextView``), ``mistral4`` (DeepSeek-V3's
 MLA decoder with softmax group routing and Llama 4 query scaling), the text decoders of
 ``qwen3_omni_moe`` (its thinker's), ``deepseek_ocr2`` and ``unlimited_ocr`` (DeepSeek-V2's MoE on
 Llama attention) and
@@ -16,9 +16,6 @@ differences (NLL ≤ 1e-4 absolute, gradient norms ≤ 2e-3 relative)."""
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +24,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_aliases as aliases  # noqa: E402
-import hf_models_aliases2  # noqa: E402  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import aliases, aliases2, load, random_tokens, save_tiny  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek  # noqa: E402
-from test_oracle_deepseek import observed as deepseek_observed  # noqa: E402
+from support.oracle import moeaudit_observed  # noqa: E402
+from support.oracle_aliases2 import Modules, agree  # noqa: E402
+from support.oracle_deepseek import observed as deepseek_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -46,114 +41,7 @@ from moeaudit.families.ernie4_5_vl_moe import VISION_GROUP  # noqa: E402
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
-@dataclass(frozen=True)
-class Modules:
-    """Where a decoder layer keeps its parts (module attribute names, parameter prefixes)."""
-
-    moe: str = "mlp"  # the MoE block
-    gate: str = "gate"  # its router
-    pre_norm: str = "post_attention_layernorm"  # the norm whose input is the MoE block's h
-    shared: tuple[str, ...] = ()  # the shared expert's parameter prefixes (under the layer)
-    mixer: tuple[str, ...] = ("self_attn.", "input_layernorm.")  # the token mixer's, with its norm
-
-
 GRANITE = Modules(moe="block_sparse_moe", gate="router", shared=("shared_mlp.",))
-
-
-def _module(layer: Any, path: str) -> Any:
-    """``layer``'s submodule at a dotted path (ERNIE 4.5 VL: ``mlp.text_moe``), None where absent."""
-    for name in path.split("."):
-        layer = getattr(layer, name, None)
-    return layer
-
-
-def hf_observed(model: Any, tokens_WT: torch.Tensor, m: Modules) -> Observed:
-    """``test_oracle.transformers_observed`` for these module names (routers returning
-    (logits, combine, top-k))."""
-    layers = model.model.layers
-    routed = [i for i, layer in enumerate(layers) if hasattr(_module(layer, m.moe), "experts")]
-    seen: dict[tuple[str, int], Any] = {}
-
-    def keep(kind: str, i: int):
-        def hook(_module, args, out):
-            seen[kind, i] = args[0].detach().flatten(0, -2) if kind == "h" else out
-
-        return hook
-
-    hooks = [getattr(layers[i], m.pre_norm).register_forward_hook(keep("h", i)) for i in routed]
-    hooks += [_module(layers[i], f"{m.moe}.{m.gate}").register_forward_hook(keep("gate", i)) for i in routed]
-    try:
-        out = model(tokens_WT, output_hidden_states=True, output_router_logits=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    nll_WT1, loss, entropy = _cross_entropy(out.logits, tokens_WT)
-    loss.backward()
-    grads = dict(model.named_parameters())
-
-    def norm(i: int, *prefixes: str) -> float:
-        return _norm([p.grad for n, p in grads.items() if any(n.startswith(f"model.layers.{i}.{x}") for x in prefixes)])
-
-    experts = {}
-    for i in routed:
-        fused = _module(layers[i], m.moe).experts
-        experts[i] = sum(p.grad.double().pow(2).flatten(1).sum(1) for p in (fused.gate_up_proj, fused.down_proj)).sqrt()
-    return Observed(
-        loss=loss.detach(),
-        nll_windows_W=nll_WT1.detach().mean(1),
-        entropy=entropy,
-        layer_inputs=[h.detach() for h in out.hidden_states],
-        moe_inputs={i: seen["h", i] for i in routed},
-        scores={i: seen["gate", i][0].detach() for i in routed},
-        topk={i: seen["gate", i][2] for i in routed},
-        combine={i: seen["gate", i][1].detach() for i in routed},
-        expert_grads=experts,
-        router_grads={i: norm(i, f"{m.moe}.{m.gate}.") for i in routed},
-        shared_grads={i: norm(i, *m.shared) if m.shared else 0.0 for i in routed},
-        attention_grads={i: norm(i, *m.mixer) for i in routed},
-    )
-
-
-def worst(ref: Observed, ours: Observed) -> tuple[float, float]:
-    """(|NLL difference|, largest relative gradient-norm difference) of one comparison."""
-    rel = [
-        float(((o.double() - r.double()).abs() / r.double())[r > 1e-6].max())
-        for o, r in ((ours.expert_grads[i], ref.expert_grads[i]) for i in ref.scores)
-    ]  # an unchosen expert: 0 both
-    for name in ("router_grads", "shared_grads", "attention_grads"):
-        rel += [abs(getattr(ours, name)[i] - w) / w for i, w in getattr(ref, name).items() if w > 1e-6]
-    return abs(float(ours.loss) - float(ref.loss)), max(rel)
-
-
-def agree(ckpt: Checkpoint, model: Any, tokens: torch.Tensor, m: Modules) -> tuple[float, float]:
-    """Assert the oracle checks (``test_oracle``'s, or ``test_oracle_deepseek``'s where routing is
-    group-limited or biased) and the issue's bounds; return (NLL abs, grad rel)."""
-    ref = hf_observed(model, tokens, m)
-    g = ckpt.spec.gate
-    if g.grouped or g.selection_bias:  # group-limited or biased top-k: near-ties from the replay's margins
-        ours = deepseek_observed(ckpt, tokens)
-        assert_agree_deepseek(ref, ours, ckpt)
-    else:
-        ours = moeaudit_observed(ckpt, tokens)
-        assert_agree(ref, ours, ckpt.spec.top_k, FORWARD, GRADIENT)
-    nll_abs, grad_rel = worst(ref, ours)
-    if path := os.environ.get("MOEAUDIT_WORST_LOG"):  # the figures docs/families.md quotes
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
-                        "nll_abs": nll_abs,
-                        "grad_rel": grad_rel,
-                    }
-                )
-                + "\n"
-            )
-    assert nll_abs <= 1e-4 and grad_rel <= 2e-3
-    assert ckpt.spec.routed_layers == tuple(
-        i for i, layer in enumerate(model.model.layers) if hasattr(_module(layer, m.moe), "experts")
-    )
-    return nll_abs, grad_rel
 
 
 def rename(src: Path, dst: Path, edit) -> Path:
@@ -249,7 +137,7 @@ def test_aria_text_matches_transformers(case: str, dtype: str, tmp_path: Path) -
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ARIA_CASES)
 def test_aria_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_wrapper(tmp_path, "aria", dtype=DTYPES[dtype], **ARIA_CASES[case])
+    aliases2.save_wrapper(tmp_path, "aria", dtype=DTYPES[dtype], **ARIA_CASES[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "aria" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision tower and projector
@@ -261,7 +149,7 @@ def test_aria_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves Aria as released (``language_model.model.*``,
     ``language_model.lm_head``, experts ``fc1`` / ``fc2``); the same tensors under its module names
     (``model.language_model.*``, ``lm_head``, ``gate_up_proj`` / ``down_proj``) give the same numbers."""
-    hf_models_aliases2.save_wrapper(tmp_path / "a", "aria")
+    aliases2.save_wrapper(tmp_path / "a", "aria")
     a = Checkpoint(tmp_path / "a")
     assert a.layer_keys(0)["router"] == "language_model.model.layers.0.mlp.router.weight"
     assert a.expert_keys(0) == {
@@ -331,8 +219,8 @@ MISTRAL4: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", MISTRAL4)
 def test_mistral4_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_causal(tmp_path, "mistral4", dtype=DTYPES[dtype], **MISTRAL4[case])
-    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    aliases2.save_causal(tmp_path, "mistral4", dtype=DTYPES[dtype], **MISTRAL4[case])
+    ckpt, model = Checkpoint(tmp_path), aliases2.load_causal(tmp_path, "mistral4")
     assert ckpt.spec.family == "mistral4" and ckpt.warnings == [] and ckpt.notes == []
     agree(ckpt, model, random_tokens(), Modules(shared=("mlp.shared_experts.",)))
     rope = model.config.rope_parameters
@@ -345,7 +233,7 @@ def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
 
     from moeaudit.replay import replay
 
-    hf_models_aliases2.save_causal(tmp_path, "mistral4")
+    aliases2.save_causal(tmp_path, "mistral4")
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     scaled = replay(ckpt, tokens).nll
@@ -387,12 +275,12 @@ OMNI: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", OMNI)
 def test_qwen3_omni_moe_thinker_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_omni(tmp_path, dtype=DTYPES[dtype], **OMNI[case])
-    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_omni(tmp_path)
+    aliases2.save_omni(tmp_path, dtype=DTYPES[dtype], **OMNI[case])
+    ckpt, model = Checkpoint(tmp_path), aliases2.load_omni(tmp_path)
     assert ckpt.spec.family == "qwen3_omni_moe" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the audio and vision towers
     assert ckpt.spec.norm_topk_prob == model.config.thinker_config.text_config.norm_topk_prob
-    agree(ckpt, hf_models_aliases2.ThinkerView(model), random_tokens(), Modules())
+    agree(ckpt, aliases2.ThinkerView(model), random_tokens(), Modules())
     assert "thinker's text decoder" in FAMILIES["qwen3_omni_moe"].audits
 
 
@@ -404,7 +292,7 @@ def test_qwen3_omni_moe_without_thinker_text_config_is_refused() -> None:
 def test_qwen3_omni_moe_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves the thinker's decoder as released (``thinker.model.layers.*``); under
     its module names (``thinker.model.language_model.*``) the same tensors give the same numbers."""
-    hf_models_aliases2.save_omni(tmp_path / "a")
+    aliases2.save_omni(tmp_path / "a")
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = ("thinker.model.layers.", "thinker.model.embed_tokens.", "thinker.model.norm.")
@@ -440,7 +328,7 @@ OCR2: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", OCR2)
 def test_deepseek_ocr2_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], **OCR2[case])
+    aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], **OCR2[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "deepseek_ocr2" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the vision encoders
@@ -471,7 +359,7 @@ UNLIMITED: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", UNLIMITED)
 def test_unlimited_ocr_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], model_type="unlimited_ocr", **UNLIMITED[case])
+    aliases2.save_ocr2(tmp_path, dtype=DTYPES[dtype], model_type="unlimited_ocr", **UNLIMITED[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "unlimited_ocr" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)
@@ -482,7 +370,7 @@ def test_unlimited_ocr_text_decoder_matches_transformers(case: str, dtype: str, 
 def test_deepseek_ocr2_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves DeepSeek-OCR-2's decoder as released (``model.layers.*``); under its
     module names (``model.language_model.*``) the same tensors give the same numbers."""
-    hf_models_aliases2.save_ocr2(tmp_path / "a")
+    aliases2.save_ocr2(tmp_path / "a")
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = ("model.layers.", "model.embed_tokens.", "model.norm.")
@@ -523,7 +411,7 @@ AXK1: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", AXK1)
 def test_axk1_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     overrides = {k: v for k, v in AXK1[case].items() if v is not None}
-    base = {k: v for k, v in hf_models_aliases2.TINY["axk1"].items() if k not in AXK1[case] or AXK1[case][k]}
+    base = {k: v for k, v in aliases2.TINY["axk1"].items() if k not in AXK1[case] or AXK1[case][k]}
     save_tiny(tmp_path, "axk1", dtype=DTYPES[dtype], **{**base, **overrides})
     ckpt, model = Checkpoint(tmp_path), load(tmp_path)
     assert ckpt.spec.family == "axk1" and ckpt.spec.moe_out_norm and ckpt.warnings == [] and ckpt.notes == []
@@ -577,7 +465,7 @@ ERNIE_VL: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ERNIE_VL)
 def test_ernie4_5_vl_moe_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
-    hf_models_aliases2.save_ernie_vl(tmp_path, dtype=DTYPES[dtype], **ERNIE_VL[case])
+    aliases2.save_ernie_vl(tmp_path, dtype=DTYPES[dtype], **ERNIE_VL[case])
     ckpt, model = Checkpoint(tmp_path), aliases.load_wrapper(tmp_path)
     assert ckpt.spec.family == "ernie4_5_vl_moe" and ckpt.warnings == []
     left = {lo.what for lo in ckpt.left_out}
@@ -589,8 +477,8 @@ def test_ernie4_5_vl_moe_module_names(tmp_path: Path) -> None:
     """transformers 5.24 saves ERNIE 4.5 VL as released (transposed routers, one [2, E] bias, one
     expert list); converted to its module names (``model.language_model.*``, ``mlp.text_moe.*`` with
     fused experts, ``mlp.vision_moe.*``) the same model gives the same numbers."""
-    hf_models_aliases2.save_ernie_vl(tmp_path / "a")
-    E = int(hf_models_aliases2.ERNIE_VL_TEXT["moe_num_experts"])  # type: ignore[call-overload]
+    aliases2.save_ernie_vl(tmp_path / "a")
+    E = int(aliases2.ERNIE_VL_TEXT["moe_num_experts"])  # type: ignore[call-overload]
 
     def module_names(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

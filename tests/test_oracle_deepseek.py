@@ -18,38 +18,20 @@ import torch
 
 pytest.importorskip("transformers")
 
-import oracle_log  # noqa: E402
-from hf_models import load, random_tokens, save_tiny, tiny_model  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_model  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import (  # noqa: E402
-    FORWARD,
-    GRADIENT,
-    TIE_GAP,
-    Observed,
+from support.oracle import (  # noqa: E402
     _by_expert,
-    _same_topk,
-    assert_close_activations,
     assert_identical,
     fuse_experts,
-    moeaudit_observed,
     rewrite,
     transformers_observed,
 )
+from support.oracle_deepseek import YARN, _fp8_checkpoint, assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import replay  # noqa: E402
-
-YARN = {
-    "rope_type": "yarn",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "beta_fast": 32,
-    "beta_slow": 1,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-    "original_max_position_embeddings": 16,
-}
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v3": ("deepseek_v3", {}),
@@ -77,47 +59,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v2-greedy": ("deepseek_v2", {}),
     "v2-group-limited": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
 }
-
-
-def assert_agree_deepseek(
-    ref: Observed, ours: Observed, ckpt: Checkpoint, forward: dict = FORWARD, gradient: dict = GRADIENT
-) -> None:
-    oracle_log.record(ref, ours, ours.decisive, _same_topk(ours, ref, ours.decisive))
-    torch.testing.assert_close(ours.loss, ref.loss, **forward)
-    torch.testing.assert_close(ours.nll_windows_W, ref.nll_windows_W, **forward)
-    torch.testing.assert_close(ours.entropy, ref.entropy, **forward)
-    for i, (x, x_ref) in enumerate(zip(ours.layer_inputs, ref.layer_inputs, strict=True)):
-        assert_close_activations(x, x_ref, forward, f"hidden {i}")
-    assert sorted(ours.scores) == sorted(ref.scores) == list(ckpt.spec.routed_layers)
-    for i in ref.scores:
-        assert_close_activations(ours.moe_inputs[i], ref.moe_inputs[i], forward, f"MoE input {i}")
-        assert_close_activations(ours.scores[i], ref.scores[i], forward, f"router logits {i}")  # raw
-        ok = ours.decisive[i]
-        assert ok.float().mean() >= 0.9, "too many near-ties to test the active sets"
-        ours_topk, ours_c = _by_expert(ours.topk[i], ours.combine[i])
-        ref_topk, ref_c = _by_expert(ref.topk[i], ref.combine[i])
-        assert torch.equal(ours_topk[ok], ref_topk[ok]), f"layer {i}: top-k sets differ"
-        torch.testing.assert_close(ours_c[ok], ref_c[ok].float(), **forward)
-        torch.testing.assert_close(ours.expert_grads[i], ref.expert_grads[i], **gradient)
-        for name in ("router_grads", "shared_grads", "attention_grads"):
-            got, want = getattr(ours, name)[i], getattr(ref, name)[i]
-            assert got == pytest.approx(want, rel=gradient["rtol"], abs=gradient["atol"]), name
-
-
-def observed(ckpt: Checkpoint, tokens: torch.Tensor) -> Observed:
-    """Our replay with the raw router logits (what transformers returns) as ``scores`` and the
-    tokens whose active set is not within float32 noise of a tie as ``decisive``."""
-    ours = moeaudit_observed(ckpt, tokens)
-    result = replay(ckpt, tokens)
-    ours.scores = {i: r.logits_NE if r.logits_NE is not None else r.scores_NE for i, r in result.routing.items()}
-    ours.decisive = {}  # type: ignore[attr-defined]
-    for i, r in result.routing.items():
-        if r.margin_N is not None:
-            ours.decisive[i] = r.margin_N > TIE_GAP  # type: ignore[attr-defined]
-        else:
-            top = r.scores_NE.topk(ckpt.spec.top_k + 1, dim=-1).values
-            ours.decisive[i] = top[:, -2] - top[:, -1] > TIE_GAP  # type: ignore[attr-defined]
-    return ours
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -273,7 +214,7 @@ def test_inconsistent_deepseek_configs_are_refused(bad: dict[str, Any], message:
 
 
 def tiny_model_config() -> dict[str, Any]:
-    from hf_models import tiny_config
+    from hfmodels import tiny_config
 
     return tiny_config("deepseek_v3").to_dict()
 
@@ -307,44 +248,6 @@ def test_a_v3_checkpoint_without_its_bias_is_incomplete(tmp_path: Path) -> None:
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="e_score_correction_bias"):
         Checkpoint(dst)
-
-
-def _quantize_fp8(block: tuple[int, int]):
-    """DeepSeek-V3's release format: every linear weight of the decoder layers (not the router,
-    norms, embeddings or LM head) as float8_e4m3fn with one float32 scale per block, the
-    scale = the block's max |w| / 448 (e4m3's largest value), stored as ``weight_scale_inv``."""
-    bm, bn = block
-
-    def edit(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = dict(tensors)
-        for key, w in tensors.items():
-            if w.dim() != 2 or not key.startswith("model.layers.") or "norm" in key or key.endswith("mlp.gate.weight"):
-                continue
-            rows, cols = w.shape
-            gr, gc = -(-rows // bm), -(-cols // bn)
-            padded = torch.zeros(gr * bm, gc * bn)
-            padded[:rows, :cols] = w
-            amax = padded.view(gr, bm, gc, bn).abs().amax(dim=(1, 3))
-            scale = (amax / 448.0).clamp_min(1e-12)
-            full = scale.repeat_interleave(bm, 0)[:rows].repeat_interleave(bn, 1)[:, :cols]
-            out[key] = (w / full).to(torch.float8_e4m3fn)
-            out[key + "_scale_inv"] = scale
-        return out
-
-    return edit
-
-
-def _fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int]) -> Path:
-    rewrite(src, dst, _quantize_fp8(block))
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": list(block),
-    }
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
 
 
 def test_fp8_block_scaled_weights_match_transformers_dequantised(tmp_path: Path) -> None:
@@ -409,7 +312,7 @@ def test_fp8_without_or_with_wrong_scales_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", ["qwen3_moe"])  # transformers 5.23 mixtral: YaRN crashes
 def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path: Path) -> None:
     """YaRN without MLA: cos/sin scaled by the attention factor, the softmax scale unchanged."""
-    from test_oracle import check_against_transformers
+    from support.oracle import check_against_transformers
 
     save_tiny(tmp_path, family, rope_parameters={**YARN, "mscale_all_dim": None, "mscale": None})
     ckpt = check_against_transformers(tmp_path, random_tokens())

@@ -16,9 +16,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
-from test_oracle import assert_identical, fuse_experts, rewrite, transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from support.oracle import assert_identical, fuse_experts, rewrite, transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

@@ -23,13 +23,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny configs of deepseek_v32 and the hybrids)
-from hf_models import DEEPSEEK, FAMILIES, NEW_FAMILIES, load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import DEEPSEEK, FAMILIES, NEW_FAMILIES, load, random_tokens, save_tiny  # noqa: E402
 from safetensors import safe_open  # noqa: E402
-from test_oracle import Observed, _norm, transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_famC import _attention_grads_with_linear_layers  # noqa: E402
-from test_oracle_llama4 import hf_observed as llama4_observed  # noqa: E402
+from support.oracle import Observed, _norm, transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_famC import _attention_grads_with_linear_layers  # noqa: E402
+from support.oracle_llama4 import hf_observed as llama4_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 

@@ -16,17 +16,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famC  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import (  # noqa: E402
+from hfmodels import famc, load, random_tokens, save_tiny  # noqa: E402
+from support.oracle import (  # noqa: E402
     FORWARD,
     GRADIENT,
-    _norm,
     assert_agree,
     moeaudit_observed,
     transformers_observed,
 )
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_famC import _attention_grads_with_linear_layers  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -110,16 +109,6 @@ NEXT: dict[str, dict[str, Any]] = {
 }
 
 
-def _attention_grads_with_linear_layers(model: Any) -> dict[int, float]:
-    """``transformers_observed`` sums ``self_attn.`` and ``input_layernorm.`` gradients; a
-    DeltaNet layer's token mixer is ``linear_attn.``, which our attention norm includes."""
-    out = {}
-    for i, layer in enumerate(model.model.layers):
-        mixer = layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
-        out[i] = _norm([p.grad for p in [*mixer.parameters(), *layer.input_layernorm.parameters()]])
-    return out
-
-
 @pytest.mark.parametrize("case", NEXT)
 def test_qwen3_next_replay_matches_transformers(case: str, tmp_path: Path) -> None:
     save_tiny(tmp_path, "qwen3_next", **NEXT[case])
@@ -193,7 +182,7 @@ def test_qwen3_5_moe_vision_language_checkpoint_replays_its_text_decoder(tmp_pat
 
     from moeaudit.replay import replay
 
-    model = hf_models_famC.save_tiny_qwen3_5_moe(tmp_path)
+    model = famc.save_tiny_qwen3_5_moe(tmp_path)
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "qwen3_5_moe" and ckpt.spec.linear_layers == (0, 2)
     assert ckpt.warnings == [] and len(ckpt.notes) == 1 and "model.visual.*" in ckpt.notes[0]

@@ -24,10 +24,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famD  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
-from test_oracle import Observed, transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from support.oracle import Observed, transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -315,7 +314,7 @@ def dbrx_observed(model: Any, tokens: torch.Tensor) -> Observed:
     """transformers' numbers from DbrxForCausalLM's own modules: h enters ``norm_2``, the router
     returns the logits and ``route_tokens_to_experts`` the (weights, experts), the flat expert
     tensors [E·I, H] give each expert's gradient rows."""
-    from test_oracle import _cross_entropy, _norm
+    from support.oracle import _cross_entropy, _norm
 
     blocks = model.transformer.blocks
     seen: dict[tuple[str, int], Any] = {}
@@ -475,7 +474,7 @@ def lfm2_observed(model: Any, tokens: torch.Tensor) -> Observed:
     ``operator_norm``."""
     import dataclasses
 
-    from test_oracle import _norm
+    from support.oracle import _norm
 
     for layer in model.model.layers:
         layer.post_attention_layernorm = layer.ffn_norm

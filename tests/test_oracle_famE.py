@@ -20,11 +20,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_famE  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle import Observed, transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import Observed, transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402

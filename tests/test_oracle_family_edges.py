@@ -15,16 +15,15 @@ from typing import Any
 import pytest
 
 pytest.importorskip("transformers")
-import hf_models_afmoe  # noqa: E402, F401  (registers the tiny config)
-import hf_models_aliases2  # noqa: E402  (registers mistral4's tiny config)
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
-from hf_models_longcat import save_longcat  # noqa: E402
+from hfmodels import aliases2, load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels.longcat import save_longcat  # noqa: E402
 from oracle_log import worst  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_afmoe import afmoe_observed  # noqa: E402
-from test_oracle_aliases2 import Modules, agree, deepseek_observed, hf_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_longcat import longcat_observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_afmoe import afmoe_observed  # noqa: E402
+from support.oracle_aliases2 import Modules, agree, hf_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import observed as deepseek_observed  # noqa: E402
+from support.oracle_longcat import longcat_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -101,9 +100,9 @@ MISTRAL4_ROPE = {
 @pytest.mark.parametrize("case", MISTRAL4_ROPE)
 def test_mistral4_partial_rotary_width_matches_transformers(case: str, tmp_path: Path) -> None:
     factor, interleave, moved = MISTRAL4_ROPE[case]
-    rope = {**hf_models_aliases2.TINY["mistral4"]["rope_parameters"], "partial_rotary_factor": factor}
-    hf_models_aliases2.save_causal(tmp_path, "mistral4", rope_interleave=interleave, rope_parameters=rope)
-    ckpt, model = Checkpoint(tmp_path), hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    rope = {**aliases2.TINY["mistral4"]["rope_parameters"], "partial_rotary_factor": factor}
+    aliases2.save_causal(tmp_path, "mistral4", rope_interleave=interleave, rope_parameters=rope)
+    ckpt, model = Checkpoint(tmp_path), aliases2.load_causal(tmp_path, "mistral4")
     width = int(model.config.head_dim * factor)
     assert width != model.config.qk_rope_head_dim and ckpt.spec.rope_freq_dim == width
     tokens = random_tokens()
@@ -132,11 +131,11 @@ def test_mistral4_partial_rotary_transformers_cannot_apply_is_refused() -> None:
 def test_mistral4_reads_the_rotary_factor_from_rope_parameters_only(tmp_path: Path) -> None:
     """Mistral4Config sets rope_parameters' partial_rotary_factor by default and never reads a
     top-level one: a top-level factor changes nothing, in transformers and in the replay."""
-    hf_models_aliases2.save_causal(tmp_path, "mistral4")
+    aliases2.save_causal(tmp_path, "mistral4")
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["rope_parameters"].pop("partial_rotary_factor", None)
     cfg["partial_rotary_factor"] = 0.2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    model = hf_models_aliases2.load_causal(tmp_path, "mistral4")
+    model = aliases2.load_causal(tmp_path, "mistral4")
     assert model.model.rotary_emb.inv_freq.numel() == model.config.qk_rope_head_dim // 2
     assert Checkpoint(tmp_path).spec.rope_freq_dim == 0

@@ -29,10 +29,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-import hf_models_flex_olmo  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import FORWARD, Observed, assert_close_activations, transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
+from support.oracle import FORWARD, Observed, assert_close_activations, transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402

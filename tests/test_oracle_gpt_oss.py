@@ -21,10 +21,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens, save_tiny, tiny_config  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny, tiny_config  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_gpt_oss import _mxfp4_checkpoint, assert_experts_backward_is_autograd  # noqa: E402
 
 from moeaudit.checkpoint import (
     Checkpoint,  # noqa: E402
@@ -114,35 +115,6 @@ def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_pat
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
-def assert_experts_backward_is_autograd(
-    back: Any,
-    experts: list[dict[str, torch.Tensor]],
-    y: torch.Tensor,
-    topk: torch.Tensor,
-    c: torch.Tensor,
-    g_out: torch.Tensor,
-    contribution: Any,
-) -> None:
-    """``experts_backward``'s dL/dy, dL/dc and per-expert ‖∇θ‖² against autograd through
-    out = Σ_k contribution(w_{e_k}, y, c_k) for L = ⟨out, g_out⟩."""
-    leaves = [{n: t.clone().requires_grad_(True) for n, t in w.items()} for w in experts]
-    y_, c_ = y.clone().requires_grad_(True), c.clone().requires_grad_(True)
-    out = torch.zeros_like(y)
-    for k in range(topk.shape[1]):
-        for e, w in enumerate(leaves):
-            rows = topk[:, k] == e
-            out = out.index_add(0, rows.nonzero()[:, 0], contribution(w, y_[rows], c_[rows, k, None]))
-    (out * g_out).sum().backward()
-    assert y_.grad is not None and c_.grad is not None
-    torch.testing.assert_close(back.y_NH, y_.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(back.combine_NK, c_.grad, rtol=1e-5, atol=1e-6)
-    want = torch.tensor(
-        [sum(float(t.grad.double().pow(2).sum()) for t in w.values() if t.grad is not None) for w in leaves],
-        dtype=torch.float64,
-    )
-    torch.testing.assert_close(back.sq_E, want, rtol=1e-5, atol=1e-9)
-
-
 def test_clamped_glu_backward_equals_autograd() -> None:
     """The hand-written expert backward (the clamps' masks, the biases' gradients, dL/dc)
     against autograd on the same expert, with both clamps active."""
@@ -187,29 +159,6 @@ def test_router_bias_is_part_of_the_logits(tmp_path: Path) -> None:
 
 
 # --- MXFP4 ----------------------------------------------------------------------------------------
-
-
-def _mxfp4_checkpoint(src: Path, dst: Path) -> None:
-    tensors = load_file(str(src / "model.safetensors"))
-    out: dict[str, torch.Tensor] = {}
-    for key, t in tensors.items():
-        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            out[key + "_blocks"], out[key + "_scales"] = mxfp4.quantize(t)
-        else:
-            out[key] = t.to(torch.bfloat16)
-    dst.mkdir()
-    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    }
-    (dst / "config.json").write_text(json.dumps(cfg))
 
 
 def _transformers_dequantised(src: Path, dst: Path) -> Any:
@@ -368,7 +317,7 @@ def test_bad_gpt_oss_configs_are_refused(bad: dict[str, Any], message: str) -> N
 def test_certify_a_gpt_oss_run_with_an_mxfp4_checkpoint(tmp_path: Path) -> None:
     """A run of a dense checkpoint and its MXFP4 quantisation: certify writes a certificate that
     verifies, and the receipts name the MXFP4 storage; inspect reads the packed checkpoint."""
-    from test_certify_families import certify_and_verify
+    from support.certify_families import certify_and_verify
 
     from moeaudit.cli import cli
 
@@ -440,7 +389,7 @@ def gpt_oss_torchtitan_state(sd: dict[str, torch.Tensor], layers: int) -> dict[s
 
 
 def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(tmp_path: Path) -> None:
-    from test_dcp import assert_same_weights, save
+    from support.dcp import assert_same_weights, save
 
     src, dst = tmp_path / "hf", tmp_path / "dcp"
     save_tiny(src, "gpt_oss")

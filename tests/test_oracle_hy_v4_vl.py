@@ -1,7 +1,7 @@
 """HY-V4-VL (``hy_v4_vl``): its text decoder replayed against transformers'
-``HYV4VLForConditionalGeneration`` run on text tokens (``hf_models_wrap.TextView``: the wrapper's
+``HYV4VLForConditionalGeneration`` run on text tokens (``hfmodels.wrap.TextView``: the wrapper's
 own forward, its one-block vision tower unused), saved by that class around the tiny HY-V4 of
-:mod:`hf_models_hy_v4`; ``test_oracle_hy_v4``'s checks (loss, per-window NLL, each layer's
+:mod:`hfmodels.hy_v4`; ``test_oracle_hy_v4``'s checks (loss, per-window NLL, each layer's
 streams, MoE inputs, router logits, top-k sets off near-ties, combine weights, gradient norms per
 expert, router, shared expert and attention sub-block) and two configurations, in float32 and
 from bfloat16 checkpoints. The three ways the VL decoder differs from HY-V4's (adjacent-pair RoPE
@@ -20,11 +20,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_wrap as wrap  # noqa: E402
-from hf_models import random_tokens  # noqa: E402
+from hfmodels import (
+    random_tokens,  # noqa: E402
+    wrap,
+)
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402

@@ -32,10 +32,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-import hf_models_jetmoe  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle import (  # noqa: E402
+from support.oracle import (  # noqa: E402
     FORWARD,
     TIE_GAP,
     Observed,
@@ -44,7 +43,7 @@ from test_oracle import (  # noqa: E402
     _norm,
     assert_identical,
 )
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402

@@ -19,10 +19,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import _redraw, load, random_tokens, save_tiny, tiny_config  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_gpt_oss import assert_experts_backward_is_autograd  # noqa: E402
+from hfmodels import load, random_tokens, redraw, save_tiny, tiny_config  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_gpt_oss import assert_experts_backward_is_autograd  # noqa: E402
+from support.oracle_llama4 import hf_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -50,21 +50,6 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "explicit-layers": {"moe_layers": [0, 2], "no_rope_layers": [1, 0, 1, 1]},
 }
-
-
-def _chosen(top_k: int):
-    """Llama4Router returns (scores [N, E]: σ of the chosen logits, 0 elsewhere; logits)."""
-
-    def chosen(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        scores, logits = out
-        idx = logits.topk(top_k, dim=1).indices
-        return idx, scores.gather(1, idx)
-
-    return chosen
-
-
-def hf_observed(model: Any, ckpt: Checkpoint, tokens: torch.Tensor):
-    return transformers_observed(model, tokens, moe="feed_forward", gate="router", chosen=_chosen(ckpt.spec.top_k))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -105,7 +90,7 @@ def test_the_released_vision_language_checkpoint_replays_its_text_decoder(tmp_pa
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
     torch.manual_seed(0)
     model = transformers.Llama4ForConditionalGeneration(config).float()
-    _redraw(model, 0)
+    redraw(model, 0)
     model.save_pretrained(tmp_path)
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "llama4" and ckpt.spec.routed_layers == (1, 3) and ckpt.warnings == []
@@ -328,7 +313,7 @@ def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(vl: bool, tmp_path:
     import json
 
     from safetensors.torch import load_file
-    from test_dcp import assert_same_weights, save
+    from support.dcp import assert_same_weights, save
 
     src = tmp_path / "hf"
     save_tiny(src, "llama4_text")
@@ -353,7 +338,7 @@ def test_a_torchtitan_load_balancing_bias_is_refused_not_dropped(tmp_path: Path)
     Llama 4 has no such term, so the replay cannot honour it: the checkpoint is refused, naming
     the tensor (issue 24: replaying without it would audit another model than was trained)."""
     from safetensors.torch import load_file
-    from test_dcp import save
+    from support.dcp import save
 
     src = tmp_path / "hf"
     save_tiny(src, "llama4_text")

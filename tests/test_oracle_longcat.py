@@ -12,10 +12,10 @@ experts (transformers' fused ``gate_up_proj`` has rows for the zero-computation 
 nothing reads: their gradient is 0 and is not compared). The attention norm covers both MLA
 sub-blocks and both input norms, as the replay's attention group does.
 
-The selection bias is redrawn at std 0.02 (``hf_models`` draws 0.2, which against softmax
+The selection bias is redrawn at std 0.02 (``hfmodels.core`` draws 0.2, which against softmax
 probabilities near 1/E would choose the same experts for every token), and the sub-block norm
 gains near 1 (``save_longcat``). ``moe_topk`` is set through its alias ``num_experts_per_tok``,
-which ``hf_models``' common settings also set.
+which ``hfmodels.core``'s common settings also set.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens  # noqa: E402
-from hf_models_longcat import save_longcat  # noqa: E402
+from hfmodels import load, random_tokens  # noqa: E402
+from hfmodels.longcat import save_longcat  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import Observed, _cross_entropy, _norm  # noqa: E402
-from test_oracle_deepseek import YARN, assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import Observed  # noqa: E402
+from support.oracle_deepseek import YARN, assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_longcat import longcat_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
@@ -61,57 +62,6 @@ CASES: dict[str, dict[str, Any]] = {
     # loop's ``squeeze(0)`` drops the slot dimension of a one-slot mask)
     "top3-5-experts-no-zero": {"n_routed_experts": 5, "zero_expert_num": 0, "num_experts_per_tok": 3},
 }
-
-
-def longcat_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
-    """transformers' side, as ``transformers_observed`` forms it for the other families, but h is
-    what ``post_attention_layernorm[0]`` reads (the norms are module lists), the expert norms are
-    the parametric experts' (the fused ``gate_up_proj`` has rows for the identity experts, whose
-    gradient is 0), and the attention norm is both sub-blocks' and both input norms'."""
-    layers = model.model.layers
-    seen: dict[tuple[str, int], Any] = {}
-
-    def keep(kind: str, i: int) -> Any:
-        def hook(_module: Any, args: Any, out: Any) -> None:
-            seen[kind, i] = args[0].detach().flatten(0, -2) if kind == "h" else out
-
-        return hook
-
-    hooks = [layer.post_attention_layernorm[0].register_forward_hook(keep("h", i)) for i, layer in enumerate(layers)]
-    hooks += [layer.mlp.router.register_forward_hook(keep("gate", i)) for i, layer in enumerate(layers)]
-    try:
-        out = model(tokens_WT, output_hidden_states=True, output_router_logits=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    nll_WT1, loss, entropy = _cross_entropy(out.logits, tokens_WT)
-    loss.backward()
-    routed = range(len(layers))
-    expert_grads, attention_grads, router_grads = {}, {}, {}
-    for i, layer in enumerate(layers):
-        experts = layer.mlp.experts
-        E = experts.num_routed_experts
-        sq = experts.down_proj.grad.double().pow(2).flatten(1).sum(1)
-        sq = sq + experts.gate_up_proj.grad[:E].double().pow(2).flatten(1).sum(1)
-        assert float(experts.gate_up_proj.grad[E:].abs().sum()) == 0.0  # the identity experts' unused rows
-        expert_grads[i] = sq.sqrt()
-        parts = ("self_attn.", "input_layernorm.")
-        attention_grads[i] = _norm([p.grad for n, p in layer.named_parameters() if n.startswith(parts)])
-        router_grads[i] = _norm([p.grad for p in layer.mlp.router.parameters()])
-    return Observed(
-        loss=loss.detach(),
-        nll_windows_W=nll_WT1.detach().mean(1),
-        entropy=entropy,
-        layer_inputs=[h.detach() for h in out.hidden_states],
-        moe_inputs={i: seen["h", i] for i in routed},
-        scores={i: logits.detach() for i, logits in zip(routed, out.router_logits, strict=True)},
-        topk={i: seen["gate", i][2] for i in routed},
-        combine={i: seen["gate", i][1].detach() for i in routed},
-        expert_grads=expert_grads,
-        router_grads=router_grads,
-        shared_grads={i: 0.0 for i in routed},
-        attention_grads=attention_grads,
-    )
 
 
 def _worst(ref: Observed, ours: Observed) -> dict[str, float]:
@@ -270,7 +220,7 @@ def test_grad_logger_reads_parametric_experts_and_refuses_the_live_fused_model(t
     """``ExpertGradLogger``'s parameter collection: from LayerWeights the identity experts (no
     weights) are not experts to measure; a live transformers model (fused experts with identity
     rows) is refused by layer rather than measured wrong."""
-    from hf_models import tiny_model
+    from hfmodels import tiny_model
 
     from moeaudit.integrations.hooks import collect_params
 

@@ -20,9 +20,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-import hf_models_mamba  # noqa: E402, F401  (registers the tiny configs)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
-from test_oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
+from support.oracle import FORWARD, GRADIENT, Observed, _cross_entropy, _norm, assert_agree, moeaudit_observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError  # noqa: E402
@@ -365,7 +364,7 @@ def test_granite_4_hub_config_reads_as_transformers_does() -> None:
     ],
 )
 def test_bad_granitemoehybrid_configs_are_refused(bad: dict[str, Any], message: str) -> None:
-    from hf_models import tiny_config
+    from hfmodels import tiny_config
 
     cfg = {**tiny_config("granitemoehybrid").to_dict(), **bad}
     with pytest.raises(CheckpointError, match=message):

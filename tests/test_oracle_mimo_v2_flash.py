@@ -21,11 +21,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_mimo  # noqa: E402, F401  (registers the tiny config)
-from hf_models import load, random_tokens, save_tiny  # noqa: E402
+from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
@@ -34,7 +33,7 @@ from moeaudit.families import spec_from_config  # noqa: E402
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 CASES: dict[str, dict[str, Any]] = {
-    # MiMoV2FlashConfig's defaults at tiny size (hf_models_mimo): full, sliding ×4, full; the first
+    # MiMoV2FlashConfig's defaults at tiny size (hfmodels.mimo): full, sliding ×4, full; the first
     # layer dense; top-2 of 8, one group; RoPE θ 5e6 / 1e4 on 4 of 12 dims; values × 0.707
     "default-pattern-top2-8-experts": {},
     # sliding, full, sliding, sliding; sparse, sparse, dense, sparse; top-3 of 12 in the best 2 of

@@ -1,8 +1,8 @@
 """The Nemotron-H wrappers (issue 27): ``nemotron_h_omni`` (Nemotron 3 Nano Omni: RADIO vision
 tower, Parakeet sound encoder) and ``nemo_speechlm`` (Nemotron 3.5 Transcribe: speech recognition
 and diarization encoders, a word-timestamp decoder), each saved by transformers' wrapper class
-around the tiny Nemotron-H of :mod:`hf_models_nemotron`. The replay of the text decoder is
-compared with the wrapper's own forward on text tokens (``hf_models_wrap.TextView``): loss,
+around the tiny Nemotron-H of :mod:`hfmodels.nemotron`. The replay of the text decoder is
+compared with the wrapper's own forward on text tokens (``hfmodels.wrap.TextView``): loss,
 per-window NLL, hidden states, MoE inputs, router logits, top-k sets off near-ties, combine
 weights, gradient norms per expert, router, shared expert and the MoE layer's norm, in float32
 and from bfloat16 checkpoints, on ``test_oracle_nemotron``'s two configurations."""
@@ -18,12 +18,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_wrap as wrap  # noqa: E402
-from hf_models import random_tokens  # noqa: E402
+from hfmodels import (
+    random_tokens,  # noqa: E402
+    wrap,
+)
 from safetensors.torch import load_file, save_file  # noqa: E402
-from test_oracle import FORWARD, GRADIENT  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from test_oracle_nemotron import CASES, hf_observed, worst  # noqa: E402
+from support.oracle import FORWARD, GRADIENT  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle_nemotron import CASES, hf_observed, worst  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402

@@ -1,7 +1,7 @@
 """Step 3.5 (``step3p5``) and Step-3.7 (``step3p7``): the text decoder replayed against
-transformers' ``Step3p7ForConditionalGeneration`` run on text tokens (``hf_models_wrap.TextView``:
+transformers' ``Step3p7ForConditionalGeneration`` run on text tokens (``hfmodels.wrap.TextView``:
 the wrapper's own forward, its one-block vision tower unused); transformers has no causal LM
-for ``step3p5`` alone, so the text-only checkpoint (``hf_models_step.save_step3p5``: the same
+for ``step3p5`` alone, so the text-only checkpoint (``hfmodels.step.save_step3p5``: the same
 files with ``text_config`` as config.json) is checked against the same wrapper.
 
 Two configurations (top-k, expert count, routed scaling, dense/sparse placement, the layer-type
@@ -24,12 +24,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hf_models_step as step  # noqa: E402
-import hf_models_wrap as wrap  # noqa: E402
-from hf_models import random_tokens  # noqa: E402
+from hfmodels import (
+    random_tokens,  # noqa: E402
+    step,
+    wrap,
+)
 from oracle_log import worst as _worst  # noqa: E402
-from test_oracle import transformers_observed  # noqa: E402
-from test_oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
+from support.oracle import transformers_observed  # noqa: E402
+from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CheckpointError, InputError  # noqa: E402
@@ -38,7 +40,7 @@ from moeaudit.families import FAMILIES, spec_from_config  # noqa: E402
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 CASES: dict[str, dict[str, Any]] = {
-    # hf_models_step.TEXT: sliding (8 heads, θ 100, whole head), full (4 heads, θ 1e4 on half),
+    # hfmodels.step.TEXT: sliding (8 heads, θ 100, whole head), full (4 heads, θ 1e4 on half),
     # sliding, full; the first dense; top-2 of 8, one shared expert
     "more-sliding-heads-top2-8-experts": {},
     # full, sliding, sliding, full, sliding with 2 heads on sliding layers (4 on full); sparse,

@@ -188,7 +188,7 @@ def test_the_grouped_kernel_is_chosen_on_sm90_only_and_aligned() -> None:
 
 
 def test_bf16_refuses_what_it_does_not_cover(tmp_path: Path) -> None:
-    tiny = pytest.importorskip("tiny_families")
+    tiny = pytest.importorskip("hfmodels")
     path = tiny.save_any(tmp_path / "gpt_oss", "gpt_oss")
     spec = Checkpoint(path).spec
     assert rp.unsupported(spec) == "its experts use a clamped GLU"
@@ -395,7 +395,7 @@ def test_bf16_adds_no_host_synchronisation_per_layer(kernel: str) -> None:
     routed layer than the fp32 sweeps' caps (tests/test_host_syncs.py), whatever the kernel."""
     pytest.importorskip("transformers")
     from device_meter import STANDIN, measure
-    from test_host_syncs import CAP
+    from support.host_syncs import CAP
 
     ckpt = Checkpoint(HEALTHY)
     tokens = canary_mod.load(SAMPLES / "canary.safetensors").tokens[:4, :16]

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from hf_models import save_tiny  # noqa: E402
+from hfmodels import save_tiny  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.checkpoint import sealed as sealed_mod  # noqa: E402

@@ -36,7 +36,7 @@ from moeaudit.receipts.state import state_receipts
 
 pytest.importorskip("transformers")
 
-VOCAB = 96  # hf_models.VOCAB
+VOCAB = 96  # hfmodels.VOCAB
 ROUTER = "model.layers.{layer}.block_sparse_moe.gate.weight"
 EXPERT = "model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight"
 DRIFTS = ("coordinate", "boundary", "transition", "content")

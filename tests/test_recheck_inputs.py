@@ -272,7 +272,7 @@ def test_a_log_added_since_is_named(certified: Certified, tmp_path: Path) -> Non
 
 
 def test_recheck_of_every_input_stays_torch_free(certified: Certified) -> None:
-    from test_torch_free import _modules_after
+    from support.torch_free import _modules_after
 
     argv = [
         "verify",

@@ -26,7 +26,7 @@ from moeaudit.receipts.state import state_receipts
 from moeaudit.replay import replay
 from moeaudit.report import terminal
 
-VOCAB = 96  # tests/hf_models.py
+VOCAB = 96  # hfmodels.VOCAB
 
 
 def _canary(windows: int, domains: int, length: int = 8) -> Canary:

@@ -18,8 +18,6 @@ windows (measured: relative differences up to 4e-8; the bound is 1e-6).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,25 +31,12 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import sharded_worker  # noqa: E402
-from hf_models import save_tiny  # noqa: E402
+from hfmodels import save_tiny  # noqa: E402
+from support.sharded import DEADLINE_S, _env, _free_port, _launch, _without_environment, same  # noqa: E402
 
 from moeaudit import canary as canary_mod  # noqa: E402
 
-WORKER = Path(__file__).with_name("sharded_worker.py")
-DEADLINE_S = 240
 FAMILIES = ("mixtral", "deepseek_v3", "gpt_oss", "llama4_text")  # the last two: fused [E, …] experts
-SUMMED = {"router_grad_norm", "shared_grad_norm", "attention_grad_norm"}  # summed over the ranks
-REL = 1e-6
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MOEAUDIT_DIST_TIMEOUT": "90", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -77,50 +62,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], di
         return canary, ckpts, sharded_worker.audit(ckpts, str(canary))
     finally:
         torch.set_num_threads(threads)
-
-
-def _launch(world: int, out: Path, canary: Path, ckpts: list[str], **extra: str) -> None:
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world), **extra)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), str(canary), *ckpts],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=DEADLINE_S)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, text) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0, f"rank {r} of {world} failed:\n{text[-3000:]}"
-
-
-def same(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where ``b`` differs from ``a``: exactly, except the summed norms (within REL)."""
-    if isinstance(a, dict):
-        if set(a) != set(b):
-            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
-        return [d for k in a for d in same(a[k], b[k], f"{path}/{k}")]
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return [f"{path}: length {len(a)} vs {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in same(x, y, f"{path}[{i}]")]
-    if path.rsplit("/", 1)[-1] in SUMMED and isinstance(a, float):
-        return [] if abs(a - b) <= REL * max(abs(a), abs(b)) else [f"{path}: {a!r} vs {b!r}"]
-    return [] if a == b or (a != a and b != b) else [f"{path}: {a!r} vs {b!r}"]
-
-
-def _without_environment(doc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k != "environment"}
 
 
 def test_over_the_private_copy_budget_ranks_read_verified_and_agree(

@@ -1,4 +1,4 @@
-"""The expert-parallel replay of issue 27's flint, mellum and lara_mini (tests/hf_models_more.py):
+"""The expert-parallel replay of issue 27's flint, mellum and lara_mini (tests/hfmodels/more.py):
 2 real ranks over gloo give one process's receipts, as :mod:`test_sharded` checks for its four
 families. The three run the ranks' attention block (sinks, NoPE full layers, Lara-Mini's DeltaNet
 with its fused ``in_proj``) and router (Flint's top-k on σ) unchanged, so none is refused."""
@@ -15,10 +15,9 @@ pytest.importorskip("transformers")
 if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-import hf_models_more  # noqa: E402, F401  (registers the tiny configs)
 import sharded_worker  # noqa: E402
-from hf_models import save_tiny  # noqa: E402
-from test_sharded import _launch, _without_environment, same  # noqa: E402
+from hfmodels import save_tiny  # noqa: E402
+from support.sharded import _launch, _without_environment, same  # noqa: E402
 
 from moeaudit import canary as canary_mod  # noqa: E402
 

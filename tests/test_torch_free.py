@@ -13,29 +13,12 @@ from pathlib import Path
 
 import pytest
 from signed import signed_statement
+from support.torch_free import PROBE, ROOT, _modules_after  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_checkpoints"
 CKPT = SAMPLES / "healthy" / "checkpoint-250"
 
 pytestmark = pytest.mark.skipif(not CKPT.is_dir(), reason="sample runs not built")
-
-PROBE = """
-import json, sys
-from moeaudit.cli import cli
-for argv in json.loads(sys.argv[1]):
-    cli.main(argv, prog_name="moeaudit", standalone_mode=False)
-print(json.dumps(sorted(m for m in ("torch", "numpy") if m in sys.modules)))
-"""
-
-
-def _modules_after(argv: list[list[str]]) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(argv)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_inspect_and_canary_show_do_not_import_torch() -> None:

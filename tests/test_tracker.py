@@ -18,7 +18,7 @@ from moeaudit.cli import cli
 from moeaudit.integrations.online import events_of_report
 
 transformers = pytest.importorskip("transformers")
-from hf_models import VOCAB, tiny_model  # noqa: E402
+from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 STEPS, LOG_EVERY, BATCH, SEQ = 4, 2, 8, 16
 POLICY = "[envelope]\nstarve_share = 0.9\nstarve_steps = 2\n"  # fires on a tiny random model

@@ -1,12 +1,9 @@
-"""A tiny HY-V4 (``hy_v4``, Hunyuan V4) checkpoint config, same conventions as :mod:`hf_models`
-(whose builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny HY-V4 (``hy_v4``, Hunyuan V4) checkpoint config, same conventions as
+:mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 3 layers, two residual streams (hc_mult 2); a dense first layer; MLA with a query latent,
@@ -34,4 +31,3 @@ TINY: dict[str, dict[str, Any]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     ),
 }
-hf_models._FAMILY.update(TINY)

@@ -1,12 +1,9 @@
-"""A tiny JetMoE (``jetmoe``) checkpoint config, same conventions as :mod:`hf_models` (whose
-builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny JetMoE (``jetmoe``) checkpoint config, same conventions as
+:mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 3 layers, every one routed twice: top-2 of 4 attention experts (2 kv heads of 8 dims each, so
@@ -19,4 +16,3 @@ TINY: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-2,
     ),
 }
-hf_models._FAMILY.update(TINY)

@@ -1,10 +1,10 @@
-"""Tiny transformers checkpoints of the model types issue 27 adds after the first aliases
-(``tests/hf_models_aliases.py``): Granite MoE with a shared MLP or sliding-window layers, and the
-wrappers and text decoders below. Same conventions as :mod:`hf_models` (seeded weights re-drawn
-at std 1/√fan_in, float32 eval mode, eager attention); importing this module registers their
-tiny configs in ``hf_models._FAMILY``. ``save_any`` saves a tiny checkpoint of any model type
-added here or by ``hf_models_aliases`` (the wrappers and relabelled types ``save_tiny`` cannot
-build), for ``tests/tiny_families.py``. Importing this module needs transformers."""
+"""Tiny transformers checkpoints of the model types added after the first aliases
+(:mod:`hfmodels.aliases`): Granite MoE with a shared MLP or sliding-window layers, and the
+wrappers and text decoders below. Same conventions as :mod:`hfmodels.core` (seeded weights
+re-drawn at std 1/√fan_in, float32 eval mode, eager attention); ``TINY`` is their table, which
+:mod:`hfmodels` merges into ``REGISTRY``. ``SAVERS`` saves a tiny checkpoint of any model type
+added here or by :mod:`hfmodels.aliases` (the wrappers and relabelled types ``save_tiny`` cannot
+build), for ``hfmodels.save_any``. Importing this module needs transformers."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import hf_models
-import hf_models_aliases as aliases
 import torch
 import transformers
+
+from hfmodels import aliases
+from hfmodels.base import TINY as BASE
+from hfmodels.core import COMMON, redraw, save_tiny, tiny_config
 
 _GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=6.0)
 
@@ -36,11 +38,14 @@ TINY: dict[str, dict[str, Any]] = {
         **_GRANITE,
     ),
     # Aria's text decoder: top-2 of 4 plus two shared experts (one SwiGLU 2 × 24 wide)
-    "aria_text": dict(moe_num_experts=4, moe_topk=2, intermediate_size=24, moe_num_shared_experts=2),
+    # (num_experts_per_tok is not this config's key, and COMMON sets it: null)
+    "aria_text": dict(
+        moe_num_experts=4, moe_topk=2, intermediate_size=24, moe_num_shared_experts=2, num_experts_per_tok=None
+    ),
     # DeepSeek-V3's tiny MLA decoder with Mistral 4's router (softmax, 8 experts in 4 groups, best
     # 2 compete), YaRN, and the query scaling switched on from position 4 (β 0.5) within 12 tokens
     "mistral4": {
-        **{k: v for k, v in hf_models._FAMILY["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
+        **{k: v for k, v in BASE["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
         "routed_scaling_factor": 1.5,
         "rope_parameters": {
             "rope_type": "yarn",
@@ -56,12 +61,8 @@ TINY: dict[str, dict[str, Any]] = {
     },
     # DeepSeek-V3's tiny MLA decoder (8 experts in 4 groups, best 2 compete, selection bias, one
     # shared expert, a dense first layer) with A.X-K1's RMSNorm on the MoE output
-    "axk1": {k: v for k, v in hf_models._FAMILY["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
+    "axk1": {k: v for k, v in BASE["deepseek_v3"].items() if k != "num_nextn_predict_layers"},
 }
-for _cfg in TINY.values():
-    if "moe_topk" in _cfg:
-        _cfg.setdefault("num_experts_per_tok", None)  # not this config's key (hf_models._COMMON sets it): null
-hf_models._FAMILY.update(TINY)
 
 # wrapper → its text decoder's family in TINY
 WRAPPERS: dict[str, str] = {"aria": "aria_text"}
@@ -71,7 +72,7 @@ _SMALL_VISION = dict(
 
 
 def wrapper_text_config(wrapper: str, **overrides: Any) -> dict[str, Any]:
-    cfg = {**hf_models._COMMON, **TINY[WRAPPERS[wrapper]], **overrides}
+    cfg = {**COMMON, **TINY[WRAPPERS[wrapper]], **overrides}
     return {k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")}
 
 
@@ -86,7 +87,7 @@ def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transform
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     return model.eval()
 
 
@@ -103,13 +104,13 @@ CAUSAL_LM: dict[str, str] = {"mistral4": "Mistral4ForCausalLM"}
 
 
 def save_causal(path: Path, family: str, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
-    """``hf_models.save_tiny`` through the family's causal-LM class."""
+    """``save_tiny`` through the family's causal-LM class."""
     cls = getattr(transformers, CAUSAL_LM[family])
-    config = hf_models.tiny_config(family, **overrides)
+    config = tiny_config(family, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config).float()
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     (model if dtype is None else model.to(dtype)).save_pretrained(path)
 
 
@@ -118,7 +119,7 @@ def load_causal(path: Path, family: str) -> transformers.PreTrainedModel:
     return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-# Qwen3-Omni-MoE: the thinker's text decoder is hf_models' tiny Qwen3-MoE with multimodal RoPE
+# Qwen3-Omni-MoE: the thinker's text decoder is the tiny Qwen3-MoE of :mod:`hfmodels.base` with multimodal RoPE
 # (interleaved sections), around one-block audio and vision towers; no talker (enable_audio_output off)
 OMNI_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "interleaved": True}
 _OMNI_AUDIO = dict(
@@ -142,7 +143,7 @@ _OMNI_VISION = dict(
 
 
 def omni_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
-    text = {**hf_models._COMMON, **hf_models._FAMILY["qwen3_moe"], "rope_parameters": OMNI_ROPE, **overrides}
+    text = {**COMMON, **BASE["qwen3_moe"], "rope_parameters": OMNI_ROPE, **overrides}
     config = transformers.AutoConfig.for_model(
         "qwen3_omni_moe",
         thinker_config=dict(text_config=text, audio_config=_OMNI_AUDIO, vision_config=_OMNI_VISION),
@@ -152,7 +153,7 @@ def omni_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedMod
     config.thinker_config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.Qwen3OmniMoeForConditionalGeneration(config).float()  # type: ignore[arg-type]
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     return model.eval()
 
 
@@ -168,7 +169,7 @@ def load_omni(path: Path) -> transformers.PreTrainedModel:
 
 
 class ThinkerView(torch.nn.Module):
-    """A Qwen3-Omni-MoE model as ``test_oracle_aliases2.hf_observed`` reads a causal LM: its
+    """A Qwen3-Omni-MoE model as ``hf_observed`` (tests/test_oracle_aliases2.py) reads a causal LM: its
     thinker's text decoder layers as ``model.layers``, parameters ``thinker.model.language_model.*`` named
     ``model.*``, the forward the thinker's own (text tokens only)."""
 
@@ -229,17 +230,17 @@ def save_ocr2(
 ) -> None:
     """A DeepSeek-OCR-2 checkpoint, or with ``model_type`` "unlimited_ocr" an Unlimited-OCR one
     (the same text decoder classes; its own vision towers)."""
-    text = {k: v for k, v in {**hf_models._COMMON, **OCR2_TEXT, **overrides}.items() if v is not None}
+    text = {k: v for k, v in {**COMMON, **OCR2_TEXT, **overrides}.items() if v is not None}
     config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=_OCR2_VISION)
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
-# ERNIE 4.5 VL: the text decoder of hf_models' tiny ERNIE 4.5 MoE shape (top-2 of 4 text experts 24
+# ERNIE 4.5 VL: the text decoder of the tiny ERNIE 4.5 MoE shape of :mod:`hfmodels.base` (top-2 of 4 text experts 24
 # wide, one shared expert, a dense first layer) with a vision group of 4 experts 16 wide, multimodal
 # RoPE sections [1, 1, 2] over 8-dim heads, around a one-block vision tower
 ERNIE_VL_TEXT = dict(
@@ -255,7 +256,7 @@ ERNIE_VL_TEXT = dict(
 
 
 def save_ernie_vl(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None, **overrides: Any) -> None:
-    text = {k: v for k, v in {**hf_models._COMMON, **ERNIE_VL_TEXT, **overrides}.items() if k != "num_experts_per_tok"}
+    text = {k: v for k, v in {**COMMON, **ERNIE_VL_TEXT, **overrides}.items() if k != "num_experts_per_tok"}
     config = transformers.AutoConfig.for_model(
         "ernie4_5_vl_moe",
         text_config=text,
@@ -266,19 +267,19 @@ def save_ernie_vl(path: Path, *, seed: int = 0, dtype: torch.dtype | None = None
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     (model if dtype is None else model.to(dtype)).save_pretrained(path)  # type: ignore[arg-type]
 
 
 def _relabelled(family: str, model_type: str) -> Callable[[Path], None]:
     def save(path: Path) -> None:
-        hf_models.save_tiny(path, family)
+        save_tiny(path, family)
         aliases.relabel(path, model_type)
 
     return save
 
 
-# model types whose tiny checkpoint is not ``hf_models.save_tiny(path, model_type)``
+# model types whose tiny checkpoint is not ``save_tiny(path, model_type)``
 SAVERS: dict[str, Callable[[Path], None]] = {
     "kimi_k25": lambda p: aliases.save_wrapper(p, "kimi_k25"),
     "qwen3_vl_moe": lambda p: aliases.save_wrapper(p, "qwen3_vl_moe"),
@@ -291,11 +292,3 @@ SAVERS: dict[str, Callable[[Path], None]] = {
     "ernie4_5_vl_moe": lambda p: save_ernie_vl(p),
     **{f: functools.partial(save_causal, family=f) for f in CAUSAL_LM},
 }
-
-
-def save_any(path: Path, family: str) -> bool:
-    """Save the tiny checkpoint of ``family`` at ``path`` when this module knows how (True)."""
-    if family in SAVERS:
-        SAVERS[family](path)
-        return True
-    return False

@@ -1,11 +1,11 @@
-"""Tiny random configs of the families added in issue 15 (DeepSeek-V3.2, Qwen3-Next, Qwen3.5-MoE), same
-conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse)."""
+"""Tiny random configs of DeepSeek-V3.2 (MLA with the DSA indexer) and the DeltaNet hybrids
+Qwen3-Next and Qwen3.5-MoE, same conventions as :mod:`hfmodels.core`: their table, which
+:mod:`hfmodels` merges into ``REGISTRY``, and the Qwen3.5-MoE vision-language checkpoint around
+``qwen3_5_moe_text``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 _MLA = dict(
     num_key_value_heads=4,
@@ -24,7 +24,7 @@ _MLA = dict(
     routed_scaling_factor=2.5,
 )
 
-FAMC: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     # DeepSeek-V3 MLA + MoE with the DSA lightning indexer: 8 indexer heads of width 8 (the
     # first qk_rope_head_dim=4 rotated), and index_topk=5 < T so the selection matters.
     "deepseek_v32": dict(_MLA, index_topk=5, index_n_heads=8, index_head_dim=8),
@@ -47,9 +47,8 @@ FAMC: dict[str, dict[str, Any]] = {
     ),
 }
 # Qwen3.5-MoE's text decoder: the same hybrid, separate DeltaNet projections, every layer routed.
-FAMC["qwen3_5_moe_text"] = {k: v for k, v in FAMC["qwen3_next"].items() if k not in ("intermediate_size",)}
+TINY["qwen3_5_moe_text"] = {k: v for k, v in TINY["qwen3_next"].items() if k not in ("intermediate_size",)}
 
-hf_models._FAMILY.update(FAMC)
 
 _VISION = dict(
     depth=1,
@@ -69,12 +68,14 @@ def save_tiny_qwen3_5_moe(path, *, seed: int = 0) -> Any:
     import torch
     import transformers
 
-    text = {**hf_models._COMMON, **FAMC["qwen3_5_moe_text"]}
+    from hfmodels.core import COMMON, redraw
+
+    text = {**COMMON, **TINY["qwen3_5_moe_text"]}
     config = transformers.AutoConfig.for_model("qwen3_5_moe", text_config=text, vision_config=_VISION)
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     model.save_pretrained(path)
     return model.eval()

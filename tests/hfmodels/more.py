@@ -1,12 +1,9 @@
 """Tiny Flint (``flint``), Mellum (``mellum``) and Lara-Mini (``lara_mini``) checkpoint configs,
-same conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse);
-importing this module registers them in ``hf_models._FAMILY``. Importing it needs transformers."""
+same conventions as :mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 4 layers: full (no RoPE), full, sliding (a 5-token window < T = 12, RoPE), full (the last);
@@ -45,4 +42,3 @@ TINY: dict[str, dict[str, Any]] = {
         linear_value_head_dim=8,
     ),
 }
-hf_models._FAMILY.update(TINY)

@@ -1,8 +1,8 @@
 """Tiny transformers checkpoints of the model types moeaudit replays as another family's decoder
-(issue 27 §1): vision-language wrappers (their text decoder as in :mod:`hf_models`, plus a
-one-block vision tower) and relabelled text models. Same conventions as :mod:`hf_models`
-(seeded weights re-drawn at std 1/√fan_in, float32 eval mode, eager attention).
-Importing this module needs transformers."""
+(vision-language wrappers: their text decoder as in :mod:`hfmodels.base`, plus a one-block
+vision tower) and relabelled text models; and ``glm4_moe_lite``'s table, which :mod:`hfmodels`
+merges into ``REGISTRY``. Same conventions as :mod:`hfmodels.core` (seeded weights re-drawn at
+std 1/√fan_in, float32 eval mode, eager attention). Importing this module needs transformers."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import hf_models
 import torch
 import transformers
 
-_MLA = {k: v for k, v in hf_models._FAMILY["deepseek_v3"].items()}
-# GLM-4.7-Flash: DeepSeek-V3's MLA tiny config with GLM's router defaults (one group)
-hf_models._FAMILY["glm4_moe_lite"] = {
-    k: v for k, v in _MLA.items() if k not in ("first_k_dense_replace", "num_nextn_predict_layers")
+from hfmodels.base import TINY as BASE
+from hfmodels.core import COMMON, redraw
+
+TINY: dict[str, dict[str, Any]] = {
+    # GLM-4.7-Flash: DeepSeek-V3's MLA tiny config with GLM's router defaults (one group)
+    "glm4_moe_lite": {
+        k: v for k, v in BASE["deepseek_v3"].items() if k not in ("first_k_dense_replace", "num_nextn_predict_layers")
+    },
 }
 
 # the text decoder of each wrapper: its text family's tiny config, minus keys the text config lacks
@@ -46,7 +49,7 @@ _SMALL = dict(
 
 def text_config(wrapper: str, **overrides: Any) -> dict[str, Any]:
     family, drop = TEXT[wrapper]
-    cfg = {**hf_models._COMMON, **hf_models._FAMILY[family]}
+    cfg = {**COMMON, **BASE[family]}
     if wrapper == "glm4v_moe":
         cfg.update(head_dim=16, rope_parameters=GLM4V_ROPE)
     cfg.update(overrides)
@@ -66,7 +69,7 @@ def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transform
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     return model.eval()
 
 
@@ -85,7 +88,7 @@ def load_wrapper(path: Path) -> transformers.PreTrainedModel:
 
 
 class TextView(torch.nn.Module):
-    """A wrapper model as ``test_oracle.transformers_observed`` reads a causal LM: ``model.layers``
+    """A wrapper model as ``transformers_observed`` reads a causal LM: ``model.layers``
     its text decoder's layers, parameters named ``model.layers.*``, the forward the wrapper's own
     (text tokens only)."""
 

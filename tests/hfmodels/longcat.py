@@ -1,6 +1,5 @@
-"""A tiny LongCat-Flash (``longcat_flash``) checkpoint config, same conventions as :mod:`hf_models`
-(whose builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny LongCat-Flash (``longcat_flash``) checkpoint config, same conventions as
+:mod:`hfmodels.core`: its table, which :mod:`hfmodels` merges into ``REGISTRY``, and its saver."""
 
 from __future__ import annotations
 
@@ -8,10 +7,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import hf_models
 import torch
-from hf_models import save_tiny
 from safetensors.torch import load_file, save_file
+
+from hfmodels.core import save_tiny
 
 TINY: dict[str, dict[str, Any]] = {
     # 2 decoder layers (num_hidden_layers counts the 4 attention sub-blocks), each two MLA
@@ -34,12 +33,11 @@ TINY: dict[str, dict[str, Any]] = {
         routed_scaling_factor=2.5,
     ),
 }
-hf_models._FAMILY.update(TINY)
 
 
 def save_longcat(path: Path, dtype: torch.dtype | None = None, **overrides: Any) -> None:
     """``save_tiny`` with, in the file, the selection bias scaled to std 0.02 and the sub-block norm
-    gains redrawn near 1 (``hf_models`` draws gains by the name ending "norm.weight", which
+    gains redrawn near 1 (``hfmodels.core`` draws gains by the name ending "norm.weight", which
     ``input_layernorm.0.weight`` does not have, so they came out as biases, near 0)."""
     save_tiny(path, "longcat_flash", dtype=dtype, **overrides)
     (file,) = path.glob("*.safetensors")

@@ -1,14 +1,12 @@
-"""Tiny random configs of Nemotron-H (issue 27 §3), same conventions as :mod:`hf_models` (whose
-builders, re-drawn weights and loaders they reuse). transformers runs its pure-torch Mamba-2 path
-here: mamba_ssm and causal_conv1d are not installed."""
+"""Tiny random configs of Nemotron-H, same conventions as :mod:`hfmodels.core`; a
+table, which :mod:`hfmodels` merges into ``REGISTRY``. transformers runs its pure-torch Mamba-2
+path here: mamba_ssm and causal_conv1d are not installed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import hf_models
-
-NEMOTRON: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     # 5 single-block layers: Mamba-2, MoE, attention (no RoPE), dense ReLU² MLP, MoE; top-2 of 4
     # (sigmoid scores, selection bias, renormalised, × 1.5) plus a ReLU² shared expert of 40;
     # 4 Mamba heads of 16 channels in 2 groups, 8 states, chunks of 5 tokens
@@ -30,5 +28,3 @@ NEMOTRON: dict[str, dict[str, Any]] = {
         layer_norm_epsilon=1e-5,
     ),
 }
-
-hf_models._FAMILY.update(NEMOTRON)

@@ -1,21 +1,10 @@
-"""Tiny random Hugging Face MoE models, one per family, for oracle and end-to-end tests.
-
-The weights are re-drawn after transformers' own init (which gives std-0.02 matrices, unit
-norm gains and zero biases): matrices at std 1/sqrt(fan_in) so routing is decisive and
-activations are O(1), gains near 1 and small non-zero biases so that a wrong norm or a
-dropped bias shows up in the numbers instead of hiding behind an identity.
-
-Importing this module needs transformers; test modules guard with
-``pytest.importorskip("transformers")`` first.
-"""
+"""The tiny configurations of the first families (mixtral, olmoe, qwen2_moe, qwen3_moe, the two
+DeepSeeks) and of the registry-era families that each have their own oracle test file. A
+table only: :mod:`hfmodels` builds ``REGISTRY`` from it and the other family groups' tables."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-import torch
-import transformers
 
 FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v2")
@@ -32,22 +21,7 @@ NEW_FAMILIES = (
     "phimoe",
 )
 
-VOCAB = 96
-
-_COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA
-    num_experts_per_tok=2,
-    max_position_embeddings=64,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-)
-
-_FAMILY: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(num_local_experts=4, intermediate_size=40),
     "olmoe": dict(num_experts=4, intermediate_size=40),
     "qwen2_moe": dict(
@@ -198,68 +172,3 @@ _FAMILY: dict[str, dict[str, Any]] = {
         router_jitter_noise=0.3,
     ),
 }
-
-
-def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
-    kwargs = {**_COMMON, **_FAMILY[family], **overrides}
-    return transformers.AutoConfig.for_model(family, **kwargs)
-
-
-@torch.no_grad()
-def _redraw(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in sorted(model.named_parameters()):
-        noise = torch.randn(p.shape, generator=gen)
-        if p.dim() >= 2:
-            p.copy_(noise / p.shape[-1] ** 0.5)
-        elif name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * noise)
-        else:  # biases
-            p.copy_(0.1 * noise)
-    for name, b in sorted(model.named_buffers()):
-        if name.endswith("e_score_correction_bias"):  # DeepSeek-V3 selection bias (fp32 buffer)
-            b.copy_(0.2 * torch.randn(b.shape, generator=gen))
-    for name, p in sorted(model.named_parameters(remove_duplicate=False)):
-        if name.endswith("e_score_correction_bias"):  # ERNIE 4.5: a frozen parameter, [1, E]
-            p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-
-
-def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
-    """A float32, eval-mode, eager-attention causal LM with seeded random weights."""
-    config = tiny_config(family, **overrides)
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _redraw(model, seed)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    return model.eval()
-
-
-def save_tiny(
-    path: Path,
-    family: str,
-    *,
-    seed: int = 0,
-    dtype: torch.dtype | None = None,
-    max_shard_size: str | None = None,
-    **overrides: Any,
-) -> transformers.PreTrainedModel:
-    """Save a tiny model with ``save_pretrained`` (optionally cast and sharded); return it."""
-    model = tiny_model(family, seed=seed, **overrides)
-    to_save = model if dtype is None else tiny_model(family, seed=seed, **overrides).to(dtype)
-    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    to_save.save_pretrained(path, **kwargs)
-    return model
-
-
-def load(path: Path) -> transformers.PreTrainedModel:
-    """Load a checkpoint back into a float32, eval-mode, eager-attention HF model."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    return model.eval()
-
-
-def random_tokens(windows: int = 3, length: int = 12, *, vocab: int = VOCAB, seed: int = 1) -> torch.Tensor:
-    """A seeded ``[W, T]`` int64 token block (a canary stand-in)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (windows, length), generator=gen)

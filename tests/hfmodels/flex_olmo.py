@@ -1,12 +1,9 @@
-"""A tiny FlexOlmo (``flex_olmo``) checkpoint config, same conventions as :mod:`hf_models` (whose
-builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny FlexOlmo (``flex_olmo``) checkpoint config, same conventions as
+:mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 3 layers, every one routed: top-2 of 6 experts (softmax, not renormalised: the config's
@@ -14,4 +11,3 @@ TINY: dict[str, dict[str, Any]] = {
     # and MoE outputs
     "flex_olmo": dict(num_experts=6, intermediate_size=40),
 }
-hf_models._FAMILY.update(TINY)

@@ -1,14 +1,12 @@
-"""Tiny random configs of the Mamba hybrids (issue 27 §3: Jamba, Granite 4.0), same conventions
-as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse). transformers runs
+"""Tiny random configs of the Mamba hybrids (Jamba, Granite 4.0), same conventions
+as :mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``. transformers runs
 its pure-torch Mamba paths here: mamba_ssm and causal_conv1d are not installed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import hf_models
-
-MAMBA: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     # 4 layers: layer 1 attention (no RoPE), 0, 2, 3 Mamba-1; layers 0 and 2 routed (top-2 of 4,
     # softmax, not renormalised), 1 and 3 dense; a 4-state scan over 64 channels, dt rank 4
     "jamba": dict(
@@ -45,5 +43,3 @@ MAMBA: dict[str, dict[str, Any]] = {
         mamba_chunk_size=5,
     ),
 }
-
-hf_models._FAMILY.update(MAMBA)

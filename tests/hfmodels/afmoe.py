@@ -1,12 +1,9 @@
-"""A tiny AFMoE (Arcee Trinity, ``afmoe``) checkpoint config, same conventions as :mod:`hf_models`
-(whose builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny AFMoE (Arcee Trinity, ``afmoe``) checkpoint config, same conventions as
+:mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 3 layers: sliding (a 5-token window < T = 12, RoPE), full (no RoPE), sliding; a dense first
@@ -23,4 +20,3 @@ TINY: dict[str, dict[str, Any]] = {
         sliding_window=5,
     ),
 }
-hf_models._FAMILY.update(TINY)

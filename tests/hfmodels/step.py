@@ -1,24 +1,26 @@
 """Tiny Step-3.7 (``step3p7``) checkpoints around a tiny Step 3.5 text decoder (``step3p5``), the
 vision tower one small block; ``save_step3p5`` writes the same decoder as a text-only checkpoint
-(``text_config`` as config.json, the vision tensors dropped). Importing this module registers
-``step3p7`` with :mod:`hf_models_wrap` (its ``TextView``). Importing it needs transformers."""
+(``text_config`` as config.json, the vision tensors dropped); ``SAVERS`` names both savers for
+``hfmodels.save_any``, and :mod:`hfmodels.wrap`'s ``TextView`` reads step3p7's text decoder.
+Importing this module needs transformers."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hf_models
-import hf_models_wrap
 import torch
 import transformers
+
+from hfmodels.core import VOCAB, redraw
 
 # 4 layers: sliding (8 heads, RoPE θ 100 on the whole head, a 5-token window < T = 12), full
 # (4 heads, θ 1e4 on half the head), sliding, full; the first dense; top-2 of 8 sigmoid with a
 # selection bias, one ungated shared expert; 2 kv heads
 TEXT: dict[str, Any] = dict(
-    vocab_size=hf_models.VOCAB,
+    vocab_size=VOCAB,
     hidden_size=32,
     num_hidden_layers=4,
     num_attention_heads=4,
@@ -49,7 +51,6 @@ VISION: dict[str, Any] = dict(
     patch_size=14,
     max_position_embeddings=4,
 )
-hf_models_wrap.DECODER["step3p7"] = "model.language_model."
 
 
 def step_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
@@ -57,7 +58,7 @@ def step_model(*, seed: int = 0, **overrides: Any) -> transformers.PreTrainedMod
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.Step3p7ForConditionalGeneration(config).float()
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     return model.eval()
 
 
@@ -84,5 +85,7 @@ def load_step3p7(path: Path) -> transformers.PreTrainedModel:
     ).eval()
 
 
-hf_models_wrap.SAVERS["step3p7"] = lambda p: save_step3p7(p)
-hf_models_wrap.SAVERS["step3p5"] = lambda p: save_step3p5(p)
+SAVERS: dict[str, Callable[[Path], None]] = {
+    "step3p7": lambda p: save_step3p7(p),
+    "step3p5": lambda p: save_step3p5(p),
+}

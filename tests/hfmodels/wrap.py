@@ -1,9 +1,9 @@
-"""Tiny wrapper checkpoints around replayed text decoders (issue 27): ``nemotron_h_omni`` and
-``nemo_speechlm`` around :mod:`hf_models_nemotron`'s tiny Nemotron-H, ``hy_v4_vl`` around
-:mod:`hf_models_hy_v4`'s tiny HY-V4, each saved by transformers' own wrapper class with one-block
-vision / audio parts; and a view that lets the text decoder's oracle
-(``test_oracle_nemotron.hf_observed``, ``test_oracle_hy_v4.hy_v4_observed``) read the wrapper's
-text decoder while running the wrapper's own forward on text tokens."""
+"""Tiny wrapper checkpoints around replayed text decoders: ``nemotron_h_omni`` and
+``nemo_speechlm`` around :mod:`hfmodels.nemotron`'s tiny Nemotron-H, ``hy_v4_vl`` around
+:mod:`hfmodels.hy_v4`'s tiny HY-V4, each saved by transformers' own wrapper class with one-block
+vision / audio parts; and a view that lets the text decoder's oracle (Nemotron-H's and HY-V4's
+``hf_observed`` / ``hy_v4_observed``) read the wrapper's text decoder while running the
+wrapper's own forward on text tokens."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import hf_models
-import hf_models_hy_v4  # noqa: F401  (registers the tiny HY-V4)
-import hf_models_nemotron  # noqa: F401  (registers the tiny Nemotron-H)
 import torch
 import transformers
 
+from hfmodels import hy_v4, nemotron
+from hfmodels.core import COMMON, VOCAB, redraw
+
 
 def nemotron_text(**overrides: Any) -> dict[str, Any]:
-    """The tiny Nemotron-H config (``hf_models_nemotron``) as a wrapper's ``text_config``."""
-    cfg = {**hf_models._COMMON, **hf_models._FAMILY["nemotron_h"], **overrides}
+    """The tiny Nemotron-H config (:mod:`hfmodels.nemotron`) as a wrapper's ``text_config``."""
+    cfg = {**COMMON, **nemotron.TINY["nemotron_h"], **overrides}
     return {k: v for k, v in cfg.items() if v is not None}
 
 
@@ -30,9 +30,9 @@ HY_V4_VL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section":
 
 
 def hy_v4_text(**overrides: Any) -> dict[str, Any]:
-    """The tiny HY-V4 config (``hf_models_hy_v4``) as HY-V4-VL's ``text_config`` (its token ids
+    """The tiny HY-V4 config (:mod:`hfmodels.hy_v4`) as HY-V4-VL's ``text_config`` (its token ids
     kept at None: HYV4VLTextConfig's defaults are past the tiny vocabulary)."""
-    cfg = {**hf_models._COMMON, **hf_models._FAMILY["hy_v4"], "rope_parameters": HY_V4_VL_ROPE, **overrides}
+    cfg = {**COMMON, **hy_v4.TINY["hy_v4"], "rope_parameters": HY_V4_VL_ROPE, **overrides}
     return {k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")}
 
 
@@ -100,7 +100,7 @@ def _config(wrapper: str, **overrides: Any) -> transformers.PretrainedConfig:
             text_config=nemotron_text(**overrides),
             audio_config=_SPEECH_AUDIO,
             word_timestamp_config=_WORD_TIMESTAMP,
-            audio_token_id=hf_models.VOCAB,
+            audio_token_id=VOCAB,
         )
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
@@ -119,7 +119,7 @@ def wrapper_model(wrapper: str, *, seed: int = 0, **overrides: Any) -> transform
     cls = getattr(transformers, CLASSES[wrapper])
     torch.manual_seed(seed)
     model = cls(_config(wrapper, **overrides)).float()
-    hf_models._redraw(model, seed)
+    redraw(model, seed)
     return model.eval()
 
 
@@ -140,11 +140,12 @@ DECODER = {
     "hy_v4_vl": "model.language_model.",
     "nemotron_h_omni": "language_model.model.",
     "nemo_speechlm": "model.language_model.",
+    "step3p7": "model.language_model.",  # saved by hfmodels.step
 }
 
 
 class TextView(torch.nn.Module):
-    """A wrapper as ``test_oracle_nemotron.hf_observed`` reads a causal LM: ``model.layers`` the
+    """A wrapper as Nemotron-H's oracle (``hf_observed``) reads a causal LM: ``model.layers`` the
     text decoder's layers, its parameters named ``model.layers.*``, the forward the wrapper's own
     (text tokens only)."""
 
@@ -165,11 +166,3 @@ class TextView(torch.nn.Module):
 
 
 SAVERS: dict[str, Callable[[Path], None]] = {f: (lambda p, f=f: save_wrapper(p, f)) for f in CLASSES}
-
-
-def save_any(path: Path, family: str) -> bool:
-    """Save the tiny checkpoint of ``family`` at ``path`` when this module knows how (True)."""
-    if family in SAVERS:
-        SAVERS[family](path)
-        return True
-    return False

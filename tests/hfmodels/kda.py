@@ -1,12 +1,10 @@
-"""A tiny Kimi Linear (``kimi_linear``) checkpoint config, same conventions as :mod:`hf_models`
-(whose builders, re-drawn weights and loaders it reuses); importing this module registers it in
-``hf_models._FAMILY``. Importing this module needs transformers."""
+"""A tiny Kimi Linear (``kimi_linear``) checkpoint config, and a tiny Ling 3
+(``bailing_hybrid``) one, same conventions as :mod:`hfmodels.core`; a table, which :mod:`hfmodels`
+merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 3 layers: KDA, MLA (no RoPE), KDA; a dense first layer; top-2 of 8 with a selection bias in
@@ -28,10 +26,6 @@ TINY: dict[str, dict[str, Any]] = {
         linear_head_dim=8,
         linear_conv_kernel_dim=4,
     ),
-}
-hf_models._FAMILY.update(TINY)
-
-BAILING: dict[str, dict[str, Any]] = {
     # Ling 3: 3 layers, KDA, MLA (interleaved RoPE, per-head sigmoid output gate), KDA; a dense first
     # layer; top-2 of 8 in 2 groups of which 1 is kept; one shared expert; KDA with 4 heads (the
     # attention heads) of 8 channels, the bounded forget gate
@@ -55,4 +49,3 @@ BAILING: dict[str, dict[str, Any]] = {
         kda_lower_bound=-2.0,
     ),
 }
-hf_models._FAMILY.update(BAILING)

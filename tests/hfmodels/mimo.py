@@ -1,11 +1,9 @@
-"""Tiny MiMo-V2-Flash (``mimo_v2_flash``) checkpoint config, same conventions as :mod:`hf_models`;
-importing this module registers it in ``hf_models._FAMILY``. Importing it needs transformers."""
+"""Tiny MiMo-V2-Flash (``mimo_v2_flash``) checkpoint config, same conventions as
+:mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hf_models
 
 TINY: dict[str, dict[str, Any]] = {
     # 6 layers, MiMoV2FlashConfig's pattern: full, sliding ×4 (a 5-token window < T = 12), full;
@@ -22,4 +20,3 @@ TINY: dict[str, dict[str, Any]] = {
         sliding_window=5,
     ),
 }
-hf_models._FAMILY.update(TINY)

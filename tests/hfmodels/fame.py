@@ -1,15 +1,13 @@
-"""Tiny random configs of the newer routed designs of issue 27 (Solar Open, Sarvam, Hy3, …), same
-conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders they reuse)."""
+"""Tiny random configs of the newer routed designs (Solar Open, Sarvam, Hy3, …), same
+conventions as :mod:`hfmodels.core`; a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import hf_models
-
 _V3_ROUTER = dict(n_routed_experts=8, moe_intermediate_size=24, n_shared_experts=1, routed_scaling_factor=2.0)
 
-FAME: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     # Llama attention with q/k/v bias (no o bias), GLM's router: 8 experts in 4 groups of which the
     # best 2 compete, a real selection bias, one shared expert, every layer routed
     "solar_open": dict(_V3_ROUTER, n_group=4, topk_group=2, attention_bias=True, head_dim=8),
@@ -82,5 +80,3 @@ FAME: dict[str, dict[str, Any]] = {
         head_dim=8,
     ),
 }
-
-hf_models._FAMILY.update(FAME)

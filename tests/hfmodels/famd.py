@@ -1,16 +1,12 @@
-"""Tiny random configs of the routed designs added in issue 27 §2 (K-EXAONE, Command A MoE,
-DBRX, …), same conventions as :mod:`hf_models` (whose builders, re-drawn weights and loaders
-they reuse)."""
+"""Tiny random configs of the routed designs K-EXAONE, Command A MoE, DBRX and LFM2-MoE, same
+conventions as :mod:`hfmodels.core` (whose ``redraw`` draws DBRX's norm gains near 1 and
+LFM2-MoE's selection bias); a table, which :mod:`hfmodels` merges into ``REGISTRY``."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-import hf_models
-import torch
-
-FAMD: dict[str, dict[str, Any]] = {
+TINY: dict[str, dict[str, Any]] = {
     # EXAONE 4 attention (per-head qk norm; sliding layers 0 and 2 with RoPE and a window of 5 < T,
     # global layer 1 without RoPE), V3's router (8 experts in 4 groups, best 2 compete, selection
     # bias, ×2.5), one shared expert, a dense first layer
@@ -59,26 +55,3 @@ FAMD: dict[str, dict[str, Any]] = {
         routed_scaling_factor=2.0,
     ),
 }
-
-hf_models._FAMILY.update(FAMD)
-
-_REDRAW = hf_models._redraw
-_GAINS = re.compile(r"\.norm_(1|2|f)\.weight$")  # DBRX's norms, which hf_models' rule reads as biases
-
-
-@torch.no_grad()
-def _redraw(model: torch.nn.Module, seed: int) -> None:
-    """hf_models' re-draw, then gains near 1 for DBRX's ``norm_1``/``norm_2``/``norm_f`` (their
-    names do not end in ``norm.weight``, so the generic rule drew them at 0.1 scale) and a real
-    selection bias for LFM2-MoE (``expert_bias``, a buffer the generic rule leaves at zero)."""
-    _REDRAW(model, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    for name, p in sorted(model.named_parameters()):
-        if _GAINS.search(name):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-    for name, b in sorted(model.named_buffers()):
-        if name.endswith("feed_forward.expert_bias"):  # LFM2-MoE's selection bias (zeros at init)
-            b.copy_(0.2 * torch.randn(b.shape, generator=gen))
-
-
-hf_models._redraw = _redraw
