@@ -217,9 +217,10 @@ def test_rollup_quantile_is_torch_quantile() -> None:
 
 def test_dashboard_scalars() -> None:
     m = rollup.megatron_scalars(LAYERS)
-    assert m["global/seq-loss"] == pytest.approx(4.8 / 4)
-    assert m["worst-layer/seq-loss"] == 1.5
-    assert m["worst-layer/topk-boundary-relative-margin"] == 0.1  # upstream: amin for the margin
+    tag = "tensor-metrics/layer-router-health/"
+    assert m[f"{tag}global/seq-loss"] == pytest.approx(4.8 / 4)
+    assert m[f"{tag}worst-layer/seq-loss"] == 1.5
+    assert m[f"{tag}worst-layer/topk-boundary-relative-margin"] == 0.1  # upstream: amin for the margin
     n = rollup.nemo_scalars(
         [
             {"layer": i, "monitors": {"nemo": {"cv": c, "dead_expert_frac": 0.0, "expert_diversity": d}}}

@@ -48,7 +48,7 @@ def test_html_shows_rollups_scalars_and_layers(statement: dict[str, Any]) -> Non
     row = _cell(html, "topk-boundary-relative-margin")  # the roll-up row
     cells = re.findall(r'<td class="num">([^<]*)</td>', row)
     assert cells[3:] == [format(margins[worst], ".4f"), str(worst)]
-    scalar = _cell(html, "worst-layer/topk-boundary-relative-margin")
+    scalar = _cell(html, "tensor-metrics/layer-router-health/worst-layer/topk-boundary-relative-margin")
     assert format(margins[worst], ".4f") in scalar
     cv = [e["nemo"]["cv"] for e in layers]
     assert format(sum(cv) / len(cv), ".4f") in _cell(html, "moe/cv_mean")

@@ -87,16 +87,21 @@ def rollups(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+# the tag Megatron's tensor-metrics observer writes each result under (TensorBoard and W&B)
+HEALTH_TAG = "tensor-metrics/layer-router-health/"
+
+
 def megatron_scalars(layers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """What ``--tensor-metrics layer-router-health`` logs: ``global/<op>`` (mean over layers)
-    and ``worst-layer/<op>`` (max over layers; min for the boundary margin)."""
+    """What ``--tensor-metrics layer-router-health`` logs, under its tags:
+    ``…/global/<op>`` (mean over layers) and ``…/worst-layer/<op>`` (max over layers; min for
+    the boundary margin)."""
     out: dict[str, float] = {}
     lowest = dict(MEGATRON)
     for name in HEALTH:
         values = [v for _, v in _series(layers, "megatron", name)]
         if values:
-            out[f"global/{name}"] = sum(values) / len(values)
-            out[f"worst-layer/{name}"] = min(values) if lowest[name] else max(values)
+            out[f"{HEALTH_TAG}global/{name}"] = sum(values) / len(values)
+            out[f"{HEALTH_TAG}worst-layer/{name}"] = min(values) if lowest[name] else max(values)
     return out
 
 
