@@ -229,3 +229,14 @@ def test_dashboard_scalars() -> None:
     )
     assert n["moe/cv_median"] == statistics.median([0.1, 0.3, 0.2]) and n["moe/cv_max"] == 0.3
     assert n["moe/expert_diversity_min"] == 0.8
+
+
+def test_relabelling_experts_changes_nothing() -> None:
+    """Every monitor metric is label-free: a consistent permutation of the experts leaves it."""
+    rho, topk = _routing(6, 64, 8, 2, True)
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    inverse = torch.argsort(perm)  # expert e is column inverse[e] after relabelling
+    got = resolve(monitors_pending(rho[:, perm], inverse[topk], 4))
+    want = resolve(monitors_pending(rho, topk, 4))
+    for source in ("megatron", "nemo"):
+        assert got[source] == pytest.approx(want[source], rel=1e-12), source

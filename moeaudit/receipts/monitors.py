@@ -47,12 +47,16 @@ def relative_margin_N(probs_NE: torch.Tensor, aux_NK: torch.Tensor) -> torch.Ten
     return (floor - ceil).clamp_min(0) / floor.clamp_min(MARGIN_EPS)
 
 
-def megatron_health(probs_NE: torch.Tensor, topk_NK: torch.Tensor, W: int) -> dict[str, torch.Tensor]:
+def megatron_health(
+    probs_NE: torch.Tensor, topk_NK: torch.Tensor, W: int, aux_NK: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """This layer's value of each ``layer-router-health`` operation (its worst-layer roll-up is
-    the max over layers, the min for the boundary margin)."""
+    the max over layers, the min for the boundary margin). ``aux_NK``: the unbiased top-k of ρ
+    (Megatron's aux-loss routing map), computed when not given."""
     N, K = topk_NK.shape
     E = probs_NE.shape[1]
-    aux_NK = probs_NE.topk(K, dim=-1).indices  # the unbiased routing map (aux loss)
+    if aux_NK is None:
+        aux_NK = probs_NE.topk(K, dim=-1).indices
     score_WE = probs_NE.double().view(W, N // W, E).mean(1)
     aux_WE, actual_WE = _loads(aux_NK, W, E), _loads(topk_NK, W, E)
     aux_E, actual_E, score_E = aux_WE.mean(0), actual_WE.mean(0), score_WE.mean(0)  # equal windows
@@ -111,8 +115,9 @@ def monitors_pending(probs_NE: torch.Tensor, topk_NK: torch.Tensor, windows: int
     E = probs_NE.shape[1]
     if K >= E:  # E = k: no boundary, every load uniform
         return {"reason": "every expert is active (E = k): the monitors' load metrics are constant"}
-    mega = megatron_health(probs_NE, topk_NK, windows)
-    mega["topk-overlap-mean"] = topk_overlap(probs_NE.topk(K, dim=-1).indices, topk_NK, windows, E)
+    aux_NK = probs_NE.topk(K, dim=-1).indices
+    mega = megatron_health(probs_NE, topk_NK, windows, aux_NK)
+    mega["topk-overlap-mean"] = topk_overlap(aux_NK, topk_NK, windows, E)
     return {
         "megatron": {k: number(v) for k, v in mega.items()},
         "nemo": {k: number(v) for k, v in nemo_load_balance(counts(topk_NK, E)).items()},
