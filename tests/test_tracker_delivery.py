@@ -122,3 +122,26 @@ def test_lead_outside_a_handler_says_so() -> None:
     me = _Named("me")
     assert handler_of(me) is None
     assert not lead(me)
+
+
+def test_a_callback_no_handler_calls_warns_when_report_to_names_a_tracker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Called outside a Trainer's CallbackHandler (a custom loop calling it by hand), it cannot
+    move itself ahead of the trackers: it says so once, naming them, instead of staying silent."""
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    for i, (report_to, warned) in enumerate(((["tensorboard"], True), ([], False), ("none", False))):
+        callback = MoeauditCallback(probe=False)
+        args = SimpleNamespace(output_dir=str(tmp_path / f"run{i}"), report_to=report_to)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="moeaudit"):
+            callback.on_train_begin(args, state, None, model=tiny_model("mixtral"))
+        callback.on_train_end(args, state, None)
+        messages = [r.getMessage() for r in caplog.records if "report_to" in r.getMessage()]
+        assert len(messages) == warned, report_to
+        if warned:
+            assert "tensorboard" in messages[0] and ".attach(trainer)" in messages[0]
