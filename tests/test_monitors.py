@@ -240,3 +240,37 @@ def test_relabelling_experts_changes_nothing() -> None:
     want = resolve(monitors_pending(rho, topk, 4))
     for source in ("megatron", "nemo"):
         assert got[source] == pytest.approx(want[source], rel=1e-12), source
+
+
+def _nemo_utilization_upstream(loads: list[torch.Tensor]) -> dict[str, float]:
+    """load_balance_metrics.py ``_compute_utilization_aggregates`` (per_layer=False)."""
+    all_ratios: list[float] = []
+    for load in loads:
+        load = load.float()
+        util = load / (load.sum() / load.shape[0])
+        all_ratios.extend(util.tolist())
+    s, n = sorted(all_ratios), len(all_ratios)
+    return {
+        "moe/expert_utilization_p25": s[n // 4] if n >= 4 else s[0],
+        "moe/expert_utilization_median": statistics.median(all_ratios),
+        "moe/expert_utilization_p75": s[3 * n // 4] if n >= 4 else s[-1],
+        "moe/expert_utilization_min": s[0],
+        "moe/expert_utilization_max": s[-1],
+    }
+
+
+def test_nemo_pooled_utilization() -> None:
+    # by hand: loads (2, 2, 3, 1) and (1, 3) → ratios 1, 1, 1.5, 0.5, 0.5, 1.5; sorted
+    # 0.5 0.5 1 1 1.5 1.5: p25 = s[1] = 0.5, median 1, p75 = s[4] = 1.5
+    got = rollup.nemo_utilization([[2, 2, 3, 1], [1, 3]])
+    assert got == {
+        "moe/expert_utilization_p25": 0.5,
+        "moe/expert_utilization_median": 1.0,
+        "moe/expert_utilization_p75": 1.5,
+        "moe/expert_utilization_min": 0.5,
+        "moe/expert_utilization_max": 1.5,
+    }
+    g = torch.Generator().manual_seed(7)
+    loads = [torch.randint(0, 50, (8,), generator=g) for _ in range(5)]
+    pi = [(x.double() / 640).tolist() for x in loads]  # any per-layer scale: π as in the heatmap
+    assert rollup.nemo_utilization(pi) == pytest.approx(_nemo_utilization_upstream(loads), rel=1e-6)

@@ -52,6 +52,8 @@ def test_html_shows_rollups_scalars_and_layers(statement: dict[str, Any]) -> Non
     assert format(margins[worst], ".4f") in scalar
     cv = [e["nemo"]["cv"] for e in layers]
     assert format(sum(cv) / len(cv), ".4f") in _cell(html, "moe/cv_mean")
+    pooled = monitors.nemo_utilization(statement["predicate"]["heatmaps"]["occupancy"]["pi"])
+    assert format(pooled["moe/expert_utilization_median"], ".4f") in _cell(html, "moe/expert_utilization_median")
     section = html.split('<section id="monitors">')[1].split("</section>")[0]
     assert section.count('<tr><th scope="row" class="num">') == len(layers)  # one row per layer
 

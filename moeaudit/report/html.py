@@ -124,7 +124,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "envelope": envelope_view(p.get("envelope"), checks),
         "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
         "router": router_view(p.get("router")),
-        "monitors": monitors.view(p.get("monitors")),  # the live monitors' metrics (docs/monitors.md)
+        "monitors": monitors.view(p.get("monitors"), monitors.heatmap_loads(p)),  # docs/monitors.md
         "gate_claims": [claims_row(g) for g in gates],
         "table4": [
             {k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses", "does_not_license")}

@@ -125,6 +125,26 @@ def nemo_scalars(layers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
+def nemo_utilization(loads: Sequence[Sequence[float]]) -> dict[str, float]:
+    """NeMo's pooled ``moe/expert_utilization_{p25,median,p75,min,max}``: every layer's ratios
+    ``load / (Σ load / E)`` in one list (any per-layer scale: counts or π), its p25 / p75 the
+    sorted list's entries n//4 and 3n//4 (NeMo's own index rule, not an interpolation)."""
+    ratios: list[float] = []
+    for row in loads:
+        total = sum(row)
+        ratios += [x / (total / len(row)) if total > 0 else 0.0 for x in row]
+    if not ratios:
+        return {}
+    s, n = sorted(ratios), len(ratios)
+    return {
+        "moe/expert_utilization_p25": s[n // 4] if n >= 4 else s[0],
+        "moe/expert_utilization_median": statistics.median(ratios),
+        "moe/expert_utilization_p75": s[3 * n // 4] if n >= 4 else s[-1],
+        "moe/expert_utilization_min": s[0],
+        "moe/expert_utilization_max": s[-1],
+    }
+
+
 def section(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """The certificate's ``monitors``: one checkpoint's per-layer values (the receipts' own)."""
     layers = [
@@ -135,9 +155,20 @@ def section(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"checkpoint": doc["checkpoint"]["name"], "layers": layers} if layers else None
 
 
-def view(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def heatmap_loads(predicate: Mapping[str, Any]) -> list[list[float]] | None:
+    """The certificate heatmap's π rows, when they are of the checkpoint its monitors are."""
+    heatmaps, section = predicate.get("heatmaps") or {}, predicate.get("monitors") or {}
+    pi = (heatmaps.get("occupancy") or {}).get("pi")
+    if heatmaps.get("checkpoint") != section.get("checkpoint") or not isinstance(pi, list):
+        return None
+    return [list(row) for row in pi]
+
+
+def view(section: Mapping[str, Any] | None, loads: Sequence[Sequence[float]] | None = None) -> dict[str, Any] | None:
     """What the HTML certificate shows of its ``monitors``: the roll-up rows, the dashboards'
-    own scalars and the per-layer values (metrics as columns, in the tables' order)."""
+    own scalars and the per-layer values (metrics as columns, in the tables' order). ``loads``:
+    the same checkpoint's per-layer expert loads (the heatmap's π) for NeMo's pooled
+    utilisation keys."""
     layers = list((section or {}).get("layers") or [])
     if not layers:
         return None
@@ -145,7 +176,7 @@ def view(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {
         "checkpoint": (section or {}).get("checkpoint"),
         "rollups": rollups(layers),
-        "scalars": {**megatron_scalars(layers), **nemo_scalars(layers)},
+        "scalars": {**megatron_scalars(layers), **nemo_scalars(layers), **nemo_utilization(loads or [])},
         "columns": [f"{src}: {name}" for src, name in columns],
         "layers": [
             {"layer": e["layer"], "values": [(e.get(src) or {}).get(name) for src, name in columns]} for e in layers
