@@ -35,6 +35,7 @@ from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.records import GateEntry, Margin, Margins
+from moeaudit.report.monitors import section as monitors_section
 from moeaudit.run import Run, discover, stage_at, stage_start, truncate
 from moeaudit.run_names import run_name
 
@@ -259,6 +260,8 @@ def audit_run(
     router = _router_section(first.spec, docs)
     if router is not None:  # only for gates the atlas theorem does not cover (issue 8)
         predicate["router"] = router
+    if (monitored := monitors_section(docs[last["step"]])) is not None:  # docs/monitors.md
+        predicate["monitors"] = monitored
     if replayer.from_cache:  # authenticated by the local cache key, not recomputed (issue 14)
         predicate["from_cache"] = replayer.from_cache
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged

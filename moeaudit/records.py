@@ -240,6 +240,7 @@ class ReceiptsLayer(TypedDict):
     domains: dict[str, Any]
     gate: NotRequired[dict[str, Any]]  # a biased / group-limited router's note and bias telemetry
     gradients: NotRequired[dict[str, Any]]
+    monitors: NotRequired[dict[str, Any]]  # Megatron-Core / NeMo load metrics (docs/monitors.md)
 
 
 class NonFinite(TypedDict):
@@ -782,6 +783,20 @@ class Heatmaps(TypedDict):
     domains: DomainHeatmap
 
 
+class MonitorLayer(TypedDict):
+    """One routed layer's values of the live monitors' metrics, under their own names
+    (docs/monitors.md): Megatron-Core's router-health operations, NeMo's load-balance keys."""
+
+    layer: int
+    megatron: Annotated[dict[str, float | None], DATA_KEYS]
+    nemo: Annotated[dict[str, float | None], DATA_KEYS]
+
+
+class MonitorsSection(TypedDict):
+    checkpoint: str  # the last audited checkpoint, as the heatmaps
+    layers: list[MonitorLayer]
+
+
 class ClaimRow(TypedDict):
     receipt: str
     measures: str
@@ -847,6 +862,7 @@ class Predicate(TypedDict):
     issued_at: NotRequired[str]  # set when signed
     router: NotRequired[RouterSection]
     from_cache: NotRequired[list[CacheUse]]
+    monitors: NotRequired[MonitorsSection]  # absent from certificates before it
     checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it
 
 

@@ -24,9 +24,11 @@ its own scaling by the data-parallel world size under ``average_tokens_across_de
 mean over ranks, one ``all_reduce`` on every rank at each logged step — not rank 0's share of it
 (docs/decisions.md, "Distributed training").
 
-Tracker: ``MoeauditCallback(...).attach(trainer)`` puts the callback first, so its ``on_log``
-adds ``moe/layer_<i>/…`` scalars (:mod:`moeaudit.integrations.summary`) to each training log
-before the ``report_to`` integrations write it; they also land in ``log_history``. Envelope
+Tracker: the callback moves itself ahead of the ``report_to`` integrations when the Trainer
+first calls it (:mod:`moeaudit.integrations.ordering`; ``.attach(trainer)`` does the same
+explicitly), so its ``on_log`` adds ``moe/layer_<i>/…`` scalars
+(:mod:`moeaudit.integrations.summary`) to each training log before TensorBoard, W&B … write
+it; they also land in ``log_history``. Where it cannot, it warns once. Envelope
 events are logged as warnings on the ``moeaudit`` logger when they fire.
 
 No host synchronisation on a training step: the pass is queued on the gradients' device and its
@@ -46,8 +48,9 @@ import torch
 from transformers import TrainerCallback
 
 from moeaudit.canary import Canary
-from moeaudit.integrations.core import RunRecorder, envelope_settings, load_canary
+from moeaudit.integrations.core import RunRecorder, envelope_settings, load_canary, log
 from moeaudit.integrations.gradnorms import Sums
+from moeaudit.integrations.ordering import lead
 from moeaudit.policy import EnvelopeSettings, Policy
 
 CLIP_TOLERANCE = 1e-3  # relative: torch clips to max_norm / (norm + 1e-6), just under max_norm
@@ -58,8 +61,9 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
     ``<output_dir>/metrics.jsonl``; write ``canary`` (a file or :class:`Canary`) into the
     output directory once and, with ``probe`` (default), its gradient norms at every save.
     ``envelope``: the constants of the online rules (a policy file, a :class:`Policy`, or its
-    ``EnvelopeSettings``; default the built-in policy). :meth:`attach` routes the per-layer
-    scalars through the Trainer's logging path (``report_to``)."""
+    ``EnvelopeSettings``; default the built-in policy). The per-layer scalars go through the
+    Trainer's logging path to every ``report_to`` tracker: the callback runs first (it moves
+    itself there; :meth:`attach` does it explicitly)."""
 
     def __init__(
         self,
@@ -78,6 +82,7 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         self.recorder: RunRecorder | None = None
         self._handle: Any = None
         self._model: torch.nn.Module | None = None
+        self._leads = False
 
     def attach(self, trainer: Any) -> MoeauditCallback:
         """Put this callback first among ``trainer``'s callbacks, so the ``moe/…`` scalars it
@@ -89,9 +94,19 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
         callbacks.insert(0, self)
         return self
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._leads = lead(self)
+
     def on_train_begin(
         self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None, **kwargs: Any
     ) -> None:
+        self._leads = lead(self) or self._leads  # added after __init__ (add_callback): placed now
+        if not self._leads and _trackers(args):
+            log.warning(
+                "MoeauditCallback is not ahead of the report_to integrations %s: its moe/ scalars "
+                "reach log_history only; call MoeauditCallback(...).attach(trainer)",
+                _trackers(args),
+            )
         if model is None:
             raise ValueError("MoeauditCallback needs the Trainer's model")
         self.recorder = RunRecorder(
@@ -167,6 +182,13 @@ class MoeauditCallback(TrainerCallback):  # type: ignore[misc]
             self._handle = None
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _trackers(args: Any) -> list[str]:
+    """The ``report_to`` integrations named in the Trainer's arguments."""
+    report_to = getattr(args, "report_to", None) or []
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    return [n for n in names if n != "none"]
 
 
 def _clipped(sums: Sums, max_norm: float) -> bool:

@@ -21,6 +21,7 @@ from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.boundary import boundary_pending, eta_scale
 from moeaudit.receipts.deferred import resolve
 from moeaudit.receipts.gate import bias_telemetry_pending, gate_note
+from moeaudit.receipts.monitors import monitors_pending
 from moeaudit.receipts.occupancy import domain_routing_pending, occupancy_pending
 from moeaudit.receipts.overlap import extra_experts, overlap_pending
 from moeaudit.replay.device import HOST, moved
@@ -87,6 +88,7 @@ class StateObserver:
             "domains": domain_routing_pending(
                 r.topk_NK, self.canary.domain_ids, self.canary.domains, self.spec.num_experts
             ),
+            "monitors": monitors_pending(r.probs_NE, r.topk_NK, self.canary.num_windows),
         }
         if self.keep_states:  # the pair receipts' anchors, on the host (queued before the one wait)
             self.states[tap.layer] = moved(

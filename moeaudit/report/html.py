@@ -23,7 +23,7 @@ import jinja2.bccache
 
 from moeaudit.cache import ReceiptsCache
 from moeaudit.papers import GLOSSARY, PAPERS, legend, named
-from moeaudit.report import charts, svg
+from moeaudit.report import charts, monitors, svg
 from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
 from moeaudit.report.svg import num, sci, sig, signed
 from moeaudit.resources import templates_dir
@@ -124,6 +124,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "envelope": envelope_view(p.get("envelope"), checks),
         "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
         "router": router_view(p.get("router")),
+        "monitors": monitors.view(p.get("monitors"), monitors.heatmap_loads(p)),  # docs/monitors.md
         "gate_claims": [claims_row(g) for g in gates],
         "table4": [
             {k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses", "does_not_license")}

@@ -121,7 +121,27 @@ def print_receipts(doc: dict[str, Any]) -> None:
         field, rel = ("max_conflict_upper", "max ≤") if bounded else ("max_conflict", "max")
         worst = max(doc["conflict"]["layers"], key=lambda x: x[field])
         out.print(f"domain gradient conflict: {rel} {fmt(worst[field], '.4f')} (layer {esc(worst['layer'])})")
+    print_monitors(doc["layers"])
     print_nonfinite(doc)
+
+
+# --- the live monitors' metrics (docs/monitors.md) ------------------------------------------------
+MONITOR_COLUMNS = (Column("monitor"), Column("metric"), *_right("p50", "p90", "p95", "worst", "at layer"))
+
+
+def print_monitors(layers: Any) -> None:
+    """Megatron-Core's and NeMo's load metrics over the routed layers: p50 / p90 / p95 and the
+    worst layer (↓: the lowest value is the worst)."""
+    from moeaudit.report import monitors
+
+    rows = [
+        [r["source"], r["metric"] + (" ↓" if r["worst_is"] == "lowest" else "")]
+        + [fmt(r[c], ".4f") for c in ("p50", "p90", "p95", "worst")]
+        + [str(r["worst_layer"])]
+        for r in monitors.rollups(layers or [])
+    ]
+    if rows:
+        print_fitted(out, "live monitors' metrics over routed layers (docs/monitors.md)", MONITOR_COLUMNS, rows)
 
 
 def print_nonfinite(doc: dict[str, Any]) -> None:
@@ -398,6 +418,7 @@ def print_gates(pred: dict[str, Any]) -> None:
     for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
         out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"), style="yellow")
     out.print(gate_table.legend_grid(pred), style="dim")
+    print_monitors((pred.get("monitors") or {}).get("layers"))
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
