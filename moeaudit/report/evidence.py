@@ -9,6 +9,7 @@ and its renderers are :mod:`moeaudit.report.export`. Torch-free.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +28,18 @@ class Evidence:
 Selector = Callable[[Mapping[str, Any]], Evidence]
 
 
+# The Model Documentation Form marks each field with who it is for (the AI Office, national
+# competent authorities, downstream providers); an aspect of another framework carries none.
+AIO, NCA, DP = "AI Office", "national competent authorities", "downstream providers"
+AUTHORITIES = (AIO, NCA)
+EVERYONE = (AIO, NCA, DP)
+
+
 @dataclass(frozen=True)
 class Aspect:
     what: str
     selectors: tuple[Selector, ...] = ()  # empty: no certificate field can show this
+    audiences: tuple[str, ...] = ()  # the Form's audience flags (empty: not an audience form)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class Framework:
     source: str
     note: str
     items: tuple[Item, ...]
+    audience: str = ""  # the Form's audience this view is for (empty: the whole framework)
 
 
 # --- selectors: verified statement → evidence -------------------------------------------------
@@ -354,3 +364,101 @@ def refinement_gated(stmt: Mapping[str, Any]) -> Evidence:
 
 def handoff(stmt: Mapping[str, Any]) -> Evidence:
     return _margin(stmt, "handoff", gated_only=True)
+
+
+# --- measured quantities: parameters from the weights, the audit's own compute --------------------
+
+
+def two_significant(n: float) -> str:
+    """``n`` to two significant figures as the Model Documentation Form writes it
+    (``7.3*10^10``); below 100 the number itself."""
+    if n == 0:
+        return "0"
+    exp = math.floor(math.log10(abs(n)))
+    mant = round(n / 10**exp, 1)
+    if mant >= 10:  # 9.96 rounds to 10.0
+        mant, exp = mant / 10, exp + 1
+    if exp < 2:
+        return f"{mant * 10**exp:.{max(0, 1 - exp)}f}"
+    return f"{mant:.1f}*10^{exp}"
+
+
+def parameters(stmt: Mapping[str, Any]) -> Evidence:
+    c = _p(stmt).get("parameters")
+    if not isinstance(c, Mapping) or not isinstance(c.get("total"), int):
+        return Evidence("predicate.parameters", "not counted: this certificate predates parameter counts", False)
+    shared = c.get("shared_experts")
+    shared = f", shared experts ({two_significant(shared)}) counted as active" if shared else ""
+    return Evidence(
+        "predicate.parameters",
+        f"{two_significant(c['total'])} parameters in total ({c['total']}), "
+        f"{two_significant(c['active'])} active per token ({c['active']}): every parameter outside the "
+        f"routed experts plus top-{c.get('top_k')}/{c.get('num_experts')} of the routed experts' "
+        f"{two_significant(c['routed_experts'])}{shared}; counted from the safetensors headers of "
+        f"{c.get('checkpoint')}, a signed subject",
+    )
+
+
+def _replays(c: Mapping[str, Any]) -> str:
+    names = [str(r.get("receipt")) for r in c.get("replays") or []]
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
+def audit_flops(stmt: Mapping[str, Any]) -> Evidence:
+    c = _p(stmt).get("compute")
+    if not isinstance(c, Mapping):
+        return Evidence("predicate.compute.flops", "not counted: this certificate predates compute counts", False)
+    if c.get("flops") is None:
+        why = "not counted: the receipts came from a cache made before their replays' cost was recorded"
+        return Evidence("predicate.compute.flops", why, False)
+    return Evidence(
+        "predicate.compute.flops",
+        f"{two_significant(c['flops'])} FLOPs ({c['flops']}) used by the audit's "
+        f"{len(c.get('replays') or [])} replay(s), receipts {_replays(c)}; counted by {c.get('counted_by')}. "
+        "The audit's compute, not the training's",
+    )
+
+
+def audit_energy(stmt: Mapping[str, Any]) -> Evidence:
+    c = _p(stmt).get("compute")
+    if not isinstance(c, Mapping):
+        return Evidence("predicate.compute.energy_joules", "not measured: this certificate predates it", False)
+    joules = c.get("energy_joules")
+    if joules is None:
+        return Evidence("predicate.compute.energy_joules", str(c.get("energy_reason") or "not measured"), False)
+    return Evidence(
+        "predicate.compute.energy_joules",
+        f"{two_significant(joules / 3.6e9)} MWh ({joules:.6g} J) used by the GPU during the audit's "
+        f"{len(c.get('replays') or [])} replay(s), receipts {_replays(c)}; measured by {c.get('energy_by')}. "
+        "The audit's energy, not the training's",
+    )
+
+
+def monitoring_logs(stmt: Mapping[str, Any]) -> Evidence:
+    inputs = _p(stmt).get("inputs") or {}
+    logs = [f"{k} {str((inputs[k] or {}).get('sha256'))[:12]}…" for k in ("metrics", "probe") if inputs.get(k)]
+    if not logs:
+        return Evidence("predicate.inputs", "no training log or canary probe log was bound", False)
+    return Evidence(
+        "predicate.inputs.metrics, predicate.inputs.probe",
+        "the training callback's logs, hashed as parsed and signed: " + ", ".join(logs),
+    )
+
+
+def checkpoint_files(stmt: Mapping[str, Any]) -> Evidence:
+    files = _p(stmt).get("checkpoint_files") or []
+    if not files:
+        return Evidence("predicate.checkpoint_files", "the certificate does not list the checkpoints' files", False)
+    count = sum(len(f.get("resources") or []) for f in files)
+    return Evidence(
+        "predicate.checkpoint_files",
+        f"{count} file(s) of {len(files)} checkpoint(s), each with its size and SHA-256, signed",
+    )
+
+
+def preregistration(stmt: Mapping[str, Any]) -> Evidence:
+    pre = _p(stmt).get("preregistration")
+    if not pre:
+        why = "no preregistration: the certificate does not show when the criteria were fixed"
+        return Evidence("predicate.preregistration", why, False)
+    return Evidence("predicate.preregistration", "criteria signed before the evidence, checked by certify")

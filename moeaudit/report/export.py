@@ -41,6 +41,7 @@ from moeaudit.report.evidence import (
 from moeaudit.report.frameworks import FRAMEWORKS
 
 SCHEMA = "moeaudit.export/v1"
+EXPORT_PREDICATE = "https://moeaudit.dev/compliance-export/v1"  # a signed export's predicateType
 FORMATS = ("md", "html", "json")
 TEMPLATE = "export.html.j2"
 
@@ -116,13 +117,40 @@ def export(statement: Mapping[str, Any], framework_key: str) -> dict[str, Any]:
     fw = framework(framework_key)
     items = [assess(item, statement) for item in fw.items]
     counts = {s: sum(i["status"] == s for i in items) for s in (COVERED, PARTIAL, NOT_COVERED)}
-    return {
-        "schema": SCHEMA,
-        "framework": {"key": fw.key, "title": fw.title, "source": fw.source, "note": fw.note},
-        "certificate": certificate_summary(statement),
-        "summary": counts,
-        "items": items,
-    }
+    summary = certificate_summary(statement)
+    about: dict[str, Any] = {"key": fw.key, "title": fw.title, "source": fw.source, "note": fw.note}
+    if fw.audience:  # one audience's view: it names the certificate file it was made from
+        about["audience"] = fw.audience
+        summary["sha256"] = statement.get("_sha256")
+    return {"schema": SCHEMA, "framework": about, "certificate": summary, "summary": counts, "items": items}
+
+
+def export_statement(report: Mapping[str, Any], statement: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON report as an in-toto statement whose subject is the verified certificate file
+    (its SHA-256, ``_sha256`` of ``open_certificate``): the authority and the downstream views
+    of one certificate name the same digest, so a reader can tell they rest on one signed
+    statement."""
+    from moeaudit.attest.certificate import STATEMENT_TYPE
+
+    digest = statement.get("_sha256")
+    if not digest:
+        raise InputError("export needs a verified certificate", hint="open it with open_certificate")
+    subject = [{"name": "certificate.json", "digest": {"sha256": digest}}]
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": EXPORT_PREDICATE, "predicate": dict(report)}
+
+
+def run_signed_export(
+    cert_path: str | Path, pubkey_path: str | Path | None, framework_key: str, key: Any
+) -> dict[str, Any]:
+    """Verify the certificate, export it as JSON, and sign the report (DSSE, ``key``) as an
+    in-toto statement about the certificate's digest (:func:`export_statement`)."""
+    from moeaudit.attest.certificate import canonical_json, open_certificate
+    from moeaudit.attest.signing import default_public_key, load_public_key, sign_envelope
+
+    framework(framework_key)
+    pub = Path(pubkey_path) if pubkey_path else default_public_key()
+    stmt = open_certificate(Path(cert_path), load_public_key(pub))
+    return sign_envelope(key, canonical_json(export_statement(export(stmt, framework_key), stmt)))
 
 
 def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_key: str, fmt: str) -> str:
@@ -182,6 +210,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "|---|---|",
     ]
     out += [f"| {label} | {_md(cert.get(key) or '—')} |" for label, key in CERT_ROWS]
+    out += [f"| certificate file | sha256 {_md(cert['sha256'])} |"] if cert.get("sha256") else []
     out += [f"| subject {_md(s['name'])} | sha256 {_md(s['sha256'])} |" for s in cert["subjects"]]
     out += [
         "",
@@ -294,7 +323,9 @@ __all__ = [
     "canary",
     "envelope",
     "export",
+    "export_statement",
     "run_export",
+    "run_signed_export",
     "to_html",
     "to_markdown",
 ]

@@ -6,11 +6,20 @@ explains each mapping. Torch-free.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from moeaudit.report.evidence import (
+    AIO,
+    AUTHORITIES,
+    DP,
+    EVERYONE,
     Aspect,
     Framework,
     Item,
+    audit_energy,
+    audit_flops,
     canary,
+    checkpoint_files,
     ci95,
     claims,
     compared_gates,
@@ -20,9 +29,12 @@ from moeaudit.report.evidence import (
     gate_metrics,
     gate_progression,
     handoff,
+    monitoring_logs,
     nll_by_domain,
     nll_series,
+    parameters,
     policy,
+    preregistration,
     refinement,
     refinement_gated,
     routed_shape,
@@ -139,7 +151,8 @@ EU_AI_ACT = Framework(
                 A("tasks and the AI systems it can be integrated in"),
                 A("acceptable-use policy"),
                 A("release date and distribution"),
-                A("architecture and number of parameters"),
+                A("architecture"),
+                A("number of parameters, total and active, counted from the weights", (parameters,)),
                 A("modality and input/output format"),
                 A("licence"),
             ),
@@ -373,15 +386,9 @@ EU_GPAI_MDF = Framework(
                 A("architecture"),
                 A("design specifications, rationale and assumptions"),
                 A("input and output modalities and maximum sizes"),
-                A("number of parameters"),
+                A("number of parameters (two significant figures), counted from the weights", (parameters,)),
             ),
-            context=(
-                (
-                    routed_shape,
-                    "the routed layers and experts the replay saw, not an "
-                    "architecture description or a parameter count",
-                ),
-            ),
+            context=((routed_shape, "the routed layers and experts the replay saw, not an architecture description"),),
         ),
         Item(
             "MDF 3 distribution and licence",
@@ -434,7 +441,12 @@ EU_GPAI_MDF = Framework(
             "State the training time, the amount of computation "
             "used to train (e.g. floating-point operations) and how it was measured (Annex XI "
             "§1.2(d)).",
-            (A("training time"), A("training compute (e.g. FLOPs)"), A("measurement methodology")),
+            (
+                A("training time"),
+                A("training compute (e.g. FLOPs)"),
+                A("measurement methodology"),
+                A("the audit's own compute: FLOPs counted in its replays, by receipt", (audit_flops,)),
+            ),
             context=(
                 (run_steps, "step numbers of the audited checkpoints, not compute or time"),
                 (environment, "the audit replay environment, not the training job"),
@@ -444,9 +456,152 @@ EU_GPAI_MDF = Framework(
             "MDF energy consumption",
             "State the energy used to train the model and how it was "
             "measured or estimated, and the computation used for inference (Annex XI §1.2(e)).",
-            (A("training energy and its methodology"), A("inference computation")),
+            (
+                A("training energy and its methodology"),
+                A("inference computation"),
+                A("the audit's own energy: measured by NVML on its GPU, by receipt", (audit_energy,)),
+            ),
         ),
     ),
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.key: f for f in (EU_AI_ACT, EU_GPAI_MDF, NIST_AI_600_1, SR_11_7)}
+# The Form's audience flags. Every field is for the AI Office and the national competent
+# authorities (on request); the fields Annex XII also asks a provider to give downstream
+# providers are flagged for them too (docs/compliance.md, "Two audiences"). Item → its aspects
+# for downstream providers (None: all of them); an item not named is for the authorities only.
+FOR_DOWNSTREAM: dict[str, frozenset[str] | None] = {
+    "MDF 1.1-1.2 provider and model name": None,
+    "MDF 1.3 model authenticity": None,
+    "MDF 1.4-1.5 release dates": None,
+    "MDF 1.6 model dependencies": None,
+    "MDF 2 model properties": None,
+    "MDF 3 distribution and licence": None,
+    "MDF 4 use": None,
+    "MDF data for training, testing and validation": frozenset(
+        {"training data: type, provenance, selection, size, curation", "test and validation data: type, size and scope"}
+    ),
+}
+
+
+def _flagged(fw: Framework) -> Framework:
+    """``fw`` with each aspect carrying the Form's audience flags (FOR_DOWNSTREAM)."""
+
+    def flags(item: Item, aspect: Aspect) -> tuple[str, ...]:
+        if item.id not in FOR_DOWNSTREAM:
+            return AUTHORITIES
+        named = FOR_DOWNSTREAM[item.id]
+        return EVERYONE if named is None or aspect.what in named else AUTHORITIES
+
+    items = tuple(
+        replace(item, aspects=tuple(replace(a, audiences=flags(item, a)) for a in item.aspects)) for item in fw.items
+    )
+    return replace(fw, items=items)
+
+
+EU_GPAI_MDF = _flagged(EU_GPAI_MDF)
+AUDIENCES = {"authority": (AIO, "the AI Office and national competent authorities"), "downstream": (DP, DP)}
+
+
+def for_audience(fw: Framework, audience: str) -> Framework:
+    """The Form's fields for one audience: the aspects flagged for it, items left without one
+    dropped. Both audiences' exports of a certificate bind the same certificate digest."""
+    flag, label = AUDIENCES[audience]
+    items = []
+    for item in fw.items:
+        kept = tuple(a for a in item.aspects if flag in a.audiences)
+        if kept:
+            items.append(replace(item, aspects=kept))
+    return replace(
+        fw,
+        key=f"{fw.key}-{audience}",
+        title=f"{fw.title}, for {label}",
+        note=f"The fields the Form flags for {label}. " + fw.note,
+        items=tuple(items),
+        audience=label,
+    )
+
+
+ISO_42001 = Framework(
+    "iso-42001",
+    "ISO/IEC 42001 — Annex A controls",
+    "ISO/IEC 42001:2023, Information technology — Artificial intelligence — Management system, "
+    "Annex A (normative): reference control objectives and controls",
+    "A management-system standard: the controls are the organization's, and a certificate is "
+    "evidence it can cite for some of them, never a certification. Control texts are paraphrased. " + SCOPE,
+    (
+        Item(
+            "A.6.2.4 verification and validation",
+            "Define and document verification and validation measures for the AI system, and the "
+            "criteria for their use.",
+            (
+                A("verification and validation measures, applied gate by gate", (gate_progression, gate_metrics)),
+                A("criteria for their use: the acceptance thresholds, pinned by digest", (policy,)),
+                A("the criteria fixed before the evidence they judge (a preregistration)", (preregistration,)),
+                A("results against the criteria", (verdict,)),
+                A("validation of the deployed system for its intended use"),
+            ),
+            note="The policy is the criteria: every constant of it is signed with its digest.",
+        ),
+        Item(
+            "A.6.2.6 operation and monitoring",
+            "Define and document what the ongoing operation of the AI system needs: at least "
+            "system and performance monitoring, repairs, updates and support.",
+            (
+                A("monitoring of the training run: the per-expert gradient-signal envelope", (envelope,)),
+                A("the training callback's logs the monitoring read, bound by digest", (monitoring_logs,)),
+                A("changes flagged against the active baseline", (compared_gates,)),
+                A("monitoring, repair, update and support of the system in operation"),
+            ),
+            note="Covers the training run the callback logged; operation after release is outside the certificate.",
+        ),
+        Item(
+            "A.6.2.7 technical documentation",
+            "Determine the technical documentation each category of interested party needs "
+            "(users, partners, authorities) and provide it in a suitable form.",
+            (
+                A("what each measurement shows and does not license", (claims,)),
+                A("the tool version and the policy the results rest on", (tool, policy)),
+                A("the documented model: its checkpoints and their files, by digest", (subjects, checkpoint_files)),
+                A("the model's size, counted from its weights", (parameters,)),
+                A("documentation for each category of interested party"),
+            ),
+            note="`moeaudit export` renders the same signed evidence for several audiences.",
+        ),
+        Item(
+            "A.6.2.8 recording of event logs",
+            "Determine at which phases of the AI system life cycle event logs are kept, at least "
+            "while the system is in use.",
+            (
+                A("a signed, dated record of each audit", SIGNED),
+                A("per-checkpoint receipts, retained inside the signed statement", (gate_metrics,)),
+                A("resumes and regime changes of the run, recorded", (events,)),
+                A("event logs of the system in use, and their retention period"),
+            ),
+            note="Only the gates' receipts are signed; receipts/*.json beside the certificate are not.",
+        ),
+        Item(
+            "A.7.5 data provenance",
+            "Define and document how the provenance of the data used in the AI system is recorded "
+            "over the life cycles of the data and of the system.",
+            (
+                A("the evaluation data (canary), pinned by digest", (canary,)),
+                A("provenance of the training data"),
+                A("the data's life cycle: its changes, transformations and sharing"),
+            ),
+            note="The canary is an evaluation probe set, not training data.",
+        ),
+    ),
+)
+
+FRAMEWORKS: dict[str, Framework] = {
+    f.key: f
+    for f in (
+        EU_AI_ACT,
+        EU_GPAI_MDF,
+        for_audience(EU_GPAI_MDF, "authority"),
+        for_audience(EU_GPAI_MDF, "downstream"),
+        ISO_42001,
+        NIST_AI_600_1,
+        SR_11_7,
+    )
+}
