@@ -163,6 +163,33 @@ def test_meter_counts_attention_on_the_cpu_kernel_too() -> None:
     assert m.flops == 4 * b * h * t * t * d * 7 // 2 == 21504
 
 
+@pytest.mark.parametrize("family, expected", [("mixtral", 4_571_136), ("qwen2_moe", 4_878_336)])
+def test_the_replays_forward_is_counted_exactly_as_by_hand(family: str, expected: int, tmp_path: Path) -> None:
+    """The replay's own decoder forward (moeaudit.replay.engine.forward_pass), 4 windows of 16
+    tokens: per layer q/k/v/o, attention (4·W·heads·T²·head_dim), the router, the routed experts
+    for N·top_k routed rows (however the tokens were routed), the shared expert and its gate."""
+    pytest.importorskip("transformers")
+    import hf_models
+
+    from moeaudit.checkpoint.checkpoint import Checkpoint
+    from moeaudit.replay import engine
+
+    hf_models.save_tiny(tmp_path / family, family)
+    ckpt = Checkpoint(tmp_path / family)
+    s = ckpt.spec
+    w, t = 4, 16
+    tokens = torch.randint(0, hf_models.VOCAB, (w, t), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    with metered() as m:
+        engine.forward_pass(ckpt, tokens, engine.rope_tables(s, t))
+    n, h, hd = w * t, s.hidden_size, s.head_dim
+    proj = 2 * n * h * (2 * s.num_heads * hd + 2 * s.num_kv_heads * hd)
+    attention = 4 * w * s.num_heads * t * t * hd
+    router = 2 * n * h * s.num_experts
+    experts = n * s.top_k * 2 * 3 * h * s.expert_dim
+    shared = 2 * n * 3 * h * s.shared_dim + (2 * n * h if s.shared_dim else 0)  # Qwen2-MoE: its sigmoid gate
+    assert m.flops == s.num_layers * (proj + attention + router + experts + shared) == expected
+
+
 def _tiny_replay(windows: int, tmp_path: Path) -> tuple[int, dict[str, Any], Any]:
     pytest.importorskip("transformers")
     import hf_models
