@@ -288,10 +288,19 @@ def test_gpai_form_shows_parameters_flops_and_why_no_energy(key_pair: tuple[Any,
     flops = next(e for e in items["MDF computational resources"]["evidence"] if e["field"] == "predicate.compute.flops")
     assert flops["summary"].startswith("1.0*10^10 FLOPs (10021072896) used by the audit's 6 replay(s)")
     assert "checkpoint-250.json" in flops["summary"] and "not the training's" in flops["summary"]
+    assert "lower bound" not in flops["summary"]
     energy = items["MDF energy consumption"]
     assert energy["status"] == "not covered" and energy["evidence"] == []
     gap = next(g for g in energy["not_shown"] if "audit's own energy" in g["aspect"])
     assert gap["reason"] == "not measured: the replay ran on the CPU, and NVML measures NVIDIA GPUs only"
+
+
+def test_an_expert_parallel_replay_counts_rank_0_only(key_pair: tuple[Any, Path], tmp_path: Path) -> None:
+    stmt = _golden()
+    stmt["predicate"]["environment"].update(worldSize=2, backend="gloo", rankDevices=["cpu", "cpu"])
+    items = _items(export(_verified(stmt, key_pair, tmp_path), "eu-ai-act-gpai"))
+    flops = next(e for e in items["MDF computational resources"]["evidence"] if e["field"] == "predicate.compute.flops")
+    assert "(10021072896); rank 0's share of a 2-rank replay: a lower bound" in flops["summary"]
 
 
 def test_measured_energy_is_given_in_mwh(key_pair: tuple[Any, Path], tmp_path: Path) -> None:

@@ -411,9 +411,11 @@ def audit_flops(stmt: Mapping[str, Any]) -> Evidence:
     if c.get("flops") is None:
         why = "not counted: the receipts came from a cache made before their replays' cost was recorded"
         return Evidence("predicate.compute.flops", why, False)
+    ranks = (_p(stmt).get("environment") or {}).get("world_size")
+    lower = f"; rank 0's share of a {ranks}-rank replay: a lower bound" if isinstance(ranks, int) and ranks > 1 else ""
     return Evidence(
         "predicate.compute.flops",
-        f"{two_significant(c['flops'])} FLOPs ({c['flops']}) used by the audit's "
+        f"{two_significant(c['flops'])} FLOPs ({c['flops']}){lower} used by the audit's "
         f"{len(c.get('replays') or [])} replay(s), receipts {_replays(c)}; counted by {c.get('counted_by')}. "
         "The audit's compute, not the training's",
     )
