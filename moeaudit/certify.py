@@ -34,6 +34,7 @@ from moeaudit.lineage import abandoned
 from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
+from moeaudit.receipts.measured import measured
 from moeaudit.records import GateEntry, Margin, Margins
 from moeaudit.report.monitors import section as monitors_section
 from moeaudit.run import Run, discover, stage_at, stage_start, truncate
@@ -270,6 +271,7 @@ def audit_run(
     # the root digest does not bind file names: each subject's files are signed too (SPEC §9)
     files: list[dict[str, Any]] = [{"name": c.path.name, "resources": c.resources} for _, c in run.checkpoints]
     predicate["checkpoint_files"] = files
+    predicate.update(measured(run.checkpoints[-1][1], replayer.compute))  # parameters, compute
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
         audit.receipts[f"checkpoint-{step}.json"] = doc
@@ -507,6 +509,7 @@ class _Replayer:
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
         self.from_cache: list[dict[str, Any]] = []  # what this run did not recompute
+        self.compute: list[dict[str, Any]] = []  # each replay this audit ran: its FLOPs and energy
         if cache.problem:
             say(f"warning: {cache.problem}")
 
@@ -540,7 +543,12 @@ class _Replayer:
             def tick(stage: str, done: int, total: int) -> None:  # per layer, forward and backward
                 outer(f"{label} {stage}", done, total)
 
-        doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device, progress=tick)
+        from moeaudit.receipts.compute import metered
+
+        with metered(self.device) as meter:  # the audit's own compute (docs/compliance.md)
+            doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device, progress=tick)
+        self.compute.append({"receipt": f"checkpoint-{step}.json", **meter.record()})
+        self.cache.put(self._key("compute", ckpt), meter.record())  # what the cached receipts cost
         self._computed(f"checkpoint-{step}.json", doc)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)
@@ -554,6 +562,9 @@ class _Replayer:
             # cached by digest: the name is of whichever identical checkpoint filled the cache
             doc["checkpoint"]["name"] = ckpt.path.name
             self.from_cache.append({"kind": "receipts", "checkpoints": [ckpt.path.name]})
+            cost = self.cache.get(self._key("compute", ckpt), check=lambda d: isinstance(d.get("flops"), int))
+            if cost is not None:  # the replay that made these receipts, in an earlier audit
+                self.compute.append({"receipt": f"checkpoint-{step}.json", **cost})
             self._computed(f"checkpoint-{step}.json", doc)
             return doc
         self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")

@@ -1393,9 +1393,20 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
 @click.option(
     "--framework",
     required=True,
-    type=click.Choice(["eu-ai-act", "eu-ai-act-gpai", "nist-ai-600-1", "sr-11-7"]),
+    type=click.Choice(
+        [
+            "eu-ai-act",
+            "eu-ai-act-gpai",
+            "eu-ai-act-gpai-authority",
+            "eu-ai-act-gpai-downstream",
+            "iso-42001",
+            "nist-ai-600-1",
+            "sr-11-7",
+        ]
+    ),
     help="Framework to map the certificate's evidence to (eu-ai-act-gpai: the GPAI Code of "
-    "Practice's Model Documentation Form).",
+    "Practice's Model Documentation Form; -authority, -downstream: the fields it flags for each "
+    "audience; iso-42001: ISO/IEC 42001 Annex A controls).",
 )
 @click.option(
     "--format",
@@ -1411,8 +1422,16 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
     help="Public key to verify CERT with (default: your moeaudit key's .pub).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@click.option(
+    "--sign",
+    is_flag=True,
+    help="Also write OUT.dsse.json: the JSON report as an in-toto statement about the certificate "
+    "file's digest, signed with your moeaudit key.",
+)
 @verbose_option
-def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool) -> None:
+def export(
+    cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool, sign: bool
+) -> None:
     """Map a verified certificate's evidence to a compliance framework.
 
     
@@ -1426,7 +1445,18 @@ def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path 
     _check_output(out, force)
     # `--out x.html` means HTML (issue 25 §5); an explicit --format wins
     fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
+    signed = Path(str(out) + ".dsse.json")
+    if sign:
+        from moeaudit.attest.signing import default_key_path, load_private_key
+        from moeaudit.jsonio import dumps
+        from moeaudit.report.export import run_signed_export
+
+        _check_output(signed, force)
+        envelope = dumps(run_signed_export(cert, pubkey, framework, load_private_key(default_key_path())[0]))
     atomic_write(out, run_export(cert, pubkey, framework, fmt))
+    if sign:
+        atomic_write(signed, envelope)
+        click.echo(f"wrote {signed} (the JSON report, signed)")
     click.echo(f"wrote {out} ({framework}, {fmt}) from verified {cert}")
 
 

@@ -839,6 +839,39 @@ class CheckpointFiles(TypedDict):
     resources: list[FileResource]
 
 
+class ParameterCount(TypedDict):
+    """The last audited checkpoint's parameters, from its headers (moeaudit.checkpoint.params):
+    ``active`` = all but the routed experts, plus top_k/num_experts of the routed experts."""
+
+    checkpoint: str
+    total: int
+    active: int
+    routed_experts: int
+    shared_experts: int
+    top_k: int
+    num_experts: int
+
+
+class ReplayCompute(TypedDict):
+    """One replay this audit ran: the FLOPs counted and the GPU energy NVML measured."""
+
+    receipt: str  # the receipts file the replay produced
+    flops: int
+    energy_joules: float | None
+    energy_reason: NotRequired[str]  # why the energy was not measured
+
+
+class ComputeRecord(TypedDict):
+    """The audit's own compute (moeaudit.receipts.measured): summed over ``replays``."""
+
+    flops: int | None  # None: no replay ran (every receipt from the cache)
+    counted_by: str
+    energy_joules: float | None  # None: not measured (``energy_reason``)
+    energy_by: str
+    energy_reason: NotRequired[str]
+    replays: list[ReplayCompute]
+
+
 class Predicate(TypedDict):
     """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
 
@@ -864,6 +897,8 @@ class Predicate(TypedDict):
     from_cache: NotRequired[list[CacheUse]]
     monitors: NotRequired[MonitorsSection]  # absent from certificates before it
     checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it
+    parameters: NotRequired[ParameterCount]  # absent from certificates before it
+    compute: NotRequired[ComputeRecord]  # absent from certificates before it
 
 
 class Subject(TypedDict):

@@ -82,6 +82,20 @@ EXPECTED = {
         "MS-4.2-005": NOT_COVERED,
     },
     "sr-11-7": {"conceptual soundness": PARTIAL, "ongoing monitoring": PARTIAL, "outcomes analysis": PARTIAL},
+    # every aspect of the Form is flagged for the authorities; the Annex XII ones for downstream too
+    "iso-42001": {
+        "A.6.2.4 verification and validation": PARTIAL,
+        "A.6.2.6 operation and monitoring": PARTIAL,
+        "A.6.2.7 technical documentation": PARTIAL,
+        "A.6.2.8 recording of event logs": PARTIAL,
+        "A.7.5 data provenance": PARTIAL,
+    },
+}
+EXPECTED["eu-ai-act-gpai-authority"] = EXPECTED["eu-ai-act-gpai"]
+EXPECTED["eu-ai-act-gpai-downstream"] = {
+    k: v
+    for k, v in EXPECTED["eu-ai-act-gpai"].items()
+    if k not in ("MDF training process", "MDF computational resources", "MDF energy consumption")
 }
 
 
@@ -211,7 +225,7 @@ def test_unverified_statement_is_refused() -> None:
 def test_unknown_framework_and_format_are_usage_errors(key_pair, tmp_path: Path) -> None:
     cert = write_certificate(example_statement(), key_pair[0], tmp_path / "certificate.json")
     with pytest.raises(UsageError, match="framework"):
-        run_export(cert, key_pair[1], "iso-42001", "md")
+        run_export(cert, key_pair[1], "iso-27001", "md")
     with pytest.raises(UsageError, match="format"):
         run_export(cert, key_pair[1], "sr-11-7", "pdf")
 
