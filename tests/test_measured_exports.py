@@ -63,12 +63,12 @@ def test_parameter_counts_equal_transformers_own_count(family: str, tmp_path: Pa
     """total = transformers' sum(p.numel()); routed and shared experts by transformers' parameter
     names; active = total - routed + routed * top_k / num_experts, computed here by hand."""
     pytest.importorskip("transformers")
-    import hf_models
+    import hfmodels
 
     from moeaudit.checkpoint.checkpoint import Checkpoint
     from moeaudit.checkpoint.params import parameter_counts
 
-    model = hf_models.save_tiny(tmp_path / family, family)
+    model = hfmodels.save_tiny(tmp_path / family, family)
     got = parameter_counts(Checkpoint(tmp_path / family))
     named = dict(model.named_parameters())
     routed = sum(p.numel() for n, p in named.items() if ".experts." in n and "shared_expert" not in n)
@@ -87,13 +87,13 @@ def test_parameter_counts_equal_the_safetensors_headers_read_independently(tmp_p
     """DeepSeek-V3 stores its selection bias (a buffer, not a transformers parameter): the total
     is every stored value, as the safetensors library itself reads the shapes."""
     pytest.importorskip("transformers")
-    import hf_models
+    import hfmodels
     from safetensors import safe_open
 
     from moeaudit.checkpoint.checkpoint import Checkpoint
     from moeaudit.checkpoint.params import parameter_counts
 
-    model = hf_models.save_tiny(tmp_path / "ds", "deepseek_v3")
+    model = hfmodels.save_tiny(tmp_path / "ds", "deepseek_v3")
     got = parameter_counts(Checkpoint(tmp_path / "ds"))
     stored = 0
     for f in (tmp_path / "ds").glob("*.safetensors"):
@@ -169,16 +169,16 @@ def test_the_replays_forward_is_counted_exactly_as_by_hand(family: str, expected
     tokens: per layer q/k/v/o, attention (4·W·heads·T²·head_dim), the router, the routed experts
     for N·top_k routed rows (however the tokens were routed), the shared expert and its gate."""
     pytest.importorskip("transformers")
-    import hf_models
+    import hfmodels
 
     from moeaudit.checkpoint.checkpoint import Checkpoint
     from moeaudit.replay import engine
 
-    hf_models.save_tiny(tmp_path / family, family)
+    hfmodels.save_tiny(tmp_path / family, family)
     ckpt = Checkpoint(tmp_path / family)
     s = ckpt.spec
     w, t = 4, 16
-    tokens = torch.randint(0, hf_models.VOCAB, (w, t), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    tokens = torch.randint(0, hfmodels.VOCAB, (w, t), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
     with metered() as m:
         engine.forward_pass(ckpt, tokens, engine.rope_tables(s, t))
     n, h, hd = w * t, s.hidden_size, s.head_dim
@@ -192,7 +192,7 @@ def test_the_replays_forward_is_counted_exactly_as_by_hand(family: str, expected
 
 def _tiny_replay(windows: int, tmp_path: Path) -> tuple[int, dict[str, Any], Any]:
     pytest.importorskip("transformers")
-    import hf_models
+    import hfmodels
 
     from moeaudit import canary as canary_mod
     from moeaudit.checkpoint.checkpoint import Checkpoint
@@ -201,8 +201,8 @@ def _tiny_replay(windows: int, tmp_path: Path) -> tuple[int, dict[str, Any], Any
 
     path = tmp_path / "mixtral"
     if not path.exists():
-        hf_models.save_tiny(path, "mixtral")
-    tokens = torch.randint(0, hf_models.VOCAB, (4, 16), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+        hfmodels.save_tiny(path, "mixtral")
+    tokens = torch.randint(0, hfmodels.VOCAB, (4, 16), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
     tokens = tokens.repeat(windows // 4, 1)
     canary = canary_mod.Canary(tokens, torch.zeros(windows, dtype=torch.int32), ("web",))
     ckpt = Checkpoint(path)

@@ -16,7 +16,7 @@ from moeaudit.integrations.ordering import handler_of, lead
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
-from hf_models import VOCAB, tiny_model  # noqa: E402
+from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 STEPS, LOG_EVERY, BATCH, SEQ = 4, 2, 4, 8
 LOGGED = [2, 4]
