@@ -1270,7 +1270,7 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
     "attest",
     type=click.Path(path_type=Path),
     help="When verification succeeds, also write what was verified here as a signed in-toto "
-    "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).",
+    "Simple Verification Result (https://in-toto.io/attestation/svr/v0.2).",
 )
 @click.option(
     "--key", type=click.Path(path_type=Path), help="Signing key for --attest-verification (default: your moeaudit key)."
@@ -1342,7 +1342,7 @@ def _attest_verification(
 ) -> None:
     """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
     from moeaudit.attest.certificate import now_rfc3339
-    from moeaudit.attest.intoto import file_subject, sign, verification_result
+    from moeaudit.attest.intoto import certified_criteria, file_subject, sign, verification_result
     from moeaudit.jsonio import atomic_write
 
     verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
@@ -1355,6 +1355,7 @@ def _attest_verification(
         required=required,
         rechecked=rechecked,
         time=now_rfc3339(),
+        criteria=certified_criteria(stmt["predicate"]),
     )
     atomic_write(path, sign(svr, key), force=force)
     click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")

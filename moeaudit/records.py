@@ -980,6 +980,26 @@ class SvrStatement(TypedDict):
     predicate: SvrPredicate
 
 
+class SvrVerifierV02(TypedDict):
+    id: str
+    policies: list[ResourceDescriptor]  # required by v0.2 (``[]`` when none)
+
+
+class SvrPredicateV02(TypedDict):
+    """``https://in-toto.io/attestation/svr/v0.2``: what ``verify`` checked, under which policies, and when."""
+
+    verifier: SvrVerifierV02
+    timeCreated: str
+    properties: list[str]
+
+
+class SvrStatementV02(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://in-toto.io/attestation/svr/v0.2"]
+    predicate: SvrPredicateV02
+
+
 # Records whose schema allows fields beyond the ones named (see the module docstring).
 OPEN: frozenset[type] = frozenset(
     {EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument, Abandoned, RouterSection, ReceiptsCheckpoint}
@@ -992,6 +1012,7 @@ PUBLISHED: dict[str, tuple[type, bool]] = {
     "gate-v1.schema.json": (GateDocument, False),
     "test-result-v0.1.statement.schema.json": (TestResultStatement, False),
     "svr-v0.1.statement.schema.json": (SvrStatement, False),
+    "svr-v0.2.statement.schema.json": (SvrStatementV02, False),
 }
 
 # ----- introspection: what the schema generator and the wire naming read -------------------
@@ -1085,5 +1106,6 @@ __all__ = [
     "ResourceDescriptor",
     "Statement",
     "SvrStatement",
+    "SvrStatementV02",
     "TestResultStatement",
 ]
