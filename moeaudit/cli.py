@@ -1469,6 +1469,11 @@ def samples_build(out: Path, tiny: bool) -> None:
     click.echo(f"wrote sample runs to {out}")
 
 
+from moeaudit.commands.claims import claims as _claims  # noqa: E402
+
+cli.add_command(_claims)
+
+
 def _terminate(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM (a CI cancel, `kill`) cleans up exactly like Ctrl-C
 
