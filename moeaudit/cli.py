@@ -831,6 +831,17 @@ def calibrate(
     help="Certify although the run records another canary (canary_probe.jsonl, its canary.safetensors, "
     "a checkpoint's tokenizer.json); the certificate signs each mismatch as a finding.",
 )
+@click.option(
+    "--preregistration",
+    type=click.Path(path_type=Path),
+    help="Signed preregistration of the policy and canary (default: preregistration.json in RUN_DIR, if any).",
+)
+@click.option(
+    "--preregistration-pubkey",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Public key the preregistration is verified with (default: the signing key's).",
+)
 @nproc_option
 @precision_option
 @verbose_option
@@ -847,6 +858,8 @@ def certify(
     stage: str | None,
     fail_on: str | None,
     accept_canary_mismatch: bool,
+    preregistration: Path | None,
+    preregistration_pubkey: tuple[Path, ...],
     nproc: int | None,
 ) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
@@ -883,6 +896,9 @@ def certify(
     probe = canary_mod.load(canary_file)
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
+    from moeaudit.commands.preregister import attach, load_for_certify
+
+    prereg = load_for_certify(run_dir, preregistration, preregistration_pubkey, signing_key)  # before the replay
     # the output is locked, checked and proven writable before the replay (issue 14)
     with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
@@ -900,8 +916,10 @@ def certify(
             progress=tick,
             accept_canary_mismatch=accept_canary_mismatch,
         )
+        criteria = attach(audit, prereg)
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])
+    click.echo(f"criteria: {criteria}")
     click.echo(
         f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} and {paths['receipts']}/"
     )
@@ -1470,8 +1488,10 @@ def samples_build(out: Path, tiny: bool) -> None:
 
 
 from moeaudit.commands.claims import claims as _claims  # noqa: E402
+from moeaudit.commands.preregister import preregister as _preregister  # noqa: E402
 
 cli.add_command(_claims)
+cli.add_command(_preregister)
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

@@ -824,6 +824,37 @@ class CheckpointFiles(TypedDict):
     resources: list[FileResource]
 
 
+class FirstCheckpoint(TypedDict):
+    name: str
+    step: int
+    written_at: str | None  # RFC 3339: the earliest modification time of its files
+    evidence: str  # what ``written_at`` was taken from
+
+
+class PreregisteredDigests(TypedDict):
+    settings_digest: str
+    canary_sha256: str
+
+
+class PreregistrationRecord(TypedDict):
+    """Whether the criteria (policy, canary) were fixed before the evidence
+    (:mod:`moeaudit.attest.preregistration`)."""
+
+    status: Literal["matched", "mismatch", "absent"]
+    ordering: Literal["before", "after", "unknown"]  # the preregistration vs the first audited checkpoint
+    calibration: Literal[
+        "not calibrated", "preregistered", "fitted after the evidence", "not shown to predate the evidence"
+    ]
+    summary: str
+    first_checkpoint: FirstCheckpoint
+    file: NotRequired[InputFile]
+    keyid: NotRequired[str]
+    created_at: NotRequired[str]
+    run: NotRequired[str]
+    mismatches: NotRequired[list[Literal["policy", "canary", "run"]]]
+    preregistered: NotRequired[PreregisteredDigests]
+
+
 class Predicate(TypedDict):
     """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
 
@@ -848,6 +879,7 @@ class Predicate(TypedDict):
     router: NotRequired[RouterSection]
     from_cache: NotRequired[list[CacheUse]]
     checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it
+    preregistration: NotRequired[PreregistrationRecord]  # absent from certificates before it
 
 
 class Subject(TypedDict):

@@ -1,0 +1,186 @@
+"""``moeaudit preregister`` and what ``certify`` signs about it: whether the policy and canary
+it audited under are the preregistered ones, whether the preregistration predates the first
+audited checkpoint, and what that makes of a calibrated policy. Runs are the healthy sample's
+checkpoints copied to a temporary run: copied with their times kept (written long before the
+preregistration) or as new files (written after it)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from moeaudit.attest.signing import generate_key
+from moeaudit.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_checkpoints"
+POLICY, CANARY = SAMPLES / "policy.toml", SAMPLES / "canary.safetensors"
+pytestmark = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
+
+
+def _run_dir(tmp_path: Path, *, keep_times: bool) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    copy = shutil.copy2 if keep_times else shutil.copy  # shutil.copy: new files, written now
+    for step in (1250, 1500):
+        shutil.copytree(SAMPLES / "healthy" / f"checkpoint-{step}", run / f"checkpoint-{step}", copy_function=copy)
+    return run
+
+
+def _preregister(tmp_path: Path, out: Path, *, key: Path, policy: Path = POLICY, run: str = "run") -> Any:
+    return CliRunner().invoke(
+        cli,
+        [
+            "preregister",
+            "--policy",
+            str(policy),
+            "--canary",
+            str(CANARY),
+            "--run",
+            run,
+            "-o",
+            str(out),
+            "--key",
+            str(key),
+        ],
+    )
+
+
+def _certify(run: Path, out: Path, key: Path, cache: Path, *extra: str, policy: Path = POLICY) -> tuple[Any, Any]:
+    result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(cache)}).invoke(
+        cli,
+        [
+            "certify",
+            str(run),
+            "--out",
+            str(out),
+            "--key",
+            str(key),
+            "--canary",
+            str(CANARY),
+            "--policy",
+            str(policy),
+            *extra,
+        ],
+    )
+    if result.exit_code != 0 or not (out / "certificate.json").exists():
+        return result, None
+    env = json.loads((out / "certificate.json").read_bytes())
+    return result, json.loads(base64.b64decode(env["payload"]))["predicate"]
+
+
+@pytest.fixture()
+def key(tmp_path: Path) -> Path:
+    generate_key(tmp_path / "k")
+    return tmp_path / "k"
+
+
+def test_criteria_preregistered_before_the_checkpoints(tmp_path: Path, key: Path, samples_cache: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    made = _preregister(tmp_path, run / "preregistration.json", key=key)
+    assert made.exit_code == 0, made.stderr
+    _run_dir(tmp_path, keep_times=False)  # the checkpoints are written after it
+    result, pred = _certify(run, tmp_path / "out", key, samples_cache)
+    assert result.exit_code == 0, result.stderr
+    rec = pred["preregistration"]  # wire names
+    assert (rec["status"], rec["ordering"], rec["calibration"]) == ("matched", "before", "preregistered")
+    raw = (run / "preregistration.json").read_bytes()
+    assert rec["file"] == {"path": "preregistration.json", "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+    first = rec["firstCheckpoint"]
+    assert (first["name"], first["step"]) == ("checkpoint-1250", 1250)
+    assert rec["createdAt"] <= first["writtenAt"] and "modification time" in first["evidence"]
+    assert rec["run"] == "run" and "mismatches" not in rec
+    line = f"criteria: {rec['summary']}"
+    assert line in result.stdout and "before the first audited checkpoint checkpoint-1250" in line
+    assert rec["summary"] in (tmp_path / "out" / "certificate.html").read_text()
+    # the preregistration signs the digests certify compares
+    statement = json.loads(base64.b64decode(json.loads(raw)["payload"]))
+    assert statement["predicate"]["policy"]["settingsDigest"] == pred["policy"]["digest"]
+    assert statement["predicate"]["canary"]["digest"] == pred["canary"]["digest"]
+    assert statement["subject"][0]["digest"]["sha256"] == hashlib.sha256(POLICY.read_bytes()).hexdigest()
+
+
+def test_a_preregistration_after_the_checkpoints_names_the_calibration_as_fitted_after(
+    tmp_path: Path, key: Path, samples_cache: Path
+) -> None:
+    run = _run_dir(tmp_path, keep_times=True)  # files written when the samples were built
+    assert _preregister(tmp_path, run / "preregistration.json", key=key).exit_code == 0
+    result, pred = _certify(run, tmp_path / "out", key, samples_cache)
+    assert result.exit_code == 0, result.stderr
+    rec = pred["preregistration"]
+    assert (rec["status"], rec["ordering"], rec["calibration"]) == ("matched", "after", "fitted after the evidence")
+    assert rec["createdAt"] > rec["firstCheckpoint"]["writtenAt"]
+    assert "AFTER the first audited checkpoint" in result.stdout
+    assert "the calibrated policy was fitted after the evidence" in result.stdout
+
+
+def test_digest_mismatch_is_signed_as_a_finding(tmp_path: Path, key: Path, samples_cache: Path) -> None:
+    """A preregistered policy other than the one audited under (a tolerance loosened since), and
+    another run's name: the certificate is written, its verdict unchanged, the mismatch signed."""
+    loosened = tmp_path / "loosened.toml"
+    loosened.write_text(POLICY.read_text().replace("tol_c2_rel = 0.5", "tol_c2_rel = 0.9"))
+    run = tmp_path / "run"
+    run.mkdir()
+    elsewhere = tmp_path / "prereg.json"
+    assert _preregister(tmp_path, elsewhere, key=key, run="another-run").exit_code == 0
+    _run_dir(tmp_path, keep_times=False)
+    result, pred = _certify(
+        run, tmp_path / "out", key, samples_cache, "--preregistration", str(elsewhere), policy=loosened
+    )
+    assert result.exit_code == 0, result.stderr
+    rec = pred["preregistration"]
+    assert (rec["status"], rec["mismatches"], rec["calibration"]) == (
+        "mismatch",
+        ["policy", "run"],
+        "not shown to predate the evidence",
+    )
+    from moeaudit.policy import load_policy
+
+    assert rec["preregistered"]["settingsDigest"] == load_policy(POLICY).digest != pred["policy"]["digest"]
+    assert "does NOT match: policy, run differ(s)" in result.stdout
+    assert pred["verdict"] == "PASS"
+
+
+def test_absent_preregistration_and_an_uncalibrated_policy(tmp_path: Path, key: Path, samples_cache: Path) -> None:
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[gates]\nescalate_after = 4\n")
+    run = _run_dir(tmp_path, keep_times=True)
+    result, pred = _certify(run, tmp_path / "out", key, samples_cache, policy=plain)
+    assert result.exit_code == 0, result.stderr
+    rec = pred["preregistration"]
+    assert (rec["status"], rec["ordering"], rec["calibration"]) == ("absent", "unknown", "not calibrated")
+    assert set(rec) == {"status", "ordering", "calibration", "summary", "firstCheckpoint"}
+    assert "criteria: criteria not preregistered (no preregistration.json in the run, none given)\n" in result.stdout
+    # the sample policy is calibrated: without a preregistration that is named
+    result, pred = _certify(run, tmp_path / "out2", key, samples_cache)
+    assert pred["preregistration"]["calibration"] == "not shown to predate the evidence"
+
+
+def test_a_preregistration_signed_by_another_key_is_refused_before_the_replay(
+    tmp_path: Path, key: Path, samples_cache: Path
+) -> None:
+    generate_key(tmp_path / "trainer")
+    run = _run_dir(tmp_path, keep_times=True)
+    assert _preregister(tmp_path, run / "preregistration.json", key=tmp_path / "trainer").exit_code == 0
+    result, pred = _certify(run, tmp_path / "out", key, samples_cache)
+    assert result.exit_code == 1 and pred is None and not (tmp_path / "out").exists()
+    assert "preregistration.json" in result.stderr and "--preregistration-pubkey" in result.stderr
+    result, pred = _certify(
+        run, tmp_path / "out", key, samples_cache, "--preregistration-pubkey", str(tmp_path / "trainer.pub")
+    )
+    assert result.exit_code == 0, result.stderr
+    assert pred["preregistration"]["status"] == "matched"
+    # a file that is no preregistration: an input error
+    (tmp_path / "cert-as-prereg.json").write_bytes((tmp_path / "out" / "certificate.json").read_bytes())
+    result, _ = _certify(
+        run, tmp_path / "out3", key, samples_cache, "--preregistration", str(tmp_path / "cert-as-prereg.json")
+    )
+    assert result.exit_code == 4 and "not a moeaudit preregistration" in result.stderr
