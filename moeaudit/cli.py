@@ -1346,6 +1346,8 @@ def verify(
         f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
         f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}"
     )
+    if isinstance(pred.get("preregistration"), dict):  # certificates before it have none
+        click.echo(f"criteria: {pred['preregistration'].get('summary')}")
     problems = [_recheck(stmt, given)] if recheck else []
     if required and pred["verdict"] not in required:
         problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} (--require-verdict)")

@@ -101,6 +101,10 @@ def test_criteria_preregistered_before_the_checkpoints(tmp_path: Path, key: Path
     line = f"criteria: {rec['summary']}"
     assert line in result.stdout and "before the first audited checkpoint checkpoint-1250" in line
     assert rec["summary"] in (tmp_path / "out" / "certificate.html").read_text()
+    shown = CliRunner().invoke(
+        cli, ["verify", str(tmp_path / "out" / "certificate.sigstore.json"), "--pubkey", f"{key}.pub"]
+    )
+    assert shown.exit_code == 0 and line in shown.stdout
     # the preregistration signs the digests certify compares
     statement = json.loads(base64.b64decode(json.loads(raw)["payload"]))
     assert statement["predicate"]["policy"]["settingsDigest"] == pred["policy"]["digest"]
