@@ -188,3 +188,55 @@ def test_a_preregistration_signed_by_another_key_is_refused_before_the_replay(
         run, tmp_path / "out3", key, samples_cache, "--preregistration", str(tmp_path / "cert-as-prereg.json")
     )
     assert result.exit_code == 4 and "not a moeaudit preregistration" in result.stderr
+
+
+def test_a_run_trained_after_its_preregistration(tmp_path: Path, key: Path) -> None:
+    """The order as it happens: the canary first, the preregistration, then the training (the
+    tiny healthy sample run, retrained), then certify — nothing copied, no time set by hand."""
+    from moeaudit.samples.build import build_samples
+
+    out = tmp_path / "samples"
+    build_samples(out, "tiny", runs=["healthy"])  # the canary (deterministic: rebuilt identical below)
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[gates]\nescalate_after = 4\n")
+    prereg = tmp_path / "preregistration.json"
+    made = CliRunner().invoke(
+        cli,
+        [
+            "preregister",
+            "--policy",
+            str(plain),
+            "--canary",
+            str(out / "canary.safetensors"),
+            "--run",
+            "healthy",
+            "-o",
+            str(prereg),
+            "--key",
+            str(key),
+        ],
+    )
+    assert made.exit_code == 0, made.stderr
+    build_samples(out, "tiny", runs=["healthy"])  # trained now, after the preregistration
+    result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}).invoke(
+        cli,
+        [
+            "certify",
+            str(out / "healthy"),
+            "--out",
+            str(tmp_path / "cert"),
+            "--key",
+            str(key),
+            "--canary",
+            str(out / "canary.safetensors"),
+            "--policy",
+            str(plain),
+            "--preregistration",
+            str(prereg),
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    env = json.loads((tmp_path / "cert" / "certificate.json").read_bytes())
+    rec = json.loads(base64.b64decode(env["payload"]))["predicate"]["preregistration"]
+    assert (rec["status"], rec["ordering"], rec["calibration"]) == ("matched", "before", "not calibrated")
+    assert rec["firstCheckpoint"]["name"] == "checkpoint-3"
