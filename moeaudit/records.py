@@ -1032,6 +1032,38 @@ class SvrStatementV02(TypedDict):
     predicate: SvrPredicateV02
 
 
+# --- moeaudit preregister: the criteria signed before training (moeaudit.attest.preregistration) ---
+
+
+class PreregisteredPolicy(TypedDict):
+    file: str
+    sha256: str  # of the file's bytes
+    settingsDigest: str  # what certificates sign as predicate.policy.digest
+    calibrated: bool
+
+
+class PreregisteredCanary(TypedDict):
+    file: str
+    digest: Sha256  # the canary's content digest (SPEC §2.2)
+
+
+class PreregistrationPredicate(TypedDict):
+    """``https://moeaudit.dev/preregistration/v1``: the criteria a run will be certified under."""
+
+    run: str
+    createdAt: str
+    policy: PreregisteredPolicy
+    canary: PreregisteredCanary
+    tool: ToolRecord
+
+
+class PreregistrationStatement(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://moeaudit.dev/preregistration/v1"]
+    predicate: PreregistrationPredicate
+
+
 # Records whose schema allows fields beyond the ones named (see the module docstring).
 OPEN: frozenset[type] = frozenset(
     {EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument, Abandoned, RouterSection, ReceiptsCheckpoint}
@@ -1045,6 +1077,7 @@ PUBLISHED: dict[str, tuple[type, bool]] = {
     "test-result-v0.1.statement.schema.json": (TestResultStatement, False),
     "svr-v0.1.statement.schema.json": (SvrStatement, False),
     "svr-v0.2.statement.schema.json": (SvrStatementV02, False),
+    "preregistration-v1.statement.schema.json": (PreregistrationStatement, False),
 }
 
 # ----- introspection: what the schema generator and the wire naming read -------------------
@@ -1139,5 +1172,6 @@ __all__ = [
     "Statement",
     "SvrStatement",
     "SvrStatementV02",
+    "PreregistrationStatement",
     "TestResultStatement",
 ]

@@ -105,8 +105,13 @@ def test_criteria_preregistered_before_the_checkpoints(tmp_path: Path, key: Path
         cli, ["verify", str(tmp_path / "out" / "certificate.sigstore.json"), "--pubkey", f"{key}.pub"]
     )
     assert shown.exit_code == 0 and line in shown.stdout
-    # the preregistration signs the digests certify compares
+    # the preregistration signs the digests certify compares, in its published schema
     statement = json.loads(base64.b64decode(json.loads(raw)["payload"]))
+    import jsonschema
+
+    from moeaudit.schemas import load
+
+    jsonschema.Draft202012Validator(load("preregistration-v1.statement.schema.json")).validate(statement)
     assert statement["predicate"]["policy"]["settingsDigest"] == pred["policy"]["digest"]
     assert statement["predicate"]["canary"]["digest"] == pred["canary"]["digest"]
     assert statement["subject"][0]["digest"]["sha256"] == hashlib.sha256(POLICY.read_bytes()).hexdigest()
@@ -162,7 +167,7 @@ def test_absent_preregistration_and_an_uncalibrated_policy(tmp_path: Path, key: 
     rec = pred["preregistration"]
     assert (rec["status"], rec["ordering"], rec["calibration"]) == ("absent", "unknown", "not calibrated")
     assert set(rec) == {"status", "ordering", "calibration", "summary", "firstCheckpoint"}
-    assert "criteria: criteria not preregistered (no preregistration.json in the run, none given)\n" in result.stdout
+    assert "criteria: not preregistered (no preregistration.json in the run, none given)\n" in result.stdout
     # the sample policy is calibrated: without a preregistration that is named
     result, pred = _certify(run, tmp_path / "out2", key, samples_cache)
     assert pred["preregistration"]["calibration"] == "not shown to predate the evidence"

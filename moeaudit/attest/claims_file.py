@@ -43,7 +43,7 @@ from moeaudit.jsonio import DuplicateKey, atomic_write, no_duplicate_keys
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
 
 CLAIMS_FILE = "claims.jsonl"
-# a line holds at most one certificate bundle (256 MiB, the certificate cap); a file of a few
+# a line holds one bundle, at most a certificate's (256 MiB, the certificate cap); a file, a few
 MAX_CLAIMS_BYTES = 4 * MAX_CERTIFICATE_BYTES
 
 

@@ -34,16 +34,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from moeaudit.attest.certificate import canonical_json, now_rfc3339
 from moeaudit.attest.signing import PrivateKey, PublicKey, SignatureInvalid, sign_envelope, verify_signed
 from moeaudit.errors import InputError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.limits import read_regular
+from moeaudit.records import PreregistrationStatement
 
-PREDICATE_TYPE = "https://moeaudit.dev/preregistration/v1"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE: Literal["https://moeaudit.dev/preregistration/v1"] = "https://moeaudit.dev/preregistration/v1"
+STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io/Statement/v1"
 FILE_NAME = "preregistration.json"  # what certify looks for in the run directory
 MAX_PREREGISTRATION_BYTES = 1 << 20
 TIME_EVIDENCE = "earliest modification time of the checkpoint's files"
@@ -60,7 +61,7 @@ def statement(
     canary_digest: str,
     created_at: str | None = None,
     tool_version: str = "",
-) -> dict[str, Any]:
+) -> PreregistrationStatement:
     """The preregistration statement (unsigned)."""
     return {
         "_type": STATEMENT_TYPE,
@@ -84,7 +85,7 @@ def statement(
     }
 
 
-def sign(stmt: dict[str, Any], key: PrivateKey) -> bytes:
+def sign(stmt: PreregistrationStatement, key: PrivateKey) -> bytes:
     from moeaudit.jsonio import dumps
 
     return dumps(sign_envelope(key, canonical_json(stmt))).encode("utf-8")
@@ -232,7 +233,7 @@ def summary(rec: dict[str, Any]) -> str:
         "not shown to predate the evidence": "; a calibrated policy, not shown to predate the evidence",
     }[rec["calibration"]]
     if rec["status"] == "absent":
-        return f"criteria not preregistered (no {FILE_NAME} in the run, none given){calibration}"
+        return f"not preregistered (no {FILE_NAME} in the run, none given){calibration}"
     when = rec.get("created_at")
     if rec["status"] == "mismatch":
         return (
@@ -244,4 +245,4 @@ def summary(rec: dict[str, Any]) -> str:
         "after": "AFTER the first audited checkpoint",
         "unknown": "at a time that cannot be compared with the first audited checkpoint",
     }[rec["ordering"]]
-    return f"criteria preregistered {when}, {order} {ckpt}; policy and canary digests match{calibration}"
+    return f"preregistered {when}, {order} {ckpt}; policy and canary digests match{calibration}"
