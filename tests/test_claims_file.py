@@ -192,6 +192,10 @@ def test_claims_add_refuses_a_claim_about_other_bytes_and_writes_nothing(
     assert missing.exit_code == 4 and "claims file not found" in missing.stderr
     not_dir = _run("claims", "verify", str(tmp_path / "nope"), "--pubkey", str(pub))
     assert not_dir.exit_code == 4
+    (tmp_path / "elsewhere.jsonl").write_bytes(b"")
+    (elsewhere / "claims.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    linked = _run("claims", "verify", str(elsewhere), "--pubkey", str(pub))
+    assert linked.exit_code == 4 and "symbolic link" in linked.stderr
 
 
 def test_appends_are_serialised_and_whole(tmp_path: Path) -> None:

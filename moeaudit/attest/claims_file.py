@@ -92,6 +92,8 @@ def read_claims(directory: Path, *, missing_ok: bool = False) -> tuple[bytes, li
     path = claims_path(directory)
     if missing_ok and not os.path.lexists(path):
         return b"", []
+    if path.is_symlink():  # the file is the directory's own: a link would let its target decide
+        raise InputError("claims.jsonl is a symbolic link", path=path, hint="replace it with the file itself")
     raw = read_regular(path, "claims file", MAX_CLAIMS_BYTES)
     lines: list[ClaimLine] = []
     parts = raw.split(b"\n")
