@@ -245,3 +245,37 @@ def test_a_run_trained_after_its_preregistration(tmp_path: Path, key: Path) -> N
     rec = json.loads(base64.b64decode(env["payload"]))["predicate"]["preregistration"]
     assert (rec["status"], rec["ordering"], rec["calibration"]) == ("matched", "before", "not calibrated")
     assert rec["firstCheckpoint"]["name"] == "checkpoint-3"
+
+
+def test_ordering_is_strict_to_the_microsecond() -> None:
+    """``before`` needs the preregistration strictly earlier than the first checkpoint's files;
+    equal times are ``after``; no file time is ``unknown``."""
+    from datetime import datetime, timezone
+
+    from moeaudit.attest.preregistration import Preregistration, assess
+
+    at = datetime(2025, 11, 28, 22, 21, 48, 466483, tzinfo=timezone.utc)
+    written = int(at.timestamp()) * 10**9 + 466_483_999  # ns: 2025-11-28T22:21:48.466483Z, +999 ns
+    pred = {
+        "run": "r",
+        "createdAt": "2025-11-28T22:21:48.466483Z",
+        "policy": {"settingsDigest": "aa"},
+        "canary": {"digest": {"sha256": "bb"}},
+    }
+
+    def order(created: str, when: int | None) -> tuple[str, str]:
+        found = Preregistration(Path("p.json"), "cc", 1, "dd", {**pred, "createdAt": created})
+        rec = assess(
+            found,
+            run="r",
+            settings_digest="aa",
+            canary_digest="bb",
+            calibrated=True,
+            first_checkpoint=("checkpoint-1", 1, when),
+        )
+        return rec["ordering"], rec["calibration"]
+
+    assert order("2025-11-28T22:21:48.466483Z", written) == ("after", "fitted after the evidence")
+    assert order("2025-11-28T22:21:48.466482Z", written) == ("before", "preregistered")
+    assert order("2025-11-28T23:21:48.466482+01:00", written) == ("before", "preregistered")  # same instant
+    assert order("2025-11-28T22:21:48.466482Z", None) == ("unknown", "not shown to predate the evidence")

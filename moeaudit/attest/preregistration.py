@@ -32,11 +32,11 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from moeaudit.attest.certificate import canonical_json, now_rfc3339
+from moeaudit.attest.certificate import canonical_json
 from moeaudit.attest.signing import PrivateKey, PublicKey, SignatureInvalid, sign_envelope, verify_signed
 from moeaudit.errors import InputError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
@@ -72,7 +72,7 @@ def statement(
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "run": run,
-            "createdAt": created_at or now_rfc3339(),
+            "createdAt": created_at or _now_precise(),
             "policy": {
                 "file": policy_name,
                 "sha256": policy_sha256,
@@ -83,6 +83,12 @@ def statement(
             "tool": {"name": "moeaudit", "version": tool_version},
         },
     }
+
+
+def _now_precise() -> str:
+    """RFC 3339 UTC with microseconds: a time truncated to the second would read up to a second
+    earlier than the signing, in the preregistration's favour."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def sign(stmt: PreregistrationStatement, key: PrivateKey) -> bytes:
@@ -148,7 +154,8 @@ def _parse_time(text: str) -> datetime | None:
 
 
 def _rfc3339(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    when = datetime.fromtimestamp(ns // 1000 / 1e6, timezone.utc)
+    return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def written_at(directory: Path, names: Sequence[str]) -> int | None:
@@ -193,8 +200,9 @@ def assess(
             mismatches.append("run")
         created = _parse_time(pred["createdAt"])
         ordering = "unknown"
-        if created is not None and written_ns is not None:
-            ordering = "before" if created.timestamp() * 1e9 < written_ns else "after"
+        if created is not None and written_ns is not None:  # microseconds, as both are written
+            created_us = (created - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+            ordering = "before" if created_us < written_ns // 1000 else "after"
         out = {
             "status": "mismatch" if mismatches else "matched",
             "ordering": ordering,
