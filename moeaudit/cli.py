@@ -1362,7 +1362,13 @@ def _attest_verification(
 ) -> None:
     """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
     from moeaudit.attest.certificate import now_rfc3339
-    from moeaudit.attest.intoto import certified_criteria, file_subject, sign, verification_result
+    from moeaudit.attest.intoto import (
+        certified_criteria,
+        criteria_preregistered,
+        file_subject,
+        sign,
+        verification_result,
+    )
     from moeaudit.jsonio import atomic_write
 
     verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
@@ -1376,6 +1382,7 @@ def _attest_verification(
         rechecked=rechecked,
         time=now_rfc3339(),
         criteria=certified_criteria(stmt["predicate"]),
+        preregistered=criteria_preregistered(stmt["predicate"]),
     )
     atomic_write(path, sign(svr, key), force=force)
     click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")

@@ -76,6 +76,10 @@ def _certify(run: Path, out: Path, key: Path, cache: Path, *extra: str, policy: 
     return result, json.loads(base64.b64decode(env["payload"]))["predicate"]
 
 
+def _svr(path: Path) -> Any:
+    return json.loads(base64.b64decode(json.loads(path.read_bytes())["payload"]))["predicate"]
+
+
 @pytest.fixture()
 def key(tmp_path: Path) -> Path:
     generate_key(tmp_path / "k")
@@ -102,9 +106,24 @@ def test_criteria_preregistered_before_the_checkpoints(tmp_path: Path, key: Path
     assert line in result.stdout and "before the first audited checkpoint checkpoint-1250" in line
     assert rec["summary"] in (tmp_path / "out" / "certificate.html").read_text()
     shown = CliRunner().invoke(
-        cli, ["verify", str(tmp_path / "out" / "certificate.sigstore.json"), "--pubkey", f"{key}.pub"]
+        cli,
+        [
+            "verify",
+            str(tmp_path / "out" / "certificate.sigstore.json"),
+            "--pubkey",
+            f"{key}.pub",
+            "--key",
+            str(key),
+            "--attest-verification",
+            str(tmp_path / "svr.json"),
+        ],
     )
     assert shown.exit_code == 0 and line in shown.stdout
+    svr = _svr(tmp_path / "svr.json")
+    assert "MOEAUDIT_CRITERIA_PREREGISTERED" in svr["properties"]
+    (named,) = [p for p in svr["verifier"]["policies"] if p["name"] == "preregistration.json"]
+    assert named["digest"] == {"sha256": hashlib.sha256(raw).hexdigest()}
+    assert named["annotations"] == {"status": "matched", "ordering": "before"}
     # the preregistration signs the digests certify compares, in its published schema
     statement = json.loads(base64.b64decode(json.loads(raw)["payload"]))
     import jsonschema
@@ -129,6 +148,21 @@ def test_a_preregistration_after_the_checkpoints_names_the_calibration_as_fitted
     assert rec["createdAt"] > rec["firstCheckpoint"]["writtenAt"]
     assert "AFTER the first audited checkpoint" in result.stdout
     assert "the calibrated policy was fitted after the evidence" in result.stdout
+    shown = CliRunner().invoke(
+        cli,
+        [
+            "verify",
+            str(tmp_path / "out" / "certificate.json"),
+            "--pubkey",
+            f"{key}.pub",
+            "--key",
+            str(key),
+            "--attest-verification",
+            str(tmp_path / "svr.json"),
+        ],
+    )
+    assert shown.exit_code == 0, shown.stderr
+    assert "MOEAUDIT_CRITERIA_PREREGISTERED" not in _svr(tmp_path / "svr.json")["properties"]
 
 
 def test_digest_mismatch_is_signed_as_a_finding(tmp_path: Path, key: Path, samples_cache: Path) -> None:

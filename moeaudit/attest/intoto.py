@@ -12,12 +12,15 @@ Test Result, and ``verify``'s answer as a Simple Verification Result.
 * ``verify --attest-verification FILE``: predicate type ``https://in-toto.io/attestation/svr/v0.2``.
   Subjects: the verified certificate file, then the checkpoints it certifies. ``properties``:
   ``MOEAUDIT_SIGNATURE_VALID``, ``MOEAUDIT_VERDICT_<verdict>`` and, after ``--recheck``,
-  ``MOEAUDIT_INPUTS_UNCHANGED``. ``verifier.policies`` (mandatory in v0.2) lists, as in-toto
-  ResourceDescriptors: what ``verify`` required (the key, the verdicts, the recheck; its bytes
-  inline), then the criteria the certificate was judged by — the policy settings (the digest
-  certificates sign as ``predicate.policy.digest``), the policy file (its SHA-256, when the policy
-  came from one) and the canary (its content digest, SPEC §2.2). SVR v0.1 (one ``verifier.policy``,
-  a protobuf ``Any``) is no longer written; :func:`svr_policies` still reads it.
+  ``MOEAUDIT_INPUTS_UNCHANGED``, and ``MOEAUDIT_CRITERIA_PREREGISTERED`` when the certificate
+  signs that its criteria match a preregistration that predates the first audited checkpoint
+  (:mod:`moeaudit.attest.preregistration`). ``verifier.policies`` (mandatory in v0.2) lists, as
+  in-toto ResourceDescriptors: what ``verify`` required (the key, the verdicts, the recheck; its
+  bytes inline), then the criteria the certificate was judged by — the policy settings (the
+  digest certificates sign as ``predicate.policy.digest``), the policy file (its SHA-256, when the
+  policy came from one), the canary (its content digest, SPEC §2.2) and the preregistration file.
+  SVR v0.1 (one ``verifier.policy``, a protobuf ``Any``) is no longer written; :func:`svr_policies`
+  still reads it.
 
 Both are signed DSSE envelopes (the same key types and PAE as certificates), their statements
 canonical JSON. Torch-free.
@@ -146,7 +149,25 @@ def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
                 },
             }
         )
+    prereg = predicate.get("preregistration") or {}
+    file = prereg.get("file") if isinstance(prereg, dict) else None
+    if isinstance(file, dict) and isinstance(file.get("sha256"), str):
+        out.append(
+            {
+                "name": str(file.get("path", "preregistration.json")),
+                "digest": {"sha256": file["sha256"]},
+                "mediaType": "application/json",
+                "annotations": {"status": str(prereg.get("status")), "ordering": str(prereg.get("ordering"))},
+            }
+        )
     return out
+
+
+def criteria_preregistered(predicate: dict[str, Any]) -> bool:
+    """The certificate signs that its policy and canary are the preregistered ones and that the
+    preregistration predates the first audited checkpoint."""
+    prereg = predicate.get("preregistration")
+    return isinstance(prereg, dict) and prereg.get("status") == "matched" and prereg.get("ordering") == "before"
 
 
 def verification_result(
@@ -159,6 +180,7 @@ def verification_result(
     rechecked: bool,
     time: str,
     criteria: list[ResourceDescriptor] | None = None,
+    preregistered: bool = False,
 ) -> SvrStatementV02:
     """What ``verify`` established about a certificate, as an in-toto Simple Verification Result
     v0.2. Written only when ``verify`` succeeds: every property listed held. ``criteria``: the
@@ -179,6 +201,8 @@ def verification_result(
     properties = ["MOEAUDIT_SIGNATURE_VALID", f"MOEAUDIT_VERDICT_{verdict}"]
     if rechecked:
         properties.append("MOEAUDIT_INPUTS_UNCHANGED")
+    if preregistered:
+        properties.append("MOEAUDIT_CRITERIA_PREREGISTERED")
     return {
         "_type": STATEMENT_TYPE,
         "subject": [certificate, *checkpoints],
