@@ -120,9 +120,15 @@ def test_claims_add_list_verify_round_trip(certified: tuple[Path, Path, Path], t
         (1, "https://moeaudit.dev/training-health/v2", True),
         (2, "https://example.com/eval/v1", True),
     ]
+    # another signer's keyless line (a Fulcio certificate): listed, not verified, not a failure
+    keyless = json.loads(json.dumps(lines[1]))
+    keyless["verificationMaterial"] = {"certificate": {"rawBytes": "MIIB"}, "tlogEntries": [{"logIndex": "1"}]}
+    with open(ckpt / "claims.jsonl", "ab") as f:
+        f.write(json.dumps(keyless, separators=(",", ":")).encode() + b"\n")
     ok = _run("claims", "verify", str(ckpt), "--pubkey", str(pub))
     assert ok.exit_code == 0, ok.stdout + ok.stderr
     assert ok.stdout.count(": verified: ") == 2
+    assert "line 3: not-verified: a keyless bundle" in ok.stdout
     if has_sigstore_js:  # each line, verified by sigstore-js against model-signing's digest
         for bundle in lines:
             done = _sigstore_js(bundle, pub, before, tmp_path)

@@ -185,19 +185,29 @@ def verify_claims(directory: Path, keys: Sequence[PublicKey]) -> tuple[str, list
     path = claims_path(directory)
     results: list[LineResult] = []
     for line in lines:
+        why = _not_ours(line)
         hint = line.hint
         candidates = [k for k in keys if hint is None or hint in (key_hint(k), legacy_key_hint(k))]
-        if not candidates:
-            why = (
-                "a keyless bundle (certificate and transparency log), which moeaudit does not verify"
-                if isinstance(line.bundle.get("verificationMaterial"), dict)
-                and "publicKey" not in line.bundle["verificationMaterial"]
-                else f"signed by key hint {str(hint)[:16]}…, not one of the keys given"
-            )
+        if why is None and not candidates:
+            why = f"signed by key hint {str(hint)[:16]}…, not one of the keys given"
+        if why is not None:
             results.append(LineResult(line.number, "not-verified", why))
             continue
         results.append(_verify_line(line, candidates, digest, path))
     return digest, results
+
+
+def _not_ours(line: ClaimLine) -> str | None:
+    """Why moeaudit cannot verify this line at all (another kind of bundle), or None."""
+    material = line.bundle.get("verificationMaterial")
+    if not isinstance(material, dict) or not isinstance(material.get("publicKey"), dict):
+        return (
+            "a keyless bundle (a certificate, not a public key), which moeaudit does not verify: use cosign or sigstore"
+        )
+    stamps = material.get("timestampVerificationData")
+    if material.get("tlogEntries") or (isinstance(stamps, dict) and stamps.get("rfc3161Timestamps")):
+        return "carries transparency-log entries or timestamps, which moeaudit does not verify: use cosign or sigstore"
+    return None
 
 
 def _verify_line(line: ClaimLine, keys: Sequence[PublicKey], digest: str, path: Path) -> LineResult:
