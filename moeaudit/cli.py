@@ -831,6 +831,17 @@ def calibrate(
     help="Certify although the run records another canary (canary_probe.jsonl, its canary.safetensors, "
     "a checkpoint's tokenizer.json); the certificate signs each mismatch as a finding.",
 )
+@click.option(
+    "--preregistration",
+    type=click.Path(path_type=Path),
+    help="Signed preregistration of the policy and canary (default: preregistration.json in RUN_DIR, if any).",
+)
+@click.option(
+    "--preregistration-pubkey",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Public key the preregistration is verified with (default: the signing key's).",
+)
 @nproc_option
 @precision_option
 @verbose_option
@@ -847,6 +858,8 @@ def certify(
     stage: str | None,
     fail_on: str | None,
     accept_canary_mismatch: bool,
+    preregistration: Path | None,
+    preregistration_pubkey: tuple[Path, ...],
     nproc: int | None,
 ) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
@@ -883,6 +896,9 @@ def certify(
     probe = canary_mod.load(canary_file)
     policy = _load_policy(policy_path, run_dir)
     signing_key = _signing_key(key)
+    from moeaudit.commands.preregister import attach, load_for_certify
+
+    prereg = load_for_certify(run_dir, preregistration, preregistration_pubkey, signing_key)  # before the replay
     # the output is locked, checked and proven writable before the replay (issue 14)
     with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
         # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
@@ -900,8 +916,10 @@ def certify(
             progress=tick,
             accept_canary_mismatch=accept_canary_mismatch,
         )
+        criteria = attach(audit, prereg)
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
     print_gates(audit.statement["predicate"])
+    click.echo(f"criteria: {criteria}")
     click.echo(
         f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} and {paths['receipts']}/"
     )
@@ -1270,7 +1288,7 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
     "attest",
     type=click.Path(path_type=Path),
     help="When verification succeeds, also write what was verified here as a signed in-toto "
-    "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).",
+    "Simple Verification Result (https://in-toto.io/attestation/svr/v0.2).",
 )
 @click.option(
     "--key", type=click.Path(path_type=Path), help="Signing key for --attest-verification (default: your moeaudit key)."
@@ -1328,6 +1346,8 @@ def verify(
         f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
         f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}"
     )
+    if isinstance(pred.get("preregistration"), dict):  # certificates before it have none
+        click.echo(f"criteria: {pred['preregistration'].get('summary')}")
     problems = [_recheck(stmt, given)] if recheck else []
     if required and pred["verdict"] not in required:
         problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} (--require-verdict)")
@@ -1342,7 +1362,13 @@ def _attest_verification(
 ) -> None:
     """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
     from moeaudit.attest.certificate import now_rfc3339
-    from moeaudit.attest.intoto import file_subject, sign, verification_result
+    from moeaudit.attest.intoto import (
+        certified_criteria,
+        criteria_preregistered,
+        file_subject,
+        sign,
+        verification_result,
+    )
     from moeaudit.jsonio import atomic_write
 
     verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
@@ -1355,6 +1381,8 @@ def _attest_verification(
         required=required,
         rechecked=rechecked,
         time=now_rfc3339(),
+        criteria=certified_criteria(stmt["predicate"]),
+        preregistered=criteria_preregistered(stmt["predicate"]),
     )
     atomic_write(path, sign(svr, key), force=force)
     click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")
@@ -1496,6 +1524,13 @@ def samples_build(out: Path, tiny: bool) -> None:
     with _progress() as tick:
         build_samples(out, scale="tiny" if tiny else "full", progress=tick)
     click.echo(f"wrote sample runs to {out}")
+
+
+from moeaudit.commands.claims import claims as _claims  # noqa: E402
+from moeaudit.commands.preregister import preregister as _preregister  # noqa: E402
+
+cli.add_command(_claims)
+cli.add_command(_preregister)
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

@@ -872,6 +872,37 @@ class ComputeRecord(TypedDict):
     replays: list[ReplayCompute]
 
 
+class FirstCheckpoint(TypedDict):
+    name: str
+    step: int
+    written_at: str | None  # RFC 3339: the earliest modification time of its files
+    evidence: str  # what ``written_at`` was taken from
+
+
+class PreregisteredDigests(TypedDict):
+    settings_digest: str
+    canary_sha256: str
+
+
+class PreregistrationRecord(TypedDict):
+    """Whether the criteria (policy, canary) were fixed before the evidence
+    (:mod:`moeaudit.attest.preregistration`)."""
+
+    status: Literal["matched", "mismatch", "absent"]
+    ordering: Literal["before", "after", "unknown"]  # the preregistration vs the first audited checkpoint
+    calibration: Literal[
+        "not calibrated", "preregistered", "fitted after the evidence", "not shown to predate the evidence"
+    ]
+    summary: str
+    first_checkpoint: FirstCheckpoint
+    file: NotRequired[InputFile]
+    keyid: NotRequired[str]
+    created_at: NotRequired[str]
+    run: NotRequired[str]
+    mismatches: NotRequired[list[Literal["policy", "canary", "run"]]]
+    preregistered: NotRequired[PreregisteredDigests]
+
+
 class Predicate(TypedDict):
     """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
 
@@ -899,6 +930,7 @@ class Predicate(TypedDict):
     checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it
     parameters: NotRequired[ParameterCount]  # absent from certificates before it
     compute: NotRequired[ComputeRecord]  # absent from certificates before it
+    preregistration: NotRequired[PreregistrationRecord]  # absent from certificates before it
 
 
 class Subject(TypedDict):
@@ -1031,6 +1063,58 @@ class SvrStatement(TypedDict):
     predicate: SvrPredicate
 
 
+class SvrVerifierV02(TypedDict):
+    id: str
+    policies: list[ResourceDescriptor]  # required by v0.2 (``[]`` when none)
+
+
+class SvrPredicateV02(TypedDict):
+    """``https://in-toto.io/attestation/svr/v0.2``: what ``verify`` checked, under which policies, and when."""
+
+    verifier: SvrVerifierV02
+    timeCreated: str
+    properties: list[str]
+
+
+class SvrStatementV02(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://in-toto.io/attestation/svr/v0.2"]
+    predicate: SvrPredicateV02
+
+
+# --- moeaudit preregister: the criteria signed before training (moeaudit.attest.preregistration) ---
+
+
+class PreregisteredPolicy(TypedDict):
+    file: str
+    sha256: str  # of the file's bytes
+    settingsDigest: str  # what certificates sign as predicate.policy.digest
+    calibrated: bool
+
+
+class PreregisteredCanary(TypedDict):
+    file: str
+    digest: Sha256  # the canary's content digest (SPEC §2.2)
+
+
+class PreregistrationPredicate(TypedDict):
+    """``https://moeaudit.dev/preregistration/v1``: the criteria a run will be certified under."""
+
+    run: str
+    createdAt: str
+    policy: PreregisteredPolicy
+    canary: PreregisteredCanary
+    tool: ToolRecord
+
+
+class PreregistrationStatement(TypedDict):
+    _type: Literal["https://in-toto.io/Statement/v1"]
+    subject: list[Subject]
+    predicateType: Literal["https://moeaudit.dev/preregistration/v1"]
+    predicate: PreregistrationPredicate
+
+
 # Records whose schema allows fields beyond the ones named (see the module docstring).
 OPEN: frozenset[type] = frozenset(
     {EnvironmentRecord, ReceiptsLayer, PairLayer, CompareDocument, Abandoned, RouterSection, ReceiptsCheckpoint}
@@ -1043,6 +1127,8 @@ PUBLISHED: dict[str, tuple[type, bool]] = {
     "gate-v1.schema.json": (GateDocument, False),
     "test-result-v0.1.statement.schema.json": (TestResultStatement, False),
     "svr-v0.1.statement.schema.json": (SvrStatement, False),
+    "svr-v0.2.statement.schema.json": (SvrStatementV02, False),
+    "preregistration-v1.statement.schema.json": (PreregistrationStatement, False),
 }
 
 # ----- introspection: what the schema generator and the wire naming read -------------------
@@ -1136,5 +1222,7 @@ __all__ = [
     "ResourceDescriptor",
     "Statement",
     "SvrStatement",
+    "SvrStatementV02",
+    "PreregistrationStatement",
     "TestResultStatement",
 ]

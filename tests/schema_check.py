@@ -28,6 +28,8 @@ BY_SCHEMA_FIELD = {"moeaudit.receipts/v1": RECEIPTS, "moeaudit.gate/v1": GATE}
 BY_PREDICATE_TYPE = {
     "https://in-toto.io/attestation/test-result/v0.1": "test-result-v0.1.statement.schema.json",
     "https://in-toto.io/attestation/svr/v0.1": "svr-v0.1.statement.schema.json",
+    "https://in-toto.io/attestation/svr/v0.2": "svr-v0.2.statement.schema.json",
+    "https://moeaudit.dev/preregistration/v1": "preregistration-v1.statement.schema.json",
 }
 
 

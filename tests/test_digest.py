@@ -173,3 +173,23 @@ def test_a_linked_directory_in_a_cache_snapshot_is_refused(tmp_path: Path) -> No
     (snap / "linked").symlink_to(snap / "sub", target_is_directory=True)
     with pytest.raises(CheckpointError, match="symbolic links are not followed"):
         root_digest(snap)
+
+
+def test_claims_jsonl_at_the_root_is_left_out_as_model_signing_ignore_paths_leaves_it(tmp_path: Path) -> None:
+    """The attestations file beside the model (``claims.jsonl``, whose claims name this digest)
+    is not covered at the root — model-signing's number with ``ignore_paths=[claims.jsonl]`` —
+    and is covered anywhere else, like any file."""
+    pytest.importorskip("OpenSSL")
+    hashing = pytest.importorskip("model_signing.hashing")
+    from model_signing._signing import signing
+
+    root = _tree(tmp_path / "ckpt")
+    before = root_digest(root)[0]
+    (root / "claims.jsonl").write_text('{"mediaType": "x"}\n')
+    ours, files = root_digest(root)
+    assert ours == before and "claims.jsonl" not in files
+    config = hashing.Config().set_ignored_paths(paths=[root / "claims.jsonl"], ignore_git_paths=True)
+    assert ours == signing.Payload(config.hash(root)).statement.pb.subject[0].digest["sha256"]
+    assert ours != _model_signing_root(root)  # model-signing's default covers it
+    (root / "sub" / "claims.jsonl").write_text("{}\n")
+    assert "sub/claims.jsonl" in root_digest(root)[1]

@@ -137,7 +137,7 @@ def _readme_rows() -> dict[str, str]:
         m = re.match(r"\| `moeaudit ([a-z]+(?: [a-z]+)?)(?= |`)([^`]*)`", line)
         if m:
             words = m.group(1).split()
-            name = " ".join(words[:2]) if words[0] in ("canary", "samples") else words[0]
+            name = " ".join(words[:2]) if words[0] in ("canary", "samples", "claims") else words[0]
             rows[name] = m.group(0)
     return rows
 

@@ -2,8 +2,10 @@
 in-toto's own tools read: each envelope's signature is checked by securesystemslib's DSSE, the
 statement is parsed into in-toto's protobuf Statement (unknown fields refused) and validated by
 its Python bindings, and the predicate into in-toto's TestResult message, or the Simple
-Verification Result v0.1 message built from in-toto's svr.proto (vendored: no released Python
-binding has it). Each is also validated against its published JSON Schema."""
+Verification Result v0.2 message (v0.1's, built from in-toto's vendored svr.proto, with
+``verifier.policies`` as spec/predicates/svr.md v0.2 defines it: no released Python binding, and
+no upstream proto yet, has v0.2), whose policies in-toto's ResourceDescriptor bindings validate.
+Each is also validated against its published JSON Schema."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ SAMPLES = ROOT / "sample_checkpoints"
 SVR_PROTO = Path(__file__).resolve().parent / "fixtures" / "in_toto" / "svr.proto"
 needs_samples = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
 TEST_RESULT = "https://in-toto.io/attestation/test-result/v0.1"
-SVR = "https://in-toto.io/attestation/svr/v0.1"
+SVR = "https://in-toto.io/attestation/svr/v0.2"
 
 
 # ----- independent readers ---------------------------------------------------------------
@@ -111,6 +113,71 @@ def _svr_class() -> Any:
     return message_factory.GetMessageClass(
         pool.FindMessageTypeByName("in_toto_attestation.predicates.svr.v0_1.SimpleVerificationResult")
     )
+
+
+@cache
+def _svr_v02_class() -> Any:
+    """SVR v0.2 as in-toto's spec/predicates/svr.md (v0.2, in-toto/attestation 051624ce) defines
+    it: the v0.1 message (vendored svr.proto) with the optional ``Any policy`` replaced by the
+    required ``repeated ResourceDescriptor policies``. The upstream repository has no v0.2 proto
+    yet; field numbers do not matter to the JSON mapping parsed here, names and types do."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+    from in_toto_attestation.v1 import resource_descriptor_pb2
+
+    del timestamp_pb2  # imported for its registration
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="in_toto_attestation/predicates/svr/v0.2/svr.proto",
+        syntax="proto3",
+        package="in_toto_attestation.predicates.svr.v0_2",
+        dependency=["google/protobuf/timestamp.proto", resource_descriptor_pb2.DESCRIPTOR.name],
+    )
+    msg = fdp.message_type.add(name="SimpleVerificationResult")
+    verifier = msg.nested_type.add(name="Verifier")
+    verifier.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL, json_name="id")
+    verifier.field.add(
+        name="policies",
+        number=2,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_REPEATED,
+        type_name=".in_toto_attestation.v1.ResourceDescriptor",
+        json_name="policies",
+    )
+    msg.field.add(
+        name="verifier",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        json_name="verifier",
+        type_name=".in_toto_attestation.predicates.svr.v0_2.SimpleVerificationResult.Verifier",
+    )
+    msg.field.add(
+        name="time_created",
+        number=2,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        type_name=".google.protobuf.Timestamp",
+        json_name="timeCreated",
+    )
+    msg.field.add(name="properties", number=3, type=f.TYPE_STRING, label=f.LABEL_REPEATED, json_name="properties")
+    pool = descriptor_pool.Default()
+    pool.AddSerializedFile(fdp.SerializeToString())
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("in_toto_attestation.predicates.svr.v0_2.SimpleVerificationResult")
+    )
+
+
+def _svr_v02(doc: dict[str, Any]) -> Any:
+    """The predicate parsed by the v0.2 message; each policy validated by in-toto's bindings.
+    v0.2's one parsing rule the message cannot state: ``verifier.policies`` must be present."""
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+
+    if "policies" not in doc.get("verifier", {}):
+        raise ValueError("SVR v0.2: verifier.policies is required")
+    svr = _parse(_svr_v02_class()(), doc)
+    for policy in svr.verifier.policies:
+        ResourceDescriptor.copy_from_pb(policy).validate()
+    return svr
 
 
 def test_the_svr_message_is_in_totos() -> None:
@@ -276,7 +343,6 @@ def certified(tmp_path: Path, samples_cache: Path, keypair: tuple[Path, Path]) -
 def test_verify_writes_a_simple_verification_result(
     tmp_path: Path, certified: tuple[Path, Path], keypair: tuple[Path, Path], cert_name: str
 ) -> None:
-    from in_toto_attestation.v1 import resource_descriptor_pb2
 
     cert, pub = certified
     cert = cert.with_name(cert_name)
@@ -301,7 +367,7 @@ def test_verify_writes_a_simple_verification_result(
     )
     assert result.exit_code == 0, result.stderr
     stmt = _open_envelope(tmp_path / "svr.json", Path(f"{verifier_key}.pub"))
-    _schema_valid("svr-v0.1.statement.schema.json", stmt)
+    _schema_valid("svr-v0.2.statement.schema.json", stmt)
     assert stmt["predicateType"] == SVR
     signed = json.loads(base64.b64decode(json.loads(cert.with_name("certificate.json").read_bytes())["payload"]))
     assert stmt["subject"] == [
@@ -311,22 +377,65 @@ def test_verify_writes_a_simple_verification_result(
     assert [s["digest"]["sha256"] for s in stmt["subject"][1:]] == [
         _model_signing_root(tmp_path / "run" / f"checkpoint-{s}") for s in (1250, 1500)
     ]
-    svr = _parse(_svr_class()(), stmt["predicate"])
+    svr = _svr_v02(stmt["predicate"])
     assert svr.verifier.id == "https://moeaudit.dev/verify/v1"
     assert list(svr.properties) == ["MOEAUDIT_SIGNATURE_VALID", "MOEAUDIT_VERDICT_PASS", "MOEAUDIT_INPUTS_UNCHANGED"]
     when = svr.time_created.ToDatetime(tzinfo=timezone.utc)
     assert before <= when <= datetime.now(timezone.utc) + timedelta(seconds=1)
-    policy = resource_descriptor_pb2.ResourceDescriptor()
-    assert svr.verifier.policy.Unpack(policy)
-    assert hashlib.sha256(policy.content).hexdigest() == policy.digest["sha256"]
     from cryptography.hazmat.primitives import serialization
 
-    assert json.loads(policy.content) == {
+    from moeaudit import canary as canary_mod
+    from moeaudit.policy import load_policy
+
+    required, settings, file, canary = svr.verifier.policies
+    assert hashlib.sha256(required.content).hexdigest() == required.digest["sha256"]
+    assert json.loads(required.content) == {
         "publicKeySha256": keyid(serialization.load_pem_public_key(pub.read_bytes())),  # type: ignore[arg-type]
         "recheck": True,
         "requireVerdict": ["PASS", "INCONCLUSIVE"],
         "predicateTypes": ["https://moeaudit.dev/training-health/v2", "https://moeaudit.dev/training-health/v1"],
     }
+    # the criteria the certificate was judged by, each by the digest computed here from the file
+    assert settings.digest["sha256"] == load_policy(SAMPLES / "policy.toml").digest
+    assert (file.name, file.media_type) == ("policy.toml", "application/toml")
+    assert file.digest["sha256"] == hashlib.sha256((SAMPLES / "policy.toml").read_bytes()).hexdigest()
+    assert canary.digest["sha256"] == canary_mod.load(SAMPLES / "canary.safetensors").digest
+    assert canary.digest["sha256"] == signed["predicate"]["canary"]["digest"]["sha256"]
+
+
+def test_svr_v02_requires_policies_and_v01_stays_readable() -> None:
+    """The shipped v0.2 schema and reader refuse a verifier without ``policies``; an SVR v0.1 (what
+    earlier versions wrote) still reads, its one policy as a list."""
+    import jsonschema
+
+    from moeaudit.attest.intoto import svr_policies, verification_result
+
+    subject = {"name": "certificate.json", "digest": {"sha256": "ab" * 32}}
+    stmt: dict[str, Any] = dict(
+        verification_result(
+            subject, [], keyid="cd" * 32, verdict="PASS", required=(), rechecked=False, time="2026-01-01T00:00:00Z"
+        )
+    )
+    _schema_valid("svr-v0.2.statement.schema.json", stmt)
+    assert [p["name"] for p in svr_policies(stmt)] == ["moeaudit verify requirements"]
+    bare = json.loads(json.dumps(stmt))
+    del bare["predicate"]["verifier"]["policies"]
+    with pytest.raises(jsonschema.ValidationError, match="'policies' is a required property"):
+        _schema_valid("svr-v0.2.statement.schema.json", bare)
+    with pytest.raises(ValueError, match="requires verifier.policies"):
+        svr_policies(bare)
+    with pytest.raises(ValueError, match="required"):
+        _svr_v02(bare["predicate"])
+    old = json.loads(json.dumps(stmt))
+    old["predicateType"] = "https://in-toto.io/attestation/svr/v0.1"
+    rd = old["predicate"]["verifier"].pop("policies")[0]
+    old["predicate"]["verifier"]["policy"] = {
+        "@type": "type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor",
+        **rd,
+    }
+    _schema_valid("svr-v0.1.statement.schema.json", old)
+    _parse(_svr_class()(), old["predicate"])  # in-toto's v0.1 message reads it
+    assert svr_policies(old) == [rd]
 
 
 @needs_samples

@@ -31,7 +31,7 @@ TIERS: list[tuple[str, set[str]]] = [
     ("attestation", {"attest"}),
     ("publication", {"schemas", "report"}),
     ("trainer integrations", {"integrations", "hooks"}),
-    ("commands", {"certify", "calibrate", "series", "samples", "cli", "__main__"}),
+    ("commands", {"certify", "calibrate", "series", "samples", "commands", "cli", "__main__"}),
 ]
 TORCH_FREE = [
     "moeaudit.spec",

@@ -68,7 +68,7 @@ def test_the_wheel_holds_every_module_and_template(wheel: Path) -> None:
     assert templates - names == set()
     assert "moeaudit/families/gpt_oss.py" in names  # one family file, named, as a witness
     schemas = {p.relative_to(ROOT).as_posix() for p in (ROOT / "moeaudit" / "schemas").glob("*.schema.json")}
-    assert len(schemas) == 5 and schemas - names == set()  # the published JSON Schemas ship
+    assert len(schemas) == 7 and schemas - names == set()  # the published JSON Schemas ship
 
 
 def test_the_installed_wheel_reads_and_certifies_a_run(wheel: Path, tmp_path: Path) -> None:

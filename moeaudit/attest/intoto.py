@@ -9,11 +9,18 @@ Test Result, and ``verify``'s answer as a Simple Verification Result.
   (a condition that was not evaluated is in none of them). ``configuration`` is the policy: its
   settings as signed into certificates (``content``, whose SHA-256 is the certificate's
   ``predicate.policy.digest``) and, when it came from a file, that file's SHA-256.
-* ``verify --attest-verification FILE``: predicate type ``https://in-toto.io/attestation/svr/v0.1``.
+* ``verify --attest-verification FILE``: predicate type ``https://in-toto.io/attestation/svr/v0.2``.
   Subjects: the verified certificate file, then the checkpoints it certifies. ``properties``:
   ``MOEAUDIT_SIGNATURE_VALID``, ``MOEAUDIT_VERDICT_<verdict>`` and, after ``--recheck``,
-  ``MOEAUDIT_INPUTS_UNCHANGED``. ``verifier.policy`` (a protobuf ``Any`` in in-toto's SVR v0.1
-  message, hence its ``@type``) holds what ``verify`` required: the key, the verdicts, the recheck.
+  ``MOEAUDIT_INPUTS_UNCHANGED``, and ``MOEAUDIT_CRITERIA_PREREGISTERED`` when the certificate
+  signs that its criteria match a preregistration that predates the first audited checkpoint
+  (:mod:`moeaudit.attest.preregistration`). ``verifier.policies`` (mandatory in v0.2) lists, as
+  in-toto ResourceDescriptors: what ``verify`` required (the key, the verdicts, the recheck; its
+  bytes inline), then the criteria the certificate was judged by — the policy settings (the
+  digest certificates sign as ``predicate.policy.digest``), the policy file (its SHA-256, when the
+  policy came from one), the canary (its content digest, SPEC §2.2) and the preregistration file.
+  SVR v0.1 (one ``verifier.policy``, a protobuf ``Any``) is no longer written; :func:`svr_policies`
+  still reads it.
 
 Both are signed DSSE envelopes (the same key types and PAE as certificates), their statements
 canonical JSON. Torch-free.
@@ -31,11 +38,11 @@ from moeaudit.attest.certificate import canonical_json
 from moeaudit.attest.signing import PrivateKey, sign_envelope
 from moeaudit.records import (
     GateResult,
-    PolicyDescriptor,
     Promotion,
     ResourceDescriptor,
     Subject,
     SvrStatement,
+    SvrStatementV02,
     TestResultStatement,
 )
 
@@ -43,7 +50,8 @@ STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io
 TEST_RESULT_TYPE: Literal["https://in-toto.io/attestation/test-result/v0.1"] = (
     "https://in-toto.io/attestation/test-result/v0.1"
 )
-SVR_TYPE: Literal["https://in-toto.io/attestation/svr/v0.1"] = "https://in-toto.io/attestation/svr/v0.1"
+SVR_TYPE: Literal["https://in-toto.io/attestation/svr/v0.2"] = "https://in-toto.io/attestation/svr/v0.2"
+SVR_TYPE_V01: Literal["https://in-toto.io/attestation/svr/v0.1"] = "https://in-toto.io/attestation/svr/v0.1"
 VERIFIER_ID = "https://moeaudit.dev/verify/v1"  # bumped when what `verify` checks changes
 RESOURCE_DESCRIPTOR_ANY: Literal["type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"] = (
     "type.googleapis.com/in_toto_attestation.v1.ResourceDescriptor"
@@ -105,6 +113,63 @@ def promotion_result(
     }
 
 
+def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
+    """The criteria a verified certificate was judged by, as ResourceDescriptors: the policy
+    settings (``predicate.policy.digest``), the policy file when it came from one
+    (``predicate.inputs.policy_file``) and the canary (its content digest). Only what the
+    certificate signs is named; nothing is read from disk."""
+    out: list[ResourceDescriptor] = []
+    policy = predicate.get("policy") or {}
+    if isinstance(policy.get("digest"), str):
+        out.append(
+            {
+                "name": "moeaudit policy settings",
+                "digest": {"sha256": policy["digest"]},
+                "mediaType": "application/json",
+                "annotations": {"source": str(policy.get("source", ""))},
+            }
+        )
+    file = (predicate.get("inputs") or {}).get("policy_file")
+    if isinstance(file, dict) and isinstance(file.get("sha256"), str):
+        out.append(
+            {
+                "name": str(file.get("path", "policy.toml")),
+                "digest": {"sha256": file["sha256"]},
+                "mediaType": "application/toml",
+            }
+        )
+    canary = (predicate.get("canary") or {}).get("digest") or {}
+    if isinstance(canary.get("sha256"), str):
+        out.append(
+            {
+                "name": "moeaudit canary",
+                "digest": {"sha256": canary["sha256"]},
+                "annotations": {
+                    "digestOf": "the canary's token windows (moeaudit content digest, not the file's bytes)"
+                },
+            }
+        )
+    prereg = predicate.get("preregistration") or {}
+    file = prereg.get("file") if isinstance(prereg, dict) else None
+    if isinstance(file, dict) and isinstance(file.get("sha256"), str):
+        out.append(
+            {
+                "name": str(file.get("path", "preregistration.json")),
+                "digest": {"sha256": file["sha256"]},
+                "mediaType": "application/json",
+                "annotations": {"status": str(prereg.get("status")), "ordering": str(prereg.get("ordering"))},
+            }
+        )
+    return out
+
+
+def criteria_preregistered(predicate: dict[str, Any]) -> bool:
+    """The certificate signs that its policy and canary are the preregistered ones and that the
+    preregistration predates the first audited checkpoint."""
+    prereg = predicate.get("preregistration")
+    return isinstance(prereg, dict) and prereg.get("status") == "matched" and prereg.get("ordering") == "before"
+
+
 def verification_result(
     certificate: Subject,
     checkpoints: list[Subject],
@@ -114,9 +179,12 @@ def verification_result(
     required: tuple[str, ...],
     rechecked: bool,
     time: str,
-) -> SvrStatement:
-    """What ``verify`` established about a certificate, as an in-toto Simple Verification Result.
-    Written only when ``verify`` succeeds: every property listed held."""
+    criteria: list[ResourceDescriptor] | None = None,
+    preregistered: bool = False,
+) -> SvrStatementV02:
+    """What ``verify`` established about a certificate, as an in-toto Simple Verification Result
+    v0.2. Written only when ``verify`` succeeds: every property listed held. ``criteria``: the
+    certificate's own policy and canary (:func:`certified_criteria`)."""
     rules = {
         "publicKeySha256": keyid,
         "requireVerdict": list(required),
@@ -124,8 +192,7 @@ def verification_result(
         "predicateTypes": ["https://moeaudit.dev/training-health/v2", "https://moeaudit.dev/training-health/v1"],
     }
     content = canonical_json(rules)
-    policy: PolicyDescriptor = {
-        "@type": RESOURCE_DESCRIPTOR_ANY,
+    requirements: ResourceDescriptor = {
         "name": "moeaudit verify requirements",
         "digest": {"sha256": hashlib.sha256(content).hexdigest()},
         "mediaType": "application/json",
@@ -134,15 +201,40 @@ def verification_result(
     properties = ["MOEAUDIT_SIGNATURE_VALID", f"MOEAUDIT_VERDICT_{verdict}"]
     if rechecked:
         properties.append("MOEAUDIT_INPUTS_UNCHANGED")
+    if preregistered:
+        properties.append("MOEAUDIT_CRITERIA_PREREGISTERED")
     return {
         "_type": STATEMENT_TYPE,
         "subject": [certificate, *checkpoints],
         "predicateType": SVR_TYPE,
-        "predicate": {"verifier": {"id": VERIFIER_ID, "policy": policy}, "timeCreated": time, "properties": properties},
+        "predicate": {
+            "verifier": {"id": VERIFIER_ID, "policies": [requirements, *(criteria or [])]},
+            "timeCreated": time,
+            "properties": properties,
+        },
     }
 
 
-def sign(stmt: TestResultStatement | SvrStatement, key: PrivateKey) -> bytes:
+def svr_policies(stmt: dict[str, Any]) -> list[dict[str, Any]]:
+    """The policies a Simple Verification Result names, v0.2 (``verifier.policies``, required)
+    or v0.1 (the one optional ``verifier.policy``, its ``@type`` dropped). Anything else is a
+    ValueError."""
+    kind = stmt.get("predicateType")
+    verifier = (stmt.get("predicate") or {}).get("verifier")
+    if not isinstance(verifier, dict):
+        raise ValueError("no predicate.verifier")
+    if kind == SVR_TYPE:
+        policies = verifier.get("policies")
+        if not isinstance(policies, list):
+            raise ValueError("SVR v0.2 requires verifier.policies (an empty list when none)")
+        return list(policies)
+    if kind == SVR_TYPE_V01:
+        one = verifier.get("policy")
+        return [] if one is None else [{k: v for k, v in one.items() if k != "@type"}]
+    raise ValueError(f"not a Simple Verification Result: predicateType {kind!r}")
+
+
+def sign(stmt: TestResultStatement | SvrStatement | SvrStatementV02, key: PrivateKey) -> bytes:
     """The signed DSSE envelope of ``stmt``, as the bytes to write (laid out as certificate.json)."""
     from moeaudit.jsonio import dumps
 

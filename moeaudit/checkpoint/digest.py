@@ -19,7 +19,8 @@ write, so such a file is hashed again at the end (:meth:`Snapshot.verify`), as g
 
 What is covered: every regular file below the checkpoint directory except git's metadata at its
 root, exactly model-signing's default ignore list (``hashing.Config.hash`` in model-signing
-1.1.1 adds ``.git/``, ``.gitattributes``, ``.github/`` and ``.gitignore`` and nothing else), so
+1.1.1 adds ``.git/``, ``.gitattributes``, ``.github/`` and ``.gitignore`` and nothing else), and
+the attestations file ``claims.jsonl`` at its root (whose claims name this digest), so
 README.md and a ``hf download --local-dir`` directory's ``.cache/huggingface/`` metadata are
 covered (docs/security.md). The root digest does not bind names: two files renamed so that the
 sorted order is kept give the same root, so the certificate also signs :attr:`Snapshot.resources`
@@ -48,6 +49,10 @@ from moeaudit.errors import CheckpointError
 CHUNK = 1 << 20
 # model-signing ignores git metadata at the model root by default (hashing.Config).
 IGNORED_AT_ROOT = {".git", ".gitattributes", ".github", ".gitignore"}
+# The attestations file beside the model (the claims.jsonl layout of model-transparency's
+# "unified bundle" proposal): its claims name the model's root digest, so the digest cannot cover
+# it — model-signing computes the same number with ``ignore_paths=[claims.jsonl]``.
+ATTESTATIONS_AT_ROOT = {"claims.jsonl"}
 RACY_NS = 2_000_000_000  # timestamps this close to our first look do not prove "unchanged"
 _OPEN_FLAGS = (
     os.O_RDONLY
@@ -224,7 +229,7 @@ def iter_files(root: Path) -> list[Path]:
         for name in dirnames:
             _refuse_link(Path(dirpath) / name)
         for name in filenames:
-            if at_root and name in IGNORED_AT_ROOT:
+            if at_root and (name in IGNORED_AT_ROOT or name in ATTESTATIONS_AT_ROOT):
                 continue
             path = Path(dirpath) / name
             if hf_blob(path) is None:

@@ -114,6 +114,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         ),
         "run": run_view(p.get("run") or {}, len(gates)),
         "policy_banner": policy_banner(p.get("policy") or {}),
+        "preregistration": (p.get("preregistration") or {}).get("summary"),
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
         "margins": margin_rows(p.get("margins") or {}, stage, rules),

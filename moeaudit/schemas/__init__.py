@@ -10,9 +10,12 @@ shipped file differs from what the types generate, so the two cannot drift apart
 * ``receipts-v1.schema.json`` — ``moeaudit.receipts/v1`` (``receipts --json``,
   ``receipts/checkpoint-<step>.json``);
 * ``gate-v1.schema.json`` — ``moeaudit.gate/v1`` (``gate --json``);
-* ``test-result-v0.1.statement.schema.json``, ``svr-v0.1.statement.schema.json`` — the in-toto
+* ``test-result-v0.1.statement.schema.json``, ``svr-v0.2.statement.schema.json`` — the in-toto
   statements ``gate --attest-test-result`` and ``verify --attest-verification`` sign
-  (:mod:`moeaudit.attest.intoto`), as moeaudit writes them (a subset of what in-toto allows).
+  (:mod:`moeaudit.attest.intoto`), as moeaudit writes them (a subset of what in-toto allows);
+  ``svr-v0.1.statement.schema.json``, the Simple Verification Result earlier versions wrote.
+* ``preregistration-v1.statement.schema.json`` — the statement ``moeaudit preregister`` signs
+  (:mod:`moeaudit.attest.preregistration`).
 
 Every number a computation gives may be ``null``: a value that was not finite (NaN, Inf) is
 written ``null`` and listed under the document's ``nonfinite`` (never a NaN in JSON).
