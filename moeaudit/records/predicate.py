@@ -10,7 +10,7 @@ from moeaudit.records.envelope import EnvelopeReport
 from moeaudit.records.gate import GateEntry
 from moeaudit.records.margins import Margins
 from moeaudit.records.policy import PolicyRecord
-from moeaudit.records.receipts import CheckpointAgreement
+from moeaudit.records.receipts import CheckpointAgreement, NonFinite
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -168,3 +168,4 @@ class Statement(TypedDict):
     subject: list[Subject]
     predicateType: str
     predicate: Predicate
+    nonfinite: NotRequired[list[NonFinite]]  # a non-finite number in the predicate, written null

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import EnvelopeReport
+from moeaudit.records import EnvelopeReport, Predicate
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -386,7 +386,7 @@ def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
-def print_gates(pred: dict[str, Any]) -> None:
+def print_gates(pred: Predicate) -> None:
     """The gate table at the console's width (never a cut number: :mod:`gate_table`), its legend,
     the checks and the verdict."""
     from moeaudit.report import gate_table
