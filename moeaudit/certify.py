@@ -715,7 +715,10 @@ def _write_set(
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body
     html = render_html(
-        internal(signed), keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes), compiled=compiled
+        cast(Statement, internal(signed)),  # the statement built above, read back from the signed bytes
+        keyid=keyid(key.public_key()),
+        envelope_sha256=sha256_hex(env_bytes),
+        compiled=compiled,
     )
     (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
     for name, doc in sorted(audit.receipts.items()):
