@@ -37,6 +37,7 @@ from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.records import (
     CacheUse,
+    CheckpointAgreement,
     CheckpointFiles,
     EnvironmentRecord,
     FileResource,
@@ -45,6 +46,7 @@ from moeaudit.records import (
     Inputs,
     Margin,
     Margins,
+    Receipts,
     ReferenceInput,
     RouterCheckpoint,
     RouterLayer,
@@ -321,19 +323,19 @@ def _worst_refinement(
     return worst
 
 
-def _precision(docs: dict[int, dict[str, Any]]) -> str:
+def _precision(docs: Mapping[int, Mapping[str, Any]]) -> str:
     """What the receipts were computed in (SPEC §3): fp32, the reference, unless they say otherwise."""
     found = sorted({d.get("environment", {}).get("precision", "fp32") for d in docs.values()})
     return found[0] if len(found) == 1 else "mixed"
 
 
-def _agreements(run: Run, docs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def _agreements(run: Run, docs: Mapping[int, Receipts]) -> list[CheckpointAgreement]:
     """Each reduced-precision checkpoint's measured agreement with fp32, named."""
     names = {step: ckpt.path.name for step, ckpt in run.checkpoints}
     return [
-        {"checkpoint": names[step], "step": step, **doc["precision_agreement"]}
+        {"checkpoint": names[step], "step": step, **agreement}
         for step, doc in docs.items()
-        if "precision_agreement" in doc
+        if (agreement := doc.get("precision_agreement")) is not None
     ]
 
 
@@ -396,7 +398,7 @@ def _inputs(run: Run, policy: Policy) -> Inputs:
     return out
 
 
-def _reference_digest(path: Path, doc: dict[str, Any], read: list[dict[str, Any]]) -> ReferenceInput:
+def _reference_digest(path: Path, doc: Mapping[str, Any], read: list[dict[str, Any]]) -> ReferenceInput:
     if not read:  # a checkpoint: its model-signing root digest and file list, as for the subjects
         from moeaudit.checkpoint.digest import changed, snapshot
 
@@ -425,7 +427,7 @@ def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
     )
 
 
-def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> RouterSection | None:
+def _router_section(spec: Any, docs: Mapping[int, Mapping[str, Any]]) -> RouterSection | None:
     """What a biased / group-limited gate changes (per layer, from ``gate_note``) and the
     bias-balancing telemetry over the run: per layer and checkpoint the selection bias's
     spread, its drift since the previous checkpoint, next to π_min and dead experts."""
@@ -547,7 +549,7 @@ class _Replayer:
             parts.append({"precision": current_precision()})
         return self.cache.key(kind, *parts, self.machine)
 
-    def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
+    def _replay(self, step: int, ckpt: Any) -> Receipts:
         from moeaudit.receipts.state import run_state
 
         self.say(f"replaying {ckpt.path.name}")
@@ -564,10 +566,11 @@ class _Replayer:
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc
 
-    def receipts(self, step: int, ckpt: Any) -> dict[str, Any]:
+    def receipts(self, step: int, ckpt: Any) -> Receipts:
         self.done += 1
-        doc = self.cache.get(self._key("receipts", ckpt), check=_receipts_shape(ckpt))
-        if doc is not None:
+        cached = self.cache.get(self._key("receipts", ckpt), check=_receipts_shape(ckpt))
+        if cached is not None:
+            doc = cast(Receipts, cached)  # this checkpoint's receipts, by digest (MAC and shape checked)
             self.say(f"[{self.done}/{self.total}] {ckpt.path.name}: receipts from cache")
             # cached by digest: the name is of whichever identical checkpoint filled the cache
             doc["checkpoint"]["name"] = ckpt.path.name
@@ -638,7 +641,7 @@ class _Replayer:
         self.cache.put(key, doc)
         return doc
 
-    def _computed(self, part: str, doc: dict[str, Any]) -> None:
+    def _computed(self, part: str, doc: Mapping[str, Any]) -> None:
         """Note the device ``doc`` says computed it ("unrecorded" where it says none), and the
         ranks of an expert-parallel replay where it names them."""
         env = doc.get("environment")

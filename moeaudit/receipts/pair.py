@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
@@ -20,6 +20,7 @@ from moeaudit.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state
+from moeaudit.records import Receipts
 from moeaudit.replay.result import Progress
 
 SCHEMA = "moeaudit.compare/v1"
@@ -32,7 +33,7 @@ def load_reference(
     progress: Progress | None = None,
     device: str | None = None,
     hashed: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Receipts:
     """A reference is a healthy checkpoint directory (replayed on ``device``) or its receipts
     JSON on the same canary. For a receipts file, ``hashed`` receives the ``predicate.inputs``
     entry of the very bytes parsed (one read, docs/security.md)."""
@@ -60,7 +61,7 @@ def load_reference(
             hint="recompute them with `moeaudit receipts REF --canary ...`",
         )
     _check_reference(doc, policy, path)
-    return doc
+    return cast(Receipts, doc)  # a receipts document: its schema, canary and what the margin reads checked
 
 
 def _field(doc: Any, *keys: str) -> Any:

@@ -11,6 +11,7 @@ number is named at its first mention in each report (:func:`moeaudit.papers.name
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -19,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import EnvelopeReport, Predicate
+from moeaudit.records import EnvelopeReport, Predicate, Receipts
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -69,7 +70,7 @@ COMPARE_COLUMNS = _right(
 )
 
 
-def print_receipts(doc: dict[str, Any]) -> None:
+def print_receipts(doc: Receipts) -> None:
     seen: set[str] = set()  # papers named so far in this report
     receipts_header(doc)
     rows, styles = [], []
@@ -124,7 +125,7 @@ def print_receipts(doc: dict[str, Any]) -> None:
     print_nonfinite(doc)
 
 
-def print_nonfinite(doc: dict[str, Any]) -> None:
+def print_nonfinite(doc: Mapping[str, Any]) -> None:
     """One line, however many numbers a NaN weight spoils (the JSON lists every one)."""
     weights, nulled = doc.get("nonfinite_weights", []), doc.get("nonfinite", [])
     if not weights and not nulled:
@@ -140,7 +141,7 @@ def print_nonfinite(doc: dict[str, Any]) -> None:
     warn("warning: " + "; ".join(parts))
 
 
-def receipts_header(doc: dict[str, Any]) -> None:
+def receipts_header(doc: Receipts) -> None:
     ck, cn = doc["checkpoint"], doc["canary"]
     out.print(
         f"[bold]{esc(ck['name'])}[/] ({esc(ck['family'])}, {ck['experts']} experts, top-{ck['top_k']})  "
