@@ -47,6 +47,7 @@ from moeaudit.records.common import (
 )
 from moeaudit.records.compare import (
     CompareDocument,
+    ComparePolicy,
     PairDocument,
     PairLayer,
 )
@@ -205,6 +206,7 @@ __all__ = [
     "Receipts",
     "PairLayer",
     "PairDocument",
+    "ComparePolicy",
     "CompareDocument",
     "LayerSummary",
     "GateReceipts",

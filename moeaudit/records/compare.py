@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from moeaudit.records.common import EnvironmentRecord
 from moeaudit.records.margins import Margins
+from moeaudit.records.policy import PolicySettings
 from moeaudit.records.receipts import NonFinite, Receipts
 
 if sys.version_info >= (3, 11):
@@ -22,6 +23,8 @@ class PairLayer(TypedDict):
 
     layer: int
     drift: dict[str, Any]
+    weights: dict[str, Any]  # how far the layer's weights moved (receipts.drift.weight_change)
+    selection_bias: NotRequired[dict[str, Any]]  # a biased router: its bias drift against the load
 
 
 class PairDocument(TypedDict):
@@ -35,6 +38,13 @@ class PairDocument(TypedDict):
     nonfinite: NotRequired[list[NonFinite]]
 
 
+class ComparePolicy(PolicySettings):
+    """The policy a compare document was computed under (:meth:`moeaudit.policy.Policy.to_json`)."""
+
+    source: str
+    digest: str
+
+
 class CompareDocument(TypedDict):
     """``moeaudit compare --json`` (open: the report grows)."""
 
@@ -42,5 +52,7 @@ class CompareDocument(TypedDict):
     base: Receipts
     candidate: Receipts
     protected_layers: list[int]
+    policy: ComparePolicy
     layers: list[PairLayer]
     margins: Margins
+    nonfinite: NotRequired[list[NonFinite]]

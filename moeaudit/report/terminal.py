@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import EnvelopeReport, Predicate, Receipts
+from moeaudit.records import CompareDocument, EnvelopeReport, Predicate, Receipts
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -151,7 +151,7 @@ def receipts_header(doc: Receipts) -> None:
     out.print(f"NLL {fmt(doc['nll'], '.4f')} nats   ({by_domain})")
 
 
-def print_compare(doc: dict[str, Any], policy: Any) -> None:
+def print_compare(doc: CompareDocument, policy: Any) -> None:
     from moeaudit.judge.decide import margin_status
     from moeaudit.judge.gates import Checkpointed, evaluate_gates
     from moeaudit.margins import SMOOTH_NOTE
@@ -205,13 +205,13 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
             "INCONCLUSIVE": "within noise of the reference — neither claim is licensed",
         },
     }
-    for name, symbol in (("refinement", "r_ex"), ("handoff", "h_ex")):
-        m = doc["margins"][name]
+    margins = doc["margins"]
+    for name, symbol, m in (("refinement", "r_ex", margins["refinement"]), ("handoff", "h_ex", margins["handoff"])):
         if m is None:
             continue
         ci = m.get("ci95")
         interval = "" if not ci else f", 95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-        why = m.get("reason") if m["exact"] is None else words[name][margin_status(m, band)]
+        why = m["reason"] if m["exact"] is None else words[name][margin_status(m, band)]
         out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {esc(named(why, seen))}")
         out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {esc(named(SMOOTH_NOTE, seen))}[/]")
     gates = evaluate_gates(
