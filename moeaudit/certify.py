@@ -46,6 +46,8 @@ from moeaudit.records import (
     Inputs,
     Margin,
     Margins,
+    PairDocument,
+    PairLayer,
     Receipts,
     ReferenceInput,
     RouterCheckpoint,
@@ -290,7 +292,7 @@ def _worst_refinement(
     replayer: _Replayer,
     run: Run,
     docs: dict[int, Any],
-    pairs: dict[int, Any],
+    pairs: dict[int, PairDocument],
     last: GateEntry,
     base_at: dict[int, str],
     protected: list[int],
@@ -600,20 +602,20 @@ class _Replayer:
             tensors = {f"{i}.{n}": t for i, s in self.states[step].items() for n, t in (("z", s.z_NH), ("y", s.y_NH))}
             self.cache.put_tensors(self._key("states", ckpt), tensors)
 
-    def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
+    def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> PairDocument:
         key = self._key("pair", base[1], cand[1])
         cached = self.cache.get(key, check=lambda d: d["schema"] == "moeaudit.pair/v1")
         if cached is not None:  # cached by digests: the steps are this run's
             cached.update(base_step=base[0], step=cand[0])
             self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name, cand[1].path.name]})
             self._computed(f"pair-{cand[0]}-vs-{base[0]}.json", cached)
-            return cached
+            return cast(PairDocument, cached)  # these checkpoints' pair receipts, by digest (MAC checked)
         from moeaudit.receipts.drift import bootstrap_for, pair_layer
         from moeaudit.receipts.state import environment
 
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
         b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
-        layers = []
+        layers: list[PairLayer] = []
         for layer in b_ckpt.spec.routed_layers:  # on the replays' device, experts as stored until used
             boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
             entry = pair_layer(
@@ -625,16 +627,15 @@ class _Replayer:
                 boot,
                 device=self.device,
             )
-            layers.append({"layer": layer, **entry})
-        doc = finite_document(
-            {
-                "schema": "moeaudit.pair/v1",
-                "base_step": b_step,
-                "step": c_step,
-                "environment": environment(self.device),
-                "layers": layers,
-            }
-        )
+            layers.append(cast(PairLayer, {"layer": layer, **entry}))  # open: the drift sections
+        pair: PairDocument = {
+            "schema": "moeaudit.pair/v1",
+            "base_step": b_step,
+            "step": c_step,
+            "environment": environment(self.device),
+            "layers": layers,
+        }
+        doc = finite_document(pair)
         self._computed(f"pair-{c_step}-vs-{b_step}.json", doc)
         b_ckpt.verify_unchanged()  # the bytes read are the bytes hashed, before caching them
         c_ckpt.verify_unchanged()
