@@ -32,7 +32,7 @@ import os
 import platform
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -352,7 +352,7 @@ class ReceiptsCache:
         self._served(key)
         return document
 
-    def put(self, key: str, document: dict[str, Any]) -> None:
+    def put(self, key: str, document: Mapping[str, Any]) -> None:
         if not self._usable():
             return
         path = self._path(key)

@@ -13,10 +13,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from moeaudit import __version__
-from moeaudit.attest.certificate import statement, table4
+from moeaudit.attest.certificate import statement
+from moeaudit.attest.predicate import canary_record, heatmaps, policy_record, run_record
+from moeaudit.attest.predicate import predicate as build_predicate
 from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
@@ -35,7 +36,28 @@ from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.receipts.measured import measured
-from moeaudit.records import GateEntry, Margin, Margins
+from moeaudit.records import (
+    CacheUse,
+    CheckpointAgreement,
+    CheckpointFiles,
+    EnvironmentRecord,
+    FileResource,
+    GateEntry,
+    InputFile,
+    Inputs,
+    Margin,
+    Margins,
+    PairDocument,
+    PairLayer,
+    Receipts,
+    ReferenceInput,
+    RouterCheckpoint,
+    RouterLayer,
+    RouterSection,
+    RunEvent,
+    Statement,
+    Subject,
+)
 from moeaudit.report.monitors import section as monitors_section
 from moeaudit.run import Run, discover, stage_at, stage_start, truncate
 from moeaudit.run_names import run_name
@@ -55,7 +77,7 @@ class Audit:
     """Everything a certificate is made of, before signing."""
 
     run: Run
-    statement: dict[str, Any]
+    statement: Statement
     receipts: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # file name → document
     warnings: list[str] = field(default_factory=list)
 
@@ -118,7 +140,9 @@ def audit_run(
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
     # each event with its source: events are written by the audited party, so they may start a
     # new drift baseline but never erase a regression (gates.evaluate_gates, issue 23 §5)
-    events = [{"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events]
+    events: list[RunEvent] = [
+        {"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events
+    ]
     base_at = baselines(run.steps, events)
     flag = stage
     stage, stage_source = resolve_stage(stage, policy.gates.stage, run.stage, "pretraining")
@@ -213,46 +237,29 @@ def audit_run(
     )
     decision = decide(evidence)
     environment = _environment(replayer.computed_by, replayer.parallel)
-    predicate = {
-        "verdict": decision["verdict"],
-        "verdict_reason": decision["verdict_reason"],
-        "run": {
-            "name": run_name(run.path),
-            "path": str(run_path),
-            "stage": stage,
-            "stage_source": stage_source,
-            "checkpoints": run.steps,
-            "skipped": [p.name for p, _ in run.skipped],
-            "events": events,
-            **({"abandoned": [a.to_json() for a in left_behind]} if left_behind else {}),
-        },
-        "inputs": inputs,
-        "canary": {
-            "digest": {"sha256": canary.digest},
-            "windows": canary.num_windows,
-            "window_len": canary.window_len,
-            "domains": list(canary.domains),
-            **({"origin": canary_origin} if canary_origin else {}),
-            **(canary.built_from or {}),
-            **({"mismatches": mismatches} if mismatches else {}),
-        },  # a canary built from text: its tokenizer and text; what the run recorded otherwise
-        "policy": {
-            "source": policy.source,
-            "digest": policy.digest,
-            **({"origin": policy.origin} if policy.origin else {}),
-            "calibrated": policy.envelope.calibrated,
-            **policy.to_json(),
-        },
-        "tool": {"name": "moeaudit", "version": __version__},
-        "environment": environment,
-        "protected_layers": protected,
-        "gates": gates,
-        "checks": decision["checks"],
-        "envelope": env_report,
-        "margins": margins,
-        "heatmaps": _heatmaps(docs[last["step"]]),
-        "claims": table4(),
-    }
+    predicate = build_predicate(
+        decision,
+        run=run_record(
+            name=run_name(run.path),
+            path=str(run_path),
+            stage=stage,
+            stage_source=stage_source,
+            checkpoints=run.steps,
+            skipped=[p.name for p, _ in run.skipped],
+            events=events,
+            abandoned=[a.to_json() for a in left_behind],
+        ),
+        inputs=inputs,
+        # a canary built from text: its tokenizer and text; what the run recorded otherwise
+        canary=canary_record(canary, origin=canary_origin, mismatches=mismatches),
+        policy=policy_record(policy),
+        environment=environment,
+        protected_layers=protected,
+        gates=gates,
+        envelope=env_report,
+        margins=margins,
+        heatmaps=heatmaps(docs[last["step"]]),
+    )
     if (computed_in := _precision(docs)) != "fp32":  # absent: fp32, the reference (the golden's bytes)
         predicate["precision"] = computed_in
         environment["precision"] = computed_in  # shown where the environment is
@@ -267,11 +274,16 @@ def audit_run(
         predicate["from_cache"] = replayer.from_cache
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
         ckpt.verify_unchanged()
-    subjects = [{"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints]
+    subjects: list[Subject] = [
+        {"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints
+    ]
     # the root digest does not bind file names: each subject's files are signed too (SPEC §9)
-    files: list[dict[str, Any]] = [{"name": c.path.name, "resources": c.resources} for _, c in run.checkpoints]
+    files: list[CheckpointFiles] = [
+        {"name": c.path.name, "resources": _resources(c.resources)} for _, c in run.checkpoints
+    ]
     predicate["checkpoint_files"] = files
-    predicate.update(measured(run.checkpoints[-1][1], replayer.compute))  # parameters, compute
+    cost = measured(run.checkpoints[-1][1], replayer.compute)
+    predicate["parameters"], predicate["compute"] = cost["parameters"], cost["compute"]
     audit = Audit(run, finite_document(statement(subjects, predicate)), warnings=warnings)
     for step, doc in docs.items():
         audit.receipts[f"checkpoint-{step}.json"] = doc
@@ -286,7 +298,7 @@ def _worst_refinement(
     replayer: _Replayer,
     run: Run,
     docs: dict[int, Any],
-    pairs: dict[int, Any],
+    pairs: dict[int, PairDocument],
     last: GateEntry,
     base_at: dict[int, str],
     protected: list[int],
@@ -319,23 +331,23 @@ def _worst_refinement(
     return worst
 
 
-def _precision(docs: dict[int, dict[str, Any]]) -> str:
+def _precision(docs: Mapping[int, Mapping[str, Any]]) -> str:
     """What the receipts were computed in (SPEC §3): fp32, the reference, unless they say otherwise."""
     found = sorted({d.get("environment", {}).get("precision", "fp32") for d in docs.values()})
     return found[0] if len(found) == 1 else "mixed"
 
 
-def _agreements(run: Run, docs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def _agreements(run: Run, docs: Mapping[int, Receipts]) -> list[CheckpointAgreement]:
     """Each reduced-precision checkpoint's measured agreement with fp32, named."""
     names = {step: ckpt.path.name for step, ckpt in run.checkpoints}
     return [
-        {"checkpoint": names[step], "step": step, **doc["precision_agreement"]}
+        {"checkpoint": names[step], "step": step, **agreement}
         for step, doc in docs.items()
-        if "precision_agreement" in doc
+        if (agreement := doc.get("precision_agreement")) is not None
     ]
 
 
-def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]] | None = None) -> EnvironmentRecord:
     """As :func:`moeaudit.receipts.state.environment`, without importing torch: the version of
     the installed torch distribution is the same string as ``torch.__version__``. ``device`` is
     the one that computed every receipt, pair receipt and replayed reference the certificate
@@ -354,40 +366,47 @@ def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]
 
         version = torch.__version__
     devices = sorted(set(computed_by.values()))
-    return {
+    env: EnvironmentRecord = {
         "torch": version,
         "python": platform.python_version(),
         "device": devices[0] if len(devices) == 1 else "mixed" if devices else "none",
-        **({"devices": dict(sorted(computed_by.items()))} if len(devices) > 1 else {}),
         "dtype": "float32",
-        **_parallel(computed_by, parallel or {}),
     }
+    if len(devices) > 1:
+        env["devices"] = dict(sorted(computed_by.items()))
+    if parallel:
+        _parallel(env, computed_by, parallel)
+    return env
 
 
-def _parallel(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    if not parallel:
-        return {}
+def _parallel(env: EnvironmentRecord, computed_by: dict[str, str], parallel: dict[str, dict[str, Any]]) -> None:
     widest = max(parallel.values(), key=lambda p: (p["world_size"], p["backend"], p["rank_devices"]))
     sizes = {part: parallel.get(part, {}).get("world_size", 1) for part in computed_by}
-    return {
-        "world_size": widest["world_size"],
-        "backend": widest["backend"],
-        "rank_devices": widest["rank_devices"],
-        **({"world_sizes": dict(sorted(sizes.items()))} if len(set(sizes.values())) > 1 else {}),
-    }
+    env["world_size"] = widest["world_size"]
+    env["backend"] = widest["backend"]
+    env["rank_devices"] = widest["rank_devices"]
+    if len(set(sizes.values())) > 1:
+        env["world_sizes"] = dict(sorted(sizes.items()))
 
 
-def _inputs(run: Run, policy: Policy) -> dict[str, Any]:
+def _inputs(run: Run, policy: Policy) -> Inputs:
     """SHA-256 of every file besides the checkpoints that a signed number rests on, each of the
     very bytes its numbers were parsed from (one read per file, docs/security.md): never a
     second read of a path that may by now name another file."""
-    out: dict[str, Any] = {k: dict(run.inputs[k]) for k in ("metrics", "probe", "events") if k in run.inputs}
+    out: Inputs = {}
+    # each log's entry as its reader recorded it ({path, sha256, bytes}: moeaudit.run.Run.inputs)
+    if "metrics" in run.inputs:
+        out["metrics"] = cast(InputFile, dict(run.inputs["metrics"]))
+    if "probe" in run.inputs:
+        out["probe"] = cast(InputFile, dict(run.inputs["probe"]))
+    if "events" in run.inputs:
+        out["events"] = cast(InputFile, dict(run.inputs["events"]))
     if policy.source != BUILTIN and (parsed := policy.file_input()) is not None:
-        out["policy_file"] = parsed
+        out["policy_file"] = cast(InputFile, parsed)
     return out
 
 
-def _reference_digest(path: Path, doc: dict[str, Any], read: list[dict[str, Any]]) -> dict[str, Any]:
+def _reference_digest(path: Path, doc: Mapping[str, Any], read: list[dict[str, Any]]) -> ReferenceInput:
     if not read:  # a checkpoint: its model-signing root digest and file list, as for the subjects
         from moeaudit.checkpoint.digest import changed, snapshot
 
@@ -396,8 +415,14 @@ def _reference_digest(path: Path, doc: dict[str, Any], read: list[dict[str, Any]
         snap = snapshot(path)  # hashed again: the list must be of the files that were replayed
         if snap.digest != root:
             raise changed(path, "its files no longer hash to the root digest of the replayed reference")
-        return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": snap.resources}
-    return {**read[0], "kind": "receipts"}
+        return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": _resources(snap.resources)}
+    return cast(ReferenceInput, {**read[0], "kind": "receipts"})  # {path, sha256, bytes} of the bytes parsed
+
+
+def _resources(listed: list[dict[str, Any]]) -> list[FileResource]:
+    """A checkpoint's files as :func:`moeaudit.checkpoint.digest.resources` lists them: the
+    record model-signing's predicate names (name, size, algorithm, digest)."""
+    return cast(list[FileResource], listed)
 
 
 def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
@@ -410,7 +435,7 @@ def _receipts_shape(ckpt: Any) -> Callable[[dict[str, Any]], bool]:
     )
 
 
-def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _router_section(spec: Any, docs: Mapping[int, Mapping[str, Any]]) -> RouterSection | None:
     """What a biased / group-limited gate changes (per layer, from ``gate_note``) and the
     bias-balancing telemetry over the run: per layer and checkpoint the selection bias's
     spread, its drift since the previous checkpoint, next to π_min and dead experts."""
@@ -420,14 +445,15 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
     if note is None:
         return None
     steps = sorted(docs)
-    layers = []
+    layers: list[RouterLayer] = []
     for i in spec.routed_layers:
-        rows, prev = [], None
+        rows: list[RouterCheckpoint] = []
+        prev = None
         for step in steps:
             entry = next(e for e in docs[step]["layers"] if e["layer"] == i)
             bias = (entry.get("gate") or {}).get("selection_bias")
             occ = entry["occupancy"]
-            row = {
+            row: RouterCheckpoint = {
                 "step": step,
                 "pi_min": occ["pi_min"],
                 "dead": occ["dead"],
@@ -437,13 +463,13 @@ def _router_section(spec: Any, docs: dict[int, dict[str, Any]]) -> dict[str, Any
                 "bias_drift": None,
             }
             if bias is not None:
-                row.update(bias_min=bias["min"], bias_max=bias["max"], bias_std=bias["std"])
+                row["bias_min"], row["bias_max"], row["bias_std"] = bias["min"], bias["max"], bias["std"]
                 if prev is not None:
                     row["bias_drift"] = sum((a - b) ** 2 for a, b in zip(bias["values"], prev, strict=True)) ** 0.5
                 prev = bias["values"]
             rows.append(row)
         layers.append({"layer": i, "checkpoints": rows})
-    return {**note, "layers": layers}
+    return cast(RouterSection, {**note, "layers": layers})  # open: the family's note, then the telemetry
 
 
 Losses = dict[str, float] | None
@@ -508,7 +534,7 @@ class _Replayer:
         self.settings = policy.to_json()["receipts"]
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
-        self.from_cache: list[dict[str, Any]] = []  # what this run did not recompute
+        self.from_cache: list[CacheUse] = []  # what this run did not recompute
         self.compute: list[dict[str, Any]] = []  # each replay this audit ran: its FLOPs and energy
         if cache.problem:
             say(f"warning: {cache.problem}")
@@ -532,7 +558,7 @@ class _Replayer:
             parts.append({"precision": current_precision()})
         return self.cache.key(kind, *parts, self.machine)
 
-    def _replay(self, step: int, ckpt: Any) -> dict[str, Any]:
+    def _replay(self, step: int, ckpt: Any) -> Receipts:
         from moeaudit.receipts.state import run_state
 
         self.say(f"replaying {ckpt.path.name}")
@@ -554,10 +580,11 @@ class _Replayer:
         self.cache.put(self._key("receipts", ckpt), doc)
         return doc
 
-    def receipts(self, step: int, ckpt: Any) -> dict[str, Any]:
+    def receipts(self, step: int, ckpt: Any) -> Receipts:
         self.done += 1
-        doc = self.cache.get(self._key("receipts", ckpt), check=_receipts_shape(ckpt))
-        if doc is not None:
+        cached = self.cache.get(self._key("receipts", ckpt), check=_receipts_shape(ckpt))
+        if cached is not None:
+            doc = cast(Receipts, cached)  # this checkpoint's receipts, by digest (MAC and shape checked)
             self.say(f"[{self.done}/{self.total}] {ckpt.path.name}: receipts from cache")
             # cached by digest: the name is of whichever identical checkpoint filled the cache
             doc["checkpoint"]["name"] = ckpt.path.name
@@ -590,20 +617,20 @@ class _Replayer:
             tensors = {f"{i}.{n}": t for i, s in self.states[step].items() for n, t in (("z", s.z_NH), ("y", s.y_NH))}
             self.cache.put_tensors(self._key("states", ckpt), tensors)
 
-    def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> dict[str, Any]:
+    def pair(self, base: tuple[int, Any], cand: tuple[int, Any]) -> PairDocument:
         key = self._key("pair", base[1], cand[1])
         cached = self.cache.get(key, check=lambda d: d["schema"] == "moeaudit.pair/v1")
         if cached is not None:  # cached by digests: the steps are this run's
             cached.update(base_step=base[0], step=cand[0])
             self.from_cache.append({"kind": "pair", "checkpoints": [base[1].path.name, cand[1].path.name]})
             self._computed(f"pair-{cand[0]}-vs-{base[0]}.json", cached)
-            return cached
+            return cast(PairDocument, cached)  # these checkpoints' pair receipts, by digest (MAC checked)
         from moeaudit.receipts.drift import bootstrap_for, pair_layer
         from moeaudit.receipts.state import environment
 
         (b_step, b_ckpt), (c_step, c_ckpt) = base, cand
         b_states, c_states = self._anchor_states(*base), self._anchor_states(*cand)
-        layers = []
+        layers: list[PairLayer] = []
         for layer in b_ckpt.spec.routed_layers:  # on the replays' device, experts as stored until used
             boot = bootstrap_for(self.policy.receipts, self.canary.num_windows, layer)
             entry = pair_layer(
@@ -615,23 +642,22 @@ class _Replayer:
                 boot,
                 device=self.device,
             )
-            layers.append({"layer": layer, **entry})
-        doc = finite_document(
-            {
-                "schema": "moeaudit.pair/v1",
-                "base_step": b_step,
-                "step": c_step,
-                "environment": environment(self.device),
-                "layers": layers,
-            }
-        )
+            layers.append(cast(PairLayer, {"layer": layer, **entry}))  # open: the drift sections
+        pair: PairDocument = {
+            "schema": "moeaudit.pair/v1",
+            "base_step": b_step,
+            "step": c_step,
+            "environment": environment(self.device),
+            "layers": layers,
+        }
+        doc = finite_document(pair)
         self._computed(f"pair-{c_step}-vs-{b_step}.json", doc)
         b_ckpt.verify_unchanged()  # the bytes read are the bytes hashed, before caching them
         c_ckpt.verify_unchanged()
         self.cache.put(key, doc)
         return doc
 
-    def _computed(self, part: str, doc: dict[str, Any]) -> None:
+    def _computed(self, part: str, doc: Mapping[str, Any]) -> None:
         """Note the device ``doc`` says computed it ("unrecorded" where it says none), and the
         ranks of an expert-parallel replay where it names them."""
         env = doc.get("environment")
@@ -641,18 +667,6 @@ class _Replayer:
 
     def forget_states(self, keep: int | None) -> None:
         self.states = {s: o for s, o in self.states.items() if s == keep}
-
-
-def _heatmaps(doc: dict[str, Any]) -> dict[str, Any]:
-    layers = doc["layers"]
-    return {
-        "checkpoint": doc["checkpoint"]["name"],
-        "occupancy": {"layers": [e["layer"] for e in layers], "pi": [e["occupancy"]["pi"] for e in layers]},
-        "domains": {
-            "names": layers[0]["domains"]["domains"] if layers else [],
-            "layers": {str(e["layer"]): e["domains"]["pi"] for e in layers},
-        },
-    }
 
 
 def sha256_hex(data: bytes) -> str:
@@ -720,7 +734,10 @@ def _write_set(
     signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
     assert canonical_json(signed) == body
     html = render_html(
-        internal(signed), keyid=keyid(key.public_key()), envelope_sha256=sha256_hex(env_bytes), compiled=compiled
+        cast(Statement, internal(signed)),  # the statement built above, read back from the signed bytes
+        keyid=keyid(key.public_key()),
+        envelope_sha256=sha256_hex(env_bytes),
+        compiled=compiled,
     )
     (out_dir / "receipts").mkdir(parents=True, exist_ok=True)
     for name, doc in sorted(audit.receipts.items()):

@@ -37,7 +37,7 @@ def _golden_predicate() -> dict[str, Any]:
 
 
 def test_the_shipped_schemas_are_what_the_types_generate() -> None:
-    """Regenerate with ``python -m moeaudit.schemas`` after changing moeaudit/records.py."""
+    """Regenerate with ``python -m moeaudit.schemas`` after changing a record in moeaudit/records/."""
     for name, schema in generated().items():
         assert load(name) == schema, f"{name} is stale: run python -m moeaudit.schemas"
         jsonschema.Draft202012Validator.check_schema(schema)

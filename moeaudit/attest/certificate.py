@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from moeaudit.attest.signing import PrivateKey, PublicKey, sign_envelope, verify
 from moeaudit.errors import InputError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
+from moeaudit.records import ClaimRow, Predicate, Statement, Subject
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
@@ -49,25 +50,28 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def statement(subjects: list[dict[str, Any]], predicate: dict[str, Any]) -> dict[str, Any]:
+def statement(subjects: list[Subject], predicate: Predicate) -> Statement:
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
-def table4() -> list[dict[str, str]]:
-    return [asdict(c) for c in TABLE4]
+def table4() -> list[ClaimRow]:
+    return [
+        {"receipt": c.receipt, "measures": c.measures, "licenses": c.licenses, "does_not_license": c.does_not_license}
+        for c in TABLE4
+    ]
 
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def sign_statement(stmt: dict[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
+def sign_statement(stmt: Mapping[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
     """The DSSE envelope of ``stmt`` (moeaudit's names) with its predicate in wire names."""
-    stmt = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
-    stmt["predicate"]["issued_at"] = issued_at or now_rfc3339()
-    if stmt.get("predicateType") == PREDICATE_TYPE:
-        stmt["predicate"] = to_wire(stmt["predicate"])
-    return sign_envelope(key, canonical_json(stmt))
+    copy: dict[str, Any] = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
+    copy["predicate"]["issued_at"] = issued_at or now_rfc3339()
+    if copy.get("predicateType") == PREDICATE_TYPE:
+        copy["predicate"] = to_wire(copy["predicate"])
+    return sign_envelope(key, canonical_json(copy))
 
 
 def internal(stmt: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from moeaudit.judge.gates import (
 from moeaudit.policy import GateSettings, Policy
 from moeaudit.records import (
     Check,
+    CompareDocument,
     Condition,
     ConditionFailure,
     EnvelopeReport,
@@ -156,7 +157,7 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
 
 
 def gate_candidate(
-    compare_doc: dict[str, Any], policy: Policy, *, base: Path, candidate: Path, spec: Any, stage: str | None = None
+    compare_doc: CompareDocument, policy: Policy, *, base: Path, candidate: Path, spec: Any, stage: str | None = None
 ) -> GateResult:
     """The promotion decision across runs, on ``compare``'s evidence (``moeaudit.compare/v1``)."""
 

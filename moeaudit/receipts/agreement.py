@@ -6,6 +6,7 @@ says how the gates read it."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def compare_results(ref: ReplayResult, low: ReplayResult) -> dict[str, Any]:
     }
 
 
-def resolution(doc: dict[str, Any]) -> dict[str, float]:
+def resolution(doc: Mapping[str, Any]) -> dict[str, float]:
     """Per routed layer, the boundary receipts' own resolution (:data:`RESOLUTION_RULE`): the
     flip rate their router perturbation already causes, at least one token in N."""
     n = doc["canary"]["windows"] * doc["canary"]["window_len"]
@@ -74,7 +75,9 @@ def resolution(doc: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def measure(ckpt: Checkpoint, canary: Canary, doc: dict[str, Any], device: str | None = None) -> dict[str, Any] | None:
+def measure(
+    ckpt: Checkpoint, canary: Canary, doc: Mapping[str, Any], device: str | None = None
+) -> dict[str, Any] | None:
     """The agreement block for receipts ``doc`` computed in the current precision (None for fp32,
     the reference, and for tf32 off CUDA, which ran as fp32)."""
     asked = current()

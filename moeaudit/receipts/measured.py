@@ -10,9 +10,10 @@ certify signs the same numbers; ``from_cache`` says which those are. Docs: docs/
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from moeaudit.checkpoint.params import parameter_counts
+from moeaudit.records import ComputeRecord, ParameterCount, ReplayCompute
 
 COUNTED_BY = (
     "torch.utils.flop_counter.FlopCounterMode around each replay: matrix products, convolutions "
@@ -23,16 +24,21 @@ COUNTED_BY = (
 ENERGY_BY = "NVML total-energy counter of the replay's GPU, read before and after each replay (whole device)"
 
 
-def measured(ckpt: Any, replays: list[dict[str, Any]]) -> dict[str, Any]:
+class Measured(TypedDict):
+    parameters: ParameterCount
+    compute: ComputeRecord
+
+
+def measured(ckpt: Any, replays: list[dict[str, Any]]) -> Measured:
     """The predicate's ``parameters`` and ``compute`` fields."""
-    parameters = {"checkpoint": ckpt.path.name, **parameter_counts(ckpt)}
+    parameters = cast(ParameterCount, {"checkpoint": ckpt.path.name, **parameter_counts(ckpt)})
     energies = [r.get("energy_joules") for r in replays]
-    compute: dict[str, Any] = {
+    compute: ComputeRecord = {
         "flops": sum(int(r["flops"]) for r in replays) if replays else None,
         "counted_by": COUNTED_BY,
         "energy_joules": sum(e for e in energies if e is not None) if replays and None not in energies else None,
         "energy_by": ENERGY_BY,
-        "replays": replays,
+        "replays": cast(list[ReplayCompute], replays),
     }
     if compute["energy_joules"] is None:
         reasons = [str(r.get("energy_reason")) for r in replays if r.get("energy_joules") is None]
@@ -41,4 +47,4 @@ def measured(ckpt: Any, replays: list[dict[str, Any]]) -> dict[str, Any]:
     return {"parameters": parameters, "compute": compute}
 
 
-__all__ = ["COUNTED_BY", "ENERGY_BY", "measured"]
+__all__ = ["COUNTED_BY", "ENERGY_BY", "Measured", "measured"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, cast
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
@@ -20,9 +20,10 @@ from moeaudit.policy import Policy, protected_layers
 from moeaudit.receipts.drift import bootstrap_for, pair_layer
 from moeaudit.receipts.state import SCHEMA as RECEIPTS_SCHEMA
 from moeaudit.receipts.state import run_state
+from moeaudit.records import CompareDocument, Margins, PairLayer, Receipts
 from moeaudit.replay.result import Progress
 
-SCHEMA = "moeaudit.compare/v1"
+SCHEMA: Final[Literal["moeaudit.compare/v1"]] = "moeaudit.compare/v1"
 
 
 def load_reference(
@@ -32,7 +33,7 @@ def load_reference(
     progress: Progress | None = None,
     device: str | None = None,
     hashed: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Receipts:
     """A reference is a healthy checkpoint directory (replayed on ``device``) or its receipts
     JSON on the same canary. For a receipts file, ``hashed`` receives the ``predicate.inputs``
     entry of the very bytes parsed (one read, docs/security.md)."""
@@ -60,7 +61,7 @@ def load_reference(
             hint="recompute them with `moeaudit receipts REF --canary ...`",
         )
     _check_reference(doc, policy, path)
-    return doc
+    return cast(Receipts, doc)  # a receipts document: its schema, canary and what the margin reads checked
 
 
 def _field(doc: Any, *keys: str) -> Any:
@@ -91,23 +92,24 @@ def compare(
     *,
     reference: str | Path | None = None,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> CompareDocument:
     check_compatible(base, cand)
     # A bad reference (wrong canary, not receipts) should fail before the replays, not after.
     ref_doc = None if reference is None else load_reference(reference, canary, policy, progress)
     base_doc, base_obs = run_state(base, canary, policy, keep_states=True, progress=progress)
     cand_doc, cand_obs = run_state(cand, canary, policy, keep_states=True, progress=progress)
     routed = base.spec.routed_layers
-    layers, drift = [], {}
+    layers: list[PairLayer] = []
+    drift = {}
     for layer in routed:
         lw0, lw1 = base.layer_weights(layer), cand.layer_weights(layer)
         boot = bootstrap_for(policy.receipts, canary.num_windows, layer)
         entry = pair_layer(base.spec, lw0, lw1, base_obs.states[layer], cand_obs.states[layer], boot)
-        layers.append({"layer": layer, **entry})
+        layers.append(cast(PairLayer, {"layer": layer, **entry}))  # open: the drift sections
         drift[layer] = entry["drift"]
         del lw0, lw1
     protected = protected_layers(policy, routed, str(base.path))
-    margins: dict[str, Any] = {
+    margins: Margins = {
         "refinement": refinement(base_doc, cand_doc, drift, protected, policy.margins),
         "handoff": None,
     }
@@ -115,12 +117,20 @@ def compare(
         margins["handoff"] = handoff(cand_doc, ref_doc, protected, policy.margins)
     base.verify_unchanged()  # the pass above read both again
     cand.verify_unchanged()
-    doc = {
+    settings = policy.to_json()
+    doc: CompareDocument = {
         "schema": SCHEMA,
         "base": base_doc,
         "candidate": cand_doc,
         "protected_layers": protected,
-        "policy": {"source": policy.source, "digest": policy.digest, **policy.to_json()},
+        "policy": {
+            "source": policy.source,
+            "digest": policy.digest,
+            "receipts": settings["receipts"],
+            "margins": settings["margins"],
+            "envelope": settings["envelope"],
+            "gates": settings["gates"],
+        },
         "layers": layers,
         "margins": margins,
     }

@@ -4,7 +4,7 @@ document. One forward + one backward; every other receipt is computed from its t
 from __future__ import annotations
 
 import platform
-from typing import Any
+from typing import Final, Literal, cast
 
 import torch
 
@@ -18,25 +18,27 @@ from moeaudit.precision import REFERENCE, current, ran
 from moeaudit.receipts.domains import domain_windows
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
+from moeaudit.records import EnvironmentRecord, PrecisionAgreement, Receipts, ReceiptsCheckpoint, ReceiptsLayer
 from moeaudit.replay import ReplayResult, replay
 from moeaudit.replay.device import device_name
 from moeaudit.replay.precision import check_supported
 from moeaudit.replay.result import Progress
 
-SCHEMA = "moeaudit.receipts/v1"
+SCHEMA: Final[Literal["moeaudit.receipts/v1"]] = "moeaudit.receipts/v1"
 
 
-def environment(device: str | None = None) -> dict[str, Any]:
+def environment(device: str | None = None) -> EnvironmentRecord:
     """Where the receipts were computed: ``device`` is the device that computed every part of
     them (replay, conflict, generation), "cpu" on the default path."""
-    return {
+    env: EnvironmentRecord = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": device_name(device),
         "dtype": "float32",
-        # --precision other than fp32 (the reference): what ran (SPEC §3 "Precision")
-        **({"precision": ran(current(), device)} if current() != REFERENCE else {}),
     }
+    if current() != REFERENCE:  # --precision other than fp32 (the reference): what ran (SPEC §3 "Precision")
+        env["precision"] = ran(current(), device)
+    return env
 
 
 def run_state(
@@ -49,7 +51,7 @@ def run_state(
     generate: int = 0,
     progress: Progress | None = None,
     device: str | None = None,
-) -> tuple[dict[str, Any], StateObserver]:
+) -> tuple[Receipts, StateObserver]:
     """Replay once and return (receipts document, the observer holding per-layer states).
 
     ``conflict`` (one backward per domain) and ``generate`` (G streamed forwards) are the
@@ -70,7 +72,7 @@ def run_state(
         from moeaudit.receipts.agreement import measure
 
         if (block := measure(ckpt, canary, doc, device)) is not None:
-            doc["precision_agreement"] = block
+            doc["precision_agreement"] = cast(PrecisionAgreement, block)  # measure's block, by its record
     if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict
 
@@ -92,7 +94,7 @@ def state_receipts(
     generate: int = 0,
     progress: Progress | None = None,
     device: str | None = None,
-) -> dict[str, Any]:
+) -> Receipts:
     return run_state(
         ckpt, canary, policy or Policy(), conflict=conflict, generate=generate, progress=progress, device=device
     )[0]
@@ -105,28 +107,36 @@ def receipts_document(
     observer: StateObserver,
     policy: Policy,
     device: str | None = None,
-) -> dict[str, Any]:
+) -> Receipts:
     s = ckpt.spec
-    layers = []
+    layers: list[ReceiptsLayer] = []
     for i in s.routed_layers:
         g = result.grads.get(i)
-        entry: dict[str, Any] = {"layer": i, **observer.layers[i]}
+        # open: the observer's sections (occupancy, boundary, overlap, domains, a router's gate)
+        entry = cast(ReceiptsLayer, {"layer": i, **observer.layers[i]})
         if g is not None:
             entry["gradients"] = gradients(g.experts_E, g.router, g.shared if s.shared_dim else None)
         layers.append(entry)
-    doc: dict[str, Any] = {
+    checkpoint: ReceiptsCheckpoint = {
+        "name": ckpt.path.name,
+        "digest": {"sha256": ckpt.digest},
+        "family": s.family,
+        "routed_layers": list(s.routed_layers),
+        "experts": s.num_experts,
+        "top_k": s.top_k,
+    }
+    if q := ckpt.quantization:
+        checkpoint["quantization"] = q
+    if ckpt.left_out:
+        checkpoint["left_out"] = [x.to_json() for x in ckpt.left_out]
+    # an expert-parallel replay adds world_size, backend and rank_devices (issue 28)
+    env: EnvironmentRecord = environment(device)
+    if result.parallel:
+        env = cast(EnvironmentRecord, {**env, **result.parallel})
+    doc: Receipts = {
         "schema": SCHEMA,
         "tool": {"name": "moeaudit", "version": __version__},
-        "checkpoint": {
-            "name": ckpt.path.name,
-            "digest": {"sha256": ckpt.digest},
-            "family": s.family,
-            "routed_layers": list(s.routed_layers),
-            "experts": s.num_experts,
-            "top_k": s.top_k,
-            **({"quantization": q} if (q := ckpt.quantization) else {}),
-            **({"left_out": [x.to_json() for x in ckpt.left_out]} if ckpt.left_out else {}),
-        },
+        "checkpoint": checkpoint,
         "canary": {
             "digest": {"sha256": canary.digest},
             "windows": canary.num_windows,
@@ -134,8 +144,7 @@ def receipts_document(
             "domains": list(canary.domains),
         },
         "settings": {"receipts": policy.to_json()["receipts"], "policy_digest": policy.digest},
-        # an expert-parallel replay adds world_size, backend and rank_devices (issue 28)
-        "environment": {**environment(device), **(result.parallel or {})},
+        "environment": env,
         "nll": result.nll,
         "nll_by_domain": _nll_by_domain(canary, result.nll_windows_W),
         "nll_windows": result.nll_windows_W.double().tolist(),
@@ -149,7 +158,7 @@ def receipts_document(
     return doc
 
 
-def _nll_by_domain(canary: Canary, nll_W: torch.Tensor) -> dict[str, float]:
+def _nll_by_domain(canary: Canary, nll_W: torch.Tensor) -> dict[str, float | None]:
     # each domain's windows in canary order, copied out: the same sum as nll_W[mask].mean()
     return {
         name: float(nll_W[idx].double().mean())

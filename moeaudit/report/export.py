@@ -293,7 +293,7 @@ def _charts(statement: Mapping[str, Any] | None) -> dict[str, Any]:
     env = html.envelope_view(p.get("envelope"), list(p.get("checks") or []))
     if not env.get("missing") and env.get("panels"):
         out["envelope"] = env["panels"][0]["svg"]
-    occupancy = html.heatmap_view(p.get("heatmaps") or {}, protected).get("occupancy")
+    occupancy = html.heatmap_view(p.get("heatmaps"), protected).get("occupancy")
     if occupancy:
         out["occupancy"] = occupancy["svg"]
     return out

@@ -23,6 +23,21 @@ import jinja2.bccache
 
 from moeaudit.cache import ReceiptsCache
 from moeaudit.papers import GLOSSARY, PAPERS, legend, named
+from moeaudit.records import (
+    Check,
+    DomainHeatmap,
+    EnvelopeReport,
+    EnvelopeSample,
+    GateEntry,
+    Heatmaps,
+    Margins,
+    Occupancy,
+    PolicyRecord,
+    RouterSection,
+    RunRecord,
+    SkippedCheck,
+    Statement,
+)
 from moeaudit.report import charts, monitors, svg
 from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
 from moeaudit.report.svg import num, sci, sig, signed
@@ -35,7 +50,9 @@ MAX_DOMAIN_PANELS = 8
 Doc = Mapping[str, Any]
 
 
-def render_html(statement: Doc, *, keyid: str, envelope_sha256: str, compiled: ReceiptsCache | None = None) -> str:
+def render_html(
+    statement: Statement, *, keyid: str, envelope_sha256: str, compiled: ReceiptsCache | None = None
+) -> str:
     """The certificate page for a verified statement; ``envelope_sha256`` is the SHA-256 of the
     signed ``certificate.json`` file the page describes."""
     return _environment(compiled).get_template(TEMPLATE).render(page(statement, keyid, envelope_sha256))
@@ -99,7 +116,7 @@ def _get(doc: Any, *path: str) -> Any:
 # --- the view ------------------------------------------------------------------------------------
 
 
-def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
+def page(statement: Statement, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     p = statement["predicate"]
     gates = list(p.get("gates") or [])
     checks = list(p.get("checks") or [])
@@ -114,7 +131,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         ),
         "run": run_view(p.get("run") or {}, len(gates)),
         "policy_banner": policy_banner(p.get("policy") or {}),
-        "preregistration": (p.get("preregistration") or {}).get("summary"),
+        "preregistration": p["preregistration"]["summary"] if "preregistration" in p else None,
         "issued_at": p.get("issued_at") or "—",
         "checks": check_rows(checks),
         "margins": margin_rows(p.get("margins") or {}, stage, rules),
@@ -123,7 +140,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
         "protected": protected,
         "figures": figures(gates, protected, rules),
         "envelope": envelope_view(p.get("envelope"), checks),
-        "heatmaps": heatmap_view(p.get("heatmaps") or {}, protected),
+        "heatmaps": heatmap_view(p.get("heatmaps"), protected),
         "router": router_view(p.get("router")),
         "monitors": monitors.view(p.get("monitors"), monitors.heatmap_loads(p)),  # docs/monitors.md
         "gate_claims": [claims_row(g) for g in gates],
@@ -139,7 +156,7 @@ def page(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     }
 
 
-def router_view(router: Doc | None) -> dict[str, Any] | None:
+def router_view(router: RouterSection | None) -> dict[str, Any] | None:
     """The gate statement and, per routed layer, the selection bias at the last checkpoint and
     its drift over the run next to the occupancy it steers."""
     if not router:
@@ -150,7 +167,7 @@ def router_view(router: Doc | None) -> dict[str, Any] | None:
         if not cps:
             continue
         first, last = cps[0], cps[-1]
-        drift = [c["bias_drift"] for c in cps if c.get("bias_drift") is not None]
+        drift = [d for c in cps if (d := c.get("bias_drift")) is not None]
         rows.append(
             {
                 "layer": str(layer["layer"]),
@@ -164,17 +181,18 @@ def router_view(router: Doc | None) -> dict[str, Any] | None:
                 "dead": f"{first.get('dead')} → {last.get('dead')}",
             }
         )
+    note: Mapping[str, Any] = router  # an open record: the family's note (moeaudit.receipts.gate)
     return {
-        "gate": router.get("gate") or "—",
-        "why": router.get("why") or "",
-        "holds": list(router.get("holds") or []),
-        "changed": list(router.get("changed") or []),
-        "not_certified": list(router.get("not_certified") or []),
+        "gate": note.get("gate") or "—",
+        "why": note.get("why") or "",
+        "holds": list(note.get("holds") or []),
+        "changed": list(note.get("changed") or []),
+        "not_certified": list(note.get("not_certified") or []),
         "rows": rows,
     }
 
 
-def run_view(run: Doc, gates: int) -> dict[str, Any]:
+def run_view(run: RunRecord, gates: int) -> dict[str, Any]:
     return {
         "name": str(run.get("name") or "unnamed run"),
         "stage": str(run.get("stage") or "—"),
@@ -194,7 +212,7 @@ def _named(item: Any) -> dict[str, str]:
     return {"name": str(item), "reason": ""}
 
 
-def check_rows(checks: Sequence[Doc]) -> list[dict[str, Any]]:
+def check_rows(checks: Sequence[Check]) -> list[dict[str, Any]]:
     rank = {name: i for i, name in enumerate(CHECK_ORDER)}
     rows = []
     for c in sorted(checks, key=lambda c: rank.get(c.get("name", ""), len(rank))):
@@ -212,7 +230,7 @@ def check_rows(checks: Sequence[Doc]) -> list[dict[str, Any]]:
     return rows
 
 
-def _all_reasons(c: Doc) -> list[str]:
+def _all_reasons(c: Check) -> list[str]:
     """Every reason of a check whose one-line reason ends "(and N more)": the page lists them
     all in a <details> block (no script) instead of leaving them out (issue 25 §4)."""
     problems = [str(x) for x in c.get("problems") or []]
@@ -225,12 +243,11 @@ def _value(v: float | None) -> str:
     return sci(v, 2) if v != 0 and abs(v) < 1e-3 else signed(v, 4)
 
 
-def margin_rows(margins: Doc, stage: str = "", rules: Doc | None = None) -> list[dict[str, str]]:
+def margin_rows(margins: Margins, stage: str = "", rules: Doc | None = None) -> list[dict[str, str]]:
     """Each lifecycle margin as one plain sentence first, its symbols and numbers after it (in a
     <details> block on the page): an operator reads the sentence, an auditor opens the numbers."""
     rows = []
-    for name in ("refinement", "handoff"):
-        m = margins.get(name)
+    for name, m in (("refinement", margins.get("refinement")), ("handoff", margins.get("handoff"))):
         if not isinstance(m, Mapping):
             why = f": {m}" if isinstance(m, str) else ""
             rows.append(
@@ -244,11 +261,14 @@ def margin_rows(margins: Doc, stage: str = "", rules: Doc | None = None) -> list
             )
             continue
         ci = m.get("ci95")
+        # "base" is no field of the record: a v2 margin names its baseline "against_step", which
+        # this line does not read (the page has never shown it); kept as it renders today
+        unnamed: Doc = m
         note = [
             f"95% interval [{signed(ci[0], 4)}, {signed(ci[1], 4)}]" if ci else "",
             f"τ = {m['tau']:g}" if m.get("tau") is not None else "",
             f"against {m['reference']}" if m.get("reference") else "",
-            f"against the baseline at step {m['base']}" if m.get("base") is not None else "",
+            f"against the baseline at step {unnamed['base']}" if unnamed.get("base") is not None else "",
             *[str(n) for n in m.get("notes") or []],
         ]
         rows.append(
@@ -263,7 +283,9 @@ def margin_rows(margins: Doc, stage: str = "", rules: Doc | None = None) -> list
     return rows
 
 
-def gate_row(g: Doc, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+def gate_row(
+    g: GateEntry, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()
+) -> dict[str, Any]:
     r = g.get("receipts") or {}
     checkpoint = str(r.get("checkpoint") or "—")
     problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
@@ -292,7 +314,7 @@ def gate_row(g: Doc, rules: Doc, stage: str = "", abandoned: set[str] | frozense
     }
 
 
-def claims_row(g: Doc) -> dict[str, Any]:
+def claims_row(g: GateEntry) -> dict[str, Any]:
     c = g.get("claims") or {}
     licensed = [str(x) for x in c.get("licensed") or []]
     problems = [str(x) for x in (g.get("health") or {}).get("problems") or []]
@@ -309,7 +331,7 @@ def claims_row(g: Doc) -> dict[str, Any]:
 # --- figures -------------------------------------------------------------------------------------
 
 
-def figures(gates: Sequence[Doc], protected: Sequence[int], rules: Doc | None = None) -> dict[str, Any]:
+def figures(gates: Sequence[GateEntry], protected: Sequence[int], rules: Doc | None = None) -> dict[str, Any]:
     """Per-layer C2 at the last gate against its baseline (Fig. 5), each bar coloured by its drop
     against the allowed drop; NLL and C2 per gate (Fig. 4)."""
     if not gates:
@@ -342,10 +364,12 @@ def figures(gates: Sequence[Doc], protected: Sequence[int], rules: Doc | None = 
     }
 
 
-def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[int, float]:
+def _allowed_drops(gate: GateEntry, base_c2: Mapping[Any, Any], rules: Doc) -> dict[int, float]:
     """Per layer, the C2 drop the gate rule allows against the baseline: the gate's own
     tolerance on a protected layer (noise included), else max(tol_c2, tol_c2_rel·|C2_b|)."""
-    signed_tol = {int(k): float(v) for k, v in ((gate.get("structural") or {}).get("c2_tolerance") or {}).items()}
+    structural = gate.get("structural")
+    tolerance = (structural.get("c2_tolerance") if structural else None) or {}
+    signed_tol = {int(k): float(v) for k, v in tolerance.items()}
     tol_c2, rel = rules.get("tol_c2"), rules.get("tol_c2_rel")
     out: dict[int, float] = {}
     for layer, b in base_c2.items():
@@ -356,7 +380,7 @@ def _allowed_drops(gate: Doc, base_c2: Mapping[Any, Any], rules: Doc) -> dict[in
     return out
 
 
-def _thinned(report: Doc) -> str:
+def _thinned(report: EnvelopeReport) -> str:
     """A long series' rows are thinned (docs/envelope.md, "Long series"): say so by the charts."""
     shown = report.get("shown") or {}
     if not shown:
@@ -369,10 +393,10 @@ def _thinned(report: Doc) -> str:
     )
 
 
-def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
+def envelope_view(report: EnvelopeReport | None, checks: Sequence[Check]) -> dict[str, Any]:
     """The envelope report (`moeaudit.envelope/v1`): pooled chart, per-layer panels, summary."""
     if not report:
-        check = next((c for c in checks if c.get("name") == "envelope"), {})
+        check: Mapping[str, Any] = next((c for c in checks if c.get("name") == "envelope"), {})
         return {"missing": check.get("reason") or "no envelope series in the certificate"}
     series = report.get("series") or {}
     keys = sorted(series, key=lambda k: (k != "pooled", layer_key(k)))
@@ -424,7 +448,9 @@ def envelope_view(report: Doc | None, checks: Sequence[Doc]) -> dict[str, Any]:
     }
 
 
-def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, gated: bool = True) -> dict[str, Any]:
+def _envelope_panel(
+    key: str, samples: Sequence[EnvelopeSample], report: EnvelopeReport, main: bool, gated: bool = True
+) -> dict[str, Any]:
     wins = [w for w in report.get("windows") or [] if w.get("series") == key]
     name = "pooled over all routed layers" if key == "pooled" else f"layer {key}"
     budget = _get(report, "constants", "budget")
@@ -438,7 +464,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, g
         show_legend=main,
         gated=gated,
     )
-    margins = [r["margin"] for r in samples if r.get("margin") is not None]
+    margins = [m for r in samples if (m := r.get("margin")) is not None]
     outside = [r.get("step") for r in samples if not r.get("compliant", True)]
     discrete = [
         r.get("to_step")
@@ -451,6 +477,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, g
         if str(r.get("layer")) == key
     ]
     failing = bool(starved or (gated and (outside or discrete)))
+    shown: Mapping[str, Any] = (report.get("shown") or {}).get(key, {})  # a long series' counts
     if failing:
         status = "leaves the envelope"
     elif outside or discrete:  # the variance bound under illustrative constants: reported only
@@ -461,8 +488,8 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, g
         "gated": gated,
         "name": name,
         "svg": chart,
-        "samples": (report.get("shown") or {}).get(key, {}).get("samples", {}).get("evaluated", len(samples)),
-        "windows": (report.get("shown") or {}).get(key, {}).get("windows", {}).get("evaluated", len(wins)),
+        "samples": shown.get("samples", {}).get("evaluated", len(samples)),
+        "windows": shown.get("windows", {}).get("evaluated", len(wins)),
         "min_margin": min(margins) if margins else None,
         "outside": outside,
         "discrete": discrete,
@@ -471,7 +498,7 @@ def _envelope_panel(key: str, samples: Sequence[Doc], report: Doc, main: bool, g
     }
 
 
-def _skipped(s: Doc) -> str:
+def _skipped(s: SkippedCheck) -> str:
     where = f" between steps {s['from_step']} and {s['to_step']}" if s.get("from_step") is not None else ""
     return f"{s.get('check', 'check')}{where} — {s.get('reason') or 'no reason given'}"
 
@@ -479,7 +506,9 @@ def _skipped(s: Doc) -> str:
 # --- heatmaps ------------------------------------------------------------------------------------
 
 
-def heatmap_view(h: Doc, protected: Sequence[int]) -> dict[str, Any]:
+def heatmap_view(h: Heatmaps | None, protected: Sequence[int]) -> dict[str, Any]:
+    if not h:
+        return {"occupancy": None, "domains": None}
     return {"occupancy": _occupancy(h.get("occupancy"), protected), "domains": _domains(h.get("domains"), protected)}
 
 
@@ -487,7 +516,7 @@ def _is_protected(layer: Any, protected: Sequence[int]) -> bool:
     return layer_key(layer) in [(0, q) for q in protected]
 
 
-def _occupancy(occ: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
+def _occupancy(occ: Occupancy | None, protected: Sequence[int]) -> dict[str, Any] | None:
     """π[layer][expert]: a list aligned with ``layers`` or a map keyed by layer."""
     if not occ or not occ.get("layers"):
         return None
@@ -529,7 +558,7 @@ def _share_legend(label: str) -> Any:
     )
 
 
-def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None:
+def _domains(dom: DomainHeatmap | None, protected: Sequence[int]) -> dict[str, Any] | None:
     """Small multiples of domain × expert π, one per layer (protected ones when there are many)."""
     if not dom or not dom.get("layers"):
         return None
@@ -565,7 +594,7 @@ def _domains(dom: Doc | None, protected: Sequence[int]) -> dict[str, Any] | None
     }
 
 
-def policy_banner(policy: Doc) -> str:
+def policy_banner(policy: PolicyRecord) -> str:
     """Under which policy the verdict was reached: the built-in default (uncalibrated), or a
     policy file and what it was calibrated on (gate tolerances and envelope constants)."""
     source = str(policy.get("source") or "source not stated")
@@ -584,7 +613,7 @@ def policy_banner(policy: Doc) -> str:
     return f"{source}: {tol}; {constants}"
 
 
-def digests(statement: Doc, keyid: str, envelope_sha256: str) -> dict[str, Any]:
+def digests(statement: Statement, keyid: str, envelope_sha256: str) -> dict[str, Any]:
     """Everything a reader needs to verify the certificate and re-run the audit."""
     p = statement["predicate"]
     canary, policy, tool = p.get("canary") or {}, p.get("policy") or {}, p.get("tool") or {}

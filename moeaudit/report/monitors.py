@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from moeaudit.records import MonitorLayer, MonitorsSection
+
 # (metric, whether the worst layer is the lowest value), in the dashboards' order.
 MEGATRON: tuple[tuple[str, bool], ...] = (
     ("seq-loss", False),
@@ -145,9 +147,9 @@ def nemo_utilization(loads: Sequence[Sequence[float]]) -> dict[str, float]:
     }
 
 
-def section(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+def section(doc: Mapping[str, Any]) -> MonitorsSection | None:
     """The certificate's ``monitors``: one checkpoint's per-layer values (the receipts' own)."""
-    layers = [
+    layers: list[MonitorLayer] = [
         {"layer": e["layer"], "megatron": e["monitors"]["megatron"], "nemo": e["monitors"]["nemo"]}
         for e in doc["layers"]
         if "megatron" in (e.get("monitors") or {})

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from moeaudit.records import Check, GateEntry, Margin
 from moeaudit.report.svg import num, signed
 
 Doc = Mapping[str, Any]
 
 
-def verdict_reasons(verdict: str, gates: Sequence[Doc], checks: Sequence[Doc]) -> list[str]:
+def verdict_reasons(verdict: str, gates: Sequence[GateEntry], checks: Sequence[Check]) -> list[str]:
     """Why the verdict is what it is (SPEC §8), in the order the rule reads."""
     if verdict == "PASS":
         return ["every gate is BASELINE or GREEN and every evaluated check passed"]
@@ -28,7 +29,7 @@ def verdict_reasons(verdict: str, gates: Sequence[Doc], checks: Sequence[Doc]) -
     return out or ["the evidence does not support PASS"]
 
 
-def plain_margin(name: str, m: Doc, stage: str, band: Any) -> str:
+def plain_margin(name: str, m: Margin, stage: str, band: Any) -> str:
     """One sentence an operator can act on (SPEC §8: refinement gated in post-training only)."""
     exact, ci = m.get("exact"), m.get("ci95")
     near = isinstance(band, (int, float)) and exact is not None and abs(exact) < band
@@ -60,11 +61,11 @@ def plain_margin(name: str, m: Doc, stage: str, band: Any) -> str:
     )
 
 
-def worsened_by_design(g: Doc, stage: str) -> bool:
+def worsened_by_design(g: GateEntry, stage: str) -> bool:
     return stage == "post-training" and g.get("scalar") == "worsening" and g.get("status") == "GREEN"
 
 
-def by_design(gates: Sequence[Doc], stage: str) -> list[str]:
+def by_design(gates: Sequence[GateEntry], stage: str) -> list[str]:
     """The surprises that are the policy working as designed, said where the table shows them."""
     out = []
     worse = [g["step"] for g in gates if worsened_by_design(g, stage)]
@@ -91,14 +92,15 @@ def _floor(rules: Doc, name: str) -> str:
     return f", floor {value:g}" if isinstance(value, (int, float)) else ""
 
 
-def gate_note(g: Doc, rules: Doc) -> str:
+def gate_note(g: GateEntry, rules: Doc) -> str:
     """The gate rule's reading of this gate (SPEC §8), in words, with the policy's thresholds
     (``rules``: the certificate's ``policy.gates``)."""
     tol_c2 = rules.get("tol_c2")
     held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
     if g["status"] == "BASELINE":
         return f"baseline: {g.get('reason') or 'reference point'}{held}"
-    st, base = g.get("structural") or g.get("continuity") or {}, g.get("baseline")
+    st: Doc = g.get("structural") or g.get("continuity") or {}  # the deciding comparison, if any
+    base = g.get("baseline")
     notes = [f"new baseline ({g.get('reason')}), compared with the one before it"] if g.get("new_baseline") else []
     if st.get("c2_status") == "not computed":
         notes.append(f"protected-layer C2 not computed on layer(s) {st.get('c2_not_computed_layers')}")

@@ -11,6 +11,7 @@ number is named at its first mention in each report (:func:`moeaudit.papers.name
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -19,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import EnvelopeReport
+from moeaudit.records import CompareDocument, EnvelopeReport, Predicate, Receipts
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -69,7 +70,7 @@ COMPARE_COLUMNS = _right(
 )
 
 
-def print_receipts(doc: dict[str, Any]) -> None:
+def print_receipts(doc: Receipts) -> None:
     seen: set[str] = set()  # papers named so far in this report
     receipts_header(doc)
     rows, styles = [], []
@@ -144,7 +145,7 @@ def print_monitors(layers: Any) -> None:
         print_fitted(out, "live monitors' metrics over routed layers (docs/monitors.md)", MONITOR_COLUMNS, rows)
 
 
-def print_nonfinite(doc: dict[str, Any]) -> None:
+def print_nonfinite(doc: Mapping[str, Any]) -> None:
     """One line, however many numbers a NaN weight spoils (the JSON lists every one)."""
     weights, nulled = doc.get("nonfinite_weights", []), doc.get("nonfinite", [])
     if not weights and not nulled:
@@ -160,7 +161,7 @@ def print_nonfinite(doc: dict[str, Any]) -> None:
     warn("warning: " + "; ".join(parts))
 
 
-def receipts_header(doc: dict[str, Any]) -> None:
+def receipts_header(doc: Receipts) -> None:
     ck, cn = doc["checkpoint"], doc["canary"]
     out.print(
         f"[bold]{esc(ck['name'])}[/] ({esc(ck['family'])}, {ck['experts']} experts, top-{ck['top_k']})  "
@@ -170,7 +171,7 @@ def receipts_header(doc: dict[str, Any]) -> None:
     out.print(f"NLL {fmt(doc['nll'], '.4f')} nats   ({by_domain})")
 
 
-def print_compare(doc: dict[str, Any], policy: Any) -> None:
+def print_compare(doc: CompareDocument, policy: Any) -> None:
     from moeaudit.judge.decide import margin_status
     from moeaudit.judge.gates import Checkpointed, evaluate_gates
     from moeaudit.margins import SMOOTH_NOTE
@@ -224,13 +225,13 @@ def print_compare(doc: dict[str, Any], policy: Any) -> None:
             "INCONCLUSIVE": "within noise of the reference — neither claim is licensed",
         },
     }
-    for name, symbol in (("refinement", "r_ex"), ("handoff", "h_ex")):
-        m = doc["margins"][name]
+    margins = doc["margins"]
+    for name, symbol, m in (("refinement", "r_ex", margins["refinement"]), ("handoff", "h_ex", margins["handoff"])):
         if m is None:
             continue
         ci = m.get("ci95")
         interval = "" if not ci else f", 95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-        why = m.get("reason") if m["exact"] is None else words[name][margin_status(m, band)]
+        why = m["reason"] if m["exact"] is None else words[name][margin_status(m, band)]
         out.print(f"{name} margin {symbol} = {fmt(m['exact'], '+.4f')}{interval} — {esc(named(why, seen))}")
         out.print(f"[dim]  smooth {symbol} = {fmt(m['smooth'], '+.4f')}: {esc(named(SMOOTH_NOTE, seen))}[/]")
     gates = evaluate_gates(
@@ -406,7 +407,7 @@ def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
 
 
-def print_gates(pred: dict[str, Any]) -> None:
+def print_gates(pred: Predicate) -> None:
     """The gate table at the console's width (never a cut number: :mod:`gate_table`), its legend,
     the checks and the verdict."""
     from moeaudit.report import gate_table
@@ -418,7 +419,7 @@ def print_gates(pred: dict[str, Any]) -> None:
     for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
         out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"), style="yellow")
     out.print(gate_table.legend_grid(pred), style="dim")
-    print_monitors((pred.get("monitors") or {}).get("layers"))
+    print_monitors(pred["monitors"]["layers"] if "monitors" in pred else None)
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))

@@ -1,0 +1,282 @@
+"""Envelope constants fitted on a healthy run (`000` Eq. 16, SPEC §7): ε = c·Var_t[V], δ = δ*/2,
+the tightest c in `000`'s range, the starvation share, and whether the fitted envelope rejects a
+starved version of the run (falsifiability). See ``docs/envelope.md``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from moeaudit.errors import InputError
+from moeaudit.judge.envelope_checks import SeriesCheck, budget, check_series, holds, segments
+from moeaudit.judge.envelope_report import evaluate, first_violation
+from moeaudit.judge.envelope_series import EnvelopeSeries, from_norms
+from moeaudit.metrics import var_grad
+from moeaudit.policy import EnvelopeSettings
+
+CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin, SPEC §7
+
+
+# --- calibration (`000` Eq. 16, SPEC §7) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants fitted on a healthy run: ε = c·Var_t[V], δ = δ*/2."""
+
+    settings: EnvelopeSettings  # the base settings with variant, δ, ε, calibrated, provenance
+    delta_max: float  # δ*: the largest δ for which the healthy series is compliant with ε
+    temporal_variance: dict[str, float]  # Var_t[V] per series (population)
+    epsilon_series: str  # the series whose Var_t set ε
+    binding: dict[str, Any] | None  # where the series leaves the envelope just above δ*
+    c: float
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "variant": s.variant,
+            "delta": s.delta,
+            "epsilon": s.epsilon,
+            "window": s.window,
+            "budget": budget(s.delta, s.epsilon),
+            "c": self.c,
+            "delta_max": self.delta_max,
+            "temporal_variance": self.temporal_variance,
+            "epsilon_series": self.epsilon_series,
+            "binding": self.binding,
+            "eq17_window_min": math.ceil(3 / s.delta),
+            "provenance": s.provenance,
+        }
+
+
+def calibrate(
+    series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C, breaks: Iterable[int] = ()
+) -> Calibration:
+    """Fit ε and δ on a healthy series (SPEC §7), under ``base``'s window τ.
+
+    ε = c·max over series of the population temporal variance Var_t[V] (`000` Eq. 16), so the
+    most variable layer (or pooled) sets the floor every series must share. Compliance only
+    gets easier as δ shrinks (both bounds decrease in δ), so δ* is found by bisection on
+    log δ in (0, 1), under the Grönwall windows and the discrete checks together; δ = δ*/2.
+    """
+    breaks = sorted(breaks)
+    finite = _healthy_values(series, c)
+    tv = {key: var_grad(values) for key, values in finite.items()}
+    key = max(tv, key=lambda k: tv[k])
+    epsilon = c * tv[key]
+    if not epsilon > 0:
+        raise InputError(
+            "the healthy series has zero temporal variance, so ε = c·Var_t[V] = 0",
+            path=series.origin or None,
+            hint="calibrate on a run with real updates",
+        )
+
+    def check(delta: float) -> dict[str, SeriesCheck]:
+        return {
+            k: check_series(series.steps, v, delta, epsilon, base.window, breaks=breaks)
+            for k, v in series.values.items()
+        }
+
+    def ok(delta: float) -> bool:
+        return all(holds(series.steps, v, delta, epsilon, base.window, breaks=breaks) for v in finite.values())
+
+    lo, hi = 1e-12, 1.0 - 1e-12
+    if not ok(lo):
+        where = first_violation(check(lo)) or {}
+        c_min = _epsilon_floor(series.steps, finite, breaks) / tv[key]
+        raise InputError(
+            f"the healthy series is not compliant for any δ with ε = {c:g}·Var_t[V] "
+            f"= {epsilon:.6g}: series {where.get('layer')!r} leaves the envelope at "
+            f"step {where.get('step')} ({where.get('check')} check) even as δ → 0",
+            path=series.origin or None,
+            hint=f"a rise between samples Δ steps apart must stay below ε·Δ, which "
+            f"needs c > {c_min:.4g} here (Eq. 16 is not scale-free: Var_t[V] "
+            f"has units of V²; see docs/envelope.md)",
+        )
+    if ok(hi):
+        lo = hi
+    while hi / lo > 1 + 1e-7:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    binding = first_violation(check(hi)) if hi > lo else None
+    delta = lo / 2
+    steps = series.steps
+    provenance = (
+        f"calibrated on {series.origin or 'a healthy run'} ({series.source}, steps "
+        f"{steps[0]}–{steps[-1]}, {len(steps)} samples, variant {series.variant}): "
+        f"ε = c·Var_t[V], c = {c:g}, population variance over time of series {key!r}; "
+        f"δ = δ*/2, δ* = {lo:.6g} under window τ = {base.window}"
+    )
+    gaps = sorted(b - a for a, b in zip(series.steps, series.steps[1:], strict=False))
+    settings = replace(
+        base,
+        variant=series.variant,
+        delta=delta,
+        epsilon=epsilon,
+        calibrated=True,
+        provenance=provenance,
+        sampling_interval=gaps[len(gaps) // 2],
+    )
+    return Calibration(settings, lo, tv, key, binding, c)
+
+
+def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]], breaks: Sequence[int]) -> float:
+    """The ε the discrete checks need as δ → 0 (bound → V + εΔ): the largest rise per step."""
+    rises = [
+        (v[j + 1] - v[j]) / (steps[j + 1] - steps[j])
+        for v in finite.values()
+        for seg in segments(steps, breaks)
+        for j in seg[:-1]
+    ]
+    return max([0.0, *rises])
+
+
+def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
+    if not c > 0:
+        raise ValueError(f"c must be > 0, got {c}")
+    if len(series.steps) < 3:
+        raise InputError("calibration needs at least three samples of the healthy run", path=series.origin or None)
+    for key, values in series.values.items():
+        bad = [series.steps[j] for j, v in enumerate(values) if v is None]
+        if bad:
+            raise InputError(
+                f"the healthy series {key!r} has no finite value at step(s) {bad[:5]}",
+                path=series.origin or None,
+                hint="a run with non-finite gradient norms is not a healthy reference",
+            )
+    return {key: [v for v in values if v is not None] for key, values in series.values.items()}
+
+
+# --- falsifiable constants (issue 13: an envelope nothing can fail certifies nothing) -----------
+
+C_RANGE = (2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)  # `000` §6.5.2: "typically c ∈ [2, 5]"
+LEVEL_SAFETY = 2.0  # starve_share = (lowest share the healthy run showed) / 2
+
+
+def calibrate_tightest(
+    series: EnvelopeSeries, base: EnvelopeSettings, *, breaks: Iterable[int] = (), cs: Sequence[float] = C_RANGE
+) -> Calibration:
+    """Eq. 16 for every c in ``cs``; keep the fit with the smallest residual budget ε/δ.
+
+    With noisy logged norms the Δ-step check binds: a rise between samples needs ε·Δ, so a
+    small c forces δ* → 0 and ε/δ up to the largest possible value (E − 1 for the normalized
+    variant) — constants no series can fail. The paper leaves c in [2, 5]; the tightest
+    envelope the healthy run still satisfies is the most falsifiable choice.
+    """
+    fits, errors = [], []
+    for c in cs:
+        try:
+            fits.append(calibrate(series, base, c=c, breaks=breaks))
+        except InputError as exc:
+            errors.append(exc)
+    if not fits:
+        raise errors[-1]
+    best = min(fits, key=lambda f: budget(f.settings.delta, f.settings.epsilon))
+    s = best.settings
+    share = healthy_share(series)
+    window = s.window
+    if window < 3 / s.delta:
+        raise InputError(
+            f"the fitted δ = {s.delta:.4g} needs a compliance window τ ≥ 3/δ = "
+            f"{math.ceil(3 / s.delta)} steps (000 Eq. 17), the policy has {window}",
+            path=series.origin or None,
+            hint="raise envelope.window and calibrate again",
+        )
+    provenance = (
+        s.provenance + f"; c = {best.c:g} chosen in [{cs[0]:g}, {cs[-1]:g}] for the smallest "
+        f"budget ε/δ = {budget(s.delta, s.epsilon):.4g}"
+    )
+    if share is not None:
+        provenance += (
+            f"; starve_share = {share:.4g}/{LEVEL_SAFETY:g} (1% quantile of the healthy run's expert shares, halved)"
+        )
+    starve_share = s.starve_share if share is None else share / LEVEL_SAFETY
+    settings = replace(s, calibration_c=best.c, provenance=provenance, starve_share=starve_share)
+    return replace(best, settings=settings)
+
+
+SHARE_QUANTILE = 0.01  # robust: a few zero norms in a healthy log cannot set the share to 0
+
+
+def healthy_share(series: EnvelopeSeries) -> float | None:
+    """A low quantile (1%) of g_e / mean_e g over the healthy run's layers, samples and
+    experts — not the minimum, which one zero norm would set to 0 (issue 23 §3)."""
+    if not series.norms:
+        return None
+    shares = []
+    for vectors in series.norms.values():
+        for g_E in vectors:
+            known_E = [g for g in g_E if g is not None]
+            if len(known_E) == len(g_E) and sum(known_E) > 0:
+                shares += [g * len(known_E) / sum(known_E) for g in known_E]
+    if not shares:
+        return None
+    shares.sort()
+    return shares[int(SHARE_QUANTILE * (len(shares) - 1))]
+
+
+def half_dead(series: EnvelopeSeries) -> EnvelopeSeries:
+    """The healthy run's steps with the first half of every layer's experts at zero gradient
+    for the whole run (the others as logged) — starvation every useful envelope must reject."""
+    if not series.norms:
+        raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
+    norms = {
+        layer: [
+            [0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0) for e, g in enumerate(g_E)] for g_E in vectors
+        ]
+        for layer, vectors in series.norms.items()
+    }
+    return from_norms(
+        series.source,
+        series.steps,
+        norms,
+        series.variant,
+        origin=f"{series.origin} (half the experts at zero gradient)",
+    )
+
+
+def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
+    """The healthy run's steps with one expert per layer carrying the gradient signal and the
+    others at 1e-5 of it (a starved layer) — a series every useful envelope must reject."""
+    if not series.norms:
+        raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
+    norms = {}
+    for layer, vectors in series.norms.items():
+        rows = []
+        for g_E in vectors:
+            known = [g for g in g_E if g is not None]
+            top = max(known) if known else 1.0
+            rows.append([top, *([top * 1e-5] * (len(g_E) - 1))])
+        norms[layer] = rows
+    return from_norms(
+        series.source,
+        series.steps,
+        norms,
+        series.variant,
+        origin=f"{series.origin} (starved: one expert per layer, others ×1e-5)",
+    )
+
+
+def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings, breaks: Iterable[int] = ()) -> dict[str, Any]:
+    """Does the envelope under ``settings`` reject a starved version of ``series``, and which
+    side rejects it? The normalized variance of E non-negative norms is at most E − 1; a budget
+    ε/δ at or above half of that is flagged as too loose to be evidence."""
+    bad = evaluate(known_bad(series), settings, breaks=breaks)
+    fv: Mapping[str, Any] = bad["first_violation"] or {}
+    sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
+    E = min(sizes) if sizes else None
+    b = budget(settings.delta, settings.epsilon)
+    out: dict[str, Any] = {
+        "known_bad_rejected": not bad["compliant"],
+        "caught_by": fv.get("check"),
+        "at_step": fv.get("step"),
+        "budget": b,
+        "variance_cap": None,
+        "variance_side_falsifiable": None,
+    }
+    if settings.variant == "normalized" and E:
+        out["variance_cap"] = E - 1
+        out["variance_side_falsifiable"] = b < (E - 1) / 2
+    return out

@@ -1,0 +1,152 @@
+"""The envelope's rules on per-expert gradient norms: the alert rule (`000` Eq. 21), dead experts
+(§10.3) and starvation (the level side of §8.1 / Eq. 13), and which gated rule a series is too
+short to evaluate. The long-series forms are in :mod:`moeaudit.judge.envelope_columns`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from moeaudit.judge.envelope_series import EnvelopeSeries
+    from moeaudit.policy import EnvelopeSettings
+
+
+# --- alert rule (`000` Eq. 21) and dead experts (§10.3) ------------------------------------------
+
+
+def alerts(
+    steps: Sequence[int],
+    norms: Sequence[Sequence[float | None]],
+    values: Sequence[float | None],
+    a: float,
+    b: float,
+    n: int,
+) -> list[dict[str, Any]]:
+    """Eq. 21 on one series: ``max_e g_e < a ∧ V > b`` for n consecutive samples.
+
+    One alert per run of consecutive samples meeting the condition, firing at the n-th; a
+    sample with a non-finite norm or value ends a run (it is already a finding).
+    """
+    out: list[dict[str, Any]] = []
+    run: list[int] = []
+    for j, (g_E, v) in enumerate(zip(norms, values, strict=True)):
+        known = v is not None and all(g is not None for g in g_E)
+        if known and max(g_E) < a and v > b:  # type: ignore[operator, type-var]
+            run.append(j)
+            if len(run) == n:
+                out.append(
+                    {
+                        "step": steps[j],
+                        "since": steps[run[0]],
+                        "until": steps[j],
+                        "samples": n,
+                        "max_grad": max(g_E),  # type: ignore[type-var]
+                        "value": v,
+                    }
+                )
+            elif len(run) > n:
+                out[-1].update(until=steps[j], samples=len(run))
+        else:
+            run = []
+    return out
+
+
+def dead_experts(
+    steps: Sequence[int], norms: Sequence[Sequence[float | None]], dead_grad: float, dead_steps: int
+) -> list[dict[str, Any]]:
+    """§10.3: expert e is dead once ``g_e < dead_grad`` for more than ``dead_steps`` steps.
+
+    Counted in training steps, not samples (logs may be every K steps): a run of consecutive
+    below-threshold samples from t_i to t_j spans t_j − t_i + 1 steps, assuming the unlogged
+    steps between them were below too. A null norm ends a run.
+    """
+    out: list[dict[str, Any]] = []
+    for e in range(len(norms[0]) if norms else 0):
+        since: int | None = None
+        entry: dict[str, Any] | None = None
+        for j, g_E in enumerate(norms):
+            g = g_E[e]
+            if g is not None and g < dead_grad:
+                since = steps[j] if since is None else since
+                if steps[j] - since + 1 > dead_steps:
+                    if entry is None:
+                        entry = {"expert": e, "since": since, "step": steps[j]}
+                        out.append(entry)
+                    entry.update(until=steps[j], steps=steps[j] - since + 1, recovered=False)
+            else:
+                if entry is not None and g is not None:
+                    entry["recovered"] = True
+                since, entry = None, None
+    return out
+
+
+def starvation(
+    steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float, max_steps: int, fraction: float = 0.5
+) -> list[dict[str, Any]]:
+    """The level side of `000` §8.1 / Eq. 13: expert e is starved when, in some window of
+    ``max_steps`` consecutive training steps, at least ``fraction`` of the logged samples give it
+    a share of the layer's gradient signal g_e / mean_e g below ``share``. Counting the fraction
+    (not one unbroken stretch) catches starvation that comes and goes (issue 23 §4).
+
+    Only windows the series covers whole are judged (see :func:`starvation_evaluable`); a
+    sample with a null norm or an all-zero layer is not counted either way. One entry per
+    expert: the first window that meets the rule, with its worst share and starved fraction.
+    """
+    out: list[dict[str, Any]] = []
+    if not steps:
+        return out
+    start = steps[0]
+    shares: list[list[float | None]] = []
+    for g_E in norms:
+        known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
+        total = sum(g_E) if known else 0.0  # type: ignore[arg-type]
+        shares.append([g * len(g_E) / total if known else None for g in g_E])  # type: ignore[operator]
+    for e in range(len(norms[0]) if norms else 0):
+        lo = 0
+        for j, t in enumerate(steps):
+            while steps[lo] <= t - max_steps:
+                lo += 1
+            if t - start + 1 < max_steps:
+                continue  # the window (t − max_steps, t] reaches before the series
+            seen: list[float] = [x for i in range(lo, j + 1) if (x := shares[i][e]) is not None]
+            low = [x for x in seen if x < share]
+            if seen and len(low) >= fraction * len(seen):
+                out.append(
+                    {
+                        "expert": e,
+                        "since": steps[lo],
+                        "step": t,
+                        "until": t,
+                        "steps": max_steps,
+                        "share": min(low),
+                        "fraction": len(low) / len(seen),
+                        "samples": len(seen),
+                    }
+                )
+                break
+    return out
+
+
+def starvation_evaluable(steps: Sequence[int], max_steps: int) -> bool:
+    """Can :func:`starvation` fire on this series at all: does it cover one whole window?"""
+    return bool(steps) and steps[-1] - steps[0] + 1 >= max_steps
+
+
+def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> list[dict[str, Any]]:
+    """Gated rules that could not fire on this series (too few samples or too short a span):
+    such a rule is not evaluated — never "compliant" (issue 23 §1)."""
+    out = []
+    span = series.steps[-1] - series.steps[0] + 1 if series.steps else 0
+    if series.norms is None:
+        out.append({"check": "starvation", "reason": "no per-expert gradient norms in the series"})
+    elif not starvation_evaluable(series.steps, settings.starve_steps):
+        out.append(
+            {
+                "check": "starvation",
+                "reason": f"the series spans {span} step(s) (steps {series.steps[0]}–"
+                f"{series.steps[-1]}); the level rule judges windows of "
+                f"envelope.starve_steps = {settings.starve_steps} steps",
+            }
+        )
+    return out
