@@ -56,7 +56,7 @@ def _hf_removed(router: torch.nn.Module, expert: int) -> Iterator[None]:
     forward, bias = router.forward, getattr(router, "e_score_correction_bias", None)
     saved = None if bias is None else bias.clone()
 
-    def patched(h: torch.Tensor) -> Any:
+    def patched(*args: Any, **kwargs: Any) -> Any:
         real = F.linear
 
         def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,7 +64,7 @@ def _hf_removed(router: torch.nn.Module, expert: int) -> Iterator[None]:
 
         F.linear = linear
         try:
-            return forward(h)
+            return forward(*args, **kwargs)
         finally:
             F.linear = real
 
@@ -82,8 +82,22 @@ def _hf_removed(router: torch.nn.Module, expert: int) -> Iterator[None]:
 ORACLE_CASES = {
     "mixtral": ("mixtral", {}),  # softmax, top-k renormalised
     "olmoe": ("olmoe", {}),  # softmax, not renormalised: the removed probability leaves the softmax
+    "qwen2_moe": ("qwen2_moe", {}),  # softmax, and a gated shared expert that stays
+    "deepseek_v2": ("deepseek_v2", {}),  # softmax, group-limited greedy
     "deepseek_v3": ("deepseek_v3", {"n_group": 2, "topk_group": 1}),  # sigmoid + selection bias + groups
+    "glm4_moe": ("glm4_moe", {}),  # sigmoid + selection bias + groups
+    "ernie4_5_moe": ("ernie4_5_moe", {}),  # softmax probabilities + a selection bias
+    "gpt_oss": ("gpt_oss", {}),  # top-k of biased logits, softmax over the chosen
+    "llama4_text": ("llama4_text", {}),  # top-1 of the logits, σ of the chosen
+    "minimax_m2": ("minimax_m2", {}),  # sigmoid + selection bias, renormalised
+    "phimoe": ("phimoe", {}),  # sparsemixer
+    "granitemoe": ("granitemoe", {}),  # softmax over the top-k logits
 }
+
+
+def _router(layer: torch.nn.Module) -> torch.nn.Module:
+    block = next(getattr(layer, n) for n in ("mlp", "block_sparse_moe", "feed_forward") if hasattr(layer, n))
+    return block.gate if hasattr(block, "gate") else block.router
 
 
 @pytest.mark.parametrize("case", sorted(ORACLE_CASES))
@@ -102,7 +116,7 @@ def test_removal_agrees_with_transformers(tmp_path: Path, case: str) -> None:
         torch.testing.assert_close(ours.base_W, _window_nll(model, tokens), **FORWARD)
         moved = 0.0
         for (layer, e), removed_W in ours.removed_W.items():
-            with _hf_removed(model.model.layers[layer].mlp.gate, e):
+            with _hf_removed(_router(model.model.layers[layer]), e):
                 theirs = _window_nll(model, tokens)
             torch.testing.assert_close(removed_W, theirs, **FORWARD, msg=f"{case} layer {layer} expert {e}")
             moved = max(moved, float((removed_W - ours.base_W).abs().max()))
