@@ -277,6 +277,7 @@ def test_certify_signs_the_ablation_receipt(tmp_path: Path, monkeypatch: pytest.
     args = ["certify", str(ROOT / "sample_checkpoints" / "collapse"), "--out", str(out), "--key", str(KEY)]
     res = CliRunner().invoke(cli, [*args, "--no-cache", "--ablate", "low-occupancy"])
     assert res.exit_code == 0, res.output
+    assert "ablation: Rarely used but needed: layer" in " ".join(res.output.split())
     a = _predicate(out)["ablation"]
     assert a["mode"] == "low-occupancy" and a["step"] == 1500 and a["experts"]
     assert all(e["flagged"] for e in a["experts"])

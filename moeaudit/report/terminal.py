@@ -422,5 +422,7 @@ def print_gates(pred: dict[str, Any]) -> None:
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
+    for line in (pred.get("ablation") or {}).get("sentences") or []:  # certify --ablate: reported, not gated
+        out.print(esc(f"  ablation: {line}"))
     v = pred["verdict"]
     out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {esc(named(pred['verdict_reason'], seen))}")
