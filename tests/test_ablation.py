@@ -293,3 +293,25 @@ def test_certify_signs_the_ablation_receipt(tmp_path: Path, monkeypatch: pytest.
     assert 'id="ablation"' in html and "Rarely used but needed: layer" in html
     res = CliRunner().invoke(cli, [*args, "--force", "--ablate", "some"])
     assert res.exit_code == 2
+
+
+@pytest.mark.fresh_runs
+def test_a_zeroed_frozen_expert_is_flagged_and_not_needed(fresh_runs: Any, tmp_path: Path) -> None:
+    """tests/fresh_runs.py "killed-expert": expert 1 of layer 0 zeroed and frozen from step 240 on.
+    The router still sends it about half the tokens, so it is flagged by its missing gradient, not
+    by its share; removing it (its tokens go to their next choice) does not raise the canary NLL
+    beyond the interval — the least needed expert of its layer under ``--ablate all``."""
+    from moeaudit.cache import ReceiptsCache
+    from moeaudit.canary import load as load_canary
+    from moeaudit.certify import audit_run
+    from moeaudit.policy import Policy
+
+    run = fresh_runs["killed-expert"]
+    probe = load_canary(run / "canary.safetensors")
+    pred = audit_run(run, probe, Policy(), cache=ReceiptsCache(tmp_path), ablate="all").statement["predicate"]
+    rows = {(e["layer"], e["expert"]): e for e in pred["ablation"]["experts"]}
+    killed = rows[(0, 1)]
+    assert killed["flags"] == ["no gradient"] and killed["pi"] > 0.1
+    assert killed["ci95"][0] <= 0 and killed["reading"] == RARELY_UNNEEDED
+    assert killed["nll_delta"] == min(e["nll_delta"] for (layer, _), e in rows.items() if layer == 0)
+    assert [k for k, e in rows.items() if e["flagged"]] == [(0, 1)]
