@@ -180,6 +180,17 @@ def test_flags_follow_the_health_floors() -> None:
     assert todo == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}
 
 
+def test_rounding_is_not_need() -> None:
+    """A never-chosen expert's removal moves a plain softmax's NLL by rounding, possibly of one sign
+    in every window: an interval wholly above 0 but within float32 resolution is not "needed"."""
+    from moeaudit.judge.ablation import NLL_RESOLUTION, needed
+
+    assert needed(3e-8, [1e-8, 5e-8]) is False
+    assert needed(0.0, [0.0, 0.0]) is False
+    assert needed(2e-5, [NLL_RESOLUTION * 2, 4e-5]) is True
+    assert needed(2e-8, None) is False and needed(1e-3, None) is True and needed(None, None) is None
+
+
 def _train_two_domains(path: Path) -> tuple[Canary, int]:
     """A one-layer Mixtral (top-1 of 4) trained on two domains with disjoint token bands and their own
     successor rules; returns the canary (8 windows per domain) and the expert carrying domain 1
