@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from hf_models import load, random_tokens, tiny_model  # noqa: E402
-from test_oracle import FORWARD  # noqa: E402  (the float32 agreement with transformers used elsewhere)
+from hfmodels import load, random_tokens, tiny_model  # noqa: E402
+from support.oracle import FORWARD  # noqa: E402  (the float32 agreement with transformers used elsewhere)
 
 from moeaudit.canary import Canary  # noqa: E402
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
