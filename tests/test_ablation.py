@@ -326,3 +326,33 @@ def test_a_zeroed_frozen_expert_is_flagged_and_not_needed(fresh_runs: Any, tmp_p
     assert killed["ci95"][0] <= 0 and killed["reading"] == RARELY_UNNEEDED
     assert killed["nll_delta"] == min(e["nll_delta"] for (layer, _), e in rows.items() if layer == 0)
     assert [k for k, e in rows.items() if e["flagged"]] == [(0, 1)]
+
+
+@pytest.mark.parametrize("family", __import__("hfmodels").ALL)
+def test_every_family_removes_an_expert(tmp_path: Path, family: str) -> None:
+    """In every replayed family, on the first routed layer: the receipt's baseline is the replay's
+    per-window NLL bit for bit; removing the expert the canary uses most moves the NLL; every
+    number is finite. Removing one the canary never chooses moves it by rounding at most where
+    the chosen weights do not depend on it: no group limit, and the weights renormalised over the
+    chosen (softmax with ``norm_topk_prob``) or per-expert scores (sigmoid). Elsewhere it may
+    matter — a softmax that is not renormalised scales the chosen weights by 1/(1 − ρ_e), and a
+    group's score counts its unchosen experts (docs/decisions.md, "Ablation receipt")."""
+    import hfmodels
+
+    from moeaudit.replay import replay
+
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path, family))
+    tokens = random_tokens(2, 8, vocab=ckpt.spec.vocab_size)
+    layer = ckpt.spec.routed_layers[0]
+    counts = torch.bincount(
+        replay(ckpt, tokens, backward=False).routing[layer].topk_NK.flatten(), minlength=ckpt.spec.num_experts
+    )
+    used, unused = int(counts.argmax()), [e for e, c in enumerate(counts.tolist()) if c == 0][:1]
+    got = ablation_nll(ckpt, tokens, {layer: [used, *unused]})
+    torch.testing.assert_close(got.base_W, replay(ckpt, tokens, backward=False).nll_windows_W.double(), rtol=0, atol=0)
+    assert all(bool(torch.isfinite(v).all()) for v in got.removed_W.values())
+    assert float((got.removed_W[(layer, used)] - got.base_W).abs().max()) > 1e-4
+    g = ckpt.spec.gate
+    if not g.grouped and (ckpt.spec.norm_topk_prob or g.scoring in ("sigmoid", "sqrtsoftplus")):
+        for e in unused:
+            assert float((got.removed_W[(layer, e)] - got.base_W).abs().max()) <= 1e-6
