@@ -37,6 +37,7 @@ from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.receipts.measured import measured
 from moeaudit.records import (
+    AblationReceipt,
     CacheUse,
     CheckpointAgreement,
     CheckpointFiles,
@@ -100,6 +101,7 @@ def audit_run(
     progress: Callable[[str, int, int], None] | None = None,
     until: int | None = None,
     accept_canary_mismatch: bool = False,
+    ablate: str | None = None,
 ) -> Audit:
     """``until``: audit the run as it stood at that step — only the checkpoints up to it
     (``moeaudit gate`` judges a candidate exactly as certify of the truncated run would).
@@ -270,6 +272,8 @@ def audit_run(
         predicate["router"] = router
     if (monitored := monitors_section(docs[last["step"]])) is not None:  # docs/monitors.md
         predicate["monitors"] = monitored
+    if ablate is not None:  # opt-in, at the certified (last) checkpoint; reported, not gated
+        predicate["ablation"] = _ablation(run, docs, canary, policy, ablate, device, progress)
     if replayer.from_cache:  # authenticated by the local cache key, not recomputed (issue 14)
         predicate["from_cache"] = replayer.from_cache
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
@@ -292,6 +296,26 @@ def audit_run(
     if env_report is not None:
         audit.receipts["envelope.json"] = env_report
     return audit
+
+
+def _ablation(
+    run: Run,
+    docs: dict[int, Any],
+    canary: Canary,
+    policy: Policy,
+    mode: Any,
+    device: str | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> AblationReceipt:
+    """The ablation receipt of the last checkpoint (docs/decisions.md, "Ablation receipt")."""
+    from moeaudit.judge.ablation import assemble, removals
+    from moeaudit.receipts.ablation import ablation_receipt
+
+    step, ckpt = run.checkpoints[-1]
+    floor = policy.gates.floor_pi_share
+    todo, flags = removals(docs[step], mode, floor)
+    measured = ablation_receipt(ckpt, canary, policy.receipts, todo, device=device, progress=progress)
+    return assemble(measured, flags, docs[step], mode, floor, step)
 
 
 def _worst_refinement(

@@ -842,6 +842,13 @@ def calibrate(
     type=click.Path(path_type=Path),
     help="Public key the preregistration is verified with (default: the signing key's).",
 )
+@click.option(
+    "--ablate",
+    type=click.Choice(["low-occupancy", "all"]),
+    default=None,
+    help="Also the ablation receipt at the last checkpoint: canary NLL change when each expert the occupancy "
+    "floors flag (or every routed expert) is removed from routing (extra forwards; reported, not gated).",
+)
 @nproc_option
 @precision_option
 @verbose_option
@@ -860,6 +867,7 @@ def certify(
     accept_canary_mismatch: bool,
     preregistration: Path | None,
     preregistration_pubkey: tuple[Path, ...],
+    ablate: str | None,
     nproc: int | None,
 ) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
@@ -915,6 +923,7 @@ def certify(
             canary_origin=canary_origin,
             progress=tick,
             accept_canary_mismatch=accept_canary_mismatch,
+            ablate=ablate,
         )
         criteria = attach(audit, prereg)
         paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)

@@ -120,6 +120,10 @@ from moeaudit.records.policy import (
 )
 from moeaudit.records.predicate import (
     Abandoned,
+    AblationCost,
+    AblationExpert,
+    AblationReceipt,
+    AblationRefusal,
     CacheUse,
     CheckpointFiles,
     ClaimRow,
@@ -277,6 +281,10 @@ __all__ = [
     "RouterSection",
     "CacheUse",
     "CheckpointFiles",
+    "AblationExpert",
+    "AblationRefusal",
+    "AblationCost",
+    "AblationReceipt",
     "MonitorLayer",
     "MonitorsSection",
     "ParameterCount",

@@ -5,7 +5,7 @@ import sys
 from typing import Annotated, Literal
 
 from moeaudit.records.checks import Check
-from moeaudit.records.common import DATA_KEYS, CanaryRecord, EnvironmentRecord, Status, Subject, ToolRecord
+from moeaudit.records.common import DATA_KEYS, CanaryRecord, EnvironmentRecord, Interval, Status, Subject, ToolRecord
 from moeaudit.records.envelope import EnvelopeReport
 from moeaudit.records.gate import GateEntry
 from moeaudit.records.margins import Margins
@@ -215,6 +215,46 @@ class PreregistrationRecord(TypedDict):
     preregistered: NotRequired[PreregisteredDigests]
 
 
+class AblationExpert(TypedDict):
+    """One routed expert removed from routing (``certify --ablate``; docs/decisions.md, "Ablation receipt")."""
+
+    layer: int
+    expert: int
+    flagged: bool  # by the occupancy floors (flag_rule)
+    flags: list[str]  # why: "no token", "no gradient", "π below floor"
+    pi: float | None  # its share of canary tokens routed to it
+    nll: float  # canary mean NLL without it
+    nll_delta: float  # nll − the NLL as trained
+    ci95: Interval | None  # window bootstrap of nll_delta
+    reading: str  # "rarely used but needed", "unused and not needed", "used and needed", "used but not needed"
+
+
+class AblationRefusal(TypedDict):
+    layer: int
+    reason: str
+
+
+class AblationCost(TypedDict):
+    layer_forwards: int  # decoder layers computed (the baseline forward's included)
+    replay_layer_forwards: int  # those of one forward of the canary
+
+
+class AblationReceipt(TypedDict):
+    """The canary NLL change when each flagged (or every) routed expert is removed, at the last checkpoint."""
+
+    mode: Literal["low-occupancy", "all"]
+    checkpoint: str
+    step: int
+    flag_rule: str
+    floor_pi_share: float
+    removal: str  # how the family routes without the expert
+    nll: float | None
+    experts: list[AblationExpert]
+    refused: list[AblationRefusal]
+    cost: AblationCost
+    sentences: list[str]
+
+
 class Predicate(TypedDict):
     """``https://moeaudit.dev/training-health/v2``, with moeaudit's own field names."""
 
@@ -237,6 +277,7 @@ class Predicate(TypedDict):
     claims: list[ClaimRow]
     issued_at: NotRequired[str]  # set when signed
     router: NotRequired[RouterSection]
+    ablation: NotRequired[AblationReceipt]  # certify --ablate
     from_cache: NotRequired[list[CacheUse]]
     monitors: NotRequired[MonitorsSection]  # absent from certificates before it
     checkpoint_files: NotRequired[list[CheckpointFiles]]  # absent from certificates before it

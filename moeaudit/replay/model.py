@@ -24,6 +24,7 @@ from moeaudit.replay import precision
 from moeaudit.replay.deltanet import gated_deltanet
 from moeaudit.replay.device import announce
 from moeaudit.replay.dsa import sparse_causal_mask
+from moeaudit.replay.excluded import exclude
 from moeaudit.replay.kda import kimi_delta_attention
 from moeaudit.replay.lightning import lightning_attention
 from moeaudit.replay.mamba import mamba_mixer
@@ -474,6 +475,7 @@ def route(
     logits = F.linear(y_NH, router_EH, logit_bias_E)
     if spec.router_softcap:  # Laguna: c·tanh(logit / c), in float32
         logits = torch.tanh(logits.float() / spec.router_softcap) * spec.router_softcap
+    logits, bias_E = exclude(logits, bias_E)  # experts removed by the ablation receipt (replay.excluded)
     margin = None
     if g.scoring == "sparsemixer":
         return _sparsemixer(spec, logits)

@@ -39,6 +39,7 @@ from moeaudit.records import (
     Statement,
 )
 from moeaudit.report import charts, monitors, svg
+from moeaudit.report.ablation import ablation_view
 from moeaudit.report.readings import by_design, gate_note, plain_margin, verdict_reasons, worsened_by_design
 from moeaudit.report.svg import num, sci, sig, signed
 from moeaudit.resources import templates_dir
@@ -143,6 +144,7 @@ def page(statement: Statement, keyid: str, envelope_sha256: str) -> dict[str, An
         "heatmaps": heatmap_view(p.get("heatmaps"), protected),
         "router": router_view(p.get("router")),
         "monitors": monitors.view(p.get("monitors"), monitors.heatmap_loads(p)),  # docs/monitors.md
+        "ablation": ablation_view(p.get("ablation")),
         "gate_claims": [claims_row(g) for g in gates],
         "table4": [
             {k: str(row.get(k) or "—") for k in ("receipt", "measures", "licenses", "does_not_license")}

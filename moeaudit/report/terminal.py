@@ -423,5 +423,7 @@ def print_gates(pred: Predicate) -> None:
     for c in pred["checks"]:
         status = c["status"] if c["evaluated"] else "not evaluated"
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
+    for line in pred["ablation"]["sentences"] if "ablation" in pred else []:  # certify --ablate: reported, not gated
+        out.print(esc(f"  ablation: {line}"))
     v = pred["verdict"]
     out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {esc(named(pred['verdict_reason'], seen))}")
