@@ -82,7 +82,6 @@ EXPECTED = {
         "MS-4.2-005": NOT_COVERED,
     },
     "sr-11-7": {"conceptual soundness": PARTIAL, "ongoing monitoring": PARTIAL, "outcomes analysis": PARTIAL},
-    # every aspect of the Form is flagged for the authorities; the Annex XII ones for downstream too
     "iso-42001": {
         "A.6.2.4 verification and validation": PARTIAL,
         "A.6.2.6 operation and monitoring": PARTIAL,
@@ -92,10 +91,22 @@ EXPECTED = {
     },
 }
 EXPECTED["eu-ai-act-gpai-authority"] = EXPECTED["eu-ai-act-gpai"]
+# every aspect of the Form is flagged for the authorities; downstream providers get the fields the
+# Form flags DPs (FORM_FIELDS): no model authenticity, training process, compute or energy, and of
+# the data only what the canary cannot show
 EXPECTED["eu-ai-act-gpai-downstream"] = {
-    k: v
-    for k, v in EXPECTED["eu-ai-act-gpai"].items()
-    if k not in ("MDF training process", "MDF computational resources", "MDF energy consumption")
+    **{
+        k: v
+        for k, v in EXPECTED["eu-ai-act-gpai"].items()
+        if k
+        not in (
+            "MDF 1.3 model authenticity",
+            "MDF training process",
+            "MDF computational resources",
+            "MDF energy consumption",
+        )
+    },
+    "MDF data for training, testing and validation": NOT_COVERED,
 }
 
 

@@ -22,9 +22,9 @@ from moeaudit.attest.signing import SignatureInvalid, generate_key, load_public_
 from moeaudit.jsonio import atomic_write, dumps
 from moeaudit.receipts import compute as compute_mod
 from moeaudit.receipts.compute import metered
-from moeaudit.report.evidence import DP, two_significant
+from moeaudit.report.evidence import AIO, DP, NCA, two_significant
 from moeaudit.report.export import EXPORT_PREDICATE, export, export_statement, run_signed_export, to_markdown
-from moeaudit.report.frameworks import EU_GPAI_MDF, FOR_DOWNSTREAM, FRAMEWORKS
+from moeaudit.report.frameworks import EU_GPAI_MDF, FORM_FIELDS, FRAMEWORKS
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "healthy.statement.json"
@@ -313,37 +313,107 @@ def test_measured_energy_is_given_in_mwh(key_pair: tuple[Any, Path], tmp_path: P
     assert energy["evidence"][0]["summary"].startswith("2.0 MWh (7.2e+09 J) used by the GPU during the audit's 6")
 
 
+def _fields(report: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(i["id"], x["aspect"]) for i in report["items"] for x in i["evidence"] + i["not_shown"]}
+
+
+def _form_fields(report: dict[str, Any]) -> set[str]:
+    """The Form's fields (FORM_FIELDS keys) a report's aspects answer."""
+    aspects = {(i.id, a.what): a for i in EU_GPAI_MDF.items for a in i.aspects}
+    return {f for key in _fields(report) for f in aspects[key].fields}
+
+
+def test_the_form_flags_as_transcribed() -> None:
+    """The flags the sources show (docs/compliance.md, "Two audiences"), and the fallback's."""
+    flags = {k: (f.aio, f.ncas, f.dps) for k, f in FORM_FIELDS.items()}
+    assert flags["ModelAuthenticity"] == (True, True, False)  # read, not derived
+    assert flags["TrainingTime"] == (True, True, False)
+    assert flags["TrainingEnergy"] == (True, None, None)  # the transcription shows only its AIO flag
+    found_for_all = ("LegalNameProvider", "ModelName", "ReleaseDate", "UnionMarketReleaseDate", "ModelDependencies")
+    for k in (*found_for_all, "Architecture", "AcceptableUsePolicy", "DataType"):
+        assert flags[k] == (True, True, True), k
+    assert all(f.source for f in FORM_FIELDS.values() if (f.aio, f.ncas, f.dps) != (None, None, None))
+    assert not any(f.source for f in FORM_FIELDS.values() if (f.aio, f.ncas, f.dps) == (None, None, None))
+    # the explicit fallback: authorities always, downstream providers only for Annex XII content
+    assert FORM_FIELDS["TrainingCompute"].resolved() == (True, True, False)
+    assert FORM_FIELDS["TrainingEnergy"].resolved() == (True, True, False)
+    assert FORM_FIELDS["DesignSpecifications"].resolved() == (True, True, False)
+    assert FORM_FIELDS["TotalParameters"].resolved() == (True, True, True)
+    assert FORM_FIELDS["DataProvenance"].resolved() == (True, True, True)
+
+
+def test_every_aspect_answers_form_fields_and_takes_their_common_flags() -> None:
+    for item in EU_GPAI_MDF.items:
+        for a in item.aspects:
+            assert a.fields and set(a.fields) <= set(FORM_FIELDS), a.what
+            common = {AIO, NCA, DP}
+            for f in a.fields:
+                common &= set(FORM_FIELDS[f].audiences())
+            assert set(a.audiences) == common, a.what
+    # every field of the Form is answered by some aspect
+    assert {f for i in EU_GPAI_MDF.items for a in i.aspects for f in a.fields} == set(FORM_FIELDS)
+
+
 def test_the_two_audiences_field_sets(key_pair: tuple[Any, Path], tmp_path: Path) -> None:
     stmt = _verified(_golden(), key_pair, tmp_path)
     authority, downstream = (export(stmt, f"eu-ai-act-gpai-{a}") for a in ("authority", "downstream"))
 
-    def fields(report: dict[str, Any]) -> set[tuple[str, str]]:
-        return {(i["id"], x["aspect"]) for i in report["items"] for x in i["evidence"] + i["not_shown"]}
+    def flagged(*who: str) -> set[tuple[str, str]]:
+        return {
+            (i.id, a.what)
+            for i in EU_GPAI_MDF.items
+            for a in i.aspects
+            if all(any(w in FORM_FIELDS[f].audiences() for w in who) for f in a.fields)
+        }
 
     whole = {(i.id, a.what) for i in EU_GPAI_MDF.items for a in i.aspects}
-    assert fields(authority) == whole  # every field of the Form is for the AI Office and the NCAs
-    flagged = {(i.id, a.what) for i in EU_GPAI_MDF.items for a in i.aspects if DP in a.audiences}
-    assert fields(downstream) == flagged and flagged < whole
-    gone = {i for i, _ in whole - flagged}
-    assert gone == {
-        "MDF training process",
-        "MDF computational resources",
-        "MDF energy consumption",
-        "MDF data for training, testing and validation",
-    }
-    assert "MDF computational resources" not in _items(downstream)  # no compute for downstream providers
-    assert set(FOR_DOWNSTREAM) <= {i.id for i in EU_GPAI_MDF.items}
+    assert _fields(authority) == flagged(AIO, NCA) == whole  # every field is flagged AIO or NCAs
+    assert _fields(downstream) == flagged(DP) < whole
+    dps = {k for k, f in FORM_FIELDS.items() if f.resolved()[2]}
+    assert _form_fields(downstream) <= dps
+    assert _form_fields(authority) == set(FORM_FIELDS)
+    # the Form's own flags, not Annex XII's reading of them: no authenticity, time, compute or energy
+    gone = {"ModelAuthenticity", "TrainingTime", "TrainingCompute", "ComputeMethodology", "TrainingEnergy"}
+    assert not gone & _form_fields(downstream) and gone <= _form_fields(authority)
+    assert "MDF 1.3 model authenticity" not in _items(downstream)
+    assert "MDF 1.3 model authenticity" in _items(authority)
+    assert "MDF computational resources" not in _items(downstream)
+    assert "MDF energy consumption" not in _items(downstream)
+    assert {"training data: type and modality", "architecture"} <= {a for _, a in _fields(downstream)}
     assert downstream["framework"]["audience"] == "downstream providers"
     assert authority["framework"]["audience"] == "the AI Office and national competent authorities"
     assert authority["certificate"]["sha256"] == downstream["certificate"]["sha256"] == stmt["_sha256"]
     assert "| certificate file | sha256 " + stmt["_sha256"] in to_markdown(downstream)
 
 
+def test_the_docs_table_is_the_code_table() -> None:
+    """docs/compliance.md ("Two audiences") shows FORM_FIELDS, flag for flag, with its sources."""
+    text = (ROOT / "docs" / "compliance.md").read_text(encoding="utf-8")
+    section = text[text.index("### Two audiences") :]
+    section = section[: section.index("\n### ", 4)]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = cells[1:]
+    assert set(rows) == set(FORM_FIELDS)
+
+    def shown(flag: bool | None, resolved: bool) -> str:
+        return ("yes" if resolved else "no") + ("" if flag is not None else " (fallback)")
+
+    for key, f in FORM_FIELDS.items():
+        title, aio, ncas, dps, source = rows[key]
+        assert title == f.title, key
+        got = [shown(flag, r) for flag, r in zip((f.aio, f.ncas, f.dps), f.resolved(), strict=True)]
+        assert [aio, ncas, dps] == got, key
+        assert source == (f.source or "not found"), key
+
+
 def test_both_audiences_are_signed_over_the_same_certificate_digest(key_pair: tuple[Any, Path], tmp_path: Path) -> None:
     key, pub = key_pair
     cert = _certificate(_golden(), key, tmp_path / "certificate.json")
     digest = hashlib.sha256(cert.read_bytes()).hexdigest()
-    opened = []
+    opened, digests, item_sets = [], [], []
     for audience in ("authority", "downstream"):
         env = run_signed_export(cert, pub, f"eu-ai-act-gpai-{audience}", key)
         raw = dumps(env).encode()
@@ -352,6 +422,8 @@ def test_both_audiences_are_signed_over_the_same_certificate_digest(key_pair: tu
         assert body["predicateType"] == EXPORT_PREDICATE
         assert body["predicate"]["certificate"]["sha256"] == digest
         opened.append(body["predicate"]["framework"]["audience"])
+        digests.append(body["predicate"]["certificate"]["sha256"])
+        item_sets.append(json.dumps(sorted(i["id"] for i in body["predicate"]["items"])))
         tampered = json.loads(raw)
         tampered["payload"] = tampered["payload"][:-8] + (
             "A" * 8 if not tampered["payload"].endswith("A" * 8) else "B" * 8
@@ -359,6 +431,8 @@ def test_both_audiences_are_signed_over_the_same_certificate_digest(key_pair: tu
         with pytest.raises(SignatureInvalid):
             verify_envelope(dumps(tampered).encode(), load_public_key(pub), tmp_path / "x")
     assert opened == ["the AI Office and national competent authorities", "downstream providers"]
+    assert digests[0] == digests[1] == digest  # both audiences' signed reports name one certificate
+    assert len(set(item_sets)) == 2  # ... over two different reports
     other = generate_key(tmp_path / "other.pem")
     with pytest.raises(SignatureInvalid):
         verify_envelope(

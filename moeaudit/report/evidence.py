@@ -31,8 +31,6 @@ Selector = Callable[[Mapping[str, Any]], Evidence]
 # The Model Documentation Form marks each field with who it is for (the AI Office, national
 # competent authorities, downstream providers); an aspect of another framework carries none.
 AIO, NCA, DP = "AI Office", "national competent authorities", "downstream providers"
-AUTHORITIES = (AIO, NCA)
-EVERYONE = (AIO, NCA, DP)
 
 
 @dataclass(frozen=True)
@@ -40,6 +38,7 @@ class Aspect:
     what: str
     selectors: tuple[Selector, ...] = ()  # empty: no certificate field can show this
     audiences: tuple[str, ...] = ()  # the Form's audience flags (empty: not an audience form)
+    fields: tuple[str, ...] = ()  # the Form's fields the aspect answers (keys of FORM_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,16 @@ explains each mapping. Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from moeaudit.report.evidence import (
     AIO,
-    AUTHORITIES,
     DP,
-    EVERYONE,
+    NCA,
     Aspect,
     Framework,
     Item,
+    Selector,
     audit_energy,
     audit_flops,
     canary,
@@ -329,6 +329,93 @@ SR_11_7 = Framework(
     ),
 )
 
+# --- the Model Documentation Form's audience flags -------------------------------------------------
+# The Form "indicates for each item whether the information is intended for downstream providers,
+# the AI Office or national competent authorities" (Code of Practice, Transparency chapter,
+# introductory note). FORM_FIELDS transcribes those flags field by field from the sources that
+# docs/compliance.md ("Two audiences") cites; a flag no source showed is None, and falls back
+# explicitly: the AI Office and the national authorities get every field (Art. 53(1)(a): the
+# technical documentation, Annex XI, on request), and downstream providers get a field only when
+# Annex XII (the information Art. 53(1)(b) owes them) lists its content.
+
+
+@dataclass(frozen=True)
+class FormField:
+    title: str  # the Form's field, numbered where the Form numbers it
+    aio: bool | None  # the flags as transcribed; None: no source showed this flag
+    ncas: bool | None
+    dps: bool | None
+    annex_xii: bool  # the fallback for a missing DPs flag: Annex XII lists the field's content
+    source: str = ""  # where the flags were read (docs/compliance.md, "Two audiences"); "" for none
+
+    def resolved(self) -> tuple[bool, bool, bool]:
+        """(AIO, NCAs, DPs): each flag as transcribed, or its explicit fallback where none was found."""
+        return (
+            True if self.aio is None else self.aio,
+            True if self.ncas is None else self.ncas,
+            self.annex_xii if self.dps is None else self.dps,
+        )
+
+    def audiences(self) -> tuple[str, ...]:
+        return tuple(who for who, flag in zip((AIO, NCA, DP), self.resolved(), strict=True) if flag)
+
+
+# The sources (docs/compliance.md lists their addresses): the AdrianGonzalezSanchez/GPAI dataset,
+# a JSON transcription of the Form with AIO/NCAs/DPs booleans per field, read through two mirrors
+# of its viewer, and the same transcription's FullModelSpec.json.
+_W, _H, _F = "[W]", "[H]", "[F]"
+_T, _X = True, False  # a flag as the transcription shows it
+FORM_FIELDS: dict[str, FormField] = {
+    # 1. General information
+    "LegalNameProvider": FormField("1.1 legal name for the model provider", _T, _T, _T, True, f"{_W} {_H} {_F}"),
+    "ModelName": FormField("1.2 model name", _T, _T, _T, True, _W),
+    "ModelAuthenticity": FormField("1.3 model authenticity", _T, _T, _X, False, _W),
+    "ReleaseDate": FormField("1.4 release date", _T, _T, _T, True, _W),
+    "UnionMarketReleaseDate": FormField("1.5 Union market release date", _T, _T, _T, True, _W),
+    "ModelDependencies": FormField("1.6 model dependencies", _T, _T, _T, False, _W),
+    # 2. Model properties
+    "Architecture": FormField("2.1 model architecture", _T, _T, _T, True, _H),
+    "DesignSpecifications": FormField("2.2 design specifications of the model", None, None, None, False),
+    "InputModalities": FormField("input modalities and maximum input size", None, None, None, True),
+    "OutputModalities": FormField("output modalities and maximum output size", None, None, None, True),
+    "TotalParameters": FormField("total number of parameters", None, None, None, True),
+    # 3. Methods of distribution and licences
+    "DistributionChannels": FormField("3.1 distribution channels", None, None, None, True),
+    "License": FormField("3.2 licence", None, None, None, True),
+    # 4. Use
+    "AcceptableUsePolicy": FormField("acceptable use policy", _T, _T, _T, True, _H),
+    "IntendedUses": FormField("intended or restricted uses", None, None, None, True),
+    "AISystemTypes": FormField("type and nature of AI systems the model can be integrated in", None, None, None, True),
+    "TechnicalMeans": FormField("technical means, hardware and software for integration", None, None, None, True),
+    # Training process
+    "TrainingProcess": FormField("design specification of the training process", None, None, None, False),
+    # Information on the data used for training, testing and validation
+    "DataType": FormField("data type and modality", _T, _T, _T, True, _H),
+    "DataProvenance": FormField("provenance of the data", None, None, None, True),
+    "DataSelection": FormField("how the data was obtained and selected", None, None, None, False),
+    "DataPoints": FormField("number of data points, scope and main characteristics", None, None, None, False),
+    "DataCuration": FormField("data curation methodologies", None, None, None, True),
+    "UnsuitableData": FormField("measures to detect unsuitable data sources", None, None, None, False),
+    "DataBiases": FormField("measures to detect identifiable biases", None, None, None, False),
+    # Computational resources
+    "TrainingTime": FormField("training time", _T, _T, _X, False, _H),
+    "TrainingCompute": FormField("amount of computation used for training", None, None, None, False),
+    "ComputeMethodology": FormField("measurement methodology of the computation", None, None, None, False),
+    # Energy consumption
+    "TrainingEnergy": FormField("amount of energy used for training", _T, None, None, False, _H),
+    "EnergyMethodology": FormField("methodology of the energy figure", None, None, None, False),
+    "InferenceCompute": FormField("benchmarked computation used for inference", None, None, None, False),
+}
+
+
+def form_aspect(what: str, fields: tuple[str, ...], selectors: tuple[Selector, ...] = ()) -> Aspect:
+    """An aspect of the Form that answers ``fields`` (keys of FORM_FIELDS)."""
+    unknown = [f for f in fields if f not in FORM_FIELDS]
+    if not fields or unknown:
+        raise ValueError(f"aspect {what!r} names no Form field, or unknown ones: {unknown}")
+    return Aspect(what, selectors, fields=fields)
+
+
 EU_GPAI_MDF = Framework(
     "eu-ai-act-gpai",
     "EU AI Act for GPAI providers — Code of Practice Model Documentation Form",
@@ -343,7 +430,10 @@ EU_GPAI_MDF = Framework(
             "MDF 1.1-1.2 provider and model name",
             "Give the provider's legal name and the model's "
             "unique identifier, with the publicly available versions the documentation covers.",
-            (A("provider's legal name"), A("model identifier and the versions covered")),
+            (
+                form_aspect("provider's legal name", ("LegalNameProvider",)),
+                form_aspect("model identifier and the versions covered", ("ModelName",)),
+            ),
             context=((subjects, "names the audited checkpoint directories, not the model or its published versions"),),
         ),
         Item(
@@ -351,8 +441,12 @@ EU_GPAI_MDF = Framework(
             "Give evidence that establishes the model's provenance "
             "and authenticity, e.g. a secure hash of the distributed binaries.",
             (
-                A("a secure hash of each audited checkpoint (OpenSSF model-signing root digest)", (subjects,)),
-                A("signed and dated by the auditing key", SIGNED),
+                form_aspect(
+                    "a secure hash of each audited checkpoint (OpenSSF model-signing root digest)",
+                    ("ModelAuthenticity",),
+                    (subjects,),
+                ),
+                form_aspect("signed and dated by the auditing key", ("ModelAuthenticity",), SIGNED),
             ),
             note="Answers the item for the released weights when they are one of the audited "
             "checkpoints: `moeaudit verify --recheck` recomputes the root digests from the "
@@ -361,13 +455,16 @@ EU_GPAI_MDF = Framework(
         Item(
             "MDF 1.4-1.5 release dates",
             "Give the date the model was first released, and the date it was placed on the Union market.",
-            (A("first release date"), A("Union market release date")),
+            (
+                form_aspect("first release date", ("ReleaseDate",)),
+                form_aspect("Union market release date", ("UnionMarketReleaseDate",)),
+            ),
         ),
         Item(
             "MDF 1.6 model dependencies",
             "If the model is a modification or fine-tune of "
             "general-purpose AI models already on the market, name them and their versions.",
-            (A("name and version of each model it was modified or fine-tuned from"),),
+            (form_aspect("name and version of each model it was modified or fine-tuned from", ("ModelDependencies",)),),
             context=(
                 (run_steps, "the stage says whether the audited run was a fine-tune, not which model it started from"),
                 (
@@ -383,17 +480,24 @@ EU_GPAI_MDF = Framework(
             "with their rationale, the input and output modalities and sizes, and the total "
             "number of parameters.",
             (
-                A("architecture"),
-                A("design specifications, rationale and assumptions"),
-                A("input and output modalities and maximum sizes"),
-                A("number of parameters (two significant figures), counted from the weights", (parameters,)),
+                form_aspect("architecture", ("Architecture",)),
+                form_aspect("design specifications, rationale and assumptions", ("DesignSpecifications",)),
+                form_aspect("input and output modalities and maximum sizes", ("InputModalities", "OutputModalities")),
+                form_aspect(
+                    "number of parameters (two significant figures), counted from the weights",
+                    ("TotalParameters",),
+                    (parameters,),
+                ),
             ),
             context=((routed_shape, "the routed layers and experts the replay saw, not an architecture description"),),
         ),
         Item(
             "MDF 3 distribution and licence",
             "List the distribution channels and the licence.",
-            (A("distribution channels and access levels"), A("licence")),
+            (
+                form_aspect("distribution channels and access levels", ("DistributionChannels",)),
+                form_aspect("licence", ("License",)),
+            ),
         ),
         Item(
             "MDF 4 use",
@@ -401,10 +505,10 @@ EU_GPAI_MDF = Framework(
             "AI systems the model can be integrated in, and the technical means, hardware and "
             "software needed to integrate it.",
             (
-                A("acceptable-use policy"),
-                A("intended or restricted uses"),
-                A("types of AI systems it can be integrated in"),
-                A("technical means, hardware and software for integration"),
+                form_aspect("acceptable-use policy", ("AcceptableUsePolicy",)),
+                form_aspect("intended or restricted uses", ("IntendedUses",)),
+                form_aspect("types of AI systems it can be integrated in", ("AISystemTypes",)),
+                form_aspect("technical means, hardware and software for integration", ("TechnicalMeans",)),
             ),
         ),
         Item(
@@ -413,13 +517,20 @@ EU_GPAI_MDF = Framework(
             "techniques, the key design choices and assumptions, and what the model was "
             "optimised for (Annex XI §1.2(b)).",
             (
-                A("training methods, techniques and design choices, with their rationale"),
-                A(
+                form_aspect(
+                    "training methods, techniques and design choices, with their rationale", ("TrainingProcess",)
+                ),
+                form_aspect(
                     "the training process as it ran: stage, audited steps, resumes, health gates",
+                    ("TrainingProcess",),
                     (run_steps, events, gate_progression),
                 ),
-                A("what the model was optimised for, as measured (canary NLL)", (nll_series,)),
-                A("training stability: per-expert gradient-variance envelope", (envelope,)),
+                form_aspect(
+                    "what the model was optimised for, as measured (canary NLL)", ("TrainingProcess",), (nll_series,)
+                ),
+                form_aspect(
+                    "training stability: per-expert gradient-variance envelope", ("TrainingProcess",), (envelope,)
+                ),
             ),
         ),
         Item(
@@ -429,10 +540,15 @@ EU_GPAI_MDF = Framework(
             "and the measures to detect unsuitable sources and identifiable biases (Annex XI "
             "§1.2(c)).",
             (
-                A("training data: type, provenance, selection, size, curation"),
-                A("test and validation data: type, size and scope", (canary,)),
-                A("detection of unsuitable data sources"),
-                A("detection of identifiable biases"),
+                form_aspect("training data: type and modality", ("DataType",)),
+                form_aspect("training data: provenance and curation", ("DataProvenance", "DataCuration")),
+                form_aspect(
+                    "training data: how it was obtained and selected, its size and scope",
+                    ("DataSelection", "DataPoints"),
+                ),
+                form_aspect("test and validation data: type, size and scope", ("DataType", "DataPoints"), (canary,)),
+                form_aspect("detection of unsuitable data sources", ("UnsuitableData",)),
+                form_aspect("detection of identifiable biases", ("DataBiases",)),
             ),
             note="Only the canary (evaluation data) is described: digest, shape, domain names.",
         ),
@@ -442,10 +558,14 @@ EU_GPAI_MDF = Framework(
             "used to train (e.g. floating-point operations) and how it was measured (Annex XI "
             "§1.2(d)).",
             (
-                A("training time"),
-                A("training compute (e.g. FLOPs)"),
-                A("measurement methodology"),
-                A("the audit's own compute: FLOPs counted in its replays, by receipt", (audit_flops,)),
+                form_aspect("training time", ("TrainingTime",)),
+                form_aspect("training compute (e.g. FLOPs)", ("TrainingCompute",)),
+                form_aspect("measurement methodology", ("ComputeMethodology",)),
+                form_aspect(
+                    "the audit's own compute: FLOPs counted in its replays, by receipt",
+                    ("TrainingCompute", "ComputeMethodology"),
+                    (audit_flops,),
+                ),
             ),
             context=(
                 (run_steps, "step numbers of the audited checkpoints, not compute or time"),
@@ -457,58 +577,49 @@ EU_GPAI_MDF = Framework(
             "State the energy used to train the model and how it was "
             "measured or estimated, and the computation used for inference (Annex XI §1.2(e)).",
             (
-                A("training energy and its methodology"),
-                A("inference computation"),
-                A("the audit's own energy: measured by NVML on its GPU, by receipt", (audit_energy,)),
+                form_aspect("training energy and its methodology", ("TrainingEnergy", "EnergyMethodology")),
+                form_aspect("inference computation", ("InferenceCompute",)),
+                form_aspect(
+                    "the audit's own energy: measured by NVML on its GPU, by receipt",
+                    ("TrainingEnergy", "EnergyMethodology"),
+                    (audit_energy,),
+                ),
             ),
         ),
     ),
 )
 
-# The Form's audience flags. Every field is for the AI Office and the national competent
-# authorities (on request); the fields Annex XII also asks a provider to give downstream
-# providers are flagged for them too (docs/compliance.md, "Two audiences"). Item → its aspects
-# for downstream providers (None: all of them); an item not named is for the authorities only.
-FOR_DOWNSTREAM: dict[str, frozenset[str] | None] = {
-    "MDF 1.1-1.2 provider and model name": None,
-    "MDF 1.3 model authenticity": None,
-    "MDF 1.4-1.5 release dates": None,
-    "MDF 1.6 model dependencies": None,
-    "MDF 2 model properties": None,
-    "MDF 3 distribution and licence": None,
-    "MDF 4 use": None,
-    "MDF data for training, testing and validation": frozenset(
-        {"training data: type, provenance, selection, size, curation", "test and validation data: type, size and scope"}
-    ),
-}
-
 
 def _flagged(fw: Framework) -> Framework:
-    """``fw`` with each aspect carrying the Form's audience flags (FOR_DOWNSTREAM)."""
+    """``fw`` with each aspect carrying the Form's audience flags: those every Form field it
+    answers is flagged for (FORM_FIELDS), so that no audience gets a field flagged not for it."""
 
-    def flags(item: Item, aspect: Aspect) -> tuple[str, ...]:
-        if item.id not in FOR_DOWNSTREAM:
-            return AUTHORITIES
-        named = FOR_DOWNSTREAM[item.id]
-        return EVERYONE if named is None or aspect.what in named else AUTHORITIES
+    def flags(aspect: Aspect) -> tuple[str, ...]:
+        each = [set(FORM_FIELDS[f].audiences()) for f in aspect.fields]
+        return tuple(who for who in (AIO, NCA, DP) if all(who in s for s in each))
 
     items = tuple(
-        replace(item, aspects=tuple(replace(a, audiences=flags(item, a)) for a in item.aspects)) for item in fw.items
+        replace(item, aspects=tuple(replace(a, audiences=flags(a)) for a in item.aspects)) for item in fw.items
     )
     return replace(fw, items=items)
 
 
 EU_GPAI_MDF = _flagged(EU_GPAI_MDF)
-AUDIENCES = {"authority": (AIO, "the AI Office and national competent authorities"), "downstream": (DP, DP)}
+# audience → (the flags that admit an aspect to its export, its label)
+AUDIENCES: dict[str, tuple[tuple[str, ...], str]] = {
+    "authority": ((AIO, NCA), "the AI Office and national competent authorities"),
+    "downstream": ((DP,), DP),
+}
 
 
 def for_audience(fw: Framework, audience: str) -> Framework:
-    """The Form's fields for one audience: the aspects flagged for it, items left without one
-    dropped. Both audiences' exports of a certificate bind the same certificate digest."""
-    flag, label = AUDIENCES[audience]
+    """The Form's fields for one audience: the aspects flagged for it (the authority export: AIO
+    or NCAs; the downstream export: DPs), items left without one dropped. Both audiences' exports
+    of a certificate bind the same certificate digest."""
+    admit, label = AUDIENCES[audience]
     items = []
     for item in fw.items:
-        kept = tuple(a for a in item.aspects if flag in a.audiences)
+        kept = tuple(a for a in item.aspects if any(who in a.audiences for who in admit))
         if kept:
             items.append(replace(item, aspects=kept))
     return replace(
