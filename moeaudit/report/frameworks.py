@@ -416,6 +416,8 @@ def form_aspect(what: str, fields: tuple[str, ...], selectors: tuple[Selector, .
     return Aspect(what, selectors, fields=fields)
 
 
+_AUTHENTICITY = "The subject digests answer the Form's model-authenticity item for the audited checkpoints. "
+
 EU_GPAI_MDF = Framework(
     "eu-ai-act-gpai",
     "EU AI Act for GPAI providers — Code of Practice Model Documentation Form",
@@ -423,8 +425,7 @@ EU_GPAI_MDF = Framework(
     "and its Model Documentation Form, which gathers what Regulation (EU) 2024/1689 Art. 53(1)(a)-(b) "
     "and Annexes XI and XII ask a provider of a general-purpose AI model to document",
     "For GPAI providers. Items follow the Form's sections and are paraphrased; the Code is voluntary "
-    "and adherence to it is not conclusive evidence of compliance. The subject digests answer the "
-    "Form's model-authenticity item for the audited checkpoints. " + SCOPE,
+    "and adherence to it is not conclusive evidence of compliance. " + _AUTHENTICITY + SCOPE,
     (
         Item(
             "MDF 1.1-1.2 provider and model name",
@@ -626,7 +627,8 @@ def for_audience(fw: Framework, audience: str) -> Framework:
         fw,
         key=f"{fw.key}-{audience}",
         title=f"{fw.title}, for {label}",
-        note=f"The fields the Form flags for {label}. " + fw.note,
+        note=f"The fields the Form flags for {label}. "
+        + (fw.note if any(i.id.startswith("MDF 1.3") for i in items) else fw.note.replace(_AUTHENTICITY, "")),
         items=tuple(items),
         audience=label,
     )
