@@ -1,16 +1,16 @@
-"""The command line: parses arguments, prints, exits. Everything else is library code.
+"""The command line: parses arguments, prints, exits. What a command does is
+``moeaudit.commands`` (one module per command, typed arguments and results); everything else
+is library code. Errors become one line and an exit code in one place
+(``moeaudit.cli_common.AuditGroup``).
 
-Errors are converted to one line and an exit code in one place (``AuditGroup.invoke``):
-0 pass, 1 policy failed, 2 usage, 3 inconclusive, 4 input or operational error, 130 Ctrl-C.
+A command here is its options, then a function that calls its use case with them (the option
+names are the use case's keyword arguments), prints the result and picks the exit code.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,26 @@ import click
 from rich.table import Table
 
 from moeaudit import __version__
-from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error, short_line
+from moeaudit.cli_common import (
+    HOOKS,
+    AuditGroup,
+    emit_json,
+    nproc_option,
+    policy_option,
+    precision_option,
+    progress,
+    verbose_option,
+)
+from moeaudit.commands.common import (
+    check_output,
+    load_policy,
+    one_checkpoint,
+    open_checkpoint,
+    ranks,
+    refuse_inside,
+    run_layout,
+)
+from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
 from moeaudit.papers import named
 from moeaudit.records import GateResult
@@ -40,118 +59,6 @@ from moeaudit.report.terminal import (
 # replay's CPU time grew 2.5× under load with spinning, not at all without (docs/benchmarks.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-_warn = warn
-
-
-class _Exit(click.ClickException):
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        # click declares exit_code a ClassVar but reads it from the instance (Command.main): one
-        # _Exit carries any of our codes, so it is set per instance.
-        self.exit_code = code  # type: ignore[misc]
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"moeaudit: error: {named(self.message)}", err=True)
-
-
-class AuditGroup(click.Group):
-    """Turns library errors into a one-line message and a distinct exit code."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except MoeauditError as exc:
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            raise _Exit(exc.diagnostics(), exc.exit_code) from exc
-        except KeyboardInterrupt as exc:
-            raise _Exit("interrupted; no partial output was written", EXIT_INTERRUPTED) from exc
-        except OSError as exc:  # full disk, permission, a directory where a file belongs
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            raise _Exit(from_os_error(exc).diagnostics(), EXIT_INPUT) from exc
-        except Exception as exc:  # a bug of ours: still one line unless --verbose
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            from moeaudit.replay.dist import out_of_memory
-
-            if (oom := out_of_memory(exc)) is not None:  # not a bug: the replay did not fit (issue 28)
-                raise _Exit(
-                    f"{oom}; nothing was written (hint: spread the routed experts over N processes with --nproc N)",
-                    EXIT_INPUT,
-                ) from exc
-            msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
-            raise _Exit(short_line(msg), EXIT_INPUT) from exc
-
-
-def _verbose(ctx: click.Context, _param: Any, value: bool) -> bool:
-    if value:
-        ctx.meta["verbose"] = True
-    return value
-
-
-verbose_option = click.option(
-    "--verbose",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_verbose,
-    help="Show tracebacks on errors.",
-)
-
-
-nproc_option = click.option(
-    "--nproc",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Replay on N processes, each rank reading and computing its share of every layer's routed "
-    "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
-    "moeaudit ...` does the same). Receipts equal one process's within float tolerance. Sharded: "
-    "hashing and reading the weights, the receipts' forward and backward. On rank 0 alone: "
-    "--conflict, --generate, pair receipts (compare, certify, gate) and DCP checkpoints.",
-)
-
-
-def precision_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--precision``: the command's replays compute in fp32 (the reference), tf32 or bf16
-    (SPEC §3; ``moeaudit.precision``); a lower one records its measured agreement with fp32."""
-    import functools
-
-    from moeaudit.precision import PRECISIONS, precision_mode
-
-    @click.option(
-        "--precision",
-        type=click.Choice(PRECISIONS),
-        default="fp32",
-        show_default=True,
-        help="Compute precision of the replays: fp32 is the reference; tf32 (CUDA; elsewhere it runs fp32) "
-        "and bf16 (the routed experts' products) record their measured agreement with fp32 on the canary, "
-        "and boundary evidence inside that disagreement is INCONCLUSIVE.",
-    )
-    @functools.wraps(command)
-    def run(*args: Any, precision: str, **kwargs: Any) -> Any:
-        if precision == "bf16" and kwargs.get("nproc"):
-            raise UsageError("--precision bf16 runs on one process: drop --nproc, or use --precision fp32")
-        with precision_mode(precision):
-            return command(*args, **kwargs)
-
-    return run
-
-
-def _ranks(nproc: int | None) -> Any:
-    """The expert-parallel session of a command (issue 28): --nproc starts the ranks; under
-    torchrun they are there already; otherwise nothing (and torch is not imported for it)."""
-    from contextlib import nullcontext
-
-    if (nproc or 1) <= 1 and os.environ.get("WORLD_SIZE", "1") in ("", "1"):
-        return nullcontext()
-    from moeaudit.replay import dist
-
-    return dist.session(nproc)
-
 
 @click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="moeaudit")
@@ -167,122 +74,25 @@ def cli() -> None:
     """
 
 
-@contextmanager
-def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
-    """A progress callback for long library work (rich, on stderr, only on a terminal)."""
-    if not err.is_terminal:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-
-    # per layer, forward then backward, with the time left of the current replay (ETA)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("replay", total=1)
-
-        def tick(stage: str, done: int, total: int) -> None:
-            # redraw at every layer: a layer can take less than the bar's refresh interval
-            bar.update(task, description=stage, completed=done, total=total, refresh=True)
-
-        yield tick
+# The names the commands not yet moved to moeaudit.commands still use.
+_warn = warn
+_progress = progress
+_emit_json = emit_json
+_ranks = ranks
 
 
-policy_option = click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(path_type=Path),
-    help="Policy TOML (default: policy.toml next to or above the input, else built-in).",
-)
+def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()) -> Any:
+    return load_policy(given, start, HOOKS, also)
 
 
-def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
-    from dataclasses import replace
-
-    from moeaudit.locate import find_upwards, origin
-    from moeaudit.policy import load_policy
-
-    found, ignored = (None, []) if given else find_upwards(start, "policy.toml", also=also)
-    policy = load_policy(given or found)
-    how = origin(given, found, ignored, "--policy")
-    policy = replace(policy, origin=how if (given or found) else "built-in default; " + how)
-    env = policy.envelope
-    kind = "calibrated" if env.calibrated else "illustrative (Gradient Starvation Envelope (000) Table 6)"
-    err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})", markup=False)
-    if not (given or found):
-        _warn(
-            "warning: no policy file: the built-in constants are illustrative, not calibrated on "
-            "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`"
-        )
-    return policy
+def _open_checkpoint(path: Path) -> Any:
+    return open_checkpoint(path, HOOKS)
 
 
-def _open_checkpoint(path: Path):
-    from moeaudit.checkpoint import Checkpoint
-
-    ckpt = Checkpoint(path)
-    for w in ckpt.warnings:
-        _warn(f"warning: {path}: {w}")
-    for n in ckpt.notes:
-        _warn(f"note: {path}: {n}")
-    return ckpt
-
-
-def _check_output(path: Path | None, force: bool) -> None:
-    """An output that exists (without --force) or whose directory does not is refused before any
-    work (issue 25 §3)."""
-    from moeaudit.errors import InputError
-    from moeaudit.jsonio import check_output_target
-
-    if path is not None and str(path) != "-":
-        check_output_target(path, force=force)
-        if not path.parent.is_dir():
-            raise InputError(
-                "output directory does not exist", path=path.parent, hint="create it first or choose another path"
-            )
-
-
-def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
-    """An output inside a checkpoint or run the command audits is refused before any work."""
-    from moeaudit.output import refuse_inside
-    from moeaudit.run import audited_paths
-
-    if path is not None:
-        refuse_inside(path, audited_paths(*audited, whole_run=whole_run), option)
-
-
-def _one_checkpoint(path: Path, example: str) -> None:
-    """A run directory where one checkpoint belongs is refused, its checkpoints listed (issue 25 §5)."""
-    from moeaudit.run_names import refuse_run_as_checkpoint
-
-    refuse_run_as_checkpoint(path, example)
-
-
-def _run_layout(path: Path) -> None:
-    """A directory that looks like a checkpoint under another name (step_250/) is refused."""
-    from moeaudit.run_names import refuse_misnamed
-
-    if path.is_dir():
-        refuse_misnamed(path)
-
-
-def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
-    """``--json -``: the document on stdout only; ``--json FILE``: atomic write, then the table."""
-    from moeaudit.jsonio import atomic_write, dumps
-
-    if json_out is not None and str(json_out) == "-":
-        click.echo(dumps(doc), nl=False)
-        return
-    if json_out is not None:
-        atomic_write(json_out, dumps(doc))
-    show()
-    if json_out is not None:
-        err.print(f"wrote {json_out}", markup=False)
+_check_output = check_output
+_refuse_inside = refuse_inside
+_one_checkpoint = one_checkpoint
+_run_layout = run_layout
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -1477,6 +1287,8 @@ def main() -> None:
     import sys
     from contextlib import nullcontext
 
+    from moeaudit.commands.common import ranks
+
     torchrun = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     if torchrun and os.environ.get("RANK", "0") not in ("", "0"):
         from moeaudit.replay import worker  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD` serve rank 0's replays
@@ -1484,7 +1296,7 @@ def main() -> None:
         worker.main()
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        with _ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others
+        with ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others
             cli(prog_name="moeaudit")
     except SystemExit as exc:
         dist_mod = sys.modules.get("moeaudit.replay.dist")

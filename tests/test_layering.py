@@ -31,7 +31,9 @@ TIERS: list[tuple[str, set[str]]] = [
     ("attestation", {"attest"}),
     ("publication", {"schemas", "report"}),
     ("trainer integrations", {"integrations", "hooks"}),
-    ("commands", {"certify", "calibrate", "series", "samples", "cli", "__main__"}),
+    ("use cases", {"certify", "calibrate", "series", "samples"}),
+    ("commands", {"commands"}),
+    ("command line", {"cli", "cli_common", "__main__"}),
 ]
 TORCH_FREE = [
     "moeaudit.spec",
