@@ -9,13 +9,11 @@ names are the use case's keyword arguments), prints the result and picks the exi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
 from moeaudit import __version__
 from moeaudit.cli_common import (
@@ -23,6 +21,7 @@ from moeaudit.cli_common import (
     AuditGroup,
     emit_json,
     nproc_option,
+    path_option,
     policy_option,
     precision_option,
     progress,
@@ -45,6 +44,8 @@ from moeaudit.report.terminal import (
     err,
     esc,
     out,
+    print_canary,
+    print_checkpoint,
     print_compare,
     print_envelope,
     print_gates,
@@ -110,25 +111,13 @@ def inspect(ckpt: Path, as_json: bool) -> None:
       moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
       moeaudit inspect --json sample_checkpoints/deepseek/checkpoint-250
     """
-    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.commands.inspect import inspect as describe
 
-    _one_checkpoint(ckpt, "moeaudit inspect {ckpt}")
-    summary = Checkpoint(ckpt).summary()
+    summary = describe(ckpt)
     if as_json:
         print_json(summary)
         return
-    table = Table(title=esc(ckpt), show_header=False)
-    for key, value in summary.items():
-        if key == "warnings":
-            continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}: {v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = ", ".join(map(str, value)) or "—"
-        table.add_row(esc(key), esc(value))
-    out.print(table)
-    for w in summary["warnings"]:
-        err.print(f"warning: {w}", markup=False)
+    print_checkpoint(ckpt, summary)
 
 
 # ----- canary ----------------------------------------------------------------------------
@@ -146,23 +135,9 @@ def canary() -> None:
 
 
 @canary.command("build")
-@click.option(
-    "--tokens",
-    "tokens",
-    type=click.Path(path_type=Path),
-    help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.',
-)
-@click.option(
-    "--text",
-    "text",
-    type=click.Path(path_type=Path),
-    help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.',
-)
-@click.option(
-    "--tokenizer",
-    type=click.Path(path_type=Path),
-    help="The model's tokenizer.json, for --text (needs the tokenizers package).",
-)
+@path_option("--tokens", "tokens", help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
+@path_option("--text", "text", help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.')
+@path_option("--tokenizer", help="The model's tokenizer.json, for --text (needs the tokenizers package).")
 @click.option(
     "--window-len",
     type=click.IntRange(2, MAX_WINDOW_TOKENS),
@@ -177,7 +152,7 @@ def canary() -> None:
     show_default=True,
     help="With --text: number of windows (W), shared evenly between the domains.",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="The canary file to write (.safetensors).")
+@path_option("--out", required=True, help="The canary file to write (.safetensors).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
 @click.pass_context
@@ -198,7 +173,7 @@ def canary_build(
       moeaudit canary build --tokens sample_checkpoints/canary.jsonl --out canary.safetensors
       moeaudit canary build --text docs.jsonl --tokenizer tokenizer.json --out canary.safetensors
     """
-    from moeaudit import canary as canary_mod
+    from moeaudit.commands.canary import build
 
     if (tokens is None) == (text is None):
         raise UsageError("give exactly one of --tokens FILE.jsonl or --text FILE.jsonl")
@@ -209,16 +184,7 @@ def canary_build(
     }
     if tokens is not None and not all(defaulted.values()):
         raise UsageError("--window-len and --windows apply to --text; --tokens windows are given as is")
-    _check_output(out, force)
-    if text is not None:
-        from moeaudit.canary_text import build_from_text
-
-        assert tokenizer is not None
-        c = build_from_text(text, tokenizer, window_len=window_len, windows=windows)
-    else:
-        assert tokens is not None
-        c = canary_mod.build_from_jsonl(tokens)
-    canary_mod.save(c, out)
+    c = build(out, tokens=tokens, text=text, tokenizer=tokenizer, window_len=window_len, windows=windows, force=force)
     click.echo(
         f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
         f"{len(c.domains)} domains, digest sha256:{c.digest}"
@@ -237,16 +203,13 @@ def canary_show(path: Path, as_json: bool) -> None:
       moeaudit canary show sample_checkpoints/canary.safetensors
       moeaudit canary show --json sample_checkpoints/canary.safetensors
     """
-    from moeaudit import canary as canary_mod
+    from moeaudit.commands.canary import show
 
-    summary = canary_mod.load(path).summary()
+    summary = show(path)
     if as_json:
         print_json(summary)
         return
-    table = Table(title=esc(path), show_header=False)
-    for key, value in summary.items():
-        table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
-    out.print(table)
+    print_canary(path, summary)
 
 
 # ----- receipts --------------------------------------------------------------------------

@@ -403,3 +403,27 @@ def print_gates(pred: dict[str, Any]) -> None:
         out.print(esc(named(f"  {c['name']}: {status} — {c['reason']}", seen)))
     v = pred["verdict"]
     out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {esc(named(pred['verdict_reason'], seen))}")
+
+
+def print_checkpoint(title: Any, summary: dict[str, Any]) -> None:
+    """``moeaudit inspect``: a checkpoint's summary as a table; its warnings on stderr."""
+    table = Table(title=esc(title), show_header=False)
+    for key, value in summary.items():
+        if key == "warnings":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "—"
+        table.add_row(esc(key), esc(value))
+    out.print(table)
+    for w in summary["warnings"]:
+        err.print(f"warning: {w}", markup=False)
+
+
+def print_canary(title: Any, summary: dict[str, Any]) -> None:
+    """``moeaudit canary show``: a canary's shape, domains and digest as a table."""
+    table = Table(title=esc(title), show_header=False)
+    for key, value in summary.items():
+        table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
+    out.print(table)
