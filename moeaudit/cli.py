@@ -19,6 +19,7 @@ from moeaudit import __version__
 from moeaudit.cli_common import (
     HOOKS,
     AuditGroup,
+    device_errors,
     emit_json,
     nproc_option,
     path_option,
@@ -35,6 +36,7 @@ from moeaudit.commands.common import (
     ranks,
     refuse_inside,
     run_layout,
+    torch_device,
 )
 from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
@@ -94,6 +96,12 @@ _check_output = check_output
 _refuse_inside = refuse_inside
 _one_checkpoint = one_checkpoint
 _run_layout = run_layout
+
+
+def _device(name: str) -> str:
+    """A usable torch device name, or a usage error (exit 2) saying why not."""
+    with device_errors():
+        return torch_device(name)
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -217,19 +225,9 @@ def canary_show(path: Path, as_json: bool) -> None:
 
 @cli.command(short_help="State receipts of one checkpoint.")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors next to or above CKPT).",
-)
+@path_option("--canary", "canary_path", help="Canary file (default: canary.safetensors next to or above CKPT).")
 @policy_option
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @click.option("--conflict", is_flag=True, help="Also domain gradient conflict (one extra backward per canary domain).")
 @click.option(
@@ -250,17 +248,7 @@ def canary_show(path: Path, as_json: bool) -> None:
 @nproc_option
 @precision_option
 @verbose_option
-def receipts(
-    ckpt: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    json_out: Path | None,
-    force: bool,
-    conflict: bool,
-    generate: int,
-    device: str,
-    nproc: int | None,
-) -> None:
+def receipts(json_out: Path | None, **options: Any) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward).
 
     
@@ -268,44 +256,11 @@ def receipts(
       moeaudit receipts sample_checkpoints/healthy/checkpoint-1500
       moeaudit receipts sample_checkpoints/healthy/checkpoint-1500 --conflict --json receipts.json
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.state import state_receipts
+    from moeaudit.commands.receipts import receipts as state_receipts
 
-    _refuse_inside("--json", json_out, ckpt)
-    _check_output(json_out, force)
-    _one_checkpoint(ckpt, "moeaudit receipts {ckpt}")
-    dev = None if device == "cpu" else _device(device)  # before the checkpoint is read
-    checkpoint = _open_checkpoint(ckpt)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
-    policy = _load_policy(policy_path, ckpt)
-    with _ranks(nproc), _progress() as tick:
-        doc = state_receipts(
-            checkpoint,
-            probe,
-            policy,
-            conflict=conflict,
-            generate=generate,
-            progress=tick,
-            device=dev,
-        )
-    _emit_json(doc, json_out, lambda: print_receipts(doc))
-
-
-def _device(name: str) -> str:
-    """A usable torch device name, or a usage error (exit 2) saying why not."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except RuntimeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--device") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
-    from moeaudit.replay.hostplan import plan_host_copies
-
-    plan_host_copies(dev)  # before anything is hashed: the copies it keeps are the replay's source
-    return str(dev)
+    with device_errors():
+        doc = state_receipts(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(doc, json_out, lambda: print_receipts(doc))
 
 
 # ----- compare ---------------------------------------------------------------------------
