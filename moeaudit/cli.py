@@ -269,38 +269,15 @@ def receipts(json_out: Path | None, **options: Any) -> None:
 @cli.command(short_help="Drift and margins of CANDIDATE against BASE.")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors next to or above BASE).",
-)
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.",
-)
+@path_option("--canary", "canary_path", help="Canary file (default: canary.safetensors next to or above BASE).")
+@path_option("--reference", help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.")
 @policy_option
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @nproc_option
 @precision_option
 @verbose_option
-def compare(
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    reference: Path | None,
-    policy_path: Path | None,
-    json_out: Path | None,
-    force: bool,
-    nproc: int | None,
-) -> None:
+def compare(json_out: Path | None, **options: Any) -> None:
     """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins.
 
     
@@ -308,20 +285,10 @@ def compare(
       moeaudit compare sample_checkpoints/sft-refine/checkpoint-0 sample_checkpoints/sft-refine/checkpoint-1000
       moeaudit compare sample_checkpoints/healthy/checkpoint-250 sample_checkpoints/healthy/checkpoint-1500 --json -
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.pair import compare as run_compare
+    from moeaudit.commands.compare import compare as run_compare
 
-    _refuse_inside("--json", json_out, base, candidate, reference)
-    _check_output(json_out, force)
-    _one_checkpoint(base, "moeaudit compare {ckpt} CANDIDATE")
-    _one_checkpoint(candidate, "moeaudit compare BASE {ckpt}")
-    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
-    policy = _load_policy(policy_path, base)
-    with _ranks(nproc), _progress() as tick:
-        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    _emit_json(doc, json_out, lambda: print_compare(doc, policy))
+    done = run_compare(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(done.doc, json_out, lambda: print_compare(done.doc, done.policy))
 
 
 # ----- envelope and calibration ----------------------------------------------------------
@@ -831,9 +798,9 @@ def _gate_across_runs(
     stage: str | None,
 ) -> tuple[GateResult, Any]:
     from moeaudit import canary as canary_mod
+    from moeaudit.commands.compare import compare_checkpoints as run_compare
     from moeaudit.judge.promote import gate_candidate
     from moeaudit.locate import require_canary
-    from moeaudit.receipts.pair import compare as run_compare
 
     probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
     policy = _load_policy(policy_path, base, (candidate,))
