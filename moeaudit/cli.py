@@ -46,6 +46,7 @@ from moeaudit.report.terminal import (
     err,
     esc,
     out,
+    print_calibration,
     print_canary,
     print_checkpoint,
     print_compare,
@@ -80,7 +81,6 @@ def cli() -> None:
 # The names the commands not yet moved to moeaudit.commands still use.
 _warn = warn
 _progress = progress
-_emit_json = emit_json
 _ranks = ranks
 
 
@@ -304,41 +304,25 @@ def compare(json_out: Path | None, **options: Any) -> None:
     help="Series from training logs, from replaying every checkpoint, or from the hook's "
     "canary probe at saves (canary_probe.jsonl) (default: the policy's).",
 )
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
+@path_option("--canary", "canary_path", help="Canary for --source replay.")
 @click.option(
     "--compare",
     is_flag=True,
     help="Also evaluate the other sources and compare logs (and the canary probe, when "
     "logged) with replays window by window (between consecutive checkpoints).",
 )
-@click.option(
+@path_option(
     "--calibrate-on",
     "calibrate_on",
-    type=click.Path(path_type=Path),
     metavar="HEALTHY_RUN",
     help="Judge each source under constants fitted on this healthy run from the same "
     "source and sampling, instead of the policy's.",
 )
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @click.option("--no-cache", is_flag=True, help="Replay every checkpoint (ignore and do not fill the cache).")
 @verbose_option
-def envelope(
-    source_path: Path,
-    policy_path: Path | None,
-    source: str | None,
-    canary_path: Path | None,
-    compare: bool,
-    calibrate_on: Path | None,
-    json_out: Path | None,
-    force: bool,
-    no_cache: bool,
-) -> None:
+def envelope(json_out: Path | None, **options: Any) -> None:
     """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not, 3 a gated
     rule could not be evaluated), as certify's envelope check reads it: the variance bound is
     gated only under calibrated constants, else reported.
@@ -349,42 +333,23 @@ def envelope(
       moeaudit envelope sample_checkpoints/collapse --source logs
       moeaudit envelope sample_checkpoints/collapse --compare --calibrate-on sample_checkpoints/healthy
     """
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.jsonio import finite_document
-    from moeaudit.series import evaluate_run
+    from moeaudit.commands.envelope import envelope as evaluate
+    from moeaudit.commands.envelope import exit_code
 
-    _refuse_inside("--json", json_out, source_path, calibrate_on)
-    _check_output(json_out, force)
-    _run_layout(source_path)
-    policy = _load_policy(policy_path, source_path)
-    with _progress() as tick:
-        report = evaluate_run(
-            source_path,
-            policy.envelope,
-            source=source or policy.envelope.source,
-            canary_path=canary_path and str(canary_path),
-            compare=compare,
-            calibrate_on=calibrate_on,
-            policy_path=policy.source,
-            progress=tick,
-            warn=_warn,
-            cache=ReceiptsCache(enabled=not no_cache, warn=_warn),
-        )
-    report = finite_document(report)
-    _emit_json(report, json_out, lambda: print_envelope(report))
-    raise SystemExit(1 if not report["compliant"] else 3 if report.get("unevaluable") else 0)
+    report = evaluate(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(report, json_out, lambda: print_envelope(report))
+    raise SystemExit(exit_code(report))
 
 
 @cli.command(short_help="Fit the envelope and gate tolerances on a healthy run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
+@path_option(
     "--canary",
     "canary_path",
-    type=click.Path(path_type=Path),
     help="Canary the checkpoints are replayed on to fit the gate tolerances (default: "
     "canary.safetensors in RUN_DIR or up to two levels above).",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
+@path_option("--out", required=True, help="Policy TOML to write.")
 @policy_option
 @click.option(
     "--source",
@@ -410,16 +375,7 @@ def envelope(
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
-def calibrate(
-    run_dir: Path,
-    canary_path: Path | None,
-    out: Path,
-    policy_path: Path | None,
-    source: str,
-    variant: str,
-    since: int | None,
-    force: bool,
-) -> None:
+def calibrate(out: Path, variant: str, **options: Any) -> None:
     """Fit every tolerance the verdict uses on a healthy run and write a policy: the envelope
     (Gradient Starvation Envelope (000) Eq. 16) and the gate tolerances (docs/policy.md).
 
@@ -428,50 +384,10 @@ def calibrate(
       moeaudit calibrate sample_checkpoints/healthy --out policy.toml
       moeaudit calibrate sample_checkpoints/healthy --source replay --out policy.toml
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.calibrate import calibrate_run, write_policy
-    from moeaudit.locate import require_canary
+    from moeaudit.commands.calibrate import calibrate as fit_policy
 
-    _refuse_inside("--out", out, run_dir)
-    _check_output(out, force)
-    _run_layout(run_dir)
-    base = _load_policy(policy_path, run_dir)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
-    with _progress() as tick:
-        result = calibrate_run(
-            run_dir,
-            base,
-            probe,
-            source=source,
-            variant=variant,
-            since=since,
-            cache=ReceiptsCache(warn=_warn),
-            say=_warn,
-            progress=tick,
-        )
-    for w in result.warnings:
-        _warn(f"warning: {w}")
-    write_policy(result, run_dir, out)
-    env = result.policy.envelope
-    fit = (
-        f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
-        f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps"
-        if env.calibrated
-        else "variance bound not fitted (illustrative, not gated)"
-    )
-    err.print(
-        f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
-        f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
-        markup=False,
-    )
-    g = result.policy.gates
-    err.print(
-        f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
-        f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
-        f"= {g.entropy_ratio_floor:.4g} (written into {out} with how each was fitted)",
-        markup=False,
-    )
+    result = fit_policy(out=out, variant=variant, hooks=HOOKS, **options)
+    print_calibration(result, variant, out)
     click.echo(f"wrote {out}")
 
 

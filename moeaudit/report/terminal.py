@@ -427,3 +427,27 @@ def print_canary(title: Any, summary: dict[str, Any]) -> None:
     for key, value in summary.items():
         table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
     out.print(table)
+
+
+def print_calibration(result: Any, variant: str, written: Any) -> None:
+    """``moeaudit calibrate``: what was fitted, on stderr (``result``: a
+    ``moeaudit.calibrate.CalibrationResult``; ``written``: the policy file)."""
+    env = result.policy.envelope
+    fit = (
+        f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
+        f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps"
+        if env.calibrated
+        else "variance bound not fitted (illustrative, not gated)"
+    )
+    err.print(
+        f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
+        f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
+        markup=False,
+    )
+    g = result.policy.gates
+    err.print(
+        f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
+        f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
+        f"= {g.entropy_ratio_floor:.4g} (written into {written} with how each was fitted)",
+        markup=False,
+    )
