@@ -36,7 +36,7 @@ from moeaudit.commands.common import (
     ranks,
     refuse_inside,
     run_layout,
-    torch_device,
+    signing_key,
 )
 from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
@@ -98,10 +98,8 @@ _one_checkpoint = one_checkpoint
 _run_layout = run_layout
 
 
-def _device(name: str) -> str:
-    """A usable torch device name, or a usage error (exit 2) saying why not."""
-    with device_errors():
-        return torch_device(name)
+def _signing_key(path: Path | None) -> Any:
+    return signing_key(path, HOOKS)
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -396,24 +394,13 @@ def calibrate(out: Path, variant: str, **options: Any) -> None:
 
 @cli.command(short_help="Audit a run and write a signed certificate.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).",
+@path_option(
+    "--canary", "canary_path", help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above)."
 )
 @policy_option
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.",
-)
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key (default: your moeaudit key, created on first use)."
-)
-@click.option(
-    "--out", type=click.Path(path_type=Path), help="Output directory (default: ./moeaudit-certificates/<run name>)."
-)
+@path_option("--reference", help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.")
+@path_option("--key", help="Signing key (default: your moeaudit key, created on first use).")
+@path_option("--out", help="Output directory (default: ./moeaudit-certificates/<run name>).")
 @click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
 @click.option(
@@ -445,21 +432,7 @@ def calibrate(out: Path, variant: str, **options: Any) -> None:
 @nproc_option
 @precision_option
 @verbose_option
-def certify(
-    run_dir: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    key: Path | None,
-    out: Path | None,
-    force: bool,
-    no_cache: bool,
-    device: str,
-    stage: str | None,
-    fail_on: str | None,
-    accept_canary_mismatch: bool,
-    nproc: int | None,
-) -> None:
+def certify(fail_on: str | None, **options: Any) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
 
     With --fail-on, a FAIL verdict exits 1 (and, with --fail-on inconclusive, an INCONCLUSIVE one
@@ -471,80 +444,22 @@ def certify(
       moeaudit certify sample_checkpoints/collapse --out certs/collapse --fail-on fail
       moeaudit certify sample_checkpoints/sft-refine --stage post-training
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.certify import audit_run, write_outputs
-    from moeaudit.locate import locate_canary
-    from moeaudit.output import OutputSet
+    from moeaudit.commands.certify import certify as certify_run
+    from moeaudit.commands.certify import fail_on_code
 
-    dev = None if device == "cpu" else _device(device)  # before anything is read or written
-    if not run_dir.exists():
-        from moeaudit.errors import InputError
-
-        raise InputError("no such run directory", path=run_dir)
-    from moeaudit.run_names import run_name
-
-    _run_layout(run_dir)
-    # named after the run (a torchtitan run after its dump folder, not "checkpoint": issue 25 §6)
-    named_out, out = out is not None, out or Path("moeaudit-certificates") / run_name(run_dir)
-    _refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
-    canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
-    if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
-        canary_origin = f"{canary_origin} at {canary_file}"
-    probe = canary_mod.load(canary_file)
-    policy = _load_policy(policy_path, run_dir)
-    signing_key = _signing_key(key)
-    # the output is locked, checked and proven writable before the replay (issue 14)
-    with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
-        # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
-        cache = ReceiptsCache(enabled=not no_cache, warn=_warn)
-        audit = audit_run(
-            run_dir.resolve(),
-            probe,
-            policy,
-            reference=reference,
-            say=_warn,
-            cache=cache,
-            device=dev,
-            stage=stage,
-            canary_origin=canary_origin,
-            progress=tick,
-            accept_canary_mismatch=accept_canary_mismatch,
-        )
-        paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
-    print_gates(audit.statement["predicate"])
+    with device_errors():
+        done = certify_run(hooks=HOOKS, **options)
+    print_gates(done.audit.statement["predicate"])
+    paths = done.paths
     click.echo(
         f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} and {paths['receipts']}/"
     )
-    _fail_on(audit.verdict, fail_on)
-
-
-def _fail_on(verdict: str, fail_on: str | None) -> None:
-    """certify --fail-on: the verdict as an exit code, once the certificate is written."""
-    code = {"FAIL": 1, "INCONCLUSIVE": 3 if fail_on == "inconclusive" else 0}.get(verdict, 0)
-    if fail_on is not None and code:
+    verdict = done.audit.verdict
+    if code := fail_on_code(verdict, fail_on):
         err.print(
             f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate was written", markup=False
         )
         raise SystemExit(code)
-
-
-def _signing_key(path: Path | None):
-    from moeaudit.attest.signing import KeyNeedsPassphrase, default_key_path, ensure_key, load_private_key
-
-    if path is None:
-        path = default_key_path()
-        if ensure_key(path):  # under a lock: a concurrent first use gets the same key
-            err.print(
-                f"created your signing key {path} (0600) and {path}.pub — keep the private key safe", markup=False
-            )
-    try:
-        key, warnings = load_private_key(path)
-    except KeyNeedsPassphrase:
-        key, warnings = load_private_key(path, _passphrase_prompt())
-    for w in warnings:
-        err.print(f"warning: {w}", markup=False)
-    return key
 
 
 # ----- gate ------------------------------------------------------------------------------
