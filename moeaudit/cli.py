@@ -30,31 +30,21 @@ from moeaudit.cli_common import (
 )
 from moeaudit.commands.common import (
     check_output,
-    load_policy,
-    one_checkpoint,
-    open_checkpoint,
-    ranks,
-    refuse_inside,
-    run_layout,
     signing_key,
 )
 from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
-from moeaudit.papers import named
-from moeaudit.records import GateResult
 from moeaudit.report.terminal import (
     err,
-    esc,
-    out,
     print_calibration,
     print_canary,
     print_checkpoint,
     print_compare,
     print_envelope,
+    print_gate,
     print_gates,
     print_json,
     print_receipts,
-    warn,
 )
 
 # Threads that wait at the end of a parallel op sleep at once instead of spinning (libgomp reads
@@ -79,23 +69,8 @@ def cli() -> None:
 
 
 # The names the commands not yet moved to moeaudit.commands still use.
-_warn = warn
 _progress = progress
-_ranks = ranks
-
-
-def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()) -> Any:
-    return load_policy(given, start, HOOKS, also)
-
-
-def _open_checkpoint(path: Path) -> Any:
-    return open_checkpoint(path, HOOKS)
-
-
 _check_output = check_output
-_refuse_inside = refuse_inside
-_one_checkpoint = one_checkpoint
-_run_layout = run_layout
 
 
 def _signing_key(path: Path | None) -> Any:
@@ -468,14 +443,11 @@ def certify(fail_on: str | None, **options: Any) -> None:
 @cli.command(short_help="CI gate: promote (0), hold (1), inconclusive (3).")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors beside BASE or up to two levels above).",
+@path_option(
+    "--canary", "canary_path", help="Canary file (default: canary.safetensors beside BASE or up to two levels above)."
 )
 @policy_option
-@click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
+@path_option("--reference", help="Healthy reference for the handoff margin.")
 @click.option(
     "--stage",
     type=click.Choice(["pretraining", "post-training"]),
@@ -483,41 +455,20 @@ def certify(fail_on: str | None, **options: Any) -> None:
     help="Training stage the promotion belongs to (default: the run's events.jsonl, else the "
     "policy's, else pretraining within one run and post-training across runs).",
 )
-@click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Also write the decision, its conditions and the gate as JSON here.",
-)
-@click.option(
+@path_option("--junit", help="Also write a JUnit XML report here.")
+@path_option("--json", "json_out", help="Also write the decision, its conditions and the gate as JSON here.")
+@path_option(
     "--attest-test-result",
     "attest",
-    type=click.Path(path_type=Path),
     help="Also write the decision here as a signed in-toto Test Result "
     "(https://in-toto.io/attestation/test-result/v0.1) over the candidate's root digest.",
 )
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-test-result (default: your moeaudit key)."
-)
+@path_option("--key", help="Signing key for --attest-test-result (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --junit, --json or --attest-test-result file.")
 @nproc_option
 @precision_option
 @verbose_option
-def gate(
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-    junit: Path | None,
-    json_out: Path | None,
-    attest: Path | None,
-    key: Path | None,
-    force: bool,
-    nproc: int | None,
-) -> None:
+def gate(junit: Path | None, json_out: Path | None, attest: Path | None, force: bool, **options: Any) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
 
     
@@ -526,158 +477,21 @@ def gate(
       moeaudit gate sample_checkpoints/sft-repurpose/checkpoint-0 sample_checkpoints/sft-repurpose/checkpoint-1000
       moeaudit gate RUN/checkpoint-1000 RUN/checkpoint-1500 --attest-test-result promotion.intoto.json
     """
-    import os
+    from moeaudit.commands.gate import EXIT, write_outputs
+    from moeaudit.commands.gate import gate as decide
 
-    from moeaudit.jsonio import atomic_write, dumps
-    from moeaudit.judge.promote import placement, rollback
-    from moeaudit.report.ci import junit_xml, markdown_summary
-
-    _refuse_inside("--junit", junit, base, candidate, reference)
-    _refuse_inside("--json", json_out, base, candidate, reference)
-    _refuse_inside("--attest-test-result", attest, base, candidate, reference)
-    _check_output(junit, force)  # every output is checked before any work
-    _check_output(json_out, force)
-    _check_output(attest, force)
-    if key is not None and attest is None:
-        raise UsageError("--key signs the --attest-test-result file", hint="add --attest-test-result FILE")
-    signing_key = _signing_key(key) if attest is not None else None
-    _one_checkpoint(base, "moeaudit gate {ckpt} CANDIDATE")
-    _one_checkpoint(candidate, "moeaudit gate BASE {ckpt}")
-    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    run_dir, b_step, c_step = placement(base, candidate)
-    if run_dir is not None:
-        _run_layout(run_dir)
-    policy, subject = None, None  # the policy judged by; the candidate as the audit named it
-    with _ranks(nproc):
-        if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
-            result = rollback(base, candidate, b_step, c_step)
-        elif run_dir is not None and b_step is not None and c_step is not None:
-            result, policy, subject = _gate_in_run(
-                run_dir, base, candidate, b_step, c_step, canary_path, policy_path, reference, stage
-            )
-        else:
-            result, policy = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
-    _print_gate(result)
-    if attest is not None and signing_key is not None:
-        _attest_promotion(
-            attest, result, policy, subject or {"name": c.path.name, "digest": {"sha256": c.digest}}, signing_key, force
-        )
-        result["attestation"] = str(attest)
-    if junit is not None:
-        atomic_write(junit, junit_xml(result), force=force)
-    if json_out is not None:
-        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}), force=force)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(markdown_summary(result))
-    raise SystemExit(GATE_EXIT[result["decision"]])
-
-
-GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
-
-
-def _gate_in_run(
-    run_dir: Path,
-    base: Path,
-    candidate: Path,
-    b_step: int,
-    c_step: int,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-) -> tuple[GateResult, Any, Any]:
-    """The candidate as certify of the run truncated at it would judge it; with the policy and
-    the candidate's subject in the audit (name and root digest)."""
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.certify import audit_run
-    from moeaudit.judge.promote import gate_from_audit
-    from moeaudit.locate import require_canary
-
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
-    policy = _load_policy(policy_path, base, (candidate,))
-    with _progress() as tick:
-        audit = audit_run(
-            run_dir,
-            probe,
-            policy,
-            reference=reference,
-            say=_warn,
-            cache=ReceiptsCache(warn=_warn),
-            stage=stage,
-            progress=tick,
-            until=c_step,
-        )
-    subject = next((s for s in audit.statement["subject"] if s["name"] == candidate.name), None)
-    return (
-        gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate, b_step=b_step, policy=policy),
-        policy,
-        subject,
+    gated = decide(junit=junit, json_out=json_out, attest=attest, force=force, hooks=HOOKS, **options)
+    print_gate(gated.result)
+    write_outputs(
+        gated,
+        junit=junit,
+        json_out=json_out,
+        attest=attest,
+        step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
+        force=force,
+        hooks=HOOKS,
     )
-
-
-def _gate_across_runs(
-    b: Any,
-    c: Any,
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-) -> tuple[GateResult, Any]:
-    from moeaudit import canary as canary_mod
-    from moeaudit.commands.compare import compare_checkpoints as run_compare
-    from moeaudit.judge.promote import gate_candidate
-    from moeaudit.locate import require_canary
-
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
-    policy = _load_policy(policy_path, base, (candidate,))
-    with _progress() as tick:
-        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage), policy
-
-
-def _attest_promotion(path: Path, result: GateResult, policy: Any, subject: Any, key: Any, force: bool) -> None:
-    """gate --attest-test-result: the decision as a signed in-toto Test Result (atomic write)."""
-    from moeaudit.attest.intoto import policy_configuration, promotion_result, sign
-    from moeaudit.jsonio import atomic_write
-    from moeaudit.policy import BUILTIN
-
-    configuration = (
-        []
-        if policy is None
-        else policy_configuration(  # a rollback is judged by no policy
-            policy.source,
-            policy.to_json(),
-            Path(policy.source) if policy.source != BUILTIN and Path(policy.source).is_file() else None,
-        )
-    )
-    atomic_write(path, sign(promotion_result(result, subject, configuration), key), force=force)
-    err.print(f"wrote {path} (in-toto Test Result, {result['decision']})", markup=False)
-
-
-def _print_gate(result: GateResult) -> None:
-    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
-    seen: set[str] = set()  # papers named so far in this output
-    if result["verdict"] is None:
-        head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
-    else:
-        head = (
-            f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
-            f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
-            f"{result['verdict_reason']}"
-        )
-    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
-        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
-    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
-    for cond in result["conditions"]:
-        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
-    for note in result.get("notes", []):
-        out.print(esc(named(f"  note: {note}", seen)))
+    raise SystemExit(EXIT[gated.result["decision"]])
 
 
 # ----- keys and verification -------------------------------------------------------------

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import EnvelopeReport
+from moeaudit.records import EnvelopeReport, GateResult
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -451,3 +451,25 @@ def print_calibration(result: Any, variant: str, written: Any) -> None:
         f"= {g.entropy_ratio_floor:.4g} (written into {written} with how each was fitted)",
         markup=False,
     )
+
+
+def print_gate(result: GateResult) -> None:
+    """``moeaudit gate``: the decision, why, and each condition."""
+    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
+    seen: set[str] = set()  # papers named so far in this output
+    if result["verdict"] is None:
+        head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
+    else:
+        head = (
+            f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
+            f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
+            f"{result['verdict_reason']}"
+        )
+    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
+        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
+    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
+    for cond in result["conditions"]:
+        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
+        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
+    for note in result.get("notes", []):
+        out.print(esc(named(f"  note: {note}", seen)))
