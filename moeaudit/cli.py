@@ -30,7 +30,6 @@ from moeaudit.cli_common import (
 )
 from moeaudit.commands.common import (
     check_output,
-    signing_key,
 )
 from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
@@ -71,10 +70,6 @@ def cli() -> None:
 # The names the commands not yet moved to moeaudit.commands still use.
 _progress = progress
 _check_output = check_output
-
-
-def _signing_key(path: Path | None) -> Any:
-    return signing_key(path, HOOKS)
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -497,23 +492,8 @@ def gate(junit: Path | None, json_out: Path | None, attest: Path | None, force: 
 # ----- keys and verification -------------------------------------------------------------
 
 
-def _passphrase_prompt() -> bytes | None:
-    import os
-    import sys
-
-    from moeaudit.attest.signing import PASSPHRASE_ENV
-
-    if os.environ.get(PASSPHRASE_ENV):
-        return os.environ[PASSPHRASE_ENV].encode()
-    if sys.stdin.isatty():
-        return click.prompt("key passphrase", hide_input=True, default="", show_default=False).encode() or None
-    return None
-
-
 @cli.command()
-@click.option(
-    "--out", required=True, type=click.Path(path_type=Path), help="Private key path (KEY.pub is written beside it)."
-)
+@path_option("--out", required=True, help="Private key path (KEY.pub is written beside it).")
 @click.option(
     "--key-type",
     type=click.Choice(["ecdsa-p256", "ed25519"]),
@@ -525,7 +505,7 @@ def _passphrase_prompt() -> bytes | None:
 @click.option("--passphrase-env", is_flag=True, help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
 @click.option("--force", is_flag=True, help="Replace existing key files.")
 @verbose_option
-def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
+def keygen(out: Path, key_type: str, ecdsa: bool, **options: Any) -> None:
     """Create a signing key pair: KEY (mode 0600) and KEY.pub.
 
     
@@ -533,21 +513,12 @@ def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: b
       moeaudit keygen --out release-key
       moeaudit keygen --out release-key --key-type ed25519
     """
-    import os
-
-    from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
-    from moeaudit.errors import InputError, UsageError
+    from moeaudit.commands.keygen import keygen as generate
 
     if ecdsa and key_type != "ecdsa-p256":
         raise UsageError("--ecdsa contradicts --key-type ed25519", hint="pass one of them")
-
-    passphrase = None
-    if passphrase_env:
-        if not os.environ.get(PASSPHRASE_ENV):
-            raise InputError(f"--passphrase-env given but ${PASSPHRASE_ENV} is empty")
-        passphrase = os.environ[PASSPHRASE_ENV].encode()
-    key = generate_key(out, algorithm=key_type, passphrase=passphrase, force=force)
-    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid(key.public_key())}")
+    keyid = generate(out, key_type=key_type, **options)
+    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid}")
 
 
 def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -563,38 +534,24 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
 
 @cli.command()
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option(
-    "--pubkey",
-    type=click.Path(path_type=Path),
-    help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).",
-)
+@path_option("--pubkey", help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).")
 @click.option(
     "--recheck",
     is_flag=True,
     help="Recompute the digest of every input the certificate binds (checkpoints, logs, "
     "canary, policy file, reference) and name each one changed or missing (exit 1).",
 )
-@click.option(
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    help="Where the certified run is now (default: the path recorded in the certificate).",
+@path_option("--run-dir", help="Where the certified run is now (default: the path recorded in the certificate).")
+@path_option(
+    "--canary", "canary_path", help="With --recheck: where the certified canary is now (default: the path recorded)."
 )
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="With --recheck: where the certified canary is now (default: the path recorded).",
-)
-@click.option(
+@path_option(
     "--policy",
     "policy_path",
-    type=click.Path(path_type=Path),
     help="With --recheck: where the certified policy file is now (default: the path recorded).",
 )
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="With --recheck: where the certified reference is now (the certificate records only its name).",
+@path_option(
+    "--reference", help="With --recheck: where the certified reference is now (the certificate records only its name)."
 )
 @click.option(
     "--require-verdict",
@@ -605,31 +562,16 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
     help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
     "(repeat the option or separate with commas).",
 )
-@click.option(
+@path_option(
     "--attest-verification",
     "attest",
-    type=click.Path(path_type=Path),
     help="When verification succeeds, also write what was verified here as a signed in-toto "
     "Simple Verification Result (https://in-toto.io/attestation/svr/v0.1).",
 )
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-verification (default: your moeaudit key)."
-)
+@path_option("--key", help="Signing key for --attest-verification (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --attest-verification file.")
 @verbose_option
-def verify(
-    cert: Path,
-    pubkey: Path | None,
-    recheck: bool,
-    run_dir: Path | None,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    required: tuple[str, ...],
-    attest: Path | None,
-    key: Path | None,
-    force: bool,
-) -> None:
+def verify(cert: Path, **options: Any) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
@@ -643,86 +585,30 @@ def verify(
       moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE \
         --attest-verification verified.intoto.json
     """
-    from moeaudit.attest.certificate import open_certificate
-    from moeaudit.attest.recheck import Overrides
-    from moeaudit.attest.signing import load_public_key
+    from moeaudit.commands import verify as steps
     from moeaudit.errors import PolicyFailed
 
-    given = Overrides(run_dir, canary_path, policy_path, reference)
-    if not recheck and (canary_path or policy_path or reference):
-        raise UsageError("--canary, --policy and --reference say where to recheck inputs", hint="add --recheck")
-    if (key is not None or force) and attest is None:
-        raise UsageError(
-            "--key and --force are for the --attest-verification file", hint="add --attest-verification FILE"
-        )
-    _check_output(attest, force)
-    signing_key = _signing_key(key) if attest is not None else None
-    if pubkey is None:
-        from moeaudit.attest.signing import default_public_key
-
-        pubkey = default_public_key()  # none yet: says how to pass --pubkey (issue 25 §5)
-        err.print(f"verifying with your key {pubkey} (--pubkey names another)", markup=False)
-    stmt = open_certificate(cert, load_public_key(pubkey))
-    pred = stmt["predicate"]
+    verified = steps.verify(cert, hooks=HOOKS, **options)
+    stmt, pred = verified.stmt, verified.stmt["predicate"]
     click.echo(
         f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
         f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}"
     )
-    problems = [_recheck(stmt, given)] if recheck else []
-    if required and pred["verdict"] not in required:
-        problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} (--require-verdict)")
+    problems = []
+    if verified.recheck:
+        found = steps.recheck_inputs(verified)
+        for finding in found.findings:
+            click.echo(f"recheck: {finding.line()}")
+        if not found.findings:
+            others = f", and the {len(found.matched)} other bound input(s): " + "; ".join(found.matched)
+            click.echo(f"recheck: all {found.checkpoints} checkpoint digests match" + (others if found.matched else ""))
+        problems.append(steps.recheck_failure(found))
+    problems.append(steps.verdict_failure(verified))
     if any(problems):
         raise PolicyFailed("; ".join(p for p in problems if p), path=cert)
-    if attest is not None and signing_key is not None:
-        _attest_verification(attest, cert, stmt, required, recheck, signing_key, force)
-
-
-def _attest_verification(
-    path: Path, cert: Path, stmt: dict[str, Any], required: tuple[str, ...], rechecked: bool, key: Any, force: bool
-) -> None:
-    """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
-    from moeaudit.attest.certificate import now_rfc3339
-    from moeaudit.attest.intoto import file_subject, sign, verification_result
-    from moeaudit.jsonio import atomic_write
-
-    verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
-    checkpoints = [file_subject(s["name"], s["digest"]["sha256"]) for s in stmt["subject"]]
-    svr = verification_result(
-        verified,
-        checkpoints,
-        keyid=stmt["_keyid"],
-        verdict=stmt["predicate"]["verdict"],
-        required=required,
-        rechecked=rechecked,
-        time=now_rfc3339(),
-    )
-    atomic_write(path, sign(svr, key), force=force)
-    click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")
-
-
-def _recheck(stmt: dict[str, Any], given: Any) -> str:
-    """Print a line per bound input that differs (or one line: all match); return the failure
-    (empty when none)."""
-    from moeaudit.attest.recheck import recheck
-
-    result = recheck(stmt, given)
-    for finding in result.findings:
-        click.echo(f"recheck: {finding.line()}")
-    if result.findings:
-        counts = [
-            (n, status)
-            for status in ("changed", "missing", "added")
-            if (n := sum(f.status == status for f in result.findings))
-        ]
-        (n, status), rest = counts[0], counts[1:]
-        return (
-            f"{n} bound input{'s' if n > 1 else ''} {status}"
-            + "".join(f", {m} {s}" for m, s in rest)
-            + " since certification (listed above)"
-        )
-    others = f", and the {len(result.matched)} other bound input(s): " + "; ".join(result.matched)
-    click.echo(f"recheck: all {result.checkpoints} checkpoint digests match" + (others if result.matched else ""))
-    return ""
+    if verified.attest is not None and verified.signing_key is not None:
+        properties = steps.attest_verification(verified)
+        click.echo(f"wrote {verified.attest} (in-toto Simple Verification Result: {', '.join(properties)})")
 
 
 # ----- export ----------------------------------------------------------------------------
