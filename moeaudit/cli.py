@@ -25,11 +25,7 @@ from moeaudit.cli_common import (
     path_option,
     policy_option,
     precision_option,
-    progress,
     verbose_option,
-)
-from moeaudit.commands.common import (
-    check_output,
 )
 from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
@@ -65,11 +61,6 @@ def cli() -> None:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
       moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
     """
-
-
-# The names the commands not yet moved to moeaudit.commands still use.
-_progress = progress
-_check_output = check_output
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -630,15 +621,11 @@ def verify(cert: Path, **options: Any) -> None:
     default=None,
     help="Report format (default: from --out's suffix, .html or .json, else md).",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")
-@click.option(
-    "--pubkey",
-    type=click.Path(path_type=Path),
-    help="Public key to verify CERT with (default: your moeaudit key's .pub).",
-)
+@path_option("--out", required=True, help="Report file to write.")
+@path_option("--pubkey", help="Public key to verify CERT with (default: your moeaudit key's .pub).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
-def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool) -> None:
+def export(cert: Path, framework: str, out: Path, **options: Any) -> None:
     """Map a verified certificate's evidence to a compliance framework.
 
     
@@ -646,13 +633,9 @@ def export(cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path 
       moeaudit export moeaudit-certificates/healthy/certificate.json --framework eu-ai-act --out eu.md
       moeaudit export moeaudit-certificates/healthy/certificate.json --framework sr-11-7 --format html --out sr.html
     """
-    from moeaudit.jsonio import atomic_write
-    from moeaudit.report.export import run_export
+    from moeaudit.commands.export import export as write_report
 
-    _check_output(out, force)
-    # `--out x.html` means HTML (issue 25 §5); an explicit --format wins
-    fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
-    atomic_write(out, run_export(cert, pubkey, framework, fmt))
+    fmt = write_report(cert, framework, out, **options)
     click.echo(f"wrote {out} ({framework}, {fmt}) from verified {cert}")
 
 
@@ -679,7 +662,7 @@ def samples() -> None:
 )
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
 @verbose_option
-def samples_build(out: Path, tiny: bool) -> None:
+def samples_build(out: Path, **options: Any) -> None:
     """Train the sample runs on generated data (deterministic, CPU).
 
     
@@ -687,10 +670,9 @@ def samples_build(out: Path, tiny: bool) -> None:
       moeaudit samples build --tiny --out /tmp/moeaudit-samples
       moeaudit samples build --out my-samples
     """
-    from moeaudit.samples.build import build_samples
+    from moeaudit.commands.samples import build
 
-    with _progress() as tick:
-        build_samples(out, scale="tiny" if tiny else "full", progress=tick)
+    build(out, hooks=HOOKS, **options)
     click.echo(f"wrote sample runs to {out}")
 
 
