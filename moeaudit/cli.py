@@ -1,37 +1,45 @@
-"""The command line: parses arguments, prints, exits. Everything else is library code.
+"""The command line: parses arguments, prints, exits. What a command does is
+``moeaudit.commands`` (one module per command, typed arguments and results); everything else
+is library code. Errors become one line and an exit code in one place
+(``moeaudit.cli_common.AuditGroup``).
 
-Errors are converted to one line and an exit code in one place (``AuditGroup.invoke``):
-0 pass, 1 policy failed, 2 usage, 3 inconclusive, 4 input or operational error, 130 Ctrl-C.
+A command here is its options, then a function that calls its use case with them (the option
+names are the use case's keyword arguments), prints the result and picks the exit code.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
 from moeaudit import __version__
-from moeaudit.errors import EXIT_INPUT, EXIT_INTERRUPTED, MoeauditError, UsageError, from_os_error, short_line
+from moeaudit.cli_common import (
+    HOOKS,
+    AuditGroup,
+    device_errors,
+    emit_json,
+    nproc_option,
+    path_option,
+    policy_option,
+    precision_option,
+    verbose_option,
+)
+from moeaudit.errors import UsageError
 from moeaudit.limits import MAX_WINDOW_TOKENS
-from moeaudit.papers import named
-from moeaudit.records import GateResult
 from moeaudit.report.terminal import (
     err,
-    esc,
-    out,
+    print_calibration,
+    print_canary,
+    print_checkpoint,
     print_compare,
     print_envelope,
+    print_gate,
     print_gates,
     print_json,
     print_receipts,
-    warn,
 )
 
 # Threads that wait at the end of a parallel op sleep at once instead of spinning (libgomp reads
@@ -39,118 +47,6 @@ from moeaudit.report.terminal import (
 # wins). On a shared machine a spinning thread burns the time slice its partner needs: the
 # replay's CPU time grew 2.5× under load with spinning, not at all without (docs/benchmarks.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-_warn = warn
-
-
-class _Exit(click.ClickException):
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        # click declares exit_code a ClassVar but reads it from the instance (Command.main): one
-        # _Exit carries any of our codes, so it is set per instance.
-        self.exit_code = code  # type: ignore[misc]
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"moeaudit: error: {named(self.message)}", err=True)
-
-
-class AuditGroup(click.Group):
-    """Turns library errors into a one-line message and a distinct exit code."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except MoeauditError as exc:
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            raise _Exit(exc.diagnostics(), exc.exit_code) from exc
-        except KeyboardInterrupt as exc:
-            raise _Exit("interrupted; no partial output was written", EXIT_INTERRUPTED) from exc
-        except OSError as exc:  # full disk, permission, a directory where a file belongs
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            raise _Exit(from_os_error(exc).diagnostics(), EXIT_INPUT) from exc
-        except Exception as exc:  # a bug of ours: still one line unless --verbose
-            if ctx.meta.get("verbose"):
-                traceback.print_exc()
-            from moeaudit.replay.dist import out_of_memory
-
-            if (oom := out_of_memory(exc)) is not None:  # not a bug: the replay did not fit (issue 28)
-                raise _Exit(
-                    f"{oom}; nothing was written (hint: spread the routed experts over N processes with --nproc N)",
-                    EXIT_INPUT,
-                ) from exc
-            msg = f"internal error: {type(exc).__name__}: {exc} (rerun with --verbose for a traceback)"
-            raise _Exit(short_line(msg), EXIT_INPUT) from exc
-
-
-def _verbose(ctx: click.Context, _param: Any, value: bool) -> bool:
-    if value:
-        ctx.meta["verbose"] = True
-    return value
-
-
-verbose_option = click.option(
-    "--verbose",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_verbose,
-    help="Show tracebacks on errors.",
-)
-
-
-nproc_option = click.option(
-    "--nproc",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Replay on N processes, each rank reading and computing its share of every layer's routed "
-    "experts (torch.distributed: gloo on the CPU, NCCL on GPUs; `torchrun --nproc-per-node N -m "
-    "moeaudit ...` does the same). Receipts equal one process's within float tolerance. Sharded: "
-    "hashing and reading the weights, the receipts' forward and backward. On rank 0 alone: "
-    "--conflict, --generate, pair receipts (compare, certify, gate) and DCP checkpoints.",
-)
-
-
-def precision_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--precision``: the command's replays compute in fp32 (the reference), tf32 or bf16
-    (SPEC §3; ``moeaudit.precision``); a lower one records its measured agreement with fp32."""
-    import functools
-
-    from moeaudit.precision import PRECISIONS, precision_mode
-
-    @click.option(
-        "--precision",
-        type=click.Choice(PRECISIONS),
-        default="fp32",
-        show_default=True,
-        help="Compute precision of the replays: fp32 is the reference; tf32 (CUDA; elsewhere it runs fp32) "
-        "and bf16 (the routed experts' products) record their measured agreement with fp32 on the canary, "
-        "and boundary evidence inside that disagreement is INCONCLUSIVE.",
-    )
-    @functools.wraps(command)
-    def run(*args: Any, precision: str, **kwargs: Any) -> Any:
-        if precision == "bf16" and kwargs.get("nproc"):
-            raise UsageError("--precision bf16 runs on one process: drop --nproc, or use --precision fp32")
-        with precision_mode(precision):
-            return command(*args, **kwargs)
-
-    return run
-
-
-def _ranks(nproc: int | None) -> Any:
-    """The expert-parallel session of a command (issue 28): --nproc starts the ranks; under
-    torchrun they are there already; otherwise nothing (and torch is not imported for it)."""
-    from contextlib import nullcontext
-
-    if (nproc or 1) <= 1 and os.environ.get("WORLD_SIZE", "1") in ("", "1"):
-        return nullcontext()
-    from moeaudit.replay import dist
-
-    return dist.session(nproc)
 
 
 @click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,124 +61,6 @@ def cli() -> None:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
       moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
     """
-
-
-@contextmanager
-def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
-    """A progress callback for long library work (rich, on stderr, only on a terminal)."""
-    if not err.is_terminal:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-
-    # per layer, forward then backward, with the time left of the current replay (ETA)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("replay", total=1)
-
-        def tick(stage: str, done: int, total: int) -> None:
-            # redraw at every layer: a layer can take less than the bar's refresh interval
-            bar.update(task, description=stage, completed=done, total=total, refresh=True)
-
-        yield tick
-
-
-policy_option = click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(path_type=Path),
-    help="Policy TOML (default: policy.toml next to or above the input, else built-in).",
-)
-
-
-def _load_policy(given: Path | None, start: Path, also: tuple[Path, ...] = ()):
-    from dataclasses import replace
-
-    from moeaudit.locate import find_upwards, origin
-    from moeaudit.policy import load_policy
-
-    found, ignored = (None, []) if given else find_upwards(start, "policy.toml", also=also)
-    policy = load_policy(given or found)
-    how = origin(given, found, ignored, "--policy")
-    policy = replace(policy, origin=how if (given or found) else "built-in default; " + how)
-    env = policy.envelope
-    kind = "calibrated" if env.calibrated else "illustrative (Gradient Starvation Envelope (000) Table 6)"
-    err.print(f"policy: {policy.source} (envelope constants {kind}; {policy.origin})", markup=False)
-    if not (given or found):
-        _warn(
-            "warning: no policy file: the built-in constants are illustrative, not calibrated on "
-            "your model — fit them on a healthy run with `moeaudit calibrate RUN --out policy.toml`"
-        )
-    return policy
-
-
-def _open_checkpoint(path: Path):
-    from moeaudit.checkpoint import Checkpoint
-
-    ckpt = Checkpoint(path)
-    for w in ckpt.warnings:
-        _warn(f"warning: {path}: {w}")
-    for n in ckpt.notes:
-        _warn(f"note: {path}: {n}")
-    return ckpt
-
-
-def _check_output(path: Path | None, force: bool) -> None:
-    """An output that exists (without --force) or whose directory does not is refused before any
-    work (issue 25 §3)."""
-    from moeaudit.errors import InputError
-    from moeaudit.jsonio import check_output_target
-
-    if path is not None and str(path) != "-":
-        check_output_target(path, force=force)
-        if not path.parent.is_dir():
-            raise InputError(
-                "output directory does not exist", path=path.parent, hint="create it first or choose another path"
-            )
-
-
-def _refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
-    """An output inside a checkpoint or run the command audits is refused before any work."""
-    from moeaudit.output import refuse_inside
-    from moeaudit.run import audited_paths
-
-    if path is not None:
-        refuse_inside(path, audited_paths(*audited, whole_run=whole_run), option)
-
-
-def _one_checkpoint(path: Path, example: str) -> None:
-    """A run directory where one checkpoint belongs is refused, its checkpoints listed (issue 25 §5)."""
-    from moeaudit.run_names import refuse_run_as_checkpoint
-
-    refuse_run_as_checkpoint(path, example)
-
-
-def _run_layout(path: Path) -> None:
-    """A directory that looks like a checkpoint under another name (step_250/) is refused."""
-    from moeaudit.run_names import refuse_misnamed
-
-    if path.is_dir():
-        refuse_misnamed(path)
-
-
-def _emit_json(doc: Any, json_out: Path | None, show: Callable[[], None]) -> None:
-    """``--json -``: the document on stdout only; ``--json FILE``: atomic write, then the table."""
-    from moeaudit.jsonio import atomic_write, dumps
-
-    if json_out is not None and str(json_out) == "-":
-        click.echo(dumps(doc), nl=False)
-        return
-    if json_out is not None:
-        atomic_write(json_out, dumps(doc))
-    show()
-    if json_out is not None:
-        err.print(f"wrote {json_out}", markup=False)
 
 
 # ----- inspect ---------------------------------------------------------------------------
@@ -300,25 +78,13 @@ def inspect(ckpt: Path, as_json: bool) -> None:
       moeaudit inspect sample_checkpoints/healthy/checkpoint-1500
       moeaudit inspect --json sample_checkpoints/deepseek/checkpoint-250
     """
-    from moeaudit.checkpoint import Checkpoint
+    from moeaudit.commands.inspect import inspect as describe
 
-    _one_checkpoint(ckpt, "moeaudit inspect {ckpt}")
-    summary = Checkpoint(ckpt).summary()
+    summary = describe(ckpt)
     if as_json:
         print_json(summary)
         return
-    table = Table(title=esc(ckpt), show_header=False)
-    for key, value in summary.items():
-        if key == "warnings":
-            continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}: {v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = ", ".join(map(str, value)) or "—"
-        table.add_row(esc(key), esc(value))
-    out.print(table)
-    for w in summary["warnings"]:
-        err.print(f"warning: {w}", markup=False)
+    print_checkpoint(ckpt, summary)
 
 
 # ----- canary ----------------------------------------------------------------------------
@@ -336,23 +102,9 @@ def canary() -> None:
 
 
 @canary.command("build")
-@click.option(
-    "--tokens",
-    "tokens",
-    type=click.Path(path_type=Path),
-    help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.',
-)
-@click.option(
-    "--text",
-    "text",
-    type=click.Path(path_type=Path),
-    help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.',
-)
-@click.option(
-    "--tokenizer",
-    type=click.Path(path_type=Path),
-    help="The model's tokenizer.json, for --text (needs the tokenizers package).",
-)
+@path_option("--tokens", "tokens", help='JSONL, one {"domain": str, "tokens": [int, ...]} per line.')
+@path_option("--text", "text", help='JSONL, one {"text": str, "domain": str} per line, tokenized with --tokenizer.')
+@path_option("--tokenizer", help="The model's tokenizer.json, for --text (needs the tokenizers package).")
 @click.option(
     "--window-len",
     type=click.IntRange(2, MAX_WINDOW_TOKENS),
@@ -367,7 +119,7 @@ def canary() -> None:
     show_default=True,
     help="With --text: number of windows (W), shared evenly between the domains.",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="The canary file to write (.safetensors).")
+@path_option("--out", required=True, help="The canary file to write (.safetensors).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @verbose_option
 @click.pass_context
@@ -388,7 +140,7 @@ def canary_build(
       moeaudit canary build --tokens sample_checkpoints/canary.jsonl --out canary.safetensors
       moeaudit canary build --text docs.jsonl --tokenizer tokenizer.json --out canary.safetensors
     """
-    from moeaudit import canary as canary_mod
+    from moeaudit.commands.canary import build
 
     if (tokens is None) == (text is None):
         raise UsageError("give exactly one of --tokens FILE.jsonl or --text FILE.jsonl")
@@ -399,16 +151,7 @@ def canary_build(
     }
     if tokens is not None and not all(defaulted.values()):
         raise UsageError("--window-len and --windows apply to --text; --tokens windows are given as is")
-    _check_output(out, force)
-    if text is not None:
-        from moeaudit.canary_text import build_from_text
-
-        assert tokenizer is not None
-        c = build_from_text(text, tokenizer, window_len=window_len, windows=windows)
-    else:
-        assert tokens is not None
-        c = canary_mod.build_from_jsonl(tokens)
-    canary_mod.save(c, out)
+    c = build(out, tokens=tokens, text=text, tokenizer=tokenizer, window_len=window_len, windows=windows, force=force)
     click.echo(
         f"wrote {out}: {c.num_windows} windows × {c.window_len} tokens, "
         f"{len(c.domains)} domains, digest sha256:{c.digest}"
@@ -427,16 +170,13 @@ def canary_show(path: Path, as_json: bool) -> None:
       moeaudit canary show sample_checkpoints/canary.safetensors
       moeaudit canary show --json sample_checkpoints/canary.safetensors
     """
-    from moeaudit import canary as canary_mod
+    from moeaudit.commands.canary import show
 
-    summary = canary_mod.load(path).summary()
+    summary = show(path)
     if as_json:
         print_json(summary)
         return
-    table = Table(title=esc(path), show_header=False)
-    for key, value in summary.items():
-        table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
-    out.print(table)
+    print_canary(path, summary)
 
 
 # ----- receipts --------------------------------------------------------------------------
@@ -444,19 +184,9 @@ def canary_show(path: Path, as_json: bool) -> None:
 
 @cli.command(short_help="State receipts of one checkpoint.")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors next to or above CKPT).",
-)
+@path_option("--canary", "canary_path", help="Canary file (default: canary.safetensors next to or above CKPT).")
 @policy_option
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.receipts/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @click.option("--conflict", is_flag=True, help="Also domain gradient conflict (one extra backward per canary domain).")
 @click.option(
@@ -477,17 +207,7 @@ def canary_show(path: Path, as_json: bool) -> None:
 @nproc_option
 @precision_option
 @verbose_option
-def receipts(
-    ckpt: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    json_out: Path | None,
-    force: bool,
-    conflict: bool,
-    generate: int,
-    device: str,
-    nproc: int | None,
-) -> None:
+def receipts(json_out: Path | None, **options: Any) -> None:
     """State receipts of one checkpoint on the canary (one forward + one backward).
 
     
@@ -495,44 +215,11 @@ def receipts(
       moeaudit receipts sample_checkpoints/healthy/checkpoint-1500
       moeaudit receipts sample_checkpoints/healthy/checkpoint-1500 --conflict --json receipts.json
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.state import state_receipts
+    from moeaudit.commands.receipts import receipts as state_receipts
 
-    _refuse_inside("--json", json_out, ckpt)
-    _check_output(json_out, force)
-    _one_checkpoint(ckpt, "moeaudit receipts {ckpt}")
-    dev = None if device == "cpu" else _device(device)  # before the checkpoint is read
-    checkpoint = _open_checkpoint(ckpt)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), ckpt))
-    policy = _load_policy(policy_path, ckpt)
-    with _ranks(nproc), _progress() as tick:
-        doc = state_receipts(
-            checkpoint,
-            probe,
-            policy,
-            conflict=conflict,
-            generate=generate,
-            progress=tick,
-            device=dev,
-        )
-    _emit_json(doc, json_out, lambda: print_receipts(doc))
-
-
-def _device(name: str) -> str:
-    """A usable torch device name, or a usage error (exit 2) saying why not."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except RuntimeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--device") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
-    from moeaudit.replay.hostplan import plan_host_copies
-
-    plan_host_copies(dev)  # before anything is hashed: the copies it keeps are the replay's source
-    return str(dev)
+    with device_errors():
+        doc = state_receipts(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(doc, json_out, lambda: print_receipts(doc))
 
 
 # ----- compare ---------------------------------------------------------------------------
@@ -541,38 +228,15 @@ def _device(name: str) -> str:
 @cli.command(short_help="Drift and margins of CANDIDATE against BASE.")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors next to or above BASE).",
-)
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.",
-)
+@path_option("--canary", "canary_path", help="Canary file (default: canary.safetensors next to or above BASE).")
+@path_option("--reference", help="Healthy reference checkpoint (or its receipts JSON) for the handoff margin.")
 @policy_option
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.compare/v1 document to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @nproc_option
 @precision_option
 @verbose_option
-def compare(
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    reference: Path | None,
-    policy_path: Path | None,
-    json_out: Path | None,
-    force: bool,
-    nproc: int | None,
-) -> None:
+def compare(json_out: Path | None, **options: Any) -> None:
     """Drift of CANDIDATE from BASE on base-anchored states, and the lifecycle margins.
 
     
@@ -580,20 +244,10 @@ def compare(
       moeaudit compare sample_checkpoints/sft-refine/checkpoint-0 sample_checkpoints/sft-refine/checkpoint-1000
       moeaudit compare sample_checkpoints/healthy/checkpoint-250 sample_checkpoints/healthy/checkpoint-1500 --json -
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.pair import compare as run_compare
+    from moeaudit.commands.compare import compare as run_compare
 
-    _refuse_inside("--json", json_out, base, candidate, reference)
-    _check_output(json_out, force)
-    _one_checkpoint(base, "moeaudit compare {ckpt} CANDIDATE")
-    _one_checkpoint(candidate, "moeaudit compare BASE {ckpt}")
-    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base))
-    policy = _load_policy(policy_path, base)
-    with _ranks(nproc), _progress() as tick:
-        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    _emit_json(doc, json_out, lambda: print_compare(doc, policy))
+    done = run_compare(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(done.doc, json_out, lambda: print_compare(done.doc, done.policy))
 
 
 # ----- envelope and calibration ----------------------------------------------------------
@@ -609,41 +263,25 @@ def compare(
     help="Series from training logs, from replaying every checkpoint, or from the hook's "
     "canary probe at saves (canary_probe.jsonl) (default: the policy's).",
 )
-@click.option("--canary", "canary_path", type=click.Path(path_type=Path), help="Canary for --source replay.")
+@path_option("--canary", "canary_path", help="Canary for --source replay.")
 @click.option(
     "--compare",
     is_flag=True,
     help="Also evaluate the other sources and compare logs (and the canary probe, when "
     "logged) with replays window by window (between consecutive checkpoints).",
 )
-@click.option(
+@path_option(
     "--calibrate-on",
     "calibrate_on",
-    type=click.Path(path_type=Path),
     metavar="HEALTHY_RUN",
     help="Judge each source under constants fitted on this healthy run from the same "
     "source and sampling, instead of the policy's.",
 )
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).",
-)
+@path_option("--json", "json_out", help="Write the moeaudit.envelope/v1 report to this file ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @click.option("--no-cache", is_flag=True, help="Replay every checkpoint (ignore and do not fill the cache).")
 @verbose_option
-def envelope(
-    source_path: Path,
-    policy_path: Path | None,
-    source: str | None,
-    canary_path: Path | None,
-    compare: bool,
-    calibrate_on: Path | None,
-    json_out: Path | None,
-    force: bool,
-    no_cache: bool,
-) -> None:
+def envelope(json_out: Path | None, **options: Any) -> None:
     """Gradient Starvation Envelope compliance of a run (exit 0 compliant, 1 not, 3 a gated
     rule could not be evaluated), as certify's envelope check reads it: the variance bound is
     gated only under calibrated constants, else reported.
@@ -654,42 +292,23 @@ def envelope(
       moeaudit envelope sample_checkpoints/collapse --source logs
       moeaudit envelope sample_checkpoints/collapse --compare --calibrate-on sample_checkpoints/healthy
     """
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.jsonio import finite_document
-    from moeaudit.series import evaluate_run
+    from moeaudit.commands.envelope import envelope as evaluate
+    from moeaudit.commands.envelope import exit_code
 
-    _refuse_inside("--json", json_out, source_path, calibrate_on)
-    _check_output(json_out, force)
-    _run_layout(source_path)
-    policy = _load_policy(policy_path, source_path)
-    with _progress() as tick:
-        report = evaluate_run(
-            source_path,
-            policy.envelope,
-            source=source or policy.envelope.source,
-            canary_path=canary_path and str(canary_path),
-            compare=compare,
-            calibrate_on=calibrate_on,
-            policy_path=policy.source,
-            progress=tick,
-            warn=_warn,
-            cache=ReceiptsCache(enabled=not no_cache, warn=_warn),
-        )
-    report = finite_document(report)
-    _emit_json(report, json_out, lambda: print_envelope(report))
-    raise SystemExit(1 if not report["compliant"] else 3 if report.get("unevaluable") else 0)
+    report = evaluate(json_out=json_out, hooks=HOOKS, **options)
+    emit_json(report, json_out, lambda: print_envelope(report))
+    raise SystemExit(exit_code(report))
 
 
 @cli.command(short_help="Fit the envelope and gate tolerances on a healthy run.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
+@path_option(
     "--canary",
     "canary_path",
-    type=click.Path(path_type=Path),
     help="Canary the checkpoints are replayed on to fit the gate tolerances (default: "
     "canary.safetensors in RUN_DIR or up to two levels above).",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Policy TOML to write.")
+@path_option("--out", required=True, help="Policy TOML to write.")
 @policy_option
 @click.option(
     "--source",
@@ -715,16 +334,7 @@ def envelope(
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @verbose_option
-def calibrate(
-    run_dir: Path,
-    canary_path: Path | None,
-    out: Path,
-    policy_path: Path | None,
-    source: str,
-    variant: str,
-    since: int | None,
-    force: bool,
-) -> None:
+def calibrate(out: Path, variant: str, **options: Any) -> None:
     """Fit every tolerance the verdict uses on a healthy run and write a policy: the envelope
     (Gradient Starvation Envelope (000) Eq. 16) and the gate tolerances (docs/policy.md).
 
@@ -733,50 +343,10 @@ def calibrate(
       moeaudit calibrate sample_checkpoints/healthy --out policy.toml
       moeaudit calibrate sample_checkpoints/healthy --source replay --out policy.toml
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.calibrate import calibrate_run, write_policy
-    from moeaudit.locate import require_canary
+    from moeaudit.commands.calibrate import calibrate as fit_policy
 
-    _refuse_inside("--out", out, run_dir)
-    _check_output(out, force)
-    _run_layout(run_dir)
-    base = _load_policy(policy_path, run_dir)
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), run_dir))
-    with _progress() as tick:
-        result = calibrate_run(
-            run_dir,
-            base,
-            probe,
-            source=source,
-            variant=variant,
-            since=since,
-            cache=ReceiptsCache(warn=_warn),
-            say=_warn,
-            progress=tick,
-        )
-    for w in result.warnings:
-        _warn(f"warning: {w}")
-    write_policy(result, run_dir, out)
-    env = result.policy.envelope
-    fit = (
-        f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
-        f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps"
-        if env.calibrated
-        else "variance bound not fitted (illustrative, not gated)"
-    )
-    err.print(
-        f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
-        f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
-        markup=False,
-    )
-    g = result.policy.gates
-    err.print(
-        f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
-        f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
-        f"= {g.entropy_ratio_floor:.4g} (written into {out} with how each was fitted)",
-        markup=False,
-    )
+    result = fit_policy(out=out, variant=variant, hooks=HOOKS, **options)
+    print_calibration(result, variant, out)
     click.echo(f"wrote {out}")
 
 
@@ -785,24 +355,13 @@ def calibrate(
 
 @cli.command(short_help="Audit a run and write a signed certificate.")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above).",
+@path_option(
+    "--canary", "canary_path", help="Canary file (default: canary.safetensors in RUN_DIR or up to two levels above)."
 )
 @policy_option
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.",
-)
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key (default: your moeaudit key, created on first use)."
-)
-@click.option(
-    "--out", type=click.Path(path_type=Path), help="Output directory (default: ./moeaudit-certificates/<run name>)."
-)
+@path_option("--reference", help="Healthy reference checkpoint (or its receipts JSON): gates the handoff margin.")
+@path_option("--key", help="Signing key (default: your moeaudit key, created on first use).")
+@path_option("--out", help="Output directory (default: ./moeaudit-certificates/<run name>).")
 @click.option("--force", is_flag=True, help="Replace an existing certificate in --out.")
 @click.option("--no-cache", is_flag=True, help="Recompute every receipt (ignore and do not fill the cache).")
 @click.option(
@@ -831,9 +390,8 @@ def calibrate(
     help="Certify although the run records another canary (canary_probe.jsonl, its canary.safetensors, "
     "a checkpoint's tokenizer.json); the certificate signs each mismatch as a finding.",
 )
-@click.option(
+@path_option(
     "--preregistration",
-    type=click.Path(path_type=Path),
     help="Signed preregistration of the policy and canary (default: preregistration.json in RUN_DIR, if any).",
 )
 @click.option(
@@ -852,24 +410,7 @@ def calibrate(
 @nproc_option
 @precision_option
 @verbose_option
-def certify(
-    run_dir: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    key: Path | None,
-    out: Path | None,
-    force: bool,
-    no_cache: bool,
-    device: str,
-    stage: str | None,
-    fail_on: str | None,
-    accept_canary_mismatch: bool,
-    preregistration: Path | None,
-    preregistration_pubkey: tuple[Path, ...],
-    ablate: str | None,
-    nproc: int | None,
-) -> None:
+def certify(fail_on: str | None, **options: Any) -> None:
     """Audit a training run and write a signed certificate (exit 0 whenever one was written).
 
     With --fail-on, a FAIL verdict exits 1 (and, with --fail-on inconclusive, an INCONCLUSIVE one
@@ -881,86 +422,23 @@ def certify(
       moeaudit certify sample_checkpoints/collapse --out certs/collapse --fail-on fail
       moeaudit certify sample_checkpoints/sft-refine --stage post-training
     """
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.certify import audit_run, write_outputs
-    from moeaudit.locate import locate_canary
-    from moeaudit.output import OutputSet
+    from moeaudit.commands.certify import certify as certify_run
+    from moeaudit.commands.certify import fail_on_code
 
-    dev = None if device == "cpu" else _device(device)  # before anything is read or written
-    if not run_dir.exists():
-        from moeaudit.errors import InputError
-
-        raise InputError("no such run directory", path=run_dir)
-    from moeaudit.run_names import run_name
-
-    _run_layout(run_dir)
-    # named after the run (a torchtitan run after its dump folder, not "checkpoint": issue 25 §6)
-    named_out, out = out is not None, out or Path("moeaudit-certificates") / run_name(run_dir)
-    _refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
-    canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
-    if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
-        canary_origin = f"{canary_origin} at {canary_file}"
-    probe = canary_mod.load(canary_file)
-    policy = _load_policy(policy_path, run_dir)
-    signing_key = _signing_key(key)
-    from moeaudit.commands.preregister import attach, load_for_certify
-
-    prereg = load_for_certify(run_dir, preregistration, preregistration_pubkey, signing_key)  # before the replay
-    # the output is locked, checked and proven writable before the replay (issue 14)
-    with OutputSet(out, force, warn=_warn) as target, _ranks(nproc), _progress() as tick:
-        # the absolute path goes into the certificate, so `verify --recheck` works from anywhere
-        cache = ReceiptsCache(enabled=not no_cache, warn=_warn)
-        audit = audit_run(
-            run_dir.resolve(),
-            probe,
-            policy,
-            reference=reference,
-            say=_warn,
-            cache=cache,
-            device=dev,
-            stage=stage,
-            canary_origin=canary_origin,
-            progress=tick,
-            accept_canary_mismatch=accept_canary_mismatch,
-            ablate=ablate,
-        )
-        criteria = attach(audit, prereg)
-        paths = write_outputs(audit, signing_key, out, target=target, compiled=cache)
-    print_gates(audit.statement["predicate"])
-    click.echo(f"criteria: {criteria}")
+    with device_errors():
+        done = certify_run(hooks=HOOKS, **options)
+    print_gates(done.audit.statement["predicate"])
+    click.echo(f"criteria: {done.criteria}")
+    paths = done.paths
     click.echo(
         f"wrote {paths['certificate']}, {paths['bundle']} (Sigstore bundle), {paths['html']} and {paths['receipts']}/"
     )
-    _fail_on(audit.verdict, fail_on)
-
-
-def _fail_on(verdict: str, fail_on: str | None) -> None:
-    """certify --fail-on: the verdict as an exit code, once the certificate is written."""
-    code = {"FAIL": 1, "INCONCLUSIVE": 3 if fail_on == "inconclusive" else 0}.get(verdict, 0)
-    if fail_on is not None and code:
+    verdict = done.audit.verdict
+    if code := fail_on_code(verdict, fail_on):
         err.print(
             f"moeaudit: exit {code}: verdict {verdict} (--fail-on {fail_on}); the certificate was written", markup=False
         )
         raise SystemExit(code)
-
-
-def _signing_key(path: Path | None):
-    from moeaudit.attest.signing import KeyNeedsPassphrase, default_key_path, ensure_key, load_private_key
-
-    if path is None:
-        path = default_key_path()
-        if ensure_key(path):  # under a lock: a concurrent first use gets the same key
-            err.print(
-                f"created your signing key {path} (0600) and {path}.pub — keep the private key safe", markup=False
-            )
-    try:
-        key, warnings = load_private_key(path)
-    except KeyNeedsPassphrase:
-        key, warnings = load_private_key(path, _passphrase_prompt())
-    for w in warnings:
-        err.print(f"warning: {w}", markup=False)
-    return key
 
 
 # ----- gate ------------------------------------------------------------------------------
@@ -969,14 +447,11 @@ def _signing_key(path: Path | None):
 @cli.command(short_help="CI gate: promote (0), hold (1), inconclusive (3).")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="Canary file (default: canary.safetensors beside BASE or up to two levels above).",
+@path_option(
+    "--canary", "canary_path", help="Canary file (default: canary.safetensors beside BASE or up to two levels above)."
 )
 @policy_option
-@click.option("--reference", type=click.Path(path_type=Path), help="Healthy reference for the handoff margin.")
+@path_option("--reference", help="Healthy reference for the handoff margin.")
 @click.option(
     "--stage",
     type=click.Choice(["pretraining", "post-training"]),
@@ -984,41 +459,20 @@ def _signing_key(path: Path | None):
     help="Training stage the promotion belongs to (default: the run's events.jsonl, else the "
     "policy's, else pretraining within one run and post-training across runs).",
 )
-@click.option("--junit", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
-@click.option(
-    "--json",
-    "json_out",
-    type=click.Path(path_type=Path),
-    help="Also write the decision, its conditions and the gate as JSON here.",
-)
-@click.option(
+@path_option("--junit", help="Also write a JUnit XML report here.")
+@path_option("--json", "json_out", help="Also write the decision, its conditions and the gate as JSON here.")
+@path_option(
     "--attest-test-result",
     "attest",
-    type=click.Path(path_type=Path),
     help="Also write the decision here as a signed in-toto Test Result "
     "(https://in-toto.io/attestation/test-result/v0.1) over the candidate's root digest.",
 )
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-test-result (default: your moeaudit key)."
-)
+@path_option("--key", help="Signing key for --attest-test-result (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --junit, --json or --attest-test-result file.")
 @nproc_option
 @precision_option
 @verbose_option
-def gate(
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-    junit: Path | None,
-    json_out: Path | None,
-    attest: Path | None,
-    key: Path | None,
-    force: bool,
-    nproc: int | None,
-) -> None:
+def gate(junit: Path | None, json_out: Path | None, attest: Path | None, force: bool, **options: Any) -> None:
     """CI gate: promote CANDIDATE over BASE (exit 0), hold (1), or inconclusive (3).
 
     
@@ -1027,180 +481,28 @@ def gate(
       moeaudit gate sample_checkpoints/sft-repurpose/checkpoint-0 sample_checkpoints/sft-repurpose/checkpoint-1000
       moeaudit gate RUN/checkpoint-1000 RUN/checkpoint-1500 --attest-test-result promotion.intoto.json
     """
-    import os
+    from moeaudit.commands.gate import EXIT, write_outputs
+    from moeaudit.commands.gate import gate as decide
 
-    from moeaudit.jsonio import atomic_write, dumps
-    from moeaudit.judge.promote import placement, rollback
-    from moeaudit.report.ci import junit_xml, markdown_summary
-
-    _refuse_inside("--junit", junit, base, candidate, reference)
-    _refuse_inside("--json", json_out, base, candidate, reference)
-    _refuse_inside("--attest-test-result", attest, base, candidate, reference)
-    _check_output(junit, force)  # every output is checked before any work
-    _check_output(json_out, force)
-    _check_output(attest, force)
-    if key is not None and attest is None:
-        raise UsageError("--key signs the --attest-test-result file", hint="add --attest-test-result FILE")
-    signing_key = _signing_key(key) if attest is not None else None
-    _one_checkpoint(base, "moeaudit gate {ckpt} CANDIDATE")
-    _one_checkpoint(candidate, "moeaudit gate BASE {ckpt}")
-    b, c = _open_checkpoint(base), _open_checkpoint(candidate)
-    run_dir, b_step, c_step = placement(base, candidate)
-    if run_dir is not None:
-        _run_layout(run_dir)
-    policy, subject = None, None  # the policy judged by; the candidate as the audit named it
-    with _ranks(nproc):
-        if run_dir is not None and b_step is not None and c_step is not None and c_step < b_step:
-            result = rollback(base, candidate, b_step, c_step)
-        elif run_dir is not None and b_step is not None and c_step is not None:
-            result, policy, subject = _gate_in_run(
-                run_dir, base, candidate, b_step, c_step, canary_path, policy_path, reference, stage
-            )
-        else:
-            result, policy = _gate_across_runs(b, c, base, candidate, canary_path, policy_path, reference, stage)
-    _print_gate(result)
-    if attest is not None and signing_key is not None:
-        _attest_promotion(
-            attest, result, policy, subject or {"name": c.path.name, "digest": {"sha256": c.digest}}, signing_key, force
-        )
-        result["attestation"] = str(attest)
-    if junit is not None:
-        atomic_write(junit, junit_xml(result), force=force)
-    if json_out is not None:
-        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}), force=force)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(markdown_summary(result))
-    raise SystemExit(GATE_EXIT[result["decision"]])
-
-
-GATE_EXIT = {"PROMOTE": 0, "HOLD": 1, "INCONCLUSIVE": 3}
-
-
-def _gate_in_run(
-    run_dir: Path,
-    base: Path,
-    candidate: Path,
-    b_step: int,
-    c_step: int,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-) -> tuple[GateResult, Any, Any]:
-    """The candidate as certify of the run truncated at it would judge it; with the policy and
-    the candidate's subject in the audit (name and root digest)."""
-    from moeaudit import canary as canary_mod
-    from moeaudit.cache import ReceiptsCache
-    from moeaudit.certify import audit_run
-    from moeaudit.judge.promote import gate_from_audit
-    from moeaudit.locate import require_canary
-
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
-    policy = _load_policy(policy_path, base, (candidate,))
-    with _progress() as tick:
-        audit = audit_run(
-            run_dir,
-            probe,
-            policy,
-            reference=reference,
-            say=_warn,
-            cache=ReceiptsCache(warn=_warn),
-            stage=stage,
-            progress=tick,
-            until=c_step,
-        )
-    subject = next((s for s in audit.statement["subject"] if s["name"] == candidate.name), None)
-    return (
-        gate_from_audit(audit.statement["predicate"], base=base, candidate=candidate, b_step=b_step, policy=policy),
-        policy,
-        subject,
+    gated = decide(junit=junit, json_out=json_out, attest=attest, force=force, hooks=HOOKS, **options)
+    print_gate(gated.result)
+    write_outputs(
+        gated,
+        junit=junit,
+        json_out=json_out,
+        attest=attest,
+        step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
+        force=force,
+        hooks=HOOKS,
     )
-
-
-def _gate_across_runs(
-    b: Any,
-    c: Any,
-    base: Path,
-    candidate: Path,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    stage: str | None,
-) -> tuple[GateResult, Any]:
-    from moeaudit import canary as canary_mod
-    from moeaudit.judge.promote import gate_candidate
-    from moeaudit.locate import require_canary
-    from moeaudit.receipts.pair import compare as run_compare
-
-    probe = canary_mod.load(require_canary(canary_path and str(canary_path), base, (candidate,)))
-    policy = _load_policy(policy_path, base, (candidate,))
-    with _progress() as tick:
-        doc = run_compare(b, c, probe, policy, reference=reference, progress=tick)
-    return gate_candidate(doc, policy, base=base, candidate=candidate, spec=c.spec, stage=stage), policy
-
-
-def _attest_promotion(path: Path, result: GateResult, policy: Any, subject: Any, key: Any, force: bool) -> None:
-    """gate --attest-test-result: the decision as a signed in-toto Test Result (atomic write)."""
-    from moeaudit.attest.intoto import policy_configuration, promotion_result, sign
-    from moeaudit.jsonio import atomic_write
-    from moeaudit.policy import BUILTIN
-
-    configuration = (
-        []
-        if policy is None
-        else policy_configuration(  # a rollback is judged by no policy
-            policy.source,
-            policy.to_json(),
-            Path(policy.source) if policy.source != BUILTIN and Path(policy.source).is_file() else None,
-        )
-    )
-    atomic_write(path, sign(promotion_result(result, subject, configuration), key), force=force)
-    err.print(f"wrote {path} (in-toto Test Result, {result['decision']})", markup=False)
-
-
-def _print_gate(result: GateResult) -> None:
-    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
-    seen: set[str] = set()  # papers named so far in this output
-    if result["verdict"] is None:
-        head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
-    else:
-        head = (
-            f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
-            f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
-            f"{result['verdict_reason']}"
-        )
-    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
-        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
-    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
-    for cond in result["conditions"]:
-        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
-    for note in result.get("notes", []):
-        out.print(esc(named(f"  note: {note}", seen)))
+    raise SystemExit(EXIT[gated.result["decision"]])
 
 
 # ----- keys and verification -------------------------------------------------------------
 
 
-def _passphrase_prompt() -> bytes | None:
-    import os
-    import sys
-
-    from moeaudit.attest.signing import PASSPHRASE_ENV
-
-    if os.environ.get(PASSPHRASE_ENV):
-        return os.environ[PASSPHRASE_ENV].encode()
-    if sys.stdin.isatty():
-        return click.prompt("key passphrase", hide_input=True, default="", show_default=False).encode() or None
-    return None
-
-
 @cli.command()
-@click.option(
-    "--out", required=True, type=click.Path(path_type=Path), help="Private key path (KEY.pub is written beside it)."
-)
+@path_option("--out", required=True, help="Private key path (KEY.pub is written beside it).")
 @click.option(
     "--key-type",
     type=click.Choice(["ecdsa-p256", "ed25519"]),
@@ -1212,7 +514,7 @@ def _passphrase_prompt() -> bytes | None:
 @click.option("--passphrase-env", is_flag=True, help="Encrypt the key with the passphrase in $MOEAUDIT_KEY_PASSPHRASE.")
 @click.option("--force", is_flag=True, help="Replace existing key files.")
 @verbose_option
-def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: bool) -> None:
+def keygen(out: Path, key_type: str, ecdsa: bool, **options: Any) -> None:
     """Create a signing key pair: KEY (mode 0600) and KEY.pub.
 
     
@@ -1220,21 +522,12 @@ def keygen(out: Path, key_type: str, ecdsa: bool, passphrase_env: bool, force: b
       moeaudit keygen --out release-key
       moeaudit keygen --out release-key --key-type ed25519
     """
-    import os
-
-    from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
-    from moeaudit.errors import InputError, UsageError
+    from moeaudit.commands.keygen import keygen as generate
 
     if ecdsa and key_type != "ecdsa-p256":
         raise UsageError("--ecdsa contradicts --key-type ed25519", hint="pass one of them")
-
-    passphrase = None
-    if passphrase_env:
-        if not os.environ.get(PASSPHRASE_ENV):
-            raise InputError(f"--passphrase-env given but ${PASSPHRASE_ENV} is empty")
-        passphrase = os.environ[PASSPHRASE_ENV].encode()
-    key = generate_key(out, algorithm=key_type, passphrase=passphrase, force=force)
-    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid(key.public_key())}")
+    keyid = generate(out, key_type=key_type, **options)
+    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid}")
 
 
 def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -1250,38 +543,24 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
 
 @cli.command()
 @click.argument("cert", type=click.Path(path_type=Path))
-@click.option(
-    "--pubkey",
-    type=click.Path(path_type=Path),
-    help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).",
-)
+@path_option("--pubkey", help="Public key to verify CERT with (default: your moeaudit key's .pub, as export).")
 @click.option(
     "--recheck",
     is_flag=True,
     help="Recompute the digest of every input the certificate binds (checkpoints, logs, "
     "canary, policy file, reference) and name each one changed or missing (exit 1).",
 )
-@click.option(
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    help="Where the certified run is now (default: the path recorded in the certificate).",
+@path_option("--run-dir", help="Where the certified run is now (default: the path recorded in the certificate).")
+@path_option(
+    "--canary", "canary_path", help="With --recheck: where the certified canary is now (default: the path recorded)."
 )
-@click.option(
-    "--canary",
-    "canary_path",
-    type=click.Path(path_type=Path),
-    help="With --recheck: where the certified canary is now (default: the path recorded).",
-)
-@click.option(
+@path_option(
     "--policy",
     "policy_path",
-    type=click.Path(path_type=Path),
     help="With --recheck: where the certified policy file is now (default: the path recorded).",
 )
-@click.option(
-    "--reference",
-    type=click.Path(path_type=Path),
-    help="With --recheck: where the certified reference is now (the certificate records only its name).",
+@path_option(
+    "--reference", help="With --recheck: where the certified reference is now (the certificate records only its name)."
 )
 @click.option(
     "--require-verdict",
@@ -1292,31 +571,16 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
     help="Exit 1 unless the signed verdict is one of these: PASS, FAIL, INCONCLUSIVE "
     "(repeat the option or separate with commas).",
 )
-@click.option(
+@path_option(
     "--attest-verification",
     "attest",
-    type=click.Path(path_type=Path),
     help="When verification succeeds, also write what was verified here as a signed in-toto "
     "Simple Verification Result (https://in-toto.io/attestation/svr/v0.2).",
 )
-@click.option(
-    "--key", type=click.Path(path_type=Path), help="Signing key for --attest-verification (default: your moeaudit key)."
-)
+@path_option("--key", help="Signing key for --attest-verification (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --attest-verification file.")
 @verbose_option
-def verify(
-    cert: Path,
-    pubkey: Path | None,
-    recheck: bool,
-    run_dir: Path | None,
-    canary_path: Path | None,
-    policy_path: Path | None,
-    reference: Path | None,
-    required: tuple[str, ...],
-    attest: Path | None,
-    key: Path | None,
-    force: bool,
-) -> None:
+def verify(cert: Path, **options: Any) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
@@ -1330,96 +594,32 @@ def verify(
       moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE \
         --attest-verification verified.intoto.json
     """
-    from moeaudit.attest.certificate import open_certificate
-    from moeaudit.attest.recheck import Overrides
-    from moeaudit.attest.signing import load_public_key
+    from moeaudit.commands import verify as steps
     from moeaudit.errors import PolicyFailed
 
-    given = Overrides(run_dir, canary_path, policy_path, reference)
-    if not recheck and (canary_path or policy_path or reference):
-        raise UsageError("--canary, --policy and --reference say where to recheck inputs", hint="add --recheck")
-    if (key is not None or force) and attest is None:
-        raise UsageError(
-            "--key and --force are for the --attest-verification file", hint="add --attest-verification FILE"
-        )
-    _check_output(attest, force)
-    signing_key = _signing_key(key) if attest is not None else None
-    if pubkey is None:
-        from moeaudit.attest.signing import default_public_key
-
-        pubkey = default_public_key()  # none yet: says how to pass --pubkey (issue 25 §5)
-        err.print(f"verifying with your key {pubkey} (--pubkey names another)", markup=False)
-    stmt = open_certificate(cert, load_public_key(pubkey))
-    pred = stmt["predicate"]
+    verified = steps.verify(cert, hooks=HOOKS, **options)
+    stmt, pred = verified.stmt, verified.stmt["predicate"]
     click.echo(
         f"valid: {cert} signed by keyid {stmt['_keyid']}; verdict {pred['verdict']}; "
         f"{len(stmt['subject'])} checkpoint(s); issued {pred.get('issued_at', '—')}"
     )
     if isinstance(pred.get("preregistration"), dict):  # certificates before it have none
         click.echo(f"criteria: {pred['preregistration'].get('summary')}")
-    problems = [_recheck(stmt, given)] if recheck else []
-    if required and pred["verdict"] not in required:
-        problems.append(f"signed verdict {pred['verdict']} is not {' or '.join(required)} (--require-verdict)")
+    problems = []
+    if verified.recheck:
+        found = steps.recheck_inputs(verified)
+        for finding in found.findings:
+            click.echo(f"recheck: {finding.line()}")
+        if not found.findings:
+            others = f", and the {len(found.matched)} other bound input(s): " + "; ".join(found.matched)
+            click.echo(f"recheck: all {found.checkpoints} checkpoint digests match" + (others if found.matched else ""))
+        problems.append(steps.recheck_failure(found))
+    problems.append(steps.verdict_failure(verified))
     if any(problems):
         raise PolicyFailed("; ".join(p for p in problems if p), path=cert)
-    if attest is not None and signing_key is not None:
-        _attest_verification(attest, cert, stmt, required, recheck, signing_key, force)
-
-
-def _attest_verification(
-    path: Path, cert: Path, stmt: dict[str, Any], required: tuple[str, ...], rechecked: bool, key: Any, force: bool
-) -> None:
-    """verify --attest-verification: a signed in-toto Simple Verification Result of what held."""
-    from moeaudit.attest.certificate import now_rfc3339
-    from moeaudit.attest.intoto import (
-        certified_criteria,
-        criteria_preregistered,
-        file_subject,
-        sign,
-        verification_result,
-    )
-    from moeaudit.jsonio import atomic_write
-
-    verified = file_subject(cert.name, stmt["_sha256"])  # the bytes whose signature was checked
-    checkpoints = [file_subject(s["name"], s["digest"]["sha256"]) for s in stmt["subject"]]
-    svr = verification_result(
-        verified,
-        checkpoints,
-        keyid=stmt["_keyid"],
-        verdict=stmt["predicate"]["verdict"],
-        required=required,
-        rechecked=rechecked,
-        time=now_rfc3339(),
-        criteria=certified_criteria(stmt["predicate"]),
-        preregistered=criteria_preregistered(stmt["predicate"]),
-    )
-    atomic_write(path, sign(svr, key), force=force)
-    click.echo(f"wrote {path} (in-toto Simple Verification Result: {', '.join(svr['predicate']['properties'])})")
-
-
-def _recheck(stmt: dict[str, Any], given: Any) -> str:
-    """Print a line per bound input that differs (or one line: all match); return the failure
-    (empty when none)."""
-    from moeaudit.attest.recheck import recheck
-
-    result = recheck(stmt, given)
-    for finding in result.findings:
-        click.echo(f"recheck: {finding.line()}")
-    if result.findings:
-        counts = [
-            (n, status)
-            for status in ("changed", "missing", "added")
-            if (n := sum(f.status == status for f in result.findings))
-        ]
-        (n, status), rest = counts[0], counts[1:]
-        return (
-            f"{n} bound input{'s' if n > 1 else ''} {status}"
-            + "".join(f", {m} {s}" for m, s in rest)
-            + " since certification (listed above)"
-        )
-    others = f", and the {len(result.matched)} other bound input(s): " + "; ".join(result.matched)
-    click.echo(f"recheck: all {result.checkpoints} checkpoint digests match" + (others if result.matched else ""))
-    return ""
+    if verified.attest is not None and verified.signing_key is not None:
+        properties = steps.attest_verification(verified)
+        click.echo(f"wrote {verified.attest} (in-toto Simple Verification Result: {', '.join(properties)})")
 
 
 # ----- export ----------------------------------------------------------------------------
@@ -1452,12 +652,8 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
     default=None,
     help="Report format (default: from --out's suffix, .html or .json, else md).",
 )
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report file to write.")
-@click.option(
-    "--pubkey",
-    type=click.Path(path_type=Path),
-    help="Public key to verify CERT with (default: your moeaudit key's .pub).",
-)
+@path_option("--out", required=True, help="Report file to write.")
+@path_option("--pubkey", help="Public key to verify CERT with (default: your moeaudit key's .pub).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option(
     "--sign",
@@ -1466,9 +662,7 @@ def _recheck(stmt: dict[str, Any], given: Any) -> str:
     "file's digest, signed with your moeaudit key.",
 )
 @verbose_option
-def export(
-    cert: Path, framework: str, fmt: str | None, out: Path, pubkey: Path | None, force: bool, sign: bool
-) -> None:
+def export(cert: Path, framework: str, out: Path, **options: Any) -> None:
     """Map a verified certificate's evidence to a compliance framework.
 
     
@@ -1476,23 +670,10 @@ def export(
       moeaudit export moeaudit-certificates/healthy/certificate.json --framework eu-ai-act --out eu.md
       moeaudit export moeaudit-certificates/healthy/certificate.json --framework sr-11-7 --format html --out sr.html
     """
-    from moeaudit.jsonio import atomic_write
-    from moeaudit.report.export import run_export
+    from moeaudit.commands.export import export as write_report
 
-    _check_output(out, force)
-    # `--out x.html` means HTML (issue 25 §5); an explicit --format wins
-    fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
-    signed = Path(str(out) + ".dsse.json")
-    if sign:
-        from moeaudit.attest.signing import default_key_path, load_private_key
-        from moeaudit.jsonio import dumps
-        from moeaudit.report.export import run_signed_export
-
-        _check_output(signed, force)
-        envelope = dumps(run_signed_export(cert, pubkey, framework, load_private_key(default_key_path())[0]))
-    atomic_write(out, run_export(cert, pubkey, framework, fmt))
-    if sign:
-        atomic_write(signed, envelope)
+    fmt, signed = write_report(cert, framework, out, **options)
+    if signed is not None:
         click.echo(f"wrote {signed} (the JSON report, signed)")
     click.echo(f"wrote {out} ({framework}, {fmt}) from verified {cert}")
 
@@ -1520,7 +701,7 @@ def samples() -> None:
 )
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
 @verbose_option
-def samples_build(out: Path, tiny: bool) -> None:
+def samples_build(out: Path, **options: Any) -> None:
     """Train the sample runs on generated data (deterministic, CPU).
 
     
@@ -1528,15 +709,16 @@ def samples_build(out: Path, tiny: bool) -> None:
       moeaudit samples build --tiny --out /tmp/moeaudit-samples
       moeaudit samples build --out my-samples
     """
-    from moeaudit.samples.build import build_samples
+    from moeaudit.commands.samples import build
 
-    with _progress() as tick:
-        build_samples(out, scale="tiny" if tiny else "full", progress=tick)
+    build(out, hooks=HOOKS, **options)
     click.echo(f"wrote sample runs to {out}")
 
 
-from moeaudit.commands.claims import claims as _claims  # noqa: E402
-from moeaudit.commands.preregister import preregister as _preregister  # noqa: E402
+# ----- claims, preregister (moeaudit/cli_claims.py) ------------------------------------------
+
+from moeaudit.cli_claims import claims as _claims  # noqa: E402
+from moeaudit.cli_claims import preregister as _preregister  # noqa: E402
 
 cli.add_command(_claims)
 cli.add_command(_preregister)
@@ -1551,6 +733,8 @@ def main() -> None:
     import sys
     from contextlib import nullcontext
 
+    from moeaudit.commands.common import ranks
+
     torchrun = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     if torchrun and os.environ.get("RANK", "0") not in ("", "0"):
         from moeaudit.replay import worker  # ranks ≥ 1 of `torchrun ... -m moeaudit CMD` serve rank 0's replays
@@ -1558,7 +742,7 @@ def main() -> None:
         worker.main()
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        with _ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others
+        with ranks(None) if torchrun else nullcontext():  # rank 0: whatever the command, it stops the others
             cli(prog_name="moeaudit")
     except SystemExit as exc:
         dist_mod = sys.modules.get("moeaudit.replay.dist")

@@ -263,7 +263,7 @@ def test_unusable_reference_receipts_are_refused(
         raise AssertionError("compare replayed a checkpoint before checking its reference")
 
     if before_replay:
-        monkeypatch.setattr("moeaudit.receipts.pair.run_state", no_replay)
+        monkeypatch.setattr("moeaudit.receipts.state.run_state", no_replay)
     code, stderr = compare_against(workspace, ref)
     assert code == 4
     assert message in one_line_error(stderr)

@@ -31,7 +31,9 @@ TIERS: list[tuple[str, set[str]]] = [
     ("attestation", {"attest"}),
     ("publication", {"schemas", "report"}),
     ("trainer integrations", {"integrations", "hooks"}),
-    ("commands", {"certify", "calibrate", "series", "samples", "commands", "cli", "__main__"}),
+    ("use cases", {"certify", "calibrate", "series", "samples"}),
+    ("commands", {"commands"}),
+    ("command line", {"cli", "cli_common", "cli_claims", "__main__"}),
 ]
 TORCH_FREE = [
     "moeaudit.spec",
@@ -174,7 +176,7 @@ def test_the_cycle_check_finds_cycles() -> None:
 def test_the_graph_is_read_at_all() -> None:
     """The checks above cannot pass vacuously: known edges are seen, lazy ones included."""
     seen = edges()
-    assert ("cli", "certify") in seen and ("receipts", "replay") in seen
+    assert ("commands", "certify") in seen and ("receipts", "replay") in seen
     assert ("replay", "checkpoint") in seen and ("families", "spec") in seen
     mods = module_edges()
     assert len(mods) > 150 and sum(map(len, mods.values())) > 500
@@ -182,6 +184,58 @@ def test_the_graph_is_read_at_all() -> None:
     assert "moeaudit.receipts.conflict" in mods["moeaudit.receipts.state"]  # lazy, inside run_state()
     assert "moeaudit.replay.dist" in mods["moeaudit.replay.engine"]  # `from moeaudit.replay import dist`
     assert "moeaudit.replay" not in mods["moeaudit.replay.engine"]
+
+
+# What a command does is moeaudit.commands; the command line parses, prints and exits. These
+# are the units whose work a command wraps: the command line reaches them through the commands.
+WRAPPED = {"certify", "calibrate", "series", "samples", "receipts", "checkpoint", "canary", "judge", "cache", "policy"}
+CLI_MAX_LINES = 800
+
+
+def _parses_or_prints(tree: ast.AST) -> list[str]:
+    """What a use case may not do: import an argument parser, a console or the command line,
+    or call print()."""
+    banned = (
+        "argparse",
+        "click",
+        "rich",
+        "moeaudit.cli",
+        "moeaudit.cli_common",
+        "moeaudit.cli_claims",
+        "moeaudit.report.terminal",
+    )
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith(banned)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(banned):
+            found.append(node.module or "")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            found.append("print()")
+    return found
+
+
+def test_commands_parse_no_arguments_and_print_nothing() -> None:
+    """The use cases take typed arguments and return typed results: a line for the user goes
+    through the Hooks the command line passes in."""
+    paths = sorted((ROOT / "commands").glob("*.py"))
+    assert len(paths) >= 12  # every command has its module
+    found = {p.name: _parses_or_prints(ast.parse(p.read_text(encoding="utf-8"))) for p in paths}
+    assert {name: what for name, what in found.items() if what} == {}
+
+
+def test_the_command_check_sees_what_it_forbids() -> None:
+    source = "import argparse\nimport json\nfrom rich.table import Table\nfrom moeaudit.cli import cli\nprint(1)\n"
+    assert _parses_or_prints(ast.parse(source)) == ["argparse", "rich.table", "moeaudit.cli", "print()"]
+
+
+def test_the_command_line_is_arguments_printing_and_exit_codes() -> None:
+    """cli.py stays small, and reaches the work it runs only through moeaudit.commands."""
+    lines = (ROOT / "cli.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= CLI_MAX_LINES, f"cli.py has {lines} lines: move the work into moeaudit/commands/"
+    seen = edges()
+    assert ("cli", "commands") in seen and ("commands", "certify") in seen
+    assert {b for (a, b) in seen if a in ("cli", "cli_common", "cli_claims")} & WRAPPED == set()
 
 
 def _torch_free_modules() -> list[str]:

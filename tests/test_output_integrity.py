@@ -144,11 +144,11 @@ def test_canary_build_refuses_a_fifo_output(tmp_path: Path) -> None:
 def _first_use(config_home: str, barrier: Any, results: Any) -> None:
     os.environ["XDG_CONFIG_HOME"] = config_home
     from moeaudit.attest.signing import keyid
-    from moeaudit.cli import _signing_key
+    from moeaudit.commands.common import QUIET, signing_key
 
     barrier.wait()  # every process reaches the "no key yet" check at once
     try:
-        results.put(keyid(_signing_key(None).public_key()))
+        results.put(keyid(signing_key(None, QUIET).public_key()))
     except BaseException as exc:  # noqa: BLE001 — reported to the parent as a failure
         results.put(f"error: {type(exc).__name__}: {exc}")
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not HEALTHY.is_dir(), reason="sample runs not bu
 
 REPLAYS = (
     "moeaudit.receipts.state.state_receipts",
-    "moeaudit.receipts.pair.compare",
+    "moeaudit.commands.compare.compare_checkpoints",
     "moeaudit.certify.audit_run",
     "moeaudit.series.evaluate_run",
     "moeaudit.calibrate.calibrate_run",

@@ -4,26 +4,24 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
+from moeaudit.commands.common import QUIET, Hooks, signing_key
+from moeaudit.errors import PolicyFailed
 
-from moeaudit.commands.signer import private_key, public_keys
 
+def public_keys(paths: Sequence[Path], hooks: Hooks = QUIET) -> list[Any]:
+    """The public keys named (default: your moeaudit key's ``.pub``)."""
+    from moeaudit.attest.signing import default_public_key, load_public_key
 
-@click.group(short_help="Signed claims beside a model (claims.jsonl).")
-def claims() -> None:
-    """Signed statements about a checkpoint directory in its claims.jsonl: one Sigstore bundle per
-    line, each an in-toto statement whose subject is the directory's OpenSSF model-signing root
-    digest (claims.jsonl itself left out).
-
-    \b
-    Examples:
-      moeaudit claims add sample_checkpoints/healthy/checkpoint-1500 certs/certificate.sigstore.json
-      moeaudit claims list sample_checkpoints/healthy/checkpoint-1500
-      moeaudit claims verify sample_checkpoints/healthy/checkpoint-1500 --pubkey release-key.pub
-    """
+    if not paths:
+        mine = default_public_key()
+        hooks.warn(f"verifying with your key {mine} (--pubkey names another)")
+        paths = [mine]
+    return [load_public_key(p) for p in paths]
 
 
 def _read_json(path: Path) -> Any:
@@ -40,7 +38,9 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"not JSON ({exc})", path=path) from exc
 
 
-def claim_bundle(source: Path, directory: Path, digest: str, pubkeys: tuple[Path, ...], key: Path | None) -> Any:
+def claim_bundle(
+    source: Path, directory: Path, digest: str, pubkeys: tuple[Path, ...], key: Path | None, hooks: Hooks = QUIET
+) -> Any:
     """The bundle to append for ``source``: a signed certificate (DSSE envelope or Sigstore
     bundle) is verified and kept as its signer signed it; an unsigned in-toto statement is signed
     with ``key``. Either must name ``digest`` among its subjects (an unsigned statement without
@@ -59,7 +59,7 @@ def claim_bundle(source: Path, directory: Path, digest: str, pubkeys: tuple[Path
         raw = canonical_json(doc)
         verified, pub = None, None
         failure: Exception | None = None
-        for candidate in public_keys(pubkeys):
+        for candidate in public_keys(pubkeys, hooks):
             try:
                 verified, pub = verify_signed(raw, candidate, source), candidate
                 break
@@ -76,7 +76,7 @@ def claim_bundle(source: Path, directory: Path, digest: str, pubkeys: tuple[Path
         stmt = dict(doc)
         if not stmt.get("subject"):
             stmt["subject"] = [{"name": directory.name, "digest": {"sha256": digest}}]
-        signer = private_key(key)
+        signer = signing_key(key, hooks)
         bundle = to_bundle(sign_envelope(signer, canonical_json(stmt)), signer.public_key())
     else:
         raise InputError(
@@ -93,56 +93,30 @@ def claim_bundle(source: Path, directory: Path, digest: str, pubkeys: tuple[Path
     return bundle
 
 
-@claims.command("add", short_help="Append a verified or newly signed claim.")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.argument("claim", type=click.Path(path_type=Path))
-@click.option(
-    "--pubkey",
-    "pubkeys",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Public key a signed CLAIM is verified with before it is added (default: your moeaudit key's .pub).",
-)
-@click.option(
-    "--key",
-    type=click.Path(path_type=Path),
-    help="Key an unsigned in-toto statement is signed with (default: your moeaudit key).",
-)
-def claims_add(directory: Path, claim: Path, pubkeys: tuple[Path, ...], key: Path | None) -> None:
-    """Append CLAIM to DIRECTORY/claims.jsonl, verified first (the whole file is written anew and
-    renamed into place: never half a line).
+@dataclass(frozen=True)
+class Added:
+    path: Path  # the claims file
+    line: int  # the claim's line in it
+    added: bool  # False: the file held this claim already (nothing written)
+    digest: str  # the directory's root digest
 
-    CLAIM is a certificate (certificate.json or certificate.sigstore.json) naming DIRECTORY among
-    its subjects, kept as its signer signed it, or an unsigned in-toto statement, signed here.
 
-    \b
-    Examples:
-      moeaudit claims add sample_checkpoints/healthy/checkpoint-1500 moeaudit-certificates/healthy/certificate.json
-      moeaudit claims add sample_checkpoints/healthy/checkpoint-1500 eval.intoto.json --key release-key.pem
-    """
+def add(
+    directory: Path, claim: Path, pubkeys: tuple[Path, ...] = (), key: Path | None = None, hooks: Hooks = QUIET
+) -> Added:
+    """Append ``claim`` to ``directory/claims.jsonl``, verified (or signed) first; the whole file
+    is written anew and renamed into place, never half a line."""
     from moeaudit.attest.claims_file import append, subject_digest
 
     digest = subject_digest(directory)
-    bundle = claim_bundle(claim, directory, digest, pubkeys, key)
+    bundle = claim_bundle(claim, directory, digest, pubkeys, key, hooks)
     path, number, added = append(directory, bundle)
-    if added:
-        click.echo(f"added line {number} to {path} (subject sha256:{digest})")
-    else:
-        click.echo(f"{path} holds this claim already (line {number}); nothing written")
+    return Added(path, number, added, digest)
 
 
-@claims.command("list", short_help="List the claims (signatures not checked).")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of one line per claim.")
-def claims_list(directory: Path, as_json: bool) -> None:
-    """List the claims in DIRECTORY/claims.jsonl as they read, signatures NOT checked (use
-    `claims verify`).
-
-    \b
-    Examples:
-      moeaudit claims list sample_checkpoints/healthy/checkpoint-1500
-      moeaudit claims list sample_checkpoints/healthy/checkpoint-1500 --json
-    """
+def listing(directory: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The directory's root digest and one row per line of its claims file, as the lines read
+    (signatures NOT checked)."""
     from moeaudit.attest.claims_file import names_digest, read_claims, subject_digest
 
     digest = subject_digest(directory)
@@ -161,48 +135,18 @@ def claims_list(directory: Path, as_json: bool) -> None:
                 "verdict": pred.get("verdict"),
             }
         )
-    if as_json:
-        click.echo(json.dumps({"subject": {"sha256": digest}, "claims": rows, "verified": False}, indent=2))
-        return
-    click.echo(f"{directory}: sha256:{digest}, {len(rows)} claim(s), signatures not checked")
-    for r in rows:
-        about = "this directory" if r["names_this_directory"] else "OTHER bytes"
-        extra = f", verdict {r['verdict']}" if r["verdict"] else ""
-        click.echo(
-            f"  line {r['line']}: {r['predicate_type']} about {about}{extra}; "
-            f"key hint {str(r['key_hint'])[:16]}…; issued {r['issued'] or '—'}"
-        )
+    return digest, rows
 
 
-@claims.command("verify", short_help="Verify every claim by the keys given.")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option(
-    "--pubkey",
-    "--key",
-    "pubkeys",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="A signer's public key (repeat for several; default: your moeaudit key's .pub).",
-)
-def claims_verify(directory: Path, pubkeys: tuple[Path, ...]) -> None:
-    """Verify DIRECTORY/claims.jsonl (exit 0 valid, 1 invalid, 4 input error).
-
-    Each line signed by a given key must verify and name DIRECTORY's root digest; lines by other
-    signers (or keyless) are listed as not verified. Exit 1 when a line by a given key does not
-    hold, or when no line is signed by a given key.
-
-    \b
-    Examples:
-      moeaudit claims verify sample_checkpoints/healthy/checkpoint-1500 --pubkey release-key.pub
-    """
+def verify(
+    directory: Path, pubkeys: tuple[Path, ...] = (), hooks: Hooks = QUIET
+) -> tuple[str, list[Any], PolicyFailed | None]:
+    """Each line by a given key verified and checked to name the directory's digest: the
+    digest, the per-line results and the failure to raise (None: valid)."""
     from moeaudit.attest.claims_file import failed, verify_claims
 
-    keys = public_keys(pubkeys)
-    digest, results = verify_claims(directory, keys)
-    click.echo(f"{directory}: sha256:{digest}")
-    for r in results:
-        click.echo(f"  {r.text()}" + (f" (keyid {r.keyid[:16]}…)" if r.keyid else ""))
+    digest, results = verify_claims(directory, public_keys(pubkeys, hooks))
     error = failed(results)
     if error is not None:
         error.path = str(directory / "claims.jsonl")
-        raise error
+    return digest, results, error

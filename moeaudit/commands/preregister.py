@@ -6,35 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import click
-
-from moeaudit.commands.signer import private_key
+from moeaudit.commands.common import QUIET, Hooks, signing_key
 
 
-@click.command(short_help="Sign the policy and canary before training.")
-@click.option("--policy", "policy_path", required=True, type=click.Path(path_type=Path), help="Policy TOML to fix.")
-@click.option("--canary", "canary_path", required=True, type=click.Path(path_type=Path), help="Canary file to fix.")
-@click.option("--run", "run", required=True, help="The run's name, as certify will name it (its directory's name).")
-@click.option(
-    "-o",
-    "--out",
-    type=click.Path(path_type=Path),
-    default=Path("preregistration.json"),
-    show_default=True,
-    help="Signed preregistration to write (certify finds preregistration.json in the run directory).",
-)
-@click.option("--key", type=click.Path(path_type=Path), help="Signing key (default: your moeaudit key).")
-@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
-def preregister(policy_path: Path, canary_path: Path, run: str, out: Path, key: Path | None, force: bool) -> None:
-    """Sign the criteria a run will be certified under — the policy's and the canary's digests and
-    the run's name — with the time of signing, before training starts. certify then signs whether
-    they predate the first audited checkpoint.
-
-    \b
-    Examples:
-      moeaudit preregister --policy sample_checkpoints/policy.toml --canary sample_checkpoints/canary.safetensors --run healthy
-      moeaudit preregister --policy sample_checkpoints/policy.toml --canary sample_checkpoints/canary.safetensors --run my-run -o my-run/preregistration.json
-    """  # noqa: E501
+def preregister(
+    policy_path: Path,
+    canary_path: Path,
+    run: str,
+    out: Path,
+    key: Path | None = None,
+    force: bool = False,
+    hooks: Hooks = QUIET,
+) -> dict[str, Any]:
+    """Sign the criteria a run will be certified under (the policy's and the canary's digests,
+    the run's name, the time) and write them to ``out`` whole; the statement is returned."""
     from moeaudit import __version__
     from moeaudit import canary as canary_mod
     from moeaudit.attest.preregistration import sign, statement
@@ -46,7 +31,7 @@ def preregister(policy_path: Path, canary_path: Path, run: str, out: Path, key: 
     file = policy.file_input()
     assert file is not None  # parsed from this file just now
     probe = canary_mod.load(canary_path)
-    signer = private_key(key)
+    signer = signing_key(key, hooks)
     stmt = statement(
         run=run,
         policy_name=policy_path.name,
@@ -58,11 +43,7 @@ def preregister(policy_path: Path, canary_path: Path, run: str, out: Path, key: 
         tool_version=__version__,
     )
     atomic_write(out, sign(stmt, signer), force=force)
-    pred = stmt["predicate"]
-    click.echo(
-        f"wrote {out}: run {run}, policy settings sha256:{policy.digest[:16]}…, canary sha256:{probe.digest[:16]}…, "
-        f"signed {pred['createdAt']}"
-    )
+    return dict(stmt)
 
 
 def load_for_certify(run_dir: Path, given: Path | None, pubkeys: tuple[Path, ...], signing_key: Any) -> Any:

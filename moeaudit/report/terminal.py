@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import CompareDocument, EnvelopeReport, Predicate, Receipts
+from moeaudit.records import CompareDocument, EnvelopeReport, GateResult, Predicate, Receipts
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -427,3 +427,73 @@ def print_gates(pred: Predicate) -> None:
         out.print(esc(f"  ablation: {line}"))
     v = pred["verdict"]
     out.print(f"verdict: [{VERDICT_STYLE[v]}]{v}[/] — {esc(named(pred['verdict_reason'], seen))}")
+
+
+def print_checkpoint(title: Any, summary: dict[str, Any]) -> None:
+    """``moeaudit inspect``: a checkpoint's summary as a table; its warnings on stderr."""
+    table = Table(title=esc(title), show_header=False)
+    for key, value in summary.items():
+        if key == "warnings":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "—"
+        table.add_row(esc(key), esc(value))
+    out.print(table)
+    for w in summary["warnings"]:
+        err.print(f"warning: {w}", markup=False)
+
+
+def print_canary(title: Any, summary: dict[str, Any]) -> None:
+    """``moeaudit canary show``: a canary's shape, domains and digest as a table."""
+    table = Table(title=esc(title), show_header=False)
+    for key, value in summary.items():
+        table.add_row(esc(key), esc(json.dumps(value) if isinstance(value, (dict, list)) else value))
+    out.print(table)
+
+
+def print_calibration(result: Any, variant: str, written: Any) -> None:
+    """``moeaudit calibrate``: what was fitted, on stderr (``result``: a
+    ``moeaudit.calibrate.CalibrationResult``; ``written``: the policy file)."""
+    env = result.policy.envelope
+    fit = (
+        f"c = {env.calibration_c:g}: δ = {env.delta:.6g}; ε = {env.epsilon:.6g}; budget ε/δ = "
+        f"{env.epsilon / env.delta:.6g}; sampling {env.sampling_interval} steps"
+        if env.calibrated
+        else "variance bound not fitted (illustrative, not gated)"
+    )
+    err.print(
+        f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
+        f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
+        markup=False,
+    )
+    g = result.policy.gates
+    err.print(
+        f"calibrated the gates on checkpoints {result.steps[0]}–{result.steps[1]}: tol_c2_rel = "
+        f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
+        f"= {g.entropy_ratio_floor:.4g} (written into {written} with how each was fitted)",
+        markup=False,
+    )
+
+
+def print_gate(result: GateResult) -> None:
+    """``moeaudit gate``: the decision, why, and each condition."""
+    style = {"PROMOTE": "bold green", "HOLD": "bold red", "INCONCLUSIVE": "bold yellow"}[result["decision"]]
+    seen: set[str] = set()  # papers named so far in this output
+    if result["verdict"] is None:
+        head = f"{result['candidate']} over {result['base']}: {result['verdict_reason']}"
+    else:
+        head = (
+            f"{result['candidate']} over {result['base']} (stage {result['stage']}, from "
+            f"{result['stage_source']}); run verdict up to the candidate {result['verdict']}: "
+            f"{result['verdict_reason']}"
+        )
+    if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
+        head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
+    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
+    for cond in result["conditions"]:
+        mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
+        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
+    for note in result.get("notes", []):
+        out.print(esc(named(f"  note: {note}", seen)))

@@ -1,0 +1,41 @@
+"""``moeaudit export``: a verified certificate's evidence mapped to a compliance framework."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moeaudit.commands.common import check_output
+
+
+def export(
+    cert: Path,
+    framework: str,
+    out: Path,
+    *,
+    fmt: str | None = None,
+    pubkey: Path | None = None,
+    force: bool = False,
+    sign: bool = False,
+) -> tuple[str, Path | None]:
+    """Verify ``cert`` with ``pubkey`` and write the report to ``out`` whole; returned: the
+    format used (``fmt``, else from ``out``'s suffix: .html or .json, else md) and, with
+    ``sign``, ``OUT.dsse.json``: the JSON report signed over the certificate file's digest."""
+    from moeaudit.jsonio import atomic_write
+    from moeaudit.report.export import run_export
+
+    check_output(out, force)
+    # `--out x.html` means HTML; an explicit format wins
+    fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
+    signed = Path(str(out) + ".dsse.json") if sign else None
+    envelope = None
+    if signed is not None:  # both checked and built before either is written
+        from moeaudit.attest.signing import default_key_path, load_private_key
+        from moeaudit.jsonio import dumps
+        from moeaudit.report.export import run_signed_export
+
+        check_output(signed, force)
+        envelope = dumps(run_signed_export(cert, pubkey, framework, load_private_key(default_key_path())[0]))
+    atomic_write(out, run_export(cert, pubkey, framework, fmt))
+    if signed is not None and envelope is not None:
+        atomic_write(signed, envelope)
+    return fmt, signed
