@@ -295,7 +295,9 @@ def test_certify_signs_the_ablation_receipt(tmp_path: Path, monkeypatch: pytest.
     never = [e for e in a["experts"] if e["flags"] == ["no token"]]
     assert never
     for e in never:
-        assert abs(e["nllDelta"]) < 1e-6 and e["ci95"][0] <= 0 <= e["ci95"][1] and e["ci95"][1] - e["ci95"][0] < 1e-6
+        # float32 rounding may move every window the same way (the interval then misses 0 by
+        # ~1e-8, more threads or fewer): the whole interval lies within the 1e-6 floor
+        assert abs(e["nllDelta"]) < 1e-6 and -1e-6 < e["ci95"][0] <= e["ci95"][1] < 1e-6
         assert e["reading"] == RARELY_UNNEEDED
     needed = [e for e in a["experts"] if e["reading"] == RARELY_NEEDED]
     assert needed and all(e["ci95"][0] > 0 for e in needed)
