@@ -83,15 +83,16 @@ from moeaudit.spec.config import ModelSpec
 
 
 def check_shardable(spec: ModelSpec) -> None:
-    """JetMoE (``spec.moa``): refused by name. Its mixture of attention heads would run in each
-    rank's attention block, but the ranks' MoE forward and backward form routed + shared without
-    the bias on the MoE output (``moe_bias``), and no multi-rank run has been checked on it."""
-    if spec.moa or spec.moe_bias:
-        raise InputError(
-            f"the expert-parallel replay does not replay {spec.family}'s mixture of attention heads "
-            "and the bias on its MoE output yet",
-            hint="replay it on one process (without --nproc)",
-        )
+    """Refuse, naming it, the first block of ``spec``'s layers that the expert-parallel replay does
+    not replay (``spec.blocks``: a block's ``sharded``), e.g. JetMoE's mixture of attention heads:
+    it would run in each rank's attention block, but the ranks' MoE forward and backward form
+    routed + shared without the bias on the MoE output, and no multi-rank run has been checked on it."""
+    for layer in spec.layers:
+        if (why := layer.sharded_refusal()) is not None:
+            raise InputError(
+                f"the expert-parallel replay does not replay {spec.family}'s {why} yet",
+                hint="replay it on one process (without --nproc)",
+            )
 
 
 def sharded_replay(
@@ -108,39 +109,6 @@ def sharded_replay(
     """Rank 0: the replay of ``engine.replay`` across the session's ranks."""
     W = tokens_WT.shape[0]
     check_shardable(ckpt.spec)
-    if ckpt.spec.residual_scales is not None:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.kda_layers:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s Kimi Delta Attention layers yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.moe_out_norm:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.hc_mult:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s hyper-connections "
-            "(several residual streams mixed before and after each sub-block) yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.attention_kinds:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s attention per kind of layer "
-            "(head counts, head sizes, RoPE tables and sinks by layer type) yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.shortcut_moe or ckpt.spec.zero_experts:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s shortcut-connected MoE "
-            "(two attention and dense-MLP sub-blocks per layer, zero-computation experts) yet",
-            hint="replay it on one process (without --nproc)",
-        )
     if W < sess.world:
         raise InputError(
             f"the canary has {W} windows and the replay {sess.world} ranks: each rank replays its own windows",
