@@ -9,16 +9,19 @@ import dataclasses
 import importlib
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
 import hf_models  # noqa: E402
 
-from moeaudit.checkpoint.checkpoint import expected_layer_names, expected_shapes  # noqa: E402
+from moeaudit.checkpoint.checkpoint import LayerWeights, expected_layer_names, expected_shapes  # noqa: E402
 from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import groups  # noqa: E402
+from moeaudit.replay.model import MIXERS, decoder_layer, rms_norm, rope_tables  # noqa: E402
 from moeaudit.spec import blocks  # noqa: E402
 from moeaudit.spec.config import ModelSpec  # noqa: E402
 
@@ -241,3 +244,75 @@ def test_block_kinds_of_the_hybrids() -> None:
         ("MambaMixer", "NoneType"),
         ("NoneType", "MoE"),
     }
+
+
+def _random_layer(spec: ModelSpec, i: int, gen: torch.Generator) -> LayerWeights:
+    shapes = expected_shapes(spec, None, i)
+    params = {n: torch.randn(shapes[n], generator=gen) * 0.3 for n in expected_layer_names(spec, i)}
+    experts = []
+    if spec.is_routed(i):
+        experts = [{n: torch.randn(shapes[n], generator=gen) * 0.3 for n in ("w1", "w3", "w2")}]
+        experts *= spec.num_experts
+    return LayerWeights(i, spec.is_routed(i), params, experts)
+
+
+def test_layers_a_family_gives_replay_as_the_derived_ones() -> None:
+    spec = _spec("qwen2_moe")
+    given = dataclasses.replace(spec, layer_blocks=spec.layers)
+    assert "layer_blocks" not in spec.to_json()
+    written = given.to_json()["layer_blocks"]
+    assert [layer["mixer"]["kind"] for layer in written] == ["attention"] * spec.num_layers
+    assert written[0]["ffn"]["kind"] == "moe" and written[0]["ffn"]["shared"]["dim"] == spec.shared_dim
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, spec.hidden_size, generator=gen)
+    rope = rope_tables(spec, 5)
+    for i in range(spec.num_layers):
+        lw = _random_layer(spec, i, gen)
+        assert expected_layer_names(given, i) == expected_layer_names(spec, i)
+        a, _ = decoder_layer(spec, lw, x, rope)
+        b, _ = decoder_layer(given, lw, x, rope)
+        assert torch.equal(a, b)
+    with pytest.raises(KeyError, match="'sliding'"):
+        blocks.per_layer_type(["full", "sliding"], {"full": spec.layers[0]})
+    assert blocks.uniform(3, spec.layers[0]) == (spec.layers[0],) * 3
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shift(blocks._Mixer):
+    """A toy token mixer, as a new block kind would be added: out_t = w ⊙ x_{t-1}."""
+
+    KIND: ClassVar[str] = "shift"
+    NAMES: ClassVar[tuple[str, ...]] = ("shift_w",)
+
+    def shapes(self, H: int) -> dict[str, tuple[int, ...]]:
+        return {"shift_w": (H,)}
+
+
+def _shift(
+    spec: ModelSpec, m: _Shift, p: dict[str, torch.Tensor], x: torch.Tensor, rope: object, i: int
+) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, 0, 1, 0))[:, :-1] * p["shift_w"]
+
+
+def test_a_new_mixer_kind_is_its_record_its_forward_and_the_family_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/guides/block-kind.md: the record (names, shapes, gradient group, sharded support), one
+    registry entry for its forward, and the family's layers; the checkpoint reader's names and
+    shapes, the decoder layer and the sharded replay's check need no edit."""
+    monkeypatch.setitem(MIXERS, _Shift, _shift)
+    spec = _spec("mixtral")
+    toy = dataclasses.replace(spec, layer_blocks=tuple(blocks.Layer(_Shift(), l.ffn, l.residual) for l in spec.layers))  # type: ignore[arg-type]
+    assert expected_layer_names(toy, 1) == ["input_norm", "post_norm", "shift_w", "router"]
+    assert expected_shapes(toy, None, 1)["shift_w"] == (spec.hidden_size,)
+    from moeaudit.replay.sharded import check_shardable
+
+    check_shardable(toy)  # replayed expert-parallel unless the record says why not
+    gen = torch.Generator().manual_seed(1)
+    lw = _random_layer(toy, 1, gen).requires_grad_()
+    x = torch.randn(2, 4, spec.hidden_size, generator=gen)
+    out, tap = decoder_layer(toy, lw, x, rope_tables(spec, 4))
+    assert tap is not None
+    x_norm = rms_norm(x, lw.params["input_norm"], spec.rms_eps)
+    h = x + torch.nn.functional.pad(x_norm, (0, 0, 1, 0))[:, :-1] * lw.params["shift_w"]
+    assert torch.allclose(tap.h_NH, h.reshape(-1, spec.hidden_size))
+    out.sum().backward()
+    assert lw.params["shift_w"].grad is not None and float(lw.params["shift_w"].grad.abs().sum()) > 0

@@ -13,6 +13,7 @@ its squared norms are summed: it is part of the receipts' bits."""
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from typing import get_args
 
 from moeaudit.spec import blocks
 
@@ -36,16 +37,7 @@ def merge(*orders: Sequence[str]) -> tuple[str, ...]:
 
 
 _INPUTS, _AFTER = blocks.Residual().grads()
-_MIXERS = (
-    blocks.Attention,
-    blocks.MLAttention,
-    blocks.Lightning,
-    blocks.DeltaNet,
-    blocks.KDA,
-    blocks.MambaMixer,
-    blocks.ShortConv,
-    blocks.MoA,
-)
+_MIXERS: tuple[type[blocks.Mixer], ...] = get_args(blocks.Mixer)  # every token mixer kind, in its order
 # the attention sub-block: each mixer kind's weights around the pre-norm gains (MLA: then LongCat's
 # second attention), then HY-V4's hyper-connection of the attention sub-block
 ATTENTION = merge(*((*kind.grads(_INPUTS), *_AFTER) for kind in _MIXERS))

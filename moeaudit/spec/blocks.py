@@ -21,8 +21,9 @@ Torch-free, below ``spec.config``; the sizes the records hold are :mod:`.geometr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 from moeaudit.spec.geometry import (
     FLAT_PROJECTIONS,
@@ -60,7 +61,7 @@ Grads = dict[str, tuple[str, ...]]
 class Attention:
     """Softmax attention (``replay.blocks.attention``): ``heads`` query heads over ``kv_heads`` key
     and value heads of ``head_dim`` (values ``v_head_dim`` wide where they differ, MiMo-V2-Flash);
-    RoPE unless ``rope`` is false (NoPE layers), from the RoPE table of kind ``kind`` where a model
+    RoPE unless ``rope`` is false (NoPE layers), from the RoPE table of ``attention_kind`` where a model
     has one per kind of layer (``ModelSpec.attention_kinds``); a causal ``window`` or a ``chunk`` of
     local attention; learned ``sinks``; the query also emitting a gate (``gated_q``, Qwen3-Next), an
     output gate (``output_gate``), a q/k norm (``qk_norm``, as ``ModelSpec.qk_norm``), biases,
@@ -71,7 +72,7 @@ class Attention:
     head_dim: int
     v_head_dim: int = 0
     rope: bool = True
-    kind: int | None = None
+    attention_kind: int | None = None
     window: int | None = None
     chunk: int | None = None
     sinks: bool = False
@@ -91,7 +92,7 @@ class Attention:
 
     @property
     def sharded(self) -> str | None:
-        if self.kind is not None:
+        if self.attention_kind is not None:
             return "attention per kind of layer (head counts, head sizes, RoPE tables and sinks by layer type)"
         return None
 
@@ -433,7 +434,9 @@ class MoA(_Mixer):
         return {"moa_router": (E, H), "moa_q": (E, X, H), "moa_o": (E, H, X), "moa_bias": (H,), "kv": (2 * X, H)}
 
 
-Mixer = Attention | MLAttention | DeltaNet | KDA | MambaMixer | Lightning | ShortConv | MoA
+# every token mixer kind; this order is the mixer gradient group's (``replay.groups``, the receipts'
+# bits): a new kind goes last
+Mixer = Attention | MLAttention | Lightning | DeltaNet | KDA | MambaMixer | ShortConv | MoA
 
 
 # ----- MLP / MoE blocks -------------------------------------------------------------------------
@@ -710,3 +713,27 @@ class Layer:
             if (why := block.sharded) is not None:
                 return why
         return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The layer as ``ModelSpec.to_json`` writes a family's own blocks: each block's fields
+        with its kind."""
+
+        def block(b: Mixer | FFN | None) -> dict[str, Any] | None:
+            return None if b is None else {"kind": b.KIND, **asdict(b)}
+
+        return {"mixer": block(self.mixer), "ffn": block(self.ffn), "residual": asdict(self.residual)}
+
+
+def uniform(n: int, layer: Layer) -> tuple[Layer, ...]:
+    """``n`` decoder layers of the same blocks (``ModelSpec.layer_blocks``)."""
+    return (layer,) * n
+
+
+def per_layer_type(types: Sequence[str], layers: Mapping[str, Layer]) -> tuple[Layer, ...]:
+    """One decoder layer per entry of ``types`` (a config's ``layer_types``), each the blocks given
+    for its type; a type without blocks is a ``KeyError`` naming it (the family turns it into a
+    config error)."""
+    missing = sorted(set(types) - set(layers))
+    if missing:
+        raise KeyError(f"no blocks for layer type(s) {', '.join(map(repr, missing))}")
+    return tuple(layers[t] for t in types)

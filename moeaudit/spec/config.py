@@ -325,6 +325,10 @@ class ModelSpec:
     # 0 (or empty): no clamp on that layer
     expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
     mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
+    # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
+    # () : ``layers`` derives them from the fields above
+    layer_blocks: tuple[Layer, ...] = field(default=(), metadata=NEW)
 
     def expert_glu(self, layer: int) -> ClampedGLU | None:
         """The routed experts' activation on ``layer`` when it is not plain SwiGLU: that layer's
@@ -349,6 +353,8 @@ class ModelSpec:
     def layers(self) -> tuple[Layer, ...]:
         """One :class:`~moeaudit.spec.blocks.Layer` per decoder layer, from the fields above
         (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
+        if self.layer_blocks:
+            return self.layer_blocks
         return tuple(_layer(self, i) for i in range(self.num_layers))
 
     @property
@@ -426,6 +432,8 @@ class ModelSpec:
             del out["clamped_glu"]["offset"]
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
+        if self.layer_blocks:  # with each block's kind (``asdict`` drops it)
+            out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
         out["routing"] = self.routing
         return out
 
@@ -516,7 +524,7 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
         head_dim=s.head_dim if a is None else a.head_dim,
         v_head_dim=0 if a is None else a.v_head_dim,
         rope=i not in s.nope_layers,
-        kind=None if a is None else s.layer_kinds[i],
+        attention_kind=None if a is None else s.layer_kinds[i],
         window=s.attention_window(i),
         chunk=s.attention_chunk if i in s.chunked_layers else None,
         sinks=s.attention_sinks if a is None else a.sinks,
@@ -578,6 +586,8 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
+    if spec.layer_blocks and len(spec.layer_blocks) != spec.num_layers:
+        raise fail(f"the family describes {len(spec.layer_blocks)} layers, num_hidden_layers is {spec.num_layers}")
     if spec.shared_clamped and spec.clamped_glu is None:
         raise fail("a clamped shared expert needs the experts' clamp (swiglu_limit)")
     if not spec.routed_layers:
