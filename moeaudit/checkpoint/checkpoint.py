@@ -18,18 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from moeaudit.checkpoint import mxfp4
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, changed, read_bytes, snapshot
+from moeaudit.checkpoint.names import (  # noqa: F401 (re-exported: the names a checkpoint must hold)
+    ARCH_FIELDS,
+    _layer_index,
+    check_compatible,
+    expected_layer_names,
+    expected_shapes,
+    weight_files,
+)
 from moeaudit.checkpoint.safetensors import (
     FLOAT_DTYPES,
     DuplicateKey,
@@ -37,7 +43,20 @@ from moeaudit.checkpoint.safetensors import (
     TensorInfo,
     no_duplicate_keys,
 )
-from moeaudit.errors import CheckpointError, InputError
+from moeaudit.checkpoint.stored import (  # noqa: F401 (re-exported: how a layer's tensors are held)
+    LEFT_OUT_NAMES,
+    SCALE_SUFFIX,
+    FP8Experts,
+    LayerWeights,
+    LeftOut,
+    MXFP4Experts,
+    StoredExperts,
+    _fp8_block,
+    _largest_e4m3_code,
+    dequantize_fp8,
+    fp8_nonfinite_marker,
+)
+from moeaudit.errors import CheckpointError
 from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
 from moeaudit.spec.config import ModelSpec, parse_config
@@ -50,234 +69,14 @@ SINGLE_NAME = "model.safetensors"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt")
 
 
-class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
-    """A routed layer's experts kept in their on-disk dtype; ``experts[e]`` returns expert e's
-    three matrices in the compute dtype, converted on access (issue 6: upcast per expert, not
-    per layer), so a bf16 layer costs its bf16 bytes plus one float32 expert at a time.
-    Converting bf16/fp16 to float32 is exact: the numbers are those of an eager upcast."""
-
-    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype):
-        self.stored, self.dtype = stored, dtype
-
-    def __len__(self) -> int:
-        return len(self.stored)
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        """One expert's stored tensors → its canonical tensors in the compute dtype (moved to
-        ``device`` first, so that the conversion runs there)."""
-        return {n: (t if device is None else t.to(device)).to(self.dtype) for n, t in w.items()}
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) as held, for the non-finite check."""
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                yield f"expert {e} {n}", t
-
-    @overload
-    def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
-    @overload
-    def __getitem__(self, e: slice) -> list[dict[str, torch.Tensor]]: ...
-    def __getitem__(self, e: int | slice) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
-        if isinstance(e, slice):
-            return [self[i] for i in range(*e.indices(len(self)))]
-        return self.convert(self.stored[e])
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return (self[e] for e in range(len(self)))
-
-
-class MXFP4Experts(StoredExperts):
-    """gpt-oss experts kept packed (MXFP4 codes and exponents, 4.25 bits a value); expert e is
-    dequantised on access, exactly, into W1, W3 [I, H] (the gate and up rows of its
-    ``gate_up_proj``, which alternate), W2 [H, I] and its three biases."""
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        if device is not None:
-            w = {n: t.to(device) for n, t in w.items()}
-        gate_up = mxfp4.dequantize_rows(w["gate_up_blocks"], w["gate_up_scales"], self.dtype)  # [2I, H]
-        b_gu = w["gate_up_bias"].to(self.dtype)
-        return {
-            "w1": gate_up[0::2],
-            "w3": gate_up[1::2],
-            "w2": mxfp4.dequantize_rows(w["down_blocks"], w["down_scales"], self.dtype),  # [H, I]
-            "b1": b_gu[0::2],
-            "b3": b_gu[1::2],
-            "b2": w["down_bias"].to(self.dtype),
-        }
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                if n.endswith("_blocks"):
-                    continue  # E2M1 codes: no NaN or Inf among them
-                yield f"expert {e} {n}", mxfp4.nan_marker(t) if n.endswith("_scales") else t
-
-
-class FP8Experts(StoredExperts):
-    """Block-scaled FP8 experts (DeepSeek-V3 as released) kept as stored: each weight in
-    float8_e4m3fn (one byte a value) beside its float block scales (``<name>_scale_inv``, one
-    per bm × bn block). Expert e is dequantised on access — after its stored bytes are moved to
-    the device that computes (``DeviceExperts``: a quarter of float32's bytes cross) — into
-    the float32 products w · s that :meth:`Checkpoint.read` gives, so the host never holds a
-    layer's experts in float32, only one expert's while the host computes (issue 31 §3)."""
-
-    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype, block: tuple[int, int]):
-        super().__init__(stored, dtype)
-        self.block = block
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        if device is not None:
-            w = {n: t.to(device) for n, t in w.items()}
-        return {
-            n: (t if (s := w.get(n + SCALE_SUFFIX)) is None else dequantize_fp8(t, s, self.block)).to(self.dtype)
-            for n, t in w.items()
-            if not n.endswith(SCALE_SUFFIX)
-        }
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                if n.endswith(SCALE_SUFFIX):
-                    continue  # checked with its weight: a non-finite scale is a non-finite w · s
-                s = w.get(n + SCALE_SUFFIX)
-                yield f"expert {e} {n}", t if s is None else fp8_nonfinite_marker(t, s, self.block)
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer in canonical names (see ``layouts``), float tensors."""
-
-    layer: int
-    routed: bool
-    params: dict[str, torch.Tensor]
-    experts: Sequence[dict[str, torch.Tensor]] = field(default_factory=list)  # w1, w3, w2 each
-
-    def tensors(self) -> list[torch.Tensor]:
-        return list(self.params.values()) + [t for e in self.experts for t in e.values()]
-
-    def stored_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) as held in memory: lazy experts in their on-disk dtype, not converted."""
-        yield from self.params.items()
-        if isinstance(self.experts, StoredExperts):
-            yield from self.experts.stored_items()
-            return
-        for e, w in enumerate(self.experts):
-            for n, t in w.items():
-                yield f"expert {e} {n}", t
-
-    def requires_grad_(self) -> LayerWeights:
-        for t in self.tensors():
-            t.requires_grad_(True)
-        return self
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """Tensors on the family's ignore list (``Layout.left_out``, multi-token-prediction layers,
-    rotary buffers, a DCP directory's optimizer state): recognised, deliberately not replayed,
-    and named in the receipts (issue 24)."""
-
-    what: str
-    reason: str
-    keys: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "what": self.what,
-            "reason": self.reason,
-            "tensors": len(self.keys),
-            "names": list(self.keys[:LEFT_OUT_NAMES]),
-        }
-
-
-LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is always exact)
 # RoPE buffers that older transformers versions saved beside the weights; transformers never loads
 # them (non-persistent buffers, recomputed from config.json), and neither does the replay
 ROTARY_BUFFER = re.compile(r"(?:^|\.)rotary_emb\.inv_freq$")
 SHARED_MODULE = re.compile(r"\.mlp\.shared_experts?\.")  # a decoder layer's shared-expert module
 
-SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
 # RMSNorm gains stored as w with the norm applying 1 + w (Qwen3-Next); the DeltaNet's gated
 # output norm (lin_norm) applies its weight as stored.
 ZERO_CENTRED_NORMS = frozenset({"input_norm", "post_norm", "q_norm", "k_norm"})
-
-
-def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
-    """``quantization_config.weight_block_size`` of an FP8 checkpoint (DeepSeek-V3: 128×128)."""
-    q = cfg.get("quantization_config")
-    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
-        return None
-    block = q.get("weight_block_size", [128, 128])
-    if (
-        not isinstance(block, list)
-        or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        raise CheckpointError(f"config.json: weight_block_size must be two positive ints, got {block!r}", path=path)
-    return block[0], block[1]
-
-
-def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """w · s per (bm × bn) block, in float32 (DeepSeek-V3's ``weight_dequant``; the last blocks
-    of a dimension that is not a multiple of the block size are partial). Runs where ``w`` is
-    and allocates one float32 matrix (the result, scaled in place; where the blocks tile the
-    matrix the scales are broadcast, not expanded): the products are those of ``w.float() · s``."""
-    import torch
-
-    bm, bn = block
-    rows, cols = w.shape
-    out = w.to(torch.float32, copy=True)
-    s = scale.to(torch.float32)
-    gr, gc = s.shape
-    if rows == gr * bm and cols == gc * bn:
-        out.view(gr, bm, gc, bn).mul_(s[:, None, :, None])
-    else:
-        out.mul_(s.repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols])
-    return out
-
-
-E4M3_NAN = 0x7F  # float8_e4m3fn: S.1111.111 is NaN; no Inf; magnitudes 0x00-0x7E increase with the code
-
-
-def _largest_e4m3_code(w: torch.Tensor) -> int:
-    """The largest magnitude code (sign bit cleared) of an e4m3fn tensor, from two byte-wide
-    reductions and no temporary: as int8 the largest positive code; as uint8, when a negative
-    value exists, the negative code of largest magnitude (0x80 | m)."""
-    import torch
-
-    largest_neg = int(w.view(torch.uint8).max())
-    largest_pos = int(w.view(torch.int8).max())  # negative when every value is
-    return max(largest_pos, largest_neg & E4M3_NAN if largest_neg & 0x80 else 0)
-
-
-def fp8_nonfinite_marker(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """A one-element tensor, NaN when the dequantised w · s holds a NaN or Inf, else 0: what the
-    non-finite check sees for a weight kept as stored, without forming w · s. A non-finite scale
-    makes its whole block non-finite (x · Inf is Inf or NaN); with finite scales, the largest
-    |w| times the largest |s| bounds every product and float32 rounding is monotone, so a finite
-    bound settles it from the codes' bytes (one byte a value). Only a weight whose bound
-    overflows (or one not in e4m3fn) is dequantised to look, exactly."""
-    import torch
-
-    s = scale.to(torch.float32)
-    if not bool(torch.isfinite(s).all()):
-        return torch.tensor(float("nan"))
-    if w.dtype == torch.float8_e4m3fn and w.numel():
-        code = _largest_e4m3_code(w)
-        if code == E4M3_NAN:
-            return torch.tensor(float("nan"))
-        largest = torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-        if bool(torch.isfinite(largest * s.abs().max())):
-            return torch.tensor(0.0)
-    finite = bool(torch.isfinite(dequantize_fp8(w, scale, block)).all())
-    return torch.tensor(0.0 if finite else float("nan"))
-
-
-def _layer_index(key: str) -> int | None:
-    parts = key.split(".")
-    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
-        return int(parts[2])
-    return None
 
 
 class Checkpoint:
@@ -997,63 +796,3 @@ class Checkpoint:
         if with_digest:
             out["digest"] = {"sha256": self.digest}
         return out
-
-
-# transformers' pickled and other frameworks' weight names (a loader told not to use safetensors
-# reads them); any ``*.safetensors`` is a weight file too
-_OTHER_WEIGHTS = re.compile(r"(pytorch_model|tf_model|flax_model)(-\d+-of-\d+)?\.(bin|h5|msgpack)(\.index\.json)?")
-
-
-def weight_files(path: Path) -> list[str]:
-    """The weight files at the top of a checkpoint directory, where a loader looks for them:
-    ``*.safetensors``, and ``pytorch_model*.bin`` (with its index), ``tf_model.h5``,
-    ``flax_model.msgpack``. Subdirectories are not read by ``from_pretrained``; their files are
-    still covered by the digest and the signed file list."""
-    return sorted(
-        e.name
-        for e in os.scandir(path)
-        if not e.is_dir() and (e.name.endswith(".safetensors") or _OTHER_WEIGHTS.fullmatch(e.name))
-    )
-
-
-def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
-    """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``: its blocks'
-    (``spec.blocks.Layer.names``)."""
-    return s.layers[layer].names()
-
-
-def expected_shapes(s: ModelSpec, fused_format: str | None = None, layer: int = -1) -> dict[str, tuple[int, ...]]:
-    """The shape of each of ``layer``'s canonical tensors and of its routed experts' under ``s``
-    (``spec.blocks.Layer.shapes``); ``layer`` −1: those of every layer (the first layer's where
-    two layers differ)."""
-    fused = fused_format or s.layout.fused_format
-    layers = s.layers if layer < 0 else (s.layers[layer],)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for one in reversed(layers):
-        shapes.update(one.shapes(s.hidden_size, fused))
-    return shapes
-
-
-ARCH_FIELDS = (
-    "family",
-    "num_layers",
-    "routed_layers",
-    "num_experts",
-    "top_k",
-    "hidden_size",
-    "vocab_size",
-    "expert_dim",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-)
-
-
-def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
-    for name in ARCH_FIELDS:
-        va, vb = getattr(a.spec, name), getattr(b.spec, name)
-        if va != vb:
-            raise InputError(
-                f"{a.path} and {b.path} have different architectures ({name}: {va} vs {vb})",
-                hint="compare checkpoints of the same model",
-            )

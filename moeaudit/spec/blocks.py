@@ -9,9 +9,11 @@ block kind owns what every consumer used to switch on flags for:
 
 * ``names()``: its canonical tensor names (``spec.layouts``), in the order a layer lists them;
 * ``shapes(H)``: the shape of each of those tensors for hidden size ``H``;
-* ``GRADS``: which of its tensors are in which gradient group (SPEC §4 "Gradients"), in the order
-  their squared norms are summed (that order is part of the receipts' bits; ``replay.groups``);
-* ``SHARDED``: why the expert-parallel replay (``replay.sharded``) does not replay it, or None.
+* its part of the gradient groups (SPEC §4 "Gradients"), in the order their squared norms are
+  summed (that order is part of the receipts' bits; ``replay.groups`` merges them): a mixer's
+  ``grads(inputs)`` (the attention norm, with the residual's pre-norm gains in place),
+  ``MoE.GRADS`` and ``SharedExpert.GRADS`` (router, shared expert), ``Residual.grads()``;
+* ``sharded``: why the expert-parallel replay (``replay.sharded``) does not replay it, or None.
 
 ``ModelSpec.layers`` gives one :class:`Layer` per decoder layer; the checkpoint reader's names and
 shapes, the gradient groups, the sharded replay's refusals and the replay's forward registry
@@ -47,10 +49,9 @@ from moeaudit.spec.geometry import (
     SparseIndex,
 )
 
-# group names of ``GRADS`` (``replay.groups``): the router, the token mixer (the attention
-# gradient norm), what forms the mixer's input (in that norm, not in the conflict vector), the
-# always-on expert
-ROUTER, MIXER, MIXER_INPUT, SHARED = "router", "mixer", "mixer_input", "shared"
+# group names of ``GRADS`` (``replay.groups``): the router, the always-on expert (the token mixer's
+# group is each mixer kind's ``grads``)
+ROUTER, SHARED = "router", "shared"
 Shapes = dict[str, tuple[int, ...]]
 Grads = dict[str, tuple[str, ...]]
 
@@ -86,7 +87,7 @@ class Attention:
     out_norm: bool = False
 
     KIND: ClassVar[str] = "attention"
-    # in the mixer group before the pre-norm's gains, then after them (``Residual.GRADS``)
+    # in the mixer group before the pre-norm's gains, then after them (``Residual.INPUTS``)
     HEAD: ClassVar[tuple[str, ...]] = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm")
     TAIL: ClassVar[tuple[str, ...]] = ("attn_out_norm", "sinks", "qkv", "qkv_bias", "g_proj")
 
