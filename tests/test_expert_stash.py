@@ -20,7 +20,8 @@ from moeaudit.checkpoint import Checkpoint
 from moeaudit.errors import UsageError
 from moeaudit.policy import Policy
 from moeaudit.receipts.state import run_state
-from moeaudit.replay import engine, model, stash
+from moeaudit.replay import engine, stash
+from moeaudit.replay.blocks import experts as experts_mod
 from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_headroom, keepable, reserved_bytes
 
 pytest.importorskip("transformers")
@@ -45,7 +46,7 @@ def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budge
                 used.append(layer)
             return kept
 
-    real = model._swiglu_grads
+    real = experts_mod._swiglu_grads
     reused: list[int] = []
 
     def spy_grads(*args: Any) -> Any:
@@ -54,7 +55,7 @@ def _receipts_and_stash(ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, budge
         return real(*args)
 
     monkeypatch.setattr(engine, "ExpertStash", Spy)
-    monkeypatch.setattr(model, "_swiglu_grads", spy_grads)
+    monkeypatch.setattr(experts_mod, "_swiglu_grads", spy_grads)
     doc = run_state(ckpt, _probe(), Policy())[0]
     doc.pop("environment", None)
     assert len(made) == 1 and made[0].used == 0 and made[0].layers == []  # every layer's taken back

@@ -22,6 +22,7 @@ import torch
 from moeaudit import canary as canary_mod
 from moeaudit.checkpoint import Checkpoint, mxfp4
 from moeaudit.checkpoint import checkpoint as checkpoint_mod
+from moeaudit.checkpoint import stored as stored_mod
 from moeaudit.checkpoint.checkpoint import (
     SCALE_SUFFIX,
     FP8Experts,
@@ -244,6 +245,7 @@ def test_the_host_never_holds_a_layer_of_float32_experts(
     monkeypatch.setattr(Checkpoint, "read", read)
     monkeypatch.setattr(Checkpoint, "_stored_experts", stored)
     monkeypatch.setattr(checkpoint_mod, "dequantize_fp8", dequantize)
+    monkeypatch.setattr(stored_mod, "dequantize_fp8", dequantize)  # FP8Experts dequantises there
     state_receipts(ckpt, _probe(), conflict=True)
     assert read_keys and not expert_keys & set(read_keys)
     assert 3 <= most[0] <= 3, most[0]  # w1, w3, w2 of one expert; the previous one already freed

@@ -13,6 +13,7 @@ relative difference to FILE (the figures of docs/families.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -133,7 +134,7 @@ def test_exaone_moe_nope_layers_change_the_loss(tmp_path: Path) -> None:
     assert ckpt.spec.nope_layers == (1,)
     tokens = random_tokens()
     base = replay(ckpt, tokens, backward=False).nll
-    object.__setattr__(ckpt.spec, "nope_layers", ())
+    ckpt.spec = dataclasses.replace(ckpt.spec, nope_layers=())  # its layers derived anew
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
 

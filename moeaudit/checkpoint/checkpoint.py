@@ -18,18 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from moeaudit.checkpoint import mxfp4
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, changed, read_bytes, snapshot
+from moeaudit.checkpoint.names import (  # noqa: F401 (re-exported: the names a checkpoint must hold)
+    ARCH_FIELDS,
+    _layer_index,
+    check_compatible,
+    expected_layer_names,
+    expected_shapes,
+    weight_files,
+)
 from moeaudit.checkpoint.safetensors import (
     FLOAT_DTYPES,
     DuplicateKey,
@@ -37,10 +43,23 @@ from moeaudit.checkpoint.safetensors import (
     TensorInfo,
     no_duplicate_keys,
 )
-from moeaudit.errors import CheckpointError, InputError
+from moeaudit.checkpoint.stored import (  # noqa: F401 (re-exported: how a layer's tensors are held)
+    LEFT_OUT_NAMES,
+    SCALE_SUFFIX,
+    FP8Experts,
+    LayerWeights,
+    LeftOut,
+    MXFP4Experts,
+    StoredExperts,
+    _fp8_block,
+    _largest_e4m3_code,
+    dequantize_fp8,
+    fp8_nonfinite_marker,
+)
+from moeaudit.errors import CheckpointError
 from moeaudit.families import spec_from_config
 from moeaudit.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES
-from moeaudit.spec.config import HC_NAMES, MOA_NAMES, SECOND_BLOCK, ModelSpec, parse_config
+from moeaudit.spec.config import ModelSpec, parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -50,279 +69,14 @@ SINGLE_NAME = "model.safetensors"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt")
 
 
-class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
-    """A routed layer's experts kept in their on-disk dtype; ``experts[e]`` returns expert e's
-    three matrices in the compute dtype, converted on access (issue 6: upcast per expert, not
-    per layer), so a bf16 layer costs its bf16 bytes plus one float32 expert at a time.
-    Converting bf16/fp16 to float32 is exact: the numbers are those of an eager upcast."""
-
-    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype):
-        self.stored, self.dtype = stored, dtype
-
-    def __len__(self) -> int:
-        return len(self.stored)
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        """One expert's stored tensors → its canonical tensors in the compute dtype (moved to
-        ``device`` first, so that the conversion runs there)."""
-        return {n: (t if device is None else t.to(device)).to(self.dtype) for n, t in w.items()}
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) as held, for the non-finite check."""
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                yield f"expert {e} {n}", t
-
-    @overload
-    def __getitem__(self, e: int) -> dict[str, torch.Tensor]: ...
-    @overload
-    def __getitem__(self, e: slice) -> list[dict[str, torch.Tensor]]: ...
-    def __getitem__(self, e: int | slice) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
-        if isinstance(e, slice):
-            return [self[i] for i in range(*e.indices(len(self)))]
-        return self.convert(self.stored[e])
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return (self[e] for e in range(len(self)))
-
-
-class MXFP4Experts(StoredExperts):
-    """gpt-oss experts kept packed (MXFP4 codes and exponents, 4.25 bits a value); expert e is
-    dequantised on access, exactly, into W1, W3 [I, H] (the gate and up rows of its
-    ``gate_up_proj``, which alternate), W2 [H, I] and its three biases."""
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        if device is not None:
-            w = {n: t.to(device) for n, t in w.items()}
-        gate_up = mxfp4.dequantize_rows(w["gate_up_blocks"], w["gate_up_scales"], self.dtype)  # [2I, H]
-        b_gu = w["gate_up_bias"].to(self.dtype)
-        return {
-            "w1": gate_up[0::2],
-            "w3": gate_up[1::2],
-            "w2": mxfp4.dequantize_rows(w["down_blocks"], w["down_scales"], self.dtype),  # [H, I]
-            "b1": b_gu[0::2],
-            "b3": b_gu[1::2],
-            "b2": w["down_bias"].to(self.dtype),
-        }
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                if n.endswith("_blocks"):
-                    continue  # E2M1 codes: no NaN or Inf among them
-                yield f"expert {e} {n}", mxfp4.nan_marker(t) if n.endswith("_scales") else t
-
-
-class FP8Experts(StoredExperts):
-    """Block-scaled FP8 experts (DeepSeek-V3 as released) kept as stored: each weight in
-    float8_e4m3fn (one byte a value) beside its float block scales (``<name>_scale_inv``, one
-    per bm × bn block). Expert e is dequantised on access — after its stored bytes are moved to
-    the device that computes (``DeviceExperts``: a quarter of float32's bytes cross) — into
-    the float32 products w · s that :meth:`Checkpoint.read` gives, so the host never holds a
-    layer's experts in float32, only one expert's while the host computes (issue 31 §3)."""
-
-    def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype, block: tuple[int, int]):
-        super().__init__(stored, dtype)
-        self.block = block
-
-    def convert(self, w: dict[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
-        if device is not None:
-            w = {n: t.to(device) for n, t in w.items()}
-        return {
-            n: (t if (s := w.get(n + SCALE_SUFFIX)) is None else dequantize_fp8(t, s, self.block)).to(self.dtype)
-            for n, t in w.items()
-            if not n.endswith(SCALE_SUFFIX)
-        }
-
-    def stored_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for e, w in enumerate(self.stored):
-            for n, t in w.items():
-                if n.endswith(SCALE_SUFFIX):
-                    continue  # checked with its weight: a non-finite scale is a non-finite w · s
-                s = w.get(n + SCALE_SUFFIX)
-                yield f"expert {e} {n}", t if s is None else fp8_nonfinite_marker(t, s, self.block)
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer in canonical names (see ``layouts``), float tensors."""
-
-    layer: int
-    routed: bool
-    params: dict[str, torch.Tensor]
-    experts: Sequence[dict[str, torch.Tensor]] = field(default_factory=list)  # w1, w3, w2 each
-
-    def tensors(self) -> list[torch.Tensor]:
-        return list(self.params.values()) + [t for e in self.experts for t in e.values()]
-
-    def stored_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) as held in memory: lazy experts in their on-disk dtype, not converted."""
-        yield from self.params.items()
-        if isinstance(self.experts, StoredExperts):
-            yield from self.experts.stored_items()
-            return
-        for e, w in enumerate(self.experts):
-            for n, t in w.items():
-                yield f"expert {e} {n}", t
-
-    def requires_grad_(self) -> LayerWeights:
-        for t in self.tensors():
-            t.requires_grad_(True)
-        return self
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """Tensors on the family's ignore list (``Layout.left_out``, multi-token-prediction layers,
-    rotary buffers, a DCP directory's optimizer state): recognised, deliberately not replayed,
-    and named in the receipts (issue 24)."""
-
-    what: str
-    reason: str
-    keys: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "what": self.what,
-            "reason": self.reason,
-            "tensors": len(self.keys),
-            "names": list(self.keys[:LEFT_OUT_NAMES]),
-        }
-
-
-LEFT_OUT_NAMES = 5  # names written into the receipts per entry (the count is always exact)
 # RoPE buffers that older transformers versions saved beside the weights; transformers never loads
 # them (non-persistent buffers, recomputed from config.json), and neither does the replay
 ROTARY_BUFFER = re.compile(r"(?:^|\.)rotary_emb\.inv_freq$")
 SHARED_MODULE = re.compile(r"\.mlp\.shared_experts?\.")  # a decoder layer's shared-expert module
 
-SCALE_SUFFIX = "_scale_inv"  # DeepSeek-V3's per-block FP8 dequantisation factors
-# MiniMax-01's lightning attention: its weights (gradients measured) and its decay buffers (not)
-LIGHTNING_NAMES = ("light_qkv", "light_gate", "light_norm", "light_out")
-LIGHTNING_BUFFERS = ("light_slope", "light_qdecay", "light_kdecay", "light_ddecay")
-LINEAR_ATTENTION_NAMES = (
-    "lin_in",
-    "lin_qkvz",
-    "lin_ba",
-    "lin_qkv",
-    "lin_z",
-    "lin_b",
-    "lin_a",
-    "lin_conv",
-    "lin_dt_bias",
-    "lin_A_log",
-    "lin_norm",
-    "lin_out",
-)
-# Kimi Linear's Kimi Delta Attention (``replay.kda``): q, k, v, their convolutions (stored apart), the low-rank
-# per-channel forget gate (f_a, f_b, dt_bias, A_log), β, the low-rank output gate, norm, output
-KDA_NAMES = (
-    "kda_q",
-    "kda_k",
-    "kda_v",
-    "kda_q_conv",
-    "kda_k_conv",
-    "kda_v_conv",
-    "kda_f_a",
-    "kda_f_b",
-    "kda_f",
-    "kda_dt_bias",
-    "kda_A_log",
-    "kda_b",
-    "kda_g_a",
-    "kda_g_b",
-    "kda_g",
-    "kda_norm",
-    "kda_o",
-)
-KDA_LOW_RANK = ("kda_f_a", "kda_f_b", "kda_g_a", "kda_g_b")  # Kimi Linear's gates
-KDA_FULL_RANK = ("kda_f", "kda_g")  # Ling 3's (bailing_hybrid)
-# Qwen3-Next groups q, k, v, z (and b, a) per key head in two projections; Qwen3.5 has four.
-GROUPED_PROJECTIONS = ("lin_qkvz", "lin_ba")
-FLAT_PROJECTIONS = ("lin_qkv", "lin_z", "lin_b", "lin_a")
-# Lara-Mini's checkpoints: Qwen3.5's four flat projections stored as one ``in_proj``, rows q|k|v|z|b|a
-FUSED_PROJECTION = ("lin_in",)
 # RMSNorm gains stored as w with the norm applying 1 + w (Qwen3-Next); the DeltaNet's gated
 # output norm (lin_norm) applies its weight as stored.
 ZERO_CENTRED_NORMS = frozenset({"input_norm", "post_norm", "q_norm", "k_norm"})
-
-
-def _fp8_block(cfg: dict[str, Any], path: Path) -> tuple[int, int] | None:
-    """``quantization_config.weight_block_size`` of an FP8 checkpoint (DeepSeek-V3: 128×128)."""
-    q = cfg.get("quantization_config")
-    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
-        return None
-    block = q.get("weight_block_size", [128, 128])
-    if (
-        not isinstance(block, list)
-        or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        raise CheckpointError(f"config.json: weight_block_size must be two positive ints, got {block!r}", path=path)
-    return block[0], block[1]
-
-
-def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """w · s per (bm × bn) block, in float32 (DeepSeek-V3's ``weight_dequant``; the last blocks
-    of a dimension that is not a multiple of the block size are partial). Runs where ``w`` is
-    and allocates one float32 matrix (the result, scaled in place; where the blocks tile the
-    matrix the scales are broadcast, not expanded): the products are those of ``w.float() · s``."""
-    import torch
-
-    bm, bn = block
-    rows, cols = w.shape
-    out = w.to(torch.float32, copy=True)
-    s = scale.to(torch.float32)
-    gr, gc = s.shape
-    if rows == gr * bm and cols == gc * bn:
-        out.view(gr, bm, gc, bn).mul_(s[:, None, :, None])
-    else:
-        out.mul_(s.repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols])
-    return out
-
-
-E4M3_NAN = 0x7F  # float8_e4m3fn: S.1111.111 is NaN; no Inf; magnitudes 0x00-0x7E increase with the code
-
-
-def _largest_e4m3_code(w: torch.Tensor) -> int:
-    """The largest magnitude code (sign bit cleared) of an e4m3fn tensor, from two byte-wide
-    reductions and no temporary: as int8 the largest positive code; as uint8, when a negative
-    value exists, the negative code of largest magnitude (0x80 | m)."""
-    import torch
-
-    largest_neg = int(w.view(torch.uint8).max())
-    largest_pos = int(w.view(torch.int8).max())  # negative when every value is
-    return max(largest_pos, largest_neg & E4M3_NAN if largest_neg & 0x80 else 0)
-
-
-def fp8_nonfinite_marker(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """A one-element tensor, NaN when the dequantised w · s holds a NaN or Inf, else 0: what the
-    non-finite check sees for a weight kept as stored, without forming w · s. A non-finite scale
-    makes its whole block non-finite (x · Inf is Inf or NaN); with finite scales, the largest
-    |w| times the largest |s| bounds every product and float32 rounding is monotone, so a finite
-    bound settles it from the codes' bytes (one byte a value). Only a weight whose bound
-    overflows (or one not in e4m3fn) is dequantised to look, exactly."""
-    import torch
-
-    s = scale.to(torch.float32)
-    if not bool(torch.isfinite(s).all()):
-        return torch.tensor(float("nan"))
-    if w.dtype == torch.float8_e4m3fn and w.numel():
-        code = _largest_e4m3_code(w)
-        if code == E4M3_NAN:
-            return torch.tensor(float("nan"))
-        largest = torch.tensor([code], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-        if bool(torch.isfinite(largest * s.abs().max())):
-            return torch.tensor(0.0)
-    finite = bool(torch.isfinite(dequantize_fp8(w, scale, block)).all())
-    return torch.tensor(0.0 if finite else float("nan"))
-
-
-def _layer_index(key: str) -> int | None:
-    parts = key.split(".")
-    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
-        return int(parts[2])
-    return None
 
 
 class Checkpoint:
@@ -1042,319 +796,3 @@ class Checkpoint:
         if with_digest:
             out["digest"] = {"sha256": self.digest}
         return out
-
-
-# transformers' pickled and other frameworks' weight names (a loader told not to use safetensors
-# reads them); any ``*.safetensors`` is a weight file too
-_OTHER_WEIGHTS = re.compile(r"(pytorch_model|tf_model|flax_model)(-\d+-of-\d+)?\.(bin|h5|msgpack)(\.index\.json)?")
-
-
-def weight_files(path: Path) -> list[str]:
-    """The weight files at the top of a checkpoint directory, where a loader looks for them:
-    ``*.safetensors``, and ``pytorch_model*.bin`` (with its index), ``tf_model.h5``,
-    ``flax_model.msgpack``. Subdirectories are not read by ``from_pretrained``; their files are
-    still covered by the digest and the signed file list."""
-    return sorted(
-        e.name
-        for e in os.scandir(path)
-        if not e.is_dir() and (e.name.endswith(".safetensors") or _OTHER_WEIGHTS.fullmatch(e.name))
-    )
-
-
-def expected_layer_names(s: ModelSpec, layer: int) -> list[str]:
-    """The canonical per-layer tensors a checkpoint of ``s`` holds for ``layer``."""
-    if s.block_kinds:
-        return _single_block_names(s, layer)
-    if layer in s.kda_layers:  # Kimi Linear's low-rank forget and output gates, or Ling 3's full-rank ones
-        skip = KDA_LOW_RANK if "kda_f" in s.layout.layer else KDA_FULL_RANK
-        names = ["input_norm", "post_norm", *(n for n in KDA_NAMES if n not in skip)]
-    elif s.mla is not None:
-        names = ["input_norm", "post_norm", "kv_a", "kv_a_norm", "kv_b", "o"]
-        names += ["q_a", "q_a_norm", "q_b"] if s.mla.q_lora_rank else ["q"]
-        if s.attention_bias:
-            names += ["kv_a_bias", "o_bias"] + (["q_a_bias"] if s.mla.q_lora_rank else [])
-        if s.sparse_index is not None and layer not in s.shared_index_layers:  # HY-V4: shared layers have none
-            names += ["idx_wq_b", "idx_wk", "idx_k_norm", "idx_k_norm_bias", "idx_weights"]
-        names += ["g_proj"] if s.output_gate else []
-        names += ["sinks"] if s.attention_sinks else []  # HY-V4
-    elif layer in s.linear_layers:
-        unused: tuple[str, ...] = GROUPED_PROJECTIONS + FLAT_PROJECTIONS  # the fused in_proj (Lara-Mini)
-        if "lin_in" not in s.layout.layer:
-            unused = (FLAT_PROJECTIONS if "lin_qkvz" in s.layout.layer else GROUPED_PROJECTIONS) + FUSED_PROJECTION
-        names = ["input_norm", "post_norm", *(n for n in LINEAR_ATTENTION_NAMES if n not in unused)]
-    elif layer in s.lightning_layers:
-        names = ["input_norm", "post_norm", *LIGHTNING_NAMES, *LIGHTNING_BUFFERS]
-    elif layer in s.conv_layers:  # LFM2's short convolution (its biases with conv_bias)
-        names = ["input_norm", "post_norm", "conv_in", "conv_w", "conv_out"]
-        names += ["conv_in_bias", "conv_bias", "conv_out_bias"] if s.conv_bias else []
-    elif layer in s.mamba_layers:
-        assert s.mamba is not None
-        names = ["input_norm", "post_norm", *s.mamba.names()]
-    elif s.moa:  # JetMoE: a mixture of attention heads (``replay.moa``)
-        names = ["input_norm", "post_norm", *MOA_NAMES]
-    else:
-        names = ["input_norm", "post_norm", *(["qkv"] if "qkv" in s.layout.layer else ["q", "k", "v"]), "o"]
-        kind = s.attention_kind(layer)
-        names += ["sinks"] if (s.attention_sinks if kind is None else kind.sinks) else []
-        names += ["g_proj"] if s.output_gate else []
-        names += ["attn_out_norm"] if s.attn_out_norm else []
-    mixer = layer in s.linear_layers or layer in s.mamba_layers or layer in s.conv_layers or layer in s.kda_layers
-    mixer = mixer or s.moa
-    if s.attention_bias and s.mla is None and not mixer:
-        names += ["qkv_bias"] if "qkv" in s.layout.layer else ["q_bias", "k_bias", "v_bias"]
-        names += ["o_bias"] if s.o_bias else []
-    if s.layer_norm and s.norm_bias:
-        names += ["input_norm_bias", "post_norm_bias"]
-    if s.qk_norm not in ("none", "l2") and not mixer:
-        names += ["q_norm", "k_norm"]
-    if s.shortcut_moe:  # LongCat: both dense MLPs beside the MoE, and a second attention sub-block
-        names += ["mlp_w1", "mlp_w3", "mlp_w2"]
-        names += [SECOND_BLOCK + n for n in names]
-    if s.is_routed(layer):
-        names.append("router")
-        if s.gate.selection_bias:
-            names.append("router_bias")
-        if s.router_logit_bias:
-            names.append("router_logit_bias")
-        if s.moe_out_norm:
-            names.append("moe_out_norm")
-        if s.moe_bias:
-            names.append("moe_bias")
-        if s.shared_dim:
-            # Granite 4.0's shared MLP: gate and up rows in one ``input_linear`` (split on reading)
-            fused = "shared_gate_up" in s.layout.layer
-            names += ["shared_gate_up", "shared_w2"] if fused else ["shared_w1", "shared_w3", "shared_w2"]
-            names += ["shared_gate"] if s.shared_gated else []
-    else:
-        names += ["mlp_w1", "mlp_w3", "mlp_w2"]
-        names += ["moe_out_norm"] if s.dense_out_norm else []
-    if s.hc_mult:  # HY-V4: the hyper-connections' mixing weights
-        names += list(HC_NAMES)
-    if not s.pre_norm:  # OLMo-2 post-norm layers: no norm in front of attention or the MLP / MoE block
-        names = [n for n in names if n not in ("input_norm", "post_norm")]
-    return names
-
-
-def _single_block_names(s: ModelSpec, layer: int) -> list[str]:
-    """A single-block layer's tensors (Nemotron-H): its one norm and its block's weights."""
-    kind = s.block_kind(layer)
-    names = ["input_norm"]
-    if kind == "mamba":
-        assert s.mamba is not None
-        return names + s.mamba.names()
-    if kind == "attention":
-        return names + ["q", "k", "v", "o"] + (["q_bias", "k_bias", "v_bias", "o_bias"] if s.attention_bias else [])
-    up_down = ["w1", "w2"] if s.mlp_act == "relu2" else ["w1", "w3", "w2"]
-    if kind == "mlp":
-        return names + [f"mlp_{n}" for n in up_down]
-    # "post_norm": the same gain again, as the MoE block's norm (what the drift receipts read)
-    names += ["post_norm", "router", *(["router_bias"] if s.gate.selection_bias else [])]
-    return names + ([f"shared_{n}" for n in up_down] if s.shared_dim else [])
-
-
-def expected_shapes(s: ModelSpec, fused_format: str | None = None, layer: int = -1) -> dict[str, tuple[int, ...]]:
-    """The shape of every canonical per-layer tensor name under ``s`` (a superset of a layer's);
-    where the attention is given per kind of layer (``s.attention_kinds``), ``layer``'s."""
-    H, E, I = s.hidden_size, s.num_experts, s.expert_dim
-    if (kind := s.attention_kind(layer)) is not None:
-        s = replace(s, num_heads=kind.num_heads, num_kv_heads=kind.num_kv_heads, head_dim=kind.head_dim)
-    q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    shapes = {
-        "input_norm": (H,),
-        "post_norm": (H,),
-        "input_norm_bias": (H,),
-        "post_norm_bias": (H,),
-        "moe_out_norm": (H,),
-        "attn_out_norm": (H,),
-        "q": (q_dim, H),
-        "k": (kv_dim, H),
-        "v": (kv_dim, H),
-        "o": (H, q_dim),
-        "q_bias": (q_dim,),
-        "k_bias": (kv_dim,),
-        "v_bias": (kv_dim,),
-        "o_bias": (H,),
-        "qkv": (q_dim + 2 * kv_dim, H),
-        "qkv_bias": (q_dim + 2 * kv_dim,),
-        "q_norm": (q_dim,) if s.qk_norm == "full" else (s.head_dim,),
-        "k_norm": (kv_dim,) if s.qk_norm == "full" else (s.head_dim,),
-        "router": (E, H),
-        "w1": (I, H),
-        "w3": (I, H),
-        "w2": (H, I),
-        "gate_up": (E, 2 * I, H),
-        "down": (E, H, I),
-        "shared_w1": (s.shared_dim, H),
-        "shared_w3": (s.shared_dim, H),
-        "shared_w2": (H, s.shared_dim),
-        "shared_gate": (1, H),
-        "shared_gate_up": (2 * s.shared_dim, H),
-        "mlp_w1": (s.dense_dim, H),
-        "mlp_w3": (s.dense_dim, H),
-        "mlp_w2": (H, s.dense_dim),
-        "router_bias": (E,),
-        "router_logit_bias": (E,),
-        "sinks": (s.num_heads,),
-        "g_proj": (
-            s.num_heads
-            if s.output_gate in ("head", "head_sigmoid")
-            else s.num_heads * s.mla.v_head_dim
-            if s.mla is not None  # HY-V4: a gate per channel of the MLA output
-            else q_dim,
-            H,
-        ),
-        "b1": (I,),
-        "b3": (I,),
-        "b2": (H,),
-        "gate_up_bias": (E, 2 * I),
-        "down_bias": (E, H),
-        # JetMoE's mixture of attention heads: as many attention experts as MLP experts
-        "moa_router": (E, H),
-        "moa_q": (E, kv_dim, H),
-        "moa_o": (E, H, kv_dim),
-        "moa_bias": (H,),
-        "kv": (2 * kv_dim, H),
-        "moe_bias": (H,),
-    }
-    if (fused_format or s.layout.fused_format) == "flat":  # DBRX: w1, v1, w2 each [E·I, H]
-        shapes["gate_up"] = shapes["up"] = shapes["down"] = (E * I, H)
-    if (fused_format or s.layout.fused_format) == "split":  # Step 3.5: gate and up each [E, I, H]
-        shapes["gate_up"] = shapes["up"] = (E, I, H)
-    if (fused_format or s.layout.fused_format) == "up_down":  # Nemotron-H: up [E, I, H], no gate
-        shapes["up"] = (E, I, H)
-    if (fused_format or s.layout.fused_format) in ("interleaved", "transposed"):
-        shapes["gate_up"], shapes["down"] = (E, H, 2 * I), (E, I, H)
-    if s.gated_attention:  # q_proj emits [query | gate] per head
-        shapes["q"], shapes["q_bias"] = (2 * q_dim, H), (2 * q_dim,)
-    if kind is not None and kind.v_head_dim:  # MiMo-V2-Flash: values unlike the keys in size
-        v_dim = s.num_kv_heads * kind.v_head_dim
-        shapes["v"], shapes["v_bias"], shapes["o"] = (v_dim, H), (v_dim,), (H, s.num_heads * kind.v_head_dim)
-    if s.hc_mult:  # HY-V4's hyper-connections: pre and post logits from the flattened streams
-        hc = s.hc_mult
-        for block in ("attn", "ffn"):
-            shapes.update(
-                {f"{block}_hc_fn": (2 * hc, hc * H), f"{block}_hc_base": (2 * hc,), f"{block}_hc_scale": (2,)}
-            )
-    if s.sparse_index is not None and s.mla is not None:
-        x = s.sparse_index
-        shapes.update(
-            {
-                "idx_wq_b": (x.n_heads * x.head_dim, s.mla.q_lora_rank),
-                "idx_wk": (x.head_dim, H),
-                "idx_k_norm": (x.head_dim,),
-                "idx_k_norm_bias": (x.head_dim,),
-                "idx_weights": (x.n_heads, H),
-            }
-        )
-    if (la := s.linear_attention) is not None:
-        key_dim, value_dim = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
-        shapes.update(
-            {
-                "lin_in": (2 * key_dim + 2 * value_dim + 2 * la.num_v_heads, H),
-                "lin_qkvz": (2 * key_dim + 2 * value_dim, H),
-                "lin_ba": (2 * la.num_v_heads, H),
-                "lin_qkv": (2 * key_dim + value_dim, H),
-                "lin_z": (value_dim, H),
-                "lin_b": (la.num_v_heads, H),
-                "lin_a": (la.num_v_heads, H),
-                "lin_conv": (la.conv_channels, 1, la.conv_kernel),
-                "lin_dt_bias": (la.num_v_heads,),
-                "lin_A_log": (la.num_v_heads,),
-                "lin_norm": (la.v_dim,),
-                "lin_out": (H, value_dim),
-            }
-        )
-    if s.kda_layers and la is not None:
-        qkv_dim, K = la.num_v_heads * la.v_dim, la.v_dim
-        shapes.update(
-            {
-                "kda_q": (qkv_dim, H),
-                "kda_k": (qkv_dim, H),
-                "kda_v": (qkv_dim, H),
-                "kda_q_conv": (qkv_dim, 1, la.conv_kernel),
-                "kda_k_conv": (qkv_dim, 1, la.conv_kernel),
-                "kda_v_conv": (qkv_dim, 1, la.conv_kernel),
-                "kda_f_a": (K, H),
-                "kda_f_b": (qkv_dim, K),
-                "kda_dt_bias": (qkv_dim,),
-                "kda_f": (qkv_dim, H),
-                "kda_g": (qkv_dim, H),
-                "kda_A_log": (la.num_v_heads,) if "kda_f" in s.layout.layer else (1, 1, la.num_v_heads, 1),
-                "kda_b": (la.num_v_heads, H),
-                "kda_g_a": (K, H),
-                "kda_g_b": (qkv_dim, K),
-                "kda_norm": (K,),
-                "kda_o": (H, qkv_dim),
-            }
-        )
-    if s.conv_layers:
-        shapes.update(
-            {
-                "conv_in": (3 * H, H),
-                "conv_in_bias": (3 * H,),
-                "conv_w": (H, 1, s.conv_kernel),
-                "conv_bias": (H,),
-                "conv_out": (H, H),
-                "conv_out_bias": (H,),
-            }
-        )
-    if s.lightning_layers:  # MiniMax-01's lightning attention and its stored decay buffers
-        n, D, C = s.num_heads, s.head_dim, s.lightning_block
-        shapes.update(
-            {
-                "light_qkv": (3 * n * D, H),
-                "light_gate": (n * D, H),
-                "light_norm": (n * D,),
-                "light_out": (H, n * D),
-                "light_slope": (n, 1, 1),
-                "light_qdecay": (n, C, 1),
-                "light_kdecay": (n, C, 1),
-                "light_ddecay": (1, n, C, C),
-            }
-        )
-    if s.mamba is not None:
-        shapes.update(s.mamba.shapes(H))
-    if s.mla is not None:
-        m, nh = s.mla, s.num_heads
-        shapes.update(
-            {
-                "q": (nh * m.qk_head_dim, H),
-                "q_a": (m.q_lora_rank, H),
-                "q_a_bias": (m.q_lora_rank,),
-                "q_a_norm": (m.q_lora_rank,),
-                "q_b": (nh * m.qk_head_dim, m.q_lora_rank),
-                "kv_a": (m.kv_lora_rank + m.qk_rope_dim, H),
-                "kv_a_bias": (m.kv_lora_rank + m.qk_rope_dim,),
-                "kv_a_norm": (m.kv_lora_rank,),
-                "kv_b": (nh * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
-                "o": (H, nh * m.v_head_dim),
-            }
-        )
-    if s.shortcut_moe:  # LongCat: the second sub-block's tensors are shaped as the first's
-        shapes.update({SECOND_BLOCK + n: shape for n, shape in shapes.items()})
-    return shapes
-
-
-ARCH_FIELDS = (
-    "family",
-    "num_layers",
-    "routed_layers",
-    "num_experts",
-    "top_k",
-    "hidden_size",
-    "vocab_size",
-    "expert_dim",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-)
-
-
-def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
-    for name in ARCH_FIELDS:
-        va, vb = getattr(a.spec, name), getattr(b.spec, name)
-        if va != vb:
-            raise InputError(
-                f"{a.path} and {b.path} have different architectures ({name}: {va} vs {vb})",
-                hint="compare checkpoints of the same model",
-            )

@@ -70,6 +70,7 @@ from moeaudit.replay.model import (
     experts_backward,
     experts_forward_sets,
     input_scales,
+    mlp_input,
     moe_router,
     rope_tables,
     shared_expert,
@@ -83,15 +84,16 @@ from moeaudit.spec.config import ModelSpec
 
 
 def check_shardable(spec: ModelSpec) -> None:
-    """JetMoE (``spec.moa``): refused by name. Its mixture of attention heads would run in each
-    rank's attention block, but the ranks' MoE forward and backward form routed + shared without
-    the bias on the MoE output (``moe_bias``), and no multi-rank run has been checked on it."""
-    if spec.moa or spec.moe_bias:
-        raise InputError(
-            f"the expert-parallel replay does not replay {spec.family}'s mixture of attention heads "
-            "and the bias on its MoE output yet",
-            hint="replay it on one process (without --nproc)",
-        )
+    """Refuse, naming it, the first block of ``spec``'s layers that the expert-parallel replay does
+    not replay (``spec.blocks``: a block's ``sharded``), e.g. JetMoE's mixture of attention heads:
+    it would run in each rank's attention block, but the ranks' MoE forward and backward form
+    routed + shared without the bias on the MoE output, and no multi-rank run has been checked on it."""
+    for layer in spec.layers:
+        if (why := layer.sharded_refusal()) is not None:
+            raise InputError(
+                f"the expert-parallel replay does not replay {spec.family}'s {why} yet",
+                hint="replay it on one process (without --nproc)",
+            )
 
 
 def sharded_replay(
@@ -108,39 +110,6 @@ def sharded_replay(
     """Rank 0: the replay of ``engine.replay`` across the session's ranks."""
     W = tokens_WT.shape[0]
     check_shardable(ckpt.spec)
-    if ckpt.spec.residual_scales is not None:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s DeepNorm residuals yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.kda_layers:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s Kimi Delta Attention layers yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.moe_out_norm:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s norm on the MoE output yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.hc_mult:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s hyper-connections "
-            "(several residual streams mixed before and after each sub-block) yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.attention_kinds:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s attention per kind of layer "
-            "(head counts, head sizes, RoPE tables and sinks by layer type) yet",
-            hint="replay it on one process (without --nproc)",
-        )
-    if ckpt.spec.shortcut_moe or ckpt.spec.zero_experts:
-        raise InputError(
-            f"the expert-parallel replay does not replay {ckpt.spec.family}'s shortcut-connected MoE "
-            "(two attention and dense-MLP sub-blocks per layer, zero-computation experts) yet",
-            hint="replay it on one process (without --nproc)",
-        )
     if W < sess.world:
         raise InputError(
             f"the canary has {W} windows and the replay {sess.world} ranks: each rank replays its own windows",
@@ -517,43 +486,43 @@ def _forward_layer(
     rope: tuple[torch.Tensor, torch.Tensor],
     extra: Callable[[int, Routing], dict[str, torch.Tensor]] | None,
 ) -> tuple[torch.Tensor, MoETap | None]:
-    if not lw.routed:
-        return decoder_layer(spec, lw, x_BTH, rope)
-    h = attention_block(spec, lw, x_BTH, rope)
-    B, T, H = h.shape
-    h_NH = ctx.gather_windows(_moe_input(spec, x_BTH, h)).reshape(-1, H)
-    y_NH, routing = moe_router(spec, lw, h_NH)
-    wanted: dict[str, torch.Tensor] = {}
-    if extra is not None:
-        asked = {}
-        if ctx.rank == 0:
-            asked = extra(lw.layer, routing if ctx.device is None else to_host(routing, ctx.device))
-        wanted = ctx.share_sets(asked)
-    sets = [routing.topk_NK, *wanted.values()]
-    outs = experts_forward_sets(
-        lw.experts, y_NH, sets, spec.expert_glu(lw.layer), input_scales(spec, routing, sets), only=ctx.mine
-    )
-    u_NKH, *more = [ctx.slots_together(u) for u in outs]
-    rows = ctx.rows
-    out = (u_NKH[rows] * routing.combine_NK[rows].to(u_NKH.dtype)[..., None]).sum(1)
-    if spec.shared_dim:
-        out = out + shared_expert(spec, lw.params, y_NH[rows], lw.layer)
-    out = out.view(B, T, H)
-    r = spec.residual_multiplier
-    x = h + (out if r == 1.0 else out * r)
-    if ctx.rank != 0:
-        return x, None
-    tap = MoETap(
-        lw.layer,
-        h_NH,
-        y_NH,
-        routing,
-        u_NKH,
-        dict(zip(wanted, more, strict=True)),
-        _eps=spec.rms_eps,
-        _centred=spec.layer_norm,
-    )
-    return x, tap
+    """``decoder_layer`` on the rank's windows, its MoE block's experts computed by their owners
+    over every rank's tokens (the taps kept on rank 0)."""
+
+    def moe(spec: ModelSpec, lw: LayerWeights, moe_in: torch.Tensor) -> tuple[torch.Tensor, MoETap | None]:
+        B, T, H = moe_in.shape
+        h_NH = ctx.gather_windows(moe_in).reshape(-1, H)
+        y_NH, routing = moe_router(spec, lw, h_NH)
+        wanted: dict[str, torch.Tensor] = {}
+        if extra is not None:
+            asked = {}
+            if ctx.rank == 0:
+                asked = extra(lw.layer, routing if ctx.device is None else to_host(routing, ctx.device))
+            wanted = ctx.share_sets(asked)
+        sets = [routing.topk_NK, *wanted.values()]
+        outs = experts_forward_sets(
+            lw.experts, y_NH, sets, spec.expert_glu(lw.layer), input_scales(spec, routing, sets), only=ctx.mine
+        )
+        u_NKH, *more = [ctx.slots_together(u) for u in outs]
+        rows = ctx.rows
+        out = (u_NKH[rows] * routing.combine_NK[rows].to(u_NKH.dtype)[..., None]).sum(1)
+        if spec.shared_dim:
+            out = out + shared_expert(spec, lw.params, y_NH[rows], lw.layer)
+        if ctx.rank != 0:
+            return out.view(B, T, H), None
+        tap = MoETap(
+            lw.layer,
+            h_NH,
+            y_NH,
+            routing,
+            u_NKH,
+            dict(zip(wanted, more, strict=True)),
+            _eps=spec.rms_eps,
+            _centred=spec.layer_norm,
+        )
+        return out.view(B, T, H), tap
+
+    return decoder_layer(spec, lw, x_BTH, rope, moe=moe)
 
 
 def _head(
@@ -638,7 +607,7 @@ def _backward_layer(
     B, T, H = x.shape
     with torch.enable_grad():
         h = attention_block(spec, lw, x, rope)
-        moe_in = _moe_input(spec, x, h)
+        moe_in = mlp_input(spec, x, h)
         y_own, routing_own = moe_router(spec, lw, moe_in.reshape(-1, H))
         shared = shared_expert(spec, lw.params, y_own, lw.layer) if spec.shared_dim else None
     with torch.no_grad():  # every token, for the experts: the forward's routing, bit for bit
@@ -671,11 +640,6 @@ def _backward_layer(
     _sum_weight_grads(lw)
     assert x.grad is not None
     return x.grad, layer_grads(lw, sq_E, ctx.device)
-
-
-def _moe_input(spec: ModelSpec, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
-    """What the MoE block reads: h, or the layer input with a parallel block (Cohere)."""
-    return x_BTH if getattr(spec, "parallel_block", False) else h_BTH
 
 
 def _slot_sum(dx_SH: torch.Tensor, topk_NK: torch.Tensor, E: int) -> torch.Tensor:

@@ -11,40 +11,52 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
+from moeaudit.spec.blocks import (
+    KDA,
+    Attention,
+    DeltaNet,
+    DenseMLP,
+    HyperConnection,
+    Layer,
+    Lightning,
+    MambaMixer,
+    Mixer,
+    MLAttention,
+    MoA,
+    MoE,
+    Residual,
+    SharedExpert,
+    ShortConv,
+)
+from moeaudit.spec.geometry import (  # noqa: F401 (re-exported: the ModelSpec fields' types)
+    HC_NAMES,
+    MAMBA_NAMES,
+    MLA,
+    MOA_NAMES,
+    SECOND_BLOCK,
+    SHORT_CONV_NAMES,
+    ClampedGLU,
+    Gate,
+    LinearAttention,
+    Mamba,
+    SparseIndex,
+)
 from moeaudit.spec.layouts import Layout
 
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
 MLA_NORM_EPS = 1e-6
-# LongCat-Flash: the canonical names of a layer's second attention and dense-MLP sub-block are
-# the first's with this prefix (``ModelSpec.shortcut_moe``)
-SECOND_BLOCK = "s2_"
 MAX_COUNT = 1 << 16  # layers or experts; far above any real model
 
 
 # family name → its Layout, filled by :mod:`moeaudit.families` as it discovers the family files
 # (the model description sits below the families and names none of them)
 LAYOUTS: dict[str, Layout] = {}
-
-
-@dataclass(frozen=True)
-class MLA:
-    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and a shared kv latent."""
-
-    q_lora_rank: int  # 0: a plain q_proj
-    kv_lora_rank: int
-    qk_nope_dim: int
-    qk_rope_dim: int
-    v_head_dim: int
-    rope_interleave: bool  # rotary pairs (x0, x1), (x2, x3), … as DeepSeek lays them out
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_dim + self.qk_rope_dim
 
 
 @dataclass(frozen=True)
@@ -111,173 +123,7 @@ class AttentionKind:
         return self.v_head_dim or self.head_dim
 
 
-@dataclass(frozen=True)
-class Gate:
-    """How a router turns scores into an active set, beyond softmax-then-top-k.
-
-    ``scoring`` "softmax", "sigmoid" or "sqrtsoftplus" (DeepSeek-V4); ``selection_bias``: a per-expert bias added to the
-    scores for choosing experts only (DeepSeek-V3 ``e_score_correction_bias``); groups: the
-    experts split into ``n_group`` equal groups, each scored by ``group_score`` ("top2sum" of
-    its selection scores, V3; "max", V2), and only the ``topk_group`` best groups compete;
-    ``scaling`` multiplies the combine weights (``routed_scaling_factor``)."""
-
-    scoring: str = "softmax"
-    selection_bias: bool = False
-    n_group: int = 1
-    topk_group: int = 1
-    group_score: str = "none"
-    scaling: float = 1.0
-
-    @property
-    def grouped(self) -> bool:
-        return self.n_group > 1 and self.topk_group < self.n_group
-
-
 NEW = {"omit_default": True}
-
-
-@dataclass(frozen=True)
-class SparseIndex:
-    """DeepSeek Sparse Attention (V3.2): each query attends to the ``topk`` causal keys its
-    lightning indexer (``n_heads`` heads of ``head_dim``) scores highest."""
-
-    topk: int
-    n_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class ClampedGLU:
-    """gpt-oss's expert activation: with a = W1 y + b1 (gate) and u = W3 y + b3 (up),
-    h = (clamp(u, −limit, limit) + 1) ⊙ g σ(α g) where g = min(a, limit)."""
-
-    alpha: float
-    limit: float
-    # HY-V4: (clamp(u, −limit, limit) + offset) with offset 0 and α 1 is SwiGLU on the clamped
-    # gate and up, silu(min(a, limit)) ⊙ clamp(u, ±limit); left out of ``to_json`` at gpt-oss's 1
-    offset: float = 1.0
-    # Step 3.5 / Step-3.7 (``ModelSpec.expert_glu``): the clamp after the activation,
-    # min(g σ(α g), limit) ⊙ (clamp(u, ±limit) + offset) with g = a unclamped (α 1, offset 0:
-    # min(silu(a), limit) ⊙ clamp(u, ±limit)); left out of ``to_json`` when false
-    after: bool = False
-
-
-# every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
-# LFM2's short convolution mixer (``replay.shortconv``): its weights, in the attention gradient norm
-SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out", "conv_out_bias")
-# JetMoE's mixture of attention heads (``replay.moa``): router [E, H], expert q [E, X, H] and o
-# [E, H, X] projections (X = num_kv_heads · head_dim), the output bias [H], the shared kv [2X, H];
-# in the attention gradient norm
-MOA_NAMES = ("moa_router", "moa_q", "moa_o", "moa_bias", "kv")
-# HY-V4's hyper-connection mixing weights of a layer (``ModelSpec.hc_mult``): for the attention and
-# the MLP / MoE sub-block each, fn [2·hc, hc·H], base [2·hc], scale [2] (DeepSeek-V4's mHC,
-# ``ModelSpec.hc_sinkhorn_iters``: fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3])
-HC_NAMES = tuple(f"{block}_hc_{n}" for block in ("attn", "ffn") for n in ("fn", "base", "scale"))
-MAMBA_NAMES = (
-    "ssm_in",
-    "ssm_in_bias",
-    "ssm_conv",
-    "ssm_conv_bias",
-    "ssm_x",
-    "ssm_dt",
-    "ssm_dt_bias",
-    "ssm_A_log",
-    "ssm_D",
-    "ssm_dt_norm",
-    "ssm_b_norm",
-    "ssm_c_norm",
-    "ssm_norm",
-    "ssm_out",
-    "ssm_out_bias",
-)
-
-
-@dataclass(frozen=True)
-class Mamba:
-    """Sizes of a Mamba (selective state-space) token mixer (``moeaudit.replay.mamba``).
-
-    ``version`` 1: Jamba's Mamba-1 (per-channel state of ``state`` dims, ``dt_rank``-wide
-    time-step projection, RMS norms on dt, B and C); 2: Mamba-2 / SSD (``heads`` heads of
-    ``head_dim`` channels sharing a scalar decay, B and C in ``groups`` groups, a gated
-    RMS norm before the output projection, chunks of ``chunk`` tokens). ``dt_min``/``dt_max``
-    clamp the time step after the softplus (None: no upper limit)."""
-
-    version: int
-    inner: int  # channels of the scan (expand × hidden_size, or heads × head_dim)
-    state: int
-    conv_kernel: int
-    conv_bias: bool
-    proj_bias: bool
-    heads: int = 0
-    head_dim: int = 0
-    groups: int = 1
-    chunk: int = 256
-    dt_rank: int = 0
-    dt_min: float = 0.0
-    dt_max: float | None = None
-    eps: float = 1e-6  # the mixer's own RMS norms
-
-    @property
-    def conv_channels(self) -> int:
-        return self.inner if self.version == 1 else self.inner + 2 * self.groups * self.state
-
-    def names(self) -> list[str]:
-        """The canonical tensors of one mixer."""
-        names = ["ssm_in", "ssm_conv", "ssm_dt_bias", "ssm_A_log", "ssm_D", "ssm_out"]
-        names += ["ssm_x", "ssm_dt", "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm"] if self.version == 1 else ["ssm_norm"]
-        names += ["ssm_conv_bias"] if self.conv_bias else []
-        return names + (["ssm_in_bias", "ssm_out_bias"] if self.proj_bias else [])
-
-    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
-        I, N = self.inner, self.state
-        if self.version == 1:
-            return {
-                "ssm_in": (2 * I, hidden),
-                "ssm_in_bias": (2 * I,),
-                "ssm_x": (self.dt_rank + 2 * N, I),
-                "ssm_dt": (I, self.dt_rank),
-                "ssm_dt_bias": (I,),
-                "ssm_A_log": (I, N),
-                "ssm_D": (I,),
-                "ssm_dt_norm": (self.dt_rank,),
-                "ssm_b_norm": (N,),
-                "ssm_c_norm": (N,),
-                **self._common(hidden),
-            }
-        proj = I + self.conv_channels + self.heads
-        return {
-            "ssm_in": (proj, hidden),
-            "ssm_in_bias": (proj,),
-            "ssm_dt_bias": (self.heads,),
-            "ssm_A_log": (self.heads,),
-            "ssm_D": (self.heads,),
-            "ssm_norm": (I,),
-            **self._common(hidden),
-        }
-
-    def _common(self, hidden: int) -> dict[str, tuple[int, ...]]:
-        C = self.conv_channels
-        return {
-            "ssm_conv": (C, 1, self.conv_kernel),
-            "ssm_conv_bias": (C,),
-            "ssm_out": (hidden, self.inner),
-            "ssm_out_bias": (hidden,),
-        }
-
-
-@dataclass(frozen=True)
-class LinearAttention:
-    """Sizes of a gated DeltaNet layer (Qwen3-Next ``linear_*`` config keys)."""
-
-    num_k_heads: int
-    num_v_heads: int
-    k_dim: int
-    v_dim: int
-    conv_kernel: int
-
-    @property
-    def conv_channels(self) -> int:
-        return 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
 
 
 @dataclass(frozen=True)
@@ -479,6 +325,10 @@ class ModelSpec:
     # 0 (or empty): no clamp on that layer
     expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
     mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
+    # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
+    # () : ``layers`` derives them from the fields above
+    layer_blocks: tuple[Layer, ...] = field(default=(), metadata=NEW)
 
     def expert_glu(self, layer: int) -> ClampedGLU | None:
         """The routed experts' activation on ``layer`` when it is not plain SwiGLU: that layer's
@@ -498,6 +348,14 @@ class ModelSpec:
     @property
     def layout(self) -> Layout:
         return LAYOUTS[self.family]
+
+    @cached_property
+    def layers(self) -> tuple[Layer, ...]:
+        """One :class:`~moeaudit.spec.blocks.Layer` per decoder layer, from the fields above
+        (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
+        if self.layer_blocks:
+            return self.layer_blocks
+        return tuple(_layer(self, i) for i in range(self.num_layers))
 
     @property
     def routing(self) -> str:
@@ -574,8 +432,111 @@ class ModelSpec:
             del out["clamped_glu"]["offset"]
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
+        if self.layer_blocks:  # with each block's kind (``asdict`` drops it)
+            out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
         out["routing"] = self.routing
         return out
+
+
+def _layer(s: ModelSpec, i: int) -> Layer:
+    """Decoder layer ``i`` of ``s`` as typed blocks."""
+    kind = s.block_kinds[i] if s.block_kinds else ""
+    scales = None
+    if s.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
+        scales = (s.residual_scales[1 if i in s.lightning_layers else 0], s.residual_scales[2])
+    residual = Residual(
+        pre_norm=s.pre_norm,
+        norm_bias=s.layer_norm and s.norm_bias,
+        parallel=s.parallel_block,
+        single_block=bool(kind),
+        multiplier=s.residual_multiplier,
+        scales=scales,
+        hc=HyperConnection(s.hc_mult, s.hc_sinkhorn_iters) if s.hc_mult else None,
+        shortcut=DenseMLP(s.dense_dim) if s.shortcut_moe else None,
+    )
+    if kind:  # Nemotron-H: the layer is one block
+        mixer = _mixer(s, i) if kind in ("mamba", "attention") else None
+        routed = kind == "moe"
+        ffn = None if kind in ("mamba", "attention") else _moe(s) if routed else DenseMLP(s.dense_dim, gated=_glu(s))
+        return Layer(mixer, ffn, residual)
+    ffn = _moe(s) if s.is_routed(i) else DenseMLP(s.dense_dim, glu_limit=s.mlp_glu_limit(i), out_norm=s.dense_out_norm)
+    return Layer(_mixer(s, i), ffn, residual)
+
+
+def _glu(s: ModelSpec) -> bool:
+    return s.mlp_act != "relu2"
+
+
+def _moe(s: ModelSpec) -> MoE:
+    single = bool(s.block_kinds)
+    shared = None
+    if s.shared_dim:  # Granite 4.0: gate and up rows in one ``input_linear``; Nemotron-H: no gate
+        fused = "shared_gate_up" in s.layout.layer
+        shared = SharedExpert(s.shared_dim, gated=s.shared_gated and not single, fused=fused, glu=_glu(s))
+    return MoE(
+        s.num_experts,
+        s.top_k,
+        s.expert_dim,
+        s.gate,
+        logit_bias=s.router_logit_bias,
+        out_norm=s.moe_out_norm,
+        out_bias=s.moe_bias,
+        zero_experts=s.zero_experts,
+        shared=shared,
+    )
+
+
+def _mixer(s: ModelSpec, i: int) -> Mixer:
+    la, layout = s.linear_attention, s.layout.layer
+    if i in s.kda_layers:  # Kimi Linear's low-rank forget and output gates, or Ling 3's full-rank ones
+        assert la is not None
+        return KDA(la, full_rank="kda_f" in layout, gate_bound=s.kda_gate_bound)
+    if s.mla is not None:
+        return MLAttention(
+            s.mla,
+            s.num_heads,
+            rope=i not in s.nope_layers,
+            index=s.sparse_index,
+            shared_index=i in s.shared_index_layers,
+            sinks=s.attention_sinks,
+            output_gate=s.output_gate,
+            qk_norm=s.qk_norm,
+            head_dim=s.head_dim,
+            bias=s.attention_bias,
+        )
+    if i in s.linear_layers:
+        assert la is not None
+        projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
+        return DeltaNet(la, projections)
+    if i in s.lightning_layers:
+        return Lightning(s.num_heads, s.head_dim, s.lightning_block)
+    if i in s.conv_layers:
+        return ShortConv(s.conv_kernel, s.conv_bias)
+    if i in s.mamba_layers:
+        assert s.mamba is not None
+        return MambaMixer(s.mamba)
+    if s.moa:
+        return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
+    a = s.attention_kind(i)
+    return Attention(
+        heads=s.num_heads if a is None else a.num_heads,
+        kv_heads=s.num_kv_heads if a is None else a.num_kv_heads,
+        head_dim=s.head_dim if a is None else a.head_dim,
+        v_head_dim=0 if a is None else a.v_head_dim,
+        rope=i not in s.nope_layers,
+        attention_kind=None if a is None else s.layer_kinds[i],
+        window=s.attention_window(i),
+        chunk=s.attention_chunk if i in s.chunked_layers else None,
+        sinks=s.attention_sinks if a is None else a.sinks,
+        value_scale=1.0 if a is None else a.value_scale,
+        gated_q=s.gated_attention,
+        output_gate=s.output_gate,
+        qk_norm=s.qk_norm,
+        bias=s.attention_bias,
+        o_bias=s.o_bias,
+        fused_qkv="qkv" in layout,
+        out_norm=s.attn_out_norm,
+    )
 
 
 def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
@@ -625,6 +586,8 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
+    if spec.layer_blocks and len(spec.layer_blocks) != spec.num_layers:
+        raise fail(f"the family describes {len(spec.layer_blocks)} layers, num_hidden_layers is {spec.num_layers}")
     if spec.shared_clamped and spec.clamped_glu is None:
         raise fail("a clamped shared expert needs the experts' clamp (swiglu_limit)")
     if not spec.routed_layers:

@@ -1,0 +1,179 @@
+"""The decoder layer over its typed blocks (``spec.blocks.Layer``): the one registry from a token
+mixer's kind to its forward (:data:`MIXERS`, the only switch on the mixer's kind), the residual
+wiring (pre/post norm, parallel and single-block layers, multipliers, DeepNorm scales, LongCat's
+shortcut, HY-V4's hyper-connections) and one decoder-layer function that the one-process replay,
+the trainer and the expert-parallel replay (``replay.sharded``, with its own MoE forward) share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from moeaudit.checkpoint.checkpoint import LayerWeights
+from moeaudit.replay.blocks.attention import attention
+from moeaudit.replay.blocks.hc import hc_add, hc_mix
+from moeaudit.replay.blocks.mla import mla_attention
+from moeaudit.replay.blocks.mlp import mlp
+from moeaudit.replay.blocks.moe import ExtraExperts, MoETap, mlp_input, mlp_norm, moe_block
+from moeaudit.replay.blocks.norms import block_norm, rms_norm
+from moeaudit.replay.deltanet import gated_deltanet
+from moeaudit.replay.kda import kimi_delta_attention
+from moeaudit.replay.lightning import lightning_attention
+from moeaudit.replay.mamba import mamba_mixer
+from moeaudit.replay.moa import moa_attention
+from moeaudit.replay.shortconv import short_conv
+from moeaudit.spec import blocks
+from moeaudit.spec.config import SECOND_BLOCK, ModelSpec
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+# (spec, the block, the layer's tensors, the normed input [B, T, H], RoPE, layer index) → output
+MixerForward = Callable[[ModelSpec, Any, dict[str, torch.Tensor], torch.Tensor, Rope, int], torch.Tensor]
+# (spec, layer, what the MoE block reads [B, T, H]) → (its output, its taps)
+MoEForward = Callable[[ModelSpec, LayerWeights, torch.Tensor], tuple[torch.Tensor, MoETap | None]]
+
+
+def _attention(
+    spec: ModelSpec, a: blocks.Attention, p: dict[str, torch.Tensor], x: torch.Tensor, rope: Rope, layer: int
+) -> torch.Tensor:
+    out = attention(spec, a, p, x, rope, layer)
+    if a.out_norm:  # AFMoE: an RMSNorm on the attention output before the residual add
+        out = rms_norm(out, p["attn_out_norm"], spec.rms_eps)
+    return out
+
+
+MIXERS: dict[type, MixerForward] = {
+    blocks.Attention: _attention,
+    blocks.MLAttention: mla_attention,
+    blocks.DeltaNet: lambda spec, m, p, x, rope, layer: gated_deltanet(m.la, p, x, spec.rms_eps),
+    # Kimi Linear: delta rule with a per-channel decay
+    blocks.KDA: lambda spec, m, p, x, rope, layer: kimi_delta_attention(m.la, p, x, spec.rms_eps, m.gate_bound),
+    # Jamba, Granite 4.0, Nemotron-H: a selective state-space scan
+    blocks.MambaMixer: lambda spec, m, p, x, rope, layer: mamba_mixer(m.mamba, p, x),
+    blocks.Lightning: lambda spec, m, p, x, rope, layer: lightning_attention(p, x, m.heads, m.head_dim),
+    blocks.ShortConv: lambda spec, m, p, x, rope, layer: short_conv(p, x),  # LFM2
+    # JetMoE: routed q/o projections over shared k/v
+    blocks.MoA: lambda spec, m, p, x, rope, layer: moa_attention(p, x, rope, m.top_k, m.kv_heads, m.head_dim),
+}
+
+
+def mixer_forward(
+    spec: ModelSpec, mixer: blocks.Mixer, p: dict[str, torch.Tensor], x_BTH: torch.Tensor, rope: Rope, layer: int
+) -> torch.Tensor:
+    """The token mixer's output for its normed input (:data:`MIXERS`)."""
+    return MIXERS[type(mixer)](spec, mixer, p, x_BTH, rope, layer)
+
+
+def attention_block(spec: ModelSpec, lw: LayerWeights, x_BTH: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """h = x + mixer(norm(x)): the residual stream entering the MLP / MoE block (x itself
+    where a single-block layer is only that block, Nemotron-H)."""
+    layer, p = spec.layers[lw.layer], lw.params
+    r = layer.residual
+    if layer.mixer is None:
+        return x_BTH
+    # OLMo-2 post-norm layers (``pre_norm`` false): the mixer reads the stream itself
+    x_norm = block_norm(spec, x_BTH, p["input_norm"], p.get("input_norm_bias")) if r.pre_norm else x_BTH
+    out = mixer_forward(spec, layer.mixer, p, x_norm, rope, lw.layer)
+    if r.scales is not None:  # MiniMax-01: α·norm(x) + β·mixer(norm(x))
+        a, b = r.scales[0]
+        return x_norm * a + out * b
+    return x_BTH + (out if r.multiplier == 1.0 else out * r.multiplier)
+
+
+def shortcut_rest(
+    spec: ModelSpec, lw: LayerWeights, h_BTH: torch.Tensor, y_BTH: torch.Tensor, rope: Rope
+) -> torch.Tensor:
+    """A LongCat-Flash layer without its MoE: from h = x + attention₁(norm(x)) and y = post_norm(h)
+    (the MoE's input too), m = h + MLP₁(y), a = m + attention₂(norm₂(m)), a + MLP₂(post_norm₂(a)).
+    The layer's output is this plus the MoE output (``Residual.shortcut``)."""
+    layer, p = spec.layers[lw.layer], lw.params
+    assert layer.mixer is not None
+    second = {n.removeprefix(SECOND_BLOCK): t for n, t in p.items() if n.startswith(SECOND_BLOCK)}
+    m = h_BTH + mlp(spec, p, "mlp_", y_BTH)
+    a = m + mixer_forward(spec, layer.mixer, second, block_norm(spec, m, second["input_norm"]), rope, lw.layer)
+    return a + mlp(spec, second, "mlp_", block_norm(spec, a, second["post_norm"]))
+
+
+def decoder_layer(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTH: torch.Tensor,
+    rope: Rope,
+    extra: ExtraExperts | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    moe: MoEForward | None = None,
+) -> tuple[torch.Tensor, MoETap | None]:
+    """One decoder layer: (its output, the MoE block's taps where it is routed). ``moe``: the MoE
+    block's forward where it is not :func:`moe_block` (the expert-parallel replay's, whose taps
+    only rank 0 keeps)."""
+    layer = spec.layers[lw.layer]
+    r = layer.residual
+    if r.hc is not None:  # HY-V4: x is [B, T, hc, H], the layer's residual streams
+        return hc_decoder_layer(spec, lw, x_BTH, rope, extra, keep)
+    h = attention_block(spec, lw, x_BTH, rope)
+    if r.shortcut is not None:  # LongCat: the MoE reads the stream after the first attention, adds at the end
+        moe_out, moe_tap = moe_block(spec, lw, h, extra, keep)
+        return shortcut_rest(spec, lw, h, moe_tap.y_NH.view_as(h), rope) + moe_out, moe_tap
+    if layer.ffn is None:  # Nemotron-H: the mixer is the layer
+        return h, None
+    mult = r.multiplier
+    if lw.routed:
+        assert isinstance(layer.ffn, blocks.MoE)
+        moe_in = mlp_input(spec, x_BTH, h)
+        tap: MoETap | None
+        if moe is None:
+            mlp_out, tap = moe_block(spec, lw, moe_in, extra, keep)
+        else:
+            mlp_out, tap = moe(spec, lw, moe_in)
+        if layer.ffn.out_norm:  # A.X-K1: RMSNorm on routed + shared before the residual add
+            mlp_out = rms_norm(mlp_out, lw.params["moe_out_norm"], spec.rms_eps)
+        if r.scales is not None:  # MiniMax-01: α·y + β·MoE(y), y = norm(h)
+            assert tap is not None
+            alpha, beta = r.scales[1]
+            return tap.y_NH.view_as(mlp_out) * alpha + mlp_out * beta, tap
+        return h + (mlp_out if mult == 1.0 else mlp_out * mult), tap
+    p = lw.params
+    w, b = mlp_norm(spec)
+    y = mlp_input(spec, x_BTH, h)
+    y = block_norm(spec, y, p[w], p.get(b)) if r.pre_norm else y  # post-norm layers: the stream itself
+    out = mlp(spec, p, "mlp_", y, lw.layer)
+    if isinstance(layer.ffn, blocks.DenseMLP) and layer.ffn.out_norm:  # AFMoE: normed as the MoE output is
+        out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)
+    if r.scales is not None:
+        alpha, beta = r.scales[1]
+        return y * alpha + out * beta, None
+    return h + (out if mult == 1.0 else out * mult), None
+
+
+def hc_attention_block(spec: ModelSpec, lw: LayerWeights, x_BTSH: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """HY-V4: the streams after the attention sub-block, x_s + post_s · attention(norm(Σ pre x))."""
+    layer, p = spec.layers[lw.layer], lw.params
+    assert layer.mixer is not None
+    post, a_BTH = hc_mix(spec, p["attn_hc_fn"], p["attn_hc_base"], p["attn_hc_scale"], x_BTSH)
+    assert post is not None
+    out = mixer_forward(spec, layer.mixer, p, block_norm(spec, a_BTH, p["input_norm"]), rope, lw.layer)
+    return hc_add(post, out, x_BTSH)
+
+
+def hc_decoder_layer(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    x_BTSH: torch.Tensor,
+    rope: Rope,
+    extra: ExtraExperts | None = None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> tuple[torch.Tensor, MoETap | None]:
+    """A HY-V4 layer on its streams: the attention sub-block, then the MLP / MoE block reading
+    the mix m = Σ pre_s x_s its own hyper-connection forms (the MoE's h, whose norm gives y = γ ⊙ z),
+    its output added onto every stream × post_s."""
+    p = lw.params
+    x1 = hc_attention_block(spec, lw, x_BTSH, rope)
+    post, m_BTH = hc_mix(spec, p["ffn_hc_fn"], p["ffn_hc_base"], p["ffn_hc_scale"], x1)
+    assert post is not None
+    tap = None
+    if lw.routed:
+        out, tap = moe_block(spec, lw, m_BTH, extra, keep)
+    else:
+        out = mlp(spec, p, "mlp_", block_norm(spec, m_BTH, p["post_norm"]))
+    return hc_add(post, out, x1), tap
