@@ -1,4 +1,4 @@
-"""The training callback's cost per step (issue 29 §1), paired step by step in one process.
+"""The training callback's cost per step (docs/benchmarks.md §7), paired step by step in one process.
 
     python benchmarks/callback_overhead.py --sizes small mid --steps 50 --rounds 3
 

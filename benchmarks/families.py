@@ -1,4 +1,4 @@
-"""Replay cost per family against transformers on the same checkpoint (issue 15): one forward +
+"""Replay cost per family against transformers on the same checkpoint (docs/benchmarks.md §1j): one forward +
 backward of the canary loss, moeaudit's streaming replay (``replay``: every weight read from
 disk, one layer at a time, per-expert gradient norms) against transformers' model (loaded once,
 ``model(tokens)``, cross-entropy, ``loss.backward()``). Not part of the tests.

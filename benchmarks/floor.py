@@ -3,7 +3,7 @@ Run as a fresh process: ``python floor.py CKPT CANARY [--overlap]``.
 
 ``--overlap`` adds the one computation the receipts need beyond a training step's forward and
 backward: the outputs of the K' − k next candidate experts and one random expert per token and
-MoE layer (`003` Eq. 21–22, Table 2; SPEC §4), evaluated in the same sweep over the experts as
+MoE layer (`003` Eq. 21–22, Table 2), evaluated in the same sweep over the experts as
 the receipts evaluate them, with no statistics computed from them. receipts ÷ (floor
 --overlap) is then what the receipts' statistics, copies and bookkeeping cost."""
 

@@ -1,4 +1,4 @@
-"""The machine's float32 matrix-product rate at the replay's shapes (issue 6, docs/benchmarks.md §1d).
+"""The machine's float32 matrix-product rate at the replay's shapes (docs/benchmarks.md §1d).
 
 The replay's routed experts are per-expert products of M gathered tokens × K = hidden × N =
 expert dimension, in the forward (x·W1ᵀ, x·W3ᵀ, h·W2ᵀ) and the backward (g·W2, da·W, daᵀ·x);

@@ -1,5 +1,5 @@
 """Peak memory and time of a replay of one gpt-oss model stored three ways: MXFP4 (the released
-format, experts kept packed and dequantised one expert at a time), bf16 and fp32 (issue 15).
+format, experts kept packed and dequantised one expert at a time), bf16 and fp32 (docs/benchmarks.md §1k).
 Each replay is a fresh process (``ru_maxrss`` of the child), the three alternate round by round.
 
     python benchmarks/mxfp4_memory.py [--rounds 2]

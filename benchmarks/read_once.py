@@ -1,5 +1,6 @@
 """Bytes read, wall time and peak memory of `certify` and `receipts`, before and after the
-checkpoint reader reads each file once into private memory (issue 24 §1, docs/benchmarks.md §6).
+checkpoint reader reads each file once into private memory (docs/security.md, "One read per input"; docs/benchmarks.md
+§6).
 
     git archive BASE moeaudit | tar -x -C /tmp/before      # the code to compare against
     python benchmarks/read_once.py --before /tmp/before [--after /tmp/after] --workdir W \

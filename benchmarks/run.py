@@ -1,4 +1,4 @@
-"""moeaudit benchmarks (issue 6): speed against transformers and against our own floor, peak
+"""moeaudit benchmarks (docs/benchmarks.md): speed against transformers and against our own floor, peak
 memory on a large bf16 checkpoint, scaling, and the receipts cache. Not part of the tests.
 
     python benchmarks/run.py                  # everything (≈ 1 h on 2 busy cores; ~10 GB disk)

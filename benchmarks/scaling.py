@@ -1,4 +1,4 @@
-"""Scaling exponents of the receipts replay, one input dimension at a time (issue 24 §4).
+"""Scaling exponents of the receipts replay, one input dimension at a time (docs/benchmarks.md §5).
 
     python benchmarks/scaling.py                    # every axis (≈ 8 min on 2 busy cores; --legacy adds ≈ 3 min)
     python benchmarks/scaling.py --only domains --legacy   # + the pre-issue-24 pairwise JS
@@ -160,7 +160,7 @@ def exponent(ns: list[int], ts: list[float]) -> float:
 def legacy_domain_routing(
     topk_NK: torch.Tensor, domain_ids_W: torch.Tensor, domains: tuple[str, ...], E: int
 ) -> dict[str, Any]:
-    """``occupancy.domain_routing`` before issue 24 (commit 0fcc3c9): a mask per domain and one
+    """``occupancy.domain_routing`` before commit 0fcc3c9: a mask per domain and one
     ``js_divergence`` call per ordered pair of domains."""
     N, K = topk_NK.shape
     dom_N = domain_ids_W.repeat_interleave(N // domain_ids_W.shape[0])

@@ -1,4 +1,4 @@
-"""Expert-parallel replay on 1, 2 and 4 CPU ranks (issue 28 §5-6): wall time of the replay, bytes
+"""Expert-parallel replay on 1, 2 and 4 CPU ranks (docs/benchmarks.md §8): wall time of the replay, bytes
 each rank read from the checkpoint, peak RSS of each rank; and the memory demonstration — a
 per-process cap that one process's replay exceeds and every rank of four stays under.
 

@@ -1,4 +1,4 @@
-"""Receipts cache: re-auditing an unchanged run costs almost nothing (issue 6).
+"""Receipts cache: re-auditing an unchanged run costs almost nothing (docs/benchmarks.md §4).
 
 Entries are JSON documents keyed by SHA-256 of (kind, checkpoint root digest(s), canary digest,
 tool version, receipt settings, the machine that computes them: ``replay_machine``). They live
@@ -6,19 +6,19 @@ under ``$MOEAUDIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/moeaudit``, else ``~/.cach
 Writes are atomic (temp + rename), so concurrent runs at worst compute the same entry twice.
 
 A cached number ends up in a signed certificate, so an entry is trusted only if this machine's
-moeaudit wrote it (issue 14): every entry carries an HMAC-SHA256 over its key and content,
+moeaudit wrote it (docs/decisions.md, "Receipts cache"): every entry carries an HMAC-SHA256 over its key and content,
 keyed by a local secret (``hmac.key`` in the cache directory, 32 random bytes, mode 0600,
 created once). An entry that is absent, unreadable, malformed, of the wrong shape, for another
 key, or whose MAC does not verify is a miss: it is recomputed, never trusted and never an error.
 Every cache file is opened without blocking and checked to be a regular file before it is read:
 a FIFO or device planted as ``hmac.key`` turns the cache off with a warning, one planted as an
-entry is a miss named in a warning — never a hang (issue 24 §5).
+entry is a miss named in a warning — never a hang (docs/security.md, "Resource caps").
 ``served`` lists the keys answered from the cache, so a certificate can say which receipts
 were not recomputed by the run that signed them.
 
 Tensor entries (safetensors, never pickle) hold a baseline's anchor states, so that adding one
 checkpoint to a run replays only that checkpoint: its pair receipts need the baseline's states
-(SPEC §5), which the baseline's cached receipts do not carry. They are N·H floats per routed
+(`003` §5), which the baseline's cached receipts do not carry. They are N·H floats per routed
 layer, so entries above ``TENSORS_MAX_BYTES`` are not written (the baseline is then replayed).
 """
 
@@ -60,12 +60,13 @@ _UNWRITABLE = (OSError, ValueError, MoeauditError)
 
 
 def replay_machine(device: str | None) -> dict[str, str]:
-    """What a replay's bits depend on besides its inputs (issue 31 §7): receipts are
-    bit-identical on the same device model, driver and torch version, not across them. On the
-    CPU: the device name, torch version and the SIMD level torch's kernels use; on a GPU
+    """What a replay's bits depend on besides its inputs (docs/decisions.md, "The GPU model is in
+    the cache key"): receipts are bit-identical on the same device model, driver and torch version, not across them. On
+    the CPU: the device name, torch version and the SIMD level torch's kernels use; on a GPU
     (:func:`moeaudit.replay.device.describe_device`): model, compute capability, CUDA runtime,
     driver, cuDNN and torch. The CPU's is read without importing torch, so that a fully cached
-    certify still never loads it (issue 16)."""
+    certify still never loads it (docs/decisions.md, "A fully cached certify loads neither torch
+    nor numpy")."""
     if device is None or device.split(":")[0] == "cpu":
         return {"device": device or "cpu", "torch": _torch_version(), "cpu": cpu_capability()}
     from moeaudit.replay.device import describe_device

@@ -1,4 +1,4 @@
-"""``moeaudit calibrate``: fit every tolerance the verdict uses on one healthy run (SPEC §7–8).
+"""``moeaudit calibrate``: fit every tolerance the verdict uses on one healthy run (docs/envelope.md, docs/policy.md).
 
 What is fitted, and how (docs/policy.md is the reference):
 
@@ -249,7 +249,7 @@ def calibrate_run(
                 "the block size the fit holds at (steps)",
             ),
             Fitted("envelope.epsilon", settings.epsilon, base.envelope.epsilon, "c·Var_t[V] (000 Eq. 16)"),
-            Fitted("envelope.delta", settings.delta, base.envelope.delta, "δ*/2 (SPEC §7)"),
+            Fitted("envelope.delta", settings.delta, base.envelope.delta, "δ*/2 (docs/envelope.md)"),
         ]
     fitted.append(
         Fitted(

@@ -1,4 +1,4 @@
-"""The canary probe set: a fixed, hashed set of equal-length token windows (SPEC §2.2).
+"""The canary probe set: a fixed, hashed set of equal-length token windows (docs/glossary.md, "Canary").
 
 Every receipt is measured on a canary, and a certificate names the canary by its digest, so
 the digest must depend on the content only: the SHA-256 of a canonical encoding of (tokens,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # numpy is imported where arrays are made, not here: a canary read from its file keeps the
 # stored int32 bytes, and its digest, shape and names need nothing else, so a fully cached
-# certify loads neither numpy nor torch (issue 16).
+# certify loads neither numpy nor torch (docs/decisions.md, "A fully cached certify loads neither torch nor numpy").
 
 FORMAT = "moeaudit.canary"
 VERSION = "1"
@@ -63,7 +63,7 @@ class _Foreign:
 
 
 class Canary:
-    """W token windows of length T, each labelled with a domain (SPEC §2.2).
+    """W token windows of length T, each labelled with a domain (docs/glossary.md, "Canary").
 
     ``domains[i]`` is the name of domain id ``i``. Two canaries are equal when their
     tokens, domain ids and domain names are equal, i.e. exactly when their digests are.
@@ -216,7 +216,7 @@ class Canary:
         return self.num_windows * self.window_len
 
     def canonical_bytes(self) -> bytes:
-        """The byte string the digest hashes (SPEC §2.2), in this order:
+        """The byte string the digest hashes (docs/glossary.md, "Canary"), in this order:
 
         1. the 19 ASCII bytes ``moeaudit.canary/v1\\n``;
         2. W, then T, each as a little-endian uint64;
@@ -270,7 +270,7 @@ class Canary:
         return torch.from_numpy(idx.astype(np.int64))
 
     def check_vocab(self, vocab_size: int, where: str) -> None:
-        """Raise unless every token id is below ``vocab_size`` (SPEC §2.2).
+        """Raise unless every token id is below ``vocab_size`` (docs/glossary.md, "Canary").
 
         ``where`` names the model the vocabulary comes from (e.g. the checkpoint path); it
         is the "file" of the error, since the canary is only wrong relative to it.
@@ -299,7 +299,7 @@ class Canary:
         return self._np()[1].tolist()
 
     def summary(self) -> dict[str, Any]:
-        """Plain data for ``moeaudit canary show`` (SPEC §10)."""
+        """Plain data for ``moeaudit canary show`` (README.md, "Commands")."""
         counts = [0] * len(self.domains)
         for d in self._ids():
             counts[d] += 1
@@ -394,7 +394,7 @@ def _int32s(buf: bytearray) -> array:
 
 
 def _check_names(domains: tuple[str, ...], fail: Fail) -> None:
-    """Linear in the number of names (issue 14: 20k domains took 7 s when this was quadratic)."""
+    """Linear in the number of names (20k domains took 7 s when this was quadratic)."""
     if not domains:
         raise fail("the canary has no domain names")
     for name in domains:
@@ -423,7 +423,7 @@ def build_from_jsonl(path: str | Path) -> Canary:
     """Build a canary from JSONL, one ``{"domain": str, "tokens": [int, ...]}`` per line.
 
     Blank lines are skipped, other keys are ignored, and domains are numbered by first
-    appearance (SPEC §2.2). Every problem is a :class:`CanaryError` naming the line.
+    appearance (docs/glossary.md, "Canary"). Every problem is a :class:`CanaryError` naming the line.
     """
     path = Path(path)
     rows: list[list[int]] = []
@@ -509,7 +509,7 @@ def _check_window(window: list[Any], fail: Fail) -> None:
 
 
 def save(canary: Canary, path: str | Path) -> None:
-    """Write ``canary`` as one safetensors file, atomically (SPEC §2.2)."""
+    """Write ``canary`` as one safetensors file, atomically (docs/glossary.md, "Canary")."""
     metadata = {
         "format": FORMAT,
         "version": VERSION,
@@ -535,7 +535,8 @@ def load(path: str | Path) -> Canary:
         sf = SafetensorsFile(path)
     except CheckpointError as exc:
         text = _text_kind(path)
-        if text is not None:  # the parser's header arithmetic says nothing useful here (issue 25 §5)
+        # the parser's header arithmetic says nothing useful here (docs/decisions.md, "Not a canary")
+        if text is not None:
             raise CanaryError(f"not a moeaudit canary ({text})", path=path, hint=_text_hint(text, path)) from exc
         if not _claims_to_be_a_canary(path):  # some other file; else a damaged canary, below
             raise not_a_canary(path, f"not a safetensors file: {exc.what}") from exc

@@ -1,4 +1,4 @@
-"""A canary from raw text and a ``tokenizer.json`` (SPEC §2.2, "with the optional tokenizer extra").
+"""A canary from raw text and a ``tokenizer.json`` (docs/glossary.md, "Canary"; the optional tokenizer extra).
 
 Input: JSONL, one ``{"text": str, "domain": str}`` per line (a line of at most 4 MiB, as every
 JSONL input; split longer documents). Each text is tokenized with the

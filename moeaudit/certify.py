@@ -1,4 +1,5 @@
-"""``moeaudit certify``: audit a whole run and issue a signed certificate (SPEC §8–§9).
+"""``moeaudit certify``: audit a whole run and issue a signed certificate (docs/policy.md, "The rules in one place";
+docs/security.md, "What the signature binds").
 
 Discover the checkpoints → replay each once (state receipts) → pair receipts of each gate
 against its active baseline → gates → envelope series (logs and replays) → margins → checks
@@ -67,7 +68,8 @@ if TYPE_CHECKING:
     from moeaudit.receipts.observer import AnchorStates
 
 # The replay (torch) is imported only when something is not in the cache: a fully cached
-# certify never loads torch (issue 16; test_torch_free.py).
+# certify never loads torch (docs/decisions.md, "A fully cached certify loads neither torch nor numpy";
+# test_torch_free.py).
 
 Say = Callable[[str], None]
 BUNDLE_NAME = "certificate.sigstore.json"  # the signed statement as a Sigstore bundle v0.3 (cosign)
@@ -125,7 +127,7 @@ def audit_run(
         raise mismatch_error(mismatches[0], "--accept-canary-mismatch (certify)")
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     warnings += [f"left out {name}: {why}" for name, why in run.left_out]
-    left_behind = abandoned(run)  # still audited, and named (issue 25 §5)
+    left_behind = abandoned(run)  # still audited, and named (docs/decisions.md, "Abandoned checkpoints")
     warnings += [f"{a.name} is abandoned: {a.reason}" for a in left_behind]
     warnings += [
         f"canary mismatch signed as a finding: {m['source']} has sha256:{m['recorded'][:16]}…, "
@@ -141,7 +143,8 @@ def audit_run(
         check_compatible(first, ckpt)
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
     # each event with its source: events are written by the audited party, so they may start a
-    # new drift baseline but never erase a regression (gates.evaluate_gates, issue 23 §5)
+    # new drift baseline but never erase a regression (gates.evaluate_gates; docs/decisions.md,
+    # "Events cannot improve a verdict")
     events: list[RunEvent] = [
         {"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events
     ]
@@ -223,8 +226,9 @@ def audit_run(
             ),
         )
     # No breaks: declared events do not restart the envelope's windows for the verdict — an
-    # event written by the audited party can never improve one (issue 23 §5; docs/policy.md).
-    agreements: Any = _agreements(run, docs)  # per checkpoint replayed below fp32 (SPEC §3)
+    # event written by the audited party can never improve one (docs/decisions.md, "Events cannot improve a
+    # verdict").
+    agreements: Any = _agreements(run, docs)  # per checkpoint replayed below fp32 (docs/policy.md, "Reduced precision")
     evidence = Evidence(
         stage=stage,
         stage_source=stage_source,
@@ -268,20 +272,23 @@ def audit_run(
     if agreements:
         predicate["precision_agreement"] = agreements
     router = _router_section(first.spec, docs)
-    if router is not None:  # only for gates the atlas theorem does not cover (issue 8)
+    # only for gates the atlas theorem does not cover (docs/decisions.md, "Which receipts keep their meaning")
+    if router is not None:
         predicate["router"] = router
     if (monitored := monitors_section(docs[last["step"]])) is not None:  # docs/monitors.md
         predicate["monitors"] = monitored
     if ablate is not None:  # opt-in, at the certified (last) checkpoint; reported, not gated
         predicate["ablation"] = _ablation(run, docs, canary, policy, ablate, device, progress)
-    if replayer.from_cache:  # authenticated by the local cache key, not recomputed (issue 14)
+    # authenticated by the local cache key, not recomputed (docs/decisions.md, "Receipts cache")
+    if replayer.from_cache:
         predicate["from_cache"] = replayer.from_cache
     for _, ckpt in run.checkpoints:  # what the subjects name is what is on disk, unchanged
         ckpt.verify_unchanged()
     subjects: list[Subject] = [
         {"name": ckpt.path.name, "digest": {"sha256": ckpt.digest}} for _, ckpt in run.checkpoints
     ]
-    # the root digest does not bind file names: each subject's files are signed too (SPEC §9)
+    # the root digest does not bind file names: each subject's files are signed too (docs/security.md, "What the
+    # signature binds")
     files: list[CheckpointFiles] = [
         {"name": c.path.name, "resources": _resources(c.resources)} for _, c in run.checkpoints
     ]
@@ -332,8 +339,8 @@ def _worst_refinement(
     """The refinement margin of the last checkpoint against the active baseline and against every
     earlier baseline (the first checkpoint, each event's) of the same stage: the worst of them is
     gated, so a declared event can start a new drift baseline but never improve the margin
-    (issue 23 §5). A baseline before the stage in force at the active baseline was declared
-    belongs to another stage: a pair spanning the change is compared against the stage's own
+    (docs/decisions.md, "Events cannot improve a verdict"). A baseline before the stage in force at the active baseline
+    was declared belongs to another stage: a pair spanning the change is compared against the stage's own
     baseline (``stages``: the run's declared stages; None when --stage fixes one for all)."""
     ckpts = dict(run.checkpoints)
     step = last["step"]
@@ -356,7 +363,8 @@ def _worst_refinement(
 
 
 def _precision(docs: Mapping[int, Mapping[str, Any]]) -> str:
-    """What the receipts were computed in (SPEC §3): fp32, the reference, unless they say otherwise."""
+    """What the receipts were computed in (docs/policy.md, "Reduced precision"): fp32, the reference, unless they say
+    otherwise."""
     found = sorted({d.get("environment", {}).get("precision", "fp32") for d in docs.values()})
     return found[0] if len(found) == 1 else "mixed"
 
@@ -376,10 +384,10 @@ def _environment(computed_by: dict[str, str], parallel: dict[str, dict[str, Any]
     the installed torch distribution is the same string as ``torch.__version__``. ``device`` is
     the one that computed every receipt, pair receipt and replayed reference the certificate
     rests on, as each recorded it (cached ones included); were they computed on several,
-    it is "mixed" and ``devices`` names each part's (issue 31 §2). Where a part was computed by
-    an expert-parallel replay (``parallel``: part → its world size, backend and rank devices),
-    those are recorded too (issue 28), the largest world size's; ``world_sizes`` names each
-    part's world size when they differ (pair receipts are computed by rank 0 alone)."""
+    it is "mixed" and ``devices`` names each part's (docs/decisions.md, "`environment.device`"). Where a part was
+    computed by an expert-parallel replay (``parallel``: part → its world size, backend and rank devices),
+    those are recorded too (docs/decisions.md, "Expert-parallel replay"), the largest world size's; ``world_sizes``
+    names each part's world size when they differ (pair receipts are computed by rank 0 alone)."""
     import importlib.metadata
     import platform
 
@@ -552,7 +560,8 @@ class _Replayer:
         self.device = device
         from moeaudit.cache import replay_machine
 
-        self.machine = replay_machine(device)  # receipts are bit-identical per machine (issue 31 §7)
+        # receipts are bit-identical per machine (docs/decisions.md, "The GPU model is in the cache key")
+        self.machine = replay_machine(device)
         self.computed_by: dict[str, str] = {}  # part → the device its own record names
         self.parallel: dict[str, dict[str, Any]] = {}  # part → its expert-parallel replay's ranks
         self.settings = policy.to_json()["receipts"]
@@ -565,7 +574,8 @@ class _Replayer:
 
     def nll_interval(self, wa: list[float], wb: list[float], resamples: int, seed: int) -> list[float]:
         """:func:`paired_interval`, kept in the cache under its inputs: a pure function of cached
-        receipts, and the only numpy a fully cached certify would otherwise load (issue 16)."""
+        receipts, and the only numpy a fully cached certify would otherwise load (docs/decisions.md, "A fully cached
+        certify loads neither torch nor numpy")."""
         key = self.cache.key("nll-interval", wa, wb, resamples, seed)
         hit = self.cache.get(key, check=lambda d: _two_floats(d.get("ci95")))
         if hit is not None:
@@ -686,7 +696,8 @@ class _Replayer:
         ranks of an expert-parallel replay where it names them."""
         env = doc.get("environment")
         self.computed_by[part] = str(env.get("device", "unrecorded")) if isinstance(env, dict) else "unrecorded"
-        if isinstance(env, dict) and isinstance(env.get("world_size"), int):  # issue 28
+        # docs/decisions.md, "Expert-parallel replay"
+        if isinstance(env, dict) and isinstance(env.get("world_size"), int):
             self.parallel[part] = {k: env.get(k) for k in ("world_size", "backend", "rank_devices")}
 
     def forget_states(self, keep: int | None) -> None:
@@ -755,7 +766,7 @@ def _write_set(
             hint="certify fewer checkpoints or a shorter log at a time",
         )
     body = base64.b64decode(envelope["payload"])
-    signed = json.loads(body)  # render exactly the signed bytes (SPEC §9)
+    signed = json.loads(body)  # render exactly the signed bytes (docs/security.md, "What the signature binds")
     assert canonical_json(signed) == body
     html = render_html(
         cast(Statement, internal(signed)),  # the statement built above, read back from the signed bytes

@@ -2,7 +2,7 @@
 (``AuditGroup``), the options several commands take, and the hooks through which a command of
 ``moeaudit.commands`` reaches the terminal while it works. The commands are ``moeaudit.cli``.
 
-Exit codes (SPEC §10): 0 pass, 1 policy failed, 2 usage, 3 inconclusive, 4 input or operational
+Exit codes (README.md, "Exit codes"): 0 pass, 1 policy failed, 2 usage, 3 inconclusive, 4 input or operational
 error, 130 Ctrl-C.
 """
 
@@ -97,7 +97,8 @@ nproc_option = click.option(
 
 def precision_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--precision``: the command's replays compute in fp32 (the reference), tf32 or bf16
-    (SPEC §3; ``moeaudit.precision``); a lower one records its measured agreement with fp32."""
+    (docs/policy.md, "Reduced precision"; ``moeaudit.precision``); a lower one records its measured agreement with
+    fp32."""
     import functools
 
     from moeaudit.precision import PRECISIONS, precision_mode

@@ -1,7 +1,7 @@
 """One error hierarchy for the whole tool.
 
 The library raises these; only ``cli.py`` turns them into a one-line message and an exit
-code (SPEC §10: 0 pass, 1 policy failed / signature invalid, 2 usage, 3 inconclusive,
+code (README.md, "Exit codes": 0 pass, 1 policy failed / signature invalid, 2 usage, 3 inconclusive,
 4 input or operational error).
 """
 
@@ -45,8 +45,8 @@ def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)
 
 
-# A one-line error stays one short line (issue 24 §5): a value quoted in a message (a list of
-# 20 000 layer names, a path, a long JSON string) is shown by its two ends, so the line still says
+# A one-line error stays one short line (docs/decisions.md, "Error lines are capped"): a value quoted in a message (a
+# list of 20 000 layer names, a path, a long JSON string) is shown by its two ends, so the line still says
 # what is wrong, with what file, and what to do.
 MAX_LINE_CHARS = 600
 MAX_PATH_CHARS = 200

@@ -1,8 +1,8 @@
 """JSON output: finite numbers only, stable bytes, atomic writes.
 
-SPEC §10: numbers that are not finite are ``null`` with a reason; SPEC §9: NaN/Inf never
-enter a signed payload. Every file we write goes to a temp file in the same directory and
-is renamed into place, so an interrupted run leaves the old file or none, never half of one.
+Numbers that are not finite are ``null`` with a reason (README.md, "Schemas"); NaN/Inf never
+enter a signed payload (docs/security.md, "What the signature binds"). Every file we write goes to a temp file in the
+same directory and is renamed into place, so an interrupted run leaves the old file or none, never half of one.
 """
 
 from __future__ import annotations

@@ -43,10 +43,10 @@ MAX_BOOTSTRAP = 100_000  # window-bootstrap resamples; 1000 is the default, 10�
 # Attention costs W·T² per layer: one 16k-token window replays in ~24 s on 2 CPU cores for the
 # tiny sample model, 32k in ~92 s, 100k tokens would take ~15 min (docs/security.md).
 MAX_WINDOW_TOKENS = 16_384
-# Checkpoint files are read once into private memory and hashed as read (checkpoint/sealed.py,
-# issue 24). Up to this many bytes of them are kept, so a checkpoint this small is read exactly
+# Checkpoint files are read once into private memory and hashed as read (checkpoint/sealed.py;
+# docs/decisions.md, "Read once"). Up to this many bytes of them are kept, so a checkpoint this small is read exactly
 # once; a larger one keeps only 64 KiB-block digests and re-reads what the replay needs, each
-# block proven against them, so peak memory stays at one decoder layer (SPEC §3; 27 % of the
+# block proven against them, so peak memory stays at one decoder layer (docs/glossary.md, "Replay"; 27 % of the
 # 4.3 GB benchmark checkpoint, docs/benchmarks.md §2 and §6).
 PRIVATE_COPY_BYTES = 512 * MiB
 

@@ -1,5 +1,5 @@
-"""Checkpoints a resume left behind (issue 25 §5): which saves belong to the branch the run
-went on with, and which to the branch it abandoned.
+"""Checkpoints a resume left behind (docs/decisions.md, "Abandoned checkpoints"): which saves belong to the branch the
+run went on with, and which to the branch it abandoned.
 
 A ``resume`` event at step S (``events.jsonl``) says training restarted from the checkpoint at
 S. A save above S was written either by the resumed run (which overwrites ``checkpoint-<T>``
@@ -13,9 +13,9 @@ The run's ``metrics.jsonl`` does: the training hook rewinds it to S when the run
     the resumed run reaching T — its last logged step plus one logging interval (the largest gap
     between logged steps) is below T, or there is no log at all.
 
-An abandoned checkpoint is still audited (a resume must never hide evidence: `003` Table 4,
-issue 23 §5); it is named in the certificate (``predicate.run.abandoned``), the terminal and
-the HTML page, so nobody reads it as a state of the model that was kept.
+An abandoned checkpoint is still audited (a resume must never hide evidence: `003` Table 4;
+docs/decisions.md, "Events cannot improve a verdict"); it is named in the certificate (``predicate.run.abandoned``), the
+terminal and the HTML page, so nobody reads it as a state of the model that was kept.
 """
 
 from __future__ import annotations

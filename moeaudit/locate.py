@@ -1,6 +1,6 @@
-"""Where defaults are found: SPEC §10 looks for ``canary.safetensors`` / ``policy.toml`` in
+"""Where defaults are found (README.md, "Commands"): moeaudit looks for ``canary.safetensors`` / ``policy.toml`` in
 the directory named on the command line, then in its parents, up to two levels — except inside
-the audited run itself (issue 14): a policy or canary placed there was supplied by the audited
+the audited run itself (docs/decisions.md, "Discovery"): a policy or canary placed there was supplied by the audited
 party, and the audit would sign its constants. Only ``--policy`` / ``--canary`` can name one."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Lifecycle margins: handoff and refinement, exact and smooth (`003` Eq. 18–32, SPEC §6).
+"""Lifecycle margins: handoff and refinement, exact and smooth (`003` Eq. 18–32; docs/policy.md, "[margins]").
 
 Torch-free: takes per-layer receipt numbers, returns plain data. Verdicts use the exact
-margins; the smooth ones are reported beside them and never substituted (SPEC §6: Eq. 27 is
+margins; the smooth ones are reported beside them and never substituted (`003` Eq. 27 is
 not zero at θ = θ̄ and π̃ is a soft marginal, so the two need not converge).
 """
 

@@ -1,19 +1,19 @@
 """Training-log metrics: a strict ``metrics.jsonl`` reader and per-step gradient variance.
 
-``metrics.jsonl`` (SPEC §2.3) holds one JSON object per logged step, written by
+``metrics.jsonl`` (docs/envelope.md, "Reading `metrics.jsonl`") holds one JSON object per logged step, written by
 :mod:`moeaudit.integrations.hooks`::
 
     {"step": 500, "loss": 2.31, "expert_grad_norms": {"<layer>": [g_0, ..., g_{E-1}]}, ...}
 
 Every malformed line is an :class:`InputError` naming ``file:line``. Two things are findings,
 not errors, because the hook writes them on purpose: a ``null`` norm or loss (a non-finite
-number, SPEC §10; a literal beyond the float range such as ``1e999``, which JSON reads as Inf,
+number, README.md, "Schemas"; a literal beyond the float range such as ``1e999``, which JSON reads as Inf,
 is the same finding), and an unterminated, unparseable last line (the write in progress when a
 run was interrupted; the hook drops it when it reopens the file). Nothing is dropped silently.
 The file is streamed, one line of at most 4 MiB at a time (``moeaudit.limits``), hashed as it is
 read, and kept as typed arrays (:class:`Column`, :class:`Rows`), not as parsed lines.
 
-Variance definitions follow `000` Def. 6.2 and SPEC §4 "Gradients": the population variance
+Variance definitions follow `000` Def. 6.2 (docs/glossary.md, "Gradient norms / var_grad"): the population variance
 over experts ``var_grad = (1/E) Σ (g_e − ḡ)²``, its scale-free form ``var_grad / ḡ²``, and the
 pooled series over the concatenation of all layers' experts.
 
@@ -119,7 +119,7 @@ class Rows(RowSequence):
     """One layer's [S] vectors of [E] norms in one flat typed array (NaN = null), read back a
     step at a time as a tuple. Single precision when every norm of the layer is exactly a float32
     — what the training hook logs (``Tensor.item()`` of float32 norms) — else double, so no value
-    is ever rounded (docs/benchmarks.md, "metrics.jsonl memory")."""
+    is ever rounded (docs/benchmarks.md §10)."""
 
     __slots__ = ("_a", "width")
 
@@ -385,7 +385,7 @@ def _layer_key(layer: str) -> tuple[int, int | str]:
     return (0, int(layer)) if layer.isdigit() else (1, layer)
 
 
-# --- variance (`000` Eq. 9, SPEC §4) -------------------------------------------------------------
+# --- variance (`000` Eq. 9) -------------------------------------------------------------------
 
 
 def var_grad(g_E: Sequence[float]) -> float:

@@ -1,6 +1,6 @@
 """The certificate's output set — receipts/, certificate.html, certificate.json,
 certificate.sigstore.json — appears whole
-or not at all (issue 14).
+or not at all (docs/decisions.md, "Output set").
 
 Everything is written into a staging directory beside the output (same filesystem), then put in
 place by renames: the output directory is always either the previous complete set or the new
@@ -12,7 +12,7 @@ directory up front also proves the location is writable before hours of replay a
 A run killed outright (SIGKILL, power loss) cannot clean up: it leaves its staging directory,
 its lock file (holding its process id), and — if killed between the two renames of ``commit`` —
 the previous set moved aside. The next run for the same output, once it holds the lock, removes
-those by name and says so (issue 24 §5), restoring a previous set that was moved aside.
+those by name and says so (docs/decisions.md, "Output set"), restoring a previous set that was moved aside.
 Errors while writing name ``--out``, never the hidden staging path.
 """
 

@@ -23,7 +23,7 @@ BUILTIN = "built-in default"
 
 @dataclass(frozen=True)
 class ReceiptSettings:
-    """SPEC §4 constants."""
+    """Receipt constants (docs/glossary.md, "Per checkpoint (state receipts)")."""
 
     seed: int = 0
     flip_sigma: float = 0.01
@@ -35,7 +35,7 @@ class ReceiptSettings:
 
 @dataclass(frozen=True)
 class MarginSettings:
-    """SPEC §6 / `003` Eq. 25–32."""
+    """`003` Eq. 25–32; docs/policy.md, "[margins]"."""
 
     protected_layers: tuple[int, ...] | None = None  # None: middle third of routed layers
     # `003` uses one β per soft operator; one β for all three makes π̃_tail ≤ 0 for E ≳ 20
@@ -54,7 +54,7 @@ class MarginSettings:
 
 @dataclass(frozen=True)
 class EnvelopeSettings:
-    """SPEC §7 / `000` Table 6."""
+    """`000` Table 6; docs/envelope.md."""
 
     variant: str = "raw"  # "raw" var_grad or "normalized" var_grad_norm
     source: str = "auto"  # which series is gated: "logs", "replay", "probe", or "auto" (logs when present)
@@ -66,7 +66,7 @@ class EnvelopeSettings:
     provenance: str = "000 Table 6 (illustrative)"
     warmup_steps: int = 0  # samples before this step are warm-up: reported, not checked
     # What calibrated constants apply to ("" = anything, as for the illustrative Table 6 clause):
-    # constants fitted on one model in one stage license no claim about another (SPEC §7).
+    # constants fitted on one model in one stage license no claim about another (docs/envelope.md).
     calibrated_stage: str = ""
     calibrated_model: str = ""
     alert_a: float = 1e-4
@@ -81,18 +81,19 @@ class EnvelopeSettings:
     # steps. The variance bound alone cannot see starvation of raw norms (they shrink with it).
     starve_share: float = 0.01
     starve_steps: int = 100
-    # ... on at least this fraction of the logged samples of some starve_steps window (issue 23
-    # §4: starvation that comes and goes is starvation; 1.0 would be one unbroken stretch).
+    # ... on at least this fraction of the logged samples of some starve_steps window (docs/decisions.md,
+    # "Starvation is a fraction of a window": starvation that comes and goes is starvation; 1.0 would be one unbroken
+    # stretch).
     starve_fraction: float = 0.5
     calibration_c: float = 0.0  # the c of Eq. 16 the constants were fitted with (0: not fitted)
 
 
 @dataclass(frozen=True)
 class GateSettings:
-    """SPEC §8 / `003` Tables 11, 13."""
+    """`003` Tables 11, 13; docs/policy.md, "The rules in one place"."""
 
     # None: not stated — `certify` then takes the run's own stage (events.jsonl) or pretraining,
-    # and `gate` treats a promotion as post-training (SPEC §8, §9).
+    # and `gate` treats a promotion as post-training (docs/policy.md, "The rules in one place").
     stage: str | None = None
     escalate_after: int = 4
     # A protected layer's C2 has fallen when it drops by more than the largest of tol_c2,
@@ -340,7 +341,7 @@ def validate(policy: Policy, path: str | Path = "<policy>") -> None:
 
 
 def validate_envelope(policy: Policy, path: str | Path = "<policy>") -> None:
-    """Envelope rules that can never fire are refused, with the reason (SPEC §7, `000` Eq. 21).
+    """Envelope rules that can never fire are refused, with the reason (`000` Eq. 21; docs/envelope.md).
 
     Only what is knowable without the model: the raw-variance ceiling a²/4. The bounds that
     depend on the expert count E are checked when the series is evaluated (envelope.py).
@@ -394,7 +395,7 @@ def alert_rule_problem(a: float, b: float, variant: str, num_experts: int | None
 
 
 def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where: str = "") -> list[int]:
-    """Default: the middle third of the routed layers (at least one), SPEC §6."""
+    """Default: the middle third of the routed layers (at least one); docs/policy.md, "[margins]"."""
     routed = list(routed)
     chosen = policy.margins.protected_layers
     if chosen is None:

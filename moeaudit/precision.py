@@ -1,4 +1,4 @@
-"""Which precision replays compute in (``--precision fp32|tf32|bf16``, SPEC §3), torch-free.
+"""Which precision replays compute in (``--precision fp32|tf32|bf16``; docs/policy.md, "Reduced precision"), torch-free.
 
 The choice is a context (:func:`precision_mode`) that the command-line sets around a command,
 read where a replay computes (``moeaudit.replay.precision``), where its receipts are recorded

@@ -1,4 +1,4 @@
-"""A training run directory in the Hugging Face Trainer layout (SPEC §2.3).
+"""A training run directory in the Hugging Face Trainer layout (README.md, "Logging from your training loop").
 
 ``RUN/checkpoint-<step>/`` checkpoints, optional ``metrics.jsonl`` (the training hook's log)
 and ``events.jsonl`` (resumes, regime changes, stage). A checkpoint still being written —
@@ -22,7 +22,7 @@ from moeaudit.locate import CHECKPOINT_PREFIXES
 
 PROBE_FILE = "canary_probe.jsonl"  # the training hook's canary probe (moeaudit.integrations.hooks)
 
-# ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (issue 14). ``step-<N>`` is
+# ASCII digits only: int() also reads "٣٠٠" and "３００" as 300 (docs/decisions.md, "Checkpoint steps"). ``step-<N>`` is
 # torchtitan's name for its DCP checkpoint directories (``<dump_folder>/checkpoint/step-<N>``).
 CHECKPOINT_RE = re.compile(r"^(?:checkpoint|step)-([0-9]+)$", re.ASCII)
 EVENTS = ("resume", "regime_change")
@@ -181,7 +181,7 @@ def stage_start(stages: list[tuple[int, str]], step: int) -> int | None:
 
 @dataclass(frozen=True)
 class RunLogs:
-    """What a run directory says besides its checkpoints (SPEC §2.3)."""
+    """What a run directory says besides its checkpoints (README.md, "Logging from your training loop")."""
 
     events: list[Event]
     stage: str | None
@@ -322,8 +322,8 @@ def _read_events(path: Path, hashed: Hashed | None = None) -> tuple[list[Event],
     """The events and the stage declared in ``events.jsonl``, read strictly: these lines decide
     which gates apply and where envelope windows break, so a line that two JSON parsers could read
     differently (a key named twice, NaN or Infinity) or that says more than moeaudit reads (an
-    unknown key, a misspelt one) is refused, naming ``file:line`` (issue 24 §5). ``hashed`` is fed
-    the bytes parsed (one read, :func:`moeaudit.limits.iter_lines`)."""
+    unknown key, a misspelt one) is refused, naming ``file:line`` (docs/decisions.md, "Strict `events.jsonl`").
+    ``hashed`` is fed the bytes parsed (one read, :func:`moeaudit.limits.iter_lines`)."""
     events: list[Event] = []
     stated: list[tuple[int, str, int]] = []  # (step, stage, line); a metadata line is step -1
     for n, raw, _ in iter_lines(path, "events log", hashed=hashed):  # a regular file, lines ≤ 4 MiB

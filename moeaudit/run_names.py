@@ -1,17 +1,18 @@
-"""How runs and their checkpoints are named (SPEC §2.3), and the mistakes named back to the user.
+"""How runs and their checkpoints are named (README.md, "Logging from your training loop"), and the mistakes named back
+to the user.
 
 * A checkpoint directory is ``checkpoint-<step>`` (Hugging Face Trainer) or ``step-<step>``
   (torchtitan's DCP saves); :data:`moeaudit.run.CHECKPOINT_RE` is the rule. A directory that
   looks like one under another name (``step_250``, ``ckpt-250``, ``global_step250``) is refused,
   naming the accepted forms: left out silently, it would be a checkpoint the certificate never
-  mentions (issue 25 §5).
+  mentions (docs/decisions.md, "Misnamed checkpoint directories").
 * A run directory given where one checkpoint belongs (``inspect RUN``, ``gate RUN …``) is
   refused with the run's checkpoints listed, so the user can pick one.
 * A run is named after its directory, except torchtitan's checkpoint folder
   (``<dump>/checkpoint/step-N``), which is named after its dump folder (or the folder above a
   dump folder left at torchtitan's default name, ``outputs``): every torchtitan run would
   otherwise be "checkpoint", and a second run's default output would collide with the first's
-  (issue 25 §6).
+  (docs/decisions.md, "Misnamed checkpoint directories").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gradient-variance series of a run for the envelope (SPEC §7): from the training hook's
+"""Gradient-variance series of a run for the envelope (docs/envelope.md): from the training hook's
 ``metrics.jsonl`` (every logged step), from replaying every checkpoint on the canary, or from
 the hook's canary probe at saves (``canary_probe.jsonl``, the replay's quantity logged by the
 training process itself)."""
@@ -71,7 +71,7 @@ def _checkpoint_norms(ckpt: Any, canary: Any, cache: Any) -> dict[str, list[floa
 
     result = replay(ckpt, canary.tokens)
     norms = {str(layer): result.grads[layer].experts_E.tolist() for layer in ckpt.spec.routed_layers}
-    ckpt.verify_unchanged()  # what was read is what was hashed (issue 14), before caching it
+    ckpt.verify_unchanged()  # what was read is what was hashed (docs/decisions.md, "Pinned reads"), before caching it
     if key is not None:
         cache.put(key, {"norms": norms})
     return norms
@@ -265,7 +265,7 @@ def evaluate_run(
 def check_probe_canary(probe: Path, canary_path: str | Path | None, where: Path) -> None:
     """A probe series stands for the replay's quantity only on the same canary (the check
     ``--compare`` makes): its lines must name the canary given with ``--canary``, else the one
-    found (SPEC §10), else the run's own copy (``canary.safetensors`` beside the probe), and
+    found (README.md, "Commands"), else the run's own copy (``canary.safetensors`` beside the probe), and
     one canary throughout. Refused with both digests named (exit 4)."""
     from moeaudit import canary as canary_mod
     from moeaudit.locate import locate_canary
@@ -412,7 +412,7 @@ def infer_warmup(run: Any) -> Warmup:
     """The step the logged learning rate first peaks, from the last checkpoint's
     ``trainer_state.json`` that has a usable history (else 0). An Infinity or NaN learning rate
     is a finding, never the peak; entries and files that cannot be read are reported, not
-    silently passed over (issue 24 §5)."""
+    silently passed over (docs/decisions.md, "Warm-up inference")."""
     findings: list[str] = []
     for _, ckpt in reversed(run.checkpoints):
         state = Path(ckpt.path) / TRAINER_STATE

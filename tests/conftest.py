@@ -42,7 +42,7 @@ def samples_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``{name: run directory}`` of every recipe in ``tests/fresh_runs.py`` (issue 23): MoE runs
+    """``{name: run directory}`` of every recipe in ``tests/fresh_runs.py``: MoE runs
     trained for real, each the first time it is looked up. With ``MOEAUDIT_FRESH_RUNS`` set to
     a directory they are kept there and reused across sessions (keyed by the module's source
     and the recipe); otherwise they live in this session's temporary directory. Shared between

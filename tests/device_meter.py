@@ -1,5 +1,5 @@
 """Host synchronisations and host↔device copies of the device branch, counted on the CPU
-(issue 31 §4).
+(docs/decisions.md, "The GPU path: receipts on the device, copies ahead, inputs offloaded").
 
 The device branch runs on a stand-in device, ``cpu:0``. Every tensor the replay puts there
 (``.to(cpu:0)``) becomes an ``OnDevice`` tensor, and so — torch's subclass propagation — does

@@ -1,9 +1,9 @@
-"""Fresh MoE training runs that nobody tuned moeaudit for (issue 23).
+"""Fresh MoE training runs that nobody tuned moeaudit for.
 
 Each :class:`Recipe` trains a tiny transformers MoE for real — the HF ``Trainer`` with
 moeaudit's own :class:`~moeaudit.integrations.transformers.MoeauditCallback`, or a plain torch
 loop with :class:`~moeaudit.integrations.core.RunRecorder` — on synthetic multi-domain token
-streams, and writes the Hugging Face Trainer run layout moeaudit reads (SPEC §2.3)::
+streams, and writes the Hugging Face Trainer run layout moeaudit reads (README.md, "Logging from your training loop")::
 
     RUN/checkpoint-<step>/   config.json, model.safetensors (+ trainer_state.json from the Trainer)
     RUN/metrics.jsonl        per-step per-expert gradient norms (moeaudit's hook)

@@ -1,4 +1,4 @@
-"""Generate the bad-input corpus of issue 7 into a directory (small, deterministic).
+"""Generate the bad-input corpus into a directory (small, deterministic).
 
     python tests/make_bad_inputs.py OUT_DIR     # writes the corpus, prints one path per item
 
@@ -275,7 +275,7 @@ def _missing_shard(ckpt: Path) -> None:
 
 def _header_duplicate_key(ckpt: Path) -> None:
     """The router's entry twice: the second copy points at layer 1's router (same shape). A
-    JSON reader keeps one of them; which one is up to the reader (issue 14)."""
+    JSON reader keeps one of them; which one is up to the reader."""
     header, data = split(_weights(ckpt).read_bytes())
     other = header[ROUTER.replace("layers.0", "layers.1")]
     text = json.dumps(header, separators=(",", ":"))
@@ -354,7 +354,8 @@ CHECKPOINT_DEFECTS: dict[str, Callable[[Path], None]] = {
     "nonfinite_weights": _rewrite(_nonfinite),
     "nonfinite_router": _rewrite(_nonfinite_router),
     "missing_shard": _missing_shard,
-    "ambiguous_weights": _shard,  # model.safetensors and a shard index side by side (issue 14)
+    # model.safetensors and a shard index side by side (docs/decisions.md, "Ambiguous weights")
+    "ambiguous_weights": _shard,
     "header_duplicate_key": _header_duplicate_key,
     "config_duplicate_key": _config_duplicate_key,
     "config_no_layers": _config(num_hidden_layers=0),

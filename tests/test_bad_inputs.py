@@ -1,4 +1,4 @@
-"""The exit-code matrix of issue 7 / SPEC §10, pinned on the generated bad-input corpus.
+"""The exit-code matrix (README.md, "Exit codes"), pinned on the generated bad-input corpus.
 
 For each corpus item: the command that reads it, its exact exit code (0 only warned about,
 1 signature invalid, 2 usage, 4 input error, 130 Ctrl-C), exactly one ``moeaudit: error:``
@@ -51,7 +51,7 @@ def _no_constant(token: str) -> Any:
 
 
 def strict_json(text: str | bytes) -> Any:
-    """``json.loads`` that refuses NaN / Infinity (SPEC §9–10: never in an output)."""
+    """``json.loads`` that refuses NaN / Infinity (README.md, "Schemas": never in an output)."""
     return json.loads(text, parse_constant=_no_constant)
 
 
@@ -134,7 +134,7 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
     ("symlink_loop_dir", ["{%s}/loop: symbolic links are not followed"]),
     ("named_pipe", ["{%s}/train.log: not a regular file"]),
     ("pickle_only", ["{%s}: no safetensors weights", "pickled weights are never loaded"]),
-    # issue 14: inputs that two readers would read differently, and sizes that crash later
+    # inputs that two readers would read differently, and sizes that crash later
     (
         "ambiguous_weights",
         [
@@ -155,7 +155,8 @@ CHECKPOINTS = [  # corpus item, what the one line must say (after the file it na
         "config_odd_head_dim",
         ["{%s}/config.json: the attention head size must be even and ≥ 2", "head_dim 3"],
     ),
-    # issue 24: a tensor the replay would not read is refused by name, never warned about and dropped
+    # docs/decisions.md, "Extra tensors": a tensor the replay would not read is refused by name, never warned about and
+    # dropped
     (
         "extra_tensors",
         [
@@ -201,7 +202,7 @@ def test_good_inputs_pass(corpus: dict[str, Path]) -> None:
     assert run("envelope", corpus["good_metrics_jsonl"])[0] in (0, 1, 3)
 
 
-# ----- NaN / Inf in weights (issue 7 item 4) ------------------------------------------------------
+# ----- NaN / Inf in weights ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,7 @@ def test_nonfinite_weights_are_reported_not_crashed_on(
 
 
 def test_nonfinite_weights_warn_in_one_line(corpus: dict[str, Path], tmp_path: Path) -> None:
-    """Issue 14 item 11: one NaN weight spoils ~30 receipt values; that used to print one
+    """One NaN weight spoils ~30 receipt values; that used to print one
     warning per value. Now one line names the weights and counts the nulled values."""
     out = tmp_path / "receipts.json"
     args = replaying(corpus, "receipts", corpus["ckpt_nonfinite_weights"])
@@ -310,7 +311,7 @@ def test_checkpoint_being_written_is_skipped_with_a_warning(corpus: dict[str, Pa
     ],
 )
 def test_ambiguous_steps_are_refused(corpus: dict[str, Path], tmp_path: Path, item: str, needles: list[str]) -> None:
-    """Issue 14 item 8: two directories for one step, or a step int() reads from non-ASCII
+    """Two directories for one step, or a step int() reads from non-ASCII
     digits, would give one checkpoint's receipts another's name; certify refuses the run."""
     argv = [*certify(corpus, Path(f"{{{item}}}"), tmp_path / "cert")]
     check_matrix(corpus, tmp_path, [str(a) for a in argv], 4, needles)
@@ -437,7 +438,8 @@ CERTIFICATES = [  # certificate, public key, exit code, what the one line must s
         1,
         "{cert_two_signatures}: expected exactly one signature, found 2",
     ),
-    # not JSON any more: not a certificate, an input error (issue 25 §5), not an invalid signature
+    # not JSON any more: not a certificate, an input error (docs/decisions.md, "A file that is not a certificate"), not
+    # an invalid signature
     ("cert_truncated", "good_key_pub", 4, "{cert_truncated}: not a certificate (not JSON"),
     (
         "cert_duplicate_key",
@@ -461,7 +463,7 @@ def test_bad_certificate(corpus: dict[str, Path], tmp_path: Path, cert: str, pub
     check_matrix(corpus, tmp_path, ["verify", f"{{{cert}}}", "--pubkey", f"{{{pub}}}"], code, [needle])
 
 
-# ----- output targets (issue 14) ----------------------------------------------------------------
+# ----- output targets -------------------------------------------------------------------------
 
 
 def test_gate_junit_follows_the_overwrite_rule(corpus: dict[str, Path], tmp_path: Path) -> None:
@@ -477,7 +479,7 @@ def test_gate_junit_follows_the_overwrite_rule(corpus: dict[str, Path], tmp_path
     assert code in (0, 1, 3) and "<testcase" in junit.read_text()
 
 
-# ----- verify --recheck (issue 14) --------------------------------------------------------------
+# ----- verify --recheck -----------------------------------------------------------------------
 
 
 def test_recheck_works_from_another_directory(

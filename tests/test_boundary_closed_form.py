@@ -1,4 +1,4 @@
-"""Boundary mass against its closed form (`002` Remark 3.3, Example 3.8; SPEC §4 "Boundary").
+"""Boundary mass against its closed form (`002` Remark 3.3, Example 3.8).
 
 The checkpoint is a real Mixtral layout built so that the gate input has a known law: one
 decoder layer, attention output zeroed (o_proj = 0, so h = the embedding row exactly),
@@ -36,7 +36,7 @@ from moeaudit.receipts.state import state_receipts
 pytest.importorskip("transformers")
 
 V, W, T = 4096, 64, 64
-A_NORM = 0.5  # ‖a‖: puts B(η) between ~0.01 and ~1 over SPEC's η grid
+A_NORM = 0.5  # ‖a‖: puts B(η) between ~0.01 and ~1 over the policy's η grid (docs/policy.md, "boundary_etas")
 EPS = 1e-5  # Mixtral rms_norm_eps
 NO_BOOTSTRAP = Policy(receipts=ReceiptSettings(bootstrap=0))
 

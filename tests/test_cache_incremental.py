@@ -1,6 +1,6 @@
-"""Receipts cache (issue 6): re-certifying an unchanged run replays nothing, adding one
+"""Receipts cache (docs/decisions.md, "Receipts cache"): re-certifying an unchanged run replays nothing, adding one
 checkpoint replays only that checkpoint, and cached results equal freshly computed ones.
-Issue 14: an entry is trusted only with a valid MAC under the local key; anything else is a
+An entry is trusted only with a valid MAC under the local key; anything else is a
 miss and is recomputed; the certificate says what came from the cache; names are the run's."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_adding_a_checkpoint_replays_only_it(tiny: Path, tmp_path: Path) -> None
     assert "from_cache" not in fresh
 
 
-# ----- issue 14: the cache decides no signed number ------------------------------------------
+# ----- the cache decides no signed number ---------------------------------------------------
 
 
 def _one_checkpoint_run(tiny: Path, tmp_path: Path, copies: tuple[str, ...] = ("checkpoint-1",)) -> Path:
@@ -82,7 +82,7 @@ def _entries(cache: Path, schema: str) -> list[Path]:
 
 
 def test_tampered_nll_in_the_cache_is_recomputed(tiny: Path, tmp_path: Path) -> None:
-    """Issue 14 item 1: editing a cached receipt (nll → 1.2345) must not reach a certificate."""
+    """Editing a cached receipt (nll → 1.2345) must not reach a certificate."""
     canary = canary_mod.load(tiny / "canary.safetensors")
     run = _one_checkpoint_run(tiny, tmp_path)
     cache = ReceiptsCache(tmp_path / "cache")
@@ -208,7 +208,7 @@ def test_a_key_others_can_read_turns_the_cache_off(tmp_path: Path) -> None:
 
 
 def test_identical_checkpoints_keep_their_own_names(tiny: Path, tmp_path: Path) -> None:
-    """Issue 14 item 8: byte-identical checkpoints share cache entries (same digest), but the
+    """Byte-identical checkpoints share cache entries (same digest), but the
     names and steps in receipts, gates and pairs are the run's, not the first one cached."""
     canary = canary_mod.load(tiny / "canary.safetensors")
     run = _one_checkpoint_run(tiny, tmp_path, ("checkpoint-1", "checkpoint-2", "checkpoint-3"))
@@ -229,7 +229,7 @@ def test_identical_checkpoints_keep_their_own_names(tiny: Path, tmp_path: Path) 
 
 
 def test_the_nll_interval_is_cached_and_a_tampered_one_recomputed(tiny: Path, tmp_path: Path) -> None:
-    """Issue 16 item 5: the NLL change's bootstrap interval (numpy) is kept in the cache, so a
+    """The NLL change's bootstrap interval (numpy) is kept in the cache, so a
     fully cached certify loads no numpy; a forged interval is a miss and is recomputed."""
     canary = canary_mod.load(tiny / "canary.safetensors")
     run = tmp_path / "run"

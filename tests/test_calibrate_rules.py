@@ -1,4 +1,4 @@
-"""Issue 23 §1, §3, §4 on synthetic series: starvation that comes and goes, rules a series
+"""On synthetic series: starvation that comes and goes, rules a series
 cannot fire, the variance bound gated only when calibrated, and calibrate refusing constants
 that cannot fail."""
 

@@ -1,4 +1,5 @@
-"""The transformers callback's per-step work stops the host never (issue 39 §3): counted on the
+"""The transformers callback's per-step work stops the host never (docs/decisions.md, "No host sync on a
+Trainer step"): counted on the
 CPU with the stand-in device of tests/device_meter.py — the model's parameters (and so its
 gradients, the norms, the routing counts) are device tensors there, and a read of one by the
 host is a sync. Only the callback's own work is counted (its step hook and its forward hooks),

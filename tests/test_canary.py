@@ -1,4 +1,4 @@
-"""The canary promises of SPEC §2.2: content-addressed digest, strict build and load."""
+"""The canary promises (docs/glossary.md, "Canary"): content-addressed digest, strict build and load."""
 
 from __future__ import annotations
 
@@ -448,7 +448,7 @@ def test_load_missing_file(tmp_path: Path) -> None:
 def test_load_not_safetensors(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text('{"domain": "a", "tokens": [1, 2]}\n')
-    # the source of a canary, not the safetensors parser's header arithmetic (issue 25 §5)
+    # the source of a canary, not the safetensors parser's header arithmetic (docs/decisions.md, "Not a canary")
     err = raises(
         "c.jsonl: not a moeaudit canary (a JSONL file of token windows (a canary's source), not a built canary)",
         load,
@@ -482,7 +482,7 @@ def test_in_memory_invariants_are_checked() -> None:
     raises("is not valid Unicode text", make, [[1, 2]], [0], ("\ud800",))
 
 
-# --- `canary show` on files that are not canaries (issue 15.3) -------------------------------
+# --- `canary show` on files that are not canaries -------------------------------------------
 
 
 def _model_safetensors(path: Path) -> Path:

@@ -1,5 +1,5 @@
 """``certify`` end to end on a two-checkpoint run of every family with a transformers class
-(issue 15): the second checkpoint is the first with every matrix moved by 2 % of its spread,
+(docs/families.md): the second checkpoint is the first with every matrix moved by 2 % of its spread,
 so there is a pair to compare. Certify must write a certificate that verifies, whose receipts
 name the family and carry finite NLL and per-layer receipts for exactly the routed layers.
 The oracle tests check the numbers; this checks that every family goes through the product.

@@ -1,4 +1,5 @@
-"""The command-line contract of SPEC §10: commands, JSON fields, one-line errors, exit codes."""
+"""The command-line contract (README.md, "Commands", "Exit codes", "Schemas"): commands, JSON fields, one-line errors,
+exit codes."""
 
 from __future__ import annotations
 

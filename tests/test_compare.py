@@ -1,4 +1,4 @@
-"""`moeaudit compare` (SPEC §5–§6, §10): the moeaudit.compare/v1 document, drift localised to the
+"""`moeaudit compare` (`003` §5; README.md, "Commands"): the moeaudit.compare/v1 document, drift localised to the
 layer that changed, the margins as Eq. 31–32 define them, and the input errors (exit 4)."""
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def receipts_with_a_repeated_key(hf_checkpoint, workspace: dict[str, Path], tmp_
     [
         (receipts_on_another_canary, True, "another canary"),
         (not_receipts, True, RECEIPTS),
-        # issue 14's leftovers: untrusted receipts JSON read like every other input
+        # untrusted receipts JSON read like every other input
         (receipts_without_canary, True, "reference receipts name no canary digest"),
         (receipts_without_occupancy, True, "lacks or garbles a field the handoff margin reads (KeyError: 'occupancy')"),
         (receipts_with_a_repeated_key, True, "repeats the key 'nll'"),

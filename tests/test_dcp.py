@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint (DCP) directories (issue 15.2): written here by the real
+"""torch.distributed.checkpoint (DCP) directories: written here by the real
 ``dcp.save``, read by moeaudit without unpickling anything but the DCP metadata classes.
 
 The sample run's Mixtral weights are saved as DCP under Hugging Face names (as
@@ -422,7 +422,7 @@ def test_certify_dcp_run_equals_safetensors_run(tmp_path: Path) -> None:
                 files = doc["predicate"].pop("checkpoint_files")
                 assert [f["name"] for f in files] == [s["name"] for s in doc["subject"]]
         assert _pop_left_out(ref) == []
-        lefts = _pop_left_out(ours)  # issue 24: what is not replayed is in the receipts
+        lefts = _pop_left_out(ours)  # what is not replayed is in the receipts
         assert lefts or not name.startswith("checkpoint-"), name
         for left in lefts:
             assert left == [

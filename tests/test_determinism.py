@@ -1,6 +1,6 @@
-"""No replay dispatches an operator that torch refuses on CUDA in deterministic mode (issue 31
-§1): float ``cumsum`` (Gated DeltaNet's chunk decays) would stop every qwen3_next and
-qwen3_5_moe replay on a GPU. The operators are recorded on the CPU, for every registered
+"""No replay dispatches an operator that torch refuses on CUDA in deterministic mode (docs/scaling.md,
+"The GPU path: syncs, copies and the memory model"): float ``cumsum`` (Gated DeltaNet's chunk decays) would stop every
+qwen3_next and qwen3_5_moe replay on a GPU. The operators are recorded on the CPU, for every registered
 family, in everything the device branch runs on the device: the replay's forward and backward,
 the pair receipts and greedy generation; ``moeaudit.replay.determinism`` holds torch's list."""
 

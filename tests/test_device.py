@@ -1,4 +1,4 @@
-"""``--device``: the device branch (issue 6 item 5, issue 31).
+"""``--device``: the device branch (docs/scaling.md, "The device branch").
 
 The default path (``device=None``) computes on the host with no copies. Any explicit device
 takes the device branch — the CPU too — so CI runs that branch for every family on the CPU and

@@ -1,4 +1,5 @@
-"""Double-buffered expert copies (issue 31 §4): a sweep over a layer's experts on a device says
+"""Double-buffered expert copies (docs/decisions.md, "The GPU path: receipts on the device,
+copies ahead, inputs offloaded"): a sweep over a layer's experts on a device says
 which experts it reads, in order, and each read starts the copy of the next one, so that
 expert e+1's bytes cross while e computes. Checked on the CPU with ``cpu:0`` standing in for
 the device: every expert a sweep reads is sent once, in the sweep's order, every one but the

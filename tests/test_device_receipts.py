@@ -1,4 +1,5 @@
-"""State receipts computed where the taps live (issue 31 §4).
+"""State receipts computed where the taps live (docs/decisions.md, "The GPU path: receipts on the
+device, copies ahead, inputs offloaded").
 
 On a device the observers get the taps there — h, y, u of the active and the overlap experts,
 (3 + min(E, 2k))·N·H floats a layer — and compute every statistic there; what comes back is
@@ -89,7 +90,7 @@ def test_a_layer_s_receipts_come_back_in_one_copy_of_their_own_size(family: str,
 
 def test_the_copy_back_does_not_grow_with_the_tokens_or_the_width(tmp_path: Path) -> None:
     """Three times the tokens and twice the width: not one byte more comes back per layer (the
-    taps did: 61 024 bytes a mixtral layer at N 64, H 32, before issue 31 §4)."""
+    taps did: 61 024 bytes a mixtral layer at N 64, H 32, before receipts were computed on the device)."""
     from hfmodels import save_tiny
 
     back = {}
@@ -168,7 +169,7 @@ def test_resolve_reads_every_leaf_exactly_in_one_copy() -> None:
 
 
 def _filtered_interval(stat_B: torch.Tensor) -> list[float] | None:
-    """The interval as computed before issue 31 §4: a boolean index of the finite replicates
+    """The interval as computed before receipts were computed on the device: a boolean index of the finite replicates
     (a synchronisation on a GPU), then ``quantile``."""
     stat_B = stat_B[torch.isfinite(stat_B)]
     if stat_B.numel() == 0:

@@ -1,4 +1,5 @@
-"""What a replay does to the process, and what its cache entries are keyed by (issue 31 §5, §7).
+"""What a replay does to the process, and what its cache entries are keyed by (docs/decisions.md, "The GPU
+model is in the cache key").
 
 A replay needs deterministic kernels and IEEE float32 products (no TF32); it sets them for its
 own duration and gives the caller's settings back — moeaudit runs inside training processes.

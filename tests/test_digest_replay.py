@@ -1,4 +1,5 @@
-"""Issue 24 §1: the digest signed is the digest of the bytes replayed, with a hostile writer.
+"""The digest signed is the digest of the bytes replayed, with a hostile writer
+(docs/security.md, "One read per input").
 
 The owner of a checkpoint file rewrites a router weight through a shared mapping (``mmap``
 ``MAP_SHARED``) in a second process, toggling one byte between its honest and a forged value

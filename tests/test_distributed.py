@@ -1,4 +1,4 @@
-"""Issue 29 §2: per-expert gradient norms under DDP, FSDP2 and expert parallelism equal the
+"""Per-expert gradient norms under DDP, FSDP2 and expert parallelism equal the
 single-process norms, and only rank 0 writes. Two real gloo ranks on 127.0.0.1
 (tests/dist_worker.py); every collective and the processes themselves have bounded timeouts."""
 

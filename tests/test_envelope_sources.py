@@ -1,4 +1,5 @@
-"""Training logs vs checkpoint replays, window by window (issue #4): a synthetic run whose
+"""Training logs vs checkpoint replays, window by window (docs/envelope.md, "Logs vs replays, window by
+window"): a synthetic run whose
 agree/disagree flags are known exactly, the composition law behind the comparison, and the
 sample runs (healthy agrees everywhere; collapse leaves at layer 1 on both sources)."""
 

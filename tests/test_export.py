@@ -1,4 +1,4 @@
-"""Compliance export (SPEC §9 "Export"): only from a verified certificate, every status computed
+"""Compliance export (docs/compliance.md): only from a verified certificate, every status computed
 from what the certificate holds, items without evidence listed as not covered, deterministic
 and script-free output."""
 
@@ -340,14 +340,14 @@ def test_sr_11_7_states_its_supersession(key_pair, tmp_path: Path) -> None:
     report = export(verified(example_statement(), key_pair, tmp_path), "sr-11-7")
     assert "superseded by SR 26-2 in April 2026" in report["framework"]["note"]
     assert "superseded by SR 26-2 in April 2026" in to_markdown(report)
-    # issue 25 §8: and that SR 26-2 leaves generative AI models out of its scope
+    # and that SR 26-2 leaves generative AI models out of its scope
     scope = "SR 26-2 places generative AI and agentic AI models outside its scope"
     assert scope in report["framework"]["note"] and scope in to_markdown(report)
     assert "not a model under SR 26-2" in to_html(report)
 
 
 def test_gpai_model_documentation_form(key_pair, tmp_path: Path) -> None:
-    """issue 25 §8: for GPAI providers, the Code of Practice's Model Documentation Form; the
+    """For GPAI providers, the Code of Practice's Model Documentation Form; the
     subject digests answer its model-authenticity item, items without evidence are not covered."""
     stmt = example_statement()
     report = export(verified(stmt, key_pair, tmp_path), "eu-ai-act-gpai")
@@ -418,7 +418,7 @@ def test_docs_explain_every_item() -> None:
 
 
 def test_html_export_shows_the_verdict_in_colour_and_the_backing_charts(key_pair, tmp_path) -> None:
-    """Issue 16 item 6: the export page shows the verdict as the certificate page does, and each
+    """The export page shows the verdict as the certificate page does, and each
     item whose evidence cites gates, the envelope or the occupancy heatmap shows that chart."""
     from moeaudit.attest.certificate import open_certificate
 
@@ -470,7 +470,7 @@ def _colours(page: str, selector: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("verdict", ["PASS", "FAIL", "INCONCLUSIVE"])
 def test_export_and_certificate_show_a_verdict_in_the_same_colours(verdict: str, key_pair, tmp_path) -> None:
-    """Issue 16 item 6: the verdict badge of the export page and the verdict band of the
+    """The verdict badge of the export page and the verdict band of the
     certificate page get their colours from one stylesheet (templates/verdict.css)."""
     from moeaudit.report.html import render_html
 

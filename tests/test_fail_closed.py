@@ -1,4 +1,4 @@
-"""Fail closed on anything not replayed (issue 24 §2).
+"""Fail closed on anything not replayed.
 
 * A tensor the family's replay does not read is an input error (exit 4) naming it — a few names,
   then a count — unless it is on the family's documented ignore list (rotary ``inv_freq``

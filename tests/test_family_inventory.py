@@ -1,5 +1,5 @@
 """Every MoE model type transformers ships is either replayed, with an oracle test, or refused
-with a reason: never "unknown model family" (issue 27 §4).
+with a reason: never "unknown model family".
 
 The inventory walks transformers' model registry (``CONFIG_MAPPING``): each model type's default
 configuration is built and its keys searched, sub-configurations included (``text_config``,

@@ -1,4 +1,4 @@
-"""The fresh runs of ``tests/fresh_runs.py`` are what their recipes claim (issue 23).
+"""The fresh runs of ``tests/fresh_runs.py`` are what their recipes claim.
 
 Measured with moeaudit's receipts (occupancy and canary NLL of each checkpoint) and the
 training hook's own log, never with its verdicts: these runs exist to test the verdicts.

@@ -1,4 +1,4 @@
-"""Issue 23: verdicts that hold on runs nobody tuned for.
+"""Verdicts that hold on runs nobody tuned for.
 
 Every rule is tested as an invariant over runs trained in this session by tests/fresh_runs.py
 (HF Trainer and plain torch loops; mixtral, olmoe, qwen2_moe; several seeds, sizes and save
@@ -405,7 +405,7 @@ def test_gate_json_names_the_value_and_threshold_that_failed(fresh_runs, env, ca
 
 def test_an_inconclusive_gate_exits_3_and_fails_the_junit_decision(env, tmp_path) -> None:
     """One sample checkpoint under two step names: baseline-only evidence, so the run verdict
-    is INCONCLUSIVE and the gate exits 3 (SPEC §10); JUnit counts its decision as a failure,
+    is INCONCLUSIVE and the gate exits 3 (README.md, "Exit codes"); JUnit counts its decision as a failure,
     never 0 failures, and the same document with PROMOTE as 0 failures."""
     from moeaudit.report.ci import junit_xml
 

@@ -1,4 +1,4 @@
-"""Bounded fuzzing of every reader of untrusted bytes (issue 7 item 2).
+"""Bounded fuzzing of every reader of untrusted bytes.
 
 The law: whatever the input, the only exceptions that escape are ``MoeauditError`` subclasses
 (which the CLI turns into one line and exit code 4, or 1 for a signature). Each target gets

@@ -1,6 +1,6 @@
 """Golden certificate of the healthy sample run. Goldens pin what is deterministic; replayed
 floats are compared within a stated tolerance, because float kernels differ between CPUs
-(issue 24 §6).
+(docs/decisions.md, "Goldens pin what is deterministic; replayed floats have stated tolerances").
 
 **Rendering is pinned, byte for byte.** ``golden/healthy.statement.json`` is a statement as
 signed: data here, nothing is replayed. certify's writer signs it with the fixed Ed25519 test key

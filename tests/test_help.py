@@ -1,4 +1,4 @@
-"""Issue 16 item 3: every command says what it is for and shows how to run it — every option
+"""Every command says what it is for and shows how to run it — every option
 has help text, every command's --help ends with an "Examples:" block of 1–3 invocations on the
 shipped samples that click parses (the read-only ones are run), no summary is cut off with
 "...", and the README's command table matches the real command line."""

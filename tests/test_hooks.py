@@ -1,4 +1,5 @@
-"""The training hook (SPEC §2.3): per-expert gradient norms appended to ``metrics.jsonl``.
+"""The training hook (docs/envelope.md, "Reading `metrics.jsonl`"): per-expert gradient norms appended to
+``metrics.jsonl``.
 
 The logged norms must be the norms of the parameters' gradients — on a transformers v5 model
 (fused ``gate_up_proj``/``down_proj``), on per-expert parameters (transformers v4 / on-disk
@@ -29,7 +30,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def check_spec_format(record: dict, layers: list[int], num_experts: int) -> None:
-    """SPEC §2.3: step int, loss float, expert_grad_norms {"<layer>": [float x E]}."""
+    """Step int, loss float, expert_grad_norms {"<layer>": [float x E]}."""
     assert isinstance(record["step"], int)
     assert isinstance(record["loss"], float)
     assert sorted(record["expert_grad_norms"]) == sorted(str(i) for i in layers)
@@ -358,7 +359,7 @@ def test_no_moe_parameters_is_an_error(tmp_path: Path) -> None:
         ExpertGradLogger(tmp_path / "m.jsonl", _per_expert_params(), every=0)
 
 
-# --- issue 29: one fused pass, its accuracy, the global norm, ranks, durability ------------------
+# --- one fused pass, its accuracy, the global norm, ranks, durability ---------------------------
 
 
 def test_large_tensors_chunked_norms_are_float64_accurate(tmp_path: Path) -> None:

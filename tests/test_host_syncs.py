@@ -1,7 +1,7 @@
 """Host synchronisations and host↔device copies of the device branch, per layer, capped
-(issue 31 §4). Counted on the CPU by ``device_meter`` (a stand-in device whose tensors are
-tagged; see its docstring for what counts as a sync). The caps do not grow with the number of
-experts: a sync per expert — the backward's ``float(vector_norm(...))`` of each gradient, a
+(docs/scaling.md, "The GPU path: syncs, copies and the memory model"). Counted on the CPU by ``device_meter`` (a
+stand-in device whose tensors are tagged; see its docstring for what counts as a sync). The caps do not grow with the
+number of experts: a sync per expert — the backward's ``float(vector_norm(...))`` of each gradient, a
 blocking copy of each expert's weights — multiplies by 256 on DeepSeek-V3. docs/scaling.md
 records the counts before and after; ``python tests/test_host_syncs.py FAMILY...`` prints them.
 """

@@ -1,5 +1,6 @@
-"""The HTML certificate (SPEC §9): deterministic, self-contained, escaped — and checked in a real
-headless Chromium: no network request, no console error, a screenshot that shows the verdict.
+"""The HTML certificate (README.md, "What a certificate proves, and what it does not"): deterministic, self-contained,
+escaped — and checked in a real headless Chromium: no network request, no console error, a screenshot that shows the
+verdict.
 
 The browser is driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``: NUL-
 separated JSON on fds 3/4), so the test reads Chromium's own account of the page load — every
@@ -83,7 +84,7 @@ def test_golden_page(statement: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("verdict", ["PASS", "FAIL", "INCONCLUSIVE"])
 def test_minimal_statement_renders(verdict: str) -> None:
-    """Only what SPEC §9 requires (verdict, gates): every section says what is missing."""
+    """Only what a certificate must hold (verdict, gates): every section says what is missing."""
     gates = [{"step": 0, "status": "BASELINE"}, {"step": 10, "status": "GREEN"}]
     stmt = {"_type": "t", "subject": [], "predicateType": "p", "predicate": {"verdict": verdict, "gates": gates}}
     html = render(stmt)
@@ -319,7 +320,7 @@ def test_chromium_loads_offline_cleanly_and_shows_the_verdict(statement: dict[st
 
 
 def test_occupancy_heatmaps_share_one_fixed_scale(statement: dict[str, Any]) -> None:
-    """Issue 16 item 6: two runs with very different π ranges get the same colour scale and
+    """Two runs with very different π ranges get the same colour scale and
     legend, in units of the uniform share k/E."""
     import copy
 
@@ -350,7 +351,7 @@ EXPORT_FACTS = """JSON.stringify((() => {
 def test_chromium_renders_the_export_page_with_its_verdict_and_charts(
     statement: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Issue 16 item 6: the compliance export, as a browser shows it: verdict badge in colour,
+    """The compliance export, as a browser shows it: verdict badge in colour,
     the backing charts laid out, nothing fetched, no script."""
     from moeaudit.report.export import export, to_html
 

@@ -1,4 +1,5 @@
-"""The certificate page as an operator reads it (issue 25 §4): C2 bars coloured by the drop from
+"""The certificate page as an operator reads it (docs/decisions.md, "The certificate page is
+written for the operator who reads it"): C2 bars coloured by the drop from
 the baseline, every reason behind "(and N more)" one click away (<details>, no script), the
 lifecycle margins as one plain sentence before their symbols, the domain legend's ×, numbers
 near 1 in plain decimals, a neutral mark beside licensed sentences (one may say a loss rose),

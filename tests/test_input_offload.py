@@ -1,4 +1,5 @@
-"""Stored layer inputs beyond a device memory budget wait in host memory (issue 31 §6).
+"""Stored layer inputs beyond a device memory budget wait in host memory (docs/decisions.md, "Input offload is an
+environment setting").
 
 Checked on the CPU with ``cpu:0`` standing in for the device: with a budget for one layer's
 input, the first layers' inputs are copied to the host in the forward (one copy each, queued)

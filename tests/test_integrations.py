@@ -1,4 +1,4 @@
-"""Issue 15.2: the transformers and Lightning callbacks write a run that `moeaudit certify` reads.
+"""The transformers and Lightning callbacks write a run that `moeaudit certify` reads.
 
 Each test trains a tiny Mixtral for 6 real optimizer steps (checkpoints at 3 and 6), then
 checks the callback's numbers against an independent computation — step 1's per-expert
@@ -28,7 +28,7 @@ transformers = pytest.importorskip("transformers")
 from hfmodels import VOCAB, tiny_model  # noqa: E402
 
 STEPS, SAVE, BATCH, SEQ = 6, 3, 8, 32
-REL = 2e-3  # the replay oracle's gradient-norm tolerance (issue 15.1)
+REL = 2e-3  # the replay oracle's gradient-norm tolerance (tests/test_oracle.py)
 
 
 def _canary() -> Canary:
@@ -89,7 +89,7 @@ def _certify_and_check(run: Path, canary: Canary, tmp_path: Path) -> None:
             "--no-cache",
         ],
     )
-    assert result.exit_code == 0, result.output  # a certificate was written (SPEC §10)
+    assert result.exit_code == 0, result.output  # a certificate was written (README.md, "Exit codes")
     receipts = {s: json.loads((out / "receipts" / f"checkpoint-{s}.json").read_text()) for s in (3, 6)}
     assert all(r["canary"]["digest"]["sha256"] == canary.digest for r in receipts.values())
     assert all(math.isfinite(r["nll"]) and r["nonfinite_weights"] == [] for r in receipts.values())

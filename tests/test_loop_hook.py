@@ -1,4 +1,4 @@
-"""Issue 29 §4: the hook for a hand-written PyTorch loop (torchtitan's train_step calls it the
+"""The hook for a hand-written PyTorch loop (torchtitan's train_step calls it the
 same way). Four real optimizer steps of a tiny Mixtral with clipping and two saves: the logged
 norms are the unclipped gradient's (checked against an independent computation), the canary
 probe is written at each save, the tracker function gets the ``moe/…`` scalars, and
@@ -81,7 +81,7 @@ def test_plain_torch_loop(tmp_path: Path) -> None:
 
 
 def test_readme_logging_snippet_runs_as_written(tmp_path: Path) -> None:
-    """Issue 29 §6: the README's logging block defines every name it uses. Only the two
+    """The README's logging block defines every name it uses. Only the two
     placeholders a user fills in (``model = ...``, ``loader = ...``), the run directory, the
     canary path and the save interval are replaced; everything else runs as printed."""
     from moeaudit import canary as canary_mod

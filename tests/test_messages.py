@@ -1,4 +1,4 @@
-"""What the tool says when the first hour goes wrong (issue 25 §5, §6), one test per message:
+"""What the tool says when the first hour goes wrong, one test per message:
 a file that is not a certificate (exit 4, not 1), `export --out x.html` writing HTML, how to
 pass --pubkey before any key exists, a run directory where a checkpoint belongs, a canary's
 JSONL source given as the canary, a `step_250/` directory, an abandoned checkpoint after a

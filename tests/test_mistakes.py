@@ -1,4 +1,4 @@
-"""Issue 16 item 4: common mistakes get a message that says what to do."""
+"""Common mistakes get a message that says what to do."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_verify_defaults_to_your_key_like_export(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     result = CliRunner(env=env).invoke(cli, ["verify", str(tmp_path / "c.json")])
     assert result.exit_code == 4  # no "Missing option '--pubkey'" usage error
-    # no key yet: says how to pass the signer's (issue 25 §5; tests/test_messages.py)
+    # no key yet: says how to pass the signer's (tests/test_messages.py)
     assert "you have no moeaudit key yet — pass --pubkey KEY.pub" in result.stderr
 
 

@@ -1,4 +1,4 @@
-"""Issue 15 item 4: the signed predicate follows in-toto's naming (lowerCamelCase field names,
+"""The signed predicate follows in-toto's naming (lowerCamelCase field names,
 an RFC 3339 ``Z`` time that says what it dates, the version in the type URI), converts back to
 moeaudit's own names losslessly, keeps data keys (layers, domains, series) as they are, and a
 v1 certificate (snake_case on the wire) still verifies and reads."""

@@ -1,4 +1,4 @@
-"""Issue 29 §5: the envelope's rules evaluated online, one logged step at a time, raise the
+"""The envelope's rules evaluated online, one logged step at a time, raise the
 events ``moeaudit envelope`` reports on the written metrics.jsonl — at the step they fire."""
 
 from __future__ import annotations

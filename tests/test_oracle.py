@@ -1,4 +1,4 @@
-"""Replay agrees with Hugging Face transformers on the same checkpoint (SPEC §3).
+"""Replay agrees with Hugging Face transformers on the same checkpoint (docs/glossary.md, "Replay").
 
 transformers is the external oracle: it loads the directory ``save_pretrained`` wrote and
 runs it in float32 with eager attention; moeaudit reads the same files with its own reader
@@ -193,7 +193,7 @@ def test_relabelling_experts_changes_only_labels(perm: list[int], relabel_base, 
 
 
 def test_replay_leaves_the_callers_torch_flags_alone(hf_checkpoint) -> None:
-    """Deterministic algorithms on (SPEC §3) during the replay only: moeaudit also runs inside
+    """Deterministic algorithms on (docs/glossary.md, "Replay") during the replay only: moeaudit also runs inside
     training processes (the hook, library use), whose torch settings it must not change."""
     before = (torch.are_deterministic_algorithms_enabled(), torch._C._get_deterministic_fill_uninitialized_memory())
     seen = []

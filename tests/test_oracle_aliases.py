@@ -1,4 +1,5 @@
-"""Model types replayed as another family's decoder (issue 27 §1) against transformers: the
+"""Model types replayed as another family's decoder (docs/decisions.md, "The registry, and which model types
+count as MoE") against transformers: the
 vision-language wrappers ``kimi_k25`` (DeepSeek-V3 text decoder), ``qwen3_vl_moe`` (Qwen3-MoE),
 ``glm4v_moe`` (GLM-4.5 MoE, multimodal RoPE), compared with the wrapper's own forward on text
 tokens (``hfmodels.aliases.TextView``); ``glm4_moe_lite`` (MLA + GLM's router) against

@@ -1,4 +1,4 @@
-"""Issue 27's further model types against transformers: ``granitemoeshared`` (Granite MoE +
+"""Further model types against transformers: ``granitemoeshared`` (Granite MoE +
 a shared MLP), ``granitemoe_swa`` (+ sliding-window layers, attention sinks, per-layer RoPE bases
 with NoPE), ``aria_text`` and the ``aria`` vision-language checkpoint around it (compared with the
 wrapper's own forward on text tokens, ``hfmodels.aliases.TextView``), ``mistral4`` (DeepSeek-V3's

@@ -1,5 +1,5 @@
 """DeepSeek-V3 / V2 replay against transformers' ``DeepseekV3ForCausalLM`` /
-``DeepseekV2ForCausalLM`` (issue 8).
+``DeepseekV2ForCausalLM`` (docs/decisions.md, "DeepSeek-V3 / V2: sigmoid and group-limited routing, YaRN, MTP layers").
 
 The tiny models have MLA attention (low-rank q, a shared kv latent, rope/nope split), a dense
 first layer, shared experts, 8 routed experts in 4 groups of which the best 2 compete, a

@@ -1,4 +1,4 @@
-"""dots.llm1 (``dots1``) replay against transformers' ``Dots1ForCausalLM`` (issue 15).
+"""dots.llm1 (``dots1``) replay against transformers' ``Dots1ForCausalLM``.
 
 The tiny models have Qwen3-style attention (per-head q/k RMSNorm) with bias on all four
 projections, DeepSeek-V3's sigmoid router with a real selection bias and group-limited top-k,

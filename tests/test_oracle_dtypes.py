@@ -1,4 +1,4 @@
-"""The stored dtype never changes the math (issue 24 §3): every family's checkpoint, saved in
+"""The stored dtype never changes the math: every family's checkpoint, saved in
 bfloat16 or float16 as people ship them, replays as transformers computes it from the same file
 in float32 — loss, hidden states, router logits, active sets, combine weights and the gradient
 norms (per expert, router, shared expert, attention).

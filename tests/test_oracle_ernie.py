@@ -1,5 +1,4 @@
-"""ERNIE 4.5 MoE (``ernie4_5_moe``) replay against transformers' ``Ernie4_5_MoeForCausalLM``
-(issue 15).
+"""ERNIE 4.5 MoE (``ernie4_5_moe``) replay against transformers' ``Ernie4_5_MoeForCausalLM``.
 
 The tiny models have RoPE on adjacent pairs (interleaved), a softmax router whose top-k is
 chosen on the probabilities plus a real selection bias (stored [1, E]), two ungated shared

@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2, Qwen3-Next and Qwen3.5-MoE replay against transformers (issue 15), same
+"""DeepSeek-V3.2, Qwen3-Next and Qwen3.5-MoE replay against transformers, same
 checks and tolerances as ``test_oracle`` / ``test_oracle_deepseek``.
 
 DeepSeek-V3.2's tiny model keeps index_topk=5 below the window length T=12, so the DSA

@@ -1,4 +1,4 @@
-"""The newer routed designs of issue 27 replayed against transformers: Solar Open, …
+"""The newer routed designs replayed against transformers: Solar Open, …
 
 Each family runs at least two configurations (top-k, expert count, shared experts, dense/sparse
 layer placement varied), each in float32 and from a bfloat16 checkpoint (transformers computing
@@ -349,7 +349,7 @@ LAGUNA: dict[str, dict[str, Any]] = {
         "sliding_window": 5,
         "attention_bias": True,
     },
-    # issue 27: attention per kind of layer — RoPE per layer type (θ and partial rotary differ)
+    # attention per kind of layer — RoPE per layer type (θ and partial rotary differ)
     # and query heads per layer (4 / 2 / 6 over 2 kv heads)
     "rope-per-type-heads-per-layer-top2": {
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
@@ -430,7 +430,8 @@ def test_laguna_config_defaults_and_refusals() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
     assert spec.routed_layers == tuple(range(1, 40)) and spec.output_gate == "head" and spec.router_softcap == 0.0
-    # issue 27: RoPE per layer type and heads per layer, as attention kinds (no longer refused)
+    # docs/decisions.md, "Attention per kind of layer (mimo_v2_flash, step3p5, step3p7, laguna,
+    # mellum)": RoPE per layer type and heads per layer, as attention kinds (no longer refused)
     mixed = spec_from_config({**hf.to_dict(), "layer_types": ["sliding_attention", "full_attention"] * 20})
     assert [(a.name, a.rope_theta, a.rope_dim) for a in mixed.attention_kinds] == [
         ("sliding_attention", 1e4, 128),

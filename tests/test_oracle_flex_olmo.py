@@ -150,7 +150,7 @@ def test_the_router_reads_the_residual_stream(tmp_path: Path) -> None:
         assert_close_activations(result.routing[i].scores_NE, want, FORWARD, f"router logits {i}")
         normed = F.linear(rms_norm(h_ref, torch.ones(h_ref.shape[-1]), ckpt.spec.rms_eps), w_r)
         assert float((normed - want).abs().max()) > 1e-2
-        # z = h / r stays the receipts' state (SPEC §3), defined without a norm
+        # z = h / r stays the receipts' state (docs/glossary.md, "Taps"), defined without a norm
         r = h_ref.double().pow(2).mean(-1).add(ckpt.spec.rms_eps).sqrt()
         torch.testing.assert_close(tap.z_NH.double(), h_ref.double() / r[:, None], rtol=1e-4, atol=1e-5)
 

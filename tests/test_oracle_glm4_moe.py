@@ -1,4 +1,4 @@
-"""GLM-4.5 (``glm4_moe``) replay against transformers' ``Glm4MoeForCausalLM`` (issue 15).
+"""GLM-4.5 (``glm4_moe``) replay against transformers' ``Glm4MoeForCausalLM``.
 
 The tiny models have partial rotary (RoPE on the first part of each head only), q/k/v bias
 without an o_proj bias, optional per-head q/k norm, DeepSeek-V3's sigmoid router with a real

@@ -1,4 +1,4 @@
-"""gpt-oss (``gpt_oss``) replay against transformers' ``GptOssForCausalLM`` (issue 15).
+"""gpt-oss (``gpt_oss``) replay against transformers' ``GptOssForCausalLM``.
 
 The tiny models carry what sets gpt-oss apart: a sink logit per head in every attention softmax,
 sliding-window attention on even layers (window 5 < the 12-token windows) and full attention on

@@ -1,4 +1,4 @@
-"""Granite MoE (``granitemoe``) replay against transformers' ``GraniteMoeForCausalLM`` (issue 15).
+"""Granite MoE (``granitemoe``) replay against transformers' ``GraniteMoeForCausalLM``.
 
 The tiny models carry Granite-3.0-1B-A400M's four multipliers (embeddings × 12, attention scale
 1/64, residual branches × 0.22, logits ÷ 6), so each one changes the numbers; the experts are

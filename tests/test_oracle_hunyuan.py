@@ -1,5 +1,4 @@
-"""Hunyuan-MoE v1 (``hunyuan_v1_moe``) replay against transformers' ``HunYuanMoEV1ForCausalLM``
-(issue 15).
+"""Hunyuan-MoE v1 (``hunyuan_v1_moe``) replay against transformers' ``HunYuanMoEV1ForCausalLM``.
 
 The tiny models have q/k RMSNorm per head applied after RoPE (the one new piece of math), bias
 on all four attention projections, softmax top-k renormalised and an ungated shared MLP. Same

@@ -1,4 +1,5 @@
-"""Kimi Linear (``kimi_linear``) and Ling 3 (``bailing_hybrid``), issue 27, replayed against
+"""Kimi Linear (``kimi_linear``) and Ling 3 (``bailing_hybrid``) (docs/decisions.md, "Kimi Delta Attention (kimi_linear,
+bailing_hybrid)"), replayed against
 transformers' pure-torch path (flash-linear-attention is absent, so ``KimiLinearDeltaAttention``
 and ``BailingHybridDeltaAttention`` run ``chunk_kimi_delta_attention``): loss, per-window NLL,
 hidden states, MoE inputs, raw router logits, top-k sets off near-ties, combine weights and

@@ -1,5 +1,5 @@
 """Llama 4 (``llama4_text``, and ``llama4``'s text decoder) replay against transformers'
-``Llama4ForCausalLM`` (issue 15).
+``Llama4ForCausalLM``.
 
 The tiny models carry what sets Llama 4 apart: dense and MoE layers interleaved, a sigmoid
 router whose weight scales each chosen expert's *input* (Σ_k u_k(c_k y)) next to an ungated
@@ -336,7 +336,7 @@ def test_torchtitan_dcp_reads_bit_exact_and_replays_the_same(vl: bool, tmp_path:
 def test_a_torchtitan_load_balancing_bias_is_refused_not_dropped(tmp_path: Path) -> None:
     """torchtitan adds ``moe.expert_bias`` to the scores when it chooses experts; transformers'
     Llama 4 has no such term, so the replay cannot honour it: the checkpoint is refused, naming
-    the tensor (issue 24: replaying without it would audit another model than was trained)."""
+    the tensor (docs/decisions.md, "Extra tensors": replaying without it would audit another model than was trained)."""
     from safetensors.torch import load_file
     from support.dcp import save
 

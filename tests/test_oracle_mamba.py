@@ -1,7 +1,7 @@
-"""Mamba hybrids (issue 27 §3) replayed against transformers' pure-torch Mamba paths (mamba_ssm
-and causal_conv1d are absent, so ``JambaMambaMixer`` runs ``mamba_selective_scan``'s recurrence
-and ``GraniteMoeHybridMambaLayer`` ``mamba2_chunk_scan``): same checks and tolerances as
-``test_oracle`` (loss, per-window NLL, hidden states, MoE inputs, router logits, top-k sets off
+"""Mamba hybrids (docs/decisions.md, "Mamba hybrids (jamba, granitemoehybrid)") replayed against
+transformers' pure-torch Mamba paths (mamba_ssm and causal_conv1d are absent, so ``JambaMambaMixer`` runs
+``mamba_selective_scan``'s recurrence and ``GraniteMoeHybridMambaLayer`` ``mamba2_chunk_scan``): same checks and
+tolerances as ``test_oracle`` (loss, per-window NLL, hidden states, MoE inputs, router logits, top-k sets off
 near-ties, combine weights, gradient norms per expert, router, shared MLP and token mixer), in
 float32 and from bfloat16 checkpoints (both sides upcast the same stored values), on
 configurations that move top-k, the expert count, the shared MLP and where the attention, Mamba,

@@ -1,4 +1,4 @@
-"""MiniMax-M2 (``minimax_m2``) replay against transformers' ``MiniMaxM2ForCausalLM`` (issue 15).
+"""MiniMax-M2 (``minimax_m2``) replay against transformers' ``MiniMaxM2ForCausalLM``.
 
 The tiny models have q/k RMSNorm over all heads, RoPE on part of each head, and a sigmoid
 router with a real selection bias (a buffer of the MoE block, saved under Mixtral's

@@ -1,4 +1,5 @@
-"""Nemotron-H (issue 27 §3) replayed against transformers' pure-torch path (mamba_ssm and
+"""Nemotron-H (docs/decisions.md, "Single-block layers and ReLU² experts (nemotron_h)")
+replayed against transformers' pure-torch path (mamba_ssm and
 causal_conv1d are absent, so ``NemotronHMamba2Mixer`` runs ``mamba2_chunk_scan``): loss,
 per-window NLL, hidden states, MoE inputs, raw router logits, top-k sets off near-ties, combine
 weights, gradient norms per expert (non-gated ReLU², up/down only), router, shared expert and the

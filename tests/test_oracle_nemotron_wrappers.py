@@ -1,4 +1,5 @@
-"""The Nemotron-H wrappers (issue 27): ``nemotron_h_omni`` (Nemotron 3 Nano Omni: RADIO vision
+"""The Nemotron-H wrappers (docs/decisions.md, "Text decoders inside wrappers
+(nemotron_h_omni, nemo_speechlm, hy_v4_vl)"): ``nemotron_h_omni`` (Nemotron 3 Nano Omni: RADIO vision
 tower, Parakeet sound encoder) and ``nemo_speechlm`` (Nemotron 3.5 Transcribe: speech recognition
 and diarization encoders, a word-timestamp decoder), each saved by transformers' wrapper class
 around the tiny Nemotron-H of :mod:`hfmodels.nemotron`. The replay of the text decoder is

@@ -1,4 +1,4 @@
-"""Phi-3.5-MoE (``phimoe``) replay against transformers' ``PhimoeForCausalLM`` (issue 15).
+"""Phi-3.5-MoE (``phimoe``) replay against transformers' ``PhimoeForCausalLM``.
 
 The tiny models carry what sets Phi-3.5-MoE apart: LayerNorms with biases (block and final),
 q/k/v/o and LM-head biases, the sparsemixer router (top-2 of the logits, each expert's combine

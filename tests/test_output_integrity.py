@@ -1,5 +1,5 @@
-"""Issue 14 "Trust and output integrity": what moeaudit writes over, how the default key is
-created, the resource caps on what it reads, and operating-system errors as one-line input
+"""Trust and output integrity (docs/security.md, "Integrity of outputs"): what moeaudit writes over, how the default key
+is created, the resource caps on what it reads, and operating-system errors as one-line input
 errors (exit 4). The bad-input matrix (tests/test_bad_inputs.py) pins the CLI rows that need
 the corpus; these are the unit and CLI tests that need only ``tmp_path``."""
 

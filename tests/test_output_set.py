@@ -1,4 +1,4 @@
-"""Issue 14 items 6 and 7: the certificate's output set appears whole or not at all, under a
+"""The certificate's output set (docs/decisions.md, "Output set") appears whole or not at all, under a
 lock, checked before the replay; policy and canary are never taken from inside the audited run
 unless named."""
 

@@ -1,4 +1,4 @@
-"""Issue 16 item 3: a paper cited by number ("000 Eq. 16") is named at its first mention in the
+"""A paper cited by number ("000 Eq. 16") is named at its first mention in the
 help, the terminal output and the HTML certificate, the certificate's footer lists all five and
 points to docs/glossary.md; and document text reaches the terminal literally (rich would read
 "[calibrated]" or "[/b]" as markup)."""

@@ -1,4 +1,4 @@
-"""``--precision fp32|tf32|bf16`` (SPEC §3 "Precision"): fp32 untouched, the bf16 experts'
+"""``--precision fp32|tf32|bf16`` (docs/policy.md, "Reduced precision"): fp32 untouched, the bf16 experts'
 kernels, the measured agreement with fp32 and how the verdict reads it (docs/policy.md
 "Reduced precision")."""
 
@@ -246,7 +246,8 @@ def test_the_agreement_numbers_are_an_independent_computation(bf16_doc, fp32_doc
 
 
 def test_bf16_receipts_are_deterministic(bf16_doc, probe) -> None:
-    """SPEC §3: the same inputs give bit-identical receipts on the same machine, in bf16 too."""
+    """The same inputs give bit-identical receipts on the same machine, in bf16 too
+    (docs/glossary.md, "Replay")."""
     with precision_mode("bf16"):
         again = state_receipts(Checkpoint(HEALTHY), probe)
     assert json.dumps(again, sort_keys=True) == json.dumps(bf16_doc, sort_keys=True)

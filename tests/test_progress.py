@@ -1,4 +1,4 @@
-"""Issue 16 item 1: per-layer progress with an ETA in a real terminal, nothing when not a TTY."""
+"""Per-layer progress with an ETA in a real terminal, nothing when not a TTY."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 28 §2: what each rank of an expert-parallel replay reads (``replay.rank_bytes``), in one
+"""What each rank of an expert-parallel replay reads (``replay.rank_bytes``), in one
 process: the plan (who needs which blocks, who hashes each file) and a rank's sealed file (kept
 blocks served from memory, the others read once, checked against their digests, then kept).
 The ranks together are tested in tests/test_sharded.py (the checkpoint read once in all)."""

@@ -1,4 +1,4 @@
-"""Laws the receipts must obey whatever the checkpoint (SPEC §4–§6, STYLE "Property tests").
+"""Laws the receipts must obey whatever the checkpoint (docs/glossary.md; `003` §5, Eq. 18–32).
 
 * a checkpoint compared with itself: the four exact drifts are exactly 0 and r_ex = τ;
 * relabelling experts consistently changes no label-free receipt (NLL, occupancy multiset, C2);
@@ -6,7 +6,7 @@
 * JS divergence lies in [0, ln 2], is symmetric and vanishes on equal distributions;
 * occupancy numbers on a handmade top-k tensor equal the hand computation (`003` Eq. 16–17);
 * window-bootstrap intervals are seeded and contain the point estimate of mean receipts;
-* `moeaudit receipts` writes the same bytes twice (SPEC §3 determinism).
+* `moeaudit receipts` writes the same bytes twice (docs/glossary.md, "Replay": determinism).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_compare_with_itself_gives_exactly_zero_drift(ckpt: Path, probe: Path, t
     assert refinement["exact"] == tau
     assert refinement["tau"] == tau
     assert doc["margins"]["handoff"]["exact"] == 0.0
-    # SPEC §6: Eq. 27 is not zero at θ = θ̄, so the smooth margin need not equal τ.
+    # `003` Eq. 27 is not zero at θ = θ̄, so the smooth margin need not equal τ.
     assert refinement["smooth"] < tau
     assert doc["base"]["nll"] == doc["candidate"]["nll"]
 

@@ -1,4 +1,4 @@
-"""Issue 23 §7–§8: ``verify --recheck`` recomputes every input the certificate binds — the
+"""``verify --recheck`` recomputes every input the certificate binds — the
 checkpoints, metrics.jsonl, events.jsonl, canary_probe.jsonl, the canary (by its content
 digest), the policy file and a --reference — and names each one that changed or is missing
 (exit 1); ``verify --require-verdict`` and ``certify --fail-on`` turn the verdict into an exit

@@ -1,6 +1,6 @@
-"""Every output is refused before any replay (issue 25 §3): an existing --json/--junit/--out file
-without --force, or an output directory that does not exist, is one error line (exit 4) before a
-checkpoint is replayed — not after 15 s of work. Each replay entry point is replaced by one that
+"""Every output is refused before any replay (docs/decisions.md, "Where outputs may go"): an existing
+--json/--junit/--out file without --force, or an output directory that does not exist, is one error line (exit 4) before
+a checkpoint is replayed — not after 15 s of work. Each replay entry point is replaced by one that
 raises, so a command that reached it would fail differently."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shipped sample runs show what they were made to show (issues 3, 4, 5): certify verdicts
+"""The shipped sample runs show what they were made to show (sample_checkpoints/README.md): certify verdicts
 and gates, the CI gate's exit codes, refinement/handoff margins — computed, not read back."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_frozen_drift_escalates_yellow_to_red(tmp_path, env, key) -> None:
     # layer 2's π_min and H_norm end below the absolute health floors: never GREEN, and said
     assert not last["health"]["ok"] and any("absolute health floor" in c for c in last["claims"]["licensed"])
     assert next(c for c in pred["checks"] if c["name"] == "health")["status"] == "FAIL"
-    # the HTML gate notes give each number with the policy's threshold (issue 16 item 2)
+    # the HTML gate notes give each number with the policy's threshold
     html = (tmp_path / "frozen-drift" / "certificate.html").read_text()
     assert "occupancy narrowed (π_min ratio 0.24, floor 0.5; entropy ratio 0.85, floor 0.9)" in html
 

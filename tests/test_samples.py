@@ -1,4 +1,4 @@
-"""Sample runs (issue 2, item 7): deterministic, loadable by transformers, and the shipped
+"""Sample runs (sample_checkpoints/README.md): deterministic, loadable by transformers, and the shipped
 ``sample_checkpoints/`` show what each run is meant to show — measured by replay, not read
 from the README."""
 

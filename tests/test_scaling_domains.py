@@ -1,4 +1,5 @@
-"""Receipts stay linear in the number of canary domains (issue 24 §4).
+"""Receipts stay linear in the number of canary domains (docs/decisions.md, "Pairwise domain receipts stay
+linear in the number of domains").
 
 The pairwise domain receipts (JS between domains' routing loads, gradient conflict) are written
 in full up to ``MAX_PAIRWISE_DOMAINS`` and replaced beyond it by linear summaries that the
@@ -38,7 +39,7 @@ def _canary(windows: int, domains: int, length: int = 8) -> Canary:
 
 
 def _direct(topk_NK: torch.Tensor, ids_W: torch.Tensor, D: int, E: int) -> list[tuple[torch.Tensor, int]]:
-    """Each domain's expert counts and tokens, by a mask per domain (as SPEC §4 reads)."""
+    """Each domain's expert counts and tokens, by a mask per domain (as the definition reads)."""
     dom_N = ids_W.long().repeat_interleave(topk_NK.shape[0] // ids_W.shape[0])
     return [
         (torch.bincount(topk_NK[dom_N == d].reshape(-1), minlength=E).double(), int((dom_N == d).sum()))
@@ -87,7 +88,7 @@ def test_domain_routing_beyond_the_bound_names_it_and_bounds_every_pair() -> Non
 
 
 def test_domain_routing_is_linear_in_domains() -> None:
-    """3000 domains: one bincount, not 9 M divergences (≈ 5 min before issue 24)."""
+    """3000 domains: one bincount, not 9 M divergences (≈ 5 min the pairwise way)."""
     topk_NK, ids_W = _routing(D=3000, E=8, W=6000, T=4)
     start = time.perf_counter()
     doc = domain_routing(topk_NK, ids_W, tuple(f"d{i}" for i in range(3000)), 8)

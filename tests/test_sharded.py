@@ -1,4 +1,5 @@
-"""Issue 28: the expert-parallel replay gives one process's receipts at any world size.
+"""The expert-parallel replay gives one process's receipts at any world size (docs/decisions.md,
+"Expert-parallel replay").
 
 Real ranks on 127.0.0.1 over gloo (tests/sharded_worker.py, ``moeaudit ... --nproc``, torchrun),
 tiny multi-file checkpoints of mixtral (4 experts, top-2), deepseek_v3 (8 experts in 4 groups, a

@@ -1,5 +1,6 @@
-"""Issue 28 §5: memory per rank falls as the experts are spread — under an enforced per-process
-cap, one process cannot audit a checkpoint that four ranks can.
+"""Memory per rank falls as the experts are spread — under an enforced per-process
+cap, one process cannot audit a checkpoint that four ranks can (docs/decisions.md, "Memory demonstration under
+`RLIMIT_DATA`").
 
 The cap is ``RLIMIT_DATA`` (Linux counts the heap and every private writable mapping: what torch's
 allocator and Python's take; thread stacks and untouched reservations do not count, which is why

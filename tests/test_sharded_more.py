@@ -1,4 +1,4 @@
-"""The expert-parallel replay of issue 27's flint, mellum and lara_mini (tests/hfmodels/more.py):
+"""The expert-parallel replay of flint, mellum and lara_mini (tests/hfmodels/more.py):
 2 real ranks over gloo give one process's receipts, as :mod:`test_sharded` checks for its four
 families. The three run the ranks' attention block (sinks, NoPE full layers, Lara-Mini's DeltaNet
 with its fused ``in_proj``) and router (Flint's top-k on σ) unchanged, so none is refused."""

@@ -1,4 +1,4 @@
-"""Issue 24 §5, strict and bounded everywhere: events.jsonl read strictly; a FIFO in the cache
+"""Strict and bounded everywhere (docs/security.md, "Resource caps"): events.jsonl read strictly; a FIFO in the cache
 never hangs certify; --out inside an audited checkpoint or run refused before anything is written;
 non-finite learning rates in trainer_state.json are findings; a Sigstore bundle with evidence we
 do not verify is refused; a SIGKILLed run's leftovers are removed and named; one-line errors stay

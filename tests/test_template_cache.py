@@ -1,4 +1,4 @@
-"""The compiled certificate template is kept in the receipts cache under its HMAC (issue 16.5):
+"""The compiled certificate template is kept in the receipts cache under its HMAC (docs/decisions.md, "Receipts cache"):
 a warm certify does not recompile it, the page is byte-identical either way, and bytes in the
 cache that this machine's moeaudit did not write are never unmarshalled."""
 

@@ -1,4 +1,5 @@
-"""The certify gate table at 80, 90 and 120 columns (issue 25 §2): a number or a status is never
+"""The certify gate table at 80, 90 and 120 columns (docs/decisions.md, "Terminal tables never cut a
+number or a status"): a number or a status is never
 cut ("0.92…", "BASELI…"); the layout drops borders, wraps headers or becomes a per-checkpoint
 list instead, and a legend gives each column's threshold and which way is good."""
 

@@ -1,4 +1,5 @@
-"""Header-only commands do not import torch (issue 13 design, issue 16): ``inspect``,
+"""Header-only commands do not import torch (docs/decisions.md, "A fully cached certify loads
+neither torch nor numpy"): ``inspect``,
 ``canary show`` and ``verify --recheck`` read safetensors headers, the canary's stored bytes
 and file digests; importing torch cost each of them ~1.5–3 s. They, and a fully cached
 ``certify``, load no numpy either (~0.05 s of a 0.3 s warm certify)."""
@@ -50,7 +51,7 @@ def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
 
 
 def test_a_fully_cached_certify_does_not_import_torch(tmp_path: Path) -> None:
-    """Issue 16 item 5: with every receipt and pair in the cache, certify is JSON and algebra."""
+    """With every receipt and pair in the cache, certify is JSON and algebra."""
     from moeaudit.attest.signing import generate_key
 
     generate_key(tmp_path / "key")

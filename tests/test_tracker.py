@@ -1,4 +1,4 @@
-"""Issue 29 §3 and §5 in a real training run: the per-layer ``moe/…`` scalars reach the tracker
+"""In a real training run: the per-layer ``moe/…`` scalars reach the tracker
 the trainer reports to (a TensorBoard event file read back with the ``tensorboard`` package; the
 Trainer's ``log_history``; Lightning's loggers), and envelope events raised online reach the
 training log and the tracker with the same result as ``moeaudit envelope`` on the written log."""

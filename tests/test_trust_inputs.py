@@ -1,4 +1,4 @@
-"""Issue 14, input side: the bytes certified are the bytes read, names and steps come from the
+"""Input side: the bytes certified are the bytes read, names and steps come from the
 run, config sizes that would crash later are refused up front, and a large canary is linear.
 
 The checkpoint is the bad-input corpus's tiny Mixtral (``make_bad_inputs``), written into a

@@ -1,5 +1,5 @@
-"""Issue 13: every signed sentence agrees with the numbers it names; one decision path; no PASS
-without evidence. One test (or more) per item of the issue, on the real sample runs."""
+"""Every signed sentence agrees with the numbers it names; one decision path; no PASS
+without evidence. One test (or more) per claim, on the real sample runs."""
 
 from __future__ import annotations
 
@@ -350,7 +350,7 @@ def test_separate_betas_keep_the_smooth_margin_defined_for_many_experts() -> Non
     m = policy_from_dict({}).margins
     E, k = 64, 2
     balanced = [k / E] * E
-    assert pi_tail(balanced, m.beta_h) <= 0  # one β = 50 for everything: undefined (issue 13)
+    assert pi_tail(balanced, m.beta_h) <= 0  # one β = 50 for everything: undefined
     assert pi_tail(balanced, beta_pi(m, E, k)) >= 0.9 * k / E
     with pytest.raises(InputError, match="split into beta_pi"):
         policy_from_dict({"margins": {"beta": 50.0}})

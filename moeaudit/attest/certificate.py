@@ -1,4 +1,5 @@
-"""The training-health certificate: an in-toto Statement v1 in a signed DSSE envelope (SPEC §9).
+"""The training-health certificate: an in-toto Statement v1 in a signed DSSE envelope (docs/security.md,
+"What the signature binds").
 
 Torch-free. The statement's bytes are canonical JSON (sorted keys, no whitespace, no NaN), so
 the same inputs give the same payload except ``predicate.issuedAt``.
@@ -43,7 +44,7 @@ from moeaudit.records import ClaimRow, Predicate, Statement, Subject
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
-VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (SPEC §9)
+VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (README.md, "Schemas")
 
 
 def canonical_json(obj: Any) -> bytes:

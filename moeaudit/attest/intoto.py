@@ -18,7 +18,7 @@ Test Result, and ``verify``'s answer as a Simple Verification Result.
   in-toto ResourceDescriptors: what ``verify`` required (the key, the verdicts, the recheck; its
   bytes inline), then the criteria the certificate was judged by — the policy settings (the
   digest certificates sign as ``predicate.policy.digest``), the policy file (its SHA-256, when the
-  policy came from one), the canary (its content digest, SPEC §2.2) and the preregistration file.
+  policy came from one), the canary (its content digest, docs/glossary.md, "Canary") and the preregistration file.
   SVR v0.1 (one ``verifier.policy``, a protobuf ``Any``) is no longer written; :func:`svr_policies`
   still reads it.
 

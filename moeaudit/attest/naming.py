@@ -1,7 +1,7 @@
 """Field names of the signed predicate: lowerCamelCase on the wire, snake_case inside.
 
 in-toto asks predicates for lowerCamelCase field names (its new-predicate guidelines); the
-receipts, the envelope report and the policy keep the snake_case names SPEC §10 fixes for them.
+receipts, the envelope report and the policy keep the snake_case names README.md, "Schemas" fixes for them.
 The certificate's predicate (``…/training-health/v2``) therefore carries the camelCase form of
 each name (``pi_min`` → ``piMin``, ``issued_at`` → ``issuedAt``), one to one, and everything
 that reads a verified statement converts it back, so the renderers, the export and ``verify``

@@ -4,7 +4,7 @@ will be certified under, and what ``certify`` signs about it (docs/security.md,
 
 ``moeaudit preregister`` signs an in-toto Statement v1 (predicate type
 ``https://moeaudit.dev/preregistration/v1``) whose subjects are the policy file (SHA-256 of its
-bytes) and the canary (its content digest, SPEC §2.2), and whose predicate names the run, the
+bytes) and the canary (its content digest, docs/glossary.md, "Canary"), and whose predicate names the run, the
 policy's settings digest (what certificates sign as ``predicate.policy.digest``) and the time of
 signing. ``certify`` verifies it, compares it with what it audits under, and signs the outcome as
 ``predicate.preregistration`` (:func:`assess`):

@@ -4,8 +4,8 @@ Torch-free (tests/test_torch_free.py). A certificate binds by digest every check
 (``subject``: the OpenSSF model-signing root digest), the run's logs (``inputs.metrics``,
 ``inputs.events``, ``inputs.probe``: the file's SHA-256), the policy file
 (``inputs.policy_file``), a ``--reference`` (``inputs.reference``: a checkpoint's root digest or
-a receipts file's SHA-256) and the canary (``canary.digest``: moeaudit's content digest, SPEC
-§2.2, so the canary is compared by its windows, not its file bytes). Each is looked for:
+a receipts file's SHA-256) and the canary (``canary.digest``: moeaudit's content digest,
+docs/glossary.md, "Canary", so the canary is compared by its windows, not its file bytes). Each is looked for:
 
 * checkpoints and logs: in the run directory (``--run-dir``, else the absolute ``run.path``),
   under the recorded name;
@@ -27,7 +27,7 @@ must hash to the signed subject digest, or the certificate is not trusted (exit 
 
 Every bound input that changed (or can no longer be read as what was certified) or is missing,
 and every run log added since, is one :class:`Finding`. A certified checkpoint that is not in the
-run directory is an input error instead (exit 4, issue 14): the run is elsewhere, and
+run directory is an input error instead (exit 4): the run is elsewhere, and
 ``--run-dir`` says where.
 """
 
@@ -331,7 +331,8 @@ def _placed(
 
 def _added(inputs: dict[str, Any], root: Path) -> list[Finding]:
     """Run logs present now that the certificate does not bind: certify binds every log it
-    finds, so each was added since (and could change the verdict: events, issue 23 §5)."""
+    finds, so each was added since (and could change the verdict: events, docs/decisions.md,
+    "Events cannot improve a verdict")."""
     from moeaudit.run import PROBE_FILE
 
     names = {"metrics": "metrics.jsonl", "events": "events.jsonl", "probe": PROBE_FILE}

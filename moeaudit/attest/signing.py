@@ -1,4 +1,5 @@
-"""DSSE envelopes signed with ECDSA P-256 (new keys) or Ed25519 (SPEC §9, docs/decisions.md).
+"""DSSE envelopes signed with ECDSA P-256 (new keys) or Ed25519 (docs/security.md, "What the signature binds";
+docs/decisions.md, "Certificates, keys and attestations").
 
 The signature covers the DSSE pre-authentication encoding
 ``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body`` — for P-256 a DER ECDSA signature over
@@ -49,7 +50,7 @@ PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
 class SignatureInvalid(PolicyFailed):
-    """The envelope does not verify (exit 1, SPEC §10)."""
+    """The envelope does not verify (exit 1, README.md, "Exit codes")."""
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -137,8 +138,8 @@ WHAT_A_CERTIFICATE_IS = (
 
 def _parse(raw: bytes, what: str, path: Path) -> Any:
     """The signed file as JSON. A file that is not a certificate at all — not JSON, or JSON with
-    none of the envelope's or bundle's fields — is an input error (exit 4, issue 25 §5); one
-    that is a certificate in shape but altered (a field added, dropped or named twice) does not
+    none of the envelope's or bundle's fields — is an input error (exit 4, docs/decisions.md, "A file that is not a
+    certificate"); one that is a certificate in shape but altered (a field added, dropped or named twice) does not
     verify (exit 1)."""
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
@@ -212,7 +213,8 @@ def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> 
 
     moeaudit verifies against the public key it is given (cosign: ``--insecure-ignore-tlog``) and
     checks no transparency-log entry or timestamp, so a bundle that carries any is refused rather
-    than accepted as if they had been checked (issue 24 §5): its signer meant them to be verified."""
+    than accepted as if they had been checked (docs/decisions.md, "Sigstore bundles with tlog entries or timestamps"):
+    its signer meant them to be verified."""
     if bundle.get("mediaType") not in BUNDLE_MEDIA_TYPES:
         raise SignatureInvalid(
             f"mediaType is {str(bundle.get('mediaType'))[:80]!r}, expected {BUNDLE_MEDIA_TYPE!r}", path=path

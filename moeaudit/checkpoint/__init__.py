@@ -1,4 +1,4 @@
-"""Untrusted bytes → a typed checkpoint (SPEC §2.1)."""
+"""Untrusted bytes → a typed checkpoint (docs/decisions.md, "Checkpoints")."""
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
 from moeaudit.spec.config import ModelSpec

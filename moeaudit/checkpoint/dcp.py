@@ -360,7 +360,8 @@ class DcpDirectory:
         if self.meta_path.is_file() and (size := self.meta_path.stat().st_size) > MAX_METADATA_BYTES:
             raise self._fail(f"{size} bytes, over the {MAX_METADATA_BYTES}-byte limit")
         raw, self.pins[METADATA_NAME] = read_bytes(self.meta_path)
-        self.meta_sha256 = hashlib.sha256(raw).digest()  # of the bytes unpickled (issue 24 §1)
+        # of the bytes unpickled (docs/security.md, "One read per input")
+        self.meta_sha256 = hashlib.sha256(raw).digest()
         self.sealed: dict[str, Sealed] = {}  # .distcp file → read once and hashed (sealed.py)
         if len(raw) > MAX_METADATA_BYTES:  # grew since
             raise self._fail(f"{len(raw)} bytes, over the {MAX_METADATA_BYTES}-byte limit")

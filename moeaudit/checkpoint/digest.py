@@ -5,7 +5,7 @@ SHA-256, then hashes the raw 32-byte file digests concatenated in sorted path or
 is the in-toto subject digest. We do the same, so a moeaudit certificate names a checkpoint by
 the digest a model-signing signature names it by.
 
-Hash exactly the bytes that are used (issues 14 and 24): a weight file is read once, into
+Hash exactly the bytes that are used (docs/decisions.md, "Pinned reads", "Read once"): a weight file is read once, into
 private memory, and hashed as it is read (``sealed``); its tensors come from that private copy
 or from re-reads proven block by block against digests taken in the same pass. config.json and
 the shard index are hashed from the very bytes that were parsed. Every open is also *pinned*:

@@ -6,8 +6,8 @@ tensor at a time by offset: answering ``inspect`` never materialises a tensor, a
 holds only the tensors it asked for. Every read is pinned to the file the header came from
 (``digest.pinned``): a file replaced or rewritten after its header was parsed is an error.
 
-A checkpoint's weight files are opened ``sealed`` (issue 24 §1): the first tensor read, or the
-root digest, reads the whole file once into private memory and hashes it (``sealed.seal``);
+A checkpoint's weight files are opened ``sealed`` (docs/security.md, "One read per input"): the first tensor read, or
+the root digest, reads the whole file once into private memory and hashes it (``sealed.seal``);
 the header parsed earlier must be the header that was hashed, and every tensor comes from the
 hashed bytes (the private copy, or a re-read proven block by block against the digests of that
 one pass). Nothing is mapped: a writer sharing the file's pages cannot reach what is replayed.

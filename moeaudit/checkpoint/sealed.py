@@ -1,7 +1,7 @@
 """Checkpoint files read once into private memory: the bytes hashed are the bytes replayed.
 
-Issue 24 §1. The owner of a checkpoint file can rewrite its pages through a shared ``mmap`` at
-any moment, and writes into pages already dirty change neither mtime nor ctime, so no metadata
+docs/security.md, "One read per input". The owner of a checkpoint file can rewrite its pages through a shared ``mmap``
+at any moment, and writes into pages already dirty change neither mtime nor ctime, so no metadata
 check (``digest.pinned``) can prove that a second read returns what the first one hashed. A
 checkpoint was hashed, then read tensor by tensor: one digest was signed once with the honest
 router and once with a forged one. Here nothing is ever read twice without proof:
@@ -12,7 +12,7 @@ router and once with a forged one. Here nothing is ever read twice without proof
   part of the OpenSSF root digest) and the SHA-256 of every ``BLOCK``-byte block.
 * Within a process-wide budget (``limits.PRIVATE_COPY_BYTES``) the bytes themselves are kept:
   every tensor is parsed from that private copy, and the file is read exactly once.
-* A file over the budget (SPEC §3: a replay holds one decoder layer at a time, so checkpoints
+* A file over the budget (docs/glossary.md, "Replay": a replay holds one decoder layer at a time, so checkpoints
   larger than RAM can be audited) keeps only its block digests. A later read of ``[a, b)``
   re-reads the blocks covering it and compares each with the digest the hashed pass recorded:
   the bytes a replay uses are provably bytes that were digested, whether the forward reads a

@@ -1,5 +1,5 @@
-"""``moeaudit certify``: audit a training run and write its signed certificate (SPEC §7–§8).
-The audit itself is :func:`moeaudit.certify.audit_run`; this is the command around it: the
+"""``moeaudit certify``: audit a training run and write its signed certificate (docs/envelope.md; docs/policy.md, "The
+rules in one place"). The audit itself is :func:`moeaudit.certify.audit_run`; this is the command around it: the
 refusals before any work, the output locked before the replay, the outputs written as one set."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``moeaudit compare``: both checkpoints' state receipts, pair receipts on base-anchored states,
-and the lifecycle margins (SPEC §5–§6). Cost: one forward + backward per checkpoint, then one
+and the lifecycle margins (`003` §5; docs/policy.md, "[margins]"). Cost: one forward + backward per checkpoint, then one
 layer-local pass holding one layer of each checkpoint."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``moeaudit gate``: the CI promotion decision of CANDIDATE over BASE (SPEC §9). Within one run
-the candidate is judged exactly as certify of the run truncated at it would judge it; across
+"""``moeaudit gate``: the CI promotion decision of CANDIDATE over BASE (README.md, "Promotion check in CI"). Within one
+run the candidate is judged exactly as certify of the run truncated at it would judge it; across
 runs on ``compare``'s evidence; a candidate earlier than its base is a rollback."""
 
 from __future__ import annotations

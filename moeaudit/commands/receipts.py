@@ -1,4 +1,5 @@
-"""``moeaudit receipts``: the state receipts of one checkpoint on the canary (SPEC §4–§5)."""
+"""``moeaudit receipts``: the state receipts of one checkpoint on the canary (docs/glossary.md, "Per checkpoint (state
+receipts)")."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class Refuse:
     """A ``config.json`` setting that changes the math and that the replay does not implement:
     refused by name when ``key`` holds a value outside ``replayed`` (absent or null reads as
     transformers' default, which is among them). The message says the reader lacks the feature,
-    not that the checkpoint is wrong (issue 24)."""
+    not that the checkpoint is wrong."""
 
     key: str
     replayed: tuple[Any, ...]  # the values the replay implements

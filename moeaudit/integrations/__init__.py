@@ -1,4 +1,4 @@
-"""Callbacks that make a trainer write what ``moeaudit certify`` reads (SPEC §2.3).
+"""Callbacks that make a trainer write what ``moeaudit certify`` reads (README.md, "Logging from your training loop").
 
 * :mod:`moeaudit.integrations.transformers` — a ``transformers.TrainerCallback``;
 * :mod:`moeaudit.integrations.lightning` — a Lightning ``Callback`` that also saves

@@ -1,4 +1,5 @@
-"""What a trainer callback records for moeaudit, independent of the trainer (SPEC §2.2-2.3).
+"""What a trainer callback records for moeaudit, independent of the trainer (docs/glossary.md, "Canary";
+README.md, "Logging from your training loop").
 
 A :class:`RunRecorder` owns one run directory:
 
@@ -277,7 +278,7 @@ class _Line:
 
 
 def canary_loss(model: torch.nn.Module, canary: Canary) -> torch.Tensor:
-    """Mean next-token NLL over every canary window (SPEC §3), from the model's logits, so
+    """Mean next-token NLL over every canary window (docs/glossary.md, "Replay"), from the model's logits, so
     router auxiliary losses never enter it."""
     device = next(model.parameters()).device
     tokens_WT = canary.tokens.to(device=device, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""One fused pass over the gradients: every squared norm a metrics line needs (issue 29 §1-§2).
+"""One fused pass over the gradients: every squared norm a metrics line needs (docs/benchmarks.md §7).
 
 A :class:`NormPass` is planned once from the routed layers' parameters (and, optionally, every
 other parameter of the model, for the global norm a trainer clips with) and then, per logged

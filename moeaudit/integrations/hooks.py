@@ -1,4 +1,5 @@
-"""A training hook that logs per-expert gradient norms to ``metrics.jsonl`` (SPEC §2.3).
+"""A training hook that logs per-expert gradient norms to ``metrics.jsonl`` (docs/envelope.md, "Reading
+`metrics.jsonl`").
 
 Attach an :class:`ExpertGradLogger` to a training loop and call :meth:`~ExpertGradLogger.log`
 right after ``loss.backward()`` (before clipping and ``optimizer.step()``). On every K-th step
@@ -14,7 +15,7 @@ it appends one line::
 gradients on their device, float32 norms of runs of 16384 values added in float64
 (relative error ≤ 1e-6), one host sync per logged line (:mod:`moeaudit.integrations.gradnorms`).
 A parameter without a gradient (frozen, or an expert that saw no token) counts as 0.
-Non-finite numbers are written as ``null`` and named under ``"nonfinite"`` (SPEC §10).
+Non-finite numbers are written as ``null`` and named under ``"nonfinite"`` (README.md, "Schemas").
 
 The logger reads parameters from either
 
@@ -352,7 +353,7 @@ class ExpertGradLogger:
         """Log the per-expert gradient norms of a canary ``loss`` to :attr:`probe_path`.
 
         Call it at save steps with the mean next-token NLL of the canary windows under the
-        weights being saved (no auxiliary terms: the loss ``moeaudit`` replays, SPEC §3), and
+        weights being saved (no auxiliary terms: the loss ``moeaudit`` replays, docs/glossary.md, "Replay"), and
         pass the canary's digest as ``canary``. The gradients come from
         ``torch.autograd.grad``: the parameters' ``.grad`` (the training step's) are left
         untouched and nothing accumulates. A parameter that does not require grad counts as 0.

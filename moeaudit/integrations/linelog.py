@@ -1,4 +1,5 @@
-"""The append-only JSONL files the training hook writes, and what a crash can cost (issue 29 §1).
+"""The append-only JSONL files the training hook writes, and what a crash can cost (docs/decisions.md,
+"Live monitoring").
 
 Each line is handed to the operating system when it is logged (one ``write``, no ``fsync``), so
 a process that dies — an exception, SIGKILL, the OOM killer — loses no logged line: the kernel
@@ -6,8 +7,8 @@ holds it. ``fsync`` (durable on disk) happens only at :meth:`LineLog.sync` point
 checkpoint save, :meth:`LineLog.close`, interpreter exit (``atexit``) and SIGTERM / SIGINT
 (then the previous handler runs). A power loss or kernel crash loses at most the lines since
 the last sync, and may leave a torn last line, which :func:`repair` drops when the file is
-reopened (``moeaudit`` itself reads past it as a finding). Before issue 29 every line was
-fsynced: ~8 ms a step on the tiny model, for durability against a crash of the machine only.
+reopened (``moeaudit`` itself reads past it as a finding). A line is not fsynced on its
+own: that would cost ~8 ms a step on the tiny model, for durability against a crash of the machine only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A hook for a hand-written PyTorch training loop — torchtitan's included (issue 29 §4).
+"""A hook for a hand-written PyTorch training loop — torchtitan's included (README.md, "Logging from your
+training loop").
 
     from moeaudit.integrations.loop import MoeauditHook
 

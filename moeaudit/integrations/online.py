@@ -1,4 +1,4 @@
-"""The envelope's rules evaluated online, one logged step at a time (issue 29 §5).
+"""The envelope's rules evaluated online, one logged step at a time (docs/decisions.md, "Live monitoring").
 
 :class:`OnlineEnvelope` takes each logged step's per-expert gradient norms as the hook writes
 them and says, at that step, what ``moeaudit envelope`` will later report on the written

@@ -1,4 +1,4 @@
-"""Per-layer scalars for the tracker a trainer reports to (issue 29 §3).
+"""Per-layer scalars for the tracker a trainer reports to.
 
 Names group per layer on a dashboard (TensorBoard, W&B and MLflow split tags on ``/``)::
 

@@ -7,7 +7,7 @@
     trainer.train()
     # moeaudit certify runs/a --canary runs/a/canary.safetensors
 
-The Trainer itself saves ``runs/a/checkpoint-<step>/`` with ``save_pretrained`` (SPEC §2.1);
+The Trainer itself saves ``runs/a/checkpoint-<step>/`` with ``save_pretrained`` (docs/decisions.md, "Checkpoints");
 the callback adds ``metrics.jsonl``, ``canary.safetensors`` and ``canary_probe.jsonl``
 (:mod:`moeaudit.integrations.core`).
 
@@ -17,7 +17,7 @@ every gradient by the same factor, so the normalised variance is unchanged, but 
 shrinks by its square on clipped steps: each line records ``clipped`` (the post-clip global
 norm reached ``max_grad_norm``) so a reader can tell (docs/decisions.md). That global norm is the
 sum of the per-parameter squared norms of the same fused pass over every gradient — no second
-pass (issue 29 §1).
+pass (docs/decisions.md, "No host sync on a Trainer step").
 
 Under ``torch.distributed`` (DDP) the line's ``loss`` is the loss the Trainer logs for the step —
 its own scaling by the data-parallel world size under ``average_tokens_across_devices`` and its

@@ -3,7 +3,7 @@
 ``certify`` (a whole run) and ``gate`` (a base and a candidate) gather the same kind of
 evidence — gates, margins, an envelope report over a window, finiteness, coverage — and both
 call :func:`decide`; neither computes a verdict of its own, so they cannot disagree on the same
-evidence (SPEC §8–§9, ``tests/test_decide.py``). Torch-free.
+evidence (docs/policy.md, "The rules in one place"; ``tests/test_decide.py``). Torch-free.
 
 Checks, each evaluated only where it is the relevant question (`003` Table 5):
 
@@ -38,7 +38,7 @@ STAGES = ("pretraining", "post-training")
 class NotEvaluable(str):
     """Why an envelope series that exists could not be judged (a policy's warm-up covering the
     whole window): the check is INCONCLUSIVE, never "not evaluated" and so never a pass. A
-    plain string reason is a window with no series at all (SPEC §8: not gated)."""
+    plain string reason is a window with no series at all (docs/policy.md, "The rules in one place": not gated)."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class Evidence:
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
     """(stage, where it came from): --stage, then the run's own events.jsonl (run metadata,
-    more specific than a shared policy), then the policy, then the command's default (SPEC §8
-    pretraining for a run, §9 post-training for a promotion between runs)."""
+    more specific than a shared policy), then the policy, then the command's default
+    (docs/policy.md, "The rules in one place": pretraining for a run, post-training for a promotion between runs)."""
     for value, source in (
         (flag, "--stage"),
         (run_stage, "the run's events.jsonl"),
@@ -92,7 +92,7 @@ def health_check(gates: Sequence[GateEntry]) -> Check:
 
 def comparison_check(gates: Sequence[GateEntry]) -> Check:
     """At least one checkpoint compared with a baseline it is not a byte-identical copy of: two
-    step names with the same digest are one checkpoint of evidence (issue 23 §6)."""
+    step names with the same digest are one checkpoint of evidence (docs/decisions.md, "Duplicates")."""
     compared = [g for g in gates if ("structural" in g or "continuity" in g) and g.get("duplicate_of") is None]
     if compared:
         return _check("comparison", PASS, f"{len(compared)} checkpoint(s) compared with a baseline")
@@ -141,13 +141,14 @@ def _violation_text(fv: Violation) -> str:
 
 
 def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
-    """The envelope as a PASS/FAIL gate (SPEC §7–8).
+    """The envelope as a PASS/FAIL gate (docs/envelope.md; docs/policy.md, "The rules in one place").
 
     The level (starvation) rule is scale-free and always gated. The variance bound is gated
     only under calibrated constants: Table 6's ε and δ are illustrative and raw variance has
     the model's units, so under the built-in default it is reported, never a FAIL of a run it
     was not fitted on (docs/policy.md). A gated rule the series cannot fire (too short a span)
-    makes the check INCONCLUSIVE, never PASS (issue 23 §1)."""
+    makes the check INCONCLUSIVE, never PASS (docs/decisions.md, "Illustrative envelope constants are reported,
+    not gated")."""
     if report is None:
         status = INCONCLUSIVE if isinstance(why_not, NotEvaluable) else None
         return _check("envelope", status, why_not or "no gradient series for this window")
@@ -300,7 +301,7 @@ def checks(ev: Evidence) -> list[Check]:
 
 
 def precision_check(agreements: Sequence[Mapping[str, Any]]) -> Check | None:
-    """Replays below fp32 (SPEC §3 "Precision"): the boundary evidence is INCONCLUSIVE where the
+    """Replays below fp32 (docs/policy.md, "Reduced precision"): the boundary evidence is INCONCLUSIVE where the
     precision's own top-k flip rate against fp32 exceeds the boundary receipts' resolution on a
     routed layer (docs/policy.md "Reduced precision"); not a check at all for fp32 certificates."""
     if not agreements:
@@ -358,7 +359,7 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
 
 def promotion(verdict_: str, gates: Sequence[GateEntry]) -> Promotion:
     """The CI gate's reading of the same verdict: promote only on PASS; a FAIL or a candidate
-    that is not GREEN (SPEC §9) holds; anything else (evidence within noise or tolerance of a
+    that is not GREEN (README.md, "Promotion check in CI") holds; anything else (evidence within noise or tolerance of a
     threshold) is INCONCLUSIVE."""
     if verdict_ == PASS:
         return PROMOTE

@@ -1,4 +1,4 @@
-"""The Gradient Starvation Envelope (`000` §6, §10; SPEC §7): checks, report, calibration, alerts.
+"""The Gradient Starvation Envelope (`000` §6, §10; docs/envelope.md): checks, report, calibration, alerts.
 
 A series ``V(t_j)`` — ``var_grad`` ("raw") or ``var_grad_norm`` ("normalized") per routed layer
 and pooled, at training steps t_0 < t_1 < … from training logs or checkpoint replays — is held

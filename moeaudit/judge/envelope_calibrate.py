@@ -1,4 +1,4 @@
-"""Envelope constants fitted on a healthy run (`000` Eq. 16, SPEC §7): ε = c·Var_t[V], δ = δ*/2,
+"""Envelope constants fitted on a healthy run (`000` Eq. 16; docs/envelope.md): ε = c·Var_t[V], δ = δ*/2,
 the tightest c in `000`'s range, the starvation share, and whether the fitted envelope rejects a
 starved version of the run (falsifiability). See ``docs/envelope.md``."""
 
@@ -16,10 +16,10 @@ from moeaudit.judge.envelope_series import EnvelopeSeries, from_norms
 from moeaudit.metrics import var_grad
 from moeaudit.policy import EnvelopeSettings
 
-CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin, SPEC §7
+CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin
 
 
-# --- calibration (`000` Eq. 16, SPEC §7) ---------------------------------------------------------
+# --- calibration (`000` Eq. 16) ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Calibration:
 def calibrate(
     series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C, breaks: Iterable[int] = ()
 ) -> Calibration:
-    """Fit ε and δ on a healthy series (SPEC §7), under ``base``'s window τ.
+    """Fit ε and δ on a healthy series (docs/envelope.md), under ``base``'s window τ.
 
     ε = c·max over series of the population temporal variance Var_t[V] (`000` Eq. 16), so the
     most variable layer (or pooled) sets the floor every series must share. Compliance only
@@ -149,7 +149,7 @@ def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
     return {key: [v for v in values if v is not None] for key, values in series.values.items()}
 
 
-# --- falsifiable constants (issue 13: an envelope nothing can fail certifies nothing) -----------
+# --- falsifiable constants (docs/decisions.md, "Falsifiable envelope constants") ----------------
 
 C_RANGE = (2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)  # `000` §6.5.2: "typically c ∈ [2, 5]"
 LEVEL_SAFETY = 2.0  # starve_share = (lowest share the healthy run showed) / 2
@@ -202,7 +202,8 @@ SHARE_QUANTILE = 0.01  # robust: a few zero norms in a healthy log cannot set th
 
 def healthy_share(series: EnvelopeSeries) -> float | None:
     """A low quantile (1%) of g_e / mean_e g over the healthy run's layers, samples and
-    experts — not the minimum, which one zero norm would set to 0 (issue 23 §3)."""
+    experts — not the minimum, which one zero norm would set to 0 (docs/decisions.md, "calibrate fits the gates too,
+    and refuses what cannot fail")."""
     if not series.norms:
         return None
     shares = []

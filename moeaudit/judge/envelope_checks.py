@@ -1,5 +1,5 @@
 """The bounds of the Gradient Starvation Envelope and the checks of one series (`000` §6, Eq. 11,
-12, 18; SPEC §7): the Grönwall windows and the Δ-fold discrete condition, on a short series
+12, 18; docs/envelope.md): the Grönwall windows and the Δ-fold discrete condition, on a short series
 (:func:`check_series`) and in one streamed pass on a long one (:func:`check_series_long`).
 
 The window rule and the conditions are stated in :mod:`moeaudit.judge.envelope`; see

@@ -1,4 +1,4 @@
-"""The envelope over a long log: compact series and one streamed pass per series (SPEC §7).
+"""The envelope over a long log: compact series and one streamed pass per series (docs/envelope.md).
 
 A ``metrics.jsonl`` of 10⁶ logged steps is read into typed arrays (:class:`moeaudit.metrics.Rows`,
 273 B a line for 8 layers × 8 experts). This module keeps the envelope over it in the same

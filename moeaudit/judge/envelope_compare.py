@@ -1,4 +1,4 @@
-"""Training logs vs checkpoint replays, window by window (issue #4; SPEC §7; docs/envelope.md).
+"""Training logs vs checkpoint replays, window by window (docs/envelope.md, "Logs vs replays, window by window").
 
 The windows are the intervals ``[t_a, t_b]`` between consecutive checkpoints (consecutive replay
 samples). For every window and series (each routed layer and ``pooled``) three verdicts:

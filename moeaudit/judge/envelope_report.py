@@ -1,4 +1,4 @@
-"""The envelope report, ``moeaudit.envelope/v1`` (SPEC §7): every series of a run checked under
+"""The envelope report, ``moeaudit.envelope/v1`` (docs/envelope.md): every series of a run checked under
 the policy's settings, the rules on its per-expert norms, its sampling and its first violation
 (:func:`evaluate`). See ``docs/envelope.md`` and ``docs/policy.md``."""
 

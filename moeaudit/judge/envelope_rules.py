@@ -87,7 +87,8 @@ def starvation(
     """The level side of `000` §8.1 / Eq. 13: expert e is starved when, in some window of
     ``max_steps`` consecutive training steps, at least ``fraction`` of the logged samples give it
     a share of the layer's gradient signal g_e / mean_e g below ``share``. Counting the fraction
-    (not one unbroken stretch) catches starvation that comes and goes (issue 23 §4).
+    (not one unbroken stretch) catches starvation that comes and goes (docs/decisions.md, "Starvation is a fraction
+    of a window").
 
     Only windows the series covers whole are judged (see :func:`starvation_evaluable`); a
     sample with a null norm or an all-zero layer is not counted either way. One entry per
@@ -135,7 +136,8 @@ def starvation_evaluable(steps: Sequence[int], max_steps: int) -> bool:
 
 def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> list[dict[str, Any]]:
     """Gated rules that could not fire on this series (too few samples or too short a span):
-    such a rule is not evaluated — never "compliant" (issue 23 §1)."""
+    such a rule is not evaluated — never "compliant" (docs/decisions.md, "Illustrative envelope
+    constants are reported, not gated")."""
     out = []
     span = series.steps[-1] - series.steps[0] + 1 if series.steps else 0
     if series.norms is None:

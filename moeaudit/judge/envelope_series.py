@@ -1,4 +1,4 @@
-"""The series the envelope checks (`000` §6; SPEC §7): V per series at common steps, built from
+"""The series the envelope checks (`000` §6; docs/envelope.md): V per series at common steps, built from
 training logs, the hook's canary probe or checkpoint replays, and resampled to the constants'
 sampling interval. A parsed log stays in its typed arrays (:mod:`moeaudit.judge.envelope_columns`)."""
 

@@ -1,4 +1,4 @@
-"""Gates of a run (`003` §7–8, Tables 4, 11, 13; SPEC §8). Torch-free.
+"""Gates of a run (`003` §7–8, Tables 4, 11, 13; docs/policy.md, "The rules in one place"). Torch-free.
 
 A run is a sequence of gates, one per checkpoint. The first checkpoint, and the first
 checkpoint at or after every ``resume`` / ``regime_change`` event, is a new baseline: later
@@ -96,7 +96,7 @@ def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict
     return out
 
 
-# --- structure against the active baseline (SPEC §8) ----------------------------------------------
+# --- structure against the active baseline (docs/policy.md) ----------------------------------------------
 
 
 def _ratio(now: float | None, then: float | None) -> float:
@@ -115,7 +115,7 @@ def _half_width(entry: Mapping[str, Any]) -> float:
 def structural(
     gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int], g: GateSettings
 ) -> Structural:
-    """c2_ok and occupancy_ok of a gate against a baseline (SPEC §8).
+    """c2_ok and occupancy_ok of a gate against a baseline (docs/policy.md, "The rules in one place").
 
     A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
     where noise is the 95% half-width of the difference from the two window-bootstrap intervals
@@ -362,7 +362,8 @@ def _training_sentences(training: Mapping[str, Any] | None) -> list[str]:
 
 def _scalar_sentence(trend: str, change: NllChange) -> str:
     """One vocabulary, from the interval: improving / worsening / no change beyond noise. A
-    point estimate inside noise is never signed as "fell" or "rose" (issue 23 §6)."""
+    point estimate inside noise is never signed as "fell" or "rose" (docs/decisions.md, "Scalar trend is the canary
+    NLL")."""
     if trend == IMPROVING:
         return f"canary NLL improving beyond noise: fell {_fmt_change(change)}"
     if trend == WORSENING:
@@ -529,8 +530,8 @@ def _status(
 ) -> str:
     """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
     otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
-    structure and scalar are both bad (SPEC §8: structure bad and canary NLL worsening; `003`
-    Table 11's last row: C2 fallen and occupancy degraded while the scalar is not improving).
+    structure and scalar are both bad (docs/policy.md, "The rules in one place": structure bad and canary NLL worsening;
+    `003` Table 11's last row: C2 fallen and occupancy degraded while the scalar is not improving).
     Pretraining atlas motion (:func:`atlas_motion`) is not bad structure."""
     structure_bad_ = structure_bad(st, health_bad, since_base, stage)
     if not structure_bad_ and not scalar_bad(trend, stage):
@@ -557,8 +558,8 @@ def c2_severity(st: Mapping[str, Any]) -> int:
 def _combine(comparisons: Sequence[Structural]) -> Structural:
     """One structural reading from the comparisons with every baseline so far (the active one
     last): ok only if every comparison holds — events add baselines, so they can add a
-    comparison but never remove one (issue 23 §5). The deciding comparison is the first that
-    fails (else the active one); the others are listed."""
+    comparison but never remove one (docs/decisions.md, "Events cannot improve a verdict"). The deciding comparison is
+    the first that fails (else the active one); the others are listed."""
     active = comparisons[-1]
     failing = [c for c in comparisons if not c["ok"]]
     deciding = cast(Structural, dict(failing[0] if failing else active))
@@ -600,8 +601,8 @@ def evaluate_gates(
     interval: Interval = paired_interval,
     stage: str | Callable[[int], str] = "pretraining",
 ) -> list[GateEntry]:
-    """The gates of a run (SPEC §8). Each gate is compared with every baseline before it — the
-    first checkpoint and each event's — and is judged by the worst comparison, so an event
+    """The gates of a run (docs/policy.md, "The rules in one place"). Each gate is compared with every baseline before
+    it — the first checkpoint and each event's — and is judged by the worst comparison, so an event
     written by the audited party can start a new drift baseline but never erase a regression.
 
     ``stage``: the run's stage, or the stage in force at a step (a declared stage applies from
@@ -727,7 +728,7 @@ DRIFTS = ("coordinate", "boundary", "transition", "content")
 
 
 def drift_summary(pair: Mapping[str, Any]) -> DriftSummary:
-    """The four exact drifts (SPEC §5) per layer, with their intervals, for the signed gate."""
+    """The four exact drifts (`003` §5) per layer, with their intervals, for the signed gate."""
     return {
         "against_step": pair["base_step"],
         "layers": [

@@ -1,9 +1,10 @@
-"""``moeaudit gate``: promote or hold a candidate over its base (SPEC §9, CI gate).
+"""``moeaudit gate``: promote or hold a candidate over its base (README.md, "Promotion check in CI").
 
 Within one run (BASE and CANDIDATE are ``checkpoint-<step>`` directories of the same run
 directory) the candidate is judged exactly as ``certify`` would judge it on the run truncated
 at the candidate: every checkpoint on disk up to it, the run's own baselines (its first
-checkpoint and each event's), the envelope over the logs from the run's start (issue 23 §1).
+checkpoint and each event's), the envelope over the logs from the run's start (docs/decisions.md, "gate = certify
+truncated").
 Comparing only the two checkpoints given would let a gate promote what certify marks RED. A
 candidate earlier than its base in the same run is a rollback and is held.
 
@@ -12,8 +13,8 @@ run — the base a BASELINE, the candidate a gate against it — decided by the 
 (:func:`moeaudit.judge.decide.decide`).
 
 Decision: PROMOTE (exit 0) only when that verdict is PASS; HOLD (exit 1) on a FAIL or a
-candidate that is not GREEN (SPEC §9); INCONCLUSIVE (exit 3) otherwise — evidence within noise
-or tolerance of a threshold, a rule that could not be evaluated, a candidate that is itself a
+candidate that is not GREEN (README.md, "Promotion check in CI"); INCONCLUSIVE (exit 3) otherwise — evidence within
+noise or tolerance of a threshold, a rule that could not be evaluated, a candidate that is itself a
 new baseline, or a run whose earlier YELLOW has not been cleared (`003` Table 13: one rebound
 is no all-clear).
 """

@@ -1,1 +1,2 @@
-"""Replay taps → receipts (SPEC §4–§5)."""
+"""Replay taps → receipts (docs/glossary.md, "Per checkpoint (state receipts)", "Between checkpoints (pair receipts,
+`003` §5)")."""

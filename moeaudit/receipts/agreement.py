@@ -1,6 +1,6 @@
-"""The measured agreement of a reduced-precision replay with the fp32 reference (SPEC §3
-"Precision"): the same seeded subset of canary windows replayed in both, and how far apart
-their routing, loss and per-expert gradient norms land. docs/policy.md ("Reduced precision")
+"""The measured agreement of a reduced-precision replay with the fp32 reference (docs/decisions.md,
+"Reduced-precision replay (`--precision tf32|bf16`)"): the same seeded subset of canary windows replayed in both, and
+how far apart their routing, loss and per-expert gradient norms land. docs/policy.md ("Reduced precision")
 says how the gates read it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Boundary receipts (`003` State1, `002` boundary mass and flip rate; SPEC §4 "Boundary").
+"""Boundary receipts (`003` State1, `002` boundary mass and flip rate).
 
 Shape suffixes: N tokens, E experts, K top-k, H hidden.
 """

@@ -1,4 +1,4 @@
-"""Domain gradient conflict (`001` Eq. 14–15 mapped to a standard MoE; SPEC §4 "Gradients").
+"""Domain gradient conflict (`001` Eq. 14–15 mapped to a standard MoE).
 
 For each canary domain a, the gradient of the domain's mean NLL with respect to each routed
 layer's shared parameters — the router, the token mixer (softmax attention, MLA, linear
@@ -8,10 +8,10 @@ shared expert; the document's ``parameters`` names them, and a layer whose names
 max(0, −cos(∇_a, ∇_b)). Opt-in: one extra backward per domain, each over that domain's windows
 only, so the domains together replay the canary once (plus one weight read per domain).
 
-Linear in the number of domains P (issue 24 §4): ``conflict_to_pooled`` is each domain's
-conflict with the gradient of the whole canary's mean NLL, Σ_a (W_a/W) ∇_a. The pairwise ``cos``
-and ``conflict`` (P × P) only up to ``MAX_PAIRWISE_DOMAINS``; beyond it they are null and
-``max_conflict_upper`` bounds every pair: the angle between unit vectors is a metric, so
+Linear in the number of domains P (docs/decisions.md, "Pairwise domain receipts stay linear in the number of
+domains"): ``conflict_to_pooled`` is each domain's conflict with the gradient of the whole canary's mean NLL, Σ_a
+(W_a/W) ∇_a. The pairwise ``cos`` and ``conflict`` (P × P) only up to ``MAX_PAIRWISE_DOMAINS``; beyond it they are null
+and ``max_conflict_upper`` bounds every pair: the angle between unit vectors is a metric, so
 ∠(a, b) ≤ ∠(a, pooled) + ∠(pooled, b).
 """
 

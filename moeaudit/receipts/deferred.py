@@ -1,4 +1,5 @@
-"""Receipt numbers computed where the tensors live, read by the host once per layer (issue 31 §4).
+"""Receipt numbers computed where the tensors live, read by the host once per layer (docs/decisions.md,
+"The GPU path: receipts on the device, copies ahead, inputs offloaded").
 
 A receipt function builds its JSON tree with :class:`Pending` leaves — a tensor (a scalar, a
 per-expert vector, a bootstrap interval) and how it reads as JSON — instead of calling

@@ -1,5 +1,5 @@
 """Pair receipts of a base θ0 and a candidate θ1 on base-anchored states (`003` §5, Eq. 27–28,
-Table 7; SPEC §5).
+Table 7).
 
 Base-anchored states: z^(0) from θ0's replay; y^(0→j) = γ_j ⊙ z^(0) pushes the same state
 through each checkpoint's own gain, isolating routing and expert change from path change.

@@ -1,5 +1,6 @@
 """What the receipts of a layer mean when its gate is not a bias-free linear softmax gate
-(issue 8), and the bias-balancing telemetry of DeepSeek-V3-style routers.
+(docs/decisions.md, "DeepSeek-V3 / V2: sigmoid and group-limited routing, YaRN, MTP layers"), and the bias-balancing
+telemetry of DeepSeek-V3-style routers.
 
 The atlas theorem (`003` §4.1, Theorem 1) assumes router logits that are bias-free linear in
 the post-gain coordinate, so that the active-set cells are cut by linear strict inequalities.

@@ -1,4 +1,4 @@
-"""Generation receipts (`004`: stability-induced entropy collapse; SPEC §4 "Generation").
+"""Generation receipts (`004`: stability-induced entropy collapse).
 
 Greedy continuation of G tokens from P prompts (the first 16 tokens of the first P canary
 windows): proportion of generated tokens among the 10% most frequent canary tokens

@@ -1,4 +1,4 @@
-"""Per-expert gradient receipts (`000` Def. 6.1–6.2, SPEC §4 "Gradients")."""
+"""Per-expert gradient receipts (`000` Def. 6.1–6.2)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Computes a layer's state receipts during the forward pass, while its weights are resident
-(SPEC §3: layer-local; no extra full passes).
+(docs/glossary.md, "Replay": layer-local; no extra full passes).
 
 Where the taps are: on a device every statistic is computed there and the layer's receipts
 come to the host in one copy (``deferred.resolve``: O(receipt size) bytes, not the taps'
-(3 + min(E, 2k))·N·H floats — issue 31 §4). The random draws (bootstrap windows, router noise,
-the random outside expert) are made on the host with CPU generators, the same numbers on every
-device, and copied over once per layer."""
+(3 + min(E, 2k))·N·H floats — docs/decisions.md, "The GPU path: receipts on the device, copies ahead, inputs
+offloaded"). The random draws (bootstrap windows, router noise, the random outside expert) are made on the host with CPU
+generators, the same numbers on every device, and copied over once per layer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Occupancy receipts of one routed layer (`003` Eq. 16–17, SPEC §4 "Occupancy").
+"""Occupancy receipts of one routed layer (`003` Eq. 16–17).
 
 Shape suffixes: N canary tokens, W windows, E experts, K top-k, D domains.
 """
@@ -15,7 +15,8 @@ from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.deferred import Pending, apply, floats, integer, integers, number, resolve
 
 # Pairwise domain receipts (JS of routing, gradient conflict) are P × P per layer: written in
-# full up to this many domains, beyond it replaced by linear summaries (issue 24 §4).
+# full up to this many domains, beyond it replaced by linear summaries (docs/decisions.md, "Pairwise domain receipts
+# stay linear in the number of domains").
 MAX_PAIRWISE_DOMAINS = 32
 
 

@@ -1,4 +1,4 @@
-"""Overlap-compatibility receipts (`003` State2, Eq. 10, 14, 20–22, Table 2; SPEC §4).
+"""Overlap-compatibility receipts (`003` State2, Eq. 10, 14, 20–22, Table 2).
 
 Shape suffixes: N tokens, E experts, K top-k, C = K' candidates (top-K' by score,
 K' = min(E, 2k)), H hidden.

@@ -1,4 +1,4 @@
-"""The healthy reference of the handoff margin (SPEC §6): a checkpoint replayed, or its receipts
+"""The healthy reference of the handoff margin (docs/policy.md, "[margins]"): a checkpoint replayed, or its receipts
 JSON checked against the canary and the fields the margin reads. ``moeaudit compare`` itself is
 :mod:`moeaudit.commands.compare`."""
 

@@ -1,5 +1,5 @@
-"""State receipts of one checkpoint on one canary (SPEC §4), as a ``moeaudit.receipts/v1``
-document. One forward + one backward; every other receipt is computed from its taps."""
+"""State receipts of one checkpoint on one canary (docs/glossary.md, "Per checkpoint (state receipts)"), as a
+``moeaudit.receipts/v1`` document. One forward + one backward; every other receipt is computed from its taps."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def environment(device: str | None = None) -> EnvironmentRecord:
         "device": device_name(device),
         "dtype": "float32",
     }
-    if current() != REFERENCE:  # --precision other than fp32 (the reference): what ran (SPEC §3 "Precision")
+    # --precision other than fp32 (the reference): what ran (docs/policy.md, "Reduced precision")
+    if current() != REFERENCE:
         env["precision"] = ran(current(), device)
     return env
 
@@ -81,7 +82,7 @@ def run_state(
         from moeaudit.receipts.generation import generation_receipts
 
         doc["generation"] = generation_receipts(ckpt, canary, generate, device=device)
-    ckpt.verify_unchanged()  # what was read is what was hashed (issue 14), before any cache
+    ckpt.verify_unchanged()  # what was read is what was hashed (docs/decisions.md, "Pinned reads"), before any cache
     return finite_document(doc), observer
 
 
@@ -129,7 +130,7 @@ def receipts_document(
         checkpoint["quantization"] = q
     if ckpt.left_out:
         checkpoint["left_out"] = [x.to_json() for x in ckpt.left_out]
-    # an expert-parallel replay adds world_size, backend and rank_devices (issue 28)
+    # an expert-parallel replay adds world_size, backend and rank_devices (docs/decisions.md, "Expert-parallel replay")
     env: EnvironmentRecord = environment(device)
     if result.parallel:
         env = cast(EnvironmentRecord, {**env, **result.parallel})

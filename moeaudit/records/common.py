@@ -46,7 +46,7 @@ class EnvironmentRecord(TypedDict):
     device: str
     dtype: str
     devices: NotRequired[dict[str, str]]  # part → device, when several computed them
-    world_size: NotRequired[int]  # an expert-parallel replay's ranks (issue 28)
+    world_size: NotRequired[int]  # an expert-parallel replay's ranks (docs/decisions.md, "Expert-parallel replay")
     backend: NotRequired[str]  # its torch.distributed backend: gloo, nccl
     rank_devices: NotRequired[list[str]]  # each rank's compute device, by rank
     world_sizes: NotRequired[dict[str, int]]  # part → world size, when the parts' differ

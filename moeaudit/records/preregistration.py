@@ -21,7 +21,7 @@ class PreregisteredPolicy(TypedDict):
 
 class PreregisteredCanary(TypedDict):
     file: str
-    digest: Sha256  # the canary's content digest (SPEC §2.2)
+    digest: Sha256  # the canary's content digest (docs/glossary.md, "Canary")
 
 
 class PreregistrationPredicate(TypedDict):

@@ -76,7 +76,7 @@ class Resolution(TypedDict):
 
 
 class PrecisionAgreement(TypedDict):
-    """A reduced-precision replay against the fp32 reference on the same canary windows (SPEC §3)."""
+    """A reduced-precision replay against fp32 on the same canary windows (docs/policy.md, "Reduced precision")."""
 
     reference: Literal["fp32"]
     precision: str

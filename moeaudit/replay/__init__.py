@@ -1,4 +1,4 @@
-"""Canary → replay taps (SPEC §3)."""
+"""Canary → replay taps (docs/glossary.md, "Replay", "Taps")."""
 
 from moeaudit.replay.engine import replay
 from moeaudit.replay.result import LayerGrads, ReplayResult

@@ -1,6 +1,7 @@
-"""The operators torch refuses to run on CUDA in deterministic mode, in one place (issue 31 §1).
+"""The operators torch refuses to run on CUDA in deterministic mode, in one place (docs/scaling.md,
+"The GPU path: syncs, copies and the memory model").
 
-The replay runs under ``torch.use_deterministic_algorithms(True)`` (SPEC §3). On CUDA, torch
+The replay runs under ``torch.use_deterministic_algorithms(True)`` (docs/glossary.md, "Replay"). On CUDA, torch
 then raises a RuntimeError on every operator that has only a non-deterministic kernel there —
 float ``cumsum`` among them — so a replay that dispatches one would stop on a GPU, never on the
 CPU. ``CUDA_RAISING`` is that list, operator by operator, and ``raising_on_cuda`` judges a

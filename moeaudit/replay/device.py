@@ -7,13 +7,14 @@ layer is computed there, and the taps come back to the host in one batch of copi
 On the CPU the copies are no-ops, so CI runs the device branch of every family and checks that
 it gives the default path's receipts (tests/test_device.py).
 
-Settings (SPEC §3: deterministic, float32): ``replay_scope`` turns on
+Settings (docs/glossary.md, "Replay": deterministic, float32): ``replay_scope`` turns on
 ``torch.use_deterministic_algorithms(True)``, IEEE float32 products on every backend (no TF32 on
 cuBLAS / cuDNN, no reduced-precision oneDNN on the CPU) and, on CUDA, cuBLAS's fixed workspace
 — for the duration of the replay only, then the caller's settings back: moeaudit runs inside
-training processes too (the hook, library use), whose torch flags it must not change (issue 31
-§5). Only the per-backend ``fp32_precision`` API is touched: mixing it with the legacy
-``allow_tf32`` flags makes torch raise on the caller's next ``get_float32_matmul_precision``.
+training processes too (the hook, library use), whose torch flags it must not change
+(docs/scaling.md, "The GPU path: syncs, copies and the memory model"). Only the per-backend ``fp32_precision`` API is
+touched: mixing it with the legacy ``allow_tf32`` flags makes torch raise on the caller's next
+``get_float32_matmul_precision``.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def device_name(device: Device) -> str:
 
 
 def describe_device(device: Device) -> dict[str, str]:
-    """What a replay on an accelerator depends on besides its inputs (the cache key, issue 31
-    §7): its name, model, compute capability, the CUDA runtime torch was built with, the
-    driver's CUDA version, cuDNN and torch. (The CPU's: :func:`moeaudit.cache.replay_machine`.)"""
+    """What a replay on an accelerator depends on besides its inputs (the cache key:
+    docs/decisions.md, "The GPU model is in the cache key"): its name, model, compute capability, the CUDA runtime torch
+    was built with, the driver's CUDA version, cuDNN and torch. (The CPU's: :func:`moeaudit.cache.replay_machine`.)"""
     dev = prepare_device(device)
     assert dev is not None and dev.type != "cpu"
     out = {"device": str(dev), "torch": torch.__version__}
@@ -118,7 +119,8 @@ def to_device(t: torch.Tensor, device: Device) -> torch.Tensor:
     """``t`` copied to ``device`` without a stream synchronisation: from pageable memory CUDA
     stages the bytes before the call returns (so the source may go at once), and kernels queued
     after it on the stream see them; a blocking copy would also wait for every kernel queued
-    before it — once per expert, draining the GPU's queue each time (issue 31 §4)."""
+    before it — once per expert, draining the GPU's queue each time (docs/decisions.md, "The GPU path: receipts on the
+    device, copies ahead, inputs offloaded")."""
     return t.to(device, non_blocking=True)
 
 
@@ -128,10 +130,10 @@ class DeviceExperts(Sequence[dict[str, torch.Tensor]]):
     bytes with their scales, MXFP4 as codes and exponents — ``StoredExperts`` and its kinds), so
     what crosses is what the file stores, and float32 exists only on the device.
 
-    Double-buffered (issue 31 §4): a sweep that says which experts it will read, in order
-    (:func:`announce`; ``experts_forward_sets`` and ``experts_backward`` do), gets the copy of
-    the next expert started when it reads one, so that expert e+1's bytes cross while e
-    computes; at most two experts' stored bytes are on the device. On CUDA the copies come from
+    Double-buffered (docs/decisions.md, "The GPU path: receipts on the device, copies ahead, inputs
+    offloaded"): a sweep that says which experts it will read, in order (:func:`announce`; ``experts_forward_sets`` and
+    ``experts_backward`` do), gets the copy of the next expert started when it reads one, so that expert e+1's bytes
+    cross while e computes; at most two experts' stored bytes are on the device. On CUDA the copies come from
     pinned host memory on a side stream (``non_blocking``: the DMA overlaps the compute stream's
     kernels), which the compute stream waits for, by an event, only when it reads that expert.
     Elsewhere (the CPU, ``cpu:0`` standing in for a device) nothing is pinned — pinning needs an
@@ -226,7 +228,7 @@ def _load_trim() -> Callable[[], object]:
 
 # glibc keeps freed blocks below its (dynamic, up to 32 MB) mmap threshold in the heap, and a
 # layer's many short-lived tensors fragment it: without a trim after each layer the peak RSS
-# of a 32-layer replay grows by ~25% with memory that is free but not returned (issue 6).
+# of a 32-layer replay grows by ~25% with memory that is free but not returned (docs/benchmarks.md §2).
 release_freed_memory = _load_trim()
 
 
@@ -248,13 +250,13 @@ def _set_deterministic(on: bool, warn_only: bool) -> None:
 
 @contextmanager
 def deterministic() -> Iterator[None]:
-    """``torch.use_deterministic_algorithms(True)`` (SPEC §3) for the duration, then the
+    """``torch.use_deterministic_algorithms(True)`` (docs/glossary.md, "Replay") for the duration, then the
     caller's settings back. Set through ``torch._C`` where it exists, which skips the public
     call's import of ``torch._inductor`` and ``torch._dynamo`` to set the compiler's flag
     (≈0.9 s of every run, for a compiler the replay never uses).
 
     Deterministic mode also fills every new tensor with NaN before use, one extra write of
-    every allocation (3–7 % of a replay's CPU time, issue 6). The replay never reads memory it
+    every allocation (3–7 % of a replay's CPU time, docs/benchmarks.md §2). The replay never reads memory it
     has not written, so the fill is off inside; the receipts are bit-identical either way."""
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -344,7 +346,7 @@ def cublas_workspace(device: torch.device | None) -> Iterator[None]:
 
 @contextmanager
 def replay_scope(device: Device = None) -> Iterator[None]:
-    """Every process setting a replay needs (SPEC §3), for its duration only."""
+    """Every process setting a replay needs (docs/glossary.md, "Replay"), for its duration only."""
     with ExitStack() as stack:
         stack.enter_context(deterministic())
         stack.enter_context(ieee_float32())

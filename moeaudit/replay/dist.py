@@ -1,4 +1,5 @@
-"""The ranks of an expert-parallel replay (issue 28): process group, requests, failures, digest.
+"""The ranks of an expert-parallel replay (docs/decisions.md, "Expert-parallel replay"): process group, requests,
+failures, digest.
 
 Rank 0 runs the command (``receipts``, ``compare``, ``certify``, ``gate``) as one process would:
 it reads the inputs, keeps the cache and writes every file. The other ranks only serve

@@ -1,4 +1,4 @@
-"""Layer-local streaming replay: one forward + one backward over the canary (SPEC §3).
+"""Layer-local streaming replay: one forward + one backward over the canary (docs/glossary.md, "Replay").
 
 Forward: read layer ℓ's weights, run it, keep its *input* (not its activations), hand the
 taps to observers while the weights are resident, drop the weights. Backward: walk the
@@ -6,7 +6,7 @@ layers in reverse, re-read each layer's weights, recompute it from its stored in
 autograd on, and push the incoming gradient through it. At any time one decoder layer's
 weights are resident; the per-layer state kept is the N×H input (N×S×H: HY-V4's S residual streams).
 
-Memory (issue 6): a layer's routed experts stay in their on-disk dtype and are converted to
+Memory (docs/benchmarks.md §2): a layer's routed experts stay in their on-disk dtype and are converted to
 the compute dtype one expert at a time; in the backward each expert's weight gradients are
 formed, measured and dropped before the next (``experts_backward``); the LM head works on
 row chunks, so the [N, V] logits never exist at once.
@@ -80,9 +80,11 @@ def forward_pass(
 
     On a ``device`` each layer is computed there, and observers get the taps and the layer's
     weights there: they compute their statistics where the tensors live and bring back only
-    those (issue 31 §4; ``receipts.deferred``). The routing returned is on the host (one copy
+    those (``receipts.deferred``; docs/decisions.md, "The GPU path: receipts on the device, copies
+    ahead, inputs offloaded"). The routing returned is on the host (one copy
     per layer, N·E numbers, only when kept). The layer inputs stay on the device up to a memory
-    budget, the first layers' beyond it wait in host memory (``replay.offload``, issue 31 §6).
+    budget, the first layers' beyond it wait in host memory (``replay.offload``; docs/decisions.md, "Input
+    offload is an environment setting").
     ``stash``: the routed experts' W1/W3 products are kept there for the backward, for the
     layers its budget has room for (``replay.stash``)."""
     spec = ckpt.spec
@@ -134,7 +136,7 @@ def replay(
     device: Device = None,
     keep_routing: bool = True,
 ) -> ReplayResult:
-    """One forward (+ one backward) of L = mean next-token NLL over the canary (SPEC §3).
+    """One forward (+ one backward) of L = mean next-token NLL over the canary (docs/glossary.md, "Replay").
 
     ``window_weights_W`` replaces the plain mean by Σ_w weight_w · mean_t nll_wt (a domain's
     mean NLL, for gradient conflict); ``grad_observers`` see each layer's weights with the
@@ -151,7 +153,7 @@ def replay(
     dev = prepare_device(device)
     from moeaudit.replay import dist
 
-    sess = dist.active()  # torchrun or --nproc: experts across the ranks (issue 28)
+    sess = dist.active()  # torchrun or --nproc: experts across the ranks (docs/decisions.md, "Expert-parallel replay")
     if sess is not None and not grad_observers and window_weights_W is None and not ckpt.is_dcp:
         from moeaudit.replay.sharded import sharded_replay
 

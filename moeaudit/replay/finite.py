@@ -1,5 +1,5 @@
-"""Which weights hold NaN or Inf (SPEC §4 ``nonfinite_weights``), checked once, in the forward
-pass, on the tensors as stored (converting to float32 neither creates nor removes a NaN/Inf)."""
+"""Which weights hold NaN or Inf (``nonfinite_weights``, docs/glossary.md, "Per checkpoint (state receipts)"), checked
+once, in the forward pass, on the tensors as stored (converting to float32 neither creates nor removes a NaN/Inf)."""
 
 from __future__ import annotations
 

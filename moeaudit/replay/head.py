@@ -1,4 +1,4 @@
-"""The LM head of a replay and the loss's gradient into it (SPEC §3: L = mean next-token NLL):
+"""The LM head of a replay and the loss's gradient into it (docs/glossary.md, "Replay": L = mean next-token NLL):
 shared by the one-process replay (``replay.engine``) and the expert-parallel one
 (``replay.sharded``), with ``backward_from``, the one way both push a gradient through a graph."""
 

@@ -1,6 +1,6 @@
 """Checkpoint bytes on the host for a replay on an accelerator: kept once, pinned, read in place.
 
-On the CPU a replay holds one decoder layer at a time (SPEC §3), so the private copies of the
+On the CPU a replay holds one decoder layer at a time (docs/glossary.md, "Replay"), so the private copies of the
 checkpoint's files are capped (``limits.PRIVATE_COPY_BYTES``) and a larger file is re-read
 through its block digests — each weight hashed again in the forward and again in the backward.
 On a GPU machine the host is otherwise idle, and that re-hashing was most of the replay's time

@@ -19,7 +19,7 @@ backward (index_put with accumulation) are deterministic.
 This is the layer's token mixer (``ModelSpec.moa``): its router, expert projections, kv
 projection and bias are differentiated by autograd with the attention and counted in the
 attention gradient norm (``MOA_NAMES``). The receipts audit the routed MLP block only
-(docs/decisions.md, issue 27: jetmoe).
+(docs/decisions.md, "Mixture of attention heads (jetmoe)").
 
 Shape suffixes: B windows, T tokens, N = B·T, H hidden size, E attention experts, K slots per
 token (top-k), S = N·K (token, slot) pairs, n heads, D head dim, X = nkv·D.

@@ -1,5 +1,5 @@
 """The layer inputs a replay stores for its backward, on a device with a memory budget
-(issue 31 §6).
+(docs/decisions.md, "Input offload is an environment setting").
 
 The forward keeps every layer's input (N·H floats: 28.7 GB of DeepSeek-V3's 61 layers at 16k
 canary tokens, 73 % of the GPU peak, docs/scaling.md). Above a budget, the inputs of the first

@@ -1,4 +1,4 @@
-"""The replay's compute precision (``--precision fp32|tf32|bf16``, SPEC §3 "Precision").
+"""The replay's compute precision (``--precision fp32|tf32|bf16``; docs/policy.md, "Reduced precision").
 
 fp32 is the reference and the default, and nothing here runs on it: every function below does
 nothing (or is not called) unless a lower precision was asked for with
@@ -114,7 +114,7 @@ class _Products:
 
 def _stacked(experts: Sequence[dict[str, torch.Tensor]], used: Sequence[int], names: Sequence[str]) -> dict[str, Any]:
     """The used experts' weights in bf16, stacked [G, out, in] per name: one layer's chosen
-    experts at a time (SPEC §3's layer-local bound), each converted from its stored dtype once."""
+    experts at a time (the layer-local bound, docs/glossary.md, "Replay"), each converted from its stored dtype once."""
     announce(experts, list(used))
     parts: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     for e in used:

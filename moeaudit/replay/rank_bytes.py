@@ -1,4 +1,5 @@
-"""A rank's share of a checkpoint's bytes in an expert-parallel replay (issue 28 §2).
+"""A rank's share of a checkpoint's bytes in an expert-parallel replay (docs/decisions.md,
+"Digest across ranks").
 
 The SHA-256 of a file cannot be split, so one rank reads every byte of each file once. What
 the ranks share is everything after that:

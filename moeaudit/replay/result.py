@@ -1,4 +1,4 @@
-"""What a replay hands its callers (SPEC §3): the observers it calls with each layer's taps, the
+"""What a replay hands its callers (docs/glossary.md, "Taps"): the observers it calls with each layer's taps, the
 routing and the per-layer gradient norms it returns. Shared by the one-process replay
 (``replay.engine``) and the expert-parallel one (``replay.sharded``)."""
 
@@ -78,7 +78,8 @@ def _sum_sq(tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch
 def layer_grads(lw: LayerWeights, sq_E: torch.Tensor, device: torch.device | None = None) -> LayerGrads:
     """Gradient norms of one layer from ``sq_E`` = ‖∇_{θ_e} L‖² per expert (float64, on the
     compute device) and the ``.grad`` of its other weights: every number of the layer comes to
-    the host in one transfer (issue 31 §4), not one sync per tensor."""
+    the host in one transfer (docs/decisions.md, "The GPU path: receipts on the device, copies ahead, inputs
+    offloaded"), not one sync per tensor."""
     p = lw.params
     groups = ([p[n] for n in present(g, p)] for g in (ROUTER, ATTENTION, SHARED_EXPERT))
     sq = to_host(torch.cat([sq_E, torch.stack([_sum_sq(g, sq_E) for g in groups])]), device)

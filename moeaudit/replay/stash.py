@@ -1,8 +1,8 @@
 """The routed experts' W1/W3 products kept from the forward for the backward, within a memory
-budget (issue 30).
+budget (docs/decisions.md, "The experts' W1/W3 products kept for the backward (`replay.stash`)").
 
 The backward of a SwiGLU expert needs its two input products a1 = W1 y and a3 = W3 y. The
-layer-local replay (SPEC §3) recomputes each layer from its stored input, so by default it forms
+layer-local replay (docs/glossary.md, "Replay") recomputes each layer from its stored input, so by default it forms
 them twice: 2 of the 11 expert-sized matrix products per routed (token, slot), 12 % of the
 replay's arithmetic on the speed benchmark (docs/benchmarks.md). Keeping them costs
 N·k·I·2 floats per routed layer (117 MB a layer at 4096 tokens, top-2, I = 1792; 2.1 GB a

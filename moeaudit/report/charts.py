@@ -1,4 +1,5 @@
-"""The certificate's charts (SPEC §9) as inline SVG, from plain numbers of a verified statement.
+"""The certificate's charts (docs/security.md, "What the signature binds") as inline SVG, from plain numbers of a
+verified statement.
 
 * :func:`c2_bars` — per-layer C2 at a gate, signed bars around zero coloured by the drop from
   the baseline (not by C2's sign), baseline ticks, protected layers marked (`003` Fig. 5);
@@ -84,8 +85,9 @@ def c2_bars(
     tolerance: Mapping[int, float] | None = None,
 ) -> Markup:
     """Signed horizontal bars of C2 per layer. The colour is the drop from the baseline, not
-    C2's sign (issue 25 §4): green where C2 held or rose, cream → orange as the drop nears the
-    layer's allowed drop (``tolerance``), darkest and outlined beyond it; grey without a baseline."""
+    C2's sign (docs/decisions.md, "The certificate page is written for the operator who reads it"): green where C2 held
+    or rose, cream → orange as the drop nears the layer's allowed drop (``tolerance``), darkest and outlined beyond it;
+    grey without a baseline."""
     values = [e.get("c2") for e in per_layer] + list(baseline.values())
     m = max([abs(v) for v in values if v is not None] or [0.1])
     lo, hi, ticks, dec = linear_ticks(-m, m, 6)

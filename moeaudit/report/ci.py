@@ -9,9 +9,10 @@ from moeaudit.records import GateResult
 
 
 def junit_xml(result: GateResult) -> str:
-    result = named_strings(result)  # papers by name at their first mention (issue 16)
+    # papers by name at their first mention (docs/decisions.md, "Papers are named at their first mention")
+    result = named_strings(result)
     # The decision is a test case of its own: HOLD and INCONCLUSIVE both fail it, so a CI that
-    # reads only the failure count never sees an inconclusive gate as "0 failures" (issue 23 §8).
+    # reads only the failure count never sees an inconclusive gate as "0 failures" (README.md, "Promotion check in CI").
     decided = result["decision"]
     why = f"{decided}: {result.get('decision_reason') or result.get('verdict_reason') or ''}"
     inner = "" if decided == "PROMOTE" else f"<failure type={quoteattr(decided.lower())} message={quoteattr(why)}/>"

@@ -1,5 +1,5 @@
 """The evidence model of the compliance export: aspects, items, frameworks, and the selectors
-that read one verified statement into :class:`Evidence` (SPEC §9 "Export").
+that read one verified statement into :class:`Evidence` (docs/compliance.md).
 
 A selector checks that a result was actually produced, not just that a field exists: it
 returns ``shown=False`` with the reason when the certificate does not back the aspect. The

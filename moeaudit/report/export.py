@@ -1,4 +1,4 @@
-"""Compliance export (SPEC §9 "Export"): a verified certificate's evidence, item by item.
+"""Compliance export (docs/compliance.md): a verified certificate's evidence, item by item.
 
 For each framework item the export says which certificate fields bear on it and which parts of
 the item the certificate cannot show. Nothing is claimed by fiat: an item is split into the
@@ -195,7 +195,8 @@ CERT_ROWS = (
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:
-    report = named_strings(report)  # papers by name at their first mention (issue 16)
+    # papers by name at their first mention (docs/decisions.md, "Papers are named at their first mention")
+    report = named_strings(report)
     fw, cert, n = report["framework"], report["certificate"], report["summary"]
     out = [
         f"# {_md(fw['title'])}",
@@ -262,7 +263,7 @@ def _environment() -> Any:
 
 def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = None) -> str:
     """One self-contained page: inline CSS, every value autoescaped, no script, no URL. Given the
-    verified statement, each item shows the chart that backs its evidence (issue 16)."""
+    verified statement, each item shows the chart that backs its evidence (docs/compliance.md)."""
     html: str = (
         _environment()
         .get_template(TEMPLATE)

@@ -1,4 +1,5 @@
-"""Tables that fit the terminal without cutting a number (issue 25 §2).
+"""Tables that fit the terminal without cutting a number (docs/decisions.md, "Terminal tables never cut a
+number or a status").
 
 rich shrinks a table that is too wide by cutting every column's cells ("0.92…", "BASELI…"),
 which turns evidence into guesses. Here the layout is chosen before rich sees it, from the

@@ -1,6 +1,7 @@
 """The certify gate table: its cells, laid out by :mod:`moeaudit.report.fit` so that a number
-or a status is never cut at any terminal width (issue 25 §2), and a legend under it giving each
-column's threshold and which direction is good, from the policy signed into the certificate.
+or a status is never cut at any terminal width (docs/decisions.md, "Terminal tables never cut a number or a status"),
+and a legend under it giving each column's threshold and which direction is good, from the policy signed into the
+certificate.
 """
 
 from __future__ import annotations

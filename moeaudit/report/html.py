@@ -1,4 +1,5 @@
-"""The HTML certificate (SPEC §9): a verified statement rendered into one self-contained page.
+"""The HTML certificate (README.md, "What a certificate proves, and what it does not"): a verified statement rendered
+into one self-contained page.
 
 ``render_html`` takes the statement that :func:`moeaudit.attest.certificate.open_certificate` returned
 (signature already checked) and renders ``templates/certificate.html.j2`` with Jinja2 —
@@ -234,7 +235,8 @@ def check_rows(checks: Sequence[Check]) -> list[dict[str, Any]]:
 
 def _all_reasons(c: Check) -> list[str]:
     """Every reason of a check whose one-line reason ends "(and N more)": the page lists them
-    all in a <details> block (no script) instead of leaving them out (issue 25 §4)."""
+    all in a <details> block (no script) instead of leaving them out (docs/decisions.md, "The certificate page is
+    written for the operator who reads it")."""
     problems = [str(x) for x in c.get("problems") or []]
     return problems if " more)" in str(c.get("reason") or "") else []
 
@@ -536,7 +538,7 @@ def _occupancy(occ: Occupancy | None, protected: Sequence[int]) -> dict[str, Any
     }
 
 
-SHARE_SCALE = 2.0  # a fixed scale, so that any two certificates compare by eye (issue 16)
+SHARE_SCALE = 2.0  # a fixed scale, so that any two certificates compare by eye (docs/glossary.md, "Occupancy")
 
 
 def _shares(row: list[float | None]) -> list[float | None]:

@@ -1,6 +1,7 @@
 """What the certificate's numbers say, in words: the verdict's reasons, each gate's reading of
 the gate rule, the lifecycle margins as one plain sentence an operator can act on, and the
-surprises that are the policy working as designed (issue 25 §4). Plain data in, strings out;
+surprises that are the policy working as designed (docs/decisions.md, "The certificate page is written for the
+operator who reads it"). Plain data in, strings out;
 :mod:`moeaudit.report.html` puts them on the page."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ Doc = Mapping[str, Any]
 
 
 def verdict_reasons(verdict: str, gates: Sequence[GateEntry], checks: Sequence[Check]) -> list[str]:
-    """Why the verdict is what it is (SPEC §8), in the order the rule reads."""
+    """Why the verdict is what it is (docs/policy.md, "The rules in one place"), in the order the rule reads."""
     if verdict == "PASS":
         return ["every gate is BASELINE or GREEN and every evaluated check passed"]
     out = [f"{g['status']} gate at step {g['step']}" for g in gates if g["status"] not in ("BASELINE", "GREEN")]
@@ -30,7 +31,8 @@ def verdict_reasons(verdict: str, gates: Sequence[GateEntry], checks: Sequence[C
 
 
 def plain_margin(name: str, m: Margin, stage: str, band: Any) -> str:
-    """One sentence an operator can act on (SPEC §8: refinement gated in post-training only)."""
+    """One sentence an operator can act on (docs/policy.md, "The rules in one place": refinement gated in post-training
+    only)."""
     exact, ci = m.get("exact"), m.get("ci95")
     near = isinstance(band, (int, float)) and exact is not None and abs(exact) < band
     unsure = near or (ci is not None and ci[0] < 0 < ci[1])
@@ -93,8 +95,8 @@ def _floor(rules: Doc, name: str) -> str:
 
 
 def gate_note(g: GateEntry, rules: Doc) -> str:
-    """The gate rule's reading of this gate (SPEC §8), in words, with the policy's thresholds
-    (``rules``: the certificate's ``policy.gates``)."""
+    """The gate rule's reading of this gate (docs/policy.md, "The rules in one place"), in words, with the policy's
+    thresholds (``rules``: the certificate's ``policy.gates``)."""
     tol_c2 = rules.get("tol_c2")
     held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
     if g["status"] == "BASELINE":

@@ -7,7 +7,7 @@ load-balancing loss ``E·Σ_e f_e·P_e`` per routed layer (a negative coefficien
 toward few experts, for the ``collapse`` sample). Components can be frozen: a frozen tensor is
 not updated, but its gradient is still computed, so the hook logs the signal it receives.
 
-Runs are written like a Hugging Face Trainer output directory (SPEC §2.3)::
+Runs are written like a Hugging Face Trainer output directory (README.md, "Logging from your training loop")::
 
     RUN/checkpoint-<step>/{config.json, model.safetensors, trainer_state.json}
     RUN/metrics.jsonl      (moeaudit.integrations.hooks.ExpertGradLogger)
@@ -440,7 +440,7 @@ def save_checkpoint(model: Model, run_dir: Path, state: TrainerState, cfg: Train
 
 
 def append_event(run_dir: Path, step: int, event: str, note: str, **extra: Any) -> None:
-    """One line of ``events.jsonl`` (SPEC §2.3)."""
+    """One line of ``events.jsonl`` (README.md, "Logging from your training loop")."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"step": step, "event": event, "note": note, **extra}) + "\n")

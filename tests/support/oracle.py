@@ -68,7 +68,7 @@ def _norm(tensors: list[torch.Tensor | None]) -> float:
 def transformers_observed(
     model: Any, tokens_WT: torch.Tensor, moe: str = "mlp", gate: str = "gate", chosen: Any = None
 ) -> Observed:
-    """Run the HF model; the loss is our CE from its logits (no auxiliary loss, SPEC §3).
+    """Run the HF model; the loss is our CE from its logits (no auxiliary loss, docs/glossary.md, "Replay").
     ``moe``/``gate``: the decoder layer's MoE block and its router module (Granite:
     ``block_sparse_moe``/``router``); ``chosen(router output) → (top-k [N, K], combine [N, K])``
     where the router does not return them as (…, combine, top-k) (Llama 4)."""
@@ -262,7 +262,8 @@ def rewrite(src: Path, dst: Path, edit) -> Path:
 
 
 def fuse_experts(ckpt: Checkpoint, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """SPEC §2.1 fused layout: ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H, I]``."""
+    """The fused layout (docs/decisions.md, "Checkpoints"): ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H,
+    I]``."""
     out = dict(tensors)
     for i in ckpt.spec.routed_layers:
         per_expert = ckpt.expert_keys(i)
