@@ -33,26 +33,6 @@ SOURCES = sorted(
     - {Path(__file__).resolve()}  # this file names the patterns it refuses
 )
 
-# PENDING: files another branch is rewriting while this rule was applied; their citations are
-# replaced after that branch is merged (the replacement text is in the merge note). The lead
-# empties this set then — the test of a file listed here is skipped, not passed.
-PENDING = {
-    "moeaudit/checkpoint/checkpoint.py",
-    "moeaudit/checkpoint/names.py",
-    "moeaudit/checkpoint/stored.py",
-    "moeaudit/replay/blocks/",  # every module of the package
-    "moeaudit/replay/groups.py",
-    "moeaudit/replay/model.py",
-    "moeaudit/replay/sharded.py",
-    "moeaudit/spec/blocks.py",
-    "moeaudit/spec/config.py",
-    "moeaudit/spec/geometry.py",
-    "tests/test_blocks.py",
-    "tests/test_expert_stash.py",
-    "tests/test_fp8_packed.py",
-    "tests/test_oracle_famD.py",
-}
-
 # Lines that name the word without citing it: tests that the rendered pages never say "SPEC".
 NOT_CITATIONS = {
     "tests/test_papers.py": ('"SPEC" in text', '"SPEC" not in text'),
@@ -72,11 +52,6 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def _pending(path: Path) -> bool:
-    rel = _rel(path)
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in PENDING)
-
-
 def _flat(text: str) -> str:
     """Comment markers and line breaks out, so a citation wrapped over lines reads as one; a
     comment that ends before a line of code ends there (¶), so the code's strings are not read
@@ -88,8 +63,6 @@ def _flat(text: str) -> str:
 
 @pytest.mark.parametrize("path", SOURCES, ids=_rel)
 def test_no_issue_session_or_spec_section_is_cited(path: Path) -> None:
-    if _pending(path):
-        pytest.skip("PENDING: being rewritten on another branch")
     allowed = NOT_CITATIONS.get(_rel(path), ())
     bad = [
         f"{_rel(path)}:{n}: {line.strip()}"
@@ -120,8 +93,6 @@ def _sections(doc: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", SOURCES, ids=_rel)
 def test_cited_design_notes_exist(path: Path) -> None:
-    if _pending(path):
-        pytest.skip("PENDING: being rewritten on another branch")
     missing = []
     for doc, title in cited_notes(path):
         target = ROOT / doc
@@ -164,4 +135,3 @@ def test_the_checks_see_what_they_must(tmp_path: Path) -> None:
     ]
     assert {"10", "1d"} <= _sections(ROOT / "docs" / "benchmarks.md")
     assert "9" in _sections(ROOT / "docs" / "benchmarks.md") and "99" not in _sections(ROOT / "docs" / "benchmarks.md")
-    assert _pending(ROOT / "moeaudit" / "replay" / "blocks" / "x.py") and not _pending(ROOT / "moeaudit" / "cli.py")

@@ -1,7 +1,8 @@
-"""The routed experts' W1/W3 products kept from the forward for the backward (issue 30,
-``replay.stash``): which layers keep them under a budget, that the backward uses them, and that
-the receipts do not depend on it — bit for bit, in the test process's default thread setting,
-since the default budget follows the memory free when a replay starts."""
+"""The routed experts' W1/W3 products kept from the forward for the backward (``replay.stash``;
+docs/decisions.md, "The experts' W1/W3 products kept for the backward (`replay.stash`)"): which
+layers keep them under a budget, that the backward uses them, and that the receipts do not depend on
+it — bit for bit, in the test process's default thread setting, since the default budget follows the
+memory free when a replay starts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Quantised experts stay as stored until they reach the device that computes (issue 31 §3).
+"""Quantised experts stay as stored until they reach the device that computes
+(docs/decisions.md, "FP8 and MXFP4 weights").
 
 Block-scaled FP8 experts (DeepSeek-V3 as released) are held as float8_e4m3fn bytes and their
 block scales (``FP8Experts``), MXFP4 experts as codes and exponents (``MXFP4Experts``); expert

@@ -2,9 +2,9 @@
 
 Opening a checkpoint reads headers only (torch is imported by the methods that build tensors,
 not by this module). ``layer_weights(i)`` materialises one decoder layer in canonical form
-(SPEC §3 layer-local streaming); ``read_global`` the embeddings, final norm and LM head.
+(layer-local streaming, docs/glossary.md, "Replay"); ``read_global`` the embeddings, final norm and LM head.
 
-The root digest is of the bytes the replay uses (issues 14 and 24 §1): config.json and the
+The root digest is of the bytes the replay uses (docs/decisions.md, "Pinned reads", "Read once"): config.json and the
 shard index are hashed from the bytes parsed, each weight file is read once into private memory
 and hashed as it is read, and every tensor comes from those hashed bytes (``sealed``; a file too
 large to keep is re-read with each 64 KiB block proven against the digests of that pass).
@@ -156,7 +156,7 @@ class Checkpoint:
             return
         if index.is_file() and single.is_file():
             # transformers loads model.safetensors and never reads the index; we would read
-            # the shards: two readers, two models. Refuse rather than pick one (issue 14).
+            # the shards: two readers, two models. Refuse rather than pick one (docs/decisions.md, "Ambiguous weights").
             raise CheckpointError(
                 f"both {SINGLE_NAME} and {INDEX_NAME}: which weights are the checkpoint is ambiguous",
                 path=self.path,
@@ -485,7 +485,7 @@ class Checkpoint:
     def _set_aside(self, extra: list[str]) -> None:
         """Tensors the replay does not read: those on the family's ignore list are recorded in
         ``left_out`` (receipts name them); any other is an error, because replaying without it
-        would audit another model than the file holds (issue 24: DeepSeek-V2's ``mlp_bias``
+        would audit another model than the file holds (docs/decisions.md, "Extra tensors": DeepSeek-V2's ``mlp_bias``
         tensors were warned about and dropped, and every receipt moved)."""
         s = self.spec
         rope = [k for k in extra if ROTARY_BUFFER.search(k)]

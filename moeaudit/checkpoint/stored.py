@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class StoredExperts(Sequence["dict[str, torch.Tensor]"]):
     """A routed layer's experts kept in their on-disk dtype; ``experts[e]`` returns expert e's
-    three matrices in the compute dtype, converted on access (issue 6: upcast per expert, not
+    three matrices in the compute dtype, converted on access (docs/benchmarks.md §2: upcast per expert, not
     per layer), so a bf16 layer costs its bf16 bytes plus one float32 expert at a time.
     Converting bf16/fp16 to float32 is exact: the numbers are those of an eager upcast."""
 
@@ -86,7 +86,8 @@ class FP8Experts(StoredExperts):
     per bm × bn block). Expert e is dequantised on access — after its stored bytes are moved to
     the device that computes (``DeviceExperts``: a quarter of float32's bytes cross) — into
     the float32 products w · s that :meth:`Checkpoint.read` gives, so the host never holds a
-    layer's experts in float32, only one expert's while the host computes (issue 31 §3)."""
+    layer's experts in float32, only one expert's while the host computes (docs/decisions.md,
+    "FP8 and MXFP4 weights")."""
 
     def __init__(self, stored: list[dict[str, torch.Tensor]], dtype: torch.dtype, block: tuple[int, int]):
         super().__init__(stored, dtype)
@@ -142,7 +143,7 @@ class LayerWeights:
 class LeftOut:
     """Tensors on the family's ignore list (``Layout.left_out``, multi-token-prediction layers,
     rotary buffers, a DCP directory's optimizer state): recognised, deliberately not replayed,
-    and named in the receipts (issue 24)."""
+    and named in the receipts (docs/decisions.md, "Extra tensors")."""
 
     what: str
     reason: str

@@ -1,14 +1,14 @@
-"""The weight groups of a layer whose gradients the receipts measure (SPEC §4 "Gradients"): the
-router, the attention sub-block (the token mixer and what forms its input) and the shared expert,
-by the canonical names the checkpoint reader gives a layer's tensors. Each block kind declares its
-part (``spec.blocks``: ``MoE.GRADS``, ``SharedExpert.GRADS``, a mixer's ``grads`` with the
-residual's pre-norm gains in place, ``Residual.grads``); here they are merged into one order per
+"""The weight groups of a layer whose gradients the receipts measure (docs/glossary.md, "Gradient norms
+/ var_grad"): the router, the attention sub-block (the token mixer and what forms its input) and the
+shared expert, by the canonical names the checkpoint reader gives a layer's tensors. Each block kind
+declares its part (``spec.blocks``: ``MoE.GRADS``, ``SharedExpert.GRADS``, a mixer's ``grads`` with
+the residual's pre-norm gains in place, ``Residual.grads``); here they are merged into one order per
 group, so that a layer's group is read off the names it has (:func:`present`) and every kind of
 token mixer — softmax attention, MLA, Lightning and linear attention, Gated DeltaNet, KDA, Mamba,
 the short convolution, a mixture of attention heads — is covered by what it holds. Both the
 attention gradient norm (``replay.result.layer_grads``) and the domain conflict vector
-(``receipts.conflict``) take their names from here. The order of a group is the order in which
-its squared norms are summed: it is part of the receipts' bits."""
+(``receipts.conflict``) take their names from here. The order of a group is the order in which its
+squared norms are summed: it is part of the receipts' bits."""
 
 from __future__ import annotations
 

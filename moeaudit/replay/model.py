@@ -118,7 +118,7 @@ def embed(
 ) -> torch.Tensor:
     """The decoder's input: the tokens' embedding rows (× Granite's ``embedding_multiplier``).
     The rows are cast to the compute ``dtype`` before any scaling: a multiplier applied in the
-    stored bf16/fp16 would round there, so the file's dtype would change the math (issue 24)."""
+    stored bf16/fp16 would round there, so the file's dtype would change the math."""
     x = F.embedding(tokens.long(), table_VH)
     x = x if dtype is None else x.to(dtype)
     x = x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier

@@ -1,4 +1,4 @@
-"""Expert-parallel, layer-streaming replay on torch.distributed (issue 28).
+"""Expert-parallel, layer-streaming replay on torch.distributed (docs/decisions.md, "Expert-parallel replay").
 
 The replay of ``engine`` with each MoE layer's routed experts split across the ranks and the
 canary's windows split across them for everything else. One decoder layer is resident at a

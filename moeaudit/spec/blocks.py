@@ -9,7 +9,7 @@ block kind owns what every consumer used to switch on flags for:
 
 * ``names()``: its canonical tensor names (``spec.layouts``), in the order a layer lists them;
 * ``shapes(H)``: the shape of each of those tensors for hidden size ``H``;
-* its part of the gradient groups (SPEC §4 "Gradients"), in the order their squared norms are
+* its part of the gradient groups (docs/glossary.md, "Gradient norms / var_grad"), in the order their squared norms are
   summed (that order is part of the receipts' bits; ``replay.groups`` merges them): a mixer's
   ``grads(inputs)`` (the attention norm, with the residual's pre-norm gains in place),
   ``MoE.GRADS`` and ``SharedExpert.GRADS`` (router, shared expert), ``Residual.grads()``;

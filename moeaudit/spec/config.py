@@ -313,7 +313,8 @@ class ModelSpec:
     # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
     # DeepSeek's and HY-V4's attention build them)
     mla_norm_eps: float | None = field(default=None, metadata=NEW)
-    # MiMo-V2-Flash, Mellum (issue 27): attention per kind of layer — ``layer_kinds[i]`` indexes
+    # MiMo-V2-Flash, Mellum (docs/decisions.md, "Attention per kind of layer (mimo_v2_flash,
+    # step3p5, step3p7, laguna, mellum)"): attention per kind of layer — ``layer_kinds[i]`` indexes
     # ``attention_kinds`` for layer i, whose head counts, head sizes, RoPE table and sinks then
     # replace the spec's own (num_heads, num_kv_heads, head_dim, rope_theta, rotary_dim,
     # attention_sinks); empty: one attention geometry and one RoPE table for every layer

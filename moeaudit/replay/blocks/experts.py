@@ -1,4 +1,5 @@
-"""The routed experts' forward and hand-written backward, one expert at a time (SPEC §3 layer-local)."""
+"""The routed experts' forward and hand-written backward, one expert at a time (layer-local:
+docs/glossary.md, "Replay")."""
 
 from __future__ import annotations
 
@@ -43,11 +44,12 @@ def experts_forward_sets(
     sorted_slots: list[tuple[torch.Tensor, list[int]]] | None = None,
     keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[torch.Tensor]:
-    """Raw expert outputs u_NXH (SPEC §3) for several expert-index sets [N, X] in one sweep
+    """Raw expert outputs u_NXH (docs/glossary.md, "Taps") for several expert-index sets [N, X] in one sweep
     over the experts: each expert is fetched once (lazy experts are converted once), and each
     set gets its own gathered batch, so its values are exactly those it would get alone.
     Each expert's outputs are written into their rows of the result as the sweep goes, so
-    besides the result only one expert's temporaries exist at a time (issue 31 §6).
+    besides the result only one expert's temporaries exist at a time (docs/decisions.md, "Input
+    offload is an environment setting").
 
     ``scales`` (Llama 4, one [N, X] per set: the combine weight c each expert gets or would
     get) makes the input of expert e c·y and its output u_e(c·y)/c, so that Σ_k c_k u_k is the
@@ -109,7 +111,7 @@ def experts_forward(
     glu: ClampedGLU | None = None,
     scales_NK: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Raw expert outputs u_NKH (SPEC §3), batched per expert: gather its tokens, one MLP."""
+    """Raw expert outputs u_NKH (docs/glossary.md, "Taps"), batched per expert: gather its tokens, one MLP."""
     return experts_forward_sets(experts, y_NH, [topk_NK], glu, None if scales_NK is None else [scales_NK])[0]
 
 
@@ -219,7 +221,7 @@ def experts_backward(
     sorted_slots: tuple[torch.Tensor, list[int]] | None = None,
     kept: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> ExpertsBackward:
-    """The backward pass of the routed experts, one expert at a time (SPEC §3 layer-local):
+    """The backward pass of the routed experts, one expert at a time (layer-local: docs/glossary.md, "Replay"):
     each expert's weight gradients are formed, measured (sum of squares in float64) and
     dropped before the next expert is converted, so a layer's gradients never coexist.
 

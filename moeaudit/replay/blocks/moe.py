@@ -1,5 +1,5 @@
 """The MoE block (``spec.blocks.MoE``): its norm, router, experts and shared expert, and the taps the
-receipts read (SPEC §3)."""
+receipts read (docs/glossary.md, "Taps")."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ExtraExperts = Callable[[int, Routing], dict[str, torch.Tensor]]  # (layer, rout
 
 @dataclass
 class MoETap:
-    """Per-layer taps of SPEC §3 for the N canary tokens."""
+    """Per-layer taps (docs/glossary.md, "Taps") for the N canary tokens."""
 
     layer: int
     h_NH: torch.Tensor  # residual stream entering the MoE block

@@ -14,7 +14,7 @@ from moeaudit.spec.config import Gate, ModelSpec
 
 @dataclass
 class Routing:
-    """Router outputs for N tokens of one layer (SPEC §3 taps s, ρ, R_k, c_e)."""
+    """Router outputs for N tokens of one layer (taps s, ρ, R_k, c_e: docs/glossary.md, "Taps")."""
 
     scores_NE: torch.Tensor  # s: the selection scores (W_r y; DeepSeek-V3: σ(W_r y) + b)
     probs_NE: torch.Tensor  # ρ, the full gate distribution (sigmoid routers: σ(W_r y)/Σσ)
