@@ -158,3 +158,10 @@ def test_every_command_accepts_verbose() -> None:
     assert missing == []
     result = CliRunner().invoke(cli, ["claims", "list", "/nonexistent-model-dir", "--verbose"])
     assert result.exit_code == 4 and "No such option" not in result.output
+
+
+def test_examples_are_not_joined_by_a_line_continuation() -> None:
+    """A backslash at the end of a docstring line joins it to the next with its indentation: the
+    example then shows a run of blanks mid-command."""
+    runs = {name: ex for name in _commands() for ex in _examples(_help(name)) if "  " in ex}
+    assert runs == {}
