@@ -591,8 +591,7 @@ def verify(cert: Path, **options: Any) -> None:
     Examples:
       moeaudit verify moeaudit-certificates/healthy/certificate.json
       moeaudit verify moeaudit-certificates/healthy/certificate.sigstore.json --pubkey release-key.pub --recheck
-      moeaudit verify moeaudit-certificates/healthy/certificate.json --require-verdict PASS,INCONCLUSIVE \
-        --attest-verification verified.intoto.json
+      moeaudit verify moeaudit-certificates/healthy/certificate.json --attest-verification svr.json
     """
     from moeaudit.commands import verify as steps
     from moeaudit.errors import PolicyFailed

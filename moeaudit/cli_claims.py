@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from moeaudit.cli_common import HOOKS
+from moeaudit.cli_common import HOOKS, verbose_option
 
 
 @click.group(short_help="Signed claims beside a model (claims.jsonl).")
@@ -40,6 +40,7 @@ def claims() -> None:
     type=click.Path(path_type=Path),
     help="Key an unsigned in-toto statement is signed with (default: your moeaudit key).",
 )
+@verbose_option
 def claims_add(directory: Path, claim: Path, pubkeys: tuple[Path, ...], key: Path | None) -> None:
     """Append CLAIM to DIRECTORY/claims.jsonl, verified first (the whole file is written anew and
     renamed into place: never half a line).
@@ -64,6 +65,7 @@ def claims_add(directory: Path, claim: Path, pubkeys: tuple[Path, ...], key: Pat
 @claims.command("list", short_help="List the claims (signatures not checked).")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of one line per claim.")
+@verbose_option
 def claims_list(directory: Path, as_json: bool) -> None:
     """List the claims in DIRECTORY/claims.jsonl as they read, signatures NOT checked (use
     `claims verify`).
@@ -99,6 +101,7 @@ def claims_list(directory: Path, as_json: bool) -> None:
     type=click.Path(path_type=Path),
     help="A signer's public key (repeat for several; default: your moeaudit key's .pub).",
 )
+@verbose_option
 def claims_verify(directory: Path, pubkeys: tuple[Path, ...]) -> None:
     """Verify DIRECTORY/claims.jsonl (exit 0 valid, 1 invalid, 4 input error).
 
@@ -134,6 +137,7 @@ def claims_verify(directory: Path, pubkeys: tuple[Path, ...]) -> None:
 )
 @click.option("--key", type=click.Path(path_type=Path), help="Signing key (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@verbose_option
 def preregister(policy_path: Path, canary_path: Path, run: str, out: Path, key: Path | None, force: bool) -> None:
     """Sign the criteria a run will be certified under — the policy's and the canary's digests and
     the run's name — with the time of signing, before training starts. certify then signs whether

@@ -10,6 +10,7 @@ import base64
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,33 @@ def test_appends_are_serialised_and_whole(tmp_path: Path) -> None:
     assert sorted(json.loads(base64.b64decode(line.bundle["dsseEnvelope"]["payload"]))["n"] for line in lines) == list(
         range(12)
     )
+
+
+def test_the_digest_never_covers_an_appends_temporary_file(tmp_path: Path) -> None:
+    """An append's temporary file lies beside claims.jsonl until its rename; a root digest taken
+    meanwhile (another `claims add`, `list` or `verify`) must wait for it, not cover it — else
+    concurrent adds sign claims about a directory that never existed."""
+    import threading
+
+    from moeaudit.attest.claims_file import _directory_lock, subject_digest
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "w.bin").write_bytes(b"x")
+    clean = subject_digest(model)
+    inside, seen = threading.Event(), []
+
+    def writer() -> None:
+        with _directory_lock(model):
+            tmp = model / ".claims.jsonl.abc.tmp"
+            tmp.write_bytes(b"half")
+            inside.set()
+            time.sleep(0.5)
+            tmp.unlink()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert inside.wait(10)
+    seen.append(subject_digest(model))
+    thread.join()
+    assert seen == [clean]

@@ -149,3 +149,19 @@ def test_readme_command_table_matches_the_cli() -> None:
         known = {opt for p in commands[name].params for opt in getattr(p, "opts", [])}
         shown = set(re.findall(r"--[a-z][a-z-]*", row))
         assert shown <= known, (name, shown - known)
+
+
+def test_every_command_accepts_verbose() -> None:
+    """The README: "Every command accepts `--verbose` (tracebacks on errors)" — subcommands of a
+    group too (`claims add`), not only the top level."""
+    missing = [name for name, cmd in _commands().items() if not any("--verbose" in p.opts for p in cmd.params)]
+    assert missing == []
+    result = CliRunner().invoke(cli, ["claims", "list", "/nonexistent-model-dir", "--verbose"])
+    assert result.exit_code == 4 and "No such option" not in result.output
+
+
+def test_examples_are_not_joined_by_a_line_continuation() -> None:
+    """A backslash at the end of a docstring line joins it to the next with its indentation: the
+    example then shows a run of blanks mid-command."""
+    runs = {name: ex for name in _commands() for ex in _examples(_help(name)) if "  " in ex}
+    assert runs == {}

@@ -518,3 +518,23 @@ def test_every_framework_is_listed_by_the_cli() -> None:
 
     choice = next(p for p in cli.commands["export"].params if p.name == "framework")
     assert set(choice.type.choices) == set(FRAMEWORKS)  # type: ignore[attr-defined]
+
+
+def test_iso_42001_preregistration_is_evidence_only_when_matched_and_before() -> None:
+    """A.6.2.4's "criteria fixed before the evidence" cites the signed preregistration record as
+    certify judged it: absent, a mismatch and a preregistration after the first checkpoint are
+    not shown (with the signed summary), only matched-and-before is evidence."""
+    from moeaudit.report.evidence import preregistration
+
+    def rec(status: str, ordering: str, summary: str) -> dict[str, Any]:
+        return {"predicate": {"preregistration": {"status": status, "ordering": ordering, "summary": summary}}}
+
+    absent = preregistration(rec("absent", "unknown", "not preregistered (none given)"))
+    assert (absent.shown, absent.summary) == (False, "no preregistration: not preregistered (none given)")
+    mismatch = preregistration(rec("mismatch", "before", "does NOT match: policy"))
+    assert (mismatch.shown, mismatch.summary) == (False, "does NOT match: policy")
+    after = preregistration(rec("matched", "after", "preregistered T, AFTER the first audited checkpoint"))
+    assert not after.shown and "AFTER" in after.summary
+    before = preregistration(rec("matched", "before", "preregistered T, before the first audited checkpoint"))
+    assert (before.shown, before.summary) == (True, "preregistered T, before the first audited checkpoint")
+    assert not preregistration({"predicate": {}}).shown

@@ -313,3 +313,19 @@ def test_ordering_is_strict_to_the_microsecond() -> None:
     assert order("2025-11-28T22:21:48.466482Z", written) == ("before", "preregistered")
     assert order("2025-11-28T23:21:48.466482+01:00", written) == ("before", "preregistered")  # same instant
     assert order("2025-11-28T22:21:48.466482Z", None) == ("unknown", "not shown to predate the evidence")
+
+
+def test_a_file_that_is_not_signed_json_is_named_a_preregistration_error(tmp_path: Path) -> None:
+    """An unsigned or non-JSON --preregistration is exit 4 with one line that names what was
+    expected (a signed preregistration), not "not a certificate"."""
+    from moeaudit.attest.preregistration import open_preregistration
+    from moeaudit.attest.signing import load_public_key
+    from moeaudit.errors import InputError
+
+    key = generate_key(tmp_path / "k")
+    for name, raw in (("plain.json", b'{"x": 1}'), ("text.json", b"not json")):
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(InputError) as err:
+            open_preregistration(tmp_path / name, [load_public_key(tmp_path / "k.pub"), key.public_key()])
+        assert err.value.what.startswith("not a signed preregistration"), err.value.what
+        assert "certificate" not in err.value.what + str(err.value.hint)

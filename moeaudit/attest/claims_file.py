@@ -57,7 +57,10 @@ def subject_digest(directory: Path) -> str:
 
     if not directory.is_dir():
         raise InputError("not a model directory", path=directory, hint="give the checkpoint directory")
-    return root_digest(directory)[0]
+    # Shared with readers, exclusive with an append: a writer's temporary file lies in the
+    # directory until its rename, and a digest taken meanwhile would cover it.
+    with _directory_lock(directory, shared=True):
+        return root_digest(directory)[0]
 
 
 @dataclass(frozen=True)
@@ -131,9 +134,10 @@ def bundle_line(bundle: dict[str, Any]) -> bytes:
 
 
 @contextmanager
-def _directory_lock(directory: Path) -> Iterator[None]:
+def _directory_lock(directory: Path, *, shared: bool = False) -> Iterator[None]:
     """An exclusive flock on the directory itself: no lock file inside it (the digest would
-    cover one), and two appends to the same claims.jsonl take turns."""
+    cover one), and two appends to the same claims.jsonl take turns; ``shared`` for the root
+    digest, which must not see an append's temporary file."""
     import fcntl
 
     try:
@@ -141,7 +145,7 @@ def _directory_lock(directory: Path) -> Iterator[None]:
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(directory)) from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

@@ -119,6 +119,10 @@ def open_preregistration(path: Path, keys: Sequence[PublicKey]) -> Preregistrati
             break
         except SignatureInvalid as exc:
             failure = exc
+        except InputError as exc:  # not signed JSON at all: name what was expected here
+            exc.what = exc.what.replace("not a certificate", "not a signed preregistration", 1)
+            exc.hint = "give the preregistration.json `moeaudit preregister` wrote"
+            raise
     else:
         assert failure is not None
         failure.hint = "pass --preregistration-pubkey with the key that signed it (default: the certifying key's)"

@@ -462,4 +462,11 @@ def preregistration(stmt: Mapping[str, Any]) -> Evidence:
     if not pre:
         why = "no preregistration: the certificate does not show when the criteria were fixed"
         return Evidence("predicate.preregistration", why, False)
-    return Evidence("predicate.preregistration", "criteria signed before the evidence, checked by certify")
+    # Shown only when certify found the criteria matched and preregistered before the first
+    # audited checkpoint (docs/security.md, "Preregistered criteria"); absent, mismatch and
+    # after are findings, named with the signed summary.
+    summary = str(pre.get("summary") or "")
+    if pre.get("status") == "absent":
+        return Evidence("predicate.preregistration", f"no preregistration: {summary}", False)
+    shown = pre.get("status") == "matched" and pre.get("ordering") == "before"
+    return Evidence("predicate.preregistration", summary, shown)
