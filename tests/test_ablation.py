@@ -30,6 +30,7 @@ from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.judge.ablation import (  # noqa: E402
     RARELY_NEEDED,
     RARELY_UNNEEDED,
+    RARELY_UNSHOWN,
     USED_NEEDED,
     assemble,
     flagged_experts,
@@ -191,6 +192,20 @@ def test_rounding_is_not_need() -> None:
     assert needed(2e-8, None) is False and needed(1e-3, None) is True and needed(None, None) is None
 
 
+def test_an_interval_that_holds_zero_and_a_rise_shows_neither() -> None:
+    """A rarely used expert whose interval holds 0 but also a rise beyond the resolution is not
+    shown to be needed, nor shown not to be: it is not called "unused and not needed"."""
+    from moeaudit.judge.ablation import RARELY_NEEDED, USED_UNSHOWN, needed, not_needed, reading
+
+    wide = (0.004977, [-1.8e-8, 0.0149])  # π 0.002: used a little, evidence either way missing
+    assert reading(True, needed(*wide), not_needed(*wide)) == RARELY_UNSHOWN
+    assert reading(False, needed(*wide), not_needed(*wide)) == USED_UNSHOWN
+    tight = (2e-8, [-1e-7, 5e-7])
+    assert reading(True, needed(*tight), not_needed(*tight)) == RARELY_UNNEEDED
+    high = (0.0018, [0.0004, 0.0031])
+    assert reading(True, needed(*high), not_needed(*high)) == RARELY_NEEDED
+
+
 def _train_two_domains(path: Path) -> tuple[Canary, int]:
     """A one-layer Mixtral (top-1 of 4) trained on two domains with disjoint token bands and their own
     successor rules; returns the canary (8 windows per domain) and the expert carrying domain 1
@@ -325,7 +340,7 @@ def test_a_zeroed_frozen_expert_is_flagged_and_not_needed(fresh_runs: Any, tmp_p
     rows = {(e["layer"], e["expert"]): e for e in pred["ablation"]["experts"]}
     killed = rows[(0, 1)]
     assert killed["flags"] == ["no gradient"] and killed["pi"] > 0.1
-    assert killed["ci95"][0] <= 0 and killed["reading"] == RARELY_UNNEEDED
+    assert killed["ci95"][0] <= 0 and killed["reading"] in (RARELY_UNNEEDED, RARELY_UNSHOWN)
     assert killed["nll_delta"] == min(e["nll_delta"] for (layer, _), e in rows.items() if layer == 0)
     assert [k for k, e in rows.items() if e["flagged"]] == [(0, 1)]
 

@@ -20,8 +20,12 @@ MODES: tuple[Mode, ...] = ("low-occupancy", "all")
 
 RARELY_NEEDED = "rarely used but needed"
 RARELY_UNNEEDED = "unused and not needed"
+# the interval holds 0 but also a rise beyond the resolution: the data do not show it is needed,
+# nor that it is not (a rarely used expert is not "unused" on that evidence)
+RARELY_UNSHOWN = "rarely used, not shown to be needed"
 USED_NEEDED = "used and needed"
 USED_UNNEEDED = "used but not needed"
+USED_UNSHOWN = "used, not shown to be needed"
 
 FLAG_RULE = (
     "an expert of a routed layer is flagged when it is dead (no canary token routed to it, or routed "
@@ -80,12 +84,22 @@ def needed(delta: float | None, ci95: Sequence[float] | None) -> bool | None:
     return None if delta is None else delta > NLL_RESOLUTION
 
 
-def reading(flagged: bool, is_needed: bool | None) -> str:
+def not_needed(delta: float | None, ci95: Sequence[float] | None) -> bool:
+    """Removing the expert does not raise the canary NLL beyond :data:`NLL_RESOLUTION` anywhere in
+    its 95 % interval (without an interval: the point change)."""
+    if ci95 is not None:
+        return ci95[1] <= NLL_RESOLUTION
+    return delta is not None and delta <= NLL_RESOLUTION
+
+
+def reading(flagged: bool, is_needed: bool | None, is_not_needed: bool = True) -> str:
+    """The expert's reading: needed (the whole interval above the resolution), not needed (the
+    whole interval at or below it), else not shown either way."""
     if is_needed is None:
         return "not measured"
     if flagged:
-        return RARELY_NEEDED if is_needed else RARELY_UNNEEDED
-    return USED_NEEDED if is_needed else USED_UNNEEDED
+        return RARELY_NEEDED if is_needed else RARELY_UNNEEDED if is_not_needed else RARELY_UNSHOWN
+    return USED_NEEDED if is_needed else USED_UNNEEDED if is_not_needed else USED_UNSHOWN
 
 
 def _expert(e: Mapping[str, Any]) -> str:
@@ -100,15 +114,16 @@ def sentences(receipt: Mapping[str, Any]) -> list[str]:
     flagged = [e for e in experts if e.get("flagged")]
     if receipt.get("mode") == "low-occupancy" and not flagged:
         out.append("No expert is flagged by the occupancy floors at this checkpoint: nothing was removed.")
-    for label in (RARELY_NEEDED, RARELY_UNNEEDED):
+    verbs = {
+        RARELY_NEEDED: "raises the canary NLL beyond its 95 % window-bootstrap interval",
+        RARELY_UNNEEDED: "does not raise the canary NLL anywhere in its 95 % window-bootstrap interval",
+        RARELY_UNSHOWN: "changes the canary NLL by less than its 95 % window-bootstrap interval can tell",
+    }
+    for label, verb in verbs.items():
         hit = [e for e in flagged if e.get("reading") == label]
         if hit:
             shown = "; ".join(f"{_expert(e)} (ΔNLL {_signed(e.get('nll_delta'))})" for e in hit)
-            verb = "raises" if label == RARELY_NEEDED else "does not raise"
-            out.append(
-                f"{label.capitalize()}: {shown} — removing each from routing {verb} the canary NLL beyond "
-                "its 95 % window-bootstrap interval."
-            )
+            out.append(f"{label.capitalize()}: {shown} — removing each from routing {verb}.")
     used = [e for e in experts if not e.get("flagged")]
     if used:
         n_needed = sum(1 for e in used if e.get("reading") == USED_NEEDED)
@@ -149,7 +164,9 @@ def assemble(
                 "nll": row["nll"],
                 "nll_delta": row["nll_delta"],
                 "ci95": row["ci95"],
-                "reading": reading(bool(why), needed(row["nll_delta"], row["ci95"])),
+                "reading": reading(
+                    bool(why), needed(row["nll_delta"], row["ci95"]), not_needed(row["nll_delta"], row["ci95"])
+                ),
             }
         )
     out: AblationReceipt = {
