@@ -5,6 +5,9 @@ hand-written backward of a routed layer is autograd's through ``decoder_layer``.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -16,7 +19,9 @@ from moeaudit.checkpoint.checkpoint import LayerWeights, expected_layer_names, e
 from moeaudit.families import spec_from_config  # noqa: E402
 from moeaudit.replay import engine, sharded  # noqa: E402
 from moeaudit.replay.blocks import backward  # noqa: E402
-from moeaudit.replay.model import decoder_layer, rope_tables  # noqa: E402
+from moeaudit.replay.blocks.layer import FFNS  # noqa: E402
+from moeaudit.replay.model import attention_block, decoder_layer, rms_norm, rope_tables  # noqa: E402
+from moeaudit.spec import blocks  # noqa: E402
 from moeaudit.spec.config import ModelSpec  # noqa: E402
 
 # a family per residual wiring and MoE variant the routed backward distinguishes
@@ -109,3 +114,51 @@ def test_routed_layer_backward_is_autograd_of_the_decoder_layer(family: str) -> 
     ).sqrt()
     assert float(norms.max()) > 0
     torch.testing.assert_close(grads.experts_E.float(), norms.float(), rtol=1e-4, atol=1e-5)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scale(blocks.DenseMLP):
+    """A toy MLP block, as a new kind would be added: FFN(y) = w ⊙ y."""
+
+    KIND: ClassVar[str] = "scale"
+
+    def names(self) -> list[str]:
+        return ["mlp_scale"]
+
+    def shapes(self, H: int) -> dict[str, tuple[int, ...]]:
+        return {"mlp_scale": (H,)}
+
+
+def _scale(spec: ModelSpec, lw: LayerWeights, ffn: _Scale, h: torch.Tensor, *_: object) -> tuple[torch.Tensor, ...]:
+    y = rms_norm(h, lw.params["post_norm"], spec.rms_eps)
+    return y * lw.params["mlp_scale"], y, None  # type: ignore[return-value]
+
+
+def test_a_new_mlp_kind_is_its_record_its_forward_and_the_family_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/guides/block-kind.md: a new MLP kind is its record, one entry in ``FFNS`` for its
+    forward and, where autograd is not its backward, one in ``FFN_BACKWARDS``; the decoder layer
+    and the one layer backward need no edit."""
+    monkeypatch.setitem(FFNS, _Scale, _scale)
+    spec = _spec("mixtral")
+    layers = tuple(blocks.Layer(layer.mixer, _Scale(0), layer.residual) for layer in spec.layers)
+    toy = dataclasses.replace(spec, layer_blocks=layers)
+    assert expected_layer_names(toy, 1)[-1] == "mlp_scale"
+    gen = torch.Generator().manual_seed(3)
+    shapes = expected_shapes(toy, None, 1)
+    params = {n: torch.randn(shapes[n], generator=gen) for n in expected_layer_names(toy, 1)}
+    x, g = torch.randn(2, 4, spec.hidden_size, generator=gen), torch.randn(2, 4, spec.hidden_size, generator=gen)
+    rope = rope_tables(spec, 4)
+    ref = LayerWeights(1, False, {n: t.clone().requires_grad_(True) for n, t in params.items()})
+    xr = x.clone().requires_grad_(True)
+    out, tap = decoder_layer(toy, ref, xr, rope)
+    assert tap is None
+    h = attention_block(toy, ref, xr, rope)
+    torch.testing.assert_close(out, h + rms_norm(h, ref.params["post_norm"], spec.rms_eps) * ref.params["mlp_scale"])
+    out.backward(g)
+    mine = LayerWeights(1, False, {n: t.clone() for n, t in params.items()})
+    dx, grads = backward.layer_backward(toy, mine, x, g, rope)
+    assert grads is None
+    torch.testing.assert_close(dx, xr.grad)
+    scale = mine.params["mlp_scale"].grad
+    assert scale is not None and float(scale.abs().sum()) > 0
+    torch.testing.assert_close(scale, ref.params["mlp_scale"].grad)

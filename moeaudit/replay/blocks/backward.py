@@ -264,7 +264,7 @@ def _routed(
     norm (whose ``.grad`` it fills); the routed experts go through ``moe.experts``."""
     layer = spec.layers[lw.layer]
     ffn = layer.ffn
-    assert isinstance(ffn, blocks.MoE)
+    assert isinstance(ffn, blocks.MoE) and lw.routed
     wiring = residual_backward(layer.residual)
     with torch.enable_grad():
         state, moe_in = wiring.enter(spec, lw, x, rope)
@@ -321,8 +321,8 @@ def _routed(
     return layer_grads(lw, sq_E[: spec.parametric_experts], device)
 
 
-# the layer's MLP / MoE record type → its backward (a layer without one, or without routed
-# experts in this checkpoint, is all autograd)
+# the layer's MLP / MoE record type → its backward (a kind not here, and a layer without an MLP /
+# MoE block, is all autograd)
 FFN_BACKWARDS: dict[type, Callable[..., LayerGrads | None]] = {
     blocks.DenseMLP: _autograd,
     blocks.MoE: _routed,
@@ -345,8 +345,7 @@ def layer_backward(
     for t in lw.params.values():
         t.requires_grad_(True)
     x = x_BTH.detach().requires_grad_(True)
-    ffn = spec.layers[lw.layer].ffn
-    backward = FFN_BACKWARDS[type(ffn)] if lw.routed else _autograd
+    backward = FFN_BACKWARDS.get(type(spec.layers[lw.layer].ffn), _autograd)
     grads = backward(spec, lw, x, grad_BTH, rope, moe or LocalMoE(kept), device)
     assert x.grad is not None
     return x.grad, grads
