@@ -2,9 +2,9 @@
 one-process replay (``replay.engine``) and the expert-parallel replay (``replay.sharded``, which
 passes its own MoE backward, as it passes its own MoE forward to ``decoder_layer``).
 
-The layer is recomputed from its stored input and dL/d(output) pushed through it (SPEC §3). Two
-registries choose the per-kind parts, as :data:`~moeaudit.replay.blocks.layer.MIXERS` chooses a
-mixer's forward:
+The layer is recomputed from its stored input and dL/d(output) pushed through it
+(docs/glossary.md, "Replay"). Two registries choose the per-kind parts, as
+:data:`~moeaudit.replay.blocks.layer.MIXERS` chooses a mixer's forward:
 
 * :data:`FFN_BACKWARDS` (MLP / MoE record type → the layer's backward): a layer without routed
   experts is all autograd through ``decoder_layer``; a routed layer takes its experts' backward by
