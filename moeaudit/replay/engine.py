@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights
+from moeaudit.replay.blocks.backward import layer_backward as layer_backward  # re-exported
 from moeaudit.replay.device import (
     Device,
     moved,
@@ -32,31 +33,13 @@ from moeaudit.replay.device import (
 from moeaudit.replay.device import DeviceExperts as DeviceExperts  # re-exported
 from moeaudit.replay.finite import FiniteCheck, all_finite
 from moeaudit.replay.head import backward_from, head_biases, lm_head_pass, loss_grad
-from moeaudit.replay.model import (
-    Routing,
-    attention_block,
-    block_norm,
-    decoder_layer,
-    expert_slots,
-    experts_backward,
-    experts_forward_sets,
-    hc_add,
-    hc_attention_block,
-    hc_mix,
-    input_scales,
-    mlp_input,
-    moe_router,
-    rms_norm,
-    rope_tables,
-    shared_expert,
-    shortcut_rest,
-)
+from moeaudit.replay.model import Routing, block_norm, decoder_layer, hc_mix, rope_tables
 from moeaudit.replay.model import (
     embed as embed_tokens,
 )
 from moeaudit.replay.offload import StoredInputs
-from moeaudit.replay.result import LayerGrads, Observer, Progress, ReplayResult, detached, extra_requests, layer_grads
-from moeaudit.replay.stash import ExpertStash, Kept, activation_budget, reserved_bytes
+from moeaudit.replay.result import Observer, Progress, ReplayResult, detached, extra_requests
+from moeaudit.replay.stash import ExpertStash, activation_budget, reserved_bytes
 from moeaudit.spec.config import ModelSpec
 
 
@@ -295,163 +278,6 @@ def _replay(
         trim()
         tick(f"backward layer {i + 1}/{spec.num_layers}", spec.num_layers + step + 1, n_steps)
     return result
-
-
-def layer_backward(
-    spec: ModelSpec,
-    lw: LayerWeights,
-    x_BTH: torch.Tensor,
-    grad_BTH: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    device: torch.device | None = None,
-    kept: Kept | None = None,
-) -> tuple[torch.Tensor, LayerGrads | None]:
-    """Recompute one layer from its input and push dL/d(output) through it: (dL/d(input),
-    gradient norms). Autograd covers attention, norms, router and shared expert (whose
-    ``.grad`` it fills); the routed experts go through ``experts_backward`` one at a time,
-    with the forward's W1/W3 products where it ``kept`` them (``replay.stash``)."""
-    for t in lw.params.values():
-        t.requires_grad_(True)
-    x = x_BTH.detach().requires_grad_(True)
-    if not lw.routed:
-        with torch.enable_grad():
-            out, _ = decoder_layer(spec, lw, x, rope)
-        backward_from([out], [grad_BTH])
-        assert x.grad is not None
-        return x.grad, None
-    if spec.hc_mult:  # HY-V4: the layer's input and output are its residual streams
-        return _hc_layer_backward(spec, lw, x, grad_BTH, rope, device, kept)
-    B, T, H = x.shape
-    with torch.enable_grad():
-        h = attention_block(spec, lw, x, rope)
-        y_NH, routing = moe_router(spec, lw, mlp_input(spec, x, h).reshape(-1, H))
-        shared = shared_expert(spec, lw.params, y_NH, lw.layer) if spec.shared_dim else None
-        bias = lw.params["moe_bias"].expand_as(y_NH) if spec.moe_bias else None  # JetMoE
-        if spec.shortcut_moe:  # LongCat: out = rest(h, y) + MoE(y); the rest takes dL/d(out) as h does elsewhere
-            h = shortcut_rest(spec, lw, h, y_NH.view_as(h), rope)
-    g_NH = grad_BTH.reshape(-1, H)  # dL/d(MoE output): × Granite's residual multiplier
-    g_NH = g_NH if spec.residual_multiplier == 1.0 else g_NH * spec.residual_multiplier
-    scales = spec.residual_scales[2] if spec.residual_scales is not None else None
-    g_NH = g_NH if scales is None else g_NH * scales[1]  # MiniMax-01: out = α·y + β·MoE(y)
-    out_norm, slots = None, None
-    if spec.moe_out_norm:  # A.X-K1: out = h + norm(routed + shared); dL/d(routed + shared) through the norm
-        slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
-        g_NH, out_norm = _through_out_norm(spec, lw, y_NH, routing, shared, g_NH, slots)
-    back = experts_backward(
-        lw.experts,
-        y_NH.detach(),
-        routing.topk_NK,
-        routing.combine_NK.detach(),
-        g_NH,
-        spec.expert_glu(lw.layer),
-        spec.scaled_expert_inputs,
-        sorted_slots=slots,
-        kept=kept,
-    )
-    roots, grads = [h, y_NH, routing.combine_NK], [grad_BTH, back.y_NH, back.combine_NK]
-    if scales is not None:  # no identity path from h: dL/dy = α·dL/d(out) + the experts'
-        roots, grads = roots[1:], [back.y_NH + scales[0] * grad_BTH.reshape(-1, H), back.combine_NK]
-    if shared is not None:
-        roots.append(shared)
-        grads.append(g_NH)
-    if bias is not None:  # JetMoE: the bias on the MoE output gets dL/d(MoE output), summed over tokens
-        roots.append(bias)
-        grads.append(g_NH)
-    if out_norm is not None:  # the norm's gain (its input is a detached leaf: nothing else moves)
-        roots.append(out_norm[0])
-        grads.append(out_norm[1])
-    backward_from(roots, grads)
-    assert x.grad is not None
-    # a zero-computation expert (LongCat) has no weights, hence no gradient norm: not reported
-    return x.grad, layer_grads(lw, back.sq_E[: spec.parametric_experts], device)
-
-
-def _hc_layer_backward(
-    spec: ModelSpec,
-    lw: LayerWeights,
-    x_BTSH: torch.Tensor,
-    grad_BTSH: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    device: torch.device | None,
-    kept: Kept | None,
-) -> tuple[torch.Tensor, LayerGrads | None]:
-    """:func:`layer_backward` of a routed HY-V4 layer, out = x1 + post ⊗ (routed + shared)(y):
-    dL/d(block output) and dL/dpost need the block's output, so the routed part is formed again
-    (one more sweep over the chosen experts, as for A.X-K1's output norm) and autograd takes the
-    hyper-connection's output on a detached copy of it; the experts then get Σ_s post_s dL/dout_s."""
-    p = lw.params
-    B, T, S, H = x_BTSH.shape
-    with torch.enable_grad():
-        x1 = hc_attention_block(spec, lw, x_BTSH, rope)
-        post, m_BTH = hc_mix(spec, p["ffn_hc_fn"], p["ffn_hc_base"], p["ffn_hc_scale"], x1)
-        assert post is not None
-        y_NH, routing = moe_router(spec, lw, m_BTH.reshape(-1, H))
-        shared = shared_expert(spec, p, y_NH, lw.layer) if spec.shared_dim else None
-    slots = expert_slots(routing.topk_NK, len(lw.experts))  # one sync for both sweeps
-    with torch.no_grad():
-        sets = [routing.topk_NK]
-        (u_NKH,) = experts_forward_sets(
-            lw.experts, y_NH.detach(), sets, spec.expert_glu(lw.layer), sorted_slots=[slots]
-        )
-        s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
-        del u_NKH
-        if shared is not None:
-            s_NH = s_NH + shared.detach()
-    s_NH = s_NH.requires_grad_(True)
-    with torch.enable_grad():
-        out = hc_add(post, s_NH.view(B, T, H), x1)
-    (g_NH,) = torch.autograd.grad(out, s_NH, grad_BTSH, retain_graph=True)
-    back = experts_backward(
-        lw.experts,
-        y_NH.detach(),
-        routing.topk_NK,
-        routing.combine_NK.detach(),
-        g_NH,
-        spec.expert_glu(lw.layer),
-        sorted_slots=slots,
-        kept=kept,
-    )
-    roots, grads = [out, y_NH, routing.combine_NK], [grad_BTSH, back.y_NH, back.combine_NK]
-    if shared is not None:
-        roots.append(shared)
-        grads.append(g_NH)
-    backward_from(roots, grads)
-    assert x_BTSH.grad is not None
-    return x_BTSH.grad, layer_grads(lw, back.sq_E, device)
-
-
-def _through_out_norm(
-    spec: ModelSpec,
-    lw: LayerWeights,
-    y_NH: torch.Tensor,
-    routing: Routing,
-    shared: torch.Tensor | None,
-    g_out_NH: torch.Tensor,
-    slots: tuple[torch.Tensor, list[int]],
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """A MoE block whose output s = routed + shared passes an RMSNorm: the routed output is
-    recomputed (one more sweep over the chosen experts), and dL/ds = J_norm^T dL/d(out) taken by
-    autograd on a detached s; returns (dL/ds, (the normed output, dL/d it) for the gain's gradient)."""
-    with torch.no_grad():
-        sets = [routing.topk_NK]
-        (u_NKH,) = experts_forward_sets(
-            lw.experts,
-            y_NH.detach(),
-            sets,
-            spec.expert_glu(lw.layer),
-            input_scales(spec, routing, sets),
-            sorted_slots=[slots],
-        )
-        s_NH = (u_NKH * routing.combine_NK.detach().to(u_NKH.dtype)[..., None]).sum(1)
-        if shared is not None:
-            s_NH = s_NH + shared.detach()
-        if spec.moe_bias:
-            s_NH = s_NH + lw.params["moe_bias"].detach()
-    s_NH = s_NH.requires_grad_(True)
-    with torch.enable_grad():
-        out_NH = rms_norm(s_NH, lw.params["moe_out_norm"], spec.rms_eps)
-    (g_s_NH,) = torch.autograd.grad(out_NH, s_NH, g_out_NH, retain_graph=True)
-    return g_s_NH, (out_NH, g_out_NH)
 
 
 def greedy_generate(

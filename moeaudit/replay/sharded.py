@@ -57,26 +57,25 @@ import torch.distributed as dist
 from moeaudit.checkpoint.checkpoint import Checkpoint, LayerWeights, StoredExperts
 from moeaudit.checkpoint.safetensors import SafetensorsFile, torch_dtype
 from moeaudit.errors import CheckpointError, InputError
+from moeaudit.replay.blocks.backward import layer_backward
 from moeaudit.replay.device import moved, on_device, prepare_device, release_freed_memory, replay_scope, to_host
 from moeaudit.replay.dist import RankFailed, Session, absolute, is_comm_error, lost
 from moeaudit.replay.finite import all_finite, nonfinite_names
-from moeaudit.replay.head import backward_from, head_biases, lm_head_pass, loss_grad
+from moeaudit.replay.head import head_biases, lm_head_pass, loss_grad
 from moeaudit.replay.model import (
     MoETap,
     Routing,
     _expert_slots,
-    attention_block,
     decoder_layer,
     experts_backward,
     experts_forward_sets,
     input_scales,
-    mlp_input,
     moe_router,
     rope_tables,
     shared_expert,
 )
 from moeaudit.replay.model import embed as embed_tokens
-from moeaudit.replay.result import LayerGrads, Observer, Progress, ReplayResult, detached, extra_requests, layer_grads
+from moeaudit.replay.result import LayerGrads, Observer, Progress, ReplayResult, detached, extra_requests
 from moeaudit.replay.shards import experts_of, windows_of
 from moeaudit.spec.config import ModelSpec
 
@@ -575,7 +574,7 @@ def _backward(
     L = spec.num_layers
     for step, i in enumerate(reversed(range(L))):
         lw: LayerWeights = _step(ctx.sess, partial(reader.get, i, i - 1 if i > 0 else None), pending)
-        grad, layer = _backward_layer(ctx, spec, on_device(lw, device), inputs[i], grad, rope)
+        grad, layer = layer_backward(spec, on_device(lw, device), inputs[i], grad, rope, device, moe=_ShardedMoE(ctx))
         if layer is not None:
             grads[i] = layer
         inputs[i] = None  # type: ignore[call-overload]
@@ -586,60 +585,53 @@ def _backward(
     return grads
 
 
-def _backward_layer(
-    ctx: _Ctx,
-    spec: ModelSpec,
-    lw: LayerWeights,
-    x_BTH: torch.Tensor,
-    grad_BTH: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[torch.Tensor, LayerGrads | None]:
-    """``engine.layer_backward`` of the rank's windows, the routed experts on their owners."""
-    for t in lw.params.values():
-        t.requires_grad_(True)
-    x = x_BTH.detach().requires_grad_(True)
-    if not lw.routed:
-        with torch.enable_grad():
-            out, _ = decoder_layer(spec, lw, x, rope)
-        backward_from([out], [grad_BTH])
-        assert x.grad is not None
-        return x.grad, None
-    B, T, H = x.shape
-    with torch.enable_grad():
-        h = attention_block(spec, lw, x, rope)
-        moe_in = mlp_input(spec, x, h)
-        y_own, routing_own = moe_router(spec, lw, moe_in.reshape(-1, H))
-        shared = shared_expert(spec, lw.params, y_own, lw.layer) if spec.shared_dim else None
-    with torch.no_grad():  # every token, for the experts: the forward's routing, bit for bit
-        y_NH, routing = moe_router(spec, lw, ctx.gather_windows(moe_in.detach()).reshape(-1, H))
-    g_own = grad_BTH.reshape(-1, H)
-    g_own = g_own if spec.residual_multiplier == 1.0 else g_own * spec.residual_multiplier
-    g_NH = ctx.gather_windows(g_own.view(B, T, H)).reshape(-1, H)
-    back = experts_backward(
-        lw.experts,
-        y_NH,
-        routing.topk_NK,
-        routing.combine_NK,
-        g_NH,
-        spec.expert_glu(lw.layer),
-        spec.scaled_expert_inputs,
-        only=ctx.mine,
-        slot_dx=True,
-    )
-    assert back.dx_SH is not None
-    dx_SH = ctx.slots_together(back.dx_SH)
-    dc_NK = ctx.slots_together(back.combine_NK.contiguous())
-    sq_E = ctx.slots_together(back.sq_E)
-    dy_NH = _slot_sum(dx_SH, routing.topk_NK, len(lw.experts))
-    rows = ctx.rows
-    roots, grads = [h, y_own, routing_own.combine_NK], [grad_BTH, dy_NH[rows], dc_NK[rows]]
-    if shared is not None:
-        roots.append(shared)
-        grads.append(g_own)
-    backward_from(roots, grads)
-    _sum_weight_grads(lw)
-    assert x.grad is not None
-    return x.grad, layer_grads(lw, sq_E, ctx.device)
+@dataclass
+class _ShardedMoE:
+    """The routed experts' backward on their owners (``blocks.backward.MoEBackward``): every token
+    routed again with the forward's routing, bit for bit; dL/d(routed output) all-gathered; dL/dy
+    per (token, slot) and dL/dc brought together as in the forward and summed per token in expert
+    order; the replicated tensors' weight gradients summed over the ranks."""
+
+    ctx: _Ctx
+
+    def routed_output(self, spec: ModelSpec, lw: LayerWeights, y_NH: torch.Tensor, routing: Routing) -> torch.Tensor:
+        raise AssertionError("refused by check_shardable: an output norm or hyper-connections")
+
+    def experts(
+        self,
+        spec: ModelSpec,
+        lw: LayerWeights,
+        moe_in_BTH: torch.Tensor,
+        y_own: torch.Tensor,
+        routing_own: Routing,
+        g_own: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ctx = self.ctx
+        B, T, H = moe_in_BTH.shape
+        with torch.no_grad():  # every token, for the experts: the forward's routing, bit for bit
+            y_NH, routing = moe_router(spec, lw, ctx.gather_windows(moe_in_BTH.detach()).reshape(-1, H))
+        g_NH = ctx.gather_windows(g_own.view(B, T, H)).reshape(-1, H)
+        back = experts_backward(
+            lw.experts,
+            y_NH,
+            routing.topk_NK,
+            routing.combine_NK,
+            g_NH,
+            spec.expert_glu(lw.layer),
+            spec.scaled_expert_inputs,
+            only=ctx.mine,
+            slot_dx=True,
+        )
+        assert back.dx_SH is not None
+        dx_SH = ctx.slots_together(back.dx_SH)
+        dc_NK = ctx.slots_together(back.combine_NK.contiguous())
+        sq_E = ctx.slots_together(back.sq_E)
+        dy_NH = _slot_sum(dx_SH, routing.topk_NK, len(lw.experts))
+        rows = ctx.rows
+        return dy_NH[rows], dc_NK[rows], sq_E
+
+    def finish(self, lw: LayerWeights) -> None:
+        _sum_weight_grads(lw)
 
 
 def _slot_sum(dx_SH: torch.Tensor, topk_NK: torch.Tensor, E: int) -> torch.Tensor:

@@ -117,33 +117,74 @@ def decoder_layer(
         return shortcut_rest(spec, lw, h, moe_tap.y_NH.view_as(h), rope) + moe_out, moe_tap
     if layer.ffn is None:  # Nemotron-H: the mixer is the layer
         return h, None
-    mult = r.multiplier
-    if lw.routed:
-        assert isinstance(layer.ffn, blocks.MoE)
-        moe_in = mlp_input(spec, x_BTH, h)
-        tap: MoETap | None
-        if moe is None:
-            mlp_out, tap = moe_block(spec, lw, moe_in, extra, keep)
-        else:
-            mlp_out, tap = moe(spec, lw, moe_in)
-        if layer.ffn.out_norm:  # A.X-K1: RMSNorm on routed + shared before the residual add
-            mlp_out = rms_norm(mlp_out, lw.params["moe_out_norm"], spec.rms_eps)
-        if r.scales is not None:  # MiniMax-01: α·y + β·MoE(y), y = norm(h)
-            assert tap is not None
-            alpha, beta = r.scales[1]
-            return tap.y_NH.view_as(mlp_out) * alpha + mlp_out * beta, tap
-        return h + (mlp_out if mult == 1.0 else mlp_out * mult), tap
+    out, y, tap = FFNS[type(layer.ffn)](spec, lw, layer.ffn, mlp_input(spec, x_BTH, h), extra, keep, moe)
+    if r.scales is not None:  # MiniMax-01: α·y + β·FFN(y), y = norm(h) (the MoE's: in its taps)
+        y = y if tap is None else tap.y_NH.view_as(out)
+        assert y is not None
+        alpha, beta = r.scales[1]
+        return y * alpha + out * beta, tap
+    return h + (out if r.multiplier == 1.0 else out * r.multiplier), tap
+
+
+def _moe(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    ffn: blocks.MoE,
+    moe_in: torch.Tensor,
+    extra: ExtraExperts | None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None,
+    moe: MoEForward | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, MoETap | None]:
+    """The MoE block: (its output, None, its taps: the normed input y it read is ``tap.y_NH``,
+    all N tokens' where ``moe`` is the expert-parallel replay's)."""
+    assert lw.routed
+    tap: MoETap | None
+    if moe is None:
+        out, tap = moe_block(spec, lw, moe_in, extra, keep)
+    else:
+        out, tap = moe(spec, lw, moe_in)
+    if ffn.out_norm:  # A.X-K1: RMSNorm on routed + shared before the residual add
+        out = rms_norm(out, lw.params["moe_out_norm"], spec.rms_eps)
+    return out, None, tap
+
+
+def _dense(
+    spec: ModelSpec,
+    lw: LayerWeights,
+    ffn: blocks.DenseMLP,
+    moe_in: torch.Tensor,
+    extra: ExtraExperts | None,
+    keep: dict[int, tuple[torch.Tensor, torch.Tensor]] | None,
+    moe: MoEForward | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, MoETap | None]:
+    """A dense MLP: (its output, its normed input y, no taps)."""
     p = lw.params
     w, b = mlp_norm(spec)
-    y = mlp_input(spec, x_BTH, h)
-    y = block_norm(spec, y, p[w], p.get(b)) if r.pre_norm else y  # post-norm layers: the stream itself
+    # post-norm layers: the stream itself
+    y = block_norm(spec, moe_in, p[w], p.get(b)) if spec.layers[lw.layer].residual.pre_norm else moe_in
     out = mlp(spec, p, "mlp_", y, lw.layer)
-    if isinstance(layer.ffn, blocks.DenseMLP) and layer.ffn.out_norm:  # AFMoE: normed as the MoE output is
+    if ffn.out_norm:  # AFMoE: normed as the MoE output is
         out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)
-    if r.scales is not None:
-        alpha, beta = r.scales[1]
-        return y * alpha + out * beta, None
-    return h + (out if mult == 1.0 else out * mult), None
+    return out, y, None
+
+
+# (spec, layer, the block, what it reads [B, T, H], the observers' extra sets, the experts'
+# products to keep, the MoE forward where it is not ``moe_block``) → (output, y, taps)
+FFNForward = Callable[
+    [
+        ModelSpec,
+        LayerWeights,
+        Any,
+        torch.Tensor,
+        ExtraExperts | None,
+        dict[int, tuple[torch.Tensor, torch.Tensor]] | None,
+        MoEForward | None,
+    ],
+    tuple[torch.Tensor, torch.Tensor | None, MoETap | None],
+]
+
+# the layer's MLP / MoE record type → its forward (the only switch on the FFN's kind)
+FFNS: dict[type, FFNForward] = {blocks.DenseMLP: _dense, blocks.MoE: _moe}
 
 
 def hc_attention_block(spec: ModelSpec, lw: LayerWeights, x_BTSH: torch.Tensor, rope: Rope) -> torch.Tensor:
