@@ -8,13 +8,15 @@ key templates (a :class:`Layout`), the defaults transformers' configuration clas
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
+from moeaudit.spec.blocks import Layer, Mixer
 from moeaudit.spec.config import MAX_COUNT, MLA, Gate, ModelSpec, check_sizes, getter, llama3_rope, rope
 from moeaudit.spec.layouts import Layout
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
@@ -125,6 +127,10 @@ class Family:
     # a wrapper or relabelled checkpoint: what is audited ("the text decoder of …"), recorded in
     # the receipts beside the family
     audits: str = ""
+    # the decoder layers as typed blocks (``ModelSpec.layer_blocks``), from the config and the
+    # spec its ``fields`` give (``with_mixers``, ``spec.blocks.per_layer_type``); None: derived
+    # from those fields
+    layers: Callable[[Ctx, ModelSpec], tuple[Layer, ...]] | None = None
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
@@ -192,6 +198,8 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         shared_gated=False,
     )
     spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
+    if fam.layers is not None:
+        spec = dataclasses.replace(spec, layer_blocks=fam.layers(ctx, spec))
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
         raise CheckpointError(f"rope type 'longrope' is read for phimoe only, not {fam.name!r}", path=path)
@@ -200,6 +208,31 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
 
 
 # --- shared rules several families use -----------------------------------------------------------
+
+
+def with_mixers(s: ModelSpec, mixers: Sequence[Mixer | None]) -> tuple[Layer, ...]:
+    """The layers of ``s`` with each layer's token mixer as given (None: the attention the spec's
+    fields describe for that layer); MLP / MoE blocks and residuals as the fields describe them."""
+    if len(mixers) != s.num_layers:
+        raise ValueError(f"{len(mixers)} token mixers for {s.num_layers} layers")
+    return tuple(
+        layer if mixer is None else dataclasses.replace(layer, mixer=mixer)
+        for layer, mixer in zip(s.layers, mixers, strict=True)
+    )
+
+
+def layer_types(c: Ctx, kinds: Sequence[str], default: Callable[[int], str] | None = None) -> list[str]:
+    """``layer_types``: one of ``kinds`` per layer (absent or null: ``default(i)`` for layer i,
+    where the family has a rule)."""
+    types = c.cfg.get("layer_types")
+    if types is None and default is not None:
+        types = [default(i) for i in range(c.num_layers)]
+    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= set(kinds):
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} layers, each " + " or ".join(repr(k) for k in kinds),
+            path=c.path,
+        )
+    return types
 
 
 def all_layers(c: Ctx) -> tuple[int, ...]:

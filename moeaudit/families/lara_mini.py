@@ -14,8 +14,9 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
-from moeaudit.families.qwen3_next import DELTANET
-from moeaudit.spec.config import LinearAttention
+from moeaudit.families.qwen3_next import DELTANET, deltanet_layers
+from moeaudit.spec.blocks import Layer
+from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 KINDS = ("linear_attention", "sliding_attention", "full_attention")
@@ -68,9 +69,15 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "sliding_layers": sliding,
         "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention"),  # RoPE on sliding layers only
         "linear_attention": _linear_attention(c),
-        "linear_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
         "tie_embeddings": bool(c.get("tie_word_embeddings", bool, True)),
     }
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers; attention on the others, windowed with
+    RoPE on the ``sliding_attention`` ones, full without RoPE on the ``full_attention`` ones
+    (``sliding_layers``, ``nope_layers``)."""
+    return deltanet_layers(s, _layer_types(c), ("sliding_attention", "full_attention"))
 
 
 LAYOUT = Layout(
@@ -101,4 +108,5 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("num_experts",),
     default_rms_eps=1e-6,
+    layers=_layers,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, all_layers
-from moeaudit.families.qwen3_next import DELTANET, MTP, QWEN_MOE_LAYER, hybrid_fields
+from moeaudit.families.qwen3_next import DELTANET, MTP, QWEN_MOE_LAYER, hybrid_fields, hybrid_layers
 from moeaudit.spec.layouts import GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 LAYER = {
@@ -35,4 +35,6 @@ LAYOUT = Layout(
     left_out=MTP,
 )
 
-FAMILY = Family(name="qwen3_5_moe_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_experts",))
+FAMILY = Family(
+    name="qwen3_5_moe_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_experts",), layers=hybrid_layers
+)

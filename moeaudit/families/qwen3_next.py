@@ -10,8 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, head_dim, partial_rotary_dim, sparse_step_layers
-from moeaudit.spec.config import LinearAttention
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    head_dim,
+    layer_types,
+    partial_rotary_dim,
+    sparse_step_layers,
+    with_mixers,
+)
+from moeaudit.spec.blocks import DeltaNet, Layer, per_layer_type
+from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 QWEN_MOE_LAYER = {
@@ -62,21 +71,31 @@ def _linear_attention(c: Ctx) -> LinearAttention:
     return la
 
 
-def _linear_layers(c: Ctx) -> tuple[int, ...]:
+def _layer_types(c: Ctx) -> list[str]:
     """``layer_types``, else every ``full_attention_interval``-th layer (default 4) full."""
-    types = c.cfg.get("layer_types")
-    if types is None:
+    every = 4
+    if c.cfg.get("layer_types") is None:
         every = c.get("full_attention_interval", int, 4)
         if every < 1:
             raise CheckpointError("config.json: full_attention_interval must be ≥ 1", path=c.path)
-        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(c.num_layers)]
-    kinds = {"linear_attention", "full_attention"}
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= kinds:
-        raise CheckpointError(
-            f"config.json: layer_types must list {c.num_layers} layers, each 'linear_attention' or 'full_attention'",
-            path=c.path,
-        )
-    return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
+    return layer_types(
+        c, ("linear_attention", "full_attention"), lambda i: "linear_attention" if (i + 1) % every else "full_attention"
+    )
+
+
+def deltanet_layers(s: ModelSpec, types: list[str], attention: tuple[str, ...]) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers (its input projections as the layout
+    stores them), the spec's attention on the layers of the ``attention`` types."""
+    assert s.linear_attention is not None
+    layout = s.layout.layer
+    projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
+    mixers: dict[str, DeltaNet | None] = {"linear_attention": DeltaNet(s.linear_attention, projections)}
+    return with_mixers(s, per_layer_type(types, mixers | dict.fromkeys(attention)))
+
+
+def hybrid_layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers, gated attention on the ``full_attention`` ones."""
+    return deltanet_layers(s, _layer_types(c), ("full_attention",))
 
 
 def hybrid_fields(c: Ctx) -> dict[str, Any]:
@@ -89,7 +108,6 @@ def hybrid_fields(c: Ctx) -> dict[str, Any]:
         "gated_attention": True,
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary(c)),
         "linear_attention": _linear_attention(c),
-        "linear_layers": _linear_layers(c),
     }
 
 
@@ -121,4 +139,6 @@ LAYOUT = Layout(
     left_out=MTP,
 )
 
-FAMILY = Family(name="qwen3_next", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",))
+FAMILY = Family(
+    name="qwen3_next", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",), layers=hybrid_layers
+)

@@ -175,7 +175,6 @@ class ModelSpec:
     norm_offset: float = field(default=0.0, metadata=NEW)
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
-    linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
     # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
     kda_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
@@ -357,6 +356,14 @@ class ModelSpec:
             return self.layer_blocks
         return tuple(_layer(self, i) for i in range(self.num_layers))
 
+    def _mixing(self, kind: type) -> tuple[int, ...]:
+        return tuple(i for i, layer in enumerate(self.layers) if isinstance(layer.mixer, kind))
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        """The layers mixing by gated DeltaNet (``DeltaNet`` blocks)."""
+        return self._mixing(DeltaNet)
+
     @property
     def routing(self) -> str:
         g = self.gate
@@ -403,9 +410,22 @@ class ModelSpec:
         return self.sliding_window if layer in self.sliding_layers else None
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        """The spec as the receipts sign it: the fields, and the per-layer tuples now derived from
+        ``layers`` where those fields stood (left out when empty, as the fields were at their
+        default); ``layer_blocks`` is not written (the derived tuples and the model-wide fields
+        say what it says), so the JSON of every family is what it was before the blocks."""
+        given = asdict(self)
+        del given["layer_blocks"]
+        out: dict[str, Any] = {}
+        for name, value in given.items():
+            out[name] = value
+            follower = DERIVED_AFTER.get(name)
+            while follower is not None:
+                if derived := getattr(self, follower):
+                    out[follower] = derived
+                follower = DERIVED_AFTER.get(follower)
         for f in fields(self):
-            if f.metadata.get("omit_default") and getattr(self, f.name) == f.default:
+            if f.metadata.get("omit_default") and f.name in out and getattr(self, f.name) == f.default:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
@@ -432,10 +452,13 @@ class ModelSpec:
             del out["clamped_glu"]["offset"]
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
-        if self.layer_blocks:  # with each block's kind (``asdict`` drops it)
-            out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
         out["routing"] = self.routing
         return out
+
+
+# the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
+# the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
+DERIVED_AFTER: dict[str, str] = {"linear_attention": "linear_layers"}
 
 
 def _layer(s: ModelSpec, i: int) -> Layer:
@@ -504,10 +527,6 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
             head_dim=s.head_dim,
             bias=s.attention_bias,
         )
-    if i in s.linear_layers:
-        assert la is not None
-        projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
-        return DeltaNet(la, projections)
     if i in s.lightning_layers:
         return Lightning(s.num_heads, s.head_dim, s.lightning_block)
     if i in s.conv_layers:
