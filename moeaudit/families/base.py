@@ -17,7 +17,17 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.spec.blocks import Layer, Mixer
-from moeaudit.spec.config import MAX_COUNT, MLA, Gate, ModelSpec, check_sizes, getter, llama3_rope, rope
+from moeaudit.spec.config import (
+    MAX_COUNT,
+    MLA,
+    Gate,
+    ModelSpec,
+    check_sizes,
+    derived_layer,
+    getter,
+    llama3_rope,
+    rope,
+)
 from moeaudit.spec.layouts import Layout
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
@@ -215,10 +225,13 @@ def with_mixers(s: ModelSpec, mixers: Sequence[Mixer | None]) -> tuple[Layer, ..
     fields describe for that layer); MLP / MoE blocks and residuals as the fields describe them."""
     if len(mixers) != s.num_layers:
         raise ValueError(f"{len(mixers)} token mixers for {s.num_layers} layers")
-    return tuple(
-        layer if mixer is None else dataclasses.replace(layer, mixer=mixer)
-        for layer, mixer in zip(s.layers, mixers, strict=True)
-    )
+    return tuple(derived_layer(s, i, mixer) for i, mixer in enumerate(mixers))
+
+
+def mixing(s: ModelSpec, types: Sequence[str], kind: str, mixer: Mixer) -> tuple[Layer, ...]:
+    """``mixer`` on the layers whose type is ``kind``, the attention the spec's fields describe
+    (or Nemotron-H's one block) on the others."""
+    return with_mixers(s, [mixer if t == kind else None for t in types])
 
 
 def layer_types(c: Ctx, kinds: Sequence[str], default: Callable[[int], str] | None = None) -> list[str]:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, grouped_gate, parse_mla
-from moeaudit.spec.config import LinearAttention
+from moeaudit.families.base import Ctx, Family, all_layers, grouped_gate, parse_mla, with_mixers
+from moeaudit.spec import blocks
+from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_FUSED, L, Layout, prefixed
 
 # KimiLinearConfig.attribute_map: the DeepSeek name → the name transformers stores
@@ -126,8 +127,8 @@ def _default_types(c: Ctx) -> list[Any]:
     return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(c.num_layers)]
 
 
-def mla_kda_layers(c: Ctx, default: list[Any]) -> tuple[int, ...]:
-    """The KDA layers of ``layer_types`` (``default`` where it is unset), the others MLA."""
+def mla_kda_types(c: Ctx, default: list[Any]) -> list[str]:
+    """``layer_types`` (``default`` where it is unset): KDA ("linear_attention") or MLA ("full_attention")."""
     types = c.cfg.get("layer_types")
     types = default if types is None else types
     if (
@@ -140,7 +141,20 @@ def mla_kda_layers(c: Ctx, default: list[Any]) -> tuple[int, ...]:
             "'linear_attention' or 'full_attention'",
             path=c.path,
         )
-    return tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    return types
+
+
+def mla_kda_layers(s: ModelSpec, types: list[str]) -> tuple[blocks.Layer, ...]:
+    """Kimi Delta Attention on the ``linear_attention`` layers (Kimi Linear's low-rank forget and
+    output gates, or Ling 3's full-rank ones, as the layout stores them), the spec's MLA on the
+    ``full_attention`` ones."""
+    assert s.linear_attention is not None
+    kda = blocks.KDA(s.linear_attention, full_rank="kda_f" in s.layout.layer, gate_bound=s.kda_gate_bound)
+    return with_mixers(s, blocks.per_layer_type(types, {"linear_attention": kda, "full_attention": None}))
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[blocks.Layer, ...]:
+    return mla_kda_layers(s, mla_kda_types(c, _default_types(c)))
 
 
 def routed_layers(c: Ctx, first_dense: int) -> tuple[int, ...]:
@@ -181,7 +195,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "attention_scale": c.mla.qk_head_dim**-0.5,
         "yarn": None,
         "linear_attention": _kda_sizes(c),
-        "kda_layers": mla_kda_layers(c, _default_types(c)),
     }
 
 
@@ -205,4 +218,5 @@ FAMILY = Family(
     default_rms_eps=1e-5,
     mla=parse_mla,
     decoder_config=canonical_config,
+    layers=_layers,
 )

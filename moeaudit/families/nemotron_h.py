@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, Refuse, grouped_gate, mtp_count
+from moeaudit.families.base import Ctx, Family, Refuse, grouped_gate, mixing, mtp_count
 from moeaudit.families.granitemoehybrid import mamba2
+from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.config import ModelSpec
 from moeaudit.spec.layouts import Layout
 
 # transformers' block names (and the legacy ones remap_legacy_layer_types accepts) → block kind
@@ -92,6 +94,12 @@ def _dt_min(c: Ctx) -> float:
     return float(value)
 
 
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Each layer one block (``block_kinds``): a Mamba-2 mixer, attention, a dense MLP or an MoE."""
+    assert s.mamba is not None
+    return mixing(s, s.block_kinds, "mamba", MambaMixer(s.mamba))
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
     kinds = tuple(KINDS[t] for t in c.cfg["layers_block_type"])
     eps = c.get("layer_norm_epsilon", float, 1e-5)
@@ -121,7 +129,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "block_kinds": kinds,
         "routed_layers": tuple(i for i, k in enumerate(kinds) if k == "moe") if c.num_experts > 0 else (),
         "mamba": m,
-        "mamba_layers": tuple(i for i, k in enumerate(kinds) if k == "mamba"),
         "nope_layers": tuple(range(len(kinds))),  # Jamba-style attention: no RoPE
         "attention_bias": False,  # transformers builds q/k/v/o without biases whatever the config says
         "mlp_act": "relu2",
@@ -195,6 +202,7 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("n_routed_experts", "num_local_experts"),
     decoder_config=_decoder_config,
+    layers=_layers,
     refuse=(
         Refuse(
             "moe_latent_size",

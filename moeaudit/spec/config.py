@@ -176,7 +176,6 @@ class ModelSpec:
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
     # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
-    kda_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
     # −exp(A_log) · softplus(f))
     kda_gate_bound: float | None = field(default=None, metadata=NEW)
@@ -223,19 +222,16 @@ class ModelSpec:
     shared_scale: float = field(default=1.0, metadata=NEW)
     # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
     # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
-    conv_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     conv_kernel: int = field(default=0, metadata=NEW)
     conv_bias: bool = field(default=False, metadata=NEW)
     renorm_eps: float = field(default=0.0, metadata=NEW)
     # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
     # state-space scan of these sizes instead of attention
     mamba: Mamba | None = field(default=None, metadata=NEW)
-    mamba_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # MiniMax-01: lightning attention (decayed linear attention, ``replay.lightning``) on
     # ``lightning_layers``, in blocks of ``lightning_block`` tokens; DeepNorm-style residuals: a
     # sub-block adds to its normed input, out = α·norm(x) + β·f(norm(x)), with (α, β) in
     # ``residual_scales`` for full attention, lightning attention and the MLP / MoE block
-    lightning_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     lightning_block: int = field(default=0, metadata=NEW)
     residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
     # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
@@ -354,7 +350,7 @@ class ModelSpec:
         (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
         if self.layer_blocks:
             return self.layer_blocks
-        return tuple(_layer(self, i) for i in range(self.num_layers))
+        return tuple(derived_layer(self, i) for i in range(self.num_layers))
 
     def _mixing(self, kind: type) -> tuple[int, ...]:
         return tuple(i for i, layer in enumerate(self.layers) if isinstance(layer.mixer, kind))
@@ -363,6 +359,26 @@ class ModelSpec:
     def linear_layers(self) -> tuple[int, ...]:
         """The layers mixing by gated DeltaNet (``DeltaNet`` blocks)."""
         return self._mixing(DeltaNet)
+
+    @property
+    def kda_layers(self) -> tuple[int, ...]:
+        """The layers mixing by Kimi Delta Attention (``KDA`` blocks)."""
+        return self._mixing(KDA)
+
+    @property
+    def mamba_layers(self) -> tuple[int, ...]:
+        """The layers mixing by a selective state-space scan (``MambaMixer`` blocks)."""
+        return self._mixing(MambaMixer)
+
+    @property
+    def lightning_layers(self) -> tuple[int, ...]:
+        """The layers mixing by MiniMax-01's lightning attention (``Lightning`` blocks)."""
+        return self._mixing(Lightning)
+
+    @property
+    def conv_layers(self) -> tuple[int, ...]:
+        """The layers mixing by LFM2's short convolution (``ShortConv`` blocks)."""
+        return self._mixing(ShortConv)
 
     @property
     def routing(self) -> str:
@@ -458,15 +474,24 @@ class ModelSpec:
 
 # the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
 # the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
-DERIVED_AFTER: dict[str, str] = {"linear_attention": "linear_layers"}
+DERIVED_AFTER: dict[str, str] = {
+    "linear_attention": "linear_layers",
+    "linear_layers": "kda_layers",
+    "shared_scale": "conv_layers",
+    "mamba": "mamba_layers",
+    "mamba_layers": "lightning_layers",
+}
 
 
-def _layer(s: ModelSpec, i: int) -> Layer:
-    """Decoder layer ``i`` of ``s`` as typed blocks."""
+def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None) -> Layer:
+    """Decoder layer ``i`` of ``s`` as typed blocks, its token mixer ``mixer`` where the family
+    gives one (None: the attention the fields describe), the rest as the fields describe it."""
     kind = s.block_kinds[i] if s.block_kinds else ""
+    if mixer is None and kind in ("", "mamba", "attention"):
+        mixer = _mixer(s, i)
     scales = None
     if s.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
-        scales = (s.residual_scales[1 if i in s.lightning_layers else 0], s.residual_scales[2])
+        scales = (s.residual_scales[1 if isinstance(mixer, Lightning) else 0], s.residual_scales[2])
     residual = Residual(
         pre_norm=s.pre_norm,
         norm_bias=s.layer_norm and s.norm_bias,
@@ -478,12 +503,11 @@ def _layer(s: ModelSpec, i: int) -> Layer:
         shortcut=DenseMLP(s.dense_dim) if s.shortcut_moe else None,
     )
     if kind:  # Nemotron-H: the layer is one block
-        mixer = _mixer(s, i) if kind in ("mamba", "attention") else None
         routed = kind == "moe"
         ffn = None if kind in ("mamba", "attention") else _moe(s) if routed else DenseMLP(s.dense_dim, gated=_glu(s))
         return Layer(mixer, ffn, residual)
     ffn = _moe(s) if s.is_routed(i) else DenseMLP(s.dense_dim, glu_limit=s.mlp_glu_limit(i), out_norm=s.dense_out_norm)
-    return Layer(_mixer(s, i), ffn, residual)
+    return Layer(mixer, ffn, residual)
 
 
 def _glu(s: ModelSpec) -> bool:
@@ -510,10 +534,7 @@ def _moe(s: ModelSpec) -> MoE:
 
 
 def _mixer(s: ModelSpec, i: int) -> Mixer:
-    la, layout = s.linear_attention, s.layout.layer
-    if i in s.kda_layers:  # Kimi Linear's low-rank forget and output gates, or Ling 3's full-rank ones
-        assert la is not None
-        return KDA(la, full_rank="kda_f" in layout, gate_bound=s.kda_gate_bound)
+    layout = s.layout.layer
     if s.mla is not None:
         return MLAttention(
             s.mla,
@@ -527,13 +548,6 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
             head_dim=s.head_dim,
             bias=s.attention_bias,
         )
-    if i in s.lightning_layers:
-        return Lightning(s.num_heads, s.head_dim, s.lightning_block)
-    if i in s.conv_layers:
-        return ShortConv(s.conv_kernel, s.conv_bias)
-    if i in s.mamba_layers:
-        assert s.mamba is not None
-        return MambaMixer(s.mamba)
     if s.moa:
         return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
     a = s.attention_kind(i)
