@@ -18,7 +18,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, SHARED_EXPERTS, L, Layout, prefixed
 
 KINDS = ("sliding_attention", "full_attention")
 
@@ -83,12 +83,8 @@ LAYOUT = Layout(
             "g_proj": "self_attn.gate_proj.weight",
             "router": "mlp.router.gate.weight",
             "router_bias": "mlp.expert_bias",
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **SHARED_EXPERTS,
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, grouped_gate, mtp_count, parse_mla
+from moeaudit.families.base import Ctx, Family, mtp_count, parse_mla, v3_gate
 from moeaudit.families.kimi_linear import ALIASES, canonical_config, mla_kda_layers, mla_kda_types, routed_layers
 from moeaudit.spec.blocks import Layer
 from moeaudit.spec.config import LinearAttention, ModelSpec
@@ -84,16 +84,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 6144),
         "shared_dim": c.get("num_shared_experts", int, 1) * c.get("moe_intermediate_size", int, 768),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=8,
-            topk_group=4,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=8, topk_group=4, scaling=2.5),
         "mtp_layers": mtp_count(c, 1),
         "output_gate": "head_sigmoid",
         "linear_attention": _kda_sizes(c),

@@ -369,6 +369,22 @@ def grouped_gate(
     )
 
 
+def v3_gate(c: Ctx, *, n_group: int, topk_group: int, scaling: float) -> Gate:
+    """DeepSeek-V3's gate: sigmoid scores, a selection bias, the best ``topk_group`` of
+    ``n_group`` groups by the sum of each group's top two (these the defaults of the config's
+    ``n_group``, ``topk_group``, ``routed_scaling_factor``)."""
+    return grouped_gate(
+        c,
+        scoring="sigmoid",
+        selection_bias=True,
+        grouped=True,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score="top2sum",
+        scaling=scaling,
+    )
+
+
 def partial_rotary_dim(c: Ctx, head_dim: int, factor: float) -> int:
     """transformers' ``int(head_dim * partial_rotary_factor)``, which must be even and ≥ 2
     (``ModelSpec.rotary_dim``; 0 there means the whole head)."""

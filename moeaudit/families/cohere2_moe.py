@@ -16,7 +16,18 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import (
+    ATTN,
+    DENSE_MLP,
+    GLOBALS,
+    MLP_EXPERTS,
+    MLP_FUSED,
+    MLP_MOE,
+    SHARED_EXPERTS,
+    L,
+    Layout,
+    prefixed,
+)
 
 
 def _choice(c: Ctx, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -110,12 +121,8 @@ LAYOUT = Layout(
             # one norm feeds attention and the MLP/MoE: the MoE block's gain is that norm's weight
             "post_norm": "input_layernorm.weight",
             **MLP_MOE,
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **SHARED_EXPERTS,
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

@@ -16,7 +16,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
 from moeaudit.families.base import Ctx, Family, grouped_gate, text_config
-from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, MLP_FUSED, MLP_MOE, SHARED_EXPERTS, Layout, prefixed
 
 METHODS = ("greedy", "group_limited_greedy")
 
@@ -64,12 +64,8 @@ def fields(c: Ctx, default_types: list[str] | None = None) -> dict[str, Any]:
 TEXT = {
     **ATTN,
     **MLP_MOE,
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
 L = "model.layers.{layer}."
 BASES = ("model.", "model.language_model.")

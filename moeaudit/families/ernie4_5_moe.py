@@ -15,7 +15,18 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, Refuse
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import (
+    ATTN,
+    DENSE_MLP,
+    GLOBALS,
+    MLP_EXPERTS,
+    MLP_FUSED,
+    MLP_MOE,
+    SHARED_EXPERTS,
+    L,
+    Layout,
+    prefixed,
+)
 
 
 def _routed_layers(c: Ctx) -> tuple[int, ...]:
@@ -66,12 +77,8 @@ LAYOUT = Layout(
                 "mlp.gate.moe_statics.e_score_correction_bias",
                 "mlp.moe_statistic.e_score_correction_bias",
             ),
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **SHARED_EXPERTS,
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

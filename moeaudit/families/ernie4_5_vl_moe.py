@@ -26,7 +26,7 @@ from moeaudit.families._wrap import rebase
 from moeaudit.families.base import Ctx, Family, Refuse
 from moeaudit.families.ernie4_5_moe import _norm_min
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, SHARED_EXPERTS, Layout, prefixed
 
 
 def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -88,12 +88,8 @@ TEXT: dict[str, str | tuple[str, ...]] = {
     # as released / saved, then transformers' module names
     "router": ("mlp.gate.weight", "mlp.text_moe.gate.weight"),
     "router_bias": ("mlp.moe_statics.e_score_correction_bias", "mlp.text_moe.gate.moe_statics.e_score_correction_bias"),
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
 VISION_GROUP = "the vision expert group (router, bias row, experts): text tokens never reach it"
 

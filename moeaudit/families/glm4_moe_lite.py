@@ -12,7 +12,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
-from moeaudit.families.base import Ctx, grouped_gate, mtp_count
+from moeaudit.families.base import Ctx, mtp_count, v3_gate
 
 
 def _routed(c: Ctx) -> tuple[int, ...]:
@@ -31,16 +31,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
         "routed_layers": _routed(c),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.8,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.8),
         "mtp_layers": mtp_count(c, 0),
     }
 

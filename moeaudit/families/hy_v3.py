@@ -13,7 +13,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
 
 def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:
@@ -55,9 +55,7 @@ LAYOUT = Layout(
             "shared_w1": ("mlp.shared_mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
             "shared_w3": ("mlp.shared_mlp.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
             "shared_w2": ("mlp.shared_mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

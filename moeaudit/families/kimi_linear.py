@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, grouped_gate, parse_mla, with_mixers
+from moeaudit.families.base import Ctx, Family, all_layers, parse_mla, v3_gate, with_mixers
 from moeaudit.spec import blocks
 from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_FUSED, L, Layout, prefixed
@@ -180,16 +180,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 9216),
         "shared_dim": c.get("num_shared_experts", int, 1) * c.get("moe_intermediate_size", int, 1024),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.446,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.446),
         # no RoPE anywhere: transformers' KimiLinearAttention never rotates (no rope_parameters)
         "nope_layers": all_layers(c),
         "attention_scale": c.mla.qk_head_dim**-0.5,

@@ -22,7 +22,7 @@ from moeaudit.families._kinds import by_layer_type, type_rope
 from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
 from moeaudit.families.hy_v3 import mlp_layer_types
 from moeaudit.spec.config import AttentionKind, Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # LagunaConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -152,9 +152,7 @@ LAYOUT = Layout(
             "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
             "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
             "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

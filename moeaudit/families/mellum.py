@@ -18,7 +18,7 @@ from moeaudit.families._kinds import by_layer_type, type_rope
 from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 # MellumConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -105,9 +105,7 @@ LAYOUT = Layout(
         {
             **ATTN,
             **MLP_MOE,
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

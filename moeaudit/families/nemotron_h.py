@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, Refuse, grouped_gate, mixing, mtp_count
+from moeaudit.families.base import Ctx, Family, Refuse, mixing, mtp_count, v3_gate
 from moeaudit.families.granitemoehybrid import mamba2
 from moeaudit.spec.blocks import Layer, MambaMixer
 from moeaudit.spec.config import ModelSpec
@@ -136,16 +136,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 21504),
         "shared_dim": c.get("moe_shared_expert_intermediate_size", int, 7688),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "mtp_layers": mtp_count(c, 0),
     }
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -51,9 +51,7 @@ LAYOUT = Layout(
             "shared_w3": "mlp.shared_expert.up_proj.weight",
             "shared_w2": "mlp.shared_expert.down_proj.weight",
             "shared_gate": "mlp.shared_expert_gate.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert=prefixed(L, MLP_EXPERTS),

@@ -21,7 +21,7 @@ from moeaudit.families.base import (
 )
 from moeaudit.spec.blocks import DeltaNet, Layer, per_layer_type
 from moeaudit.spec.config import LinearAttention, ModelSpec
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
 
 QWEN_MOE_LAYER = {
     **ATTN,
@@ -30,9 +30,7 @@ QWEN_MOE_LAYER = {
     "shared_w3": "mlp.shared_expert.up_proj.weight",
     "shared_w2": "mlp.shared_expert.down_proj.weight",
     "shared_gate": "mlp.shared_expert_gate.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **DENSE_MLP,
 }
 DELTANET = {
     "lin_conv": "linear_attn.conv1d.weight",

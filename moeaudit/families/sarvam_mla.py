@@ -14,7 +14,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, mtp_count, parse_mla
+from moeaudit.families.base import Ctx, Family, first_k_dense, mtp_count, parse_mla, v3_gate
 
 # SarvamMLAConfig.attribute_map: the original sarvamai/sarvam-105b names → DeepSeek-V3's
 ALIASES = {
@@ -53,16 +53,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
         "routed_layers": first_k_dense(c, 1),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
         "mtp_layers": mtp_count(c, 0),
     }
 

@@ -25,7 +25,7 @@ from moeaudit.families._kinds import by_layer_type, type_rope
 from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, sliding_window
 from moeaudit.families.hy_v3 import mlp_layer_types
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "sliding_attention")
 LIMIT = "a limit of moeaudit, not a fault of the checkpoint"
@@ -170,9 +170,7 @@ LAYOUT = Layout(
             "shared_w1": ("share_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
             "shared_w3": ("share_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
             "shared_w2": ("share_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert={},

@@ -105,6 +105,13 @@ MLP_EXPERTS = {
     "w2": "mlp.experts.{expert}.down_proj.weight",
 }
 MLP_FUSED = {"gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj"}
+# DeepSeek naming: the always-on experts as one MLP (``mlp.shared_experts``), a dense layer's MLP
+SHARED_EXPERTS = {
+    "shared_w1": "mlp.shared_experts.gate_proj.weight",
+    "shared_w3": "mlp.shared_experts.up_proj.weight",
+    "shared_w2": "mlp.shared_experts.down_proj.weight",
+}
+DENSE_MLP = {"mlp_w1": "mlp.gate_proj.weight", "mlp_w3": "mlp.up_proj.weight", "mlp_w2": "mlp.down_proj.weight"}
 
 DEEPSEEK_LAYER = {
     "input_norm": "input_layernorm.weight",
@@ -122,10 +129,6 @@ DEEPSEEK_LAYER = {
     "o_bias": "self_attn.o_proj.bias",
     **MLP_MOE,
     "router_bias": "mlp.gate.e_score_correction_bias",
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
