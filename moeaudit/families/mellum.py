@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families._kinds import by_layer_type, type_rope
+from moeaudit.families._kinds import by_layer_type, type_rope, types_and_ropes
 from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
@@ -31,18 +31,7 @@ PER_TYPE = "_moeaudit_rope_per_type"  # rope_parameters of layer types whose RoP
 
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config with ``rope_parameters`` the one entry every used layer type shares."""
-    layers = cfg.get("num_hidden_layers")
-    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
-    if not isinstance(types, list) or not set(types) <= set(KINDS):
-        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
-    params = cfg.get("rope_parameters") or DEFAULT_ROPE
-    if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
-        raise CheckpointError(
-            "config.json: mellum's rope_parameters must be given per layer type "
-            f"({' / '.join(KINDS)}), for every type layer_types uses",
-            path=path,
-        )
-    used = [params[t] for t in KINDS if t in set(types)]
+    types, params, used = types_and_ropes(cfg, path, "mellum", DEFAULT_ROPE)
     for one in used:
         factor = one.get("partial_rotary_factor", 1.0) if isinstance(one, dict) else 1.0
         if factor != 1.0:  # transformers' Mellum rotates whole heads: a partial table does not broadcast

@@ -52,10 +52,11 @@ def _partial_rotary(c: Ctx) -> float:
     return float(factor)
 
 
-def _linear_attention(c: Ctx) -> LinearAttention:
+def linear_attention(c: Ctx, k_heads: int = 16, v_heads: int = 32) -> LinearAttention:
+    """The gated DeltaNet sizes (``k_heads`` key and ``v_heads`` value heads by default)."""
     la = LinearAttention(
-        num_k_heads=c.get("linear_num_key_heads", int, 16),
-        num_v_heads=c.get("linear_num_value_heads", int, 32),
+        num_k_heads=c.get("linear_num_key_heads", int, k_heads),
+        num_v_heads=c.get("linear_num_value_heads", int, v_heads),
         k_dim=c.get("linear_key_head_dim", int, 128),
         v_dim=c.get("linear_value_head_dim", int, 128),
         conv_kernel=c.get("linear_conv_kernel_dim", int, 4),
@@ -105,7 +106,7 @@ def hybrid_fields(c: Ctx) -> dict[str, Any]:
         "norm_offset": 1.0,
         "gated_attention": True,
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary(c)),
-        "linear_attention": _linear_attention(c),
+        "linear_attention": linear_attention(c),
     }
 
 

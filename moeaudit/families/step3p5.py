@@ -21,10 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families._kinds import by_layer_type, type_rope
+from moeaudit.families._kinds import by_type_and_heads
 from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, sliding_window
 from moeaudit.families.hy_v3 import mlp_layer_types
-from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "sliding_attention")
@@ -103,17 +102,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         )
     D, kv = head_dim(c), c.get("num_key_value_heads", int)
     heads = _heads(c, types)
-    kinds: dict[str, AttentionKind] = {}
-    names = []
-    for t, n in zip(types, heads, strict=True):
-        if n % kv:
-            raise CheckpointError(f"config.json: {n} heads not divisible by {kv} kv heads", path=c.path)
-        name = f"{t}/{n}"
-        if name not in kinds:
-            theta, rotary = type_rope(c, t, params[t], D)
-            kinds[name] = AttentionKind(t, n, kv, D, theta, rotary)
-        names.append(name)
-    attention_kinds, layer_kinds = by_layer_type(names, kinds)
+    attention_kinds, layer_kinds = by_type_and_heads(c, types, heads, kv, D, params)
     first = attention_kinds[layer_kinds[0]]
     gating = c.cfg.get("gating", True)
     if not (gating is True or gating == "per-head"):  # transformers 5.24's per-channel path fails to run
