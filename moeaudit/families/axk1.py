@@ -16,7 +16,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
 from moeaudit.families.base import Ctx, Family, parse_mla
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, L, hf_layout
 
 
 def _routed(c: Ctx) -> tuple[int, ...]:
@@ -38,14 +38,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {**deepseek_v3.FAMILY.fields(c), "routed_layers": _routed(c), "mtp_layers": 0, "moe_out_norm": True}
 
 
-LAYOUT = Layout(
-    family="axk1",
-    globals=GLOBALS,
-    layer=prefixed(
-        L, {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight", "mlp.post_mlp_layernorm.weight")}
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "axk1",
+    {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight", "mlp.post_mlp_layernorm.weight")},
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine weights; shared "
     "experts; an RMSNorm on the MoE output; mlp_layer_types dense/sparse layers",
     left_out={

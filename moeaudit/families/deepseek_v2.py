@@ -19,7 +19,7 @@ from moeaudit.families.base import (
     sliding_window,
     windowed_all,
 )
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -51,12 +51,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="deepseek_v2",
-    globals=GLOBALS,
-    layer=prefixed(L, {k: v for k, v in DEEPSEEK_LAYER.items() if k != "router_bias"}),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "deepseek_v2",
+    {k: v for k, v in DEEPSEEK_LAYER.items() if k != "router_bias"},
     notes="MLA attention; softmax scores, greedy or group-limited top-k (group max); "
     "shared experts; first_k_dense_replace dense layers",
 )

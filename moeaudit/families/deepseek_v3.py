@@ -19,7 +19,7 @@ from moeaudit.families.base import (
     v3_gate,
     windowed_all,
 )
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -35,12 +35,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="deepseek_v3",
-    globals=GLOBALS,
-    layer=prefixed(L, DEEPSEEK_LAYER),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "deepseek_v3",
+    DEEPSEEK_LAYER,
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine "
     "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
 )

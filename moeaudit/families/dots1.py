@@ -17,18 +17,7 @@ from moeaudit.families.base import (
     sliding_window,
     v3_gate,
 )
-from moeaudit.spec.layouts import (
-    ATTN,
-    DENSE_MLP,
-    GLOBALS,
-    MLP_EXPERTS,
-    MLP_FUSED,
-    MLP_MOE,
-    SHARED_EXPERTS,
-    L,
-    Layout,
-    prefixed,
-)
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, V3_MOE, hf_layout
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -59,21 +48,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="dots1",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            **SHARED_EXPERTS,
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "dots1",
+    {
+        **ATTN,
+        **V3_MOE,
+        **DENSE_MLP,
+    },
     notes="per-head qk norm; sigmoid router with selection bias and group-limited top-k; shared "
     "experts; first_k_dense_replace dense layers; layer_types sliding window",
 )

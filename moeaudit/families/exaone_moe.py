@@ -12,18 +12,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window, v3_gate
-from moeaudit.spec.layouts import (
-    ATTN,
-    DENSE_MLP,
-    GLOBALS,
-    MLP_EXPERTS,
-    MLP_FUSED,
-    MLP_MOE,
-    SHARED_EXPERTS,
-    L,
-    Layout,
-    prefixed,
-)
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
 
 
 def _typed_layers(c: Ctx, key: str, kinds: tuple[str, str], default: list[str]) -> list[str]:
@@ -84,22 +73,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="exaone_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            # the hub's checkpoints (and save_pretrained) store it on the MoE block
-            "router_bias": ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-            **SHARED_EXPERTS,
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "exaone_moe",
+    {
+        **ATTN,
+        **MLP_MOE,
+        # the hub's checkpoints (and save_pretrained) store it on the MoE block
+        "router_bias": ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+        **SHARED_EXPERTS,
+        **DENSE_MLP,
+    },
     notes="per-head qk norm; sliding layers with RoPE, global layers without; sigmoid router with "
     "selection bias and group-limited top-k; shared experts; mlp_layer_types dense layers",
     left_out={"mtp.": "the multi-token-prediction module (mtp.*)"},

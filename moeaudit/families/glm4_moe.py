@@ -20,18 +20,7 @@ from moeaudit.families.base import (
     partial_rotary_dim,
     v3_gate,
 )
-from moeaudit.spec.layouts import (
-    ATTN,
-    DENSE_MLP,
-    GLOBALS,
-    MLP_EXPERTS,
-    MLP_FUSED,
-    MLP_MOE,
-    SHARED_EXPERTS,
-    L,
-    Layout,
-    prefixed,
-)
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, V3_MOE, hf_layout
 
 
 def _partial_rotary_factor(c: Ctx, default: float = 0.5) -> float:
@@ -60,21 +49,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="glm4_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            **SHARED_EXPERTS,
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "glm4_moe",
+    {
+        **ATTN,
+        **V3_MOE,
+        **DENSE_MLP,
+    },
     notes="q/k/v bias, optional per-head qk norm, partial rotary; sigmoid router with selection "
     "bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
 )

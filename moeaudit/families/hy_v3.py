@@ -13,7 +13,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, hf_layout
 
 
 def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:
@@ -43,23 +43,17 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="hy_v3",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "router": ("mlp.router.gate.weight", "mlp.gate.weight"),
-            "router_bias": ("mlp.expert_bias", "mlp.e_score_correction_bias"),
-            "shared_w1": ("mlp.shared_mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
-            "shared_w3": ("mlp.shared_mlp.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
-            "shared_w2": ("mlp.shared_mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "hy_v3",
+    {
+        **ATTN,
+        "router": ("mlp.router.gate.weight", "mlp.gate.weight"),
+        "router_bias": ("mlp.expert_bias", "mlp.e_score_correction_bias"),
+        "shared_w1": ("mlp.shared_mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+        "shared_w3": ("mlp.shared_mlp.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "shared_w2": ("mlp.shared_mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm before RoPE; sigmoid router with a selection bias, renormalised and "
     "scaled; shared experts; mlp_layer_types dense/sparse placement",
 )

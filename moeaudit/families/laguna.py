@@ -22,7 +22,7 @@ from moeaudit.families._kinds import by_type_and_heads, types_and_ropes
 from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
 from moeaudit.families.hy_v3 import mlp_layer_types
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 # LagunaConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -119,24 +119,18 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="laguna",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "g_proj": "self_attn.g_proj.weight",
-            **MLP_MOE,
-            "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-            "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
-            "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
-            "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "laguna",
+    {
+        **ATTN,
+        "g_proj": "self_attn.g_proj.weight",
+        **MLP_MOE,
+        "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+        "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+        "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm, partial rotary, softplus output gate; soft-capped sigmoid router with a selection "
     "bias, renormalised, routed sum scaled; ungated shared expert; mlp_layer_types",
 )

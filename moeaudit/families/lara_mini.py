@@ -17,7 +17,7 @@ from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
 from moeaudit.families.qwen3_next import DELTANET, deltanet_layers, linear_attention
 from moeaudit.spec.blocks import Layer
 from moeaudit.spec.config import ModelSpec
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, MLP_MOE, hf_layout
 
 KINDS = ("linear_attention", "sliding_attention", "full_attention")
 PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
@@ -62,24 +62,18 @@ def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     return deltanet_layers(s, _layer_types(c), ("sliding_attention", "full_attention"))
 
 
-LAYOUT = Layout(
-    family="lara_mini",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            **DELTANET,
-            "lin_in": "linear_attn.in_proj.weight",
-            "lin_norm": ("linear_attn.out_norm.weight", "linear_attn.norm.weight"),
-            "shared_w1": "mlp.shared_expert.gate_proj.weight",
-            "shared_w3": "mlp.shared_expert.up_proj.weight",
-            "shared_w2": "mlp.shared_expert.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "lara_mini",
+    {
+        **ATTN,
+        **MLP_MOE,
+        **DELTANET,
+        "lin_in": "linear_attn.in_proj.weight",
+        "lin_norm": ("linear_attn.out_norm.weight", "linear_attn.norm.weight"),
+        "shared_w1": "mlp.shared_expert.gate_proj.weight",
+        "shared_w3": "mlp.shared_expert.up_proj.weight",
+        "shared_w2": "mlp.shared_expert.down_proj.weight",
+    },
     notes="hybrid: Qwen3.5 gated DeltaNet (one fused in_proj, rows q|k|v|z|b|a) and Qwen3 attention with RoPE on "
     "sliding layers only; plain norms; softmax router, renormalised; ungated shared expert; every layer routed",
 )

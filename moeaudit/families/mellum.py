@@ -18,7 +18,7 @@ from moeaudit.families._kinds import by_layer_type, type_rope, types_and_ropes
 from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 # MellumConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -86,19 +86,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="mellum",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "mellum",
+    {
+        **ATTN,
+        **MLP_MOE,
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; RoPE per layer type; mtp.* left out",
     left_out=MTP,
 )

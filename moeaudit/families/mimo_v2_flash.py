@@ -22,7 +22,7 @@ from moeaudit.families._kinds import by_layer_type, type_rope
 from moeaudit.families.base import Ctx, Family, v3_gate
 from moeaudit.families.hy_v3 import mlp_layer_types
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 KINDS = ("full_attention", "sliding_attention")
 # MiMoV2FlashConfig's RoPE per layer type when config.json gives none
@@ -102,22 +102,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="mimo_v2_flash",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            # as saved and released (transformers renames it to self_attn.sinks on load), or as named in memory
-            "sinks": ("self_attn.attention_sink_bias", "self_attn.sinks"),
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            **DENSE_MLP,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "mimo_v2_flash",
+    {
+        **ATTN,
+        **MLP_MOE,
+        # as saved and released (transformers renames it to self_attn.sinks on load), or as named in memory
+        "sinks": ("self_attn.attention_sink_bias", "self_attn.sinks"),
+        "router_bias": "mlp.gate.e_score_correction_bias",
+        **DENSE_MLP,
+    },
     notes="attention per layer type (sliding: 2× kv heads, sinks; RoPE per type, partial), value heads "
     "unlike the keys' and scaled; sigmoid router with selection bias and group-limited top-k; "
     "mlp_layer_types; model.mtp.* left out",

@@ -21,7 +21,7 @@ from moeaudit.families.base import (
 )
 from moeaudit.spec.blocks import DeltaNet, Layer, per_layer_type
 from moeaudit.spec.config import LinearAttention, ModelSpec
-from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 QWEN_MOE_LAYER = {
     **ATTN,
@@ -119,20 +119,14 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="qwen3_next",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **QWEN_MOE_LAYER,
-            **DELTANET,
-            "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
-            "lin_ba": "linear_attn.in_proj_ba.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "qwen3_next",
+    {
+        **QWEN_MOE_LAYER,
+        **DELTANET,
+        "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
+        "lin_ba": "linear_attn.in_proj_ba.weight",
+    },
     notes="hybrid: gated DeltaNet and gated full attention (partial RoPE, per-head q/k norms); "
     "zero-centred norms (1 + w); shared expert with sigmoid gate; mtp.* left out",
     left_out=MTP,

@@ -11,7 +11,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import TORCHTITAN_SHARED_EXPERTS, Ctx, Family, all_layers, v3_gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, SHARED_EXPERTS, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, V3_MOE, hf_layout
 
 
 def _full_rotary(c: Ctx) -> None:
@@ -41,20 +41,12 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="solar_open",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            **SHARED_EXPERTS,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "solar_open",
+    {
+        **ATTN,
+        **V3_MOE,
+    },
     notes="Llama attention (q/k/v bias, no o bias, full rotary); GLM-4.5's sigmoid router with "
     "selection bias and group-limited top-k; shared experts; every layer routed",
 )
