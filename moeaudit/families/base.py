@@ -248,6 +248,24 @@ def layer_types(c: Ctx, kinds: Sequence[str], default: Callable[[int], str] | No
     return types
 
 
+def renamed(cfg: dict[str, Any], path: Path | str, aliases: dict[str, str]) -> dict[str, Any]:
+    """The config with each alias (a configuration class's ``attribute_map``: the original
+    release's name → transformers') under its name; both spelt with different values is refused."""
+    out = dict(cfg)
+    for alias, name in aliases.items():
+        if alias not in cfg:
+            continue
+        if name in cfg and cfg[name] != cfg[alias]:
+            raise CheckpointError(
+                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
+                "name the same setting with different values",
+                path=path,
+                hint="keep one of the two",
+            )
+        out[name] = out.pop(alias)
+    return out
+
+
 def all_layers(c: Ctx) -> tuple[int, ...]:
     return tuple(range(c.num_layers))
 

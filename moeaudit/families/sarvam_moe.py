@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moeaudit.errors import CheckpointError
 from moeaudit.families import glm4_moe
 from moeaudit.families.base import (
     Ctx,
@@ -22,6 +21,7 @@ from moeaudit.families.base import (
     head_dim,
     mtp_count,
     partial_rotary_dim,
+    renamed,
     v3_gate,
 )
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, MLP_FUSED, MLP_MOE, SHARED_EXPERTS, L, Layout, prefixed
@@ -37,18 +37,7 @@ ALIASES = {
 
 def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config with the original names under GLM-4.5's; both spelt with different values is refused."""
-    out = dict(cfg)
-    for alias, name in ALIASES.items():
-        if alias not in cfg:
-            continue
-        if name in cfg and cfg[name] != cfg[alias]:
-            raise CheckpointError(
-                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
-                "name the same setting with different values",
-                path=path,
-                hint="keep one of the two",
-            )
-        out[name] = out.pop(alias)
+    out = renamed(cfg, path, ALIASES)
     return out
 
 
