@@ -322,3 +322,12 @@ def test_hybrid_families_give_their_layers_and_the_tuples_follow(family: str) ->
     assert derived and derived == tuple(i for i, layer in enumerate(spec.layer_blocks) if isinstance(layer.mixer, kind))
     assert 0 < len(derived) < spec.num_layers  # a hybrid: some layers of another mixer
     assert list(spec.to_json()[name]) == list(derived) and "layer_blocks" not in spec.to_json()
+
+
+def test_layers_the_fields_do_not_say_are_written_with_their_kinds() -> None:
+    spec = _spec("qwen3_next")
+    first = blocks.Layer(_Shift(), spec.layers[0].ffn, spec.layers[0].residual)  # type: ignore[arg-type]
+    toy = dataclasses.replace(spec, layer_blocks=(first, *spec.layers[1:]))
+    written = toy.to_json()["layer_blocks"]
+    assert written[0]["mixer"]["kind"] == "shift" and written[1] == spec.layers[1].to_json()
+    assert "layer_blocks" not in spec.to_json()

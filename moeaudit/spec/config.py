@@ -428,8 +428,9 @@ class ModelSpec:
     def to_json(self) -> dict[str, Any]:
         """The spec as the receipts sign it: the fields, and the per-layer tuples now derived from
         ``layers`` where those fields stood (left out when empty, as the fields were at their
-        default); ``layer_blocks`` is not written (the derived tuples and the model-wide fields
-        say what it says), so the JSON of every family is what it was before the blocks."""
+        default). ``layer_blocks`` is written (each block with its kind) only where those do not
+        say it all — a layer other than the fields derive with the mixer a derived tuple records
+        (a new block kind) — so the JSON of every family is what it was before the blocks."""
         given = asdict(self)
         del given["layer_blocks"]
         out: dict[str, Any] = {}
@@ -468,12 +469,23 @@ class ModelSpec:
             del out["clamped_glu"]["offset"]
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
+        if not self._blocks_said():  # with each block's kind (``asdict`` drops it)
+            out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
         out["routing"] = self.routing
         return out
+
+    def _blocks_said(self) -> bool:
+        """Whether the fields and the derived per-layer tuples describe ``layer_blocks`` whole."""
+        return all(
+            layer == derived_layer(self, i, layer.mixer if isinstance(layer.mixer, TUPLED) else None)
+            for i, layer in enumerate(self.layer_blocks)
+        )
 
 
 # the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
 # the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
+# the mixer kinds those tuples record
+TUPLED = (DeltaNet, KDA, MambaMixer, Lightning, ShortConv)
 DERIVED_AFTER: dict[str, str] = {
     "linear_attention": "linear_layers",
     "linear_layers": "kda_layers",
