@@ -218,6 +218,10 @@ def test_block_kinds_of_the_hybrids() -> None:
     assert "ShortConv" in kinds["lfm2_moe"]
     nemotron = _spec("nemotron_h").layers
     assert all(layer.residual.single_block for layer in nemotron)
+    assert "block_kinds" not in {f.name for f in dataclasses.fields(ModelSpec)}  # read off the given layers
+    assert (
+        set(_spec("nemotron_h").block_kinds) == {"mamba", "attention", "mlp", "moe"} and not _spec("jamba").block_kinds
+    )
     assert {(type(layer.mixer).__name__, type(layer.ffn).__name__) for layer in nemotron} >= {
         ("MambaMixer", "NoneType"),
         ("NoneType", "MoE"),

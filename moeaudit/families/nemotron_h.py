@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, Refuse, mixing, mtp_count, v3_gate
+from moeaudit.families.base import Ctx, Family, Refuse, mtp_count, v3_gate
 from moeaudit.families.granitemoehybrid import mamba2
 from moeaudit.spec.blocks import Layer, MambaMixer
-from moeaudit.spec.config import ModelSpec
+from moeaudit.spec.config import ModelSpec, derived_layer
 from moeaudit.spec.layouts import Layout
 
 # transformers' block names (and the legacy ones remap_legacy_layer_types accepts) → block kind
@@ -94,14 +94,19 @@ def _dt_min(c: Ctx) -> float:
     return float(value)
 
 
+def _kinds(c: Ctx) -> tuple[str, ...]:
+    return tuple(KINDS[t] for t in c.cfg["layers_block_type"])
+
+
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
-    """Each layer one block (``block_kinds``): a Mamba-2 mixer, attention, a dense MLP or an MoE."""
+    """Each layer one block (``layers_block_type``): a Mamba-2 mixer, attention, a dense MLP or an MoE."""
     assert s.mamba is not None
-    return mixing(s, s.block_kinds, "mamba", MambaMixer(s.mamba))
+    mamba = MambaMixer(s.mamba)
+    return tuple(derived_layer(s, i, mamba if k == "mamba" else None, k) for i, k in enumerate(_kinds(c)))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
-    kinds = tuple(KINDS[t] for t in c.cfg["layers_block_type"])
+    kinds = _kinds(c)
     eps = c.get("layer_norm_epsilon", float, 1e-5)
     m = mamba2(
         c,
@@ -126,7 +131,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
     )
     return {
         "rms_eps": eps,
-        "block_kinds": kinds,
         "routed_layers": tuple(i for i, k in enumerate(kinds) if k == "moe") if c.num_experts > 0 else (),
         "mamba": m,
         "nope_layers": tuple(range(len(kinds))),  # Jamba-style attention: no RoPE

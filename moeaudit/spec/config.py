@@ -247,10 +247,6 @@ class ModelSpec:
     # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
     # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
     mlp_act: str = field(default="swiglu", metadata=NEW)
-    # Nemotron-H: each layer one block, x + f(norm(x)) with f its kind ("mamba", "attention",
-    # "mlp" or "moe") and norm its only norm (``input_norm``); () : every layer is a token mixer
-    # then an MLP / MoE block
-    block_kinds: tuple[str, ...] = field(default=(), metadata=NEW)
     # AFMoE (sandwich norms): the attention output passes an RMSNorm (gain ``attn_out_norm``)
     # before the residual add, and so does a dense layer's MLP output (``dense_out_norm``: gain
     # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
@@ -418,6 +414,15 @@ class ModelSpec:
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
 
+    @property
+    def block_kinds(self) -> tuple[str, ...]:
+        """Nemotron-H: each layer's one block ("mamba", "attention", "mlp" or "moe"), x + f(norm(x))
+        with norm its only norm (``input_norm``); () : every layer is a token mixer then an MLP /
+        MoE block."""
+        if not any(layer.residual.single_block for layer in self.layers):
+            return ()
+        return tuple(_single_kind(layer) for layer in self.layers)
+
     def block_kind(self, layer: int) -> str:
         """The one block of a single-block layer (``block_kinds``); "" for a mixer-then-MLP layer."""
         return self.block_kinds[layer] if self.block_kinds else ""
@@ -476,8 +481,12 @@ class ModelSpec:
 
     def _blocks_said(self) -> bool:
         """Whether the fields and the derived per-layer tuples describe ``layer_blocks`` whole."""
+        kinds = self.block_kinds
         return all(
-            layer == derived_layer(self, i, layer.mixer if isinstance(layer.mixer, TUPLED) else None)
+            layer
+            == derived_layer(
+                self, i, layer.mixer if isinstance(layer.mixer, TUPLED) else None, kinds[i] if kinds else ""
+            )
             for i, layer in enumerate(self.layer_blocks)
         )
 
@@ -492,13 +501,14 @@ DERIVED_AFTER: dict[str, str] = {
     "shared_scale": "conv_layers",
     "mamba": "mamba_layers",
     "mamba_layers": "lightning_layers",
+    "mlp_act": "block_kinds",
 }
 
 
-def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None) -> Layer:
+def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = "") -> Layer:
     """Decoder layer ``i`` of ``s`` as typed blocks, its token mixer ``mixer`` where the family
-    gives one (None: the attention the fields describe), the rest as the fields describe it."""
-    kind = s.block_kinds[i] if s.block_kinds else ""
+    gives one (None: the attention the fields describe), the rest as the fields describe it;
+    ``kind``: the layer is that one block ("mamba", "attention", "mlp", "moe"; Nemotron-H)."""
     if mixer is None and kind in ("", "mamba", "attention"):
         mixer = _mixer(s, i)
     scales = None
@@ -516,18 +526,31 @@ def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None) -> Layer:
     )
     if kind:  # Nemotron-H: the layer is one block
         routed = kind == "moe"
-        ffn = None if kind in ("mamba", "attention") else _moe(s) if routed else DenseMLP(s.dense_dim, gated=_glu(s))
+        ffn = (
+            None
+            if kind in ("mamba", "attention")
+            else _moe(s, single=True)
+            if routed
+            else DenseMLP(s.dense_dim, gated=_glu(s))
+        )
         return Layer(mixer, ffn, residual)
     ffn = _moe(s) if s.is_routed(i) else DenseMLP(s.dense_dim, glu_limit=s.mlp_glu_limit(i), out_norm=s.dense_out_norm)
     return Layer(mixer, ffn, residual)
+
+
+def _single_kind(layer: Layer) -> str:
+    if isinstance(layer.mixer, MambaMixer):
+        return "mamba"
+    if layer.mixer is not None:
+        return "attention"
+    return "moe" if isinstance(layer.ffn, MoE) else "mlp"
 
 
 def _glu(s: ModelSpec) -> bool:
     return s.mlp_act != "relu2"
 
 
-def _moe(s: ModelSpec) -> MoE:
-    single = bool(s.block_kinds)
+def _moe(s: ModelSpec, single: bool = False) -> MoE:
     shared = None
     if s.shared_dim:  # Granite 4.0: gate and up rows in one ``input_linear``; Nemotron-H: no gate
         fused = "shared_gate_up" in s.layout.layer
