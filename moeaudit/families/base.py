@@ -266,6 +266,21 @@ def renamed(cfg: dict[str, Any], path: Path | str, aliases: dict[str, str]) -> d
     return out
 
 
+def mlp_layer_types(
+    c: Ctx, dense_first: int = 0, default: Callable[[], tuple[int, ...]] | None = None
+) -> tuple[int, ...]:
+    """The routed layers: ``mlp_layer_types`` ("dense" / "sparse" per layer), else ``default()``
+    (the configuration class's rule), else the first ``dense_first`` layers dense."""
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return default() if default is not None else tuple(range(min(dense_first, c.num_layers), c.num_layers))
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
+        )
+    return tuple(i for i, t in enumerate(types) if t == "sparse")
+
+
 def all_layers(c: Ctx) -> tuple[int, ...]:
     return tuple(range(c.num_layers))
 

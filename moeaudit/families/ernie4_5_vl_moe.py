@@ -23,7 +23,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
-from moeaudit.families.base import Ctx, Family, Refuse
+from moeaudit.families.base import Ctx, Family, Refuse, mlp_layer_types
 from moeaudit.families.ernie4_5_moe import _norm_min
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, SHARED_EXPERTS, Layout, prefixed
@@ -54,21 +54,9 @@ def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     }
 
 
-def _routed(c: Ctx) -> tuple[int, ...]:
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:  # Ernie4_5_VLMoeTextConfig's default
-        return tuple(range(1, c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
-            path=c.path,
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     return {
-        "routed_layers": _routed(c),
+        "routed_layers": mlp_layer_types(c, 1),
         "norm_topk_prob": True,
         "attention_bias": False,
         "tie_embeddings": bool(c.get("tie_word_embeddings", bool, True)),

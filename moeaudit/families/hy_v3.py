@@ -10,23 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family
+from moeaudit.families.base import Ctx, Family, mlp_layer_types
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, hf_layout
-
-
-def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:
-    """The routed layers: ``mlp_layer_types`` ("dense" / "sparse" per layer), else the first
-    ``dense_first`` layers dense (the configuration class's default)."""
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        return tuple(range(min(dense_first, c.num_layers), c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

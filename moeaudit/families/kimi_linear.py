@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, parse_mla, v3_gate, with_mixers
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    all_layers,
+    first_k_dense,
+    mlp_layer_types,
+    parse_mla,
+    v3_gate,
+    with_mixers,
+)
 from moeaudit.spec import blocks
 from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_FUSED, L, Layout, prefixed
@@ -160,16 +169,7 @@ def _layers(c: Ctx, s: ModelSpec) -> tuple[blocks.Layer, ...]:
 def routed_layers(c: Ctx, first_dense: int) -> tuple[int, ...]:
     """``mlp_layer_types`` ("dense" / "sparse"), else the first ``first_k_dense_replace``
     (default ``first_dense``) layers dense."""
-    kinds = c.cfg.get("mlp_layer_types")
-    if kinds is None:
-        first = c.get("first_k_dense_replace", int, first_dense)
-        kinds = ["dense" if i < first else "sparse" for i in range(c.num_layers)]
-    if not isinstance(kinds, list) or len(kinds) != c.num_layers or not set(kinds) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must give each of the {c.num_layers} layers as 'dense' or 'sparse'",
-            path=c.path,
-        )
-    return tuple(i for i, k in enumerate(kinds) if k == "sparse")
+    return mlp_layer_types(c, default=lambda: first_k_dense(c, first_dense))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -19,8 +19,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_type_and_heads, types_and_ropes
-from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
-from moeaudit.families.hy_v3 import mlp_layer_types
+from moeaudit.families.base import Ctx, Family, Refuse, head_dim, mlp_layer_types, partial_rotary_dim, sliding_window
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 

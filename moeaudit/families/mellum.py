@@ -15,7 +15,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_layer_type, type_rope, types_and_ropes
-from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
+from moeaudit.families.base import Ctx, Family, head_dim, mlp_layer_types, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
@@ -59,23 +59,11 @@ def _kinds(c: Ctx) -> dict[str, Any]:
     return {"attention_kinds": attention_kinds, "layer_kinds": layer_kinds}
 
 
-def _routed_layers(c: Ctx) -> tuple[int, ...]:
-    """``mlp_layer_types``: "sparse" layers routed, "dense" ones a dense MLP (default all sparse)."""
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        return tuple(range(c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
     window = sliding_window(c) if "sliding_window" in c.cfg else 1024
     return {
-        "routed_layers": _routed_layers(c),
+        "routed_layers": mlp_layer_types(c),  # default: every layer routed
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "qk_norm": "head",
         "dense_dim": c.get("intermediate_size", int, 7168),

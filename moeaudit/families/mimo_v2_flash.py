@@ -19,8 +19,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, v3_gate
-from moeaudit.families.hy_v3 import mlp_layer_types
+from moeaudit.families.base import Ctx, Family, mlp_layer_types, v3_gate
 from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 

@@ -22,8 +22,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_type_and_heads
-from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, sliding_window
-from moeaudit.families.hy_v3 import mlp_layer_types
+from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, mlp_layer_types, sliding_window
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "sliding_attention")
