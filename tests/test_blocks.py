@@ -218,6 +218,10 @@ def test_block_kinds_of_the_hybrids() -> None:
     assert "ShortConv" in kinds["lfm2_moe"]
     nemotron = _spec("nemotron_h").layers
     assert all(layer.residual.single_block for layer in nemotron)
+    assert "block_kinds" not in {f.name for f in dataclasses.fields(ModelSpec)}  # read off the given layers
+    assert (
+        set(_spec("nemotron_h").block_kinds) == {"mamba", "attention", "mlp", "moe"} and not _spec("jamba").block_kinds
+    )
     assert {(type(layer.mixer).__name__, type(layer.ffn).__name__) for layer in nemotron} >= {
         ("MambaMixer", "NoneType"),
         ("NoneType", "MoE"),
@@ -238,7 +242,8 @@ def test_layers_a_family_gives_replay_as_the_derived_ones() -> None:
     spec = _spec("qwen2_moe")
     given = dataclasses.replace(spec, layer_blocks=spec.layers)
     assert "layer_blocks" not in spec.to_json()
-    written = given.to_json()["layer_blocks"]
+    assert given.to_json() == spec.to_json()  # the blocks a family gives leave its signed JSON as it was
+    written = [layer.to_json() for layer in given.layer_blocks]
     assert [layer["mixer"]["kind"] for layer in written] == ["attention"] * spec.num_layers
     assert written[0]["ffn"]["kind"] == "moe" and written[0]["ffn"]["shared"]["dim"] == spec.shared_dim
     gen = torch.Generator().manual_seed(0)
@@ -294,3 +299,39 @@ def test_a_new_mixer_kind_is_its_record_its_forward_and_the_family_layers(monkey
     assert torch.allclose(tap.h_NH, h.reshape(-1, spec.hidden_size))
     out.sum().backward()
     assert lw.params["shift_w"].grad is not None and float(lw.params["shift_w"].grad.abs().sum()) > 0
+
+
+# family → (the per-layer tuple it no longer sets, the token mixer kind that tuple now reads from ``layers``)
+GIVEN_LAYERS = {
+    "qwen3_next": ("linear_layers", blocks.DeltaNet),
+    "qwen3_5_moe_text": ("linear_layers", blocks.DeltaNet),
+    "lara_mini": ("linear_layers", blocks.DeltaNet),
+    "kimi_linear": ("kda_layers", blocks.KDA),
+    "bailing_hybrid": ("kda_layers", blocks.KDA),
+    "jamba": ("mamba_layers", blocks.MambaMixer),
+    "granitemoehybrid": ("mamba_layers", blocks.MambaMixer),
+    "nemotron_h": ("mamba_layers", blocks.MambaMixer),
+    "minimax": ("lightning_layers", blocks.Lightning),
+    "lfm2_moe": ("conv_layers", blocks.ShortConv),
+}
+
+
+@pytest.mark.parametrize("family", sorted(GIVEN_LAYERS))
+def test_hybrid_families_give_their_layers_and_the_tuples_follow(family: str) -> None:
+    spec = _spec(family)
+    name, kind = GIVEN_LAYERS[family]
+    assert name not in {f.name for f in dataclasses.fields(ModelSpec)}  # derived, not a field
+    assert len(spec.layer_blocks) == spec.num_layers and spec.layers is spec.layer_blocks
+    derived = getattr(spec, name)
+    assert derived and derived == tuple(i for i, layer in enumerate(spec.layer_blocks) if isinstance(layer.mixer, kind))
+    assert 0 < len(derived) < spec.num_layers  # a hybrid: some layers of another mixer
+    assert list(spec.to_json()[name]) == list(derived) and "layer_blocks" not in spec.to_json()
+
+
+def test_layers_the_fields_do_not_say_are_written_with_their_kinds() -> None:
+    spec = _spec("qwen3_next")
+    first = blocks.Layer(_Shift(), spec.layers[0].ffn, spec.layers[0].residual)  # type: ignore[arg-type]
+    toy = dataclasses.replace(spec, layer_blocks=(first, *spec.layers[1:]))
+    written = toy.to_json()["layer_blocks"]
+    assert written[0]["mixer"]["kind"] == "shift" and written[1] == spec.layers[1].to_json()
+    assert "layer_blocks" not in spec.to_json()

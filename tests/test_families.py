@@ -92,3 +92,18 @@ def test_new_spec_fields_stay_out_of_old_families_json() -> None:
         sort_keys=True,
     )
     assert isinstance(spec, ModelSpec)
+
+
+@pytest.mark.parametrize("family", ["hy_v3", "laguna", "mellum", "kimi_linear", "axk1", "glm4_moe_lite"])
+def test_mlp_layer_types_are_read_by_one_rule(family: str) -> None:
+    pytest.importorskip("transformers")
+    import hfmodels
+
+    cfg = hfmodels.tiny_config(family).to_dict()
+    n = cfg["num_hidden_layers"]
+    cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
+    assert spec_from_config(cfg).routed_layers == tuple(range(1, n))
+    for bad in (["sparse"] * (n - 1), [["sparse"]] * n, ["dense", "moe"] + ["sparse"] * (n - 2)):
+        cfg["mlp_layer_types"] = bad  # too short, an unhashable entry, an unknown kind: one message
+        with pytest.raises(CheckpointError, match=f"mlp_layer_types must list {n} layers, each 'dense' or 'sparse'"):
+            spec_from_config(cfg)

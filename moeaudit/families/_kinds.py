@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
@@ -37,6 +38,46 @@ def type_rope(c: Ctx, name: str, params: Any, head_dim: int, default_factor: flo
         )
     dim = partial_rotary_dim(c, head_dim, float(factor))
     return float(theta), 0 if dim == head_dim else dim
+
+
+def by_type_and_heads(
+    c: Ctx, types: list[str], heads: list[int], kv: int, D: int, params: dict[str, Any]
+) -> tuple[tuple[AttentionKind, ...], tuple[int, ...]]:
+    """(``attention_kinds``, ``layer_kinds``) with one kind per (layer type, query head count)
+    used: that type's RoPE (``params``, ``rope_parameters`` per type), ``heads[i]`` query heads
+    over ``kv`` key/value heads of ``D`` (Laguna, Step 3.5)."""
+    kinds: dict[str, AttentionKind] = {}
+    names = []
+    for t, n in zip(types, heads, strict=True):
+        if n % kv:
+            raise CheckpointError(f"config.json: {n} heads not divisible by {kv} kv heads", path=c.path)
+        name = f"{t}/{n}"
+        if name not in kinds:
+            theta, rotary = type_rope(c, t, params[t], D)
+            kinds[name] = AttentionKind(t, n, kv, D, theta, rotary)
+        names.append(name)
+    return by_layer_type(names, kinds)
+
+
+def types_and_ropes(
+    cfg: dict[str, Any], path: Path | str, family: str, default_rope: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any], list[Any]]:
+    """(``layer_types``, ``rope_parameters`` per type, the entries of the types used in the order
+    of ``default_rope``) of a config whose RoPE is given per layer type (Laguna, Mellum); absent:
+    every layer full attention, the family's default RoPE per type."""
+    kinds = tuple(default_rope)
+    layers = cfg.get("num_hidden_layers")
+    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
+    if not isinstance(types, list) or not set(types) <= set(kinds):
+        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
+    params = cfg.get("rope_parameters") or default_rope
+    if not isinstance(params, dict) or not set(params) <= set(kinds) or not all(t in params for t in set(types)):
+        raise CheckpointError(
+            f"config.json: {family}'s rope_parameters must be given per layer type "
+            f"({' / '.join(kinds)}), for every type layer_types uses",
+            path=path,
+        )
+    return types, params, [params[t] for t in kinds if t in set(types)]
 
 
 def by_layer_type(

@@ -18,7 +18,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, SHARED_EXPERTS, hf_layout
 
 KINDS = ("sliding_attention", "full_attention")
 
@@ -70,29 +70,19 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="afmoe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "attn_out_norm": "post_attention_layernorm.weight",
-            "post_norm": "pre_mlp_layernorm.weight",
-            "moe_out_norm": "post_mlp_layernorm.weight",
-            "g_proj": "self_attn.gate_proj.weight",
-            "router": "mlp.router.gate.weight",
-            "router_bias": "mlp.expert_bias",
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "afmoe",
+    {
+        **ATTN,
+        "attn_out_norm": "post_attention_layernorm.weight",
+        "post_norm": "pre_mlp_layernorm.weight",
+        "moe_out_norm": "post_mlp_layernorm.weight",
+        "g_proj": "self_attn.gate_proj.weight",
+        "router": "mlp.router.gate.weight",
+        "router_bias": "mlp.expert_bias",
+        **SHARED_EXPERTS,
+        **DENSE_MLP,
+    },
     notes="sandwich norms (attention, MLP and MoE outputs normed before the residual add); per-head q/k norm, "
     "sigmoid output gate, RoPE on sliding layers only; sigmoid router with a selection bias, renormalised and "
     "scaled; ungated shared experts; the first num_dense_layers dense",

@@ -12,7 +12,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers
-from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, GLOBALS, SHARED_EXPERTS, L, Layout, prefixed
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -36,9 +36,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
 TEXT_LAYER = {
     **ATTN,
     "router": "mlp.router.weight",
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
+    **SHARED_EXPERTS,
 }
 TEXT_FUSED = {
     "gate_up": ("mlp.experts.gate_up_proj", "mlp.experts.fc1.weight"),

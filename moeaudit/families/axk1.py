@@ -15,37 +15,30 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
-from moeaudit.families.base import Ctx, Family, parse_mla
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.families.base import Ctx, Family, mlp_layer_types, parse_mla
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, L, hf_layout
 
 
-def _routed(c: Ctx) -> tuple[int, ...]:
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        first, freq = c.get("first_k_dense_replace", int, 1), c.get("moe_layer_freq", int, 1)
-        if freq < 1:
-            raise CheckpointError(f"config.json: moe_layer_freq must be ≥ 1, got {freq}", path=c.path)
-        return tuple(i for i in range(c.num_layers) if i >= first and i % freq == 0)
-    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
-            path=c.path,
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
+def _every_freq(c: Ctx) -> tuple[int, ...]:
+    """Every ``moe_layer_freq``-th layer from ``first_k_dense_replace`` routed."""
+    first, freq = c.get("first_k_dense_replace", int, 1), c.get("moe_layer_freq", int, 1)
+    if freq < 1:
+        raise CheckpointError(f"config.json: moe_layer_freq must be ≥ 1, got {freq}", path=c.path)
+    return tuple(i for i in range(c.num_layers) if i >= first and i % freq == 0)
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
-    return {**deepseek_v3.FAMILY.fields(c), "routed_layers": _routed(c), "mtp_layers": 0, "moe_out_norm": True}
+    return {
+        **deepseek_v3.FAMILY.fields(c),
+        "routed_layers": mlp_layer_types(c, default=lambda: _every_freq(c)),
+        "mtp_layers": 0,
+        "moe_out_norm": True,
+    }
 
 
-LAYOUT = Layout(
-    family="axk1",
-    globals=GLOBALS,
-    layer=prefixed(
-        L, {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight", "mlp.post_mlp_layernorm.weight")}
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "axk1",
+    {**DEEPSEEK_LAYER, "moe_out_norm": ("post_mlp_layernorm.weight", "mlp.post_mlp_layernorm.weight")},
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine weights; shared "
     "experts; an RMSNorm on the MoE output; mlp_layer_types dense/sparse layers",
     left_out={

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, grouped_gate, mtp_count, parse_mla
-from moeaudit.families.kimi_linear import ALIASES, canonical_config, mla_kda_layers, routed_layers
-from moeaudit.spec.config import LinearAttention
+from moeaudit.families.base import Ctx, Family, mtp_count, parse_mla, v3_gate
+from moeaudit.families.kimi_linear import ALIASES, canonical_config, mla_kda_layers, mla_kda_types, routed_layers
+from moeaudit.spec.blocks import Layer
+from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, MLP_FUSED, L, Layout, prefixed
 
 # one canonical tensor → its saved (released) name, then the loaded module's name
@@ -63,11 +64,19 @@ def _kda_sizes(c: Ctx) -> LinearAttention:
     return LinearAttention(num_k_heads=heads, num_v_heads=heads, k_dim=dim, v_dim=dim, conv_kernel=kernel)
 
 
-def _fields(c: Ctx) -> dict[str, Any]:
+def _default_types(c: Ctx) -> list[Any]:
+    """Every ``layer_group_size``-th layer (default 6) MLA, the others KDA."""
     group = c.get("layer_group_size", int, 6)
     if group < 1:
         raise CheckpointError("config.json: layer_group_size must be ≥ 1", path=c.path)
-    default = ["full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(c.num_layers)]
+    return ["full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(c.num_layers)]
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    return mla_kda_layers(s, mla_kda_types(c, _default_types(c)))
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
     safe = c.get("kda_safe_gate", bool, True)
     return {
         "routed_layers": routed_layers(c, 2),
@@ -75,20 +84,10 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 6144),
         "shared_dim": c.get("num_shared_experts", int, 1) * c.get("moe_intermediate_size", int, 768),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=8,
-            topk_group=4,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=8, topk_group=4, scaling=2.5),
         "mtp_layers": mtp_count(c, 1),
         "output_gate": "head_sigmoid",
         "linear_attention": _kda_sizes(c),
-        "kda_layers": mla_kda_layers(c, default),
         "kda_gate_bound": float(c.get("kda_lower_bound", float, -5.0)) if safe else None,
     }
 
@@ -125,6 +124,7 @@ FAMILY = Family(
     default_rope_theta=6e6,
     mla=lambda c: parse_mla(c, always_interleave=True),
     decoder_config=canonical_config,
+    layers=_layers,
 )
 
 __all__ = ["ALIASES", "FAMILY"]

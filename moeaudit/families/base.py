@@ -8,14 +8,26 @@ key templates (a :class:`Layout`), the defaults transformers' configuration clas
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.spec.config import MAX_COUNT, MLA, Gate, ModelSpec, check_sizes, getter, llama3_rope, rope
+from moeaudit.spec.blocks import Layer, Mixer
+from moeaudit.spec.config import (
+    MAX_COUNT,
+    MLA,
+    Gate,
+    ModelSpec,
+    check_sizes,
+    derived_layer,
+    getter,
+    llama3_rope,
+    rope,
+)
 from moeaudit.spec.layouts import Layout
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
@@ -125,6 +137,10 @@ class Family:
     # a wrapper or relabelled checkpoint: what is audited ("the text decoder of …"), recorded in
     # the receipts beside the family
     audits: str = ""
+    # the decoder layers as typed blocks (``ModelSpec.layer_blocks``), from the config and the
+    # spec its ``fields`` give (``with_mixers``, ``spec.blocks.per_layer_type``); None: derived
+    # from those fields
+    layers: Callable[[Ctx, ModelSpec], tuple[Layer, ...]] | None = None
 
 
 def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
@@ -192,6 +208,8 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         shared_gated=False,
     )
     spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
+    if fam.layers is not None:
+        spec = dataclasses.replace(spec, layer_blocks=fam.layers(ctx, spec))
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
         raise CheckpointError(f"rope type 'longrope' is read for phimoe only, not {fam.name!r}", path=path)
@@ -200,6 +218,67 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
 
 
 # --- shared rules several families use -----------------------------------------------------------
+
+
+def with_mixers(s: ModelSpec, mixers: Sequence[Mixer | None]) -> tuple[Layer, ...]:
+    """The layers of ``s`` with each layer's token mixer as given (None: the attention the spec's
+    fields describe for that layer); MLP / MoE blocks and residuals as the fields describe them."""
+    if len(mixers) != s.num_layers:
+        raise ValueError(f"{len(mixers)} token mixers for {s.num_layers} layers")
+    return tuple(derived_layer(s, i, mixer) for i, mixer in enumerate(mixers))
+
+
+def mixing(s: ModelSpec, types: Sequence[str], kind: str, mixer: Mixer) -> tuple[Layer, ...]:
+    """``mixer`` on the layers whose type is ``kind``, the attention the spec's fields describe
+    (or Nemotron-H's one block) on the others."""
+    return with_mixers(s, [mixer if t == kind else None for t in types])
+
+
+def layer_types(c: Ctx, kinds: Sequence[str], default: Callable[[int], str] | None = None) -> list[str]:
+    """``layer_types``: one of ``kinds`` per layer (absent or null: ``default(i)`` for layer i,
+    where the family has a rule)."""
+    types = c.cfg.get("layer_types")
+    if types is None and default is not None:
+        types = [default(i) for i in range(c.num_layers)]
+    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= set(kinds):
+        raise CheckpointError(
+            f"config.json: layer_types must list {c.num_layers} layers, each " + " or ".join(repr(k) for k in kinds),
+            path=c.path,
+        )
+    return types
+
+
+def renamed(cfg: dict[str, Any], path: Path | str, aliases: dict[str, str]) -> dict[str, Any]:
+    """The config with each alias (a configuration class's ``attribute_map``: the original
+    release's name → transformers') under its name; both spelt with different values is refused."""
+    out = dict(cfg)
+    for alias, name in aliases.items():
+        if alias not in cfg:
+            continue
+        if name in cfg and cfg[name] != cfg[alias]:
+            raise CheckpointError(
+                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
+                "name the same setting with different values",
+                path=path,
+                hint="keep one of the two",
+            )
+        out[name] = out.pop(alias)
+    return out
+
+
+def mlp_layer_types(
+    c: Ctx, dense_first: int = 0, default: Callable[[], tuple[int, ...]] | None = None
+) -> tuple[int, ...]:
+    """The routed layers: ``mlp_layer_types`` ("dense" / "sparse" per layer), else ``default()``
+    (the configuration class's rule), else the first ``dense_first`` layers dense."""
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return default() if default is not None else tuple(range(min(dense_first, c.num_layers), c.num_layers))
+    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
+        raise CheckpointError(
+            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
+        )
+    return tuple(i for i, t in enumerate(types) if t == "sparse")
 
 
 def all_layers(c: Ctx) -> tuple[int, ...]:
@@ -320,6 +399,22 @@ def grouped_gate(
         topk_group=kg,
         group_score=group_score if grouped else "none",
         scaling=get("routed_scaling_factor", float, scaling),
+    )
+
+
+def v3_gate(c: Ctx, *, n_group: int, topk_group: int, scaling: float) -> Gate:
+    """DeepSeek-V3's gate: sigmoid scores, a selection bias, the best ``topk_group`` of
+    ``n_group`` groups by the sum of each group's top two (these the defaults of the config's
+    ``n_group``, ``topk_group``, ``routed_scaling_factor``)."""
+    return grouped_gate(
+        c,
+        scoring="sigmoid",
+        selection_bias=True,
+        grouped=True,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score="top2sum",
+        scaling=scaling,
     )
 
 

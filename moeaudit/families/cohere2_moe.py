@@ -16,7 +16,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
 
 
 def _choice(c: Ctx, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -100,26 +100,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="cohere2_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            # one norm feeds attention and the MLP/MoE: the MoE block's gain is that norm's weight
-            "post_norm": "input_layernorm.weight",
-            **MLP_MOE,
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "cohere2_moe",
+    {
+        **ATTN,
+        # one norm feeds attention and the MLP/MoE: the MoE block's gain is that norm's weight
+        "post_norm": "input_layernorm.weight",
+        **MLP_MOE,
+        **SHARED_EXPERTS,
+        **DENSE_MLP,
+    },
     notes="parallel attention + MoE on one input norm; interleaved RoPE on sliding layers, NoPE global "
     "layers; top-k of the logits, softmax (or sigmoid) over them; shared experts summed or averaged; "
     "logit_scale",

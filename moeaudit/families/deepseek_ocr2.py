@@ -15,8 +15,9 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
-from moeaudit.families.base import Ctx, Family, grouped_gate, text_config
-from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, Layout, prefixed
+from moeaudit.families.base import Ctx, Family, text_config
+from moeaudit.families.deepseek_v2 import v2_gate
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, MLP_FUSED, MLP_MOE, SHARED_EXPERTS, Layout, prefixed
 
 METHODS = ("greedy", "group_limited_greedy")
 
@@ -48,28 +49,15 @@ def fields(c: Ctx, default_types: list[str] | None = None) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 11008),
         "shared_dim": c.get("n_shared_experts", int, 2) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="softmax",
-            selection_bias=False,
-            grouped=method == "group_limited_greedy",
-            n_group=1,
-            topk_group=1,
-            group_score="max",
-            scaling=1.0,
-        ),
+        "gate": v2_gate(c, method),
     }
 
 
 TEXT = {
     **ATTN,
     **MLP_MOE,
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
 L = "model.layers.{layer}."
 BASES = ("model.", "model.language_model.")

@@ -19,7 +19,23 @@ from moeaudit.families.base import (
     sliding_window,
     windowed_all,
 )
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, hf_layout
+
+
+def v2_gate(c: Ctx, method: str) -> Gate:
+    """DeepSeek-V2's gate: softmax scores, greedy top-k or (``topk_method``
+    "group_limited_greedy") the best ``topk_group`` of ``n_group`` groups by their best expert."""
+    return grouped_gate(
+        c,
+        scoring="softmax",
+        selection_bias=False,
+        grouped=method == "group_limited_greedy",
+        n_group=1,
+        topk_group=1,
+        group_score="max",
+        scaling=1.0,
+    )
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -36,27 +52,15 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 2) * c.get("moe_intermediate_size", int),
         **windowed_all(c, sliding_window(c)),
-        "gate": grouped_gate(
-            c,
-            scoring="softmax",
-            selection_bias=False,
-            grouped=method == "group_limited_greedy",
-            n_group=1,
-            topk_group=1,
-            group_score="max",
-            scaling=1.0,
-        ),
+        "gate": v2_gate(c, method),
         "shared_gated": False,
         "mtp_layers": mtp_count(c, 0),
     }
 
 
-LAYOUT = Layout(
-    family="deepseek_v2",
-    globals=GLOBALS,
-    layer=prefixed(L, {k: v for k, v in DEEPSEEK_LAYER.items() if k != "router_bias"}),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "deepseek_v2",
+    {k: v for k, v in DEEPSEEK_LAYER.items() if k != "router_bias"},
     notes="MLA attention; softmax scores, greedy or group-limited top-k (group max); "
     "shared experts; first_k_dense_replace dense layers",
 )

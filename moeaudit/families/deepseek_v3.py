@@ -13,13 +13,13 @@ from moeaudit.families.base import (
     Family,
     Refuse,
     first_k_dense,
-    grouped_gate,
     mtp_count,
     parse_mla,
     sliding_window,
+    v3_gate,
     windowed_all,
 )
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -29,27 +29,15 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         **windowed_all(c, sliding_window(c)),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=8,
-            topk_group=4,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=8, topk_group=4, scaling=2.5),
         "shared_gated": False,
         "mtp_layers": mtp_count(c, 1),  # transformers' default
     }
 
 
-LAYOUT = Layout(
-    family="deepseek_v3",
-    globals=GLOBALS,
-    layer=prefixed(L, DEEPSEEK_LAYER),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "deepseek_v3",
+    DEEPSEEK_LAYER,
     notes="MLA attention; sigmoid scores, selection bias, group-limited top-k, scaled combine "
     "weights; shared experts; first_k_dense_replace dense layers; MTP layers left out",
 )

@@ -12,7 +12,7 @@ from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
 from moeaudit.families.base import Ctx, Family, parse_mla
 from moeaudit.spec.config import MLA, SparseIndex
-from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import DEEPSEEK_LAYER, hf_layout
 
 
 def _mla(c: Ctx) -> MLA:
@@ -84,12 +84,9 @@ INDEXER = {
     "idx_weights": "self_attn.indexer.weights_proj.weight",
 }
 
-LAYOUT = Layout(
-    family="deepseek_v32",
-    globals=GLOBALS,
-    layer=prefixed(L, {**DEEPSEEK_LAYER, **INDEXER}),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "deepseek_v32",
+    {**DEEPSEEK_LAYER, **INDEXER},
     notes="DeepSeek-V3 plus the DSA lightning indexer (each query attends to its index_topk best "
     "causal keys); MTP layers left out",
 )

@@ -9,8 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import TORCHTITAN_SHARED_EXPERTS, Ctx, Family, first_k_dense, grouped_gate, sliding_window
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import (
+    TORCHTITAN_SHARED_EXPERTS,
+    Ctx,
+    Family,
+    first_k_dense,
+    sliding_window,
+    v3_gate,
+)
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, V3_MOE, hf_layout
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -35,40 +42,19 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": (c.get("n_shared_experts", int, None) or 0) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "sliding_window": window if layers else None,
         "sliding_layers": layers,
     }
 
 
-LAYOUT = Layout(
-    family="dots1",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "dots1",
+    {
+        **ATTN,
+        **V3_MOE,
+        **DENSE_MLP,
+    },
     notes="per-head qk norm; sigmoid router with selection bias and group-limited top-k; shared "
     "experts; first_k_dense_replace dense layers; layer_types sliding window",
 )

@@ -15,7 +15,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, Refuse
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
 
 
 def _routed_layers(c: Ctx) -> tuple[int, ...]:
@@ -52,30 +52,20 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="ernie4_5_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            # transformers' save_pretrained name, its module path, the original release's name
-            "router_bias": (
-                "mlp.moe_statics.e_score_correction_bias",
-                "mlp.gate.moe_statics.e_score_correction_bias",
-                "mlp.moe_statistic.e_score_correction_bias",
-            ),
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "ernie4_5_moe",
+    {
+        **ATTN,
+        **MLP_MOE,
+        # transformers' save_pretrained name, its module path, the original release's name
+        "router_bias": (
+            "mlp.moe_statics.e_score_correction_bias",
+            "mlp.gate.moe_statics.e_score_correction_bias",
+            "mlp.moe_statistic.e_score_correction_bias",
+        ),
+        **SHARED_EXPERTS,
+        **DENSE_MLP,
+    },
     notes="softmax router with a selection bias; shared experts; interval MoE layers; interleaved RoPE; "
     "MTP module left out",
     left_out={

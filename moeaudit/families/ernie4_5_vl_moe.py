@@ -23,10 +23,10 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._wrap import rebase
-from moeaudit.families.base import Ctx, Family, Refuse
+from moeaudit.families.base import Ctx, Family, Refuse, mlp_layer_types
 from moeaudit.families.ernie4_5_moe import _norm_min
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, SHARED_EXPERTS, Layout, prefixed
 
 
 def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
@@ -54,21 +54,9 @@ def _text(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     }
 
 
-def _routed(c: Ctx) -> tuple[int, ...]:
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:  # Ernie4_5_VLMoeTextConfig's default
-        return tuple(range(1, c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
-            path=c.path,
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     return {
-        "routed_layers": _routed(c),
+        "routed_layers": mlp_layer_types(c, 1),
         "norm_topk_prob": True,
         "attention_bias": False,
         "tie_embeddings": bool(c.get("tie_word_embeddings", bool, True)),
@@ -88,12 +76,8 @@ TEXT: dict[str, str | tuple[str, ...]] = {
     # as released / saved, then transformers' module names
     "router": ("mlp.gate.weight", "mlp.text_moe.gate.weight"),
     "router_bias": ("mlp.moe_statics.e_score_correction_bias", "mlp.text_moe.gate.moe_statics.e_score_correction_bias"),
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
 VISION_GROUP = "the vision expert group (router, bias row, experts): text tokens never reach it"
 

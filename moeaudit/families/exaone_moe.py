@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, grouped_gate, sliding_window
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import Ctx, Family, sliding_window, v3_gate
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
 
 
 def _typed_layers(c: Ctx, key: str, kinds: tuple[str, str], default: list[str]) -> list[str]:
@@ -64,16 +64,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": shared * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding,
         # EXAONE 4: with a window, the global layers have no RoPE (ExaoneMoeAttention rotates only
@@ -82,26 +73,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="exaone_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            # the hub's checkpoints (and save_pretrained) store it on the MoE block
-            "router_bias": ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "exaone_moe",
+    {
+        **ATTN,
+        **MLP_MOE,
+        # the hub's checkpoints (and save_pretrained) store it on the MoE block
+        "router_bias": ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+        **SHARED_EXPERTS,
+        **DENSE_MLP,
+    },
     notes="per-head qk norm; sliding layers with RoPE, global layers without; sigmoid router with "
     "selection bias and group-limited top-k; shared experts; mlp_layer_types dense layers",
     left_out={"mtp.": "the multi-token-prediction module (mtp.*)"},

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, all_layers
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, MLP_MOE, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -27,20 +27,14 @@ def _fields(c: Ctx) -> dict[str, Any]:
 
 _ATTN = {k: v for k, v in ATTN.items() if k not in ("input_norm", "post_norm")}
 
-LAYOUT = Layout(
-    family="flex_olmo",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **_ATTN,
-            "attn_out_norm": "post_attention_layernorm.weight",
-            "moe_out_norm": "post_feedforward_layernorm.weight",
-            **MLP_MOE,
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "flex_olmo",
+    {
+        **_ATTN,
+        "attn_out_norm": "post_attention_layernorm.weight",
+        "moe_out_norm": "post_feedforward_layernorm.weight",
+        **MLP_MOE,
+    },
     notes="OLMo-2 post-norms (no norm before attention or the MoE block; the attention and MoE outputs normed "
     "before the residual add; the router reads the residual stream); q_norm/k_norm over all heads; "
     "norm_topk_prob (default false)",

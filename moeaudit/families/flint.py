@@ -14,7 +14,7 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 KINDS = ("sliding_attention", "full_attention")
 
@@ -66,25 +66,17 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="flint",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "sinks": ("self_attn.softmax_offset", "self_attn.sinks"),  # released name first
-            "shared_w1": "mlp.shared_expert.gate_proj.weight",
-            "shared_w3": "mlp.shared_expert.up_proj.weight",
-            "shared_w2": "mlp.shared_expert.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "flint",
+    {
+        **ATTN,
+        **MLP_MOE,
+        "sinks": ("self_attn.softmax_offset", "self_attn.sinks"),  # released name first
+        "shared_w1": "mlp.shared_expert.gate_proj.weight",
+        "shared_w3": "mlp.shared_expert.up_proj.weight",
+        "shared_w2": "mlp.shared_expert.down_proj.weight",
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm, attention sinks, RoPE on sliding layers only; sigmoid router (top-k on σ, no bias), "
     "renormalised; ungated shared expert; mlp_only_layers",
 )

@@ -15,12 +15,12 @@ from moeaudit.families.base import (
     Ctx,
     Family,
     first_k_dense,
-    grouped_gate,
     head_dim,
     mtp_count,
     partial_rotary_dim,
+    v3_gate,
 )
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, V3_MOE, hf_layout
 
 
 def _partial_rotary_factor(c: Ctx, default: float = 0.5) -> float:
@@ -44,39 +44,18 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary_factor(c)),
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "mtp_layers": mtp_count(c, 1),
     }
 
 
-LAYOUT = Layout(
-    family="glm4_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "glm4_moe",
+    {
+        **ATTN,
+        **V3_MOE,
+        **DENSE_MLP,
+    },
     notes="q/k/v bias, optional per-head qk norm, partial rotary; sigmoid router with selection "
     "bias and group-limited top-k; shared experts; first_k_dense_replace dense layers",
 )

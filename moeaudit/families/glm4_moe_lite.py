@@ -10,37 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
-from moeaudit.families.base import Ctx, grouped_gate, mtp_count
-
-
-def _routed(c: Ctx) -> tuple[int, ...]:
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        return tuple(range(1, c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or any(t not in ("dense", "sparse") for t in types):
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the {c.num_layers} layers",
-            path=c.path,
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
+from moeaudit.families.base import Ctx, mlp_layer_types, mtp_count, v3_gate
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
-        "routed_layers": _routed(c),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.8,
-        ),
+        "routed_layers": mlp_layer_types(c, 1),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.8),
         "mtp_layers": mtp_count(c, 0),
     }
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3, deepseek_v32
-from moeaudit.families.base import Ctx, Family, grouped_gate, mtp_count
+from moeaudit.families.base import Ctx, Family, mtp_count, v3_gate
 from moeaudit.spec.config import SparseIndex
 
 
@@ -54,16 +54,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
     index = fields["sparse_index"]
     return {
         **fields,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
         "sparse_index": SparseIndex(topk=index.topk, n_heads=c.get("index_n_heads", int, 32), head_dim=index.head_dim),
         "index_rope_interleave": True,
         "mtp_layers": mtp_count(c, 1),

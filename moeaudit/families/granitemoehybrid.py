@@ -13,9 +13,10 @@ import math
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.families.base import Ctx, Family, all_layers, mixing
 from moeaudit.families.granitemoe import _multiplier
-from moeaudit.spec.config import Mamba
+from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.config import Mamba, ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 MAMBA2 = {
@@ -116,16 +117,24 @@ def mamba2(
     return m
 
 
-def _mamba_layers(c: Ctx) -> tuple[int, ...]:
+def _layer_types(c: Ctx) -> list[str]:
+    """``layer_types`` (or ``layers_block_type``): "mamba" or "attention" per layer (absent:
+    every layer Mamba, transformers' default)."""
     key = "layer_types" if "layer_types" in c.cfg or "layers_block_type" not in c.cfg else "layers_block_type"
     types = c.cfg.get(key)
     if types is None:
-        return all_layers(c)  # transformers' default: every layer Mamba
+        return ["mamba"] * c.num_layers  # transformers' default: every layer Mamba
     if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {*MAMBA_TYPES, *ATTENTION_TYPES}:
         raise CheckpointError(
             f"config.json: {key} must list {c.num_layers} layers, each 'mamba' or 'attention'", path=c.path
         )
-    return tuple(i for i, t in enumerate(types) if t in MAMBA_TYPES)
+    return ["mamba" if t in MAMBA_TYPES else "attention" for t in types]
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """A Mamba-2 mixer on the "mamba" layers, the spec's attention on the others."""
+    assert s.mamba is not None
+    return mixing(s, _layer_types(c), "mamba", MambaMixer(s.mamba))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -163,7 +172,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "residual_multiplier": _multiplier(c, "residual_multiplier"),
         "logits_scaling": _multiplier(c, "logits_scaling"),
         "mamba": m,
-        "mamba_layers": _mamba_layers(c),
         "nope_layers": () if rope else all_layers(c),
     }
 
@@ -199,4 +207,5 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("num_local_experts", "num_experts"),
     expert_dim_key="intermediate_size",
+    layers=_layers,
 )

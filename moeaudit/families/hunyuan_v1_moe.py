@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, Refuse, all_layers
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -23,23 +23,17 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="hunyuan_v1_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "q_norm": "self_attn.query_layernorm.weight",
-            "k_norm": "self_attn.key_layernorm.weight",
-            "router": "mlp.gate.wg.weight",
-            "shared_w1": "mlp.shared_mlp.gate_proj.weight",
-            "shared_w3": "mlp.shared_mlp.up_proj.weight",
-            "shared_w2": "mlp.shared_mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "hunyuan_v1_moe",
+    {
+        **ATTN,
+        "q_norm": "self_attn.query_layernorm.weight",
+        "k_norm": "self_attn.key_layernorm.weight",
+        "router": "mlp.gate.wg.weight",
+        "shared_w1": "mlp.shared_mlp.gate_proj.weight",
+        "shared_w3": "mlp.shared_mlp.up_proj.weight",
+        "shared_w2": "mlp.shared_mlp.down_proj.weight",
+    },
     notes="per-head q/k norm after RoPE; softmax top-k renormalised; ungated shared MLP",
 )
 

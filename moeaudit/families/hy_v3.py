@@ -10,23 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family
+from moeaudit.families.base import Ctx, Family, mlp_layer_types
 from moeaudit.spec.config import Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
-
-
-def mlp_layer_types(c: Ctx, dense_first: int) -> tuple[int, ...]:
-    """The routed layers: ``mlp_layer_types`` ("dense" / "sparse" per layer), else the first
-    ``dense_first`` layers dense (the configuration class's default)."""
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        return tuple(range(min(dense_first, c.num_layers), c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -43,25 +29,17 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="hy_v3",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "router": ("mlp.router.gate.weight", "mlp.gate.weight"),
-            "router_bias": ("mlp.expert_bias", "mlp.e_score_correction_bias"),
-            "shared_w1": ("mlp.shared_mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
-            "shared_w3": ("mlp.shared_mlp.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
-            "shared_w2": ("mlp.shared_mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "hy_v3",
+    {
+        **ATTN,
+        "router": ("mlp.router.gate.weight", "mlp.gate.weight"),
+        "router_bias": ("mlp.expert_bias", "mlp.e_score_correction_bias"),
+        "shared_w1": ("mlp.shared_mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+        "shared_w3": ("mlp.shared_mlp.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "shared_w2": ("mlp.shared_mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm before RoPE; sigmoid router with a selection bias, renormalised and "
     "scaled; shared experts; mlp_layer_types dense/sparse placement",
 )

@@ -21,7 +21,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v32
-from moeaudit.families.base import Ctx, Family, grouped_gate, parse_mla
+from moeaudit.families.base import Ctx, Family, parse_mla, v3_gate
 from moeaudit.spec.config import MLA, ClampedGLU, SparseIndex
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
 
@@ -90,16 +90,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "dense_dim": c.get("intermediate_size", int, 6912),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.827,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.827),
         "shared_gated": False,
         "attention_bias": bool(c.get("attention_bias", bool, False)),
         "attention_sinks": True,

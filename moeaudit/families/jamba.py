@@ -13,8 +13,9 @@ import math
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers
-from moeaudit.spec.config import Mamba
+from moeaudit.families.base import Ctx, Family, all_layers, mixing
+from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.config import Mamba, ModelSpec
 from moeaudit.spec.layouts import ATTN, L, Layout, prefixed
 
 MAMBA1 = {
@@ -63,8 +64,16 @@ def _mamba(c: Ctx) -> Mamba:
     return m
 
 
-def _fields(c: Ctx) -> dict[str, Any]:
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """A Mamba mixer on every layer but each ``attn_layer_period``-th (from ``attn_layer_offset``),
+    attention without positions there."""
+    assert s.mamba is not None
     attn_p, attn_o = _period(c, "attn_layer_period", 8, "attn_layer_offset", 4)
+    types = ["attention" if i % attn_p == attn_o else "mamba" for i in range(c.num_layers)]
+    return mixing(s, types, "mamba", MambaMixer(s.mamba))
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
     exp_p, exp_o = _period(c, "expert_layer_period", 2, "expert_layer_offset", 1)
     routed = tuple(i for i in range(c.num_layers) if i % exp_p == exp_o) if c.num_experts > 1 else ()
     return {
@@ -72,7 +81,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "norm_topk_prob": False,
         "dense_dim": c.get("intermediate_size", int),
         "mamba": _mamba(c),
-        "mamba_layers": tuple(i for i in range(c.num_layers) if i % attn_p != attn_o),
         "nope_layers": all_layers(c),  # Jamba's attention has no positional encoding
     }
 
@@ -115,4 +123,5 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("num_experts", "num_local_experts"),
     expert_dim_key="intermediate_size",
+    layers=_layers,
 )

@@ -16,8 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, grouped_gate, parse_mla
-from moeaudit.spec.config import LinearAttention
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    all_layers,
+    first_k_dense,
+    mlp_layer_types,
+    parse_mla,
+    v3_gate,
+    with_mixers,
+)
+from moeaudit.spec import blocks
+from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_FUSED, L, Layout, prefixed
 
 # KimiLinearConfig.attribute_map: the DeepSeek name → the name transformers stores
@@ -126,8 +136,8 @@ def _default_types(c: Ctx) -> list[Any]:
     return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(c.num_layers)]
 
 
-def mla_kda_layers(c: Ctx, default: list[Any]) -> tuple[int, ...]:
-    """The KDA layers of ``layer_types`` (``default`` where it is unset), the others MLA."""
+def mla_kda_types(c: Ctx, default: list[Any]) -> list[str]:
+    """``layer_types`` (``default`` where it is unset): KDA ("linear_attention") or MLA ("full_attention")."""
     types = c.cfg.get("layer_types")
     types = default if types is None else types
     if (
@@ -140,22 +150,26 @@ def mla_kda_layers(c: Ctx, default: list[Any]) -> tuple[int, ...]:
             "'linear_attention' or 'full_attention'",
             path=c.path,
         )
-    return tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    return types
+
+
+def mla_kda_layers(s: ModelSpec, types: list[str]) -> tuple[blocks.Layer, ...]:
+    """Kimi Delta Attention on the ``linear_attention`` layers (Kimi Linear's low-rank forget and
+    output gates, or Ling 3's full-rank ones, as the layout stores them), the spec's MLA on the
+    ``full_attention`` ones."""
+    assert s.linear_attention is not None
+    kda = blocks.KDA(s.linear_attention, full_rank="kda_f" in s.layout.layer, gate_bound=s.kda_gate_bound)
+    return with_mixers(s, blocks.per_layer_type(types, {"linear_attention": kda, "full_attention": None}))
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[blocks.Layer, ...]:
+    return mla_kda_layers(s, mla_kda_types(c, _default_types(c)))
 
 
 def routed_layers(c: Ctx, first_dense: int) -> tuple[int, ...]:
     """``mlp_layer_types`` ("dense" / "sparse"), else the first ``first_k_dense_replace``
     (default ``first_dense``) layers dense."""
-    kinds = c.cfg.get("mlp_layer_types")
-    if kinds is None:
-        first = c.get("first_k_dense_replace", int, first_dense)
-        kinds = ["dense" if i < first else "sparse" for i in range(c.num_layers)]
-    if not isinstance(kinds, list) or len(kinds) != c.num_layers or not set(kinds) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must give each of the {c.num_layers} layers as 'dense' or 'sparse'",
-            path=c.path,
-        )
-    return tuple(i for i, k in enumerate(kinds) if k == "sparse")
+    return mlp_layer_types(c, default=lambda: first_k_dense(c, first_dense))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -166,22 +180,12 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 9216),
         "shared_dim": c.get("num_shared_experts", int, 1) * c.get("moe_intermediate_size", int, 1024),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.446,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.446),
         # no RoPE anywhere: transformers' KimiLinearAttention never rotates (no rope_parameters)
         "nope_layers": all_layers(c),
         "attention_scale": c.mla.qk_head_dim**-0.5,
         "yarn": None,
         "linear_attention": _kda_sizes(c),
-        "kda_layers": mla_kda_layers(c, _default_types(c)),
     }
 
 
@@ -205,4 +209,5 @@ FAMILY = Family(
     default_rms_eps=1e-5,
     mla=parse_mla,
     decoder_config=canonical_config,
+    layers=_layers,
 )

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, Refuse, head_dim, partial_rotary_dim, sliding_window
-from moeaudit.families.hy_v3 import mlp_layer_types
-from moeaudit.spec.config import AttentionKind, Gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families._kinds import by_type_and_heads, types_and_ropes
+from moeaudit.families.base import Ctx, Family, Refuse, head_dim, mlp_layer_types, partial_rotary_dim, sliding_window
+from moeaudit.spec.config import Gate
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 # LagunaConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -36,17 +35,7 @@ PER_TYPE = "_moeaudit_rope_per_type"  # rope_parameters of layer types whose RoP
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config with ``rope_parameters`` the one entry every used layer type shares."""
     layers = cfg.get("num_hidden_layers")
-    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
-    if not isinstance(types, list) or not set(types) <= set(KINDS):
-        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
-    params = cfg.get("rope_parameters") or DEFAULT_ROPE
-    if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
-        raise CheckpointError(
-            "config.json: laguna's rope_parameters must be given per layer type "
-            f"({' / '.join(KINDS)}), for every type layer_types uses",
-            path=path,
-        )
-    used = [params[t] for t in KINDS if t in set(types)]
+    types, params, used = types_and_ropes(cfg, path, "laguna", DEFAULT_ROPE)
     heads = cfg.get("num_attention_heads_per_layer")
     if heads is not None and (
         not isinstance(heads, list)
@@ -76,17 +65,7 @@ def _kinds(c: Ctx) -> dict[str, Any]:
             f"config.json: layer_types and num_attention_heads_per_layer must list {c.num_layers} layers", path=c.path
         )
     D, kv = head_dim(c), c.get("num_key_value_heads", int)
-    kinds: dict[str, AttentionKind] = {}
-    names = []
-    for t, n in zip(types, heads, strict=True):
-        if n % kv:
-            raise CheckpointError(f"config.json: {n} heads not divisible by {kv} kv heads", path=c.path)
-        name = f"{t}/{n}"
-        if name not in kinds:
-            theta, rotary = type_rope(c, t, params[t], D)
-            kinds[name] = AttentionKind(t, n, kv, D, theta, rotary)
-        names.append(name)
-    attention_kinds, layer_kinds = by_layer_type(names, kinds)
+    attention_kinds, layer_kinds = by_type_and_heads(c, types, heads, kv, D, params)
     first = attention_kinds[layer_kinds[0]]
     return {
         "num_heads": first.num_heads,
@@ -139,26 +118,18 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="laguna",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            "g_proj": "self_attn.g_proj.weight",
-            **MLP_MOE,
-            "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-            "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
-            "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
-            "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "laguna",
+    {
+        **ATTN,
+        "g_proj": "self_attn.g_proj.weight",
+        **MLP_MOE,
+        "router_bias": ("mlp.experts.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+        "shared_w1": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
+        "shared_w3": ("mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "shared_w2": ("mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm, partial rotary, softplus output gate; soft-capped sigmoid router with a selection "
     "bias, renormalised, routed sum scaled; ungated shared expert; mlp_layer_types",
 )

@@ -14,9 +14,10 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
-from moeaudit.families.qwen3_next import DELTANET
-from moeaudit.spec.config import LinearAttention
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.qwen3_next import DELTANET, deltanet_layers, linear_attention
+from moeaudit.spec.blocks import Layer
+from moeaudit.spec.config import ModelSpec
+from moeaudit.spec.layouts import ATTN, MLP_MOE, hf_layout
 
 KINDS = ("linear_attention", "sliding_attention", "full_attention")
 PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
@@ -34,24 +35,6 @@ def _layer_types(c: Ctx) -> list[str]:
     return types
 
 
-def _linear_attention(c: Ctx) -> LinearAttention:
-    """The DeltaNet sizes, with LaraMiniConfig's defaults (8 key heads, 16 value heads)."""
-    la = LinearAttention(
-        num_k_heads=c.get("linear_num_key_heads", int, 8),
-        num_v_heads=c.get("linear_num_value_heads", int, 16),
-        k_dim=c.get("linear_key_head_dim", int, 128),
-        v_dim=c.get("linear_value_head_dim", int, 128),
-        conv_kernel=c.get("linear_conv_kernel_dim", int, 4),
-    )
-    if min(la.num_k_heads, la.k_dim, la.v_dim, la.conv_kernel) < 1 or la.num_v_heads % la.num_k_heads:
-        raise CheckpointError(
-            "config.json: linear attention needs positive sizes and "
-            "linear_num_value_heads divisible by linear_num_key_heads",
-            path=c.path,
-        )
-    return la
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     types = _layer_types(c)
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
@@ -67,30 +50,30 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding,
         "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention"),  # RoPE on sliding layers only
-        "linear_attention": _linear_attention(c),
-        "linear_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        "linear_attention": linear_attention(c, 8, 16),  # LaraMiniConfig's defaults
         "tie_embeddings": bool(c.get("tie_word_embeddings", bool, True)),
     }
 
 
-LAYOUT = Layout(
-    family="lara_mini",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            **DELTANET,
-            "lin_in": "linear_attn.in_proj.weight",
-            "lin_norm": ("linear_attn.out_norm.weight", "linear_attn.norm.weight"),
-            "shared_w1": "mlp.shared_expert.gate_proj.weight",
-            "shared_w3": "mlp.shared_expert.up_proj.weight",
-            "shared_w2": "mlp.shared_expert.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers; attention on the others, windowed with
+    RoPE on the ``sliding_attention`` ones, full without RoPE on the ``full_attention`` ones
+    (``sliding_layers``, ``nope_layers``)."""
+    return deltanet_layers(s, _layer_types(c), ("sliding_attention", "full_attention"))
+
+
+LAYOUT = hf_layout(
+    "lara_mini",
+    {
+        **ATTN,
+        **MLP_MOE,
+        **DELTANET,
+        "lin_in": "linear_attn.in_proj.weight",
+        "lin_norm": ("linear_attn.out_norm.weight", "linear_attn.norm.weight"),
+        "shared_w1": "mlp.shared_expert.gate_proj.weight",
+        "shared_w3": "mlp.shared_expert.up_proj.weight",
+        "shared_w2": "mlp.shared_expert.down_proj.weight",
+    },
     notes="hybrid: Qwen3.5 gated DeltaNet (one fused in_proj, rows q|k|v|z|b|a) and Qwen3 attention with RoPE on "
     "sliding layers only; plain norms; softmax router, renormalised; ungated shared expert; every layer routed",
 )
@@ -101,4 +84,5 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("num_experts",),
     default_rms_eps=1e-6,
+    layers=_layers,
 )

@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family
-from moeaudit.spec.config import Gate
+from moeaudit.families.base import Ctx, Family, mixing
+from moeaudit.spec.blocks import Layer, ShortConv
+from moeaudit.spec.config import Gate, ModelSpec
 from moeaudit.spec.layouts import Layout, prefixed
 
 
-def _fields(c: Ctx) -> dict[str, Any]:
+def _layer_types(c: Ctx) -> list[str]:
     types = c.cfg.get("layer_types")
     if (
         not isinstance(types, list)
@@ -27,6 +28,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
             f"config.json: layer_types must list {c.num_layers} layers, each 'conv' or 'full_attention', got {types!r}",
             path=c.path,
         )
+    return types
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """LFM2's short convolution on the ``conv`` layers, attention on the ``full_attention`` ones."""
+    return mixing(s, _layer_types(c), "conv", ShortConv(s.conv_kernel, s.conv_bias))
+
+
+def _fields(c: Ctx) -> dict[str, Any]:
+    _layer_types(c)  # the types' own error before any size's
     kernel = c.get("conv_L_cache", int, 3)
     if kernel < 1:
         raise CheckpointError(f"config.json: conv_L_cache must be ≥ 1, got {kernel}", path=c.path)
@@ -34,7 +45,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
     tie = c.cfg.get("tie_word_embeddings", c.cfg.get("tie_embedding", True))  # the hub's legacy name
     return {
         "routed_layers": tuple(range(dense, c.num_layers)),
-        "conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"),
         "conv_kernel": kernel,
         "conv_bias": bool(c.get("conv_bias", bool, False)),
         "qk_norm": "head",
@@ -99,4 +109,5 @@ FAMILY = Family(
     expert_count_keys=("num_experts",),
     default_rms_eps=1e-5,
     default_rope_theta=1e6,
+    layers=_layers,
 )

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, head_dim, sliding_window
+from moeaudit.families._kinds import by_layer_type, type_rope, types_and_ropes
+from moeaudit.families.base import Ctx, Family, head_dim, mlp_layer_types, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 # MellumConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -31,18 +31,7 @@ PER_TYPE = "_moeaudit_rope_per_type"  # rope_parameters of layer types whose RoP
 
 def _one_rope(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config with ``rope_parameters`` the one entry every used layer type shares."""
-    layers = cfg.get("num_hidden_layers")
-    types = cfg.get("layer_types") or ["full_attention"] * (layers if isinstance(layers, int) else 0)
-    if not isinstance(types, list) or not set(types) <= set(KINDS):
-        raise CheckpointError("config.json: layer_types must list 'full_attention' / 'sliding_attention'", path=path)
-    params = cfg.get("rope_parameters") or DEFAULT_ROPE
-    if not isinstance(params, dict) or not set(params) <= set(KINDS) or not all(t in params for t in set(types)):
-        raise CheckpointError(
-            "config.json: mellum's rope_parameters must be given per layer type "
-            f"({' / '.join(KINDS)}), for every type layer_types uses",
-            path=path,
-        )
-    used = [params[t] for t in KINDS if t in set(types)]
+    types, params, used = types_and_ropes(cfg, path, "mellum", DEFAULT_ROPE)
     for one in used:
         factor = one.get("partial_rotary_factor", 1.0) if isinstance(one, dict) else 1.0
         if factor != 1.0:  # transformers' Mellum rotates whole heads: a partial table does not broadcast
@@ -70,23 +59,11 @@ def _kinds(c: Ctx) -> dict[str, Any]:
     return {"attention_kinds": attention_kinds, "layer_kinds": layer_kinds}
 
 
-def _routed_layers(c: Ctx) -> tuple[int, ...]:
-    """``mlp_layer_types``: "sparse" layers routed, "dense" ones a dense MLP (default all sparse)."""
-    types = c.cfg.get("mlp_layer_types")
-    if types is None:
-        return tuple(range(c.num_layers))
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= {"dense", "sparse"}:
-        raise CheckpointError(
-            f"config.json: mlp_layer_types must list {c.num_layers} layers, each 'dense' or 'sparse'", path=c.path
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sparse")
-
-
 def _fields(c: Ctx) -> dict[str, Any]:
     sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
     window = sliding_window(c) if "sliding_window" in c.cfg else 1024
     return {
-        "routed_layers": _routed_layers(c),
+        "routed_layers": mlp_layer_types(c),  # default: every layer routed
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "qk_norm": "head",
         "dense_dim": c.get("intermediate_size", int, 7168),
@@ -97,21 +74,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="mellum",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "mellum",
+    {
+        **ATTN,
+        **MLP_MOE,
+        **DENSE_MLP,
+    },
     notes="per-head q/k norm; softmax router, renormalised; mlp_layer_types; RoPE per layer type; mtp.* left out",
     left_out=MTP,
 )

@@ -19,10 +19,9 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, grouped_gate
-from moeaudit.families.hy_v3 import mlp_layer_types
+from moeaudit.families.base import Ctx, Family, mlp_layer_types, v3_gate
 from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 KINDS = ("full_attention", "sliding_attention")
 # MiMoV2FlashConfig's RoPE per layer type when config.json gives none
@@ -93,16 +92,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "rope_theta": first.rope_theta,
         "rotary_dim": first.rotary_dim,
         "dense_dim": c.get("intermediate_size", int, 16384),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "shared_gated": False,
         "sliding_window": window if sliding else None,
         "sliding_layers": sliding,
@@ -111,24 +101,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="mimo_v2_flash",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            # as saved and released (transformers renames it to self_attn.sinks on load), or as named in memory
-            "sinks": ("self_attn.attention_sink_bias", "self_attn.sinks"),
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "mimo_v2_flash",
+    {
+        **ATTN,
+        **MLP_MOE,
+        # as saved and released (transformers renames it to self_attn.sinks on load), or as named in memory
+        "sinks": ("self_attn.attention_sink_bias", "self_attn.sinks"),
+        "router_bias": "mlp.gate.e_score_correction_bias",
+        **DENSE_MLP,
+    },
     notes="attention per layer type (sliding: 2× kv heads, sinks; RoPE per type, partial), value heads "
     "unlike the keys' and scaled; sigmoid router with selection bias and group-limited top-k; "
     "mlp_layer_types; model.mtp.* left out",

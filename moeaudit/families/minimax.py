@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
+from moeaudit.families.base import Ctx, Family, all_layers, mixing, sliding_window
+from moeaudit.spec.blocks import Layer, Lightning
+from moeaudit.spec.config import ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "linear_attention")
@@ -57,7 +59,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
     _full_rotary(c)
     types = _layer_types(c)
     full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-    lightning = tuple(i for i, t in enumerate(types) if t == "linear_attention")
     block = c.get("block_size", int, 256)
     if block < 1:
         raise CheckpointError(f"config.json: block_size must be ≥ 1, got {block}", path=c.path)
@@ -68,10 +69,15 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "attention_bias": False,
         "sliding_window": window,
         "sliding_layers": full if window is not None else (),
-        "lightning_layers": lightning,
         "lightning_block": block,
         "residual_scales": _residual_scales(c),
     }
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Lightning attention on the ``linear_attention`` layers, softmax attention (windowed where
+    ``sliding_window`` is set) on the ``full_attention`` ones."""
+    return mixing(s, _layer_types(c), "linear_attention", Lightning(s.num_heads, s.head_dim, s.lightning_block))
 
 
 LAYOUT = Layout(
@@ -119,4 +125,5 @@ FAMILY = Family(
     expert_dim_key="intermediate_size",
     default_rms_eps=1e-5,
     default_rope_theta=1e6,
+    layers=_layers,
 )

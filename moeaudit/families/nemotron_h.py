@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, Refuse, grouped_gate, mtp_count
+from moeaudit.families.base import Ctx, Family, Refuse, mtp_count, v3_gate
 from moeaudit.families.granitemoehybrid import mamba2
+from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.config import ModelSpec, derived_layer
 from moeaudit.spec.layouts import Layout
 
 # transformers' block names (and the legacy ones remap_legacy_layer_types accepts) → block kind
@@ -92,8 +94,19 @@ def _dt_min(c: Ctx) -> float:
     return float(value)
 
 
+def _kinds(c: Ctx) -> tuple[str, ...]:
+    return tuple(KINDS[t] for t in c.cfg["layers_block_type"])
+
+
+def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Each layer one block (``layers_block_type``): a Mamba-2 mixer, attention, a dense MLP or an MoE."""
+    assert s.mamba is not None
+    mamba = MambaMixer(s.mamba)
+    return tuple(derived_layer(s, i, mamba if k == "mamba" else None, k) for i, k in enumerate(_kinds(c)))
+
+
 def _fields(c: Ctx) -> dict[str, Any]:
-    kinds = tuple(KINDS[t] for t in c.cfg["layers_block_type"])
+    kinds = _kinds(c)
     eps = c.get("layer_norm_epsilon", float, 1e-5)
     m = mamba2(
         c,
@@ -118,10 +131,8 @@ def _fields(c: Ctx) -> dict[str, Any]:
     )
     return {
         "rms_eps": eps,
-        "block_kinds": kinds,
         "routed_layers": tuple(i for i, k in enumerate(kinds) if k == "moe") if c.num_experts > 0 else (),
         "mamba": m,
-        "mamba_layers": tuple(i for i, k in enumerate(kinds) if k == "mamba"),
         "nope_layers": tuple(range(len(kinds))),  # Jamba-style attention: no RoPE
         "attention_bias": False,  # transformers builds q/k/v/o without biases whatever the config says
         "mlp_act": "relu2",
@@ -129,16 +140,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 21504),
         "shared_dim": c.get("moe_shared_expert_intermediate_size", int, 7688),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "mtp_layers": mtp_count(c, 0),
     }
 
@@ -195,6 +197,7 @@ FAMILY = Family(
     fields=_fields,
     expert_count_keys=("n_routed_experts", "num_local_experts"),
     decoder_config=_decoder_config,
+    layers=_layers,
     refuse=(
         Refuse(
             "moe_latent_size",

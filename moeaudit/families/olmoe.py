@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, all_layers, sliding_window, windowed_all
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, MLP_MOE, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -19,12 +19,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="olmoe",
-    globals=GLOBALS,
-    layer=prefixed(L, {**ATTN, **MLP_MOE}),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "olmoe",
+    {**ATTN, **MLP_MOE},
     notes="q_norm/k_norm over all heads; norm_topk_prob (default false)",
 )
 

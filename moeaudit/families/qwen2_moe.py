@@ -7,7 +7,7 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -39,25 +39,17 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="qwen2_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "shared_w1": "mlp.shared_expert.gate_proj.weight",
-            "shared_w3": "mlp.shared_expert.up_proj.weight",
-            "shared_w2": "mlp.shared_expert.down_proj.weight",
-            "shared_gate": "mlp.shared_expert_gate.weight",
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "qwen2_moe",
+    {
+        **ATTN,
+        **MLP_MOE,
+        "shared_w1": "mlp.shared_expert.gate_proj.weight",
+        "shared_w3": "mlp.shared_expert.up_proj.weight",
+        "shared_w2": "mlp.shared_expert.down_proj.weight",
+        "shared_gate": "mlp.shared_expert_gate.weight",
+        **DENSE_MLP,
+    },
     notes="qkv bias; shared expert with sigmoid gate; decoder_sparse_step, mlp_only_layers",
 )
 

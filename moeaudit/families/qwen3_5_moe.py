@@ -35,6 +35,7 @@ FAMILY = Family(
     name="qwen3_5_moe",
     layout=LAYOUT,
     fields=text.fields,
+    layers=text.hybrid_layers,
     expert_count_keys=("num_experts",),
     decoder_config=text_config,
 )

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, all_layers
-from moeaudit.families.qwen3_next import DELTANET, MTP, QWEN_MOE_LAYER, hybrid_fields
-from moeaudit.spec.layouts import GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.families.qwen3_next import DELTANET, MTP, QWEN_MOE_LAYER, hybrid_fields, hybrid_layers
+from moeaudit.spec.layouts import hf_layout
 
 LAYER = {
     **QWEN_MOE_LAYER,
@@ -25,14 +25,13 @@ def fields(c: Ctx) -> dict[str, Any]:
     return {**hybrid_fields(c), "routed_layers": all_layers(c), "norm_topk_prob": True}
 
 
-LAYOUT = Layout(
-    family="qwen3_5_moe_text",
-    globals=GLOBALS,
-    layer=prefixed(L, LAYER),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "qwen3_5_moe_text",
+    LAYER,
     notes="Qwen3-Next's hybrid with flat DeltaNet projections; every layer routed, top-k renormalised; mtp.* left out",
     left_out=MTP,
 )
 
-FAMILY = Family(name="qwen3_5_moe_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_experts",))
+FAMILY = Family(
+    name="qwen3_5_moe_text", layout=LAYOUT, fields=fields, expert_count_keys=("num_experts",), layers=hybrid_layers
+)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers, windowed_all
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -19,21 +19,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="qwen3_moe",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "qwen3_moe",
+    {
+        **ATTN,
+        **MLP_MOE,
+        **DENSE_MLP,
+    },
     notes="per-head q_norm/k_norm; norm_topk_prob",
 )
 

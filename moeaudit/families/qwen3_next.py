@@ -10,9 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, head_dim, partial_rotary_dim, sparse_step_layers
-from moeaudit.spec.config import LinearAttention
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    head_dim,
+    layer_types,
+    partial_rotary_dim,
+    sparse_step_layers,
+    with_mixers,
+)
+from moeaudit.spec.blocks import DeltaNet, Layer, per_layer_type
+from moeaudit.spec.config import LinearAttention, ModelSpec
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
 
 QWEN_MOE_LAYER = {
     **ATTN,
@@ -21,9 +30,7 @@ QWEN_MOE_LAYER = {
     "shared_w3": "mlp.shared_expert.up_proj.weight",
     "shared_w2": "mlp.shared_expert.down_proj.weight",
     "shared_gate": "mlp.shared_expert_gate.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **DENSE_MLP,
 }
 DELTANET = {
     "lin_conv": "linear_attn.conv1d.weight",
@@ -45,10 +52,11 @@ def _partial_rotary(c: Ctx) -> float:
     return float(factor)
 
 
-def _linear_attention(c: Ctx) -> LinearAttention:
+def linear_attention(c: Ctx, k_heads: int = 16, v_heads: int = 32) -> LinearAttention:
+    """The gated DeltaNet sizes (``k_heads`` key and ``v_heads`` value heads by default)."""
     la = LinearAttention(
-        num_k_heads=c.get("linear_num_key_heads", int, 16),
-        num_v_heads=c.get("linear_num_value_heads", int, 32),
+        num_k_heads=c.get("linear_num_key_heads", int, k_heads),
+        num_v_heads=c.get("linear_num_value_heads", int, v_heads),
         k_dim=c.get("linear_key_head_dim", int, 128),
         v_dim=c.get("linear_value_head_dim", int, 128),
         conv_kernel=c.get("linear_conv_kernel_dim", int, 4),
@@ -62,21 +70,31 @@ def _linear_attention(c: Ctx) -> LinearAttention:
     return la
 
 
-def _linear_layers(c: Ctx) -> tuple[int, ...]:
+def _layer_types(c: Ctx) -> list[str]:
     """``layer_types``, else every ``full_attention_interval``-th layer (default 4) full."""
-    types = c.cfg.get("layer_types")
-    if types is None:
+    every = 4
+    if c.cfg.get("layer_types") is None:
         every = c.get("full_attention_interval", int, 4)
         if every < 1:
             raise CheckpointError("config.json: full_attention_interval must be ≥ 1", path=c.path)
-        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(c.num_layers)]
-    kinds = {"linear_attention", "full_attention"}
-    if not isinstance(types, list) or len(types) != c.num_layers or not set(types) <= kinds:
-        raise CheckpointError(
-            f"config.json: layer_types must list {c.num_layers} layers, each 'linear_attention' or 'full_attention'",
-            path=c.path,
-        )
-    return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
+    return layer_types(
+        c, ("linear_attention", "full_attention"), lambda i: "linear_attention" if (i + 1) % every else "full_attention"
+    )
+
+
+def deltanet_layers(s: ModelSpec, types: list[str], attention: tuple[str, ...]) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers (its input projections as the layout
+    stores them), the spec's attention on the layers of the ``attention`` types."""
+    assert s.linear_attention is not None
+    layout = s.layout.layer
+    projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
+    mixers: dict[str, DeltaNet | None] = {"linear_attention": DeltaNet(s.linear_attention, projections)}
+    return with_mixers(s, per_layer_type(types, mixers | dict.fromkeys(attention)))
+
+
+def hybrid_layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
+    """Gated DeltaNet on the ``linear_attention`` layers, gated attention on the ``full_attention`` ones."""
+    return deltanet_layers(s, _layer_types(c), ("full_attention",))
 
 
 def hybrid_fields(c: Ctx) -> dict[str, Any]:
@@ -88,8 +106,7 @@ def hybrid_fields(c: Ctx) -> dict[str, Any]:
         "norm_offset": 1.0,
         "gated_attention": True,
         "rotary_dim": partial_rotary_dim(c, head_dim(c), _partial_rotary(c)),
-        "linear_attention": _linear_attention(c),
-        "linear_layers": _linear_layers(c),
+        "linear_attention": linear_attention(c),
     }
 
 
@@ -102,23 +119,19 @@ def _fields(c: Ctx) -> dict[str, Any]:
     }
 
 
-LAYOUT = Layout(
-    family="qwen3_next",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **QWEN_MOE_LAYER,
-            **DELTANET,
-            "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
-            "lin_ba": "linear_attn.in_proj_ba.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "qwen3_next",
+    {
+        **QWEN_MOE_LAYER,
+        **DELTANET,
+        "lin_qkvz": "linear_attn.in_proj_qkvz.weight",
+        "lin_ba": "linear_attn.in_proj_ba.weight",
+    },
     notes="hybrid: gated DeltaNet and gated full attention (partial RoPE, per-head q/k norms); "
     "zero-centred norms (1 + w); shared expert with sigmoid gate; mtp.* left out",
     left_out=MTP,
 )
 
-FAMILY = Family(name="qwen3_next", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",))
+FAMILY = Family(
+    name="qwen3_next", layout=LAYOUT, fields=_fields, expert_count_keys=("num_experts",), layers=hybrid_layers
+)

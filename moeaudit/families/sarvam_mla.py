@@ -12,9 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v3
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, mtp_count, parse_mla
+from moeaudit.families.base import Ctx, Family, first_k_dense, mtp_count, parse_mla, renamed, v3_gate
 
 # SarvamMLAConfig.attribute_map: the original sarvamai/sarvam-105b names → DeepSeek-V3's
 ALIASES = {
@@ -28,18 +27,7 @@ def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """``SarvamMLAConfig.__post_init__``'s translation of the original format (aliases, the
     ``deepseek_yarn`` RoPE, the derived ``head_dim``); an alias and its name with different
     values are refused."""
-    out = dict(cfg)
-    for alias, name in ALIASES.items():
-        if alias not in cfg:
-            continue
-        if name in cfg and cfg[name] != cfg[alias]:
-            raise CheckpointError(
-                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
-                "name the same setting with different values",
-                path=path,
-                hint="keep one of the two",
-            )
-        out[name] = out.pop(alias)
+    out = renamed(cfg, path, ALIASES)
     out.pop("head_dim", None)
     out.pop("q_head_dim", None)
     scaling = cfg.get("rope_scaling")
@@ -53,16 +41,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
     return {
         **deepseek_v3.FAMILY.fields(c),
         "routed_layers": first_k_dense(c, 1),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
         "mtp_layers": mtp_count(c, 0),
     }
 

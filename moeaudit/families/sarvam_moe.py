@@ -13,10 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moeaudit.errors import CheckpointError
 from moeaudit.families import glm4_moe
-from moeaudit.families.base import Ctx, Family, first_k_dense, grouped_gate, head_dim, mtp_count, partial_rotary_dim
-from moeaudit.spec.layouts import ATTN, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    first_k_dense,
+    head_dim,
+    mtp_count,
+    partial_rotary_dim,
+    renamed,
+    v3_gate,
+)
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_EXPERTS, MLP_FUSED, MLP_MOE, SHARED_EXPERTS, L, Layout, prefixed
 
 # SarvamMoEConfig.attribute_map: the original sarvamai/sarvam-30b names → GLM-4.5's
 ALIASES = {
@@ -29,18 +37,7 @@ ALIASES = {
 
 def _canonical(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """The config with the original names under GLM-4.5's; both spelt with different values is refused."""
-    out = dict(cfg)
-    for alias, name in ALIASES.items():
-        if alias not in cfg:
-            continue
-        if name in cfg and cfg[name] != cfg[alias]:
-            raise CheckpointError(
-                f"config.json: {alias!r} ({cfg[alias]!r}) and {name!r} ({cfg[name]!r}) "
-                "name the same setting with different values",
-                path=path,
-                hint="keep one of the two",
-            )
-        out[name] = out.pop(alias)
+    out = renamed(cfg, path, ALIASES)
     return out
 
 
@@ -55,16 +52,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         ),  # SarvamMoEConfig: 1.0
         "dense_dim": c.get("intermediate_size", int, 8192),
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=2.5,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
         "mtp_layers": mtp_count(c, 0),
     }
 
@@ -79,12 +67,8 @@ _ORIGINAL: dict[str, str | tuple[str, ...]] = {  # transformers' conversion mapp
     "k_norm": ("attention.key_layernorm.weight", "self_attn.k_norm.weight"),
     **MLP_MOE,
     "router_bias": ("mlp.gate.expert_bias", "mlp.gate.e_score_correction_bias"),
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
 
 LAYOUT = Layout(

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import TORCHTITAN_SHARED_EXPERTS, Ctx, Family, all_layers, grouped_gate
-from moeaudit.spec.layouts import ATTN, GLOBALS, MLP_EXPERTS, MLP_FUSED, MLP_MOE, L, Layout, prefixed
+from moeaudit.families.base import TORCHTITAN_SHARED_EXPERTS, Ctx, Family, all_layers, v3_gate
+from moeaudit.spec.layouts import ATTN, V3_MOE, hf_layout
 
 
 def _full_rotary(c: Ctx) -> None:
@@ -37,35 +37,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "o_bias": False,
         "shared_dim": c.get("n_shared_experts", int, 1) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        "gate": grouped_gate(
-            c,
-            scoring="sigmoid",
-            selection_bias=True,
-            grouped=True,
-            n_group=1,
-            topk_group=1,
-            group_score="top2sum",
-            scaling=1.0,
-        ),
+        "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
     }
 
 
-LAYOUT = Layout(
-    family="solar_open",
-    globals=GLOBALS,
-    layer=prefixed(
-        L,
-        {
-            **ATTN,
-            **MLP_MOE,
-            "router_bias": "mlp.gate.e_score_correction_bias",
-            "shared_w1": "mlp.shared_experts.gate_proj.weight",
-            "shared_w3": "mlp.shared_experts.up_proj.weight",
-            "shared_w2": "mlp.shared_experts.down_proj.weight",
-        },
-    ),
-    expert=prefixed(L, MLP_EXPERTS),
-    fused=prefixed(L, MLP_FUSED),
+LAYOUT = hf_layout(
+    "solar_open",
+    {
+        **ATTN,
+        **V3_MOE,
+    },
     notes="Llama attention (q/k/v bias, no o bias, full rotary); GLM-4.5's sigmoid router with "
     "selection bias and group-limited top-k; shared experts; every layer routed",
 )

@@ -21,11 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, sliding_window
-from moeaudit.families.hy_v3 import mlp_layer_types
-from moeaudit.spec.config import AttentionKind
-from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.families._kinds import by_type_and_heads
+from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, mlp_layer_types, sliding_window
+from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, L, Layout, prefixed
 
 KINDS = ("full_attention", "sliding_attention")
 LIMIT = "a limit of moeaudit, not a fault of the checkpoint"
@@ -103,17 +101,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         )
     D, kv = head_dim(c), c.get("num_key_value_heads", int)
     heads = _heads(c, types)
-    kinds: dict[str, AttentionKind] = {}
-    names = []
-    for t, n in zip(types, heads, strict=True):
-        if n % kv:
-            raise CheckpointError(f"config.json: {n} heads not divisible by {kv} kv heads", path=c.path)
-        name = f"{t}/{n}"
-        if name not in kinds:
-            theta, rotary = type_rope(c, t, params[t], D)
-            kinds[name] = AttentionKind(t, n, kv, D, theta, rotary)
-        names.append(name)
-    attention_kinds, layer_kinds = by_layer_type(names, kinds)
+    attention_kinds, layer_kinds = by_type_and_heads(c, types, heads, kv, D, params)
     first = attention_kinds[layer_kinds[0]]
     gating = c.cfg.get("gating", True)
     if not (gating is True or gating == "per-head"):  # transformers 5.24's per-channel path fails to run
@@ -170,9 +158,7 @@ LAYOUT = Layout(
             "shared_w1": ("share_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"),
             "shared_w3": ("share_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"),
             "shared_w2": ("share_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"),
-            "mlp_w1": "mlp.gate_proj.weight",
-            "mlp_w3": "mlp.up_proj.weight",
-            "mlp_w2": "mlp.down_proj.weight",
+            **DENSE_MLP,
         },
     ),
     expert={},

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from moeaudit.spec.geometry import (
     FLAT_PROJECTIONS,
@@ -730,11 +730,14 @@ def uniform(n: int, layer: Layer) -> tuple[Layer, ...]:
     return (layer,) * n
 
 
-def per_layer_type(types: Sequence[str], layers: Mapping[str, Layer]) -> tuple[Layer, ...]:
-    """One decoder layer per entry of ``types`` (a config's ``layer_types``), each the blocks given
-    for its type; a type without blocks is a ``KeyError`` naming it (the family turns it into a
-    config error)."""
-    missing = sorted(set(types) - set(layers))
+T = TypeVar("T")
+
+
+def per_layer_type(types: Sequence[str], blocks: Mapping[str, T]) -> tuple[T, ...]:
+    """One entry per entry of ``types`` (a config's ``layer_types``): the layer, or the block (a
+    token mixer), given for its type; a type without one is a ``KeyError`` naming it (the family
+    turns it into a config error)."""
+    missing = sorted(set(types) - set(blocks))
     if missing:
         raise KeyError(f"no blocks for layer type(s) {', '.join(map(repr, missing))}")
-    return tuple(layers[t] for t in types)
+    return tuple(blocks[t] for t in types)

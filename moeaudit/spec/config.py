@@ -175,9 +175,7 @@ class ModelSpec:
     norm_offset: float = field(default=0.0, metadata=NEW)
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
-    linear_layers: tuple[int, ...] = field(default=(), metadata=NEW)  # layers mixing by DeltaNet
     # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
-    kda_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
     # −exp(A_log) · softplus(f))
     kda_gate_bound: float | None = field(default=None, metadata=NEW)
@@ -224,19 +222,16 @@ class ModelSpec:
     shared_scale: float = field(default=1.0, metadata=NEW)
     # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
     # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
-    conv_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     conv_kernel: int = field(default=0, metadata=NEW)
     conv_bias: bool = field(default=False, metadata=NEW)
     renorm_eps: float = field(default=0.0, metadata=NEW)
     # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
     # state-space scan of these sizes instead of attention
     mamba: Mamba | None = field(default=None, metadata=NEW)
-    mamba_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # MiniMax-01: lightning attention (decayed linear attention, ``replay.lightning``) on
     # ``lightning_layers``, in blocks of ``lightning_block`` tokens; DeepNorm-style residuals: a
     # sub-block adds to its normed input, out = α·norm(x) + β·f(norm(x)), with (α, β) in
     # ``residual_scales`` for full attention, lightning attention and the MLP / MoE block
-    lightning_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     lightning_block: int = field(default=0, metadata=NEW)
     residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
     # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
@@ -252,10 +247,6 @@ class ModelSpec:
     # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
     # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
     mlp_act: str = field(default="swiglu", metadata=NEW)
-    # Nemotron-H: each layer one block, x + f(norm(x)) with f its kind ("mamba", "attention",
-    # "mlp" or "moe") and norm its only norm (``input_norm``); () : every layer is a token mixer
-    # then an MLP / MoE block
-    block_kinds: tuple[str, ...] = field(default=(), metadata=NEW)
     # AFMoE (sandwich norms): the attention output passes an RMSNorm (gain ``attn_out_norm``)
     # before the residual add, and so does a dense layer's MLP output (``dense_out_norm``: gain
     # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
@@ -356,7 +347,35 @@ class ModelSpec:
         (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
         if self.layer_blocks:
             return self.layer_blocks
-        return tuple(_layer(self, i) for i in range(self.num_layers))
+        return tuple(derived_layer(self, i) for i in range(self.num_layers))
+
+    def _mixing(self, kind: type) -> tuple[int, ...]:
+        return tuple(i for i, layer in enumerate(self.layers) if isinstance(layer.mixer, kind))
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        """The layers mixing by gated DeltaNet (``DeltaNet`` blocks)."""
+        return self._mixing(DeltaNet)
+
+    @property
+    def kda_layers(self) -> tuple[int, ...]:
+        """The layers mixing by Kimi Delta Attention (``KDA`` blocks)."""
+        return self._mixing(KDA)
+
+    @property
+    def mamba_layers(self) -> tuple[int, ...]:
+        """The layers mixing by a selective state-space scan (``MambaMixer`` blocks)."""
+        return self._mixing(MambaMixer)
+
+    @property
+    def lightning_layers(self) -> tuple[int, ...]:
+        """The layers mixing by MiniMax-01's lightning attention (``Lightning`` blocks)."""
+        return self._mixing(Lightning)
+
+    @property
+    def conv_layers(self) -> tuple[int, ...]:
+        """The layers mixing by LFM2's short convolution (``ShortConv`` blocks)."""
+        return self._mixing(ShortConv)
 
     @property
     def routing(self) -> str:
@@ -396,6 +415,15 @@ class ModelSpec:
     def is_routed(self, layer: int) -> bool:
         return layer in self.routed_layers
 
+    @property
+    def block_kinds(self) -> tuple[str, ...]:
+        """Nemotron-H: each layer's one block ("mamba", "attention", "mlp" or "moe"), x + f(norm(x))
+        with norm its only norm (``input_norm``); () : every layer is a token mixer then an MLP /
+        MoE block."""
+        if not any(layer.residual.single_block for layer in self.layers):
+            return ()
+        return tuple(_single_kind(layer) for layer in self.layers)
+
     def block_kind(self, layer: int) -> str:
         """The one block of a single-block layer (``block_kinds``); "" for a mixer-then-MLP layer."""
         return self.block_kinds[layer] if self.block_kinds else ""
@@ -404,9 +432,23 @@ class ModelSpec:
         return self.sliding_window if layer in self.sliding_layers else None
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        """The spec as the receipts sign it: the fields, and the per-layer tuples now derived from
+        ``layers`` where those fields stood (left out when empty, as the fields were at their
+        default). ``layer_blocks`` is written (each block with its kind) only where those do not
+        say it all — a layer other than the fields derive with the mixer a derived tuple records
+        (a new block kind) — so the JSON of every family is what it was before the blocks."""
+        given = asdict(self)
+        del given["layer_blocks"]
+        out: dict[str, Any] = {}
+        for name, value in given.items():
+            out[name] = value
+            follower = DERIVED_AFTER.get(name)
+            while follower is not None:
+                if derived := getattr(self, follower):
+                    out[follower] = derived
+                follower = DERIVED_AFTER.get(follower)
         for f in fields(self):
-            if f.metadata.get("omit_default") and getattr(self, f.name) == f.default:
+            if f.metadata.get("omit_default") and f.name in out and getattr(self, f.name) == f.default:
                 del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
         out["sliding_layers"] = list(self.sliding_layers)
@@ -433,18 +475,46 @@ class ModelSpec:
             del out["clamped_glu"]["offset"]
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
-        if self.layer_blocks:  # with each block's kind (``asdict`` drops it)
+        if not self._blocks_said():  # with each block's kind (``asdict`` drops it)
             out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
         out["routing"] = self.routing
         return out
 
+    def _blocks_said(self) -> bool:
+        """Whether the fields and the derived per-layer tuples describe ``layer_blocks`` whole."""
+        kinds = self.block_kinds
+        return all(
+            layer
+            == derived_layer(
+                self, i, layer.mixer if isinstance(layer.mixer, TUPLED) else None, kinds[i] if kinds else ""
+            )
+            for i, layer in enumerate(self.layer_blocks)
+        )
 
-def _layer(s: ModelSpec, i: int) -> Layer:
-    """Decoder layer ``i`` of ``s`` as typed blocks."""
-    kind = s.block_kinds[i] if s.block_kinds else ""
+
+# the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
+# the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
+# the mixer kinds those tuples record
+TUPLED = (DeltaNet, KDA, MambaMixer, Lightning, ShortConv)
+DERIVED_AFTER: dict[str, str] = {
+    "linear_attention": "linear_layers",
+    "linear_layers": "kda_layers",
+    "shared_scale": "conv_layers",
+    "mamba": "mamba_layers",
+    "mamba_layers": "lightning_layers",
+    "mlp_act": "block_kinds",
+}
+
+
+def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = "") -> Layer:
+    """Decoder layer ``i`` of ``s`` as typed blocks, its token mixer ``mixer`` where the family
+    gives one (None: the attention the fields describe), the rest as the fields describe it;
+    ``kind``: the layer is that one block ("mamba", "attention", "mlp", "moe"; Nemotron-H)."""
+    if mixer is None and kind in ("", "mamba", "attention"):
+        mixer = _mixer(s, i)
     scales = None
     if s.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
-        scales = (s.residual_scales[1 if i in s.lightning_layers else 0], s.residual_scales[2])
+        scales = (s.residual_scales[1 if isinstance(mixer, Lightning) else 0], s.residual_scales[2])
     residual = Residual(
         pre_norm=s.pre_norm,
         norm_bias=s.layer_norm and s.norm_bias,
@@ -456,20 +526,32 @@ def _layer(s: ModelSpec, i: int) -> Layer:
         shortcut=DenseMLP(s.dense_dim) if s.shortcut_moe else None,
     )
     if kind:  # Nemotron-H: the layer is one block
-        mixer = _mixer(s, i) if kind in ("mamba", "attention") else None
         routed = kind == "moe"
-        ffn = None if kind in ("mamba", "attention") else _moe(s) if routed else DenseMLP(s.dense_dim, gated=_glu(s))
+        ffn = (
+            None
+            if kind in ("mamba", "attention")
+            else _moe(s, single=True)
+            if routed
+            else DenseMLP(s.dense_dim, gated=_glu(s))
+        )
         return Layer(mixer, ffn, residual)
     ffn = _moe(s) if s.is_routed(i) else DenseMLP(s.dense_dim, glu_limit=s.mlp_glu_limit(i), out_norm=s.dense_out_norm)
-    return Layer(_mixer(s, i), ffn, residual)
+    return Layer(mixer, ffn, residual)
+
+
+def _single_kind(layer: Layer) -> str:
+    if isinstance(layer.mixer, MambaMixer):
+        return "mamba"
+    if layer.mixer is not None:
+        return "attention"
+    return "moe" if isinstance(layer.ffn, MoE) else "mlp"
 
 
 def _glu(s: ModelSpec) -> bool:
     return s.mlp_act != "relu2"
 
 
-def _moe(s: ModelSpec) -> MoE:
-    single = bool(s.block_kinds)
+def _moe(s: ModelSpec, single: bool = False) -> MoE:
     shared = None
     if s.shared_dim:  # Granite 4.0: gate and up rows in one ``input_linear``; Nemotron-H: no gate
         fused = "shared_gate_up" in s.layout.layer
@@ -488,10 +570,7 @@ def _moe(s: ModelSpec) -> MoE:
 
 
 def _mixer(s: ModelSpec, i: int) -> Mixer:
-    la, layout = s.linear_attention, s.layout.layer
-    if i in s.kda_layers:  # Kimi Linear's low-rank forget and output gates, or Ling 3's full-rank ones
-        assert la is not None
-        return KDA(la, full_rank="kda_f" in layout, gate_bound=s.kda_gate_bound)
+    layout = s.layout.layer
     if s.mla is not None:
         return MLAttention(
             s.mla,
@@ -505,17 +584,6 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
             head_dim=s.head_dim,
             bias=s.attention_bias,
         )
-    if i in s.linear_layers:
-        assert la is not None
-        projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
-        return DeltaNet(la, projections)
-    if i in s.lightning_layers:
-        return Lightning(s.num_heads, s.head_dim, s.lightning_block)
-    if i in s.conv_layers:
-        return ShortConv(s.conv_kernel, s.conv_bias)
-    if i in s.mamba_layers:
-        assert s.mamba is not None
-        return MambaMixer(s.mamba)
     if s.moa:
         return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
     a = s.attention_kind(i)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 Templates = tuple[str, ...]
 
@@ -64,6 +65,19 @@ class Layout:
     # "transposed" (ERNIE 4.5 VL's router, [H, E]) or "first_row" (the first of its rows: ERNIE
     # 4.5 VL's [2, E] selection bias, text group then vision group)
     stored: Mapping[str, str] = field(default_factory=dict)
+
+
+def hf_layout(family: str, layer: Mapping[str, str | Templates], **rest: Any) -> Layout:
+    """A layout with transformers' usual names: ``GLOBALS``, ``layer`` under ``L``, the experts as
+    ``mlp.experts.{e}.*_proj`` (``MLP_EXPERTS``) or fused (``MLP_FUSED``); ``rest`` as ``Layout``'s."""
+    return Layout(
+        family=family,
+        globals=GLOBALS,
+        layer=prefixed(L, layer),
+        expert=prefixed(L, MLP_EXPERTS),
+        fused=prefixed(L, MLP_FUSED),
+        **rest,
+    )
 
 
 def prefixed(prefix: str, table: Mapping[str, str | Templates]) -> dict[str, Templates]:
@@ -105,6 +119,15 @@ MLP_EXPERTS = {
     "w2": "mlp.experts.{expert}.down_proj.weight",
 }
 MLP_FUSED = {"gate_up": "mlp.experts.gate_up_proj", "down": "mlp.experts.down_proj"}
+# DeepSeek naming: the always-on experts as one MLP (``mlp.shared_experts``), a dense layer's MLP
+SHARED_EXPERTS = {
+    "shared_w1": "mlp.shared_experts.gate_proj.weight",
+    "shared_w3": "mlp.shared_experts.up_proj.weight",
+    "shared_w2": "mlp.shared_experts.down_proj.weight",
+}
+DENSE_MLP = {"mlp_w1": "mlp.gate_proj.weight", "mlp_w3": "mlp.up_proj.weight", "mlp_w2": "mlp.down_proj.weight"}
+# DeepSeek-V3's MoE block: the router, its selection bias, the shared experts
+V3_MOE = {**MLP_MOE, "router_bias": "mlp.gate.e_score_correction_bias", **SHARED_EXPERTS}
 
 DEEPSEEK_LAYER = {
     "input_norm": "input_layernorm.weight",
@@ -122,10 +145,6 @@ DEEPSEEK_LAYER = {
     "o_bias": "self_attn.o_proj.bias",
     **MLP_MOE,
     "router_bias": "mlp.gate.e_score_correction_bias",
-    "shared_w1": "mlp.shared_experts.gate_proj.weight",
-    "shared_w3": "mlp.shared_experts.up_proj.weight",
-    "shared_w2": "mlp.shared_experts.down_proj.weight",
-    "mlp_w1": "mlp.gate_proj.weight",
-    "mlp_w3": "mlp.up_proj.weight",
-    "mlp_w2": "mlp.down_proj.weight",
+    **SHARED_EXPERTS,
+    **DENSE_MLP,
 }
