@@ -201,6 +201,9 @@ def test_absent_preregistration_and_an_uncalibrated_policy(tmp_path: Path, key: 
     rec = pred["preregistration"]
     assert (rec["status"], rec["ordering"], rec["calibration"]) == ("absent", "unknown", "not calibrated")
     assert set(rec) == {"status", "ordering", "calibration", "summary", "firstCheckpoint"}
+    # nothing to order against: the files' times are not signed, so a copy of the run certifies the same
+    assert rec["firstCheckpoint"]["writtenAt"] is None
+    assert rec["firstCheckpoint"]["evidence"] == "not read: no preregistration to order against"
     assert "criteria: not preregistered (no preregistration.json in the run, none given)\n" in result.stdout
     # the sample policy is calibrated: without a preregistration that is named
     result, pred = _certify(run, tmp_path / "out2", key, samples_cache)

@@ -48,6 +48,7 @@ STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io
 FILE_NAME = "preregistration.json"  # what certify looks for in the run directory
 MAX_PREREGISTRATION_BYTES = 1 << 20
 TIME_EVIDENCE = "earliest modification time of the checkpoint's files"
+NO_TIME_EVIDENCE = "not read: no preregistration to order against"
 
 
 def statement(
@@ -191,7 +192,8 @@ def assess(
         "written_at": _rfc3339(written_ns) if written_ns is not None else None,
         "evidence": TIME_EVIDENCE,
     }
-    if found is None:
+    if found is None:  # nothing to order against: the files' times are not signed (a copy would change them)
+        first["written_at"], first["evidence"] = None, NO_TIME_EVIDENCE
         out: dict[str, Any] = {"status": "absent", "ordering": "unknown", "first_checkpoint": first}
     else:
         pred = found.predicate
