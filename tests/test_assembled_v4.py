@@ -38,7 +38,8 @@ from moeaudit.replay.model import (  # noqa: E402
     shared_expert,
     yarn_inv_freq,
 )
-from moeaudit.spec.config import ClampedGLU, Gate, ModelSpec, _yarn  # noqa: E402
+from moeaudit.spec.config import ClampedGLU, Gate, ModelSpec  # noqa: E402
+from moeaudit.spec.rope_config import _yarn  # noqa: E402
 
 CASES: dict[str, dict[str, Any]] = {
     # 4 layers: hash, hash, learned, learned; sliding / CSA / HCA / CSA; top-2 of 6; 2 streams

@@ -266,7 +266,7 @@ def test_attention_with_yarn_on_the_compressed_rope(yarn: str, kind: str, dtype:
     rotary dims is transformers' ``compress_inv_freq``, the sliding base is left unscaled, and
     ``v4_attention`` with it agrees with ``DeepseekV4Attention`` (output and gradients)."""
     from moeaudit.replay.model import yarn_inv_freq
-    from moeaudit.spec.config import _yarn
+    from moeaudit.spec.rope_config import _yarn
 
     name = "csa4-hca8-top2"
     r = YARN[yarn]

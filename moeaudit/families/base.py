@@ -25,10 +25,9 @@ from moeaudit.spec.config import (
     check_sizes,
     derived_layer,
     getter,
-    llama3_rope,
-    rope,
 )
 from moeaudit.spec.layouts import Layout
+from moeaudit.spec.rope_config import llama3_rope, rope
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 Getter = Callable[..., Any]
