@@ -206,7 +206,7 @@ def test_layers_are_derived_once_and_anew_for_a_replaced_spec() -> None:
     assert [a.rope for a in att if isinstance(a, blocks.Attention)] == [
         i not in spec.nope_layers for i in range(spec.num_layers)
     ]
-    nope = dataclasses.replace(spec, nope_layers=tuple(range(spec.num_layers)))
+    nope = spec.revised(nope_layers=tuple(range(spec.num_layers)))
     assert all(isinstance(a, blocks.Attention) and not a.rope for a in (layer.mixer for layer in nope.layers))
     assert "layers" not in spec.to_json()  # derived, not part of the spec's signed JSON
 
@@ -240,10 +240,10 @@ def _random_layer(spec: ModelSpec, i: int, gen: torch.Generator) -> LayerWeights
 
 def test_layers_a_family_gives_replay_as_the_derived_ones() -> None:
     spec = _spec("qwen2_moe")
-    given = dataclasses.replace(spec, layer_blocks=spec.layers)
+    given = spec.revised(layer_blocks=spec.layers)
     assert "layer_blocks" not in spec.to_json()
     assert given.to_json() == spec.to_json()  # the blocks a family gives leave its signed JSON as it was
-    written = [layer.to_json() for layer in given.layer_blocks]
+    written = [layer.to_json() for layer in given.settings.layer_blocks]
     assert [layer["mixer"]["kind"] for layer in written] == ["attention"] * spec.num_layers
     assert written[0]["ffn"]["kind"] == "moe" and written[0]["ffn"]["shared"]["dim"] == spec.shared_dim
     gen = torch.Generator().manual_seed(0)
@@ -283,7 +283,7 @@ def test_a_new_mixer_kind_is_its_record_its_forward_and_the_family_layers(monkey
     shapes, the decoder layer and the sharded replay's check need no edit."""
     monkeypatch.setitem(MIXERS, _Shift, _shift)
     spec = _spec("mixtral")
-    toy = dataclasses.replace(spec, layer_blocks=tuple(blocks.Layer(_Shift(), l.ffn, l.residual) for l in spec.layers))  # type: ignore[arg-type]
+    toy = spec.revised(layer_blocks=tuple(blocks.Layer(_Shift(), l.ffn, l.residual) for l in spec.layers))  # type: ignore[arg-type]
     assert expected_layer_names(toy, 1) == ["input_norm", "post_norm", "shift_w", "router"]
     assert expected_shapes(toy, None, 1)["shift_w"] == (spec.hidden_size,)
     from moeaudit.replay.sharded import check_shardable
@@ -321,9 +321,11 @@ def test_hybrid_families_give_their_layers_and_the_tuples_follow(family: str) ->
     spec = _spec(family)
     name, kind = GIVEN_LAYERS[family]
     assert name not in {f.name for f in dataclasses.fields(ModelSpec)}  # derived, not a field
-    assert len(spec.layer_blocks) == spec.num_layers and spec.layers is spec.layer_blocks
+    assert len(spec.settings.layer_blocks) == spec.num_layers and spec.layers is spec.settings.layer_blocks
     derived = getattr(spec, name)
-    assert derived and derived == tuple(i for i, layer in enumerate(spec.layer_blocks) if isinstance(layer.mixer, kind))
+    assert derived and derived == tuple(
+        i for i, layer in enumerate(spec.settings.layer_blocks) if isinstance(layer.mixer, kind)
+    )
     assert 0 < len(derived) < spec.num_layers  # a hybrid: some layers of another mixer
     assert list(spec.to_json()[name]) == list(derived) and "layer_blocks" not in spec.to_json()
 
@@ -331,7 +333,7 @@ def test_hybrid_families_give_their_layers_and_the_tuples_follow(family: str) ->
 def test_layers_the_fields_do_not_say_are_written_with_their_kinds() -> None:
     spec = _spec("qwen3_next")
     first = blocks.Layer(_Shift(), spec.layers[0].ffn, spec.layers[0].residual)  # type: ignore[arg-type]
-    toy = dataclasses.replace(spec, layer_blocks=(first, *spec.layers[1:]))
+    toy = spec.revised(layer_blocks=(first, *spec.layers[1:]))
     written = toy.to_json()["layer_blocks"]
     assert written[0]["mixer"]["kind"] == "shift" and written[1] == spec.layers[1].to_json()
     assert "layer_blocks" not in spec.to_json()

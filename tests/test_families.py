@@ -46,9 +46,9 @@ def test_unknown_family_is_not_called_refused(model_type: object) -> None:
 
 def test_new_spec_fields_stay_out_of_old_families_json() -> None:
     spec = spec_from_config(hf_config(Arch(family="mixtral")))
-    assert spec.o_bias is True and "o_bias" not in spec.to_json()
+    assert spec.settings.o_bias is True and "o_bias" not in spec.to_json()
     qwen = spec_from_config(hf_config(Arch(family="qwen2_moe", shared_dim=48)))
-    assert qwen.o_bias is False and qwen.to_json()["o_bias"] is False
+    assert qwen.settings.o_bias is False and qwen.to_json()["o_bias"] is False
     # the mixtral spec JSON as it was before the registry (keys and values)
     assert json.dumps(spec.to_json(), sort_keys=True) == json.dumps(
         {

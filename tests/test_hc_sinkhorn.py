@@ -235,7 +235,7 @@ def test_sinkhorn_differs_from_hy_v4() -> None:
     fn = torch.randn(2 * S, S * H, generator=gen)
     x = torch.randn(1, 3, S, H, generator=gen)
     f = torch.randn(1, 3, H, generator=gen)
-    write, _ = hc_mix(dataclasses.replace(spec, hc_sinkhorn_iters=0), fn, torch.zeros(2 * S), torch.ones(2), x)
+    write, _ = hc_mix(spec.revised(hc_sinkhorn_iters=0), fn, torch.zeros(2 * S), torch.ones(2), x)
     assert write is not None and write.comb_BTSS is None
     out = hc_add(write, f, x)
     assert torch.allclose(out, x + write.post_BTS.unsqueeze(-1) * f.unsqueeze(-2))

@@ -46,7 +46,7 @@ def test_syncs_and_copies_per_layer_are_capped(family: str, tmp_path: Path) -> N
     path = hfmodels.save_any(tmp_path / family, family)
     ckpt = Checkpoint(path)
     meter = metered(path)
-    moa = 1 if ckpt.spec.moa else 0  # JetMoE's attention: its tokens per attention expert (1 a pass)
+    moa = 1 if ckpt.spec.settings.moa else 0  # JetMoE's attention: its tokens per attention expert (1 a pass)
     for phase in ("forward", "backward"):
         for i, counts in zip(ckpt.spec.routed_layers, _routed(meter, ckpt, phase), strict=True):
             for kind, cap in CAP[phase].items():

@@ -141,7 +141,7 @@ def test_a_new_mlp_kind_is_its_record_its_forward_and_the_family_layers(monkeypa
     monkeypatch.setitem(FFNS, _Scale, _scale)
     spec = _spec("mixtral")
     layers = tuple(blocks.Layer(layer.mixer, _Scale(0), layer.residual) for layer in spec.layers)
-    toy = dataclasses.replace(spec, layer_blocks=layers)
+    toy = spec.revised(layer_blocks=layers)
     assert expected_layer_names(toy, 1)[-1] == "mlp_scale"
     gen = torch.Generator().manual_seed(3)
     shapes = expected_shapes(toy, None, 1)

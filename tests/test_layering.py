@@ -279,3 +279,30 @@ def test_the_old_hooks_path_still_imports_with_a_warning() -> None:
         __import__("warnings").simplefilter("ignore", DeprecationWarning)
         import moeaudit.hooks as old
     assert old.ExpertGradLogger is ExpertGradLogger
+
+
+def _reads_layer_settings(tree: ast.AST) -> list[int]:
+    """The lines where an expression named ``spec`` (``spec``, ``ckpt.spec``, ``self.spec`` …) has
+    its ``settings`` read."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "settings":
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else ""
+            if name in ("spec", "s", "arch"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_model_description_and_the_families_read_the_layer_settings() -> None:
+    """``ModelSpec.settings`` is the family's description as read; everything else (the replay, the
+    checkpoint reader, the receipts) reads the typed blocks of ``ModelSpec.layers``."""
+    readers = {
+        module: found
+        for module, path in _modules().items()
+        if _unit(module) not in ("spec", "families")
+        and (found := _reads_layer_settings(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert readers == {}
+    probe = ast.parse("def f(spec, ckpt):\n    return spec.settings.qk_norm, ckpt.spec.settings\n")
+    assert _reads_layer_settings(probe) == [2, 2]  # the check sees what it forbids

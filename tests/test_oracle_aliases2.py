@@ -93,7 +93,7 @@ def test_granite_variants_match_transformers(case: str, dtype: str, tmp_path: Pa
     if family == "granitemoe_swa":
         assert ckpt.spec.sliding_layers == tuple(i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention")
         assert ckpt.spec.nope_layers == tuple(i for i, t in enumerate(cfg.layer_rope_theta) if not t)
-        assert ckpt.spec.attention_sinks and ckpt.spec.sliding_window == 5 < random_tokens().shape[1]
+        assert ckpt.spec.settings.attention_sinks and ckpt.spec.sliding_window == 5 < random_tokens().shape[1]
 
 
 def test_granitemoe_swa_refuses_several_rope_bases() -> None:
@@ -229,7 +229,6 @@ def test_mistral4_matches_transformers(case: str, dtype: str, tmp_path: Path) ->
 
 def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
     """The position scaling is live in the oracle configurations: without it the loss moves."""
-    import dataclasses
 
     from moeaudit.replay import replay
 
@@ -237,7 +236,7 @@ def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     scaled = replay(ckpt, tokens).nll
-    ckpt.spec = dataclasses.replace(ckpt.spec, query_position_scale=None)
+    ckpt.spec = ckpt.spec.revised(query_position_scale=None)
     assert abs(replay(ckpt, tokens).nll - scaled) > 1e-4
 
 

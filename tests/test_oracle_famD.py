@@ -134,7 +134,7 @@ def test_exaone_moe_nope_layers_change_the_loss(tmp_path: Path) -> None:
     assert ckpt.spec.nope_layers == (1,)
     tokens = random_tokens()
     base = replay(ckpt, tokens, backward=False).nll
-    ckpt.spec = dataclasses.replace(ckpt.spec, nope_layers=())  # its layers derived anew
+    ckpt.spec = ckpt.spec.revised(nope_layers=())  # its layers derived anew
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
 
@@ -240,7 +240,6 @@ def test_cohere2_moe_replay_matches_transformers(case: str, dtype: str, tmp_path
 def test_cohere2_moe_each_difference_changes_the_loss(change: str, tmp_path: Path) -> None:
     """Replaying with any one of Cohere's differences undone moves the NLL well beyond the
     oracle's tolerance, so the agreement above pins each of them."""
-    import dataclasses
 
     save_tiny(tmp_path, "cohere2_moe")
     ckpt = Checkpoint(tmp_path)
@@ -253,7 +252,7 @@ def test_cohere2_moe_each_difference_changes_the_loss(change: str, tmp_path: Pat
         "sum": {"shared_scale": 1.0, "gate": Gate()},
         "logit-scale": {"logits_scaling": 1.0},
     }
-    ckpt.spec = dataclasses.replace(ckpt.spec, **undo[change])
+    ckpt.spec = ckpt.spec.revised(**undo[change])
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
 
@@ -390,13 +389,12 @@ def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path)
 def test_dbrx_clip_changes_the_loss(tmp_path: Path) -> None:
     """Without the clamp the NLL moves: the agreement above pins clip_qkv (the flat experts'
     layout is pinned by their shapes, I = 24 ≠ H = 32, and by the per-expert gradient norms)."""
-    import dataclasses
 
     save_tiny(tmp_path, "dbrx")
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     base = replay(ckpt, tokens, backward=False).nll
-    ckpt.spec = dataclasses.replace(ckpt.spec, clip_qkv=None)
+    ckpt.spec = ckpt.spec.revised(clip_qkv=None)
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
 
@@ -473,7 +471,6 @@ def lfm2_observed(model: Any, tokens: torch.Tensor) -> Observed:
     """transformers' numbers for LFM2-MoE: the MoE block is ``feed_forward`` behind ``ffn_norm``
     (aliased for the generic hooks); a layer's token mixer is ``self_attn`` or ``conv``, behind
     ``operator_norm``."""
-    import dataclasses
 
     from support.oracle import _norm
 

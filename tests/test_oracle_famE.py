@@ -71,7 +71,7 @@ SOLAR: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", SOLAR)
 def test_solar_open_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     ckpt = check(tmp_path, "solar_open", dtype, **SOLAR[case])
-    assert ckpt.spec.routed_layers == (0, 1, 2) and not ckpt.spec.o_bias and ckpt.spec.rope_dim == 8
+    assert ckpt.spec.routed_layers == (0, 1, 2) and not ckpt.spec.settings.o_bias and ckpt.spec.rope_dim == 8
 
 
 def test_solar_open_config_defaults_match_transformers() -> None:
@@ -160,7 +160,7 @@ HY3: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", HY3)
 def test_hy_v3_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     ckpt = check(tmp_path, "hy_v3", dtype, **HY3[case])
-    assert ckpt.spec.qk_norm == "head" and ckpt.notes == []
+    assert ckpt.spec.settings.qk_norm == "head" and ckpt.notes == []
     model = load(tmp_path)
     assert model.model.layers[ckpt.spec.routed_layers[0]].mlp.e_score_correction_bias.abs().min() > 0
 
@@ -205,7 +205,7 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
     cfg = transformers.AutoConfig.for_model("sarvam_moe").to_dict()
     spec = spec_from_config(cfg)
     assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.gate.scaling) == (128, 6, 8e6, 64, 2.5)
-    assert spec.qk_norm == "head" and spec.routed_layers[0] == 1 and spec.mtp_layers == 0
+    assert spec.settings.qk_norm == "head" and spec.routed_layers[0] == 1 and spec.mtp_layers == 0
     original = {
         k: v
         for k, v in cfg.items()
@@ -214,7 +214,7 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
     original |= {"num_experts": 32, "num_shared_experts": 2, "use_qkv_bias": True, "rope_theta": 5e5}
     hf = transformers.AutoConfig.for_model(**original)
     spec = spec_from_config(original)
-    assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.attention_bias, spec.rope_theta) == (
+    assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.settings.attention_bias, spec.rope_theta) == (
         hf.n_routed_experts,
         hf.n_shared_experts,
         hf.attention_bias,
@@ -303,7 +303,7 @@ def test_minimax_replay_matches_transformers(case: str, dtype: str, tmp_path: Pa
     ckpt = check(tmp_path, "minimax", dtype, **MINIMAX[case])
     types = load(tmp_path).config.layer_types
     assert ckpt.spec.lightning_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
-    assert ckpt.spec.residual_scales == ((1.5, 1.0), (2.0, 0.5), (1.25, 0.75))
+    assert ckpt.spec.settings.residual_scales == ((1.5, 1.0), (2.0, 0.5), (1.25, 0.75))
 
 
 def test_minimax_residual_factors_change_the_loss(tmp_path: Path) -> None:
@@ -328,8 +328,8 @@ def test_minimax_config_defaults_match_transformers() -> None:
     hf = transformers.AutoConfig.for_model("minimax")
     spec = spec_from_config(hf.to_dict())
     assert spec.lightning_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
-    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.lightning_block) == (8, 2, 1e6, 256)
-    assert spec.residual_scales == ((1.0, 1.0),) * 3 and spec.routed_layers == tuple(range(32))
+    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.settings.lightning_block) == (8, 2, 1e6, 256)
+    assert spec.settings.residual_scales == ((1.0, 1.0),) * 3 and spec.routed_layers == tuple(range(32))
     with pytest.raises(CheckpointError, match="layer_types"):
         spec_from_config({**hf.to_dict(), "layer_types": ["mamba"] * 32})
 
@@ -390,7 +390,7 @@ def test_laguna_replay_matches_transformers(case: str, dtype: str, tmp_path: Pat
     scale = overrides.get("moe_routed_scaling_factor", 1.5)
     ckpt = check(tmp_path, "laguna", dtype, reference=_laguna_reference(scale), **overrides)
     spec = ckpt.spec
-    assert spec.output_gate == ("element" if "gating" in overrides else "head")
+    assert spec.settings.output_gate == ("element" if "gating" in overrides else "head")
     heads = overrides.get("num_attention_heads_per_layer")
     if heads is None:
         assert not spec.attention_kinds and spec.rope_dim == (8 if "layer_types" in overrides else 4)
@@ -429,7 +429,9 @@ def test_laguna_config_defaults_and_refusals() -> None:
     hf = transformers.AutoConfig.for_model("laguna")
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
-    assert spec.routed_layers == tuple(range(1, 40)) and spec.output_gate == "head" and spec.router_softcap == 0.0
+    assert (
+        spec.routed_layers == tuple(range(1, 40)) and spec.settings.output_gate == "head" and spec.router_softcap == 0.0
+    )
     # docs/decisions.md, "Attention per kind of layer (mimo_v2_flash, step3p5, step3p7, laguna,
     # mellum)": RoPE per layer type and heads per layer, as attention kinds (no longer refused)
     mixed = spec_from_config({**hf.to_dict(), "layer_types": ["sliding_attention", "full_attention"] * 20})

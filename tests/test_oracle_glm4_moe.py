@@ -64,7 +64,7 @@ def test_glm4_moe_replay_matches_transformers(case: str, tmp_path: Path) -> None
     head_dim = attn.head_dim
     factor = overrides.get("partial_rotary_factor", 0.5)
     assert ckpt.spec.rope_dim == int(head_dim * factor)
-    assert ckpt.spec.qk_norm == ("head" if getattr(attn, "use_qk_norm", False) else "none")
+    assert ckpt.spec.settings.qk_norm == ("head" if getattr(attn, "use_qk_norm", False) else "none")
 
 
 def test_fused_glm4_moe_experts_replay_bit_identically(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
     }
     s = spec_from_config(cfg)
     assert (s.rope_dim, s.head_dim, s.rope_theta, s.rms_eps) == (64, 128, 1e6, 1e-5)
-    assert (s.attention_bias, s.o_bias, s.qk_norm, s.mtp_layers) == (True, False, "none", 1)
+    assert (s.settings.attention_bias, s.settings.o_bias, s.settings.qk_norm, s.mtp_layers) == (True, False, "none", 1)
     assert s.routed_layers == tuple(range(3, 46)) and s.dense_dim == 10944 and s.shared_dim == 1408
     assert s.routing == "sigmoid top-8 of 128, selection bias, renormalised, ×2.5"
     assert s.to_json()["rotary_dim"] == 64 and s.to_json()["o_bias"] is False

@@ -105,7 +105,7 @@ def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_pat
         "sliding_layers": {"sliding_layers": ()},
         "expert_bias": {},
     }[feature]
-    ckpt.spec = dataclasses.replace(spec, **change)
+    ckpt.spec = spec.revised(**change)
     if feature == "expert_bias":
         real_read = ckpt._read_experts
         ckpt._read_experts = lambda i: [

@@ -8,7 +8,6 @@ checks and tolerances as the other families.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ def test_each_multiplier_is_what_the_oracle_checks(name: str, tmp_path: Path) ->
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     ref = replay(ckpt, tokens)
-    ckpt.spec = dataclasses.replace(ckpt.spec, **{name: None if name == "attention_scale" else 1.0})
+    ckpt.spec = ckpt.spec.revised(**{name: None if name == "attention_scale" else 1.0})
     other = replay(ckpt, tokens)
     assert abs(other.nll - ref.nll) > 1e-4
 
@@ -81,7 +80,12 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
         "tie_word_embeddings": True,
     }
     s = spec_from_config(cfg)
-    assert (s.embedding_multiplier, s.attention_scale, s.residual_multiplier, s.logits_scaling) == (12, 1 / 64, 0.22, 6)
+    assert (s.embedding_multiplier, s.attention_scale, s.settings.residual_multiplier, s.logits_scaling) == (
+        12,
+        1 / 64,
+        0.22,
+        6,
+    )
     assert s.routing == "softmax top-8 of 32, renormalised" and s.expert_dim == 512 and s.tie_embeddings
 
 

@@ -46,7 +46,7 @@ def test_hunyuan_replay_matches_transformers(case: str, tmp_path: Path) -> None:
     assert all(v > 0 for v in shared.values())
     assert_agree_deepseek(dataclasses.replace(want, shared_grads=shared), observed(ckpt, tokens), ckpt)
     assert ckpt.spec.routed_layers == tuple(range(3)) and ckpt.warnings == [] and ckpt.notes == []
-    assert ckpt.spec.qk_norm == "head_after_rope"
+    assert ckpt.spec.settings.qk_norm == "head_after_rope"
 
 
 def test_norm_after_rope_is_what_the_oracle_checks(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_norm_after_rope_is_what_the_oracle_checks(tmp_path: Path) -> None:
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     after = replay(ckpt, tokens).nll
-    ckpt.spec = dataclasses.replace(ckpt.spec, qk_norm="head")
+    ckpt.spec = ckpt.spec.revised(qk_norm="head")
     before = replay(ckpt, tokens).nll
     assert abs(float(after) - float(before)) > 1e-4
 

@@ -110,8 +110,9 @@ def test_kda_hybrid_replay_matches_transformers(case: str, dtype: str, tmp_path:
     kinds = model.config.layer_types
     kda_layers = tuple(i for i, t in enumerate(kinds) if t == "linear_attention")
     assert ckpt.spec.kda_layers == kda_layers and 0 < len(kda_layers) < len(kinds)
-    assert ckpt.spec.nope_layers == (tuple(range(len(kinds))) if CASES[case][0] == "kimi_linear" else ())
-    la = ckpt.spec.linear_attention
+    attending = tuple(i for i, t in enumerate(kinds) if t != "linear_attention")  # NoPE: of the attention layers
+    assert ckpt.spec.nope_layers == (attending if CASES[case][0] == "kimi_linear" else ())
+    la = ckpt.spec.settings.linear_attention
     kda_mod = layers[kda_layers[0]].self_attn
     assert la is not None and (la.num_v_heads, la.v_dim) == (kda_mod.num_heads, kda_mod.head_dim)
     assert set(kda_layers) & set(routed) and set(routed) - set(kda_layers)  # both mixers ahead of a MoE
@@ -148,7 +149,7 @@ def test_kimi_linear_config_defaults_match_transformers() -> None:
     assert spec.shared_dim == hf.moe_intermediate_size and spec.dense_dim == hf.intermediate_size
     assert spec.routed_layers == tuple(range(1, hf.num_hidden_layers))
     assert spec.kda_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
-    la = spec.linear_attention
+    la = spec.settings.linear_attention
     assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (32, 128, 4)
     assert spec.mla is not None and spec.attention_scale == pytest.approx(192**-0.5)
     # the hub's config: DeepSeek names, linear_attn_config (1-indexed layers), first_k_dense_replace
@@ -176,7 +177,7 @@ def test_kimi_linear_config_defaults_match_transformers() -> None:
     assert got.routed_layers == tuple(i for i, t in enumerate(want.mlp_layer_types) if t == "sparse")
     assert got.kda_layers == tuple(i for i, t in enumerate(want.layer_types) if t == "linear_attention")
     assert 3 not in got.kda_layers and 7 not in got.kda_layers and got.routed_layers[0] == 2
-    la = got.linear_attention
+    la = got.settings.linear_attention
     assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (16, 64, 3)
     with pytest.raises(CheckpointError, match="layer_types"):
         spec_from_config({**hf.to_dict(), "layer_types": ["linear_attention"]})
@@ -191,11 +192,11 @@ def test_bailing_hybrid_config_defaults_match_transformers() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.gate.scaling) == (512, 8, 1e-6, 2.5)
     assert (spec.gate.n_group, spec.gate.topk_group, spec.rope_theta, spec.mtp_layers) == (8, 4, 6e6, 1)
-    assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.kda_gate_bound == -5.0
+    assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.settings.kda_gate_bound == -5.0
     assert spec.kda_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
-    la = spec.linear_attention
+    la = spec.settings.linear_attention
     assert la is not None and (la.num_v_heads, la.v_dim, la.conv_kernel) == (32, 128, 4)
-    assert spec.mla is not None and spec.mla.rope_interleave and spec.output_gate == "head_sigmoid"
+    assert spec.mla is not None and spec.mla.rope_interleave and spec.settings.output_gate == "head_sigmoid"
     # the released config: head_dim is the KDA head size, no linear_* keys, DeepSeek names
     raw = {"model_type": "bailing_hybrid", "vocab_size": 64, "num_experts": 16, "num_experts_per_tok": 4}
     raw.update(n_group=4, topk_group=2, head_dim=64, num_hidden_layers=6, kda_safe_gate=False)
@@ -203,5 +204,7 @@ def test_bailing_hybrid_config_defaults_match_transformers() -> None:
     got = spec_from_config(raw)
     want = transformers.BailingHybridConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     assert got.kda_layers == tuple(i for i, t in enumerate(want.layer_types) if t == "linear_attention")
-    assert got.linear_attention is not None and got.linear_attention.v_dim == want.linear_head_dim == 64
-    assert (got.top_k, got.gate.n_group, got.kda_gate_bound) == (4, 4, None)
+    assert (
+        got.settings.linear_attention is not None and got.settings.linear_attention.v_dim == want.linear_head_dim == 64
+    )
+    assert (got.top_k, got.gate.n_group, got.settings.kda_gate_bound) == (4, 4, None)

@@ -91,7 +91,7 @@ def test_lara_mini_fused_in_proj_rows_are_read_in_order(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("*.safetensors")
     original = st.load_file(path)
     key = "model.layers.0.linear_attn.in_proj.weight"
-    la = Checkpoint(tmp_path).spec.linear_attention
+    la = Checkpoint(tmp_path).spec.settings.linear_attention
     assert la is not None
     kd, vd, nv = la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim, la.num_v_heads
     edges = [0, 2 * kd + vd, 2 * kd + 2 * vd, 2 * kd + 2 * vd + nv, 2 * kd + 2 * vd + 2 * nv]
@@ -117,8 +117,8 @@ def test_lara_mini_config_defaults_match_transformers() -> None:
     assert spec.routed_layers == tuple(range(hf.num_hidden_layers)) and spec.norm_offset == 0.0
     assert spec.linear_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
     assert spec.nope_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention")
-    assert spec.sliding_window == 512 and not spec.gated_attention
-    la = spec.linear_attention
+    assert spec.sliding_window == 512 and not spec.settings.gated_attention
+    la = spec.settings.linear_attention
     assert la is not None and (la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (
         8,
         16,

@@ -10,7 +10,6 @@ and a weightless L2 norm of q and k. Same checks and tolerances as the other fam
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +129,7 @@ def test_each_llama4_difference_is_what_the_oracle_checks(feature: str, tmp_path
         "rope_interleaved": False,
         "llama3_rope": None,
     }
-    ckpt.spec = dataclasses.replace(ckpt.spec, **{feature: off[feature]})
+    ckpt.spec = ckpt.spec.revised(**{feature: off[feature]})
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
@@ -221,8 +220,8 @@ def test_scout_config_reads_as_transformers_does() -> None:
     assert s.routed_layers == tuple(hf.moe_layers) == tuple(range(48))
     assert s.nope_layers == tuple(i for i, f in enumerate(hf.no_rope_layers) if not f) == tuple(range(3, 48, 4))
     assert s.chunked_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "chunked_attention")
-    assert s.llama3_rope is not None and s.llama3_rope.factor == 16.0 and s.qk_norm == "l2"
-    assert s.attn_temperature == (0.1, 8192.0) and s.attention_chunk == 8192 and s.dense_dim == 0
+    assert s.llama3_rope is not None and s.llama3_rope.factor == 16.0 and s.settings.qk_norm == "l2"
+    assert s.attn_temperature == (0.1, 8192.0) and s.settings.attention_chunk == 8192 and s.dense_dim == 0
     assert s.routing == "sigmoid top-1 of 16, not renormalised" and s.shared_dim == 8192
 
 

@@ -144,7 +144,8 @@ def test_jamba_replay_matches_transformers(case: str, dtype: str, tmp_path: Path
     overrides, (windows, length) = JAMBA[case]
     save_tiny(tmp_path, "jamba", dtype=DTYPES[dtype], **overrides)
     ckpt, _ = check("jamba", tmp_path, random_tokens(windows, length))
-    assert ckpt.spec.nope_layers == tuple(range(ckpt.spec.num_layers)) and not ckpt.spec.norm_topk_prob
+    attending = tuple(i for i in range(ckpt.spec.num_layers) if i not in ckpt.spec.mamba_layers)
+    assert ckpt.spec.nope_layers == attending and not ckpt.spec.norm_topk_prob  # the attention layers: NoPE
     if dtype == "bf16":
         assert set(ckpt.summary(with_digest=False)["dtypes"]) == {"BF16"}
 
@@ -158,7 +159,7 @@ def test_jamba_config_defaults_match_transformers() -> None:
     spec = spec_from_config(cfg)
     assert spec.routed_layers == tuple(range(1, 32, 2))
     assert spec.mamba_layers == tuple(i for i in range(32) if i % 8 != 4)
-    m = spec.mamba
+    m = spec.settings.mamba
     assert m is not None and (m.version, m.inner, m.state, m.conv_kernel, m.dt_rank) == (1, 8192, 16, 4, 256)
     assert (spec.num_experts, spec.top_k, spec.expert_dim, spec.dense_dim) == (16, 2, 14336, 14336)
     one_expert = spec_from_config  # a Jamba with one expert per layer has only dense MLPs
@@ -293,7 +294,8 @@ def test_granitemoehybrid_replay_matches_transformers(case: str, dtype: str, tmp
     ckpt, _ = check("granitemoehybrid", tmp_path, random_tokens(windows, length))
     s = ckpt.spec
     assert s.routed_layers == tuple(range(s.num_layers)) and s.shared_dim and not s.shared_gated
-    assert s.nope_layers == (() if overrides.get("position_embedding_type") == "rope" else tuple(range(s.num_layers)))
+    attending = tuple(i for i in range(s.num_layers) if i not in s.mamba_layers)
+    assert s.nope_layers == (() if overrides.get("position_embedding_type") == "rope" else attending)
     assert ckpt.fused
     if dtype == "bf16":
         assert set(ckpt.summary(with_digest=False)["dtypes"]) == {"BF16"}
@@ -347,8 +349,12 @@ def test_granite_4_hub_config_reads_as_transformers_does() -> None:
     s = spec_from_config(cfg)
     hf = transformers.GraniteMoeHybridConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
     assert s.mamba_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
-    assert len(s.mamba_layers) == 36 and s.nope_layers == tuple(range(40)) and s.routed_layers == tuple(range(40))
-    m = s.mamba
+    assert (
+        len(s.mamba_layers) == 36
+        and s.nope_layers == tuple(i for i in range(40) if i not in s.mamba_layers)
+        and s.routed_layers == tuple(range(40))
+    )
+    m = s.settings.mamba
     assert m is not None and (m.inner, m.heads, m.head_dim, m.groups, m.state, m.chunk) == (3072, 48, 64, 1, 128, 256)
     assert (m.dt_min, m.dt_max) == (0.0, None) and s.routing == "softmax top-6 of 64, renormalised"
 
@@ -375,6 +381,6 @@ def test_time_step_limit_as_transformers_writes_it(tmp_path: Path) -> None:
     save_tiny(tmp_path, "granitemoehybrid")
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
-    m = Checkpoint(tmp_path).spec.mamba
+    m = Checkpoint(tmp_path).spec.settings.mamba
     assert m is not None and (m.dt_min, m.dt_max) == (0.0, None)
     assert "Infinity" not in json.dumps(Checkpoint(tmp_path).spec.to_json())

@@ -102,7 +102,7 @@ def test_each_difference_of_mimo_attention_moves_the_loss(tmp_path: Path) -> Non
             spec,
             attention_kinds=(full, dataclasses.replace(slide, rope_theta=full.rope_theta, rotary_dim=full.rotary_dim)),
         ),
-        "no sinks": dataclasses.replace(spec, attention_kinds=(full, dataclasses.replace(slide, sinks=False))),
+        "no sinks": spec.revised(attention_kinds=(full, dataclasses.replace(slide, sinks=False))),
         "value scale": dataclasses.replace(
             spec,
             attention_kinds=tuple(dataclasses.replace(k, value_scale=0.5) for k in spec.attention_kinds),

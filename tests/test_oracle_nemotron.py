@@ -147,7 +147,7 @@ def test_nemotron_3_nano_config_reads_as_transformers_does() -> None:
     assert s.num_layers == len(types) == 52
     assert s.routed_layers == tuple(i for i, t in enumerate(types) if t == "moe")
     assert s.mamba_layers == tuple(i for i, t in enumerate(types) if t == "linear_attention")
-    m = s.mamba
+    m = s.settings.mamba
     assert m is not None and (m.inner, m.heads, m.groups, m.state, m.chunk) == (4096, 64, 8, 128, 128)
     assert (m.dt_min, m.dt_max) == (hf.time_step_min, None)
     assert s.routing == "sigmoid top-6 of 128, selection bias, renormalised, ×2.5"

@@ -9,7 +9,6 @@ tolerances as the other families.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +86,7 @@ def test_each_phimoe_difference_is_what_the_oracle_checks(feature: str, tmp_path
     tokens = random_tokens()
     ref = replay(ckpt, tokens, backward=False)
     off: dict[str, Any] = {"layer_norm": False, "lm_head_bias": False, "sparsemixer_eps": 0.0, "longrope": None}
-    ckpt.spec = dataclasses.replace(ckpt.spec, **{feature: off[feature]})
+    ckpt.spec = ckpt.spec.revised(**{feature: off[feature]})
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
@@ -164,7 +163,7 @@ def phi35_config() -> dict[str, Any]:
 
 def test_released_config_reads() -> None:
     s = spec_from_config(phi35_config())
-    assert s.layer_norm and s.lm_head_bias and s.attention_bias and s.sparsemixer_eps == 0.01
+    assert s.layer_norm and s.lm_head_bias and s.settings.attention_bias and s.sparsemixer_eps == 0.01
     assert s.longrope is not None and len(s.longrope.short_factor) == 64 and s.longrope.original_max_positions == 4096
     assert s.sliding_window == 131072 and s.routing == "sparsemixer top-2 of 16, jitter ε 0.01"
 

@@ -145,8 +145,8 @@ def test_each_step_attention_piece_moves_the_loss(tmp_path: Path) -> None:
     full, slide = spec.attention_kinds
     one_rope = dataclasses.replace(slide, rope_theta=full.rope_theta, rotary_dim=full.rotary_dim)
     variants = {
-        "one RoPE table": dataclasses.replace(spec, attention_kinds=(full, one_rope)),
-        "head_dim^-1/2 scale": dataclasses.replace(spec, attention_scale=None),
+        "one RoPE table": spec.revised(attention_kinds=(full, one_rope)),
+        "head_dim^-1/2 scale": spec.revised(attention_scale=None),
     }
     for name, variant in variants.items():
         ckpt.spec = variant
@@ -169,7 +169,7 @@ def test_each_swiglu_limit_moves_the_loss(tmp_path: Path) -> None:
     for field, i in (("expert_glu_limits", 1), ("expert_glu_limits", 3), ("mlp_glu_limits", 0), ("mlp_glu_limits", 2)):
         limits = list(getattr(spec, field))
         limits[i] = 0.0
-        ckpt.spec = dataclasses.replace(spec, **{field: tuple(limits)})
+        ckpt.spec = spec.revised(**{field: tuple(limits)})
         moved = abs(float(observed(ckpt, tokens).loss) - base)
         assert moved > 1e-4, (field, i, moved)
     ckpt.spec = spec
@@ -184,7 +184,7 @@ def test_step3p5_config_defaults_and_refusals() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.shared_dim) == (288, 8, 128, 1e-5, 1280)
     assert spec.routed_layers == tuple(range(3, 45)) and spec.norm_offset == 1.0
-    assert spec.output_gate == "head_sigmoid" and spec.attention_scale == 128**-0.5
+    assert spec.settings.output_gate == "head_sigmoid" and spec.attention_scale == 128**-0.5
     # Step-3.7-Flash's limits (on its last layers), read as transformers reads them
     flash = spec_from_config(
         {**hf.to_dict(), "swiglu_limits": [None] * 43 + [7, 7], "swiglu_limits_shared": [0] * 43 + [16, 16]}

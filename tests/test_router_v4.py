@@ -142,7 +142,7 @@ def test_clamped_shared_expert(name: str, dtype: torch.dtype) -> None:
     assert out_r.dtype == dtype
     assert _rel(out_r, mlp(y)) < 1e-6
     # the clamp bites: the unclamped SwiGLU differs
-    assert _rel(shared_expert(dataclasses.replace(spec, shared_clamped=False), p, y), mlp(y)) > 1e-2
+    assert _rel(shared_expert(spec.revised(shared_clamped=False), p, y), mlp(y)) > 1e-2
 
 
 def test_sqrtsoftplus_gate_receipts_keep_their_own_units() -> None:
@@ -161,5 +161,5 @@ def test_sqrtsoftplus_gate_receipts_keep_their_own_units() -> None:
     assert "ρ = √softplus(s)/Σ√softplus(s) on the unbiased scores" in text
     assert "σ(" not in text and "softmax(W_r y) + b" not in text
     assert any("Gaussian boundary-mass closed form" in s for s in note["not_certified"])
-    plain = gate_note(dataclasses.replace(spec, gate=Gate(scoring="sqrtsoftplus")))
+    plain = gate_note(spec.revised(gate=Gate(scoring="sqrtsoftplus")))
     assert plain is not None and "√softplus combine weights √softplus(W_r y)" in plain["why"]

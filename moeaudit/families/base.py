@@ -8,7 +8,6 @@ key templates (a :class:`Layout`), the defaults transformers' configuration clas
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,9 @@ from moeaudit.spec.blocks import Layer, Mixer
 from moeaudit.spec.config import (
     MAX_COUNT,
     MLA,
+    MODEL_FIELDS,
     Gate,
+    LayerSettings,
     ModelSpec,
     check_sizes,
     derived_layer,
@@ -206,9 +207,11 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         clip_qkv=None,
         shared_gated=False,
     )
-    spec = ModelSpec(**{**common, **defaults, **fam.fields(ctx)})
+    given = {**common, **defaults, **fam.fields(ctx)}
+    settings = LayerSettings(**{k: v for k, v in given.items() if k not in MODEL_FIELDS})
+    spec = ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS}, settings=settings)
     if fam.layers is not None:
-        spec = dataclasses.replace(spec, layer_blocks=fam.layers(ctx, spec))
+        spec = spec.revised(layer_blocks=fam.layers(ctx, spec))
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
         raise CheckpointError(f"rope type 'longrope' is read for phimoe only, not {fam.name!r}", path=path)

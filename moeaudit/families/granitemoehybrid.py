@@ -133,8 +133,8 @@ def _layer_types(c: Ctx) -> list[str]:
 
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     """A Mamba-2 mixer on the "mamba" layers, the spec's attention on the others."""
-    assert s.mamba is not None
-    return mixing(s, _layer_types(c), "mamba", MambaMixer(s.mamba))
+    assert s.settings.mamba is not None
+    return mixing(s, _layer_types(c), "mamba", MambaMixer(s.settings.mamba))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -67,10 +67,10 @@ def _mamba(c: Ctx) -> Mamba:
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     """A Mamba mixer on every layer but each ``attn_layer_period``-th (from ``attn_layer_offset``),
     attention without positions there."""
-    assert s.mamba is not None
+    assert s.settings.mamba is not None
     attn_p, attn_o = _period(c, "attn_layer_period", 8, "attn_layer_offset", 4)
     types = ["attention" if i % attn_p == attn_o else "mamba" for i in range(c.num_layers)]
-    return mixing(s, types, "mamba", MambaMixer(s.mamba))
+    return mixing(s, types, "mamba", MambaMixer(s.settings.mamba))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

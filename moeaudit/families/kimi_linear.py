@@ -157,8 +157,10 @@ def mla_kda_layers(s: ModelSpec, types: list[str]) -> tuple[blocks.Layer, ...]:
     """Kimi Delta Attention on the ``linear_attention`` layers (Kimi Linear's low-rank forget and
     output gates, or Ling 3's full-rank ones, as the layout stores them), the spec's MLA on the
     ``full_attention`` ones."""
-    assert s.linear_attention is not None
-    kda = blocks.KDA(s.linear_attention, full_rank="kda_f" in s.layout.layer, gate_bound=s.kda_gate_bound)
+    assert s.settings.linear_attention is not None
+    kda = blocks.KDA(
+        s.settings.linear_attention, full_rank="kda_f" in s.layout.layer, gate_bound=s.settings.kda_gate_bound
+    )
     return with_mixers(s, blocks.per_layer_type(types, {"linear_attention": kda, "full_attention": None}))
 
 

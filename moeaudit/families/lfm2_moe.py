@@ -33,7 +33,7 @@ def _layer_types(c: Ctx) -> list[str]:
 
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     """LFM2's short convolution on the ``conv`` layers, attention on the ``full_attention`` ones."""
-    return mixing(s, _layer_types(c), "conv", ShortConv(s.conv_kernel, s.conv_bias))
+    return mixing(s, _layer_types(c), "conv", ShortConv(s.settings.conv_kernel, s.settings.conv_bias))
 
 
 def _fields(c: Ctx) -> dict[str, Any]:

@@ -77,7 +77,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     """Lightning attention on the ``linear_attention`` layers, softmax attention (windowed where
     ``sliding_window`` is set) on the ``full_attention`` ones."""
-    return mixing(s, _layer_types(c), "linear_attention", Lightning(s.num_heads, s.head_dim, s.lightning_block))
+    return mixing(
+        s, _layer_types(c), "linear_attention", Lightning(s.num_heads, s.head_dim, s.settings.lightning_block)
+    )
 
 
 LAYOUT = Layout(

@@ -100,8 +100,8 @@ def _kinds(c: Ctx) -> tuple[str, ...]:
 
 def _layers(c: Ctx, s: ModelSpec) -> tuple[Layer, ...]:
     """Each layer one block (``layers_block_type``): a Mamba-2 mixer, attention, a dense MLP or an MoE."""
-    assert s.mamba is not None
-    mamba = MambaMixer(s.mamba)
+    assert s.settings.mamba is not None
+    mamba = MambaMixer(s.settings.mamba)
     return tuple(derived_layer(s, i, mamba if k == "mamba" else None, k) for i, k in enumerate(_kinds(c)))
 
 

@@ -85,10 +85,10 @@ def _layer_types(c: Ctx) -> list[str]:
 def deltanet_layers(s: ModelSpec, types: list[str], attention: tuple[str, ...]) -> tuple[Layer, ...]:
     """Gated DeltaNet on the ``linear_attention`` layers (its input projections as the layout
     stores them), the spec's attention on the layers of the ``attention`` types."""
-    assert s.linear_attention is not None
+    assert s.settings.linear_attention is not None
     layout = s.layout.layer
     projections = "fused" if "lin_in" in layout else "grouped" if "lin_qkvz" in layout else "flat"
-    mixers: dict[str, DeltaNet | None] = {"linear_attention": DeltaNet(s.linear_attention, projections)}
+    mixers: dict[str, DeltaNet | None] = {"linear_attention": DeltaNet(s.settings.linear_attention, projections)}
     return with_mixers(s, per_layer_type(types, mixers | dict.fromkeys(attention)))
 
 

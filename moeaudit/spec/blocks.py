@@ -475,12 +475,13 @@ class DenseMLP:
 class SharedExpert:
     """The always-on expert of width ``dim`` (``shared_`` names): behind a sigmoid gate (``gated``,
     Qwen2-MoE), its gate and up rows in one tensor (``fused``, Granite 4.0), non-gated ReLU²
-    (``glu`` false, Nemotron-H)."""
+    (``glu`` false, Nemotron-H); a clamp after the activation at ``glu_limit`` (Step 3.5; 0: none)."""
 
     dim: int
     gated: bool = True
     fused: bool = False
     glu: bool = True
+    glu_limit: float = 0.0
 
     GRADS: ClassVar[Grads] = {SHARED: ("shared_w1", "shared_w3", "shared_w2", "shared_gate")}
 
@@ -508,7 +509,8 @@ class MoE:
     ``expert_dim`` (the last ``zero_experts`` of them identity experts, LongCat), chosen by
     ``gate``; a selection bias (``gate.selection_bias``) and a bias on the router logits
     (``logit_bias``, gpt-oss); its output normed (``out_norm``, A.X-K1) or biased (``out_bias``,
-    JetMoE); an optional :class:`SharedExpert`."""
+    JetMoE); an optional :class:`SharedExpert`; the experts' SwiGLU clamped after the activation at
+    ``glu_limit`` (Step 3.5, per layer; 0: none)."""
 
     experts: int
     top_k: int
@@ -519,6 +521,7 @@ class MoE:
     out_bias: bool = False
     zero_experts: int = 0
     shared: SharedExpert | None = None
+    glu_limit: float = 0.0
 
     KIND: ClassVar[str] = "moe"
     GRADS: ClassVar[Grads] = {ROUTER: ("router", "router_logit_bias"), SHARED: ("moe_bias",)}

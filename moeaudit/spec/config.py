@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,77 @@ NEW = {"omit_default": True}
 
 
 @dataclass(frozen=True)
+class LayerSettings:
+    """What a family's config says about its decoder layers' blocks, as read: the settings
+    :func:`derived_layer` builds ``ModelSpec.layers`` from (with the model-wide fields), and that
+    ``ModelSpec.to_json`` writes where they stood when they were ModelSpec fields. The replay, the
+    checkpoint reader and the receipts read the blocks, never these (tests/test_layering.py)."""
+
+    # biases on the q/k/v projections (and o_proj unless ``o_bias`` is false)
+    attention_bias: bool = False
+    # "none" | "full" (OLMoE, over all heads) | "head" (Qwen3, per head) | "head_after_rope"
+    # (Hunyuan: per head, applied to the rotated q and k)
+    qk_norm: str = "none"
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()  # layers whose attention uses the window
+    o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
+    gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
+    linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
+    # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
+    # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
+    # −exp(A_log) · softplus(f))
+    kda_gate_bound: float | None = field(default=None, metadata=NEW)
+    # Granite: each block's output × this before the residual add
+    residual_multiplier: float = field(default=1.0, metadata=NEW)
+    # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no value)
+    attention_sinks: bool = field(default=False, metadata=NEW)
+    # Llama 4: NoPE layers (no RoPE); chunked local attention (attention within ``attention_chunk``
+    # token blocks) on ``chunked_layers``
+    nope_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    attention_chunk: int | None = field(default=None, metadata=NEW)
+    chunked_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    # LFM2-MoE: the layers whose type is "conv" mix tokens by a short convolution (kernel
+    # ``conv_kernel``, biases with ``conv_bias``) instead of attention
+    conv_kernel: int = field(default=0, metadata=NEW)
+    conv_bias: bool = field(default=False, metadata=NEW)
+    # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
+    # state-space scan of these sizes instead of attention
+    mamba: Mamba | None = field(default=None, metadata=NEW)
+    # MiniMax-01: lightning attention (decayed linear attention, ``replay.lightning``) on
+    # ``lightning_layers``, in blocks of ``lightning_block`` tokens; DeepNorm-style residuals: a
+    # sub-block adds to its normed input, out = α·norm(x) + β·f(norm(x)), with (α, β) in
+    # ``residual_scales`` for full attention, lightning attention and the MLP / MoE block
+    lightning_block: int = field(default=0, metadata=NEW)
+    residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
+    # Laguna: the attention output gated by softplus(W_g x), one gate per head ("head") or per
+    # channel ("element"); AFMoE: "sigmoid", σ(W_g x) per channel
+    output_gate: str = field(default="", metadata=NEW)
+    # AFMoE (sandwich norms): the attention output passes an RMSNorm (gain ``attn_out_norm``)
+    # before the residual add, and so does a dense layer's MLP output (``dense_out_norm``: gain
+    # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
+    attn_out_norm: bool = field(default=False, metadata=NEW)
+    dense_out_norm: bool = field(default=False, metadata=NEW)
+    # JetMoE: the token mixer is a mixture of attention heads (``replay.moa``, ``MOA_NAMES``)
+    moa: bool = field(default=False, metadata=NEW)
+    # LongCat-Flash: two attention + dense-MLP sub-blocks around one MoE (``Residual.shortcut``)
+    shortcut_moe: bool = field(default=False, metadata=NEW)
+    # HY-V4: the layers that reuse the previous layer's DSA key selection
+    shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
+    # attention per kind of layer: ``layer_kinds[i]`` indexes ``ModelSpec.attention_kinds`` for layer i
+    layer_kinds: tuple[int, ...] = field(default=(), metadata=NEW)
+    # Step 3.5 / Step-3.7 (``swiglu_limits`` / ``swiglu_limits_shared``): per layer, the bound L of
+    # a SwiGLU clamped after the activation, min(silu(gate), L) ⊙ clamp(up, ±L), for the routed
+    # experts (``expert_glu_limits``) and for the shared expert and dense MLP (``mlp_glu_limits``);
+    # 0 (or empty): no clamp on that layer
+    expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
+    # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
+    # () : ``layers`` derives them from the fields above
+    layer_blocks: tuple[Layer, ...] = field(default=(), metadata=NEW)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one checkpoint, as the replay sees it."""
 
@@ -144,16 +215,10 @@ class ModelSpec:
     expert_dim: int  # intermediate size of one routed expert
     routed_layers: tuple[int, ...]
     norm_topk_prob: bool
-    attention_bias: bool
-    # "none" | "full" (OLMoE, over all heads) | "head" (Qwen3, per head) | "head_after_rope"
-    # (Hunyuan: per head, applied to the rotated q and k)
-    qk_norm: str
     clip_qkv: float | None
     tie_embeddings: bool
     dense_dim: int = 0  # intermediate size of a dense MLP layer (mlp_only_layers)
     shared_dim: int = 0  # intermediate size of the shared expert (0 = none)
-    sliding_window: int | None = None
-    sliding_layers: tuple[int, ...] = ()  # layers whose attention uses the window
     gate: Gate = Gate()
     mla: MLA | None = None
     shared_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; DeepSeek: none
@@ -163,7 +228,6 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     # Fields added for new families carry ``NEW``: left out of ``to_json`` at their default, so
     # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
-    o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
     rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
     # the width transformers computes the rotary frequencies for, int(head_dim × partial_rotary_factor),
     # where it is not the rotated width (Mistral 4's MLA); its table is broadcast over the rotated
@@ -173,23 +237,15 @@ class ModelSpec:
     # zero-centred RMSNorm gains (Qwen3-Next): the norm applies offset + stored w; the checkpoint
     # reader hands the replay the applied gain
     norm_offset: float = field(default=0.0, metadata=NEW)
-    gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
-    linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
-    # Kimi Linear: layers mixing by Kimi Delta Attention (per-channel decay; sizes in linear_attention)
-    # Ling 3 (bailing_hybrid): the KDA forget gate bounded, log α = bound · σ(exp(A_log) · f) (None: Kimi's
-    # −exp(A_log) · softplus(f))
-    kda_gate_bound: float | None = field(default=None, metadata=NEW)
     # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
     rope_interleaved: bool = field(default=False, metadata=NEW)
     # Granite's µP-style multipliers: embeddings × e, each block's output × r before the
     # residual add, logits ÷ s (the attention softmax scale is ``attention_scale``)
     embedding_multiplier: float = field(default=1.0, metadata=NEW)
-    residual_multiplier: float = field(default=1.0, metadata=NEW)
     logits_scaling: float = field(default=1.0, metadata=NEW)
     # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no
     # value), a router bias added to the logits, experts with a clamped GLU (their biases come
     # with the interleaved expert layout, ``Layout.fused_format``)
-    attention_sinks: bool = field(default=False, metadata=NEW)
     router_logit_bias: bool = field(default=False, metadata=NEW)
     clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
     # Llama 4: each chosen expert gets its input scaled by its combine weight, u_e(c_e y), and the
@@ -198,10 +254,7 @@ class ModelSpec:
     # (attention within ``attention_chunk`` token blocks) on ``chunked_layers``; Llama 3 RoPE
     # scaling. ``qk_norm`` "l2": a weightless RMS norm of q and k after RoPE, on RoPE layers
     scaled_expert_inputs: bool = field(default=False, metadata=NEW)
-    nope_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     attn_temperature: tuple[float, float] | None = field(default=None, metadata=NEW)
-    attention_chunk: int | None = field(default=None, metadata=NEW)
-    chunked_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
     # Phi-3.5-MoE: LayerNorm (mean-centred, with a bias) for the block and final norms, a bias on
     # the LM head, sparsemixer routing (``gate.scoring`` "sparsemixer" with this jitter ε),
@@ -222,22 +275,10 @@ class ModelSpec:
     shared_scale: float = field(default=1.0, metadata=NEW)
     # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
     # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
-    conv_kernel: int = field(default=0, metadata=NEW)
-    conv_bias: bool = field(default=False, metadata=NEW)
     renorm_eps: float = field(default=0.0, metadata=NEW)
-    # Mamba hybrids (Jamba, Granite 4.0): the token mixer of ``mamba_layers`` is a selective
-    # state-space scan of these sizes instead of attention
-    mamba: Mamba | None = field(default=None, metadata=NEW)
-    # MiniMax-01: lightning attention (decayed linear attention, ``replay.lightning``) on
-    # ``lightning_layers``, in blocks of ``lightning_block`` tokens; DeepNorm-style residuals: a
-    # sub-block adds to its normed input, out = α·norm(x) + β·f(norm(x)), with (α, β) in
-    # ``residual_scales`` for full attention, lightning attention and the MLP / MoE block
-    lightning_block: int = field(default=0, metadata=NEW)
-    residual_scales: tuple[tuple[float, float], ...] | None = field(default=None, metadata=NEW)
     # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
     # attention output gated by softplus(W_g x), one gate per head ("head") or per channel ("element")
     router_softcap: float = field(default=0.0, metadata=NEW)
-    output_gate: str = field(default="", metadata=NEW)
     # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
     # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
     query_position_scale: tuple[float, int] | None = field(default=None, metadata=NEW)
@@ -247,11 +288,6 @@ class ModelSpec:
     # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
     # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
     mlp_act: str = field(default="swiglu", metadata=NEW)
-    # AFMoE (sandwich norms): the attention output passes an RMSNorm (gain ``attn_out_norm``)
-    # before the residual add, and so does a dense layer's MLP output (``dense_out_norm``: gain
-    # ``moe_out_norm``, as on the routed layers); ``output_gate`` "sigmoid": out ⊙ σ(W_g x) per channel
-    attn_out_norm: bool = field(default=False, metadata=NEW)
-    dense_out_norm: bool = field(default=False, metadata=NEW)
     # OLMo-2 post-norm layers (FlexOlmo): False = no RMSNorm before attention or the MLP / MoE
     # block (no ``input_norm``, no ``post_norm``): each block reads the residual stream itself, so
     # the router's input is y = h (no gain; z = h / r stays the receipts' state), and the block
@@ -262,7 +298,6 @@ class ModelSpec:
     # ``num_experts`` attention experts, ``num_heads`` = top_k · ``num_kv_heads``; a bias
     # (``moe_bias``) added to the routed MoE block's output; the final norm's eps when it is not
     # the decoder layers' (``rms_eps``; JetMoE builds its layer norms with eps 1e-6)
-    moa: bool = field(default=False, metadata=NEW)
     moe_bias: bool = field(default=False, metadata=NEW)
     final_norm_eps: float | None = field(default=None, metadata=NEW)
     # LongCat-Flash: each layer two attention + dense-MLP sub-blocks (the second's tensors named
@@ -271,7 +306,6 @@ class ModelSpec:
     # (``shortcut_moe``); the last ``zero_experts`` of the ``num_experts`` are identity
     # (zero-computation) experts, u_e(y) = y; MLA with the LoRA scales q × √(H / q_lora_rank) and
     # the kv latent × √(H / kv_lora_rank) (``mla_lora_scale``)
-    shortcut_moe: bool = field(default=False, metadata=NEW)
     zero_experts: int = field(default=0, metadata=NEW)
     mla_lora_scale: bool = field(default=False, metadata=NEW)
     # HY-V4 (hy_v4): hyper-connections. The residual stream is ``hc_mult`` streams, [B, T, hc, H]
@@ -296,7 +330,6 @@ class ModelSpec:
     shared_clamped: bool = field(default=False, metadata=NEW)
     index_rope_last: bool = field(default=False, metadata=NEW)
     index_norm_eps: float | None = field(default=None, metadata=NEW)
-    shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
     # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
     # logits (Llama 4's router) — docs/decisions.md
@@ -310,32 +343,33 @@ class ModelSpec:
     # replace the spec's own (num_heads, num_kv_heads, head_dim, rope_theta, rotary_dim,
     # attention_sinks); empty: one attention geometry and one RoPE table for every layer
     attention_kinds: tuple[AttentionKind, ...] = field(default=(), metadata=NEW)
-    layer_kinds: tuple[int, ...] = field(default=(), metadata=NEW)
-    # Step 3.5 / Step-3.7 (``swiglu_limits`` / ``swiglu_limits_shared``): per layer, the bound L of
-    # a SwiGLU clamped after the activation, min(silu(gate), L) ⊙ clamp(up, ±L), for the routed
-    # experts (``expert_glu_limits``) and for the shared expert and dense MLP (``mlp_glu_limits``);
-    # 0 (or empty): no clamp on that layer
-    expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
-    mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
-    # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
-    # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
-    # () : ``layers`` derives them from the fields above
-    layer_blocks: tuple[Layer, ...] = field(default=(), metadata=NEW)
+    # the family's description of its decoder layers, as read (``LayerSettings``): ``layers`` is built
+    # from it; only ``moeaudit.spec`` and the family files read it (tests/test_layering.py)
+    settings: LayerSettings = field(default_factory=lambda: LayerSettings())
 
     def expert_glu(self, layer: int) -> ClampedGLU | None:
         """The routed experts' activation on ``layer`` when it is not plain SwiGLU: that layer's
         clamp after the activation (``expert_glu_limits``), else ``clamped_glu`` (gpt-oss, HY-V4)."""
-        if self.expert_glu_limits and layer >= 0 and self.expert_glu_limits[layer]:
-            return ClampedGLU(alpha=1.0, limit=self.expert_glu_limits[layer], offset=0.0, after=True)
+        ffn = self.layers[layer].ffn if layer >= 0 else None
+        if isinstance(ffn, MoE) and ffn.glu_limit:
+            return ClampedGLU(alpha=1.0, limit=ffn.glu_limit, offset=0.0, after=True)
         return self.clamped_glu
 
     def mlp_glu_limit(self, layer: int) -> float:
         """The shared expert's and dense MLP's clamp bound on ``layer`` (0: none)."""
-        return self.mlp_glu_limits[layer] if self.mlp_glu_limits and layer >= 0 else 0.0
+        if layer < 0:
+            return 0.0
+        ffn = self.layers[layer].ffn
+        if isinstance(ffn, MoE):
+            return 0.0 if ffn.shared is None else ffn.shared.glu_limit
+        return 0.0 if ffn is None else ffn.glu_limit
 
     def attention_kind(self, layer: int) -> AttentionKind | None:
         """The attention of ``layer`` where it is given per kind of layer; None otherwise."""
-        return self.attention_kinds[self.layer_kinds[layer]] if self.layer_kinds and layer >= 0 else None
+        mixer = self.layers[layer].mixer if layer >= 0 else None
+        if not isinstance(mixer, Attention) or mixer.attention_kind is None:
+            return None
+        return self.attention_kinds[mixer.attention_kind]
 
     @property
     def layout(self) -> Layout:
@@ -345,9 +379,73 @@ class ModelSpec:
     def layers(self) -> tuple[Layer, ...]:
         """One :class:`~moeaudit.spec.blocks.Layer` per decoder layer, from the fields above
         (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
-        if self.layer_blocks:
-            return self.layer_blocks
+        if self.settings.layer_blocks:
+            return self.settings.layer_blocks
         return tuple(derived_layer(self, i) for i in range(self.num_layers))
+
+    def revised(self, **changes: Any) -> ModelSpec:
+        """``dataclasses.replace`` over the model-wide fields and the layer settings alike (its layers
+        built anew; a family's own ``layer_blocks`` are kept unless replaced)."""
+        own = {k: v for k, v in changes.items() if k in MODEL_FIELDS}
+        settings = {k: v for k, v in changes.items() if k not in MODEL_FIELDS}
+        if settings:
+            own["settings"] = replace(self.settings, **settings)
+        return replace(self, **own)
+
+    def _attending(self, keep: Callable[[Attention | MLAttention], bool]) -> tuple[int, ...]:
+        return tuple(
+            i
+            for i, layer in enumerate(self.layers)
+            if isinstance(layer.mixer, (Attention, MLAttention)) and keep(layer.mixer)
+        )
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """The layers whose attention sees a causal window of keys (``Attention.window``)."""
+        return self._attending(lambda a: isinstance(a, Attention) and a.window is not None)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window of the sliding layers (None: no layer slides)."""
+        windows = {a.window for layer in self.layers if isinstance(a := layer.mixer, Attention) and a.window}
+        return max(windows) if windows else None
+
+    @property
+    def nope_layers(self) -> tuple[int, ...]:
+        """The attention layers without RoPE (NoPE layers; ``Attention.rope`` false)."""
+        return self._attending(lambda a: not a.rope)
+
+    @property
+    def chunked_layers(self) -> tuple[int, ...]:
+        """The layers of chunked local attention (Llama 4; ``Attention.chunk``)."""
+        return self._attending(lambda a: isinstance(a, Attention) and a.chunk is not None)
+
+    @property
+    def layer_kinds(self) -> tuple[int, ...]:
+        """Each layer's index into ``attention_kinds`` (() : one attention geometry for every layer)."""
+        if not self.attention_kinds:
+            return ()
+        return tuple(
+            a.attention_kind if isinstance(a := layer.mixer, Attention) and a.attention_kind is not None else 0
+            for layer in self.layers
+        )
+
+    @property
+    def shared_index_layers(self) -> tuple[int, ...]:
+        """HY-V4: the layers that reuse the previous layer's DSA key selection (``MLAttention.shared_index``)."""
+        return self._attending(lambda a: isinstance(a, MLAttention) and a.shared_index)
+
+    @property
+    def expert_glu_limits(self) -> tuple[float, ...]:
+        """Per layer, the routed experts' clamp after the activation (``MoE.glu_limit``; () : none anywhere)."""
+        limits = tuple(layer.ffn.glu_limit if isinstance(layer.ffn, MoE) else 0.0 for layer in self.layers)
+        return limits if any(limits) else ()
+
+    @property
+    def mlp_glu_limits(self) -> tuple[float, ...]:
+        """Per layer, the shared expert's and dense MLP's clamp bound (() : none anywhere)."""
+        limits = tuple(self.mlp_glu_limit(i) for i in range(self.num_layers))
+        return limits if any(limits) else ()
 
     def _mixing(self, kind: type) -> tuple[int, ...]:
         return tuple(i for i, layer in enumerate(self.layers) if isinstance(layer.mixer, kind))
@@ -428,30 +526,33 @@ class ModelSpec:
         """The one block of a single-block layer (``block_kinds``); "" for a mixer-then-MLP layer."""
         return self.block_kinds[layer] if self.block_kinds else ""
 
-    def attention_window(self, layer: int) -> int | None:
-        return self.sliding_window if layer in self.sliding_layers else None
-
     def to_json(self) -> dict[str, Any]:
-        """The spec as the receipts sign it: the fields, and the per-layer tuples now derived from
-        ``layers`` where those fields stood (left out when empty, as the fields were at their
-        default). ``layer_blocks`` is written (each block with its kind) only where those do not
-        say it all — a layer other than the fields derive with the mixer a derived tuple records
-        (a new block kind) — so the JSON of every family is what it was before the blocks."""
+        """The spec as a JSON object: the model-wide fields and the layer settings in the order they
+        had as one record (``SPEC_ORDER``), the per-layer tuples now derived from ``layers`` where
+        those fields stood (left out when empty, as the fields were at their default). ``layer_blocks``
+        is written (each block with its kind) only where those do not say it all — a layer other than
+        the settings derive with the mixer a derived tuple records (a new block kind) — so the JSON of
+        every family is what it was before the blocks."""
         given = asdict(self)
+        del given["settings"]
+        given.update(asdict(self.settings))
         del given["layer_blocks"]
         out: dict[str, Any] = {}
-        for name, value in given.items():
-            out[name] = value
+        for name in SPEC_ORDER:
+            if name not in given:
+                continue
+            out[name] = given[name]
             follower = DERIVED_AFTER.get(name)
             while follower is not None:
                 if derived := getattr(self, follower):
                     out[follower] = derived
                 follower = DERIVED_AFTER.get(follower)
-        for f in fields(self):
-            if f.metadata.get("omit_default") and f.name in out and getattr(self, f.name) == f.default:
-                del out[f.name]
+        for owner in (self, self.settings):
+            for f in fields(owner):
+                if f.metadata.get("omit_default") and f.name in out and getattr(owner, f.name) == f.default:
+                    del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
-        out["sliding_layers"] = list(self.sliding_layers)
+        out["sliding_layers"] = list(self.settings.sliding_layers)
         for name in (
             "linear_layers",
             "kda_layers",
@@ -466,7 +567,7 @@ class ModelSpec:
             "mlp_glu_limits",
         ):
             if name in out:
-                out[name] = list(getattr(self, name))
+                out[name] = list(out[name])
         if "attn_temperature" in out and out["attn_temperature"] is not None:
             out["attn_temperature"] = list(out["attn_temperature"])
         if self.mla is None:
@@ -476,22 +577,39 @@ class ModelSpec:
         if self.clamped_glu is not None and not self.clamped_glu.after:  # as before ``after``
             del out["clamped_glu"]["after"]
         if not self._blocks_said():  # with each block's kind (``asdict`` drops it)
-            out["layer_blocks"] = [layer.to_json() for layer in self.layer_blocks]
+            out["layer_blocks"] = [layer.to_json() for layer in self.settings.layer_blocks]
         out["routing"] = self.routing
         return out
 
     def _blocks_said(self) -> bool:
-        """Whether the fields and the derived per-layer tuples describe ``layer_blocks`` whole."""
+        """Whether the settings and the derived per-layer tuples describe ``layer_blocks`` whole."""
         kinds = self.block_kinds
         return all(
             layer
             == derived_layer(
                 self, i, layer.mixer if isinstance(layer.mixer, TUPLED) else None, kinds[i] if kinds else ""
             )
-            for i, layer in enumerate(self.layer_blocks)
+            for i, layer in enumerate(self.settings.layer_blocks)
         )
 
 
+MODEL_FIELDS = frozenset(f.name for f in fields(ModelSpec))
+# the order of the spec's JSON keys: the model-wide fields and the layer settings as they stood when
+# they were one record
+SPEC_ORDER = (
+    "family vocab_size hidden_size num_layers num_heads num_kv_heads head_dim rope_theta rms_eps num_experts "
+    "top_k expert_dim routed_layers norm_topk_prob attention_bias qk_norm clip_qkv tie_embeddings dense_dim "
+    "shared_dim sliding_window sliding_layers gate mla shared_gated mtp_layers attention_scale yarn extra o_bias "
+    "rotary_dim rope_freq_dim sparse_index norm_offset gated_attention linear_attention kda_gate_bound "
+    "rope_interleaved embedding_multiplier residual_multiplier logits_scaling attention_sinks router_logit_bias "
+    "clamped_glu scaled_expert_inputs nope_layers attn_temperature attention_chunk chunked_layers llama3_rope "
+    "layer_norm lm_head_bias sparsemixer_eps longrope renorm_min index_rope_interleave parallel_block norm_bias "
+    "shared_scale conv_kernel conv_bias renorm_eps mamba lightning_block residual_scales router_softcap "
+    "output_gate query_position_scale moe_out_norm mlp_act attn_out_norm dense_out_norm pre_norm moa moe_bias "
+    "final_norm_eps shortcut_moe zero_experts mla_lora_scale hc_mult hc_magnitude hc_eps hc_sinkhorn_iters "
+    "shared_clamped index_rope_last index_norm_eps shared_index_layers sigmoid_select mla_norm_eps "
+    "attention_kinds layer_kinds expert_glu_limits mlp_glu_limits"
+).split()
 # the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
 # the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
 # the mixer kinds those tuples record
@@ -508,35 +626,44 @@ DERIVED_AFTER: dict[str, str] = {
 
 def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = "") -> Layer:
     """Decoder layer ``i`` of ``s`` as typed blocks, its token mixer ``mixer`` where the family
-    gives one (None: the attention the fields describe), the rest as the fields describe it;
+    gives one (None: the attention the settings describe), the rest as the settings describe it;
     ``kind``: the layer is that one block ("mamba", "attention", "mlp", "moe"; Nemotron-H)."""
+    ls = s.settings
     if mixer is None and kind in ("", "mamba", "attention"):
         mixer = _mixer(s, i)
     scales = None
-    if s.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
-        scales = (s.residual_scales[1 if isinstance(mixer, Lightning) else 0], s.residual_scales[2])
+    if ls.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
+        scales = (ls.residual_scales[1 if isinstance(mixer, Lightning) else 0], ls.residual_scales[2])
     residual = Residual(
         pre_norm=s.pre_norm,
         norm_bias=s.layer_norm and s.norm_bias,
         parallel=s.parallel_block,
         single_block=bool(kind),
-        multiplier=s.residual_multiplier,
+        multiplier=ls.residual_multiplier,
         scales=scales,
         hc=HyperConnection(s.hc_mult, s.hc_sinkhorn_iters) if s.hc_mult else None,
-        shortcut=DenseMLP(s.dense_dim) if s.shortcut_moe else None,
+        shortcut=DenseMLP(s.dense_dim) if ls.shortcut_moe else None,
     )
     if kind:  # Nemotron-H: the layer is one block
         routed = kind == "moe"
         ffn = (
             None
             if kind in ("mamba", "attention")
-            else _moe(s, single=True)
+            else _moe(s, i, single=True)
             if routed
             else DenseMLP(s.dense_dim, gated=_glu(s))
         )
         return Layer(mixer, ffn, residual)
-    ffn = _moe(s) if s.is_routed(i) else DenseMLP(s.dense_dim, glu_limit=s.mlp_glu_limit(i), out_norm=s.dense_out_norm)
+    ffn = (
+        _moe(s, i)
+        if s.is_routed(i)
+        else DenseMLP(s.dense_dim, glu_limit=_limit(ls.mlp_glu_limits, i), out_norm=ls.dense_out_norm)
+    )
     return Layer(mixer, ffn, residual)
+
+
+def _limit(limits: tuple[float, ...], i: int) -> float:
+    return limits[i] if limits else 0.0
 
 
 def _single_kind(layer: Layer) -> str:
@@ -551,11 +678,17 @@ def _glu(s: ModelSpec) -> bool:
     return s.mlp_act != "relu2"
 
 
-def _moe(s: ModelSpec, single: bool = False) -> MoE:
+def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
     shared = None
     if s.shared_dim:  # Granite 4.0: gate and up rows in one ``input_linear``; Nemotron-H: no gate
         fused = "shared_gate_up" in s.layout.layer
-        shared = SharedExpert(s.shared_dim, gated=s.shared_gated and not single, fused=fused, glu=_glu(s))
+        shared = SharedExpert(
+            s.shared_dim,
+            gated=s.shared_gated and not single,
+            fused=fused,
+            glu=_glu(s),
+            glu_limit=_limit(s.settings.mlp_glu_limits, i),
+        )
     return MoE(
         s.num_experts,
         s.top_k,
@@ -566,45 +699,47 @@ def _moe(s: ModelSpec, single: bool = False) -> MoE:
         out_bias=s.moe_bias,
         zero_experts=s.zero_experts,
         shared=shared,
+        glu_limit=_limit(s.settings.expert_glu_limits, i),
     )
 
 
 def _mixer(s: ModelSpec, i: int) -> Mixer:
-    layout = s.layout.layer
+    layout, ls = s.layout.layer, s.settings
     if s.mla is not None:
         return MLAttention(
             s.mla,
             s.num_heads,
-            rope=i not in s.nope_layers,
+            rope=i not in ls.nope_layers,
             index=s.sparse_index,
-            shared_index=i in s.shared_index_layers,
-            sinks=s.attention_sinks,
-            output_gate=s.output_gate,
-            qk_norm=s.qk_norm,
+            shared_index=i in ls.shared_index_layers,
+            sinks=ls.attention_sinks,
+            output_gate=ls.output_gate,
+            qk_norm=ls.qk_norm,
             head_dim=s.head_dim,
-            bias=s.attention_bias,
+            bias=ls.attention_bias,
         )
-    if s.moa:
+    if ls.moa:
         return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
-    a = s.attention_kind(i)
+    kind = ls.layer_kinds[i] if ls.layer_kinds else None
+    a = None if kind is None else s.attention_kinds[kind]
     return Attention(
         heads=s.num_heads if a is None else a.num_heads,
         kv_heads=s.num_kv_heads if a is None else a.num_kv_heads,
         head_dim=s.head_dim if a is None else a.head_dim,
         v_head_dim=0 if a is None else a.v_head_dim,
-        rope=i not in s.nope_layers,
-        attention_kind=None if a is None else s.layer_kinds[i],
-        window=s.attention_window(i),
-        chunk=s.attention_chunk if i in s.chunked_layers else None,
-        sinks=s.attention_sinks if a is None else a.sinks,
+        rope=i not in ls.nope_layers,
+        attention_kind=kind,
+        window=ls.sliding_window if i in ls.sliding_layers else None,
+        chunk=ls.attention_chunk if i in ls.chunked_layers else None,
+        sinks=ls.attention_sinks if a is None else a.sinks,
         value_scale=1.0 if a is None else a.value_scale,
-        gated_q=s.gated_attention,
-        output_gate=s.output_gate,
-        qk_norm=s.qk_norm,
-        bias=s.attention_bias,
-        o_bias=s.o_bias,
+        gated_q=ls.gated_attention,
+        output_gate=ls.output_gate,
+        qk_norm=ls.qk_norm,
+        bias=ls.attention_bias,
+        o_bias=ls.o_bias,
         fused_qkv="qkv" in layout,
-        out_norm=s.attn_out_norm,
+        out_norm=ls.attn_out_norm,
     )
 
 
@@ -655,8 +790,8 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
-    if spec.layer_blocks and len(spec.layer_blocks) != spec.num_layers:
-        raise fail(f"the family describes {len(spec.layer_blocks)} layers, num_hidden_layers is {spec.num_layers}")
+    if (given := spec.settings.layer_blocks) and len(given) != spec.num_layers:
+        raise fail(f"the family describes {len(given)} layers, num_hidden_layers is {spec.num_layers}")
     if spec.shared_clamped and spec.clamped_glu is None:
         raise fail("a clamped shared expert needs the experts' clamp (swiglu_limit)")
     if not spec.routed_layers:

@@ -4,11 +4,11 @@ layer where a model has several) and their rotate-half and interleaved applicati
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
+from moeaudit.spec.blocks import Attention
 from moeaudit.spec.config import AttentionKind, ModelSpec, Yarn
 
 
@@ -50,8 +50,7 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
 
 def _kind_spec(spec: ModelSpec, a: AttentionKind) -> ModelSpec:
     """``spec`` with one kind of layer's attention as its own (default RoPE of that kind)."""
-    return replace(
-        spec,
+    return spec.revised(
         num_heads=a.num_heads,
         num_kv_heads=a.num_kv_heads,
         head_dim=a.head_dim,
@@ -70,10 +69,10 @@ def kind_rope(
     spec: ModelSpec, rope: tuple[torch.Tensor, torch.Tensor], layer: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The RoPE table ``layer`` uses: ``rope`` itself, or its kind's from the stacked tables."""
-    a = spec.attention_kind(layer)
-    if a is None:
+    mixer = spec.layers[layer].mixer
+    if not isinstance(mixer, Attention) or (k := mixer.attention_kind) is None:
         return rope
-    k, D = spec.layer_kinds[layer], a.rope_dim
+    D = spec.attention_kinds[k].rope_dim
     return rope[0][k, :, :D], rope[1][k, :, :D]
 
 
