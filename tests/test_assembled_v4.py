@@ -14,7 +14,6 @@ streams, Sinkhorn iterations and the RoPE."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -165,8 +164,7 @@ def _spec(cfg: DeepseekV4Config) -> ModelSpec:
             "index_head_dim": 8,
         }
     )
-    return dataclasses.replace(
-        base,
+    return base.revised(
         gate=Gate(scoring="sqrtsoftplus", selection_bias=True, scaling=cfg.routed_scaling_factor),
         norm_topk_prob=True,
         clamped_glu=ClampedGLU(alpha=1.0, limit=cfg.swiglu_limit, offset=0.0),

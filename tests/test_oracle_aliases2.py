@@ -89,7 +89,7 @@ def test_granite_variants_match_transformers(case: str, dtype: str, tmp_path: Pa
     assert ckpt.spec.family == family and ckpt.warnings == [] and ckpt.notes == []
     agree(ckpt, model, random_tokens(), GRANITE)
     cfg = model.config
-    assert ckpt.spec.shared_dim == cfg.shared_intermediate_size and not ckpt.spec.shared_gated
+    assert ckpt.spec.shared_dim == cfg.shared_intermediate_size and not ckpt.spec.settings.shared_gated
     if family == "granitemoe_swa":
         assert ckpt.spec.sliding_layers == tuple(i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention")
         assert ckpt.spec.nope_layers == tuple(i for i, t in enumerate(cfg.layer_rope_theta) if not t)
@@ -224,7 +224,10 @@ def test_mistral4_matches_transformers(case: str, dtype: str, tmp_path: Path) ->
     assert ckpt.spec.family == "mistral4" and ckpt.warnings == [] and ckpt.notes == []
     agree(ckpt, model, random_tokens(), Modules(shared=("mlp.shared_experts.",)))
     rope = model.config.rope_parameters
-    assert ckpt.spec.query_position_scale == (rope["llama_4_scaling_beta"], rope["original_max_position_embeddings"])
+    assert ckpt.spec.settings.query_position_scale == (
+        rope["llama_4_scaling_beta"],
+        rope["original_max_position_embeddings"],
+    )
 
 
 def test_mistral4_query_scaling_changes_the_numbers(tmp_path: Path) -> None:
@@ -413,7 +416,7 @@ def test_axk1_matches_transformers(case: str, dtype: str, tmp_path: Path) -> Non
     base = {k: v for k, v in aliases2.TINY["axk1"].items() if k not in AXK1[case] or AXK1[case][k]}
     save_tiny(tmp_path, "axk1", dtype=DTYPES[dtype], **{**base, **overrides})
     ckpt, model = Checkpoint(tmp_path), load(tmp_path)
-    assert ckpt.spec.family == "axk1" and ckpt.spec.moe_out_norm and ckpt.warnings == [] and ckpt.notes == []
+    assert ckpt.spec.family == "axk1" and ckpt.spec.settings.moe_out_norm and ckpt.warnings == [] and ckpt.notes == []
     agree(ckpt, model, random_tokens(), Modules(shared=("mlp.shared_experts.",)))
 
 

@@ -228,7 +228,7 @@ def cohere_observed(model: Any, tokens: torch.Tensor) -> Observed:
 def test_cohere2_moe_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     model, ckpt = check(tmp_path, "cohere2_moe", case, dtype, COHERE[case], cohere_observed)
     s, cfg = ckpt.spec, model.config
-    assert s.routed_layers == _routed(model) and s.parallel_block
+    assert s.routed_layers == _routed(model) and s.settings.parallel_block
     assert s.sliding_layers == tuple(i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention")
     rotated = [layer.self_attn.sliding_window is not None or layer.self_attn.force_rope for layer in model.model.layers]
     assert s.nope_layers == tuple(i for i, r in enumerate(rotated) if not r)
@@ -378,7 +378,7 @@ def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path)
     model, ckpt = check(tmp_path, "dbrx", case, dtype, DBRX[case], dbrx_observed)
     s, attn, ffn = ckpt.spec, model.config.attn_config, model.config.ffn_config
     assert (s.num_experts, s.top_k, s.expert_dim) == (ffn.moe_num_experts, ffn.moe_top_k, ffn.ffn_hidden_size)
-    assert (s.num_kv_heads, s.clip_qkv, s.rope_theta) == (
+    assert (s.num_kv_heads, s.settings.clip_qkv, s.rope_theta) == (
         attn.kv_n_heads,
         attn.clip_qkv,
         model.config.rope_parameters["rope_theta"],
@@ -419,7 +419,7 @@ def test_dbrx_hub_config_reads_with_its_own_rope_theta() -> None:
     }
     s = spec_from_config(cfg)
     assert (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.num_layers) == (6144, 48, 8, 128, 40)
-    assert (s.rope_theta, s.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
+    assert (s.rope_theta, s.settings.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
     assert s.routing == "softmax top-4 of 16, renormalised" and not s.norm_bias
 
 

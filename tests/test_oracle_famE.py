@@ -244,7 +244,7 @@ GLM5: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", GLM5)
 def test_glm_moe_dsa_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
     ckpt = check(tmp_path, "glm_moe_dsa", dtype, **GLM5[case])
-    assert ckpt.spec.index_rope_interleave and ckpt.spec.sparse_index is not None
+    assert ckpt.spec.settings.index_rope_interleave and ckpt.spec.sparse_index is not None
 
 
 def test_glm_moe_dsa_indexer_rope_changes_the_loss(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_glm_moe_dsa_config_defaults_and_shared_indexers() -> None:
 
     hf = transformers.AutoConfig.for_model("glm_moe_dsa")
     spec = spec_from_config(hf.to_dict())
-    assert spec.sparse_index is not None and spec.sparse_index.n_heads == 32 and spec.index_rope_interleave
+    assert spec.sparse_index is not None and spec.sparse_index.n_heads == 32 and spec.settings.index_rope_interleave
     assert (spec.num_experts, spec.gate.n_group, spec.rms_eps) == (256, 1, 1e-5)
     assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
     cfg = {k: v for k, v in hf.to_dict().items() if k != "indexer_types"}

@@ -124,7 +124,12 @@ def test_flex_olmo_replay_matches_transformers(case: str, dtype: str, tmp_path: 
     spec = ckpt.spec
     assert spec.routed_layers == tuple(range(model.config.num_hidden_layers))
     assert (spec.top_k, spec.num_experts) == (model.config.num_experts_per_tok, model.config.num_experts)
-    assert not spec.pre_norm and spec.settings.attn_out_norm and spec.moe_out_norm and spec.settings.qk_norm == "full"
+    assert (
+        not spec.settings.pre_norm
+        and spec.settings.attn_out_norm
+        and spec.settings.moe_out_norm
+        and spec.settings.qk_norm == "full"
+    )
     if log := os.environ.get("MOEAUDIT_FLEX_OLMO_LOG"):
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps({"case": case, "dtype": dtype, **_worst(ref, ours)}) + "\n")
@@ -184,7 +189,12 @@ def test_flex_olmo_config_defaults_match_transformers() -> None:
     assert (spec.num_experts, spec.top_k, spec.expert_dim) == (7, 5, 11008)
     assert (spec.head_dim, spec.rms_eps, spec.rope_theta) == (128, 1e-6, 500000.0)
     assert spec.routed_layers == tuple(range(32)) and not spec.norm_topk_prob and spec.shared_dim == 0
-    assert not spec.pre_norm and spec.settings.attn_out_norm and spec.moe_out_norm and not spec.settings.dense_out_norm
+    assert (
+        not spec.settings.pre_norm
+        and spec.settings.attn_out_norm
+        and spec.settings.moe_out_norm
+        and not spec.settings.dense_out_norm
+    )
     cfg = {k: v for k, v in hf.to_dict().items() if k not in ("rope_parameters", "rms_norm_eps", "norm_topk_prob")}
     absent = spec_from_config(cfg)  # the configuration class's defaults when the keys are absent
     assert (absent.rope_theta, absent.rms_eps, absent.norm_topk_prob) == (500000.0, 1e-6, False)

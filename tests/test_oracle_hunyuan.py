@@ -79,7 +79,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }
     s = spec_from_config(cfg)
-    assert (s.num_experts, s.top_k, s.expert_dim, s.shared_dim, s.shared_gated) == (64, 8, 3072, 3072, False)
+    assert (s.num_experts, s.top_k, s.expert_dim, s.shared_dim, s.settings.shared_gated) == (64, 8, 3072, 3072, False)
     assert s.routing == "softmax top-8 of 64, renormalised" and s.routed_layers == tuple(range(32))
 
 

@@ -54,8 +54,8 @@ def test_hy_v4_vl_text_decoder_matches_transformers(case: str, dtype: str, tmp_p
     text = model.config.text_config
     s = ckpt.spec
     assert s.routed_layers == tuple(i for i, t in enumerate(text.mlp_layer_types) if t == "sparse")
-    assert s.hc_mult == text.hc_mult and s.mla_norm_eps == text.rms_norm_eps
-    assert s.mla is not None and s.mla.rope_interleave and s.index_rope_interleave
+    assert s.hc_mult == text.hc_mult and s.settings.mla_norm_eps == text.rms_norm_eps
+    assert s.mla is not None and s.mla.rope_interleave and s.settings.index_rope_interleave
     assert "the text decoder" in FAMILIES["hy_v4_vl"].audits
 
 
@@ -69,8 +69,8 @@ def test_each_difference_from_hy_v4_matters(tmp_path: Path) -> None:
     base = float(observed(ckpt, tokens).loss)
     for changed in (
         dataclasses.replace(s, mla=dataclasses.replace(s.mla, rope_interleave=False)),
-        dataclasses.replace(s, index_rope_interleave=False),
-        dataclasses.replace(s, mla_norm_eps=None),
+        s.revised(index_rope_interleave=False),
+        s.revised(mla_norm_eps=None),
     ):
         ckpt.spec = changed
         assert abs(float(observed(ckpt, tokens).loss) - base) > 1e-2

@@ -136,7 +136,12 @@ def test_longcat_config_defaults_match_transformers() -> None:
     assert (spec.num_layers, spec.num_experts, spec.zero_experts, spec.top_k) == (28, 768, 256, 12)
     assert (spec.parametric_experts, spec.expert_dim, spec.dense_dim) == (512, 2048, 12288)
     assert (spec.rms_eps, spec.rope_theta, spec.gate.scaling, spec.head_dim) == (1e-5, 1e7, 6.0, 64)
-    assert spec.settings.shortcut_moe and spec.mla_lora_scale and spec.mla is not None and spec.mla.rope_interleave
+    assert (
+        spec.settings.shortcut_moe
+        and spec.settings.mla_lora_scale
+        and spec.mla is not None
+        and spec.mla.rope_interleave
+    )
     assert spec.routing == "softmax top-12 of 768 (256 zero-computation), selection bias, not renormalised, ×6"
     absent = {k: v for k, v in hf.to_dict().items() if k not in ("num_layers", "zero_expert_num", "head_dim")}
     assert spec_from_config(absent) == spec  # the configuration class's defaults when the keys are absent

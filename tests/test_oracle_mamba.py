@@ -293,7 +293,7 @@ def test_granitemoehybrid_replay_matches_transformers(case: str, dtype: str, tmp
     save_tiny(tmp_path, "granitemoehybrid", dtype=DTYPES[dtype], **overrides)
     ckpt, _ = check("granitemoehybrid", tmp_path, random_tokens(windows, length))
     s = ckpt.spec
-    assert s.routed_layers == tuple(range(s.num_layers)) and s.shared_dim and not s.shared_gated
+    assert s.routed_layers == tuple(range(s.num_layers)) and s.shared_dim and not s.settings.shared_gated
     attending = tuple(i for i in range(s.num_layers) if i not in s.mamba_layers)
     assert s.nope_layers == (() if overrides.get("position_embedding_type") == "rope" else attending)
     assert ckpt.fused

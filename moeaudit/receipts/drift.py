@@ -4,7 +4,7 @@ Table 7).
 Base-anchored states: z^(0) from θ0's replay; y^(0→j) = γ_j ⊙ z^(0) pushes the same state
 through each checkpoint's own gain, isolating routing and expert change from path change.
 Both anchored states are built the same way, so identical checkpoints give exactly zero.
-Without a pre-norm (``ModelSpec.pre_norm`` false: OLMo-2 post-norm layers) the router reads the
+Without a pre-norm (``Residual.pre_norm`` false: OLMo-2 post-norm layers) the router reads the
 residual stream itself, so y^(0→j) = h^(0), the base's stream, for every checkpoint, and the
 gain drift is null (docs/decisions.md).
 
@@ -65,7 +65,10 @@ def pair_layer(
     with replay_scope(dev):
         per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
         per_token, bias = to_host((per_token, bias), dev)
-        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm)}
+        out = {
+            "drift": _drift(per_token, boot),
+            "weights": weight_change(lw0, lw1, dev, gain=spec.layers[lw0.layer].residual.pre_norm),
+        }
     if bias is not None:  # the balancer's control input, next to its result
         out["selection_bias"] = bias_drift(*bias)
     return out
@@ -78,7 +81,7 @@ def _pair_tensors(
     None), where the inputs live."""
     K = spec.top_k
     z = base.z_NH
-    if spec.pre_norm:
+    if spec.layers[lw0.layer].residual.pre_norm:
         y00, y01 = (lw.params["post_norm"] * z + lw.params.get("post_norm_bias", 0.0) for lw in (lw0, lw1))
     else:  # no gain: each checkpoint's router reads the base's stream h^(0) (the base tap's y)
         y00 = y01 = base.y_NH

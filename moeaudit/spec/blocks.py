@@ -66,7 +66,9 @@ class Attention:
     has one per kind of layer (``ModelSpec.attention_kinds``); a causal ``window`` or a ``chunk`` of
     local attention; learned ``sinks``; the query also emitting a gate (``gated_q``, Qwen3-Next), an
     output gate (``output_gate``), a q/k norm (``qk_norm``, as ``ModelSpec.qk_norm``), biases,
-    one fused ``qkv`` projection, a norm on the output (``out_norm``, AFMoE)."""
+    one fused ``qkv`` projection, a norm on the output (``out_norm``, AFMoE); q, k and v clamped to
+    ±``clip`` (DBRX's ``clip_qkv``); on NoPE layers the query × 1 + s·log(1 + ⌊(pos + 1) / f⌋) with
+    (s, f) = ``temperature`` (Llama 4's ``attn_scale``, ``floor_scale``)."""
 
     heads: int
     kv_heads: int
@@ -85,6 +87,8 @@ class Attention:
     o_bias: bool = True
     fused_qkv: bool = False
     out_norm: bool = False
+    clip: float | None = None
+    temperature: tuple[float, float] | None = None
 
     KIND: ClassVar[str] = "attention"
     # in the mixer group before the pre-norm's gains, then after them (``Residual.INPUTS``)
@@ -153,7 +157,12 @@ class MLAttention:
     """Multi-head latent attention (DeepSeek-V2/V3, ``replay.blocks.mla``): ``heads`` heads over a
     low-rank query and one shared kv latent (``mla``); RoPE on the rope dims unless ``rope`` is
     false (Kimi Linear); DeepSeek Sparse Attention's indexer (``index``; None on a layer that reuses
-    the previous layer's selection, HY-V4); sinks, an output gate and biases as :class:`Attention`'s."""
+    the previous layer's selection, HY-V4); sinks, an output gate and biases as :class:`Attention`'s.
+    LongCat-Flash's LoRA scales (``lora_scale``: the query × √(H / q_lora_rank), the normed kv latent ×
+    √(H / kv_lora_rank)); the latents' RMSNorm eps (``norm_eps``; None: ``MLA_NORM_EPS``, as DeepSeek
+    builds them); Mistral 4's query × 1 + β·log(1 + ⌊pos / L⌋) with (β, L) = ``position_scale``; the
+    DSA indexer's RoPE on adjacent pairs (``index_rope_interleave``, GLM-5) or on the last rope dims
+    of its heads (``index_rope_last``, HY-V4) and its key norm's eps (``index_norm_eps``; None: 1e-6)."""
 
     mla: MLA
     heads: int
@@ -165,6 +174,12 @@ class MLAttention:
     qk_norm: str = "none"
     head_dim: int = 0  # the spec's head_dim (the q/k norm's width, where one is given)
     bias: bool = False
+    lora_scale: bool = False
+    norm_eps: float | None = None
+    position_scale: tuple[float, int] | None = None
+    index_rope_interleave: bool = False
+    index_rope_last: bool = False
+    index_norm_eps: float | None = None
 
     KIND: ClassVar[str] = "mla"
     HEAD: ClassVar[tuple[str, ...]] = ("q", "o", "o_bias", "q_norm", "k_norm")
@@ -475,13 +490,17 @@ class DenseMLP:
 class SharedExpert:
     """The always-on expert of width ``dim`` (``shared_`` names): behind a sigmoid gate (``gated``,
     Qwen2-MoE), its gate and up rows in one tensor (``fused``, Granite 4.0), non-gated ReLU²
-    (``glu`` false, Nemotron-H); a clamp after the activation at ``glu_limit`` (Step 3.5; 0: none)."""
+    (``glu`` false, Nemotron-H); a clamp after the activation at ``glu_limit`` (Step 3.5; 0: none), or
+    DeepSeek-V4's before it, silu(min(gate, c)) ⊙ clamp(up, ±c) with c = ``clamp`` (0: none); its
+    output × ``scale`` (Cohere's "average" combination: 0.5)."""
 
     dim: int
     gated: bool = True
     fused: bool = False
     glu: bool = True
     glu_limit: float = 0.0
+    scale: float = 1.0
+    clamp: float = 0.0
 
     GRADS: ClassVar[Grads] = {SHARED: ("shared_w1", "shared_w3", "shared_w2", "shared_gate")}
 

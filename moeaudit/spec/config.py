@@ -191,6 +191,25 @@ class LayerSettings:
     # 0 (or empty): no clamp on that layer
     expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
     mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
+    # the settings of the blocks the ModelSpec notes above describe (each block record says how it
+    # uses its share: ``Attention.clip`` / ``temperature``, ``MLAttention``'s LoRA scales, latent eps,
+    # position scale and indexer RoPE, ``SharedExpert.gated`` / ``scale`` / ``clamp``, ``MoE.out_bias`` /
+    # ``out_norm``, ``Residual.parallel`` / ``pre_norm``)
+    clip_qkv: float | None = None
+    shared_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; DeepSeek: none
+    attn_temperature: tuple[float, float] | None = field(default=None, metadata=NEW)
+    index_rope_interleave: bool = field(default=False, metadata=NEW)
+    parallel_block: bool = field(default=False, metadata=NEW)
+    shared_scale: float = field(default=1.0, metadata=NEW)
+    query_position_scale: tuple[float, int] | None = field(default=None, metadata=NEW)
+    moe_out_norm: bool = field(default=False, metadata=NEW)
+    pre_norm: bool = field(default=True, metadata=NEW)
+    moe_bias: bool = field(default=False, metadata=NEW)
+    mla_lora_scale: bool = field(default=False, metadata=NEW)
+    shared_clamped: bool = field(default=False, metadata=NEW)
+    index_rope_last: bool = field(default=False, metadata=NEW)
+    index_norm_eps: float | None = field(default=None, metadata=NEW)
+    mla_norm_eps: float | None = field(default=None, metadata=NEW)
     # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
     # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
     # () : ``layers`` derives them from the fields above
@@ -215,13 +234,11 @@ class ModelSpec:
     expert_dim: int  # intermediate size of one routed expert
     routed_layers: tuple[int, ...]
     norm_topk_prob: bool
-    clip_qkv: float | None
     tie_embeddings: bool
     dense_dim: int = 0  # intermediate size of a dense MLP layer (mlp_only_layers)
     shared_dim: int = 0  # intermediate size of the shared expert (0 = none)
     gate: Gate = Gate()
     mla: MLA | None = None
-    shared_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; DeepSeek: none
     mtp_layers: int = 0  # multi-token-prediction modules stored after the decoder (not replayed)
     attention_scale: float | None = None  # None: head_dim ** -0.5
     yarn: Yarn | None = None
@@ -254,7 +271,6 @@ class ModelSpec:
     # (attention within ``attention_chunk`` token blocks) on ``chunked_layers``; Llama 3 RoPE
     # scaling. ``qk_norm`` "l2": a weightless RMS norm of q and k after RoPE, on RoPE layers
     scaled_expert_inputs: bool = field(default=False, metadata=NEW)
-    attn_temperature: tuple[float, float] | None = field(default=None, metadata=NEW)
     llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
     # Phi-3.5-MoE: LayerNorm (mean-centred, with a bias) for the block and final norms, a bias on
     # the LM head, sparsemixer routing (``gate.scoring`` "sparsemixer" with this jitter ε),
@@ -266,13 +282,10 @@ class ModelSpec:
     # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
     renorm_min: float = field(default=0.0, metadata=NEW)
     # GLM-5 (glm_moe_dsa): the DSA indexer rotates adjacent pairs, as its MLA does
-    index_rope_interleave: bool = field(default=False, metadata=NEW)
     # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
     # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
     # shared expert's output × ``shared_scale`` ("average" combination: routed and shared halved)
-    parallel_block: bool = field(default=False, metadata=NEW)
     norm_bias: bool = field(default=True, metadata=NEW)
-    shared_scale: float = field(default=1.0, metadata=NEW)
     # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
     # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
     renorm_eps: float = field(default=0.0, metadata=NEW)
@@ -281,10 +294,8 @@ class ModelSpec:
     router_softcap: float = field(default=0.0, metadata=NEW)
     # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
     # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
-    query_position_scale: tuple[float, int] | None = field(default=None, metadata=NEW)
     # A.X-K1: the MoE block's output (routed + shared) passes an RMSNorm (gain ``moe_out_norm``)
     # before the residual add
-    moe_out_norm: bool = field(default=False, metadata=NEW)
     # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
     # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
     mlp_act: str = field(default="swiglu", metadata=NEW)
@@ -292,13 +303,11 @@ class ModelSpec:
     # block (no ``input_norm``, no ``post_norm``): each block reads the residual stream itself, so
     # the router's input is y = h (no gain; z = h / r stays the receipts' state), and the block
     # outputs are normed instead (``attn_out_norm``, ``moe_out_norm``) — docs/decisions.md
-    pre_norm: bool = field(default=True, metadata=NEW)
     # JetMoE: the token mixer is a mixture of attention heads (``replay.moa``: routed per-expert
     # q/o projections over one shared kv projection, ``MOA_NAMES``), top-``top_k`` of
     # ``num_experts`` attention experts, ``num_heads`` = top_k · ``num_kv_heads``; a bias
     # (``moe_bias``) added to the routed MoE block's output; the final norm's eps when it is not
     # the decoder layers' (``rms_eps``; JetMoE builds its layer norms with eps 1e-6)
-    moe_bias: bool = field(default=False, metadata=NEW)
     final_norm_eps: float | None = field(default=None, metadata=NEW)
     # LongCat-Flash: each layer two attention + dense-MLP sub-blocks (the second's tensors named
     # ``SECOND_BLOCK`` + the first's) and one MoE reading the first MLP's input (the stream after the
@@ -307,7 +316,6 @@ class ModelSpec:
     # (zero-computation) experts, u_e(y) = y; MLA with the LoRA scales q × √(H / q_lora_rank) and
     # the kv latent × √(H / kv_lora_rank) (``mla_lora_scale``)
     zero_experts: int = field(default=0, metadata=NEW)
-    mla_lora_scale: bool = field(default=False, metadata=NEW)
     # HY-V4 (hy_v4): hyper-connections. The residual stream is ``hc_mult`` streams, [B, T, hc, H]
     # (the embedding copied onto each; a layer's input and output): each sub-block reads a mix
     # Σ_s pre_s x_s, pre = σ(·) + ``hc_eps`` formed from the flattened streams (``HC_NAMES``:
@@ -327,16 +335,12 @@ class ModelSpec:
     hc_sinkhorn_iters: int = field(default=0, metadata=NEW)
     # DeepSeek-V4: the shared expert's SwiGLU clamped at ``clamped_glu.limit`` as the routed experts'
     # are (gate ≤ limit, |up| ≤ limit; α 1, offset 0)
-    shared_clamped: bool = field(default=False, metadata=NEW)
-    index_rope_last: bool = field(default=False, metadata=NEW)
-    index_norm_eps: float | None = field(default=None, metadata=NEW)
     # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
     # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
     # logits (Llama 4's router) — docs/decisions.md
     sigmoid_select: bool = field(default=False, metadata=NEW)
     # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
     # DeepSeek's and HY-V4's attention build them)
-    mla_norm_eps: float | None = field(default=None, metadata=NEW)
     # MiMo-V2-Flash, Mellum (docs/decisions.md, "Attention per kind of layer (mimo_v2_flash,
     # step3p5, step3p7, laguna, mellum)"): attention per kind of layer — ``layer_kinds[i]`` indexes
     # ``attention_kinds`` for layer i, whose head counts, head sizes, RoPE table and sinks then
@@ -635,9 +639,9 @@ def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = 
     if ls.residual_scales is not None:  # MiniMax-01: (α, β) of full attention, lightning, the MLP / MoE
         scales = (ls.residual_scales[1 if isinstance(mixer, Lightning) else 0], ls.residual_scales[2])
     residual = Residual(
-        pre_norm=s.pre_norm,
+        pre_norm=ls.pre_norm,
         norm_bias=s.layer_norm and s.norm_bias,
-        parallel=s.parallel_block,
+        parallel=ls.parallel_block,
         single_block=bool(kind),
         multiplier=ls.residual_multiplier,
         scales=scales,
@@ -679,15 +683,18 @@ def _glu(s: ModelSpec) -> bool:
 
 
 def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
-    shared = None
+    shared, ls = None, s.settings
     if s.shared_dim:  # Granite 4.0: gate and up rows in one ``input_linear``; Nemotron-H: no gate
         fused = "shared_gate_up" in s.layout.layer
+        clamp = s.clamped_glu.limit if ls.shared_clamped and s.clamped_glu is not None else 0.0
         shared = SharedExpert(
             s.shared_dim,
-            gated=s.shared_gated and not single,
+            gated=ls.shared_gated and not single,
             fused=fused,
             glu=_glu(s),
-            glu_limit=_limit(s.settings.mlp_glu_limits, i),
+            glu_limit=_limit(ls.mlp_glu_limits, i),
+            scale=ls.shared_scale,
+            clamp=clamp,
         )
     return MoE(
         s.num_experts,
@@ -695,8 +702,8 @@ def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
         s.expert_dim,
         s.gate,
         logit_bias=s.router_logit_bias,
-        out_norm=s.moe_out_norm,
-        out_bias=s.moe_bias,
+        out_norm=ls.moe_out_norm,
+        out_bias=ls.moe_bias,
         zero_experts=s.zero_experts,
         shared=shared,
         glu_limit=_limit(s.settings.expert_glu_limits, i),
@@ -717,6 +724,12 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
             qk_norm=ls.qk_norm,
             head_dim=s.head_dim,
             bias=ls.attention_bias,
+            lora_scale=ls.mla_lora_scale,
+            norm_eps=ls.mla_norm_eps,
+            position_scale=ls.query_position_scale,
+            index_rope_interleave=ls.index_rope_interleave,
+            index_rope_last=ls.index_rope_last,
+            index_norm_eps=ls.index_norm_eps,
         )
     if ls.moa:
         return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
@@ -740,6 +753,8 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
         o_bias=ls.o_bias,
         fused_qkv="qkv" in layout,
         out_norm=ls.attn_out_norm,
+        clip=ls.clip_qkv,
+        temperature=ls.attn_temperature,
     )
 
 
@@ -792,7 +807,7 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
     if (given := spec.settings.layer_blocks) and len(given) != spec.num_layers:
         raise fail(f"the family describes {len(given)} layers, num_hidden_layers is {spec.num_layers}")
-    if spec.shared_clamped and spec.clamped_glu is None:
+    if spec.settings.shared_clamped and spec.clamped_glu is None:
         raise fail("a clamped shared expert needs the experts' clamp (swiglu_limit)")
     if not spec.routed_layers:
         raise CheckpointError(

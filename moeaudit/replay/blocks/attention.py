@@ -25,7 +25,7 @@ def attention(
     layer: int = -1,
 ) -> torch.Tensor:
     """Layer ``layer``'s attention ``a`` of its normed input (the model-wide choices, RoPE's pair
-    layout, the q/k/v clip, the softmax scale, the NoPE temperature, are ``spec``'s)."""
+    layout and the softmax scale, are ``spec``'s)."""
     B, T, _ = x_BTH.shape
     D, nh, nkv, Dv, sinks = a.head_dim, a.heads, a.kv_heads, a.value_dim, a.sinks
     if a.attention_kind is not None:  # MiMo-V2-Flash, Mellum: this layer kind's own RoPE table
@@ -42,8 +42,8 @@ def attention(
         q, gate = q.reshape(B, T, nh * D), gate.reshape(B, T, nh * D)
     if a.qk_norm == "full":  # OLMoE: one norm over all heads, before the head split
         q, k = rms_norm(q, p["q_norm"], spec.rms_eps), rms_norm(k, p["k_norm"], spec.rms_eps)
-    if spec.clip_qkv is not None:
-        c = spec.clip_qkv
+    if a.clip is not None:  # DBRX
+        c = a.clip
         q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
     q_BTnD, k_BTnD, v_BTnD = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, Dv)
     if a.qk_norm == "head":  # Qwen3: per-head norm
@@ -60,8 +60,8 @@ def attention(
     if a.qk_norm == "l2" and not nope:  # Llama 4: weightless RMS norm of the rotated q and k
         q_BnTD = _l2_norm(q_BnTD, spec.rms_eps)
         k_BnTD = _l2_norm(k_BnTD, spec.rms_eps)
-    if nope and spec.attn_temperature is not None:  # Llama 4: query temperature grows with position
-        attn_scale, floor_scale = spec.attn_temperature
+    if nope and a.temperature is not None:  # Llama 4: query temperature grows with position
+        attn_scale, floor_scale = a.temperature
         pos = torch.arange(T, device=x_BTH.device, dtype=torch.float32)
         q_BnTD = q_BnTD * (torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None]
     if a.qk_norm == "head_after_rope":  # Hunyuan: per-head norm of the rotated q and k

@@ -159,7 +159,7 @@ class Additive:
 
     def enter(self, spec: ModelSpec, lw: LayerWeights, x: torch.Tensor, rope: Rope) -> tuple[Any, torch.Tensor]:
         h = attention_block(spec, lw, x, rope)
-        return h, mlp_input(spec, x, h)
+        return h, mlp_input(spec.layers[lw.layer].residual, x, h)
 
     def leave(
         self,

@@ -117,7 +117,7 @@ def decoder_layer(
         return shortcut_rest(spec, lw, h, moe_tap.y_NH.view_as(h), rope) + moe_out, moe_tap
     if layer.ffn is None:  # Nemotron-H: the mixer is the layer
         return h, None
-    out, y, tap = FFNS[type(layer.ffn)](spec, lw, layer.ffn, mlp_input(spec, x_BTH, h), extra, keep, moe)
+    out, y, tap = FFNS[type(layer.ffn)](spec, lw, layer.ffn, mlp_input(r, x_BTH, h), extra, keep, moe)
     if r.scales is not None:  # MiniMax-01: α·y + β·FFN(y), y = norm(h) (the MoE's: in its taps)
         y = y if tap is None else tap.y_NH.view_as(out)
         assert y is not None
@@ -159,9 +159,10 @@ def _dense(
 ) -> tuple[torch.Tensor, torch.Tensor | None, MoETap | None]:
     """A dense MLP: (its output, its normed input y, no taps)."""
     p = lw.params
-    w, b = mlp_norm(spec)
+    residual = spec.layers[lw.layer].residual
+    w, b = mlp_norm(residual)
     # post-norm layers: the stream itself
-    y = block_norm(spec, moe_in, p[w], p.get(b)) if spec.layers[lw.layer].residual.pre_norm else moe_in
+    y = block_norm(spec, moe_in, p[w], p.get(b)) if residual.pre_norm else moe_in
     out = mlp(spec, p, "mlp_", y, lw.layer)
     if ffn.out_norm:  # AFMoE: normed as the MoE output is
         out = rms_norm(out, p["moe_out_norm"], spec.rms_eps)

@@ -32,18 +32,18 @@ def mla_attention(
     B, T, _ = x_BTH.shape
     nh, nope, rot = block.heads, m.qk_nope_dim, m.qk_rope_dim
     q_lat = None
-    eps = MLA_NORM_EPS if spec.mla_norm_eps is None else spec.mla_norm_eps
+    eps = MLA_NORM_EPS if block.norm_eps is None else block.norm_eps
     if m.q_lora_rank:
         q_lat = rms_norm(_linear(x_BTH, p, "q_a", "q_a_bias"), p["q_a_norm"], eps)
         q = F.linear(q_lat, p["q_b"])
     else:
         q = F.linear(x_BTH, p["q"])
-    if spec.mla_lora_scale:  # LongCat: the query (nope and rope parts) × √(H / q_lora_rank)
+    if block.lora_scale:  # LongCat: the query (nope and rope parts) × √(H / q_lora_rank)
         q = q * (spec.hidden_size / m.q_lora_rank) ** 0.5
     q_nope, q_rot = q.view(B, T, nh, m.qk_head_dim).transpose(1, 2).split([nope, rot], dim=-1)
     kv_lat, k_rot = _linear(x_BTH, p, "kv_a", "kv_a_bias").split([m.kv_lora_rank, rot], dim=-1)
     kv_lat = rms_norm(kv_lat, p["kv_a_norm"], eps)
-    if spec.mla_lora_scale:  # LongCat: the normed latent × √(H / kv_lora_rank), before its expansion
+    if block.lora_scale:  # LongCat: the normed latent × √(H / kv_lora_rank), before its expansion
         kv_lat = kv_lat * (spec.hidden_size / m.kv_lora_rank) ** 0.5
     k_rot = k_rot.view(B, 1, T, rot)
     cos, sin = rope
@@ -57,8 +57,8 @@ def mla_attention(
     kv = F.linear(kv_lat, p["kv_b"]).view(B, T, nh, nope + m.v_head_dim).transpose(1, 2)
     k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
     q_BnTD = torch.cat([q_nope, q_rot], dim=-1)
-    if spec.query_position_scale is not None:  # Mistral 4: 1 + β·log(1 + ⌊pos / L⌋), 1 below L
-        beta, length = spec.query_position_scale
+    if block.position_scale is not None:  # Mistral 4: 1 + β·log(1 + ⌊pos / L⌋), 1 below L
+        beta, length = block.position_scale
         pos = torch.arange(T, device=x_BTH.device, dtype=torch.float32)
         q_BnTD = q_BnTD * (1 + beta * torch.log(1 + torch.floor(pos / length)))[:, None].to(q_BnTD.dtype)
     k_BnTD = torch.cat([k_nope, k_rot.expand(B, nh, T, rot)], dim=-1)
@@ -75,9 +75,9 @@ def mla_attention(
             si.n_heads,
             si.head_dim,
             si.topk,
-            spec.index_rope_interleave,
-            spec.index_rope_last,
-            spec.index_norm_eps,
+            block.index_rope_interleave,
+            block.index_rope_last,
+            block.index_norm_eps,
         )
     scale = spec.attention_scale
     if block.sinks:  # HY-V4: a learned sink logit per head, as gpt-oss's

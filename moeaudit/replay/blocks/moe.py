@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from moeaudit.replay.blocks.router import (
     Routing,
     route,
 )
+from moeaudit.spec.blocks import MoE, Residual
 from moeaudit.spec.config import ModelSpec
 
 ExtraExperts = Callable[[int, Routing], dict[str, torch.Tensor]]  # (layer, routing) → sets
@@ -31,7 +33,7 @@ class MoETap:
 
     layer: int
     h_NH: torch.Tensor  # residual stream entering the MoE block
-    y_NH: torch.Tensor  # post-gain gate input γ ⊙ z (h itself without a pre-norm: ``spec.pre_norm``)
+    y_NH: torch.Tensor  # post-gain gate input γ ⊙ z (h itself without a pre-norm: ``Residual.pre_norm``)
     routing: Routing
     u_NKH: torch.Tensor  # raw expert outputs for the active set
     extra_u: dict[str, torch.Tensor] = field(default_factory=dict)  # outputs observers asked for
@@ -54,27 +56,28 @@ class MoETap:
 
 def moe_router(spec: ModelSpec, lw: LayerWeights, h_NH: torch.Tensor) -> tuple[torch.Tensor, Routing]:
     """(y = γ ⊙ z, routing) of the MoE block for the residual h entering it; without a pre-norm
-    (``spec.pre_norm`` false, OLMo-2 post-norm layers) the router and experts read h itself: y = h."""
-    if not spec.pre_norm:
+    (``Residual.pre_norm`` false, OLMo-2 post-norm layers) the router and experts read h itself: y = h."""
+    residual = spec.layers[lw.layer].residual
+    if not residual.pre_norm:
         return h_NH, route_layer(spec, lw.params, h_NH)
-    w, b = mlp_norm(spec)
+    w, b = mlp_norm(residual)
     y_NH = block_norm(spec, h_NH, lw.params[w], lw.params.get(b))
     return y_NH, route_layer(spec, lw.params, y_NH)
 
 
-def mlp_norm(spec: ModelSpec) -> tuple[str, str]:
+def mlp_norm(residual: Residual) -> tuple[str, str]:
     """The norm (gain, bias) in front of the MLP / MoE block: ``post_norm``, or with a parallel
     block (Cohere) the one norm both branches read, ``input_norm`` (so that its gradient
     gathers both branches', as transformers' single norm parameter does), or a single-block
     layer's only norm (Nemotron-H)."""
-    single = spec.parallel_block or bool(spec.block_kinds)
+    single = residual.parallel or residual.single_block
     return ("input_norm", "input_norm_bias") if single else ("post_norm", "post_norm_bias")
 
 
-def mlp_input(spec: ModelSpec, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
+def mlp_input(residual: Residual, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
     """What the MLP / MoE block reads: h = x + attention(norm(x)), or with a parallel block
     (Cohere: x + attention(norm(x)) + mlp(norm(x))) the layer input x itself."""
-    return x_BTH if spec.parallel_block else h_BTH
+    return x_BTH if residual.parallel else h_BTH
 
 
 def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> Routing:
@@ -85,17 +88,19 @@ def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor)
 def shared_expert(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor, layer: int = -1) -> torch.Tensor:
     """The always-on expert: behind a sigmoid gate (Qwen2-MoE) or not (DeepSeek, whose
     ``n_shared_experts`` are stored as one MLP of their summed width); ``layer``: for a clamp
-    per layer (Step 3.5, :func:`mlp`)."""
-    if spec.shared_clamped:  # DeepSeek-V4: silu(min(gate, limit)) ⊙ clamp(up, ±limit), as DeepseekV4MLP
-        assert spec.clamped_glu is not None  # validated with the spec
-        limit = spec.clamped_glu.limit
+    per layer (Step 3.5, :func:`mlp`; -1: the first routed layer's shared expert)."""
+    ffn = spec.layers[layer if layer >= 0 else spec.routed_layers[0]].ffn
+    assert isinstance(ffn, MoE) and ffn.shared is not None
+    shared = ffn.shared
+    if shared.clamp:  # DeepSeek-V4: silu(min(gate, limit)) ⊙ clamp(up, ±limit), as DeepseekV4MLP
+        limit = shared.clamp
         gate = F.linear(y_NH, p["shared_w1"]).clamp(max=limit)
         out = F.linear(F.silu(gate) * F.linear(y_NH, p["shared_w3"]).clamp(-limit, limit), p["shared_w2"])
     else:
         out = mlp(spec, p, "shared_", y_NH, layer)
-    if spec.shared_gated:
+    if shared.gated:
         out = torch.sigmoid(F.linear(y_NH, p["shared_gate"])) * out
-    return out if spec.shared_scale == 1.0 else out * spec.shared_scale
+    return out if shared.scale == 1.0 else out * shared.scale
 
 
 def moe_block(
@@ -119,7 +124,7 @@ def moe_block(
     out_NH = (u_NKH * routing.combine_NK.to(u_NKH.dtype)[..., None]).sum(1)
     if spec.shared_dim:
         out_NH = out_NH + shared_expert(spec, lw.params, y_NH, lw.layer)
-    if spec.moe_bias:  # JetMoE: a bias on the block's output
+    if cast(MoE, spec.layers[lw.layer].ffn).out_bias:  # JetMoE: a bias on the block's output
         out_NH = out_NH + lw.params["moe_bias"]
     tap = MoETap(
         lw.layer,
