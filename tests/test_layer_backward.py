@@ -53,12 +53,9 @@ def test_every_block_kind_of_the_family_has_a_backward(family: str) -> None:
     for layer in spec.layers:
         if layer.ffn is not None:
             assert type(layer.ffn) in backward.FFN_BACKWARDS
-        assert (
-            backward.residual_backward(layer.residual)
-            is backward.RESIDUALS[type(layer.residual.hc or layer.residual.shortcut or layer.residual)]
-        )
+        assert backward.residual_backward(layer.residual) is backward.RESIDUALS[layer.residual.wiring]
     kinds = {type(backward.residual_backward(layer.residual)).__name__ for layer in spec.layers}
-    expected = {"longcat_flash": "Shortcut", "hy_v4": "HyperConnected"}.get(family, "Additive")
+    expected = {"longcat_flash": "Shortcut", "hy_v4": "HyperConnected", "minimax": "DeepNorm"}.get(family, "Additive")
     assert kinds == {expected}
 
 

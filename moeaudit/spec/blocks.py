@@ -667,6 +667,31 @@ class Residual:
         return self.INPUTS, HC_NAMES[:3]
 
     @property
+    def wiring(self) -> str:
+        """How the blocks' outputs join the stream, the key of the replay's residual registries
+        (``replay.blocks.layer.RESIDUALS``, ``replay.blocks.backward.RESIDUALS``), m the multiplier:
+
+        * "hyper_connection": several residual streams, mixed before and added back after each
+          sub-block (HY-V4, ``hc``);
+        * "shortcut": h = x + m·attention(norm(x)); the MoE reads norm(h) and its output is added at
+          the end of the dense MLP / second-attention chain (LongCat-Flash, ``shortcut``);
+        * "deepnorm": α·norm(x) + β·f(norm(x)) after each block (MiniMax-01, ``scales``);
+        * "single_block": the layer is one block, x + m·f(norm(x)) (Nemotron-H);
+        * "parallel": x + m·mixer(norm(x)) + m·f(norm(x)), both blocks reading x's norm (Cohere);
+        * "sequential": h = x + m·mixer(norm(x)), h + m·f(norm(h)).
+
+        The families set at most one of these; the order here decides otherwise."""
+        if self.hc is not None:
+            return "hyper_connection"
+        if self.shortcut is not None:
+            return "shortcut"
+        if self.scales is not None:
+            return "deepnorm"
+        if self.single_block:
+            return "single_block"
+        return "parallel" if self.parallel else "sequential"
+
+    @property
     def sharded(self) -> str | None:
         if self.scales is not None:
             return "DeepNorm residuals"

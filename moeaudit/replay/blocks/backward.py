@@ -9,9 +9,11 @@ The layer is recomputed from its stored input and dL/d(output) pushed through it
 * :data:`FFN_BACKWARDS` (MLP / MoE record type → the layer's backward): a layer without routed
   experts is all autograd through ``decoder_layer``; a routed layer takes its experts' backward by
   hand, one expert at a time (``experts_backward``), and autograd for everything else;
-* :data:`RESIDUALS` (the residual's wiring record type → how the MoE block's input is formed and
-  how dL/d(layer output) becomes dL/d(MoE output)): the additive residual (multiplier, DeepNorm
-  scales), LongCat's shortcut, HY-V4's hyper-connections.
+* :data:`RESIDUALS` (the residual's wiring, ``Residual.wiring``, the keys of the forward's
+  :data:`~moeaudit.replay.blocks.layer.RESIDUALS` → how the MoE block's input is formed and how
+  dL/d(layer output) becomes dL/d(MoE output)): the additive residuals (sequential, parallel,
+  single-block; their multiplier), DeepNorm's scales, LongCat's shortcut, HY-V4's
+  hyper-connections.
 
 A mixer kind needs no entry: autograd takes its backward. The order in which the autograd roots
 are given (residual, y, combine, shared expert, MoE bias, output-norm gain) and the operations on
@@ -28,8 +30,15 @@ import torch
 from moeaudit.checkpoint.checkpoint import LayerWeights
 from moeaudit.replay.blocks.experts import expert_slots, experts_backward, experts_forward_sets, input_scales
 from moeaudit.replay.blocks.hc import hc_add, hc_mix
-from moeaudit.replay.blocks.layer import Rope, attention_block, decoder_layer, hc_attention_block, shortcut_rest
-from moeaudit.replay.blocks.moe import mlp_input, moe_router, shared_expert
+from moeaudit.replay.blocks.layer import (
+    Rope,
+    attention_block,
+    decoder_layer,
+    deepnorm_attention_block,
+    hc_attention_block,
+    shortcut_rest,
+)
+from moeaudit.replay.blocks.moe import moe_router, shared_expert
 from moeaudit.replay.blocks.norms import rms_norm
 from moeaudit.replay.blocks.router import Routing
 from moeaudit.replay.head import backward_from
@@ -148,18 +157,12 @@ class Residual(Protocol):
         ...
 
 
-def _scaled(g_NH: torch.Tensor, r: blocks.Residual) -> torch.Tensor:
-    """dL/d(MoE output) of out = h + m·MoE(y) (Granite's multiplier m) or α·y + β·MoE(y) (MiniMax-01)."""
-    g_NH = g_NH if r.multiplier == 1.0 else g_NH * r.multiplier
-    return g_NH if r.scales is None else g_NH * r.scales[1][1]
-
-
 class Additive:
-    """out = h + m·MoE(y), h = x + mixer(norm(x)) (or α·y + β·MoE(y): DeepNorm, no identity path from h)."""
+    """out = h + m·MoE(y), h = x + m·mixer(norm(x)), y = norm(h) (m: Granite's multiplier)."""
 
     def enter(self, spec: ModelSpec, lw: LayerWeights, x: torch.Tensor, rope: Rope) -> tuple[Any, torch.Tensor]:
         h = attention_block(spec, lw, x, rope)
-        return h, mlp_input(spec.layers[lw.layer].residual, x, h)
+        return h, h
 
     def leave(
         self,
@@ -171,15 +174,44 @@ class Additive:
         rope: Rope,
         block_out: Callable[[], torch.Tensor],
     ) -> Wired:
-        r = spec.layers[lw.layer].residual
-        H = grad.shape[-1]
-        g_NH = _scaled(grad.reshape(-1, H), r)
-        if r.scales is not None:  # dL/dy = α·dL/d(out) + the experts'
-            return Wired([], [], g_NH, r.scales[1][0] * grad.reshape(-1, H))
-        return Wired([self.rest(spec, lw, state, y_NH, rope)], [grad], g_NH)
+        m = spec.layers[lw.layer].residual.multiplier
+        g_NH = grad.reshape(-1, grad.shape[-1])
+        return Wired([self.rest(spec, lw, state, y_NH, rope)], [grad], g_NH if m == 1.0 else g_NH * m)
 
     def rest(self, spec: ModelSpec, lw: LayerWeights, h: torch.Tensor, y_NH: torch.Tensor, rope: Rope) -> torch.Tensor:
         return h
+
+
+class Parallel(Additive):
+    """Cohere: out = h + m·MoE(y), h = x + m·mixer(norm(x)), y = norm(x): the MoE reads the layer input."""
+
+    def enter(self, spec: ModelSpec, lw: LayerWeights, x: torch.Tensor, rope: Rope) -> tuple[Any, torch.Tensor]:
+        return attention_block(spec, lw, x, rope), x
+
+
+class DeepNorm(Additive):
+    """MiniMax-01: out = α·y + β·MoE(y), y = norm(h), h = α₁·norm(x) + β₁·mixer(norm(x)): no
+    identity path from h; dL/dy = α·dL/d(out) + the experts'."""
+
+    def enter(self, spec: ModelSpec, lw: LayerWeights, x: torch.Tensor, rope: Rope) -> tuple[Any, torch.Tensor]:
+        h = deepnorm_attention_block(spec, lw, x, rope)
+        return h, h
+
+    def leave(
+        self,
+        spec: ModelSpec,
+        lw: LayerWeights,
+        state: Any,
+        y_NH: torch.Tensor,
+        grad: torch.Tensor,
+        rope: Rope,
+        block_out: Callable[[], torch.Tensor],
+    ) -> Wired:
+        scales = spec.layers[lw.layer].residual.scales
+        assert scales is not None
+        alpha, beta = scales[1]
+        g_NH = grad.reshape(-1, grad.shape[-1])
+        return Wired([], [], g_NH * beta, alpha * g_NH)
 
 
 class Shortcut(Additive):
@@ -221,18 +253,21 @@ class HyperConnected:
         return Wired([out], [grad], g_NH)
 
 
-# the residual's wiring record type (``Residual.hc``, ``Residual.shortcut``, else the Residual
-# itself) → its part of the routed layer's backward
-RESIDUALS: dict[type, Residual] = {
-    blocks.Residual: Additive(),
-    blocks.DenseMLP: Shortcut(),  # ``Residual.shortcut``: LongCat's first MLP beside the MoE
-    blocks.HyperConnection: HyperConnected(),
+# the residual's wiring (``Residual.wiring``, as the forward's ``layer.RESIDUALS``) → its part of
+# the routed layer's backward
+RESIDUALS: dict[str, Residual] = {
+    "sequential": Additive(),
+    "parallel": Parallel(),
+    "single_block": Additive(),  # Nemotron-H's MoE layer: h = x (the layer has no mixer)
+    "deepnorm": DeepNorm(),
+    "shortcut": Shortcut(),
+    "hyper_connection": HyperConnected(),
 }
 
 
 def residual_backward(r: blocks.Residual) -> Residual:
     """The residual's wiring in the backward (:data:`RESIDUALS`)."""
-    return RESIDUALS[type(r.hc or r.shortcut or r)]
+    return RESIDUALS[r.wiring]
 
 
 def _autograd(

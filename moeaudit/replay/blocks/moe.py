@@ -74,12 +74,6 @@ def mlp_norm(residual: Residual) -> tuple[str, str]:
     return ("input_norm", "input_norm_bias") if single else ("post_norm", "post_norm_bias")
 
 
-def mlp_input(residual: Residual, x_BTH: torch.Tensor, h_BTH: torch.Tensor) -> torch.Tensor:
-    """What the MLP / MoE block reads: h = x + attention(norm(x)), or with a parallel block
-    (Cohere: x + attention(norm(x)) + mlp(norm(x))) the layer input x itself."""
-    return x_BTH if residual.parallel else h_BTH
-
-
 def route_layer(spec: ModelSpec, p: dict[str, torch.Tensor], y_NH: torch.Tensor) -> Routing:
     """:func:`route` with a layer's router tensors (weight, selection bias, logit bias)."""
     return route(spec, p["router"], y_NH, p.get("router_bias"), p.get("router_logit_bias"))
