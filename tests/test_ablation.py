@@ -370,6 +370,6 @@ def test_every_family_removes_an_expert(tmp_path: Path, family: str) -> None:
     assert all(bool(torch.isfinite(v).all()) for v in got.removed_W.values())
     assert float((got.removed_W[(layer, used)] - got.base_W).abs().max()) > 1e-4
     g = ckpt.spec.gate
-    if not g.grouped and (ckpt.spec.norm_topk_prob or g.scoring in ("sigmoid", "sqrtsoftplus")):
+    if not g.grouped and (ckpt.spec.settings.norm_topk_prob or g.scoring in ("sigmoid", "sqrtsoftplus")):
         for e in unused:
             assert float((got.removed_W[(layer, e)] - got.base_W).abs().max()) <= 1e-6

@@ -470,7 +470,7 @@ def test_ernie_moe_norm_min_is_replayed(tmp_path: Path) -> None:
 
     save_tiny(tmp_path, "ernie4_5_moe", moe_norm_min=0.5)
     ckpt = Checkpoint(tmp_path)
-    assert ckpt.spec.renorm_min == 0.5
+    assert ckpt.spec.settings.renorm_min == 0.5
     tokens = random_tokens()
     ours = observed(ckpt, tokens)
     clamped = [float((c.sum(-1) < 0.999).float().mean()) for c in ours.combine.values()]

@@ -281,7 +281,7 @@ def test_qwen3_omni_moe_thinker_text_decoder_matches_transformers(case: str, dty
     ckpt, model = Checkpoint(tmp_path), aliases2.load_omni(tmp_path)
     assert ckpt.spec.family == "qwen3_omni_moe" and ckpt.warnings == []
     assert ckpt.notes and all("left out" in n for n in ckpt.notes)  # the audio and vision towers
-    assert ckpt.spec.norm_topk_prob == model.config.thinker_config.text_config.norm_topk_prob
+    assert ckpt.spec.settings.norm_topk_prob == model.config.thinker_config.text_config.norm_topk_prob
     agree(ckpt, aliases2.ThinkerView(model), random_tokens(), Modules())
     assert "thinker's text decoder" in FAMILIES["qwen3_omni_moe"].audits
 

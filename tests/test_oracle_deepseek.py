@@ -225,13 +225,18 @@ def test_deepseek_config_defaults_match_transformers() -> None:
 
     v3 = spec_from_config(transformers.AutoConfig.for_model("deepseek_v3").to_dict())
     assert (v3.num_experts, v3.top_k, v3.gate.n_group, v3.gate.topk_group) == (256, 8, 8, 4)
-    assert v3.gate.scaling == 2.5 and v3.norm_topk_prob and v3.gate.selection_bias
+    assert v3.gate.scaling == 2.5 and v3.settings.norm_topk_prob and v3.gate.selection_bias
     assert v3.routed_layers[0] == 3 and v3.shared_dim == 2048 and v3.dense_dim == 18432
     assert v3.mla is not None and v3.mla.qk_head_dim == 192 and v3.head_dim == 64
     assert v3.mtp_layers == 1
     cfg = transformers.AutoConfig.for_model("deepseek_v2", num_experts_per_tok=6).to_dict()
     v2 = spec_from_config(cfg)
-    assert (v2.num_experts, v2.gate.scoring, v2.gate.grouped, v2.norm_topk_prob) == (64, "softmax", False, False)
+    assert (v2.num_experts, v2.gate.scoring, v2.gate.grouped, v2.settings.norm_topk_prob) == (
+        64,
+        "softmax",
+        False,
+        False,
+    )
     assert v2.shared_dim == 2 * 1407 and v2.routed_layers[0] == 0
 
 

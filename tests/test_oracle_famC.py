@@ -129,7 +129,7 @@ def test_qwen3_next_config_defaults_match_transformers() -> None:
     import transformers
 
     spec = spec_from_config(transformers.AutoConfig.for_model("qwen3_next").to_dict())
-    assert (spec.num_experts, spec.top_k, spec.norm_topk_prob, spec.head_dim) == (512, 10, True, 256)
+    assert (spec.num_experts, spec.top_k, spec.settings.norm_topk_prob, spec.head_dim) == (512, 10, True, 256)
     assert spec.rotary_dim == 64 and spec.norm_offset == 1.0 and spec.settings.gated_attention
     assert spec.linear_layers == tuple(i for i in range(48) if (i + 1) % 4)
     la = spec.settings.linear_attention
@@ -171,7 +171,7 @@ def test_qwen3_5_moe_text_replay_matches_transformers(overrides: dict, tmp_path:
     attention = _attention_grads_with_linear_layers(model)
     ref.attention_grads = {i: attention[i] for i in ref.attention_grads}
     assert_agree(ref, moeaudit_observed(ckpt, tokens), ckpt.spec.top_k, FORWARD, GRADIENT)
-    assert ckpt.spec.routed_layers == (0, 1, 2) and ckpt.spec.norm_topk_prob
+    assert ckpt.spec.routed_layers == (0, 1, 2) and ckpt.spec.settings.norm_topk_prob
     assert ckpt.spec.linear_layers == (0, 2) and ckpt.warnings == []
 
 

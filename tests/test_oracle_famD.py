@@ -383,7 +383,7 @@ def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path)
         attn.clip_qkv,
         model.config.rope_parameters["rope_theta"],
     )
-    assert s.norm_topk_prob == (ffn.moe_normalize_expert_weights is not None)
+    assert s.settings.norm_topk_prob == (ffn.moe_normalize_expert_weights is not None)
 
 
 def test_dbrx_clip_changes_the_loss(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def test_solar_open_config_defaults_match_transformers() -> None:
 
     spec = spec_from_config(transformers.AutoConfig.for_model("solar_open").to_dict())
     assert (spec.num_experts, spec.top_k, spec.shared_dim, spec.rope_theta) == (128, 8, 1280, 1e6)
-    assert spec.norm_topk_prob and spec.gate.selection_bias and spec.routed_layers == tuple(range(48))
+    assert spec.settings.norm_topk_prob and spec.gate.selection_bias and spec.routed_layers == tuple(range(48))
     with pytest.raises(CheckpointError, match="partial_rotary_factor"):
         spec_from_config(
             {
@@ -430,7 +430,9 @@ def test_laguna_config_defaults_and_refusals() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
     assert (
-        spec.routed_layers == tuple(range(1, 40)) and spec.settings.output_gate == "head" and spec.router_softcap == 0.0
+        spec.routed_layers == tuple(range(1, 40))
+        and spec.settings.output_gate == "head"
+        and spec.settings.router_softcap == 0.0
     )
     # docs/decisions.md, "Attention per kind of layer (mimo_v2_flash, step3p5, step3p7, laguna,
     # mellum)": RoPE per layer type and heads per layer, as attention kinds (no longer refused)

@@ -103,7 +103,7 @@ def test_flint_config_defaults_match_transformers() -> None:
     assert spec.shared_dim == 1024 and spec.dense_dim == 6144 and not spec.settings.shared_gated
     assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.settings.attention_sinks
     assert spec.nope_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention")
-    assert spec.sliding_window == 513 and spec.sigmoid_select and spec.norm_topk_prob
+    assert spec.sliding_window == 513 and spec.settings.sigmoid_select and spec.settings.norm_topk_prob
     absent = {k: v for k, v in hf.to_dict().items() if k not in ("layer_types", "mlp_only_layers", "sliding_window")}
     again = spec_from_config(absent)  # the configuration class's defaults when the keys are absent
     assert (again.nope_layers, again.routed_layers, again.sliding_window) == (

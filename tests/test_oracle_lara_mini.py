@@ -113,7 +113,12 @@ def test_lara_mini_config_defaults_match_transformers() -> None:
     hf = transformers.AutoConfig.for_model("lara_mini")
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope_theta) == (128, 4, 128, 1e-6, 1e4)
-    assert spec.shared_dim == 512 and not spec.settings.shared_gated and spec.norm_topk_prob and spec.tie_embeddings
+    assert (
+        spec.shared_dim == 512
+        and not spec.settings.shared_gated
+        and spec.settings.norm_topk_prob
+        and spec.tie_embeddings
+    )
     assert spec.routed_layers == tuple(range(hf.num_hidden_layers)) and spec.norm_offset == 0.0
     assert spec.linear_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
     assert spec.nope_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention")

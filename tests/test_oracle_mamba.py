@@ -145,7 +145,7 @@ def test_jamba_replay_matches_transformers(case: str, dtype: str, tmp_path: Path
     save_tiny(tmp_path, "jamba", dtype=DTYPES[dtype], **overrides)
     ckpt, _ = check("jamba", tmp_path, random_tokens(windows, length))
     attending = tuple(i for i in range(ckpt.spec.num_layers) if i not in ckpt.spec.mamba_layers)
-    assert ckpt.spec.nope_layers == attending and not ckpt.spec.norm_topk_prob  # the attention layers: NoPE
+    assert ckpt.spec.nope_layers == attending and not ckpt.spec.settings.norm_topk_prob  # the attention layers: NoPE
     if dtype == "bf16":
         assert set(ckpt.summary(with_digest=False)["dtypes"]) == {"BF16"}
 

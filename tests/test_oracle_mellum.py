@@ -113,7 +113,7 @@ def test_mellum_config_defaults_match_transformers() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope_theta) == (64, 8, 128, 1e-6, 5e5)
     assert spec.routed_layers == tuple(range(hf.num_hidden_layers)) and spec.shared_dim == 0
-    assert spec.sliding_layers == () and spec.norm_topk_prob and spec.dense_dim == 7168
+    assert spec.sliding_layers == () and spec.settings.norm_topk_prob and spec.dense_dim == 7168
     absent = {k: v for k, v in hf.to_dict().items() if k not in ("layer_types", "mlp_layer_types", "rope_parameters")}
     assert spec_from_config(absent) == spec  # the configuration class's defaults when the keys are absent
 

@@ -31,13 +31,13 @@ def removal_rule(spec: Any) -> str:
         first = "softmax router: its logit is −inf, so it is left out of the softmax (the others renormalise)"
     else:
         first = f"{g.scoring} router: its logit is −inf, so its score is 0"
-    parts = [first + (" (after the logit softcap)" if spec.router_softcap else "")]
+    parts = [first + (" (after the logit softcap)" if spec.moe.softcap else "")]
     parts.append("a selection bias, where the router has one, is −inf for it, so it is never chosen")
     if g.grouped:
         parts.append("groups are ranked on their remaining experts")
     parts.append(
         "top-k chooses among the rest, the chosen weights renormalised over what was chosen"
-        if spec.norm_topk_prob
+        if spec.moe.renormalise
         else "top-k chooses among the rest, the chosen weights not renormalised (as the family routes)"
     )
     return "; ".join(parts)

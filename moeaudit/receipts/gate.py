@@ -36,7 +36,7 @@ def bias_free_linear(spec: ModelSpec) -> bool:
     """True when the gate is what the atlas theorem assumes: softmax of bias-free linear logits,
     top-k, no groups (Mixtral, OLMoE, Qwen, DeepSeek-V2 greedy)."""
     g = spec.gate
-    return g.scoring == "softmax" and not g.selection_bias and not g.grouped and not spec.router_logit_bias
+    return g.scoring == "softmax" and not g.selection_bias and not g.grouped and not spec.moe.logit_bias
 
 
 def _score(spec: ModelSpec) -> tuple[str, str]:
@@ -52,7 +52,7 @@ def _score(spec: ModelSpec) -> tuple[str, str]:
         return "σ(W_r y)", "sigmoid"
     if g.scoring == "sqrtsoftplus":
         return "√softplus(W_r y)", "√softplus"
-    return ("W_r y + b" if spec.router_logit_bias else "W_r y"), ""
+    return ("W_r y + b" if spec.moe.logit_bias else "W_r y"), ""
 
 
 def _positive(scoring: str) -> str:
@@ -77,7 +77,7 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
             f"{'sigmoid' if g.scoring == 'sigmoid' else '√softplus'} combine weights {f}(W_r y), not "
             "renormalised (the choice is the top-k of the bias-free linear logits W_r y)"
         )
-    if spec.router_logit_bias:
+    if spec.moe.logit_bias:
         why.append("a router bias b in the logits W_r y + b (affine, not linear, in y)")
     if g.scoring == "sparsemixer":
         why.append(
@@ -86,7 +86,7 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
         )
     if g.grouped:
         why.append(f"a group limit (only the best {g.topk_group} of {g.n_group} expert groups compete)")
-    if spec.scaled_expert_inputs:
+    if spec.moe.scaled_inputs:
         why.append(
             "combine weights that scale each chosen expert's input, u_e(c_e y) (the receipts use "
             "u_e(c_e y)/c_e as the expert output, docs/families.md)"
@@ -95,7 +95,7 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
         f"ρ = {_positive(g.scoring)}(s)/Σ{_positive(g.scoring)}(s) on the unbiased scores"
         if g.scoring in ("sigmoid", "sqrtsoftplus")
         else "ρ = softmax(W_r y + b)"
-        if spec.router_logit_bias
+        if spec.moe.logit_bias
         else "ρ = softmax(W_r y)"
     )
     smooth = "ρ, π_smooth, smooth C2, the JS transition and the smooth margins describe "
@@ -132,12 +132,12 @@ def gate_note(spec: ModelSpec) -> dict[str, Any] | None:
         )
     elif g.grouped:
         not_certified.append("`003` Theorem 1's cells as linear cones: the group limit adds a second partition")
-    if spec.router_logit_bias:
+    if spec.moe.logit_bias:
         not_certified.append(
             "`003` Theorem 1's cells as linear cones: the logit bias makes the cell walls "
             "affine hyperplanes, so the cells are convex polyhedra, not cones through the origin"
         )
-    if g.selection_bias or g.grouped or spec.router_logit_bias or units:
+    if g.selection_bias or g.grouped or spec.moe.logit_bias or units:
         not_certified.append("the Gaussian boundary-mass closed form of `002`, which assumes a linear gate")
     return {
         "gate": spec.routing,

@@ -10,7 +10,7 @@ layer is recomputed; :func:`exclude` applies it inside the family's routing rule
 * a selection bias (DeepSeek-V3's correction bias, ERNIE's) is −inf for it too, so a biased
   score cannot pick it; group-limited routers rank groups on what is left of each group;
 * top-k then chooses among the remaining experts, and the family's own renormalisation of the
-  chosen weights (``norm_topk_prob``) runs over what was chosen, as the family routes.
+  chosen weights (``MoE.renormalise``) runs over what was chosen, as the family routes.
 
 Nothing here imports the decoder: ``replay.model`` reads the mask in one line.
 """

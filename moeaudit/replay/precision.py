@@ -133,7 +133,7 @@ def unsupported(spec: Any) -> str | None:
         return f"its experts are {spec.mlp_act} MLPs"
     if any(spec.expert_glu(i) is not None for i in layers) or spec.clamped_glu is not None:
         return "its experts use a clamped GLU"
-    if spec.scaled_expert_inputs:
+    if spec.moe.scaled_inputs:
         return "its experts scale their inputs by the combine weight"
     if spec.zero_experts:
         return "it has zero-computation experts"

@@ -618,7 +618,7 @@ class _ShardedMoE:
             routing.combine_NK,
             g_NH,
             spec.expert_glu(lw.layer),
-            spec.scaled_expert_inputs,
+            spec.moe.scaled_inputs,
             only=ctx.mine,
             slot_dx=True,
         )

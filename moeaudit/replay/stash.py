@@ -95,7 +95,7 @@ def reserved_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
 
 def keepable(spec: ModelSpec) -> bool:
     """Whether the family's routed experts are plain SwiGLU (the products the backward reuses)."""
-    return spec.clamped_glu is None and not spec.scaled_expert_inputs and spec.mlp_act == "swiglu"
+    return spec.clamped_glu is None and not spec.moe.scaled_inputs and spec.mlp_act == "swiglu"
 
 
 class ExpertStash:

@@ -529,7 +529,14 @@ class MoE:
     ``gate``; a selection bias (``gate.selection_bias``) and a bias on the router logits
     (``logit_bias``, gpt-oss); its output normed (``out_norm``, A.X-K1) or biased (``out_bias``,
     JetMoE); an optional :class:`SharedExpert`; the experts' SwiGLU clamped after the activation at
-    ``glu_limit`` (Step 3.5, per layer; 0: none)."""
+    ``glu_limit`` (Step 3.5, per layer; 0: none).
+
+    The router: the chosen experts' weights renormalised to sum 1 (``renormalise``; the sum + ``renorm_eps``,
+    LFM2, or at least ``renorm_min``, ERNIE 4.5); its logits soft-capped, c·tanh(logit / c) with c =
+    ``softcap`` (Laguna; 0: none); a sigmoid router without a selection bias choosing on σ(logits)
+    (``sigmoid_select``, Flint) rather than on the logits (Llama 4); Phi-3.5-MoE's sparsemixer jitter
+    ε (``sparsemixer_eps``, with ``gate.scoring`` "sparsemixer"). Each chosen expert reads its input
+    scaled by its combine weight and the outputs are summed unweighted (``scaled_inputs``, Llama 4)."""
 
     experts: int
     top_k: int
@@ -541,6 +548,13 @@ class MoE:
     zero_experts: int = 0
     shared: SharedExpert | None = None
     glu_limit: float = 0.0
+    renormalise: bool = False
+    renorm_min: float = 0.0
+    renorm_eps: float = 0.0
+    softcap: float = 0.0
+    sigmoid_select: bool = False
+    sparsemixer_eps: float | None = None
+    scaled_inputs: bool = False
 
     KIND: ClassVar[str] = "moe"
     GRADS: ClassVar[Grads] = {ROUTER: ("router", "router_logit_bias"), SHARED: ("moe_bias",)}

@@ -210,6 +210,17 @@ class LayerSettings:
     index_rope_last: bool = field(default=False, metadata=NEW)
     index_norm_eps: float | None = field(default=None, metadata=NEW)
     mla_norm_eps: float | None = field(default=None, metadata=NEW)
+    # the router's and the routed experts' settings the ModelSpec notes above describe (``MoE``:
+    # ``renormalise``, ``logit_bias``, ``sparsemixer_eps``, ``renorm_min``, ``renorm_eps``, ``softcap``,
+    # ``sigmoid_select``, ``scaled_inputs``)
+    norm_topk_prob: bool = False
+    router_logit_bias: bool = field(default=False, metadata=NEW)
+    scaled_expert_inputs: bool = field(default=False, metadata=NEW)
+    sparsemixer_eps: float | None = field(default=None, metadata=NEW)
+    renorm_min: float = field(default=0.0, metadata=NEW)
+    renorm_eps: float = field(default=0.0, metadata=NEW)
+    router_softcap: float = field(default=0.0, metadata=NEW)
+    sigmoid_select: bool = field(default=False, metadata=NEW)
     # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
     # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
     # () : ``layers`` derives them from the fields above
@@ -233,7 +244,6 @@ class ModelSpec:
     top_k: int
     expert_dim: int  # intermediate size of one routed expert
     routed_layers: tuple[int, ...]
-    norm_topk_prob: bool
     tie_embeddings: bool
     dense_dim: int = 0  # intermediate size of a dense MLP layer (mlp_only_layers)
     shared_dim: int = 0  # intermediate size of the shared expert (0 = none)
@@ -263,24 +273,20 @@ class ModelSpec:
     # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no
     # value), a router bias added to the logits, experts with a clamped GLU (their biases come
     # with the interleaved expert layout, ``Layout.fused_format``)
-    router_logit_bias: bool = field(default=False, metadata=NEW)
     clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
     # Llama 4: each chosen expert gets its input scaled by its combine weight, u_e(c_e y), and the
     # outputs are summed unweighted; NoPE layers (no RoPE; query temperature tuning when
     # ``attn_temperature`` = (attn_scale, floor_scale) is set); chunked local attention
     # (attention within ``attention_chunk`` token blocks) on ``chunked_layers``; Llama 3 RoPE
     # scaling. ``qk_norm`` "l2": a weightless RMS norm of q and k after RoPE, on RoPE layers
-    scaled_expert_inputs: bool = field(default=False, metadata=NEW)
     llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
     # Phi-3.5-MoE: LayerNorm (mean-centred, with a bias) for the block and final norms, a bias on
     # the LM head, sparsemixer routing (``gate.scoring`` "sparsemixer" with this jitter ε),
     # longrope RoPE
     layer_norm: bool = field(default=False, metadata=NEW)
     lm_head_bias: bool = field(default=False, metadata=NEW)
-    sparsemixer_eps: float | None = field(default=None, metadata=NEW)
     longrope: LongRope | None = field(default=None, metadata=NEW)
     # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
-    renorm_min: float = field(default=0.0, metadata=NEW)
     # GLM-5 (glm_moe_dsa): the DSA indexer rotates adjacent pairs, as its MLA does
     # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
     # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
@@ -288,10 +294,8 @@ class ModelSpec:
     norm_bias: bool = field(default=True, metadata=NEW)
     # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
     # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
-    renorm_eps: float = field(default=0.0, metadata=NEW)
     # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
     # attention output gated by softplus(W_g x), one gate per head ("head") or per channel ("element")
-    router_softcap: float = field(default=0.0, metadata=NEW)
     # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
     # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
     # A.X-K1: the MoE block's output (routed + shared) passes an RMSNorm (gain ``moe_out_norm``)
@@ -338,7 +342,6 @@ class ModelSpec:
     # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
     # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
     # logits (Llama 4's router) — docs/decisions.md
-    sigmoid_select: bool = field(default=False, metadata=NEW)
     # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
     # DeepSeek's and HY-V4's attention build them)
     # MiMo-V2-Flash, Mellum (docs/decisions.md, "Attention per kind of layer (mimo_v2_flash,
@@ -479,12 +482,20 @@ class ModelSpec:
         """The layers mixing by LFM2's short convolution (``ShortConv`` blocks)."""
         return self._mixing(ShortConv)
 
+    @cached_property
+    def moe(self) -> MoE:
+        """The routed layers' MoE block: its router and experts (the same on every routed layer but
+        for Step 3.5's per-layer clamp, ``MoE.glu_limit``; ``expert_glu`` gives a layer's)."""
+        ffn = self.layers[self.routed_layers[0]].ffn
+        assert isinstance(ffn, MoE)
+        return ffn
+
     @property
     def routing(self) -> str:
-        g = self.gate
+        g, m = self.gate, self.moe
         if g.scoring == "sparsemixer":  # each weight its own banded softmax: renormalisation does not apply
-            return f"sparsemixer top-{self.top_k} of {self.num_experts}, jitter ε {self.sparsemixer_eps or 0:g}"
-        renorm = "renormalised" if self.norm_topk_prob else "not renormalised"
+            return f"sparsemixer top-{self.top_k} of {self.num_experts}, jitter ε {m.sparsemixer_eps or 0:g}"
+        renorm = "renormalised" if m.renormalise else "not renormalised"
         out = f"{g.scoring} top-{self.top_k} of {self.num_experts}"
         if self.zero_experts:
             out += f" ({self.zero_experts} zero-computation)"
@@ -492,7 +503,7 @@ class ModelSpec:
             out += f" within the best {g.topk_group} of {g.n_group} groups"
         if g.selection_bias:
             out += ", selection bias"
-        if self.router_logit_bias:
+        if m.logit_bias:
             out += ", biased logits"
         out += f", {renorm}"
         if g.scaling != 1.0:
@@ -701,12 +712,19 @@ def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
         s.top_k,
         s.expert_dim,
         s.gate,
-        logit_bias=s.router_logit_bias,
+        logit_bias=ls.router_logit_bias,
         out_norm=ls.moe_out_norm,
         out_bias=ls.moe_bias,
         zero_experts=s.zero_experts,
         shared=shared,
-        glu_limit=_limit(s.settings.expert_glu_limits, i),
+        glu_limit=_limit(ls.expert_glu_limits, i),
+        renormalise=ls.norm_topk_prob,
+        renorm_min=ls.renorm_min,
+        renorm_eps=ls.renorm_eps,
+        softcap=ls.router_softcap,
+        sigmoid_select=ls.sigmoid_select,
+        sparsemixer_eps=ls.sparsemixer_eps,
+        scaled_inputs=ls.scaled_expert_inputs,
     )
 
 

@@ -114,7 +114,7 @@ class LocalMoE:
             routing.combine_NK.detach(),
             g_NH,
             spec.expert_glu(lw.layer),
-            spec.scaled_expert_inputs,
+            spec.moe.scaled_inputs,
             sorted_slots=self.slots,
             kept=self.kept,
         )

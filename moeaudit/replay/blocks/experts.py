@@ -119,7 +119,7 @@ def input_scales(spec: ModelSpec, routing: Routing, sets: Sequence[torch.Tensor]
     """Llama 4: the combine weight σ(W_r y)_e each (token, expert) of ``sets`` gets, or would get
     were the expert chosen — the scale of that expert's input (``experts_forward_sets``); None
     for the other families."""
-    if not spec.scaled_expert_inputs:
+    if not spec.moe.scaled_inputs:
         return None
     assert routing.logits_NE is not None  # sigmoid routers keep their logits
     sig_NE = torch.sigmoid(routing.logits_NE.float())

@@ -1,5 +1,5 @@
-"""The MoE router (``spec.blocks.MoE.gate``): softmax or sigmoid scores, selection biases, group-limited
-top-k, sparsemixer, hash routing."""
+"""The MoE router (``spec.blocks.MoE``: its ``gate`` and router settings): softmax or sigmoid scores,
+selection biases, group-limited top-k, sparsemixer, hash routing."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def route(
     Qwen, DeepSeek-V2 greedy) or sigmoid scores, a selection-only bias ``bias_E`` and
     group-limited top-k (DeepSeek-V3); optional renormalisation, then ``routed_scaling_factor``.
     ``logit_bias_E`` is part of the logits (gpt-oss's router is a biased linear layer)."""
-    g = spec.gate
+    g, m = spec.gate, spec.moe
     logits = F.linear(y_NH, router_EH, logit_bias_E)
-    if spec.router_softcap:  # Laguna: c·tanh(logit / c), in float32
-        logits = torch.tanh(logits.float() / spec.router_softcap) * spec.router_softcap
+    if m.softcap:  # Laguna: c·tanh(logit / c), in float32
+        logits = torch.tanh(logits.float() / m.softcap) * m.softcap
     logits, bias_E = exclude(logits, bias_E)  # experts removed by the ablation receipt (replay.excluded)
     margin = None
     if g.scoring == "sparsemixer":
@@ -66,16 +66,16 @@ def route(
         # without a bias or groups, choose on the logits (Llama 4's router does): σ is monotone,
         # but saturates to 1.0 in float32 above ~17, where choosing on σ would meet ties
         # (Flint's router chooses on σ itself: ``sigmoid_select``)
-        select = scores if bias_E is not None or g.grouped or spec.sigmoid_select else logits.float()
+        select = scores if bias_E is not None or g.grouped or m.sigmoid_select else logits.float()
         if g.grouped:
             allowed, margin = _group_limit(g, scores, scores.double(), spec.top_k)
             select = scores.masked_fill(~allowed, float("-inf"))
         top_idx = torch.topk(select, spec.top_k, dim=-1).indices
         top_vals, raw_logits = sig.gather(1, top_idx), logits
-    if spec.norm_topk_prob:
-        eps = spec.renorm_eps or (1e-20 if g.scoring in POSITIVE_SCORES else 0.0)  # transformers' V3 denominator
+    if m.renormalise:
+        eps = m.renorm_eps or (1e-20 if g.scoring in POSITIVE_SCORES else 0.0)  # transformers' V3 denominator
         denom = top_vals.sum(dim=-1, keepdim=True) + eps
-        top_vals = top_vals / (denom.clamp_min(spec.renorm_min) if spec.renorm_min else denom)
+        top_vals = top_vals / (denom.clamp_min(m.renorm_min) if m.renorm_min else denom)
     if g.scaling != 1.0:
         top_vals = top_vals * g.scaling
     return Routing(scores, probs, top_idx, top_vals, raw_logits, margin)
@@ -99,8 +99,8 @@ def hash_route(spec: ModelSpec, router_EH: torch.Tensor, y_NH: torch.Tensor, top
     logits = F.linear(y_NH, router_EH)
     scores = positive_scores(spec.gate.scoring, logits)
     top_vals = scores.gather(1, topk_NK)
-    if spec.norm_topk_prob:
-        top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + (spec.renorm_eps or 1e-20))
+    if spec.moe.renormalise:
+        top_vals = top_vals / (top_vals.sum(dim=-1, keepdim=True) + (spec.moe.renorm_eps or 1e-20))
     if spec.gate.scaling != 1.0:
         top_vals = top_vals * spec.gate.scaling
     return Routing(scores, scores / scores.sum(dim=-1, keepdim=True), topk_NK, top_vals, logits)
@@ -112,7 +112,7 @@ def _sparsemixer(spec: ModelSpec, logits_NE: torch.Tensor) -> Routing:
     softmax over the experts whose logit lies within a relative band 2ε of its own (the first
     expert's rivals include every expert; the second's exclude the first). ρ is the plain
     softmax of the logits; the selection scores are the logits."""
-    eps = spec.sparsemixer_eps or 0.0
+    eps = spec.moe.sparsemixer_eps or 0.0
     s = logits_NE.float()
     first_val, first = s.max(dim=-1, keepdim=True)
     masked = s.scatter(-1, first, float("-inf"))
