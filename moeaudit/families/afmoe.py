@@ -1,6 +1,6 @@
 """AFMoE (``afmoe``, Arcee Trinity): sandwich norms — each block's output passes its own RMSNorm
 before the residual add (``post_attention_layernorm`` on the attention output,
-``ModelSpec.attn_out_norm``; ``post_mlp_layernorm`` on the MoE output, ``moe_out_norm``, and on a
+``LayerSettings.attn_out_norm``; ``post_mlp_layernorm`` on the MoE output, ``moe_out_norm``, and on a
 dense layer's MLP output, ``dense_out_norm``), the MLP / MoE block reading ``pre_mlp_layernorm``.
 Attention: per-head q/k RMSNorm, an output gate σ(W_g x) per channel (``self_attn.gate_proj``),
 sliding-window layers with RoPE and full-attention layers without it (``layer_types``, else every

@@ -2,7 +2,7 @@
 interleaved RoPE, YaRN with the softmax-scale mscale, the sigmoid router with a selection bias and
 top-2-sum groups, renormalised, × ``routed_scaling_factor``, shared experts) with one delta: the
 MoE block's output, routed plus shared, passes an RMSNorm (``post_mlp_layernorm``) before the
-residual add (``ModelSpec.moe_out_norm``; the backward takes dL/d(MoE output) through it). Dense
+residual add (``LayerSettings.moe_out_norm``; the backward takes dL/d(MoE output) through it). Dense
 and sparse layers from ``mlp_layer_types``, or as transformers converts the legacy keys: sparse
 from ``first_k_dense_replace`` (default 1) on every ``moe_layer_freq``-th layer (default 1). The
 released files store the norm at the layer (``post_mlp_layernorm``), transformers' module under

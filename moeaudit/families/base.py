@@ -137,7 +137,7 @@ class Family:
     # a wrapper or relabelled checkpoint: what is audited ("the text decoder of …"), recorded in
     # the receipts beside the family
     audits: str = ""
-    # the decoder layers as typed blocks (``ModelSpec.layer_blocks``), from the config and the
+    # the decoder layers as typed blocks (``LayerSettings.layer_blocks``), from the config and the
     # spec its ``fields`` give (``with_mixers``, ``spec.blocks.per_layer_type``); None: derived
     # from those fields
     layers: Callable[[Ctx, ModelSpec], tuple[Layer, ...]] | None = None

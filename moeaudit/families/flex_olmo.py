@@ -1,5 +1,5 @@
 """FlexOlmo (``flex_olmo``): OLMo-2 post-norm layers around OLMoE's MoE. No RMSNorm precedes
-attention or the MoE block (``ModelSpec.pre_norm`` false): each reads the residual stream itself,
+attention or the MoE block (``LayerSettings.pre_norm`` false): each reads the residual stream itself,
 so the router's input is y = h (docs/decisions.md); the attention output passes an RMSNorm
 (``post_attention_layernorm``, ``attn_out_norm``) and so does the MoE output
 (``post_feedforward_layernorm``, ``moe_out_norm``, through A.X-K1's backward) before the residual

@@ -1,7 +1,7 @@
 """GLM-5 (``glm_moe_dsa``): DeepSeek-V3.2 (MLA with a query latent, DeepSeek Sparse Attention,
 sigmoid + selection-bias routing, shared experts, dense first layers) as transformers' GLM-5
 builds it. Two differences: the DSA indexer rotates adjacent pairs, as the MLA does
-(``ModelSpec.index_rope_interleave``), and ``indexer_types`` lets a layer reuse the previous
+(``LayerSettings.index_rope_interleave``), and ``indexer_types`` lets a layer reuse the previous
 layer's key selection ("shared"). The replay runs every layer's own indexer ("full", the
 default pattern); a checkpoint with a "shared" layer is refused, because the streaming replay
 recomputes each layer from its input alone. Defaults: one expert group, 32 indexer heads,

@@ -1,5 +1,5 @@
 """JetMoE (``jetmoe``): every layer routes twice. Its token mixer is a mixture of attention heads
-(``ModelSpec.moa``, :mod:`moeaudit.replay.moa`): one shared kv projection of
+(``LayerSettings.moa``, :mod:`moeaudit.replay.moa`): one shared kv projection of
 ``num_key_value_heads`` heads of ``kv_channels`` dims, and per token the top-k of
 ``num_local_experts`` attention experts, each with its own q and o projections, picked by the
 mixer's own router, plus a bias on the mixer's output. Its MLP block is the routed MoE the

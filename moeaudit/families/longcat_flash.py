@@ -1,5 +1,5 @@
 """LongCat-Flash (``longcat_flash``, Meituan): each decoder layer holds two attention and two
-dense-MLP sub-blocks around one shortcut-connected MoE (``ModelSpec.shortcut_moe``)::
+dense-MLP sub-blocks around one shortcut-connected MoE (``LayerSettings.shortcut_moe``)::
 
     h = x + MLA₁(input_layernorm[0](x));   y = post_attention_layernorm[0](h)
     m = h + mlps[0](y);   a = m + MLA₂(input_layernorm[1](m))

@@ -5,7 +5,7 @@ full attention, odd ones lightning attention) picks per layer: Mixtral's softmax
 lightning attention, a per-head exponentially decayed linear attention computed in blocks of
 ``block_size`` tokens (:mod:`moeaudit.replay.lightning`). Residuals are DeepNorm's: each
 sub-block adds to its *normed* input, out = α·norm(x) + β·f(norm(x)), with (α, β) from
-``full_attn_*``, ``linear_attn_*`` and ``mlp_*_factor`` (``ModelSpec.residual_scales``). The
+``full_attn_*``, ``linear_attn_*`` and ``mlp_*_factor`` (``LayerSettings.residual_scales``). The
 checkpoints use Mixtral's v4 names (``block_sparse_moe``, experts w1/w3/w2) and store the
 lightning layers' slope and decay tables as buffers, which the replay reads and uses as
 transformers does. Not to be confused with ``minimax_m2``."""

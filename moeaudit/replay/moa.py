@@ -16,7 +16,7 @@ The q and o projections are batched per attention expert (the (token, slot) pair
 expert, stable; one matmul per expert), never a loop over tokens; the gathers and their
 backward (index_put with accumulation) are deterministic.
 
-This is the layer's token mixer (``ModelSpec.moa``): its router, expert projections, kv
+This is the layer's token mixer (``LayerSettings.moa``): its router, expert projections, kv
 projection and bias are differentiated by autograd with the attention and counted in the
 attention gradient norm (``MOA_NAMES``). The receipts audit the routed MLP block only
 (docs/decisions.md, "Mixture of attention heads (jetmoe)").

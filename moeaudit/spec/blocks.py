@@ -65,7 +65,7 @@ class Attention:
     RoPE unless ``rope`` is false (NoPE layers), from the RoPE table of ``attention_kind`` where a model
     has one per kind of layer (``ModelSpec.attention_kinds``); a causal ``window`` or a ``chunk`` of
     local attention; learned ``sinks``; the query also emitting a gate (``gated_q``, Qwen3-Next), an
-    output gate (``output_gate``), a q/k norm (``qk_norm``, as ``ModelSpec.qk_norm``), biases,
+    output gate (``output_gate``), a q/k norm (``qk_norm``, as ``LayerSettings.qk_norm``), biases,
     one fused ``qkv`` projection, a norm on the output (``out_norm``, AFMoE); q, k and v clamped to
     ±``clip`` (DBRX's ``clip_qkv``); on NoPE layers the query × 1 + s·log(1 + ⌊(pos + 1) / f⌋) with
     (s, f) = ``temperature`` (Llama 4's ``attn_scale``, ``floor_scale``)."""
@@ -787,7 +787,7 @@ class Layer:
 
 
 def uniform(n: int, layer: Layer) -> tuple[Layer, ...]:
-    """``n`` decoder layers of the same blocks (``ModelSpec.layer_blocks``)."""
+    """``n`` decoder layers of the same blocks (``LayerSettings.layer_blocks``)."""
     return (layer,) * n
 
 

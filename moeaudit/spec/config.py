@@ -100,7 +100,7 @@ class LongRope:
 class AttentionKind:
     """The attention of one kind of layer where a model's layers differ in it (MiMo-V2-Flash,
     Mellum: ``layer_types``): head counts, head sizes, RoPE and sinks (``ModelSpec.attention_kinds``,
-    chosen per layer by ``ModelSpec.layer_kinds``). RoPE is transformers' default (rotate-half,
+    chosen per layer by ``LayerSettings.layer_kinds``). RoPE is transformers' default (rotate-half,
     θ, the first ``rotary_dim`` dims of a head; 0: all of them); values are ``v_head_dim`` wide
     (0: as the keys) and × ``value_scale`` (MiMo's ``attention_value_scale``)."""
 
