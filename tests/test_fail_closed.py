@@ -434,11 +434,11 @@ def test_an_explicit_zero_is_refused_not_replaced_by_a_default(
 @pytest.mark.parametrize("family, default", [("mixtral", 1e6), ("olmoe", 1e4), ("minimax_m2", 5e6)])
 def test_only_an_absent_or_null_rope_theta_takes_the_family_default(family: str, default: float) -> None:
     cfg = {k: v for k, v in tiny_config(family).to_dict().items() if k not in ("rope_parameters", "rope_scaling")}
-    assert spec_from_config(cfg).rope_theta == default
-    assert spec_from_config({**cfg, "rope_theta": None}).rope_theta == default
-    assert spec_from_config({**cfg, "rope_theta": 123.0}).rope_theta == 123.0
+    assert spec_from_config(cfg).rope.theta == default
+    assert spec_from_config({**cfg, "rope_theta": None}).rope.theta == default
+    assert spec_from_config({**cfg, "rope_theta": 123.0}).rope.theta == 123.0
     # a v5 rope_parameters without a θ falls back to the top-level key, then to the default
-    assert spec_from_config({**cfg, "rope_parameters": {"rope_type": "default"}, "rope_theta": 7.0}).rope_theta == 7.0
+    assert spec_from_config({**cfg, "rope_parameters": {"rope_type": "default"}, "rope_theta": 7.0}).rope.theta == 7.0
 
 
 # ----- settings implemented rather than refused (checked against transformers) ---------------------

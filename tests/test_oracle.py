@@ -91,12 +91,12 @@ def test_config_defaults_match_transformers(family: str) -> None:
         written.pop(key, None)
     hf = type(tiny_config(family))(**written)
     spec = spec_from_config(written)
-    assert spec.rope_theta == hf.rope_parameters["rope_theta"]
-    assert spec.rope_theta == (1e6 if family == "mixtral" else 1e4)
+    assert spec.rope.theta == hf.rope_parameters["rope_theta"]
+    assert spec.rope.theta == (1e6 if family == "mixtral" else 1e4)
     assert spec.rms_eps == hf.rms_norm_eps
     assert spec.num_experts == hf.num_experts == 4
     legacy = {**written, "rope_theta": 5e5}
-    assert spec_from_config(legacy).rope_theta == type(hf)(**legacy).rope_parameters["rope_theta"]
+    assert spec_from_config(legacy).rope.theta == type(hf)(**legacy).rope_parameters["rope_theta"]
     for key in EXPERT_COUNT_KEYS[family]:  # either name transformers' attribute_map accepts
         renamed = {k: v for k, v in written.items() if k not in EXPERT_COUNT_KEYS[family]}
         renamed[key] = 6

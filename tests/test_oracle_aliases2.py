@@ -105,7 +105,7 @@ def test_granitemoe_swa_refuses_several_rope_bases() -> None:
     with pytest.raises(CheckpointError, match="several RoPE bases"):
         spec_from_config(cfg)
     spec = spec_from_config({**cfg, "layer_rope_theta": [0, 5e5]})
-    assert spec.nope_layers == (0,) and spec.rope_theta == 5e5
+    assert spec.nope_layers == (0,) and spec.rope.theta == 5e5
 
 
 # ----- Aria: its text decoder, and the vision-language checkpoint around it ----------------------

@@ -321,7 +321,7 @@ def test_yarn_rope_matches_transformers_in_other_families(family: str, tmp_path:
 
     save_tiny(tmp_path, family, rope_parameters={**YARN, "mscale_all_dim": None, "mscale": None})
     ckpt = check_against_transformers(tmp_path, random_tokens())
-    assert ckpt.spec.yarn is not None and ckpt.spec.attention_scale is None
+    assert ckpt.spec.rope.yarn is not None and ckpt.spec.attention_scale is None
 
 
 def test_group_limited_margin_by_hand() -> None:

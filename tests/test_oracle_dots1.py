@@ -108,7 +108,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
         "rms_norm_eps": 1e-05,
     }
     s = spec_from_config(cfg)
-    assert (s.head_dim, s.rope_theta, s.rms_eps, s.settings.qk_norm) == (128, 1e7, 1e-5, "head")
+    assert (s.head_dim, s.rope.theta, s.rms_eps, s.settings.qk_norm) == (128, 1e7, 1e-5, "head")
     assert s.routed_layers == tuple(range(1, 62)) and s.dense_dim == 10944 and s.shared_dim == 2816
     assert s.sliding_layers == () and s.sliding_window is None and not s.settings.shared_gated
     assert s.routing == "sigmoid top-6 of 128, selection bias, renormalised, ×2.5"

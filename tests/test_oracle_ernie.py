@@ -86,7 +86,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
     }
     s = spec_from_config(cfg)
     assert (s.num_experts, s.top_k, s.expert_dim, s.shared_dim, s.dense_dim) == (64, 6, 1536, 3072, 12288)
-    assert s.routed_layers == tuple(range(1, 28)) and s.tie_embeddings and s.rope_interleaved
+    assert s.routed_layers == tuple(range(1, 28)) and s.tie_embeddings and s.rope.interleaved
     assert s.routing == "softmax top-6 of 64, selection bias, renormalised"
     note = gate_note(s)
     assert note is not None and "softmax(W_r y) + b" in note["why"]

@@ -130,7 +130,7 @@ def test_qwen3_next_config_defaults_match_transformers() -> None:
 
     spec = spec_from_config(transformers.AutoConfig.for_model("qwen3_next").to_dict())
     assert (spec.num_experts, spec.top_k, spec.settings.norm_topk_prob, spec.head_dim) == (512, 10, True, 256)
-    assert spec.rotary_dim == 64 and spec.norm_offset == 1.0 and spec.settings.gated_attention
+    assert spec.rope.rotary_dim == 64 and spec.norm_offset == 1.0 and spec.settings.gated_attention
     assert spec.linear_layers == tuple(i for i in range(48) if (i + 1) % 4)
     la = spec.settings.linear_attention
     assert la is not None and (la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (

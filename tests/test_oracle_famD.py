@@ -378,7 +378,7 @@ def test_dbrx_replay_matches_transformers(case: str, dtype: str, tmp_path: Path)
     model, ckpt = check(tmp_path, "dbrx", case, dtype, DBRX[case], dbrx_observed)
     s, attn, ffn = ckpt.spec, model.config.attn_config, model.config.ffn_config
     assert (s.num_experts, s.top_k, s.expert_dim) == (ffn.moe_num_experts, ffn.moe_top_k, ffn.ffn_hidden_size)
-    assert (s.num_kv_heads, s.settings.clip_qkv, s.rope_theta) == (
+    assert (s.num_kv_heads, s.settings.clip_qkv, s.rope.theta) == (
         attn.kv_n_heads,
         attn.clip_qkv,
         model.config.rope_parameters["rope_theta"],
@@ -419,7 +419,7 @@ def test_dbrx_hub_config_reads_with_its_own_rope_theta() -> None:
     }
     s = spec_from_config(cfg)
     assert (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.num_layers) == (6144, 48, 8, 128, 40)
-    assert (s.rope_theta, s.settings.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
+    assert (s.rope.theta, s.settings.clip_qkv, s.expert_dim, s.rms_eps) == (5e5, 8.0, 10752, 1e-5)
     assert s.routing == "softmax top-4 of 16, renormalised" and not s.norm_bias
 
 
@@ -554,7 +554,7 @@ def test_lfm2_moe_hub_style_config() -> None:
         "conv_L_cache": 3,
     }
     s = spec_from_config(cfg)
-    assert (s.rope_theta, s.tie_embeddings, s.conv_layers, s.routed_layers) == (1e6, True, (0, 1, 3), (2, 3))
+    assert (s.rope.theta, s.tie_embeddings, s.conv_layers, s.routed_layers) == (1e6, True, (0, 1, 3), (2, 3))
     assert s.routing == "sigmoid top-4 of 32, selection bias, renormalised"
 
 

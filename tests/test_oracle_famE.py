@@ -78,7 +78,7 @@ def test_solar_open_config_defaults_match_transformers() -> None:
     import transformers
 
     spec = spec_from_config(transformers.AutoConfig.for_model("solar_open").to_dict())
-    assert (spec.num_experts, spec.top_k, spec.shared_dim, spec.rope_theta) == (128, 8, 1280, 1e6)
+    assert (spec.num_experts, spec.top_k, spec.shared_dim, spec.rope.theta) == (128, 8, 1280, 1e6)
     assert spec.settings.norm_topk_prob and spec.gate.selection_bias and spec.routed_layers == tuple(range(48))
     with pytest.raises(CheckpointError, match="partial_rotary_factor"):
         spec_from_config(
@@ -138,8 +138,8 @@ def test_sarvam_mla_config_defaults_and_original_format() -> None:
     hf = transformers.AutoConfig.for_model(**original)
     spec = spec_from_config(original)
     assert spec.num_experts == hf.n_routed_experts and spec.shared_dim == hf.n_shared_experts * spec.expert_dim
-    assert spec.yarn is not None and hf.rope_parameters["rope_type"] == "yarn"
-    assert spec.yarn.factor == hf.rope_parameters["factor"] and spec.head_dim == hf.qk_rope_head_dim
+    assert spec.rope.yarn is not None and hf.rope_parameters["rope_type"] == "yarn"
+    assert spec.rope.yarn.factor == hf.rope_parameters["factor"] and spec.head_dim == hf.qk_rope_head_dim
 
 
 # ----- Hy3: Qwen3 attention, sigmoid + selection-bias router, mlp_layer_types -----------------------
@@ -170,7 +170,7 @@ def test_hy_v3_config_defaults_match_transformers() -> None:
 
     hf = transformers.AutoConfig.for_model("hy_v3")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.gate.scaling, spec.rope_theta) == (192, 8, 2.826, 11_158_840.0)
+    assert (spec.num_experts, spec.top_k, spec.gate.scaling, spec.rope.theta) == (192, 8, 2.826, 11_158_840.0)
     assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
     assert spec.shared_dim == hf.moe_intermediate_size and spec.dense_dim == hf.intermediate_size
     cfg = {k: v for k, v in hf.to_dict().items() if k != "mlp_layer_types"}
@@ -204,7 +204,13 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
 
     cfg = transformers.AutoConfig.for_model("sarvam_moe").to_dict()
     spec = spec_from_config(cfg)
-    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.gate.scaling) == (128, 6, 8e6, 64, 2.5)
+    assert (spec.num_experts, spec.top_k, spec.rope.theta, spec.rope.rotary_dim, spec.gate.scaling) == (
+        128,
+        6,
+        8e6,
+        64,
+        2.5,
+    )
     assert spec.settings.qk_norm == "head" and spec.routed_layers[0] == 1 and spec.mtp_layers == 0
     original = {
         k: v
@@ -214,13 +220,13 @@ def test_sarvam_moe_config_defaults_and_original_names() -> None:
     original |= {"num_experts": 32, "num_shared_experts": 2, "use_qkv_bias": True, "rope_theta": 5e5}
     hf = transformers.AutoConfig.for_model(**original)
     spec = spec_from_config(original)
-    assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.settings.attention_bias, spec.rope_theta) == (
+    assert (spec.num_experts, spec.shared_dim // spec.expert_dim, spec.settings.attention_bias, spec.rope.theta) == (
         hf.n_routed_experts,
         hf.n_shared_experts,
         hf.attention_bias,
         hf.rope_parameters["rope_theta"],
     )
-    assert spec.rotary_dim == 64
+    assert spec.rope.rotary_dim == 64
     with pytest.raises(CheckpointError, match="num_experts"):
         spec_from_config({**cfg, "num_experts": 7})
 
@@ -328,7 +334,7 @@ def test_minimax_config_defaults_match_transformers() -> None:
     hf = transformers.AutoConfig.for_model("minimax")
     spec = spec_from_config(hf.to_dict())
     assert spec.lightning_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
-    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.settings.lightning_block) == (8, 2, 1e6, 256)
+    assert (spec.num_experts, spec.top_k, spec.rope.theta, spec.settings.lightning_block) == (8, 2, 1e6, 256)
     assert spec.settings.residual_scales == ((1.0, 1.0),) * 3 and spec.routed_layers == tuple(range(32))
     with pytest.raises(CheckpointError, match="layer_types"):
         spec_from_config({**hf.to_dict(), "layer_types": ["mamba"] * 32})
@@ -428,7 +434,13 @@ def test_laguna_config_defaults_and_refusals() -> None:
 
     hf = transformers.AutoConfig.for_model("laguna")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.rope_theta, spec.rotary_dim, spec.shared_dim) == (256, 8, 5e5, 64, 512)
+    assert (spec.num_experts, spec.top_k, spec.rope.theta, spec.rope.rotary_dim, spec.shared_dim) == (
+        256,
+        8,
+        5e5,
+        64,
+        512,
+    )
     assert (
         spec.routed_layers == tuple(range(1, 40))
         and spec.settings.output_gate == "head"

@@ -103,7 +103,7 @@ def test_mistral4_partial_rotary_width_matches_transformers(case: str, tmp_path:
     aliases2.save_causal(tmp_path, "mistral4", rope_interleave=interleave, rope_parameters=rope)
     ckpt, model = Checkpoint(tmp_path), aliases2.load_causal(tmp_path, "mistral4")
     width = int(model.config.head_dim * factor)
-    assert width != model.config.qk_rope_head_dim and ckpt.spec.rope_freq_dim == width
+    assert width != model.config.qk_rope_head_dim and ckpt.spec.rope.freq_dim == width
     tokens = random_tokens()
     modules = Modules(shared=("mlp.shared_experts.",))
     nll_abs, grad_rel = agree(ckpt, model, tokens, modules)
@@ -137,4 +137,4 @@ def test_mistral4_reads_the_rotary_factor_from_rope_parameters_only(tmp_path: Pa
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     model = aliases2.load_causal(tmp_path, "mistral4")
     assert model.model.rotary_emb.inv_freq.numel() == model.config.qk_rope_head_dim // 2
-    assert Checkpoint(tmp_path).spec.rope_freq_dim == 0
+    assert Checkpoint(tmp_path).spec.rope.freq_dim == 0

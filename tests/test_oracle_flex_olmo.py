@@ -187,7 +187,7 @@ def test_flex_olmo_config_defaults_match_transformers() -> None:
     hf = transformers.AutoConfig.for_model("flex_olmo")
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.expert_dim) == (7, 5, 11008)
-    assert (spec.head_dim, spec.rms_eps, spec.rope_theta) == (128, 1e-6, 500000.0)
+    assert (spec.head_dim, spec.rms_eps, spec.rope.theta) == (128, 1e-6, 500000.0)
     assert spec.routed_layers == tuple(range(32)) and not spec.settings.norm_topk_prob and spec.shared_dim == 0
     assert (
         not spec.settings.pre_norm
@@ -197,7 +197,7 @@ def test_flex_olmo_config_defaults_match_transformers() -> None:
     )
     cfg = {k: v for k, v in hf.to_dict().items() if k not in ("rope_parameters", "rms_norm_eps", "norm_topk_prob")}
     absent = spec_from_config(cfg)  # the configuration class's defaults when the keys are absent
-    assert (absent.rope_theta, absent.rms_eps, absent.settings.norm_topk_prob) == (500000.0, 1e-6, False)
+    assert (absent.rope.theta, absent.rms_eps, absent.settings.norm_topk_prob) == (500000.0, 1e-6, False)
 
 
 def test_the_expert_parallel_replay_refuses_flex_olmo_by_name(tmp_path: Path) -> None:

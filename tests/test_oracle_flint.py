@@ -99,7 +99,7 @@ def test_flint_config_defaults_match_transformers() -> None:
 
     hf = transformers.AutoConfig.for_model("flint")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope_theta) == (256, 6, 128, 1e-6, 1e4)
+    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope.theta) == (256, 6, 128, 1e-6, 1e4)
     assert spec.shared_dim == 1024 and spec.dense_dim == 6144 and not spec.settings.shared_gated
     assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.settings.attention_sinks
     assert spec.nope_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention")

@@ -120,7 +120,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
         "rms_norm_eps": 1e-05,
     }
     s = spec_from_config(cfg)
-    assert (s.rope_dim, s.head_dim, s.rope_theta, s.rms_eps) == (64, 128, 1e6, 1e-5)
+    assert (s.rope_dim, s.head_dim, s.rope.theta, s.rms_eps) == (64, 128, 1e6, 1e-5)
     assert (s.settings.attention_bias, s.settings.o_bias, s.settings.qk_norm, s.mtp_layers) == (True, False, "none", 1)
     assert s.routed_layers == tuple(range(3, 46)) and s.dense_dim == 10944 and s.shared_dim == 1408
     assert s.routing == "sigmoid top-8 of 128, selection bias, renormalised, ×2.5"

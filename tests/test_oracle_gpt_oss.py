@@ -285,14 +285,14 @@ def test_released_config_reads_as_transformers_does() -> None:
     s = spec_from_config(cfg)
     hf = transformers.GptOssConfig(**{k: v for k, v in cfg.items() if k not in ("quantization_config",)})
     assert s.sliding_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")
-    assert (s.sliding_window, s.rms_eps, s.rope_theta, s.top_k, s.num_experts) == (128, 1e-5, 150000.0, 4, 32)
-    assert s.yarn is not None and (s.yarn.factor, s.yarn.truncate) == (32.0, False)
+    assert (s.sliding_window, s.rms_eps, s.rope.theta, s.top_k, s.num_experts) == (128, 1e-5, 150000.0, 4, 32)
+    assert s.rope.yarn is not None and (s.rope.yarn.factor, s.rope.yarn.truncate) == (32.0, False)
     assert s.clamped_glu is not None and (s.clamped_glu.alpha, s.clamped_glu.limit) == (1.702, 7.0)
     assert s.routing == "softmax top-4 of 32, biased logits, renormalised"
     # no layer_types and no rope scaling: GptOssConfig's defaults (even layers slide, YaRN ×32)
     bare = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_scaling")}
     s2 = spec_from_config(bare)
-    assert s2.sliding_layers == tuple(range(0, 24, 2)) and s2.yarn is not None and s2.yarn.factor == 32.0
+    assert s2.sliding_layers == tuple(range(0, 24, 2)) and s2.rope.yarn is not None and s2.rope.yarn.factor == 32.0
 
 
 @pytest.mark.parametrize(

@@ -208,7 +208,7 @@ def test_jetmoe_config_defaults_match_transformers() -> None:
             hf.kv_channels,
         )
     )
-    assert (spec.rms_eps, spec.final_eps, spec.tie_embeddings, spec.rope_theta) == (1e-6, 1e-6, True, 10000.0)
+    assert (spec.rms_eps, spec.final_eps, spec.tie_embeddings, spec.rope.theta) == (1e-6, 1e-6, True, 10000.0)
     assert spec.settings.moa and spec.settings.moe_bias and spec.routed_layers == tuple(range(hf.num_hidden_layers))
     # transformers derives the query heads from the kv heads and top-k, whatever the file says
     cfg = {k: v for k, v in hf.to_dict().items() if k not in ("num_attention_heads", "tie_word_embeddings")}

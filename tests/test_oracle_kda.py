@@ -191,7 +191,7 @@ def test_bailing_hybrid_config_defaults_match_transformers() -> None:
     hf = transformers.AutoConfig.for_model("bailing_hybrid")
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.gate.scaling) == (512, 8, 1e-6, 2.5)
-    assert (spec.gate.n_group, spec.gate.topk_group, spec.rope_theta, spec.mtp_layers) == (8, 4, 6e6, 1)
+    assert (spec.gate.n_group, spec.gate.topk_group, spec.rope.theta, spec.mtp_layers) == (8, 4, 6e6, 1)
     assert spec.routed_layers == tuple(range(2, hf.num_hidden_layers)) and spec.settings.kda_gate_bound == -5.0
     assert spec.kda_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
     la = spec.settings.linear_attention

@@ -112,7 +112,7 @@ def test_lara_mini_config_defaults_match_transformers() -> None:
 
     hf = transformers.AutoConfig.for_model("lara_mini")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope_theta) == (128, 4, 128, 1e-6, 1e4)
+    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope.theta) == (128, 4, 128, 1e-6, 1e4)
     assert (
         spec.shared_dim == 512
         and not spec.settings.shared_gated

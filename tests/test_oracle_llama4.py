@@ -220,7 +220,7 @@ def test_scout_config_reads_as_transformers_does() -> None:
     assert s.routed_layers == tuple(hf.moe_layers) == tuple(range(48))
     assert s.nope_layers == tuple(i for i, f in enumerate(hf.no_rope_layers) if not f) == tuple(range(3, 48, 4))
     assert s.chunked_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "chunked_attention")
-    assert s.llama3_rope is not None and s.llama3_rope.factor == 16.0 and s.settings.qk_norm == "l2"
+    assert s.rope.llama3 is not None and s.rope.llama3.factor == 16.0 and s.settings.qk_norm == "l2"
     assert s.settings.attn_temperature == (0.1, 8192.0) and s.settings.attention_chunk == 8192 and s.dense_dim == 0
     assert s.routing == "sigmoid top-1 of 16, not renormalised" and s.shared_dim == 8192
 

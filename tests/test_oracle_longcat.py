@@ -135,7 +135,7 @@ def test_longcat_config_defaults_match_transformers() -> None:
     spec = spec_from_config(hf.to_dict())
     assert (spec.num_layers, spec.num_experts, spec.zero_experts, spec.top_k) == (28, 768, 256, 12)
     assert (spec.parametric_experts, spec.expert_dim, spec.dense_dim) == (512, 2048, 12288)
-    assert (spec.rms_eps, spec.rope_theta, spec.gate.scaling, spec.head_dim) == (1e-5, 1e7, 6.0, 64)
+    assert (spec.rms_eps, spec.rope.theta, spec.gate.scaling, spec.head_dim) == (1e-5, 1e7, 6.0, 64)
     assert (
         spec.settings.shortcut_moe
         and spec.settings.mla_lora_scale

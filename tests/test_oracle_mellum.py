@@ -97,7 +97,7 @@ def test_mellum_replay_matches_transformers(case: str, dtype: str, tmp_path: Pat
     assert ckpt.spec.sliding_layers == sliding or model.config.sliding_window >= tokens.shape[1]
     ropes = {t: model.config.rope_parameters[t]["rope_theta"] for t in model.config.layer_types}
     if len(set(ropes.values())) == 1:  # one table, as before attention kinds
-        assert ckpt.spec.attention_kinds == () and ckpt.spec.rope_theta == (1e4 if sliding else 5e5)
+        assert ckpt.spec.attention_kinds == () and ckpt.spec.rope.theta == (1e4 if sliding else 5e5)
     else:
         kinds = [ckpt.spec.attention_kind(i) for i in range(model.config.num_hidden_layers)]
         assert [k.rope_theta for k in kinds if k] == [ropes[t] for t in model.config.layer_types]
@@ -111,7 +111,7 @@ def test_mellum_config_defaults_match_transformers() -> None:
 
     hf = transformers.AutoConfig.for_model("mellum")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope_theta) == (64, 8, 128, 1e-6, 5e5)
+    assert (spec.num_experts, spec.top_k, spec.head_dim, spec.rms_eps, spec.rope.theta) == (64, 8, 128, 1e-6, 5e5)
     assert spec.routed_layers == tuple(range(hf.num_hidden_layers)) and spec.shared_dim == 0
     assert spec.sliding_layers == () and spec.settings.norm_topk_prob and spec.dense_dim == 7168
     absent = {k: v for k, v in hf.to_dict().items() if k not in ("layer_types", "mlp_layer_types", "rope_parameters")}

@@ -73,7 +73,7 @@ def test_hub_style_config_reads_as_transformers_does() -> None:
         "rms_norm_eps": 1e-06,
     }
     s = spec_from_config(cfg)
-    assert (s.rope_dim, s.rope_theta, s.settings.qk_norm, s.expert_dim, s.shared_dim) == (64, 5e6, "full", 1536, 0)
+    assert (s.rope_dim, s.rope.theta, s.settings.qk_norm, s.expert_dim, s.shared_dim) == (64, 5e6, "full", 1536, 0)
     assert s.routing == "sigmoid top-8 of 256, selection bias, renormalised" and s.routed_layers == tuple(range(62))
 
 

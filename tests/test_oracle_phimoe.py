@@ -164,7 +164,11 @@ def phi35_config() -> dict[str, Any]:
 def test_released_config_reads() -> None:
     s = spec_from_config(phi35_config())
     assert s.layer_norm and s.lm_head_bias and s.settings.attention_bias and s.settings.sparsemixer_eps == 0.01
-    assert s.longrope is not None and len(s.longrope.short_factor) == 64 and s.longrope.original_max_positions == 4096
+    assert (
+        s.rope.longrope is not None
+        and len(s.rope.longrope.short_factor) == 64
+        and s.rope.longrope.original_max_positions == 4096
+    )
     assert s.sliding_window == 131072 and s.routing == "sparsemixer top-2 of 16, jitter ε 0.01"
 
 

@@ -773,8 +773,8 @@ class Checkpoint:
                 if s.mla is not None
                 else {}
             ),
-            **({"rope_scaling": f"yarn ×{s.yarn.factor:g}"} if s.yarn is not None else {}),
-            **({"rotary_dim": s.rotary_dim} if s.rotary_dim else {}),  # partial rotary
+            **({"rope_scaling": f"yarn ×{s.rope.yarn.factor:g}"} if s.rope.yarn is not None else {}),
+            **({"rotary_dim": s.rope.rotary_dim} if s.rope.rotary_dim else {}),  # partial rotary
             **(
                 {"fp8_blocks": f"{self.fp8_block[0]}×{self.fp8_block[1]} ({len(self.scales)} block-scaled weights)"}
                 if self.scales and self.fp8_block

@@ -20,9 +20,11 @@ from moeaudit.spec.config import (
     MAX_COUNT,
     MLA,
     MODEL_FIELDS,
+    ROPE_KEYS,
     Gate,
     LayerSettings,
     ModelSpec,
+    Rope,
     check_sizes,
     derived_layer,
     getter,
@@ -208,12 +210,17 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
         shared_gated=False,
     )
     given = {**common, **defaults, **fam.fields(ctx)}
-    settings = LayerSettings(**{k: v for k, v in given.items() if k not in MODEL_FIELDS})
-    spec = ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS}, settings=settings)
+    rotary = Rope(**{ROPE_KEYS[k][0]: v for k, v in given.items() if k in ROPE_KEYS})
+    settings = LayerSettings(**{k: v for k, v in given.items() if k not in MODEL_FIELDS and k not in ROPE_KEYS})
+    spec = ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS}, rope=rotary, settings=settings)
     if fam.layers is not None:
         spec = spec.revised(layer_blocks=fam.layers(ctx, spec))
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "longrope" and spec.longrope is None:
+    if (
+        isinstance(params, dict)
+        and params.get("rope_type", params.get("type")) == "longrope"
+        and spec.rope.longrope is None
+    ):
         raise CheckpointError(f"rope type 'longrope' is read for phimoe only, not {fam.name!r}", path=path)
     check_sizes(spec, cfg, path)
     return spec

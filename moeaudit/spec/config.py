@@ -228,8 +228,42 @@ class LayerSettings:
 
 
 @dataclass(frozen=True)
+class Rope:
+    """The rotary position embedding the attention layers share (one table; where a model's layer
+    kinds differ in it, ``ModelSpec.attention_kinds`` give one per kind): base ``theta``, the first
+    ``rotary_dim`` dims of a head rotated (0: all of it; partial rotary), the width the frequencies
+    are computed for where it is not the rotated width (``freq_dim``, Mistral 4's MLA: int(head_dim ×
+    partial_rotary_factor), its table broadcast over the rotated pairs; 0: the rotated width),
+    adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (``interleaved``, ERNIE 4.5's GQA,
+    Llama 4), and one scaling: YaRN (DeepSeek-V2/V3), Llama 3's (Llama 4) or Phi's longrope."""
+
+    theta: float
+    rotary_dim: int = 0
+    freq_dim: int = 0
+    interleaved: bool = False
+    yarn: Yarn | None = None
+    llama3: Llama3Rope | None = None
+    longrope: LongRope | None = None
+
+
+# the spec's JSON key of each ``Rope`` field (where the field stood), and whether it is left out at
+# its default (``NEW``)
+ROPE_KEYS: dict[str, tuple[str, bool]] = {
+    "rope_theta": ("theta", False),
+    "yarn": ("yarn", False),
+    "rotary_dim": ("rotary_dim", True),
+    "rope_freq_dim": ("freq_dim", True),
+    "rope_interleaved": ("interleaved", True),
+    "llama3_rope": ("llama3", True),
+    "longrope": ("longrope", True),
+}
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """Architecture of one checkpoint, as the replay sees it."""
+    """Architecture of one checkpoint, as the replay sees it: what is the same for the whole model,
+    ``settings`` (what the config says about its layers' blocks, as read) and, built from both,
+    ``layers`` (typed blocks, which the replay reads)."""
 
     family: str
     vocab_size: int
@@ -238,7 +272,7 @@ class ModelSpec:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rope_theta: float
+    rope: Rope
     rms_eps: float
     num_experts: int
     top_k: int
@@ -251,84 +285,39 @@ class ModelSpec:
     mla: MLA | None = None
     mtp_layers: int = 0  # multi-token-prediction modules stored after the decoder (not replayed)
     attention_scale: float | None = None  # None: head_dim ** -0.5
-    yarn: Yarn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Fields added for new families carry ``NEW``: left out of ``to_json`` at their default, so
-    # the JSON of the families that predate them (and receipts, goldens) stays byte-identical.
-    rotary_dim: int = field(default=0, metadata=NEW)  # RoPE on the first rotary_dim of a head (0: all of it)
-    # the width transformers computes the rotary frequencies for, int(head_dim × partial_rotary_factor),
-    # where it is not the rotated width (Mistral 4's MLA); its table is broadcast over the rotated
-    # pairs (0: the rotated width)
-    rope_freq_dim: int = field(default=0, metadata=NEW)
+    # the JSON of the families that predate them stays byte-identical.
     sparse_index: SparseIndex | None = field(default=None, metadata=NEW)  # DSA indexer (DeepSeek-V3.2)
     # zero-centred RMSNorm gains (Qwen3-Next): the norm applies offset + stored w; the checkpoint
     # reader hands the replay the applied gain
     norm_offset: float = field(default=0.0, metadata=NEW)
-    # RoPE on adjacent pairs (x0, x1), (x2, x3), … instead of rotate-half (ERNIE 4.5's GQA)
-    rope_interleaved: bool = field(default=False, metadata=NEW)
-    # Granite's µP-style multipliers: embeddings × e, each block's output × r before the
-    # residual add, logits ÷ s (the attention softmax scale is ``attention_scale``)
+    # Granite's µP-style multipliers: embeddings × e and logits ÷ s (each block's output × r is the
+    # ``Residual.multiplier``, the attention softmax scale ``attention_scale``)
     embedding_multiplier: float = field(default=1.0, metadata=NEW)
     logits_scaling: float = field(default=1.0, metadata=NEW)
-    # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no
-    # value), a router bias added to the logits, experts with a clamped GLU (their biases come
-    # with the interleaved expert layout, ``Layout.fused_format``)
+    # gpt-oss, HY-V4: the routed experts' GLU clamped (gpt-oss's biases come with the interleaved
+    # expert layout, ``Layout.fused_format``); DeepSeek-V4's shared expert clamps at its limit too
     clamped_glu: ClampedGLU | None = field(default=None, metadata=NEW)
-    # Llama 4: each chosen expert gets its input scaled by its combine weight, u_e(c_e y), and the
-    # outputs are summed unweighted; NoPE layers (no RoPE; query temperature tuning when
-    # ``attn_temperature`` = (attn_scale, floor_scale) is set); chunked local attention
-    # (attention within ``attention_chunk`` token blocks) on ``chunked_layers``; Llama 3 RoPE
-    # scaling. ``qk_norm`` "l2": a weightless RMS norm of q and k after RoPE, on RoPE layers
-    llama3_rope: Llama3Rope | None = field(default=None, metadata=NEW)
     # Phi-3.5-MoE: LayerNorm (mean-centred, with a bias) for the block and final norms, a bias on
-    # the LM head, sparsemixer routing (``gate.scoring`` "sparsemixer" with this jitter ε),
-    # longrope RoPE
+    # the LM head; Cohere: LayerNorms without a bias (``norm_bias`` false)
     layer_norm: bool = field(default=False, metadata=NEW)
     lm_head_bias: bool = field(default=False, metadata=NEW)
-    longrope: LongRope | None = field(default=None, metadata=NEW)
-    # ERNIE 4.5: the renormalised top-k divides by max(Σ chosen, renorm_min) (``moe_norm_min``)
-    # GLM-5 (glm_moe_dsa): the DSA indexer rotates adjacent pairs, as its MLA does
-    # Cohere (Command A MoE): attention and MLP/MoE in parallel on one input norm (the layer input
-    # is the MoE block's h, its gain input_norm); LayerNorms without a bias (``norm_bias``); the
-    # shared expert's output × ``shared_scale`` ("average" combination: routed and shared halved)
     norm_bias: bool = field(default=True, metadata=NEW)
-    # LFM2-MoE: ``conv_layers`` mix tokens by a short convolution (kernel ``conv_kernel``, biases
-    # with ``conv_bias``) instead of attention; the renormalised top-k divides by Σ + ``renorm_eps``
-    # Laguna: router logits soft-capped, c·tanh(logit / c), before the sigmoid (0: none); the
-    # attention output gated by softplus(W_g x), one gate per head ("head") or per channel ("element")
-    # Mistral 4: MLA queries × 1 + β·log(1 + ⌊pos / L⌋) (Llama 4's long-context scaling), with
-    # (β, L) = (``llama_4_scaling_beta``, ``original_max_position_embeddings``); 1 below position L
-    # A.X-K1: the MoE block's output (routed + shared) passes an RMSNorm (gain ``moe_out_norm``)
-    # before the residual add
     # Nemotron-H: "relu2": the experts, the shared expert and the dense MLPs are non-gated,
     # W2 relu(W1 y)² (up w1, down w2; no w3); "swiglu": W2(silu(W1 y) ⊙ W3 y)
     mlp_act: str = field(default="swiglu", metadata=NEW)
-    # OLMo-2 post-norm layers (FlexOlmo): False = no RMSNorm before attention or the MLP / MoE
-    # block (no ``input_norm``, no ``post_norm``): each block reads the residual stream itself, so
-    # the router's input is y = h (no gain; z = h / r stays the receipts' state), and the block
-    # outputs are normed instead (``attn_out_norm``, ``moe_out_norm``) — docs/decisions.md
-    # JetMoE: the token mixer is a mixture of attention heads (``replay.moa``: routed per-expert
-    # q/o projections over one shared kv projection, ``MOA_NAMES``), top-``top_k`` of
-    # ``num_experts`` attention experts, ``num_heads`` = top_k · ``num_kv_heads``; a bias
-    # (``moe_bias``) added to the routed MoE block's output; the final norm's eps when it is not
-    # the decoder layers' (``rms_eps``; JetMoE builds its layer norms with eps 1e-6)
+    # the final norm's eps when it is not the decoder layers' (``rms_eps``; JetMoE: 1e-6)
     final_norm_eps: float | None = field(default=None, metadata=NEW)
-    # LongCat-Flash: each layer two attention + dense-MLP sub-blocks (the second's tensors named
-    # ``SECOND_BLOCK`` + the first's) and one MoE reading the first MLP's input (the stream after the
-    # first attention, normed by ``post_norm``), its output added at the end of the layer
-    # (``shortcut_moe``); the last ``zero_experts`` of the ``num_experts`` are identity
-    # (zero-computation) experts, u_e(y) = y; MLA with the LoRA scales q × √(H / q_lora_rank) and
-    # the kv latent × √(H / kv_lora_rank) (``mla_lora_scale``)
+    # LongCat-Flash: the last ``zero_experts`` of the ``num_experts`` are identity
+    # (zero-computation) experts, u_e(y) = y
     zero_experts: int = field(default=0, metadata=NEW)
     # HY-V4 (hy_v4): hyper-connections. The residual stream is ``hc_mult`` streams, [B, T, hc, H]
     # (the embedding copied onto each; a layer's input and output): each sub-block reads a mix
     # Σ_s pre_s x_s, pre = σ(·) + ``hc_eps`` formed from the flattened streams (``HC_NAMES``:
     # ``attn_hc_*`` before attention, ``ffn_hc_*`` before the MLP / MoE block), and its output f is
     # added to every stream s × post_s = ``hc_magnitude``·σ(·) + ``hc_eps``; a head (globals
-    # ``hc_head_*``) mixes the streams into one before the final norm. The DSA indexer rotates the
-    # last qk_rope dims of its heads (``index_rope_last``) and norms its key with eps
-    # ``index_norm_eps`` (None: DeepSeek-V3.2's 1e-6); ``shared_index_layers`` reuse the previous
-    # layer's key selection, replayed only where it keeps every causal key (T ≤ index_topk)
+    # ``hc_head_*``) mixes the streams into one before the final norm
     hc_mult: int = field(default=0, metadata=NEW)
     hc_magnitude: float = field(default=2.0, metadata=NEW)
     hc_eps: float = field(default=1e-6, metadata=NEW)
@@ -337,18 +326,10 @@ class ModelSpec:
     # this many iterations (fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3]); a sub-block's
     # output f is written as Σ_j comb_js x_j + post_s · f, post = ``hc_magnitude``·σ(·) (no ε)
     hc_sinkhorn_iters: int = field(default=0, metadata=NEW)
-    # DeepSeek-V4: the shared expert's SwiGLU clamped at ``clamped_glu.limit`` as the routed experts'
-    # are (gate ≤ limit, |up| ≤ limit; α 1, offset 0)
-    # Flint: a sigmoid router without a selection bias that chooses its top-k on σ(logits), as
-    # transformers' does (ties where σ saturates broken as torch.topk breaks them); False: on the
-    # logits (Llama 4's router) — docs/decisions.md
-    # HY-V4-VL: MLA's query- and kv-latent RMSNorms at this eps (None: ``MLA_NORM_EPS``, 1e-6, as
-    # DeepSeek's and HY-V4's attention build them)
-    # MiMo-V2-Flash, Mellum (docs/decisions.md, "Attention per kind of layer (mimo_v2_flash,
-    # step3p5, step3p7, laguna, mellum)"): attention per kind of layer — ``layer_kinds[i]`` indexes
-    # ``attention_kinds`` for layer i, whose head counts, head sizes, RoPE table and sinks then
-    # replace the spec's own (num_heads, num_kv_heads, head_dim, rope_theta, rotary_dim,
-    # attention_sinks); empty: one attention geometry and one RoPE table for every layer
+    # MiMo-V2-Flash, Mellum, Step 3.5, Laguna (docs/decisions.md, "Attention per kind of layer
+    # (mimo_v2_flash, step3p5, step3p7, laguna, mellum)"): the attention of each kind of layer —
+    # head counts, head sizes, RoPE table, sinks — which a layer's ``Attention.attention_kind``
+    # indexes; empty: one attention geometry and one RoPE table for every layer
     attention_kinds: tuple[AttentionKind, ...] = field(default=(), metadata=NEW)
     # the family's description of its decoder layers, as read (``LayerSettings``): ``layers`` is built
     # from it; only ``moeaudit.spec`` and the family files read it (tests/test_layering.py)
@@ -391,10 +372,14 @@ class ModelSpec:
         return tuple(derived_layer(self, i) for i in range(self.num_layers))
 
     def revised(self, **changes: Any) -> ModelSpec:
-        """``dataclasses.replace`` over the model-wide fields and the layer settings alike (its layers
+        """``dataclasses.replace`` over the model-wide fields, the RoPE (by its JSON keys:
+        ``rope_theta``, ``rotary_dim``, …, ``ROPE_KEYS``) and the layer settings alike (its layers
         built anew; a family's own ``layer_blocks`` are kept unless replaced)."""
         own = {k: v for k, v in changes.items() if k in MODEL_FIELDS}
-        settings = {k: v for k, v in changes.items() if k not in MODEL_FIELDS}
+        rope = {ROPE_KEYS[k][0]: v for k, v in changes.items() if k in ROPE_KEYS}
+        settings = {k: v for k, v in changes.items() if k not in MODEL_FIELDS and k not in ROPE_KEYS}
+        if rope:
+            own["rope"] = replace(own.get("rope", self.rope), **rope)
         if settings:
             own["settings"] = replace(self.settings, **settings)
         return replace(self, **own)
@@ -518,7 +503,7 @@ class ModelSpec:
     @property
     def rope_dim(self) -> int:
         """How many leading dims of a head RoPE rotates (partial rotary: fewer than head_dim)."""
-        return self.rotary_dim or self.head_dim
+        return self.rope.rotary_dim or self.head_dim
 
     @property
     def parametric_experts(self) -> int:
@@ -549,8 +534,12 @@ class ModelSpec:
         the settings derive with the mixer a derived tuple records (a new block kind) — so the JSON of
         every family is what it was before the blocks."""
         given = asdict(self)
-        del given["settings"]
+        del given["settings"], given["rope"]
         given.update(asdict(self.settings))
+        rope, defaults = asdict(self.rope), {f.name: f.default for f in fields(Rope)}
+        for key, (name, omitted) in ROPE_KEYS.items():
+            if not (omitted and getattr(self.rope, name) == defaults[name]):
+                given[key] = rope[name]
         del given["layer_blocks"]
         out: dict[str, Any] = {}
         for name in SPEC_ORDER:
@@ -816,10 +805,10 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         if spec.mla is not None:
             source = f"qk_rope_head_dim {spec.head_dim}"
         raise fail(f"the attention head size must be even and ≥ 2 (RoPE rotates pairs); {source}")
-    if spec.rotary_dim and not (2 <= spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
+    if (rd := spec.rope.rotary_dim) and not (2 <= rd <= spec.head_dim and rd % 2 == 0):
         raise fail(
             f"the rotary part of a head must be even and in 2..{spec.head_dim}, got "
-            f"{spec.rotary_dim} (head_dim × partial_rotary_factor)"
+            f"{rd} (head_dim × partial_rotary_factor)"
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")

@@ -53,7 +53,7 @@ def attention(
     q_BnTD = q_BTnD.transpose(1, 2)
     k_BnTD = k_BTnD.transpose(1, 2)
     nope = not a.rope  # Llama 4: no RoPE on these layers
-    if not nope and spec.rope_interleaved:  # ERNIE 4.5, Llama 4: adjacent pairs; q and k permuted alike
+    if not nope and spec.rope.interleaved:  # ERNIE 4.5, Llama 4: adjacent pairs; q and k permuted alike
         q_BnTD, k_BnTD = _rotate_interleaved(q_BnTD, cos, sin), _rotate_interleaved(k_BnTD, cos, sin)
     elif not nope:
         q_BnTD, k_BnTD = apply_rope(q_BnTD, cos, sin), apply_rope(k_BnTD, cos, sin)

@@ -4,12 +4,13 @@ layer where a model has several) and their rotate-half and interleaved applicati
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from moeaudit.spec.blocks import Attention
-from moeaudit.spec.config import AttentionKind, ModelSpec, Yarn
+from moeaudit.spec.config import AttentionKind, LayerSettings, Llama3Rope, ModelSpec, Rope, Yarn
 
 
 def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,42 +27,33 @@ def rope_tables(spec: ModelSpec, T: int, device: torch.device | str = "cpu") -> 
             torch.stack([F.pad(s, (0, width - s.shape[-1])) for _, s in tables]),
         )
     D = spec.rope_dim
-    Df = spec.rope_freq_dim or D  # the width the frequencies are computed for (transformers' ``dim``)
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, Df, 2, dtype=torch.float32, device=device) / Df))
-    if spec.yarn is not None:
-        inv_freq = _yarn_inv_freq(spec, Df, device)
+    r = spec.rope
+    Df = r.freq_dim or D  # the width the frequencies are computed for (transformers' ``dim``)
+    inv_freq = 1.0 / (r.theta ** (torch.arange(0, Df, 2, dtype=torch.float32, device=device) / Df))
+    if r.yarn is not None:
+        inv_freq = yarn_inv_freq(r.yarn, r.theta, Df, device)
     if Df != D:  # Mistral 4: that table, broadcast over the D/2 rotated pairs as transformers does
         inv_freq = inv_freq.expand(D // 2)
-    if spec.llama3_rope is not None:
-        inv_freq = _llama3_inv_freq(spec, inv_freq)
-    if (lr := spec.longrope) is not None:  # transformers' Phi-3.5-MoE: short factors at every length
+    if r.llama3 is not None:
+        inv_freq = _llama3_inv_freq(r.llama3, inv_freq)
+    if (lr := r.longrope) is not None:  # transformers' Phi-3.5-MoE: short factors at every length
         shape = torch.arange(0, D, 2, dtype=torch.int64, device=device).float() / D
-        inv_freq = 1.0 / (torch.tensor(lr.short_factor, dtype=torch.float32, device=device) * spec.rope_theta**shape)
+        inv_freq = 1.0 / (torch.tensor(lr.short_factor, dtype=torch.float32, device=device) * r.theta**shape)
     freqs_TD2 = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TD2, freqs_TD2), dim=-1)
     if lr is not None:
         m = lr.short_mscale if T <= lr.original_max_positions else lr.long_mscale
         return emb_TD.cos() * m, emb_TD.sin() * m
-    if spec.yarn is not None:
-        a = spec.yarn.attention_factor
+    if r.yarn is not None:
+        a = r.yarn.attention_factor
         return emb_TD.cos() * a, emb_TD.sin() * a
     return emb_TD.cos(), emb_TD.sin()
 
 
 def _kind_spec(spec: ModelSpec, a: AttentionKind) -> ModelSpec:
     """``spec`` with one kind of layer's attention as its own (default RoPE of that kind)."""
-    return spec.revised(
-        num_heads=a.num_heads,
-        num_kv_heads=a.num_kv_heads,
-        head_dim=a.head_dim,
-        rope_theta=a.rope_theta,
-        rotary_dim=a.rotary_dim,
-        attention_sinks=a.sinks,
-        yarn=None,
-        llama3_rope=None,
-        longrope=None,
-        attention_kinds=(),
-        layer_kinds=(),
+    return replace(
+        spec, head_dim=a.head_dim, rope=Rope(a.rope_theta, a.rotary_dim), attention_kinds=(), settings=LayerSettings()
     )
 
 
@@ -74,11 +66,6 @@ def kind_rope(
         return rope
     D = spec.attention_kinds[k].rope_dim
     return rope[0][k, :, :D], rope[1][k, :, :D]
-
-
-def _yarn_inv_freq(spec: ModelSpec, D: int, device: torch.device | str) -> torch.Tensor:
-    assert spec.yarn is not None
-    return yarn_inv_freq(spec.yarn, spec.rope_theta, D, device)
 
 
 def yarn_inv_freq(y: Yarn, base: float, D: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -102,11 +89,9 @@ def yarn_inv_freq(y: Yarn, base: float, D: int, device: torch.device | str = "cp
     return interpolation * (1 - keep) + extrapolation * keep
 
 
-def _llama3_inv_freq(spec: ModelSpec, inv_freq: torch.Tensor) -> torch.Tensor:
+def _llama3_inv_freq(r: Llama3Rope, inv_freq: torch.Tensor) -> torch.Tensor:
     """transformers' ``_compute_llama3_parameters``: long wavelengths ÷ factor, short ones kept,
     a linear blend in 1/wavelength between."""
-    r = spec.llama3_rope
-    assert r is not None
     low_wavelen = r.original_max_positions / r.low_freq_factor
     high_wavelen = r.original_max_positions / r.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
