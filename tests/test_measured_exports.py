@@ -276,6 +276,9 @@ def test_the_golden_certificate_signs_the_audits_compute() -> None:
     assert c["flops"] == sum(r["flops"] for r in c["replays"]) == 6 * 1_670_178_816
     assert [r["receipt"] for r in c["replays"]] == [f"checkpoint-{s}.json" for s in (250, 500, 750, 1000, 1250, 1500)]
     assert c["energyJoules"] is None and c["energyReason"].startswith("not measured")
+    # the first replay metered, the five others carry its count (receipts.flop_reuse)
+    assert [r.get("flopsFrom") for r in c["replays"]] == [None] + ["checkpoint-250.json"] * 5
+    assert "flopsFrom was not metered" in c["countedBy"]
 
 
 def test_gpai_form_shows_parameters_flops_and_why_no_energy(key_pair: tuple[Any, Path], tmp_path: Path) -> None:
@@ -288,6 +291,7 @@ def test_gpai_form_shows_parameters_flops_and_why_no_energy(key_pair: tuple[Any,
     flops = next(e for e in items["MDF computational resources"]["evidence"] if e["field"] == "predicate.compute.flops")
     assert flops["summary"].startswith("1.0*10^10 FLOPs (10021072896) used by the audit's 6 replay(s)")
     assert "checkpoint-250.json" in flops["summary"] and "not the training's" in flops["summary"]
+    assert "6 replay(s) (1 metered; 5 ran the same products on the same shapes as a metered one" in flops["summary"]
     assert "lower bound" not in flops["summary"]
     energy = items["MDF energy consumption"]
     assert energy["status"] == "not covered" and energy["evidence"] == []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,21 +75,22 @@ class Meter:
 
 
 @contextmanager
-def metered(device: str | None = None) -> Iterator[Meter]:
+def metered(device: str | None = None, *, count: bool = True) -> Iterator[Meter]:
     """Count the FLOPs of everything run inside the block; on a CUDA ``device``, read NVML's
-    energy counter around it."""
+    energy counter around it. ``count=False`` reads the energy and the time only (``flops``
+    stays 0): for a replay whose count is carried (``receipts.flop_reuse``)."""
     meter = Meter(device)
     handle, why = _nvml_handle(device)
     meter.energy_reason = why
     start = _energy_mj(handle)
-    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
+    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) if count else None
     t0 = time.perf_counter()
-    with counter:
+    with counter if counter is not None else nullcontext():
         yield meter
     if handle is not None:
         torch.cuda.synchronize(torch.device(str(device)))
     meter.seconds = time.perf_counter() - t0
-    meter.flops = int(counter.get_total_flops())
+    meter.flops = int(counter.get_total_flops()) if counter is not None else 0
     end = _energy_mj(handle)
     if start is not None and end is not None:
         meter.energy_joules = (end - start) / 1000.0
