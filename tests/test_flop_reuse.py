@@ -139,3 +139,29 @@ def test_an_unmetered_block_counts_nothing_and_still_times() -> None:
     with metered(count=False) as m:
         torch.ones(3, 4) @ torch.ones(4, 5)
     assert m.flops == 0 and m.seconds > 0 and m.record()["energy_joules"] is None
+
+
+def test_an_expert_parallel_replay_is_metered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 counts the rows routed to its own experts only: that follows the routing."""
+    from moeaudit.replay import dist
+
+    ckpt = Checkpoint(_steps(SAMPLES / "healthy")[0])
+    assert routing_dependent(ckpt) is None
+    monkeypatch.setattr(dist, "active", lambda: object())
+    assert "expert-parallel" in str(routing_dependent(ckpt))
+    plan = FlopReuse(None).plan(ckpt, canary_mod.load(SAMPLES / "canary.safetensors"), Policy().to_json()["receipts"])
+    assert plan.meter and plan.key is None
+
+
+def test_a_replay_that_kept_other_layers_than_its_reference_carries_nothing() -> None:
+    """The stash keeps a prefix of the layers, so a replay run with its reference's budget keeps
+    the same ones; were it not so, no count would be carried silently."""
+    from moeaudit.receipts.flop_reuse import Plan, Reference
+
+    ref = Reference("checkpoint-250.json", 123, (0, 1), 10)
+    assert ref.budget == 20.0
+    reuse = FlopReuse(None)
+    carried = reuse.record(Plan(meter=False, budget=20.0, carry=ref), "checkpoint-500.json", {"flops": 0}, [0, 1])
+    assert carried == {"flops": 123, "flops_from": "checkpoint-250.json"}
+    with pytest.raises(RuntimeError, match="kept the W1/W3 products of layers \\[0\\]"):
+        reuse.record(Plan(meter=False, budget=20.0, carry=ref), "checkpoint-500.json", {"flops": 0}, [0])
