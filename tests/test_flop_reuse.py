@@ -88,6 +88,38 @@ def test_carried_counts_equal_the_metered_counts_across_seeds(family: str, tmp_p
     assert len({str(_occupancy(r["doc"])) for r in got}) == 3
 
 
+def _all_families() -> tuple[str, ...]:
+    try:
+        import hfmodels
+    except ImportError:  # no transformers: the test skips
+        return ()
+    return tuple(hfmodels.ALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _all_families())
+def test_every_family_carries_exactly_or_meters_every_replay(family: str, tmp_path: Path) -> None:
+    """Every replayed family: a checkpoint and its copy with every matrix moved by 2 % of its
+    spread (support.certify_families), which routes some tokens differently. The copy carries the
+    first's count and metering it gives exactly that count — or, where the rule says the count
+    follows the routing (zero-computation experts), both are metered and the counts differ."""
+    pytest.importorskip("transformers")
+    import hfmodels
+    from support.certify_families import _nudged_copy
+
+    first, second = tmp_path / "checkpoint-1", tmp_path / "checkpoint-2"
+    hfmodels.save_any(first, family)
+    _nudged_copy(first, second)
+    got = _replays([first, second], _tiny_canary(8))
+    assert _occupancy(got[0]["doc"]) != _occupancy(got[1]["doc"])
+    if routing_dependent(Checkpoint(first)) is None:
+        assert got[1]["entry"]["flops_from"] == "checkpoint-1.json"
+        assert got[1]["entry"]["flops"] == got[1]["metered"] == got[0]["metered"]
+    else:
+        assert family == "longcat_flash" and "flops_from" not in got[1]["entry"]
+        assert got[1]["entry"]["flops"] == got[1]["metered"] != got[0]["metered"]
+
+
 def test_zero_computation_experts_are_metered_on_every_replay(tmp_path: Path) -> None:
     """LongCat-Flash: a slot routed to an identity expert costs no product, so the count follows
     the routing. Nothing is carried, and the counts do differ between seeds (the first's would

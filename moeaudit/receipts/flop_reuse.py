@@ -81,10 +81,17 @@ def routing_dependent(ckpt: Any) -> str | None:
         found = ckpt.expert_keys(layer)
         if isinstance(found, dict):  # fused: one tensor per name for all experts
             continue
-        shapes = {tuple(sorted((n, ckpt.info(k).shape) for n, k in e.items())) for e in found}
+        shapes = {tuple(sorted((n, _stored_shape(ckpt, k)) for n, k in e.items())) for e in found}
         if len(shapes) > 1:
             return f"layer {layer}'s routed experts differ in shape"
     return None
+
+
+def _stored_shape(ckpt: Any, key: str) -> tuple[int, ...] | None:
+    """A stored tensor's shape (an MXFP4 weight: its packed blocks'); None where none is stored."""
+    if key in ckpt.packed:
+        return tuple(ckpt.info(ckpt.packed[key][0]).shape)
+    return tuple(ckpt.info(key).shape) if key in ckpt.key_file else None
 
 
 def signature(ckpt: Any, canary_digest: str, settings: Any, device: str | None) -> str:
