@@ -569,6 +569,9 @@ class _Replayer:
         self.done = 0
         self.from_cache: list[CacheUse] = []  # what this run did not recompute
         self.compute: list[dict[str, Any]] = []  # each replay this audit ran: its FLOPs and energy
+        from moeaudit.receipts.flop_reuse import FlopReuse
+
+        self.flops = FlopReuse(device)  # replays of one shape: metered once
         if cache.problem:
             say(f"warning: {cache.problem}")
 
@@ -605,10 +608,21 @@ class _Replayer:
 
         from moeaudit.receipts.compute import metered
 
-        with metered(self.device) as meter:  # the audit's own compute (docs/compliance.md)
-            doc, obs = run_state(ckpt, self.canary, self.policy, keep_states=True, device=self.device, progress=tick)
-        self.compute.append({"receipt": f"checkpoint-{step}.json", **meter.record()})
-        self.cache.put(self._key("compute", ckpt), meter.record())  # what the cached receipts cost
+        # the audit's own compute (docs/compliance.md): metered once per shape (receipts.flop_reuse)
+        plan = self.flops.plan(ckpt, self.canary, self.settings)
+        with metered(self.device, count=plan.meter) as meter:
+            doc, obs = run_state(
+                ckpt,
+                self.canary,
+                self.policy,
+                keep_states=True,
+                device=self.device,
+                progress=tick,
+                stash_budget=plan.budget,
+            )
+        cost = self.flops.record(plan, f"checkpoint-{step}.json", meter.record(), obs.kept_layers)
+        self.compute.append({"receipt": f"checkpoint-{step}.json", **cost})
+        self.cache.put(self._key("compute", ckpt), cost)  # what the cached receipts cost
         self._computed(f"checkpoint-{step}.json", doc)
         self.states[step] = obs.states
         self.cache.put(self._key("receipts", ckpt), doc)

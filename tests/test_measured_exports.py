@@ -163,6 +163,61 @@ def test_meter_counts_attention_on_the_cpu_kernel_too() -> None:
     assert m.flops == 4 * b * h * t * t * d * 7 // 2 == 21504
 
 
+def test_grouped_products_count_as_the_per_expert_matmuls() -> None:
+    """torch._grouped_mm (the bf16 experts' grouped GEMM) has no torch formula; counted as the
+    per-group matmuls: row groups of a against b's G matrices, and the weight-gradient form
+    (groups along the contraction)."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
+    bf = torch.bfloat16
+    sizes, k, n = [3, 0, 5, 8], 16, 24
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    a, b = torch.randn(16, k, dtype=bf), torch.randn(4, k, n, dtype=bf)
+    with metered() as m:
+        torch._grouped_mm(a, b, offs=offs)
+    assert m.flops == sum(2 * r * k * n for r in sizes) == 2 * 16 * 16 * 24
+    g = torch.randn(16, n, dtype=bf)
+    with metered() as m:
+        torch._grouped_mm(a.t(), g, offs=offs)  # per group a_jᵀ @ g_j: [4, k, n]
+    assert m.flops == sum(2 * k * r * n for r in sizes) == 12288
+    with metered() as m:  # one matrix per group, both sides
+        torch._grouped_mm(torch.randn(4, 8, k, dtype=bf), b)
+    assert m.flops == 4 * 2 * 8 * k * n == 24576
+    with metered() as m:  # a's groups against column groups of b: [8, 4 * 8]
+        torch._grouped_mm(
+            torch.randn(4, 8, k, dtype=bf), torch.randn(k, 32, dtype=bf), offs=offs.new_tensor([8, 16, 24, 32])
+        )
+    assert m.flops == 4 * 2 * 8 * k * 8 == 8192
+
+
+def test_bf16_experts_count_the_same_grouped_or_one_matmul_per_expert(tmp_path: Path) -> None:
+    """The bf16 replay's experts through the grouped kernel count what the per-expert loop counts
+    (before its formula, the grouped products counted nothing: 31408128 against 57458688)."""
+    pytest.importorskip("transformers")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
+    import hfmodels
+
+    from moeaudit import canary as canary_mod
+    from moeaudit.checkpoint.checkpoint import Checkpoint
+    from moeaudit.policy import Policy
+    from moeaudit.precision import precision_mode
+    from moeaudit.receipts.state import run_state
+
+    hfmodels.save_tiny(tmp_path / "m", "mixtral")
+    ckpt = Checkpoint(tmp_path / "m")
+    tokens = torch.randint(0, hfmodels.VOCAB, (4, 16), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    canary = canary_mod.Canary(tokens, torch.tensor([0, 1, 0, 1], dtype=torch.int32), ("a", "b"))
+    counts, kernels = [], []
+    for kernel in ("loop", "grouped"):
+        with precision_mode("bf16", kernel), metered() as m:
+            doc, _ = run_state(ckpt, canary, Policy())
+        counts.append(m.flops)
+        kernels.append(doc["precision_agreement"]["expert_kernel"])
+    assert kernels == ["per-expert matmul", "grouped_mm"]
+    assert counts[0] == counts[1] == 57_458_688
+
+
 @pytest.mark.parametrize("family, expected", [("mixtral", 4_571_136), ("qwen2_moe", 4_878_336)])
 def test_the_replays_forward_is_counted_exactly_as_by_hand(family: str, expected: int, tmp_path: Path) -> None:
     """The replay's own decoder forward (moeaudit.replay.engine.forward_pass), 4 windows of 16
@@ -276,6 +331,9 @@ def test_the_golden_certificate_signs_the_audits_compute() -> None:
     assert c["flops"] == sum(r["flops"] for r in c["replays"]) == 6 * 1_670_178_816
     assert [r["receipt"] for r in c["replays"]] == [f"checkpoint-{s}.json" for s in (250, 500, 750, 1000, 1250, 1500)]
     assert c["energyJoules"] is None and c["energyReason"].startswith("not measured")
+    # the first replay metered, the five others carry its count (receipts.flop_reuse)
+    assert [r.get("flopsFrom") for r in c["replays"]] == [None] + ["checkpoint-250.json"] * 5
+    assert "flopsFrom was not metered" in c["countedBy"]
 
 
 def test_gpai_form_shows_parameters_flops_and_why_no_energy(key_pair: tuple[Any, Path], tmp_path: Path) -> None:
@@ -288,6 +346,7 @@ def test_gpai_form_shows_parameters_flops_and_why_no_energy(key_pair: tuple[Any,
     flops = next(e for e in items["MDF computational resources"]["evidence"] if e["field"] == "predicate.compute.flops")
     assert flops["summary"].startswith("1.0*10^10 FLOPs (10021072896) used by the audit's 6 replay(s)")
     assert "checkpoint-250.json" in flops["summary"] and "not the training's" in flops["summary"]
+    assert "6 replay(s) (1 metered; 5 ran the same products on the same shapes as a metered one" in flops["summary"]
     assert "lower bound" not in flops["summary"]
     energy = items["MDF energy consumption"]
     assert energy["status"] == "not covered" and energy["evidence"] == []

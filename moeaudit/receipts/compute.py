@@ -10,7 +10,9 @@ not a nominal top-k. Elementwise work, reductions and the recurrent scans of Del
 mixers are not counted, and attention is counted without its causal mask (a full T×T product,
 as torch's formula does). torch registers no formula for the CPU flash-attention kernel;
 ``CPU_ATTENTION`` adds torch's own scaled-dot-product formulas for it, so a replay counts the
-same FLOPs on the CPU as on a GPU.
+same FLOPs on the CPU as on a GPU. Nor does torch count ``torch._grouped_mm``, the bf16 experts'
+grouped GEMM (``replay.precision``); ``GROUPED_PRODUCTS`` counts it as the per-expert matmuls it
+replaces.
 
 **Energy only where it is measured.** NVML's total-energy counter (``pynvml``, Volta and later)
 is read before and after the replay on the GPU that ran it; the difference is the whole
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,28 @@ def _cpu_attention() -> dict[Any, Any]:
 CPU_ATTENTION = _cpu_attention()
 
 
+def _grouped_mm(a: Any, b: Any, *args: Any, **kwargs: Any) -> int:
+    """``torch._grouped_mm`` (the bf16 experts' grouped GEMM, ``replay.precision``), for which torch
+    registers no formula: 2 · contraction · output elements, summed over the groups, as the
+    per-expert matmuls it replaces count. a [M, K] × b [G, K, N] (row groups): 2·M·K·N;
+    a [K, M] × b [M, N] (groups along M, a weight gradient): 2·K·M·N; a [G, M, K] × b [G, K, N]:
+    2·G·M·K·N; a [G, M, K] × b [K, N] (groups along N): 2·M·K·N."""
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    if len(a) == 3:
+        return 2 * a[1] * a[2] * b[-1]
+    return 2 * a[0] * a[1] * b[-1]
+
+
+def _products() -> dict[Any, Any]:
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    return {} if op is None else {op: _grouped_mm}
+
+
+GROUPED_PRODUCTS = _products()
+FORMULAS = {**CPU_ATTENTION, **GROUPED_PRODUCTS}  # what metered adds to torch's own formulas
+
+
 @dataclass
 class Meter:
     """What one metered block used: ``flops`` (counted), ``energy_joules`` (None: not measured,
@@ -75,21 +99,22 @@ class Meter:
 
 
 @contextmanager
-def metered(device: str | None = None) -> Iterator[Meter]:
+def metered(device: str | None = None, *, count: bool = True) -> Iterator[Meter]:
     """Count the FLOPs of everything run inside the block; on a CUDA ``device``, read NVML's
-    energy counter around it."""
+    energy counter around it. ``count=False`` reads the energy and the time only (``flops``
+    stays 0): for a replay whose count is carried (``receipts.flop_reuse``)."""
     meter = Meter(device)
     handle, why = _nvml_handle(device)
     meter.energy_reason = why
     start = _energy_mj(handle)
-    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
+    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=FORMULAS) if count else None
     t0 = time.perf_counter()
-    with counter:
+    with counter if counter is not None else nullcontext():
         yield meter
     if handle is not None:
         torch.cuda.synchronize(torch.device(str(device)))
     meter.seconds = time.perf_counter() - t0
-    meter.flops = int(counter.get_total_flops())
+    meter.flops = int(counter.get_total_flops()) if counter is not None else 0
     end = _energy_mj(handle)
     if start is not None and end is not None:
         meter.energy_joules = (end - start) / 1000.0
@@ -132,4 +157,4 @@ def _energy_mj(handle: Any) -> int | None:
         return None
 
 
-__all__ = ["COUNTER", "CPU_ATTENTION", "Meter", "metered"]
+__all__ = ["COUNTER", "CPU_ATTENTION", "FORMULAS", "GROUPED_PRODUCTS", "Meter", "metered"]

@@ -19,7 +19,8 @@ COUNTED_BY = (
     "torch.utils.flop_counter.FlopCounterMode around each replay: matrix products, convolutions "
     "and attention kernels of the forward, the backward and its recomputation, and the receipts' "
     "own products, from the shapes that ran (routed experts: the tokens routed to them); "
-    "elementwise work and recurrent scans not counted"
+    "elementwise work and recurrent scans not counted. A replay with flopsFrom was not metered: "
+    "it ran the same products on the same shapes as the named one and carries its count"
 )
 ENERGY_BY = "NVML total-energy counter of the replay's GPU, read before and after each replay (whole device)"
 

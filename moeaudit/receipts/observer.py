@@ -45,6 +45,7 @@ class StateObserver:
     keep_states: bool = False
     layers: dict[int, dict[str, Any]] = field(default_factory=dict)
     states: dict[int, AnchorStates] = field(default_factory=dict)
+    kept_layers: list[int] = field(default_factory=list)  # set by run_state: the replay's ``stash`` layers
 
     def _seed(self, layer: int) -> int:
         # one stream per layer, fixed by the policy seed

@@ -52,6 +52,7 @@ def run_state(
     generate: int = 0,
     progress: Progress | None = None,
     device: str | None = None,
+    stash_budget: float | None = None,
 ) -> tuple[Receipts, StateObserver]:
     """Replay once and return (receipts document, the observer holding per-layer states).
 
@@ -59,6 +60,8 @@ def run_state(
     opt-in receipts; everything else comes from the one forward + backward. All of it is
     computed on ``device`` (default: the host, no copies; any explicit device, the CPU too,
     takes the device branch); receipts are deterministic per device, not across devices.
+    ``stash_budget``: the replay's budget of kept expert products (``replay.stash``; None: its
+    default), which changes the FLOPs it runs, not its receipts.
     """
     check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
@@ -66,8 +69,15 @@ def run_state(
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
     result = replay(
-        ckpt, canary.tokens, observers=[observer], progress=progress, device=device, keep_routing=False
+        ckpt,
+        canary.tokens,
+        observers=[observer],
+        progress=progress,
+        device=device,
+        keep_routing=False,
+        stash_budget=stash_budget,
     )  # the observer took what the receipts need
+    observer.kept_layers = list(result.kept_layers)  # what the replay's FLOPs depend on (receipts.flop_reuse)
     doc = receipts_document(ckpt, canary, result, observer, policy, device)
     if current() != REFERENCE:  # a lower precision is licensed only with its measured agreement
         from moeaudit.receipts.agreement import measure

@@ -169,6 +169,9 @@ class ReplayCompute(TypedDict):
 
     receipt: str  # the receipts file the replay produced
     flops: int
+    # not metered: the count of the replay that produced this receipts file, which ran the same
+    # products on the same shapes (moeaudit.receipts.flop_reuse)
+    flops_from: NotRequired[str]
     energy_joules: float | None
     energy_reason: NotRequired[str]  # why the energy was not measured
 

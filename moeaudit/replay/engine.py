@@ -118,6 +118,7 @@ def replay(
     dtype: torch.dtype = torch.float32,
     device: Device = None,
     keep_routing: bool = True,
+    stash_budget: float | None = None,
 ) -> ReplayResult:
     """One forward (+ one backward) of L = mean next-token NLL over the canary (docs/glossary.md, "Replay").
 
@@ -128,6 +129,8 @@ def replay(
     (e.g. "cuda") computes there, one layer's weights at a time; receipts come back on the host.
     ``keep_routing=False`` leaves ``ReplayResult.routing`` empty (on a device: no N·E copy back
     per layer for a caller whose observers took what they need).
+    ``stash_budget``: bytes of kept expert products (``replay.stash``) instead of the default
+    ``activation_budget`` (a replay whose FLOP count is carried runs with its reference's).
     """
     from moeaudit.limits import check_window_len
 
@@ -163,6 +166,7 @@ def replay(
             dtype=dtype,
             device=dev,
             keep_routing=keep_routing,
+            stash_budget=stash_budget,
         )
 
 
@@ -207,6 +211,7 @@ def _replay(
     dtype: torch.dtype,
     device: torch.device | None,
     keep_routing: bool = True,
+    stash_budget: float | None = None,
 ) -> ReplayResult:
     spec = ckpt.spec
     tokens_WT = tokens_WT.long()
@@ -215,11 +220,9 @@ def _replay(
     n_steps = spec.num_layers * (2 if backward else 1)
     tick = progress or (lambda *_: None)
     bad: list[str] = []
-    stash = (
-        ExpertStash(spec, W * T, activation_budget(device, reserved_bytes(spec, W * T, dtype)), dtype)
-        if backward
-        else None
-    )
+    if stash_budget is None:
+        stash_budget = activation_budget(device, reserved_bytes(spec, W * T, dtype)) if backward else 0.0
+    stash = ExpertStash(spec, W * T, stash_budget, dtype) if backward else None
     x, inputs, routing = forward_pass(
         ckpt,
         tokens_WT,

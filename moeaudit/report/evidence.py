@@ -412,10 +412,18 @@ def audit_flops(stmt: Mapping[str, Any]) -> Evidence:
         return Evidence("predicate.compute.flops", why, False)
     ranks = (_p(stmt).get("environment") or {}).get("world_size")
     lower = f"; rank 0's share of a {ranks}-rank replay: a lower bound" if isinstance(ranks, int) and ranks > 1 else ""
+    replays = c.get("replays") or []
+    carried = sum(1 for r in replays if r.get("flops_from"))
+    how = (
+        f" ({len(replays) - carried} metered; {carried} ran the same products on the same shapes as a metered "
+        "one and carry its count)"
+        if carried
+        else ""
+    )
     return Evidence(
         "predicate.compute.flops",
         f"{two_significant(c['flops'])} FLOPs ({c['flops']}){lower} used by the audit's "
-        f"{len(c.get('replays') or [])} replay(s), receipts {_replays(c)}; counted by {c.get('counted_by')}. "
+        f"{len(replays)} replay(s){how}, receipts {_replays(c)}; counted by {c.get('counted_by')}. "
         "The audit's compute, not the training's",
     )
 
