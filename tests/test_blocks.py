@@ -23,6 +23,7 @@ from moeaudit.replay import groups  # noqa: E402
 from moeaudit.replay.model import MIXERS, decoder_layer, rms_norm, rope_tables  # noqa: E402
 from moeaudit.spec import blocks  # noqa: E402
 from moeaudit.spec.config import ModelSpec  # noqa: E402
+from moeaudit.spec.settings import AttentionVariant  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden" / "layer_tensors.json"
 TENSORS: dict[str, list[list[list[object]]]] = json.loads(GOLDEN.read_text())
@@ -206,7 +207,7 @@ def test_layers_are_derived_once_and_anew_for_a_replaced_spec() -> None:
     assert [a.rope for a in att if isinstance(a, blocks.Attention)] == [
         i not in spec.nope_layers for i in range(spec.num_layers)
     ]
-    nope = spec.revised(nope_layers=tuple(range(spec.num_layers)))
+    nope = spec.revised(attention=blocks.uniform(spec.num_layers, AttentionVariant(rope=False)))
     assert all(isinstance(a, blocks.Attention) and not a.rope for a in (layer.mixer for layer in nope.layers))
     assert "layers" not in spec.to_json()  # derived, not part of the spec's signed JSON
 

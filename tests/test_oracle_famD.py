@@ -134,7 +134,8 @@ def test_exaone_moe_nope_layers_change_the_loss(tmp_path: Path) -> None:
     assert ckpt.spec.nope_layers == (1,)
     tokens = random_tokens()
     base = replay(ckpt, tokens, backward=False).nll
-    ckpt.spec = ckpt.spec.revised(nope_layers=())  # its layers derived anew
+    rotated = tuple(dataclasses.replace(v, rope=True) for v in ckpt.spec.settings.attention)
+    ckpt.spec = ckpt.spec.revised(attention=rotated)  # its layers derived anew, the global one rotated too
     assert abs(replay(ckpt, tokens, backward=False).nll - base) > 1e-3
 
 
@@ -248,7 +249,9 @@ def test_cohere2_moe_each_difference_changes_the_loss(change: str, tmp_path: Pat
     undo: dict[str, dict[str, Any]] = {
         "serial": {"parallel_block": False},
         "rope-halves": {"rope_interleaved": False},
-        "rope-everywhere": {"nope_layers": ()},
+        "rope-everywhere": {
+            "attention": tuple(dataclasses.replace(v, rope=True) for v in ckpt.spec.settings.attention)
+        },
         "sum": {"shared_scale": 1.0, "gate": Gate()},
         "logit-scale": {"logits_scaling": 1.0},
     }

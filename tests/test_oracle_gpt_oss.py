@@ -102,7 +102,7 @@ def test_each_gpt_oss_difference_is_what_the_oracle_checks(feature: str, tmp_pat
         "router_logit_bias": {"router_logit_bias": False},  # the reader then leaves the bias out
         "limit": {"clamped_glu": dataclasses.replace(glu, limit=7.0)},
         "alpha": {"clamped_glu": dataclasses.replace(glu, alpha=1.0)},
-        "sliding_layers": {"sliding_layers": ()},
+        "sliding_layers": {"attention": ()},  # every layer attends fully
         "expert_bias": {},
     }[feature]
     ckpt.spec = spec.revised(**change)

@@ -10,6 +10,7 @@ and a weightless L2 norm of q and k. Same checks and tolerances as the other fam
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +121,18 @@ def test_each_llama4_difference_is_what_the_oracle_checks(feature: str, tmp_path
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
     ref = replay(ckpt, tokens, backward=False)
+    variants = ckpt.spec.settings.attention
     off: dict[str, Any] = {
         "scaled_expert_inputs": False,
-        "nope_layers": (),
+        "nope_layers": {"attention": tuple(dataclasses.replace(v, rope=True) for v in variants)},
         "attn_temperature": None,
-        "chunked_layers": (),
+        "chunked_layers": {"attention": tuple(dataclasses.replace(v, chunk=None) for v in variants)},
         "qk_norm": "none",
         "rope_interleaved": False,
         "llama3_rope": None,
     }
-    ckpt.spec = ckpt.spec.revised(**{feature: off[feature]})
+    change = off[feature]
+    ckpt.spec = ckpt.spec.revised(**(change if isinstance(change, dict) else {feature: change}))
     assert abs(replay(ckpt, tokens, backward=False).nll - ref.nll) > 1e-4
 
 
@@ -221,7 +224,7 @@ def test_scout_config_reads_as_transformers_does() -> None:
     assert s.nope_layers == tuple(i for i, f in enumerate(hf.no_rope_layers) if not f) == tuple(range(3, 48, 4))
     assert s.chunked_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "chunked_attention")
     assert s.rope.llama3 is not None and s.rope.llama3.factor == 16.0 and s.settings.qk_norm == "l2"
-    assert s.settings.attn_temperature == (0.1, 8192.0) and s.settings.attention_chunk == 8192 and s.dense_dim == 0
+    assert s.settings.attn_temperature == (0.1, 8192.0) and s.attention_chunk == 8192 and s.dense_dim == 0
     assert s.routing == "sigmoid top-1 of 16, not renormalised" and s.shared_dim == 8192
 
 

@@ -166,10 +166,10 @@ def test_each_swiglu_limit_moves_the_loss(tmp_path: Path) -> None:
     spec = ckpt.spec
     assert spec.expert_glu_limits == (0.0, 3.0, 0.0, 4.0) and spec.mlp_glu_limits == (3.5, 0.0, 2.5, 0.0)
     base = float(observed(ckpt, tokens).loss)
-    for field, i in (("expert_glu_limits", 1), ("expert_glu_limits", 3), ("mlp_glu_limits", 0), ("mlp_glu_limits", 2)):
-        limits = list(getattr(spec, field))
-        limits[i] = 0.0
-        ckpt.spec = spec.revised(**{field: tuple(limits)})
+    for field, i in (("experts", 1), ("experts", 3), ("mlp", 0), ("mlp", 2)):
+        limits = list(spec.settings.glu_limits)
+        limits[i] = dataclasses.replace(limits[i], **{field: 0.0})
+        ckpt.spec = spec.revised(glu_limits=tuple(limits))
         moved = abs(float(observed(ckpt, tokens).loss) - base)
         assert moved > 1e-4, (field, i, moved)
     ckpt.spec = spec

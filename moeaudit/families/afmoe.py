@@ -16,9 +16,10 @@ import math
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families.base import Ctx, Family, attention_by_type, sliding_window
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, SHARED_EXPERTS, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 KINDS = ("sliding_attention", "full_attention")
 
@@ -42,7 +43,6 @@ def _layer_types(c: Ctx) -> list[str]:
 
 def _fields(c: Ctx) -> dict[str, Any]:
     types = _layer_types(c)
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     window = sliding_window(c) if "sliding_window" in c.cfg else 1024
     dense = c.get("num_dense_layers", int, 1)
     shared = c.get("num_shared_experts", int, 2)
@@ -57,10 +57,11 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 6144),
         "shared_dim": shared * c.get("moe_intermediate_size", int),
         "shared_gated": False,
-        # a null window: transformers' sliding mask then masks nothing beyond causal
-        "sliding_window": window if sliding and window is not None else None,
-        "sliding_layers": sliding if window is not None else (),
-        "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention"),  # RoPE on sliding layers only
+        # RoPE on sliding layers only; a null window: transformers' sliding mask then masks nothing beyond causal
+        **attention_by_type(
+            types,
+            {"sliding_attention": AttentionVariant(window=window), "full_attention": AttentionVariant(rope=False)},
+        ),
         "gate": Gate(scoring="sigmoid", selection_bias=True, scaling=c.get("route_scale", float, 1.0)),
         "output_gate": "sigmoid",
         "attn_out_norm": True,

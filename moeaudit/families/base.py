@@ -9,13 +9,13 @@ key templates (a :class:`Layout`), the defaults transformers' configuration clas
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.spec.blocks import Layer, Mixer
+from moeaudit.spec.blocks import Layer, Mixer, per_layer_type, uniform
 from moeaudit.spec.config import (
     MAX_COUNT,
     MLA,
@@ -31,6 +31,7 @@ from moeaudit.spec.config import (
 )
 from moeaudit.spec.layouts import Layout
 from moeaudit.spec.rope_config import llama3_rope, rope
+from moeaudit.spec.settings import SAME, AttentionVariant
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 Getter = Callable[..., Any]
@@ -352,7 +353,20 @@ def sliding_window(c: Ctx, switch: str | None = None) -> int | None:
 
 
 def windowed_all(c: Ctx, window: int | None) -> dict[str, Any]:
-    return {"sliding_window": window, "sliding_layers": all_layers(c) if window is not None else ()}
+    """Every layer's attention windowed (``LayerSettings.attention``), where there is a window."""
+    return {} if window is None else {"attention": uniform(c.num_layers, AttentionVariant(window=window))}
+
+
+def attention_by_type(types: Sequence[str], variants: Mapping[str, AttentionVariant]) -> dict[str, Any]:
+    """Each layer's attention as its type's variant says (``LayerSettings.attention``, through
+    ``per_layer_type``; a type not in ``variants`` is the model's attention)."""
+    per_layer = per_layer_type(types, {t: variants.get(t, SAME) for t in set(types)})
+    return {"attention": per_layer} if any(v != SAME for v in per_layer) else {}
+
+
+def attention_by_layer(variants: Sequence[AttentionVariant]) -> dict[str, Any]:
+    """``LayerSettings.attention`` given layer by layer (a config that lists layers, not types)."""
+    return {"attention": tuple(variants)} if any(v != SAME for v in variants) else {}
 
 
 def parse_mla(c: Ctx, always_interleave: bool = False) -> MLA:

@@ -14,9 +14,10 @@ import math
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families.base import Ctx, Family, attention_by_layer, sliding_window
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 
 def _choice(c: Ctx, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -87,9 +88,12 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_gated": False,
         "shared_scale": 0.5 if average else 1.0,
         "dense_dim": c.get("prefix_dense_intermediate_size", int, None) or c.get("intermediate_size", int),
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding,
-        "nope_layers": tuple(i for i in range(c.num_layers) if i not in sliding and i not in forced),
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window) if i in sliding else AttentionVariant(rope=i in forced)
+                for i in range(c.num_layers)
+            ]
+        ),
         "rope_interleaved": True,
         "parallel_block": True,
         "layer_norm": layer_norm,

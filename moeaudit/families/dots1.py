@@ -13,11 +13,13 @@ from moeaudit.families.base import (
     TORCHTITAN_SHARED_EXPERTS,
     Ctx,
     Family,
+    attention_by_layer,
     first_k_dense,
     sliding_window,
     v3_gate,
 )
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, V3_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -43,8 +45,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_dim": (c.get("n_shared_experts", int, None) or 0) * c.get("moe_intermediate_size", int),
         "shared_gated": False,
         "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
-        "sliding_window": window if layers else None,
-        "sliding_layers": layers,
+        **attention_by_layer([AttentionVariant(window=window if i in layers else None) for i in range(c.num_layers)]),
     }
 
 

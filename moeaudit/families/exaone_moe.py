@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window, v3_gate
+from moeaudit.families.base import Ctx, Family, attention_by_type, sliding_window, v3_gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, SHARED_EXPERTS, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 
 def _typed_layers(c: Ctx, key: str, kinds: tuple[str, str], default: list[str]) -> list[str]:
@@ -56,7 +57,6 @@ def _fields(c: Ctx) -> dict[str, Any]:
             f"(transformers always builds the shared expert), got {shared}",
             path=c.path,
         )
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window is not None else ()
     return {
         "routed_layers": tuple(i for i, t in enumerate(mlp) if t == "sparse"),
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
@@ -65,11 +65,15 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_dim": shared * c.get("moe_intermediate_size", int),
         "shared_gated": False,
         "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.5),
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding,
         # EXAONE 4: with a window, the global layers have no RoPE (ExaoneMoeAttention rotates only
         # when sliding_window is None or the layer slides)
-        "nope_layers": () if window is None else tuple(i for i, t in enumerate(types) if t == "full_attention"),
+        **attention_by_type(
+            types,
+            {
+                "sliding_attention": AttentionVariant(window=window),
+                "full_attention": AttentionVariant(rope=window is None),
+            },
+        ),
     }
 
 

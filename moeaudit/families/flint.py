@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window
+from moeaudit.families.base import Ctx, Family, attention_by_type, sliding_window
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 KINDS = ("sliding_attention", "full_attention")
 
@@ -57,9 +58,11 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 6144),
         "shared_dim": c.get("shared_expert_intermediate_size", int, 1024),
         "shared_gated": False,
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding,
-        "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention"),  # RoPE on sliding layers only
+        # RoPE on sliding layers only
+        **attention_by_type(
+            types,
+            {"sliding_attention": AttentionVariant(window=window), "full_attention": AttentionVariant(rope=False)},
+        ),
         "attention_sinks": True,
         "gate": Gate(scoring="sigmoid"),
         "sigmoid_select": True,

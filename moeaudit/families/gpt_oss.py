@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers
+from moeaudit.families.base import Ctx, Family, all_layers, attention_by_layer
 from moeaudit.spec.config import ClampedGLU
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -70,8 +71,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "routed_layers": all_layers(c),
         "norm_topk_prob": True,
         "attention_bias": bool(c.get("attention_bias", bool, True)),
-        "sliding_window": window or None,
-        "sliding_layers": sliding,
+        **attention_by_layer([AttentionVariant(window=window if i in sliding else None) for i in range(c.num_layers)]),
         "attention_sinks": True,
         "router_logit_bias": True,
         "clamped_glu": ClampedGLU(alpha=_positive(c, "swiglu_alpha", 1.702), limit=_positive(c, "swiglu_limit", 7.0)),

@@ -13,8 +13,9 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import granitemoe, granitemoeshared
-from moeaudit.families.base import Ctx, Family
+from moeaudit.families.base import Ctx, Family, attention_by_layer
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -67,10 +68,13 @@ def _fields(c: Ctx, theta: float) -> dict[str, Any]:
         **granitemoe._fields(c),
         **granitemoeshared.shared_mlp(c),
         # transformers' sliding mask with sliding_window null is plain causal attention
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding if window is not None else (),
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window if i in sliding else None, rope=bool(thetas[i]))
+                for i in range(c.num_layers)
+            ]
+        ),
         "attention_sinks": True,
-        "nope_layers": tuple(i for i, t in enumerate(thetas) if not t),
         **({"rope_theta": bases[0]} if bases else {}),
     }
 

@@ -15,9 +15,10 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, all_layers, mixing
 from moeaudit.families.granitemoe import _multiplier
-from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.blocks import Layer, MambaMixer, uniform
 from moeaudit.spec.config import Mamba, ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 MAMBA2 = {
     "ssm_in": "mamba.in_proj.weight",
@@ -172,7 +173,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "residual_multiplier": _multiplier(c, "residual_multiplier"),
         "logits_scaling": _multiplier(c, "logits_scaling"),
         "mamba": m,
-        "nope_layers": () if rope else all_layers(c),
+        **({} if rope else {"attention": uniform(c.num_layers, AttentionVariant(rope=False))}),
     }
 
 

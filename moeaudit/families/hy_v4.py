@@ -21,9 +21,10 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families import deepseek_v32
-from moeaudit.families.base import Ctx, Family, parse_mla, v3_gate
+from moeaudit.families.base import Ctx, Family, attention_by_layer, parse_mla, v3_gate
 from moeaudit.spec.config import MLA, ClampedGLU, SparseIndex
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_EXPERTS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 
 def _mla(c: Ctx) -> MLA:
@@ -99,7 +100,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "sparse_index": index,
         "index_rope_last": True,
         "index_norm_eps": c.get("rms_norm_eps", float, 1e-5),
-        "shared_index_layers": tuple(i for i, t in enumerate(indexers) if t == "shared"),
+        **attention_by_layer([AttentionVariant(shared_index=t == "shared") for t in indexers]),
         "hc_mult": hc,
         "hc_magnitude": c.get("hc_magnitude", float, 2.0),
         "hc_eps": c.get("hc_eps", float, 1e-6),

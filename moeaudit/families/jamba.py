@@ -13,10 +13,11 @@ import math
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, mixing
-from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.families.base import Ctx, Family, mixing
+from moeaudit.spec.blocks import Layer, MambaMixer, uniform
 from moeaudit.spec.config import Mamba, ModelSpec
 from moeaudit.spec.layouts import ATTN, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 MAMBA1 = {
     "ssm_in": "mamba.in_proj.weight",
@@ -81,7 +82,9 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "norm_topk_prob": False,
         "dense_dim": c.get("intermediate_size", int),
         "mamba": _mamba(c),
-        "nope_layers": all_layers(c),  # Jamba's attention has no positional encoding
+        "attention": uniform(
+            c.num_layers, AttentionVariant(rope=False)
+        ),  # Jamba's attention has no positional encoding
     }
 
 

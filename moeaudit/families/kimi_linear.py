@@ -19,7 +19,6 @@ from moeaudit.errors import CheckpointError
 from moeaudit.families.base import (
     Ctx,
     Family,
-    all_layers,
     first_k_dense,
     mlp_layer_types,
     parse_mla,
@@ -27,8 +26,10 @@ from moeaudit.families.base import (
     with_mixers,
 )
 from moeaudit.spec import blocks
+from moeaudit.spec.blocks import uniform
 from moeaudit.spec.config import LinearAttention, ModelSpec
 from moeaudit.spec.layouts import DEEPSEEK_LAYER, GLOBALS, MLP_FUSED, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 # KimiLinearConfig.attribute_map: the DeepSeek name → the name transformers stores
 ALIASES = {
@@ -184,7 +185,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "shared_gated": False,
         "gate": v3_gate(c, n_group=1, topk_group=1, scaling=2.446),
         # no RoPE anywhere: transformers' KimiLinearAttention never rotates (no rope_parameters)
-        "nope_layers": all_layers(c),
+        "attention": uniform(c.num_layers, AttentionVariant(rope=False)),
         "attention_scale": c.mla.qk_head_dim**-0.5,
         "yarn": None,
         "linear_attention": _kda_sizes(c),

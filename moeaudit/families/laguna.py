@@ -19,9 +19,19 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_type_and_heads, types_and_ropes
-from moeaudit.families.base import Ctx, Family, Refuse, head_dim, mlp_layer_types, partial_rotary_dim, sliding_window
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    Refuse,
+    attention_by_layer,
+    head_dim,
+    mlp_layer_types,
+    partial_rotary_dim,
+    sliding_window,
+)
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 # LagunaConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -72,7 +82,7 @@ def _kinds(c: Ctx) -> dict[str, Any]:
         "rope_theta": first.rope_theta,
         "rotary_dim": first.rotary_dim,
         "attention_kinds": attention_kinds,
-        "layer_kinds": layer_kinds,
+        "layer_kinds": layer_kinds,  # into ``_fields``'s attention variants
     }
 
 
@@ -98,6 +108,8 @@ def _gate_kind(c: Ctx) -> str:
 def _fields(c: Ctx) -> dict[str, Any]:
     window = sliding_window(c)
     sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
+    kinds = _kinds(c)
+    layer_kinds = kinds.pop("layer_kinds", None)
     cap = c.get("moe_router_logit_softcapping", float, 0.0)
     if cap < 0:
         raise CheckpointError(f"config.json: moe_router_logit_softcapping must be ≥ 0, got {cap}", path=c.path)
@@ -109,12 +121,16 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 8192),
         "shared_dim": c.get("shared_expert_intermediate_size", int, 512),
         "shared_gated": False,
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding if window is not None else (),
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window if i in sliding else None, kind=layer_kinds[i] if layer_kinds else None)
+                for i in range(c.num_layers)
+            ]
+        ),
         "gate": Gate(scoring="sigmoid", selection_bias=True, scaling=c.get("moe_routed_scaling_factor", float, 1.0)),
         "router_softcap": cap,
         "output_gate": _gate_kind(c),
-        **_kinds(c),
+        **kinds,
     }
 
 

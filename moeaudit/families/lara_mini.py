@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, sliding_window
+from moeaudit.families.base import Ctx, Family, all_layers, attention_by_type, sliding_window
 from moeaudit.families.qwen3_next import DELTANET, deltanet_layers, linear_attention
 from moeaudit.spec.blocks import Layer
 from moeaudit.spec.config import ModelSpec
 from moeaudit.spec.layouts import ATTN, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 KINDS = ("linear_attention", "sliding_attention", "full_attention")
 PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
@@ -47,9 +48,11 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "qk_norm": "head",
         "shared_dim": c.get("shared_expert_intermediate_size", int, 512),
         "shared_gated": False,
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding,
-        "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention"),  # RoPE on sliding layers only
+        # RoPE on sliding layers only
+        **attention_by_type(
+            types,
+            {"sliding_attention": AttentionVariant(window=window), "full_attention": AttentionVariant(rope=False)},
+        ),
         "linear_attention": linear_attention(c, 8, 16),  # LaraMiniConfig's defaults
         "tie_embeddings": bool(c.get("tie_word_embeddings", bool, True)),
     }

@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family
+from moeaudit.families.base import Ctx, Family, attention_by_layer
 from moeaudit.spec.config import Gate
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 from moeaudit.spec.torchtitan import HF_LAYER, TT_LAYER, Rules
 
 LAYER_TYPES = ("chunked_attention", "full_attention")
@@ -100,10 +101,10 @@ def fields(c: Ctx) -> dict[str, Any]:
         "scaled_expert_inputs": True,
         "qk_norm": "l2" if c.get("use_qk_norm", bool, True) else "none",
         "rope_interleaved": True,
-        "nope_layers": tuple(i for i, r in enumerate(rope) if not r),
+        **attention_by_layer(
+            [AttentionVariant(rope=rope[i], chunk=chunk if i in chunked else None) for i in range(c.num_layers)]
+        ),
         "attn_temperature": temperature,
-        "attention_chunk": chunk,
-        "chunked_layers": chunked,
     }
 
 

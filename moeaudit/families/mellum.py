@@ -15,10 +15,11 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_layer_type, type_rope, types_and_ropes
-from moeaudit.families.base import Ctx, Family, head_dim, mlp_layer_types, sliding_window
+from moeaudit.families.base import Ctx, Family, attention_by_layer, head_dim, mlp_layer_types, sliding_window
 from moeaudit.families.qwen3_next import MTP
 from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 # MellumConfig's RoPE per layer type when config.json gives none
 DEFAULT_ROPE = {
@@ -56,21 +57,27 @@ def _kinds(c: Ctx) -> dict[str, Any]:
     for name in (n for n in KINDS if n in params):  # _one_rope: every type used is there
         kinds[name] = AttentionKind(name, heads, kv, D, type_rope(c, name, params[name], D)[0])
     attention_kinds, layer_kinds = by_layer_type(c.cfg["layer_types"], kinds)
-    return {"attention_kinds": attention_kinds, "layer_kinds": layer_kinds}
+    return {"attention_kinds": attention_kinds, "layer_kinds": layer_kinds}  # into ``_fields``'s variants
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
     sliding = tuple(i for i, t in enumerate(c.cfg["layer_types"]) if t == "sliding_attention")
     window = sliding_window(c) if "sliding_window" in c.cfg else 1024
+    kinds = _kinds(c)
+    layer_kinds = kinds.pop("layer_kinds", None)
     return {
         "routed_layers": mlp_layer_types(c),  # default: every layer routed
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),
         "qk_norm": "head",
         "dense_dim": c.get("intermediate_size", int, 7168),
         # a null window: transformers' sliding mask then masks nothing beyond causal
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding if window is not None else (),
-        **_kinds(c),
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window if i in sliding else None, kind=layer_kinds[i] if layer_kinds else None)
+                for i in range(c.num_layers)
+            ]
+        ),
+        **kinds,
     }
 
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_layer_type, type_rope
-from moeaudit.families.base import Ctx, Family, mlp_layer_types, v3_gate
+from moeaudit.families.base import Ctx, Family, attention_by_layer, mlp_layer_types, v3_gate
 from moeaudit.spec.config import AttentionKind
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 KINDS = ("full_attention", "sliding_attention")
 # MiMoV2FlashConfig's RoPE per layer type when config.json gives none
@@ -94,10 +95,13 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "dense_dim": c.get("intermediate_size", int, 16384),
         "gate": v3_gate(c, n_group=1, topk_group=1, scaling=1.0),
         "shared_gated": False,
-        "sliding_window": window if sliding else None,
-        "sliding_layers": sliding,
         "attention_kinds": attention_kinds,
-        "layer_kinds": layer_kinds,
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window if i in sliding else None, kind=layer_kinds[i])
+                for i in range(c.num_layers)
+            ]
+        ),
     }
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, all_layers, mixing, sliding_window
+from moeaudit.families.base import Ctx, Family, all_layers, attention_by_layer, mixing, sliding_window
 from moeaudit.spec.blocks import Layer, Lightning
 from moeaudit.spec.config import ModelSpec
 from moeaudit.spec.layouts import ATTN, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant
 
 KINDS = ("full_attention", "linear_attention")
 
@@ -67,8 +68,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "routed_layers": all_layers(c),
         "norm_topk_prob": True,
         "attention_bias": False,
-        "sliding_window": window,
-        "sliding_layers": full if window is not None else (),
+        **attention_by_layer([AttentionVariant(window=window if i in full else None) for i in range(c.num_layers)]),
         "lightning_block": block,
         "residual_scales": _residual_scales(c),
     }

@@ -19,9 +19,10 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.families.base import Ctx, Family, Refuse, mtp_count, v3_gate
 from moeaudit.families.granitemoehybrid import mamba2
-from moeaudit.spec.blocks import Layer, MambaMixer
+from moeaudit.spec.blocks import Layer, MambaMixer, uniform
 from moeaudit.spec.config import ModelSpec, derived_layer
 from moeaudit.spec.layouts import Layout
+from moeaudit.spec.settings import AttentionVariant
 
 # transformers' block names (and the legacy ones remap_legacy_layer_types accepts) → block kind
 KINDS = {
@@ -133,7 +134,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "rms_eps": eps,
         "routed_layers": tuple(i for i, k in enumerate(kinds) if k == "moe") if c.num_experts > 0 else (),
         "mamba": m,
-        "nope_layers": tuple(range(len(kinds))),  # Jamba-style attention: no RoPE
+        "attention": uniform(len(kinds), AttentionVariant(rope=False)),  # Jamba-style attention: no RoPE
         "attention_bias": False,  # transformers builds q/k/v/o without biases whatever the config says
         "mlp_act": "relu2",
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, True)),

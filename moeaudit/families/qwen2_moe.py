@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.families.base import Ctx, Family, sliding_window, sparse_step_layers
+from moeaudit.families.base import Ctx, Family, attention_by_layer, sliding_window, sparse_step_layers
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, MLP_MOE, hf_layout
+from moeaudit.spec.settings import AttentionVariant
 
 
 def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
@@ -26,6 +27,7 @@ def _sliding_layers(c: Ctx, window: int | None) -> tuple[int, ...]:
 
 def _fields(c: Ctx) -> dict[str, Any]:
     window = sliding_window(c, "use_sliding_window")
+    sliding = _sliding_layers(c, window)
     return {
         "routed_layers": sparse_step_layers(c),
         "norm_topk_prob": bool(c.get("norm_topk_prob", bool, False)),
@@ -33,8 +35,7 @@ def _fields(c: Ctx) -> dict[str, Any]:
         "o_bias": False,
         "dense_dim": c.get("intermediate_size", int, 0),
         "shared_dim": c.get("shared_expert_intermediate_size", int, 0),
-        "sliding_window": window,
-        "sliding_layers": _sliding_layers(c, window),
+        **attention_by_layer([AttentionVariant(window=window if i in sliding else None) for i in range(c.num_layers)]),
         "shared_gated": True,
     }
 

@@ -22,8 +22,17 @@ from typing import Any
 
 from moeaudit.errors import CheckpointError
 from moeaudit.families._kinds import by_type_and_heads
-from moeaudit.families.base import Ctx, Family, grouped_gate, head_dim, mlp_layer_types, sliding_window
+from moeaudit.families.base import (
+    Ctx,
+    Family,
+    attention_by_layer,
+    grouped_gate,
+    head_dim,
+    mlp_layer_types,
+    sliding_window,
+)
 from moeaudit.spec.layouts import ATTN, DENSE_MLP, GLOBALS, L, Layout, prefixed
+from moeaudit.spec.settings import AttentionVariant, GLULimits
 
 KINDS = ("full_attention", "sliding_attention")
 LIMIT = "a limit of moeaudit, not a fault of the checkpoint"
@@ -61,8 +70,8 @@ def _limits(c: Ctx) -> dict[str, Any]:
     per layer, the bound of SwiGLU clamped after the activation, min(silu(gate), L) ⊙
     clamp(up, ±L); null or 0 an unclamped layer (transformers' ``or None`` / ``or inf``). Lists
     one longer per MTP layer are cut to the decoder's, as Step3p7TextConfig does."""
-    out = {}
-    for key, name in (("swiglu_limits", "expert_glu_limits"), ("swiglu_limits_shared", "mlp_glu_limits")):
+    out: dict[str, tuple[float, ...]] = {}
+    for key, name in (("swiglu_limits", "experts"), ("swiglu_limits_shared", "mlp")):
         limits = c.cfg.get(key)
         if limits is None or limits == []:
             continue
@@ -80,7 +89,10 @@ def _limits(c: Ctx) -> dict[str, Any]:
             values.append(float(v))
         if any(values):
             out[name] = tuple(values)
-    return out
+    if not out:
+        return {}
+    experts, mlp = out.get("experts", (0.0,) * c.num_layers), out.get("mlp", (0.0,) * c.num_layers)
+    return {"glu_limits": tuple(GLULimits(e, m) for e, m in zip(experts, mlp, strict=True))}
 
 
 def _fields(c: Ctx) -> dict[str, Any]:
@@ -134,11 +146,14 @@ def _fields(c: Ctx) -> dict[str, Any]:
             group_score="top2sum",
             scaling=c.get("moe_router_scaling_factor", float, 1.0),
         ),
-        "sliding_window": window if sliding and window is not None else None,
-        "sliding_layers": sliding if window is not None else (),
+        **attention_by_layer(
+            [
+                AttentionVariant(window=window if i in sliding else None, kind=layer_kinds[i])
+                for i in range(c.num_layers)
+            ]
+        ),
         "mtp_layers": c.get("num_nextn_predict_layers", int, 0),
         "attention_kinds": attention_kinds,
-        "layer_kinds": layer_kinds,
         **_limits(c),
     }
 

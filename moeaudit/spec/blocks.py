@@ -582,12 +582,13 @@ class Layer:
         return {"mixer": block(self.mixer), "ffn": block(self.ffn), "residual": asdict(self.residual)}
 
 
-def uniform(n: int, layer: Layer) -> tuple[Layer, ...]:
-    """``n`` decoder layers of the same blocks (``LayerSettings.layer_blocks``)."""
-    return (layer,) * n
-
-
 T = TypeVar("T")
+
+
+def uniform(n: int, entry: T) -> tuple[T, ...]:
+    """One ``entry`` for each of ``n`` decoder layers: a layer of the same blocks
+    (``LayerSettings.layer_blocks``) or the same attention variant (``LayerSettings.attention``)."""
+    return (entry,) * n
 
 
 def per_layer_type(types: Sequence[str], blocks: Mapping[str, T]) -> tuple[T, ...]:

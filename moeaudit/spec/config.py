@@ -48,7 +48,7 @@ from moeaudit.spec.geometry import (  # noqa: F401 (re-exported: the ModelSpec f
     SparseIndex,
 )
 from moeaudit.spec.layouts import Layout
-from moeaudit.spec.settings import NEW, LayerSettings
+from moeaudit.spec.settings import NEW, SAME, AttentionVariant, GLULimits, LayerSettings
 
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
 MLA_NORM_EPS = 1e-6
@@ -300,6 +300,12 @@ class ModelSpec:
         return max(windows) if windows else None
 
     @property
+    def attention_chunk(self) -> int | None:
+        """The block size of the chunked layers' local attention (None: no layer is chunked)."""
+        chunks = {a.chunk for layer in self.layers if isinstance(a := layer.mixer, Attention) and a.chunk}
+        return max(chunks) if chunks else None
+
+    @property
     def nope_layers(self) -> tuple[int, ...]:
         """The attention layers without RoPE (NoPE layers; ``Attention.rope`` false)."""
         return self._attending(lambda a: not a.rope)
@@ -424,12 +430,12 @@ class ModelSpec:
         return self.block_kinds[layer] if self.block_kinds else ""
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as a JSON object: the model-wide fields and the layer settings in the order they
-        had as one record (``SPEC_ORDER``), the per-layer tuples now derived from ``layers`` where
-        those fields stood (left out when empty, as the fields were at their default). ``layer_blocks``
-        is written (each block with its kind) only where those do not say it all — a layer other than
-        the settings derive with the mixer a derived tuple records (a new block kind) — so the JSON of
-        every family is what it was before the blocks."""
+        """The spec as a JSON object (for people and tests; nothing signs it): the model-wide fields
+        and the layer settings in the order they had as one record (``SPEC_ORDER``), the per-layer
+        tuples read off ``layers`` where the fields they replace stood (``sliding_layers``,
+        ``nope_layers``, ``layer_kinds``, …; left out when empty, as those fields were at their
+        default). ``layer_blocks`` is written (each block with its kind) only where those do not say
+        it all (a new block kind)."""
         given = asdict(self)
         del given["settings"], given["rope"]
         given.update(asdict(self.settings))
@@ -437,12 +443,16 @@ class ModelSpec:
         for key, (name, omitted) in ROPE_KEYS.items():
             if not (omitted and getattr(self.rope, name) == defaults[name]):
                 given[key] = rope[name]
-        del given["layer_blocks"]
+        del given["layer_blocks"], given["attention"], given["glu_limits"]
         out: dict[str, Any] = {}
         for name in SPEC_ORDER:
-            if name not in given:
+            if name in DERIVED_WHERE_THEY_STOOD:  # read off the layers
+                if (derived := getattr(self, name)) or name in ("sliding_window", "sliding_layers"):
+                    out[name] = derived
+            elif name in given:
+                out[name] = given[name]
+            else:
                 continue
-            out[name] = given[name]
             follower = DERIVED_AFTER.get(name)
             while follower is not None:
                 if derived := getattr(self, follower):
@@ -453,8 +463,8 @@ class ModelSpec:
                 if f.metadata.get("omit_default") and f.name in out and getattr(owner, f.name) == f.default:
                     del out[f.name]
         out["routed_layers"] = list(self.routed_layers)
-        out["sliding_layers"] = list(self.settings.sliding_layers)
         for name in (
+            "sliding_layers",
             "linear_layers",
             "kda_layers",
             "nope_layers",
@@ -511,6 +521,11 @@ SPEC_ORDER = (
     "shared_clamped index_rope_last index_norm_eps shared_index_layers sigmoid_select mla_norm_eps "
     "attention_kinds layer_kinds expert_glu_limits mlp_glu_limits"
 ).split()
+# the per-layer tuples read off the layers, written where the settings they replace stood
+DERIVED_WHERE_THEY_STOOD = frozenset(
+    "sliding_window sliding_layers nope_layers attention_chunk chunked_layers shared_index_layers layer_kinds "
+    "expert_glu_limits mlp_glu_limits".split()
+)
 # the per-layer tuples the families no longer set (``ModelSpec`` properties derived from ``layers``):
 # the key ``to_json`` writes each after (where it stood as a field) → the derived tuple
 # the mixer kinds those tuples record
@@ -558,13 +573,17 @@ def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = 
     ffn = (
         _moe(s, i)
         if s.is_routed(i)
-        else DenseMLP(s.dense_dim, glu_limit=_limit(ls.mlp_glu_limits, i), out_norm=ls.dense_out_norm)
+        else DenseMLP(s.dense_dim, glu_limit=_limits(ls, i).mlp, out_norm=ls.dense_out_norm)
     )
     return Layer(mixer, ffn, residual)
 
 
-def _limit(limits: tuple[float, ...], i: int) -> float:
-    return limits[i] if limits else 0.0
+def _limits(ls: LayerSettings, i: int) -> GLULimits:
+    return ls.glu_limits[i] if ls.glu_limits else GLULimits()
+
+
+def _variant(ls: LayerSettings, i: int) -> AttentionVariant:
+    return ls.attention[i] if ls.attention else SAME
 
 
 def _single_kind(layer: Layer) -> str:
@@ -589,7 +608,7 @@ def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
             gated=ls.shared_gated and not single,
             fused=fused,
             glu=_glu(s),
-            glu_limit=_limit(ls.mlp_glu_limits, i),
+            glu_limit=_limits(ls, i).mlp,
             scale=ls.shared_scale,
             clamp=clamp,
         )
@@ -603,7 +622,7 @@ def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
         out_bias=ls.moe_bias,
         zero_experts=s.zero_experts,
         shared=shared,
-        glu_limit=_limit(ls.expert_glu_limits, i),
+        glu_limit=_limits(ls, i).experts,
         renormalise=ls.norm_topk_prob,
         renorm_min=ls.renorm_min,
         renorm_eps=ls.renorm_eps,
@@ -616,13 +635,14 @@ def _moe(s: ModelSpec, i: int, single: bool = False) -> MoE:
 
 def _mixer(s: ModelSpec, i: int) -> Mixer:
     layout, ls = s.layout.layer, s.settings
+    v = _variant(ls, i)
     if s.mla is not None:
         return MLAttention(
             s.mla,
             s.num_heads,
-            rope=i not in ls.nope_layers,
+            rope=v.rope,
             index=s.sparse_index,
-            shared_index=i in ls.shared_index_layers,
+            shared_index=v.shared_index,
             sinks=ls.attention_sinks,
             output_gate=ls.output_gate,
             qk_norm=ls.qk_norm,
@@ -637,17 +657,17 @@ def _mixer(s: ModelSpec, i: int) -> Mixer:
         )
     if ls.moa:
         return MoA(s.num_experts, s.top_k, s.num_kv_heads, s.head_dim)
-    kind = ls.layer_kinds[i] if ls.layer_kinds else None
+    kind = v.kind
     a = None if kind is None else s.attention_kinds[kind]
     return Attention(
         heads=s.num_heads if a is None else a.num_heads,
         kv_heads=s.num_kv_heads if a is None else a.num_kv_heads,
         head_dim=s.head_dim if a is None else a.head_dim,
         v_head_dim=0 if a is None else a.v_head_dim,
-        rope=i not in ls.nope_layers,
+        rope=v.rope,
         attention_kind=kind,
-        window=ls.sliding_window if i in ls.sliding_layers else None,
-        chunk=ls.attention_chunk if i in ls.chunked_layers else None,
+        window=v.window,
+        chunk=v.chunk,
         sinks=ls.attention_sinks if a is None else a.sinks,
         value_scale=1.0 if a is None else a.value_scale,
         gated_q=ls.gated_attention,
@@ -709,6 +729,9 @@ def check_sizes(spec: ModelSpec, cfg: dict[str, Any], path: Path | str) -> None:
         )
     if spec.rms_eps < 0:
         raise fail(f"rms_norm_eps must be ≥ 0, got {spec.rms_eps}")
+    for what, per_layer in (("attention variants", spec.settings.attention), ("GLU limits", spec.settings.glu_limits)):
+        if per_layer and len(per_layer) != spec.num_layers:
+            raise fail(f"the family gives {len(per_layer)} layers' {what}, num_hidden_layers is {spec.num_layers}")
     if (given := spec.settings.layer_blocks) and len(given) != spec.num_layers:
         raise fail(f"the family describes {len(given)} layers, num_hidden_layers is {spec.num_layers}")
     if spec.settings.shared_clamped and spec.clamped_glu is None:

@@ -18,6 +18,34 @@ NEW = {"omit_default": True}
 
 
 @dataclass(frozen=True)
+class AttentionVariant:
+    """How one layer's attention differs from the model's (``LayerSettings.attention``): a causal window
+    of ``window`` keys, the query's included (None: none); no RoPE (``rope`` false: a NoPE layer);
+    attention within blocks of ``chunk`` tokens (Llama 4's chunked local attention); the attention of
+    kind ``kind`` (an index into ``ModelSpec.attention_kinds``: its heads, head sizes, RoPE table,
+    sinks); the previous layer's DSA key selection reused (``shared_index``, HY-V4)."""
+
+    window: int | None = None
+    rope: bool = True
+    chunk: int | None = None
+    kind: int | None = None
+    shared_index: bool = False
+
+
+SAME = AttentionVariant()  # a layer whose attention is the model's
+
+
+@dataclass(frozen=True)
+class GLULimits:
+    """One layer's SwiGLU clamps after the activation, min(silu(gate), L) ⊙ clamp(up, ±L), Step 3.5's
+    ``swiglu_limits`` (``experts``: the routed experts') and ``swiglu_limits_shared`` (``mlp``: the shared
+    expert's and the dense MLP's); 0: no clamp."""
+
+    experts: float = 0.0
+    mlp: float = 0.0
+
+
+@dataclass(frozen=True)
 class LayerSettings:
     """What a family's config says about its decoder layers' blocks, as read: the settings
     :func:`derived_layer` builds ``ModelSpec.layers`` from (with the model-wide fields), and that
@@ -29,8 +57,6 @@ class LayerSettings:
     # "none" | "full" (OLMoE, over all heads) | "head" (Qwen3, per head) | "head_after_rope"
     # (Hunyuan: per head, applied to the rotated q and k)
     qk_norm: str = "none"
-    sliding_window: int | None = None
-    sliding_layers: tuple[int, ...] = ()  # layers whose attention uses the window
     o_bias: bool = field(default=True, metadata=NEW)  # attention_bias covers o_proj (not Qwen2-MoE, GLM)
     gated_attention: bool = field(default=False, metadata=NEW)  # q_proj also emits a gate: out ⊙ σ(gate)
     linear_attention: LinearAttention | None = field(default=None, metadata=NEW)  # gated DeltaNet sizes
@@ -42,11 +68,6 @@ class LayerSettings:
     residual_multiplier: float = field(default=1.0, metadata=NEW)
     # gpt-oss: a learned per-head sink logit in every attention softmax (it takes mass, adds no value)
     attention_sinks: bool = field(default=False, metadata=NEW)
-    # Llama 4: NoPE layers (no RoPE); chunked local attention (attention within ``attention_chunk``
-    # token blocks) on ``chunked_layers``
-    nope_layers: tuple[int, ...] = field(default=(), metadata=NEW)
-    attention_chunk: int | None = field(default=None, metadata=NEW)
-    chunked_layers: tuple[int, ...] = field(default=(), metadata=NEW)
     # LFM2-MoE: the layers whose type is "conv" mix tokens by a short convolution (kernel
     # ``conv_kernel``, biases with ``conv_bias``) instead of attention
     conv_kernel: int = field(default=0, metadata=NEW)
@@ -72,16 +93,6 @@ class LayerSettings:
     moa: bool = field(default=False, metadata=NEW)
     # LongCat-Flash: two attention + dense-MLP sub-blocks around one MoE (``Residual.shortcut``)
     shortcut_moe: bool = field(default=False, metadata=NEW)
-    # HY-V4: the layers that reuse the previous layer's DSA key selection
-    shared_index_layers: tuple[int, ...] = field(default=(), metadata=NEW)
-    # attention per kind of layer: ``layer_kinds[i]`` indexes ``ModelSpec.attention_kinds`` for layer i
-    layer_kinds: tuple[int, ...] = field(default=(), metadata=NEW)
-    # Step 3.5 / Step-3.7 (``swiglu_limits`` / ``swiglu_limits_shared``): per layer, the bound L of
-    # a SwiGLU clamped after the activation, min(silu(gate), L) ⊙ clamp(up, ±L), for the routed
-    # experts (``expert_glu_limits``) and for the shared expert and dense MLP (``mlp_glu_limits``);
-    # 0 (or empty): no clamp on that layer
-    expert_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
-    mlp_glu_limits: tuple[float, ...] = field(default=(), metadata=NEW)
     # the settings of the blocks the ModelSpec notes above describe (each block record says how it
     # uses its share: ``Attention.clip`` / ``temperature``, ``MLAttention``'s LoRA scales, latent eps,
     # position scale and indexer RoPE, ``SharedExpert.gated`` / ``scale`` / ``clamp``, ``MoE.out_bias`` /
@@ -112,6 +123,12 @@ class LayerSettings:
     renorm_eps: float = field(default=0.0, metadata=NEW)
     router_softcap: float = field(default=0.0, metadata=NEW)
     sigmoid_select: bool = field(default=False, metadata=NEW)
+    # how each layer's attention differs from the model's, one per layer (() : none differs), built with
+    # ``spec.blocks.uniform`` / ``per_layer_type``: windows, NoPE and chunked layers, the attention kind,
+    # HY-V4's reused DSA selection
+    attention: tuple[AttentionVariant, ...] = ()
+    # Step 3.5 / Step-3.7: each layer's SwiGLU clamps (() : none anywhere)
+    glu_limits: tuple[GLULimits, ...] = field(default=(), metadata=NEW)
     # A family that describes its decoder layers as typed blocks itself (``spec.blocks``:
     # ``uniform``, ``per_layer_type``; docs/guides/block-kind.md) gives them here, one per layer;
     # () : ``layers`` derives them from the fields above
