@@ -18,21 +18,15 @@ from typing import Any
 from moeaudit.errors import CheckpointError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.spec.blocks import (
-    KDA,
     Attention,
-    DeltaNet,
     DenseMLP,
     HyperConnection,
     Layer,
-    Lightning,
-    MambaMixer,
     Mixer,
     MLAttention,
-    MoA,
     MoE,
     Residual,
     SharedExpert,
-    ShortConv,
 )
 from moeaudit.spec.geometry import (  # noqa: F401 (re-exported: the ModelSpec fields' types)
     HC_NAMES,
@@ -48,6 +42,7 @@ from moeaudit.spec.geometry import (  # noqa: F401 (re-exported: the ModelSpec f
     SparseIndex,
 )
 from moeaudit.spec.layouts import Layout
+from moeaudit.spec.mixers import KDA, DeltaNet, Lightning, MambaMixer, MoA, ShortConv
 from moeaudit.spec.settings import NEW, SAME, AttentionVariant, GLULimits, LayerSettings
 
 # DeepSeek's q_a / kv_a RMSNorms are built without the config's eps (transformers' default).
