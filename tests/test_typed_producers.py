@@ -1,0 +1,228 @@
+"""The envelope report's producers and renderers build and read the typed records of
+:mod:`moeaudit.records`, not ``dict[str, Any]`` (docs/architecture.md, "Documents as types").
+
+Three checks, each able to fail on its own:
+
+* the annotations of every function in the converted modules (read from the source with
+  ``ast``, as ``tests/test_layering.py`` reads imports) name no untyped document — no
+  ``dict[str, Any]``, ``Mapping[str, Any]`` or bare ``dict`` — and no ``cast`` hides one;
+* the per-series rows the checks produce are the report's rows less the field the report adds
+  (``series`` / ``layer``), field for field, so the two types cannot drift apart;
+* real reports — short and long series, breaks, starvation, resampling, ``--compare`` with a
+  probe — validate against the JSON Schema generated from :class:`~moeaudit.records.EnvelopeReport`
+  (closed records: a key the type does not name fails), the runtime check mypy cannot make.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import moeaudit
+from moeaudit import records
+from moeaudit.jsonio import finite_document
+from moeaudit.judge import envelope as env
+from moeaudit.judge import envelope_compare as cmp
+from moeaudit.metrics import read_metrics
+from moeaudit.policy import EnvelopeSettings
+from moeaudit.records import fields, required
+from moeaudit.schemas import generate
+
+ROOT = Path(moeaudit.__file__).resolve().parent
+
+# Modules whose every function is typed: the envelope report's producer (moeaudit envelope,
+# receipts/envelope.json, the predicate's envelope) and its renderer.
+TYPED_MODULES = [
+    "judge/envelope_checks.py",
+    "judge/envelope_columns.py",
+    "judge/envelope_compare.py",
+    "judge/envelope_report.py",
+    "judge/envelope_rules.py",
+    "judge/envelope_series.py",
+]
+# Functions elsewhere that produce or render the envelope report.
+TYPED_FUNCTIONS = {
+    "series.py": ["evaluate_run", "envelope_evidence", "norms_from_receipts"],
+    "commands/envelope.py": ["envelope", "exit_code"],
+    "report/terminal.py": ["print_envelope", "print_comparison"],
+    "metrics.py": ["to_json"],  # a log finding (LogFinding)
+}
+UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
+
+
+def untyped_annotations(source: str, only: list[str] | None = None) -> list[str]:
+    """``name: annotation`` of every parameter or return that is an untyped document, and every
+    ``cast(`` call, in ``source`` (of the functions named ``only``, else all)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cast" and only is None:
+            found.append(f"cast at line {node.lineno}")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+            only is not None and node.name not in only
+        ):
+            continue
+        args = node.args
+        for name, ann in [
+            ("return", node.returns),
+            *((a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)),
+        ]:
+            if ann is None:
+                continue
+            text = ast.unparse(ann)
+            if any(u in text for u in UNTYPED) or text.strip("'\"") in ("dict", "Dict", "Mapping"):
+                found.append(f"{node.name}: {name}: {text}")
+        for sub in ast.walk(node):  # annotated locals: `x: dict[str, Any] = {...}`
+            if isinstance(sub, ast.AnnAssign) and any(u in ast.unparse(sub.annotation) for u in UNTYPED):
+                found.append(f"{node.name}: local {ast.unparse(sub.target)}: {ast.unparse(sub.annotation)}")
+    return found
+
+
+def test_the_checker_finds_untyped_documents() -> None:
+    """The check below cannot pass vacuously."""
+    src = (
+        "from typing import Any, cast\n"
+        "def a(x: dict[str, Any]) -> int: ...\n"
+        "def b() -> 'dict': ...\n"
+        "def c(m: Mapping[str, Any] | None) -> None: ...\n"
+        "def d() -> None:\n    r: dict[str, Any] = {}\n    return cast(int, r)\n"
+        "def e(x: EnvelopeReport) -> list[Alert]: ...\n"
+    )
+    assert sorted(untyped_annotations(src)) == [
+        "a: x: dict[str, Any]",
+        "b: return: 'dict'",
+        "c: m: Mapping[str, Any] | None",
+        "cast at line 7",
+        "d: local r: dict[str, Any]",
+    ]
+    assert untyped_annotations(src, only=["e", "c"]) == ["c: m: Mapping[str, Any] | None"]
+
+
+@pytest.mark.parametrize("module", TYPED_MODULES)
+def test_the_envelope_producer_modules_are_typed(module: str) -> None:
+    source = (ROOT / module).read_text(encoding="utf-8")
+    assert untyped_annotations(source) == [], f"{module}: build the records of moeaudit.records"
+
+
+@pytest.mark.parametrize("module", sorted(TYPED_FUNCTIONS))
+def test_the_envelope_functions_elsewhere_are_typed(module: str) -> None:
+    source = (ROOT / module).read_text(encoding="utf-8")
+    names = TYPED_FUNCTIONS[module]
+    defined = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
+    assert set(names) <= defined, f"{module}: renamed? {set(names) - defined}"
+    assert untyped_annotations(source, only=names) == []
+
+
+@pytest.mark.parametrize(
+    ("row", "report_row", "added"),
+    [
+        (records.WindowCheck, records.EnvelopeWindow, "series"),
+        (records.PairCheck, records.DiscreteRow, "series"),
+        (records.AlertRun, records.Alert, "series"),
+        (records.DeadRun, records.DeadExpert, "layer"),
+        (records.StarvedWindow, records.Starvation, "layer"),
+    ],
+)
+def test_a_series_row_is_the_report_row_less_its_name(row: type, report_row: type, added: str) -> None:
+    assert fields(report_row) == {added: str, **fields(row)}
+    assert list(fields(report_row)) == [added, *fields(row)]  # the order the report writes
+    assert required(report_row) == required(row) | {added}
+
+
+def test_the_comparison_record_is_the_compared_windows_and_the_reports() -> None:
+    both = fields(records.EnvelopeComparison)
+    for name, tp in fields(records.WindowComparison).items():
+        assert both[name] == tp, name
+    assert required(records.WindowComparison) <= required(records.EnvelopeComparison)
+
+
+# --- the runtime documents against the types ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft202012Validator:
+    schema = generate(records.EnvelopeReport, wire=False, name="envelope-test.schema.json")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _valid(validator: jsonschema.Draft202012Validator, report: object) -> None:
+    doc = finite_document(report)  # type: ignore[type-var]
+    doc.pop("nonfinite", None)  # finite_document's own list, not the producer's
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in validator.iter_errors(doc)]
+    assert errors == []
+
+
+def _series(
+    seed: int, *, steps: int = 40, gap: int = 25, starve: bool = False, nulls: bool = False
+) -> env.EnvelopeSeries:
+    rng = random.Random(seed)
+    t = [gap * (i + 1) for i in range(steps)]
+    norms: dict[str, list[list[float | None]]] = {}
+    for layer in ("0", "1"):
+        rows: list[list[float | None]] = []
+        for i in range(steps):
+            g: list[float | None] = [rng.uniform(0.5, 1.5) for _ in range(4)]
+            if starve and i > steps // 3:
+                g[0] = 1e-5
+            if nulls and i in (7, 8):
+                g[2] = None
+            rows.append(g)
+        norms[layer] = rows
+    return env.from_norms("replay", t, norms, "normalized", origin=f"seed {seed}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings"),
+    [
+        ("plain", EnvelopeSettings(variant="normalized", starve_steps=50, dead_steps=20)),
+        ("tight", EnvelopeSettings(variant="normalized", delta=0.5, epsilon=1e-9, window=60)),
+        ("calibrated", EnvelopeSettings(variant="normalized", calibrated=True, sampling_interval=50, starve_steps=75)),
+    ],
+)
+@pytest.mark.parametrize("shape", ["short", "starved", "nulls", "long"])
+def test_reports_validate_against_the_record(
+    validator: jsonschema.Draft202012Validator, kind: str, settings: EnvelopeSettings, shape: str
+) -> None:
+    series = {
+        "short": lambda: _series(1),
+        "starved": lambda: _series(2, starve=True),
+        "nulls": lambda: _series(3, nulls=True),
+        "long": lambda: _series(4, steps=700, gap=3, starve=True, nulls=True),
+    }[shape]()
+    steps = list(series.steps)
+    # a break before the last sample leaves it alone in its segment: its window is null
+    report = env.evaluate(series, settings, breaks=(steps[len(steps) // 2], steps[-1]))
+    assert report["series"]["pooled"][-1]["window"] is None
+    _valid(validator, report)
+
+
+def test_a_log_report_with_findings_validates(validator: jsonschema.Draft202012Validator, tmp_path: Path) -> None:
+    lines = [
+        f'{{"step": {10 * (i + 1)}, "loss": 1.0, "expert_grad_norms": {{"0": [1.0, {"1e999" if i == 3 else 0.5}]}}}}'
+        for i in range(30)
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = env.evaluate(env.from_metrics(read_metrics(path), "raw"), EnvelopeSettings(variant="raw"))
+    assert report["findings"] and report["findings"][0]["step"] == 40
+    _valid(validator, report)
+
+
+def test_a_comparison_validates(validator: jsonschema.Draft202012Validator) -> None:
+    logs = _series(5, nulls=True)
+    replay = logs.at(list(logs.steps)[::5])
+    settings = EnvelopeSettings(variant="normalized")
+    constants = {view: settings for view in (*cmp.VIEWS, "probe")}
+    report = env.evaluate(logs, settings)
+    other = env.evaluate(replay, settings)
+    comparison = cmp.compare(logs, replay, constants, breaks=(list(logs.steps)[12],), probe=replay)
+    assert comparison["skipped"] and "probe" in comparison["constants"] and "probe_vs_replay" in comparison
+    report["comparison"] = {"calibrated_on": None, "note": "n", **comparison, "report": other, "probe_report": other}
+    _valid(validator, report)
+    report["comparison"]["windows"][0]["logs"]["misspelt"] = 1  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(AssertionError, match="misspelt"):
+        _valid(validator, report)
