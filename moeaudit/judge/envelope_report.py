@@ -4,8 +4,8 @@ the policy's settings, the rules on its per-expert norms, its sampling and its f
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Mapping
+from typing import Literal, TypedDict
 
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope_columns as columns
@@ -15,13 +15,6 @@ from moeaudit.judge.envelope_series import EnvelopeSeries, median_gap, resample
 from moeaudit.metrics import POOLED
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
 from moeaudit.records import EnvelopeComparison, EnvelopeReport, Sampling, ShownRows, StepWindow, Violation
-
-if sys.version_info >= (3, 11):
-    from typing import Literal, TypedDict
-else:  # pragma: no cover - Python 3.10
-    from typing import Literal
-
-    from typing_extensions import TypedDict
 
 SCHEMA: Literal["moeaudit.envelope/v1"] = "moeaudit.envelope/v1"
 
