@@ -1,11 +1,13 @@
-"""The envelope report's producers and renderers build and read the typed records of
-:mod:`moeaudit.records`, not ``dict[str, Any]`` (docs/architecture.md, "Documents as types").
+"""The envelope report's and the gate entries' producers and renderers build and read the typed
+records of :mod:`moeaudit.records`, not ``dict[str, Any]`` (docs/architecture.md, "Documents as
+types").
 
 Three checks, each able to fail on its own:
 
-* the annotations of every function in the converted modules (read from the source with
-  ``ast``, as ``tests/test_layering.py`` reads imports) name no untyped document — no
-  ``dict[str, Any]``, ``Mapping[str, Any]`` or bare ``dict`` — and no ``cast`` hides one;
+* the annotations of every function in the converted modules, and of the converted functions
+  elsewhere (read from the source with ``ast``, as ``tests/test_layering.py`` reads imports),
+  name no untyped document — no ``dict[str, Any]``, ``Mapping[str, Any]`` or bare ``dict`` —
+  and no ``cast`` hides one;
 * the per-series rows the checks produce are the report's rows less the field the report adds
   (``series`` / ``layer``), field for field, so the two types cannot drift apart;
 * real reports — short and long series, breaks, starvation, resampling, ``--compare`` with a
@@ -49,8 +51,26 @@ TYPED_FUNCTIONS = {
     "series.py": ["evaluate_run", "envelope_evidence", "norms_from_receipts"],
     "commands/envelope.py": ["envelope", "exit_code"],
     "report/terminal.py": ["print_envelope", "print_comparison"],
+    "report/charts.py": ["envelope_chart", "_bound_curves"],
     "metrics.py": ["to_json"],  # a log finding (LogFinding)
+    # the gate entries (GateEntry) and the readers of a receipts document they are built from
+    "judge/gates.py": [
+        "evaluate_gates",
+        "_combine",
+        "structural",
+        "health",
+        "nll_change",
+        "gate_summary",
+        "_layer_summary",
+        "drift_summary",
+        "nonfinite_findings",
+        "silent_experts",
+        "dead_experts",
+        "c2_status",
+    ],
+    "report/gate_table.py": ["gate_cells", "why", "legend", "legend_grid"],
 }
+NO_CAST = ["judge/gates.py", "judge/envelope_report.py"]  # built as records, never cast to one
 UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
 
 
@@ -114,6 +134,12 @@ def test_the_envelope_functions_elsewhere_are_typed(module: str) -> None:
     defined = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
     assert set(names) <= defined, f"{module}: renamed? {set(names) - defined}"
     assert untyped_annotations(source, only=names) == []
+
+
+@pytest.mark.parametrize("module", NO_CAST)
+def test_the_producers_cast_nothing(module: str) -> None:
+    found = [f for f in untyped_annotations((ROOT / module).read_text(encoding="utf-8")) if f.startswith("cast")]
+    assert found == [], f"{module}: build the record rather than cast a dict to it"
 
 
 @pytest.mark.parametrize(
