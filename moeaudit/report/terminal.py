@@ -11,7 +11,7 @@ number is named at its first mention in each report (:func:`moeaudit.papers.name
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -20,7 +20,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import CompareDocument, EnvelopeComparison, EnvelopeReport, GateResult, Predicate, Receipts
+from moeaudit.records import (
+    CompareDocument,
+    EnvelopeComparison,
+    EnvelopeReport,
+    GateResult,
+    MonitorLayer,
+    Predicate,
+    Receipts,
+    ReceiptsLayer,
+)
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -130,7 +139,7 @@ def print_receipts(doc: Receipts) -> None:
 MONITOR_COLUMNS = (Column("monitor"), Column("metric"), *_right("p50", "p90", "p95", "worst", "at layer"))
 
 
-def print_monitors(layers: Any) -> None:
+def print_monitors(layers: Sequence[ReceiptsLayer | MonitorLayer] | None) -> None:
     """Megatron-Core's and NeMo's load metrics over the routed layers: p50 / p90 / p95 and the
     worst layer (↓: the lowest value is the worst)."""
     from moeaudit.report import monitors
@@ -145,9 +154,10 @@ def print_monitors(layers: Any) -> None:
         print_fitted(out, "live monitors' metrics over routed layers (docs/monitors.md)", MONITOR_COLUMNS, rows)
 
 
-def print_nonfinite(doc: Mapping[str, Any]) -> None:
+def print_nonfinite(doc: Receipts | CompareDocument) -> None:
     """One line, however many numbers a NaN weight spoils (the JSON lists every one)."""
-    weights, nulled = doc.get("nonfinite_weights", []), doc.get("nonfinite", [])
+    weights = doc.get("nonfinite_weights", []) if doc["schema"] == "moeaudit.receipts/v1" else []
+    nulled = doc.get("nonfinite", [])
     if not weights and not nulled:
         return
     plural = "s" if len(weights) > 1 else ""
