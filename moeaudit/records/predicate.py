@@ -32,6 +32,8 @@ class Abandoned(TypedDict):
     """An abandoned branch of the run, still audited (open: :meth:`moeaudit.lineage` grows it)."""
 
     name: str
+    step: int
+    resume_step: int  # the latest resume below it
     reason: str
 
 
@@ -237,6 +239,27 @@ class AblationRefusal(TypedDict):
 class AblationCost(TypedDict):
     layer_forwards: int  # decoder layers computed (the baseline forward's included)
     replay_layer_forwards: int  # those of one forward of the canary
+
+
+class AblationRemoval(TypedDict):
+    """One expert removed from routing, as the replay measured it (before its flags and reading)."""
+
+    layer: int
+    expert: int
+    nll: float
+    nll_delta: float
+    ci95: Interval | None
+
+
+class AblationMeasurement(TypedDict):
+    """What :func:`moeaudit.receipts.ablation.ablation_receipt` measures; the judge adds the flags,
+    the readings and the sentences to make the :class:`AblationReceipt` (not itself written)."""
+
+    removal: str
+    nll: float | None
+    experts: list[AblationRemoval]
+    refused: list[AblationRefusal]
+    cost: AblationCost
 
 
 class AblationReceipt(TypedDict):
