@@ -23,12 +23,23 @@ A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from moeaudit.judge.gates import BASELINE, FAIL, GREEN, INCONCLUSIVE, PASS, RED, YELLOW
-from moeaudit.records import Check, Decision, EnvelopeReport, GateEntry, Margin, Margins, Promotion, Status, Violation
+from moeaudit.records import (
+    Check,
+    CheckpointAgreement,
+    Decision,
+    EnvelopeReport,
+    GateEntry,
+    Margin,
+    Margins,
+    Promotion,
+    Status,
+    Violation,
+)
 
 PROMOTE: Final = "PROMOTE"
 HOLD: Final = "HOLD"
@@ -56,7 +67,7 @@ class Evidence:
     stage_source: str = ""
     notes: Sequence[str] = field(default_factory=tuple)
     # per checkpoint replayed below fp32: its measured agreement with fp32 (receipts' precision_agreement)
-    precision_agreement: Sequence[Mapping[str, Any]] = ()
+    precision_agreement: Sequence[CheckpointAgreement] = ()
 
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
@@ -300,7 +311,7 @@ def checks(ev: Evidence) -> list[Check]:
     return out
 
 
-def precision_check(agreements: Sequence[Mapping[str, Any]]) -> Check | None:
+def precision_check(agreements: Sequence[CheckpointAgreement]) -> Check | None:
     """Replays below fp32 (docs/policy.md, "Reduced precision"): the boundary evidence is INCONCLUSIVE where the
     precision's own top-k flip rate against fp32 exceeds the boundary receipts' resolution on a
     routed layer (docs/policy.md "Reduced precision"); not a check at all for fp32 certificates."""
