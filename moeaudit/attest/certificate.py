@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,7 @@ def now_rfc3339() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def sign_statement(stmt: Mapping[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
+def sign_statement(stmt: Statement, key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
     """The DSSE envelope of ``stmt`` (moeaudit's names) with its predicate in wire names."""
     copy: dict[str, Any] = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
     copy["predicate"]["issued_at"] = issued_at or now_rfc3339()
