@@ -1,6 +1,7 @@
-"""The envelope report's and the gate entries' producers and renderers build and read the typed
-records of :mod:`moeaudit.records`, not ``dict[str, Any]`` (docs/architecture.md, "Documents as
-types").
+"""The producers and renderers of the envelope report, the gate entries, the checks, the
+ablation receipt, the precision agreement and the preregistration record build and read the
+typed records of :mod:`moeaudit.records`, not ``dict[str, Any]`` (docs/architecture.md,
+"Documents as types").
 
 Three checks, each able to fail on its own:
 
@@ -45,16 +46,23 @@ TYPED_MODULES = [
     "judge/envelope_report.py",
     "judge/envelope_rules.py",
     "judge/envelope_series.py",
+    # and of the checks, the ablation receipt and the preregistration record
+    "judge/decide.py",
+    "judge/ablation.py",
+    "attest/preregistration.py",
+    "attest/predicate.py",
+    "report/gate_table.py",
 ]
 # Functions elsewhere that produce or render the envelope report.
 TYPED_FUNCTIONS = {
     "series.py": ["evaluate_run", "envelope_evidence", "norms_from_receipts"],
     "commands/envelope.py": ["envelope", "exit_code"],
-    "report/terminal.py": ["print_envelope", "print_comparison"],
+    "report/terminal.py": ["print_envelope", "print_comparison", "print_monitors", "print_nonfinite"],
     "report/charts.py": ["envelope_chart", "_bound_curves"],
     "metrics.py": ["to_json"],  # a log finding (LogFinding)
     # the gate entries (GateEntry) and the readers of a receipts document they are built from
     "judge/gates.py": [
+        "baselines",
         "evaluate_gates",
         "_combine",
         "structural",
@@ -68,15 +76,26 @@ TYPED_FUNCTIONS = {
         "dead_experts",
         "c2_status",
     ],
-    "report/gate_table.py": ["gate_cells", "why", "legend", "legend_grid"],
+    # the measured ablation, the precision agreement, the monitors section and the abandoned branches
+    "receipts/ablation.py": ["ablation_receipt"],
+    "receipts/agreement.py": ["compare_results", "resolution", "measure"],
+    "report/monitors.py": ["section", "heatmap_loads", "megatron_scalars", "nemo_scalars"],
+    "lineage.py": ["to_json"],
 }
-NO_CAST = ["judge/gates.py", "judge/envelope_report.py"]  # built as records, never cast to one
+# Renderers and signers whose inputs are records; what they return is no document of moeaudit's
+# (a page's view, a DSSE envelope), so only their parameters are checked.
+TYPED_INPUTS = {
+    "report/monitors.py": ["view", "rollups"],
+    "attest/certificate.py": ["sign_statement"],
+}
+NO_CAST = ["judge/gates.py"]  # built as records, never cast to one (the typed modules: checked with them)
 UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
 
 
-def untyped_annotations(source: str, only: list[str] | None = None) -> list[str]:
+def untyped_annotations(source: str, only: list[str] | None = None, *, inputs_only: bool = False) -> list[str]:
     """``name: annotation`` of every parameter or return that is an untyped document, and every
-    ``cast(`` call, in ``source`` (of the functions named ``only``, else all)."""
+    ``cast(`` call, in ``source`` (of the functions named ``only``, else all; ``inputs_only``:
+    their parameters alone)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cast" and only is None:
@@ -87,7 +106,7 @@ def untyped_annotations(source: str, only: list[str] | None = None) -> list[str]
             continue
         args = node.args
         for name, ann in [
-            ("return", node.returns),
+            ("return", None if inputs_only else node.returns),
             *((a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)),
         ]:
             if ann is None:
@@ -95,7 +114,7 @@ def untyped_annotations(source: str, only: list[str] | None = None) -> list[str]
             text = ast.unparse(ann)
             if any(u in text for u in UNTYPED) or text.strip("'\"") in ("dict", "Dict", "Mapping"):
                 found.append(f"{node.name}: {name}: {text}")
-        for sub in ast.walk(node):  # annotated locals: `x: dict[str, Any] = {...}`
+        for sub in () if inputs_only else ast.walk(node):  # annotated locals: `x: dict[str, Any] = {...}`
             if isinstance(sub, ast.AnnAssign) and any(u in ast.unparse(sub.annotation) for u in UNTYPED):
                 found.append(f"{node.name}: local {ast.unparse(sub.target)}: {ast.unparse(sub.annotation)}")
     return found
@@ -119,6 +138,7 @@ def test_the_checker_finds_untyped_documents() -> None:
         "d: local r: dict[str, Any]",
     ]
     assert untyped_annotations(src, only=["e", "c"]) == ["c: m: Mapping[str, Any] | None"]
+    assert untyped_annotations(src, only=["a", "b", "d"], inputs_only=True) == ["a: x: dict[str, Any]"]
 
 
 @pytest.mark.parametrize("module", TYPED_MODULES)
@@ -134,6 +154,12 @@ def test_the_envelope_functions_elsewhere_are_typed(module: str) -> None:
     defined = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
     assert set(names) <= defined, f"{module}: renamed? {set(names) - defined}"
     assert untyped_annotations(source, only=names) == []
+
+
+@pytest.mark.parametrize("module", sorted(TYPED_INPUTS))
+def test_the_renderers_take_records(module: str) -> None:
+    source = (ROOT / module).read_text(encoding="utf-8")
+    assert untyped_annotations(source, only=TYPED_INPUTS[module], inputs_only=True) == []
 
 
 @pytest.mark.parametrize("module", NO_CAST)

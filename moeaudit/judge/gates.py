@@ -40,6 +40,7 @@ from moeaudit.records import (
     PairLayer,
     Receipts,
     ReceiptsLayer,
+    RunEvent,
     Structural,
 )
 
@@ -87,7 +88,7 @@ def _layers(doc: Receipts) -> dict[int, ReceiptsLayer]:
     return {entry["layer"]: entry for entry in doc["layers"]}
 
 
-def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+def baselines(steps: Sequence[int], events: Sequence[RunEvent]) -> dict[int, str]:
     """step → reason, for the first checkpoint and the first one at or after each event."""
     out = {steps[0]: "first checkpoint of the run"}
     for ev in events:
