@@ -24,6 +24,7 @@ from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
+from moeaudit.records import PairSections
 from moeaudit.replay.device import Device, moved, on_device, prepare_device, replay_scope, to_host
 from moeaudit.replay.model import Routing, experts_forward_sets, input_scales, route_layer
 from moeaudit.spec.config import ModelSpec
@@ -53,7 +54,7 @@ def pair_layer(
     cand: AnchorStates,
     boot: WindowBootstrap,
     device: Device = None,
-) -> dict[str, Any]:
+) -> PairSections:
     """One layer's pair receipts, computed on ``device`` as the replays are (None: the host,
     no copies): the two layers' weights are copied there (experts one at a time, converted
     there) with both checkpoints' anchor states; per-token values and per-expert sums come back
@@ -65,7 +66,10 @@ def pair_layer(
     with replay_scope(dev):
         per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
         per_token, bias = to_host((per_token, bias), dev)
-        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm)}
+        out: PairSections = {
+            "drift": _drift(per_token, boot),
+            "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm),
+        }
     if bias is not None:  # the balancer's control input, next to its result
         out["selection_bias"] = bias_drift(*bias)
     return out

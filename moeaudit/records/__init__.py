@@ -50,6 +50,7 @@ from moeaudit.records.compare import (
     ComparePolicy,
     PairDocument,
     PairLayer,
+    PairSections,
 )
 from moeaudit.records.envelope import (
     Agreement,
@@ -154,6 +155,7 @@ from moeaudit.records.predicate import (
     Heatmaps,
     InputFile,
     Inputs,
+    MeteredCost,
     MonitorLayer,
     MonitorsSection,
     Occupancy,
@@ -248,6 +250,7 @@ __all__ = [
     "CheckpointAgreement",
     "Receipts",
     "PairLayer",
+    "PairSections",
     "PairDocument",
     "ComparePolicy",
     "CompareDocument",
@@ -328,6 +331,7 @@ __all__ = [
     "MonitorLayer",
     "MonitorsSection",
     "ParameterCount",
+    "MeteredCost",
     "ReplayCompute",
     "ComputeRecord",
     "FirstCheckpoint",
