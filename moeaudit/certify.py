@@ -49,12 +49,10 @@ from moeaudit.records import (
     Inputs,
     Margin,
     Margins,
-    MeteredCost,
     PairDocument,
     PairLayer,
     Receipts,
     ReferenceInput,
-    ReplayCompute,
     RouterCheckpoint,
     RouterLayer,
     RouterSection,
@@ -570,7 +568,7 @@ class _Replayer:
         self.states: dict[int, dict[int, AnchorStates]] = {}  # step → routed layer → states
         self.done = 0
         self.from_cache: list[CacheUse] = []  # what this run did not recompute
-        self.compute: list[ReplayCompute] = []  # each replay this audit ran: its FLOPs and energy
+        self.compute: list[dict[str, Any]] = []  # each replay this audit ran: its FLOPs and energy
         if cache.problem:
             say(f"warning: {cache.problem}")
 
@@ -626,8 +624,8 @@ class _Replayer:
             doc["checkpoint"]["name"] = ckpt.path.name
             self.from_cache.append({"kind": "receipts", "checkpoints": [ckpt.path.name]})
             cost = self.cache.get(self._key("compute", ckpt), check=lambda d: isinstance(d.get("flops"), int))
-            if cost is not None:  # the replay that made these receipts, in an earlier audit (as cached)
-                self.compute.append({"receipt": f"checkpoint-{step}.json", **cast(MeteredCost, cost)})
+            if cost is not None:  # the replay that made these receipts, in an earlier audit
+                self.compute.append({"receipt": f"checkpoint-{step}.json", **cost})
             self._computed(f"checkpoint-{step}.json", doc)
             return doc
         self.say(f"[{self.done}/{self.total}] {ckpt.path.name}")

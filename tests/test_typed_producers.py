@@ -81,10 +81,8 @@ TYPED_FUNCTIONS = {
     "receipts/agreement.py": ["compare_results", "resolution", "measure"],
     "report/monitors.py": ["section", "heatmap_loads", "megatron_scalars", "nemo_scalars"],
     "lineage.py": ["to_json"],
-    # a pair layer's sections and a replay's metered cost (the pair document, predicate.compute)
+    # a pair layer's sections (the pair document)
     "receipts/drift.py": ["pair_layer"],
-    "receipts/compute.py": ["record"],
-    "receipts/measured.py": ["measured"],
 }
 # Renderers and signers whose inputs are records; what they return is no document of moeaudit's
 # (a page's view, a DSSE envelope), so only their parameters are checked.
@@ -187,11 +185,6 @@ def test_a_series_row_is_the_report_row_less_its_name(row: type, report_row: typ
     assert fields(report_row) == {added: kind, **fields(row)}
     assert list(fields(report_row)) == [added, *fields(row)]  # the order the report writes
     assert required(report_row) == required(row) | {added}
-
-
-def test_a_metered_cost_is_a_replay_compute_less_its_receipt() -> None:
-    assert fields(records.ReplayCompute) == {"receipt": str, **fields(records.MeteredCost)}
-    assert required(records.ReplayCompute) == required(records.MeteredCost) | {"receipt"}
 
 
 def test_the_comparison_record_is_the_compared_windows_and_the_reports() -> None:

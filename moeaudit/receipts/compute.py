@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from torch.utils import flop_counter
 
-from moeaudit.records import MeteredCost
-
 COUNTER = f"torch.utils.flop_counter.FlopCounterMode (torch {torch.__version__.split('+')[0]})"
 
 
@@ -69,8 +67,8 @@ class Meter:
     seconds: float = 0.0
     _start_mj: int | None = field(default=None, repr=False)
 
-    def record(self) -> MeteredCost:
-        out: MeteredCost = {"flops": self.flops, "energy_joules": self.energy_joules}
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"flops": self.flops, "energy_joules": self.energy_joules}
         if self.energy_joules is None:
             out["energy_reason"] = self.energy_reason
         return out

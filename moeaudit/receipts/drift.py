@@ -63,13 +63,11 @@ def pair_layer(
     if dev is not None:
         base, cand = moved(base, dev, non_blocking=True), moved(cand, dev, non_blocking=True)
         lw0, lw1 = on_device(lw0, dev), on_device(lw1, dev)
+    out: PairSections
     with replay_scope(dev):
         per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
         per_token, bias = to_host((per_token, bias), dev)
-        out: PairSections = {
-            "drift": _drift(per_token, boot),
-            "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm),
-        }
+        out = {"drift": _drift(per_token, boot), "weights": weight_change(lw0, lw1, dev, gain=spec.pre_norm)}
     if bias is not None:  # the balancer's control input, next to its result
         out["selection_bias"] = bias_drift(*bias)
     return out

@@ -29,7 +29,7 @@ class Measured(TypedDict):
     compute: ComputeRecord
 
 
-def measured(ckpt: Any, replays: list[ReplayCompute]) -> Measured:
+def measured(ckpt: Any, replays: list[dict[str, Any]]) -> Measured:
     """The predicate's ``parameters`` and ``compute`` fields."""
     parameters = cast(ParameterCount, {"checkpoint": ckpt.path.name, **parameter_counts(ckpt)})
     energies = [r.get("energy_joules") for r in replays]
@@ -38,7 +38,7 @@ def measured(ckpt: Any, replays: list[ReplayCompute]) -> Measured:
         "counted_by": COUNTED_BY,
         "energy_joules": sum(e for e in energies if e is not None) if replays and None not in energies else None,
         "energy_by": ENERGY_BY,
-        "replays": replays,
+        "replays": cast(list[ReplayCompute], replays),
     }
     if compute["energy_joules"] is None:
         reasons = [str(r.get("energy_reason")) for r in replays if r.get("energy_joules") is None]

@@ -166,15 +166,6 @@ class ParameterCount(TypedDict):
     num_experts: int
 
 
-class MeteredCost(TypedDict):
-    """What one metered replay used (:meth:`moeaudit.receipts.compute.Meter.record`): a
-    :class:`ReplayCompute` less the receipt it made."""
-
-    flops: int
-    energy_joules: float | None
-    energy_reason: NotRequired[str]
-
-
 class ReplayCompute(TypedDict):
     """One replay this audit ran: the FLOPs counted and the GPU energy NVML measured."""
 
