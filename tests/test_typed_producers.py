@@ -58,7 +58,7 @@ TYPED_FUNCTIONS = {
     "series.py": ["evaluate_run", "envelope_evidence", "norms_from_receipts"],
     "commands/envelope.py": ["envelope", "exit_code"],
     "report/terminal.py": ["print_envelope", "print_comparison", "print_monitors", "print_nonfinite"],
-    "report/charts.py": ["envelope_chart", "_bound_curves"],
+    "report/charts.py": ["envelope_chart", "_bound_curves", "c2_bars", "_c2_row"],
     "metrics.py": ["to_json"],  # a log finding (LogFinding)
     # the gate entries (GateEntry) and the readers of a receipts document they are built from
     "judge/gates.py": [
@@ -83,6 +83,10 @@ TYPED_FUNCTIONS = {
     "lineage.py": ["to_json"],
     # a pair layer's sections (the pair document)
     "receipts/drift.py": ["pair_layer"],
+    # the policy's settings and file (predicate.policy, predicate.inputs), the preregistration statement
+    "policy.py": ["to_json", "file_input"],
+    "attest/intoto.py": ["_canonical_settings", "policy_configuration"],
+    "commands/preregister.py": ["preregister"],
 }
 # Renderers and signers whose inputs are records; what they return is no document of moeaudit's
 # (a page's view, a DSSE envelope), so only their parameters are checked.

@@ -38,6 +38,7 @@ from moeaudit.attest.certificate import canonical_json
 from moeaudit.attest.signing import PrivateKey, sign_envelope
 from moeaudit.records import (
     GateResult,
+    PolicySettings,
     Promotion,
     ResourceDescriptor,
     Subject,
@@ -63,12 +64,12 @@ RESULT_OF: dict[Promotion, Literal["PASSED", "WARNED", "FAILED"]] = {
 }
 
 
-def _canonical_settings(settings: dict[str, Any]) -> bytes:
+def _canonical_settings(settings: PolicySettings) -> bytes:
     """The policy settings as :attr:`moeaudit.policy.Policy.digest` hashes them."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
 
 
-def policy_configuration(source: str, settings: dict[str, Any], file: Path | None) -> list[ResourceDescriptor]:
+def policy_configuration(source: str, settings: PolicySettings, file: Path | None) -> list[ResourceDescriptor]:
     """The Test Result's ``configuration``: the policy settings (their bytes and digest, the
     certificate's ``predicate.policy.digest``) and, when they came from a file, the file."""
     content = _canonical_settings(settings)

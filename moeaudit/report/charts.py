@@ -19,7 +19,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from moeaudit.records import EnvelopeSample, EnvelopeWindow
+from moeaudit.records import EnvelopeSample, EnvelopeWindow, LayerSummary
 from moeaudit.report.svg import (
     BAD,
     BOUND,
@@ -79,7 +79,7 @@ def _steps(v: float) -> str:
 
 
 def c2_bars(
-    per_layer: Sequence[Mapping[str, Any]],
+    per_layer: Sequence[LayerSummary],
     baseline: Mapping[int, float | None],
     protected: Sequence[int],
     label: str,
@@ -146,7 +146,7 @@ def drop_fill(c2: float, base: float | None, tol: float | None, gated: bool = Tr
 
 
 def _c2_row(
-    e: Mapping[str, Any],
+    e: LayerSummary,
     base: float | None,
     tol: float | None,
     is_protected: bool,
