@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 from pathlib import Path
 
 import jsonschema
@@ -93,9 +94,13 @@ TYPED_FUNCTIONS = {
 TYPED_INPUTS = {
     "report/monitors.py": ["view", "rollups"],
     "attest/certificate.py": ["sign_statement"],
+    "report/html.py": ["page", "margin_rows", "gate_row", "figures", "_allowed_drops", "envelope_view", "digests"],
+    "report/readings.py": ["gate_note", "_floor"],
+    "report/ablation.py": ["ablation_view"],
 }
 NO_CAST = ["judge/gates.py"]  # built as records, never cast to one (the typed modules: checked with them)
 UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
+ALIASES = re.compile(r"\bDoc\b")  # the report's alias of Mapping[str, Any]
 
 
 def untyped_annotations(source: str, only: list[str] | None = None, *, inputs_only: bool = False) -> list[str]:
@@ -118,7 +123,11 @@ def untyped_annotations(source: str, only: list[str] | None = None, *, inputs_on
             if ann is None:
                 continue
             text = ast.unparse(ann)
-            if any(u in text for u in UNTYPED) or text.strip("'\"") in ("dict", "Dict", "Mapping"):
+            if (
+                any(u in text for u in UNTYPED)
+                or ALIASES.search(text)
+                or text.strip("'\"") in ("dict", "Dict", "Mapping")
+            ):
                 found.append(f"{node.name}: {name}: {text}")
         for sub in () if inputs_only else ast.walk(node):  # annotated locals: `x: dict[str, Any] = {...}`
             if isinstance(sub, ast.AnnAssign) and any(u in ast.unparse(sub.annotation) for u in UNTYPED):
@@ -135,6 +144,7 @@ def test_the_checker_finds_untyped_documents() -> None:
         "def c(m: Mapping[str, Any] | None) -> None: ...\n"
         "def d() -> None:\n    r: dict[str, Any] = {}\n    return cast(int, r)\n"
         "def e(x: EnvelopeReport) -> list[Alert]: ...\n"
+        "def f(rules: Doc | None) -> str: ...\n"
     )
     assert sorted(untyped_annotations(src)) == [
         "a: x: dict[str, Any]",
@@ -142,6 +152,7 @@ def test_the_checker_finds_untyped_documents() -> None:
         "c: m: Mapping[str, Any] | None",
         "cast at line 7",
         "d: local r: dict[str, Any]",
+        "f: rules: Doc | None",
     ]
     assert untyped_annotations(src, only=["e", "c"]) == ["c: m: Mapping[str, Any] | None"]
     assert untyped_annotations(src, only=["a", "b", "d"], inputs_only=True) == ["a: x: dict[str, Any]"]
