@@ -97,6 +97,20 @@ TYPED_INPUTS = {
     "report/html.py": ["page", "margin_rows", "gate_row", "figures", "_allowed_drops", "envelope_view", "digests"],
     "report/readings.py": ["gate_note", "_floor"],
     "report/ablation.py": ["ablation_view"],
+    # the readers of a verified statement (any version, read defensively: only their inputs typed)
+    "report/export.py": ["assess", "certificate_summary", "export", "_charts"],  # (the export itself: no record)
+    "attest/recheck.py": [
+        "recheck",
+        "run_root",
+        "_subjects",
+        "_checkpoint_files",
+        "_inputs",
+        "_policy",
+        "_canary",
+        "_origin_path",
+        "_added",
+    ],
+    "attest/intoto.py": ["certified_criteria", "criteria_preregistered", "policy_configuration"],
 }
 NO_CAST = ["judge/gates.py"]  # built as records, never cast to one (the typed modules: checked with them)
 UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
@@ -177,6 +191,20 @@ def test_the_envelope_functions_elsewhere_are_typed(module: str) -> None:
 def test_the_renderers_take_records(module: str) -> None:
     source = (ROOT / module).read_text(encoding="utf-8")
     assert untyped_annotations(source, only=TYPED_INPUTS[module], inputs_only=True) == []
+
+
+def test_every_evidence_selector_takes_a_verified_statement() -> None:
+    """The compliance export's selectors (report/evidence.py) read one verified statement each."""
+    tree = ast.parse((ROOT / "report/evidence.py").read_text(encoding="utf-8"))
+    params = [
+        (f.name, ast.unparse(a.annotation) if a.annotation else None)
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef)
+        for a in f.args.args
+        if a.arg == "stmt"
+    ]
+    assert len(params) >= 25
+    assert [p for p in params if p[1] != "VerifiedStatement"] == []
 
 
 @pytest.mark.parametrize("module", NO_CAST)

@@ -39,6 +39,7 @@ from moeaudit.attest.signing import PrivateKey, sign_envelope
 from moeaudit.records import (
     GateResult,
     PolicySettings,
+    Predicate,
     Promotion,
     ResourceDescriptor,
     Subject,
@@ -114,7 +115,7 @@ def promotion_result(
     }
 
 
-def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
+def certified_criteria(predicate: Predicate) -> list[ResourceDescriptor]:
     """The criteria a verified certificate was judged by, as ResourceDescriptors: the policy
     settings (``predicate.policy.digest``), the policy file when it came from one
     (``predicate.inputs.policy_file``) and the canary (its content digest). Only what the
@@ -150,9 +151,9 @@ def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
                 },
             }
         )
-    prereg = predicate.get("preregistration") or {}
+    prereg = predicate.get("preregistration")
     file = prereg.get("file") if isinstance(prereg, dict) else None
-    if isinstance(file, dict) and isinstance(file.get("sha256"), str):
+    if prereg and isinstance(file, dict) and isinstance(file.get("sha256"), str):
         out.append(
             {
                 "name": str(file.get("path", "preregistration.json")),
@@ -164,7 +165,7 @@ def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
     return out
 
 
-def criteria_preregistered(predicate: dict[str, Any]) -> bool:
+def criteria_preregistered(predicate: Predicate) -> bool:
     """The certificate signs that its policy and canary are the preregistered ones and that the
     preregistration predates the first audited checkpoint."""
     prereg = predicate.get("preregistration")

@@ -170,6 +170,7 @@ from moeaudit.records.predicate import (
     RunEvent,
     RunRecord,
     Statement,
+    VerifiedStatement,
 )
 from moeaudit.records.preregistration import (
     PreregisteredCanary,
@@ -337,6 +338,7 @@ __all__ = [
     "PreregistrationRecord",
     "Predicate",
     "Statement",
+    "VerifiedStatement",
     "ConditionFailure",
     "Condition",
     "JudgedInRun",

@@ -315,3 +315,11 @@ class Statement(TypedDict):
     predicateType: str
     predicate: Predicate
     nonfinite: NotRequired[list[NonFinite]]  # a non-finite number in the predicate, written null
+
+
+class VerifiedStatement(Statement):
+    """A statement as :func:`moeaudit.attest.certificate.open_certificate` returns it: verified,
+    in moeaudit's field names, with the key that signed it and the SHA-256 of the file."""
+
+    _keyid: str
+    _sha256: str
