@@ -690,7 +690,7 @@ class _Replayer:
                 boot,
                 device=self.device,
             )
-            layers.append(cast(PairLayer, {"layer": layer, **entry}))  # open: the drift sections
+            layers.append({"layer": layer, **entry})
         pair: PairDocument = {
             "schema": "moeaudit.pair/v1",
             "base_step": b_step,

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
 
 from moeaudit.errors import InputError
+from moeaudit.records import Abandoned as AbandonedRecord
 from moeaudit.run import Run
 
 
@@ -36,7 +36,7 @@ class Abandoned:
     resume_step: int  # the latest resume below it
     reason: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AbandonedRecord:
         return {"name": self.name, "step": self.step, "resume_step": self.resume_step, "reason": self.reason}
 
 

@@ -33,6 +33,7 @@ from typing import Any, overload
 from moeaudit.errors import InputError
 from moeaudit.jsonio import no_duplicate_keys
 from moeaudit.limits import Hashed, iter_lines
+from moeaudit.records import LogFinding
 
 POOLED = "pooled"
 VARIANTS = ("raw", "normalized")
@@ -49,7 +50,7 @@ class Finding:
     where: str
     what: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LogFinding:
         return {"line": self.line, "step": self.step, "where": self.where, "what": self.what}
 
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import tomllib
 
 from moeaudit.errors import InputError
 from moeaudit.limits import MAX_BOOTSTRAP, MAX_POLICY_BYTES, read_regular
+from moeaudit.records import InputFile, PolicySettings
 
 BUILTIN = "built-in default"
 
@@ -127,20 +129,19 @@ class Policy:
     # digest then: a policy changed since (``replace``) no longer claims that file.
     parsed_from: tuple[str, int, str] | None = field(default=None, compare=False, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PolicySettings:
         out = asdict(self)
         out.pop("source")
         out.pop("origin")
         out.pop("parsed_from")
-        settings: dict[str, Any] = json.loads(json.dumps(out))  # tuples → lists
-        return settings
+        return cast(PolicySettings, json.loads(json.dumps(out)))  # tuples → lists, as written
 
     @property
     def digest(self) -> str:
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
-    def file_input(self) -> dict[str, Any] | None:
+    def file_input(self) -> InputFile | None:
         """The ``predicate.inputs.policy_file`` entry: the file's SHA-256 and length of the very
         bytes these settings were parsed from (one read, docs/security.md); None when they were
         not parsed from a file, or were changed since."""
@@ -414,7 +415,10 @@ def protected_layers(policy: Policy, routed: tuple[int, ...] | list[int], where:
 def to_toml(policy: Policy, header: str = "") -> str:
     """The policy as TOML that ``load_policy`` reads back to an equal policy."""
     lines = [f"# {line}" for line in header.splitlines()]
-    for name, section in policy.to_json().items():
+    settings: Mapping[str, object] = policy.to_json()  # section name → its settings
+    for name, section in settings.items():
+        if not isinstance(section, dict):
+            continue  # every section is a table
         lines += ["", f"[{name}]"]
         for key, value in section.items():
             if value is None:

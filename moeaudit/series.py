@@ -11,15 +11,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from moeaudit.errors import CanaryError, InputError
 from moeaudit.limits import check_window_len, iter_lines
-from moeaudit.records import EnvelopeReport
+from moeaudit.records import EnvelopeComparison, EnvelopeReport, Receipts
 from moeaudit.run import PROBE_FILE
 
 
-def norms_from_receipts(docs: Mapping[int, Mapping[str, Any]]) -> tuple[list[int], dict[str, list[list[float]]]]:
+def norms_from_receipts(docs: Mapping[int, Receipts]) -> tuple[list[int], dict[str, list[list[float]]]]:
     """(steps, {layer: [per-expert grad norms at each step]}) from receipts documents."""
     steps = sorted(docs)
     layers = [e["layer"] for e in docs[steps[0]]["layers"]]
@@ -181,6 +181,13 @@ def envelope_applies(settings: Any, stage: str, spec: Any) -> str | None:
     return None
 
 
+class _Note(TypedDict, total=False):
+    """The ``envelope --compare`` comparison's ``note`` (without ``--calibrate-on``) and its probe report."""
+
+    note: str
+    probe_report: EnvelopeReport
+
+
 def evaluate_run(
     path: Path,
     settings: Any,
@@ -240,25 +247,27 @@ def evaluate_run(
     }
     report = reports[primary.source]
     if compare:
-        report["comparison"] = {
+        note: _Note = (
+            {}
+            if calibrate_on is not None
+            else {
+                "note": (
+                    "every verdict uses the policy's constants; fit each source on a healthy run "
+                    "from the same source and sampling (--calibrate-on) to compare like with like"
+                )
+            }
+        )
+        comparison: EnvelopeComparison = {
             "calibrated_on": None if calibrate_on is None else str(calibrate_on),
-            **(
-                {}
-                if calibrate_on is not None
-                else {
-                    "note": (
-                        "every verdict uses the policy's constants; fit each source on a healthy run "
-                        "from the same source and sampling (--calibrate-on) to compare like with like"
-                    )
-                }
-            ),
+            **note,
             **cmp.compare(trimmed["logs"], trimmed["replay"], constants, breaks=breaks, probe=trimmed.get("probe")),
             "report": reports[other],
         }
         if "probe" in reports and primary.source != "probe":
-            report["comparison"]["probe_report"] = reports["probe"]
+            comparison["probe_report"] = reports["probe"]
         if probe_note is not None:
-            report["comparison"]["skipped"].append({"series": "probe", "reason": probe_note})
+            comparison["skipped"].append({"series": "probe", "reason": probe_note})
+        report["comparison"] = comparison
     return report
 
 
@@ -315,7 +324,7 @@ def _probe_mismatch(probe: Path, canary_path: str | Path | None, run_dir: Path) 
 
 def envelope_evidence(
     logs: Any,
-    docs: Mapping[int, Mapping[str, Any]],
+    docs: Mapping[int, Receipts],
     policy: Any,
     stage: str,
     spec: Any,

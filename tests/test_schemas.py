@@ -90,6 +90,8 @@ def test_the_wire_name_exceptions_come_from_the_types() -> None:
     assert DATA_MAPS == {
         "envelope.series",
         "envelope.shown",
+        "envelope.comparison.agreement.by_series",  # never signed: certify does not compare
+        "envelope.comparison.probe_vs_replay.by_series",
         "gates[].structural.c2_tolerance",
         "gates[].continuity.c2_tolerance",
         "gates[].structural.c2_deltas",

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from moeaudit.attest.claims import TABLE4
 from moeaudit.attest.naming import from_wire, to_wire
@@ -39,7 +38,7 @@ from moeaudit.attest.signing import PrivateKey, PublicKey, sign_envelope, verify
 from moeaudit.errors import InputError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.limits import MAX_CERTIFICATE_BYTES, read_regular
-from moeaudit.records import ClaimRow, Predicate, Statement, Subject
+from moeaudit.records import ClaimRow, Predicate, Statement, Subject, VerifiedStatement
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
@@ -66,7 +65,7 @@ def now_rfc3339() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def sign_statement(stmt: Mapping[str, Any], key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
+def sign_statement(stmt: Statement, key: PrivateKey, issued_at: str | None = None) -> dict[str, Any]:
     """The DSSE envelope of ``stmt`` (moeaudit's names) with its predicate in wire names."""
     copy: dict[str, Any] = json.loads(json.dumps(stmt))  # a copy; also proves it is plain JSON
     copy["predicate"]["issued_at"] = issued_at or now_rfc3339()
@@ -83,7 +82,7 @@ def internal(stmt: dict[str, Any]) -> dict[str, Any]:
     return stmt
 
 
-def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
+def open_certificate(path: Path, public_key: PublicKey) -> VerifiedStatement:
     """Verify the signature of the DSSE envelope or Sigstore bundle (``certificate.json`` or
     ``certificate.sigstore.json``), then (and only then) parse the statement."""
     raw = read_regular(path, "certificate", MAX_CERTIFICATE_BYTES)  # no FIFO, device, or 10 GB
@@ -102,7 +101,7 @@ def open_certificate(path: Path, public_key: PublicKey) -> dict[str, Any]:
     stmt = internal(stmt)
     stmt["_keyid"] = verified.keyid
     stmt["_sha256"] = hashlib.sha256(raw).hexdigest()  # of the file whose signature was checked
-    return stmt
+    return cast(VerifiedStatement, stmt)  # the fields verify reads checked (_check_statement)
 
 
 def _check_statement(stmt: Any, path: Path) -> None:

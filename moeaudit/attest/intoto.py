@@ -38,6 +38,8 @@ from moeaudit.attest.certificate import canonical_json
 from moeaudit.attest.signing import PrivateKey, sign_envelope
 from moeaudit.records import (
     GateResult,
+    PolicySettings,
+    Predicate,
     Promotion,
     ResourceDescriptor,
     Subject,
@@ -63,12 +65,12 @@ RESULT_OF: dict[Promotion, Literal["PASSED", "WARNED", "FAILED"]] = {
 }
 
 
-def _canonical_settings(settings: dict[str, Any]) -> bytes:
+def _canonical_settings(settings: PolicySettings) -> bytes:
     """The policy settings as :attr:`moeaudit.policy.Policy.digest` hashes them."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
 
 
-def policy_configuration(source: str, settings: dict[str, Any], file: Path | None) -> list[ResourceDescriptor]:
+def policy_configuration(source: str, settings: PolicySettings, file: Path | None) -> list[ResourceDescriptor]:
     """The Test Result's ``configuration``: the policy settings (their bytes and digest, the
     certificate's ``predicate.policy.digest``) and, when they came from a file, the file."""
     content = _canonical_settings(settings)
@@ -113,7 +115,7 @@ def promotion_result(
     }
 
 
-def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
+def certified_criteria(predicate: Predicate) -> list[ResourceDescriptor]:
     """The criteria a verified certificate was judged by, as ResourceDescriptors: the policy
     settings (``predicate.policy.digest``), the policy file when it came from one
     (``predicate.inputs.policy_file``) and the canary (its content digest). Only what the
@@ -149,9 +151,9 @@ def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
                 },
             }
         )
-    prereg = predicate.get("preregistration") or {}
+    prereg = predicate.get("preregistration")
     file = prereg.get("file") if isinstance(prereg, dict) else None
-    if isinstance(file, dict) and isinstance(file.get("sha256"), str):
+    if prereg and isinstance(file, dict) and isinstance(file.get("sha256"), str):
         out.append(
             {
                 "name": str(file.get("path", "preregistration.json")),
@@ -163,7 +165,7 @@ def certified_criteria(predicate: dict[str, Any]) -> list[ResourceDescriptor]:
     return out
 
 
-def criteria_preregistered(predicate: dict[str, Any]) -> bool:
+def criteria_preregistered(predicate: Predicate) -> bool:
     """The certificate signs that its policy and canary are the preregistered ones and that the
     preregistration predates the first audited checkpoint."""
     prereg = predicate.get("preregistration")

@@ -14,7 +14,7 @@ Torch-free: the canary, policy and run are read through their attributes, never 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from moeaudit import __version__
 from moeaudit.attest.certificate import table4
@@ -32,6 +32,7 @@ from moeaudit.records import (
     Margins,
     PolicyRecord,
     Predicate,
+    Receipts,
     RunEvent,
     RunRecord,
     ToolRecord,
@@ -98,7 +99,7 @@ def run_record(
     checkpoints: Sequence[int],
     skipped: Sequence[str],
     events: Sequence[RunEvent],
-    abandoned: Sequence[Mapping[str, Any]] = (),
+    abandoned: Sequence[Abandoned] = (),
 ) -> RunRecord:
     """The audited run; ``abandoned``: :meth:`moeaudit.lineage.Abandoned.to_json` of each branch
     it abandoned (an open record: it carries the steps too)."""
@@ -112,11 +113,11 @@ def run_record(
         "events": list(events),
     }
     if abandoned:
-        record["abandoned"] = [cast(Abandoned, dict(a)) for a in abandoned]
+        record["abandoned"] = [{**a} for a in abandoned]
     return record
 
 
-def heatmaps(doc: Mapping[str, Any]) -> Heatmaps:
+def heatmaps(doc: Receipts) -> Heatmaps:
     """Occupancy and per-domain routing of one receipts document (the last checkpoint's)."""
     layers = doc["layers"]
     return {

@@ -34,14 +34,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from moeaudit.attest.certificate import canonical_json
 from moeaudit.attest.signing import PrivateKey, PublicKey, SignatureInvalid, sign_envelope, verify_signed
 from moeaudit.errors import InputError
 from moeaudit.jsonio import DuplicateKey, no_duplicate_keys
 from moeaudit.limits import read_regular
-from moeaudit.records import PreregistrationStatement
+from moeaudit.records import (
+    FirstCheckpoint,
+    InputFile,
+    PreregisteredDigests,
+    PreregistrationRecord,
+    PreregistrationStatement,
+)
 
 PREDICATE_TYPE: Literal["https://moeaudit.dev/preregistration/v1"] = "https://moeaudit.dev/preregistration/v1"
 STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io/Statement/v1"
@@ -174,6 +180,17 @@ def written_at(directory: Path, names: Sequence[str]) -> int | None:
     return min(times) if times else None
 
 
+class _Found(TypedDict, total=False):
+    """The fields of a :class:`~moeaudit.records.PreregistrationRecord` only a found one has."""
+
+    file: InputFile
+    keyid: str
+    created_at: str
+    run: str
+    mismatches: list[Literal["policy", "canary", "run"]]
+    preregistered: PreregisteredDigests
+
+
 def assess(
     found: Preregistration | None,
     *,
@@ -182,22 +199,24 @@ def assess(
     canary_digest: str,
     calibrated: bool,
     first_checkpoint: tuple[str, int, int | None],
-) -> dict[str, Any]:
+) -> PreregistrationRecord:
     """``predicate.preregistration``: what the found preregistration (or its absence) says of the
     criteria this audit used. ``first_checkpoint``: (name, step, written at in ns or None)."""
     name, step, written_ns = first_checkpoint
-    first: dict[str, Any] = {
+    # nothing to order against without one: the files' times are not signed (a copy would change them)
+    first: FirstCheckpoint = {
         "name": name,
         "step": step,
-        "written_at": _rfc3339(written_ns) if written_ns is not None else None,
-        "evidence": TIME_EVIDENCE,
+        "written_at": _rfc3339(written_ns) if written_ns is not None and found is not None else None,
+        "evidence": TIME_EVIDENCE if found is not None else NO_TIME_EVIDENCE,
     }
-    if found is None:  # nothing to order against: the files' times are not signed (a copy would change them)
-        first["written_at"], first["evidence"] = None, NO_TIME_EVIDENCE
-        out: dict[str, Any] = {"status": "absent", "ordering": "unknown", "first_checkpoint": first}
-    else:
+    found_parts: _Found = {}
+    mismatch_parts: _Found = {}
+    status: Literal["matched", "mismatch", "absent"] = "absent"
+    ordering: Literal["before", "after", "unknown"] = "unknown"
+    if found is not None:
         pred = found.predicate
-        mismatches = []
+        mismatches: list[Literal["policy", "canary", "run"]] = []
         if pred["policy"].get("settingsDigest") != settings_digest:
             mismatches.append("policy")
         if (pred["canary"].get("digest") or {}).get("sha256") != canary_digest:
@@ -205,38 +224,46 @@ def assess(
         if pred["run"] != run:
             mismatches.append("run")
         created = _parse_time(pred["createdAt"])
-        ordering = "unknown"
         if created is not None and written_ns is not None:  # microseconds, as both are written
             created_us = (created - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
             ordering = "before" if created_us < written_ns // 1000 else "after"
-        out = {
-            "status": "mismatch" if mismatches else "matched",
-            "ordering": ordering,
+        status = "mismatch" if mismatches else "matched"
+        found_parts = {
             "file": {"path": found.path.name, "sha256": found.sha256, "bytes": found.size},
             "keyid": found.keyid,
             "created_at": pred["createdAt"],
             "run": pred["run"],
-            "first_checkpoint": first,
         }
         if mismatches:
-            out["mismatches"] = mismatches
-            out["preregistered"] = {
-                "settings_digest": str(pred["policy"].get("settingsDigest")),
-                "canary_sha256": str((pred["canary"].get("digest") or {}).get("sha256")),
+            mismatch_parts = {
+                "mismatches": mismatches,
+                "preregistered": {
+                    "settings_digest": str(pred["policy"].get("settingsDigest")),
+                    "canary_sha256": str((pred["canary"].get("digest") or {}).get("sha256")),
+                },
             }
-    if not calibrated:
-        out["calibration"] = "not calibrated"
-    elif out["status"] == "matched" and out["ordering"] == "before":
-        out["calibration"] = "preregistered"
-    elif out["status"] == "matched" and out["ordering"] == "after":
-        out["calibration"] = "fitted after the evidence"
-    else:
-        out["calibration"] = "not shown to predate the evidence"
+    out: PreregistrationRecord = {
+        "status": status,
+        "ordering": ordering,
+        **found_parts,
+        "first_checkpoint": first,
+        **mismatch_parts,
+        "calibration": (
+            "not calibrated"
+            if not calibrated
+            else "preregistered"
+            if status == "matched" and ordering == "before"
+            else "fitted after the evidence"
+            if status == "matched" and ordering == "after"
+            else "not shown to predate the evidence"
+        ),
+        "summary": "",
+    }
     out["summary"] = summary(out)
     return out
 
 
-def summary(rec: dict[str, Any]) -> str:
+def summary(rec: PreregistrationRecord) -> str:
     """The one line the terminal and the HTML show."""
     first = rec.get("first_checkpoint") or {}
     ckpt = f"{first.get('name')} (files written {first.get('written_at') or 'at an unknown time'})"

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import InputError, MoeauditError
+from moeaudit.records import CanaryRecord, Inputs, Predicate, VerifiedStatement
 
 # ``canary.origin`` as moeaudit.locate and the certify command write it
 _CANARY_AT = re.compile(
@@ -94,7 +95,7 @@ class Overrides:
     reference: Path | None = None
 
 
-def recheck(stmt: dict[str, Any], given: Overrides | None = None) -> Recheck:
+def recheck(stmt: VerifiedStatement, given: Overrides | None = None) -> Recheck:
     """Recompute the digest of every input ``stmt`` (a verified statement, moeaudit's field
     names) binds; raise for a checkpoint that is not there, report everything else."""
     given = given or Overrides()
@@ -122,7 +123,7 @@ def recheck(stmt: dict[str, Any], given: Overrides | None = None) -> Recheck:
     return Recheck(len(stmt["subject"]), matched, findings)
 
 
-def run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
+def run_root(stmt: VerifiedStatement, run_dir: Path | None) -> Path:
     if run_dir is not None:
         root, where = Path(run_dir), "--run-dir"
     else:
@@ -139,7 +140,7 @@ def run_root(stmt: dict[str, Any], run_dir: Path | None) -> Path:
 # ----- what is bound, and where it is now -------------------------------------------------
 
 
-def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
+def _subjects(stmt: VerifiedStatement, root: Path) -> list[_Bound]:
     listed = _checkpoint_files(stmt)
     out = []
     for subject in stmt["subject"]:
@@ -156,7 +157,7 @@ def _subjects(stmt: dict[str, Any], root: Path) -> list[_Bound]:
     return out
 
 
-def _checkpoint_files(stmt: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def _checkpoint_files(stmt: VerifiedStatement) -> dict[str, list[dict[str, Any]]]:
     """Subject name → its signed file list (none before certificates listed files). A list that
     does not hash to its subject's digest is refused: the signature holds, the content does not."""
     entries = stmt["predicate"].get("checkpoint_files")
@@ -231,7 +232,7 @@ def _check_files(item: _Bound, listed: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def _inputs(inputs: Any, pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
+def _inputs(inputs: Any, pred: Predicate, root: Path, given: Overrides) -> list[_Bound]:
     if inputs is None:  # a certificate from before inputs were bound (checkpoints only)
         return []
     if not isinstance(inputs, dict):
@@ -256,7 +257,7 @@ def _run_file(key: str, entry: Any, root: Path) -> _Bound:
     return _Bound(_LOGS.get(key, f"input {key}"), str(path), path, _field(entry, "sha256", key), _file_sha256)
 
 
-def _policy(entry: Any, pred: dict[str, Any], root: Path, given: Path | None) -> _Bound:
+def _policy(entry: Any, pred: Predicate, root: Path, given: Path | None) -> _Bound:
     certified = _field(entry, "sha256", "policy_file")
     source = pred.get("policy", {}).get("source") if isinstance(pred.get("policy"), dict) else None
     recorded = source if isinstance(source, str) and source else _field(entry, "path", "policy_file")
@@ -277,12 +278,13 @@ def _reference(entry: Any, root: Path, given: Path | None) -> _Bound:
     return replace(_placed("reference", given, recorded, root, certified, digest, hint), files=files)
 
 
-def _canary(pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
+def _canary(pred: Predicate, root: Path, given: Overrides) -> list[_Bound]:
     canary = pred.get("canary")
     digest = canary.get("digest") if isinstance(canary, dict) else None
     if not isinstance(canary, dict) or not isinstance(digest, dict) or not isinstance(digest.get("sha256"), str):
         return []  # nothing signed about a canary
-    recorded = canary.get("path") if isinstance(canary.get("path"), str) else _origin_path(canary)
+    path = canary.get("path")  # (older certificates named the canary's file)
+    recorded = path if isinstance(path, str) else _origin_path(canary)
     certified = f"sha256:{digest['sha256'][:16]}…"
     hint = "pass --canary FILE"
     if given.canary is None and recorded is None:
@@ -300,7 +302,7 @@ def _canary(pred: dict[str, Any], root: Path, given: Overrides) -> list[_Bound]:
     return [_placed("canary", given.canary, recorded or "", root, digest["sha256"], _canary_digest, hint)]
 
 
-def _origin_path(canary: dict[str, Any]) -> str | None:
+def _origin_path(canary: CanaryRecord) -> str | None:
     origin = canary.get("origin")
     m = _CANARY_AT.fullmatch(origin) if isinstance(origin, str) else None
     return m.group("path") if m else None
@@ -329,7 +331,7 @@ def _placed(
     )
 
 
-def _added(inputs: dict[str, Any], root: Path) -> list[Finding]:
+def _added(inputs: Inputs, root: Path) -> list[Finding]:
     """Run logs present now that the certificate does not bind: certify binds every log it
     finds, so each was added since (and could change the verdict: events, docs/decisions.md,
     "Events cannot improve a verdict")."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, cast
+from typing import TYPE_CHECKING, Final, Literal
 
 from moeaudit.commands.common import (
     QUIET,
@@ -97,7 +97,7 @@ def compare_checkpoints(
         lw0, lw1 = base.layer_weights(layer), cand.layer_weights(layer)
         boot = bootstrap_for(policy.receipts, canary.num_windows, layer)
         entry = pair_layer(base.spec, lw0, lw1, base_obs.states[layer], cand_obs.states[layer], boot)
-        layers.append(cast(PairLayer, {"layer": layer, **entry}))  # open: the drift sections
+        layers.append({"layer": layer, **entry})
         drift[layer] = entry["drift"]
         del lw0, lw1
     protected = protected_layers(policy, routed, str(base.path))

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moeaudit.commands.common import QUIET, Hooks, signing_key
+
+if TYPE_CHECKING:
+    from moeaudit.records import PreregistrationStatement
 
 
 def preregister(
@@ -17,7 +20,7 @@ def preregister(
     key: Path | None = None,
     force: bool = False,
     hooks: Hooks = QUIET,
-) -> dict[str, Any]:
+) -> PreregistrationStatement:
     """Sign the criteria a run will be certified under (the policy's and the canary's digests,
     the run's name, the time) and write them to ``out`` whole; the statement is returned."""
     from moeaudit import __version__
@@ -43,7 +46,7 @@ def preregister(
         tool_version=__version__,
     )
     atomic_write(out, sign(stmt, signer), force=force)
-    return dict(stmt)
+    return stmt
 
 
 def load_for_certify(run_dir: Path, given: Path | None, pubkeys: tuple[Path, ...], signing_key: Any) -> Any:

@@ -16,6 +16,7 @@ from moeaudit.errors import UsageError
 
 if TYPE_CHECKING:
     from moeaudit.attest.recheck import Recheck
+    from moeaudit.records import VerifiedStatement
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Verified:
     are now), the verdicts required, the attestation to write and the key to sign it with."""
 
     cert: Path
-    stmt: dict[str, Any]
+    stmt: VerifiedStatement
     recheck: bool = False
     where: tuple[Path | None, Path | None, Path | None, Path | None] = (None, None, None, None)
     required: tuple[str, ...] = ()

@@ -10,10 +10,10 @@ gated.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from moeaudit.judge.gates import dead_experts, silent_experts
-from moeaudit.records import AblationCost, AblationExpert, AblationReceipt
+from moeaudit.records import AblationExpert, AblationMeasurement, AblationReceipt, Receipts
 
 Mode = Literal["low-occupancy", "all"]
 MODES: tuple[Mode, ...] = ("low-occupancy", "all")
@@ -34,7 +34,7 @@ FLAG_RULE = (
 )
 
 
-def flagged_experts(doc: Mapping[str, Any], floor_pi_share: float) -> dict[int, dict[int, list[str]]]:
+def flagged_experts(doc: Receipts, floor_pi_share: float) -> dict[int, dict[int, list[str]]]:
     """Routed layer → flagged expert → why (``"no token"``, ``"no gradient"``, ``"π below floor"``)
     in the receipts document of one checkpoint: the experts the health floors count against a
     layer (``gates.health``: dead experts, π_min share of k/E), each expert by its own π."""
@@ -58,7 +58,7 @@ def flagged_experts(doc: Mapping[str, Any], floor_pi_share: float) -> dict[int, 
 
 
 def removals(
-    doc: Mapping[str, Any], mode: Mode, floor_pi_share: float
+    doc: Receipts, mode: Mode, floor_pi_share: float
 ) -> tuple[dict[int, list[int]], dict[int, dict[int, list[str]]]]:
     """(routed layer → experts to remove, the flags): the flagged experts, or with ``all``
     every expert of every routed layer."""
@@ -102,11 +102,11 @@ def reading(flagged: bool, is_needed: bool | None, is_not_needed: bool = True) -
     return USED_NEEDED if is_needed else USED_UNNEEDED if is_not_needed else USED_UNSHOWN
 
 
-def _expert(e: Mapping[str, Any]) -> str:
+def _expert(e: AblationExpert) -> str:
     return f"layer {e['layer']} expert {e['expert']}"
 
 
-def sentences(receipt: Mapping[str, Any]) -> list[str]:
+def sentences(receipt: AblationReceipt) -> list[str]:
     """Plain sentences over an ablation receipt: the flagged experts that are needed (rarely used
     but needed), those that are not (unused and not needed), and any layer it could not remove from."""
     experts = receipt.get("experts") or []
@@ -138,9 +138,9 @@ def _signed(x: Any) -> str:
 
 
 def assemble(
-    measured: Mapping[str, Any],
+    measured: AblationMeasurement,
     flags: Mapping[int, Mapping[int, list[str]]],
-    doc: Mapping[str, Any],
+    doc: Receipts,
     mode: Mode,
     floor_pi_share: float,
     step: int,
@@ -179,7 +179,7 @@ def assemble(
         "nll": measured["nll"],
         "experts": experts,
         "refused": list(measured["refused"]),
-        "cost": cast(AblationCost, dict(measured["cost"])),
+        "cost": {**measured["cost"]},
         "sentences": [],
     }
     out["sentences"] = sentences(out)

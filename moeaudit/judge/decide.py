@@ -23,12 +23,31 @@ A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Final, TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import Unpack
 
 from moeaudit.judge.gates import BASELINE, FAIL, GREEN, INCONCLUSIVE, PASS, RED, YELLOW
-from moeaudit.records import Check, Decision, EnvelopeReport, GateEntry, Margin, Margins, Promotion, Status, Violation
+from moeaudit.records import (
+    Check,
+    CheckpointAgreement,
+    Decision,
+    EnvelopeReport,
+    GateEntry,
+    Interval,
+    Margin,
+    Margins,
+    Promotion,
+    Status,
+    Unevaluable,
+    Violation,
+)
 
 PROMOTE: Final = "PROMOTE"
 HOLD: Final = "HOLD"
@@ -56,7 +75,7 @@ class Evidence:
     stage_source: str = ""
     notes: Sequence[str] = field(default_factory=tuple)
     # per checkpoint replayed below fp32: its measured agreement with fp32 (receipts' precision_agreement)
-    precision_agreement: Sequence[Mapping[str, Any]] = ()
+    precision_agreement: Sequence[CheckpointAgreement] = ()
 
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
@@ -76,8 +95,19 @@ def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | N
 # --- checks ---------------------------------------------------------------------------------------
 
 
-def _check(name: str, status: str | None, reason: str, **extra: Any) -> Check:
-    return cast(Check, {"name": name, "evaluated": status is not None, "status": status, "reason": reason, **extra})
+class _CheckFields(TypedDict, total=False):
+    """The fields of a :class:`~moeaudit.records.Check` that not every check has."""
+
+    value: float | None
+    ci95: Interval | None
+    problems: list[str]
+    basis: str
+    deciding: Violation
+    unevaluable: list[Unevaluable]
+
+
+def _check(name: str, status: Status | None, reason: str, **extra: Unpack[_CheckFields]) -> Check:
+    return {"name": name, "evaluated": status is not None, "status": status, "reason": reason, **extra}
 
 
 def health_check(gates: Sequence[GateEntry]) -> Check:
@@ -150,14 +180,14 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
     makes the check INCONCLUSIVE, never PASS (docs/decisions.md, "Illustrative envelope constants are reported,
     not gated")."""
     if report is None:
-        status = INCONCLUSIVE if isinstance(why_not, NotEvaluable) else None
+        status: Status | None = INCONCLUSIVE if isinstance(why_not, NotEvaluable) else None
         return _check("envelope", status, why_not or "no gradient series for this window")
     check = _policy_envelope_check(report)
     if report.get("fallback"):  # the policy's own envelope could not be evaluated here
         reason = (
             f"the policy's envelope could not be evaluated ({report['fallback']}); built-in rules: {check['reason']}"
         )
-        return cast(Check, {**check, "reason": reason})
+        return {**check, "reason": reason}
     return check
 
 
@@ -185,7 +215,7 @@ def _policy_envelope_check(report: EnvelopeReport) -> Check:
         return _check("envelope", FAIL, _violation_text(fv) + span, deciding=fv)
     first_violation = report.get("first_violation")
     if gated_variance and not variance_ok and first_violation:
-        return _check("envelope", FAIL, _violation_text(first_violation) + span, deciding=dict(first_violation))
+        return _check("envelope", FAIL, _violation_text(first_violation) + span, deciding={**first_violation})
     unevaluable = report.get("unevaluable") or []
     if unevaluable:
         return _check(
@@ -207,7 +237,7 @@ def _policy_envelope_check(report: EnvelopeReport) -> Check:
     return _check("envelope", PASS, f"compliant on every window and level check{span} ({report['source']})")
 
 
-def margin_status(margin: Margin, band: float) -> str:
+def margin_status(margin: Margin, band: float) -> Status:
     value, ci = margin.get("exact"), margin.get("ci95")
     if value is None:
         return FAIL
@@ -228,7 +258,7 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
     if margin is None:
         return _check("refinement", None, "the last checkpoint is a baseline; nothing to compare")
     text = _margin_text("refinement", "r_ex", margin)
-    value = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
+    value: _CheckFields = {"value": margin.get("exact"), "ci95": margin.get("ci95")}
     if stage != "post-training":
         where = (
             "pretraining run" if "stage" not in margin else f"pretraining at its base step {margin.get('against_step')}"
@@ -300,7 +330,7 @@ def checks(ev: Evidence) -> list[Check]:
     return out
 
 
-def precision_check(agreements: Sequence[Mapping[str, Any]]) -> Check | None:
+def precision_check(agreements: Sequence[CheckpointAgreement]) -> Check | None:
     """Replays below fp32 (docs/policy.md, "Reduced precision"): the boundary evidence is INCONCLUSIVE where the
     precision's own top-k flip rate against fp32 exceeds the boundary receipts' resolution on a
     routed layer (docs/policy.md "Reduced precision"); not a check at all for fp32 certificates."""

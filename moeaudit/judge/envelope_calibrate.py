@@ -15,6 +15,7 @@ from moeaudit.judge.envelope_report import evaluate, first_violation
 from moeaudit.judge.envelope_series import EnvelopeSeries, from_norms
 from moeaudit.metrics import var_grad
 from moeaudit.policy import EnvelopeSettings
+from moeaudit.records import Violation
 
 CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin
 
@@ -30,7 +31,7 @@ class Calibration:
     delta_max: float  # δ*: the largest δ for which the healthy series is compliant with ε
     temporal_variance: dict[str, float]  # Var_t[V] per series (population)
     epsilon_series: str  # the series whose Var_t set ε
-    binding: dict[str, Any] | None  # where the series leaves the envelope just above δ*
+    binding: Violation | None  # where the series leaves the envelope just above δ*
     c: float
 
     def to_json(self) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def calibrate(
 
     lo, hi = 1e-12, 1.0 - 1e-12
     if not ok(lo):
-        where = first_violation(check(lo)) or {}
+        where: Mapping[str, object] = first_violation(check(lo)) or {}
         c_min = _epsilon_floor(series.steps, finite, breaks) / tv[key]
         raise InputError(
             f"the healthy series is not compliant for any δ with ε = {c:g}·Var_t[V] "

@@ -11,9 +11,9 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from moeaudit.judge import envelope_columns as columns
+from moeaudit.records import EnvelopeSample, PairCheck, ShownRows, WindowCheck
 
 RTOL = 1e-9  # floating-point slack on "margin ≥ 0", relative to the bound
 
@@ -72,38 +72,56 @@ def windows(steps: Sequence[int], window: int) -> list[tuple[int, list[int]]]:
 
 def discrete_checks(
     steps: Sequence[int], values: Sequence[float | None], delta: float, epsilon: float
-) -> list[dict[str, Any]]:
+) -> list[PairCheck]:
     """The composed Eq. 11 condition for every consecutive pair of samples."""
     out = []
     for j in range(len(steps) - 1):
         gap, v0, v1 = steps[j + 1] - steps[j], values[j], values[j + 1]
-        row: dict[str, Any] = {
-            "from_step": steps[j],
-            "to_step": steps[j + 1],
-            "gap": gap,
-            "value_from": v0,
-            "value": v1,
-        }
-        if v0 is None or v1 is None:
-            row.update(bound=None, margin=None, compliant=False, reason="non-finite value")
-        else:
-            bound = composed_bound(v0, delta, epsilon, gap)
-            row.update(bound=bound, margin=bound - v1, compliant=_holds(v1, bound))
-        out.append(row)
+        bound = None if v0 is None or v1 is None else composed_bound(v0, delta, epsilon, gap)
+        out.append(pair_row(steps[j], steps[j + 1], gap, v0, v1, bound))
     return out
+
+
+def pair_row(
+    from_step: int, to_step: int, gap: int, value_from: float | None, value: float | None, bound: float | None
+) -> PairCheck:
+    """One discrete pair; ``bound`` None: a value is non-finite (the pair is not compliant)."""
+    if value is None or bound is None:
+        return {
+            "from_step": from_step,
+            "to_step": to_step,
+            "gap": gap,
+            "value_from": value_from,
+            "value": value,
+            "bound": None,
+            "margin": None,
+            "compliant": False,
+            "reason": "non-finite value",
+        }
+    return {
+        "from_step": from_step,
+        "to_step": to_step,
+        "gap": gap,
+        "value_from": value_from,
+        "value": value,
+        "bound": bound,
+        "margin": bound - value,
+        "compliant": _holds(value, bound),
+    }
 
 
 @dataclass(frozen=True)
 class SeriesCheck:
     """One series checked: the per-sample log (`000` §8.4), its windows and its discrete pairs."""
 
-    samples: list[dict[str, Any]]
-    windows: list[dict[str, Any]]
-    discrete: list[dict[str, Any]]
+    samples: list[EnvelopeSample]
+    windows: list[WindowCheck]
+    discrete: list[PairCheck]
 
     @property
     def compliant(self) -> bool:
-        return all(r["compliant"] for r in self.samples + self.windows + self.discrete)
+        rows: list[EnvelopeSample | WindowCheck | PairCheck] = [*self.samples, *self.windows, *self.discrete]
+        return all(r["compliant"] for r in rows)
 
 
 def check_series(
@@ -118,9 +136,9 @@ def check_series(
 ) -> SeriesCheck:
     """Grönwall windows and discrete checks of one series, restarting at each break."""
     notes = notes or {}
-    samples: list[dict[str, Any]] = []
-    wins: list[dict[str, Any]] = []
-    discrete: list[dict[str, Any]] = []
+    samples: list[EnvelopeSample] = []
+    wins: list[WindowCheck] = []
+    discrete: list[PairCheck] = []
     for seg in segments(steps, breaks):
         t, v = [steps[j] for j in seg], [values[j] for j in seg]
         first = None if v[0] is None else gronwall(v[0], t[0], t[0], delta, epsilon)
@@ -176,7 +194,7 @@ def holds(
     return True
 
 
-def _row(step: int, value: float | None, bound: float | None, window: int | None, why: str | None) -> dict[str, Any]:
+def _row(step: int, value: float | None, bound: float | None, window: int | None, why: str | None) -> EnvelopeSample:
     if value is None or bound is None:
         return {
             "step": step,
@@ -197,7 +215,7 @@ def _row(step: int, value: float | None, bound: float | None, window: int | None
     }
 
 
-def _min_margin(rows: list[dict[str, Any]]) -> float | None:
+def _min_margin(rows: list[EnvelopeSample]) -> float | None:
     margins = [r["margin"] for r in rows if r["margin"] is not None]
     return min(margins) if margins else None
 
@@ -221,7 +239,9 @@ def check_series_long(
     n = len(steps)
     segs = segments(steps, breaks)
     n_windows = _count_windows(steps, segs, window)
-    samples, wins, pairs = columns.Shown(n), columns.Shown(n_windows), columns.Shown(n - len(segs))
+    samples = columns.Shown[EnvelopeSample](n)
+    wins = columns.Shown[WindowCheck](n_windows)
+    pairs = columns.Shown[PairCheck](n - len(segs))
     ok = True
     i_pair = 0
     index = 0
@@ -250,18 +270,7 @@ def check_series_long(
                     margin, good = bound - v, _holds(v, bound)
                 ok &= good
                 if pairs.wants(i_pair, good, margin):
-                    r: dict[str, Any] = {
-                        "from_step": steps[m - 1],
-                        "to_step": steps[m],
-                        "gap": gap,
-                        "value_from": a,
-                        "value": v,
-                    }
-                    if bound is None:
-                        r.update(bound=None, margin=None, compliant=False, reason="non-finite value")
-                    else:
-                        r.update(bound=bound, margin=margin, compliant=good)
-                    pairs.add(i_pair, r, good, margin)
+                    pairs.add(i_pair, pair_row(steps[m - 1], steps[m], gap, a, v, bound), good, margin)
                 elif not good:
                     pairs.noncompliant += 1
                 i_pair += 1
@@ -283,7 +292,7 @@ def check_series_long(
                 else:
                     break
             ok &= all_ok
-            w = {
+            w: WindowCheck = {
                 "index": index,
                 "start": t_a,
                 "end": steps[m],
@@ -297,9 +306,10 @@ def check_series_long(
             index += 1
             i = m
     s_rows, w_rows, p_rows = samples.rows(), wins.rows(), pairs.rows()
-    counts = {
-        name: {"evaluated": s.n, "shown": len(rows), "noncompliant": s.noncompliant}
-        for name, s, rows in (("samples", samples, s_rows), ("windows", wins, w_rows), ("discrete", pairs, p_rows))
+    counts: ShownRows = {
+        "samples": samples.count(s_rows),
+        "windows": wins.count(w_rows),
+        "discrete": pairs.count(p_rows),
     }
     return columns.LongCheck(s_rows, w_rows, p_rows, ok, counts)
 

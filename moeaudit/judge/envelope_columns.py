@@ -26,9 +26,10 @@ import math
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Generic, TypeVar, overload
 
 from moeaudit.metrics import POOLED, Norms, Rows, RowSequence, variance
+from moeaudit.records import DeadRun, EnvelopeSample, PairCheck, ShownCount, ShownRows, StarvedWindow, WindowCheck
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
 
@@ -218,14 +219,17 @@ def compactable(norms: Mapping[str, Vectors]) -> bool:
 # --- the windows and discrete checks in one pass -------------------------------------------------
 
 
+Row = TypeVar("Row", EnvelopeSample, WindowCheck, PairCheck)
+
+
 @dataclass
-class Shown:
+class Shown(Generic[Row]):
     """Which rows of one list (samples, windows or discrete pairs) the report keeps."""
 
     n: int
     stride: int = field(init=False)
-    kept: dict[int, dict[str, Any]] = field(default_factory=dict)
-    worst: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)  # max-heap on margin
+    kept: dict[int, Row] = field(default_factory=dict)
+    worst: list[tuple[float, int, Row]] = field(default_factory=list)  # max-heap on margin
     noncompliant: int = 0
 
     def __post_init__(self) -> None:
@@ -238,7 +242,7 @@ class Shown:
             return True
         return margin is not None and (len(self.worst) < WORST or -self.worst[0][0] > margin)
 
-    def add(self, i: int, row: dict[str, Any], compliant: bool, margin: float | None) -> None:
+    def add(self, i: int, row: Row, compliant: bool, margin: float | None) -> None:
         if not compliant:
             self.noncompliant += 1
         if self.n <= SHOW_CAP or i % self.stride == 0 or i == self.n - 1:
@@ -251,11 +255,15 @@ class Shown:
             elif -self.worst[0][0] > margin:
                 heapq.heapreplace(self.worst, (-margin, i, row))
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[Row]:
         out = dict(self.kept)
         for _, i, row in self.worst:
             out[i] = row
         return [out[i] for i in sorted(out)]
+
+    def count(self, rows: Sequence[Row]) -> ShownCount:
+        """How many rows were evaluated, are shown (``rows``: :meth:`rows`), and were not compliant."""
+        return {"evaluated": self.n, "shown": len(rows), "noncompliant": self.noncompliant}
 
 
 @dataclass(frozen=True)
@@ -263,15 +271,16 @@ class LongCheck:
     """:class:`moeaudit.judge.envelope.SeriesCheck` of a series whose rows are thinned for the
     report: ``compliant`` and ``counts`` are over every sample, the rows are those shown."""
 
-    samples: list[dict[str, Any]]
-    windows: list[dict[str, Any]]
-    discrete: list[dict[str, Any]]
+    samples: list[EnvelopeSample]
+    windows: list[WindowCheck]
+    discrete: list[PairCheck]
     compliant: bool
-    counts: dict[str, dict[str, Any]]
+    counts: ShownRows
 
     @property
     def thinned(self) -> bool:
-        return any(c["shown"] < c["evaluated"] for c in self.counts.values())
+        c = self.counts
+        return any(n["shown"] < n["evaluated"] for n in (c["samples"], c["windows"], c["discrete"]))
 
 
 # --- the level rules by run lengths and sliding windows ------------------------------------------
@@ -285,24 +294,30 @@ def _column(norms: Vectors, e: int) -> Sequence[float]:
     return [math.nan if g_E[e] is None else g_E[e] for g_E in norms]  # type: ignore[misc]
 
 
-def dead_experts_columns(
-    steps: Sequence[int], norms: Vectors, dead_grad: float, dead_steps: int
-) -> list[dict[str, Any]]:
+def dead_experts_columns(steps: Sequence[int], norms: Vectors, dead_grad: float, dead_steps: int) -> list[DeadRun]:
     """:func:`moeaudit.judge.envelope.dead_experts` over one column per expert: each run of
     below-threshold samples is walked once."""
-    out: list[dict[str, Any]] = []
+    out: list[DeadRun] = []
     width = len(norms[0]) if len(norms) else 0
     for e in range(width):
         since: int | None = None
-        entry: dict[str, Any] | None = None
+        entry: DeadRun | None = None
         for t, g in zip(steps, _column(norms, e)):
             if g < dead_grad:  # NaN (null) compares False: it ends a run
                 since = t if since is None else since
                 if t - since + 1 > dead_steps:
                     if entry is None:
-                        entry = {"expert": e, "since": since, "step": t}
+                        entry = {
+                            "expert": e,
+                            "since": since,
+                            "step": t,
+                            "until": t,
+                            "steps": t - since + 1,
+                            "recovered": False,
+                        }
                         out.append(entry)
-                    entry.update(until=t, steps=t - since + 1, recovered=False)
+                    else:
+                        entry["until"], entry["steps"] = t, t - since + 1
             else:
                 if entry is not None and g == g:
                     entry["recovered"] = True
@@ -312,10 +327,10 @@ def dead_experts_columns(
 
 def starvation_columns(
     steps: Sequence[int], norms: Vectors, share: float, max_steps: int, fraction: float = 0.5
-) -> list[dict[str, Any]]:
+) -> list[StarvedWindow]:
     """:func:`moeaudit.judge.envelope.starvation` with the counts of the window (t − max_steps, t]
     kept as it slides (two pointers), not recounted at every sample: O(samples × experts)."""
-    out: list[dict[str, Any]] = []
+    out: list[StarvedWindow] = []
     n = len(steps)
     if not n:
         return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moeaudit.judge.envelope import (
     Calibration,
@@ -33,6 +33,20 @@ from moeaudit.judge.envelope import (
     calibrate,
     discrete_checks,
     segments,
+)
+from moeaudit.records import (
+    Agreement,
+    AgreementRate,
+    AgreementRates,
+    ComparedWindow,
+    EndpointCheck,
+    LogsWindow,
+    NotCompared,
+    PairCheck,
+    ProbeAgreement,
+    ViewConstants,
+    ViewsConstants,
+    WindowComparison,
 )
 
 if TYPE_CHECKING:
@@ -78,7 +92,7 @@ def compare(
     *,
     breaks: Iterable[int] = (),
     probe: EnvelopeSeries | None = None,
-) -> dict[str, Any]:
+) -> WindowComparison:
     """The per-window side-by-side comparison (the ``comparison`` field of the report).
 
     ``constants``: settings per view (:data:`VIEWS`, plus ``probe`` with a ``probe`` series).
@@ -87,8 +101,8 @@ def compare(
     """
     keys = [k for k in replay.values if k in logs.values]
     breaks = sorted(breaks)
-    rows: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = [
+    rows: list[ComparedWindow] = []
+    skipped: list[NotCompared] = [
         {"series": k, "reason": f"only in the {name} series"}
         for name, a, b in (("replay", replay, logs), ("logs", logs, replay))
         for k in a.values
@@ -113,13 +127,14 @@ def compare(
                 row["probe"] = _at_endpoints(t_a, t_b, probe, key, constants["probe"])
                 row["agree_probe"] = _same(row["replay"]["compliant"], row["probe"]["compliant"])
             rows.append(row)
-    views = (*VIEWS, "probe") if probe is not None else VIEWS
-    out = {
-        "windows": rows,
-        "skipped": skipped,
-        "agreement": agreement(rows),
-        "constants": {v: _constants(constants[v]) for v in views},
+    views: ViewsConstants = {
+        "replay": _constants(constants["replay"]),
+        "logs": _constants(constants["logs"]),
+        "logs_endpoints": _constants(constants["logs_endpoints"]),
     }
+    if probe is not None:
+        views["probe"] = _constants(constants["probe"])
+    out: WindowComparison = {"windows": rows, "skipped": skipped, "agreement": agreement(rows), "constants": views}
     if probe is not None:
         out["probe_vs_replay"] = _value_agreement(probe, replay)
     return out
@@ -133,8 +148,8 @@ def _window(
     logs: EnvelopeSeries,
     replay: EnvelopeSeries,
     constants: Mapping[str, EnvelopeSettings],
-    logged_pairs: list[dict[str, Any]],
-) -> dict[str, Any]:
+    logged_pairs: list[PairCheck],
+) -> ComparedWindow:
     j = replay.steps.index(t_a)
     r = _endpoint_check(t_a, t_b, replay.values[key][j], replay.values[key][j + 1], constants["replay"])
     e = _at_endpoints(t_a, t_b, logs, key, constants["logs_endpoints"])
@@ -153,7 +168,7 @@ def _window(
     }
 
 
-def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str, s: EnvelopeSettings) -> dict[str, Any]:
+def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str, s: EnvelopeSettings) -> EndpointCheck:
     """The endpoint check on a logged source's samples at t_a and t_b (when it has both)."""
     at = dict(zip(source.steps, source.values.get(key, ()), strict=False))
     if t_a in at and t_b in at:
@@ -169,7 +184,7 @@ def _at_endpoints(t_a: int, t_b: int, source: EnvelopeSeries, key: str, s: Envel
     }
 
 
-def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> dict[str, Any]:
+def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> ProbeAgreement:
     """How close the probe's V is to the replay's at the steps both have: the largest relative
     difference per series (a cross-check of the replay against the trainer's own autograd)."""
     steps = [t for t in replay.steps if t in probe.steps]
@@ -186,27 +201,36 @@ def _value_agreement(probe: EnvelopeSeries, replay: EnvelopeSeries) -> dict[str,
     return {"steps": steps, "max_rel_diff": max(known) if known else None, "by_series": worst}
 
 
-def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None, s: EnvelopeSettings) -> dict[str, Any]:
+def _endpoint_check(t_a: int, t_b: int, v_a: float | None, v_b: float | None, s: EnvelopeSettings) -> EndpointCheck:
     """The Δ-step composed condition between two samples (a one-pair ``discrete_checks``)."""
     row = discrete_checks([t_a, t_b], [v_a, v_b], s.delta, s.epsilon)[0]
-    return {k: v for k, v in row.items() if k not in ("from_step", "to_step", "gap")}
+    out: EndpointCheck = {
+        "value_from": row["value_from"],
+        "value": row["value"],
+        "bound": row["bound"],
+        "margin": row["margin"],
+        "compliant": row["compliant"],
+    }
+    if "reason" in row:
+        out["reason"] = row["reason"]
+    return out
 
 
-def _logged_pairs(logs: EnvelopeSeries, key: str, s: EnvelopeSettings, breaks: Sequence[int]) -> list[dict[str, Any]]:
+def _logged_pairs(logs: EnvelopeSeries, key: str, s: EnvelopeSettings, breaks: Sequence[int]) -> list[PairCheck]:
     """The logs' discrete pairs of one series, none across a break (as in ``evaluate``)."""
-    out = []
+    out: list[PairCheck] = []
     for seg in segments(logs.steps, breaks):
         t = [logs.steps[j] for j in seg]
         out += discrete_checks(t, [logs.values[key][j] for j in seg], s.delta, s.epsilon)
     return out
 
 
-def _logs_window(pairs: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+def _logs_window(pairs: list[PairCheck], samples: int) -> LogsWindow:
     """The logs' verdict on one window: every logged pair ending in it must comply."""
     bad = [p for p in pairs if not p["compliant"]]
-    finite = [p for p in pairs if p["margin"] is not None]
-    worst = bad[0] if bad and bad[0]["margin"] is None else min(finite, key=lambda p: p["margin"], default=None)
-    out = {
+    finite = [(m, p) for p in pairs if (m := p["margin"]) is not None]
+    worst = bad[0] if bad and bad[0]["margin"] is None else min(finite, key=lambda mp: mp[0], default=(0.0, None))[1]
+    out: LogsWindow = {
         "samples": samples,
         "pairs": len(pairs),
         "violations": len(bad),
@@ -214,7 +238,13 @@ def _logs_window(pairs: list[dict[str, Any]], samples: int) -> dict[str, Any]:
         "min_margin": None if worst is None else worst["margin"],
         "worst": None
         if worst is None
-        else {k: worst[k] for k in ("from_step", "to_step", "value_from", "value", "bound")},
+        else {
+            "from_step": worst["from_step"],
+            "to_step": worst["to_step"],
+            "value_from": worst["value_from"],
+            "value": worst["value"],
+            "bound": worst["bound"],
+        },
         "compliant": (not bad) if pairs else None,
     }
     if not pairs:
@@ -226,26 +256,29 @@ def _same(a: bool | None, b: bool | None) -> bool | None:
     return None if a is None or b is None else a == b
 
 
-def agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def agreement(rows: Sequence[ComparedWindow]) -> Agreement:
     """Agreement rates over every compared (window, series), overall and per series."""
 
-    def rate(subset: Sequence[Mapping[str, Any]], field: str) -> dict[str, Any]:
-        known = [r[field] for r in subset if r[field] is not None]
+    def rate(agrees: Iterable[bool | None]) -> AgreementRate:
+        known = [a for a in agrees if a is not None]
         return {"compared": len(known), "agree": sum(known), "rate": sum(known) / len(known) if known else None}
 
     series = list(dict.fromkeys(r["series"] for r in rows))
     by = {k: [r for r in rows if r["series"] == k] for k in series}
 
-    def both(subset: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        out = {"logs": rate(subset, "agree"), "logs_endpoints": rate(subset, "agree_endpoints")}
+    def both(subset: Sequence[ComparedWindow]) -> AgreementRates:
+        out: AgreementRates = {
+            "logs": rate(r["agree"] for r in subset),
+            "logs_endpoints": rate(r["agree_endpoints"] for r in subset),
+        }
         if any("agree_probe" in r for r in subset):
-            out["probe"] = rate(subset, "agree_probe")
+            out["probe"] = rate(r.get("agree_probe") for r in subset)
         return out
 
     return {**both(rows), "by_series": {k: both(v) for k, v in by.items()}}
 
 
-def _constants(s: EnvelopeSettings) -> dict[str, Any]:
+def _constants(s: EnvelopeSettings) -> ViewConstants:
     return {
         "delta": s.delta,
         "epsilon": s.epsilon,

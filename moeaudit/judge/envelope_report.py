@@ -5,7 +5,7 @@ the policy's settings, the rules on its per-expert norms, its sampling and its f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Literal, TypedDict
 
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope_columns as columns
@@ -14,9 +14,19 @@ from moeaudit.judge.envelope_rules import alerts, unevaluable_rules
 from moeaudit.judge.envelope_series import EnvelopeSeries, median_gap, resample
 from moeaudit.metrics import POOLED
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
-from moeaudit.records import EnvelopeReport
+from moeaudit.records import EnvelopeComparison, EnvelopeReport, Sampling, ShownRows, StepWindow, Violation
 
-SCHEMA = "moeaudit.envelope/v1"
+SCHEMA: Literal["moeaudit.envelope/v1"] = "moeaudit.envelope/v1"
+
+
+class _Optional(TypedDict, total=False):
+    """The report's fields that not every report has (``shown`` and ``window`` are placed by
+    :func:`evaluate`; ``comparison`` and ``fallback`` are added by :mod:`moeaudit.series`)."""
+
+    shown: dict[str, ShownRows]
+    window: StepWindow
+    comparison: EnvelopeComparison
+    fallback: str
 
 
 # --- the report (`moeaudit.envelope/v1`) ---------------------------------------------------------
@@ -42,7 +52,23 @@ def evaluate(
         key: check_series_long(series.steps, values, d, e, tau, breaks=breaks, notes=series.notes.get(key))
         for key, values in series.values.items()
     }
-    report: dict[str, Any] = {
+    thinned: _Optional = (
+        {"shown": {key: c.counts for key, c in checks.items()}} if any(c.thinned for c in checks.values()) else {}
+    )
+    samples = sampling(series, settings)
+    if series is not native:
+        samples["resampled"] = {
+            "native_gap": median_gap(native.steps),
+            "block": settings.sampling_interval,
+            "samples": len(series.steps),
+        }
+    span: _Optional = {"window": {"from": native.steps[0], "to": native.steps[-1]}} if native.steps else {}
+    # The variance bound (Grönwall + Δ-step) is gated only under calibrated constants: under
+    # 000 Table 6's illustrative ones it is reported, never a non-compliance (docs/policy.md).
+    # ``compliant`` is the gated rules alone, what certify's envelope check reads; the variance
+    # result is named as reported where it is not gated (``variance_within_bound``).
+    within = all(c.compliant for c in checks.values())
+    report: EnvelopeReport = {
         "schema": SCHEMA,
         "source": series.source,
         "origin": series.origin,
@@ -62,7 +88,7 @@ def evaluate(
         "series": {key: c.samples for key, c in checks.items()},
         "windows": [{"series": key, **w} for key, c in checks.items() for w in c.windows],
         "discrete": [{"series": key, **r} for key, c in checks.items() for r in c.discrete],
-        "compliant": all(c.compliant for c in checks.values()),
+        "compliant": within or not settings.calibrated,
         "first_violation": first_violation(checks),
         "alerts": [],
         "dead_experts": [],
@@ -78,26 +104,13 @@ def evaluate(
             }
             for s in segments(series.steps, breaks)[1:]
         ],
+        **thinned,
+        "sampling": samples,
+        **span,
+        "variance_gated": bool(settings.calibrated),
+        "variance_within_bound": within,
+        "unevaluable": unevaluable_rules(native, settings),
     }
-    if any(c.thinned for c in checks.values()):
-        report["shown"] = {key: c.counts for key, c in checks.items()}
-    report["sampling"] = sampling(series, settings)
-    if series is not native:
-        report["sampling"]["resampled"] = {
-            "native_gap": median_gap(native.steps),
-            "block": settings.sampling_interval,
-            "samples": len(series.steps),
-        }
-    if native.steps:
-        report["window"] = {"from": native.steps[0], "to": native.steps[-1]}
-    # The variance bound (Grönwall + Δ-step) is gated only under calibrated constants: under
-    # 000 Table 6's illustrative ones it is reported, never a non-compliance (docs/policy.md).
-    # ``compliant`` is the gated rules alone, what certify's envelope check reads; the variance
-    # result is named as reported where it is not gated (``variance_within_bound``).
-    report["variance_gated"] = bool(settings.calibrated)
-    report["variance_within_bound"] = report["compliant"]
-    report["compliant"] = report["compliant"] or not settings.calibrated
-    report["unevaluable"] = unevaluable_rules(native, settings)
     _rules(native, settings, report)  # the level rules on every logged sample
     if report["starvation"]:
         report["compliant"] = False
@@ -115,10 +128,10 @@ def evaluate(
                 "fraction": first["fraction"],
                 "series": [first["layer"]],
             }
-    return cast(EnvelopeReport, report)
+    return report
 
 
-def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, Any]:
+def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> Sampling:
     """Is the series sampled as the constants assume, and can it fail at this sampling at all?
 
     ``envelope.sampling_interval`` is the gap the constants were fitted at (``calibrate``
@@ -129,7 +142,7 @@ def sampling(series: EnvelopeSeries, settings: EnvelopeSettings) -> dict[str, An
     is at least ε/δ): such series are listed under ``vacuous``.
     """
     gap = median_gap(series.steps)
-    out: dict[str, Any] = {
+    out: Sampling = {
         "policy_interval": settings.sampling_interval,
         "median_gap": gap,
         "floor_bound": None,
@@ -178,32 +191,29 @@ def _check_fit(series: EnvelopeSeries, settings: EnvelopeSettings, policy_path: 
                 raise InputError(f"envelope.alert_b: on series {key!r}, {why}", path=policy_path)
 
 
-def first_violation(checks: Mapping[str, SeriesCheck | columns.LongCheck]) -> dict[str, Any] | None:
+def first_violation(checks: Mapping[str, SeriesCheck | columns.LongCheck]) -> Violation | None:
     """The earliest step where any series leaves the envelope (a layer before "pooled")."""
-    found = []
+    # (step, rank, series, check, value, bound, from_step of a discrete pair)
+    found: list[tuple[int, tuple[bool, int], str, str, float | None, float | None, int | None]] = []
     for order, (key, c) in enumerate(checks.items()):
         rank = (key == POOLED, order)  # at a tie a layer names the place, pooled last
         for r in c.samples:
             if not r["compliant"]:
-                found.append((r["step"], rank, key, "gronwall", r))
-        for r in c.discrete:
-            if not r["compliant"]:
-                found.append((r["to_step"], rank, key, "discrete", r))
+                found.append((r["step"], rank, key, "gronwall", r["value"], r["bound"], None))
+        for p in c.discrete:
+            if not p["compliant"]:
+                found.append((p["to_step"], rank, key, "discrete", p["value"], p["bound"], p["from_step"]))
     if not found:
         return None
-    step, _, key, check, r = min(found, key=lambda f: (f[0], f[1], f[3] != "gronwall"))
-    return {
-        "layer": key,
-        "step": step,
-        "check": check,
-        "value": r["value"],
-        "bound": r["bound"],
-        **({"from_step": r["from_step"]} if check == "discrete" else {}),
-        "series": [f[2] for f in sorted({f[:3] for f in found if f[0] == step}, key=lambda f: f[1])],
-    }
+    step, _, key, check, value, bound, from_step = min(found, key=lambda f: (f[0], f[1], f[3] != "gronwall"))
+    out: Violation = {"layer": key, "step": step, "check": check, "value": value, "bound": bound}
+    if from_step is not None:
+        out["from_step"] = from_step
+    out["series"] = [f[2] for f in sorted({f[:3] for f in found if f[0] == step}, key=lambda f: f[1])]
+    return out
 
 
-def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: dict[str, Any]) -> None:
+def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: EnvelopeReport) -> None:
     if series.norms is None:
         for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)", "starvation (000 §8.1 level side)"):
             report["skipped"].append(

@@ -5,7 +5,9 @@ short to evaluate. The long-series forms are in :mod:`moeaudit.judge.envelope_co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from moeaudit.records import AlertRun, DeadRun, StarvedWindow, Unevaluable
 
 if TYPE_CHECKING:
     from moeaudit.judge.envelope_series import EnvelopeSeries
@@ -22,17 +24,17 @@ def alerts(
     a: float,
     b: float,
     n: int,
-) -> list[dict[str, Any]]:
+) -> list[AlertRun]:
     """Eq. 21 on one series: ``max_e g_e < a ∧ V > b`` for n consecutive samples.
 
     One alert per run of consecutive samples meeting the condition, firing at the n-th; a
     sample with a non-finite norm or value ends a run (it is already a finding).
     """
-    out: list[dict[str, Any]] = []
+    out: list[AlertRun] = []
     run: list[int] = []
     for j, (g_E, v) in enumerate(zip(norms, values, strict=True)):
-        known = v is not None and all(g is not None for g in g_E)
-        if known and max(g_E) < a and v > b:  # type: ignore[operator, type-var]
+        known = [g for g in g_E if g is not None]
+        if v is not None and len(known) == len(g_E) and max(known) < a and v > b:
             run.append(j)
             if len(run) == n:
                 out.append(
@@ -41,12 +43,12 @@ def alerts(
                         "since": steps[run[0]],
                         "until": steps[j],
                         "samples": n,
-                        "max_grad": max(g_E),  # type: ignore[type-var]
+                        "max_grad": max(known),
                         "value": v,
                     }
                 )
             elif len(run) > n:
-                out[-1].update(until=steps[j], samples=len(run))
+                out[-1]["until"], out[-1]["samples"] = steps[j], len(run)
         else:
             run = []
     return out
@@ -54,26 +56,34 @@ def alerts(
 
 def dead_experts(
     steps: Sequence[int], norms: Sequence[Sequence[float | None]], dead_grad: float, dead_steps: int
-) -> list[dict[str, Any]]:
+) -> list[DeadRun]:
     """§10.3: expert e is dead once ``g_e < dead_grad`` for more than ``dead_steps`` steps.
 
     Counted in training steps, not samples (logs may be every K steps): a run of consecutive
     below-threshold samples from t_i to t_j spans t_j − t_i + 1 steps, assuming the unlogged
     steps between them were below too. A null norm ends a run.
     """
-    out: list[dict[str, Any]] = []
+    out: list[DeadRun] = []
     for e in range(len(norms[0]) if norms else 0):
         since: int | None = None
-        entry: dict[str, Any] | None = None
+        entry: DeadRun | None = None
         for j, g_E in enumerate(norms):
             g = g_E[e]
             if g is not None and g < dead_grad:
                 since = steps[j] if since is None else since
                 if steps[j] - since + 1 > dead_steps:
                     if entry is None:
-                        entry = {"expert": e, "since": since, "step": steps[j]}
+                        entry = {
+                            "expert": e,
+                            "since": since,
+                            "step": steps[j],
+                            "until": steps[j],
+                            "steps": steps[j] - since + 1,
+                            "recovered": False,
+                        }
                         out.append(entry)
-                    entry.update(until=steps[j], steps=steps[j] - since + 1, recovered=False)
+                    else:
+                        entry["until"], entry["steps"] = steps[j], steps[j] - since + 1
             else:
                 if entry is not None and g is not None:
                     entry["recovered"] = True
@@ -83,7 +93,7 @@ def dead_experts(
 
 def starvation(
     steps: Sequence[int], norms: Sequence[Sequence[float | None]], share: float, max_steps: int, fraction: float = 0.5
-) -> list[dict[str, Any]]:
+) -> list[StarvedWindow]:
     """The level side of `000` §8.1 / Eq. 13: expert e is starved when, in some window of
     ``max_steps`` consecutive training steps, at least ``fraction`` of the logged samples give it
     a share of the layer's gradient signal g_e / mean_e g below ``share``. Counting the fraction
@@ -94,7 +104,7 @@ def starvation(
     sample with a null norm or an all-zero layer is not counted either way. One entry per
     expert: the first window that meets the rule, with its worst share and starved fraction.
     """
-    out: list[dict[str, Any]] = []
+    out: list[StarvedWindow] = []
     if not steps:
         return out
     start = steps[0]
@@ -134,11 +144,11 @@ def starvation_evaluable(steps: Sequence[int], max_steps: int) -> bool:
     return bool(steps) and steps[-1] - steps[0] + 1 >= max_steps
 
 
-def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> list[dict[str, Any]]:
+def unevaluable_rules(series: EnvelopeSeries, settings: EnvelopeSettings) -> list[Unevaluable]:
     """Gated rules that could not fire on this series (too few samples or too short a span):
     such a rule is not evaluated — never "compliant" (docs/decisions.md, "Illustrative envelope
     constants are reported, not gated")."""
-    out = []
+    out: list[Unevaluable] = []
     span = series.steps[-1] - series.steps[0] + 1 if series.steps else 0
     if series.norms is None:
         out.append({"check": "starvation", "reason": "no per-expert gradient norms in the series"})

@@ -10,11 +10,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Any
 
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope_columns as columns
 from moeaudit.metrics import POOLED, VARIANTS, Column, MetricsSeries, Rows, variance_series
+from moeaudit.records import LogFinding
 
 SOURCES = ("logs", "replay", "probe")  # probe: the hook's canary probe (canary_probe.jsonl)
 
@@ -37,7 +37,7 @@ class EnvelopeSeries:
     norms: Mapping[str, Sequence[Sequence[float | None]]] | None = None
     notes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # series → sample → why None
     origin: str = ""  # the run directory or log it came from
-    findings: tuple[dict[str, Any], ...] = ()
+    findings: tuple[LogFinding, ...] = ()
 
     def since(self, step: int) -> EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
@@ -81,7 +81,7 @@ def from_norms(
     variant: str,
     *,
     origin: str = "",
-    findings: Iterable[dict[str, Any]] = (),
+    findings: Iterable[LogFinding] = (),
 ) -> EnvelopeSeries:
     """A series from per-expert gradient norms ``{layer: [S] vectors of [E]}`` (logs or replay)."""
     _check_steps(steps, origin, variant)
@@ -222,7 +222,7 @@ def _check_steps(steps: Sequence[int], origin: str, variant: str) -> None:
 
 
 def _compact_series(
-    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[dict[str, Any], ...]
+    source: str, metrics: MetricsSeries, variant: str, *, findings: tuple[LogFinding, ...]
 ) -> EnvelopeSeries:
     """:func:`moeaudit.judge.envelope.from_metrics` of a parsed log, left in its arrays: the
     steps as their :class:`Column`, the norms as views, V computed per series when asked for."""

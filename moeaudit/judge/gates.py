@@ -23,20 +23,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, TypedDict
 
 from moeaudit.policy import GateSettings
 from moeaudit.records import (
-    Comparison,
     DriftLayer,
     DriftSummary,
     GateClaims,
     GateEntry,
     GateReceipts,
+    GateStatus,
     Health,
     HealthFailure,
     LayerSummary,
     NllChange,
+    PairLayer,
+    Receipts,
+    ReceiptsLayer,
+    RunEvent,
     Structural,
 )
 
@@ -56,7 +60,7 @@ class Checkpointed:
     """One audited checkpoint: its step, receipts document, and why it is a baseline (if)."""
 
     step: int
-    receipts: Mapping[str, Any]
+    receipts: Receipts
     baseline_reason: str | None = None
     # Mean of each logged training-loss key over (previous gate, step], by its logged name:
     # ``lm_loss`` (language-model loss, no auxiliary terms) and/or ``loss`` (what the training
@@ -80,11 +84,11 @@ def primary_training(training: Mapping[str, float] | None) -> tuple[str, float] 
     return None
 
 
-def _layers(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+def _layers(doc: Receipts) -> dict[int, ReceiptsLayer]:
     return {entry["layer"]: entry for entry in doc["layers"]}
 
 
-def baselines(steps: Sequence[int], events: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+def baselines(steps: Sequence[int], events: Sequence[RunEvent]) -> dict[int, str]:
     """step → reason, for the first checkpoint and the first one at or after each event."""
     out = {steps[0]: "first checkpoint of the run"}
     for ev in events:
@@ -107,14 +111,12 @@ def _ratio(now: float | None, then: float | None) -> float:
     return now / then if then > 0 else 1.0
 
 
-def _half_width(entry: Mapping[str, Any]) -> float:
+def _half_width(entry: ReceiptsLayer) -> float:
     ci = entry["overlap"].get("ci95", {}).get("c2")
     return 0.5 * (ci[1] - ci[0]) if ci else 0.0
 
 
-def structural(
-    gate: Mapping[str, Any], base: Mapping[str, Any], protected: Sequence[int], g: GateSettings
-) -> Structural:
+def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: GateSettings) -> Structural:
     """c2_ok and occupancy_ok of a gate against a baseline (docs/policy.md, "The rules in one place").
 
     A protected layer's C2 counts as fallen when ΔC2 < −max(tol_c2, tol_c2_rel·|C2_b|, noise),
@@ -193,7 +195,7 @@ def structural(
     return out
 
 
-def _tokens(doc: Mapping[str, Any]) -> int | None:
+def _tokens(doc: Receipts) -> int | None:
     """N = W·T, the canary tokens every routed layer's receipts are over."""
     k = doc["checkpoint"].get("top_k")
     counts = doc["layers"][0]["occupancy"].get("counts") if doc["layers"] else None
@@ -206,7 +208,7 @@ def _tokens(doc: Mapping[str, Any]) -> int | None:
 NO_GRADIENT_SHARE = 1e-6
 
 
-def silent_experts(entry: Mapping[str, Any]) -> list[int]:
+def silent_experts(entry: ReceiptsLayer) -> list[int]:
     """Experts routed tokens that receive no canary gradient at this checkpoint: zero weights, or
     an expert severed from the loss. The replay sees them even when routing does not."""
     grads = (entry.get("gradients") or {}).get("grad_norms")
@@ -219,7 +221,7 @@ def silent_experts(entry: Mapping[str, Any]) -> list[int]:
     return [e for e, x in enumerate(grads) if x <= NO_GRADIENT_SHARE * mean and e < len(counts) and counts[e] > 0]
 
 
-def dead_experts(entry: Mapping[str, Any]) -> list[int]:
+def dead_experts(entry: ReceiptsLayer) -> list[int]:
     """Every dead expert of a layer at this checkpoint: no token routed to it (`003` Eq. 17), or
     no canary gradient reaching it (:func:`silent_experts`). Zero share is not the only death."""
     counts = entry["occupancy"].get("counts")
@@ -245,7 +247,7 @@ def ratio_interval(now: Mapping[str, Any], then: Mapping[str, Any], key: str) ->
 # --- absolute health floors (every checkpoint, baselines included) -------------------------------
 
 
-def health(doc: Mapping[str, Any], g: GateSettings) -> Health:
+def health(doc: Receipts, g: GateSettings) -> Health:
     """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
     floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer.
     ``failed`` holds each failure as {layer, what, value, threshold} for scripts."""
@@ -298,22 +300,17 @@ def paired_interval(wa: list[float], wb: list[float], resamples: int, seed: int)
 
 
 def nll_change(
-    previous: Mapping[str, Any], now: Mapping[str, Any], resamples: int, seed: int, interval: Interval = paired_interval
+    previous: Receipts, now: Receipts, resamples: int, seed: int, interval: Interval = paired_interval
 ) -> NllChange:
     """Change of canary NLL between two gates, with its 95% paired window-bootstrap interval
     (``interval``: :func:`paired_interval`, or a cached copy of it)."""
     a, b = previous.get("nll"), now.get("nll")
     out: NllChange = {"from": a, "to": b, "delta": None if a is None or b is None else b - a, "ci95": None}
     wa, wb = previous.get("nll_windows"), now.get("nll_windows")
-    if (
-        resamples
-        and isinstance(wa, list)
-        and isinstance(wb, list)
-        and len(wa) == len(wb)
-        and wa
-        and all(x is not None for x in wa + wb)
-    ):
-        out["ci95"] = interval(wa, wb, resamples, seed)
+    if resamples and isinstance(wa, list) and isinstance(wb, list) and len(wa) == len(wb) and wa:
+        fa, fb = [x for x in wa if x is not None], [x for x in wb if x is not None]
+        if len(fa) == len(fb) == len(wa):  # every window's NLL is finite
+            out["ci95"] = interval(fa, fb, resamples, seed)
     return out
 
 
@@ -527,7 +524,7 @@ def _status(
     g: GateSettings,
     stage: str = "pretraining",
     since_base: str = NO_CHANGE,
-) -> str:
+) -> GateStatus:
     """GREEN when structure holds, every health floor is cleared and the scalar is not bad;
     otherwise YELLOW, or RED after ``escalate_after`` consecutive bad gates, or at once when
     structure and scalar are both bad (docs/policy.md, "The rules in one place": structure bad and canary NLL worsening;
@@ -544,14 +541,14 @@ def _status(
 C2_SEVERITY = {"not applicable": 0, "held": 1, "not computed": 2, "fell": 3}
 
 
-def c2_status(st: Mapping[str, Any]) -> str:
+def c2_status(st: Structural) -> str:
     """held / fell / not applicable / not computed (the first two from ``c2_ok``)."""
     if st.get("c2_fallen_layers"):
         return "fell"
     return str(st.get("c2_status") or ("held" if st["c2_ok"] else "fell"))
 
 
-def c2_severity(st: Mapping[str, Any]) -> int:
+def c2_severity(st: Structural) -> int:
     return C2_SEVERITY[c2_status(st)]
 
 
@@ -562,7 +559,7 @@ def _combine(comparisons: Sequence[Structural]) -> Structural:
     the first that fails (else the active one); the others are listed."""
     active = comparisons[-1]
     failing = [c for c in comparisons if not c["ok"]]
-    deciding = cast(Structural, dict(failing[0] if failing else active))
+    deciding: Structural = {**(failing[0] if failing else active)}
     deciding["c2_ok"] = all(c["c2_ok"] for c in comparisons)
     worst = max(comparisons, key=c2_severity)
     if c2_severity(worst) > c2_severity(deciding):
@@ -579,16 +576,30 @@ def _combine(comparisons: Sequence[Structural]) -> Structural:
     others = [c for c in comparisons if c is not (failing[0] if failing else active)]
     if others:
         deciding["also_against"] = [
-            cast(
-                Comparison,
-                {
-                    k: c[k]
-                    for k in ("against", "ok", "c2_ok", "occupancy_ok", "c2_min_delta", "pi_min_ratio", "entropy_ratio")
-                },
-            )
+            {
+                "against": c["against"],
+                "ok": c["ok"],
+                "c2_ok": c["c2_ok"],
+                "occupancy_ok": c["occupancy_ok"],
+                "c2_min_delta": c["c2_min_delta"],
+                "pi_min_ratio": c["pi_min_ratio"],
+                "entropy_ratio": c["entropy_ratio"],
+            }
             for c in others
         ]
     return deciding
+
+
+class _GateParts(TypedDict, total=False):
+    """The fields of a :class:`~moeaudit.records.GateEntry` that not every gate has, each placed
+    where the gate is written (``drift`` is added by certify and gate)."""
+
+    duplicate_of: int
+    reason: str
+    new_baseline: bool
+    continuity: Structural
+    structural: Structural
+    drift: DriftSummary
 
 
 def evaluate_gates(
@@ -631,17 +642,11 @@ def evaluate_gates(
         summary = gate_summary(p.receipts)
         summary["training_loss"] = p.training_loss
         hp = health(p.receipts, g)
-        gate: dict[str, Any] = {
-            "step": p.step,
-            "scalar": trend,
-            "nll_change": change,
-            "receipts": summary,
-            "health": hp,
-        }
-        digest = p.receipts["checkpoint"].get("digest")
-        digest = digest.get("sha256") if isinstance(digest, dict) else digest
+        named = p.receipts["checkpoint"].get("digest")
+        digest = named.get("sha256") if isinstance(named, dict) else named
+        duplicate: _GateParts = {}
         if isinstance(digest, str) and digest in seen:
-            gate["duplicate_of"] = seen[digest]  # the same bytes under another step name
+            duplicate["duplicate_of"] = seen[digest]  # the same bytes under another step name
         elif isinstance(digest, str):
             seen[digest] = p.step
         st = _combine([structural(p.receipts, b.receipts, protected, g) for b in bases]) if bases else None
@@ -660,35 +665,50 @@ def evaluate_gates(
         if st is not None:
             bad = structure_bad(st, health_bad, since_base, gate_stage) or scalar_bad(trend, gate_stage)
             streak = streak + 1 if bad else 0
-        if not bases or p.baseline_reason is not None:
-            gate["reason"] = p.baseline_reason or "first checkpoint of the run"
-            gate["new_baseline"] = True
+        # a new baseline (the first checkpoint, or an event's): its structure against the earlier
+        # baselines is its continuity, which a resume cannot erase; else the gate's structural
+        before_status: _GateParts = {}
+        after_status: _GateParts = {}
+        if st is None or p.baseline_reason is not None:
+            before_status["reason"] = p.baseline_reason or "first checkpoint of the run"
+            before_status["new_baseline"] = True
             if st is not None:
-                gate["continuity"] = st  # a resume cannot erase a regression
-            gate["status"] = (
+                before_status["continuity"] = st
+            status: GateStatus = (
                 BASELINE if st is None or not bad else _status(st, health_bad, trend, streak, g, gate_stage, since_base)
             )
-            gate["baseline"] = p.step if not bases else bases[-1].step
+            baseline = p.step if not bases else bases[-1].step
             bases.append(p)
         else:
-            gate.update(
-                status=_status(st, health_bad, trend, streak, g, gate_stage, since_base),  # type: ignore[arg-type]
-                baseline=bases[-1].step,
-                structural=st,
-            )
-        gate["consecutive_bad"] = streak
-        gate["claims"] = claims(
-            gate["status"], trend, change, st, training, g.nll_tol, hp["problems"], gate_stage, since_base
+            status = _status(st, health_bad, trend, streak, g, gate_stage, since_base)
+            baseline = bases[-1].step
+            after_status["structural"] = st
+        gates.append(
+            {
+                "step": p.step,
+                "scalar": trend,
+                "nll_change": change,
+                "receipts": summary,
+                "health": hp,
+                **duplicate,
+                **before_status,
+                "status": status,
+                "baseline": baseline,
+                **after_status,
+                "consecutive_bad": streak,
+                "claims": claims(
+                    status, trend, change, st, training, g.nll_tol, hp["problems"], gate_stage, since_base
+                ),
+            }
         )
-        gates.append(cast(GateEntry, gate))
         previous = p
     return gates
 
 
-def gate_summary(doc: Mapping[str, Any]) -> GateReceipts:
+def gate_summary(doc: Receipts) -> GateReceipts:
     """The receipts a gate rests on (`003` Table 3 columns), per layer and in aggregate."""
     layers = doc["layers"]
-    c2 = [e["overlap"].get("c2") for e in layers if e["overlap"].get("c2") is not None]
+    c2 = [v for e in layers if (v := e["overlap"].get("c2")) is not None]
     state1 = [e["boundary"]["margin_mean"] for e in layers if e["boundary"].get("margin_mean") is not None]
     cvs = [e["occupancy"]["cv"] for e in layers if e["occupancy"].get("cv") is not None]
     ents = [e["occupancy"]["entropy_norm"] for e in layers if e["occupancy"].get("entropy_norm") is not None]
@@ -706,7 +726,7 @@ def gate_summary(doc: Mapping[str, Any]) -> GateReceipts:
     }
 
 
-def _layer_summary(e: Mapping[str, Any]) -> LayerSummary:
+def _layer_summary(e: ReceiptsLayer) -> LayerSummary:
     row: LayerSummary = {
         "layer": e["layer"],
         "c2": e["overlap"].get("c2"),
@@ -727,25 +747,31 @@ def _layer_summary(e: Mapping[str, Any]) -> LayerSummary:
 DRIFTS = ("coordinate", "boundary", "transition", "content")
 
 
-def drift_summary(pair: Mapping[str, Any]) -> DriftSummary:
+class Drifts(TypedDict):
+    """What :func:`drift_summary` reads: a pair document, or a compare document's layers."""
+
+    base_step: int
+    layers: list[PairLayer]
+
+
+def drift_summary(pair: Drifts) -> DriftSummary:
     """The four exact drifts (`003` §5) per layer, with their intervals, for the signed gate."""
+    return {"against_step": pair["base_step"], "layers": [_drift_layer(e["drift"], e["layer"]) for e in pair["layers"]]}
+
+
+def _drift_layer(drift: Mapping[str, Any], layer: int) -> DriftLayer:
+    ci95 = drift.get("ci95") or {}
     return {
-        "against_step": pair["base_step"],
-        "layers": [
-            cast(
-                DriftLayer,
-                {
-                    "layer": e["layer"],
-                    **{k: e["drift"].get(k) for k in DRIFTS},
-                    "ci95": {k: (e["drift"].get("ci95") or {}).get(k) for k in DRIFTS},
-                },
-            )
-            for e in pair["layers"]
-        ],
+        "layer": layer,
+        "coordinate": drift.get("coordinate"),
+        "boundary": drift.get("boundary"),
+        "transition": drift.get("transition"),
+        "content": drift.get("content"),
+        "ci95": {k: ci95.get(k) for k in DRIFTS},
     }
 
 
-def nonfinite_findings(docs: Iterable[Mapping[str, Any]]) -> list[str]:
+def nonfinite_findings(docs: Iterable[Receipts]) -> list[str]:
     """ "checkpoint: what" for every NaN/Inf weight, then every non-finite receipt."""
     docs = list(docs)
     bad = [f"{d['checkpoint']['name']}: weight {w}" for d in docs for w in d["nonfinite_weights"]]

@@ -18,6 +18,7 @@ from moeaudit.canary import Canary
 from moeaudit.checkpoint.checkpoint import Checkpoint
 from moeaudit.policy import ReceiptSettings
 from moeaudit.receipts.drift import bootstrap_for
+from moeaudit.records import AblationMeasurement, AblationRefusal, AblationRemoval
 from moeaudit.replay.ablation import ablation_nll, removable
 from moeaudit.replay.result import Progress
 
@@ -51,10 +52,10 @@ def ablation_receipt(
     *,
     device: str | None = None,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> AblationMeasurement:
     """NLL as trained, each removal's ΔNLL and interval, the layers refused and the cost."""
     spec = ckpt.spec
-    refused = []
+    refused: list[AblationRefusal] = []
     todo: dict[int, list[int]] = {}
     for layer, experts in sorted(removals.items()):
         why = removable(spec, layer)
@@ -63,7 +64,7 @@ def ablation_receipt(
         elif experts:
             todo[layer] = sorted(set(experts))
     result = ablation_nll(ckpt, canary.tokens, todo, device=device, progress=progress) if todo else None
-    rows = []
+    rows: list[AblationRemoval] = []
     for (layer, e), removed_W in sorted(result.removed_W.items() if result is not None else []):
         assert result is not None
         delta_W = removed_W - result.base_W

@@ -6,14 +6,14 @@ says how the gates read it."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from moeaudit.canary import Canary
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.precision import REFERENCE, current, precision_mode, ran
+from moeaudit.records import FlipRates, GradNormAgreement, NllAgreement, PrecisionAgreement, Receipts
 from moeaudit.replay import ReplayResult, replay
 from moeaudit.replay import precision as replay_precision
 
@@ -42,7 +42,19 @@ def flip_rates(ref: ReplayResult, low: ReplayResult) -> dict[int, float]:
     return out
 
 
-def compare_results(ref: ReplayResult, low: ReplayResult) -> dict[str, Any]:
+class Replayed(TypedDict):
+    """What two replays of the same windows say of each other (:func:`compare_results`)."""
+
+    topk_flip_rate: FlipRates
+    nll: NllAgreement
+    grad_norm_relative_difference: GradNormAgreement
+
+
+class _Kernel(TypedDict, total=False):
+    expert_kernel: str
+
+
+def compare_results(ref: ReplayResult, low: ReplayResult) -> Replayed:
     """The numbers of the agreement block from two replays of the same windows."""
     flips = flip_rates(ref, low)
     rel: list[float] = []
@@ -64,7 +76,7 @@ def compare_results(ref: ReplayResult, low: ReplayResult) -> dict[str, Any]:
     }
 
 
-def resolution(doc: Mapping[str, Any]) -> dict[str, float]:
+def resolution(doc: Receipts) -> dict[str, float]:
     """Per routed layer, the boundary receipts' own resolution (:data:`RESOLUTION_RULE`): the
     flip rate their router perturbation already causes, at least one token in N."""
     n = doc["canary"]["windows"] * doc["canary"]["window_len"]
@@ -75,9 +87,7 @@ def resolution(doc: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def measure(
-    ckpt: Checkpoint, canary: Canary, doc: Mapping[str, Any], device: str | None = None
-) -> dict[str, Any] | None:
+def measure(ckpt: Checkpoint, canary: Canary, doc: Receipts, device: str | None = None) -> PrecisionAgreement | None:
     """The agreement block for receipts ``doc`` computed in the current precision (None for fp32,
     the reference, and for tf32 off CUDA, which ran as fp32)."""
     asked = current()
@@ -91,16 +101,17 @@ def measure(
     replay_precision.KERNELS_RUN.clear()
     low = replay(ckpt, tokens, device=device)
     kernels = sorted(replay_precision.KERNELS_RUN)
-    block = {
+    kernel: _Kernel = {"expert_kernel": kernels[0] if len(kernels) == 1 else "mixed"} if kernels else {}
+    compared = compare_results(ref, low)
+    res = resolution(doc)
+    inside = {k: v <= res[k] for k, v in compared["topk_flip_rate"]["layers"].items() if k in res}
+    return {
         "reference": REFERENCE,
         "precision": done,
-        **({"expert_kernel": kernels[0] if len(kernels) == 1 else "mixed"} if kernels else {}),
+        **kernel,
         "windows": windows,
         "tokens_per_layer": len(windows) * canary.window_len,
-        **compare_results(ref, low),
+        **compared,
+        "resolution": {"rule": RESOLUTION_RULE, "layers": res},
+        "within_resolution": all(inside.values()),
     }
-    res = resolution(doc)
-    inside = {k: v <= res[k] for k, v in block["topk_flip_rate"]["layers"].items() if k in res}
-    block["resolution"] = {"rule": RESOLUTION_RULE, "layers": res}
-    block["within_resolution"] = all(inside.values())
-    return block

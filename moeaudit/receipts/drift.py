@@ -24,6 +24,7 @@ from moeaudit.receipts.gate import bias_drift
 from moeaudit.receipts.observer import AnchorStates
 from moeaudit.receipts.occupancy import js_divergence
 from moeaudit.receipts.overlap import visible_field
+from moeaudit.records import PairSections
 from moeaudit.replay.device import Device, moved, on_device, prepare_device, replay_scope, to_host
 from moeaudit.replay.model import Routing, experts_forward_sets, input_scales, route_layer
 from moeaudit.spec.config import ModelSpec
@@ -53,7 +54,7 @@ def pair_layer(
     cand: AnchorStates,
     boot: WindowBootstrap,
     device: Device = None,
-) -> dict[str, Any]:
+) -> PairSections:
     """One layer's pair receipts, computed on ``device`` as the replays are (None: the host,
     no copies): the two layers' weights are copied there (experts one at a time, converted
     there) with both checkpoints' anchor states; per-token values and per-expert sums come back
@@ -62,6 +63,7 @@ def pair_layer(
     if dev is not None:
         base, cand = moved(base, dev, non_blocking=True), moved(cand, dev, non_blocking=True)
         lw0, lw1 = on_device(lw0, dev), on_device(lw1, dev)
+    out: PairSections
     with replay_scope(dev):
         per_token, bias = _pair_tensors(spec, lw0, lw1, base, cand)
         per_token, bias = to_host((per_token, bias), dev)

@@ -18,7 +18,7 @@ from moeaudit.precision import REFERENCE, current, ran
 from moeaudit.receipts.domains import domain_windows
 from moeaudit.receipts.gradients import grad_stats, gradients
 from moeaudit.receipts.observer import StateObserver
-from moeaudit.records import EnvironmentRecord, PrecisionAgreement, Receipts, ReceiptsCheckpoint, ReceiptsLayer
+from moeaudit.records import EnvironmentRecord, Receipts, ReceiptsCheckpoint, ReceiptsLayer
 from moeaudit.replay import ReplayResult, replay
 from moeaudit.replay.device import device_name
 from moeaudit.replay.precision import check_supported
@@ -83,7 +83,7 @@ def run_state(
         from moeaudit.receipts.agreement import measure
 
         if (block := measure(ckpt, canary, doc, device)) is not None:
-            doc["precision_agreement"] = cast(PrecisionAgreement, block)  # measure's block, by its record
+            doc["precision_agreement"] = block
     if conflict:  # on the replay's device, as environment.device says
         from moeaudit.receipts.conflict import domain_conflict
 

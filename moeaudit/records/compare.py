@@ -27,6 +27,14 @@ class PairLayer(TypedDict):
     selection_bias: NotRequired[dict[str, Any]]  # a biased router: its bias drift against the load
 
 
+class PairSections(TypedDict):
+    """A :class:`PairLayer` less ``layer``: what :func:`moeaudit.receipts.drift.pair_layer` measures."""
+
+    drift: dict[str, Any]
+    weights: dict[str, Any]
+    selection_bias: NotRequired[dict[str, Any]]
+
+
 class PairDocument(TypedDict):
     """``receipts/pair-<step>-vs-<base>.json``: drift of a checkpoint against its baseline."""
 

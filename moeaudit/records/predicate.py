@@ -32,6 +32,8 @@ class Abandoned(TypedDict):
     """An abandoned branch of the run, still audited (open: :meth:`moeaudit.lineage` grows it)."""
 
     name: str
+    step: int
+    resume_step: int  # the latest resume below it
     reason: str
 
 
@@ -242,6 +244,27 @@ class AblationCost(TypedDict):
     replay_layer_forwards: int  # those of one forward of the canary
 
 
+class AblationRemoval(TypedDict):
+    """One expert removed from routing, as the replay measured it (before its flags and reading)."""
+
+    layer: int
+    expert: int
+    nll: float
+    nll_delta: float
+    ci95: Interval | None
+
+
+class AblationMeasurement(TypedDict):
+    """What :func:`moeaudit.receipts.ablation.ablation_receipt` measures; the judge adds the flags,
+    the readings and the sentences to make the :class:`AblationReceipt` (not itself written)."""
+
+    removal: str
+    nll: float | None
+    experts: list[AblationRemoval]
+    refused: list[AblationRefusal]
+    cost: AblationCost
+
+
 class AblationReceipt(TypedDict):
     """The canary NLL change when each flagged (or every) routed expert is removed, at the last checkpoint."""
 
@@ -295,3 +318,11 @@ class Statement(TypedDict):
     predicateType: str
     predicate: Predicate
     nonfinite: NotRequired[list[NonFinite]]  # a non-finite number in the predicate, written null
+
+
+class VerifiedStatement(Statement):
+    """A statement as :func:`moeaudit.attest.certificate.open_certificate` returns it: verified,
+    in moeaudit's field names, with the key that signed it and the SHA-256 of the file."""
+
+    _keyid: str
+    _sha256: str

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from moeaudit.records import AblationReceipt
 from moeaudit.report.svg import sig
 
 Doc = Mapping[str, Any]
 
 
-def ablation_view(receipt: Doc | None) -> dict[str, Any] | None:
+def ablation_view(receipt: AblationReceipt | None) -> dict[str, Any] | None:
     """The rows and sentences the template shows; None without the receipt (the section is absent)."""
     if not receipt:
         return None

@@ -19,6 +19,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from moeaudit.records import EnvelopeSample, EnvelopeWindow, LayerSummary
 from moeaudit.report.svg import (
     BAD,
     BOUND,
@@ -58,7 +59,7 @@ from moeaudit.report.svg import (
 
 Scale = Callable[[float], float]
 Label = Callable[[float], str]
-Sample = Mapping[str, Any]
+Sample = EnvelopeSample
 LOG_SPAN = 30.0  # max/min above this → log y (the envelope decays over decades, `000` §6)
 
 
@@ -78,7 +79,7 @@ def _steps(v: float) -> str:
 
 
 def c2_bars(
-    per_layer: Sequence[Mapping[str, Any]],
+    per_layer: Sequence[LayerSummary],
     baseline: Mapping[int, float | None],
     protected: Sequence[int],
     label: str,
@@ -145,7 +146,7 @@ def drop_fill(c2: float, base: float | None, tol: float | None, gated: bool = Tr
 
 
 def _c2_row(
-    e: Mapping[str, Any],
+    e: LayerSummary,
     base: float | None,
     tol: float | None,
     is_protected: bool,
@@ -241,7 +242,7 @@ def _panel(
 
 def envelope_chart(
     samples: Sequence[Sample],
-    windows: Sequence[Mapping[str, Any]],
+    windows: Sequence[EnvelopeWindow],
     budget: float | None,
     label: str,
     *,
@@ -254,7 +255,7 @@ def envelope_chart(
     the budget ε/δ (dotted); a sample outside its bound is a red ×, or a grey one where the
     bound is only reported (illustrative constants, not gated)."""
     curves = _bound_curves(samples, windows, budget)
-    pts = [(r["step"], r["value"]) for r in samples if r.get("value") is not None]
+    pts = [(r["step"], v) for r in samples if (v := r.get("value")) is not None]
     ys = [v for _, v in pts] + [v for c in curves for _, v in c] + ([budget] if budget else [])
     steps = [r["step"] for r in samples]
     top, bottom, left, right = (44 if show_legend else 16), height - 28, 76, width - 16
@@ -300,40 +301,43 @@ def _value_axis(
 
 
 def _bound_curves(
-    samples: Sequence[Sample], windows: Sequence[Mapping[str, Any]], budget: float | None
+    samples: Sequence[Sample], windows: Sequence[EnvelopeWindow], budget: float | None
 ) -> list[list[tuple[float, float]]]:
     """One polyline per compliance window, from its anchor a: B(a) = V(a) + ε/δ (Eq. 12)."""
-    anchors = {w["index"]: (w["start"], w["anchor_value"]) for w in windows if w.get("anchor_value") is not None}
-    curves: dict[Any, list[tuple[float, float]]] = {}
+    anchors = {w["index"]: (w["start"], v) for w in windows if (v := w.get("anchor_value")) is not None}
+    curves: dict[int | None, list[tuple[float, float]]] = {}
     for r in samples:
-        if r.get("bound") is None:
+        bound = r.get("bound")
+        if bound is None:
             continue
         w = r.get("window")
         if w not in curves:
             curves[w] = []
-            a = anchors.get(w)
+            a = None if w is None else anchors.get(w)
             if a is not None and budget is not None and a[0] != r["step"]:
                 curves[w].append((a[0], a[1] + budget))
-        curves[w].append((r["step"], r["bound"]))
+        curves[w].append((r["step"], bound))
     return list(curves.values())
 
 
 def _segments(samples: Sequence[Sample]) -> list[list[tuple[float, float]]]:
     out: list[list[tuple[float, float]]] = [[]]
     for r in samples:
-        if r.get("value") is None:
+        v = r.get("value")
+        if v is None:
             out.append([])
         else:
-            out[-1].append((r["step"], r["value"]))
+            out[-1].append((r["step"], v))
     return [s for s in out if s]
 
 
 def _sample_marks(samples: Sequence[Sample], x: Scale, y: Scale, many: bool, colour: str = BAD) -> list[Markup]:
     out = []
     for r in samples:
-        if r.get("value") is None:
+        v = r.get("value")
+        if v is None:
             continue
-        cx, cy = x(r["step"]), y(r["value"])
+        cx, cy = x(r["step"]), y(v)
         if not r.get("compliant", True):
             out.append(_cross(cx, cy, 6, colour))
         elif not many:

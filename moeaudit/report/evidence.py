@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from moeaudit.records import VerifiedStatement
+
 COVERED, PARTIAL, NOT_COVERED = "covered", "partial", "not covered"
 OUTSIDE = "no field of a training-health certificate records this"
 
@@ -25,7 +27,7 @@ class Evidence:
     shown: bool = True
 
 
-Selector = Callable[[Mapping[str, Any]], Evidence]
+Selector = Callable[[VerifiedStatement], Evidence]
 
 
 # The Model Documentation Form marks each field with who it is for (the AI Office, national
@@ -63,7 +65,7 @@ class Framework:
 # --- selectors: verified statement → evidence -------------------------------------------------
 
 
-def _p(stmt: Mapping[str, Any]) -> Mapping[str, Any]:
+def _p(stmt: VerifiedStatement) -> Mapping[str, Any]:
     return stmt.get("predicate") or {}
 
 
@@ -71,11 +73,11 @@ def _g(x: Any) -> str:
     return "—" if x is None else (format(x, ".4g") if isinstance(x, float) else str(x))
 
 
-def _gates(stmt: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _gates(stmt: VerifiedStatement) -> list[Mapping[str, Any]]:
     return list(_p(stmt).get("gates") or [])
 
 
-def _check(stmt: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+def _check(stmt: VerifiedStatement, name: str) -> Mapping[str, Any]:
     return next((c for c in _p(stmt).get("checks") or [] if c.get("name") == name), {})
 
 
@@ -89,14 +91,14 @@ def _find(obj: Any, key: str) -> list[Any]:
     return []
 
 
-def signature(stmt: Mapping[str, Any]) -> Evidence:
+def signature(stmt: VerifiedStatement) -> Evidence:
     keyid, at, field = stmt.get("_keyid"), _p(stmt).get("issued_at"), "DSSE signature, predicate.issued_at"
     if not keyid or not at:
         return Evidence(field, "no verified signature or issue time", False)
     return Evidence(field, f"DSSE signature over the whole statement, verified against key {keyid[:16]}…; issued {at}")
 
 
-def subjects(stmt: Mapping[str, Any]) -> Evidence:
+def subjects(stmt: VerifiedStatement) -> Evidence:
     subs = stmt.get("subject") or []
     if not subs:
         return Evidence("subject[]", "no checkpoint is named", False)
@@ -109,7 +111,7 @@ def subjects(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def gate_progression(stmt: Mapping[str, Any]) -> Evidence:
+def gate_progression(stmt: VerifiedStatement) -> Evidence:
     gates = _gates(stmt)
     if not gates:
         return Evidence("predicate.gates[]", "the certificate has no gates", False)
@@ -120,7 +122,7 @@ def gate_progression(stmt: Mapping[str, Any]) -> Evidence:
     return Evidence("predicate.gates[].status", f"{len(gates)} gate(s): {seq}{tail}")
 
 
-def compared_gates(stmt: Mapping[str, Any]) -> Evidence:
+def compared_gates(stmt: VerifiedStatement) -> Evidence:
     field = "predicate.gates[].structural"
     compared = [
         g
@@ -138,7 +140,7 @@ def compared_gates(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def gate_metrics(stmt: Mapping[str, Any]) -> Evidence:
+def gate_metrics(stmt: VerifiedStatement) -> Evidence:
     gates = [g for g in _gates(stmt) if g.get("receipts")]
     if not gates:
         return Evidence("predicate.gates[].receipts", "no receipts at any gate", False)
@@ -153,7 +155,7 @@ def gate_metrics(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def nll_series(stmt: Mapping[str, Any]) -> Evidence:
+def nll_series(stmt: VerifiedStatement) -> Evidence:
     pts = [(g["step"], (g.get("receipts") or {}).get("nll")) for g in _gates(stmt)]
     pts = [(s, v) for s, v in pts if v is not None]
     if not pts:
@@ -164,7 +166,7 @@ def nll_series(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def nll_by_domain(stmt: Mapping[str, Any]) -> Evidence:
+def nll_by_domain(stmt: VerifiedStatement) -> Evidence:
     found = _find(_gates(stmt), "nll_by_domain")
     if not found:
         return Evidence(
@@ -176,7 +178,7 @@ def nll_by_domain(stmt: Mapping[str, Any]) -> Evidence:
     return Evidence("predicate.gates[].receipts.nll_by_domain", f"NLL by domain at {len(found)} gate(s)")
 
 
-def ci95(stmt: Mapping[str, Any]) -> Evidence:
+def ci95(stmt: VerifiedStatement) -> Evidence:
     found = _find(_gates(stmt), "ci95")
     boot = _g(((_p(stmt).get("policy") or {}).get("receipts") or {}).get("bootstrap"))
     if not found:
@@ -193,7 +195,7 @@ def ci95(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def verdict(stmt: Mapping[str, Any]) -> Evidence:
+def verdict(stmt: VerifiedStatement) -> Evidence:
     p = _p(stmt)
     checks = [
         f"{c.get('name')} {c.get('status') if c.get('evaluated') else 'not evaluated'}" for c in p.get("checks") or []
@@ -205,7 +207,7 @@ def verdict(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def canary(stmt: Mapping[str, Any]) -> Evidence:
+def canary(stmt: VerifiedStatement) -> Evidence:
     c = _p(stmt).get("canary") or {}
     digest = (c.get("digest") or {}).get("sha256")
     if not digest:
@@ -221,7 +223,7 @@ def canary(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def policy(stmt: Mapping[str, Any]) -> Evidence:
+def policy(stmt: VerifiedStatement) -> Evidence:
     pol = _p(stmt).get("policy") or {}
     if not pol.get("digest"):
         return Evidence("predicate.policy", "no policy digest", False)
@@ -236,7 +238,7 @@ def policy(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def tool(stmt: Mapping[str, Any]) -> Evidence:
+def tool(stmt: VerifiedStatement) -> Evidence:
     t = _p(stmt).get("tool") or {}
     return Evidence(
         "predicate.tool",
@@ -245,7 +247,7 @@ def tool(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def environment(stmt: Mapping[str, Any]) -> Evidence:
+def environment(stmt: VerifiedStatement) -> Evidence:
     e = _p(stmt).get("environment") or {}
     low = e.get("precision")  # a replay below fp32 (absent: fp32, the reference)
     return Evidence(
@@ -256,7 +258,7 @@ def environment(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def run_steps(stmt: Mapping[str, Any]) -> Evidence:
+def run_steps(stmt: VerifiedStatement) -> Evidence:
     run = _p(stmt).get("run") or {}
     steps = ", ".join(map(str, run.get("checkpoints") or []))
     return Evidence(
@@ -264,7 +266,7 @@ def run_steps(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def events(stmt: Mapping[str, Any]) -> Evidence:
+def events(stmt: VerifiedStatement) -> Evidence:
     evs = (_p(stmt).get("run") or {}).get("events")
     if not isinstance(evs, list):
         return Evidence("predicate.run.events", "events were not recorded", False)
@@ -276,7 +278,7 @@ def events(stmt: Mapping[str, Any]) -> Evidence:
     return Evidence("predicate.run.events, baseline gates", f"{told}; baselines at {bases or '—'}")
 
 
-def claims(stmt: Mapping[str, Any]) -> Evidence:
+def claims(stmt: VerifiedStatement) -> Evidence:
     rows = _p(stmt).get("claims") or []
     if not rows:
         return Evidence("predicate.claims", "no claims table", False)
@@ -297,7 +299,7 @@ def claims(stmt: Mapping[str, Any]) -> Evidence:
     return Evidence(where, text)
 
 
-def envelope(stmt: Mapping[str, Any]) -> Evidence:
+def envelope(stmt: VerifiedStatement) -> Evidence:
     env, chk = _p(stmt).get("envelope"), _check(stmt, "envelope")
     if not env or not chk.get("evaluated"):
         why = str(chk.get("reason") or "no series")
@@ -327,7 +329,7 @@ def envelope(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def routed_shape(stmt: Mapping[str, Any]) -> Evidence:
+def routed_shape(stmt: VerifiedStatement) -> Evidence:
     occ = (_p(stmt).get("heatmaps") or {}).get("occupancy") or {}
     layers, pi = occ.get("layers") or [], occ.get("pi") or []
     rows = list(pi.values()) if isinstance(pi, Mapping) else list(pi)
@@ -340,7 +342,7 @@ def routed_shape(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def _margin(stmt: Mapping[str, Any], name: str, gated_only: bool) -> Evidence:
+def _margin(stmt: VerifiedStatement, name: str, gated_only: bool) -> Evidence:
     m, chk = (_p(stmt).get("margins") or {}).get(name), _check(stmt, name)
     field = f"predicate.margins.{name}"
     if not isinstance(m, Mapping) or (gated_only and not chk.get("evaluated")):
@@ -353,15 +355,15 @@ def _margin(stmt: Mapping[str, Any], name: str, gated_only: bool) -> Evidence:
     return Evidence(field, f"exact {_g(m.get('exact'))}, smooth {_g(m.get('smooth'))}; {how}")
 
 
-def refinement(stmt: Mapping[str, Any]) -> Evidence:
+def refinement(stmt: VerifiedStatement) -> Evidence:
     return _margin(stmt, "refinement", gated_only=False)
 
 
-def refinement_gated(stmt: Mapping[str, Any]) -> Evidence:
+def refinement_gated(stmt: VerifiedStatement) -> Evidence:
     return _margin(stmt, "refinement", gated_only=True)
 
 
-def handoff(stmt: Mapping[str, Any]) -> Evidence:
+def handoff(stmt: VerifiedStatement) -> Evidence:
     return _margin(stmt, "handoff", gated_only=True)
 
 
@@ -382,7 +384,7 @@ def two_significant(n: float) -> str:
     return f"{mant:.1f}*10^{exp}"
 
 
-def parameters(stmt: Mapping[str, Any]) -> Evidence:
+def parameters(stmt: VerifiedStatement) -> Evidence:
     c = _p(stmt).get("parameters")
     if not isinstance(c, Mapping) or not isinstance(c.get("total"), int):
         return Evidence("predicate.parameters", "not counted: this certificate predates parameter counts", False)
@@ -403,7 +405,7 @@ def _replays(c: Mapping[str, Any]) -> str:
     return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
-def audit_flops(stmt: Mapping[str, Any]) -> Evidence:
+def audit_flops(stmt: VerifiedStatement) -> Evidence:
     c = _p(stmt).get("compute")
     if not isinstance(c, Mapping):
         return Evidence("predicate.compute.flops", "not counted: this certificate predates compute counts", False)
@@ -428,7 +430,7 @@ def audit_flops(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def audit_energy(stmt: Mapping[str, Any]) -> Evidence:
+def audit_energy(stmt: VerifiedStatement) -> Evidence:
     c = _p(stmt).get("compute")
     if not isinstance(c, Mapping):
         return Evidence("predicate.compute.energy_joules", "not measured: this certificate predates it", False)
@@ -443,7 +445,7 @@ def audit_energy(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def monitoring_logs(stmt: Mapping[str, Any]) -> Evidence:
+def monitoring_logs(stmt: VerifiedStatement) -> Evidence:
     inputs = _p(stmt).get("inputs") or {}
     logs = [f"{k} {str((inputs[k] or {}).get('sha256'))[:12]}…" for k in ("metrics", "probe") if inputs.get(k)]
     if not logs:
@@ -454,7 +456,7 @@ def monitoring_logs(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def checkpoint_files(stmt: Mapping[str, Any]) -> Evidence:
+def checkpoint_files(stmt: VerifiedStatement) -> Evidence:
     files = _p(stmt).get("checkpoint_files") or []
     if not files:
         return Evidence("predicate.checkpoint_files", "the certificate does not list the checkpoints' files", False)
@@ -465,7 +467,7 @@ def checkpoint_files(stmt: Mapping[str, Any]) -> Evidence:
     )
 
 
-def preregistration(stmt: Mapping[str, Any]) -> Evidence:
+def preregistration(stmt: VerifiedStatement) -> Evidence:
     pre = _p(stmt).get("preregistration")
     if not pre:
         why = "no preregistration: the certificate does not show when the criteria were fixed"

@@ -25,6 +25,7 @@ from typing import Any
 
 from moeaudit.errors import InputError, UsageError
 from moeaudit.papers import named_strings
+from moeaudit.records import VerifiedStatement
 from moeaudit.report.evidence import (
     COVERED,
     NOT_COVERED,
@@ -55,7 +56,7 @@ def status_of(backed: Sequence[bool]) -> str:
     return PARTIAL if any(backed) else NOT_COVERED
 
 
-def assess(item: Item, stmt: Mapping[str, Any]) -> dict[str, Any]:
+def assess(item: Item, stmt: VerifiedStatement) -> dict[str, Any]:
     """One item against one verified statement: status, evidence, what is not shown, context.
     Fields are named as the signed statement spells them (lowerCamelCase in a v2 predicate)."""
     from moeaudit.attest.certificate import PREDICATE_TYPE
@@ -84,7 +85,7 @@ def assess(item: Item, stmt: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def certificate_summary(stmt: Mapping[str, Any]) -> dict[str, Any]:
+def certificate_summary(stmt: VerifiedStatement) -> dict[str, Any]:
     p = _p(stmt)
     run, t = p.get("run") or {}, p.get("tool") or {}
     return {
@@ -108,7 +109,7 @@ def framework(key: str) -> Framework:
     return FRAMEWORKS[key]
 
 
-def export(statement: Mapping[str, Any], framework_key: str) -> dict[str, Any]:
+def export(statement: VerifiedStatement, framework_key: str) -> dict[str, Any]:
     """The JSON-ready report of a statement returned by ``open_certificate``, for one framework."""
     if not statement.get("_keyid"):  # set only by open_certificate, after the signature verified
         raise InputError(
@@ -125,7 +126,7 @@ def export(statement: Mapping[str, Any], framework_key: str) -> dict[str, Any]:
     return {"schema": SCHEMA, "framework": about, "certificate": summary, "summary": counts, "items": items}
 
 
-def export_statement(report: Mapping[str, Any], statement: Mapping[str, Any]) -> dict[str, Any]:
+def export_statement(report: Mapping[str, Any], statement: VerifiedStatement) -> dict[str, Any]:
     """The JSON report as an in-toto statement whose subject is the verified certificate file
     (its SHA-256, ``_sha256`` of ``open_certificate``): the authority and the downstream views
     of one certificate name the same digest, so a reader can tell they rest on one signed
@@ -261,7 +262,7 @@ def _environment() -> Any:
     )
 
 
-def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = None) -> str:
+def to_html(report: Mapping[str, Any], statement: VerifiedStatement | None = None) -> str:
     """One self-contained page: inline CSS, every value autoescaped, no script, no URL. Given the
     verified statement, each item shows the chart that backs its evidence (docs/compliance.md)."""
     html: str = (
@@ -279,7 +280,7 @@ def to_html(report: Mapping[str, Any], statement: Mapping[str, Any] | None = Non
     return html
 
 
-def _charts(statement: Mapping[str, Any] | None) -> dict[str, Any]:
+def _charts(statement: VerifiedStatement | None) -> dict[str, Any]:
     """The certificate page's figures, drawn from the same verified statement."""
     if statement is None:
         return {}

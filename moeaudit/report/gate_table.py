@@ -6,12 +6,12 @@ certificate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
+from moeaudit.records import GateEntry, Predicate
 from moeaudit.report.fit import Column
 
 STATUS_STYLE = {"BASELINE": "cyan", "GREEN": "green", "YELLOW": "yellow", "RED": "red"}
@@ -35,7 +35,7 @@ def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def gate_cells(g: Mapping[str, Any]) -> list[str]:
+def gate_cells(g: GateEntry) -> list[str]:
     """One gate's cells as plain text, in ``COLUMNS`` order."""
     r = g["receipts"]
     return [
@@ -53,21 +53,23 @@ def gate_cells(g: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def why(g: Mapping[str, Any]) -> str:
+def why(g: GateEntry) -> str:
     """The quantity that made a gate what it is, short: each occupancy quantity below its floor
     beyond noise, C2 fallen (and on which protected layers), a health floor, the canary NLL
     worsening; for a GREEN gate with C2 fallen, the atlas motion that kept it GREEN."""
-    st = g.get("structural") or g.get("continuity") or {}
+    st = g.get("structural") or g.get("continuity")
     out = []
-    for name, layers in (st.get("below_floor") or {}).items():
-        value = st.get("pi_min_ratio" if name.startswith("π") else "entropy_ratio")
-        out.append(f"{name} {_fmt(value, '.2f')}{_on(layers)}")
-    if st.get("layers_with_more_dead"):
-        out.append(f"more dead{_on(st['layers_with_more_dead'])}")
-    if st and not st.get("c2_ok", True):
-        fell = f"C2 fell {_fmt(st.get('c2_min_delta'), '+.3f')}{_on(st.get('c2_fallen_layers'))}"
-        atlas = any(c.startswith("atlas motion") for c in (g.get("claims") or {}).get("licensed", []))
-        out.append(fell + (", atlas motion" if atlas else ""))
+    if st is not None:
+        for name, layers in (st.get("below_floor") or {}).items():
+            value = st.get("pi_min_ratio" if name.startswith("π") else "entropy_ratio")
+            out.append(f"{name} {_fmt(value, '.2f')}{_on(layers)}")
+        if st.get("layers_with_more_dead"):
+            out.append(f"more dead{_on(st['layers_with_more_dead'])}")
+        if not st.get("c2_ok", True):
+            fell = f"C2 fell {_fmt(st.get('c2_min_delta'), '+.3f')}{_on(st.get('c2_fallen_layers'))}"
+            claims = g.get("claims")
+            atlas = any(c.startswith("atlas motion") for c in (claims or {}).get("licensed", []))
+            out.append(fell + (", atlas motion" if atlas else ""))
     for f in (g.get("health") or {}).get("failed", [])[:2]:
         value = f.get("value")
         shown = _fmt(value, ".3g") if isinstance(value, (int, float)) else "—"
@@ -86,7 +88,7 @@ def gate_styles(cells: list[str]) -> list[str]:
     return ["", STATUS_STYLE.get(cells[1], "")] + [""] * (len(cells) - 2)
 
 
-def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
+def legend(pred: Predicate) -> list[tuple[str, str]]:
     """(column, its threshold and which direction is good), from the certificate's policy."""
     g = (pred.get("policy") or {}).get("gates") or {}
     protected = ", ".join(map(str, pred.get("protected_layers") or [])) or "protected"
@@ -145,7 +147,7 @@ def legend(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def legend_grid(pred: Mapping[str, Any]) -> Table:
+def legend_grid(pred: Predicate) -> Table:
     """The legend as two columns, the explanations wrapping under themselves."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, style="bold")

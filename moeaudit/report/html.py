@@ -30,6 +30,7 @@ from moeaudit.records import (
     EnvelopeReport,
     EnvelopeSample,
     GateEntry,
+    GatesPolicy,
     Heatmaps,
     Margins,
     Occupancy,
@@ -123,7 +124,7 @@ def page(statement: Statement, keyid: str, envelope_sha256: str) -> dict[str, An
     gates = list(p.get("gates") or [])
     checks = list(p.get("checks") or [])
     protected = [int(x) for x in p.get("protected_layers") or []]
-    rules = _get(p, "policy", "gates") or {}
+    rules: GatesPolicy | None = _get(p, "policy", "gates") or None
     stage = str(_get(p, "run", "stage") or "")
     abandoned = {str(a.get("name")) for a in _get(p, "run", "abandoned") or [] if isinstance(a, Mapping)}
     return {
@@ -247,7 +248,7 @@ def _value(v: float | None) -> str:
     return sci(v, 2) if v != 0 and abs(v) < 1e-3 else signed(v, 4)
 
 
-def margin_rows(margins: Margins, stage: str = "", rules: Doc | None = None) -> list[dict[str, str]]:
+def margin_rows(margins: Margins, stage: str = "", rules: GatesPolicy | None = None) -> list[dict[str, str]]:
     """Each lifecycle margin as one plain sentence first, its symbols and numbers after it (in a
     <details> block on the page): an operator reads the sentence, an auditor opens the numbers."""
     rows = []
@@ -281,14 +282,14 @@ def margin_rows(margins: Margins, stage: str = "", rules: Doc | None = None) -> 
                 "exact": signed(m.get("exact"), 4),
                 "smooth": signed(m.get("smooth"), 4),
                 "note": "; ".join(n for n in note if n),
-                "plain": plain_margin(name, m, stage, (rules or {}).get("inconclusive_band")),
+                "plain": plain_margin(name, m, stage, rules.get("inconclusive_band") if rules else None),
             }
         )
     return rows
 
 
 def gate_row(
-    g: GateEntry, rules: Doc, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()
+    g: GateEntry, rules: GatesPolicy | None, stage: str = "", abandoned: set[str] | frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     r = g.get("receipts") or {}
     checkpoint = str(r.get("checkpoint") or "—")
@@ -335,7 +336,7 @@ def claims_row(g: GateEntry) -> dict[str, Any]:
 # --- figures -------------------------------------------------------------------------------------
 
 
-def figures(gates: Sequence[GateEntry], protected: Sequence[int], rules: Doc | None = None) -> dict[str, Any]:
+def figures(gates: Sequence[GateEntry], protected: Sequence[int], rules: GatesPolicy | None = None) -> dict[str, Any]:
     """Per-layer C2 at the last gate against its baseline (Fig. 5), each bar coloured by its drop
     against the allowed drop; NLL and C2 per gate (Fig. 4)."""
     if not gates:
@@ -357,7 +358,7 @@ def figures(gates: Sequence[GateEntry], protected: Sequence[int], rules: Doc | N
         for g in gates
     ]
     bars = (
-        charts.c2_bars(per_layer, base_c2, protected, caption, _allowed_drops(last, base_c2, rules or {}))
+        charts.c2_bars(per_layer, base_c2, protected, caption, _allowed_drops(last, base_c2, rules))
         if per_layer
         else None
     )
@@ -368,13 +369,13 @@ def figures(gates: Sequence[GateEntry], protected: Sequence[int], rules: Doc | N
     }
 
 
-def _allowed_drops(gate: GateEntry, base_c2: Mapping[Any, Any], rules: Doc) -> dict[int, float]:
+def _allowed_drops(gate: GateEntry, base_c2: Mapping[Any, Any], rules: GatesPolicy | None) -> dict[int, float]:
     """Per layer, the C2 drop the gate rule allows against the baseline: the gate's own
     tolerance on a protected layer (noise included), else max(tol_c2, tol_c2_rel·|C2_b|)."""
     structural = gate.get("structural")
     tolerance = (structural.get("c2_tolerance") if structural else None) or {}
     signed_tol = {int(k): float(v) for k, v in tolerance.items()}
-    tol_c2, rel = rules.get("tol_c2"), rules.get("tol_c2_rel")
+    tol_c2, rel = (rules.get("tol_c2"), rules.get("tol_c2_rel")) if rules else (None, None)
     out: dict[int, float] = {}
     for layer, b in base_c2.items():
         if int(layer) in signed_tol:

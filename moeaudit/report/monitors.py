@@ -11,7 +11,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moeaudit.records import MonitorLayer, MonitorsSection
+from moeaudit.records import MonitorLayer, MonitorsSection, Predicate, Receipts, ReceiptsLayer
+
+# a receipts layer (its values under ``monitors``) or a monitor layer of the certificate
+Layer = ReceiptsLayer | MonitorLayer
 
 # (metric, whether the worst layer is the lowest value), in the dashboards' order.
 MEGATRON: tuple[tuple[str, bool], ...] = (
@@ -50,13 +53,19 @@ def quantile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _series(layers: Sequence[Mapping[str, Any]], source: str, name: str) -> list[tuple[int, float]]:
+def _series(layers: Sequence[Layer], source: str, name: str) -> list[tuple[int, float]]:
     out = []
     for entry in layers:
-        value = ((entry.get("monitors") or entry).get(source) or {}).get(name)
+        either: Mapping[str, Any] = entry  # its monitors' values, wherever the layer holds them
+        value = ((either.get("monitors") or either).get(source) or {}).get(name)
         if isinstance(value, int | float) and math.isfinite(value):
             out.append((int(entry["layer"]), float(value)))
     return out
+
+
+def _metrics(layer: MonitorLayer, source: str) -> dict[str, float | None]:
+    """One monitor's values of a layer (``megatron`` or ``nemo``; empty when it has none)."""
+    return (layer.get("megatron") if source == "megatron" else layer.get("nemo")) or {}
 
 
 def rollup(series: Sequence[tuple[int, float]], lowest_is_worst: bool) -> dict[str, Any] | None:
@@ -77,7 +86,7 @@ def rollup(series: Sequence[tuple[int, float]], lowest_is_worst: bool) -> dict[s
     }
 
 
-def rollups(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rollups(layers: Sequence[Layer]) -> list[dict[str, Any]]:
     """One row per metric present: ``source`` (megatron / nemo), ``metric`` and its roll-up.
     ``layers``: receipts layers (with ``monitors``) or the certificate's monitor layers."""
     rows = []
@@ -93,7 +102,7 @@ def rollups(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 HEALTH_TAG = "tensor-metrics/layer-router-health/"
 
 
-def megatron_scalars(layers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def megatron_scalars(layers: Sequence[Layer]) -> dict[str, float]:
     """What ``--tensor-metrics layer-router-health`` logs, under its tags:
     ``…/global/<op>`` (mean over layers) and ``…/worst-layer/<op>`` (max over layers; min for
     the boundary margin)."""
@@ -107,7 +116,7 @@ def megatron_scalars(layers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def nemo_scalars(layers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def nemo_scalars(layers: Sequence[Layer]) -> dict[str, float]:
     """NeMo AutoModel's brief keys that need only the per-layer values: ``moe/cv_{mean,median,
     min,max}``, ``moe/dead_expert_frac_mean``, ``moe/expert_diversity_{mean,min}``. Its layers
     are in the sorted order of the Gate modules' names; none of these depends on the order."""
@@ -147,7 +156,7 @@ def nemo_utilization(loads: Sequence[Sequence[float]]) -> dict[str, float]:
     }
 
 
-def section(doc: Mapping[str, Any]) -> MonitorsSection | None:
+def section(doc: Receipts) -> MonitorsSection | None:
     """The certificate's ``monitors``: one checkpoint's per-layer values (the receipts' own)."""
     layers: list[MonitorLayer] = [
         {"layer": e["layer"], "megatron": e["monitors"]["megatron"], "nemo": e["monitors"]["nemo"]}
@@ -157,30 +166,31 @@ def section(doc: Mapping[str, Any]) -> MonitorsSection | None:
     return {"checkpoint": doc["checkpoint"]["name"], "layers": layers} if layers else None
 
 
-def heatmap_loads(predicate: Mapping[str, Any]) -> list[list[float]] | None:
+def heatmap_loads(predicate: Predicate) -> list[list[float]] | None:
     """The certificate heatmap's π rows, when they are of the checkpoint its monitors are."""
-    heatmaps, section = predicate.get("heatmaps") or {}, predicate.get("monitors") or {}
-    pi = (heatmaps.get("occupancy") or {}).get("pi")
-    if heatmaps.get("checkpoint") != section.get("checkpoint") or not isinstance(pi, list):
+    heatmaps, section = predicate.get("heatmaps"), predicate.get("monitors")
+    occupancy = heatmaps.get("occupancy") if heatmaps else None
+    pi = occupancy.get("pi") if occupancy else None
+    if not heatmaps or heatmaps.get("checkpoint") != (section.get("checkpoint") if section else None):
         return None
-    return [list(row) for row in pi]
+    return [list(row) for row in pi] if isinstance(pi, list) else None
 
 
-def view(section: Mapping[str, Any] | None, loads: Sequence[Sequence[float]] | None = None) -> dict[str, Any] | None:
+def view(section: MonitorsSection | None, loads: Sequence[Sequence[float]] | None = None) -> dict[str, Any] | None:
     """What the HTML certificate shows of its ``monitors``: the roll-up rows, the dashboards'
     own scalars and the per-layer values (metrics as columns, in the tables' order). ``loads``:
     the same checkpoint's per-layer expert loads (the heatmap's π) for NeMo's pooled
     utilisation keys."""
-    layers = list((section or {}).get("layers") or [])
-    if not layers:
+    layers = list(section.get("layers") or []) if section else []
+    if not section or not layers:
         return None
     columns = [(src, name) for src, table in (("megatron", MEGATRON), ("nemo", NEMO)) for name, _ in table]
     return {
-        "checkpoint": (section or {}).get("checkpoint"),
+        "checkpoint": section.get("checkpoint"),
         "rollups": rollups(layers),
         "scalars": {**megatron_scalars(layers), **nemo_scalars(layers), **nemo_utilization(loads or [])},
         "columns": [f"{src}: {name}" for src, name in columns],
         "layers": [
-            {"layer": e["layer"], "values": [(e.get(src) or {}).get(name) for src, name in columns]} for e in layers
+            {"layer": e["layer"], "values": [_metrics(e, src).get(name) for src, name in columns]} for e in layers
         ],
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moeaudit.records import Check, GateEntry, Margin
+from moeaudit.records import Check, GateEntry, GatesPolicy, Margin
 from moeaudit.report.svg import num, signed
 
 Doc = Mapping[str, Any]
@@ -89,15 +89,15 @@ def by_design(gates: Sequence[GateEntry], stage: str) -> list[str]:
     return out
 
 
-def _floor(rules: Doc, name: str) -> str:
-    value = rules.get(name)
+def _floor(rules: GatesPolicy | None, name: str) -> str:
+    value = rules.get(name) if rules else None
     return f", floor {value:g}" if isinstance(value, (int, float)) else ""
 
 
-def gate_note(g: GateEntry, rules: Doc) -> str:
+def gate_note(g: GateEntry, rules: GatesPolicy | None) -> str:
     """The gate rule's reading of this gate (docs/policy.md, "The rules in one place"), in words, with the policy's
     thresholds (``rules``: the certificate's ``policy.gates``)."""
-    tol_c2 = rules.get("tol_c2")
+    tol_c2 = rules.get("tol_c2") if rules else None
     held = "; structure held vs the baseline before it" if g.get("continuity", {}).get("ok") else ""
     if g["status"] == "BASELINE":
         return f"baseline: {g.get('reason') or 'reference point'}{held}"

@@ -11,7 +11,7 @@ number is named at its first mention in each report (:func:`moeaudit.papers.name
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -20,7 +20,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from moeaudit.papers import named
-from moeaudit.records import CompareDocument, EnvelopeReport, GateResult, Predicate, Receipts
+from moeaudit.records import (
+    CompareDocument,
+    EnvelopeComparison,
+    EnvelopeReport,
+    GateResult,
+    MonitorLayer,
+    Predicate,
+    Receipts,
+    ReceiptsLayer,
+)
 from moeaudit.report.fit import Column, print_fitted
 
 
@@ -130,7 +139,7 @@ def print_receipts(doc: Receipts) -> None:
 MONITOR_COLUMNS = (Column("monitor"), Column("metric"), *_right("p50", "p90", "p95", "worst", "at layer"))
 
 
-def print_monitors(layers: Any) -> None:
+def print_monitors(layers: Sequence[ReceiptsLayer | MonitorLayer] | None) -> None:
     """Megatron-Core's and NeMo's load metrics over the routed layers: p50 / p90 / p95 and the
     worst layer (↓: the lowest value is the worst)."""
     from moeaudit.report import monitors
@@ -145,9 +154,10 @@ def print_monitors(layers: Any) -> None:
         print_fitted(out, "live monitors' metrics over routed layers (docs/monitors.md)", MONITOR_COLUMNS, rows)
 
 
-def print_nonfinite(doc: Mapping[str, Any]) -> None:
+def print_nonfinite(doc: Receipts | CompareDocument) -> None:
     """One line, however many numbers a NaN weight spoils (the JSON lists every one)."""
-    weights, nulled = doc.get("nonfinite_weights", []), doc.get("nonfinite", [])
+    weights = doc.get("nonfinite_weights", []) if doc["schema"] == "moeaudit.receipts/v1" else []
+    nulled = doc.get("nonfinite", [])
     if not weights and not nulled:
         return
     plural = "s" if len(weights) > 1 else ""
@@ -362,46 +372,47 @@ def _count(n: int, what: str) -> str:
     return "within" if n == 0 else f"{n} {what}{'s' if n > 1 else ''} over"
 
 
-def print_comparison(c: dict[str, Any], seen: set[str] | None = None) -> None:
+def print_comparison(c: EnvelopeComparison, seen: set[str] | None = None) -> None:
     mark = {True: "+", False: "-", None: "·"}
-    for view, k in c["constants"].items():
-        out.print(f"{esc(view)}: δ = {k['delta']:.4g}, ε = {k['epsilon']:.4g}, budget {k['budget']:.4g}")
+    k = c["constants"]
+    probe = "probe" in k
+    for view, v in (("replay", k["replay"]), ("logs", k["logs"]), ("logs_endpoints", k["logs_endpoints"])):
+        out.print(f"{esc(view)}: δ = {v['delta']:.4g}, ε = {v['epsilon']:.4g}, budget {v['budget']:.4g}")
+    if probe:
+        v = k["probe"]
+        out.print(f"probe: δ = {v['delta']:.4g}, ε = {v['epsilon']:.4g}, budget {v['budget']:.4g}")
     spans = list(dict.fromkeys((w["start"], w["end"]) for w in c["windows"]))
-    views = (
-        ("replay", "logs", "logs_endpoints", "probe")
-        if "probe" in c["constants"]
-        else ("replay", "logs", "logs_endpoints")
-    )
-    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[: len(views)])
+    title = " / ".join(("replay", "logs", "logs at the endpoints", "canary probe")[: 4 if probe else 3])
     table = Table("series", *[f"{a}–{b}" for a, b in spans], title=f"per window: {title} (+ complies, - leaves)")
     for key in dict.fromkeys(w["series"] for w in c["windows"]):
         cells = []
         for w in (w for w in c["windows"] if w["series"] == key):
-            cell = "/".join(mark[w[v]["compliant"]] for v in views)
+            verdicts = [w["replay"]["compliant"], w["logs"]["compliant"], w["logs_endpoints"]["compliant"]]
+            if probe:
+                verdicts.append(w["probe"]["compliant"])
+            cell = "/".join(mark[x] for x in verdicts)
             differ = False in (w["agree"], w["agree_endpoints"], w.get("agree_probe"))
             cells.append(f"[yellow]{cell}[/]" if differ else cell)
         table.add_row(esc(key), *cells)
     out.print(table)
     for s in c["skipped"]:
-        where = f"{s['start']}–{s['end']}" if "start" in s else f"series {s['series']}"
+        where = f"{s.get('start')}–{s.get('end')}" if "start" in s else f"series {s.get('series')}"
         out.print(esc(named(f"not compared: {where} ({s['reason']})", seen)))
-    for view, what in (
-        ("logs", "every logged step"),
-        ("logs_endpoints", "logs at the checkpoints"),
-        ("probe", "the canary probe"),
-    ):
-        if view not in c["agreement"]:
-            continue
-        r = c["agreement"][view]
+    ag = c["agreement"]
+    rates = [("every logged step", ag["logs"]), ("logs at the checkpoints", ag["logs_endpoints"])]
+    if "probe" in ag:
+        rates.append(("the canary probe", ag["probe"]))
+    for what, r in rates:
         rate = "—" if r["rate"] is None else f"{r['rate']:.0%}"
         out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
-    if c.get("probe_vs_replay", {}).get("max_rel_diff") is not None:
+    pv = c.get("probe_vs_replay")
+    if pv is not None and pv["max_rel_diff"] is not None:
         out.print(
-            f"canary probe vs replay: V differs by at most {c['probe_vs_replay']['max_rel_diff']:.2e} "
-            "(relative) at the checkpoints"
+            f"canary probe vs replay: V differs by at most {pv['max_rel_diff']:.2e} (relative) at the checkpoints"
         )
-    if c.get("note"):
-        out.print(f"[yellow]note:[/] {esc(named(c['note'], seen))}")
+    note = c.get("note")
+    if note:
+        out.print(f"[yellow]note:[/] {esc(named(note, seen))}")
 
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow"}
