@@ -15,7 +15,6 @@ counts varied; bfloat16 agrees to the bit on the streams.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -84,8 +83,7 @@ def _spec(case: dict[str, Any]) -> ModelSpec:
             "index_head_dim": 8,
         }
     )
-    return dataclasses.replace(
-        base,
+    return base.revised(
         hc_mult=case["hc_mult"],
         hc_sinkhorn_iters=case["hc_sinkhorn_iters"],
         hc_eps=case["hc_eps"],

@@ -50,7 +50,7 @@ def test_hy_v4_replay_matches_transformers(case: str, dtype: str, tmp_path: Path
     assert_agree_deepseek(ref, ours, ckpt)
     assert ckpt.warnings == [] and ckpt.notes == []
     routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
-    assert ckpt.spec.routed_layers == routed and ckpt.spec.hc_mult == model.config.hc_mult
+    assert ckpt.spec.routed_layers == routed and ckpt.spec.hc.streams == model.config.hc_mult
     assert ckpt.spec.sparse_index is not None and ckpt.spec.sparse_index.topk < tokens.shape[1]
     assert min(float(model.model.layers[i].mlp.gate.e_score_correction_bias.abs().min()) for i in routed) > 0
     if log := os.environ.get("MOEAUDIT_HY_V4_LOG"):
@@ -104,7 +104,7 @@ def test_hy_v4_config_defaults_match_transformers() -> None:
 
     hf = transformers.AutoConfig.for_model("hy_v4")
     spec = spec_from_config(hf.to_dict())
-    assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.hc_mult, spec.hc_magnitude) == (256, 8, 1e-5, 4, 2.0)
+    assert (spec.num_experts, spec.top_k, spec.rms_eps, spec.hc.streams, spec.hc.magnitude) == (256, 8, 1e-5, 4, 2.0)
     assert spec.routed_layers == tuple(i for i, t in enumerate(hf.mlp_layer_types) if t == "sparse")
     assert spec.shared_index_layers == tuple(i for i, t in enumerate(hf.indexer_types) if t == "shared")
     assert spec.gate.scaling == hf.routed_scaling_factor and spec.clamped_glu is not None

@@ -54,7 +54,7 @@ def test_hy_v4_vl_text_decoder_matches_transformers(case: str, dtype: str, tmp_p
     text = model.config.text_config
     s = ckpt.spec
     assert s.routed_layers == tuple(i for i, t in enumerate(text.mlp_layer_types) if t == "sparse")
-    assert s.hc_mult == text.hc_mult and s.settings.mla_norm_eps == text.rms_norm_eps
+    assert s.hc.streams == text.hc_mult and s.settings.mla_norm_eps == text.rms_norm_eps
     assert s.mla is not None and s.mla.rope_interleave and s.settings.index_rope_interleave
     assert "the text decoder" in FAMILIES["hy_v4_vl"].audits
 

@@ -456,7 +456,7 @@ class Checkpoint:
         V, H = s.vocab_size, s.hidden_size
         for name, want in (("embed", (V, H)), ("final_norm", (H,))):
             self._check(name, self.global_key(name) or self.layout.globals[name][0], want, seen)
-        hc = s.hc_mult
+        hc = 0 if s.hc is None else s.hc.streams
         for name, on, want in (
             ("final_norm_bias", s.layer_norm and s.norm_bias, (H,)),
             ("lm_head_bias", s.lm_head_bias, (V,)),

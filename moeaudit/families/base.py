@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from moeaudit.errors import CheckpointError
-from moeaudit.spec.blocks import Layer, Mixer, per_layer_type, uniform
+from moeaudit.spec.blocks import HyperConnection, Layer, Mixer, per_layer_type, uniform
 from moeaudit.spec.config import (
+    HC_KEYS,
     MAX_COUNT,
     MLA,
     MODEL_FIELDS,
@@ -212,8 +213,12 @@ def build_spec(fam: Family, cfg: dict[str, Any], path: Path | str) -> ModelSpec:
     )
     given = {**common, **defaults, **fam.fields(ctx)}
     rotary = Rope(**{ROPE_KEYS[k][0]: v for k, v in given.items() if k in ROPE_KEYS})
-    settings = LayerSettings(**{k: v for k, v in given.items() if k not in MODEL_FIELDS and k not in ROPE_KEYS})
-    spec = ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS}, rope=rotary, settings=settings)
+    hc = {HC_KEYS[k]: v for k, v in given.items() if k in HC_KEYS}
+    streams = HyperConnection(**hc) if hc.get("streams") else None
+    grouped = ROPE_KEYS.keys() | HC_KEYS.keys()
+    settings = LayerSettings(**{k: v for k, v in given.items() if k not in MODEL_FIELDS and k not in grouped})
+    model = {k: v for k, v in given.items() if k in MODEL_FIELDS}
+    spec = ModelSpec(**model, rope=rotary, hc=streams, settings=settings)
     if fam.layers is not None:
         spec = spec.revised(layer_blocks=fam.layers(ctx, spec))
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}

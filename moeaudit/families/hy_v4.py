@@ -1,6 +1,6 @@
 """HY-V4 (``hy_v4``, Hunyuan V4): hyper-connections around a DeepSeek-V3.2-style decoder.
 
-The residual stream is ``hc_mult`` streams (``ModelSpec.hc_mult``): each layer's attention and its
+The residual stream is ``hc_mult`` streams (``ModelSpec.hc``, a ``HyperConnection``): each layer's attention and its
 MLP / MoE block read a mix of them formed by their own hyper-connection (``attn_hc``, ``ffn_hc``)
 and add their output back onto every stream with per-token weights; a head (``model.hc_head``)
 mixes the streams into one before the final norm. Attention: MLA with a query latent and

@@ -132,7 +132,7 @@ class _Head:
         spec = self.spec = ckpt.spec
         final_norm, lm_head = ckpt.read_global("final_norm", dtype), ckpt.read_global("lm_head", dtype)
         biases = head_biases(ckpt, dtype)
-        hc = hc_head_weights(ckpt, dtype) if spec.hc_mult else None
+        hc = hc_head_weights(ckpt, dtype) if spec.hc is not None else None
         if dev is not None:
             final_norm, lm_head, tokens_WT, biases, hc = moved(
                 (final_norm, lm_head, tokens_WT, biases, hc), dev, non_blocking=True

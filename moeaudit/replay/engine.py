@@ -246,7 +246,7 @@ def _replay(
             (final_norm, lm_head, tokens_WT, grad_nll, biases), device, non_blocking=True
         )
     streams = None
-    if spec.hc_mult:  # HY-V4: the streams mixed into one before the final norm, under autograd
+    if spec.hc is not None:  # HY-V4: the streams mixed into one before the final norm, under autograd
         hc_head = hc_head_weights(ckpt, dtype)
         bad += [n for n, t in zip(("hc_head_fn", "hc_head_base", "hc_head_scale"), hc_head) if not all_finite(t)]
         hc_head = hc_head if device is None else moved(hc_head, device, non_blocking=True)
@@ -302,7 +302,7 @@ def greedy_generate(
             dev,
             non_blocking=True,
         )
-        hc_head = moved(hc_head_weights(ckpt, dtype), dev, non_blocking=True) if spec.hc_mult else None
+        hc_head = moved(hc_head_weights(ckpt, dtype), dev, non_blocking=True) if spec.hc is not None else None
         seq = prompts_PT.long()
         for _ in range(new_tokens):
             rope = moved(rope_tables(spec, seq.shape[1]), dev, non_blocking=True)

@@ -120,8 +120,8 @@ def embed(
     x = F.embedding(tokens.long(), table_VH)
     x = x if dtype is None else x.to(dtype)
     x = x if spec.embedding_multiplier == 1.0 else x * spec.embedding_multiplier
-    if spec.hc_mult:  # HY-V4: the same row on each of the hc_mult residual streams, [B, T, hc, H]
-        return x.unsqueeze(-2).expand(*x.shape[:-1], spec.hc_mult, x.shape[-1]).contiguous()
+    if spec.hc is not None:  # HY-V4: the same row on each of the residual streams, [B, T, hc, H]
+        return x.unsqueeze(-2).expand(*x.shape[:-1], spec.hc.streams, x.shape[-1]).contiguous()
     return x
 
 

@@ -137,7 +137,7 @@ def unsupported(spec: Any) -> str | None:
         return "its experts scale their inputs by the combine weight"
     if spec.zero_experts:
         return "it has zero-computation experts"
-    if any(getattr(layer.ffn, "out_norm", False) for layer in spec.layers) or spec.hc_mult:
+    if any(getattr(layer.ffn, "out_norm", False) for layer in spec.layers) or spec.hc is not None:
         return "its MoE output is normed or hyper-connected"
     return None
 

@@ -89,7 +89,7 @@ def reserved_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
     """What a replay of ``tokens`` canary tokens holds whatever the budget: every layer's stored
     input and the LM head, in the compute dtype."""
     size = torch.finfo(dtype).bits // 8
-    streams = max(1, spec.hc_mult)  # HY-V4: a layer's input is its hc_mult residual streams
+    streams = 1 if spec.hc is None else spec.hc.streams  # HY-V4: a layer's input is its residual streams
     return float((spec.num_layers * tokens * streams + spec.vocab_size) * spec.hidden_size * size)
 
 

@@ -414,12 +414,20 @@ FFN = DenseMLP | MoE
 
 @dataclass(frozen=True)
 class HyperConnection:
-    """HY-V4's hyper-connections: ``streams`` residual streams, each sub-block reading a learned mix
-    and writing onto every stream (``sinkhorn_iters`` > 0: DeepSeek-V4's mHC, with a residual mixing
-    matrix)."""
+    """HY-V4's hyper-connections: the residual stream is ``streams`` streams, [B, T, hc, H] (the
+    embedding copied onto each; a layer's input and output). Each sub-block reads a mix Σ_s pre_s x_s,
+    pre = σ(·) + ``eps``, formed from the flattened streams (``HC_NAMES``: ``attn_hc_*`` before
+    attention, ``ffn_hc_*`` before the MLP / MoE block), and its output f is added to every stream s ×
+    post_s = ``magnitude``·σ(·) + ``eps``; a head (globals ``hc_head_*``) mixes the streams into one
+    before the final norm. ``sinkhorn_iters`` > 0: DeepSeek-V4's manifold-constrained mHC, each
+    hyper-connection also forming a residual mixing matrix comb [B, T, hc, hc] = Sinkhorn(softmax(·) +
+    ``eps``) with that many iterations (fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3]); a
+    sub-block's output is then written as Σ_j comb_js x_j + post_s · f, post = ``magnitude``·σ(·)."""
 
     streams: int
     sinkhorn_iters: int = 0
+    magnitude: float = 2.0
+    eps: float = 1e-6
 
     def shapes(self, H: int) -> Shapes:
         hc, shapes = self.streams, {}

@@ -140,6 +140,13 @@ class Rope:
 
 # the spec's JSON key of each ``Rope`` field (where the field stood), and whether it is left out at
 # its default (``NEW``)
+# and of each ``HyperConnection`` field (all left out at their default)
+HC_KEYS: dict[str, str] = {
+    "hc_mult": "streams",
+    "hc_magnitude": "magnitude",
+    "hc_eps": "eps",
+    "hc_sinkhorn_iters": "sinkhorn_iters",
+}
 ROPE_KEYS: dict[str, tuple[str, bool]] = {
     "rope_theta": ("theta", False),
     "yarn": ("yarn", False),
@@ -204,20 +211,9 @@ class ModelSpec:
     # LongCat-Flash: the last ``zero_experts`` of the ``num_experts`` are identity
     # (zero-computation) experts, u_e(y) = y
     zero_experts: int = field(default=0, metadata=NEW)
-    # HY-V4 (hy_v4): hyper-connections. The residual stream is ``hc_mult`` streams, [B, T, hc, H]
-    # (the embedding copied onto each; a layer's input and output): each sub-block reads a mix
-    # Σ_s pre_s x_s, pre = σ(·) + ``hc_eps`` formed from the flattened streams (``HC_NAMES``:
-    # ``attn_hc_*`` before attention, ``ffn_hc_*`` before the MLP / MoE block), and its output f is
-    # added to every stream s × post_s = ``hc_magnitude``·σ(·) + ``hc_eps``; a head (globals
-    # ``hc_head_*``) mixes the streams into one before the final norm
-    hc_mult: int = field(default=0, metadata=NEW)
-    hc_magnitude: float = field(default=2.0, metadata=NEW)
-    hc_eps: float = field(default=1e-6, metadata=NEW)
-    # DeepSeek-V4's manifold-constrained hyper-connections (mHC): > 0, each hyper-connection also
-    # forms a residual mixing matrix comb [B, T, hc, hc] = Sinkhorn(softmax(·) + ``hc_eps``) with
-    # this many iterations (fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3]); a sub-block's
-    # output f is written as Σ_j comb_js x_j + post_s · f, post = ``hc_magnitude``·σ(·) (no ε)
-    hc_sinkhorn_iters: int = field(default=0, metadata=NEW)
+    # HY-V4, DeepSeek-V4: the residual stream as several streams, mixed around each sub-block and
+    # by a head before the final norm (``HyperConnection``; the layers' ``Residual.hc`` is this)
+    hc: HyperConnection | None = field(default=None, metadata=NEW)
     # MiMo-V2-Flash, Mellum, Step 3.5, Laguna (docs/decisions.md, "Attention per kind of layer
     # (mimo_v2_flash, step3p5, step3p7, laguna, mellum)"): the attention of each kind of layer —
     # head counts, head sizes, RoPE table, sinks — which a layer's ``Attention.attention_kind``
@@ -265,13 +261,18 @@ class ModelSpec:
 
     def revised(self, **changes: Any) -> ModelSpec:
         """``dataclasses.replace`` over the model-wide fields, the RoPE (by its JSON keys:
-        ``rope_theta``, ``rotary_dim``, …, ``ROPE_KEYS``) and the layer settings alike (its layers
+        ``rope_theta``, ``rotary_dim``, …, ``ROPE_KEYS``), the hyper-connections (``hc_mult``, …,
+        ``HC_KEYS``) and the layer settings alike (its layers
         built anew; a family's own ``layer_blocks`` are kept unless replaced)."""
         own = {k: v for k, v in changes.items() if k in MODEL_FIELDS}
         rope = {ROPE_KEYS[k][0]: v for k, v in changes.items() if k in ROPE_KEYS}
-        settings = {k: v for k, v in changes.items() if k not in MODEL_FIELDS and k not in ROPE_KEYS}
+        hc = {HC_KEYS[k]: v for k, v in changes.items() if k in HC_KEYS}
+        settings = {k: v for k, v in changes.items() if k not in MODEL_FIELDS | ROPE_KEYS.keys() | HC_KEYS.keys()}
         if rope:
             own["rope"] = replace(own.get("rope", self.rope), **rope)
+        if hc:
+            streams = replace(own.get("hc", self.hc) or HyperConnection(0), **hc)
+            own["hc"] = streams if streams.streams else None
         if settings:
             own["settings"] = replace(self.settings, **settings)
         return replace(self, **own)
@@ -432,12 +433,16 @@ class ModelSpec:
         default). ``layer_blocks`` is written (each block with its kind) only where those do not say
         it all (a new block kind)."""
         given = asdict(self)
-        del given["settings"], given["rope"]
+        del given["settings"], given["rope"], given["hc"]
         given.update(asdict(self.settings))
         rope, defaults = asdict(self.rope), {f.name: f.default for f in fields(Rope)}
         for key, (name, omitted) in ROPE_KEYS.items():
             if not (omitted and getattr(self.rope, name) == defaults[name]):
                 given[key] = rope[name]
+        hc, none = self.hc or HyperConnection(0), HyperConnection(0)
+        for key, name in HC_KEYS.items():
+            if getattr(hc, name) != getattr(none, name):
+                given[key] = getattr(hc, name)
         del given["layer_blocks"], given["attention"], given["glu_limits"]
         out: dict[str, Any] = {}
         for name in SPEC_ORDER:
@@ -552,7 +557,7 @@ def derived_layer(s: ModelSpec, i: int, mixer: Mixer | None = None, kind: str = 
         single_block=bool(kind),
         multiplier=ls.residual_multiplier,
         scales=scales,
-        hc=HyperConnection(s.hc_mult, s.hc_sinkhorn_iters) if s.hc_mult else None,
+        hc=s.hc,
         shortcut=DenseMLP(s.dense_dim) if ls.shortcut_moe else None,
     )
     if kind:  # Nemotron-H: the layer is one block

@@ -17,9 +17,9 @@ SHORT_CONV_NAMES = ("conv_in", "conv_in_bias", "conv_w", "conv_bias", "conv_out"
 # [E, H, X] projections (X = num_kv_heads · head_dim), the output bias [H], the shared kv [2X, H];
 # in the attention gradient norm
 MOA_NAMES = ("moa_router", "moa_q", "moa_o", "moa_bias", "kv")
-# HY-V4's hyper-connection mixing weights of a layer (``ModelSpec.hc_mult``): for the attention and
+# HY-V4's hyper-connection mixing weights of a layer (``HyperConnection.streams``): for the attention and
 # the MLP / MoE sub-block each, fn [2·hc, hc·H], base [2·hc], scale [2] (DeepSeek-V4's mHC,
-# ``ModelSpec.hc_sinkhorn_iters``: fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3])
+# ``HyperConnection.sinkhorn_iters``: fn [(2 + hc)·hc, hc·H], base [(2 + hc)·hc], scale [3])
 HC_NAMES = tuple(f"{block}_hc_{n}" for block in ("attn", "ffn") for n in ("fn", "base", "scale"))
 # every canonical tensor name a Mamba mixer may have (``Mamba.names`` lists one layer's)
 MAMBA_NAMES = (

@@ -36,30 +36,32 @@ def hc_mix(
     """A hyper-connection's read (transformers' ``HYV4HyperConnection`` / ``DeepseekV4HyperConnection``,
     in float32): logits W_fn · flat(x) / rms(flat(x)) from the S streams flattened, pre = σ(logit·scale
     + base) + ε, the sub-block's input Σ_s pre_s x_s (in x's dtype); post = magnitude · σ(·) + ε from
-    the next S logits. ``spec.hc_sinkhorn_iters`` > 0 (DeepSeek-V4): post = magnitude · σ(·) without
+    the next S logits. ``HyperConnection.sinkhorn_iters`` > 0 (DeepSeek-V4): post = magnitude · σ(·) without
     ε, and the last S² logits give the residual mixing matrix comb = Sinkhorn(softmax(logit·scale +
     base) + ε). ``head``: the final hyper head, pre only (no write)."""
-    S = spec.hc_mult
+    hc = spec.hc
+    assert hc is not None
+    S, eps = hc.streams, hc.eps
     flat = x_BTSH.flatten(-2).float()
     mixes = F.linear(flat, fn.float()) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + spec.rms_eps)
     write = None
     if head:
-        pre = torch.sigmoid(mixes * scale.float() + base.float()) + spec.hc_eps
-    elif spec.hc_sinkhorn_iters:
+        pre = torch.sigmoid(mixes * scale.float() + base.float()) + eps
+    elif hc.sinkhorn_iters:
         pre_l, post_l, comb_l = mixes.split([S, S, S * S], dim=-1)
         pre_b, post_b, comb_b = base.float().split([S, S, S * S], dim=-1)
         pre_s, post_s, comb_s = scale.float().unbind(0)
-        pre = torch.sigmoid(pre_l * pre_s + pre_b) + spec.hc_eps
-        post = spec.hc_magnitude * torch.sigmoid(post_l * post_s + post_b)
+        pre = torch.sigmoid(pre_l * pre_s + pre_b) + eps
+        post = hc.magnitude * torch.sigmoid(post_l * post_s + post_b)
         logits = comb_l.unflatten(-1, (S, S)) * comb_s + comb_b.view(S, S)
-        comb = torch.softmax(logits, dim=-1) + spec.hc_eps
-        write = HCWrite(post, sinkhorn(comb, spec.hc_sinkhorn_iters, spec.hc_eps))
+        comb = torch.softmax(logits, dim=-1) + eps
+        write = HCWrite(post, sinkhorn(comb, hc.sinkhorn_iters, eps))
     else:
         pre_b, post_b = base.split(S, dim=-1)
         pre_s, post_s = scale.unbind(0)
         pre_l, post_l = mixes.split(S, dim=-1)
-        pre = torch.sigmoid(pre_l * pre_s + pre_b) + spec.hc_eps
-        write = HCWrite(spec.hc_magnitude * torch.sigmoid(post_l * post_s + post_b) + spec.hc_eps)
+        pre = torch.sigmoid(pre_l * pre_s + pre_b) + eps
+        write = HCWrite(hc.magnitude * torch.sigmoid(post_l * post_s + post_b) + eps)
     return write, (pre.unsqueeze(-1) * x_BTSH).sum(dim=-2).to(x_BTSH.dtype)
 
 
