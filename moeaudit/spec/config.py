@@ -138,15 +138,15 @@ class Rope:
     longrope: LongRope | None = None
 
 
-# the spec's JSON key of each ``Rope`` field (where the field stood), and whether it is left out at
-# its default (``NEW``)
-# and of each ``HyperConnection`` field (all left out at their default)
+# the spec's JSON key of each ``HyperConnection`` field (where the field stood; all left out at
+# their default)
 HC_KEYS: dict[str, str] = {
     "hc_mult": "streams",
     "hc_magnitude": "magnitude",
     "hc_eps": "eps",
     "hc_sinkhorn_iters": "sinkhorn_iters",
 }
+# and of each ``Rope`` field, and whether it is left out at its default (``NEW``)
 ROPE_KEYS: dict[str, tuple[str, bool]] = {
     "rope_theta": ("theta", False),
     "yarn": ("yarn", False),
@@ -253,8 +253,9 @@ class ModelSpec:
 
     @cached_property
     def layers(self) -> tuple[Layer, ...]:
-        """One :class:`~moeaudit.spec.blocks.Layer` per decoder layer, from the fields above
-        (computed once per spec; ``dataclasses.replace`` makes a new spec, and new layers)."""
+        """One :class:`~moeaudit.spec.blocks.Layer` per decoder layer: the family's own
+        (``settings.layer_blocks``), else built from the fields and the settings by
+        :func:`derived_layer` (once per spec; ``revised`` makes a new spec, and new layers)."""
         if self.settings.layer_blocks:
             return self.settings.layer_blocks
         return tuple(derived_layer(self, i) for i in range(self.num_layers))
@@ -262,8 +263,8 @@ class ModelSpec:
     def revised(self, **changes: Any) -> ModelSpec:
         """``dataclasses.replace`` over the model-wide fields, the RoPE (by its JSON keys:
         ``rope_theta``, ``rotary_dim``, …, ``ROPE_KEYS``), the hyper-connections (``hc_mult``, …,
-        ``HC_KEYS``) and the layer settings alike (its layers
-        built anew; a family's own ``layer_blocks`` are kept unless replaced)."""
+        ``HC_KEYS``) and the layer settings alike (its layers built anew; a family's own
+        ``layer_blocks`` are kept unless replaced)."""
         own = {k: v for k, v in changes.items() if k in MODEL_FIELDS}
         rope = {ROPE_KEYS[k][0]: v for k, v in changes.items() if k in ROPE_KEYS}
         hc = {HC_KEYS[k]: v for k, v in changes.items() if k in HC_KEYS}
