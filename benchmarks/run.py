@@ -38,6 +38,11 @@ from build import Arch, describe, write_canary, write_checkpoint  # noqa: E402
 
 PY = sys.executable
 MID = Arch(vocab=32000, hidden=512, layers=4, experts=16, top_k=2, inter=1792, heads=8, kv_heads=2)
+# narrower experts and a small vocabulary: the LM head is cheap, so the per-expert work, the element-wise
+# work and the process's fixed costs weigh more than on MID
+NARROW = Arch(vocab=4096, hidden=512, layers=4, experts=16, top_k=2, inter=1024, heads=8, kv_heads=2)
+# the speed comparison's shapes, each with its canary (windows, tokens per window)
+SPEED_SHAPES = {"mid": (MID, (16, 256)), "narrow": (NARROW, (16, 256))}
 BIG = Arch(vocab=32000, hidden=1024, layers=32, experts=8, top_k=2, inter=2560, heads=16, kv_heads=4)
 CACHE_SMALL = Arch(vocab=8192, hidden=512, layers=4, experts=8, top_k=2, inter=1024, heads=8, kv_heads=2)
 SCALE_BASE = Arch(vocab=8192, hidden=256, layers=4, experts=8, top_k=2, inter=768, heads=4, kv_heads=2)
@@ -194,13 +199,13 @@ def ratios(runs: dict[str, list[Run]], num: str, den: str) -> dict[str, object]:
 
 
 def speed(
-    work: Path, rounds: int, arch: Arch, windows: int, length: int, env_name: str, threads: int
+    work: Path, rounds: int, arch: Arch, windows: int, length: int, env_name: str, threads: int, name: str = "mid"
 ) -> dict[str, object]:
-    ckpt, canary = work / "mid", work / "mid-canary.safetensors"
+    ckpt, canary = work / name, work / f"{name}-canary.safetensors"
     if not ckpt.exists():
         write_checkpoint(ckpt, arch)
         write_canary(canary, arch.vocab, windows, length)
-    out = work / "mid-receipts.json"
+    out = work / f"{name}-receipts.json"
     # every contender runs under bench_env.py, which reports the environment it computed in
     contenders = {
         "moeaudit": [
@@ -228,17 +233,19 @@ def speed(
             "--canary",
             str(canary),
             "--json",
-            str(work / "mid-receipts-recompute.json"),
+            str(work / f"{name}-receipts-recompute.json"),
             "--force",
         ],
-        "hf_fp32": [*WRAP, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32"],
+        # per-expert gradient norms in float32 (the receipts sum squares in float64): the script's
+        # cheapest honest form, so the ratio is the stricter one
+        "hf_fp32": [*WRAP, str(HERE / "hf_user.py"), str(ckpt), str(canary), "fp32", "float32"],
         "floor": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary)],
         "floor_overlap": [*WRAP, str(HERE / "floor.py"), str(ckpt), str(canary), "--overlap"],
     }
     env = {**base_env(threads), **ENVS[env_name]}
     # bytecode compiled once, for every contender alike (an installed user's machine has it)
     run([PY, "-m", "compileall", "-q", str(Path(moeaudit.__file__).parent), str(HERE)])
-    print(f"speed ({env_name} env {env}): {describe(arch)}, canary {windows}×{length}, float32", flush=True)
+    print(f"speed, {name} ({env_name} env {env}): {describe(arch)}, canary {windows}×{length}, float32", flush=True)
     runs = alternate(contenders, rounds, env)
     seen = same_env(runs)
     print(f"  every contender computed in: {seen}", flush=True)
@@ -249,7 +256,7 @@ def speed(
         "moeaudit_recompute": replay_gflop(arch, windows, length, overlap=True, kept=False),
     }
     gflop["moeaudit"] = gflop["floor_overlap"]
-    same = json.loads(Path(out).read_text()) == json.loads((work / "mid-receipts-recompute.json").read_text())
+    same = json.loads(Path(out).read_text()) == json.loads((work / f"{name}-receipts-recompute.json").read_text())
     # (the whole documents: the environment block names torch, python, device and dtype only)
     print(f"  W1/W3 products kept for every layer by default: {kept}; receipts identical without: {same}")
     ceiling = ceiling_rate(arch, env)
@@ -265,6 +272,7 @@ def speed(
         "gflop": gflop,
         "gflop_per_cpu_s": rates,
         "gemm_ceiling_gflops_1thread": round(ceiling, 1),
+        "shape": name,
         "arch": describe(arch),
         "canary": [windows, length],
         "env": env,
@@ -337,7 +345,10 @@ def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, en
     write_canary(canary, arch.vocab, windows, length)
     print(f"rss: {describe(arch)}: {size / 1e9:.2f} GB written in {built:.0f} s", flush=True)
     results = []
-    for _ in range(repeats):
+    # the default (kept products within the stored inputs' size, replay.stash) and the leanest
+    # replay (none kept), alternating
+    budgets = {"default": None, "none kept": "0"}
+    for _, (label, budget) in ((i, b) for i in range(repeats) for b in budgets.items()):
         r = run(
             [
                 "/usr/bin/time",
@@ -353,16 +364,15 @@ def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, en
                 str(work / "big-receipts.json"),
                 "--force",
             ],
-            # the leanest replay: no expert products kept for the backward (replay.stash); the
-            # default keeps them within a quarter of the free memory, for speed
-            {**env, "MOEAUDIT_ACTIVATION_BUDGET": "0"},
+            env if budget is None else {**env, "MOEAUDIT_ACTIVATION_BUDGET": budget},
         )
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.out)
         assert m, r.out[-2000:]
         rss = int(m.group(1)) * 1024
-        results.append({"wall": r.wall, "cpu": r.cpu, "max_rss_bytes": rss, "fraction": rss / size})
+        results.append({"budget": label, "wall": r.wall, "cpu": r.cpu, "max_rss_bytes": rss, "fraction": rss / size})
         print(
-            f"  max RSS {rss / 1e9:.3f} GB = {rss / size:.1%} of {size / 1e9:.2f} GB, {r.wall:.1f} s ({load_note()})",
+            f"  {label}: max RSS {rss / 1e9:.3f} GB = {rss / size:.1%} of {size / 1e9:.2f} GB, {r.wall:.1f} s "
+            f"({load_note()})",
             flush=True,
         )
     shutil.rmtree(ckpt)
@@ -370,7 +380,7 @@ def peak_rss(work: Path, arch: Arch, windows: int, length: int, repeats: int, en
         "arch": describe(arch),
         "checkpoint_bytes": size,
         "canary": [windows, length],
-        "env": {**env, "MOEAUDIT_ACTIVATION_BUDGET": "0"},
+        "env": env,
         "runs": results,
     }
 
@@ -519,6 +529,11 @@ def main() -> None:
         "contender of a ratio gets the same one); rss, scaling and cache use the first one",
     )
     ap.add_argument(
+        "--shapes",
+        default=",".join(SPEED_SHAPES),
+        help=f"the speed comparison's shapes, comma-separated: {', '.join(SPEED_SHAPES)}",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         default=os.cpu_count() or 1,
@@ -534,8 +549,14 @@ def main() -> None:
     env = {**base_env(args.threads), **ENVS[envs[0]]}
     try:
         if "speed" in only:
-            arch, shape = (replace(MID, layers=2), (8, 128)) if args.quick else (MID, (16, 256))
-            results["speed"] = {e: speed(work, args.rounds, arch, *shape, e, args.threads) for e in envs}
+            speed_runs: dict[str, object] = {}
+            for name in args.shapes.split(","):
+                arch, canary_shape = SPEED_SHAPES[name]
+                if args.quick:
+                    arch, canary_shape = replace(arch, layers=2), (8, 128)
+                for e in envs:
+                    speed_runs[f"{name}, {e}"] = speed(work, args.rounds, arch, *canary_shape, e, args.threads, name)
+            results["speed"] = speed_runs
         if "rss" in only:
             arch = replace(BIG, layers=4, hidden=512) if args.quick else BIG
             results["rss"] = peak_rss(work, arch, 8, 256, 1 if args.quick else 2, env)
@@ -559,7 +580,7 @@ def summarise(res: dict[str, object]) -> None:
     print("\n== summary ==")
     print(json.dumps(res["machine"]))
     for env_name, s in res.get("speed", {}).items():
-        print(f"speed, {env_name} env {s['env']}:")
+        print(f"speed, {env_name} ({s.get('arch')}, canary {s.get('canary')}) env {s['env']}:")
         for name, runs in s["runs"].items():
             print(
                 f"{name:>10}: wall "
@@ -577,7 +598,8 @@ def summarise(res: dict[str, object]) -> None:
         print(
             f"rss: checkpoint {r['checkpoint_bytes'] / 1e9:.2f} GB; max RSS "
             + ", ".join(
-                f"{x['max_rss_bytes'] / 1e9:.3f} GB ({x['fraction']:.1%}, {x['wall']:.0f} s)" for x in r["runs"]
+                f"{x.get('budget', '')} {x['max_rss_bytes'] / 1e9:.3f} GB ({x['fraction']:.1%}, {x['wall']:.0f} s)"
+                for x in r["runs"]
             )
         )
     if "scaling" in res:

@@ -1,8 +1,8 @@
 """The routed experts' W1/W3 products kept from the forward for the backward (``replay.stash``;
 docs/decisions.md, "The experts' W1/W3 products kept for the backward (`replay.stash`)"): which
 layers keep them under a budget, that the backward uses them, and that the receipts do not depend on
-it — bit for bit, in the test process's default thread setting, since the default budget follows the
-memory free when a replay starts."""
+it — bit for bit, in the test process's default thread setting, since the default budget can follow the
+memory free when a replay starts (on a tight machine)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,16 @@ from moeaudit.policy import Policy
 from moeaudit.receipts.state import run_state
 from moeaudit.replay import engine, stash
 from moeaudit.replay.blocks import experts as experts_mod
-from moeaudit.replay.stash import ENV, ExpertStash, activation_budget, host_headroom, keepable, reserved_bytes
+from moeaudit.replay.stash import (
+    ENV,
+    ExpertStash,
+    activation_budget,
+    default_budget,
+    host_headroom,
+    keepable,
+    reserved_bytes,
+    stored_input_bytes,
+)
 
 pytest.importorskip("transformers")
 
@@ -119,7 +128,7 @@ def test_a_bad_budget_is_one_clear_usage_error(text: str, monkeypatch: pytest.Mo
         activation_budget(None)
 
 
-def test_the_default_is_a_quarter_of_the_headroom_on_the_host_and_nothing_elsewhere(
+def test_the_default_is_capped_by_a_quarter_of_the_headroom_on_the_host_and_nothing_elsewhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(ENV, raising=False)
@@ -127,7 +136,39 @@ def test_the_default_is_a_quarter_of_the_headroom_on_the_host_and_nothing_elsewh
     assert activation_budget(None) == 2e9 and activation_budget("cpu:0") == 2e9
     assert activation_budget(None, reserved=4e9) == 1e9  # what the replay holds anyway comes off first
     assert activation_budget(None, reserved=9e9) == 0.0
+    assert activation_budget(None, cap=5e8) == 5e8 and activation_budget(None, reserved=7e9, cap=5e8) == 2.5e8
     assert activation_budget("meta") == 0.0  # an accelerator: recomputed, its memory kept for the inputs
+
+
+def test_the_default_keeps_no_more_than_the_stored_inputs_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ample memory the default does not follow the free memory: the products kept take at
+    most what every layer's stored input takes, so the replay's activations at most double (the
+    peak-memory figure of docs/benchmarks.md §2), and which layers keep them is the same on any
+    machine with that much room."""
+    monkeypatch.delenv(ENV, raising=False)
+    # experts narrow enough (I = 12: a layer's products 2·k·I = 48 floats a token, the inputs L·H =
+    # 96) that the cap keeps some layers' products and not others
+    hfmodels.save_tiny(tmp_path / "mixtral", "mixtral", intermediate_size=12)
+    ckpt = Checkpoint(tmp_path / "mixtral")
+    spec, probe = ckpt.spec, _probe()
+    tokens = probe.num_windows * probe.window_len
+    inputs = stored_input_bytes(spec, tokens, torch.float32)
+    assert inputs == spec.num_layers * tokens * spec.hidden_size * 4
+    assert reserved_bytes(spec, tokens, torch.float32) == inputs + spec.vocab_size * spec.hidden_size * 4
+    per_layer = ExpertStash(spec, tokens, 0.0, torch.float32).per_layer
+    expect = min(len(spec.routed_layers), int(inputs // per_layer))
+    assert 0 < expect < len(spec.routed_layers)  # the cap bites on this probe: some layers keep, some do not
+    for headroom in (64e9, 1e12):
+        monkeypatch.setattr(stash, "host_headroom", lambda h=headroom: h)
+        assert default_budget(None, spec, tokens, torch.float32) == inputs
+        kept = engine.replay(ckpt, probe.tokens).kept_layers
+        assert list(kept) == list(spec.routed_layers[:expect]), (headroom, kept)
+    reserved = reserved_bytes(spec, tokens, torch.float32)
+    monkeypatch.setattr(stash, "host_headroom", lambda: reserved + 2 * inputs)  # a tight machine: the quarter binds
+    assert default_budget(None, spec, tokens, torch.float32) == inputs / 2
+    monkeypatch.setattr(stash, "host_headroom", lambda: 0.0)
+    assert default_budget(None, spec, tokens, torch.float32) == 0.0
+    assert engine.replay(ckpt, probe.tokens).kept_layers == []
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")

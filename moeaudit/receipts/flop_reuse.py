@@ -136,11 +136,11 @@ class FlopReuse:
             return Plan(meter=True)
         if current_precision() != REFERENCE and memory_dependent_stash(self.device):
             return Plan(meter=True)  # the agreement's own replays keep what host memory allows
-        from moeaudit.replay.stash import ExpertStash, activation_budget, reserved_bytes
+        from moeaudit.replay.stash import ExpertStash, default_budget
 
         key = signature(ckpt, canary.digest, settings, self.device)
         tokens, dtype = canary.num_windows * canary.window_len, _compute_dtype()
-        budget = activation_budget(self.device, reserved_bytes(ckpt.spec, tokens, dtype))
+        budget = default_budget(self.device, ckpt.spec, tokens, dtype)
         per_layer = ExpertStash(ckpt.spec, tokens, 0.0, dtype).per_layer
         for ref in self.references.get(key, []):
             if ref.budget <= budget:

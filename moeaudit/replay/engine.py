@@ -39,7 +39,7 @@ from moeaudit.replay.model import (
 )
 from moeaudit.replay.offload import StoredInputs
 from moeaudit.replay.result import Observer, Progress, ReplayResult, detached, extra_requests
-from moeaudit.replay.stash import ExpertStash, activation_budget, reserved_bytes
+from moeaudit.replay.stash import ExpertStash, default_budget
 from moeaudit.spec.config import ModelSpec
 
 
@@ -130,7 +130,7 @@ def replay(
     ``keep_routing=False`` leaves ``ReplayResult.routing`` empty (on a device: no N·E copy back
     per layer for a caller whose observers took what they need).
     ``stash_budget``: bytes of kept expert products (``replay.stash``) instead of the default
-    ``activation_budget`` (a replay whose FLOP count is carried runs with its reference's).
+    ``default_budget`` (a replay whose FLOP count is carried runs with its reference's).
     """
     from moeaudit.limits import check_window_len
 
@@ -221,7 +221,7 @@ def _replay(
     tick = progress or (lambda *_: None)
     bad: list[str] = []
     if stash_budget is None:
-        stash_budget = activation_budget(device, reserved_bytes(spec, W * T, dtype)) if backward else 0.0
+        stash_budget = default_budget(device, spec, W * T, dtype) if backward else 0.0
     stash = ExpertStash(spec, W * T, stash_budget, dtype) if backward else None
     x, inputs, routing = forward_pass(
         ckpt,

@@ -14,12 +14,14 @@ the same gathered rows with the same weights, the products the backward would fo
 assert identical receipts with and without), so only time and memory change.
 
 The budget: ``MOEAUDIT_ACTIVATION_BUDGET`` (bytes, or with a unit: ``2GB``, ``512MiB``; ``0``
-keeps nothing, ``inf`` everything). By default on the host, a quarter of the memory the process
-may still take when the replay starts (the smallest of the machine's available memory, the
-cgroup's limit less its use and ``RLIMIT_DATA`` less the data segment; Linux, elsewhere 0 and
-nothing kept) less what the replay will hold anyway (its stored layer inputs, the LM head). On
-an accelerator nothing is kept by default (recomputing is cheap there and its memory holds the
-stored inputs, ``replay.offload``)."""
+keeps nothing, ``inf`` everything). By default on the host, as much as the stored layer inputs
+take (so the kept products at most double the activations the replay holds anyway, and the
+default does not follow the machine's free memory), and no more than a quarter of the memory the
+process may still take when the replay starts (the smallest of the machine's available memory,
+the cgroup's limit less its use and ``RLIMIT_DATA`` less the data segment; Linux, elsewhere 0
+and nothing kept) less what the replay will hold anyway (its stored layer inputs, the LM head).
+On an accelerator nothing is kept by default (recomputing is cheap there and its memory holds
+the stored inputs, ``replay.offload``)."""
 
 from __future__ import annotations
 
@@ -73,24 +75,37 @@ def host_headroom() -> float:
         return 0.0
 
 
-def activation_budget(device: Device, reserved: float = 0.0) -> float:
-    """Bytes of kept expert products the replay may hold (``math.inf``: no limit). By default a
-    quarter of the host headroom left once ``reserved`` bytes (what the replay will hold anyway:
-    its stored layer inputs, the LM head) are set aside."""
+def activation_budget(device: Device, reserved: float = 0.0, cap: float = math.inf) -> float:
+    """Bytes of kept expert products the replay may hold (``math.inf``: no limit). By default
+    ``cap`` (the stored layer inputs' bytes, :func:`default_budget`), and at most a quarter of
+    the host headroom left once ``reserved`` bytes (what the replay will hold anyway: its stored
+    layer inputs, the LM head) are set aside."""
     if os.environ.get(ENV):
         return parse_budget(os.environ[ENV], ENV)
     dev = prepare_device(device)
     if dev is not None and dev.type != "cpu":
         return 0.0
-    return DEFAULT_SHARE * max(0.0, host_headroom() - reserved)
+    return min(cap, DEFAULT_SHARE * max(0.0, host_headroom() - reserved))
+
+
+def default_budget(device: Device, spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
+    """:func:`activation_budget` of a replay of ``tokens`` canary tokens: what the environment
+    says, else the stored layer inputs' bytes within a quarter of the host headroom."""
+    return activation_budget(device, reserved_bytes(spec, tokens, dtype), stored_input_bytes(spec, tokens, dtype))
+
+
+def stored_input_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
+    """Every layer's stored input of a replay of ``tokens`` canary tokens, in the compute dtype."""
+    size = torch.finfo(dtype).bits // 8
+    streams = 1 if spec.hc is None else spec.hc.streams  # HY-V4: a layer's input is its residual streams
+    return float(spec.num_layers * tokens * streams * spec.hidden_size * size)
 
 
 def reserved_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> float:
     """What a replay of ``tokens`` canary tokens holds whatever the budget: every layer's stored
     input and the LM head, in the compute dtype."""
     size = torch.finfo(dtype).bits // 8
-    streams = 1 if spec.hc is None else spec.hc.streams  # HY-V4: a layer's input is its residual streams
-    return float((spec.num_layers * tokens * streams + spec.vocab_size) * spec.hidden_size * size)
+    return stored_input_bytes(spec, tokens, dtype) + float(spec.vocab_size * spec.hidden_size * size)
 
 
 def keepable(spec: ModelSpec) -> bool:
