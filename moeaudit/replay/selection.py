@@ -31,4 +31,4 @@ def keep_best(scores_BS: torch.Tensor, k: int) -> torch.Tensor:
     above = s > kth_B1
     tied = s == kth_B1
     room_B1 = k - above.sum(-1, keepdim=True)  # ≥ 1: at most k − 1 keys beat the k-th best
-    return above | (tied & (tied.cumsum(-1) <= room_B1))
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= room_B1))
