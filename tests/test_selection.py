@@ -105,10 +105,14 @@ def test_the_selection_does_not_depend_on_how_topk_orders_ties(seed: int, monkey
     assert plain_differs  # the shuffled topk really breaks ties another way
 
 
-def test_the_hy_v4_device_probe_replays_as_the_explicit_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """``tests/test_device.py``'s probe on the tiny hy_v4 meets tied cuts in every layer's
-    indexer; the receipts are those of a reference that breaks them by position explicitly
-    (pure Python), and differ from those of the opposite rule (the later key wins)."""
+@pytest.mark.parametrize("family", ["hy_v4", "hy_v4_vl"])
+def test_the_device_probe_replays_as_the_explicit_rule(
+    family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``tests/test_device.py``'s probe on the tiny hy_v4 / hy_v4_vl (the families whose CUDA
+    replay left the CPU's) meets tied cuts in their indexers; the receipts are those of a
+    reference that breaks them by position explicitly (pure Python), and differ from those of
+    the opposite rule (the later key wins), so the ties decide something."""
     pytest.importorskip("transformers")
     import hfmodels
 
@@ -130,12 +134,12 @@ def test_the_hy_v4_device_probe_replays_as_the_explicit_rule(monkeypatch: pytest
     def later_wins(scores: torch.Tensor, k: int) -> torch.Tensor:
         return _reference(scores.flip(-1), k).flip(-1)
 
-    ckpt = Checkpoint(hfmodels.save_any(tmp_path / "hy_v4", "hy_v4"))
+    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
     receipts = {}
     for name, rule in (("ours", counted), ("reference", _reference), ("later", later_wins)):
         monkeypatch.setattr(dsa, "keep_best", rule)
         r = state_receipts(ckpt, probe)
         receipts[name] = {k: v for k, v in r.items() if k != "environment"}
-    assert len(tied) == 2 * 3 and min(tied[:3]) >= 1  # three DSA layers, forward and backward
+    assert len(tied) == 2 * 3 and sum(tied[:3]) >= 1  # three DSA layers, forward and backward
     assert receipts["ours"] == receipts["reference"]
     assert receipts["later"]["nll"] != receipts["ours"]["nll"]

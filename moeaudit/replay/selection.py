@@ -8,8 +8,8 @@ devices (docs/decisions.md, "DSA key selection"). Lightning-indexer scores
 common with few indexer heads. The rule here keeps every key scoring above the k-th best score
 and, of those scoring exactly the k-th best, the earliest ones until k are kept: topk's own
 selection whenever the cut is not tied. It compares scores only by ``>`` and ``==``, so it
-does not depend on how a backend orders −0.0 and +0.0 (CUDA's sort does not order them as the
-CPU's does); NaN ranks above every number, as topk and sort rank it.
+does not depend on how a backend orders −0.0 and +0.0 either (torch's CPU and CUDA sorts are
+known to treat the two differently); NaN counts as +∞, as topk and sort rank it first.
 
 Shape suffixes: B batch (any leading dims), S scored keys, K kept.
 """
