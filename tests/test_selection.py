@@ -44,6 +44,7 @@ def test_tied_cuts_keep_the_earlier_keys() -> None:
     assert _kept([0.0, LOWEST, LOWEST, LOWEST], 2) == [0, 1]
     assert _kept([-1.0, 0.0, -math.inf, -math.inf], 3) == [0, 1, 2]
     assert _kept([1.0, 2.0], 5) == [0, 1]  # S ≤ k: every key
+    assert _kept([1.0, 2.0], 0) == []
 
 
 def test_signed_zeros_tie_and_nan_ranks_first() -> None:

@@ -21,10 +21,10 @@ import torch
 
 def keep_best(scores_BS: torch.Tensor, k: int) -> torch.Tensor:
     """bool [..., S]: the ``k`` best keys of each row of ``scores_BS`` (all of them where
-    S ≤ k), exact ties at the cut resolved in favour of the earlier key."""
+    S ≤ k, none where k = 0), exact ties at the cut resolved in favour of the earlier key."""
     S = scores_BS.shape[-1]
-    if S <= k:
-        return torch.ones_like(scores_BS, dtype=torch.bool)
+    if S <= k or k < 1:
+        return torch.full_like(scores_BS, k >= 1, dtype=torch.bool)
     inf = torch.tensor(float("inf"), dtype=scores_BS.dtype, device=scores_BS.device)
     s = torch.where(scores_BS.isnan(), inf, scores_BS)
     kth_B1 = s.topk(k, dim=-1).values[..., -1:]  # the k-th best score, whichever key holds it
