@@ -10,7 +10,9 @@ configuration), the √softplus router with its selection bias (``route``), the 
 dtypes are the oracle suite's: a float32 checkpoint, and a bfloat16 one (every weight rounded to
 bfloat16, transformers and the replay both computing in float32 from the stored values). Two
 configurations vary the expert count, top-k, hash and learned layers, the attention types, hc
-streams, Sinkhorn iterations and the RoPE."""
+streams, Sinkhorn iterations and the RoPE. Their CSA indexers' cuts tie (few heads: ReLU's exact
+zeros), so transformers' top-k breaks the ties by position, as the replay does
+(``support.indexer_ties``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
+from support.indexer_ties import watch_indexers  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as dsv4  # noqa: E402
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config  # noqa: E402
 
@@ -285,7 +288,8 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", list(CASES))
-def test_assembled_deepseek_v4(name: str, dtype: str) -> None:
+def test_assembled_deepseek_v4(name: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch_indexers(monkeypatch, by_position=True)
     cfg = _config(CASES[name])
     model = _model(cfg, DTYPES[dtype], seed=7)
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(8))

@@ -8,6 +8,10 @@ closed windows; CSA: those the indexer keeps), in float32 and in bfloat16 (proje
 bfloat16, the position bias and norms in float32, as transformers keeps them), on two
 configurations varying the compression ratios, head sizes, indexer heads and top-k (fewer kept
 than readable, so the selection decides), with a sequence that leaves a partial last window.
+With two or three indexer heads many scores are ReLU's exact zeros and cuts tie; there
+transformers' top-k breaks the ties by position as the replay does (``support.indexer_ties``).
+The first configuration's attention meets no tie (asserted) and is compared with transformers as
+it is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from support.indexer_ties import watch_indexers  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as dsv4  # noqa: E402
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config  # noqa: E402
 
@@ -138,7 +143,8 @@ def test_hca_compressor(name: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_csa_compressor_and_indexer(name: str, dtype: torch.dtype) -> None:
+def test_csa_compressor_and_indexer(name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    ties = watch_indexers(monkeypatch, by_position=True)
     cfg = _config(CASES[name])
     ratio = cfg.compress_rates["compressed_sparse_attention"]
     gen = torch.Generator().manual_seed(2)
@@ -164,6 +170,7 @@ def test_csa_compressor_and_indexer(name: str, dtype: torch.dtype) -> None:
             cfg.index_topk, ratio, _inv_freq(cfg),
         )  # fmt: skip
     assert torch.equal(kept, bias_t[:, 0] == 0)
+    assert ties.tied_cuts > 0  # the comparison exercises the tie rule
     visible = visible_entries(T, W, ratio)
     # the selection decides: some queries read fewer entries than have closed, and those kept differ
     assert bool((kept.sum(-1) < visible.sum(-1)).any())
@@ -190,6 +197,7 @@ _NAMES = {
     "i_q": "compressor.indexer.q_b_proj.weight",
     "i_w": "compressor.indexer.scorer.weights_proj.weight",
 }
+TIED_ATTENTION = ("csa2-hca5-top3",)  # the configurations whose attention's indexer cuts tie
 ATTENTION: dict[str, dict[str, Any]] = {
     # 4 heads in 2 output groups; a window of 6 (shorter than the sequence)
     "csa4-hca8-top2": {"num_attention_heads": 4, "o_groups": 2, "sliding_window": 6, "rope_theta": 100.0},
@@ -201,9 +209,10 @@ ATTENTION: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kind", ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_attention(name: str, kind: str, dtype: torch.dtype) -> None:
+def test_attention(name: str, kind: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """``v4_attention`` against ``DeepseekV4Attention`` (eager, no cache), each layer type: the
     output and the gradients of a random projection of it (input and every weight)."""
+    ties = watch_indexers(monkeypatch, by_position=name in TIED_ATTENTION)
     cfg = _config({**CASES[name], **ATTENTION[name]})
     cfg.layer_types = [kind, kind]
     cfg._attn_implementation = "eager"
@@ -240,6 +249,8 @@ def test_attention(name: str, kind: str, dtype: torch.dtype) -> None:
     params = [x, *(t for k, t in p.items() if k[:2] != "i_")]  # the indexer takes no gradient
     for g_r, g_t in zip(_grads(out_r, probe, params), _grads(out_t, probe, params)):
         assert _rel(g_r, g_t) < 1e-4
+    if kind == "compressed_sparse_attention":
+        assert ties.calls > 0 and (ties.tied_cuts > 0) == (name in TIED_ATTENTION)
 
 
 YARN: dict[str, dict[str, Any]] = {
@@ -259,13 +270,18 @@ YARN: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kind", ["compressed_sparse_attention", "heavily_compressed_attention"])
 @pytest.mark.parametrize("yarn", list(YARN))
-def test_attention_with_yarn_on_the_compressed_rope(yarn: str, kind: str, dtype: torch.dtype) -> None:
+def test_attention_with_yarn_on_the_compressed_rope(
+    yarn: str, kind: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """YaRN on the compressed branches' RoPE (what DeepSeek-V4's configs give, flat
     ``rope_parameters`` that transformers applies to the ``compress`` base only, forcing its
     attention_factor to 1): the replay's ``yarn_inv_freq`` at ``compress_rope_theta`` over the
     rotary dims is transformers' ``compress_inv_freq``, the sliding base is left unscaled, and
-    ``v4_attention`` with it agrees with ``DeepseekV4Attention`` (output and gradients)."""
+    ``v4_attention`` with it agrees with ``DeepseekV4Attention`` (output and gradients; the
+    indexer's cuts tie, so transformers breaks the ties by position)."""
     from moeaudit.replay.model import yarn_inv_freq
+
+    watch_indexers(monkeypatch, by_position=True)
     from moeaudit.spec.rope_config import _yarn
 
     name = "csa4-hca8-top2"

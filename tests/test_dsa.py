@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from hfmodels import random_tokens, tiny_model  # noqa: E402
+from support.indexer_ties import watch_indexers  # noqa: E402
 
 from moeaudit.replay.dsa import index_scores, sparse_causal_mask  # noqa: E402
 
@@ -30,13 +31,17 @@ def _indexer_inputs(model, layer: int, tokens: torch.Tensor):
 
 
 @torch.no_grad()
-def test_indexer_selects_the_keys_transformers_selects() -> None:
+def test_indexer_selects_the_keys_transformers_selects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers as it is: the probe's cuts do not tie (asserted), so its top-k's keys are the
+    replay's whatever order the kernel gives tied keys (docs/decisions.md, "DSA key selection")."""
+    ties = watch_indexers(monkeypatch, by_position=False)
     model = tiny_model("deepseek_v32")
     tokens = random_tokens(3, 12)
     ix, p, x, q_lat, (cos, sin) = _indexer_inputs(model, 1, tokens)
     T = tokens.shape[1]
     causal = torch.full((T, T), torch.finfo(torch.float32).min).triu(1).expand(3, T, T)
     want = ix(x, q_lat, (cos, sin), causal, None)  # [B, T, topk] indices
+    assert (ties.calls, ties.tied_cuts) == (1, 0)
     want_keep = torch.zeros(3, T, T, dtype=torch.bool).scatter_(-1, want.long(), True)
     want_keep &= torch.ones(T, T, dtype=torch.bool).tril()
     keep = sparse_causal_mask(p, x, q_lat, (cos[0], sin[0]), ix.n_heads, ix.head_dim, ix.index_topk)

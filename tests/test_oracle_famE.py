@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
+from support.indexer_ties import watch_indexers  # noqa: E402
 from support.oracle import Observed, transformers_observed  # noqa: E402
 from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
 
@@ -246,11 +247,21 @@ GLM5: dict[str, dict[str, Any]] = {
 }
 
 
+# the one-head indexer's cuts tie (half its scores are ReLU's exact zeros): transformers' top-k
+# breaks them by position there, as the replay does (support.indexer_ties); the other case meets
+# no tie (asserted) and is compared with transformers as it is
+TIED_GLM5 = ("all-routed-top3-two-shared-16-experts-one-indexer-head",)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", GLM5)
-def test_glm_moe_dsa_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+def test_glm_moe_dsa_replay_matches_transformers(
+    case: str, dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ties = watch_indexers(monkeypatch, by_position=case in TIED_GLM5)
     ckpt = check(tmp_path, "glm_moe_dsa", dtype, **GLM5[case])
     assert ckpt.spec.settings.index_rope_interleave and ckpt.spec.sparse_index is not None
+    assert ties.calls > 0 and (ties.tied_cuts > 0) == (case in TIED_GLM5)
 
 
 def test_glm_moe_dsa_indexer_rope_changes_the_loss(tmp_path: Path) -> None:

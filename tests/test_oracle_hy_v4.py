@@ -5,8 +5,11 @@ replay's layer inputs are compared stream by stream with transformers' hidden st
 last with its output after the hyper head and the final norm. Configurations vary the stream
 count, top-k, expert count, shared experts, dense/sparse layer placement, the SwiGLU clamp and
 the DSA indexer (keeping fewer keys than the window, so the selection decides what each query
-sees), each in float32 and from a bfloat16 checkpoint (transformers computing in float32 from
-the same stored values, as ``test_oracle_dtypes``), with ``test_oracle``'s float32 tolerances.
+sees; with four indexer heads the probe's scores tie at the cut, and transformers' top-k then
+breaks the ties as the replay does, ``support.indexer_ties``; sixteen heads meet no tie and are
+compared with transformers as it is), each in float32 and from a bfloat16 checkpoint
+(transformers computing in float32 from the same stored values, as ``test_oracle_dtypes``), with
+``test_oracle``'s float32 tolerances.
 The MoE input h is what the MoE block's pre-norm reads: the mix the MLP sub-block's
 hyper-connection forms (docs/decisions.md, HY-V4). The attention gradient norm covers the
 attention projections, its gate and sinks, the input norm and the attention sub-block's
@@ -27,8 +30,9 @@ pytest.importorskip("transformers")
 
 from hfmodels import load, random_tokens, save_tiny  # noqa: E402
 from oracle_log import worst as _worst  # noqa: E402
+from support.indexer_ties import watch_indexers  # noqa: E402
 from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from support.oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
+from support.oracle_hy_v4 import CASES, UNTIED, hy_v4_observed, layer_inputs  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.errors import CanaryError, CheckpointError, InputError  # noqa: E402
@@ -40,7 +44,10 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_hy_v4_replay_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+def test_hy_v4_replay_matches_transformers(
+    case: str, dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ties = watch_indexers(monkeypatch, by_position=case not in UNTIED)
     save_tiny(tmp_path, "hy_v4", dtype=DTYPES[dtype], **CASES[case])
     ckpt = Checkpoint(tmp_path)
     tokens = random_tokens()
@@ -48,6 +55,7 @@ def test_hy_v4_replay_matches_transformers(case: str, dtype: str, tmp_path: Path
     ref, ours = hy_v4_observed(model, tokens), observed(ckpt, tokens)
     ours.layer_inputs = layer_inputs(ckpt, tokens)
     assert_agree_deepseek(ref, ours, ckpt)
+    assert ties.calls > 0 and (ties.tied_cuts == 0) == (case in UNTIED)
     assert ckpt.warnings == [] and ckpt.notes == []
     routed = tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts"))
     assert ckpt.spec.routed_layers == routed and ckpt.spec.hc.streams == model.config.hc_mult
@@ -84,11 +92,13 @@ def test_hy_v4_shared_indexer_layers(tmp_path: Path) -> None:
         replay(Checkpoint(tmp_path / "short"), tokens)
 
 
-def test_hy_v4_greedy_generation_matches_transformers(tmp_path: Path) -> None:
+def test_hy_v4_greedy_generation_matches_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The generation receipts' greedy continuation passes the hyper head too: each new token is
-    the argmax of transformers' logits on the sequence so far (no cache: the replay keeps none)."""
+    the argmax of transformers' logits on the sequence so far (no cache: the replay keeps none;
+    the sequences' indexer cuts tie, so transformers breaks the ties by position too)."""
     from moeaudit.replay.engine import greedy_generate
 
+    watch_indexers(monkeypatch, by_position=True)
     save_tiny(tmp_path, "hy_v4")
     model, prompts = load(tmp_path), random_tokens()[:, :8]
     ours = greedy_generate(Checkpoint(tmp_path), prompts, 3)

@@ -3,10 +3,11 @@
 own forward, its one-block vision tower unused), saved by that class around the tiny HY-V4 of
 :mod:`hfmodels.hy_v4`; ``test_oracle_hy_v4``'s checks (loss, per-window NLL, each layer's
 streams, MoE inputs, router logits, top-k sets off near-ties, combine weights, gradient norms per
-expert, router, shared expert and attention sub-block) and two configurations, in float32 and
-from bfloat16 checkpoints. The three ways the VL decoder differs from HY-V4's (adjacent-pair RoPE
-in the attention and in the indexer, latent norms at ``rms_norm_eps``) are each shown to
-matter."""
+expert, router, shared expert and attention sub-block) and its configurations, in float32 and
+from bfloat16 checkpoints (transformers' indexers breaking tied cuts by position as the replay
+does, except on the case that meets none: ``support.indexer_ties``). The three ways the VL
+decoder differs from HY-V4's (adjacent-pair RoPE in the attention and in the indexer, latent
+norms at ``rms_norm_eps``) are each shown to matter."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from hfmodels import (
     wrap,
 )
 from oracle_log import worst as _worst  # noqa: E402
+from support.indexer_ties import watch_indexers  # noqa: E402
 from support.oracle_deepseek import assert_agree_deepseek, observed  # noqa: E402
-from support.oracle_hy_v4 import CASES, hy_v4_observed, layer_inputs  # noqa: E402
+from support.oracle_hy_v4 import CASES, UNTIED, hy_v4_observed, layer_inputs  # noqa: E402
 
 from moeaudit.checkpoint import Checkpoint  # noqa: E402
 from moeaudit.families import FAMILIES  # noqa: E402
@@ -36,7 +38,10 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_hy_v4_vl_text_decoder_matches_transformers(case: str, dtype: str, tmp_path: Path) -> None:
+def test_hy_v4_vl_text_decoder_matches_transformers(
+    case: str, dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ties = watch_indexers(monkeypatch, by_position=case not in UNTIED)
     wrap.save_wrapper(tmp_path, "hy_v4_vl", dtype=DTYPES[dtype], **CASES[case])
     ckpt = Checkpoint(tmp_path)
     assert ckpt.spec.family == "hy_v4_vl" and ckpt.warnings == []
@@ -46,6 +51,7 @@ def test_hy_v4_vl_text_decoder_matches_transformers(case: str, dtype: str, tmp_p
     ref, ours = hy_v4_observed(wrap.TextView(model, "hy_v4_vl"), tokens), observed(ckpt, tokens)
     ours.layer_inputs = layer_inputs(ckpt, tokens)
     assert_agree_deepseek(ref, ours, ckpt)
+    assert ties.calls > 0 and (ties.tied_cuts == 0) == (case in UNTIED)
     worst = _worst(ref, ours)
     assert worst["nll_abs"] <= 1e-4 and worst["grad_rel"] <= 2e-3
     if path := os.environ.get("MOEAUDIT_WORST_LOG"):  # the figures docs/families.md quotes

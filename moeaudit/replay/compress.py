@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moeaudit.replay.selection import keep_best
+
 
 def v4_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """x [..., T, D] (heads, if any, before T) rotated at positions ``pos`` [T]: the last
@@ -100,7 +102,8 @@ def indexer_selection(
     inv_freq: torch.Tensor,
 ) -> torch.Tensor:
     """[B, T, W] bool: the compressed entries CSA's lightning indexer keeps for each query — the
-    ``topk`` best-scoring among those it may read (all of them where it may read at most topk)."""
+    ``topk`` best-scoring among those it may read (all of them where it may read at most topk),
+    exact ties at the cut going to the earlier entry (:func:`moeaudit.replay.selection.keep_best`)."""
     B, T, _ = x_BTH.shape
     W, D = keys_BWD.shape[1], keys_BWD.shape[2]
     visible_TW = visible_entries(T, W, ratio, x_BTH.device)
@@ -111,9 +114,7 @@ def indexer_selection(
     scores = F.relu(torch.matmul(q.float(), keys_BWD.float().transpose(-1, -2).unsqueeze(1))) * D**-0.5
     weights = F.linear(x_BTH, w_weights).float() * n_heads**-0.5
     index_BTW = (scores * weights.unsqueeze(-1)).sum(dim=2).masked_fill(~visible_TW, float("-inf"))
-    top_BTK = index_BTW.topk(min(topk, W), dim=-1).indices
-    kept = torch.zeros(B, T, W, dtype=torch.bool, device=x_BTH.device).scatter_(-1, top_BTK, True)
-    return kept & visible_TW
+    return keep_best(index_BTW, topk) & visible_TW
 
 
 @dataclass(frozen=True)

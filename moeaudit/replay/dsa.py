@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from moeaudit.replay.selection import keep_best
+
 INDEXER_NORM_EPS = 1e-6  # transformers builds the indexer's k_norm LayerNorm with eps=1e-6
 QUERY_BLOCK = 256  # queries scored at once: bounds the [B, block, heads, T] intermediate
 
@@ -94,14 +96,14 @@ def sparse_causal_mask(
     """keep_B1TT: causal keys among each query's ``topk`` best; None when every causal key is
     kept (T ≤ topk), so the caller's plain causal attention is exactly DSA's.
 
-    Masked keys score float32's lowest value before the top-k, as transformers' additive
-    causal mask makes them, so ties among the selected keys break the same way."""
-    B, T, _ = x_BTH.shape
+    Masked keys score float32's lowest value before the selection, as transformers' additive
+    causal mask makes them; exact ties at the cut go to the earlier key on every device
+    (:func:`moeaudit.replay.selection.keep_best`), where transformers' ``topk`` breaks them as
+    the device's kernel does."""
+    T = x_BTH.shape[1]
     if T <= topk:
         return None
     scores_BTT = index_scores(p, x_BTH, q_lat_BTR, *rope, n_heads, head_dim, interleave, rope_last, norm_eps)
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=x_BTH.device).tril()
     scores_BTT = scores_BTT.masked_fill(~causal_TT, torch.finfo(scores_BTT.dtype).min)
-    chosen = scores_BTT.topk(topk, dim=-1).indices
-    keep = torch.zeros_like(scores_BTT, dtype=torch.bool).scatter_(-1, chosen, True)
-    return (keep & causal_TT)[:, None]
+    return (keep_best(scores_BTT, topk) & causal_TT)[:, None]

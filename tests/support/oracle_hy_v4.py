@@ -36,7 +36,14 @@ CASES: dict[str, dict[str, Any]] = {
         "swiglu_limit": 10.0,
         "hc_magnitude": 1.5,
     },
+    # sixteen indexer heads: a score is exactly zero only where all sixteen ReLUs are, so the
+    # probe's cuts do not tie and transformers is compared as it is (the other cases tie)
+    "sixteen-indexer-heads": {"index_n_heads": 16, "index_topk": 6},
 }
+# cases whose probe meets no tied cut in any indexer (asserted): compared with transformers as it
+# is; the others with its indexers' top-k breaking ties by position, as the replay does
+# (support.indexer_ties)
+UNTIED = ("sixteen-indexer-heads",)
 
 
 def hy_v4_observed(model: Any, tokens_WT: torch.Tensor) -> Observed:
