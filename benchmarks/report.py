@@ -18,7 +18,7 @@ RATIOS = (
     "moeaudit/floor_overlap",
     "floor_overlap/floor",
     "floor/hf_fp32",
-    "moeaudit/moeaudit_recompute",
+    "moeaudit/moeaudit_kept",
 )
 
 
@@ -33,7 +33,7 @@ def speed(env_name: str, s: dict[str, Any]) -> list[str]:
         f"{s.get('dtype', 'float32')}."
         + (
             f" W1/W3 products kept for every layer by default: {s['kept_by_default']}; receipts identical "
-            f"with none kept (`moeaudit_recompute`): {s['receipts_identical_recomputed']}."
+            f"with every layer's kept (`moeaudit_kept`): {s.get('receipts_identical_kept')}."
             if "kept_by_default" in s
             else ""
         ),
