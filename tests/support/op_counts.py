@@ -1,20 +1,26 @@
 """Operators a replay dispatches, counted per (phase, layer) on the CPU (docs/scaling.md,
 "Operators per routed layer"). On a GPU nearly every aten operator that computes is one kernel
-launch (some are two or three, a fused one is one for several): the count is the launch count's
-stand-in, and what makes a replay launch-bound when each launch does little work.
+launch (a few are two or three): the count stands in for the launch count, which is what makes
+a replay launch-bound when each launch does little work.
 
 ``OpMeter`` is a ``TorchDispatchMode``: it sees every aten operator after autograd has taken
 its part (the backward's too: autograd's engine runs its nodes under the same modes) and after
-composite operators are decomposed into the ones a backend implements, i.e. what a device
-would be asked to run. Layers are bucketed as in ``device_meter.measure``: a layer starts
-when the replay reads its weights (``Checkpoint.layer_weights``) and ends at its progress tick.
-Each sweep over the experts (``experts._slots_of_sets``) records, in the bucket it runs in,
-how many experts each of its index sets hits: the ``hit`` the counts are fitted against.
+composite operators are decomposed into those a backend implements, i.e. what a device would be
+asked to run. On the device branch (``state_receipts(..., device=STANDIN)``) the tensors the
+replay puts on the stand-in ``cpu:0`` are tagged (``device_meter``) and only the operators that
+touch one are counted: the host's own work (reading and checking the stored weights, drawing the
+bootstrap's windows) launches nothing on a GPU and is kept apart in ``host``. A copy to the
+device is one ``_to_copy`` (on a GPU one asynchronous copy on the stream; ``device_meter``
+counts their bytes). On the default path (``device_branch=False``) every operator is counted.
+
+Layers are bucketed as in ``device_meter.measure``: a layer starts when the replay reads its
+weights (``Checkpoint.layer_weights``) and ends at its progress tick. Each sweep over the
+experts (``experts_forward_sets``, ``experts_backward``) is recorded in the bucket it runs in
+with the experts each of its index sets hits and the operators it dispatched (``Sweep``).
 
 Not counted (``NO_KERNEL``): operators that only make a new tensor header over the same storage
-(views: strides, offsets, a shape) or allocate without writing — no kernel runs for them on
-any backend. Copies between devices are not seen either: on the stand-in ``cpu:0`` a ``.to``
-the device is the identity and dispatches nothing (``device_meter`` counts those copies).
+(views: sizes, strides, an offset), change a header in place, or allocate without writing —
+no kernel runs for them on any backend.
 """
 
 from __future__ import annotations
@@ -27,20 +33,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from device_meter import STANDIN, DeviceGuard, Meter, OnDevice, metering
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from device_meter import STANDIN, DeviceGuard, Meter, OnDevice, metering
-
 from moeaudit.replay.blocks import experts as experts_mod
 
-# aten operators that launch no kernel: each returns a view of its input (a new size / stride /
-# offset over the same storage: view, _unsafe_view, as_strided, t, transpose, permute, expand,
-# slice, select, unsqueeze, squeeze, unbind, split, chunk, narrow, unfold, diagonal, view_as_real /
-# _complex, alias, detach, _reshape_alias, real / imag of a real tensor, lift_fresh) or only
-# allocates (empty, empty_like, empty_strided, new_empty: memory from the caching allocator, not
-# written). ``reshape`` / ``flatten`` / ``contiguous`` never reach a backend themselves (composite:
-# a view, or a ``clone``/``_unsafe_view`` that is counted when it copies).
+# aten operators that launch no kernel, named explicitly (a new one shows up in ``OpMeter.views``):
+# * views, a new header over the same storage: view, _unsafe_view, _reshape_alias, as_strided,
+#   t, transpose, permute, expand, slice, select, unsqueeze, squeeze, unbind, split(_with_sizes),
+#   chunk, narrow, unfold, diagonal, view_as_real / _complex, alias, detach, real / imag;
+# * the same done to a header in place (t_, transpose_, unsqueeze_, squeeze_, as_strided_:
+#   ``quantile`` reshapes its work tensor so);
+# * allocations that write nothing (empty, empty_like, empty_strided, new_empty(_strided)) and
+#   lift_fresh (a constant wrapped as a tensor, no data moved);
+# * _local_scalar_dense, the host's read of a device scalar (``item``): a copy and a wait, not a
+#   kernel, and counted as both by ``device_meter``.
+# ``reshape`` / ``flatten`` / ``contiguous`` never reach a backend themselves: they decompose into
+# a view or a ``clone`` (counted, it copies).
 NO_KERNEL = frozenset(
     {
         "view",
@@ -69,12 +79,17 @@ NO_KERNEL = frozenset(
         "lift_fresh",
         "real",
         "imag",
+        "t_",
+        "transpose_",
+        "unsqueeze_",
+        "squeeze_",
+        "as_strided_",
         "empty",
         "empty_like",
         "empty_strided",
         "new_empty",
         "new_empty_strided",
-        "_local_scalar_dense",  # a read by the host: a copy and a wait, counted by device_meter
+        "_local_scalar_dense",
     }
 )
 
@@ -113,6 +128,7 @@ class OpMeter(TorchDispatchMode):
     host: dict[str, Counter[str]] = field(default_factory=dict)  # on the device branch: host tensors' ops
     sweeps: dict[str, list[Sweep]] = field(default_factory=dict)
     skipped: Counter[str] = field(default_factory=Counter)
+    views: set[str] = field(default_factory=set)  # counted operators that are views: NO_KERNEL misses them
     label: str = "setup"
     phase: str = "forward"
     sweep: Sweep | None = None  # the sweep running now
@@ -127,6 +143,8 @@ class OpMeter(TorchDispatchMode):
         if name in NO_KERNEL:
             self.skipped[name] += 1
         elif not self.device_branch or _on_device(args, kwargs or {}):
+            if func.is_view:
+                self.views.add(name)
             self.counts.setdefault(self.label, Counter())[name] += 1
             if self.sweep is not None:
                 self.sweep.ops += 1
@@ -169,8 +187,8 @@ def counting_sweeps(meter: OpMeter) -> Iterator[OpMeter]:
     """Record each sweep over the experts: ``experts_forward_sets`` and ``experts_backward`` are
     wrapped wherever the replay imported them (every ``moeaudit`` module holding them), and
     ``experts._slots_of_sets``, which each sweep calls once (the backward's through
-    ``expert_slots``, before the sweep starts), gives the experts each set hits (a sweep handed ``sorted_slots`` uses those of the latest call,
-which made them)."""
+    ``expert_slots``, before the sweep starts), gives the experts each set hits; a sweep handed
+    ``sorted_slots`` takes those of the latest call, which made them."""
     originals = {n: getattr(experts_mod, n) for n in (*SWEEPS, "_slots_of_sets")}
     last: list[list[list[int]]] = [[]]  # tokens per expert of each set, of the latest call
 
