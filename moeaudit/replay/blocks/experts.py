@@ -75,6 +75,9 @@ def experts_forward_sets(
         ],
     )
     out = [y_NH.new_zeros(idx.numel(), y_NH.shape[-1]) for idx in sets]  # rows: flat (token, slot)
+    # each slot's token in sweep order, one operator per set rather than one per (expert, set):
+    # on a GPU each operator is a launch (docs/scaling.md, "Operators per routed layer")
+    toks = [order // idx.shape[1] for (order, _), idx in zip(slots, sets, strict=True)]
     starts = [0] * len(sets)
     for e in range(len(experts)):
         if not any(counts[e] for _, counts in slots) or (only is not None and e not in only):
@@ -86,9 +89,10 @@ def experts_forward_sets(
             c = counts[e]
             if c:
                 slots_c = order[starts[i] : starts[i] + c]
-                tok = slots_c // sets[i].shape[1]
+                tok = toks[i][starts[i] : starts[i] + c]
                 if keep is not None and i == 0 and glu is None and scales is None and "w3" in w:
-                    a1, a3 = F.linear(y_NH[tok], w["w1"]), F.linear(y_NH[tok], w["w3"])
+                    x = y_NH[tok]
+                    a1, a3 = F.linear(x, w["w1"]), F.linear(x, w["w3"])
                     u = F.linear(F.silu(a1) * a3, w["w2"])
                     keep[e] = (a1, a3)
                 elif scales is None:
@@ -240,14 +244,16 @@ def experts_backward(
     dy_NH = y_NH.new_zeros((0, y_NH.shape[1])) if slot_dx else torch.zeros_like(y_NH)
     dx_SH = y_NH.new_zeros((N * K, y_NH.shape[1])) if slot_dx else None
     dc_S = combine_NK.new_zeros(N * K)
-    c_S = combine_NK.reshape(-1).to(y_NH.dtype)
-    sq_E = y_NH.new_zeros(len(experts), dtype=torch.float64)  # stays where it is computed
+    # each slot's token and combine weight in sweep order, gathered once for the sweep rather
+    # than once per expert (docs/scaling.md, "Operators per routed layer")
+    tok_S, c_S = order // K, combine_NK.reshape(-1).to(y_NH.dtype)[order]
+    sq: dict[int, torch.Tensor] = {}  # ‖∇_{θ_e} L‖² of the experts computed here
     start = 0
     for e, c in enumerate(counts):
         if c and (only is None or e in only):
             slots = order[start : start + c]
-            tok = slots // K
-            x, c_M1 = y_NH[tok], c_S[slots, None]
+            tok = tok_S[start : start + c]
+            x, c_M1 = y_NH[tok], c_S[start : start + c, None]
             w = experts[e]  # fetched (converted, sent to the device) once
             if not w:  # LongCat's zero-computation expert: c·y; no weights, so no norm (sq_E[e] stays 0)
                 g_M = grad_NH[tok]
@@ -273,14 +279,18 @@ def experts_backward(
             dc_S[slots] = dc.to(dc_S.dtype)
             norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
             del dx, dc, grads, x, c_M1, w  # before the next expert is converted
-            sq_E[e] = _sum_of_squares(norms) if norms else 0.0
+            if norms:
+                sq[e] = _sum_of_squares(norms)
         start += c
+    zero = y_NH.new_zeros((), dtype=torch.float64)
+    sq_E = torch.stack([sq.get(e, zero) for e in range(len(experts))])  # stays where it is computed
     return ExpertsBackward(dy_NH, dc_S.view(N, K), sq_E, dx_SH)
 
 
 def _sum_of_squares(norms: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Σ n² in float64, summed left to right from 0 as the Python float sum it replaces."""
-    total = norms[0].new_zeros(())
-    for n in norms:
+    """Σ n² in float64, summed left to right as the Python float sum it replaces; that sum's
+    start, 0, is left out: 0 + n² is n² exactly (n² ≥ 0 or NaN)."""
+    total = norms[0] * norms[0]
+    for n in norms[1:]:
         total = total + n * n
     return total
