@@ -526,8 +526,12 @@ def keygen(out: Path, key_type: str, ecdsa: bool, **options: Any) -> None:
 
     if ecdsa and key_type != "ecdsa-p256":
         raise UsageError("--ecdsa contradicts --key-type ed25519", hint="pass one of them")
+    from moeaudit.attest.signing import key_hint, load_public_key
+
     keyid = generate(out, key_type=key_type, **options)
-    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid}")
+    hint = key_hint(load_public_key(Path(f"{out}.pub")))
+    # the keyid names the key in verify's output, the hint in Sigstore bundles (claims list)
+    click.echo(f"wrote {out} (private, 0600) and {out}.pub ({key_type}); keyid {keyid}; key hint {hint}")
 
 
 def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tuple[str, ...]:

@@ -118,7 +118,7 @@ def claims_verify(directory: Path, pubkeys: tuple[Path, ...]) -> None:
     digest, results, error = work.verify(directory, pubkeys, HOOKS)
     click.echo(f"{directory}: sha256:{digest}")
     for r in results:
-        click.echo(f"  {r.text()}" + (f" (keyid {r.keyid[:16]}…)" if r.keyid else ""))
+        click.echo(f"  {r.text()}{r.key_names()}")
     if error is not None:
         raise error
 

@@ -130,6 +130,13 @@ def test_claims_add_list_verify_round_trip(certified: tuple[Path, Path, Path], t
     assert ok.exit_code == 0, ok.stdout + ok.stderr
     assert ok.stdout.count(": verified: ") == 2
     assert "line 3: not-verified: a keyless bundle" in ok.stdout
+    # verify names the signer by both of its names, so a line of `claims list` (key hint) can be
+    # matched to `verify`'s and `keygen`'s keyid
+    from moeaudit.attest.signing import key_hint, keyid, load_public_key
+
+    public = load_public_key(pub)
+    assert ok.stdout.count(f"(keyid {keyid(public)[:16]}…; key hint {key_hint(public)[:16]}…)") == 2
+    assert _run("claims", "list", str(ckpt)).stdout.count(f"key hint {key_hint(public)[:16]}…") == 2
     if has_sigstore_js:  # each line, verified by sigstore-js against model-signing's digest
         for bundle in lines:
             done = _sigstore_js(bundle, pub, before, tmp_path)

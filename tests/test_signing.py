@@ -19,6 +19,7 @@ from moeaudit.attest.signing import (
     PAYLOAD_TYPE,
     SignatureInvalid,
     generate_key,
+    key_hint,
     keyid,
     load_private_key,
     load_public_key,
@@ -143,7 +144,9 @@ def test_keygen_cli_modes_and_refusal(tmp_path: Path) -> None:
     result = runner.invoke(cli, ["keygen", "--out", str(tmp_path / "key")])
     assert result.exit_code == 0, result.output
     assert stat.S_IMODE(os.stat(tmp_path / "key").st_mode) == 0o600
-    load_public_key(tmp_path / "key.pub")
+    public = load_public_key(tmp_path / "key.pub")
+    # both names of the key: the keyid verify prints, the hint Sigstore bundles carry (claims list)
+    assert f"; keyid {keyid(public)}; key hint {key_hint(public)}" in result.output
     again = runner.invoke(cli, ["keygen", "--out", str(tmp_path / "key")])
     assert again.exit_code == 4 and "--force" in again.stderr
 

@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +175,18 @@ class LineResult:
     detail: str
     keyid: str = ""
     statement: dict[str, Any] = field(default_factory=dict)
+    hint: str | None = None  # the bundle's key hint, as ``claims list`` shows it
 
     def text(self) -> str:
         return f"line {self.number}: {self.status}: {self.detail}"
+
+    def key_names(self) -> str:
+        """The signer's two names: the keyid (SHA-256 of the DER SubjectPublicKeyInfo, as ``verify``
+        and ``keygen`` print it) once the signature held, and the bundle's key hint (SHA-256 of the
+        PEM, as ``claims list`` shows it); empty when the line has neither."""
+        names = [f"keyid {self.keyid[:16]}…"] if self.keyid else []
+        names += [f"key hint {self.hint[:16]}…"] if self.hint else []
+        return f" ({'; '.join(names)})" if names else ""
 
 
 def verify_claims(directory: Path, keys: Sequence[PublicKey]) -> tuple[str, list[LineResult]]:
@@ -195,9 +204,9 @@ def verify_claims(directory: Path, keys: Sequence[PublicKey]) -> tuple[str, list
         if why is None and not candidates:
             why = f"signed by key hint {str(hint)[:16]}…, not one of the keys given"
         if why is not None:
-            results.append(LineResult(line.number, "not-verified", why))
+            results.append(LineResult(line.number, "not-verified", why, hint=hint))
             continue
-        results.append(_verify_line(line, candidates, digest, path))
+        results.append(replace(_verify_line(line, candidates, digest, path), hint=hint))
     return digest, results
 
 
