@@ -9,6 +9,7 @@ per shape, the others carrying that count):
     python benchmarks/flop_meter.py mid               # 3 checkpoints of a 4-layer mixtral layout, hidden
                                                       # 1024, 8 experts (seeds 0-2), built in /tmp (bf16
                                                       # on disk), 8 × 256-token canary
+    python benchmarks/flop_meter.py mid --device cuda # the same replays on a GPU (gpu_session.sh)
 
 Threads: ``torch.get_num_threads()`` is printed and is the same for every side of every ratio.
 Prints one JSON line per round: per side the seconds of the whole run and their ratios to bare,
@@ -48,28 +49,28 @@ def _inputs(which: str) -> tuple[list[Path], Path]:
     return paths, WORK / "canary.safetensors"
 
 
-def _round(ckpts: list[Any], probe: Any, policy: Any) -> dict[str, Any]:
+def _round(ckpts: list[Any], probe: Any, policy: Any, device: str | None = None) -> dict[str, Any]:
     """One pass over the run; each checkpoint replayed bare, metered, and as certify plans it,
     back to back (so that a change in the machine's load falls on all three sides alike)."""
     from moeaudit.receipts.compute import metered
     from moeaudit.receipts.flop_reuse import FlopReuse
     from moeaudit.receipts.state import run_state
 
-    reuse = FlopReuse(None)
+    reuse = FlopReuse(device)
     settings = policy.to_json()["receipts"]
     seconds = {"bare": [], "every": [], "once": []}
     flops = {"every": 0, "once": 0}
     carried = 0
     for i, ckpt in enumerate(ckpts):
         t0 = time.perf_counter()
-        run_state(ckpt, probe, policy)
+        run_state(ckpt, probe, policy, device=device)
         t1 = time.perf_counter()
-        with metered() as m:
-            run_state(ckpt, probe, policy)
+        with metered(device) as m:
+            run_state(ckpt, probe, policy, device=device)
         t2 = time.perf_counter()
         plan = reuse.plan(ckpt, probe, settings)
-        with metered(count=plan.meter) as m2:
-            _, obs = run_state(ckpt, probe, policy, stash_budget=plan.budget)
+        with metered(device, count=plan.meter) as m2:
+            _, obs = run_state(ckpt, probe, policy, stash_budget=plan.budget, device=device)
         entry = reuse.record(plan, f"{i}", m2.record(), obs.kept_layers)
         t3 = time.perf_counter()
         seconds["bare"].append(t1 - t0)
@@ -93,7 +94,7 @@ def _round(ckpts: list[Any], probe: Any, policy: Any) -> dict[str, Any]:
     }
 
 
-def main(which: str, rounds: int = 3) -> None:
+def main(which: str, rounds: int = 3, device: str | None = None) -> None:
     import torch
 
     from moeaudit import canary as canary_mod
@@ -105,13 +106,17 @@ def main(which: str, rounds: int = 3) -> None:
     paths, canary_path = _inputs(which)
     ckpts, probe, policy = [Checkpoint(p) for p in paths], canary_mod.load(canary_path), Policy()
     for ckpt in ckpts:  # warm: first-touch reads, kernels' first calls, the mode's set-up
-        state_receipts(ckpt, probe, policy)
-    with metered():
-        state_receipts(ckpts[0], probe, policy)
-    print(json.dumps({"threads": torch.get_num_threads(), "checkpoints": len(ckpts), "torch": torch.__version__}))
+        state_receipts(ckpt, probe, policy, device=device)
+    with metered(device):
+        state_receipts(ckpts[0], probe, policy, device=device)
+    info = {"threads": torch.get_num_threads(), "checkpoints": len(ckpts), "torch": torch.__version__}
+    print(json.dumps({**info, "device": device or "cpu"}))
     for r in range(rounds):
-        print(json.dumps({"round": r, **_round(ckpts, probe, policy)}))
+        print(json.dumps({"round": r, **_round(ckpts, probe, policy, device)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "sample")
+    args = sys.argv[1:]
+    dev = args[args.index("--device") + 1] if "--device" in args else None
+    rest = [a for i, a in enumerate(args) if a != "--device" and (i == 0 or args[i - 1] != "--device")]
+    main(rest[0] if rest else "sample", device=dev)

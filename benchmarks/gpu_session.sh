@@ -4,7 +4,7 @@
 #   .gpu/  the shared gpu-probe (certcmp.py, callback_gpu.py)
 #   .whl/  wheels the GPU image lacks (cryptography, cffi, pycparser, jsonschema + its three deps,
 #          the transformers the tests use) for CPython 3.12 manylinux x86-64
-# Stage limits (seconds) S1 S3 S4 keep the whole run under 600 s; figures and logs go to $OUT.
+# Stage limits (seconds) S1 S3 S3C S4 keep the whole run under 600 s; figures and logs go to $OUT.
 set -u
 export PYTHONUNBUFFERED=1 PROJ=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -39,6 +39,9 @@ timeout "${S3:-220}" python3 benchmarks/gpu.py --device cuda --precision bf16 --
 
 t "stage 3b: profile of the replay"
 timeout 60 python3 benchmarks/profile_replay.py $W/gb/gpu/ckpt $W/gb/gpu/canary.safetensors "$OUT" 2>&1 | grep -v -i warn
+
+t "stage 3c: what counting the FLOPs costs on the GPU (FlopCounterMode, once per shape)"
+timeout "${S3C:-50}" python3 benchmarks/flop_meter.py mid --device cuda 2>&1 | grep -v -i warn | tee "$OUT/flop_meter.log"
 
 t "stage 4: the Trainer callback's overhead"
 timeout "${S4:-80}" python3 "$G/callback_gpu.py" "${STEPS:-30}" 2 2>&1 | tee "$OUT/callback.log" | grep -v Warning | tail -6
