@@ -114,8 +114,8 @@ def signature(ckpt: Any, canary_digest: str, settings: Any, device: str | None) 
 
 
 def memory_dependent_stash(device: str | None) -> bool:
-    """Whether the stash budget is a share of free host memory (``replay.stash``): no budget in
-    the environment and the replay on the host."""
+    """Whether the stash budget can follow the free host memory (``replay.stash``: the default,
+    capped by a quarter of the headroom): no budget in the environment and the replay on the host."""
     from moeaudit.replay.stash import ENV
 
     if os.environ.get(ENV):
