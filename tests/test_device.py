@@ -252,3 +252,21 @@ def test_cuda_without_a_gpu_is_a_usage_error(command: str, tmp_path: Path) -> No
     assert result.exit_code == 2
     assert "--device" in result.output and "CUDA is not available" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_freed_memory_goes_back_every_eighth_layer_step_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host trims after every ``TRIM_EVERY``-th layer step (a trim after each cost a narrow
+    replay 8 % of its wall time in page faults; docs/decisions.md), an accelerator never."""
+    from moeaudit.replay import device as device_mod
+
+    calls: list[int] = []
+    monkeypatch.setattr(device_mod, "release_freed_memory", lambda: calls.append(1))
+    assert device_mod.TRIM_EVERY == 8
+    trim = device_mod.trimmer(None)
+    for _ in range(20):
+        trim()
+    assert len(calls) == 2  # after the 8th and the 16th
+    calls.clear()
+    for _ in range(20):
+        device_mod.trimmer("meta")()
+    assert calls == []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -227,17 +228,32 @@ def _load_trim() -> Callable[[], object]:
 
 
 # glibc keeps freed blocks below its (dynamic, up to 32 MB) mmap threshold in the heap, and a
-# layer's many short-lived tensors fragment it: without a trim after each layer the peak RSS
-# of a 32-layer replay grows by ~25% with memory that is free but not returned (docs/benchmarks.md §2).
+# layer's many short-lived tensors fragment it: with no trim at all the peak RSS of the 32-layer
+# benchmark replay grows by 8 % with memory that is free but not returned (docs/benchmarks.md §2).
 release_freed_memory = _load_trim()
 
 
-def trimmer(device: Device) -> Callable[[], object]:
-    """What to call after each layer: the trim on the host; nothing on an accelerator, where the
-    host holds the pinned copies and little else, and a trim costs ~12 ms a layer (0.2 s of the
-    1.32 B GPU benchmark's replay, docs/benchmarks.md "GPU")."""
+# layer steps between two trims on the host: a trim returns every freed page, and the next layers
+# fault them in again (8 % of a narrow replay's wall time when it ran after every layer); every
+# 8th keeps the 32-layer replay's peak within 3 % of trimming after each (docs/decisions.md,
+# "Freed memory goes back to the system every 8 layers")
+TRIM_EVERY = 8
+
+
+def trimmer(device: Device, every: int = TRIM_EVERY) -> Callable[[], object]:
+    """What to call after each layer: on the host, the trim after every ``every``-th call;
+    nothing on an accelerator, where the host holds the pinned copies and little else, and a
+    trim costs ~12 ms a layer (0.2 s of the 1.32 B GPU benchmark's replay, docs/benchmarks.md "GPU")."""
     dev = prepare_device(device)
-    return release_freed_memory if dev is None or dev.type == "cpu" else (lambda: None)
+    if dev is not None and dev.type != "cpu":
+        return lambda: None
+    calls = itertools.count(1)
+
+    def trim() -> None:
+        if next(calls) % every == 0:
+            release_freed_memory()
+
+    return trim
 
 
 def _set_deterministic(on: bool, warn_only: bool) -> None:
