@@ -171,10 +171,10 @@ def metering(meter: Meter) -> Iterator[Meter]:
             device_mod.synchronize = orig_sync
 
 
-def measure(ckpt: Any, run: Callable[[Callable[[str, int, int], None]], Any]) -> Meter:
-    """Run ``run(progress)`` (a replay on ``STANDIN`` of ``ckpt``) under the meter, with layer
-    starts taken from ``ckpt.layer_weights``."""
-    meter = Meter()
+@contextmanager
+def layer_starts(ckpt: Any, meter: Any) -> Iterator[None]:
+    """Inside the block a layer starts, for ``meter.layer_start``, when the replay reads its
+    weights (``ckpt.layer_weights``)."""
     read = ckpt.layer_weights
 
     def layer_weights(layer: int, *args: Any, **kwargs: Any) -> Any:
@@ -183,10 +183,17 @@ def measure(ckpt: Any, run: Callable[[Callable[[str, int, int], None]], Any]) ->
 
     ckpt.layer_weights = layer_weights
     try:
-        with metering(meter):
-            run(meter.tick)
+        yield
     finally:
         del ckpt.layer_weights
+
+
+def measure(ckpt: Any, run: Callable[[Callable[[str, int, int], None]], Any]) -> Meter:
+    """Run ``run(progress)`` (a replay on ``STANDIN`` of ``ckpt``) under the meter, with layer
+    starts taken from ``ckpt.layer_weights``."""
+    meter = Meter()
+    with layer_starts(ckpt, meter), metering(meter):
+        run(meter.tick)
     return meter
 
 

@@ -86,28 +86,20 @@ def pair_row(
     from_step: int, to_step: int, gap: int, value_from: float | None, value: float | None, bound: float | None
 ) -> PairCheck:
     """One discrete pair; ``bound`` None: a value is non-finite (the pair is not compliant)."""
-    if value is None or bound is None:
-        return {
-            "from_step": from_step,
-            "to_step": to_step,
-            "gap": gap,
-            "value_from": value_from,
-            "value": value,
-            "bound": None,
-            "margin": None,
-            "compliant": False,
-            "reason": "non-finite value",
-        }
-    return {
+    finite = value is not None and bound is not None
+    row: PairCheck = {
         "from_step": from_step,
         "to_step": to_step,
         "gap": gap,
         "value_from": value_from,
         "value": value,
-        "bound": bound,
-        "margin": bound - value,
-        "compliant": _holds(value, bound),
+        "bound": bound if finite else None,
+        "margin": bound - value if value is not None and bound is not None else None,
+        "compliant": _holds(value, bound) if value is not None and bound is not None else False,
     }
+    if not finite:
+        row["reason"] = "non-finite value"
+    return row
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from device_meter import STANDIN, DeviceGuard, Meter, OnDevice, metering
+from device_meter import STANDIN, DeviceGuard, Meter, OnDevice, layer_starts, metering
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -240,16 +240,6 @@ def measure_ops(
     checkpoint, checking it finite, drawing the bootstrap's windows) launches nothing on a GPU
     and goes to ``host``."""
     meter = OpMeter(device_branch=device_branch)
-    read = ckpt.layer_weights
-
-    def layer_weights(layer: int, *args: Any, **kwargs: Any) -> Any:
-        meter.layer_start(layer)
-        return read(layer, *args, **kwargs)
-
-    ckpt.layer_weights = layer_weights
-    try:
-        with metering(Meter()), DeviceGuard(), counting_sweeps(meter), meter:
-            run(meter.tick)
-    finally:
-        del ckpt.layer_weights
+    with layer_starts(ckpt, meter), metering(Meter()), DeviceGuard(), counting_sweeps(meter), meter:
+        run(meter.tick)
     return meter
