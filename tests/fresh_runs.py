@@ -66,7 +66,8 @@ class Recipe:
     """How one run is trained; every field enters the cache key."""
 
     # "healthy" | "collapse" | "overfit" | "stress" (healthy training, awkward layout) |
-    # "confident" (a router boosted into exact-zero combine weights) | "top1" | "killed" | "shift"
+    # "confident" (a router boosted into exact-zero combine weights) | "top1" | "every_active" (E = k) |
+    # "killed" | "shift"
     kind: str
     family: str = "mixtral"  # a transformers model_type moeaudit replays
     loop: str = "trainer"  # "trainer" (HF Trainer + MoeauditCallback) | "torch" (own loop + RunRecorder)
@@ -210,6 +211,16 @@ RECIPES: dict[str, Recipe] = {
     ),
     "top1": Recipe(
         "top1", loop="torch", seed=13, top_k=1, steps=150, save_every=50, note="top-1 routing, 4 experts, plain loop"
+    ),
+    "every-active": Recipe(
+        "every_active",
+        loop="torch",
+        seed=16,
+        experts=2,
+        top_k=2,
+        steps=150,
+        save_every=50,
+        note="E = k: two experts, top-2, every expert active on every token, plain loop",
     ),
     "killed-expert": Recipe(
         "killed",

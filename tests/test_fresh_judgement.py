@@ -223,6 +223,45 @@ def test_top1_routing_names_c2_not_applicable_and_what_was_judged(fresh_runs, en
     assert "C2 not applicable" in detail and "C2 held" not in detail
 
 
+# --- every expert active (E = k): C2 exists and is judged; the boundary does not ------------------
+
+
+def test_every_expert_active_judges_c2_over_its_pairs(fresh_runs, env, cache, tmp_path) -> None:
+    """Two experts, top-2: every token uses both, so there is no selection boundary, but the
+    co-active pair exists on every token: C2 is computed on every protected layer, judged like
+    any k ≥ 2 run's, and signed as held; the transition and adjacency receipts, which need an
+    expert beyond R_k, say why they are absent."""
+    run = fresh_runs["every-active"]
+    audit = audit_run(run, load(run / "canary.safetensors"), Policy(), cache=ReceiptsCache(cache))
+    pred = audit.statement["predicate"]
+    assert pred["verdict"] == "PASS", pred["verdict_reason"]
+    assert [g["status"] for g in pred["gates"]] == ["BASELINE", "GREEN", "GREEN"]
+    protected = {str(layer) for layer in pred["protected_layers"]}
+    for g in pred["gates"][1:]:
+        st = g["structural"]
+        assert "c2_status" not in st and st["c2_ok"] and set(st["c2_deltas"]) == protected
+        assert any(s.startswith(HELD) for s in _sentences(g))
+        assert not any("not applicable" in s for s in _sentences(g))
+    _held_is_computed(pred)
+    for step in _steps(run):
+        for layer in audit.receipts[f"checkpoint-{step}.json"]["layers"]:
+            o, b = layer["overlap"], layer["boundary"]
+            assert o["c2"] is not None and o["c2_smooth"] is not None and o["c2_excluded_tokens"] == 0
+            assert -1.0 <= o["c2"] <= 1.0 and o["ci95"]["c2"][0] <= o["c2"] <= o["ci95"]["c2"][1]
+            assert o["transition_incompatibility"] is None and "E = k" in o["reason"]
+            assert b["margin_mean"] is None and "E = k" in b["reason"]
+    steps = _steps(run)
+    out = tmp_path / "gate.json"
+    result = CliRunner(env=env).invoke(
+        cli,
+        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
+        + ["--canary", str(run / "canary.safetensors")],
+    )
+    assert result.exit_code == 0, result.output + result.stderr
+    detail = json.loads(out.read_text())["conditions"][0]["detail"]
+    assert "C2 held" in detail and "not applicable" not in detail
+
+
 # --- a dead expert the replay can see is dead ------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from moeaudit.policy import Policy
 from moeaudit.receipts.bootstrap import WindowBootstrap
 from moeaudit.receipts.occupancy import active_sets, js_divergence, occupancy
 from moeaudit.receipts.state import state_receipts
+from moeaudit.replay import replay
 
 pytest.importorskip("transformers")
 
@@ -310,15 +311,58 @@ def test_bootstrap_intervals_contain_mean_receipts(ckpt: Path, probe: Path) -> N
             assert lo - slack <= point <= hi + slack, (layer["layer"], name, point, ci)
 
 
-def test_top_k_equal_to_experts_has_no_boundary(hf_checkpoint, probe: Path) -> None:
-    """E = k (allowed by the config): no (k+1)-th score, so no margin; not a crash."""
-    ckpt = hf_checkpoint("mixtral", num_local_experts=2, num_experts_per_tok=2)
-    doc = state_receipts(Checkpoint(ckpt), canary_mod.load(probe))
+@pytest.mark.parametrize("experts", [2, 3])
+def test_top_k_equal_to_experts_has_no_boundary_and_c2_over_every_pair(
+    hf_checkpoint, probe: Path, experts: int
+) -> None:
+    """E = k (allowed by the config): no (k+1)-th score, so no margin, no transition and no
+    adjacency receipt; but R_k is every expert, so the co-active pairs exist and c2 and
+    c2_smooth are SPEC §4's means over them — checked against a token-by-token reference
+    written from the equations (`003` Eq. 10, 20–22) on the replay's own taps."""
+    ckpt = Checkpoint(hf_checkpoint("mixtral", num_local_experts=experts, num_experts_per_tok=experts))
+    probe_ = canary_mod.load(probe)
+    taps: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def keep(tap: Any, lw: Any) -> None:
+        r = tap.routing
+        taps[tap.layer] = tuple(t.detach().double().clone() for t in (tap.u_NKH, tap.z_NH, r.probs_NE, r.scores_NE))
+        taps[tap.layer] += (r.topk_NK.clone(),)
+
+    replay(ckpt, probe_.tokens, backward=False, observers=[keep])
+    doc = state_receipts(ckpt, probe_)
+    beta = Policy().receipts.beta_adj
     for layer in doc["layers"]:
-        b = layer["boundary"]
+        b, o = layer["boundary"], layer["overlap"]
         assert b["margin_mean"] is None and "E = k" in b["reason"]
         assert set(b["boundary_mass"].values()) == {0.0} and b["flip_rate"] == 0.0
-        assert layer["occupancy"]["counts"] == [8 * 16, 8 * 16]
+        assert layer["occupancy"]["counts"] == [8 * 16] * experts
+        assert o["transition_incompatibility"] is None and o["adjacency_specificity"] is None
+        assert "E = k" in o["reason"]
+        assert o["c2_smooth_candidates"] == experts and o["c2_smooth_truncation_mass"] == 0.0
+        u, z, probs, scores, topk = taps[layer["layer"]]
+        d = z.shape[1]
+        c2, c2s = [], []
+        for t in range(u.shape[0]):
+            v = [u[t, i] - z[t] * float(u[t, i] @ z[t]) / d for i in range(experts)]
+            rho = [float(probs[t, topk[t, i]]) for i in range(experts)]
+            s_ = [float(scores[t, topk[t, i]]) for i in range(experts)]
+            num = den = nums = dens = 0.0
+            for i in range(experts):
+                for j in range(experts):
+                    if i != j:
+                        kap = float(v[i] @ v[j]) / (float(v[i].norm()) * float(v[j].norm()) + 1e-8)
+                        w, ws = rho[i] * rho[j], rho[i] * rho[j] * math.exp(-beta * abs(s_[i] - s_[j]))
+                        num, den, nums, dens = num + w * kap, den + w, nums + ws * kap, dens + ws
+            c2.append(num / den)
+            c2s.append(nums / dens)
+        # the receipts form v in the replay's float32, this reference in float64: κ ∈ [−1, 1]
+        # differs by float32 rounding (measured ≤ 6e-10 here), far below any change of weighting
+        assert o["c2"] == pytest.approx(sum(c2) / len(c2), rel=0, abs=1e-8)
+        assert o["c2_smooth"] == pytest.approx(sum(c2s) / len(c2s), rel=0, abs=1e-8)
+        if experts > 2:  # one pair per token at k = 2: any weights give its κ; at k = 3 they matter
+            assert o["c2"] != pytest.approx(o["c2_smooth"], rel=0, abs=1e-8)
+        lo, hi = o["ci95"]["c2"]
+        assert lo <= o["c2"] <= hi and o["c2_excluded_tokens"] == 0
 
 
 # ----- determinism ------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
             noise = (_half_width(now[layer]) ** 2 + _half_width(then[layer]) ** 2) ** 0.5
             slack[layer] = max(g.tol_c2, g.tol_c2_rel * abs(b), noise)
         elif a is None and b is None and now[layer]["overlap"].get("reason"):
-            not_applicable[str(layer)] = now[layer]["overlap"]["reason"]  # top-1 routing, E = k
+            not_applicable[str(layer)] = now[layer]["overlap"]["reason"]  # top-1 routing
         else:
             not_computed.append(layer)
     fallen = [layer for layer, d in c2_deltas.items() if d < -slack[layer]]

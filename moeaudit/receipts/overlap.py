@@ -153,8 +153,10 @@ def overlap_pending(
     r = tap.routing
     N, K = r.topk_NK.shape
     E = r.probs_NE.shape[1]
+    if E <= 1:
+        return {"c2": None, "c2_smooth": None, "reason": "a single expert: no co-active pairs"}
     if E <= K:
-        return {"c2": None, "c2_smooth": None, "reason": "every expert is active (E = k)"}
+        return _every_expert_active(tap, r, settings, boot, spec)
     z = tap.z_NH
     cand_NC = candidates(r.scores_NE, r.topk_NK, min(E, 2 * K))
     if "overlap_candidates" in tap.extra_u:  # computed by the replay's sweep (``extra_experts``)
@@ -204,6 +206,52 @@ def overlap_pending(
             "transition_incompatibility_all": boot.mean_pending(jump_N),
             "transition_incompatibility_boundary": boot.mean_pending(jump_N, boundary_N),
             "adjacency_specificity": boot.mean_pending(spec_N),
+        },
+    }
+
+
+EVERY_EXPERT_ACTIVE = (
+    "every expert is active (E = k): no (k+1)-th expert by score and none outside R_k, so no "
+    "transition incompatibility or adjacency specificity"
+)
+
+
+def _every_expert_active(
+    tap: MoETap, r: Routing, settings: ReceiptSettings, boot: WindowBootstrap, spec: ModelSpec | None
+) -> dict[str, Any]:
+    """E = k: R_k is every expert, so the co-active pairs exist and c2 (Eq. 20) is SPEC §4's mean
+    over them; the K' = min(E, 2k) = E candidates are R_k itself, so c2_smooth (Eq. 21–22) weighs
+    the same pairs by Eq. 21 and leaves no mass out. Eq. 14 and Table 2 need an expert beyond R_k:
+    they are None, with the reason."""
+    K = r.topk_NK.shape[1]
+    centred = spec is not None and spec.layer_norm
+    rho_NK = r.probs_NE.double().gather(1, r.topk_NK)
+    s_NK = r.scores_NE.double().gather(1, r.topk_NK)
+    parts = []
+    for t in (slice(a, a + TOKEN_CHUNK) for a in range(0, rho_NK.shape[0], TOKEN_CHUNK)):
+        kap_NKK = kappa(visible_field(tap.u_NKH[t], tap.z_NH[t], centred))
+        rho, s_ = rho_NK[t], s_NK[t]
+        w_adj = (
+            rho[:, :, None] * rho[:, None, :] * torch.exp(-settings.beta_adj * (s_[:, :, None] - s_[:, None, :]).abs())
+        )
+        parts.append(
+            (*pair_weighted_defined(kap_NKK, rho[:, :, None] * rho[:, None, :]), *pair_weighted_defined(kap_NKK, w_adj))
+        )
+    c2_N, c2_def_N, c2s_N, c2s_def_N = (torch.cat([p[i] for p in parts]) for i in range(4))
+    return {
+        "c2": _mean_or_reason(c2_N, c2_def_N),
+        "c2_excluded_tokens": integer((~c2_def_N).sum()),
+        "c2_smooth": _mean_or_reason(c2s_N, c2s_def_N),
+        "c2_smooth_excluded_tokens": integer((~c2s_def_N).sum()),
+        "c2_smooth_candidates": K,
+        "c2_smooth_truncation_mass": 0.0,  # the candidates are every expert: nothing is left out
+        "transition_incompatibility": None,
+        "adjacency_specificity": None,
+        "reason": EVERY_EXPERT_ACTIVE,
+        "replicates": {"c2": boot.mean_replicates_pending(_zeroed(c2_N, c2_def_N), c2_def_N)},
+        "ci95": {
+            "c2": boot.mean_pending(_zeroed(c2_N, c2_def_N), c2_def_N),
+            "c2_smooth": boot.mean_pending(_zeroed(c2s_N, c2s_def_N), c2s_def_N),
         },
     }
 

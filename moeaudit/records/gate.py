@@ -83,7 +83,7 @@ class Structural(TypedDict):
     c2_tolerance: Annotated[dict[str, float], DATA_KEYS]
     c2_fallen_layers: list[int]
     # absent: C2 held or fell on the protected layers (c2_ok says which); "not applicable": no
-    # co-active pairs (top-1 routing, E = k; the reason per layer); "not computed": a C2 that
+    # co-active pairs (top-1 routing; the reason per layer); "not computed": a C2 that
     # should exist and does not. Neither is ever signed as held (gates.claims).
     c2_status: NotRequired[Literal["not applicable", "not computed"]]
     c2_not_applicable: NotRequired[Annotated[dict[str, str], DATA_KEYS]]
