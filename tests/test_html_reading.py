@@ -79,6 +79,7 @@ def post_training(stmt: dict[str, Any]) -> dict[str, Any]:
     p["run"]["stage"] = "post-training"
     nll = 3.0
     for g in p["gates"]:
+        g["stage"] = "post-training"
         g["receipts"]["nll"] = nll
         nll *= 1.03
         if g["status"] != "BASELINE":
@@ -162,6 +163,19 @@ def test_by_design_surprises_are_explained_where_they_show(statement: dict[str, 
     assert "+12.6 % from the first checkpoint" in gates
     assert gates.count("expected in post-training") == 4  # each GREEN gate's note says why
     assert "By design" not in render(statement)  # a pretraining run whose NLL falls: nothing to explain
+
+
+def test_a_run_judged_under_two_stages_shows_each_gates_stage(statement: dict[str, Any]) -> None:
+    """Each gate signs the stage that judged it; the table shows it under the trend only when a
+    declared stage changes within the run."""
+    s = copy.deepcopy(statement)
+    for g in s["predicate"]["gates"]:
+        g["stage"] = "pretraining" if g["step"] <= 1500 else "post-training"
+    gates = render(s).split('<section id="gates">')[1].split("</section>")[0]
+    rows = gates.split("<tbody>")[1].split("</tbody>")[0].split("</tr>")[:-1]
+    said = [re.findall(r'<span class="sub">judged as ([a-z-]+)</span>', row) for row in rows]
+    assert said == [["pretraining"]] * 3 + [["post-training"]] * 2
+    assert "judged as" not in render(statement)  # one stage: nothing to say per gate
 
 
 def test_an_abandoned_checkpoint_is_named(statement: dict[str, Any]) -> None:

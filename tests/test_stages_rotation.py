@@ -122,6 +122,11 @@ def test_a_pair_spanning_the_change_is_compared_with_the_stages_own_baseline(run
     plain = _certify(_copy(run, tmp_path / "plain", steps[:5]), env)
     assert [g["status"] for g in pred["gates"][:4]] == [g["status"] for g in plain["gates"][:4]]
     assert pred["gates"][4]["status"] == "BASELINE" and plain["gates"][4]["status"] == "GREEN"
+    # each gate signs the stage that judged it: the one in force at the base of its pair
+    assert [(g["step"], g["stage"]) for g in pred["gates"]] == [
+        (s, "pretraining" if s <= 200 else "post-training") for s in steps
+    ]
+    assert {g["stage"] for g in plain["gates"]} == {"pretraining"}
 
 
 def _losses(run: Path) -> dict[int, float]:

@@ -693,6 +693,7 @@ def evaluate_gates(
                 **duplicate,
                 **before_status,
                 "status": status,
+                "stage": gate_stage,
                 "baseline": baseline,
                 **after_status,
                 "consecutive_bad": streak,

@@ -132,6 +132,9 @@ class GateEntry(TypedDict):
     receipts: GateReceipts
     health: Health
     status: GateStatus
+    # the stage whose rules judged this gate: the one in force at the base of its pair (a
+    # declared stage applies from its step on, docs/policy.md)
+    stage: str
     baseline: int
     consecutive_bad: int
     claims: GateClaims

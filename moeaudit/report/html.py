@@ -139,6 +139,8 @@ def page(statement: Statement, keyid: str, envelope_sha256: str) -> dict[str, An
         "checks": check_rows(checks),
         "margins": margin_rows(p.get("margins") or {}, stage, rules),
         "gates": [gate_row(g, rules, stage, abandoned) for g in gates],
+        # a run judged under more than one stage shows each gate's under its trend
+        "gate_stages": len({g.get("stage") for g in gates}) > 1,
         "by_design": by_design(gates, stage),
         "protected": protected,
         "figures": figures(gates, protected, rules),
@@ -308,6 +310,7 @@ def gate_row(
         "status": g["status"],
         "checkpoint": checkpoint,
         "scalar": g.get("scalar") or "—",
+        "stage": g.get("stage") or stage,
         "nll": r.get("nll"),
         "c2": r.get("c2_mean"),
         "state1": r.get("state1_mean"),

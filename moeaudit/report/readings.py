@@ -64,7 +64,10 @@ def plain_margin(name: str, m: Margin, stage: str, band: Any) -> str:
 
 
 def worsened_by_design(g: GateEntry, stage: str) -> bool:
-    return stage == "post-training" and g.get("scalar") == "worsening" and g.get("status") == "GREEN"
+    """A GREEN gate whose canary NLL worsened because it was judged as post-training: by the
+    stage the gate signs (``stage``, the run's, for statements from before gates carried it)."""
+    judged_as = g.get("stage") or stage
+    return judged_as == "post-training" and g.get("scalar") == "worsening" and g.get("status") == "GREEN"
 
 
 def by_design(gates: Sequence[GateEntry], stage: str) -> list[str]:
