@@ -317,7 +317,7 @@ def test_top_k_equal_to_experts_has_no_boundary_and_c2_over_every_pair(
 ) -> None:
     """E = k (allowed by the config): no (k+1)-th score, so no margin, no transition and no
     adjacency receipt; but R_k is every expert, so the co-active pairs exist and c2 and
-    c2_smooth are SPEC §4's means over them — checked against a token-by-token reference
+    c2_smooth are the means over them (`003` Eq. 20–22) — checked against a token-by-token reference
     written from the equations (`003` Eq. 10, 20–22) on the replay's own taps."""
     ckpt = Checkpoint(hf_checkpoint("mixtral", num_local_experts=experts, num_experts_per_tok=experts))
     probe_ = canary_mod.load(probe)

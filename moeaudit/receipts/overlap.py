@@ -219,7 +219,7 @@ EVERY_EXPERT_ACTIVE = (
 def _every_expert_active(
     tap: MoETap, r: Routing, settings: ReceiptSettings, boot: WindowBootstrap, spec: ModelSpec | None
 ) -> dict[str, Any]:
-    """E = k: R_k is every expert, so the co-active pairs exist and c2 (Eq. 20) is SPEC §4's mean
+    """E = k: R_k is every expert, so the co-active pairs exist and c2 (`003` Eq. 20) is the mean
     over them; the K' = min(E, 2k) = E candidates are R_k itself, so c2_smooth (Eq. 21–22) weighs
     the same pairs by Eq. 21 and leaves no mass out. Eq. 14 and Table 2 need an expert beyond R_k:
     they are None, with the reason."""
