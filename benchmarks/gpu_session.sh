@@ -11,7 +11,10 @@ set -u
 export PYTHONUNBUFFERED=1 PROJ=$PWD
 DEV=${DEV:-cuda} SHAPE=${SHAPE:-gpu}
 if [[ $DEV == cuda ]] && ls .whl/*.whl >/dev/null 2>&1; then  # the GPU image's Python (3.12) lacks them
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  for whl in .whl/*.whl; do  # one at a time: a wheel this Python cannot take costs only what needs it
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl" \
+      || echo "could not install $whl on $(python3 -V); the stages that need it will say so"
+  done
 fi
 export PYTHONPATH=/tmp/site:$PROJ
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
