@@ -262,6 +262,56 @@ def test_every_expert_active_judges_c2_over_its_pairs(fresh_runs, env, cache, tm
     assert "C2 held" in detail and "not applicable" not in detail
 
 
+# --- a canary too small for its intervals ------------------------------------------------------------
+
+
+def test_canary_check_counts_windows_only_below_the_minimum() -> None:
+    from moeaudit.judge.decide import MIN_CANARY_WINDOWS, canary_check
+
+    assert canary_check(None) is None and canary_check(MIN_CANARY_WINDOWS) is None
+    check = canary_check(MIN_CANARY_WINDOWS - 1)
+    assert check is not None and check["name"] == "canary" and check["status"] == "INCONCLUSIVE"
+    assert check["evaluated"] and f"{MIN_CANARY_WINDOWS - 1} window(s)" in check["reason"]
+
+
+def _cut_canary(run: Path, dst: Path, windows: int) -> Path:
+    """A copy of ``run`` audited with the first ``windows`` windows of its canary (no probe log
+    names the full one)."""
+    from moeaudit import canary as canary_mod
+
+    copy = _copy(run, dst)
+    full = load(run / "canary.safetensors")
+    cut = canary_mod.Canary(full.tokens_array[:windows], full.domain_ids_array[:windows], full.domains)
+    canary_mod.save(cut, copy / "canary.safetensors")
+    return copy
+
+
+@pytest.mark.parametrize("name", ["top1", "every-active"])
+def test_a_canary_of_too_few_windows_never_passes(fresh_runs, env, cache, tmp_path, name) -> None:
+    """The same run and checkpoints: its canary cut to 7 windows, the verdict is INCONCLUSIVE for
+    the canary (never PASS, never FAIL: a small canary is no evidence of damage) and `gate` exits
+    3; cut to 8, the canary is no check at all."""
+    from moeaudit.judge.decide import MIN_CANARY_WINDOWS
+
+    run = fresh_runs[name]
+    small = _cut_canary(run, tmp_path / "small", MIN_CANARY_WINDOWS - 1)
+    pred = _audit(small, cache)
+    assert pred["verdict"] == "INCONCLUSIVE" and "canary inconclusive" in pred["verdict_reason"]
+    assert _check(pred, "canary")["basis"] == "canary-size"
+    enough = _audit(_cut_canary(run, tmp_path / "enough", MIN_CANARY_WINDOWS), cache)
+    assert not any(c["name"] == "canary" for c in enough["checks"])
+    steps = _steps(small)
+    out = tmp_path / "gate.json"
+    result = CliRunner(env=env).invoke(
+        cli,
+        ["gate", str(small / f"checkpoint-{steps[0]}"), str(small / f"checkpoint-{steps[-1]}"), "--json", str(out)]
+        + ["--canary", str(small / "canary.safetensors")],
+    )
+    assert result.exit_code == 3, result.output + result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["decision"] == "INCONCLUSIVE" and any(c["name"] == "canary" for c in doc["conditions"])
+
+
 # --- a dead expert the replay can see is dead ------------------------------------------------------
 
 

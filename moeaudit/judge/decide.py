@@ -50,6 +50,11 @@ from moeaudit.records import (
 )
 
 PROMOTE: Final = "PROMOTE"
+# Canary windows below which the 95% window-bootstrap intervals the gates stand on are not 95%
+# ones: over n windows a percentile interval covers the mean of normal window means 50% of the
+# time at n = 2, 81% at 4, 88% at 8, 91% at 16 (docs/decisions.md, "A canary too small for its
+# intervals"). The windows are the resampled units (`003` §5), whatever their length.
+MIN_CANARY_WINDOWS: Final = 8
 HOLD: Final = "HOLD"
 STAGES = ("pretraining", "post-training")
 
@@ -76,6 +81,7 @@ class Evidence:
     notes: Sequence[str] = field(default_factory=tuple)
     # per checkpoint replayed below fp32: its measured agreement with fp32 (receipts' precision_agreement)
     precision_agreement: Sequence[CheckpointAgreement] = ()
+    canary_windows: int | None = None  # the canary's windows, the bootstrap's units
 
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
@@ -308,6 +314,9 @@ def checks(ev: Evidence) -> list[Check]:
     low = precision_check(ev.precision_agreement)
     if low is not None:
         out.append(low)
+    small = canary_check(ev.canary_windows)
+    if small is not None:
+        out.append(small)
     dup = duplicates_check(ev.gates)
     if dup is not None:
         out.append(dup)
@@ -328,6 +337,24 @@ def checks(ev: Evidence) -> list[Check]:
         )
     )
     return out
+
+
+def canary_check(windows: int | None) -> Check | None:
+    """A canary of fewer than ``MIN_CANARY_WINDOWS`` windows: every interval a gate reads (the
+    canary NLL's change, C2's noise, the occupancy floors' bootstrap ranges) rests on too few
+    independent units to be a 95% one, so the verdict cannot be PASS; a small canary is no
+    evidence of damage, so neither is it FAIL. Not a check at all for a canary of enough windows."""
+    if windows is None or windows >= MIN_CANARY_WINDOWS:
+        return None
+    return _check(
+        "canary",
+        INCONCLUSIVE,
+        f"the canary has {windows} window(s): the 95% intervals the gates read are window-bootstrap "
+        f"intervals over {windows} independent unit(s), which cover far less than 95% below "
+        f"{MIN_CANARY_WINDOWS} windows; build a canary of at least {MIN_CANARY_WINDOWS} windows "
+        "(`moeaudit canary build`)",
+        basis="canary-size",
+    )
 
 
 def precision_check(agreements: Sequence[CheckpointAgreement]) -> Check | None:

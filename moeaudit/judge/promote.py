@@ -197,6 +197,7 @@ def gate_candidate(
             envelope_reason=env_why,
             nonfinite=bad,
             band=policy.gates.inconclusive_band,
+            canary_windows=cand_doc["canary"]["windows"],
         )
     )
     return {
