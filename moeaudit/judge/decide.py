@@ -15,6 +15,7 @@ Checks, each evaluated only where it is the relevant question (`003` Table 5):
 * ``refinement`` — gated for post-training, reported for pretraining;
 * ``handoff`` — gated when a reference is given;
 * ``coverage`` — only when a checkpoint had to be skipped;
+* ``canary`` — only when the canary has too few windows for the gates' intervals;
 * ``finite`` — every weight and receipt finite.
 
 A margin is INCONCLUSIVE when its 95% interval contains 0 or the value is within the policy's
@@ -50,13 +51,13 @@ from moeaudit.records import (
 )
 
 PROMOTE: Final = "PROMOTE"
+HOLD: Final = "HOLD"
+STAGES = ("pretraining", "post-training")
 # Canary windows below which the 95% window-bootstrap intervals the gates stand on are not 95%
 # ones: over n windows a percentile interval covers the mean of normal window means 50% of the
 # time at n = 2, 81% at 4, 88% at 8, 91% at 16 (docs/decisions.md, "A canary too small for its
 # intervals"). The windows are the resampled units (`003` §5), whatever their length.
 MIN_CANARY_WINDOWS: Final = 8
-HOLD: Final = "HOLD"
-STAGES = ("pretraining", "post-training")
 
 
 class NotEvaluable(str):
