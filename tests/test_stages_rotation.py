@@ -31,6 +31,7 @@ from moeaudit.canary import load  # noqa: E402
 from moeaudit.certify import audit_run  # noqa: E402
 from moeaudit.cli import cli  # noqa: E402
 from moeaudit.policy import Policy  # noqa: E402
+from moeaudit.report import gate_table  # noqa: E402
 
 RECIPE = fresh.Recipe("healthy", loop="torch", seed=12, steps=320, save_every=40, aux_coef=0.02)
 CHANGE = {"step": 200, "event": "regime_change", "note": "SFT from here", "stage": "post-training"}
@@ -127,6 +128,10 @@ def test_a_pair_spanning_the_change_is_compared_with_the_stages_own_baseline(run
         (s, "pretraining" if s <= 200 else "post-training") for s in steps
     ]
     assert {g["stage"] for g in plain["gates"]} == {"pretraining"}
+    assert gate_table.stages_line(pred["gates"]) == (
+        "judged as: pretraining at step(s) 40–200; post-training at step(s) 240–320"
+    )
+    assert gate_table.stages_line(plain["gates"]) is None
 
 
 def _losses(run: Path) -> dict[int, float]:

@@ -6,6 +6,7 @@ certificate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.markup import escape
@@ -77,6 +78,24 @@ def why(g: GateEntry) -> str:
     if g.get("scalar") == "worsening" and g.get("status") in ("YELLOW", "RED"):
         out.append("canary NLL worsening")
     return "; ".join(out) or ("—" if g.get("status") in ("GREEN", "BASELINE") else "")
+
+
+def stages_line(gates: Sequence[GateEntry]) -> str | None:
+    """Which gates each stage judged, when a declared stage changes within the run (each gate
+    signs its own, ``gates[].stage``); None when one stage judged them all."""
+    spans: list[tuple[str, int, int]] = []
+    for g in gates:
+        stage = g.get("stage")
+        if stage is None:
+            return None  # a statement from before gates signed their stage
+        if spans and spans[-1][0] == stage:
+            spans[-1] = (stage, spans[-1][1], g["step"])
+        else:
+            spans.append((stage, g["step"], g["step"]))
+    if len({stage for stage, _, _ in spans}) < 2:
+        return None
+    parts = [f"{a}–{b}" if a != b else f"{a}" for _, a, b in spans]
+    return "judged as: " + "; ".join(f"{stage} at step(s) {part}" for (stage, _, _), part in zip(spans, parts))
 
 
 def _on(layers: Any) -> str:

@@ -427,6 +427,8 @@ def print_gates(pred: Predicate) -> None:
     title = f"{pred['run']['name']} ({pred['run']['stage']}) — gates"
     rows = [gate_table.gate_cells(g) for g in pred["gates"]]
     print_fitted(out, title, gate_table.COLUMNS, rows, [gate_table.gate_styles(r) for r in rows])
+    if stages := gate_table.stages_line(pred["gates"]):  # a declared stage change within the run
+        out.print(esc(stages))
     for a in pred["run"].get("abandoned") or []:  # audited, but not the model's history (lineage.py)
         out.print(esc(f"abandoned: {a['name']} (audited, not the model's history) — {a['reason']}"), style="yellow")
     out.print(gate_table.legend_grid(pred), style="dim")
