@@ -225,9 +225,8 @@ def audit_run(
                 f"sha256:{probe_off[0]['given'][:16]}…: it is not this canary's gradient"
             ),
         )
-    # No breaks: declared events do not restart the envelope's windows for the verdict — an
-    # event written by the audited party can never improve one (docs/decisions.md, "Events cannot improve a
-    # verdict").
+    # No breaks: declared events do not restart the envelope's windows for the verdict — an event written by the
+    # audited party can never improve one (docs/decisions.md, "Events cannot improve a verdict").
     agreements: Any = _agreements(run, docs)  # per checkpoint replayed below fp32 (docs/policy.md, "Reduced precision")
     evidence = Evidence(
         stage=stage,

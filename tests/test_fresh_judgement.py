@@ -70,6 +70,16 @@ def _calibrate(env: dict[str, str], run: Path, out: Path) -> Any:
     )
 
 
+def _gate(env: dict[str, str], run: Path, out: Path, *extra: str) -> Any:
+    """``moeaudit gate`` of the run's first and last checkpoints on its canary, JSON to ``out``."""
+    steps = _steps(run)
+    return CliRunner(env=env).invoke(
+        cli,
+        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
+        + [*extra, "--canary", str(run / "canary.safetensors")],
+    )
+
+
 def _sentences(gate: dict[str, Any]) -> list[str]:
     return gate["claims"]["licensed"]
 
@@ -123,12 +133,8 @@ def test_a_confident_router_is_not_a_failure(fresh_runs, env, cache, tmp_path) -
     assert all("c2_excluded_tokens" not in row for row in first)
     _held_is_computed(pred)
     # and the CI gate promotes the last checkpoint (it held every candidate on a NaN)
-    steps, out = _steps(run), tmp_path / "gate.json"
-    result = CliRunner(env=env).invoke(
-        cli,
-        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
-        + ["--canary", str(run / "canary.safetensors")],
-    )
+    out = tmp_path / "gate.json"
+    result = _gate(env, run, out)
     assert result.exit_code == 0, result.output + result.stderr
     assert json.loads(out.read_text())["decision"] == "PROMOTE"
 
@@ -211,13 +217,8 @@ def test_top1_routing_names_c2_not_applicable_and_what_was_judged(fresh_runs, en
         assert "structural rule for k = 1" in c2[0]
         assert any(s.startswith("structure preserved") and "occupancy alone" in s for s in sentences)
     _held_is_computed(pred)
-    steps = _steps(run)
     out = tmp_path / "gate.json"
-    result = CliRunner(env=env).invoke(
-        cli,
-        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
-        + ["--canary", str(run / "canary.safetensors")],
-    )
+    result = _gate(env, run, out)
     assert result.exit_code == 0, result.output + result.stderr
     detail = json.loads(out.read_text())["conditions"][0]["detail"]
     assert "C2 not applicable" in detail and "C2 held" not in detail
@@ -250,13 +251,8 @@ def test_every_expert_active_judges_c2_over_its_pairs(fresh_runs, env, cache, tm
             assert -1.0 <= o["c2"] <= 1.0 and o["ci95"]["c2"][0] <= o["c2"] <= o["ci95"]["c2"][1]
             assert o["transition_incompatibility"] is None and "E = k" in o["reason"]
             assert b["margin_mean"] is None and "E = k" in b["reason"]
-    steps = _steps(run)
     out = tmp_path / "gate.json"
-    result = CliRunner(env=env).invoke(
-        cli,
-        ["gate", str(run / f"checkpoint-{steps[0]}"), str(run / f"checkpoint-{steps[-1]}"), "--json", str(out)]
-        + ["--canary", str(run / "canary.safetensors")],
-    )
+    result = _gate(env, run, out)
     assert result.exit_code == 0, result.output + result.stderr
     detail = json.loads(out.read_text())["conditions"][0]["detail"]
     assert "C2 held" in detail and "not applicable" not in detail
@@ -300,13 +296,8 @@ def test_a_canary_of_too_few_windows_never_passes(fresh_runs, env, cache, tmp_pa
     assert _check(pred, "canary")["basis"] == "canary-size"
     enough = _audit(_cut_canary(run, tmp_path / "enough", MIN_CANARY_WINDOWS), cache)
     assert not any(c["name"] == "canary" for c in enough["checks"])
-    steps = _steps(small)
     out = tmp_path / "gate.json"
-    result = CliRunner(env=env).invoke(
-        cli,
-        ["gate", str(small / f"checkpoint-{steps[0]}"), str(small / f"checkpoint-{steps[-1]}"), "--json", str(out)]
-        + ["--canary", str(small / "canary.safetensors")],
-    )
+    result = _gate(env, small, out)
     assert result.exit_code == 3, result.output + result.stderr
     doc = json.loads(out.read_text())
     assert doc["decision"] == "INCONCLUSIVE" and any(c["name"] == "canary" for c in doc["conditions"])
@@ -381,12 +372,7 @@ def test_a_calibrated_policy_never_turns_missing_logs_into_a_pass(fresh_runs, en
     assert ("0", 1) in starved
     assert pred["verdict"] == "FAIL"
     out = tmp_path / "gate.json"
-    steps = _steps(copy)
-    result = CliRunner(env=env).invoke(
-        cli,
-        ["gate", str(copy / f"checkpoint-{steps[0]}"), str(copy / f"checkpoint-{steps[-1]}"), "--json", str(out)]
-        + ["--policy", str(logs_policy), "--canary", str(copy / "canary.safetensors")],
-    )
+    result = _gate(env, copy, out, "--policy", str(logs_policy))
     assert result.exit_code == 1, result.output + result.stderr
     gate = json.loads(out.read_text())
     assert gate["decision"] == "HOLD"
