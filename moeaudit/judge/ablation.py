@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from moeaudit.judge.gates import dead_experts, silent_experts
+from moeaudit.judge.health import dead_experts, silent_experts
 from moeaudit.records import AblationExpert, AblationMeasurement, AblationReceipt, Receipts
 
 Mode = Literal["low-occupancy", "all"]
@@ -37,7 +37,7 @@ FLAG_RULE = (
 def flagged_experts(doc: Receipts, floor_pi_share: float) -> dict[int, dict[int, list[str]]]:
     """Routed layer → flagged expert → why (``"no token"``, ``"no gradient"``, ``"π below floor"``)
     in the receipts document of one checkpoint: the experts the health floors count against a
-    layer (``gates.health``: dead experts, π_min share of k/E), each expert by its own π."""
+    layer (``judge.health.health``: dead experts, π_min share of k/E), each expert by its own π."""
     ck = doc["checkpoint"]
     E, k = ck.get("experts"), ck.get("top_k")
     out: dict[int, dict[int, list[str]]] = {}

@@ -7,7 +7,8 @@ evidence (docs/policy.md, "The rules in one place"; ``tests/test_decide.py``). T
 
 Checks, each evaluated only where it is the relevant question (`003` Table 5):
 
-* ``health`` — absolute floors on every checkpoint, baselines included (gates.health);
+* ``health`` — absolute floors on every checkpoint, baselines included (judge.health); a
+  reading below a floor that the canary cannot resolve is INCONCLUSIVE, not FAIL;
 * ``comparison`` — at least one checkpoint was compared with a baseline; a baseline-only run
   has no preservation evidence, so its verdict is INCONCLUSIVE, never PASS;
 * ``envelope`` — evaluated when a series exists, the policy's constants apply, and the series
@@ -122,6 +123,19 @@ def health_check(gates: Sequence[GateEntry]) -> Check:
     if bad:
         more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
         return _check("health", FAIL, "below an absolute health floor — " + "; ".join(bad[:4]) + more, problems=bad)
+    unresolved = [f"{g['receipts']['checkpoint']}: {p}" for g in gates for p in g["health"].get("unresolved", [])]
+    if unresolved:
+        more = f" (and {len(unresolved) - 3} more)" if len(unresolved) > 3 else ""
+        why = next(str(g["health"]["resolution"]) for g in gates if g["health"].get("unresolved"))
+        return _check(
+            "health",
+            INCONCLUSIVE,
+            "below a floor within the canary's resolution, no evidence either way — "
+            + "; ".join(unresolved[:3])
+            + f"{more}; {why}",
+            problems=unresolved,
+            basis="canary-resolution",
+        )
     return _check(
         "health", PASS, f"every checkpoint ({len(gates)}) clears the dead-expert, π_min and load-entropy floors"
     )

@@ -25,6 +25,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypedDict
 
+from moeaudit.judge.health import (  # noqa: F401 - the floors' names, also read from here
+    NO_GRADIENT_SHARE,
+    canary_tokens,
+    counted_dead,
+    dead_experts,
+    floor_resolution,
+    health,
+    silent_experts,
+)
 from moeaudit.policy import GateSettings
 from moeaudit.records import (
     DriftLayer,
@@ -33,8 +42,6 @@ from moeaudit.records import (
     GateEntry,
     GateReceipts,
     GateStatus,
-    Health,
-    HealthFailure,
     LayerSummary,
     NllChange,
     PairLayer,
@@ -126,6 +133,7 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
     model's width, E and k.
     """
     now, then = _layers(gate), _layers(base)
+    res, res_b = floor_resolution(gate, g), floor_resolution(base, g)  # zero counts within it: noise
     c2_deltas, slack = {}, {}
     not_applicable: dict[str, str] = {}  # layer → why C2 has no value by construction
     not_computed: list[int] = []  # a C2 that should exist and does not (never signed "held")
@@ -148,7 +156,7 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
     bounds: dict[str, tuple[float, list[float] | None]] = {}  # quantity → (lowest ratio, its interval)
     for layer, entry in now.items():
         o, ob = entry["occupancy"], then[layer]["occupancy"]
-        if len(dead_experts(entry)) > len(dead_experts(then[layer])) + g.tol_dead:
+        if len(counted_dead(entry, res)) > len(counted_dead(then[layer], res_b)) + g.tol_dead:
             dead_up.append(layer)
         for name, key, floor, ratios in (
             ("π_min ratio", "pi_min", g.pi_min_ratio_floor, pi_ratio),
@@ -191,44 +199,8 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
         out["c2_not_computed_layers"] = not_computed
     if excluded:
         out["c2_excluded_tokens"] = excluded
-        out["c2_tokens"] = _tokens(gate)
+        out["c2_tokens"] = canary_tokens(gate)
     return out
-
-
-def _tokens(doc: Receipts) -> int | None:
-    """N = W·T, the canary tokens every routed layer's receipts are over."""
-    k = doc["checkpoint"].get("top_k")
-    counts = doc["layers"][0]["occupancy"].get("counts") if doc["layers"] else None
-    return sum(counts) // k if k and counts else None
-
-
-# Share of the layer's mean canary gradient below which an expert counts as receiving none. Zero
-# weights give exactly zero gradient (every factor of a (gated) MLP's weight gradient is 0), as
-# does an expert no token reaches; 1e-6 of the mean leaves float noise no room to hide one.
-NO_GRADIENT_SHARE = 1e-6
-
-
-def silent_experts(entry: ReceiptsLayer) -> list[int]:
-    """Experts routed tokens that receive no canary gradient at this checkpoint: zero weights, or
-    an expert severed from the loss. The replay sees them even when routing does not."""
-    grads = (entry.get("gradients") or {}).get("grad_norms")
-    counts = entry["occupancy"].get("counts") or []
-    if not grads or any(x is None for x in grads):
-        return []
-    mean = sum(grads) / len(grads)
-    if not mean > 0:
-        return []
-    return [e for e, x in enumerate(grads) if x <= NO_GRADIENT_SHARE * mean and e < len(counts) and counts[e] > 0]
-
-
-def dead_experts(entry: ReceiptsLayer) -> list[int]:
-    """Every dead expert of a layer at this checkpoint: no token routed to it (`003` Eq. 17), or
-    no canary gradient reaching it (:func:`silent_experts`). Zero share is not the only death."""
-    counts = entry["occupancy"].get("counts")
-    routed_dead = [e for e, c in enumerate(counts) if c == 0] if counts is not None else []
-    if counts is None and entry["occupancy"].get("dead"):
-        return list(range(entry["occupancy"]["dead"]))  # a count without the vector: as many
-    return sorted(set(routed_dead) | set(silent_experts(entry)))
 
 
 def ratio_interval(now: Mapping[str, Any], then: Mapping[str, Any], key: str) -> list[float] | None:
@@ -242,43 +214,6 @@ def ratio_interval(now: Mapping[str, Any], then: Mapping[str, Any], key: str) ->
     if ca and cb and cb[0] > 0:
         return [ca[0] / cb[1], ca[1] / cb[0]]
     return None
-
-
-# --- absolute health floors (every checkpoint, baselines included) -------------------------------
-
-
-def health(doc: Receipts, g: GateSettings) -> Health:
-    """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
-    floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer.
-    ``failed`` holds each failure as {layer, what, value, threshold} for scripts."""
-    ck = doc["checkpoint"]
-    E, k = ck.get("experts"), ck.get("top_k")
-    problems: list[str] = []
-    failed: list[HealthFailure] = []
-    for entry in doc["layers"]:
-        o, layer = entry["occupancy"], entry["layer"]
-        dead_max = int(g.floor_dead_fraction * E) if E else 0
-        dead, silent = dead_experts(entry), silent_experts(entry)
-        if len(dead) > dead_max:
-            starved = (
-                f"; starved: expert(s) {', '.join(map(str, silent))} routed tokens but receive no canary "
-                "gradient (zero weights or severed)"
-                if silent
-                else ""
-            )
-            problems.append(f"layer {layer}: {len(dead)} dead expert(s) (floor: at most {dead_max}){starved}")
-            failed.append({"layer": layer, "what": "dead experts", "value": len(dead), "threshold": dead_max})
-        share = None if o["pi_min"] is None or not E or not k else o["pi_min"] * E / k
-        if share is None or share < g.floor_pi_share:
-            shown = "unknown" if share is None else f"{share:.3f}"
-            problems.append(f"layer {layer}: π_min is {shown} of the uniform share k/E (floor {g.floor_pi_share})")
-            failed.append({"layer": layer, "what": "π_min share of k/E", "value": share, "threshold": g.floor_pi_share})
-        h = o["entropy_norm"]
-        if h is None or h < g.floor_entropy_norm:
-            shown = "unknown" if h is None else f"{h:.3f}"
-            problems.append(f"layer {layer}: H_norm {shown} (floor {g.floor_entropy_norm})")
-            failed.append({"layer": layer, "what": "H_norm", "value": h, "threshold": g.floor_entropy_norm})
-    return {"ok": not problems, "problems": problems, "failed": failed}
 
 
 # --- the scalar trend: canary NLL with a paired window bootstrap ---------------------------------
@@ -702,6 +637,12 @@ def evaluate_gates(
                 ),
             }
         )
+        if hp.get("unresolved"):  # a reading the canary cannot resolve licenses neither way
+            gates[-1]["claims"]["not_licensed"].append(
+                "that expert usage clears the dead-expert and π_min floors: "
+                + "; ".join(hp["unresolved"][:2])
+                + f", and {hp.get('resolution')}"
+            )
         previous = p
     return gates
 

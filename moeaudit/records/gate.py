@@ -18,7 +18,7 @@ class LayerSummary(TypedDict):
     layer: int
     c2: float | None
     c2_ci95: Interval | None
-    dead: int  # no token routed to it, or no canary gradient reaching it (gates.dead_experts)
+    dead: int  # no token routed to it, or no canary gradient reaching it (judge.health.dead_experts)
     no_gradient: NotRequired[list[int]]  # routed experts with no canary gradient (zero weights)
     c2_excluded_tokens: NotRequired[int]  # canary tokens left out of C2 (pair weight 0)
     pi_min: float
@@ -54,6 +54,9 @@ class Health(TypedDict):
     ok: bool
     problems: list[str]
     failed: list[HealthFailure]
+    # dead-expert and π_min readings below a floor that the canary is too small to resolve
+    unresolved: NotRequired[list[str]]
+    resolution: NotRequired[str]  # what the canary resolves, and the tokens that would resolve it
 
 
 NllChange = TypedDict(

@@ -132,4 +132,7 @@ def gate_note(g: GateEntry, rules: GatesPolicy | None) -> str:
     problems = (g.get("health") or {}).get("problems") or []
     if problems:
         notes.append("below a health floor: " + "; ".join(problems[:2]) + (" …" if len(problems) > 2 else ""))
+    unresolved = (g.get("health") or {}).get("unresolved") or []
+    if unresolved:
+        notes.append("below a floor within the canary's resolution (not evidence): " + "; ".join(unresolved[:2]))
     return "; ".join(notes) or "—"
