@@ -365,6 +365,21 @@ def test_top_k_equal_to_experts_has_no_boundary_and_c2_over_every_pair(
         assert lo <= o["c2"] <= hi and o["c2_excluded_tokens"] == 0
 
 
+@pytest.mark.parametrize("experts", [3, 4])
+def test_one_expert_outside_the_active_set_has_adjacency_specificity_exactly_zero(
+    hf_checkpoint, probe: Path, experts: int
+) -> None:
+    """E = k + 1: the random expert outside R_k can only be e(k+1), so κ(e(k), e_rand) −
+    κ(e(k), e(k+1)) is 0 on every token by definition (`003` Table 2) — exactly, not the last bits
+    of two separately batched expert products; the other overlap receipts are read as usual."""
+    ckpt = Checkpoint(hf_checkpoint("mixtral", num_local_experts=experts, num_experts_per_tok=experts - 1))
+    doc = state_receipts(ckpt, canary_mod.load(probe))
+    for layer in doc["layers"]:
+        o = layer["overlap"]
+        assert o["adjacency_specificity"] == 0.0 and o["ci95"]["adjacency_specificity"] == [0.0, 0.0]
+        assert o["c2"] is not None and o["transition_incompatibility"]["all"] > 0
+
+
 # ----- determinism ------------------------------------------------------------------------
 
 

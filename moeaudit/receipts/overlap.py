@@ -179,6 +179,8 @@ def overlap_pending(
     c2s_N, c2s_def_N, jump_N, spec_N = (
         torch.cat([c[n] for c in chunks]) for n in ("c2s", "c2s_defined", "jump", "spec")
     )
+    if E == K + 1:  # the one expert outside R_k is e(k+1): the difference is 0 by definition,
+        spec_N = torch.zeros_like(spec_N)  # not the last bits of two separately batched products
     left_out_N = 1.0 - rho_NC.sum(1)
     boundary_N = m_N < settings.boundary_layer_eta
     n_boundary = boundary_N.sum()
