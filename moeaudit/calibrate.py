@@ -300,11 +300,11 @@ def _fit_envelope(
                 calibrated_stage=stage,
                 calibrated_model=model,
             )
-            warnings = _refuse_unfalsifiable(sub, settings, breaks, where)
+            warnings, bad = _refuse_unfalsifiable(sub, settings, breaks, where)
         except InputError as exc:
             first_error = first_error or exc
             continue
-        check = env.falsifiability(sub, settings, breaks=breaks)
+        check = env.falsifiability(sub, settings, breaks=breaks, known_bad_report=bad)
         if k != gap:
             warnings.append(
                 f"the series (logged every {gap} step(s)) admits no falsifiable envelope at "
@@ -357,7 +357,7 @@ def _level_only(
             f"quantile of the expert shares of {series.origin}, halved)"
         ),
     )
-    warnings = _refuse_unfalsifiable(series, settings, breaks, where)
+    warnings, _ = _refuse_unfalsifiable(series, settings, breaks, where)
     warnings.append(
         f"no falsifiable variance bound fits this run ({why.what}); the variance side "
         "stays illustrative (reported, not gated) and only the starvation level check "
@@ -366,8 +366,9 @@ def _level_only(
     return settings, warnings
 
 
-def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], where: Path) -> list[str]:
-    """Refuse an envelope that cannot fail; the warnings for one that is merely loose."""
+def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], where: Path) -> tuple[list[str], Any]:
+    """Refuse an envelope that cannot fail; the warnings for one that is merely loose, and the
+    report of the run with one expert per layer carrying the gradient (for falsifiability)."""
     from moeaudit.judge import envelope as env
 
     if not settings.starve_share > 0:
@@ -387,11 +388,13 @@ def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], whe
             path=where,
             hint="calibrate on a healthy run, or at a coarser sampling",
         )
-    for bad, what in (
-        (env.known_bad(series), "one expert per layer carrying the gradient"),
-        (env.half_dead(series), "half the experts of every layer at zero gradient"),
+    reports = []
+    for starve, what in (
+        (env.known_bad, "one expert per layer carrying the gradient"),
+        (env.half_dead, "half the experts of every layer at zero gradient"),
     ):
-        report = env.evaluate(bad, settings, breaks=breaks)
+        report = env.evaluate(starve(series), settings, breaks=breaks)  # one starved copy at a time
+        reports.append(report)
         rejected = bool(report["starvation"]) or (settings.calibrated and not report["compliant"])
         if not rejected:
             raise InputError(
@@ -407,7 +410,7 @@ def _refuse_unfalsifiable(series: Any, settings: Any, breaks: Sequence[int], whe
             f"the variance bound alone is loose (ε/δ = {budget:.4g} ≥ (E − 1)/2 = "
             f"{(min(sizes) - 1) / 2:g}); a starved run is still rejected by the level check"
         )
-    return warnings
+    return warnings, reports[0]
 
 
 def write_policy(result: CalibrationResult, run_dir: Path, out: Path) -> None:

@@ -88,7 +88,7 @@ def test_calibrate_refuses_constants_that_cannot_fail(change: dict, why: str) ->
 def test_a_sound_level_check_rejects_both_synthetic_starved_runs() -> None:
     series = _series(_healthy())
     settings = EnvelopeSettings(variant="normalized", starve_share=0.3)
-    assert _refuse_unfalsifiable(series, settings, [], Path("run")) == []
+    assert _refuse_unfalsifiable(series, settings, [], Path("run"))[0] == []
     for bad in (env.known_bad(series), env.half_dead(series)):
         assert env.evaluate(bad, settings)["starvation"]
 

@@ -4,18 +4,29 @@ starved version of the run (falsifiability). See ``docs/envelope.md``."""
 
 from __future__ import annotations
 
+import heapq
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from moeaudit.errors import InputError
-from moeaudit.judge.envelope_checks import SeriesCheck, budget, check_series, holds, segments
+from moeaudit.judge.envelope_checks import (
+    _holds,
+    budget,
+    check_series_long,
+    composed_bound,
+    gronwall,
+    segments,
+    windows,
+)
+from moeaudit.judge.envelope_columns import LongCheck
 from moeaudit.judge.envelope_report import evaluate, first_violation
-from moeaudit.judge.envelope_series import EnvelopeSeries, from_norms
-from moeaudit.metrics import var_grad
+from moeaudit.judge.envelope_series import EnvelopeSeries, from_rows
+from moeaudit.metrics import Rows, var_grad
 from moeaudit.policy import EnvelopeSettings
-from moeaudit.records import Violation
+from moeaudit.records import EnvelopeReport, Violation
 
 CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin
 
@@ -53,7 +64,13 @@ class Calibration:
 
 
 def calibrate(
-    series: EnvelopeSeries, base: EnvelopeSettings, *, c: float = CALIBRATION_C, breaks: Iterable[int] = ()
+    series: EnvelopeSeries,
+    base: EnvelopeSettings,
+    *,
+    c: float = CALIBRATION_C,
+    breaks: Iterable[int] = (),
+    finite: Mapping[str, Sequence[float]] | None = None,
+    binding: bool = True,
 ) -> Calibration:
     """Fit ε and δ on a healthy series (docs/envelope.md), under ``base``'s window τ.
 
@@ -61,9 +78,14 @@ def calibrate(
     most variable layer (or pooled) sets the floor every series must share. Compliance only
     gets easier as δ shrinks (both bounds decrease in δ), so δ* is found by bisection on
     log δ in (0, 1), under the Grönwall windows and the discrete checks together; δ = δ*/2.
+    ``finite``: :func:`healthy_values` of ``series``, when the caller has it already (V of a
+    long log is computed once, not once per c); ``binding=False`` leaves out where the series
+    leaves the envelope just above δ* (one more pass over every sample).
     """
+    if not c > 0:
+        raise ValueError(f"c must be > 0, got {c}")
     breaks = sorted(breaks)
-    finite = _healthy_values(series, c)
+    finite = healthy_values(series) if finite is None else finite
     tv = {key: var_grad(values) for key, values in finite.items()}
     key = max(tv, key=lambda k: tv[k])
     epsilon = c * tv[key]
@@ -74,17 +96,14 @@ def calibrate(
             hint="calibrate on a run with real updates",
         )
 
-    def check(delta: float) -> dict[str, SeriesCheck]:
+    def check(delta: float) -> dict[str, LongCheck]:  # every value is finite: V as computed once
         return {
-            k: check_series(series.steps, v, delta, epsilon, base.window, breaks=breaks)
-            for k, v in series.values.items()
+            k: check_series_long(series.steps, v, delta, epsilon, base.window, breaks=breaks) for k, v in finite.items()
         }
 
-    def ok(delta: float) -> bool:
-        return all(holds(series.steps, v, delta, epsilon, base.window, breaks=breaks) for v in finite.values())
-
+    fit = _Inequalities(series.steps, finite, breaks, base.window, epsilon)
     lo, hi = 1e-12, 1.0 - 1e-12
-    if not ok(lo):
+    if not fit.holds(lo):
         where: Mapping[str, object] = first_violation(check(lo)) or {}
         c_min = _epsilon_floor(series.steps, finite, breaks) / tv[key]
         raise InputError(
@@ -96,12 +115,14 @@ def calibrate(
             f"needs c > {c_min:.4g} here (Eq. 16 is not scale-free: Var_t[V] "
             f"has units of V²; see docs/envelope.md)",
         )
-    if ok(hi):
+    open_ = fit.failing(hi, fit.every)
+    if not open_:
         lo = hi
     while hi / lo > 1 + 1e-7:
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    binding = first_violation(check(hi)) if hi > lo else None
+        failing = fit.failing(mid, open_)
+        lo, hi, open_ = (mid, hi, open_) if not failing else (lo, mid, failing)
+    where_above = first_violation(check(hi)) if binding and hi > lo else None
     delta = lo / 2
     steps = series.steps
     provenance = (
@@ -120,7 +141,59 @@ def calibrate(
         provenance=provenance,
         sampling_interval=gaps[len(gaps) // 2],
     )
-    return Calibration(settings, lo, tv, key, binding, c)
+    return Calibration(settings, lo, tv, key, where_above, c)
+
+
+class _Inequalities:
+    """What :func:`~moeaudit.judge.envelope_checks.holds` checks of a healthy series, per sample:
+    every sample m after a segment's first has the discrete pair (m − 1, m) and the Grönwall
+    bound from its window's anchor. Compliance is monotone in δ (both bounds fall as δ grows), so
+    an inequality that holds at a δ where the series fails holds at every smaller δ: the
+    bisection re-checks only the samples that failed at its upper end — the same answers as
+    ``holds``, in a few passes over a long log instead of one per bisection step."""
+
+    def __init__(
+        self,
+        steps: Sequence[int],
+        finite: Mapping[str, Sequence[float]],
+        breaks: Sequence[int],
+        window: int,
+        epsilon: float,
+    ):
+        self.t = array("q", steps)
+        self.v, self.epsilon = finite, epsilon
+        self.anchor = array("q", bytes(8 * len(self.t)))  # the anchor of each sample's window
+        members = array("q")
+        for seg in segments(self.t, breaks):
+            for a, ms in windows(self.t[seg.start : seg.stop], window):
+                for m in ms:
+                    self.anchor[seg.start + m] = seg.start + a
+                    members.append(seg.start + m)
+        self.every = {key: members for key in finite}
+
+    def failing(
+        self, delta: float, samples: Mapping[str, Sequence[int]], *, first: bool = False
+    ) -> dict[str, array[int]]:
+        """The samples among ``samples`` (per series) where an inequality fails at ``delta``."""
+        t, anchor, eps = self.t, self.anchor, self.epsilon
+        out: dict[str, array[int]] = {}
+        for key, ms in samples.items():
+            v, bad = self.v[key], array("q")
+            for m in ms:
+                a, vm = anchor[m], v[m]
+                if not (
+                    _holds(vm, composed_bound(v[m - 1], delta, eps, t[m] - t[m - 1]))
+                    and _holds(vm, gronwall(v[a], t[a], t[m], delta, eps))
+                ):
+                    bad.append(m)
+                    if first:
+                        return {key: bad}
+            if bad:
+                out[key] = bad
+        return out
+
+    def holds(self, delta: float) -> bool:
+        return not self.failing(delta, self.every, first=True)
 
 
 def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]], breaks: Sequence[int]) -> float:
@@ -134,20 +207,30 @@ def _epsilon_floor(steps: Sequence[int], finite: Mapping[str, Sequence[float]], 
     return max([0.0, *rises])
 
 
-def _healthy_values(series: EnvelopeSeries, c: float) -> dict[str, list[float]]:
-    if not c > 0:
-        raise ValueError(f"c must be > 0, got {c}")
+def healthy_values(series: EnvelopeSeries) -> dict[str, array[float]]:
+    """V of every series of a healthy run, each computed once and kept as 8 bytes a sample (a
+    long log's V is otherwise computed when read, and the fit reads it hundreds of times)."""
     if len(series.steps) < 3:
         raise InputError("calibration needs at least three samples of the healthy run", path=series.origin or None)
+    out: dict[str, array[float]] = {}
     for key, values in series.values.items():
-        bad = [series.steps[j] for j, v in enumerate(values) if v is None]
+        kept = array("d")
+        bad: list[int] = []
+        for j, v in enumerate(values):
+            if v is None:
+                bad.append(j)
+                if len(bad) == 5:
+                    break
+            else:
+                kept.append(v)
         if bad:
             raise InputError(
-                f"the healthy series {key!r} has no finite value at step(s) {bad[:5]}",
+                f"the healthy series {key!r} has no finite value at step(s) {[series.steps[j] for j in bad]}",
                 path=series.origin or None,
                 hint="a run with non-finite gradient norms is not a healthy reference",
             )
-    return {key: [v for v in values if v is not None] for key, values in series.values.items()}
+        out[key] = kept
+    return out
 
 
 # --- falsifiable constants (docs/decisions.md, "Falsifiable envelope constants") ----------------
@@ -167,14 +250,16 @@ def calibrate_tightest(
     envelope the healthy run still satisfies is the most falsifiable choice.
     """
     fits, errors = [], []
+    finite = healthy_values(series)
     for c in cs:
         try:
-            fits.append(calibrate(series, base, c=c, breaks=breaks))
+            fits.append(calibrate(series, base, c=c, breaks=breaks, finite=finite, binding=False))
         except InputError as exc:
             errors.append(exc)
     if not fits:
         raise errors[-1]
     best = min(fits, key=lambda f: budget(f.settings.delta, f.settings.epsilon))
+    best = calibrate(series, base, c=best.c, breaks=breaks, finite=finite)  # the same fit, with its binding
     s = best.settings
     share = healthy_share(series)
     window = s.window
@@ -207,16 +292,32 @@ def healthy_share(series: EnvelopeSeries) -> float | None:
     and refuses what cannot fail")."""
     if not series.norms:
         return None
-    shares = []
+    # The quantile is the k-th smallest share, k = int(q·(n − 1)), n known only at the end; n is
+    # at most every sample's every expert, so the smallest int(q·(that − 1)) + 1 shares, kept in
+    # a max-heap, hold it — 1% of the shares instead of all of them (a long log has 10⁷–10⁸).
+    most = sum(len(vectors) * (len(vectors[0]) if len(vectors) else 0) for vectors in series.norms.values())
+    cap = int(SHARE_QUANTILE * (most - 1)) + 1
+    lowest: list[float] = []  # negated: lowest[0] is minus the largest share kept
+    n = 0
     for vectors in series.norms.values():
         for g_E in vectors:
             known_E = [g for g in g_E if g is not None]
             if len(known_E) == len(g_E) and sum(known_E) > 0:
-                shares += [g * len(known_E) / sum(known_E) for g in known_E]
-    if not shares:
+                total = sum(known_E)
+                for g in known_E:
+                    x = g * len(known_E) / total
+                    n += 1
+                    if len(lowest) < cap:
+                        heapq.heappush(lowest, -x)
+                    elif x < -lowest[0]:
+                        heapq.heapreplace(lowest, -x)
+    if not n:
         return None
-    shares.sort()
-    return shares[int(SHARE_QUANTILE * (len(shares) - 1))]
+    return sorted(-x for x in lowest)[int(SHARE_QUANTILE * (n - 1))]
+
+
+def _width(vectors: Sequence[Sequence[float | None]]) -> int:
+    return len(vectors[0]) if len(vectors) else 0
 
 
 def half_dead(series: EnvelopeSeries) -> EnvelopeSeries:
@@ -224,13 +325,13 @@ def half_dead(series: EnvelopeSeries) -> EnvelopeSeries:
     for the whole run (the others as logged) — starvation every useful envelope must reject."""
     if not series.norms:
         raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
-    norms = {
-        layer: [
-            [0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0) for e, g in enumerate(g_E)] for g_E in vectors
-        ]
-        for layer, vectors in series.norms.items()
-    }
-    return from_norms(
+    norms = {}
+    for layer, vectors in series.norms.items():
+        rows = Rows(_width(vectors))
+        for g_E in vectors:
+            rows.append(tuple(0.0 if e < len(g_E) // 2 else (g if g is not None else 0.0) for e, g in enumerate(g_E)))
+        norms[layer] = rows
+    return from_rows(
         series.source,
         series.steps,
         norms,
@@ -246,13 +347,13 @@ def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
         raise InputError("a falsifiability check needs per-expert gradient norms", path=series.origin or None)
     norms = {}
     for layer, vectors in series.norms.items():
-        rows = []
+        rows = Rows(_width(vectors))
         for g_E in vectors:
             known = [g for g in g_E if g is not None]
             top = max(known) if known else 1.0
-            rows.append([top, *([top * 1e-5] * (len(g_E) - 1))])
+            rows.append((top, *([top * 1e-5] * (len(g_E) - 1))))
         norms[layer] = rows
-    return from_norms(
+    return from_rows(
         series.source,
         series.steps,
         norms,
@@ -261,11 +362,16 @@ def known_bad(series: EnvelopeSeries) -> EnvelopeSeries:
     )
 
 
-def falsifiability(series: EnvelopeSeries, settings: EnvelopeSettings, breaks: Iterable[int] = ()) -> dict[str, Any]:
+def falsifiability(
+    series: EnvelopeSeries,
+    settings: EnvelopeSettings,
+    breaks: Iterable[int] = (),
+    known_bad_report: EnvelopeReport | None = None,
+) -> dict[str, Any]:
     """Does the envelope under ``settings`` reject a starved version of ``series``, and which
     side rejects it? The normalized variance of E non-negative norms is at most E − 1; a budget
     ε/δ at or above half of that is flagged as too loose to be evidence."""
-    bad = evaluate(known_bad(series), settings, breaks=breaks)
+    bad = known_bad_report or evaluate(known_bad(series), settings, breaks=breaks)  # the caller's, if it has one
     fv: Mapping[str, Any] = bad["first_violation"] or {}
     sizes = [len(v[0]) for v in (series.norms or {}).values() if v]
     E = min(sizes) if sizes else None
