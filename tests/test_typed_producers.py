@@ -67,15 +67,21 @@ TYPED_FUNCTIONS = {
         "evaluate_gates",
         "_combine",
         "structural",
-        "health",
         "nll_change",
         "gate_summary",
         "_layer_summary",
         "drift_summary",
         "nonfinite_findings",
+        "c2_status",
+    ],
+    # the health floors of one checkpoint and what its canary resolves of them
+    "judge/health.py": [
+        "health",
         "silent_experts",
         "dead_experts",
-        "c2_status",
+        "counted_dead",
+        "floor_resolution",
+        "canary_tokens",
     ],
     # the measured ablation, the precision agreement, the monitors section and the abandoned branches
     "receipts/ablation.py": ["ablation_receipt"],
@@ -112,7 +118,8 @@ TYPED_INPUTS = {
     ],
     "attest/intoto.py": ["certified_criteria", "criteria_preregistered", "policy_configuration"],
 }
-NO_CAST = ["judge/gates.py"]  # built as records, never cast to one (the typed modules: checked with them)
+# built as records, never cast to one (the typed modules: checked with them)
+NO_CAST = ["judge/gates.py", "judge/health.py"]
 UNTYPED = ("dict[str, Any]", "Dict[", "Mapping[str, Any]", "MutableMapping[str, Any]", "dict[str, object]")
 ALIASES = re.compile(r"\bDoc\b")  # the report's alias of Mapping[str, Any]
 
