@@ -16,7 +16,7 @@ import struct
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -290,6 +290,24 @@ class Canary:
             f"({len(bad)} such token{'s' if len(bad) != 1 else ''} in all)",
             path=where,
             hint="build the canary with this model's tokenizer",
+        )
+
+    def check_context(self, config: Mapping[str, Any], where: str) -> None:
+        """Raise when the windows are longer than the model's context (``max_position_embeddings``
+        of its config, where it states one): positions past it are ones the model was never
+        trained at, so receipts there describe an extrapolation, not the model (docs/decisions.md,
+        "A canary longer than the model's context")."""
+        context = config.get("max_position_embeddings")
+        if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
+            return
+        if self.window_len <= context:
+            return
+        which = f"canary {self.source}" if self.source else "canary"
+        raise CanaryError(
+            f"{which} has windows of {self.window_len} tokens, longer than the model's context of "
+            f"{context} positions (max_position_embeddings)",
+            path=where,
+            hint=f"build the canary with windows of at most {context} tokens (`moeaudit canary build --window-len`)",
         )
 
     def _ids(self) -> Sequence[int]:

@@ -48,6 +48,7 @@ def replay_norms(
     check_window_len(canary.window_len, canary.source or None)
     for n, (step, ckpt) in enumerate(run.checkpoints, 1):
         canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
+        canary.check_context(ckpt.config, where=str(ckpt.path))
         if progress:
             progress(f"replaying {ckpt.path.name}", n - 1, len(run.checkpoints))
         steps.append(step)

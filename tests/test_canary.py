@@ -95,6 +95,42 @@ def test_check_vocab(canary: Canary) -> None:
     assert "window 2, position 0" in str(err) and "4 such tokens" in str(err)
 
 
+def test_check_context(canary: Canary) -> None:
+    """Windows longer than the model's context are refused; a config that states none, or a
+    window exactly as long as it, is not."""
+    canary.check_context({"max_position_embeddings": 4}, "ckpt")
+    canary.check_context({}, "ckpt")
+    canary.check_context({"max_position_embeddings": None}, "ckpt")
+    err = raises(
+        "windows of 4 tokens, longer than the model's context of 3 positions",
+        canary.check_context,
+        {"max_position_embeddings": 3},
+        "ckpt/",
+    )
+    assert str(err).startswith("ckpt/: ") and "at most 3 tokens" in str(err)
+
+
+def test_receipts_refuse_a_canary_longer_than_the_context(tmp_path: Path) -> None:
+    """A shipped sample (trained at 128 positions): a canary of 129-token windows exits 4 with one
+    line naming both lengths, and writes nothing; 128-token windows replay."""
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    run = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "healthy"
+    ckpt = sorted(run.glob("checkpoint-*"))[0]
+    context = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    for length, code in ((context + 1, EXIT_INPUT), (context, 0)):
+        path = tmp_path / f"c{length}.safetensors"
+        save(make([[(7 * w + t) % 50 for t in range(length)] for w in range(8)], [0] * 8, ("code",)), path)
+        out = tmp_path / f"r{length}.json"
+        result = CliRunner().invoke(cli, ["receipts", str(ckpt), "--canary", str(path), "--json", str(out)])
+        assert result.exit_code == code, result.output
+        if code:
+            assert f"windows of {length} tokens, longer than the model's context of {context}" in result.output
+            assert not out.exists()
+
+
 # --- the digest ------------------------------------------------------------------------------
 
 

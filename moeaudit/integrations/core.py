@@ -109,9 +109,12 @@ class RunRecorder:
         self._readback = Readback()  # deferred lines
         self.routing: RoutingCounts | None = None
         if rank_zero and canary is not None:
-            vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+            config = getattr(model, "config", None)
+            vocab = getattr(config, "vocab_size", None)
             if isinstance(vocab, int):
                 canary.check_vocab(vocab, where=type(model).__name__)
+            context = getattr(config, "max_position_embeddings", None)
+            canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
             self._save_canary(canary)
         self.logger = ExpertGradLogger(
             self.run_dir / "metrics.jsonl",

@@ -65,6 +65,7 @@ def run_state(
     """
     check_window_len(canary.window_len, canary.source or None)
     canary.check_vocab(ckpt.spec.vocab_size, where=str(ckpt.path))
+    canary.check_context(ckpt.config, where=str(ckpt.path))
     check_supported(ckpt.spec, current())
     _ = ckpt.digest  # hash the files before reading them: fail fast; reads are pinned to them
     observer = StateObserver(ckpt.spec, canary, policy.receipts, keep_states=keep_states)
