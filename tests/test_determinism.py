@@ -6,6 +6,7 @@ the pair receipts and greedy generation; ``moeaudit.replay.determinism`` holds t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,12 @@ def test_no_family_dispatches_an_operator_cuda_refuses(family: str, tmp_path: Pa
     from moeaudit.receipts.state import run_state
     from moeaudit.replay.engine import greedy_generate, replay
 
-    ckpt = Checkpoint(hfmodels.save_any(tmp_path / family, family))
+    path = hfmodels.save_any(tmp_path / family, family)
+    config = json.loads((path / "config.json").read_text())
+    if config.get("max_position_embeddings", 70) < 70:  # the windows must fit the model's context
+        config["max_position_embeddings"] = 70
+        (path / "config.json").write_text(json.dumps(config))
+    ckpt = Checkpoint(path)
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, hfmodels.VOCAB, (2, 70), generator=g)  # 70 > DeltaNet's chunk of 64
     probe = canary_mod.Canary(tokens.int(), torch.zeros(2, dtype=torch.int32), ("all",))
