@@ -48,7 +48,7 @@ t1 = time.perf_counter()
 settings, _, check = cal._fit_envelope(series, Policy(), "normalized", [], log, since=0, stage="pretraining", model="m")
 t2 = time.perf_counter()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"read_s": t1 - t0, "fit_s": t2 - t1, "peak_above_base_mib": peak - base,
+print(json.dumps({"module": cal.__file__, "read_s": t1 - t0, "fit_s": t2 - t1, "peak_above_base_mib": peak - base,
                   "epsilon": settings.epsilon, "delta": settings.delta, "at_step": check["at_step"]}))
 """
 
@@ -74,8 +74,15 @@ def write_log(path: Path, lines: int, seed: int = 0, period: float = 5000.0) -> 
 
 def measure(code: Path, log: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, check=True, env=env)
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    # `python -c` puts the working directory first on sys.path, before PYTHONPATH: run in `code`
+    # so that each arm imports its own moeaudit, wherever the script is started from
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, check=True, env=env, cwd=code
+    )
+    row = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    if not Path(row.pop("module")).resolve().is_relative_to(Path(code).resolve()):
+        raise SystemExit(f"the arm at {code} imported moeaudit from elsewhere")
+    return row
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import json
 import math
 import random
 import tracemalloc
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,59 @@ def test_calibrating_on_a_long_log_costs_little_memory_per_step(tmp_path: Path) 
     per_step = (peaks[3000] - peaks[1500]) / 1500
     print(f"calibrate's envelope fit: {per_step:.0f} B per logged step")
     assert 0 < per_step < 1500, per_step
+
+
+def _failing_reference(steps: list[int], v: list[float], delta: float, epsilon: float, window: int) -> list[int]:
+    """Every sample where a discrete pair or a Grönwall bound fails, with the scalar bounds."""
+    from moeaudit.judge.envelope_checks import _holds, composed_bound, gronwall, windows
+
+    bad = []
+    for anchor, members in windows(steps, window):
+        for m in members:
+            pair = _holds(v[m], composed_bound(v[m - 1], delta, epsilon, steps[m] - steps[m - 1]))
+            if not (pair and _holds(v[m], gronwall(v[anchor], steps[anchor], steps[m], delta, epsilon))):
+                bad.append(m)
+    return bad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_vectorised_bisection_decides_every_sample_as_the_scalar_bounds(seed: int) -> None:
+    """The bisection forms its bounds with numpy and decides samples near the threshold with the
+    scalar (libm) bounds: at every δ the failing samples are exactly the scalar checks' — on
+    random series, on samples placed exactly at, one ulp above and one ulp below their bound, and
+    on non-finite values, and across chunk boundaries."""
+    from moeaudit.judge import envelope_calibrate as ec
+    from moeaudit.judge.envelope_checks import composed_bound, gronwall
+
+    rng = random.Random(seed)
+    n, window, epsilon = 3000, 40, 2e-4
+    steps = sorted(rng.sample(range(1, 20 * n), n))
+    v = [rng.uniform(0.01, 0.02) for _ in range(n)]
+    delta0 = 10 ** rng.uniform(-4, -1)
+    for m in range(1, n, 7):  # exactly at a bound and one ulp either side, at δ0
+        pair = composed_bound(v[m - 1], delta0, epsilon, steps[m] - steps[m - 1])
+        v[m] = math.nextafter(pair, (m % 3 - 1) * math.inf) if m % 3 != 1 else pair
+    for m in range(5, n, 11):
+        anchor = next(a for a, members in env.windows(steps, window) if m in members)
+        v[m] = gronwall(v[anchor], steps[anchor], steps[m], delta0, epsilon) * (1 + env.RTOL)
+    v[n // 2] = math.inf
+    fit = ec._Inequalities(steps, {"0": v}, [], window, epsilon)
+    old_chunk = ec.CHUNK
+    try:
+        ec.CHUNK = 257  # several chunks, ends not aligned with windows
+        for delta in [
+            delta0,
+            delta0 * (1 + 1e-15),
+            delta0 / 3,
+            0.5,
+            1e-9,
+            *(10 ** rng.uniform(-6, 0) for _ in range(8)),
+        ]:
+            want = _failing_reference(steps, v, delta, epsilon, window)
+            got = list(fit.failing(delta, fit.every).get("0", []))
+            assert got == want, delta
+            assert fit.holds(delta) == (not want)
+            if want:  # and again from the failing samples alone, as the bisection re-checks them
+                assert list(fit.failing(delta, {"0": array("q", want)})["0"]) == want
+    finally:
+        ec.CHUNK = old_chunk

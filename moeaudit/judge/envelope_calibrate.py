@@ -13,6 +13,7 @@ from typing import Any
 
 from moeaudit.errors import InputError
 from moeaudit.judge.envelope_checks import (
+    RTOL,
     _holds,
     budget,
     check_series_long,
@@ -29,6 +30,10 @@ from moeaudit.policy import EnvelopeSettings
 from moeaudit.records import EnvelopeReport, Violation
 
 CALIBRATION_C = 3.0  # `000` Eq. 16 safety margin
+# Relative band around ``_holds``' threshold inside which the fit decides a sample with the scalar
+# (libm) bounds: numpy's ``exp`` may differ from libm's in its last bits (≈1e-16), never by 1e-12.
+EXACT_BAND = 1e-12
+CHUNK = 1 << 16  # samples a bisection pass forms its bounds for at once
 
 
 # --- calibration (`000` Eq. 16) ----------------------------------------------------------------
@@ -160,37 +165,73 @@ class _Inequalities:
         window: int,
         epsilon: float,
     ):
-        self.t = array("q", steps)
-        self.v, self.epsilon = finite, epsilon
-        self.anchor = array("q", bytes(8 * len(self.t)))  # the anchor of each sample's window
+        import numpy as np
+
+        t = array("q", steps)
+        self.epsilon = epsilon
+        anchor = array("q", bytes(8 * len(t)))  # the anchor of each sample's window
         members = array("q")
-        for seg in segments(self.t, breaks):
-            for a, ms in windows(self.t[seg.start : seg.stop], window):
+        for seg in segments(t, breaks):
+            for a, ms in windows(t[seg.start : seg.stop], window):
                 for m in ms:
-                    self.anchor[seg.start + m] = seg.start + a
+                    anchor[seg.start + m] = seg.start + a
                     members.append(seg.start + m)
+        self._t, self._anchor = np.frombuffer(t, dtype=np.int64), np.frombuffer(anchor, dtype=np.int64)
+        self._v = {  # healthy_values' arrays are read in place
+            key: np.frombuffer(values, dtype=np.float64)
+            if isinstance(values, array) and values.typecode == "d"
+            else np.asarray(values, dtype=np.float64)
+            for key, values in finite.items()
+        }
         self.every = {key: members for key in finite}
 
     def failing(
         self, delta: float, samples: Mapping[str, Sequence[int]], *, first: bool = False
     ) -> dict[str, array[int]]:
-        """The samples among ``samples`` (per series) where an inequality fails at ``delta``."""
-        t, anchor, eps = self.t, self.anchor, self.epsilon
+        """The samples among ``samples`` (per series) where an inequality fails at ``delta``.
+
+        Both bounds are formed for every sample at once (numpy); a sample whose slack against
+        ``_holds``'s threshold is within :data:`EXACT_BAND` of its size — where numpy's and libm's
+        last bits of ``exp`` could decide differently — is decided by the scalar bounds, so the
+        answer is exactly :func:`~moeaudit.judge.envelope_checks.holds`' on every CPU."""
+        import numpy as np
+
         out: dict[str, array[int]] = {}
         for key, ms in samples.items():
-            v, bad = self.v[key], array("q")
-            for m in ms:
-                a, vm = anchor[m], v[m]
-                if not (
-                    _holds(vm, composed_bound(v[m - 1], delta, eps, t[m] - t[m - 1]))
-                    and _holds(vm, gronwall(v[a], t[a], t[m], delta, eps))
-                ):
-                    bad.append(m)
-                    if first:
-                        return {key: bad}
-            if bad:
-                out[key] = bad
+            m_all = np.frombuffer(ms, dtype=np.int64) if isinstance(ms, array) else np.asarray(ms, dtype=np.int64)
+            hits = array("q")
+            for lo in range(0, len(m_all), CHUNK):  # temporaries of CHUNK samples, whatever the log's length
+                m = m_all[lo : lo + CHUNK]
+                hits.extend(m[self._failing(self._v[key], m, delta)].tolist())
+                if first and hits:
+                    return {key: hits[:1]}
+            if hits:
+                out[key] = hits
         return out
+
+    def _failing(self, v: Any, m: Any, delta: float) -> Any:
+        """Which of the samples ``m`` (int64 indices) of V ``v`` fail an inequality at ``delta``."""
+        import numpy as np
+
+        t, anchor, eps = self._t, self._anchor, self.epsilon
+        vm, a, t_m = v[m], anchor[m], t[m]
+        x = (t_m - t[m - 1]) * math.log1p(-delta)  # composed_bound, operation for operation
+        pair = np.exp(x) * v[m - 1] + eps * -np.expm1(x) / delta
+        win = v[a] * np.exp(-delta * (t_m - t[a])) + eps / delta  # gronwall
+        bad = np.zeros(len(m), dtype=bool)
+        near = np.zeros(len(m), dtype=bool)
+        for bound in (pair, win):
+            slack = bound - vm + RTOL * np.abs(bound)  # _holds: slack ≥ 0
+            band = EXACT_BAND * (np.abs(bound) + np.abs(vm))
+            bad |= slack < -band
+            near |= ~(np.abs(slack) > band)  # and where a value is not finite
+        for j in np.flatnonzero(near & ~bad):
+            i, ai, vi = int(m[j]), int(a[j]), float(vm[j])
+            bad[j] = not (
+                _holds(vi, composed_bound(float(v[i - 1]), delta, eps, int(t[i] - t[i - 1])))
+                and _holds(vi, gronwall(float(v[ai]), int(t[ai]), int(t[i]), delta, eps))
+            )
+        return bad
 
     def holds(self, delta: float) -> bool:
         return not self.failing(delta, self.every, first=True)
