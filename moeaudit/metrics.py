@@ -389,6 +389,15 @@ def _layer_key(layer: str) -> tuple[int, int | str]:
 # --- variance (`000` Eq. 9) -------------------------------------------------------------------
 
 
+def layer_total(g_E: Sequence[float]) -> float:
+    """Σ_e g_e added left to right from 0.0: the same bits on every Python (3.12's ``sum``
+    compensates, 3.11's does not) and in the array form of the level rule."""
+    total = 0.0
+    for g in g_E:
+        total += g
+    return total
+
+
 def var_grad(g_E: Sequence[float]) -> float:
     """Population variance over experts, ``(1/E) Σ (g_e − ḡ)²`` (`000` Eq. 9)."""
     mean = math.fsum(g_E) / len(g_E)

@@ -11,6 +11,7 @@ import json
 import math
 import random
 import tracemalloc
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -132,10 +133,20 @@ def test_windowed_level_rules_equal_the_reference(seed: int) -> None:
         json.dumps({"step": t, "loss": 1.0, "expert_grad_norms": {"0": norms[j]}}) + "\n" for j, t in enumerate(steps)
     )
     rows = parse_metrics(text).norms["0"]  # the typed layer (Rows) a parsed log holds
+    # the array form a long parsed log takes, on double layers (these norms) and float32 ones
+    f32 = [[None if g is None else array("f", [g])[0] for g in row] for row in norms]
+    text32 = "".join(
+        json.dumps({"step": t, "loss": 1.0, "expert_grad_norms": {"0": f32[j]}}) + "\n" for j, t in enumerate(steps)
+    )
+    views = {"d": columns.compact(rows), "f": columns.compact(parse_metrics(text32).norms["0"])}
     for share, window, fraction in ((0.5, 1, 0.5), (0.05, 10, 0.5), (0.3, 25, 1.0), (0.01, 200, 0.1)):
         ref = env.starvation(steps, norms, share, window, fraction)
         assert columns.starvation_columns(steps, norms, share, window, fraction) == ref
         assert columns.starvation_columns(steps, rows, share, window, fraction) == ref
+        for code, view in views.items():
+            assert view is not None and view._rows._a.typecode == code
+            want = ref if code == "d" else env.starvation(steps, f32, share, window, fraction)
+            assert columns._starvation_arrays(steps, view, share, window, fraction) == want
     for grad, count in ((1e-6, 1), (1e-6, 20), (1e-4, 5)):
         ref = env.dead_experts(steps, norms, grad, count)
         assert columns.dead_experts_columns(steps, norms, grad, count) == ref
@@ -311,3 +322,24 @@ def test_the_command_line_counts_every_sample_of_a_thinned_series(tmp_path: Path
     assert len(report["series"][POOLED]) < 617
     table = [line for line in done.output.splitlines() if "all layers pooled" in line]
     assert table and "617" in table[0]  # the sample count is of every sample, not of the rows shown
+
+
+def test_a_layers_total_is_added_left_to_right_on_every_python() -> None:
+    """The level rule's share g_e·E/Σg divides by Σg added left to right from 0.0, in the loop and
+    in the array form alike; Python 3.12's ``sum`` compensates, which would move the last bit."""
+    from moeaudit.metrics import layer_total
+
+    g_E = [1.0] + [1e-16] * 8
+    assert layer_total(g_E) == 1.0  # each 1e-16 is below half an ulp of 1.0
+    assert math.fsum(g_E) == 1.0000000000000009
+    steps = list(range(1, 5001))
+    norms = [[1.0] + [1e-16] * 8 for _ in steps]
+    text = "".join(
+        json.dumps({"step": t, "loss": 1.0, "expert_grad_norms": {"0": norms[j]}}) + "\n" for j, t in enumerate(steps)
+    )
+    rows = parse_metrics(text).norms["0"]
+    share = 9 / layer_total(norms[0]) * 1.0  # expert 0's share, exactly as the rule computes it
+    for threshold in (share, math.nextafter(share, math.inf)):  # x < threshold flips exactly here
+        ref = env.starvation(steps, norms, threshold, 100, 1.0)
+        assert [w["expert"] for w in ref] == ([*range(1, 9)] if threshold == share else [*range(9)])
+        assert columns.starvation_columns(steps, rows, threshold, 100, 1.0) == ref  # 5000 samples: arrays

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, overload
 
-from moeaudit.metrics import POOLED, Norms, Rows, RowSequence, variance
+from moeaudit.metrics import POOLED, Norms, Rows, RowSequence, layer_total, variance
 from moeaudit.records import DeadRun, EnvelopeSample, PairCheck, ShownCount, ShownRows, StarvedWindow, WindowCheck
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
@@ -329,17 +329,21 @@ def starvation_columns(
     steps: Sequence[int], norms: Vectors, share: float, max_steps: int, fraction: float = 0.5
 ) -> list[StarvedWindow]:
     """:func:`moeaudit.judge.envelope.starvation` with the counts of the window (t − max_steps, t]
-    kept as it slides (two pointers), not recounted at every sample: O(samples × experts)."""
+    kept as it slides (two pointers), not recounted at every sample: O(samples × experts). A
+    parsed log of at least :data:`VECTOR_FROM` samples is judged by :func:`_starvation_arrays`."""
     out: list[StarvedWindow] = []
     n = len(steps)
     if not n:
         return out
+    view = compact(norms)
+    if view is not None and n >= VECTOR_FROM and max_steps >= 1:
+        return _starvation_arrays(steps, view, share, max_steps, fraction)
     width = len(norms[0])
     start = steps[0]
     totals: array[float] = array("d", [math.nan]) * n  # Σ_e g_e where every norm is known and > 0
     for j, g_E in enumerate(norms):
-        if all(g is not None for g in g_E) and sum(g_E) > 0:  # type: ignore[arg-type]
-            totals[j] = sum(g_E)  # type: ignore[arg-type]
+        if all(g is not None for g in g_E) and (total := layer_total(g_E)) > 0:  # type: ignore[arg-type]
+            totals[j] = total
     for e in range(width):
         col = _column(norms, e)
 
@@ -376,4 +380,57 @@ def starvation_columns(
                     }
                 )
                 break
+    return out
+
+
+# Samples from which a parsed log's level rule runs on numpy arrays (below, its import costs more
+# than it saves, and a cached certify of a short log loads no numpy: tests/test_torch_free.py).
+VECTOR_FROM = 4096
+
+
+def _starvation_arrays(
+    steps: Sequence[int], view: RowsView, share: float, max_steps: int, fraction: float
+) -> list[StarvedWindow]:
+    """:func:`starvation_columns` on arrays, with the same float operations per sample: the
+    layer's total added left to right (:func:`~moeaudit.metrics.layer_total`),
+    g_e·E then ÷ total, exact comparisons, and the window's counts as differences of running
+    sums (integers). No transcendental function, no reordered sum: the same bits as the loop."""
+    import numpy as np
+
+    out: list[StarvedWindow] = []
+    n, width = len(view), view.width
+    a = view._rows._a
+    flat = np.frombuffer(a, dtype=np.float32 if a.typecode == "f" else np.float64)
+    g_SE = flat[view.lo * width : view.hi * width].reshape(n, width).astype(np.float64)
+    total = np.zeros(n)
+    for e in range(width):
+        total += g_SE[:, e]
+    known = ~np.isnan(g_SE).any(axis=1) & (total > 0)  # NaN: a null norm
+    total[~known] = np.nan
+    t_S = np.asarray(steps, dtype=np.int64)
+    lo_S = np.searchsorted(t_S, t_S - max_steps, side="right")  # the window (t − max_steps, t]
+    judged = t_S - t_S[0] + 1 >= max_steps
+    for e in range(width):
+        x = g_SE[:, e] * width / total
+        valid = ~np.isnan(x)
+        is_low = valid & (x < share)
+        seen_c = np.concatenate(([0], np.cumsum(valid)))
+        low_c = np.concatenate(([0], np.cumsum(is_low)))
+        seen, low = seen_c[1:] - seen_c[lo_S], low_c[1:] - low_c[lo_S]
+        hit = np.flatnonzero(judged & (seen > 0) & (low >= fraction * seen))
+        if len(hit):
+            j = int(hit[0])
+            lo, s_j, l_j = int(lo_S[j]), int(seen[j]), int(low[j])
+            out.append(
+                {
+                    "expert": e,
+                    "since": int(t_S[lo]),
+                    "step": int(t_S[j]),
+                    "until": int(t_S[j]),
+                    "steps": max_steps,
+                    "share": float(x[lo : j + 1][is_low[lo : j + 1]].min()),
+                    "fraction": l_j / s_j,
+                    "samples": s_j,
+                }
+            )
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from moeaudit.metrics import layer_total
 from moeaudit.records import AlertRun, DeadRun, StarvedWindow, Unevaluable
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ def starvation(
     start = steps[0]
     shares: list[list[float | None]] = []
     for g_E in norms:
-        known = all(g is not None for g in g_E) and sum(g_E) > 0  # type: ignore[arg-type]
-        total = sum(g_E) if known else 0.0  # type: ignore[arg-type]
+        total = layer_total(g_E) if all(g is not None for g in g_E) else 0.0  # type: ignore[arg-type]
+        known = total > 0
         shares.append([g * len(g_E) / total if known else None for g in g_E])  # type: ignore[operator]
     for e in range(len(norms[0]) if norms else 0):
         lo = 0
