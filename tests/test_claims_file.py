@@ -154,6 +154,14 @@ def test_claims_verify_fails_on_changed_files_tampering_and_other_keys(
     generate_key(tmp_path / "other")
     other = _run("claims", "verify", str(ckpt), "--pubkey", str(tmp_path / "other.pub"))
     assert other.exit_code == 1 and "not one of the keys given" in other.stdout
+    # the signer's hint and the given key's hint, each once and under its own role
+    from moeaudit.attest.signing import key_hint, load_public_key
+
+    signer, given = key_hint(load_public_key(pub))[:16], key_hint(load_public_key(tmp_path / "other.pub"))[:16]
+    assert f"line 1: not-verified: signed by key hint {signer}…, not one of the keys given (key hint {given}…)\n" in (
+        other.stdout
+    )
+    assert other.stdout.count(signer) == 1
     assert "no claim in the file is signed by a key given" in other.stderr
     # a signed byte changed: the signature no longer holds
     good = (ckpt / "claims.jsonl").read_bytes()

@@ -202,7 +202,10 @@ def verify_claims(directory: Path, keys: Sequence[PublicKey]) -> tuple[str, list
         hint = line.hint
         candidates = [k for k in keys if hint is None or hint in (key_hint(k), legacy_key_hint(k))]
         if why is None and not candidates:
-            why = f"signed by key hint {str(hint)[:16]}…, not one of the keys given"
+            given = ", ".join(f"{key_hint(k)[:16]}…" for k in keys)
+            why = f"signed by key hint {str(hint)[:16]}…, not one of the keys given (key hint {given})"
+            results.append(LineResult(line.number, "not-verified", why))  # the signer is named once
+            continue
         if why is not None:
             results.append(LineResult(line.number, "not-verified", why, hint=hint))
             continue
