@@ -209,6 +209,23 @@ def test_keygen_refusal_leaves_no_half_pair(tmp_path: Path) -> None:
     assert (tmp_path / "key").read_text() == "an existing private key\n"
 
 
+def test_keygen_into_a_missing_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    code, _, stderr = run("keygen", "--out", tmp_path / "nowhere" / "key")
+    assert code == 4
+    line = one_error(stderr)
+    why = "output directory does not exist — create it first or choose another path"
+    assert line == f"moeaudit: error: {tmp_path / 'nowhere'}: {why}"
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_keygen_refusal_leaves_nothing_behind(tmp_path: Path) -> None:
+    # a stale KEY.pub alone: refused before anything, KEY.lock included, is created
+    (tmp_path / "key.pub").write_text("someone's old public key\n")
+    code, _, stderr = run("keygen", "--out", tmp_path / "key")
+    assert code == 4 and one_error(stderr).endswith("key.pub: key file exists — pass --force to replace it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key.pub"]
+
+
 # ----- item 9: resource caps ---------------------------------------------------------------------
 
 

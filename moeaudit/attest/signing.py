@@ -302,6 +302,11 @@ def generate_key(
 ) -> PrivateKey:
     """Write KEY (PKCS#8 PEM, mode 0600) and KEY.pub (SPKI PEM) as a pair, under KEY.lock."""
     key = _new_key(algorithm)
+    if not path.parent.is_dir():
+        raise InputError(
+            "output directory does not exist", path=path.parent, hint="create it first or choose another path"
+        )
+    _refuse_targets(path, force)  # before KEY.lock is made: a refusal leaves nothing behind
     with _key_lock(path):
         _write_pair(path, key, passphrase, force)
     return key
@@ -354,6 +359,14 @@ def _key_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def _refuse_targets(path: Path, force: bool) -> None:
+    """KEY and KEY.pub: never a link, device or FIFO; without ``force``, neither may exist."""
+    for p in (path, path.with_name(path.name + ".pub")):
+        check_output_target(p, force=True)  # a link, device or FIFO is never a key file
+        if not force and os.path.lexists(p):
+            raise InputError("key file exists", path=p, hint="pass --force to replace it")
+
+
 def _write_pair(path: Path, key: PrivateKey, passphrase: bytes | None, force: bool) -> None:
     """Both files written to temps first; KEY.pub is linked into place before KEY, so a KEY
     that exists always has its KEY.pub. Without ``force`` the links fail if either exists."""
@@ -361,10 +374,7 @@ def _write_pair(path: Path, key: PrivateKey, passphrase: bytes | None, force: bo
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     pub_path = path.with_name(path.name + ".pub")
-    for p in (path, pub_path):
-        check_output_target(p, force=True)  # a link, device or FIFO is never a key file
-        if not force and os.path.lexists(p):
-            raise InputError("key file exists", path=p, hint="pass --force to replace it")
+    _refuse_targets(path, force)
     atomic_write(pub_path, pub, mode=0o644, force=force)
     try:
         atomic_write(path, pem, mode=0o600, force=force)
