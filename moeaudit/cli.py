@@ -460,7 +460,9 @@ def certify(fail_on: str | None, **options: Any) -> None:
     "policy's, else pretraining within one run and post-training across runs).",
 )
 @path_option("--junit", help="Also write a JUnit XML report here.")
-@path_option("--json", "json_out", help="Also write the decision, its conditions and the gate as JSON here.")
+@path_option(
+    "--json", "json_out", help="Also write the decision, its conditions and the gate as JSON here ('-' for stdout)."
+)
 @path_option(
     "--attest-test-result",
     "attest",
@@ -481,20 +483,24 @@ def gate(junit: Path | None, json_out: Path | None, attest: Path | None, force: 
       moeaudit gate sample_checkpoints/sft-repurpose/checkpoint-0 sample_checkpoints/sft-repurpose/checkpoint-1000
       moeaudit gate RUN/checkpoint-1000 RUN/checkpoint-1500 --attest-test-result promotion.intoto.json
     """
-    from moeaudit.commands.gate import EXIT, write_outputs
+    from moeaudit.commands.gate import EXIT, gate_json, write_outputs
     from moeaudit.commands.gate import gate as decide
 
     gated = decide(junit=junit, json_out=json_out, attest=attest, force=force, hooks=HOOKS, **options)
-    print_gate(gated.result)
+    stdout = str(json_out) == "-"  # as emit_json: the document alone on stdout
+    if not stdout:
+        print_gate(gated.result)
     write_outputs(
         gated,
         junit=junit,
-        json_out=json_out,
+        json_out=None if stdout else json_out,
         attest=attest,
         step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
         force=force,
         hooks=HOOKS,
     )
+    if stdout:
+        click.echo(gate_json(gated.result), nl=False)
     raise SystemExit(EXIT[gated.result["decision"]])
 
 

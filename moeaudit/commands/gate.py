@@ -168,7 +168,7 @@ def write_outputs(
     """The decision as a signed in-toto Test Result (``attest``), JUnit XML, the
     ``moeaudit.gate/v1`` JSON and a Markdown summary appended to ``step_summary`` (GitHub's
     $GITHUB_STEP_SUMMARY); each file is written whole (temp file, then rename)."""
-    from moeaudit.jsonio import atomic_write, dumps
+    from moeaudit.jsonio import atomic_write
     from moeaudit.report.ci import junit_xml, markdown_summary
 
     result = gated.result
@@ -178,10 +178,17 @@ def write_outputs(
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
     if json_out is not None:
-        atomic_write(json_out, dumps({"schema": "moeaudit.gate/v1", **result}), force=force)
+        atomic_write(json_out, gate_json(result), force=force)
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as f:
             f.write(markdown_summary(result))
+
+
+def gate_json(result: Any) -> str:
+    """The ``moeaudit.gate/v1`` document of a decision (``--json FILE`` or ``--json -``)."""
+    from moeaudit.jsonio import dumps
+
+    return dumps({"schema": "moeaudit.gate/v1", **result})
 
 
 def _attest_promotion(path: Path, gated: Gated, force: bool, hooks: Hooks) -> None:
