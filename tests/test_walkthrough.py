@@ -28,3 +28,27 @@ def test_gate_json_dash_is_stdout_as_for_receipts(tmp_path: Path, monkeypatch: p
     assert doc["schema"] == "moeaudit.gate/v1" and doc["decision"] == "PROMOTE"
     assert doc["candidate"] == "checkpoint-500" and doc["base"] == "checkpoint-250"
     assert list(tmp_path.iterdir()) == [tmp_path / "cache"]  # no file named "-"
+
+
+@needs_samples
+def test_preregister_into_a_missing_run_directory_is_refused_before_signing(tmp_path: Path) -> None:
+    # the help's example writes my-run/preregistration.json: before training, my-run may not exist yet
+    cfg = tmp_path / "cfg"
+    result = CliRunner(env={"XDG_CONFIG_HOME": str(cfg)}).invoke(
+        cli,
+        [
+            "preregister",
+            "--policy",
+            str(SAMPLES / "policy.toml"),
+            "--canary",
+            str(SAMPLES / "canary.safetensors"),
+            "--run",
+            "my-run",
+            "-o",
+            str(tmp_path / "my-run" / "preregistration.json"),
+        ],
+    )
+    assert result.exit_code == 4
+    why = "output directory does not exist — create it first or choose another path"
+    assert result.stderr == f"moeaudit: error: {tmp_path / 'my-run'}: {why}\n"
+    assert not cfg.exists()  # refused before the default signing key is created

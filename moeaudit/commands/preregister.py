@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moeaudit.commands.common import QUIET, Hooks, signing_key
+from moeaudit.commands.common import QUIET, Hooks, check_output, signing_key
 
 if TYPE_CHECKING:
     from moeaudit.records import PreregistrationStatement
@@ -26,10 +26,10 @@ def preregister(
     from moeaudit import __version__
     from moeaudit import canary as canary_mod
     from moeaudit.attest.preregistration import sign, statement
-    from moeaudit.jsonio import atomic_write, check_output_target
+    from moeaudit.jsonio import atomic_write
     from moeaudit.policy import load_policy
 
-    check_output_target(out, force=force)
+    check_output(out, force)  # its directory too, before a default key is created
     policy = load_policy(policy_path)
     file = policy.file_input()
     assert file is not None  # parsed from this file just now
