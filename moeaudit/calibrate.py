@@ -312,9 +312,9 @@ def _fit_envelope(
             )
         return settings, warnings, check
     assert first_error is not None
+    tried = ", ".join(map(str, blocks[1:]))  # none when the series is too short for coarser blocks
     raise InputError(
-        f"{first_error.what} (also tried block means of "
-        f"{', '.join(map(str, blocks[1:])) or 'no coarser sampling'} steps)",
+        first_error.what + (f" (also tried block means of {tried} steps)" if tried else ""),
         path=first_error.path,
         hint=first_error.hint,
     )

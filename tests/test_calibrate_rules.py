@@ -101,3 +101,19 @@ def test_resample_takes_block_means_and_drops_a_partial_last_block() -> None:
     short = env.resample(_series([[float(t), 1.0] for t in range(1, 24)]), 10)
     assert short.steps == (10, 20)  # 21..23 is a partial block: left out
     assert env.resample(series, 1) is series
+
+
+def test_a_fit_with_no_coarser_sampling_to_try_says_only_why() -> None:
+    """Two samples admit no block means: the error is the fit's own, not "also tried block
+    means of no coarser sampling steps"; with a longer series the tried block sizes are named."""
+    from moeaudit.calibrate import _fit_envelope
+    from moeaudit.policy import Policy
+
+    def error(n: int) -> str:
+        with pytest.raises(InputError) as exc:
+            series = _series(_healthy(n))
+            _fit_envelope(series, Policy(), "normalized", [], Path("m"), since=0, stage="pretraining", model="x")
+        return exc.value.what
+
+    assert error(2) == "calibration needs at least three samples of the healthy run"
+    assert error(30).endswith("(also tried block means of 2 steps)")
