@@ -203,7 +203,8 @@ def _section(cls: type, raw: Any, name: str, path: str | Path) -> Any:
 
 def _coerce(default: Any, value: Any, where: str, path: str | Path) -> Any:
     def bad(kind: str) -> InputError:
-        return InputError(f"{where} must be {kind}, got {value!r}", path=path)
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # TOML's true, not True
+        return InputError(f"{where} must be {kind}, got {shown}", path=path)
 
     if isinstance(default, bool):
         if not isinstance(value, bool):

@@ -74,3 +74,18 @@ def test_certify_refuses_it_before_any_replay(tmp_path: Path) -> None:
     assert f"{policy}: envelope.epsilon = 1e+308 is out of range" in result.stderr
     assert "replaying" not in result.stderr and "internal error" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        ({"receipts": {"seed": True}}, "p.toml: receipts.seed must be an integer, got true"),
+        ({"margins": {"tau": False}}, "p.toml: margins.tau must be a finite number, got false"),
+        ({"envelope": {"calibrated": "yes"}}, "p.toml: envelope.calibrated must be true or false, got 'yes'"),
+    ],
+)
+def test_a_wrong_type_is_shown_as_the_toml_says_it(data: dict, line: str) -> None:
+    # the user wrote `seed = true`, not Python's True
+    with pytest.raises(InputError) as exc:
+        policy_from_dict(data, "p.toml")
+    assert exc.value.diagnostics() == line
