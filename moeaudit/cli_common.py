@@ -161,7 +161,7 @@ def passphrase_prompt() -> bytes | None:
 
 
 def note(line: str) -> None:
-    err.print(line, markup=False)
+    err.print(line, markup=False, soft_wrap=True)  # one line, as warn: CI logs are grepped
 
 
 # What a command says while it works (moeaudit.commands.common.Hooks): notes and warnings on

@@ -52,3 +52,43 @@ def test_preregister_into_a_missing_run_directory_is_refused_before_signing(tmp_
     why = "output directory does not exist — create it first or choose another path"
     assert result.stderr == f"moeaudit: error: {tmp_path / 'my-run'}: {why}\n"
     assert not cfg.exists()  # refused before the default signing key is created
+
+
+def test_verify_without_pubkey_says_how_to_name_another_key(tmp_path: Path) -> None:
+    from moeaudit.attest.signing import ensure_key
+
+    cfg = tmp_path / ("config-" * 12)  # a path long enough that the note would wrap at 140 columns
+    ensure_key(cfg / "moeaudit" / "signing-key.pem")
+    result = CliRunner(env={"XDG_CONFIG_HOME": str(cfg)}).invoke(cli, ["verify", str(tmp_path / "certificate.json")])
+    assert result.exit_code == 4
+    mine = cfg / "moeaudit" / "signing-key.pem.pub"
+    assert result.stderr.splitlines() == [
+        f"verifying with your key {mine} (--pubkey names another)",
+        f"moeaudit: error: {tmp_path / 'certificate.json'}: certificate not found",
+    ]
+
+
+def test_notes_on_stderr_are_never_wrapped(tmp_path: Path) -> None:
+    # CI logs are grepped line by line: a note is one line however long (as warnings are)
+    from moeaudit.cli_common import note
+    from moeaudit.report.terminal import err
+
+    line = "policy: " + "/very/long/path" * 20 + " (envelope constants calibrated)"
+    with err.capture() as captured:
+        note(line)
+    assert captured.get() == line + "\n"
+
+
+def test_calibrate_summary_is_two_unwrapped_lines() -> None:
+    from types import SimpleNamespace
+
+    from moeaudit.policy import Policy
+    from moeaudit.report.terminal import err, print_calibration
+
+    result = SimpleNamespace(policy=Policy(), envelope_steps=(100, 1500), steps=(250, 1500))
+    with err.capture() as captured:
+        print_calibration(result, "normalized", "/a/long/path/to/the/policy/that/was/written/" * 3 + "policy.toml")
+    lines = captured.get().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("calibrated the envelope on auto (normalized), variance bound not fitted")
+    assert lines[1].endswith("policy.toml with how each was fitted)")

@@ -455,7 +455,7 @@ def print_checkpoint(title: Any, summary: dict[str, Any]) -> None:
         table.add_row(esc(key), esc(value))
     out.print(table)
     for w in summary["warnings"]:
-        err.print(f"warning: {w}", markup=False)
+        err.print(f"warning: {w}", markup=False, soft_wrap=True)
 
 
 def print_canary(title: Any, summary: dict[str, Any]) -> None:
@@ -480,6 +480,7 @@ def print_calibration(result: Any, variant: str, written: Any) -> None:
         f"calibrated the envelope on {env.source} ({variant}), {fit}; starve_share = "
         f"{env.starve_share:.4g} (steps {result.envelope_steps[0]}–{result.envelope_steps[1]})",
         markup=False,
+        soft_wrap=True,
     )
     g = result.policy.gates
     err.print(
@@ -487,6 +488,7 @@ def print_calibration(result: Any, variant: str, written: Any) -> None:
         f"{g.tol_c2_rel:.4g}, pi_min_ratio_floor = {g.pi_min_ratio_floor:.4g}, entropy_ratio_floor "
         f"= {g.entropy_ratio_floor:.4g} (written into {written} with how each was fitted)",
         markup=False,
+        soft_wrap=True,
     )
 
 
