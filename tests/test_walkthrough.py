@@ -63,7 +63,7 @@ def test_verify_without_pubkey_says_how_to_name_another_key(tmp_path: Path) -> N
     assert result.exit_code == 4
     mine = cfg / "moeaudit" / "signing-key.pem.pub"
     assert result.stderr.splitlines() == [
-        f"verifying with your key {mine} (--pubkey names another)",
+        f"verifying with your key {mine} (pass --pubkey KEY.pub to verify another signer's)",
         f"moeaudit: error: {tmp_path / 'certificate.json'}: certificate not found",
     ]
 

@@ -19,7 +19,7 @@ def public_keys(paths: Sequence[Path], hooks: Hooks = QUIET) -> list[Any]:
 
     if not paths:
         mine = default_public_key()
-        hooks.warn(f"verifying with your key {mine} (--pubkey names another)")
+        hooks.warn(f"verifying with your key {mine} (pass --pubkey KEY.pub to verify another signer's)")
         paths = [mine]
     return [load_public_key(p) for p in paths]
 

@@ -69,7 +69,7 @@ def verify(
         from moeaudit.attest.signing import default_public_key
 
         pubkey = default_public_key()  # none yet: the error says how to pass --pubkey
-        hooks.note(f"verifying with your key {pubkey} (--pubkey names another)")
+        hooks.note(f"verifying with your key {pubkey} (pass --pubkey KEY.pub to verify another signer's)")
     stmt = open_certificate(cert, load_public_key(pubkey))
     where = (run_dir, canary_path, policy_path, reference)
     return Verified(cert, stmt, recheck, where, required, attest, key_, force)
