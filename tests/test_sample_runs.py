@@ -223,3 +223,23 @@ def test_a_policy_calibrated_on_the_canary_probe_gates_on_it(tmp_path, env, key)
         pred = signed_statement(json.loads((cert / "certificate.json").read_text()))
         assert check(pred["predicate"], "envelope")["status"] == ("PASS" if code == 0 else "FAIL")
         assert pred["predicate"]["envelope"]["source"] == "probe"
+
+
+def _readme_verdicts() -> list[list[str]]:
+    """The rows of sample_checkpoints/README.md's verdict table: run, gates, health, envelope,
+    refinement, verdict."""
+    text = (SAMPLES / "README.md").read_text(encoding="utf-8")
+    table = text.split("| run | gates | health | envelope | refinement | verdict |", 1)[1].split("\n\n", 1)[0]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.strip().splitlines()[1:]]
+
+
+@pytest.mark.parametrize("row", _readme_verdicts(), ids=lambda row: row[0])
+def test_the_readme_verdict_table_is_what_certify_says(tmp_path, env, key, row: list[str]) -> None:
+    run, gates, health, envelope, refinement, verdict = row
+    pred = certify(run, tmp_path, env, key)
+    assert " ".join(s[0] for _, s in statuses(pred)) == gates
+    assert verdict == f"**{pred['verdict']}**"
+    for cell, name in ((health, "health"), (envelope, "envelope"), (refinement, "refinement")):
+        c = check(pred, name)
+        shown = c["status"] if c["evaluated"] else "reported" if c.get("value") is not None else "n/e"
+        assert cell.split(" ")[0] == shown, (name, c["reason"])
