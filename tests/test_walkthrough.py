@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -92,3 +93,18 @@ def test_calibrate_summary_is_two_unwrapped_lines() -> None:
     assert len(lines) == 2
     assert lines[0].startswith("calibrated the envelope on auto (normalized), variance bound not fitted")
     assert lines[1].endswith("policy.toml with how each was fitted)")
+
+
+def test_a_passing_refinement_does_not_read_refinement_twice() -> None:
+    # certify prints "refinement: PASS — <reason>", gate "✓ refinement: <reason>"
+    from moeaudit.judge.decide import refinement_check
+
+    margin: Any = {"exact": 0.0996, "ci95": [0.0094, 0.1737], "tau": 0.25}
+    check = refinement_check(margin, "post-training", 0.0)
+    assert check["status"] == "PASS"
+    assert check["reason"] == (
+        "refined, not repurposed: the protected layers stayed within the budget τ "
+        "(r_ex = +0.0996, 95% interval [+0.0094, +0.1737], τ = 0.25)"
+    )
+    failed = refinement_check({**margin, "exact": -1.2332, "ci95": [-1.2831, -1.1032]}, "post-training", 0.0)
+    assert failed["status"] == "FAIL" and failed["reason"].startswith("repurposing: a protected layer exceeds")

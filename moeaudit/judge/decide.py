@@ -287,7 +287,7 @@ def refinement_check(margin: Margin | None, stage: str, band: float) -> Check:
         return _check("refinement", None, f"{where}: reported, not gated ({text})", **value)
     status = margin_status(margin, band)
     verdict = {
-        PASS: "refinement: the protected layers stayed within the budget τ",
+        PASS: "refined, not repurposed: the protected layers stayed within the budget τ",
         FAIL: "repurposing: a protected layer exceeds the budget τ",
         INCONCLUSIVE: "within noise of the budget τ",
     }[status]
