@@ -108,3 +108,35 @@ def test_a_passing_refinement_does_not_read_refinement_twice() -> None:
     )
     failed = refinement_check({**margin, "exact": -1.2332, "ci95": [-1.2831, -1.1032]}, "post-training", 0.0)
     assert failed["status"] == "FAIL" and failed["reason"].startswith("repurposing: a protected layer exceeds")
+
+
+CERT_FREE = SAMPLES / "healthy"
+
+
+@needs_samples
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "{tmp}/certificate.json", "--framework", "eu-ai-act", "--out", "-"],
+        ["calibrate", str(CERT_FREE), "--out", "-"],
+        ["canary", "build", "--tokens", str(SAMPLES / "canary.jsonl"), "--out", "-"],
+        ["preregister", "--policy", str(SAMPLES / "policy.toml"), "--canary", str(SAMPLES / "canary.safetensors")]
+        + ["--run", "r", "-o", "-"],
+        ["verify", "{tmp}/certificate.json", "--attest-verification", "-"],
+        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500"), "--junit", "-"],
+        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500"), "--attest-test-result", "-"],
+    ],
+    ids=["export", "calibrate", "canary-build", "preregister", "verify-attest", "gate-junit", "gate-attest"],
+)
+def test_dash_is_refused_where_the_output_is_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    # '-' is stdout for --json of receipts, compare, envelope and gate; elsewhere it is no file name
+    monkeypatch.chdir(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    result = CliRunner(env=env).invoke(cli, [a.format(tmp=tmp_path) for a in argv])
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "moeaudit: error: -: this output is written to a file, not to stdout — name the file to write"
+    )
+    assert not (tmp_path / "-").exists()

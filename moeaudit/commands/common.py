@@ -115,12 +115,14 @@ def open_checkpoint(path: Path, hooks: Hooks) -> Checkpoint:
     return ckpt
 
 
-def check_output(path: Path | None, force: bool) -> None:
+def check_output(path: Path | None, force: bool, *, stdout: bool = False) -> None:
     """An output that exists (without ``force``) or whose directory does not is refused before
-    any work."""
-    from moeaudit.errors import InputError
+    any work; so is ``-`` where the output is not one that ``stdout`` allows on stdout."""
+    from moeaudit.errors import InputError, UsageError
     from moeaudit.jsonio import check_output_target
 
+    if path is not None and str(path) == "-" and not stdout:
+        raise UsageError("this output is written to a file, not to stdout", path="-", hint="name the file to write")
     if path is not None and str(path) != "-":
         check_output_target(path, force=force)
         if not path.parent.is_dir():

@@ -56,7 +56,7 @@ def compare(
     from moeaudit.locate import require_canary
 
     refuse_inside("--json", json_out, base, candidate, reference)
-    check_output(json_out, force)
+    check_output(json_out, force, stdout=True)
     one_checkpoint(base, "moeaudit compare {ckpt} CANDIDATE")
     one_checkpoint(candidate, "moeaudit compare BASE {ckpt}")
     b, c = open_checkpoint(base, hooks), open_checkpoint(candidate, hooks)

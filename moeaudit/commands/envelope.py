@@ -33,7 +33,7 @@ def envelope(
     from moeaudit.series import evaluate_run
 
     refuse_inside("--json", json_out, source_path, calibrate_on)
-    check_output(json_out, force)
+    check_output(json_out, force, stdout=True)
     run_layout(source_path)
     policy = load_policy(policy_path, source_path, hooks)
     with hooks.progress() as tick:

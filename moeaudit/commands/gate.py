@@ -66,7 +66,7 @@ def gate(
     refuse_inside("--json", json_out, base, candidate, reference)
     refuse_inside("--attest-test-result", attest, base, candidate, reference)
     check_output(junit, force)  # every output is checked before any work
-    check_output(json_out, force)
+    check_output(json_out, force, stdout=True)
     check_output(attest, force)
     if key is not None and attest is None:
         raise UsageError("--key signs the --attest-test-result file", hint="add --attest-test-result FILE")

@@ -40,7 +40,7 @@ def receipts(
     from moeaudit.receipts.state import state_receipts
 
     refuse_inside("--json", json_out, ckpt)
-    check_output(json_out, force)
+    check_output(json_out, force, stdout=True)
     one_checkpoint(ckpt, "moeaudit receipts {ckpt}")
     dev = None if device == "cpu" else torch_device(device)  # before the checkpoint is read
     checkpoint = open_checkpoint(ckpt, hooks)
