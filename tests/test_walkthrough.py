@@ -140,3 +140,23 @@ def test_dash_is_refused_where_the_output_is_a_file(
         "moeaudit: error: -: this output is written to a file, not to stdout — name the file to write"
     )
     assert not (tmp_path / "-").exists()
+
+
+@needs_samples
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["certify", str(CERT_FREE), "--out", "-"], "--out is the directory the certificate is written to, not stdout"),
+        (["keygen", "--out", "-"], "--out is the private key file (KEY.pub beside it), not stdout"),
+    ],
+    ids=["certify", "keygen"],
+)
+def test_dash_is_no_certificate_directory_or_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], why: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    result = CliRunner(env=env).invoke(cli, argv)
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == f"moeaudit: error: -: {why}"
+    assert not list(tmp_path.glob("-*"))

@@ -70,6 +70,10 @@ def certify(
     run_layout(run_dir)
     # named after the run (a torchtitan run after its dump folder, not "checkpoint")
     named_out, out = out is not None, out or Path("moeaudit-certificates") / run_name(run_dir)
+    if str(out) == "-":
+        from moeaudit.errors import UsageError
+
+        raise UsageError("--out is the directory the certificate is written to, not stdout", path="-")
     refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
     canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
     if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from moeaudit.errors import InputError
+from moeaudit.errors import InputError, UsageError
 
 
 def keygen(out: Path, *, key_type: str = "ecdsa-p256", passphrase_env: bool = False, force: bool = False) -> str:
@@ -13,6 +13,8 @@ def keygen(out: Path, *, key_type: str = "ecdsa-p256", passphrase_env: bool = Fa
     $MOEAUDIT_KEY_PASSPHRASE) and return the public key's keyid."""
     from moeaudit.attest.signing import PASSPHRASE_ENV, generate_key, keyid
 
+    if str(out) == "-":
+        raise UsageError("--out is the private key file (KEY.pub beside it), not stdout", path="-")
     passphrase = None
     if passphrase_env:
         if not os.environ.get(PASSPHRASE_ENV):
