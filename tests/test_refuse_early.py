@@ -73,3 +73,22 @@ def test_missing_output_directory_is_refused_before_any_replay(name: str, tmp_pa
     assert result.exit_code == 4, (name, result.output, result.exception)
     assert "output directory does not exist" in result.stderr, result.stderr
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["certify", str(HEALTHY), "--out", "{tmp}/o"],
+        ["gate", str(REFINE / "checkpoint-0"), str(REFINE / "checkpoint-1000")],
+        ["compare", str(REFINE / "checkpoint-0"), str(REFINE / "checkpoint-1000")],
+    ],
+    ids=["certify", "gate", "compare"],
+)
+def test_a_missing_reference_is_refused_before_any_replay(argv: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "healthy-ref"
+    args = [a.format(tmp=tmp_path) for a in argv] + ["--reference", str(missing)]
+    result = CliRunner(env={"XDG_CONFIG_HOME": str(tmp_path / "cfg")}).invoke(cli, args)
+    assert result.exit_code == 4, (result.output, result.exception)
+    why = "reference not found — pass a healthy checkpoint directory or its receipts JSON"
+    assert result.stderr.splitlines()[-1] == f"moeaudit: error: {missing}: {why}"
+    assert not (tmp_path / "o").exists()

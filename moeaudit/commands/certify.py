@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from moeaudit.commands.common import (
     QUIET,
     Hooks,
+    check_reference,
     load_policy,
     ranks,
     refuse_inside,
@@ -75,6 +76,7 @@ def certify(
 
         raise UsageError("--out is the directory the certificate is written to, not stdout", path="-")
     refuse_inside("--out" if named_out else "the default --out", out, run_dir, reference, whole_run=True)
+    check_reference(reference)
     canary_file, canary_origin = locate_canary(canary_path and str(canary_path), run_dir)
     if canary_path:  # where it was, for `verify --recheck` (a found canary's origin says it)
         canary_origin = f"{canary_origin} at {canary_file}"

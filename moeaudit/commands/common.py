@@ -131,6 +131,18 @@ def check_output(path: Path | None, force: bool, *, stdout: bool = False) -> Non
             )
 
 
+def check_reference(reference: Path | None) -> None:
+    """A --reference that is not there is refused before any replay, not after the run's."""
+    import os
+
+    from moeaudit.errors import InputError
+
+    if reference is not None and not os.path.lexists(reference):
+        raise InputError(
+            "reference not found", path=reference, hint="pass a healthy checkpoint directory or its receipts JSON"
+        )
+
+
 def refuse_inside(option: str, path: Path | None, *audited: Path | None, whole_run: bool = False) -> None:
     """An output inside a checkpoint or run the command audits is refused before any work."""
     from moeaudit.output import refuse_inside as refuse

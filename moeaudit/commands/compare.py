@@ -13,6 +13,7 @@ from moeaudit.commands.common import (
     Hooks,
     Tick,
     check_output,
+    check_reference,
     load_policy,
     one_checkpoint,
     open_checkpoint,
@@ -57,6 +58,7 @@ def compare(
 
     refuse_inside("--json", json_out, base, candidate, reference)
     check_output(json_out, force, stdout=True)
+    check_reference(reference)
     one_checkpoint(base, "moeaudit compare {ckpt} CANDIDATE")
     one_checkpoint(candidate, "moeaudit compare BASE {ckpt}")
     b, c = open_checkpoint(base, hooks), open_checkpoint(candidate, hooks)

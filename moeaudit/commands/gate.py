@@ -12,6 +12,7 @@ from moeaudit.commands.common import (
     QUIET,
     Hooks,
     check_output,
+    check_reference,
     load_policy,
     one_checkpoint,
     open_checkpoint,
@@ -68,6 +69,7 @@ def gate(
     check_output(junit, force)  # every output is checked before any work
     check_output(json_out, force, stdout=True)
     check_output(attest, force)
+    check_reference(reference)
     if key is not None and attest is None:
         raise UsageError("--key signs the --attest-test-result file", hint="add --attest-test-result FILE")
     key_ = signing_key(key, hooks) if attest is not None else None
