@@ -709,6 +709,7 @@ def samples() -> None:
     help="Directory to write the sample runs into.",
 )
 @click.option("--tiny", is_flag=True, help="A scaled-down build (seconds), as the tests use.")
+@click.option("--force", is_flag=True, help="Replace sample runs already in --out.")
 @verbose_option
 def samples_build(out: Path, **options: Any) -> None:
     """Train the sample runs on generated data (deterministic, CPU).

@@ -160,3 +160,22 @@ def test_dash_is_no_certificate_directory_or_key(
     assert result.exit_code == 2, result.stdout + result.stderr
     assert result.stderr.splitlines()[-1] == f"moeaudit: error: -: {why}"
     assert not list(tmp_path.glob("-*"))
+
+
+def test_samples_build_does_not_replace_runs_without_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the default --out is sample_checkpoints: `samples build --tiny` there would replace the shipped runs
+    import moeaudit.samples.build as samples_build
+
+    built: list[Path] = []
+    monkeypatch.setattr(samples_build, "build_samples", lambda out, **_k: built.append(Path(out)))
+    (tmp_path / "runs" / "healthy").mkdir(parents=True)
+    (tmp_path / "runs" / "healthy" / "keep").write_text("shipped\n")
+    refused = CliRunner().invoke(cli, ["samples", "build", "--tiny", "--out", str(tmp_path / "runs")])
+    assert refused.exit_code == 4 and built == []
+    why = "already holds sample runs (healthy) — pass --force to replace them (other files stay)"
+    assert refused.stderr == f"moeaudit: error: {tmp_path / 'runs'}: {why}\n"
+    assert (tmp_path / "runs" / "healthy" / "keep").read_text() == "shipped\n"
+    forced = CliRunner().invoke(cli, ["samples", "build", "--tiny", "--out", str(tmp_path / "runs"), "--force"])
+    assert forced.exit_code == 0 and built == [tmp_path / "runs"]
+    fresh = CliRunner().invoke(cli, ["samples", "build", "--tiny", "--out", str(tmp_path / "new")])
+    assert fresh.exit_code == 0 and built[-1] == tmp_path / "new"
