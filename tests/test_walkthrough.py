@@ -179,3 +179,34 @@ def test_samples_build_does_not_replace_runs_without_force(tmp_path: Path, monke
     assert forced.exit_code == 0 and built == [tmp_path / "runs"]
     fresh = CliRunner().invoke(cli, ["samples", "build", "--tiny", "--out", str(tmp_path / "new")])
     assert fresh.exit_code == 0 and built[-1] == tmp_path / "new"
+
+
+def test_the_readme_commands_table_names_every_option() -> None:
+    """Each command's row in README.md's "Commands" table names every option its --help shows,
+    but the ones the README states once for all (--force: "an existing output is not overwritten
+    without --force"; --nproc: "More than one GPU"; --verbose)."""
+    import re
+
+    import click
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `moeaudit ([^`]+)` \|", readme, re.M)
+    missing: dict[str, list[str]] = {}
+
+    def walk(group: click.Group, prefix: str) -> None:
+        for name, command in group.commands.items():
+            full = f"{prefix} {name}".strip()
+            if isinstance(command, click.Group):
+                walk(command, full)
+                continue
+            row = " ".join(r for r in rows if r == full or r.startswith(f"{full} "))
+            assert row, f"no README row for {full}"
+            named = set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", row))
+            shared = ("--force", "--nproc", "--verbose", "--help")
+            options = [p for p in command.params if isinstance(p, click.Option) and not p.hidden]
+            gaps = [p.opts[-1] for p in options if p.opts[-1] not in shared and not named & set(p.opts)]
+            if gaps:
+                missing[full] = gaps
+
+    walk(cli, "")
+    assert missing == {}
