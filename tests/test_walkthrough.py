@@ -210,3 +210,30 @@ def test_the_readme_commands_table_names_every_option() -> None:
 
     walk(cli, "")
     assert missing == {}
+
+
+def test_a_held_occupancy_below_the_floor_says_it_is_within_noise() -> None:
+    # sft-repurpose at 1000: π_min ratio 0.341 under the 0.5 floor, "held" because the range over
+    # both bootstrap intervals reaches above it; without the range the line reads as a contradiction
+    from moeaudit.judge.promote import candidate_condition
+    from moeaudit.policy import GateSettings
+
+    st: Any = {
+        "against": "checkpoint-0",
+        "c2_ok": True,
+        "c2_min_delta": -0.0434,
+        "c2_deltas": {"1": -0.0434},
+        "c2_tolerance": {"1": 0.0974},
+        "c2_fallen_layers": [],
+        "occupancy_ok": True,
+        "layers_with_more_dead": [],
+        "pi_min_ratio": 0.341,
+        "entropy_ratio": 0.950,
+        "ratio_ci95": {"pi_min": [0.2093, 0.6204], "entropy": [0.93, 0.97]},
+        "below_floor": {},
+        "ok": True,
+    }
+    gate: Any = {"status": "GREEN", "step": 1000, "structural": st, "health": {"problems": [], "failed": []}}
+    detail = candidate_condition(gate, GateSettings())["detail"]
+    assert "occupancy held (π_min ratio 0.341, range 0.209–0.620 over both bootstrap intervals, floor 0.5;" in detail
+    assert "entropy ratio 0.950, range 0.930–0.970, floor 0.9)" in detail

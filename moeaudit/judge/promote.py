@@ -278,8 +278,9 @@ def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
             else f"C2 {c2} on the protected layers"
             + (" (top-1 routing: structure judged on occupancy alone)" if c2 == "not applicable" else ""),
             f"occupancy {'held' if st['occupancy_ok'] else 'narrowed'} (π_min ratio "
-            f"{_plain(st['pi_min_ratio'])}, floor {g.pi_min_ratio_floor:g}; entropy ratio "
-            f"{_plain(st['entropy_ratio'])}, floor {g.entropy_ratio_floor:g}{more})",
+            f"{_plain(st['pi_min_ratio'])}{_range(st, 'pi_min', ' over both bootstrap intervals')}, floor "
+            f"{g.pi_min_ratio_floor:g}; entropy ratio {_plain(st['entropy_ratio'])}{_range(st, 'entropy')}, "
+            f"floor {g.entropy_ratio_floor:g}{more})",
         ]
     if gate["health"]["problems"]:
         parts.append("below a health floor: " + "; ".join(gate["health"]["problems"][:2]))
@@ -322,6 +323,13 @@ def conditions(gate: GateEntry, checks: Sequence[Check], g: GateSettings) -> lis
 
 def _signed(x: float | None) -> str:
     return "—" if x is None else f"{x:+.4f}"
+
+
+def _range(st: Structural, ratio: Literal["pi_min", "entropy"], what: str = "") -> str:
+    """A ratio's range over both checkpoints' bootstrap intervals, which the floor is judged on
+    (docs/policy.md, "occupancy held"): a ratio under its floor whose range reaches it is held."""
+    ci = (st.get("ratio_ci95") or {}).get(ratio)
+    return "" if not ci else f", range {_plain(ci[0])}–{_plain(ci[1])}{what}"
 
 
 def _plain(x: float | None) -> str:
