@@ -237,3 +237,22 @@ def test_a_held_occupancy_below_the_floor_says_it_is_within_noise() -> None:
     detail = candidate_condition(gate, GateSettings())["detail"]
     assert "occupancy held (π_min ratio 0.341, range 0.209–0.620 over both bootstrap intervals, floor 0.5;" in detail
     assert "entropy ratio 0.950, range 0.930–0.970, floor 0.9)" in detail
+
+
+@needs_samples
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("{\n", "not valid JSON (Expecting property name enclosed in double quotes: line 2 column 1 (char 2))"),
+        ("[1, 2]\n", "not a JSON object"),
+    ],
+)
+def test_a_broken_config_json_is_named_once(tmp_path: Path, text: str, why: str) -> None:
+    import shutil
+
+    ckpt = tmp_path / "checkpoint-500"
+    shutil.copytree(SAMPLES / "healthy" / "checkpoint-500", ckpt)
+    (ckpt / "config.json").write_text(text)
+    result = CliRunner().invoke(cli, ["inspect", str(ckpt)])
+    assert result.exit_code == 4
+    assert result.stderr == f"moeaudit: error: {ckpt / 'config.json'}: {why}\n"  # not "config.json: config.json is …"

@@ -693,9 +693,9 @@ def parse_config(raw: bytes, cfg_path: Path) -> dict[str, Any]:
             f"config.json: repeats the key {exc.key!r}", path=cfg_path, hint="keep one of the two values"
         ) from exc
     except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, huge ints
-        raise CheckpointError(f"config.json is not valid JSON ({exc})", path=cfg_path) from exc
+        raise CheckpointError(f"not valid JSON ({exc})", path=cfg_path) from exc
     if not isinstance(cfg, dict):
-        raise CheckpointError("config.json is not a JSON object", path=cfg_path)
+        raise CheckpointError("not a JSON object", path=cfg_path)
     return cfg
 
 
