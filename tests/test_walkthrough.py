@@ -256,3 +256,24 @@ def test_a_broken_config_json_is_named_once(tmp_path: Path, text: str, why: str)
     result = CliRunner().invoke(cli, ["inspect", str(ckpt)])
     assert result.exit_code == 4
     assert result.stderr == f"moeaudit: error: {ckpt / 'config.json'}: {why}\n"  # not "config.json: config.json is …"
+
+
+@needs_samples
+@pytest.mark.parametrize(
+    "device, why",
+    [
+        ("mps", "mps is not available on this machine: pass --device cpu, or cuda on a machine with a GPU"),
+        ("xpu", "xpu is not available on this machine: pass --device cpu, or cuda on a machine with a GPU"),
+        ("meta", "meta tensors hold no data: pass --device cpu, or cuda on a machine with a GPU"),
+        ("tpu", "unknown device type 'tpu': pass --device cpu, or cuda on a machine with a GPU"),
+    ],
+)
+def test_an_unusable_device_is_a_usage_error_before_any_work(device: str, why: str) -> None:
+    import torch
+
+    if getattr(torch, device, None) is not None and torch.__dict__[device].is_available():
+        pytest.skip(f"{device} is available here")
+    ckpt = SAMPLES / "healthy" / "checkpoint-500"
+    result = CliRunner().invoke(cli, ["receipts", str(ckpt), "--device", device])
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == f"Error: Invalid value for --device: {why}"

@@ -59,12 +59,19 @@ def torch_device(name: str) -> str:
     """A usable torch device name; the host copies of the replay planned for it."""
     import torch
 
+    what = "pass --device cpu, or cuda on a machine with a GPU"
     try:
         dev = torch.device(name)
-    except RuntimeError as exc:
-        raise UnusableDevice(str(exc)) from exc
+    except RuntimeError as exc:  # torch lists every device type it knows, most never usable here
+        unknown = "Expected one of" in str(exc)
+        raise UnusableDevice(f"unknown device type {name.split(':')[0]!r}: {what}" if unknown else str(exc)) from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UnusableDevice("CUDA is not available on this machine")
+    if dev.type == "meta":
+        raise UnusableDevice(f"meta tensors hold no data: {what}")
+    available = getattr(getattr(torch, dev.type, None), "is_available", None)  # torch.mps, torch.xpu, ...
+    if dev.type != "cpu" and not (callable(available) and available()):
+        raise UnusableDevice(f"{dev.type} is not available on this machine: {what}")
     from moeaudit.replay.hostplan import plan_host_copies
 
     plan_host_copies(dev)  # before anything is hashed: the copies it keeps are the replay's source
