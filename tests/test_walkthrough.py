@@ -277,3 +277,27 @@ def test_an_unusable_device_is_a_usage_error_before_any_work(device: str, why: s
     result = CliRunner().invoke(cli, ["receipts", str(ckpt), "--device", device])
     assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines()[-1] == f"Error: Invalid value for --device: {why}"
+
+
+def test_gate_output_is_one_line_per_condition_in_a_ci_log() -> None:
+    # CI logs are not a terminal: the console is 140 columns, and a wrapped condition splits
+    # "τ = 0.25" across lines; each condition stays one line for grep and log viewers
+    from moeaudit.report.terminal import out, print_gate
+
+    detail = "refined, not repurposed: the protected layers stayed within the budget τ " + "(r_ex = +0.0996) " * 8
+    result: Any = {
+        "decision": "PROMOTE",
+        "verdict": "PASS",
+        "verdict_reason": "every gate BASELINE or GREEN and every evaluated check passes " * 2,
+        "candidate": "checkpoint-1000",
+        "base": "checkpoint-0",
+        "stage": "post-training",
+        "stage_source": "the run's events.jsonl",
+        "conditions": [{"name": "refinement", "status": "pass", "detail": detail}],
+        "notes": ["judged against the run's active baseline at step 250 (as certify would) " * 3],
+    }
+    with out.capture() as captured:
+        print_gate(result)
+    lines = captured.get().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[1] == f"  ✓ refinement: {detail}"

@@ -506,9 +506,10 @@ def print_gate(result: GateResult) -> None:
         )
     if result.get("decision_reason"):  # the decision is not the verdict's reading: say why first
         head = f"{result['candidate']} over {result['base']}: {result['decision_reason']}; {head}"
-    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)))
+    # one line each, never wrapped: CI logs are not a terminal and are grepped line by line
+    out.print(f"[{style}]{result['decision']}[/] " + esc(named(head, seen)), soft_wrap=True)
     for cond in result["conditions"]:
         mark = {"pass": "✓", "fail": "✗", "skipped": "·", "inconclusive": "?"}[cond["status"]]
-        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)))
+        out.print(esc(named(f"  {mark} {cond['name']}: {cond['detail']}", seen)), soft_wrap=True)
     for note in result.get("notes", []):
-        out.print(esc(named(f"  note: {note}", seen)))
+        out.print(esc(named(f"  note: {note}", seen)), soft_wrap=True)
