@@ -301,3 +301,14 @@ def test_gate_output_is_one_line_per_condition_in_a_ci_log() -> None:
     lines = captured.get().splitlines()
     assert len(lines) == 3, lines
     assert lines[1] == f"  ✓ refinement: {detail}"
+
+
+@needs_samples
+def test_gate_says_where_it_wrote_its_reports(tmp_path: Path) -> None:
+    run = SAMPLES / "healthy"
+    junit, doc = tmp_path / "gate.xml", tmp_path / "gate.json"
+    argv = ["gate", str(run / "checkpoint-250"), str(run / "checkpoint-500"), "--junit", str(junit), "--json", str(doc)]
+    result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}).invoke(cli, argv)
+    assert result.exit_code == 0, result.stderr
+    assert f"wrote {junit} (JUnit XML)" in result.stderr.splitlines()
+    assert f"wrote {doc} (moeaudit.gate/v1)" in result.stderr.splitlines()

@@ -179,8 +179,10 @@ def write_outputs(
         result["attestation"] = str(attest)
     if junit is not None:
         atomic_write(junit, junit_xml(result), force=force)
+        hooks.note(f"wrote {junit} (JUnit XML)")
     if json_out is not None:
         atomic_write(json_out, gate_json(result), force=force)
+        hooks.note(f"wrote {json_out} (moeaudit.gate/v1)")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as f:
             f.write(markdown_summary(result))
