@@ -312,3 +312,20 @@ def test_gate_says_where_it_wrote_its_reports(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert f"wrote {junit} (JUnit XML)" in result.stderr.splitlines()
     assert f"wrote {doc} (moeaudit.gate/v1)" in result.stderr.splitlines()
+
+
+def test_a_wrong_passphrase_or_a_public_key_as_key_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moeaudit.attest.signing import generate_key, load_private_key
+    from moeaudit.errors import InputError
+
+    generate_key(tmp_path / "k", passphrase=b"s3cret")
+    monkeypatch.setenv("MOEAUDIT_KEY_PASSPHRASE", "wrong")
+    with pytest.raises(InputError) as wrong:
+        load_private_key(tmp_path / "k")
+    why = "the passphrase does not decrypt this private key — check $MOEAUDIT_KEY_PASSPHRASE or the passphrase typed"
+    assert wrong.value.diagnostics() == f"{tmp_path / 'k'}: {why}"
+    with pytest.raises(InputError) as public:
+        load_private_key(tmp_path / "k.pub")
+    assert public.value.diagnostics() == (
+        f"{tmp_path / 'k.pub'}: a public key, not a private key — pass the private key KEY (KEY.pub is its public half)"
+    )

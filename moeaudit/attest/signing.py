@@ -403,6 +403,18 @@ def load_private_key(path: Path, passphrase: bytes | None = None) -> tuple[Priva
             "private key is encrypted", path=path, hint=f"set {PASSPHRASE_ENV} or answer the prompt"
         ) from exc
     except ValueError as exc:
+        if b"-----BEGIN PUBLIC KEY-----" in raw:
+            raise InputError(
+                "a public key, not a private key",
+                path=path,
+                hint="pass the private key KEY (KEY.pub is its public half)",
+            ) from exc
+        if passphrase is not None and b"ENCRYPTED" in raw:  # PKCS#8 "ENCRYPTED PRIVATE KEY" or legacy Proc-Type
+            raise InputError(
+                "the passphrase does not decrypt this private key",
+                path=path,
+                hint=f"check ${PASSPHRASE_ENV} or the passphrase typed",
+            ) from exc
         raise InputError(
             f"not a usable PEM private key ({exc})", path=path, hint="create one with `moeaudit keygen --out KEY`"
         ) from exc
