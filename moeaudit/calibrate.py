@@ -268,6 +268,7 @@ def _builtin_predicate(run_dir: Path, canary: Any, cache: Any, say: Callable[[st
     """The run's own certificate predicate under the built-in policy."""
     from moeaudit.certify import audit_run
 
+    say("checking the run under the built-in policy (calibrate fits only a run it certifies PASS)")
     return audit_run(run_dir, canary, Policy(), cache=cache, say=say, progress=progress).statement["predicate"]
 
 

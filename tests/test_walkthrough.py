@@ -329,3 +329,18 @@ def test_a_wrong_passphrase_or_a_public_key_as_key_says_so(tmp_path: Path, monke
     assert public.value.diagnostics() == (
         f"{tmp_path / 'k.pub'}: a public key, not a private key — pass the private key KEY (KEY.pub is its public half)"
     )
+
+
+@needs_samples
+def test_calibrate_says_why_it_goes_over_the_checkpoints_twice(tmp_path: Path) -> None:
+    # under a policy file, calibrate audits the run twice: with that policy, then with the built-in
+    # one it must PASS under; the second pass is announced, not a silent repeat of the progress lines
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "policy.toml"
+    result = CliRunner(env=env).invoke(cli, ["calibrate", str(SAMPLES / "healthy"), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    second = "checking the run under the built-in policy (calibrate fits only a run it certifies PASS)"
+    assert lines.count(second) == 1
+    firsts = [i for i, ln in enumerate(lines) if ln.startswith("[1/6] checkpoint-250")]
+    assert len(firsts) == 2 and firsts[0] < lines.index(second) < firsts[1]
