@@ -105,6 +105,8 @@ _OS_HINTS = {
     errno.ENOENT: "check the path",
     errno.EMFILE: "too many open files: raise the limit (ulimit -n) and rerun",
     errno.EIO: "the disk or network file system reported an I/O error: check it and rerun",
+    errno.EPIPE: "the program reading the output closed it early (e.g. `| head`): the exit code is no verdict; "
+    "rerun without it",
 }
 
 

@@ -344,3 +344,35 @@ def test_calibrate_says_why_it_goes_over_the_checkpoints_twice(tmp_path: Path) -
     assert lines.count(second) == 1
     firsts = [i for i, ln in enumerate(lines) if ln.startswith("[1/6] checkpoint-250")]
     assert len(firsts) == 2 and firsts[0] < lines.index(second) < firsts[1]
+
+
+@needs_samples
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", str(CERT_FREE / "checkpoint-500")],
+        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500")],
+    ],
+    ids=["inspect", "gate"],
+)
+def test_a_closed_stdout_is_an_operational_error_not_a_verdict(tmp_path: Path, argv: list[str]) -> None:
+    # `moeaudit gate A B | head -1`: the reader leaves early. Exit 1 would read as HOLD (and 0 or 3
+    # would be lost); it is exit 4, said on stderr
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(SAMPLES.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moeaudit", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has written anything
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 4, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("moeaudit: error:")]
+    assert lines == [
+        "moeaudit: error: Broken pipe — the program reading the output closed it early (e.g. `| head`): "
+        "the exit code is no verdict; rerun without it"
+    ], stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr

@@ -33,10 +33,25 @@ from moeaudit.records import (
 from moeaudit.report.fit import Column, print_fitted
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader closed the output (``| head``). rich exits 1, which reads as a failed
+        policy; this is an operating-system error (exit 4, one line on stderr) instead."""
+        import errno
+        import os
+        import sys
+
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        broken = sys.stderr if self.stderr else sys.stdout
+        os.dup2(devnull, broken.fileno())  # nothing more reaches the closed pipe, at exit either
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def _console(stderr: bool = False) -> Console:
     """Rich console; off a terminal a fixed 140 columns."""
     probe = Console(stderr=stderr)
-    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 140)
+    return _Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 140)
 
 
 out = _console()
