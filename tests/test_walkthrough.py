@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from moeaudit.cli import cli
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+HEALTHY = SAMPLES / "healthy"
 needs_samples = pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not built")
 
 
@@ -110,21 +111,18 @@ def test_a_passing_refinement_does_not_read_refinement_twice() -> None:
     assert failed["status"] == "FAIL" and failed["reason"].startswith("repurposing: a protected layer exceeds")
 
 
-CERT_FREE = SAMPLES / "healthy"
-
-
 @needs_samples
 @pytest.mark.parametrize(
     "argv",
     [
         ["export", "{tmp}/certificate.json", "--framework", "eu-ai-act", "--out", "-"],
-        ["calibrate", str(CERT_FREE), "--out", "-"],
+        ["calibrate", str(HEALTHY), "--out", "-"],
         ["canary", "build", "--tokens", str(SAMPLES / "canary.jsonl"), "--out", "-"],
         ["preregister", "--policy", str(SAMPLES / "policy.toml"), "--canary", str(SAMPLES / "canary.safetensors")]
         + ["--run", "r", "-o", "-"],
         ["verify", "{tmp}/certificate.json", "--attest-verification", "-"],
-        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500"), "--junit", "-"],
-        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500"), "--attest-test-result", "-"],
+        ["gate", str(HEALTHY / "checkpoint-250"), str(HEALTHY / "checkpoint-500"), "--junit", "-"],
+        ["gate", str(HEALTHY / "checkpoint-250"), str(HEALTHY / "checkpoint-500"), "--attest-test-result", "-"],
     ],
     ids=["export", "calibrate", "canary-build", "preregister", "verify-attest", "gate-junit", "gate-attest"],
 )
@@ -146,7 +144,7 @@ def test_dash_is_refused_where_the_output_is_a_file(
 @pytest.mark.parametrize(
     "argv, why",
     [
-        (["certify", str(CERT_FREE), "--out", "-"], "--out is the directory the certificate is written to, not stdout"),
+        (["certify", str(HEALTHY), "--out", "-"], "--out is the directory the certificate is written to, not stdout"),
         (["keygen", "--out", "-"], "--out is the private key file (KEY.pub beside it), not stdout"),
     ],
     ids=["certify", "keygen"],
@@ -350,8 +348,8 @@ def test_calibrate_says_why_it_goes_over_the_checkpoints_twice(tmp_path: Path) -
 @pytest.mark.parametrize(
     "argv",
     [
-        ["inspect", str(CERT_FREE / "checkpoint-500")],
-        ["gate", str(CERT_FREE / "checkpoint-250"), str(CERT_FREE / "checkpoint-500")],
+        ["inspect", str(HEALTHY / "checkpoint-500")],
+        ["gate", str(HEALTHY / "checkpoint-250"), str(HEALTHY / "checkpoint-500")],
     ],
     ids=["inspect", "gate"],
 )
