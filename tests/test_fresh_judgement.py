@@ -364,7 +364,7 @@ def test_a_calibrated_policy_never_turns_missing_logs_into_a_pass(fresh_runs, en
     pred = _audit(copy, cache, policy)
     envelope = _check(pred, "envelope")
     assert envelope["evaluated"] and envelope["status"] == "FAIL", envelope
-    assert "could not be evaluated" in envelope["reason"] and "metrics.jsonl" in envelope["reason"]
+    assert "does not apply here" in envelope["reason"] and "metrics.jsonl" in envelope["reason"]
     assert "starved" in envelope["reason"]
     report = pred["envelope"]
     assert report["source"] == "replay" and "metrics.jsonl" in report["fallback"]

@@ -223,7 +223,7 @@ def test_envelope_reason_with_two_checkpoints_names_the_real_cause(tmp_path, can
     # the policy's logs are absent: never "not evaluated" (a pass by omission); the built-in
     # rules are evaluated on the two checkpoints' replays instead, and the reason says so
     assert check["evaluated"] and "fewer than two checkpoints" not in check["reason"]
-    assert "could not be evaluated" in check["reason"] and "metrics.jsonl" in check["reason"]
+    assert "does not apply here" in check["reason"] and "metrics.jsonl" in check["reason"]
     assert pred["envelope"]["source"] == "replay" and pred["envelope"]["window"] == {"from": 1250, "to": 1500}
 
 

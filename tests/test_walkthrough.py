@@ -374,3 +374,18 @@ def test_a_closed_stdout_is_an_operational_error_not_a_verdict(tmp_path: Path, a
         "the exit code is no verdict; rerun without it"
     ], stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
+
+
+@needs_samples
+def test_an_envelope_pass_under_the_built_in_rules_does_not_open_with_could_not(tmp_path: Path) -> None:
+    # "envelope: PASS — the policy's envelope could not be evaluated (…); built-in rules: …" read as
+    # a PASS of nothing; the line now says first what was evaluated
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    result = CliRunner(env=env).invoke(cli, ["certify", str(SAMPLES / "sft-refine"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("  envelope: "))
+    assert line.startswith(
+        "  envelope: PASS — built-in rules (the policy's envelope does not apply here: envelope constants were "
+        "calibrated on a pretraining run"
+    ), line
+    assert "could not be evaluated" not in line

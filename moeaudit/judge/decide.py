@@ -205,9 +205,7 @@ def envelope_check(report: EnvelopeReport | None, why_not: str | None) -> Check:
         return _check("envelope", status, why_not or "no gradient series for this window")
     check = _policy_envelope_check(report)
     if report.get("fallback"):  # the policy's own envelope could not be evaluated here
-        reason = (
-            f"the policy's envelope could not be evaluated ({report['fallback']}); built-in rules: {check['reason']}"
-        )
+        reason = f"built-in rules (the policy's envelope does not apply here: {report['fallback']}): {check['reason']}"
         return {**check, "reason": reason}
     return check
 
