@@ -116,6 +116,8 @@ def precision_option(command: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, precision: str, **kwargs: Any) -> Any:
         if precision == "bf16" and kwargs.get("nproc"):
             raise UsageError("--precision bf16 runs on one process: drop --nproc, or use --precision fp32")
+        if precision == "tf32" and not str(kwargs.get("device") or "cpu").startswith("cuda"):  # precision.ran
+            note("note: --precision tf32 applies on CUDA only: these replays run in fp32, the reference")
         with precision_mode(precision):
             return command(*args, **kwargs)
 

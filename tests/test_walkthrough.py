@@ -389,3 +389,12 @@ def test_an_envelope_pass_under_the_built_in_rules_does_not_open_with_could_not(
         "calibrated on a pretraining run"
     ), line
     assert "could not be evaluated" not in line
+
+
+@needs_samples
+def test_tf32_off_cuda_says_the_replay_ran_fp32(tmp_path: Path) -> None:
+    # the help says "tf32 (CUDA; elsewhere it runs fp32)"; the run itself now says so too
+    result = CliRunner().invoke(cli, ["receipts", str(HEALTHY / "checkpoint-500"), "--precision", "tf32"])
+    assert result.exit_code == 0, result.stderr
+    note = "note: --precision tf32 applies on CUDA only: these replays run in fp32, the reference"
+    assert result.stderr.splitlines().count(note) == 1
