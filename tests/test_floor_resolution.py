@@ -1,11 +1,13 @@
-"""A canary too small for its experts: a zero count or a π_min below its floor that the canary
-cannot resolve is INCONCLUSIVE, never FAIL (moeaudit/judge/health.py; docs/decisions.md, "A
-canary too small for its experts").
+"""A canary too small for its experts: a zero count, a π_min or a load entropy below its floor that
+the canary cannot resolve is INCONCLUSIVE, never FAIL; a zero gradient is evidence only for an
+expert routed loss-bearing tokens; and on a canary of too few windows a RED gate or a margin's
+FAIL is no evidence (moeaudit/judge/health.py, moeaudit/judge/decide.py; docs/decisions.md, "A
+canary too small for its experts", "A canary too small for its intervals").
 
-The rule is checked as invariants over runs trained in this session by tests/fresh_runs.py
-(a healthy run, a collapsing one, one with an expert zeroed), each certified on its own canary
-and on the same canary cut to 8 windows of 6 tokens: whatever each checkpoint's receipts read,
-the health floors must count exactly what the canary resolves."""
+The rules are checked as invariants over runs trained in this session by tests/fresh_runs.py
+(a healthy run, a collapsing one, one with an expert zeroed), each certified on its own canary,
+on the same canary cut to 8 windows of 6 tokens and to 1 window of 3: whatever each checkpoint's
+receipts read, the health floors must count exactly what the canary resolves."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from fresh_runs import RECIPES
 from moeaudit import canary as canary_mod
 from moeaudit.cache import ReceiptsCache
 from moeaudit.certify import audit_run
-from moeaudit.judge.health import FLOOR_MISS_CHANCE, floor_resolution
+from moeaudit.judge.health import FLOOR_MISS_CHANCE, entropy_resolution, floor_resolution, silent_experts
 from moeaudit.policy import GateSettings, Policy
 
 FLOOR = GateSettings().floor_pi_share
@@ -72,6 +74,100 @@ def test_the_chance_matches_top_k_routing_simulated() -> None:
     assert abs(missed - expected) < 4 * math.sqrt(expected * (1 - expected) / canaries)
 
 
+def _balanced_entropy(rng: Any, experts: int, top_k: int, tokens: int, canaries: int) -> Any:
+    """H_norm of the loads of ``canaries`` simulated canaries of a balanced top-k router."""
+    chosen = np.argpartition(-rng.gumbel(size=(canaries, tokens, experts)), top_k - 1, axis=-1)[..., :top_k]
+    counts = np.stack([(chosen == e).sum(axis=(1, 2)) for e in range(experts)], axis=1)
+    p = counts / counts.sum(axis=1, keepdims=True)
+    return -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0.0)).sum(axis=1) / math.log(experts)
+
+
+def test_the_entropy_resolution_is_miller_madows_bias_against_half_the_headroom() -> None:
+    """A balanced router's load entropy on n = N·k slots reads about (E − 1)/(2n ln E) below 1
+    (and at most ln n / ln E when n < E): simulated top-k routing agrees within 15 %; the floor is
+    resolved where that deficit is at most half its headroom — 17 tokens for 8 experts top-2 at a
+    floor of 0.9, where a balanced router still reads below the floor under 10 % of the time."""
+    g = GateSettings(floor_entropy_norm=0.9)
+    res = entropy_resolution(_doc(8, 2, 3), g)
+    assert res is not None and not res.resolved
+    assert res.deficit == pytest.approx(7 / (2 * 6 * math.log(8)), rel=1e-15) and res.needed == 17
+    assert "at least 17 tokens" in res.sentence()
+    assert entropy_resolution(_doc(8, 2, 17), g).resolved and not entropy_resolution(_doc(8, 2, 16), g).resolved
+    tiny = entropy_resolution(_doc(64, 1, 5), g)  # n < E: the most 5 slots can read is ln 5 / ln 64
+    assert tiny.deficit == pytest.approx(max(63 / (10 * math.log(64)), 1 - math.log(5) / math.log(64)))
+    assert entropy_resolution(_doc(4, 4, 2), g).deficit == 0.0  # E = k: exactly uniform
+    assert entropy_resolution(_doc(256, 8, 64 * 256), GateSettings()).resolved  # DeepSeek-V3, default canary
+    rng = np.random.default_rng(11)
+    for experts, top_k, tokens in ((8, 2, 17), (8, 2, 50), (16, 2, 40), (64, 8, 60), (128, 1, 1000)):
+        h = _balanced_entropy(rng, experts, top_k, tokens, 2000)
+        r = entropy_resolution(_doc(experts, top_k, tokens), g)
+        assert 1 - h.mean() == pytest.approx(r.deficit, rel=0.15), (experts, top_k, tokens)
+    at_needed = _balanced_entropy(rng, 8, 2, 17, 4000)
+    assert (at_needed < 0.9).mean() < 0.10
+    assert (_balanced_entropy(rng, 8, 2, 3, 500) < 0.9).all()  # 3 tokens: a balanced router always "fails"
+
+
+def test_a_zero_gradient_is_evidence_only_beyond_the_windows_last_tokens() -> None:
+    """The last token of each window predicts nothing, so what it routes to gets no gradient: an
+    expert with no gradient is silent only when routed more tokens than the canary has windows."""
+    entry: Any = {"occupancy": {"counts": [10, 4, 5]}, "gradients": {"grad_norms": [1.0, 0.0, 0.0]}}
+    assert silent_experts(entry) == [1, 2]  # no windows given: as before
+    assert silent_experts(entry, windows=4) == [2]  # expert 1's 4 tokens may all be last tokens
+    assert silent_experts(entry, windows=5) == []
+
+
+def test_on_too_few_windows_a_red_gate_or_a_margins_fail_is_no_evidence() -> None:
+    """A canary of 7 windows: RED gates and a refinement FAIL read INCONCLUSIVE (gate: not HOLD);
+    a health floor's FAIL (read on tokens) and non-finite weights still FAIL; 8 windows: as ever."""
+    from moeaudit.judge.decide import Evidence, decide
+
+    def gate(step: int, status: str, ok: bool = True) -> Any:
+        return {
+            "step": step,
+            "status": status,
+            "health": {"ok": ok, "problems": [] if ok else ["layer 0: x"]},
+            "receipts": {"checkpoint": f"c{step}"},
+            "structural": {},
+        }
+
+    refinement: Any = {"exact": -0.5, "ci95": [-0.7, -0.3], "tau": 1.0}
+    for windows, red_fails in ((7, False), (8, True)):
+        ev = Evidence(
+            "post-training",
+            [gate(0, "BASELINE"), gate(1, "RED")],
+            {"refinement": refinement},
+            None,
+            "no series",
+            canary_windows=windows,
+        )
+        d = decide(ev)
+        checks = {c["name"]: c for c in d["checks"]}
+        if red_fails:
+            assert d["verdict"] == "FAIL" and d["promotion"] == "HOLD" and "canary" not in checks
+            assert checks["refinement"]["status"] == "FAIL"
+        else:
+            assert d["verdict"] == "INCONCLUSIVE" and d["promotion"] == "INCONCLUSIVE", d["verdict_reason"]
+            assert "on intervals over too few canary windows" in d["verdict_reason"]
+            assert (
+                checks["refinement"]["status"] == "INCONCLUSIVE"
+                and "7 canary window(s)" in checks["refinement"]["reason"]
+            )
+    ev = Evidence(
+        "pretraining", [gate(0, "BASELINE", ok=False), gate(1, "GREEN")], {}, None, "no series", canary_windows=7
+    )
+    assert decide(ev)["verdict"] == "FAIL"  # a health floor read on tokens stands
+    ev = Evidence(
+        "pretraining",
+        [gate(0, "BASELINE"), gate(1, "GREEN")],
+        {},
+        None,
+        "no series",
+        nonfinite=("c1: weight",),
+        canary_windows=7,
+    )
+    assert decide(ev)["verdict"] == "FAIL"
+
+
 # --- invariants over fresh runs ---------------------------------------------------------------------
 
 
@@ -95,11 +191,13 @@ def _audit(run: Path, cache: Path) -> dict[str, Any]:
     return audit_run(run, probe, Policy(), cache=ReceiptsCache(cache)).statement["predicate"]
 
 
-def _expected_readings(gate: dict[str, Any], E: int, k: int, resolved: bool) -> tuple[set[int], set[int]]:
-    """(layers that must fail a dead/π_min floor, layers that must be unresolved) at one gate,
-    from its receipts alone."""
+def _expected_readings(
+    gate: dict[str, Any], E: int, k: int, resolved: bool, entropy_resolved: bool
+) -> tuple[set[int], set[int], set[int]]:
+    """(layers that must fail a dead/π_min floor, that must fail the H_norm floor, that must be
+    unresolved) at one gate, from its receipts alone."""
     dead_max = int(GateSettings().floor_dead_fraction * E)
-    fail, open_ = set(), set()
+    fail, fail_h, open_ = set(), set(), set()
     for row in gate["receipts"]["per_layer"]:
         silent = len(row.get("no_gradient") or [])
         zero = row["dead"] - silent
@@ -108,7 +206,9 @@ def _expected_readings(gate: dict[str, Any], E: int, k: int, resolved: bool) -> 
             fail.add(row["layer"])
         if not resolved and ((zero and silent <= dead_max and row["dead"] > dead_max) or below_pi):
             open_.add(row["layer"])
-    return fail, open_
+        if row["entropy_norm"] < GateSettings().floor_entropy_norm:
+            (fail_h if entropy_resolved else open_).add(row["layer"])
+    return fail, fail_h, open_
 
 
 def _layer(sentence: str) -> int:
@@ -119,17 +219,27 @@ def _layer(sentence: str) -> int:
 @pytest.mark.parametrize("name", ["healthy-loop", "collapse-loop", "killed-expert"])
 def test_floors_count_exactly_what_the_canary_resolves(fresh_runs, cache, tmp_path, name) -> None:
     run = fresh_runs[name]
-    for canary_run, resolved in ((run, True), (_tiny(run, tmp_path / "tiny"), False)):
+    E, k = RECIPES[name].experts, RECIPES[name].top_k
+    full = canary_mod.load(run / "canary.safetensors").tokens_array.shape
+    for windows, length in ((full[0], full[1]), (8, 6), (1, 3)):
+        cut = (windows, length) != full
+        canary_run = _tiny(run, tmp_path / f"cut-{windows}x{length}", windows, length) if cut else run
+        tokens = _doc(E, k, windows * length)
+        resolved = floor_resolution(tokens, GateSettings()).resolved
+        entropy_resolved = entropy_resolution(tokens, GateSettings()).resolved
+        assert resolved == (not cut) and (entropy_resolved or length == 3), (windows, length)
+        if (E, k) == (8, 2):  # 3 tokens cannot show a balanced router above the entropy floor
+            assert entropy_resolved == (length > 3)
         pred = _audit(canary_run, cache)
-        E, k = RECIPES[name].experts, RECIPES[name].top_k
         any_failed = any_open = False
         for g in pred["gates"]:
-            fail, open_ = _expected_readings(g, E, k, resolved)
+            fail, fail_h, open_ = _expected_readings(g, E, k, resolved, entropy_resolved)
             floor_failures = {f["layer"] for f in g["health"]["failed"] if f["what"] != "H_norm"}
-            assert floor_failures == fail, (name, resolved, g["step"], g["health"])
-            assert {_layer(s) for s in g["health"].get("unresolved", [])} == open_, (name, resolved, g["step"])
+            assert floor_failures == fail, (name, windows, g["step"], g["health"])
+            assert {f["layer"] for f in g["health"]["failed"] if f["what"] == "H_norm"} == fail_h, (name, windows)
+            assert {_layer(s) for s in g["health"].get("unresolved", [])} == open_, (name, windows, g["step"])
             assert ("resolution" in g["health"]) == bool(open_)
-            if not resolved:  # a layer counts more dead than its baseline only on exact evidence
+            if cut:  # a layer counts more dead than its baseline only on exact evidence
                 silent = {row["layer"] for row in g["receipts"]["per_layer"] if row.get("no_gradient")}
                 more = (g.get("structural") or g.get("continuity") or {}).get("layers_with_more_dead") or []
                 assert set(more) <= silent, (name, g["step"], more)
@@ -137,13 +247,18 @@ def test_floors_count_exactly_what_the_canary_resolves(fresh_runs, cache, tmp_pa
             any_open |= bool(open_)
         health = next(c for c in pred["checks"] if c["name"] == "health")
         expected = "FAIL" if any_failed else "INCONCLUSIVE" if any_open else "PASS"
-        assert health["status"] == expected, (name, resolved, health["reason"])
+        assert health["status"] == expected, (name, windows, health["reason"])
         if expected == "INCONCLUSIVE":
-            assert health["basis"] == "canary-resolution" and "tokens resolves the floors" in health["reason"]
+            assert health["basis"] == "canary-resolution" and "tokens resolves" in health["reason"]
             assert pred["verdict"] != "PASS"
-        if name == "collapse-loop" and not resolved:
+        if windows < 8:  # a RED or a margin's FAIL on one window's intervals is no evidence
+            assert "RED at" not in pred["verdict_reason"] or "too few canary windows" in pred["verdict_reason"]
+            assert all(c["status"] != "FAIL" for c in pred["checks"] if c["name"] in ("refinement", "handoff"))
+        if name == "healthy-loop" and windows == 1:  # its REDs on one window's intervals: not a FAIL
+            assert pred["verdict"] == "INCONCLUSIVE" and "too few canary windows" in pred["verdict_reason"]
+        if name == "collapse-loop" and windows == 8:
             assert any_open  # π_min ≈ 0.001 of the tokens: 48 tokens see none of that expert
-        if name == "killed-expert":  # the zeroed expert is exact evidence at any canary size
+        if name == "killed-expert" and not cut:  # the zeroed expert is exact evidence
             assert health["status"] == "FAIL" and all(
                 not g["health"]["ok"] for g in pred["gates"] if g["step"] >= 240
             ), health["reason"]

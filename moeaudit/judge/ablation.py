@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from moeaudit.judge.health import dead_experts, silent_experts
+from moeaudit.judge.health import canary_windows, dead_experts, silent_experts
 from moeaudit.records import AblationExpert, AblationMeasurement, AblationReceipt, Receipts
 
 Mode = Literal["low-occupancy", "all"]
@@ -39,14 +39,14 @@ def flagged_experts(doc: Receipts, floor_pi_share: float) -> dict[int, dict[int,
     in the receipts document of one checkpoint: the experts the health floors count against a
     layer (``judge.health.health``: dead experts, π_min share of k/E), each expert by its own π."""
     ck = doc["checkpoint"]
-    E, k = ck.get("experts"), ck.get("top_k")
+    E, k, W = ck.get("experts"), ck.get("top_k"), canary_windows(doc)
     out: dict[int, dict[int, list[str]]] = {}
     for entry in doc["layers"]:
         counts = entry["occupancy"].get("counts") or []
         pi = entry["occupancy"].get("pi") or []
-        silent = set(silent_experts(entry))
+        silent = set(silent_experts(entry, W))
         why: dict[int, list[str]] = {}
-        for e in dead_experts(entry):
+        for e in dead_experts(entry, W):
             why.setdefault(e, []).append("no gradient" if e in silent else "no token")
         if E and k:
             for e, p in enumerate(pi):

@@ -329,6 +329,7 @@ def checks(ev: Evidence) -> list[Check]:
         out.append(low)
     small = canary_check(ev.canary_windows)
     if small is not None:
+        out = [_on_few_windows(c, ev.canary_windows) for c in out]
         out.append(small)
     dup = duplicates_check(ev.gates)
     if dup is not None:
@@ -350,6 +351,28 @@ def checks(ev: Evidence) -> list[Check]:
         )
     )
     return out
+
+
+# Checks whose FAIL rests on a window-bootstrap interval: a margin's 95% interval excluding 0.
+ON_INTERVALS: Final = ("refinement", "handoff")
+
+
+def _on_few_windows(check: Check, windows: int | None) -> Check:
+    """A margin check's FAIL on a canary of too few windows is no evidence (its interval is not a
+    95% one: :func:`canary_check`): INCONCLUSIVE, saying so. Every other check stands — the
+    health floors are read on tokens, with their own resolution, and the rest on exact evidence."""
+    if check["name"] not in ON_INTERVALS or check["status"] != FAIL or check.get("value") is None:
+        return check  # an undefined margin (a receipt not finite) is no interval's reading
+    return {
+        **check,
+        "status": INCONCLUSIVE,
+        "reason": f"{check['reason']} — on intervals over {windows} canary window(s), which is no evidence",
+    }
+
+
+def few_windows(check_list: Sequence[Check]) -> bool:
+    """Is the canary too small for the intervals the gates read (:func:`canary_check`)?"""
+    return any(c["name"] == "canary" and c.get("basis") == "canary-size" for c in check_list)
 
 
 def canary_check(windows: int | None) -> Check | None:
@@ -413,9 +436,18 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
     evaluated = [c for c in check_list if c["evaluated"]]
     red = [g["step"] for g in gates if g["status"] == RED]
     failed = [c["name"] for c in evaluated if c["status"] == FAIL]
-    if red or failed:
-        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red else []) + [f"{name} failed" for name in failed]
+    few = few_windows(check_list)  # a RED on intervals over too few windows is no evidence
+    if (red and not few) or failed:
+        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red and not few else []) + [
+            f"{name} failed" for name in failed
+        ]
         return FAIL, "; ".join(parts)
+    if red:
+        red_part = f"RED at step(s) {', '.join(map(str, red))} on intervals over too few canary windows"
+        yellow_ = [g["step"] for g in gates if g["status"] == YELLOW]
+        open_ = [c["name"] for c in evaluated if c["status"] != PASS]
+        parts = [red_part] + ([f"YELLOW at step(s) {', '.join(map(str, yellow_))}"] if yellow_ else [])
+        return INCONCLUSIVE, "; ".join(parts + [f"{name} inconclusive" for name in open_])
     yellow = [g["step"] for g in gates if g["status"] == YELLOW]
     open_checks = [c["name"] for c in evaluated if c["status"] != PASS]
     if not yellow and not open_checks:
@@ -427,13 +459,14 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
     return INCONCLUSIVE, "; ".join(parts)
 
 
-def promotion(verdict_: str, gates: Sequence[GateEntry]) -> Promotion:
+def promotion(verdict_: str, gates: Sequence[GateEntry], few: bool = False) -> Promotion:
     """The CI gate's reading of the same verdict: promote only on PASS; a FAIL or a candidate
     that is not GREEN (README.md, "Promotion check in CI") holds; anything else (evidence within noise or tolerance of a
-    threshold) is INCONCLUSIVE."""
+    threshold) is INCONCLUSIVE. On a canary of too few windows (``few``) a gate's colour rests on
+    intervals that are no evidence, so only a FAIL holds."""
     if verdict_ == PASS:
         return PROMOTE
-    if verdict_ == FAIL or any(g["status"] in (YELLOW, RED) for g in gates):
+    if verdict_ == FAIL or (not few and any(g["status"] in (YELLOW, RED) for g in gates)):
         return HOLD
     return INCONCLUSIVE
 
@@ -444,7 +477,7 @@ def decide(ev: Evidence) -> Decision:
     return {
         "verdict": v,
         "verdict_reason": why,
-        "promotion": promotion(v, ev.gates),
+        "promotion": promotion(v, ev.gates, few_windows(check_list)),
         "checks": check_list,
         "stage": ev.stage,
         "stage_source": ev.stage_source,

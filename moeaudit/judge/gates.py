@@ -28,6 +28,7 @@ from typing import Any, Final, TypedDict
 from moeaudit.judge.health import (  # noqa: F401 - the floors' names, also read from here
     NO_GRADIENT_SHARE,
     canary_tokens,
+    canary_windows,
     counted_dead,
     dead_experts,
     floor_resolution,
@@ -134,6 +135,7 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
     """
     now, then = _layers(gate), _layers(base)
     res, res_b = floor_resolution(gate, g), floor_resolution(base, g)  # zero counts within it: noise
+    W, W_b = canary_windows(gate), canary_windows(base)
     c2_deltas, slack = {}, {}
     not_applicable: dict[str, str] = {}  # layer → why C2 has no value by construction
     not_computed: list[int] = []  # a C2 that should exist and does not (never signed "held")
@@ -156,7 +158,7 @@ def structural(gate: Receipts, base: Receipts, protected: Sequence[int], g: Gate
     bounds: dict[str, tuple[float, list[float] | None]] = {}  # quantity → (lowest ratio, its interval)
     for layer, entry in now.items():
         o, ob = entry["occupancy"], then[layer]["occupancy"]
-        if len(counted_dead(entry, res)) > len(counted_dead(then[layer], res_b)) + g.tol_dead:
+        if len(counted_dead(entry, res, W)) > len(counted_dead(then[layer], res_b, W_b)) + g.tol_dead:
             dead_up.append(layer)
         for name, key, floor, ratios in (
             ("π_min ratio", "pi_min", g.pi_min_ratio_floor, pi_ratio),
@@ -649,7 +651,7 @@ def evaluate_gates(
 
 def gate_summary(doc: Receipts) -> GateReceipts:
     """The receipts a gate rests on (`003` Table 3 columns), per layer and in aggregate."""
-    layers = doc["layers"]
+    layers, W = doc["layers"], canary_windows(doc)
     c2 = [v for e in layers if (v := e["overlap"].get("c2")) is not None]
     state1 = [e["boundary"]["margin_mean"] for e in layers if e["boundary"].get("margin_mean") is not None]
     cvs = [e["occupancy"]["cv"] for e in layers if e["occupancy"].get("cv") is not None]
@@ -660,25 +662,25 @@ def gate_summary(doc: Receipts) -> GateReceipts:
         "nll": doc["nll"],
         "c2_mean": sum(c2) / len(c2) if c2 else None,
         "state1_mean": sum(state1) / len(state1) if state1 else None,
-        "dead": sum(len(dead_experts(e)) for e in layers),
+        "dead": sum(len(dead_experts(e, W)) for e in layers),
         "cv_mean": sum(cvs) / len(cvs) if cvs else None,
         "entropy_norm_min": min(ents) if ents else None,
         "nll_by_domain": doc.get("nll_by_domain", {}),
-        "per_layer": [_layer_summary(e) for e in layers],
+        "per_layer": [_layer_summary(e, W) for e in layers],
     }
 
 
-def _layer_summary(e: ReceiptsLayer) -> LayerSummary:
+def _layer_summary(e: ReceiptsLayer, windows: int) -> LayerSummary:
     row: LayerSummary = {
         "layer": e["layer"],
         "c2": e["overlap"].get("c2"),
         "c2_ci95": e["overlap"].get("ci95", {}).get("c2"),
-        "dead": len(dead_experts(e)),
+        "dead": len(dead_experts(e, windows)),
         "pi_min": e["occupancy"]["pi_min"],
         "state1": e["boundary"]["margin_mean"],
         "entropy_norm": e["occupancy"]["entropy_norm"],
     }
-    silent = silent_experts(e)
+    silent = silent_experts(e, windows)
     if silent:
         row["no_gradient"] = silent
     if e["overlap"].get("c2_excluded_tokens"):

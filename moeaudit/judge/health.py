@@ -8,10 +8,12 @@ A zero count is a reading of the canary, not of the router: an expert that holds
 can still receive none of N canary tokens. When an expert sitting exactly at the π_min floor would
 receive no canary token more than 5 % of the time, the canary cannot tell a dead expert from a
 live one at the floor, nor read π_min against the floor: those readings are *unresolved* — the
-health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad. An expert that
-routed tokens but receives no gradient (zero weights, severed) is exact evidence at any canary
-size, and the entropy floor is read as before (docs/decisions.md, "A canary too small for its
-experts").
+health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad. The entropy
+floor likewise, where the canary's tokens read even a balanced router's H_norm too low to tell
+(:class:`EntropyResolution`). An expert routed loss-bearing tokens that receives no gradient (zero
+weights, severed) is exact evidence at any canary size; each window's last token bears no loss,
+so that takes more routed tokens than the canary has windows (docs/decisions.md, "A canary too
+small for its experts").
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ NO_GRADIENT_SHARE = 1e-6
 FLOOR_MISS_CHANCE: Final = 0.05
 
 
-def silent_experts(entry: ReceiptsLayer) -> list[int]:
+def silent_experts(entry: ReceiptsLayer, windows: int = 0) -> list[int]:
     """Experts routed tokens that receive no canary gradient at this checkpoint: zero weights, or
-    an expert severed from the loss. The replay sees them even when routing does not."""
+    an expert severed from the loss. The replay sees them even when routing does not.
+
+    The last position of each of the canary's ``windows`` predicts nothing, so no gradient
+    reaches what it routes to: only an expert routed more than ``windows`` tokens has been routed
+    a token whose output the loss reads, and only then is a zero gradient evidence."""
     grads = (entry.get("gradients") or {}).get("grad_norms")
     counts = entry["occupancy"].get("counts") or []
     if not grads or any(x is None for x in grads):
@@ -43,17 +49,22 @@ def silent_experts(entry: ReceiptsLayer) -> list[int]:
     mean = sum(grads) / len(grads)
     if not mean > 0:
         return []
-    return [e for e, x in enumerate(grads) if x <= NO_GRADIENT_SHARE * mean and e < len(counts) and counts[e] > 0]
+    return [e for e, x in enumerate(grads) if x <= NO_GRADIENT_SHARE * mean and e < len(counts) and counts[e] > windows]
 
 
-def dead_experts(entry: ReceiptsLayer) -> list[int]:
+def dead_experts(entry: ReceiptsLayer, windows: int = 0) -> list[int]:
     """Every dead expert of a layer at this checkpoint: no token routed to it (`003` Eq. 17), or
     no canary gradient reaching it (:func:`silent_experts`). Zero share is not the only death."""
     counts = entry["occupancy"].get("counts")
     routed_dead = [e for e, c in enumerate(counts) if c == 0] if counts is not None else []
     if counts is None and entry["occupancy"].get("dead"):
         return list(range(entry["occupancy"]["dead"]))  # a count without the vector: as many
-    return sorted(set(routed_dead) | set(silent_experts(entry)))
+    return sorted(set(routed_dead) | set(silent_experts(entry, windows)))
+
+
+def canary_windows(doc: Receipts) -> int:
+    """W, the canary's windows: as many of its tokens (each window's last) predict nothing."""
+    return int((doc.get("canary") or {}).get("windows") or 0)
 
 
 def canary_tokens(doc: Receipts) -> int | None:
@@ -102,10 +113,54 @@ def floor_resolution(doc: Receipts, g: GateSettings) -> FloorResolution | None:
     return FloorResolution(n, share, chance, needed)
 
 
-def counted_dead(entry: ReceiptsLayer, res: FloorResolution | None) -> list[int]:
+@dataclass(frozen=True)
+class EntropyResolution:
+    """What N canary tokens resolve of the load-entropy floor of a layer with E experts, top-k.
+
+    The plug-in entropy of n = N·k routed slots reads a balanced router low by about
+    (E − 1)/(2n), Miller–Madow's bias, and never above ln n when n < E: in H_norm units the
+    ``deficit`` is the larger of (E − 1)/(2n ln E) and 1 − ln n / ln E. The canary resolves
+    the floor when that deficit is at most half the floor's headroom 1 − floor: a balanced router
+    then reads well above the floor, and a reading below it is evidence (docs/decisions.md, "A
+    canary too small for its experts")."""
+
+    tokens: int  # N
+    deficit: float  # how far below 1 a balanced router's H_norm reads on N tokens
+    headroom: float  # 1 − floor_entropy_norm
+    needed: int  # the fewest tokens at which the deficit is at most half the headroom
+
+    @property
+    def resolved(self) -> bool:
+        return self.deficit <= self.headroom / 2
+
+    def sentence(self) -> str:
+        return (
+            f"a balanced router's load entropy reads about {self.deficit:.2g} below 1 on the canary's "
+            f"{self.tokens} tokens, more than half the floor's headroom {self.headroom:.3g}; a canary of at "
+            f"least {self.needed} tokens resolves it"
+        )
+
+
+def entropy_resolution(doc: Receipts, g: GateSettings) -> EntropyResolution | None:
+    """The canary's resolution of the H_norm floor, or None where the receipts do not say E, k
+    or N, or no floor applies (then every reading counts)."""
+    ck = doc["checkpoint"]
+    E, k, n = ck.get("experts"), ck.get("top_k"), canary_tokens(doc)
+    headroom = 1.0 - g.floor_entropy_norm
+    if not E or not k or not n or not headroom > 0:
+        return None
+    if k >= E:  # every expert on every token: the load is exactly uniform
+        return EntropyResolution(n, 0.0, headroom, 1)
+    slots, lnE = n * k, math.log(E)
+    deficit = max((E - 1) / (2 * slots * lnE), 1 - math.log(slots) / lnE if slots < E else 0.0)
+    needed = math.ceil(max(E, (E - 1) / (headroom * lnE)) / k)
+    return EntropyResolution(n, deficit, headroom, needed)
+
+
+def counted_dead(entry: ReceiptsLayer, res: FloorResolution | None, windows: int = 0) -> list[int]:
     """The dead experts a floor or a comparison counts: every one where the canary resolves the
     floors, else only those with no gradient (exact at any canary size)."""
-    return dead_experts(entry) if res is None or res.resolved else silent_experts(entry)
+    return dead_experts(entry, windows) if res is None or res.resolved else silent_experts(entry, windows)
 
 
 def health(doc: Receipts, g: GateSettings) -> Health:
@@ -116,14 +171,14 @@ def health(doc: Receipts, g: GateSettings) -> Health:
     cannot resolve (:func:`floor_resolution`)."""
     ck = doc["checkpoint"]
     E, k = ck.get("experts"), ck.get("top_k")
-    res = floor_resolution(doc, g)
+    res, ent, W = floor_resolution(doc, g), entropy_resolution(doc, g), canary_windows(doc)
     problems: list[str] = []
     failed: list[HealthFailure] = []
     unresolved: list[str] = []
     for entry in doc["layers"]:
         o, layer = entry["occupancy"], entry["layer"]
         dead_max = int(g.floor_dead_fraction * E) if E else 0
-        dead, silent, counted = dead_experts(entry), silent_experts(entry), counted_dead(entry, res)
+        dead, silent, counted = dead_experts(entry, W), silent_experts(entry, W), counted_dead(entry, res, W)
         if len(counted) > dead_max:
             starved = (
                 f"; starved: expert(s) {', '.join(map(str, silent))} routed tokens but receive no canary "
@@ -147,12 +202,14 @@ def health(doc: Receipts, g: GateSettings) -> Health:
         elif share < g.floor_pi_share:
             unresolved.append(f"layer {layer}: π_min is {share:.3f} of k/E (floor {g.floor_pi_share})")
         h = o["entropy_norm"]
-        if h is None or h < g.floor_entropy_norm:
+        if h is None or (h < g.floor_entropy_norm and (ent is None or ent.resolved)):
             shown = "unknown" if h is None else f"{h:.3f}"
             problems.append(f"layer {layer}: H_norm {shown} (floor {g.floor_entropy_norm})")
             failed.append({"layer": layer, "what": "H_norm", "value": h, "threshold": g.floor_entropy_norm})
+        elif h < g.floor_entropy_norm:
+            unresolved.append(f"layer {layer}: H_norm {h:.3f} (floor {g.floor_entropy_norm})")
     out: Health = {"ok": not problems, "problems": problems, "failed": failed}
-    if unresolved and res is not None:
+    if unresolved:
         out["unresolved"] = unresolved
-        out["resolution"] = res.sentence()
+        out["resolution"] = "; ".join(r.sentence() for r in (res, ent) if r is not None and not r.resolved)
     return out
