@@ -398,3 +398,18 @@ def test_tf32_off_cuda_says_the_replay_ran_fp32(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     note = "note: --precision tf32 applies on CUDA only: these replays run in fp32, the reference"
     assert result.stderr.splitlines().count(note) == 1
+
+
+@needs_samples
+def test_a_gate_from_a_checkpoint_to_itself_is_a_usage_error(tmp_path: Path) -> None:
+    """A CI job that names one path twice (or a link to it) promoted nothing and read PROMOTE:
+    now one line, exit 2, before any replay or output."""
+    (tmp_path / "link").symlink_to(HEALTHY / "checkpoint-500")
+    for base in (HEALTHY / "checkpoint-500", tmp_path / "link"):
+        result = CliRunner(env={"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache")}).invoke(
+            cli, ["gate", str(base), str(HEALTHY / "checkpoint-500"), "--json", str(tmp_path / "g.json")]
+        )
+        assert result.exit_code == 2, result.output + result.stderr
+        lines = [x for x in result.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and "the base and the candidate are the same checkpoint" in lines[0], lines
+        assert not (tmp_path / "g.json").exists() and not (tmp_path / "cache").exists()

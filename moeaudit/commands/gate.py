@@ -63,6 +63,12 @@ def gate(
     any work, and written by :func:`write_outputs` once the decision is shown."""
     from moeaudit.judge.promote import placement, rollback
 
+    if base.exists() and base.resolve() == candidate.resolve():  # a CI job that names one path twice
+        raise UsageError(
+            "the base and the candidate are the same checkpoint: a promotion from it to itself decides nothing",
+            path=candidate,
+            hint="name the checkpoint in service as BASE and the one to promote as CANDIDATE",
+        )
     refuse_inside("--junit", junit, base, candidate, reference)
     refuse_inside("--json", json_out, base, candidate, reference)
     refuse_inside("--attest-test-result", attest, base, candidate, reference)
