@@ -124,7 +124,7 @@ def test_a_thinned_check_keeps_a_subset_and_judges_every_sample(seed: int, monke
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_windowed_level_rules_equal_the_reference(seed: int) -> None:
+def test_windowed_level_rules_equal_the_reference(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(200 + seed)
     n, experts = rng.choice([1, 2, 60, 300]), rng.choice([1, 2, 8])
     steps = random_steps(rng, n)
@@ -146,7 +146,9 @@ def test_windowed_level_rules_equal_the_reference(seed: int) -> None:
         for code, view in views.items():
             assert view is not None and view._rows._a.typecode == code
             want = ref if code == "d" else env.starvation(steps, f32, share, window, fraction)
-            assert columns._starvation_arrays(steps, view, share, window, fraction) == want
+            for block in (columns.BLOCK, 7, 64):  # one block, and windows reaching back across blocks
+                monkeypatch.setattr(columns, "BLOCK", block)
+                assert columns._starvation_arrays(steps, view, share, window, fraction) == want, block
     for grad, count in ((1e-6, 1), (1e-6, 20), (1e-4, 5)):
         ref = env.dead_experts(steps, norms, grad, count)
         assert columns.dead_experts_columns(steps, norms, grad, count) == ref
@@ -191,8 +193,15 @@ def _reference_report(series: env.EnvelopeSeries, s: EnvelopeSettings) -> dict[s
     }
 
 
-@pytest.mark.parametrize(("seed", "variant"), [(s, v) for s in range(6) for v in ("raw", "normalized")])
-def test_a_parsed_log_stays_compact_and_evaluates_as_plain_lists(seed: int, variant: str) -> None:
+@pytest.mark.parametrize(
+    ("seed", "variant", "arrays"), [(s, v, s % 2 == 1) for s in range(6) for v in ("raw", "normalized")]
+)
+def test_a_parsed_log_stays_compact_and_evaluates_as_plain_lists(
+    seed: int, variant: str, arrays: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if arrays:  # the level rule's array form, on views of a parsed log, in blocks shorter than a window
+        monkeypatch.setattr(columns, "VECTOR_FROM", 1)
+        monkeypatch.setattr(columns, "BLOCK", 16)
     rng = random.Random(300 + seed)
     text, steps, norms = _log(rng, rng.choice([3, 40, 250]), rng.choice([1, 3]), rng.choice([2, 4]), nulls=0.01)
     parsed = parse_metrics(text)
@@ -337,9 +346,11 @@ def test_a_layers_total_is_added_left_to_right_on_every_python() -> None:
     text = "".join(
         json.dumps({"step": t, "loss": 1.0, "expert_grad_norms": {"0": norms[j]}}) + "\n" for j, t in enumerate(steps)
     )
-    rows = parse_metrics(text).norms["0"]
+    parsed = parse_metrics(text)
     share = 9 / layer_total(norms[0]) * 1.0  # expert 0's share, exactly as the rule computes it
     for threshold in (share, math.nextafter(share, math.inf)):  # x < threshold flips exactly here
         ref = env.starvation(steps, norms, threshold, 100, 1.0)
         assert [w["expert"] for w in ref] == ([*range(1, 9)] if threshold == share else [*range(9)])
-        assert columns.starvation_columns(steps, rows, threshold, 100, 1.0) == ref  # 5000 samples: arrays
+        # 5000 samples of a parsed log (its steps a typed column): the array form
+        assert len(parsed.steps) >= columns.VECTOR_FROM and parsed.steps._a.typecode == "I"
+        assert columns.starvation_columns(parsed.steps, parsed.norms["0"], threshold, 100, 1.0) == ref

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, overload
 
-from moeaudit.metrics import POOLED, Norms, Rows, RowSequence, layer_total, variance
+from moeaudit.metrics import POOLED, Column, Norms, Rows, RowSequence, layer_total, variance
 from moeaudit.records import DeadRun, EnvelopeSample, PairCheck, ShownCount, ShownRows, StarvedWindow, WindowCheck
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
@@ -336,7 +336,7 @@ def starvation_columns(
     if not n:
         return out
     view = compact(norms)
-    if view is not None and n >= VECTOR_FROM and max_steps >= 1:
+    if view is not None and n >= VECTOR_FROM and 1 <= max_steps <= BLOCK:
         return _starvation_arrays(steps, view, share, max_steps, fraction)
     width = len(norms[0])
     start = steps[0]
@@ -384,53 +384,66 @@ def starvation_columns(
 
 
 # Samples from which a parsed log's level rule runs on numpy arrays (below, its import costs more
-# than it saves, and a cached certify of a short log loads no numpy: tests/test_torch_free.py).
+# than it saves, and a cached certify of a short log loads no numpy: tests/test_torch_free.py),
+# and the rows it forms at once: a block and the window reaching back before it (steps strictly
+# increase, so a window of max_steps steps holds at most max_steps rows), a few MB whatever the
+# log's length — a 10⁶-line log stays within the envelope's memory budget (docs/benchmarks.md §10).
 VECTOR_FROM = 4096
+BLOCK = 1 << 15
 
 
 def _starvation_arrays(
     steps: Sequence[int], view: RowsView, share: float, max_steps: int, fraction: float
 ) -> list[StarvedWindow]:
-    """:func:`starvation_columns` on arrays, with the same float operations per sample: the
-    layer's total added left to right (:func:`~moeaudit.metrics.layer_total`),
-    g_e·E then ÷ total, exact comparisons, and the window's counts as differences of running
-    sums (integers). No transcendental function, no reordered sum: the same bits as the loop."""
+    """:func:`starvation_columns` on arrays, a block of rows at a time, with the same float
+    operations per sample: the layer's total added left to right (:func:`~moeaudit.metrics.layer_total`),
+    g_e·E then ÷ total, exact comparisons, and the window's counts as differences of running sums
+    (integers). No transcendental function, no reordered sum: the same bits as the loop."""
     import numpy as np
 
-    out: list[StarvedWindow] = []
     n, width = len(view), view.width
     a = view._rows._a
     flat = np.frombuffer(a, dtype=np.float32 if a.typecode == "f" else np.float64)
-    g_SE = flat[view.lo * width : view.hi * width].reshape(n, width).astype(np.float64)
-    total = np.zeros(n)
-    for e in range(width):
-        total += g_SE[:, e]
-    known = ~np.isnan(g_SE).any(axis=1) & (total > 0)  # NaN: a null norm
-    total[~known] = np.nan
-    t_S = np.asarray(steps, dtype=np.int64)
-    lo_S = np.searchsorted(t_S, t_S - max_steps, side="right")  # the window (t − max_steps, t]
-    judged = t_S - t_S[0] + 1 >= max_steps
-    for e in range(width):
-        x = g_SE[:, e] * width / total
-        valid = ~np.isnan(x)
-        is_low = valid & (x < share)
-        seen_c = np.concatenate(([0], np.cumsum(valid)))
-        low_c = np.concatenate(([0], np.cumsum(is_low)))
-        seen, low = seen_c[1:] - seen_c[lo_S], low_c[1:] - low_c[lo_S]
-        hit = np.flatnonzero(judged & (seen > 0) & (low >= fraction * seen))
-        if len(hit):
-            j = int(hit[0])
-            lo, s_j, l_j = int(lo_S[j]), int(seen[j]), int(low[j])
-            out.append(
-                {
+    g_all = flat[view.lo * width : view.hi * width].reshape(n, width)
+    t_all = np.frombuffer(steps._a, dtype=np.dtype(steps._a.typecode)) if isinstance(steps, Column) else None
+    first = int(steps[0])
+    found: dict[int, StarvedWindow] = {}
+    for b0 in range(0, n, BLOCK):
+        b1 = min(n, b0 + BLOCK)
+        r0 = max(0, b0 - max_steps)  # no window of the block reaches before this row
+        t = (t_all[r0:b1] if t_all is not None else np.asarray(steps[r0:b1])).astype(np.int64)
+        lo = np.searchsorted(t, t[b0 - r0 :] - max_steps, side="right")  # each window's first row, from r0
+        g = g_all[r0:b1].astype(np.float64)
+        total = np.zeros(b1 - r0)
+        for e in range(width):
+            total += g[:, e]
+        total[np.isnan(g).any(axis=1) | ~(total > 0)] = np.nan  # NaN: a null norm
+        judged = t[b0 - r0 :] - first + 1 >= max_steps
+        rows = np.arange(b0 - r0, b1 - r0)
+        for e in range(width):
+            if e in found:
+                continue
+            x = g[:, e] * width / total
+            valid = ~np.isnan(x)
+            is_low = valid & (x < share)
+            seen_c = np.concatenate(([0], np.cumsum(valid)))
+            low_c = np.concatenate(([0], np.cumsum(is_low)))
+            seen, low = seen_c[rows + 1] - seen_c[lo], low_c[rows + 1] - low_c[lo]
+            hit = np.flatnonzero(judged & (seen > 0) & (low >= fraction * seen))
+            if len(hit):
+                j, i = int(hit[0]), int(lo[hit[0]])  # the row (in the block) and its window's first (from r0)
+                s_j, l_j = int(seen[j]), int(low[j])
+                window = slice(i, b0 - r0 + j + 1)
+                found[e] = {
                     "expert": e,
-                    "since": int(t_S[lo]),
-                    "step": int(t_S[j]),
-                    "until": int(t_S[j]),
+                    "since": int(t[i]),
+                    "step": int(t[b0 - r0 + j]),
+                    "until": int(t[b0 - r0 + j]),
                     "steps": max_steps,
-                    "share": float(x[lo : j + 1][is_low[lo : j + 1]].min()),
+                    "share": float(x[window][is_low[window]].min()),
                     "fraction": l_j / s_j,
                     "samples": s_j,
                 }
-            )
-    return out
+        if len(found) == width:
+            break
+    return [found[e] for e in sorted(found)]
