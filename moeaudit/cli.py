@@ -659,7 +659,7 @@ def verify(cert: Path, **options: Any) -> None:
     "fmt",
     type=click.Choice(["md", "html", "json"]),
     default=None,
-    help="Report format (default: from --out's suffix, .html or .json, else md).",
+    help="Report format (default: from --out's suffix: .html, .json, or .md / .txt / none for md).",
 )
 @path_option("--out", required=True, help="Report file to write.")
 @path_option("--pubkey", help="Public key to verify CERT with (default: your moeaudit key's .pub).")

@@ -413,3 +413,21 @@ def test_a_gate_from_a_checkpoint_to_itself_is_a_usage_error(tmp_path: Path) -> 
         lines = [x for x in result.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and "the base and the candidate are the same checkpoint" in lines[0], lines
         assert not (tmp_path / "g.json").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("name", ["eu.pdf", "eu.docx", "eu.yaml"])
+def test_export_refuses_a_suffix_of_a_format_it_does_not_write(tmp_path: Path, name: str) -> None:
+    """`--out eu.pdf` wrote Markdown under a name that says PDF: now a usage error before the
+    certificate is read; .md, .txt and no suffix still mean Markdown (tests/test_export.py)."""
+    from moeaudit.commands.export import SUFFIXES
+
+    result = CliRunner(env={"XDG_CONFIG_HOME": str(tmp_path / "cfg")}).invoke(
+        cli, ["export", str(tmp_path / "absent.json"), "--framework", "eu-ai-act", "--out", str(tmp_path / name)]
+    )
+    assert result.exit_code == 2, result.output + result.stderr
+    assert result.stderr.splitlines()[-1].endswith(
+        f"--out ends in {Path(name).suffix}, a format export does not write (md, html, json) — name the file "
+        ".md, .html or .json, or pass --format"
+    )
+    assert list(tmp_path.iterdir()) == []
+    assert {SUFFIXES[s] for s in ("", ".md", ".txt", ".markdown")} == {"md"} and SUFFIXES[".htm"] == "html"

@@ -6,6 +6,9 @@ from pathlib import Path
 
 from moeaudit.commands.common import check_output
 
+# --out's suffix → the format written without --format (no suffix, or a text one: Markdown)
+SUFFIXES = {".html": "html", ".htm": "html", ".json": "json", ".md": "md", ".markdown": "md", ".txt": "md", "": "md"}
+
 
 def export(
     cert: Path,
@@ -18,14 +21,24 @@ def export(
     sign: bool = False,
 ) -> tuple[str, Path | None]:
     """Verify ``cert`` with ``pubkey`` and write the report to ``out`` whole; returned: the
-    format used (``fmt``, else from ``out``'s suffix: .html or .json, else md) and, with
+    format used (``fmt``, else from ``out``'s suffix: :data:`SUFFIXES`) and, with
     ``sign``, ``OUT.dsse.json``: the JSON report signed over the certificate file's digest."""
     from moeaudit.jsonio import atomic_write
     from moeaudit.report.export import run_export
 
     check_output(out, force)
-    # `--out x.html` means HTML; an explicit format wins
-    fmt = fmt or {".html": "html", ".htm": "html", ".json": "json"}.get(out.suffix.lower(), "md")
+    # `--out x.html` means HTML; an explicit format wins; a suffix of another format (x.pdf) is
+    # refused rather than given Markdown under a name that says otherwise
+    suffix = out.suffix.lower()
+    if fmt is None and suffix not in SUFFIXES:
+        from moeaudit.errors import UsageError
+
+        raise UsageError(
+            f"--out ends in {suffix}, a format export does not write (md, html, json)",
+            path=out,
+            hint="name the file .md, .html or .json, or pass --format",
+        )
+    fmt = fmt or SUFFIXES[suffix]
     signed = Path(str(out) + ".dsse.json") if sign else None
     envelope = None
     if signed is not None:  # both checked and built before either is written
