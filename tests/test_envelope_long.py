@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import tracemalloc
 from array import array
 from dataclasses import replace
@@ -333,9 +334,11 @@ def test_the_command_line_counts_every_sample_of_a_thinned_series(tmp_path: Path
     assert table and "617" in table[0]  # the sample count is of every sample, not of the rows shown
 
 
-def test_a_layers_total_is_added_left_to_right_on_every_python() -> None:
+def test_a_layers_total_is_added_left_to_right_on_every_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """The level rule's share g_e·E/Σg divides by Σg added left to right from 0.0, in the loop and
     in the array form alike; Python 3.12's ``sum`` compensates, which would move the last bit."""
+    import numpy  # noqa: F401 - loaded, as in a process that replays
+
     from moeaudit.metrics import layer_total
 
     g_E = [1.0] + [1e-16] * 8
@@ -351,6 +354,12 @@ def test_a_layers_total_is_added_left_to_right_on_every_python() -> None:
     for threshold in (share, math.nextafter(share, math.inf)):  # x < threshold flips exactly here
         ref = env.starvation(steps, norms, threshold, 100, 1.0)
         assert [w["expert"] for w in ref] == ([*range(1, 9)] if threshold == share else [*range(9)])
-        # 5000 samples of a parsed log (its steps a typed column): the array form
+        # 5000 samples of a parsed log (its steps a typed column): the array form where numpy is
+        # loaded, the loop where it is not (never imported for this rule alone)
         assert len(parsed.steps) >= columns.VECTOR_FROM and parsed.steps._a.typecode == "I"
-        assert columns.starvation_columns(parsed.steps, parsed.norms["0"], threshold, 100, 1.0) == ref
+        for loaded in (True, False):
+            with monkeypatch.context() as m:
+                if not loaded:
+                    m.delitem(sys.modules, "numpy")
+                    m.setattr(columns, "_starvation_arrays", None)  # the loop must not reach it
+                assert columns.starvation_columns(parsed.steps, parsed.norms["0"], threshold, 100, 1.0) == ref

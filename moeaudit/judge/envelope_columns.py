@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -336,7 +337,7 @@ def starvation_columns(
     if not n:
         return out
     view = compact(norms)
-    if view is not None and n >= VECTOR_FROM and 1 <= max_steps <= BLOCK:
+    if view is not None and n >= VECTOR_FROM and 1 <= max_steps <= BLOCK and "numpy" in sys.modules:
         return _starvation_arrays(steps, view, share, max_steps, fraction)
     width = len(norms[0])
     start = steps[0]
@@ -383,11 +384,12 @@ def starvation_columns(
     return out
 
 
-# Samples from which a parsed log's level rule runs on numpy arrays (below, its import costs more
-# than it saves, and a cached certify of a short log loads no numpy: tests/test_torch_free.py),
-# and the rows it forms at once: a block and the window reaching back before it (steps strictly
-# increase, so a window of max_steps steps holds at most max_steps rows), a few MB whatever the
-# log's length — a 10⁶-line log stays within the envelope's memory budget (docs/benchmarks.md §10).
+# Samples from which a parsed log's level rule runs on numpy arrays, where numpy is loaded already
+# (a replay's torch loads it): a process without it (`moeaudit envelope`, a certify served from the
+# cache) keeps the loop rather than pay numpy's import, 14 MiB that would take a 10⁶-line log past
+# the envelope's 300 MB budget (docs/benchmarks.md §10). BLOCK: the rows formed at once, with the
+# window reaching back before them (steps strictly increase, so a window of max_steps steps holds at
+# most max_steps rows): a few MB whatever the log's length.
 VECTOR_FROM = 4096
 BLOCK = 1 << 15
 
