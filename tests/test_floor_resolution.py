@@ -262,3 +262,50 @@ def test_floors_count_exactly_what_the_canary_resolves(fresh_runs, cache, tmp_pa
             assert health["status"] == "FAIL" and all(
                 not g["health"]["ok"] for g in pred["gates"] if g["step"] >= 240
             ), health["reason"]
+
+
+def test_gates_promotion_on_too_few_windows_is_inconclusive_not_hold() -> None:
+    """`gate`'s own reading (judge.promote): a RED or YELLOW candidate holds, except on a canary
+    of too few windows, where only a FAIL holds and the candidate's condition is inconclusive
+    unless a health floor (read on tokens) failed there."""
+    from moeaudit.judge.decide import canary_check
+    from moeaudit.judge.promote import candidate_condition, decision
+
+    few = [canary_check(7)]
+    for colour in ("RED", "YELLOW"):
+        gates: Any = [{"status": "BASELINE"}, {"status": colour}]
+        assert decision("INCONCLUSIVE", gates) == "HOLD"
+        assert decision("INCONCLUSIVE", gates, few) == "INCONCLUSIVE"
+        assert decision("FAIL", gates, few) == "HOLD"
+    gate: Any = {"status": "RED", "step": 5, "health": {"ok": True, "problems": [], "failed": []}}
+    assert candidate_condition(gate, GateSettings())["status"] == "fail"
+    assert candidate_condition(gate, GateSettings(), few=True)["status"] == "inconclusive"
+    floor = {"layer": 0, "what": "H_norm", "value": 0.1, "threshold": 0.6}
+    gate["health"] = {"ok": False, "problems": ["layer 0: H_norm 0.100 (floor 0.6)"], "failed": [floor]}
+    assert candidate_condition(gate, GateSettings(), few=True)["status"] == "fail"
+
+
+@pytest.mark.fresh_runs
+def test_gate_on_a_one_window_canary_exits_3_not_hold(fresh_runs, tmp_path) -> None:
+    """The CLI on a fresh healthy run whose canary is cut to 1 window of 3 tokens: its candidate
+    is RED on that window's intervals, which is no evidence, so `gate` exits 3 (it held, exit 1)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from moeaudit.cli import cli
+
+    run = _tiny(fresh_runs["healthy-loop"], tmp_path / "cut", 1, 3)
+    steps = sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*"))
+    out = tmp_path / "gate.json"
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    result = CliRunner(env=env).invoke(
+        cli,
+        ["gate", str(run / f"checkpoint-{steps[-2]}"), str(run / f"checkpoint-{steps[-1]}")]
+        + ["--canary", str(run / "canary.safetensors"), "--json", str(out)],
+    )
+    assert result.exit_code == 3, result.output + result.stderr
+    doc = json.loads(out.read_text())
+    cand = doc["conditions"][0]
+    assert doc["decision"] == "INCONCLUSIVE" and cand["name"] == "candidate gate"
+    assert cand["detail"].startswith("RED") and cand["status"] == "inconclusive"

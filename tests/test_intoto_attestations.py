@@ -298,12 +298,12 @@ def test_a_hold_is_a_failed_test_result(tmp_path: Path, samples_cache: Path, key
 
 def test_gate_attestation_options_are_checked_before_any_work(tmp_path: Path, keypair: tuple[Path, Path]) -> None:
     key, _ = keypair
-    ckpt = SAMPLES / "healthy" / "checkpoint-1500"
-    lone_key = CliRunner().invoke(cli, ["gate", str(ckpt), str(ckpt), "--key", str(key)])
+    base, ckpt = SAMPLES / "healthy" / "checkpoint-1250", SAMPLES / "healthy" / "checkpoint-1500"
+    lone_key = CliRunner().invoke(cli, ["gate", str(base), str(ckpt), "--key", str(key)])
     assert lone_key.exit_code == 2 and "--attest-test-result" in lone_key.stderr
     (tmp_path / "taken.json").write_text("{}")
     taken = CliRunner().invoke(
-        cli, ["gate", str(ckpt), str(ckpt), "--key", str(key), "--attest-test-result", str(tmp_path / "taken.json")]
+        cli, ["gate", str(base), str(ckpt), "--key", str(key), "--attest-test-result", str(tmp_path / "taken.json")]
     )
     assert taken.exit_code == 4 and (tmp_path / "taken.json").read_text() == "{}"
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from moeaudit.judge.decide import HOLD, PROMOTE, Evidence, decide, resolve_stage
+from moeaudit.judge.decide import HOLD, PROMOTE, Evidence, decide, few_windows, resolve_stage
 from moeaudit.judge.gates import (
     GREEN,
     INCONCLUSIVE,
@@ -98,10 +98,12 @@ def rollback(base: Path, candidate: Path, b_step: int, c_step: int) -> GateResul
     }
 
 
-def decision(verdict: str, gates: Sequence[GateEntry]) -> Promotion:
-    """The promotion reading of a verdict, for the candidate (the last gate)."""
+def decision(verdict: str, gates: Sequence[GateEntry], checks: Sequence[Check] = ()) -> Promotion:
+    """The promotion reading of a verdict, for the candidate (the last gate). On a canary of too
+    few windows the candidate's colour rests on intervals that are no evidence
+    (:func:`moeaudit.judge.decide.few_windows`): only a FAIL holds."""
     cand = gates[-1]["status"]
-    if verdict == "FAIL" or cand in (YELLOW, RED):
+    if verdict == "FAIL" or (cand in (YELLOW, RED) and not few_windows(checks)):
         return HOLD
     if verdict == "PASS" and cand == GREEN:
         return PROMOTE
@@ -112,7 +114,7 @@ def gate_from_audit(predicate: Predicate, *, base: Path, candidate: Path, b_step
     """The promotion decision on certify's own evidence of the run truncated at the candidate."""
     gates = predicate["gates"]
     cand = gates[-1]
-    result_decision = decision(predicate["verdict"], gates)
+    result_decision = decision(predicate["verdict"], gates, predicate["checks"])
     notes = []
     if cand["baseline"] != b_step and cand.get("status") != "BASELINE":
         notes.append(
@@ -201,7 +203,7 @@ def gate_candidate(
         )
     )
     return {
-        "decision": decision(decided["verdict"], gates),
+        "decision": decision(decided["verdict"], gates, decided["checks"]),
         "verdict": decided["verdict"],
         "verdict_reason": decided["verdict_reason"],
         "conditions": conditions(gates[1], decided["checks"], policy.gates),
@@ -260,7 +262,9 @@ def _structure_failures(st: Structural, g: GateSettings) -> list[ConditionFailur
     return out
 
 
-def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
+def candidate_condition(gate: GateEntry, g: GateSettings, few: bool = False) -> Condition:
+    """The candidate's gate as a condition. On a canary of too few windows (``few``) a YELLOW or
+    RED that no health floor's failure explains rests on intervals that are no evidence: inconclusive."""
     st = gate.get("structural") or gate.get("continuity")
     failed = [] if st is None else _structure_failures(st, g)
     failed += [
@@ -289,6 +293,8 @@ def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
     status: Literal["pass", "inconclusive", "fail"] = (
         "pass" if gate["status"] == GREEN else "inconclusive" if gate["status"] == "BASELINE" else "fail"
     )
+    if status == "fail" and few and not gate["health"].get("failed"):
+        status = "inconclusive"
     first = failed[0] if failed else None
     return {
         "name": "candidate gate",
@@ -303,7 +309,7 @@ def candidate_condition(gate: GateEntry, g: GateSettings) -> Condition:
 
 
 def conditions(gate: GateEntry, checks: Sequence[Check], g: GateSettings) -> list[Condition]:
-    out = [candidate_condition(gate, g)]
+    out = [candidate_condition(gate, g, few_windows(checks))]
     for c in checks:
         value, threshold = c.get("value"), (0.0 if "value" in c else None)
         deciding = c.get("deciding")
