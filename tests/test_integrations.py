@@ -319,3 +319,43 @@ def test_transformers_gradient_accumulation_logs_the_whole_step(tmp_path: Path) 
     assert total1 > 1.0 and first["clipped"] is True
     for layer, norms in norms1.items():
         assert _close(first["expert_grad_norms"][layer], [g / (total1 + 1e-6) for g in norms], 1e-4)
+
+
+def test_transformers_bf16_probe_is_float32_as_the_replay(tmp_path: Path) -> None:
+    """With ``bf16=True`` accelerate wraps the model's forward in bf16 autocast for every call;
+    the canary probe at a save must still be the float32 quantity a replay of that checkpoint
+    computes, not its bf16 approximation (about 1% off in the per-expert norms)."""
+    from moeaudit.integrations.core import canary_loss
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    run, canary, tokens = tmp_path / "run", _canary(), _tokens()
+    args = transformers.TrainingArguments(
+        output_dir=str(run),
+        max_steps=2,
+        save_steps=2,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        bf16=True,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_only_model=True,
+    )
+    trainer = transformers.Trainer(
+        model=tiny_model("mixtral"),
+        args=args,
+        train_dataset=[{"input_ids": r, "labels": r} for r in tokens],
+        callbacks=[MoeauditCallback(canary)],
+    )
+    trainer.train()
+    (probe,) = _lines(run / "canary_probe.jsonl")
+    saved = transformers.AutoModelForCausalLM.from_pretrained(
+        run / "checkpoint-2", dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    loss = canary_loss(saved, canary)
+    loss.backward()
+    assert math.isclose(probe["loss"], float(loss.detach()), rel_tol=1e-7)
+    for i, layer in enumerate(saved.model.layers):
+        gate_up, down = layer.mlp.experts.gate_up_proj.grad, layer.mlp.experts.down_proj.grad
+        norms = [math.sqrt(float(gate_up[e].double().pow(2).sum() + down[e].double().pow(2).sum())) for e in range(4)]
+        assert _close(probe["expert_grad_norms"][str(i)], norms, 1e-5)

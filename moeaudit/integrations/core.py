@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,7 @@ class RunRecorder:
         if self.routing is not None:
             self.routing.paused = True
         try:
-            with torch.enable_grad(), self.logger.probe_scope():
+            with torch.enable_grad(), self.logger.probe_scope(), float32_forward(self.model):
                 loss = canary_loss(self.model, self.canary)
                 return self.logger.probe(step, loss, canary=self.canary.digest)
         finally:
@@ -278,6 +279,27 @@ class _Line:
     has_loss: bool
     extra: dict[str, Any]
     extra_of: Callable[[Sums], dict[str, Any]] | None
+
+
+@contextmanager
+def float32_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` without autocast, as a replay computes it: an enclosing autocast is turned
+    off, and so is the mixed-precision forward accelerate installs on the model itself (the
+    Trainer's ``bf16=True`` wraps ``model.forward`` in autocast and keeps the original as
+    ``_original_forward``), restored on exit."""
+    original = model.__dict__.get("_original_forward")
+    wrapped = model.__dict__.get("forward")
+    if original is not None:
+        model.forward = original
+    try:
+        with torch.autocast(next(model.parameters()).device.type, enabled=False):
+            yield
+    finally:
+        if original is not None:
+            if wrapped is None:
+                del model.forward
+            else:
+                model.forward = wrapped
 
 
 def canary_loss(model: torch.nn.Module, canary: Canary) -> torch.Tensor:
