@@ -359,3 +359,25 @@ def test_transformers_bf16_probe_is_float32_as_the_replay(tmp_path: Path) -> Non
         gate_up, down = layer.mlp.experts.gate_up_proj.grad, layer.mlp.experts.down_proj.grad
         norms = [math.sqrt(float(gate_up[e].double().pow(2).sum() + down[e].double().pow(2).sum())) for e in range(4)]
         assert _close(probe["expert_grad_norms"][str(i)], norms, 1e-5)
+
+
+def test_a_dense_model_is_refused_naming_it_and_writing_nothing(tmp_path: Path) -> None:
+    """A callback on a model with no routed experts (a dense Llama) is refused before anything
+    is written into the run: no canary copy is left behind, and the error names the model."""
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.core import RunRecorder
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    refused = r"no routed-expert parameters found in LlamaForCausalLM \(model_type 'llama'\)"
+    with pytest.raises(InputError, match=refused):
+        RunRecorder(tmp_path / "run", model, canary=_canary(), every=1, probe=True, resume_step=None)
+    assert not (tmp_path / "run").exists()

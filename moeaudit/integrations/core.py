@@ -116,7 +116,7 @@ class RunRecorder:
                 canary.check_vocab(vocab, where=type(model).__name__)
             context = getattr(config, "max_position_embeddings", None)
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
-            self._save_canary(canary)
+            self._check_canary(canary)
         self.logger = ExpertGradLogger(
             self.run_dir / "metrics.jsonl",
             model,
@@ -125,6 +125,8 @@ class RunRecorder:
             total=total,
             rank_zero=rank_zero,
         )
+        if rank_zero and canary is not None:  # only once the model is known to be one we read
+            self._save_canary(canary)
         if rank_zero:
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
@@ -144,8 +146,8 @@ class RunRecorder:
             self.monitor.push(step, {k: v[j] for k, v in series.norms.items()})
         self.monitor.events.clear()
 
-    def _save_canary(self, canary: Canary) -> None:
-        """Write the canary into the run once; an existing different canary is an error."""
+    def _check_canary(self, canary: Canary) -> None:
+        """An existing different canary in the run is an error."""
         path = self.run_dir / CANARY_FILE
         if path.exists():
             existing = canary_mod.load(path)
@@ -156,9 +158,13 @@ class RunRecorder:
                     path=path,
                     hint="use the run's canary, or a new output directory",
                 )
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        canary_mod.save(canary, path)
+
+    def _save_canary(self, canary: Canary) -> None:
+        """Write the canary into the run once (:meth:`_check_canary` has compared an existing one)."""
+        path = self.run_dir / CANARY_FILE
+        if not path.exists():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            canary_mod.save(canary, path)
 
     def due(self, step: int) -> bool:
         return self.logger.due(step)
