@@ -381,3 +381,30 @@ def test_a_dense_model_is_refused_naming_it_and_writing_nothing(tmp_path: Path) 
     with pytest.raises(InputError, match=refused):
         RunRecorder(tmp_path / "run", model, canary=_canary(), every=1, probe=True, resume_step=None)
     assert not (tmp_path / "run").exists()
+
+
+def test_lightning_resume_below_kept_saves_is_refused_before_training(tmp_path: Path) -> None:
+    """Resuming from step 3 a run that already saved checkpoint-6 would train three steps and
+    then stop at the save of checkpoint-6 (never overwritten). It is refused at the start,
+    naming the saves above the resume step, before the logs are rewound."""
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.lightning import MoeauditCallback
+
+    run = tmp_path / "run"
+    for step in (3, 6, 9):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+    log = b"".join(json.dumps({"step": s}).encode() + b"\n" for s in range(1, 10))
+    (run / "metrics.jsonl").write_bytes(log)
+    callback = MoeauditCallback(_canary(), save_every=3, run_dir=run)
+    trainer = SimpleNamespace(global_step=3, default_root_dir=str(tmp_path), is_global_zero=True)
+    with pytest.raises(InputError, match=r"checkpoint-6, checkpoint-9 .*above the resume step 3") as raised:
+        callback.on_train_start(trainer, tiny_model("mixtral"))
+    assert str(run) in str(raised.value)
+    assert (run / "metrics.jsonl").read_bytes() == log  # not rewound
+    assert not (run / "canary.safetensors").exists()
+    last = SimpleNamespace(global_step=9, default_root_dir=str(tmp_path), is_global_zero=True)
+    callback.on_train_start(last, tiny_model("mixtral"))
+    assert callback.recorder is not None  # resuming from the last save is fine
