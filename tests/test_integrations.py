@@ -408,3 +408,30 @@ def test_lightning_resume_below_kept_saves_is_refused_before_training(tmp_path: 
     last = SimpleNamespace(global_step=9, default_root_dir=str(tmp_path), is_global_zero=True)
     callback.on_train_start(last, tiny_model("mixtral"))
     assert callback.recorder is not None  # resuming from the last save is fine
+
+
+def test_a_resume_is_declared_in_events_so_abandoned_saves_are_named(tmp_path: Path) -> None:
+    """A callback resumed at step 3 rewinds the logs to step 3 and declares the resume in
+    ``events.jsonl`` (once, however often it is resumed there), so certify can name the saves
+    the resume abandoned (checkpoint-6, checkpoint-9 of the branch that went past step 3)."""
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.core import RunRecorder
+    from moeaudit.lineage import abandoned
+    from moeaudit.run import Run, read_events
+
+    run = tmp_path / "run"
+    run.mkdir()
+    norms = {str(i): [0.1] * 4 for i in range(3)}
+    lines = [json.dumps({"step": s, "loss": 1.0, "expert_grad_norms": norms}) + "\n" for s in range(1, 10)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    RunRecorder(run, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=None).close()
+    assert not (run / "events.jsonl").exists()  # a fresh start declares nothing
+    for _ in range(2):
+        RunRecorder(run, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=3).close()
+    events, _ = read_events(run / "events.jsonl")
+    assert [(e.step, e.event) for e in events] == [(3, "resume")]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    ckpts = [(s, SimpleNamespace(path=run / f"checkpoint-{s}")) for s in (3, 6, 9)]
+    found = abandoned(Run(run, ckpts, events=events, metrics=run / "metrics.jsonl"))  # type: ignore[arg-type]
+    assert [(a.name, a.resume_step) for a in found] == [("checkpoint-6", 3), ("checkpoint-9", 3)]

@@ -15,8 +15,10 @@ turned ``checkpoint-(N-1)`` into ``checkpoint-N`` (the convention of the README'
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from moeaudit.policy import EnvelopeSettings, Policy, load_policy
 log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
+EVENTS_FILE = "events.jsonl"
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
@@ -128,9 +131,31 @@ class RunRecorder:
         if rank_zero and canary is not None:  # only once the model is known to be one we read
             self._save_canary(canary)
         if rank_zero:
+            if resume_step is not None:
+                self._declare_resume(resume_step)
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
             self.routing = RoutingCounts(model, self.logger.layers) if routing else None
+
+    def _declare_resume(self, step: int) -> None:
+        """The resume in ``events.jsonl``: the logs were rewound to ``step``, and saves above it
+        belong to the branch it abandoned, which certify names (docs/decisions.md, "Abandoned
+        checkpoints"). A resume at ``step`` that is already the file's last line is not repeated."""
+        path = self.run_dir / EVENTS_FILE
+        raw = path.read_bytes() if path.is_file() else b""
+        last = next((ln for ln in reversed(raw.splitlines()) if ln.strip()), b"")
+        try:
+            previous = json.loads(last) if last else None
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and previous.get("step") == step and previous.get("event") == "resume":
+            return
+        event = {"step": step, "event": "resume", "note": f"training resumed from step {step} (moeaudit callback)"}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write((b"\n" if raw and not raw.endswith(b"\n") else b"") + json.dumps(event).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def _prime(self, resume_step: int | None) -> None:
         """On resume, replay the kept lines into the online rules (no events raised again)."""
