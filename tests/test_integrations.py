@@ -425,8 +425,8 @@ def test_a_resume_is_declared_in_events_so_abandoned_saves_are_named(tmp_path: P
     norms = {str(i): [0.1] * 4 for i in range(3)}
     lines = [json.dumps({"step": s, "loss": 1.0, "expert_grad_norms": norms}) + "\n" for s in range(1, 10)]
     (run / "metrics.jsonl").write_text("".join(lines))
-    RunRecorder(run, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=None).close()
-    assert not (run / "events.jsonl").exists()  # a fresh start declares nothing
+    RunRecorder(tmp_path / "fresh", tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=None).close()
+    assert not (tmp_path / "fresh" / "events.jsonl").exists()  # a fresh start declares nothing
     for _ in range(2):
         RunRecorder(run, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=3).close()
     events, _ = read_events(run / "events.jsonl")
@@ -435,3 +435,35 @@ def test_a_resume_is_declared_in_events_so_abandoned_saves_are_named(tmp_path: P
     ckpts = [(s, SimpleNamespace(path=run / f"checkpoint-{s}")) for s in (3, 6, 9)]
     found = abandoned(Run(run, ckpts, events=events, metrics=run / "metrics.jsonl"))  # type: ignore[arg-type]
     assert [(a.name, a.resume_step) for a in found] == [("checkpoint-6", 3), ("checkpoint-9", 3)]
+
+
+@pytest.mark.parametrize("log", ["metrics.jsonl", "canary_probe.jsonl"])
+def test_a_fresh_start_into_a_logged_run_is_refused_before_training(tmp_path: Path, log: str) -> None:
+    """Training from step 0 again into a directory that already holds a run's logs (the same
+    script run twice) would append a second step 1 after the first run's last step: certify
+    then refuses the log as out of order, after the whole training. The callbacks refuse at
+    the start instead, naming the log, and leave every file as it was."""
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.core import RunRecorder
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    run = tmp_path / "run"
+    run.mkdir()
+    earlier = json.dumps({"step": 6, "loss": 1.0, "expert_grad_norms": {"0": [0.1] * 4}}) + "\n"
+    (run / log).write_text(earlier)
+    refused = rf"{log} already holds the log of an earlier run \(last step 6\)"
+    with pytest.raises(InputError, match=refused):
+        RunRecorder(run, tiny_model("mixtral"), canary=_canary(), every=1, probe=True, resume_step=None)
+    assert sorted(p.name for p in run.iterdir()) == [log] and (run / log).read_text() == earlier
+    args = transformers.TrainingArguments(
+        output_dir=str(run), max_steps=1, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True
+    )
+    trainer = transformers.Trainer(
+        model=tiny_model("mixtral"),
+        args=args,
+        train_dataset=[{"input_ids": r, "labels": r} for r in _tokens()[:8]],
+        callbacks=[MoeauditCallback(_canary())],
+    )
+    with pytest.raises(InputError, match=refused):
+        trainer.train()
+    assert sorted(p.name for p in run.iterdir()) == [log] and (run / log).read_text() == earlier

@@ -37,6 +37,7 @@ from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
 from moeaudit.metrics import read_metrics
 from moeaudit.policy import EnvelopeSettings, Policy, load_policy
+from moeaudit.run import PROBE_FILE
 
 log = logging.getLogger("moeaudit")
 
@@ -120,6 +121,9 @@ class RunRecorder:
             context = getattr(config, "max_position_embeddings", None)
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
             self._check_canary(canary)
+        if rank_zero and resume_step is None:
+            for name in ("metrics.jsonl", PROBE_FILE):
+                _refuse_earlier_log(self.run_dir / name)
         self.logger = ExpertGradLogger(
             self.run_dir / "metrics.jsonl",
             model,
@@ -297,6 +301,26 @@ class RunRecorder:
         if self.routing is not None:
             self.routing.remove()
         self.logger.close()
+
+
+def _refuse_earlier_log(path: Path) -> None:
+    """A run starting from step 0 where ``path`` already logs an earlier run: its step 1 would
+    follow that run's last step, a log certify refuses as out of order — after the training."""
+    if not path.is_file():
+        return
+    last = next((ln for ln in reversed(path.read_bytes().splitlines()) if ln.strip()), None)
+    if last is None:
+        return
+    try:
+        step = json.loads(last).get("step")
+    except (ValueError, AttributeError):
+        step = None
+    raise InputError(
+        f"{path.name} already holds the log of an earlier run (last step {step}), and this run starts at step 0",
+        path=path.parent,
+        hint="resume from one of its checkpoints (resume_from_checkpoint / ckpt_path / resume_step), "
+        "or train into a new directory",
+    )
 
 
 @dataclass
