@@ -467,3 +467,28 @@ def test_a_fresh_start_into_a_logged_run_is_refused_before_training(tmp_path: Pa
     with pytest.raises(InputError, match=refused):
         trainer.train()
     assert sorted(p.name for p in run.iterdir()) == [log] and (run / log).read_text() == earlier
+
+
+def test_lightning_without_save_every_warns_that_nothing_will_be_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MoeauditCallback(canary=...) without save_every (as the transformers callback is written)
+    saves no checkpoint-<step>/ and so no probe: certify would find nothing after the whole
+    training. One warning at the start says so; with save_every there is none."""
+    pytest.importorskip("lightning")
+    import logging
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.lightning import MoeauditCallback
+
+    trainer = SimpleNamespace(global_step=0, default_root_dir=str(tmp_path / "run"), is_global_zero=True)
+    with caplog.at_level(logging.WARNING, logger="moeaudit"):
+        MoeauditCallback(_canary()).on_train_start(trainer, tiny_model("mixtral"))
+    (record,) = [r for r in caplog.records if r.name == "moeaudit"]
+    assert "(save_every=None): no checkpoint-<step>/ is saved" in record.getMessage()
+    assert "\n" not in record.getMessage()
+    caplog.clear()
+    saving = SimpleNamespace(global_step=0, default_root_dir=str(tmp_path / "run2"), is_global_zero=True)
+    with caplog.at_level(logging.WARNING, logger="moeaudit"):
+        MoeauditCallback(_canary(), save_every=3).on_train_start(saving, tiny_model("mixtral"))
+    assert [r for r in caplog.records if r.name == "moeaudit"] == []

@@ -36,7 +36,7 @@ from lightning.pytorch import Callback
 
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
-from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary
+from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary, log
 from moeaudit.policy import EnvelopeSettings, Policy
 
 
@@ -74,6 +74,12 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         self.run_dir = Path(self.run_dir or trainer.default_root_dir)
         if self.save_every is not None and trainer.global_step and trainer.is_global_zero:
             _refuse_saves_above(self.run_dir, trainer.global_step)
+        if self.save_every is None and trainer.is_global_zero:
+            log.warning(
+                "moeaudit: MoeauditCallback(save_every=None): no checkpoint-<step>/ is saved (Lightning's "
+                ".ckpt pickles are not audited) and no canary probe is logged; certify needs "
+                "checkpoint-<step>/ directories: pass save_every=N, or save_pretrained them yourself"
+            )
         self.recorder = RunRecorder(
             self.run_dir,
             model,
