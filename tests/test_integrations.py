@@ -319,3 +319,176 @@ def test_transformers_gradient_accumulation_logs_the_whole_step(tmp_path: Path) 
     assert total1 > 1.0 and first["clipped"] is True
     for layer, norms in norms1.items():
         assert _close(first["expert_grad_norms"][layer], [g / (total1 + 1e-6) for g in norms], 1e-4)
+
+
+def test_transformers_bf16_probe_is_float32_as_the_replay(tmp_path: Path) -> None:
+    """With ``bf16=True`` accelerate wraps the model's forward in bf16 autocast for every call;
+    the canary probe at a save must still be the float32 quantity a replay of that checkpoint
+    computes, not its bf16 approximation (about 1% off in the per-expert norms)."""
+    from moeaudit.integrations.core import canary_loss
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    run, canary, tokens = tmp_path / "run", _canary(), _tokens()
+    args = transformers.TrainingArguments(
+        output_dir=str(run),
+        max_steps=2,
+        save_steps=2,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        bf16=True,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_only_model=True,
+    )
+    trainer = transformers.Trainer(
+        model=tiny_model("mixtral"),
+        args=args,
+        train_dataset=[{"input_ids": r, "labels": r} for r in tokens],
+        callbacks=[MoeauditCallback(canary)],
+    )
+    trainer.train()
+    (probe,) = _lines(run / "canary_probe.jsonl")
+    saved = transformers.AutoModelForCausalLM.from_pretrained(
+        run / "checkpoint-2", dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    loss = canary_loss(saved, canary)
+    loss.backward()
+    assert math.isclose(probe["loss"], float(loss.detach()), rel_tol=1e-7)
+    for i, layer in enumerate(saved.model.layers):
+        gate_up, down = layer.mlp.experts.gate_up_proj.grad, layer.mlp.experts.down_proj.grad
+        norms = [math.sqrt(float(gate_up[e].double().pow(2).sum() + down[e].double().pow(2).sum())) for e in range(4)]
+        assert _close(probe["expert_grad_norms"][str(i)], norms, 1e-5)
+
+
+def test_a_dense_model_is_refused_naming_it_and_writing_nothing(tmp_path: Path) -> None:
+    """A callback on a model with no routed experts (a dense Llama) is refused before anything
+    is written into the run: no canary copy is left behind, and the error names the model."""
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.core import RunRecorder
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    refused = r"no routed-expert parameters found in LlamaForCausalLM \(model_type 'llama'\)"
+    with pytest.raises(InputError, match=refused):
+        RunRecorder(tmp_path / "run", model, canary=_canary(), every=1, probe=True, resume_step=None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_lightning_resume_below_kept_saves_is_refused_before_training(tmp_path: Path) -> None:
+    """Resuming from step 3 a run that already saved checkpoint-6 would train three steps and
+    then stop at the save of checkpoint-6 (never overwritten). It is refused at the start,
+    naming the saves above the resume step, before the logs are rewound."""
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.lightning import MoeauditCallback
+
+    run = tmp_path / "run"
+    for step in (3, 6, 9):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+    log = b"".join(json.dumps({"step": s}).encode() + b"\n" for s in range(1, 10))
+    (run / "metrics.jsonl").write_bytes(log)
+    callback = MoeauditCallback(_canary(), save_every=3, run_dir=run)
+    trainer = SimpleNamespace(global_step=3, default_root_dir=str(tmp_path), is_global_zero=True)
+    with pytest.raises(InputError, match=r"checkpoint-6, checkpoint-9 .*above the resume step 3") as raised:
+        callback.on_train_start(trainer, tiny_model("mixtral"))
+    assert str(run) in str(raised.value)
+    assert (run / "metrics.jsonl").read_bytes() == log  # not rewound
+    assert not (run / "canary.safetensors").exists()
+    last = SimpleNamespace(global_step=9, default_root_dir=str(tmp_path), is_global_zero=True)
+    callback.on_train_start(last, tiny_model("mixtral"))
+    assert callback.recorder is not None  # resuming from the last save is fine
+
+
+def test_a_resume_is_declared_in_events_so_abandoned_saves_are_named(tmp_path: Path) -> None:
+    """A callback resumed at step 3 rewinds the logs to step 3 and declares the resume in
+    ``events.jsonl`` (once, however often it is resumed there), so certify can name the saves
+    the resume abandoned (checkpoint-6, checkpoint-9 of the branch that went past step 3)."""
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.core import RunRecorder
+    from moeaudit.lineage import abandoned
+    from moeaudit.run import Run, read_events
+
+    run = tmp_path / "run"
+    run.mkdir()
+    norms = {str(i): [0.1] * 4 for i in range(3)}
+    lines = [json.dumps({"step": s, "loss": 1.0, "expert_grad_norms": norms}) + "\n" for s in range(1, 10)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    RunRecorder(tmp_path / "fresh", tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=None).close()
+    assert not (tmp_path / "fresh" / "events.jsonl").exists()  # a fresh start declares nothing
+    for _ in range(2):
+        RunRecorder(run, tiny_model("mixtral"), canary=None, every=1, probe=False, resume_step=3).close()
+    events, _ = read_events(run / "events.jsonl")
+    assert [(e.step, e.event) for e in events] == [(3, "resume")]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    ckpts = [(s, SimpleNamespace(path=run / f"checkpoint-{s}")) for s in (3, 6, 9)]
+    found = abandoned(Run(run, ckpts, events=events, metrics=run / "metrics.jsonl"))  # type: ignore[arg-type]
+    assert [(a.name, a.resume_step) for a in found] == [("checkpoint-6", 3), ("checkpoint-9", 3)]
+
+
+@pytest.mark.parametrize("log", ["metrics.jsonl", "canary_probe.jsonl"])
+def test_a_fresh_start_into_a_logged_run_is_refused_before_training(tmp_path: Path, log: str) -> None:
+    """Training from step 0 again into a directory that already holds a run's logs (the same
+    script run twice) would append a second step 1 after the first run's last step: certify
+    then refuses the log as out of order, after the whole training. The callbacks refuse at
+    the start instead, naming the log, and leave every file as it was."""
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.core import RunRecorder
+    from moeaudit.integrations.transformers import MoeauditCallback
+
+    run = tmp_path / "run"
+    run.mkdir()
+    earlier = json.dumps({"step": 6, "loss": 1.0, "expert_grad_norms": {"0": [0.1] * 4}}) + "\n"
+    (run / log).write_text(earlier)
+    refused = rf"{log} already holds the log of an earlier run \(last step 6\)"
+    with pytest.raises(InputError, match=refused):
+        RunRecorder(run, tiny_model("mixtral"), canary=_canary(), every=1, probe=True, resume_step=None)
+    assert sorted(p.name for p in run.iterdir()) == [log] and (run / log).read_text() == earlier
+    args = transformers.TrainingArguments(
+        output_dir=str(run), max_steps=1, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True
+    )
+    trainer = transformers.Trainer(
+        model=tiny_model("mixtral"),
+        args=args,
+        train_dataset=[{"input_ids": r, "labels": r} for r in _tokens()[:8]],
+        callbacks=[MoeauditCallback(_canary())],
+    )
+    with pytest.raises(InputError, match=refused):
+        trainer.train()
+    assert sorted(p.name for p in run.iterdir()) == [log] and (run / log).read_text() == earlier
+
+
+def test_lightning_without_save_every_warns_that_nothing_will_be_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MoeauditCallback(canary=...) without save_every (as the transformers callback is written)
+    saves no checkpoint-<step>/ and so no probe: certify would find nothing after the whole
+    training. One warning at the start says so; with save_every there is none."""
+    pytest.importorskip("lightning")
+    import logging
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.lightning import MoeauditCallback
+
+    trainer = SimpleNamespace(global_step=0, default_root_dir=str(tmp_path / "run"), is_global_zero=True)
+    with caplog.at_level(logging.WARNING, logger="moeaudit"):
+        MoeauditCallback(_canary()).on_train_start(trainer, tiny_model("mixtral"))
+    (record,) = [r for r in caplog.records if r.name == "moeaudit"]
+    assert "(save_every=None): no checkpoint-<step>/ is saved" in record.getMessage()
+    assert "\n" not in record.getMessage()
+    caplog.clear()
+    saving = SimpleNamespace(global_step=0, default_root_dir=str(tmp_path / "run2"), is_global_zero=True)
+    with caplog.at_level(logging.WARNING, logger="moeaudit"):
+        MoeauditCallback(_canary(), save_every=3).on_train_start(saving, tiny_model("mixtral"))
+    assert [r for r in caplog.records if r.name == "moeaudit"] == []

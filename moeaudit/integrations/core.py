@@ -15,9 +15,12 @@ turned ``checkpoint-(N-1)`` into ``checkpoint-N`` (the convention of the README'
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +37,12 @@ from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
 from moeaudit.metrics import read_metrics
 from moeaudit.policy import EnvelopeSettings, Policy, load_policy
+from moeaudit.run import PROBE_FILE
 
 log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
+EVENTS_FILE = "events.jsonl"
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
@@ -115,7 +120,10 @@ class RunRecorder:
                 canary.check_vocab(vocab, where=type(model).__name__)
             context = getattr(config, "max_position_embeddings", None)
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
-            self._save_canary(canary)
+            self._check_canary(canary)
+        if rank_zero and resume_step is None:
+            for name in ("metrics.jsonl", PROBE_FILE):
+                _refuse_earlier_log(self.run_dir / name)
         self.logger = ExpertGradLogger(
             self.run_dir / "metrics.jsonl",
             model,
@@ -124,10 +132,34 @@ class RunRecorder:
             total=total,
             rank_zero=rank_zero,
         )
+        if rank_zero and canary is not None:  # only once the model is known to be one we read
+            self._save_canary(canary)
         if rank_zero:
+            if resume_step is not None:
+                self._declare_resume(resume_step)
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
             self.routing = RoutingCounts(model, self.logger.layers) if routing else None
+
+    def _declare_resume(self, step: int) -> None:
+        """The resume in ``events.jsonl``: the logs were rewound to ``step``, and saves above it
+        belong to the branch it abandoned, which certify names (docs/decisions.md, "Abandoned
+        checkpoints"). A resume at ``step`` that is already the file's last line is not repeated."""
+        path = self.run_dir / EVENTS_FILE
+        raw = path.read_bytes() if path.is_file() else b""
+        last = next((ln for ln in reversed(raw.splitlines()) if ln.strip()), b"")
+        try:
+            previous = json.loads(last) if last else None
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and previous.get("step") == step and previous.get("event") == "resume":
+            return
+        event = {"step": step, "event": "resume", "note": f"training resumed from step {step} (moeaudit callback)"}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write((b"\n" if raw and not raw.endswith(b"\n") else b"") + json.dumps(event).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def _prime(self, resume_step: int | None) -> None:
         """On resume, replay the kept lines into the online rules (no events raised again)."""
@@ -143,8 +175,8 @@ class RunRecorder:
             self.monitor.push(step, {k: v[j] for k, v in series.norms.items()})
         self.monitor.events.clear()
 
-    def _save_canary(self, canary: Canary) -> None:
-        """Write the canary into the run once; an existing different canary is an error."""
+    def _check_canary(self, canary: Canary) -> None:
+        """An existing different canary in the run is an error."""
         path = self.run_dir / CANARY_FILE
         if path.exists():
             existing = canary_mod.load(path)
@@ -155,9 +187,13 @@ class RunRecorder:
                     path=path,
                     hint="use the run's canary, or a new output directory",
                 )
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        canary_mod.save(canary, path)
+
+    def _save_canary(self, canary: Canary) -> None:
+        """Write the canary into the run once (:meth:`_check_canary` has compared an existing one)."""
+        path = self.run_dir / CANARY_FILE
+        if not path.exists():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            canary_mod.save(canary, path)
 
     def due(self, step: int) -> bool:
         return self.logger.due(step)
@@ -251,7 +287,7 @@ class RunRecorder:
         if self.routing is not None:
             self.routing.paused = True
         try:
-            with torch.enable_grad(), self.logger.probe_scope():
+            with torch.enable_grad(), self.logger.probe_scope(), float32_forward(self.model):
                 loss = canary_loss(self.model, self.canary)
                 return self.logger.probe(step, loss, canary=self.canary.digest)
         finally:
@@ -267,6 +303,26 @@ class RunRecorder:
         self.logger.close()
 
 
+def _refuse_earlier_log(path: Path) -> None:
+    """A run starting from step 0 where ``path`` already logs an earlier run: its step 1 would
+    follow that run's last step, a log certify refuses as out of order — after the training."""
+    if not path.is_file():
+        return
+    last = next((ln for ln in reversed(path.read_bytes().splitlines()) if ln.strip()), None)
+    if last is None:
+        return
+    try:
+        step = json.loads(last).get("step")
+    except (ValueError, AttributeError):
+        step = None
+    raise InputError(
+        f"{path.name} already holds the log of an earlier run (last step {step}), and this run starts at step 0",
+        path=path.parent,
+        hint="resume from one of its checkpoints (resume_from_checkpoint / ckpt_path / resume_step), "
+        "or train into a new directory",
+    )
+
+
 @dataclass
 class _Line:
     """What a metrics line needs besides the numbers that are still on their way back."""
@@ -278,6 +334,27 @@ class _Line:
     has_loss: bool
     extra: dict[str, Any]
     extra_of: Callable[[Sums], dict[str, Any]] | None
+
+
+@contextmanager
+def float32_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` without autocast, as a replay computes it: an enclosing autocast is turned
+    off, and so is the mixed-precision forward accelerate installs on the model itself (the
+    Trainer's ``bf16=True`` wraps ``model.forward`` in autocast and keeps the original as
+    ``_original_forward``), restored on exit."""
+    original = model.__dict__.get("_original_forward")
+    wrapped = model.__dict__.get("forward")
+    if original is not None:
+        model.forward = original
+    try:
+        with torch.autocast(next(model.parameters()).device.type, enabled=False):
+            yield
+    finally:
+        if original is not None:
+            if wrapped is None:
+                del model.forward
+            else:
+                model.forward = wrapped
 
 
 def canary_loss(model: torch.nn.Module, canary: Canary) -> torch.Tensor:

@@ -182,9 +182,13 @@ def collect_params(source: Source, family: str | None = None) -> dict[int, _Laye
         else:
             layers = _from_named(items, _layouts_for(None, family))  # type: ignore[arg-type]
     if not layers:
+        model_type = getattr(getattr(source, "config", None), "model_type", None)
+        what = "" if not isinstance(source, torch.nn.Module) else f" in {type(source).__name__}"
+        what += "" if model_type is None else f" (model_type {model_type!r})"
         raise InputError(
-            "no routed-expert parameters found",
-            hint="pass the MoE model, its named_parameters(), or LayerWeights of routed layers",
+            f"no routed-expert parameters found{what}: moeaudit audits Mixture-of-Experts models",
+            hint="pass the MoE model, its named_parameters(), or LayerWeights of routed layers "
+            "(docs/families.md lists the families it reads)",
         )
     for layer, lp in layers.items():
         if not lp.experts and not lp.fused:  # LongCat's live model: fused experts with identity rows

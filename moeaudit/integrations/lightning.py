@@ -26,6 +26,7 @@ the ``moeaudit`` logger when they fire.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from lightning.pytorch import Callback
 
 from moeaudit.canary import Canary
 from moeaudit.errors import InputError
-from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary
+from moeaudit.integrations.core import RunRecorder, envelope_settings, hf_model, load_canary, log
 from moeaudit.policy import EnvelopeSettings, Policy
 
 
@@ -71,6 +72,14 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
         model = self.model if self.model is not None else hf_model(pl_module)
         self.model = model
         self.run_dir = Path(self.run_dir or trainer.default_root_dir)
+        if self.save_every is not None and trainer.global_step and trainer.is_global_zero:
+            _refuse_saves_above(self.run_dir, trainer.global_step)
+        if self.save_every is None and trainer.is_global_zero:
+            log.warning(
+                "moeaudit: MoeauditCallback(save_every=None): no checkpoint-<step>/ is saved (Lightning's "
+                ".ckpt pickles are not audited) and no canary probe is logged; certify needs "
+                "checkpoint-<step>/ directories: pass save_every=N, or save_pretrained them yourself"
+            )
         self.recorder = RunRecorder(
             self.run_dir,
             model,
@@ -113,6 +122,24 @@ class MoeauditCallback(Callback):  # type: ignore[misc]
             self._handle = None
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _refuse_saves_above(run_dir: Path, step: int) -> None:
+    """A resume from ``step`` below saves already in ``run_dir``: those are the branch the resume
+    abandons, and :func:`save_checkpoint` would stop training at the first of them (it never
+    overwrites), so refuse before any step is trained or any log rewound."""
+    found = [(int(m[1]), p.name) for p in run_dir.glob("checkpoint-*") if (m := _STEP.fullmatch(p.name))]
+    above = [name for s, name in sorted(found) if s > step]
+    if above:
+        raise InputError(
+            f"{', '.join(above)} already saved above the resume step {step}, by the branch this "
+            "resume abandons; a checkpoint is never overwritten",
+            path=run_dir,
+            hint="move them out of the run directory (or use a new one), then resume again",
+        )
+
+
+_STEP = re.compile(r"checkpoint-([0-9]+)")
 
 
 def save_checkpoint(model: torch.nn.Module, target: Path) -> None:
