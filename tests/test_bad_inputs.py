@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -469,7 +470,9 @@ def test_bad_certificate(corpus: dict[str, Path], tmp_path: Path, cert: str, pub
 def test_gate_junit_follows_the_overwrite_rule(corpus: dict[str, Path], tmp_path: Path) -> None:
     junit = tmp_path / "gate.xml"
     junit.write_text("the previous report\n")
-    argv = replaying(corpus, "gate", corpus["good_ckpt"], corpus["good_ckpt"])
+    copy = tmp_path / "copy"  # the same bytes at another path: a promotion gate judges (one path twice is refused)
+    shutil.copytree(corpus["good_ckpt"], copy)
+    argv = replaying(corpus, "gate", corpus["good_ckpt"], copy)
     code, stdout, stderr = run(*argv, "--junit", junit)
     assert code == 4 and stdout == ""  # refused before any replay
     assert one_error(stderr) == (f"moeaudit: error: {junit}: output exists — pass --force to overwrite it")
