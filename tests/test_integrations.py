@@ -492,3 +492,28 @@ def test_lightning_without_save_every_warns_that_nothing_will_be_saved(
     with caplog.at_level(logging.WARNING, logger="moeaudit"):
         MoeauditCallback(_canary(), save_every=3).on_train_start(saving, tiny_model("mixtral"))
     assert [r for r in caplog.records if r.name == "moeaudit"] == []
+
+
+def test_a_model_in_bf16_weights_warns_that_its_probe_is_not_the_replays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Weights held in bf16 (not mixed precision) make the probe compute in bf16 while a replay
+    computes in float32 (V 3.4 % apart on a tiny Mixtral): one warning line says so; float32
+    weights (mixed precision keeps them) and a run without a probe get none."""
+    import logging
+
+    from moeaudit.integrations.core import RunRecorder
+
+    cases = ((torch.bfloat16, True, True), (torch.float32, True, False), (torch.bfloat16, False, False))
+    for dtype, probe, warned in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="moeaudit"):
+            model = tiny_model("mixtral").to(dtype)
+            RunRecorder(
+                tmp_path / f"{dtype}-{probe}", model, canary=_canary(), every=1, probe=probe, resume_step=None
+            ).close()
+        lines = [r.getMessage() for r in caplog.records if r.name == "moeaudit" and "weights are" in r.getMessage()]
+        assert len(lines) == int(warned), (dtype, probe, lines)
+        if warned:
+            assert "weights are bfloat16, so the canary probe computes in bfloat16" in lines[0]
+            assert "\n" not in lines[0]

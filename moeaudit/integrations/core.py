@@ -43,6 +43,7 @@ log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
 EVENTS_FILE = "events.jsonl"
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights a probe would compute in, unlike a replay
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
@@ -121,6 +122,16 @@ class RunRecorder:
             context = getattr(config, "max_position_embeddings", None)
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
             self._check_canary(canary)
+        if rank_zero and self.probe_enabled:
+            low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in LOW_PRECISION})
+            if low:  # mixed precision keeps float32 weights, and the probe turns autocast off
+                log.warning(
+                    "moeaudit: the model's weights are %s, so the canary probe computes in %s while a replay computes "
+                    "in float32: probe and replay agree only to that rounding (`moeaudit envelope --compare` shows "
+                    "how far); keep float32 weights and train in mixed precision for a probe that matches",
+                    "/".join(low),
+                    "/".join(low),
+                )
         if rank_zero and resume_step is None:
             for name in ("metrics.jsonl", PROBE_FILE):
                 _refuse_earlier_log(self.run_dir / name)
