@@ -430,7 +430,8 @@ def precision_check(agreements: Sequence[CheckpointAgreement]) -> Check | None:
 
 
 def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[Status, str]:
-    """(verdict, why): FAIL on any RED or failed evaluated check; PASS when every gate is
+    """(verdict, why): FAIL on any RED (but on a canary of too few windows, where a RED rests on
+    intervals that are no evidence: INCONCLUSIVE) or failed evaluated check; PASS when every gate is
     BASELINE/GREEN and every evaluated check passes (comparison included, so never on a
     baseline-only run); otherwise INCONCLUSIVE (a YELLOW revokes the success claim)."""
     evaluated = [c for c in check_list if c["evaluated"]]
