@@ -167,8 +167,8 @@ def health(doc: Receipts, g: GateSettings) -> Health:
     """Absolute floors of one checkpoint: dead experts ≤ floor_dead_fraction·E, π_min ≥
     floor_pi_share·k/E (the uniform share), H_norm ≥ floor_entropy_norm, on every routed layer.
     ``failed`` holds each failure as {layer, what, value, threshold} for scripts; ``unresolved``
-    (only when there are any) the dead-expert and π_min readings below a floor that the canary
-    cannot resolve (:func:`floor_resolution`)."""
+    (only when there are any) the dead-expert, π_min and H_norm readings below a floor that the
+    canary cannot resolve (:func:`floor_resolution`, :func:`entropy_resolution`)."""
     ck = doc["checkpoint"]
     E, k = ck.get("experts"), ck.get("top_k")
     res, ent, W = floor_resolution(doc, g), entropy_resolution(doc, g), canary_windows(doc)

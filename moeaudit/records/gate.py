@@ -54,7 +54,7 @@ class Health(TypedDict):
     ok: bool
     problems: list[str]
     failed: list[HealthFailure]
-    # dead-expert and π_min readings below a floor that the canary is too small to resolve
+    # dead-expert, π_min and H_norm readings below a floor that the canary is too small to resolve
     unresolved: NotRequired[list[str]]
     resolution: NotRequired[str]  # what the canary resolves, and the tokens that would resolve it
 
