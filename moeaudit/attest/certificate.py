@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
+from moeaudit import __version__
 from moeaudit.attest.claims import TABLE4
 from moeaudit.attest.naming import from_wire, to_wire
 from moeaudit.attest.signing import PrivateKey, PublicKey, sign_envelope, verify_signed
@@ -43,6 +44,7 @@ from moeaudit.records import ClaimRow, Predicate, Statement, Subject, VerifiedSt
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
+_FAMILY = "https://moeaudit.dev/training-health/"  # every version's predicateType starts so
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (README.md, "Schemas")
 
 
@@ -112,6 +114,19 @@ def _check_statement(stmt: Any, path: Path) -> None:
 
     if not isinstance(stmt, dict):
         raise fail("not a JSON object")
+    kind = stmt.get("predicateType")
+    if (
+        stmt.get("_type") == STATEMENT_TYPE
+        and isinstance(kind, str)
+        and kind.startswith(_FAMILY)
+        and kind not in (PREDICATE_TYPE, PREDICATE_TYPE_V1)
+    ):
+        raise InputError(
+            f"the signature is valid, but its predicateType {kind[:80]!r} is a training-health version "
+            f"this moeaudit ({__version__}) does not read (it reads v1 and v2)",
+            path=path,
+            hint="verify it with the moeaudit version that wrote it, or a newer one",
+        )
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") not in (PREDICATE_TYPE, PREDICATE_TYPE_V1):
         raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")
     predicate = stmt.get("predicate")
