@@ -1,12 +1,14 @@
-"""An auditor handed a certificate from another moeaudit version: a training-health predicate
-type this version does not read is named as such (exit 4, one line), not as "not a moeaudit
-statement"; a v2 statement written by another tool version still verifies."""
+"""An auditor handed a certificate from another moeaudit version, or another statement moeaudit
+signs: a training-health predicate type this version does not read, an export report or an
+attestation is named as such (exit 4, one line), not as "not a moeaudit statement"; the v1
+fixture still verifies."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from moeaudit import __version__
@@ -45,9 +47,29 @@ def test_a_newer_predicate_version_is_named_as_one(tmp_path: Path) -> None:
 
 
 def test_another_predicate_family_is_still_not_a_moeaudit_statement(tmp_path: Path) -> None:
-    cert, pub = _signed(tmp_path, {"predicateType": "https://in-toto.io/attestation/test-result/v0.1"})
+    cert, pub = _signed(tmp_path, {"predicateType": "https://slsa.dev/provenance/v1"})
     code, _, err = _verify(cert, pub)
     assert code == 4 and "signed payload is not a moeaudit training-health statement" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        ("https://moeaudit.dev/compliance-export/v1", "an export report (export --sign)"),
+        ("https://in-toto.io/attestation/svr/v0.2", "a verification result (verify --attest-verification)"),
+        ("https://in-toto.io/attestation/test-result/v0.1", "a promotion check's result (gate --attest-test-result)"),
+        ("https://moeaudit.dev/preregistration/v1", "a preregistration (moeaudit preregister)"),
+    ],
+)
+def test_moeaudits_other_signed_statements_are_named(tmp_path: Path, kind: str, what: str) -> None:
+    """An auditor handing verify OUT.dsse.json or an attestation is told what it holds."""
+    cert, pub = _signed(tmp_path, {"predicateType": kind})
+    code, out, err = _verify(cert, pub)
+    assert code == 4 and out == ""
+    assert err == (
+        f"moeaudit: error: {cert}: the signature is valid, but this is {what}, not a training-health "
+        "certificate — give verify certificate.json or certificate.sigstore.json as certify wrote it\n"
+    )
 
 
 def test_the_v1_fixture_still_verifies(tmp_path: Path) -> None:

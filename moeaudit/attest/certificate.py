@@ -45,6 +45,13 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
 _FAMILY = "https://moeaudit.dev/training-health/"  # every version's predicateType starts so
+_OTHER_STATEMENTS = {  # the other statements moeaudit signs, which an auditor may hand to verify
+    "https://moeaudit.dev/compliance-export/v1": "an export report (export --sign)",
+    "https://in-toto.io/attestation/svr/v0.2": "a verification result (verify --attest-verification)",
+    "https://in-toto.io/attestation/svr/v0.1": "a verification result (verify --attest-verification)",
+    "https://in-toto.io/attestation/test-result/v0.1": "a promotion check's result (gate --attest-test-result)",
+    "https://moeaudit.dev/preregistration/v1": "a preregistration (moeaudit preregister)",
+}
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (README.md, "Schemas")
 
 
@@ -126,6 +133,12 @@ def _check_statement(stmt: Any, path: Path) -> None:
             f"this moeaudit ({__version__}) does not read (it reads v1 and v2)",
             path=path,
             hint="verify it with the moeaudit version that wrote it, or a newer one",
+        )
+    if stmt.get("_type") == STATEMENT_TYPE and kind in _OTHER_STATEMENTS:
+        raise InputError(
+            f"the signature is valid, but this is {_OTHER_STATEMENTS[kind]}, not a training-health certificate",
+            path=path,
+            hint="give verify certificate.json or certificate.sigstore.json as certify wrote it",
         )
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") not in (PREDICATE_TYPE, PREDICATE_TYPE_V1):
         raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")
