@@ -219,6 +219,15 @@ def test_override_flags_need_recheck_and_a_bound_input(certified: Certified, tmp
     assert result.exit_code == 2 and "add --recheck" in result.stderr
 
 
+def test_run_dir_without_recheck_is_a_usage_error(certified: Certified) -> None:
+    """--run-dir alone would otherwise be ignored and the certificate reported valid, as if the
+    run there had been rechecked."""
+    result = certified.verify("--run-dir", certified.run, reference=False)
+    assert result.exit_code == 2, result.output
+    assert "--run-dir" in result.stderr and "add --recheck" in result.stderr
+    assert "valid:" not in result.stdout
+
+
 def test_relative_paths_are_found_from_another_directory(
     certified: Certified, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from moeaudit.attest.certificate import PREDICATE_TYPE, sign_statement, statement
-from moeaudit.attest.signing import generate_key, to_bundle
+from moeaudit.attest.signing import generate_key, keyid, load_public_key, to_bundle
 from moeaudit.checkpoint.digest import root_digest
 from moeaudit.cli import cli
 
@@ -255,6 +255,10 @@ def test_another_keys_bundle_is_refused(tmp_path: Path) -> None:
     (tmp_path / "b.json").write_text(json.dumps(bundle))
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "b.json"), "--pubkey", str(tmp_path / "other.pub")])
     assert result.exit_code == 1 and "not by this public key" in result.stderr
+    # the given key named by its keyid too, as verify and the DSSE envelope's refusal name keys
+    other = keyid(load_public_key(tmp_path / "other.pub"))
+    assert f"not by this public key (keyid {other[:16]}…, key hint " in result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 def test_keygen_default_is_p256_and_ed25519_on_request(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
+from moeaudit import __version__
 from moeaudit.attest.claims import TABLE4
 from moeaudit.attest.naming import from_wire, to_wire
 from moeaudit.attest.signing import PrivateKey, PublicKey, sign_envelope, verify_signed
@@ -43,6 +44,14 @@ from moeaudit.records import ClaimRow, Predicate, Statement, Subject, VerifiedSt
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
+_FAMILY = "https://moeaudit.dev/training-health/"  # every version's predicateType starts so
+_OTHER_STATEMENTS = {  # the other statements moeaudit signs, which an auditor may hand to verify
+    "https://moeaudit.dev/compliance-export/v1": "an export report (export --sign)",
+    "https://in-toto.io/attestation/svr/v0.2": "a verification result (verify --attest-verification)",
+    "https://in-toto.io/attestation/svr/v0.1": "a verification result (verify --attest-verification)",
+    "https://in-toto.io/attestation/test-result/v0.1": "a promotion check's result (gate --attest-test-result)",
+    "https://moeaudit.dev/preregistration/v1": "a preregistration (moeaudit preregister)",
+}
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")  # predicate.verdict (README.md, "Schemas")
 
 
@@ -112,6 +121,25 @@ def _check_statement(stmt: Any, path: Path) -> None:
 
     if not isinstance(stmt, dict):
         raise fail("not a JSON object")
+    kind = stmt.get("predicateType")
+    if (
+        stmt.get("_type") == STATEMENT_TYPE
+        and isinstance(kind, str)
+        and kind.startswith(_FAMILY)
+        and kind not in (PREDICATE_TYPE, PREDICATE_TYPE_V1)
+    ):
+        raise InputError(
+            f"the signature is valid, but its predicateType {kind[:80]!r} is a training-health version "
+            f"this moeaudit ({__version__}) does not read (it reads v1 and v2)",
+            path=path,
+            hint="verify it with the moeaudit version that wrote it, or a newer one",
+        )
+    if stmt.get("_type") == STATEMENT_TYPE and kind in _OTHER_STATEMENTS:
+        raise InputError(
+            f"the signature is valid, but this is {_OTHER_STATEMENTS[kind]}, not a training-health certificate",
+            path=path,
+            hint="give verify certificate.json or certificate.sigstore.json as certify wrote it",
+        )
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") not in (PREDICATE_TYPE, PREDICATE_TYPE_V1):
         raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")
     predicate = stmt.get("predicate")

@@ -240,7 +240,9 @@ def verify_bundle(bundle: dict[str, Any], public_key: PublicKey, path: Path) -> 
     hint = material["publicKey"].get("hint")
     if hint is not None and hint not in (key_hint(public_key), legacy_key_hint(public_key)):
         raise SignatureInvalid(
-            f"signed by key hint {str(hint)[:16]}…, not by this public key ({key_hint(public_key)[:16]}…)", path=path
+            f"signed by key hint {str(hint)[:16]}…, not by this public key "
+            f"(keyid {keyid(public_key)[:16]}…, key hint {key_hint(public_key)[:16]}…)",
+            path=path,
         )
     return _verify_dsse(bundle.get("dsseEnvelope"), public_key, path, in_bundle=True)
 

@@ -57,8 +57,10 @@ def verify(
     from moeaudit.attest.certificate import open_certificate
     from moeaudit.attest.signing import load_public_key
 
-    if not recheck and (canary_path or policy_path or reference):
-        raise UsageError("--canary, --policy and --reference say where to recheck inputs", hint="add --recheck")
+    if not recheck and (run_dir or canary_path or policy_path or reference):
+        raise UsageError(
+            "--run-dir, --canary, --policy and --reference say where to recheck inputs", hint="add --recheck"
+        )
     if (key is not None or force) and attest is None:
         raise UsageError(
             "--key and --force are for the --attest-verification file", hint="add --attest-verification FILE"
