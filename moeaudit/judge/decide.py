@@ -443,20 +443,16 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
             f"{name} failed" for name in failed
         ]
         return FAIL, "; ".join(parts)
-    if red:
-        red_part = f"RED at step(s) {', '.join(map(str, red))} on intervals over too few canary windows"
-        yellow_ = [g["step"] for g in gates if g["status"] == YELLOW]
-        open_ = [c["name"] for c in evaluated if c["status"] != PASS]
-        parts = [red_part] + ([f"YELLOW at step(s) {', '.join(map(str, yellow_))}"] if yellow_ else [])
-        return INCONCLUSIVE, "; ".join(parts + [f"{name} inconclusive" for name in open_])
     yellow = [g["step"] for g in gates if g["status"] == YELLOW]
     open_checks = [c["name"] for c in evaluated if c["status"] != PASS]
-    if not yellow and not open_checks:
+    if not red and not yellow and not open_checks:
         assert all(g["status"] in (BASELINE, GREEN) for g in gates)
         return PASS, "every gate BASELINE or GREEN and every evaluated check passes"
-    parts = ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else []) + [
-        f"{name} inconclusive" for name in open_checks
-    ]
+    parts = (
+        ([f"RED at step(s) {', '.join(map(str, red))} on intervals over too few canary windows"] if red else [])
+        + ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else [])
+        + [f"{name} inconclusive" for name in open_checks]
+    )
     return INCONCLUSIVE, "; ".join(parts)
 
 
