@@ -512,14 +512,16 @@ def _signed_for_run(corpus: dict[str, Path], run_path: Path, out: Path) -> Path:
     return out
 
 
-def test_recheck_of_a_missing_checkpoint_is_an_input_error(corpus: dict[str, Path], tmp_path: Path) -> None:
+def test_recheck_of_a_directory_without_the_run_is_an_input_error(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """A directory holding none of the certified checkpoints (and logs) is not the run: exit 4.
+    One certified checkpoint missing from the run is a finding instead (test_recheck_inputs.py)."""
     (tmp_path / "run").mkdir()  # the run directory is there, the certified checkpoint is not
     cert = _signed_for_run(corpus, tmp_path / "run", tmp_path / "c.json")
     code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")
     assert code == 4
     assert one_error(stderr) == (
-        f"moeaudit: error: {tmp_path / 'run' / 'checkpoint-100'}: certified checkpoint "
-        "checkpoint-100 is not in the run directory — pass --run-dir where the run is now"
+        f"moeaudit: error: {tmp_path / 'run'}: not the certified run (the path the certificate records): "
+        "it holds none of the certified checkpoints and logs (checkpoint-100) — pass --run-dir where the run is now"
     )
     cert = _signed_for_run(corpus, tmp_path / "moved", tmp_path / "c2.json")
     code, _, stderr = run("verify", cert, "--pubkey", corpus["good_key_pub"], "--recheck")

@@ -194,6 +194,48 @@ def test_a_missing_input_is_named_not_skipped(pristine: Certified) -> None:
     assert findings(result) == [f"recheck: missing: {pristine.policy} (policy file): not found — pass --policy FILE"]
 
 
+@pytest.mark.parametrize("how", ["renamed", "removed"])
+def test_a_checkpoint_renamed_or_removed_is_a_finding(pristine: Certified, tmp_path: Path, how: str) -> None:
+    """A certified checkpoint no longer under its name is "missing" like any bound input (exit 1,
+    its own line), and every other input is still checked: here an edited metrics log."""
+    ckpt = pristine.run / "checkpoint-1250"
+    moved = pristine.run / "checkpoint-1250.old" if how == "renamed" else tmp_path / "checkpoint-1250"
+    ckpt.rename(moved) if how == "renamed" else shutil.move(ckpt, moved)
+    try:
+        edited = _edit(pristine, "metrics.jsonl")
+        result = pristine.verify("--recheck")
+    finally:
+        shutil.move(moved, ckpt)
+    assert result.exit_code == 1, result.output
+    lines = findings(result)
+    assert lines[0] == (f"recheck: missing: {ckpt} (checkpoint): not found — renamed or removed since certification")
+    assert len(lines) == 2 and lines[1].startswith(f"recheck: changed: {edited} (metrics log): digest now ")
+    assert result.stderr == (
+        f"moeaudit: error: {pristine.cert}: 1 bound input changed, 1 missing since certification (listed above)\n"
+    )
+
+
+def test_a_run_dir_that_is_not_the_run_is_an_input_error(certified: Certified, tmp_path: Path) -> None:
+    """A --run-dir that is not there, or holds none of the certified checkpoints and logs, is
+    not the run (exit 4, one line): not a list of every input as missing."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "checkpoint-1250.old").mkdir()  # nothing under a certified name
+    result = certified.verify("--recheck", "--run-dir", tmp_path / "empty")
+    assert result.exit_code == 4, result.output
+    assert findings(result) == []
+    assert result.stderr == (
+        f"moeaudit: error: {tmp_path / 'empty'}: not the certified run (--run-dir): it holds none of the "
+        "certified checkpoints and logs (checkpoint-1250, checkpoint-1500, events.jsonl, … (5 in all)) "
+        "— pass --run-dir where the run is now\n"
+    )
+    result = certified.verify("--recheck", "--run-dir", tmp_path / "nowhere")
+    assert result.exit_code == 4, result.output
+    assert result.stderr == (
+        f"moeaudit: error: {tmp_path / 'nowhere'}: run directory not found (--run-dir) "
+        "— pass --run-dir where the run is now\n"
+    )
+
+
 def test_the_reference_needs_its_path(certified: Certified) -> None:
     """certify records only the reference's name: without --reference it is missing, not skipped."""
     result = certified.verify("--recheck", reference=False)

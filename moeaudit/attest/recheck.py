@@ -26,9 +26,11 @@ so every file renamed, added, removed or changed is a finding naming the file. T
 must hash to the signed subject digest, or the certificate is not trusted (exit 4).
 
 Every bound input that changed (or can no longer be read as what was certified) or is missing,
-and every run log added since, is one :class:`Finding`. A certified checkpoint that is not in the
-run directory is an input error instead (exit 4): the run is elsewhere, and
-``--run-dir`` says where.
+and every run log added since, is one :class:`Finding` — a certified checkpoint no longer in the
+run directory (renamed or removed) included, and the rest is still checked. Only a run directory
+that is not there, or that holds none of the certified checkpoints and none of the bound logs
+under their certified names, is an input error (exit 4): that is not the run, or all of it moved,
+and ``--run-dir`` says where it is (docs/security.md, "What the signature binds").
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def recheck(stmt: VerifiedStatement, given: Overrides | None = None) -> Recheck:
     inputs = pred.get("inputs")
     bound = [*_subjects(stmt, root), *_inputs(inputs, pred, root, given), *_canary(pred, root, given)]
     _check_overrides(given, bound)
+    _check_is_the_run(root, bound, given.run_dir)
     findings: list[Finding] = []
     matched = []
     for item in bound:
@@ -137,6 +140,23 @@ def run_root(stmt: VerifiedStatement, run_dir: Path | None) -> Path:
     return root
 
 
+def _check_is_the_run(root: Path, bound: list[_Bound], run_dir: Path | None) -> None:
+    """``root`` must hold at least one certified checkpoint or bound log under its certified
+    name: otherwise every one of them would be "missing", which says less than that the run is
+    not here."""
+    in_run = [b for b in bound if b.what == "checkpoint" or b.what in _LOGS.values()]
+    if not in_run or any(b.path is not None and os.path.lexists(b.path) for b in in_run):
+        return
+    names = [Path(b.where).name for b in in_run]
+    shown = ", ".join(names) if len(names) <= 4 else ", ".join(names[:3]) + f", … ({len(names)} in all)"
+    where = "--run-dir" if run_dir is not None else "the path the certificate records"
+    raise InputError(
+        f"not the certified run ({where}): it holds none of the certified checkpoints and logs ({shown})",
+        path=root,
+        hint="pass --run-dir where the run is now",
+    )
+
+
 # ----- what is bound, and where it is now -------------------------------------------------
 
 
@@ -146,14 +166,9 @@ def _subjects(stmt: VerifiedStatement, root: Path) -> list[_Bound]:
     for subject in stmt["subject"]:
         name = _bare_name(subject["name"], "subject name")
         path = root / name
-        if not path.is_dir():
-            raise InputError(
-                f"certified checkpoint {name} is not in the run directory",
-                path=path,
-                hint="pass --run-dir where the run is now",
-            )
         root_sha256 = subject["digest"]["sha256"]
-        out.append(_Bound("checkpoint", str(path), path, root_sha256, _root_digest, files=listed.get(name)))
+        hint = "renamed or removed since certification"  # a missing checkpoint is a finding like any input
+        out.append(_Bound("checkpoint", str(path), path, root_sha256, _root_digest, hint, files=listed.get(name)))
     return out
 
 
