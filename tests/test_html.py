@@ -163,6 +163,26 @@ def test_nulls_are_dashes_with_reasons(statement: dict[str, Any]) -> None:
     assert "— no occupancy heatmap" in html and "— no domain routing" in html
 
 
+def test_it_proves_says_what_is_signed_and_what_recheck_covers(statement: dict[str, Any]) -> None:
+    """The "It proves" list must not overclaim: the signature covers certificate.json, not
+    receipts/ or this page (docs/security.md, "What the signature binds"), and --recheck
+    re-hashes every bound input, the run's logs, canary and policy as well as the checkpoints."""
+    html = render(statement)
+    proves = html.split("<h3>It proves</h3>", 1)[1].split("<h3>It does not prove</h3>", 1)[0]
+    items = [re.sub(r"<[^>]+>", "", li) for li in re.findall(r"<li>(.*?)</li>", proves, re.S)]
+    signed, recheck = items[0], items[1]
+    assert "signed these receipts" not in html
+    assert "certificate.json" in signed and "receipts/ folder beside it are not signed" in signed
+    for bound in ("checkpoints", "metrics.jsonl", "events.jsonl", "canary_probe.jsonl", "canary", "policy"):
+        assert bound in recheck, bound
+    assert "--recheck re-hashes all of them" in recheck
+    assert "checkpoint files are still the same" not in html
+    verify = html.split('<section id="verify">', 1)[1].split("</section>", 1)[0]
+    assert "to re-hash the checkpoints named below and the other inputs the certificate binds" in re.sub(
+        r"<[^>]+>", "", verify
+    )
+
+
 def test_envelope_chart_marks_samples_outside_the_bound() -> None:
     samples = [
         {"step": 0, "value": 1e-3, "bound": 1.2e-3, "compliant": True, "window": 0},
