@@ -37,6 +37,7 @@ from moeaudit.margins import handoff, refinement
 from moeaudit.policy import BUILTIN, Policy, protected_layers
 from moeaudit.precision import current as current_precision
 from moeaudit.receipts.measured import measured
+from moeaudit.receipts.reference import Reference, check_same_model, open_reference, reference_input
 from moeaudit.records import (
     AblationReceipt,
     CacheUse,
@@ -52,7 +53,6 @@ from moeaudit.records import (
     PairDocument,
     PairLayer,
     Receipts,
-    ReferenceInput,
     RouterCheckpoint,
     RouterLayer,
     RouterSection,
@@ -94,7 +94,7 @@ def audit_run(
     canary: Canary,
     policy: Policy,
     *,
-    reference: str | Path | None = None,
+    reference: str | Path | Reference | None = None,
     say: Say = lambda _m: None,
     cache: ReceiptsCache | None = None,
     device: str | None = None,
@@ -125,6 +125,8 @@ def audit_run(
     mismatches = run_mismatches(canary, run.path, checkpoints, run.probe_canaries)
     if mismatches and not accept_canary_mismatch:
         raise mismatch_error(mismatches[0], "--accept-canary-mismatch (certify)")
+    # a receipts file is read and checked now, before any replay (docs/security.md, "Resource caps")
+    ref = open_reference(reference, canary, policy) if isinstance(reference, (str, Path)) else reference
     warnings = [f"skipped {p.name}: {why}" for p, why in run.skipped]
     warnings += [f"left out {name}: {why}" for name, why in run.left_out]
     left_behind = abandoned(run)  # still audited, and named (docs/decisions.md, "Abandoned checkpoints")
@@ -142,6 +144,8 @@ def audit_run(
 
         check_compatible(first, ckpt)
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
+    if ref is not None:  # a receipts reference of another model, refused before the replay too
+        check_same_model(ref, run.checkpoints[-1][1].path.name, first.spec)
     # each event with its source: events are written by the audited party, so they may start a
     # new drift baseline but never erase a regression (gates.evaluate_gates; docs/decisions.md,
     # "Events cannot improve a verdict")
@@ -193,15 +197,15 @@ def audit_run(
         )
         margins["refinement"] = {**refined, "stage": stage_of(last["baseline"])}  # gated by its base's stage
     inputs = _inputs(run, policy)
-    if reference is not None:
-        from moeaudit.receipts.pair import load_reference
+    if ref is not None:
+        ref_doc = ref.doc
+        if ref_doc is None:  # a checkpoint, replayed by this audit
+            from moeaudit.receipts.pair import load_reference
 
-        read_bytes: list[dict[str, Any]] = []  # the receipts file's digest, of the bytes parsed
-        ref_doc = load_reference(reference, canary, policy, device=device, hashed=read_bytes)
-        if Path(reference).is_dir():  # replayed by this audit
+            ref_doc = load_reference(ref.path, canary, policy, device=device)
             replayer._computed("reference", ref_doc)
         margins["handoff"] = handoff(docs[last["step"]], ref_doc, protected, policy.margins)
-        inputs["reference"] = _reference_digest(Path(reference), ref_doc, read_bytes)
+        inputs["reference"] = reference_input(ref, ref_doc)
     from moeaudit.series import envelope_evidence
 
     env_report, env_why = envelope_evidence(
@@ -436,19 +440,6 @@ def _inputs(run: Run, policy: Policy) -> Inputs:
     if policy.source != BUILTIN and (parsed := policy.file_input()) is not None:
         out["policy_file"] = cast(InputFile, parsed)
     return out
-
-
-def _reference_digest(path: Path, doc: Mapping[str, Any], read: list[dict[str, Any]]) -> ReferenceInput:
-    if not read:  # a checkpoint: its model-signing root digest and file list, as for the subjects
-        from moeaudit.checkpoint.digest import changed, snapshot
-
-        digest = doc["checkpoint"]["digest"]
-        root = digest["sha256"] if isinstance(digest, dict) else digest
-        snap = snapshot(path)  # hashed again: the list must be of the files that were replayed
-        if snap.digest != root:
-            raise changed(path, "its files no longer hash to the root digest of the replayed reference")
-        return {"path": path.name, "kind": "checkpoint", "root_sha256": root, "resources": _resources(snap.resources)}
-    return cast(ReferenceInput, {**read[0], "kind": "receipts"})  # {path, sha256, bytes} of the bytes parsed
 
 
 def _resources(listed: list[dict[str, Any]]) -> list[FileResource]:

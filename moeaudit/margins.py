@@ -110,7 +110,7 @@ def _layer(receipts: Mapping[str, Any], layer: int) -> Mapping[str, Any]:
     raise InputError(f"receipts of {receipts['checkpoint']['name']} have no routed layer {layer}")
 
 
-def _check_same_moe(cand: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
+def check_same_moe(cand: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
     """π_min and C2 ratios only compare like with like: same experts, top-k and routed layers."""
     a, b = cand["checkpoint"], ref["checkpoint"]
     for key in ("family", "experts", "top_k", "routed_layers"):
@@ -159,7 +159,7 @@ def refinement(
 
 def _handoff(cand: Mapping[str, Any], ref: Mapping[str, Any], protected: Sequence[int], m: MarginSettings) -> Margin:
     """h_ex (Eq. 31) and smooth h (Eq. 25–26) of a candidate against a healthy reference."""
-    _check_same_moe(cand, ref)
+    check_same_moe(cand, ref)
     exact, smooth, spread = [], [], []
     per_layer: list[MarginLayer] = []
     notes: list[str] = []

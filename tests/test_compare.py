@@ -208,6 +208,12 @@ def not_receipts(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> P
     return ref
 
 
+def truncated_receipts(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
+    ref = tmp_path / "ref.json"
+    ref.write_text('{"schema": "moeaudit.receipts/v1", "layers": [{"layer": 0, "occup')  # a copy cut short
+    return ref
+
+
 def receipts_of_another_moe_structure(hf_checkpoint, workspace: dict[str, Path], tmp_path: Path) -> Path:
     return receipts_json(hf_checkpoint("mixtral", num_local_experts=3), workspace["canary"], tmp_path / "ref.json")
 
@@ -239,14 +245,23 @@ def receipts_with_a_repeated_key(hf_checkpoint, workspace: dict[str, Path], tmp_
     [
         (receipts_on_another_canary, True, "another canary"),
         (not_receipts, True, RECEIPTS),
+        (truncated_receipts, True, "neither a checkpoint directory nor receipts JSON (Unterminated string"),
         # untrusted receipts JSON read like every other input
         (receipts_without_canary, True, "reference receipts name no canary digest"),
         (receipts_without_occupancy, True, "lacks or garbles a field the handoff margin reads (KeyError: 'occupancy')"),
         (receipts_with_a_repeated_key, True, "repeats the key 'nll'"),
-        # The MoE structure is compared with the candidate's receipts, so only after its replay.
-        (receipts_of_another_moe_structure, False, "different MoE structure (experts: 3 vs 4)"),
+        # the MoE structure, with the candidate's (its spec, before its replay)
+        (receipts_of_another_moe_structure, True, "different MoE structure (experts: 3 vs 4)"),
     ],
-    ids=["another-canary", "not-receipts", "no-canary", "no-occupancy", "repeated-key", "another-moe-structure"],
+    ids=[
+        "another-canary",
+        "not-receipts",
+        "truncated",
+        "no-canary",
+        "no-occupancy",
+        "repeated-key",
+        "another-moe-structure",
+    ],
 )
 def test_unusable_reference_receipts_are_refused(
     hf_checkpoint,

@@ -198,13 +198,13 @@ def test_an_input_swapped_mid_replay_is_signed_with_its_own_content(setup: dict[
         assert _part(pred, name) == _part(controls[version], name), (
             f"{name}: the certificate signs version {version}'s digest beside the other version's content"
         )
-    # the logs and the policy were read before the replays, the reference after them
+    # every input was read before the replays, a receipts reference too (checked before any replay)
     assert {n: digests["A"][n] == pred["inputs"][key[n]]["sha256"] for n in a} == {
         "events": True,
         "metrics": True,
         "probe": True,
         "policy": True,
-        "reference": False,
+        "reference": True,
     }
     # the files now on disk are the B versions: recheck names each one the certificate did not read
     result = CliRunner(env=setup["env"]).invoke(
@@ -227,4 +227,4 @@ def test_an_input_swapped_mid_replay_is_signed_with_its_own_content(setup: dict[
         for line in result.stdout.splitlines()
         if line.startswith("recheck: changed: ")
     }
-    assert changed == {str(a[n]) for n in ("events", "metrics", "probe", "policy")}, result.stdout
+    assert changed == {str(a[n]) for n in ("events", "metrics", "probe", "policy", "reference")}, result.stdout

@@ -453,3 +453,71 @@ def test_found_canary_and_policy_are_rechecked_where_certify_found_them(
     result = invoke(certified.env, *verify)
     assert result.exit_code == 1
     assert [line.split(" (")[0] for line in findings(result)] == [f"recheck: changed: {work / 'canary.safetensors'}"]
+
+
+# ----- certify / gate --reference: a bad receipts file is refused before any replay ---------------
+
+
+def _bad_reference(c: Certified, tmp_path: Path, case: str) -> tuple[Path, str]:
+    """A reference receipts file that cannot serve, and the error it must get (after its path)."""
+    bad = tmp_path / "bad-reference.json"
+    raw = c.reference.read_bytes()
+    doc = json.loads(raw)
+    if case == "truncated":  # a copy cut short
+        bad.write_bytes(raw[: len(raw) // 2])
+        try:
+            json.loads(raw[: len(raw) // 2].decode("utf-8"))
+        except ValueError as exc:
+            return bad, f"reference is neither a checkpoint directory nor receipts JSON ({exc})"
+        raise AssertionError("half a receipts file parsed")
+    if case == "not-receipts":  # the certificate named instead of its receipts
+        shutil.copy(c.cert, bad)
+        return bad, "reference JSON is not a moeaudit.receipts/v1 document"
+    if case == "another-canary":
+        doc["canary"]["digest"]["sha256"] = "0" * 64
+        bad.write_text(json.dumps(doc))
+        return bad, (
+            "reference receipts were computed on another canary — "
+            "recompute them with `moeaudit receipts REF --canary ...`"
+        )
+    experts = doc["checkpoint"]["experts"]  # another-model: receipts of a model with one more expert
+    doc["checkpoint"]["experts"] = experts + 1
+    bad.write_text(json.dumps(doc))
+    return bad, (
+        f"reference checkpoint-1500 and candidate checkpoint-1500 have different MoE structure "
+        f"(experts: {experts + 1} vs {experts}) — use a healthy reference checkpoint of the same model"
+    )
+
+
+@pytest.mark.parametrize("command", ["certify", "gate"])
+@pytest.mark.parametrize("case", ["truncated", "not-receipts", "another-canary", "another-model"])
+def test_a_bad_reference_is_refused_before_any_replay(
+    certified: Certified, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, case: str
+) -> None:
+    """One line, exit 4, nothing written, and no checkpoint replayed (nor served from the cache)
+    first: the error used to come after the whole run's replay."""
+    import time
+
+    import moeaudit.certify as certify_mod
+
+    def replayed(*_a: object, **_k: object) -> None:
+        raise AssertionError("a checkpoint was replayed before the reference was checked")
+
+    monkeypatch.setattr(certify_mod._Replayer, "receipts", replayed)
+    bad, message = _bad_reference(certified, tmp_path, case)
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    start = time.monotonic()
+    if command == "certify":
+        result = certified.certify(outputs / "cert", "--reference", bad)
+    else:
+        ckpts = (certified.run / "checkpoint-1250", certified.run / "checkpoint-1500")
+        inputs = ("--canary", certified.canary, "--policy", certified.policy)
+        result = invoke(certified.env, "gate", *ckpts, *inputs, "--reference", bad, "--junit", outputs / "j.xml")
+    took = time.monotonic() - start
+    assert result.exit_code == 4, result.output
+    *notes, error = result.stderr.splitlines()  # notes: which policy was used
+    assert error == f"moeaudit: error: {bad}: {message}"
+    assert not any("error" in line or "Traceback" in line for line in notes), notes
+    assert list(outputs.iterdir()) == []  # no certificate, staging directory, lock or JUnit file
+    assert took < 10, took  # measured ~0.1 s; the replay it no longer waits for takes seconds

@@ -82,6 +82,10 @@ def certify(
         canary_origin = f"{canary_origin} at {canary_file}"
     probe = canary_mod.load(canary_file)
     policy = load_policy(policy_path, run_dir, hooks)
+    from moeaudit.receipts.reference import open_reference
+
+    # a receipts file is read and checked before the replay and before anything is written
+    ref = None if reference is None else open_reference(reference, probe, policy)
     key_ = signing_key(key, hooks)
     from moeaudit.commands.preregister import attach, load_for_certify
 
@@ -94,7 +98,7 @@ def certify(
             run_dir.resolve(),
             probe,
             policy,
-            reference=reference,
+            reference=ref,
             say=hooks.warn,
             cache=cache,
             device=dev,

@@ -85,11 +85,15 @@ def compare_checkpoints(
     from moeaudit.policy import protected_layers
     from moeaudit.receipts.drift import bootstrap_for, pair_layer
     from moeaudit.receipts.pair import load_reference
+    from moeaudit.receipts.reference import Reference, check_same_model
     from moeaudit.receipts.state import run_state
 
     check_compatible(base, cand)
-    # A bad reference (wrong canary, not receipts) should fail before the replays, not after.
-    ref_doc = None if reference is None else load_reference(reference, canary, policy, progress)
+    # A bad reference (wrong canary, not receipts, another model) should fail before the replays, not after.
+    ref_doc = None
+    if reference is not None:
+        ref_doc = load_reference(reference, canary, policy, progress)
+        check_same_model(Reference(Path(reference), ref_doc), cand.path.name, cand.spec)
     base_doc, base_obs = run_state(base, canary, policy, keep_states=True, progress=progress)
     cand_doc, cand_obs = run_state(cand, canary, policy, keep_states=True, progress=progress)
     routed = base.spec.routed_layers
