@@ -143,6 +143,18 @@ class RunRecorder:
             total=total,
             rank_zero=rank_zero,
         )
+        # frozen routed experts (a PEFT adapter's base): a training step gives them no gradient, so
+        # no per-step line; the probe measures them (docs/decisions.md, "PEFT / LoRA fine-tunes")
+        self.per_step = not self.logger.frozen
+        if rank_zero and not self.per_step:
+            log.warning(
+                "moeaudit: %d routed-expert weight tensors are frozen (a PEFT/LoRA fine-tune?): a training step "
+                "gives them no gradient, so metrics.jsonl is not written%s",
+                self.logger.frozen,
+                "; the canary probe logs their gradient at each save (canary_probe.jsonl)"
+                if self.probe_enabled
+                else " and nothing is logged: pass a canary for the probe at each save",
+            )
         if rank_zero and canary is not None:  # only once the model is known to be one we read
             self._save_canary(canary)
         if rank_zero:
@@ -150,7 +162,7 @@ class RunRecorder:
                 self._declare_resume(resume_step)
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
-            self.routing = RoutingCounts(model, self.logger.layers) if routing else None
+            self.routing = RoutingCounts(model, self.logger.layers) if routing and self.per_step else None
 
     def _declare_resume(self, step: int) -> None:
         """The resume in ``events.jsonl``: the logs were rewound to ``step``, and saves above it
@@ -233,7 +245,7 @@ class RunRecorder:
         Returns None then."""
         if callable(loss):  # the earlier positional form log_step(step, extra_of)
             extra_of, loss = loss, None
-        if not self.due(step) or not (self.active or self.logger.collective):
+        if not self.per_step or not self.due(step) or not (self.active or self.logger.collective):
             self.meter.clear()
             return None
         layers, counts, tokens = self.routing.take() if self.routing is not None else ([], [], {})
