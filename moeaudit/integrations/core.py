@@ -32,7 +32,7 @@ from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
 from moeaudit.integrations.gradnorms import Readback, Sums
-from moeaudit.integrations.hooks import ExpertGradLogger
+from moeaudit.integrations.hooks import ExpertGradLogger, low_precision
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
 from moeaudit.metrics import read_metrics
@@ -43,7 +43,6 @@ log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
 EVENTS_FILE = "events.jsonl"
-LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights a probe would compute in, unlike a replay
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
@@ -123,14 +122,15 @@ class RunRecorder:
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
             self._check_canary(canary)
         if rank_zero and self.probe_enabled:
-            low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in LOW_PRECISION})
+            low = low_precision(model)
             if low:  # mixed precision keeps float32 weights, and the probe turns autocast off
                 log.warning(
                     "moeaudit: the model's weights are %s, so the canary probe computes in %s while a replay computes "
-                    "in float32: probe and replay agree only to that rounding (`moeaudit envelope --compare` shows "
-                    "how far); keep float32 weights and train in mixed precision for a probe that matches",
-                    "/".join(low),
-                    "/".join(low),
+                    "in float32: probe and replay agree only to that rounding (each probe line records "
+                    '"precision"; `moeaudit envelope --compare` shows how far); keep float32 weights and train in '
+                    "mixed precision for a probe that matches",
+                    low,
+                    low,
                 )
         if rank_zero and resume_step is None:
             for name in ("metrics.jsonl", PROBE_FILE):

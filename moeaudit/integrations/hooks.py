@@ -407,6 +407,9 @@ class ExpertGradLogger:
         record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()), **norm_tables(sums)}
         if canary is not None:
             record["canary"] = canary
+        precision = low_precision(self._source if isinstance(self._source, torch.nn.Module) else self.layers)
+        if precision:  # the probe computed in its weights' precision, a replay in float32
+            record["precision"] = precision
         out = self._record(self.probe_path, record, extra)
         self.sync()
         return out
@@ -502,6 +505,22 @@ class ExpertGradLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights a probe would compute in, unlike a replay
+
+
+def low_precision(source: torch.nn.Module | Mapping[int, _LayerParams]) -> str | None:
+    """``"bfloat16"`` (``"bfloat16/float16"``…) when weights of ``source`` are held in a
+    reduced precision: a canary probe then computes in it, while a replay computes in float32
+    (docs/decisions.md, "Training integrations"); None for float32 weights."""
+    tensors: Iterable[torch.Tensor] = (
+        source.parameters()
+        if isinstance(source, torch.nn.Module)
+        else (t for lp in source.values() for t in lp.tensors())
+    )
+    low = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t.dtype in LOW_PRECISION})
+    return "/".join(low) or None
 
 
 def _expert_tensors(lp: _LayerParams) -> list[torch.Tensor]:
