@@ -202,3 +202,24 @@ def test_a_hand_written_loop_over_frozen_experts_is_refused_not_logged_as_zeros(
     assert record is not None and reference is not None
     assert record["expert_grad_norms"] == reference["expert_grad_norms"]
     assert record["router_grad_norms"] == reference["router_grad_norms"]
+
+
+def test_peft_wrapped_names_are_read_as_the_layouts_names() -> None:
+    """LoRA on per-expert Linear modules (``…w1.base_layer.weight``, transformers 4's layout) and a
+    router in ``modules_to_save`` (the trained copy, not ``original_module``) are the layout's
+    tensors; the LoRA factors are not experts."""
+    from moeaudit.integrations.hooks import collect_params
+
+    t = {name: torch.zeros(1) for name in ("w1", "w3", "w2", "lora", "gate", "orig")}
+    prefix = "base_model.model.model.layers.0.block_sparse_moe"
+    named = [
+        *((f"{prefix}.experts.{e}.{w}.base_layer.weight", t[w]) for e in range(2) for w in ("w1", "w3", "w2")),
+        *((f"{prefix}.experts.{e}.w1.lora_A.default.weight", t["lora"]) for e in range(2)),
+        (f"{prefix}.gate.original_module.weight", t["orig"]),
+        (f"{prefix}.gate.modules_to_save.default.weight", t["gate"]),
+    ]
+    (layer,) = collect_params(named, "mixtral").values()
+    assert {e: [id(x) for x in ts] for e, ts in layer.experts.items()} == {
+        e: [id(t["w1"]), id(t["w3"]), id(t["w2"])] for e in range(2)
+    }
+    assert [id(x) for x in layer.router] == [id(t["gate"])]

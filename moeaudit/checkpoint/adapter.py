@@ -59,7 +59,7 @@ def refuse_unreadable(path: Path) -> None:
             f"holds a PEFT adapter ({ADAPTER_CONFIG}), not the model weights a replay runs",
             path=path,
             hint=f"merge it onto its base{f' ({base})' if base else ''}: PeftModel.from_pretrained(base, DIR)"
-            '.merge_and_unload().save_pretrained(OUT), then audit OUT (README.md, "PEFT / LoRA")',
+            '.merge_and_unload().save_pretrained(OUT), then audit OUT (README.md, "PEFT / LoRA fine-tunes")',
         )
     if (path / "config.json").is_file():
         return
