@@ -86,3 +86,22 @@ def test_the_probe_records_its_precision_and_compare_names_it(tmp_path: Path, dt
     probe_only = CliRunner().invoke(cli, ["envelope", str(run), "--source", "probe", "--json", str(out), "--force"])
     assert probe_only.exit_code in (0, 3), probe_only.output
     assert json.loads(out.read_text()).get("precision") == ("bfloat16" if low else None)
+
+
+def test_a_certificate_on_a_bf16_probe_says_so(tmp_path: Path) -> None:
+    """A policy whose envelope reads the probe: the signed predicate's envelope names its precision."""
+    import base64
+
+    run = tmp_path / "run"
+    _train(run, torch.bfloat16)
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[envelope]\nsource = "probe"\n')
+    runner = CliRunner()
+    assert runner.invoke(cli, ["keygen", "--out", str(tmp_path / "key")]).exit_code == 0
+    args = ["certify", str(run), "--canary", str(run / "canary.safetensors"), "--policy", str(policy)]
+    result = runner.invoke(cli, [*args, "--key", str(tmp_path / "key"), "--out", str(tmp_path / "cert"), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    envelope = json.loads(
+        base64.b64decode(json.loads((tmp_path / "cert" / "certificate.json").read_text())["payload"])
+    )["predicate"]["envelope"]
+    assert envelope["source"] == "probe" and envelope["precision"] == "bfloat16"
