@@ -223,3 +223,31 @@ def test_peft_wrapped_names_are_read_as_the_layouts_names() -> None:
         e: [id(t["w1"]), id(t["w3"]), id(t["w2"])] for e in range(2)
     }
     assert [id(x) for x in layer.router] == [id(t["gate"])]
+
+
+def test_lightning_on_a_peft_model_logs_the_probe_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The Lightning callback finds the PeftModel inside a LightningModule-like wrapper, writes no
+    per-step line over its frozen experts (one warning), and probes at a save."""
+    pytest.importorskip("lightning")
+    peft = pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    from moeaudit.integrations.lightning import MoeauditCallback
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module):
+            super().__init__()
+            self.model = model
+
+    module = Wrapper(peft.get_peft_model(_base(), peft.LoraConfig(r=4, **LORA["attention"])))
+    trainer = SimpleNamespace(global_step=0, default_root_dir=str(tmp_path / "run"), is_global_zero=True)
+    callback = MoeauditCallback(_canary(), save_every=3)
+    with caplog.at_level(logging.WARNING, logger="moeaudit"):
+        callback.on_train_start(trainer, module)
+    assert callback.recorder is not None and callback.recorder.per_step is False
+    assert [r for r in caplog.records if "metrics.jsonl is not written" in r.getMessage()]
+    assert callback.recorder.log_step(1, 1.0) is None
+    record = callback.recorder.probe(3)
+    assert record is not None and min(record["expert_grad_norms"]["0"]) > 0
+    callback.recorder.close()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["canary.safetensors", "canary_probe.jsonl"]
