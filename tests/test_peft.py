@@ -251,3 +251,20 @@ def test_lightning_on_a_peft_model_logs_the_probe_only(tmp_path: Path, caplog: p
     assert record is not None and min(record["expert_grad_norms"]["0"]) > 0
     callback.recorder.close()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["canary.safetensors", "canary_probe.jsonl"]
+
+
+def test_quantized_frozen_experts_are_refused_at_the_start(tmp_path: Path) -> None:
+    """Experts held frozen in a quantized dtype (a QLoRA base) have no gradient a step or the
+    probe could take: refused when the recorder is made (the callback's train start), writing
+    nothing, rather than at the first save mid-training."""
+    from moeaudit.errors import InputError
+    from moeaudit.integrations.core import RunRecorder
+
+    model = _base()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    experts = model.model.layers[1].mlp.experts
+    experts.down_proj = torch.nn.Parameter(experts.down_proj.to(torch.int8), requires_grad=False)
+    with pytest.raises(InputError, match=r"frozen and stored as int8 \(a quantized base, e.g. QLoRA\)"):
+        RunRecorder(tmp_path / "run", model, canary=_canary(), every=1, probe=True, resume_step=None)
+    assert not (tmp_path / "run").exists()

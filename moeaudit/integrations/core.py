@@ -146,6 +146,12 @@ class RunRecorder:
         # frozen routed experts (a PEFT adapter's base): a training step gives them no gradient, so
         # no per-step line; the probe measures them (docs/decisions.md, "PEFT / LoRA fine-tunes")
         self.per_step = not self.logger.frozen
+        if self.logger.unthawable:
+            raise InputError(
+                f"routed-expert weights are frozen and stored as {'/'.join(self.logger.unthawable)} (a quantized "
+                "base, e.g. QLoRA): no gradient can be taken by them, so moeaudit has nothing to log for this model",
+                hint="train without the moeaudit callback and audit merged full-precision checkpoints afterwards",
+            )
         if rank_zero and not self.per_step:
             log.warning(
                 "moeaudit: %d routed-expert weight tensors are frozen (a PEFT/LoRA fine-tune?): a training step "

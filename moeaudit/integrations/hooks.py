@@ -351,6 +351,19 @@ class ExpertGradLogger:
         a training step gives them no gradient, so a per-step line cannot measure them."""
         return sum(not t.requires_grad for lp in self.layers.values() for t in _expert_tensors(lp))
 
+    @property
+    def unthawable(self) -> list[str]:
+        """The dtypes of frozen routed-expert tensors no gradient can be taken by (quantized
+        storage, e.g. a QLoRA base): neither a step nor :meth:`probe_scope` measures them."""
+        return sorted(
+            {
+                str(t.dtype).removeprefix("torch.")
+                for lp in self.layers.values()
+                for t in _expert_tensors(lp)
+                if not t.requires_grad and not (t.is_leaf and t.is_floating_point())
+            }
+        )
+
     def log(self, step: int, loss: float | torch.Tensor, **extra: Any) -> dict[str, Any] | None:
         """Write the line for ``step`` if it is due; return the record written (or None; also
         None on a rank that does not write). Refused when routed-expert weights are frozen (their
