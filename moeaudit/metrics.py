@@ -183,6 +183,7 @@ class MetricsSeries:
     lm_loss: Sequence[float | None] = ()  # [S] where logged: the objective without auxiliary terms
     sha256: str = ""
     size: int = 0
+    precisions: tuple[str, ...] = ()  # a probe's "precision" fields: computed in its bf16/fp16 weights
 
     @property
     def layers(self) -> list[str]:
@@ -237,6 +238,7 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
     lm_loss: array[float] = array("f")
     lines: array[int] = array("I")  # 4 bytes a step; promoted past 2³² − 1 lines
     norms: dict[str, Rows] = {}
+    precisions: set[str] = set()
     first_line = 0
     findings: list[Finding] = []
     for n, line, terminated in numbered:
@@ -260,6 +262,8 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
                 hint="one JSON object per line; write non-finite numbers as null",
             ) from exc
         step, line_loss, line_norms = _parse_line(obj, where, n, findings)
+        if isinstance(obj.get("precision"), str):
+            precisions.add(obj["precision"])
         if steps and step <= steps[-1]:
             kind = "duplicate" if step == steps[-1] else "out of order"
             raise InputError(
@@ -282,9 +286,10 @@ def _parse(numbered: Iterable[tuple[int, str | bytes, bool]], path: str | Path) 
     if not steps:
         raise InputError("metrics log has no logged steps", path=path)
     ordered: dict[str, Sequence[Norms]] = {layer: norms[layer] for layer in sorted(norms, key=_layer_key)}
-    return MetricsSeries(
+    series = MetricsSeries(
         str(path), Column(steps), Column(loss), ordered, Column(lines), tuple(findings), Column(lm_loss)
     )
+    return replace(series, precisions=tuple(sorted(precisions))) if precisions else series
 
 
 def _lm_loss(obj: dict[str, Any]) -> float:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moeaudit.checkpoint import mxfp4
+from moeaudit.checkpoint.adapter import refuse_unreadable
 from moeaudit.checkpoint.dcp import METADATA_NAME, DcpDirectory, is_dcp
 from moeaudit.checkpoint.digest import FileId, Snapshot, changed, read_bytes, snapshot
 from moeaudit.checkpoint.names import (  # noqa: F401 (re-exported: the names a checkpoint must hold)
@@ -117,14 +118,7 @@ class Checkpoint:
 
     def _read_config(self) -> dict[str, Any]:
         cfg_path = self.path / "config.json"
-        if not cfg_path.is_file():
-            hint = (
-                "copy the model's Hugging Face config.json next to .metadata (a DCP directory "
-                "does not say its architecture)"
-                if is_dcp(self.path)
-                else "a checkpoint is a save_pretrained directory"
-            )
-            raise CheckpointError("no config.json", path=self.path, hint=hint)
+        refuse_unreadable(self.path)  # no config.json, or a PEFT adapter instead of weights
         raw, self._pins["config.json"] = read_bytes(cfg_path, limit=MAX_CONFIG_BYTES)
         self._hashed["config.json"] = hashlib.sha256(raw).digest()
         return parse_config(raw, cfg_path)

@@ -32,7 +32,7 @@ from moeaudit import canary as canary_mod
 from moeaudit.canary import Canary
 from moeaudit.errors import CanaryError, InputError
 from moeaudit.integrations.gradnorms import Readback, Sums
-from moeaudit.integrations.hooks import ExpertGradLogger
+from moeaudit.integrations.hooks import ExpertGradLogger, low_precision
 from moeaudit.integrations.online import OnlineEnvelope
 from moeaudit.integrations.summary import RoutingCounts, Summary
 from moeaudit.metrics import read_metrics
@@ -43,7 +43,6 @@ log = logging.getLogger("moeaudit")
 
 CANARY_FILE = "canary.safetensors"
 EVENTS_FILE = "events.jsonl"
-LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights a probe would compute in, unlike a replay
 
 
 def load_canary(canary: Canary | str | Path | None) -> Canary | None:
@@ -123,14 +122,15 @@ class RunRecorder:
             canary.check_context({"max_position_embeddings": context}, where=type(model).__name__)
             self._check_canary(canary)
         if rank_zero and self.probe_enabled:
-            low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in LOW_PRECISION})
+            low = low_precision(model)
             if low:  # mixed precision keeps float32 weights, and the probe turns autocast off
                 log.warning(
                     "moeaudit: the model's weights are %s, so the canary probe computes in %s while a replay computes "
-                    "in float32: probe and replay agree only to that rounding (`moeaudit envelope --compare` shows "
-                    "how far); keep float32 weights and train in mixed precision for a probe that matches",
-                    "/".join(low),
-                    "/".join(low),
+                    "in float32: probe and replay agree only to that rounding (each probe line records "
+                    '"precision"; `moeaudit envelope --compare` shows how far); keep float32 weights and train in '
+                    "mixed precision for a probe that matches",
+                    low,
+                    low,
                 )
         if rank_zero and resume_step is None:
             for name in ("metrics.jsonl", PROBE_FILE):
@@ -143,6 +143,24 @@ class RunRecorder:
             total=total,
             rank_zero=rank_zero,
         )
+        # frozen routed experts (a PEFT adapter's base): a training step gives them no gradient, so
+        # no per-step line; the probe measures them (docs/decisions.md, "PEFT / LoRA fine-tunes")
+        self.per_step = not self.logger.frozen
+        if self.logger.unthawable:
+            raise InputError(
+                f"routed-expert weights are frozen and stored as {'/'.join(self.logger.unthawable)} (a quantized "
+                "base, e.g. QLoRA): no gradient can be taken by them, so moeaudit has nothing to log for this model",
+                hint="train without the moeaudit callback and audit merged full-precision checkpoints afterwards",
+            )
+        if rank_zero and not self.per_step:
+            log.warning(
+                "moeaudit: %d routed-expert weight tensors are frozen (a PEFT/LoRA fine-tune?): a training step "
+                "gives them no gradient, so metrics.jsonl is not written%s",
+                self.logger.frozen,
+                "; the canary probe logs their gradient at each save (canary_probe.jsonl)"
+                if self.probe_enabled
+                else " and nothing is logged: pass a canary for the probe at each save",
+            )
         if rank_zero and canary is not None:  # only once the model is known to be one we read
             self._save_canary(canary)
         if rank_zero:
@@ -150,7 +168,7 @@ class RunRecorder:
                 self._declare_resume(resume_step)
             self.monitor = OnlineEnvelope(self.settings, every=every)
             self._prime(resume_step)
-            self.routing = RoutingCounts(model, self.logger.layers) if routing else None
+            self.routing = RoutingCounts(model, self.logger.layers) if routing and self.per_step else None
 
     def _declare_resume(self, step: int) -> None:
         """The resume in ``events.jsonl``: the logs were rewound to ``step``, and saves above it
@@ -233,7 +251,7 @@ class RunRecorder:
         Returns None then."""
         if callable(loss):  # the earlier positional form log_step(step, extra_of)
             extra_of, loss = loss, None
-        if not self.due(step) or not (self.active or self.logger.collective):
+        if not self.per_step or not self.due(step) or not (self.active or self.logger.collective):
             self.meter.clear()
             return None
         layers, counts, tokens = self.routing.take() if self.routing is not None else ([], [], {})

@@ -142,10 +142,21 @@ def _from_layer_weights(layers: Sequence[LayerWeights]) -> dict[int, _LayerParam
     return out
 
 
+# PEFT wraps a module it adapts and keeps the weight under ``<module>.base_layer.`` (LoRA on a
+# Linear, or ``target_parameters`` on fused experts: one ``base_layer`` per targeted tensor), and a
+# ``modules_to_save`` module as ``<module>.modules_to_save.<adapter>.`` beside the unused
+# ``<module>.original_module.``: the layout's name is the one without them (docs/decisions.md,
+# "PEFT / LoRA fine-tunes").
+_PEFT_WRAPPERS = re.compile(r"\.base_layer(?=\.)|\.modules_to_save\.[^.]+(?=\.)")
+
+
 def _from_named(named: Iterable[tuple[str, torch.Tensor]], layouts: Sequence[Layout]) -> dict[int, _LayerParams]:
     patterns = layout_patterns(layouts)
     out: dict[int, _LayerParams] = {}
     for name, param in named:
+        if ".original_module." in name:
+            continue
+        name = _PEFT_WRAPPERS.sub("", name)
         for pat in patterns:
             m = pat.regex.search(name)
             if m is None:
@@ -334,11 +345,32 @@ class ExpertGradLogger:
         """:class:`Sums` from a :meth:`vector` read on the host."""
         return self._plan.unpack(values, extra_sizes)
 
+    @property
+    def frozen(self) -> int:
+        """How many routed-expert tensors do not require grad (a PEFT adapter's frozen base):
+        a training step gives them no gradient, so a per-step line cannot measure them."""
+        return sum(not t.requires_grad for lp in self.layers.values() for t in _expert_tensors(lp))
+
+    @property
+    def unthawable(self) -> list[str]:
+        """The dtypes of frozen routed-expert tensors no gradient can be taken by (quantized
+        storage, e.g. a QLoRA base): neither a step nor :meth:`probe_scope` measures them."""
+        return sorted(
+            {
+                str(t.dtype).removeprefix("torch.")
+                for lp in self.layers.values()
+                for t in _expert_tensors(lp)
+                if not t.requires_grad and not (t.is_leaf and t.is_floating_point())
+            }
+        )
+
     def log(self, step: int, loss: float | torch.Tensor, **extra: Any) -> dict[str, Any] | None:
         """Write the line for ``step`` if it is due; return the record written (or None; also
-        None on a rank that does not write)."""
+        None on a rank that does not write). Refused when routed-expert weights are frozen (their
+        norms would be logged as 0: :func:`refuse_frozen`)."""
         if not self.due(step):
             return None
+        refuse_frozen(self.frozen)
         if not self.writes and not self.collective:
             return None  # DDP: rank 0 holds the same all-reduced gradient
         return self.write(step, loss, self.measure(), **extra)
@@ -367,6 +399,12 @@ class ExpertGradLogger:
         """
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("probe needs the canary loss as a scalar tensor with a graph")
+        if self.frozen:  # outside probe_scope, a frozen expert would be logged as 0
+            raise InputError(
+                f"canary probe: {self.frozen} routed-expert weight tensors are frozen (requires_grad False, "
+                "e.g. a PEFT adapter's base), so their norms would be logged as 0",
+                hint="compute the canary loss inside ExpertGradLogger.probe_scope(), which measures their gradient",
+            )
         if _fsdp2(self._source):
             sums = self._fsdp2_probe(loss)
         else:
@@ -382,6 +420,9 @@ class ExpertGradLogger:
         record: dict[str, Any] = {"step": int(step), "loss": float(loss.detach()), **norm_tables(sums)}
         if canary is not None:
             record["canary"] = canary
+        precision = low_precision(self._source if isinstance(self._source, torch.nn.Module) else self.layers)
+        if precision:  # the probe computed in its weights' precision, a replay in float32
+            record["precision"] = precision
         out = self._record(self.probe_path, record, extra)
         self.sync()
         return out
@@ -399,7 +440,8 @@ class ExpertGradLogger:
         aside (copies: a sharded gradient is a view of a reduce-scatter buffer FSDP2 may write
         again) and puts it back on exit. Without FSDP2 it does nothing."""
         if not _fsdp2(self._source):
-            yield
+            with self._thawed():
+                yield
             return
         assert isinstance(self._source, torch.nn.Module)
         self._replan()
@@ -414,6 +456,29 @@ class ExpertGradLogger:
             self._scoped = False
             for p, g in zip(params, kept, strict=True):
                 p.grad = g
+
+    @contextmanager
+    def _thawed(self) -> Iterator[None]:
+        """Frozen router, expert and shared-expert weights (a PEFT adapter's base) require grad
+        while the canary loss is computed and differentiated, and are frozen again on exit. Their
+        gradient is the canary gradient at the weights the forward uses — under LoRA, at
+        ``W + BA`` (dL/dW = dL/d(W + BA)) — which is what a replay of the merged checkpoint
+        measures (docs/decisions.md, "PEFT / LoRA fine-tunes"). ``torch.autograd.grad`` fills no
+        ``.grad``, so the optimizer never sees them."""
+        thawed = [
+            t
+            for lp in self.layers.values()
+            for t in lp.tensors()
+            if not t.requires_grad and t.is_leaf and t.is_floating_point()
+        ]
+        thawed = list({id(t): t for t in thawed}.values())
+        for t in thawed:
+            t.requires_grad_(True)
+        try:
+            yield
+        finally:
+            for t in thawed:
+                t.requires_grad_(False)
 
     def _fsdp2_probe(self, loss: torch.Tensor) -> Sums:
         """The probe's squared norms under FSDP2, on every rank: every rank computed the same
@@ -453,6 +518,38 @@ class ExpertGradLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights a probe would compute in, unlike a replay
+
+
+def low_precision(source: torch.nn.Module | Mapping[int, _LayerParams]) -> str | None:
+    """``"bfloat16"`` (``"bfloat16/float16"``…) when weights of ``source`` are held in a
+    reduced precision: a canary probe then computes in it, while a replay computes in float32
+    (docs/decisions.md, "Training integrations"); None for float32 weights."""
+    tensors: Iterable[torch.Tensor] = (
+        source.parameters()
+        if isinstance(source, torch.nn.Module)
+        else (t for lp in source.values() for t in lp.tensors())
+    )
+    low = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t.dtype in LOW_PRECISION})
+    return "/".join(low) or None
+
+
+def _expert_tensors(lp: _LayerParams) -> list[torch.Tensor]:
+    return [t for ts in lp.experts.values() for t in ts] + lp.fused
+
+
+def refuse_frozen(frozen: int) -> None:
+    """A per-step line over frozen routed-expert weights would log zeros the envelope reads as
+    equal, healthy experts; refused (docs/decisions.md, "PEFT / LoRA fine-tunes")."""
+    if frozen:
+        raise InputError(
+            f"{frozen} routed-expert weight tensors are frozen (requires_grad False, e.g. a PEFT adapter's base): "
+            "a training step gives them no gradient, and logging 0 would read as healthy experts",
+            hint="log only the canary probe at saves (ExpertGradLogger.probe inside probe_scope()), "
+            "or train the experts' weights",
+        )
 
 
 def _fsdp2(source: Any) -> bool:

@@ -27,6 +27,7 @@ class _Optional(TypedDict, total=False):
     window: StepWindow
     comparison: EnvelopeComparison
     fallback: str
+    precision: str
 
 
 # --- the report (`moeaudit.envelope/v1`) ---------------------------------------------------------
@@ -111,6 +112,8 @@ def evaluate(
         "variance_within_bound": within,
         "unevaluable": unevaluable_rules(native, settings),
     }
+    if native.precision:  # a canary probe over bf16/fp16 weights: not the replay's float32
+        report["precision"] = native.precision
     _rules(native, settings, report)  # the level rules on every logged sample
     if report["starvation"]:
         report["compliant"] = False

@@ -39,6 +39,7 @@ class EnvelopeSeries:
     notes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # series → sample → why None
     origin: str = ""  # the run directory or log it came from
     findings: tuple[LogFinding, ...] = ()
+    precision: str | None = None  # a probe's lines computed in bf16/fp16 weights (not float32 as a replay)
 
     def since(self, step: int) -> EnvelopeSeries:
         """The samples at or after ``step`` (e.g. a healthy reference past its warmup)."""
@@ -107,17 +108,22 @@ def from_metrics(metrics: MetricsSeries, variant: str, source: str = "logs") -> 
     """A series from a parsed ``metrics.jsonl`` (every logged step), or from the hook's
     ``canary_probe.jsonl`` (same format, ``source="probe"``). A log read by
     :func:`moeaudit.metrics.read_metrics` stays in its typed arrays (envelope_columns)."""
+    precision = "/".join(metrics.precisions) or None
     if columns.compactable(metrics.norms):
         _check_steps(metrics.steps, metrics.path, variant)
-        return _compact_series(_source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings))
-    return from_norms(
-        source,
-        metrics.steps,
-        metrics.norms,
-        variant,
-        origin=metrics.path,
-        findings=[f.to_json() for f in metrics.findings],
-    )
+        series = _compact_series(
+            _source(source), metrics, variant, findings=tuple(f.to_json() for f in metrics.findings)
+        )
+    else:
+        series = from_norms(
+            source,
+            metrics.steps,
+            metrics.norms,
+            variant,
+            origin=metrics.path,
+            findings=[f.to_json() for f in metrics.findings],
+        )
+    return replace(series, precision=precision) if precision else series
 
 
 Record = tuple[int, Mapping[str, float | None], float | None]  # (step, {layer: V}, pooled V)

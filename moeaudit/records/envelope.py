@@ -382,3 +382,6 @@ class EnvelopeReport(TypedDict):
     # why the policy's own envelope could not be evaluated on this run, so that the built-in
     # rules were (series.envelope_evidence; docs/policy.md "envelope fallback")
     fallback: NotRequired[str]
+    # the precision the series' lines were computed in, where they name one: a canary probe over
+    # bf16/fp16 weights (a replay computes in float32; docs/decisions.md, "Training integrations")
+    precision: NotRequired[str]

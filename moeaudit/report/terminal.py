@@ -323,6 +323,11 @@ def print_envelope(report: EnvelopeReport) -> None:
         cells,
         styles,
     )
+    if report.get("precision"):
+        out.print(
+            f"[yellow]note:[/] the {esc(report['source'])} series was computed in {esc(report['precision'])} "
+            "(its weights' precision); a replay computes in float32"
+        )
     fv = report["first_violation"]
     if fv and not gated and fv["check"] != "starvation":  # the variance bound, reported only
         out.print(
@@ -422,8 +427,10 @@ def print_comparison(c: EnvelopeComparison, seen: set[str] | None = None) -> Non
         out.print(f"replay and {what} agree on {r['agree']}/{r['compared']} windows × series ({rate})")
     pv = c.get("probe_vs_replay")
     if pv is not None and pv["max_rel_diff"] is not None:
+        low = c["probe_report"].get("precision") if "probe_report" in c else None  # else the report's own note
         out.print(
             f"canary probe vs replay: V differs by at most {pv['max_rel_diff']:.2e} (relative) at the checkpoints"
+            + (f" (the probe computed in {low}, the replay in float32)" if low else "")
         )
     note = c.get("note")
     if note:
