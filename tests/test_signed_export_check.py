@@ -168,7 +168,12 @@ def test_certificate_options_and_other_statements_are_refused(signer: tuple[Any,
     cert, _ = _certificates(key, pub, tmp_path / "c")
     signed = _export(cert, tmp_path / "eu.md")
     code, _, err = _run("verify", str(signed), "--certificate", str(cert), "--recheck", "--pubkey", str(pub))
-    assert code == 2 and "--certificate checks a signed export; --recheck are for certificates" in err
+    assert code == 2 and "--certificate checks a signed export; --recheck is for certificates" in err
+    args = ("--require-verdict", "PASS", "--run-dir", str(tmp_path))
+    code, _, err = _run("verify", str(signed), "--certificate", str(cert), *args, "--pubkey", str(pub))
+    assert (
+        code == 2 and "--certificate checks a signed export; --require-verdict, --run-dir are for certificates" in err
+    )
     # a certificate handed where the export belongs: named, exit 4
     code, _, err = _run("verify", str(cert), "--certificate", str(cert), "--pubkey", str(pub))
     assert code == 4 and "this is not an export report (predicateType 'https://moeaudit.dev/training-health/v2')" in err

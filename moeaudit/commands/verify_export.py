@@ -72,7 +72,7 @@ def check_export(
     if given:
         flags = ", ".join("--" + _FLAGS.get(name, name).replace("_", "-") for name in given)
         raise UsageError(
-            f"--certificate checks a signed export; {flags} are for certificates",
+            f"--certificate checks a signed export; {flags} {'is' if len(given) == 1 else 'are'} for certificates",
             hint="drop them, or verify the certificate itself without --certificate",
         )
     if pubkey is None:
