@@ -589,8 +589,9 @@ def _verdicts(_ctx: click.Context, _param: Any, values: tuple[str, ...]) -> tupl
 )
 @path_option("--key", help="Signing key for --attest-verification (default: your moeaudit key).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --attest-verification file.")
+@path_option("--certificate", help="CERT is an export's OUT.dsse.json: check it binds this certificate and OUT.")
 @verbose_option
-def verify(cert: Path, **options: Any) -> None:
+def verify(cert: Path, certificate: Path | None, **options: Any) -> None:
     """Verify a certificate's signature (exit 0 valid, 1 invalid).
 
     CERT is certificate.json (DSSE envelope) or certificate.sigstore.json (Sigstore bundle).
@@ -606,6 +607,11 @@ def verify(cert: Path, **options: Any) -> None:
     from moeaudit.commands import verify as steps
     from moeaudit.errors import PolicyFailed
 
+    if certificate is not None:  # a signed export (docs/security.md, "Signed exports")
+        from moeaudit.commands.verify_export import check_export
+
+        click.echo(check_export(cert, certificate, hooks=HOOKS, **options).line())
+        return
     verified = steps.verify(cert, hooks=HOOKS, **options)
     stmt, pred = verified.stmt, verified.stmt["predicate"]
     click.echo(
@@ -668,7 +674,7 @@ def verify(cert: Path, **options: Any) -> None:
     "--sign",
     is_flag=True,
     help="Also write OUT.dsse.json: the JSON report as an in-toto statement about the certificate "
-    "file's digest, signed with your moeaudit key.",
+    "file's digest and OUT's, signed with your moeaudit key (check it: verify OUT.dsse.json --certificate CERT).",
 )
 @verbose_option
 def export(cert: Path, framework: str, out: Path, **options: Any) -> None:

@@ -262,6 +262,12 @@ def step_of(checkpoint: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The entries under ``root`` that :func:`discover` takes for checkpoints, by step (an entry
+    that is no directory is skipped there); raises as it does for a step named twice."""
+    return _checkpoint_dirs(root)
+
+
 def _checkpoint_dirs(root: Path, left_out: list[tuple[str, str]] | None = None) -> list[tuple[int, Path]]:
     """``checkpoint-<step>`` (or torchtitan's ``step-<step>``) entries by step. A step written
     in other than ASCII digits, or two entries with the same step (``checkpoint-0100`` beside

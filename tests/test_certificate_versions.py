@@ -65,10 +65,15 @@ def test_moeaudits_other_signed_statements_are_named(tmp_path: Path, kind: str, 
     """An auditor handing verify OUT.dsse.json or an attestation is told what it holds."""
     cert, pub = _signed(tmp_path, {"predicateType": kind})
     code, out, err = _verify(cert, pub)
+    hint = (
+        "check an export with verify FILE --certificate CERT (the certificate it was made from)"
+        if "export" in kind
+        else "give verify certificate.json or certificate.sigstore.json as certify wrote it"
+    )
     assert code == 4 and out == ""
     assert err == (
         f"moeaudit: error: {cert}: the signature is valid, but this is {what}, not a training-health "
-        "certificate — give verify certificate.json or certificate.sigstore.json as certify wrote it\n"
+        f"certificate — {hint}\n"
     )
 
 

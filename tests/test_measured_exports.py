@@ -509,7 +509,7 @@ def test_export_statement_needs_a_verified_certificate() -> None:
     from moeaudit.errors import InputError
 
     with pytest.raises(InputError, match="verified"):
-        export_statement({}, {"_keyid": "k"})
+        export_statement({}, {"_keyid": "k"}, certificate_name="certificate.json")
 
 
 def test_cli_sign_writes_the_signed_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -322,6 +322,66 @@ def test_a_log_added_since_is_named(certified: Certified, tmp_path: Path) -> Non
     ]
 
 
+def test_a_checkpoint_added_since_is_named(pristine: Certified) -> None:
+    """certify audits every checkpoint directory it discovers, so one the certificate does not
+    list was added since: a line each, by step (exit 1); entries certify does not take for a
+    checkpoint (a file, a name with no step) are not named; two entries of one step are one line."""
+    run = pristine.run
+    added = [run / "step-250", run / "checkpoint-1750"]  # torchtitan's name too
+    for path in added:
+        shutil.copytree(SAMPLES / "resume" / "checkpoint-1000", path)
+    (run / "checkpoint-2000").write_text("not a directory")
+    (run / "checkpoint-1250.old").mkdir()
+    try:
+        result = pristine.verify("--recheck")
+        (run / "checkpoint-01500").mkdir()
+        twice = pristine.verify("--recheck")
+    finally:
+        for path in added:
+            shutil.rmtree(path)
+        for name in ("checkpoint-1250.old", "checkpoint-01500"):
+            (run / name).rmdir()
+        (run / "checkpoint-2000").unlink()
+    assert result.exit_code == 1, result.output
+    assert findings(result) == [
+        f"recheck: added: {path} (checkpoint): not certified: a checkpoint directory added since certification"
+        for path in added
+    ]
+    assert (
+        result.stderr == f"moeaudit: error: {pristine.cert}: 2 bound inputs added since certification (listed above)\n"
+    )
+    assert twice.exit_code == 1, twice.output
+    assert findings(twice)[-1] == (
+        f"recheck: added: {run} (checkpoint directory): checkpoint-01500 and checkpoint-1500 are both step 1500: "
+        "certify would refuse the run now"
+    )
+    assert pristine.verify("--recheck").exit_code == 0  # the certified run again
+
+
+def test_a_checkpoint_skipped_at_certification_is_not_added(certified: Certified, tmp_path: Path) -> None:
+    """A directory the certificate records as skipped (still being written then) was there."""
+    from moeaudit.attest.certificate import sign_statement, statement
+    from moeaudit.attest.signing import load_private_key
+    from moeaudit.checkpoint.digest import root_digest
+    from moeaudit.jsonio import dumps
+
+    run = tmp_path / "run"
+    shutil.copytree(certified.run / "checkpoint-1500", run / "checkpoint-1500")
+    (run / "checkpoint-1750").mkdir()
+    (run / "checkpoint-2000").mkdir()
+    subject = {"name": "checkpoint-1500", "digest": {"sha256": root_digest(run / "checkpoint-1500")[0]}}
+    record = {"name": "run", "path": str(run), "skipped": ["checkpoint-1750"]}
+    stmt = statement([subject], {"verdict": "PASS", "gates": [], "inputs": {}, "run": record})
+    cert = tmp_path / "cert.json"
+    cert.write_text(dumps(sign_statement(stmt, load_private_key(certified.key)[0])))
+    result = invoke(certified.env, "verify", cert, "--pubkey", f"{certified.key}.pub", "--recheck")
+    assert result.exit_code == 1
+    assert findings(result) == [
+        f"recheck: added: {run / 'checkpoint-2000'} (checkpoint): not certified: a checkpoint directory added "
+        "since certification"
+    ]
+
+
 def test_recheck_of_every_input_stays_torch_free(certified: Certified) -> None:
     from support.torch_free import _modules_after
 

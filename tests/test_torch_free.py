@@ -38,10 +38,12 @@ def test_verify_recheck_does_not_import_torch(tmp_path: Path) -> None:
     from moeaudit.attest.signing import generate_key
     from moeaudit.checkpoint.digest import root_digest
     from moeaudit.jsonio import dumps
+    from moeaudit.run import checkpoint_dirs
 
     key = generate_key(tmp_path / "key")
-    subject = {"name": CKPT.name, "digest": {"sha256": root_digest(CKPT)[0]}}
-    stmt = statement([subject], {"verdict": "PASS", "gates": [], "run": {"name": "healthy", "path": str(CKPT.parent)}})
+    # every checkpoint of the run: one it does not list would be a finding (added since), exit 1
+    subjects = [{"name": p.name, "digest": {"sha256": root_digest(p)[0]}} for _, p in checkpoint_dirs(CKPT.parent)]
+    stmt = statement(subjects, {"verdict": "PASS", "gates": [], "run": {"name": "healthy", "path": str(CKPT.parent)}})
     signed = sign_statement(stmt, key, issued_at="2026-01-01T00:00:00Z")
     (tmp_path / "cert.json").write_text(dumps(signed))
     loaded = _modules_after(

@@ -45,8 +45,9 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://moeaudit.dev/training-health/v2"  # lowerCamelCase field names
 PREDICATE_TYPE_V1 = "https://moeaudit.dev/training-health/v1"  # snake_case; read, no longer written
 _FAMILY = "https://moeaudit.dev/training-health/"  # every version's predicateType starts so
+_EXPORT = "https://moeaudit.dev/compliance-export/v1"  # verify --certificate checks one
 _OTHER_STATEMENTS = {  # the other statements moeaudit signs, which an auditor may hand to verify
-    "https://moeaudit.dev/compliance-export/v1": "an export report (export --sign)",
+    _EXPORT: "an export report (export --sign)",
     "https://in-toto.io/attestation/svr/v0.2": "a verification result (verify --attest-verification)",
     "https://in-toto.io/attestation/svr/v0.1": "a verification result (verify --attest-verification)",
     "https://in-toto.io/attestation/test-result/v0.1": "a promotion check's result (gate --attest-test-result)",
@@ -138,7 +139,9 @@ def _check_statement(stmt: Any, path: Path) -> None:
         raise InputError(
             f"the signature is valid, but this is {_OTHER_STATEMENTS[kind]}, not a training-health certificate",
             path=path,
-            hint="give verify certificate.json or certificate.sigstore.json as certify wrote it",
+            hint="check an export with verify FILE --certificate CERT (the certificate it was made from)"
+            if kind == _EXPORT
+            else "give verify certificate.json or certificate.sigstore.json as certify wrote it",
         )
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") not in (PREDICATE_TYPE, PREDICATE_TYPE_V1):
         raise fail(f"_type {stmt.get('_type')!r}, predicateType {stmt.get('predicateType')!r}")

@@ -3,10 +3,11 @@ will be certified under, and what ``certify`` signs about it (docs/security.md,
 "Preregistered criteria").
 
 ``moeaudit preregister`` signs an in-toto Statement v1 (predicate type
-``https://moeaudit.dev/preregistration/v1``) whose subjects are the policy file (SHA-256 of its
-bytes) and the canary (its content digest, docs/glossary.md, "Canary"), and whose predicate names the run, the
-policy's settings digest (what certificates sign as ``predicate.policy.digest``) and the time of
-signing. ``certify`` verifies it, compares it with what it audits under, and signs the outcome as
+``https://moeaudit.dev/preregistration/v1``) whose subjects are the policy file and the canary
+file (each the SHA-256 of its bytes), and whose predicate names the run, the policy's settings
+digest (what certificates sign as ``predicate.policy.digest``), the canary's content
+digest (docs/glossary.md, "Canary": what certify compares) and the time of signing. ``certify``
+verifies it, compares it with what it audits under, and signs the outcome as
 ``predicate.preregistration`` (:func:`assess`):
 
 * ``status``: ``matched`` (the settings digest, the canary digest and the run's name are the
@@ -66,15 +67,18 @@ def statement(
     calibrated: bool,
     canary_name: str,
     canary_digest: str,
+    canary_sha256: str,
     created_at: str | None = None,
     tool_version: str = "",
 ) -> PreregistrationStatement:
-    """The preregistration statement (unsigned)."""
+    """The preregistration statement (unsigned). Each subject is named after a file and digests
+    that file's bytes (``canary_sha256``); the canary's content digest, which certify compares,
+    is the predicate's (``canary_digest``)."""
     return {
         "_type": STATEMENT_TYPE,
         "subject": [
             {"name": policy_name, "digest": {"sha256": policy_sha256}},
-            {"name": canary_name, "digest": {"sha256": canary_digest}},
+            {"name": canary_name, "digest": {"sha256": canary_sha256}},
         ],
         "predicateType": PREDICATE_TYPE,
         "predicate": {

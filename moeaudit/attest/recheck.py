@@ -26,8 +26,9 @@ so every file renamed, added, removed or changed is a finding naming the file. T
 must hash to the signed subject digest, or the certificate is not trusted (exit 4).
 
 Every bound input that changed (or can no longer be read as what was certified) or is missing,
-and every run log added since, is one :class:`Finding` — a certified checkpoint no longer in the
-run directory (renamed or removed) included, and the rest is still checked. Only a run directory
+and every run log and checkpoint directory (as certify discovers them) added since, is one
+:class:`Finding` — a certified checkpoint no longer in the run directory (renamed or removed)
+included, and the rest is still checked. Only a run directory
 that is not there, or that holds none of the certified checkpoints and none of the bound logs
 under their certified names, is an input error (exit 4): that is not the run, or all of it moved,
 and ``--run-dir`` says where it is (docs/security.md, "What the signature binds").
@@ -123,6 +124,7 @@ def recheck(stmt: VerifiedStatement, given: Overrides | None = None) -> Recheck:
             matched.append(f"{item.what} {item.where}")
     if isinstance(inputs, dict):
         findings += _added(inputs, root)
+    findings += _added_checkpoints(stmt, root)
     return Recheck(len(stmt["subject"]), matched, findings)
 
 
@@ -357,6 +359,27 @@ def _added(inputs: Inputs, root: Path) -> list[Finding]:
         Finding("added", _LOGS[key], str(root / name), "not bound by the certificate: added since certification")
         for key, name in names.items()
         if key not in inputs and os.path.lexists(root / name)
+    ]
+
+
+def _added_checkpoints(stmt: VerifiedStatement, root: Path) -> list[Finding]:
+    """Checkpoint directories certify would now audit (its own discovery,
+    :func:`moeaudit.run.checkpoint_dirs`) that the certificate neither lists nor recorded as
+    skipped: each was added since, and a certify now would speak for it too."""
+    from moeaudit.run import checkpoint_dirs
+
+    run = stmt["predicate"].get("run")
+    skipped = run.get("skipped") if isinstance(run, dict) else None
+    known = {s["name"] for s in stmt["subject"]} | set(skipped if isinstance(skipped, list) else [])
+    try:
+        found = checkpoint_dirs(root)
+    except InputError as exc:  # two entries of one step: certify would refuse the run as it is now
+        where = str(exc.path) if exc.path is not None else str(root)
+        return [Finding("added", "checkpoint directory", where, f"{exc.what}: certify would refuse the run now")]
+    return [
+        Finding("added", "checkpoint", str(path), "not certified: a checkpoint directory added since certification")
+        for _, path in found
+        if path.name not in known and path.is_dir()
     ]
 
 

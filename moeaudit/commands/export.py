@@ -22,7 +22,8 @@ def export(
 ) -> tuple[str, Path | None]:
     """Verify ``cert`` with ``pubkey`` and write the report to ``out`` whole; returned: the
     format used (``fmt``, else from ``out``'s suffix: :data:`SUFFIXES`) and, with
-    ``sign``, ``OUT.dsse.json``: the JSON report signed over the certificate file's digest."""
+    ``sign``, ``OUT.dsse.json``: the JSON report signed as a statement about the certificate
+    file's digest and ``out``'s (docs/security.md, "Signed exports")."""
     from moeaudit.jsonio import atomic_write
     from moeaudit.report.export import run_export
 
@@ -40,15 +41,19 @@ def export(
         )
     fmt = fmt or SUFFIXES[suffix]
     signed = Path(str(out) + ".dsse.json") if sign else None
+    check_output(signed, force)
+    text = run_export(cert, pubkey, framework, fmt)
     envelope = None
-    if signed is not None:  # both checked and built before either is written
+    if signed is not None:  # both built before either is written
         from moeaudit.attest.signing import default_key_path, load_private_key
         from moeaudit.jsonio import dumps
         from moeaudit.report.export import run_signed_export
 
-        check_output(signed, force)
-        envelope = dumps(run_signed_export(cert, pubkey, framework, load_private_key(default_key_path())[0]))
-    atomic_write(out, run_export(cert, pubkey, framework, fmt))
+        # the report's bytes as atomic_write writes them: the statement binds the file beside it
+        report_file = (out.name, text.encode("utf-8"))
+        key = load_private_key(default_key_path())[0]
+        envelope = dumps(run_signed_export(cert, pubkey, framework, key, report_file))
+    atomic_write(out, text)
     if signed is not None and envelope is not None:
         atomic_write(signed, envelope)
     return fmt, signed

@@ -43,10 +43,23 @@ def preregister(
         calibrated=policy.envelope.calibrated or policy.gates.calibrated,
         canary_name=canary_path.name,
         canary_digest=probe.digest,
+        canary_sha256=_file_sha256(canary_path),  # the subject names the file: its bytes' digest
         tool_version=__version__,
     )
     atomic_write(out, sign(stmt, signer), force=force)
     return stmt
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    from moeaudit.limits import open_regular
+
+    digest = hashlib.sha256()
+    with open_regular(path, "canary") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load_for_certify(run_dir: Path, given: Path | None, pubkeys: tuple[Path, ...], signing_key: Any) -> Any:

@@ -18,6 +18,7 @@ each mapping. Exports are made only from a statement that
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -126,32 +127,52 @@ def export(statement: VerifiedStatement, framework_key: str) -> dict[str, Any]:
     return {"schema": SCHEMA, "framework": about, "certificate": summary, "summary": counts, "items": items}
 
 
-def export_statement(report: Mapping[str, Any], statement: VerifiedStatement) -> dict[str, Any]:
-    """The JSON report as an in-toto statement whose subject is the verified certificate file
-    (its SHA-256, ``_sha256`` of ``open_certificate``): the authority and the downstream views
-    of one certificate name the same digest, so a reader can tell they rest on one signed
-    statement."""
+def export_statement(
+    report: Mapping[str, Any],
+    statement: VerifiedStatement,
+    *,
+    certificate_name: str,
+    report_file: tuple[str, bytes] | None = None,
+) -> dict[str, Any]:
+    """The JSON report as an in-toto statement whose first subject is the verified certificate
+    file, named ``certificate_name`` (the base name of the file whose bytes ``_sha256`` of
+    ``open_certificate`` hashes: ``certificate.json`` or ``certificate.sigstore.json``): the
+    authority and the downstream views of one certificate name the same digest, so a reader can
+    tell they rest on one signed statement. ``report_file`` (base name, bytes): the report file
+    written beside the signature, bound as the second subject (docs/security.md, "Signed
+    exports")."""
     from moeaudit.attest.certificate import STATEMENT_TYPE
 
     digest = statement.get("_sha256")
     if not digest:
         raise InputError("export needs a verified certificate", hint="open it with open_certificate")
-    subject = [{"name": "certificate.json", "digest": {"sha256": digest}}]
+    subject = [{"name": certificate_name, "digest": {"sha256": digest}}]
+    if report_file is not None:
+        name, raw = report_file
+        subject.append({"name": name, "digest": {"sha256": hashlib.sha256(raw).hexdigest()}})
     return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": EXPORT_PREDICATE, "predicate": dict(report)}
 
 
 def run_signed_export(
-    cert_path: str | Path, pubkey_path: str | Path | None, framework_key: str, key: Any
+    cert_path: str | Path,
+    pubkey_path: str | Path | None,
+    framework_key: str,
+    key: Any,
+    report_file: tuple[str, bytes] | None = None,
 ) -> dict[str, Any]:
     """Verify the certificate, export it as JSON, and sign the report (DSSE, ``key``) as an
-    in-toto statement about the certificate's digest (:func:`export_statement`)."""
+    in-toto statement about the certificate file's digest and, given, the report file's
+    (:func:`export_statement`)."""
     from moeaudit.attest.certificate import canonical_json, open_certificate
     from moeaudit.attest.signing import default_public_key, load_public_key, sign_envelope
 
     framework(framework_key)
     pub = Path(pubkey_path) if pubkey_path else default_public_key()
     stmt = open_certificate(Path(cert_path), load_public_key(pub))
-    return sign_envelope(key, canonical_json(export_statement(export(stmt, framework_key), stmt)))
+    body = export_statement(
+        export(stmt, framework_key), stmt, certificate_name=Path(cert_path).name, report_file=report_file
+    )
+    return sign_envelope(key, canonical_json(body))
 
 
 def run_export(cert_path: str | Path, pubkey_path: str | Path | None, framework_key: str, fmt: str) -> str:
