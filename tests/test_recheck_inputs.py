@@ -347,9 +347,7 @@ def test_a_checkpoint_added_since_is_named(pristine: Certified) -> None:
         f"recheck: added: {path} (checkpoint): not certified: a checkpoint directory added since certification"
         for path in added
     ]
-    assert (
-        result.stderr == f"moeaudit: error: {pristine.cert}: 2 bound inputs added since certification (listed above)\n"
-    )
+    assert result.stderr == f"moeaudit: error: {pristine.cert}: 2 files added since certification (listed above)\n"
     assert twice.exit_code == 1, twice.output
     assert findings(twice)[-1] == (
         f"recheck: added: {run} (checkpoint directory): checkpoint-01500 and checkpoint-1500 are both step 1500: "

@@ -94,8 +94,9 @@ def recheck_failure(result: Recheck) -> str:
         if (n := sum(f.status == status for f in result.findings))
     ]
     (n, status), rest = counts[0], counts[1:]
+    noun = "file" if status == "added" else "bound input"  # an added file is not bound by the certificate
     return (
-        f"{n} bound input{'s' if n > 1 else ''} {status}"
+        f"{n} {noun}{'s' if n > 1 else ''} {status}"
         + "".join(f", {m} {s}" for m, s in rest)
         + " since certification (listed above)"
     )
