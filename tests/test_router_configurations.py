@@ -26,6 +26,7 @@ from typing import Any
 import edge_runs
 import numpy as np
 import pytest
+import schema_check
 from click.testing import CliRunner
 
 from moeaudit import canary as canary_mod
@@ -80,11 +81,12 @@ def certify(root: Path, canaries: dict[str, Path], tmp_path_factory: pytest.Temp
         """``moeaudit certify`` of run ``name`` on canary ``kind``: the signed predicate, with
         the receipts it wrote under ``_receipts``; every output file checked on the way."""
         if (name, kind) not in done:
-            out = outs / f"{name}-{kind}"
+            out, validated = outs / f"{name}-{kind}", schema_check.SEEN[schema_check.PREDICATE]
             result = CliRunner(env=env).invoke(
                 cli, ["certify", str(edge_runs.cached(name, root)), "--canary", str(canaries[kind]), "--out", str(out)]
             )
             assert result.exit_code == 0, (name, kind, result.output, result.exception)
+            assert schema_check.SEEN[schema_check.PREDICATE] > validated  # the certificate matched its schema
             done[(name, kind)] = _outputs(out)
         return done[(name, kind)]
 
@@ -280,3 +282,56 @@ def test_canary_units_count_repeats_only() -> None:
     assert canary_units(c) == {"distinct_windows": 3, "distinct_contexts": 5}
     plain = canary_mod.Canary(np.array([[1, 2], [3, 4]], dtype=np.int32), np.zeros(2, np.int32), ("d",))
     assert canary_units(plain) == {}
+
+
+def test_the_gate_reads_a_repeated_canary_as_inconclusive(
+    root: Path, canaries: dict[str, Path], tmp_path: Path
+) -> None:
+    """`moeaudit gate` first → last of the healthy top-1 run on the one-token canary: one distinct
+    window, unresolved floors, so neither PROMOTE nor HOLD (exit 3); on its ordinary canary it
+    promotes. The gate documents it wrote were validated against their schema."""
+    run = edge_runs.cached("top1", root)
+    env = {"MOEAUDIT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    for kind, code, decision in (("one-token", 3, "INCONCLUSIVE"), ("ordinary", 0, "PROMOTE")):
+        out = tmp_path / f"gate-{kind}.json"
+        result = CliRunner(env=env).invoke(
+            cli,
+            ["gate", str(run / "checkpoint-40"), str(run / "checkpoint-120"), "--canary", str(canaries[kind])]
+            + ["--json", str(out)],
+        )
+        assert result.exit_code == code, (kind, result.output)
+        assert json.loads(out.read_text())["decision"] == decision
+    assert schema_check.SEEN[schema_check.GATE] >= 2
+
+
+def test_a_zero_gradient_is_evidence_where_a_loss_bearing_token_was_routed() -> None:
+    """With ``loss_bearing_counts`` the receipts say which experts were routed a token the loss
+    reads: such an expert without a gradient is silent however few its tokens; one routed only
+    windows' last tokens is not. Without the field, the windows bound holds as before."""
+    from moeaudit.judge.health import silent_experts
+
+    occupancy = {"counts": [30, 6, 5, 7], "loss_bearing_counts": [25, 3, 0, 7]}
+    entry: Any = {"occupancy": occupancy, "gradients": {"grad_norms": [1.0, 0.0, 0.0, 1.0]}}
+    assert silent_experts(entry, windows=12) == [1]
+    del occupancy["loss_bearing_counts"]
+    assert silent_experts(entry, windows=12) == []
+
+
+def test_a_canary_that_does_not_resolve_the_floors_clears_none() -> None:
+    """Every reading above the floors on a canary too small to resolve them: unresolved (the
+    health check INCONCLUSIVE), not clear; the same readings on a canary that resolves them: ok."""
+    from moeaudit.judge.health import NOT_RESOLVED, health
+    from moeaudit.policy import GateSettings
+
+    def doc(tokens: int) -> Any:
+        counts = [tokens // 2, tokens // 4, tokens // 8, tokens // 8]
+        occ = {"counts": counts, "pi_min": min(counts) / tokens, "entropy_norm": 0.95}
+        return {
+            "checkpoint": {"experts": 4, "top_k": 1},
+            "canary": {"windows": 12, "window_len": tokens // 12},
+            "layers": [{"layer": 0, "occupancy": occ}],
+        }
+
+    small, large = health(doc(24), GateSettings()), health(doc(240), GateSettings())
+    assert small["ok"] and small["unresolved"] == [NOT_RESOLVED] and "resolves the floors" in small["resolution"]
+    assert large["ok"] and "unresolved" not in large
