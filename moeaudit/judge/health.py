@@ -8,12 +8,14 @@ A zero count is a reading of the canary, not of the router: an expert that holds
 can still receive none of N canary tokens. When an expert sitting exactly at the π_min floor would
 receive no canary token more than 5 % of the time, the canary cannot tell a dead expert from a
 live one at the floor, nor read π_min against the floor: those readings are *unresolved* — the
-health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad. The entropy
-floor likewise, where the canary's tokens read even a balanced router's H_norm too low to tell
+health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad; nor does a
+reading above the floors clear them there (:data:`NOT_RESOLVED`: never PASS). N counts distinct
+token contexts (docs/decisions.md, "A canary of repeated content"). The entropy floor likewise,
+where the canary's tokens read even a balanced router's H_norm too low to tell
 (:class:`EntropyResolution`). An expert routed loss-bearing tokens that receives no gradient (zero
 weights, severed) is exact evidence at any canary size; each window's last token bears no loss,
-so that takes more routed tokens than the canary has windows (docs/decisions.md, "A canary too
-small for its experts").
+so the receipts count the others (``loss_bearing_counts``; without them, more routed tokens than
+the canary has windows) (docs/decisions.md, "A canary too small for its experts").
 """
 
 from __future__ import annotations
