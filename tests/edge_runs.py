@@ -67,6 +67,7 @@ RUNS: dict[str, Edge] = {
     "e32k4-collapse": Edge(experts=32, top_k=4, aux_coef=0.1, damage="collapse"),
     "e64k8-kill": Edge(experts=64, top_k=8, aux_coef=0.1, damage="kill"),
     "qwen2-shared": Edge(family="qwen2_moe", shared_dim=8),
+    "qwen2-top1-shared": Edge(family="qwen2_moe", shared_dim=8, top_k=1),  # Llama-4 style
     "qwen2-shared-collapse": Edge(family="qwen2_moe", shared_dim=8, damage="collapse"),
     "deepseek": Edge(family="deepseek_v3", experts=8, shared_dim=8, aux_coef=0.0, bias_rate=1e-3, n_group=2),
     "deepseek-force": Edge(

@@ -33,7 +33,7 @@ from moeaudit import canary as canary_mod
 from moeaudit.canary_units import canary_units, distinct_contexts, distinct_windows
 from moeaudit.cli import cli
 
-HEALTHY = ("top1", "e3k2", "e2k2", "e32k4", "qwen2-shared", "deepseek")
+HEALTHY = ("top1", "e3k2", "e2k2", "e32k4", "qwen2-shared", "qwen2-top1-shared", "deepseek")
 DAMAGED = (
     "top1-collapse",
     "top1-kill",
@@ -189,7 +189,7 @@ def test_a_partial_collapse_is_named_in_the_verdict(certify: Any) -> None:
 def test_top1_has_no_pairs_and_no_gate_judges_them(certify: Any) -> None:
     """k = 1: C2 is null with the reason on every layer of every checkpoint; every gate's C2
     condition is "not applicable" (occupancy alone decides) and no claim says C2 held."""
-    for name in ("top1", "top1-collapse"):
+    for name in ("top1", "top1-collapse", "qwen2-top1-shared"):
         pred = certify(name)
         for layer in _layers(pred):
             assert layer["overlap"]["c2"] is None and layer["overlap"]["reason"] == "no co-active pairs (top-1 routing)"
@@ -235,7 +235,7 @@ def test_many_experts_on_a_small_canary(certify: Any) -> None:
 def test_shared_and_sigmoid_routers(certify: Any) -> None:
     """The shared expert's gradient is reported beside the routed ones; DeepSeek-V3's selection
     bias forced onto experts 0 and 1 leaves the other six dead on every layer."""
-    for layer in _layers(certify("qwen2-shared")):
+    for layer in _layers(certify("qwen2-shared")) + _layers(certify("qwen2-top1-shared")):
         assert layer["gradients"]["shared_grad_norm"] > 0
     forced = certify("deepseek-force")["_receipts"]["checkpoint-120"]["layers"]
     assert all(layer["occupancy"]["counts"][2:] == [0] * 6 for layer in forced)
