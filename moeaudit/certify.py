@@ -21,7 +21,6 @@ from moeaudit.attest.predicate import canary_record, heatmaps, policy_record, ru
 from moeaudit.attest.predicate import predicate as build_predicate
 from moeaudit.cache import ReceiptsCache
 from moeaudit.canary import Canary
-from moeaudit.canary_units import canary_units
 from moeaudit.errors import InputError
 from moeaudit.jsonio import finite_document
 from moeaudit.judge.decide import Evidence, decide, resolve_stage
@@ -143,8 +142,9 @@ def audit_run(
 
         check_compatible(first, ckpt)
     protected = protected_layers(policy, first.spec.routed_layers, str(first.path))
-    # each event with its source: events are written by the audited party, so they may start a new drift
-    # baseline but never erase a regression (gates.evaluate_gates; docs/decisions.md, "Events cannot improve a verdict")
+    # each event with its source: events are written by the audited party, so they may start a
+    # new drift baseline but never erase a regression (gates.evaluate_gates; docs/decisions.md,
+    # "Events cannot improve a verdict")
     events: list[RunEvent] = [
         {"step": e.step, "event": e.event, "note": e.note, "source": e.source} for e in run.events
     ]
@@ -239,7 +239,7 @@ def audit_run(
         nonfinite=nonfinite_findings(docs.values()),
         band=policy.gates.inconclusive_band,
         precision_agreement=agreements,
-        canary_windows=canary_units(canary).get("distinct_windows", canary.num_windows),
+        canary_windows=next(iter(docs.values()))["canary"].get("distinct_windows", canary.num_windows),
     )
     decision = decide(evidence)
     environment = _environment(replayer.computed_by, replayer.parallel)
