@@ -16,8 +16,8 @@ run is healthy up to ``damage_from`` and then:
 The runs record no canary probe, so any canary can be audited against them: :data:`CANARIES`
 builds the run's ordinary canary and the degenerate ones (windows of 2 tokens, one domain,
 one repeated token). Runs are cached like tests/fresh_runs.py: in ``$MOEAUDIT_FRESH_RUNS`` when
-set (``edge-<name>-<key>/``, keyed by this file's source, the recipe and the torch version),
-else in the session's temporary directory.
+set (``edge-<name>-<key>/``, keyed by this file's, the trainer's and the decoder's source, the
+recipe and the torch version), else in the session's temporary directory.
 """
 
 from __future__ import annotations
@@ -192,7 +192,13 @@ CANARIES = ("ordinary", "short", "one-domain", "one-token")
 
 
 def key(name: str) -> str:
+    """This file's source, the trainer's and the decoder's it trains, the recipe and torch's version."""
+    import moeaudit.replay.model
+    import moeaudit.samples.train
+
     h = hashlib.sha256(Path(__file__).read_bytes())
+    for module in (moeaudit.samples.train, moeaudit.replay.model):
+        h.update(Path(str(module.__file__)).read_bytes())
     h.update(repr((name, RUNS[name], torch.__version__)).encode())
     return h.hexdigest()[:16]
 

@@ -46,6 +46,8 @@ DAMAGED = (
     "deepseek-force",
     "deepseek-kill",
 )
+pytestmark = pytest.mark.slow  # 17 runs trained (seconds each, cached in $MOEAUDIT_FRESH_RUNS), 58 certificates
+
 # what a reason names when it names the damage: an occupancy quantity, a floor, a starved expert
 DAMAGE_WORDS = ("π_min", "entropy ratio", "H_norm", "dead", "starved", "more dead")
 
