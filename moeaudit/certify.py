@@ -243,7 +243,7 @@ def audit_run(
         nonfinite=nonfinite_findings(docs.values()),
         band=policy.gates.inconclusive_band,
         precision_agreement=agreements,
-        canary_windows=canary.num_windows,
+        canary_windows=next(iter(docs.values()))["canary"].get("distinct_windows", canary.num_windows),
     )
     decision = decide(evidence)
     environment = _environment(replayer.computed_by, replayer.parallel)

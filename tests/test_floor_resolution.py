@@ -23,7 +23,13 @@ from fresh_runs import RECIPES
 from moeaudit import canary as canary_mod
 from moeaudit.cache import ReceiptsCache
 from moeaudit.certify import audit_run
-from moeaudit.judge.health import FLOOR_MISS_CHANCE, entropy_resolution, floor_resolution, silent_experts
+from moeaudit.judge.health import (
+    FLOOR_MISS_CHANCE,
+    NOT_RESOLVED,
+    entropy_resolution,
+    floor_resolution,
+    silent_experts,
+)
 from moeaudit.policy import GateSettings, Policy
 
 FLOOR = GateSettings().floor_pi_share
@@ -211,6 +217,10 @@ def _expected_readings(
     return fail, fail_h, open_
 
 
+def _pi_or_dead(sentence: str) -> bool:
+    return sentence != NOT_RESOLVED and "H_norm" not in sentence
+
+
 def _layer(sentence: str) -> int:
     return int(sentence.split(":")[0].removeprefix("layer "))
 
@@ -237,14 +247,17 @@ def test_floors_count_exactly_what_the_canary_resolves(fresh_runs, cache, tmp_pa
             floor_failures = {f["layer"] for f in g["health"]["failed"] if f["what"] != "H_norm"}
             assert floor_failures == fail, (name, windows, g["step"], g["health"])
             assert {f["layer"] for f in g["health"]["failed"] if f["what"] == "H_norm"} == fail_h, (name, windows)
-            assert {_layer(s) for s in g["health"].get("unresolved", [])} == open_, (name, windows, g["step"])
-            assert ("resolution" in g["health"]) == bool(open_)
+            unresolved = g["health"].get("unresolved", [])
+            assert {_layer(s) for s in unresolved if s != NOT_RESOLVED} == open_, (name, windows, g["step"])
+            # a canary that does not resolve the floors clears no reading of them either
+            assert (NOT_RESOLVED in unresolved) == (not resolved and not any(_pi_or_dead(s) for s in unresolved))
+            assert ("resolution" in g["health"]) == bool(open_ or not resolved)
             if cut:  # a layer counts more dead than its baseline only on exact evidence
                 silent = {row["layer"] for row in g["receipts"]["per_layer"] if row.get("no_gradient")}
                 more = (g.get("structural") or g.get("continuity") or {}).get("layers_with_more_dead") or []
                 assert set(more) <= silent, (name, g["step"], more)
             any_failed |= bool(g["health"]["failed"])
-            any_open |= bool(open_)
+            any_open |= bool(open_) or not resolved
         health = next(c for c in pred["checks"] if c["name"] == "health")
         expected = "FAIL" if any_failed else "INCONCLUSIVE" if any_open else "PASS"
         assert health["status"] == expected, (name, windows, health["reason"])

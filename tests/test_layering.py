@@ -24,7 +24,7 @@ TIERS: list[tuple[str, set[str]]] = [
     ("documents and rules", {"records", "policy", "margins", "metrics"}),
     ("model description", {"spec"}),
     ("families", {"families"}),
-    ("inputs", {"checkpoint", "canary", "canary_text", "run", "run_names", "lineage"}),
+    ("inputs", {"checkpoint", "canary", "canary_units", "canary_text", "run", "run_names", "lineage"}),
     ("replay", {"replay"}),
     ("receipts", {"receipts", "cache"}),
     ("decision", {"judge"}),

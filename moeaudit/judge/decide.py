@@ -36,6 +36,7 @@ else:  # pragma: no cover - Python 3.10
     from typing_extensions import Unpack
 
 from moeaudit.judge.gates import BASELINE, FAIL, GREEN, INCONCLUSIVE, PASS, RED, YELLOW
+from moeaudit.judge.why import why
 from moeaudit.records import (
     Check,
     CheckpointAgreement,
@@ -83,7 +84,7 @@ class Evidence:
     notes: Sequence[str] = field(default_factory=tuple)
     # per checkpoint replayed below fp32: its measured agreement with fp32 (receipts' precision_agreement)
     precision_agreement: Sequence[CheckpointAgreement] = ()
-    canary_windows: int | None = None  # the canary's windows, the bootstrap's units
+    canary_windows: int | None = None  # the canary's distinct windows, the bootstrap's units
 
 
 def resolve_stage(flag: str | None, policy_stage: str | None, run_stage: str | None, default: str) -> tuple[str, str]:
@@ -130,7 +131,7 @@ def health_check(gates: Sequence[GateEntry]) -> Check:
         return _check(
             "health",
             INCONCLUSIVE,
-            "below a floor within the canary's resolution, no evidence either way — "
+            "a floor the canary does not resolve, no evidence either way — "
             + "; ".join(unresolved[:3])
             + f"{more}; {why}",
             problems=unresolved,
@@ -376,7 +377,8 @@ def few_windows(check_list: Sequence[Check]) -> bool:
 
 
 def canary_check(windows: int | None) -> Check | None:
-    """A canary of fewer than ``MIN_CANARY_WINDOWS`` windows: every interval a gate reads (the
+    """A canary of fewer than ``MIN_CANARY_WINDOWS`` distinct windows (a repeated window is no
+    further unit; moeaudit/canary_units.py): every interval a gate reads (the
     canary NLL's change, C2's noise, the occupancy floors' bootstrap ranges) rests on too few
     independent units to be a 95% one, so the verdict cannot be PASS; a small canary is no
     evidence of damage, so neither is it FAIL. Not a check at all for a canary of enough windows."""
@@ -385,8 +387,8 @@ def canary_check(windows: int | None) -> Check | None:
     return _check(
         "canary",
         INCONCLUSIVE,
-        f"the canary has {windows} window(s): the 95% intervals the gates read are window-bootstrap "
-        f"intervals over {windows} independent unit(s), which cover far less than 95% below "
+        f"the canary has {windows} window(s) of distinct content: the 95% intervals the gates read are "
+        f"window-bootstrap intervals over {windows} independent unit(s), which cover far less than 95% below "
         f"{MIN_CANARY_WINDOWS} windows; build a canary of at least {MIN_CANARY_WINDOWS} windows "
         "(`moeaudit canary build`)",
         basis="canary-size",
@@ -439,7 +441,7 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
     failed = [c["name"] for c in evaluated if c["status"] == FAIL]
     few = few_windows(check_list)  # a RED on intervals over too few windows is no evidence
     if (red and not few) or failed:
-        parts = ([f"RED at step(s) {', '.join(map(str, red))}"] if red and not few else []) + [
+        parts = ([f"RED at step(s) {_steps_why(gates, red)}"] if red and not few else []) + [
             f"{name} failed" for name in failed
         ]
         return FAIL, "; ".join(parts)
@@ -449,11 +451,19 @@ def verdict(gates: Sequence[GateEntry], check_list: Sequence[Check]) -> tuple[St
         assert all(g["status"] in (BASELINE, GREEN) for g in gates)
         return PASS, "every gate BASELINE or GREEN and every evaluated check passes"
     parts = (
-        ([f"RED at step(s) {', '.join(map(str, red))} on intervals over too few canary windows"] if red else [])
-        + ([f"YELLOW at step(s) {', '.join(map(str, yellow))}"] if yellow else [])
+        ([f"RED at step(s) {_steps_why(gates, red)} on intervals over too few canary windows"] if red else [])
+        + ([f"YELLOW at step(s) {_steps_why(gates, yellow)}"] if yellow else [])
         + [f"{name} inconclusive" for name in open_checks]
     )
     return INCONCLUSIVE, "; ".join(parts)
+
+
+def _steps_why(gates: Sequence[GateEntry], steps: Sequence[int], shown: int = 3) -> str:
+    """ "120, 160 (120: π_min ratio 0.19 (L0); …)": the steps, and what made the first ``shown``
+    of them bad (:func:`moeaudit.judge.why.why`), so a verdict names the collapse, not only where."""
+    reasons = [f"{g['step']}: {w}" for g in gates if g["step"] in steps and (w := why(g))][:shown]
+    more = "; …" if len([g for g in gates if g["step"] in steps]) > shown else ""
+    return ", ".join(map(str, steps)) + (f" ({'; '.join(reasons)}{more})" if reasons else "")
 
 
 def promotion(verdict_: str, gates: Sequence[GateEntry], few: bool = False) -> Promotion:

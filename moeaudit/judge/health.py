@@ -8,12 +8,14 @@ A zero count is a reading of the canary, not of the router: an expert that holds
 can still receive none of N canary tokens. When an expert sitting exactly at the π_min floor would
 receive no canary token more than 5 % of the time, the canary cannot tell a dead expert from a
 live one at the floor, nor read π_min against the floor: those readings are *unresolved* — the
-health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad. The entropy
-floor likewise, where the canary's tokens read even a balanced router's H_norm too low to tell
+health check is INCONCLUSIVE on them, never FAIL, and they do not make a gate bad; nor does a
+reading above the floors clear them there (:data:`NOT_RESOLVED`: never PASS). N counts distinct
+token contexts (docs/decisions.md, "A canary of repeated content"). The entropy floor likewise,
+where the canary's tokens read even a balanced router's H_norm too low to tell
 (:class:`EntropyResolution`). An expert routed loss-bearing tokens that receives no gradient (zero
 weights, severed) is exact evidence at any canary size; each window's last token bears no loss,
-so that takes more routed tokens than the canary has windows (docs/decisions.md, "A canary too
-small for its experts").
+so the receipts count the others (``loss_bearing_counts``; without them, more routed tokens than
+the canary has windows) (docs/decisions.md, "A canary too small for its experts").
 """
 
 from __future__ import annotations
@@ -34,16 +36,22 @@ NO_GRADIENT_SHARE = 1e-6
 # count still counts as a dead expert (and π_min is read against its floor).
 FLOOR_MISS_CHANCE: Final = 0.05
 
+NOT_RESOLVED: Final = (
+    "every layer: the canary does not resolve the dead-expert and π_min floors, so no reading clears them"
+)
+
 
 def silent_experts(entry: ReceiptsLayer, windows: int = 0) -> list[int]:
     """Experts routed tokens that receive no canary gradient at this checkpoint: zero weights, or
     an expert severed from the loss. The replay sees them even when routing does not.
 
     The last position of each of the canary's ``windows`` predicts nothing, so no gradient
-    reaches what it routes to: only an expert routed more than ``windows`` tokens has been routed
-    a token whose output the loss reads, and only then is a zero gradient evidence."""
+    reaches what it routes to: a zero gradient is evidence only for an expert routed a token whose
+    output the loss reads — counted exactly where the receipts hold ``loss_bearing_counts``, else
+    known only for an expert routed more than ``windows`` tokens."""
     grads = (entry.get("gradients") or {}).get("grad_norms")
-    counts = entry["occupancy"].get("counts") or []
+    bearing = entry["occupancy"].get("loss_bearing_counts")
+    counts, windows = (bearing, 0) if bearing is not None else (entry["occupancy"].get("counts") or [], windows)
     if not grads or any(x is None for x in grads):
         return []
     mean = sum(grads) / len(grads)
@@ -74,6 +82,15 @@ def canary_tokens(doc: Receipts) -> int | None:
     return sum(counts) // k if k and counts else None
 
 
+def resolution_tokens(doc: Receipts) -> int | None:
+    """The canary tokens the floors' resolution counts: N, or fewer where contexts repeat (a
+    repeated context routes the same way, so it is no further draw of the router's input; the
+    receipts' ``canary.distinct_contexts``, moeaudit/canary_units.py)."""
+    n = canary_tokens(doc)
+    distinct = (doc.get("canary") or {}).get("distinct_contexts")
+    return n if n is None or distinct is None else min(n, int(distinct))
+
+
 @dataclass(frozen=True)
 class FloorResolution:
     """What N canary tokens resolve of the occupancy floors of a layer with E experts, top-k."""
@@ -90,7 +107,7 @@ class FloorResolution:
     def sentence(self) -> str:
         return (
             f"an expert at the π_min floor ({self.share:.3g} of the tokens) expects {self.share * self.tokens:.2g} "
-            f"of the canary's {self.tokens} tokens and receives none {self.chance:.0%} of the time; "
+            f"of the canary's {self.tokens} distinct token contexts and receives none {self.chance:.0%} of the time; "
             f"a canary of at least {self.needed} tokens resolves the floors"
         )
 
@@ -100,7 +117,7 @@ def floor_resolution(doc: Receipts, g: GateSettings) -> FloorResolution | None:
     do not say E, k or N (then every reading counts, as it always did). Each canary token routes
     to k of E experts, so an expert at share s misses all N tokens with chance (1 − s)^N."""
     ck = doc["checkpoint"]
-    E, k, n = ck.get("experts"), ck.get("top_k"), canary_tokens(doc)
+    E, k, n = ck.get("experts"), ck.get("top_k"), resolution_tokens(doc)
     if not E or not k or not n:
         return None
     if k >= E:  # every expert on every token: no count can be zero
@@ -136,8 +153,8 @@ class EntropyResolution:
     def sentence(self) -> str:
         return (
             f"a balanced router's load entropy reads about {self.deficit:.2g} below 1 on the canary's "
-            f"{self.tokens} tokens, more than half the floor's headroom {self.headroom:.3g}; a canary of at "
-            f"least {self.needed} tokens resolves it"
+            f"{self.tokens} distinct token contexts, more than half the floor's headroom {self.headroom:.3g}; "
+            f"a canary of at least {self.needed} tokens resolves it"
         )
 
 
@@ -145,7 +162,7 @@ def entropy_resolution(doc: Receipts, g: GateSettings) -> EntropyResolution | No
     """The canary's resolution of the H_norm floor, or None where the receipts do not say E, k
     or N, or no floor applies (then every reading counts)."""
     ck = doc["checkpoint"]
-    E, k, n = ck.get("experts"), ck.get("top_k"), canary_tokens(doc)
+    E, k, n = ck.get("experts"), ck.get("top_k"), resolution_tokens(doc)
     headroom = 1.0 - g.floor_entropy_norm
     if not E or not k or not n or not headroom > 0:
         return None
@@ -208,6 +225,10 @@ def health(doc: Receipts, g: GateSettings) -> Health:
             failed.append({"layer": layer, "what": "H_norm", "value": h, "threshold": g.floor_entropy_norm})
         elif h < g.floor_entropy_norm:
             unresolved.append(f"layer {layer}: H_norm {h:.3f} (floor {g.floor_entropy_norm})")
+    if res is not None and not res.resolved and not any("H_norm" not in u for u in unresolved):
+        # no reading below the floors, but none above them is evidence either: an expert at the π_min
+        # floor would read zero as often as not, so the canary cannot say that usage clears them
+        unresolved.append(NOT_RESOLVED)
     out: Health = {"ok": not problems, "problems": problems, "failed": failed}
     if unresolved:
         out["unresolved"] = unresolved

@@ -199,7 +199,7 @@ def gate_candidate(
             envelope_reason=env_why,
             nonfinite=bad,
             band=policy.gates.inconclusive_band,
-            canary_windows=cand_doc["canary"]["windows"],
+            canary_windows=cand_doc["canary"].get("distinct_windows", cand_doc["canary"]["windows"]),
         )
     )
     return {

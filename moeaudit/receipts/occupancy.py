@@ -25,7 +25,8 @@ def _load_stats(counts_XE: torch.Tensor, n_tokens: torch.Tensor | float, k: int)
     E = counts_XE.shape[-1]
     mean = counts_XE.mean(-1)
     p = counts_XE / (k * n_tokens if not torch.is_tensor(n_tokens) else k * n_tokens[..., None])
-    ent = -(torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))).sum(-1)
+    # 0 − Σ, not −Σ: a one-expert load reads +0.0, never −0.0 ("H_norm -0.000" in a sentence)
+    ent = 0.0 - (torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))).sum(-1)
     return {
         "pi_min": counts_XE.min(-1).values / n_tokens,
         "dead": (counts_XE == 0).sum(-1).double(),
@@ -77,6 +78,11 @@ def occupancy_pending(
         "pi_smooth": floats(probs_NE.double().mean(0)),
         "active_sets": active_sets_pending(topk_NK, num_experts=E),
     }
+    if boot is not None and boot.W and N % boot.W == 0:
+        # each window's last token predicts nothing, so no gradient reaches what it routes to: the
+        # counts without it say which experts were routed a token the loss reads (health.silent_experts)
+        last_N = torch.arange(N, device=topk_NK.device) % (N // boot.W) == N // boot.W - 1
+        out["loss_bearing_counts"] = integers(counts(topk_NK[~last_N], E))
     if zero_experts:
         out["zero_expert_share"] = number(counts_E[E - zero_experts :].sum() / (N * K))
     if boot is not None and boot.idx_BW is not None:
@@ -121,7 +127,7 @@ def active_sets_pending(topk_NK: torch.Tensor, top: int = 10, num_experts: int |
     order = mu.argsort(descending=True, stable=True)
     return {
         "distinct": int(set_counts.shape[0]),
-        "entropy": number(-(mu * mu.log()).sum()),
+        "entropy": number(0.0 - (mu * mu.log()).sum()),
         "top10_mass": number(mu[order[:top]].sum()),
     }
 

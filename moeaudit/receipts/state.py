@@ -10,6 +10,7 @@ import torch
 
 from moeaudit import __version__
 from moeaudit.canary import Canary
+from moeaudit.canary_units import canary_units
 from moeaudit.checkpoint import Checkpoint
 from moeaudit.jsonio import finite_document
 from moeaudit.limits import check_window_len
@@ -154,6 +155,7 @@ def receipts_document(
             "windows": canary.num_windows,
             "window_len": canary.window_len,
             "domains": list(canary.domains),
+            **canary_units(canary),
         },
         "settings": {"receipts": policy.to_json()["receipts"], "policy_digest": policy.digest},
         "environment": env,

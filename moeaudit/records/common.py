@@ -67,6 +67,9 @@ class CanaryRecord(TypedDict):
     windows: int
     window_len: int
     domains: list[str]
+    # repeated content (moeaudit/canary_units.py): written only where below windows / windows·window_len
+    distinct_windows: NotRequired[int]
+    distinct_contexts: NotRequired[int]
     origin: NotRequired[str]
     tokenizer_sha256: NotRequired[str]  # a canary built from text: its tokenizer.json's SHA-256
     text_sha256: NotRequired[str]  # … and its text file's

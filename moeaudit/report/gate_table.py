@@ -12,6 +12,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from moeaudit.judge.why import why
 from moeaudit.records import GateEntry, Predicate
 from moeaudit.report.fit import Column
 
@@ -54,32 +55,6 @@ def gate_cells(g: GateEntry) -> list[str]:
     ]
 
 
-def why(g: GateEntry) -> str:
-    """The quantity that made a gate what it is, short: each occupancy quantity below its floor
-    beyond noise, C2 fallen (and on which protected layers), a health floor, the canary NLL
-    worsening; for a GREEN gate with C2 fallen, the atlas motion that kept it GREEN."""
-    st = g.get("structural") or g.get("continuity")
-    out = []
-    if st is not None:
-        for name, layers in (st.get("below_floor") or {}).items():
-            value = st.get("pi_min_ratio" if name.startswith("π") else "entropy_ratio")
-            out.append(f"{name} {_fmt(value, '.2f')}{_on(layers)}")
-        if st.get("layers_with_more_dead"):
-            out.append(f"more dead{_on(st['layers_with_more_dead'])}")
-        if not st.get("c2_ok", True):
-            fell = f"C2 fell {_fmt(st.get('c2_min_delta'), '+.3f')}{_on(st.get('c2_fallen_layers'))}"
-            claims = g.get("claims")
-            atlas = any(c.startswith("atlas motion") for c in (claims or {}).get("licensed", []))
-            out.append(fell + (", atlas motion" if atlas else ""))
-    for f in (g.get("health") or {}).get("failed", [])[:2]:
-        value = f.get("value")
-        shown = _fmt(value, ".3g") if isinstance(value, (int, float)) else "—"
-        out.append(f"{f['what']} {shown} < floor{_on([f['layer']])}")
-    if g.get("scalar") == "worsening" and g.get("status") in ("YELLOW", "RED"):
-        out.append("canary NLL worsening")
-    return "; ".join(out) or ("—" if g.get("status") in ("GREEN", "BASELINE") else "")
-
-
 def stages_line(gates: Sequence[GateEntry]) -> str | None:
     """Which gates each stage judged, when a declared stage changes within the run (each gate
     signs its own, ``gates[].stage``); None when one stage judged them all."""
@@ -96,10 +71,6 @@ def stages_line(gates: Sequence[GateEntry]) -> str | None:
         return None
     parts = [f"{a}–{b}" if a != b else f"{a}" for _, a, b in spans]
     return "judged as: " + "; ".join(f"{stage} at step(s) {part}" for (stage, _, _), part in zip(spans, parts))
-
-
-def _on(layers: Any) -> str:
-    return f" (L{','.join(map(str, layers))})" if layers else ""
 
 
 def gate_styles(cells: list[str]) -> list[str]:

@@ -134,5 +134,5 @@ def gate_note(g: GateEntry, rules: GatesPolicy | None) -> str:
         notes.append("below a health floor: " + "; ".join(problems[:2]) + (" …" if len(problems) > 2 else ""))
     unresolved = (g.get("health") or {}).get("unresolved") or []
     if unresolved:
-        notes.append("below a floor within the canary's resolution (not evidence): " + "; ".join(unresolved[:2]))
+        notes.append("a floor the canary does not resolve (not evidence): " + "; ".join(unresolved[:2]))
     return "; ".join(notes) or "—"
