@@ -217,3 +217,41 @@ def test_numpy_is_imported_for_the_level_rule_only_where_the_budget_allows(tmp_p
         seen.append(got["starvation"])
     assert seen[0] and all(s == seen[0] for s in seen)  # the same finding either way
     assert columns.ENVELOPE_NUMPY_ROWS >= 1_000_000 > columns.CERTIFY_NUMPY_ROWS >= columns.VECTOR_FROM
+
+
+def _alerts_as_before(steps: Any, norms: Any, values: Any, a: float, b: float, n: int) -> list[dict[str, Any]]:
+    """Eq. 21 as ``alerts`` computed it before it was fed a sample at a time (a list of the run)."""
+    out: list[dict[str, Any]] = []
+    run: list[int] = []
+    for j, (g_E, v) in enumerate(zip(norms, values, strict=True)):
+        known = [g for g in g_E if g is not None]
+        if v is not None and len(known) == len(g_E) and max(known) < a and v > b:
+            run.append(j)
+            if len(run) == n:
+                out.append(
+                    {
+                        "step": steps[j],
+                        "since": steps[run[0]],
+                        "until": steps[j],
+                        "samples": n,
+                        "max_grad": max(known),
+                        "value": v,
+                    }
+                )
+            elif len(run) > n:
+                out[-1]["until"], out[-1]["samples"] = steps[j], len(run)
+        else:
+            run = []
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_alert_stream_equals_the_rule_as_it_was(seed: int) -> None:
+    rng = random.Random(50 + seed)
+    steps, layers = _noisy_log(rng, 300)
+    series = env.from_norms("logs", steps, layers, "raw")
+    for key in layers:
+        for n in (1, 2, 3, 9):
+            got = env.alerts(steps, layers[key], series.values[key], 1e-4, 0.0, n)
+            assert got == _alerts_as_before(steps, layers[key], series.values[key], 1e-4, 0.0, n)
+            assert n == 9 or any(r["samples"] > n for r in got)  # runs longer than n: "until" moves on

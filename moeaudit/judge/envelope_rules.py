@@ -23,34 +23,35 @@ class AlertStream:
     whole series): a long log's V is computed once per sample, for the checks and this rule alike
     (:class:`moeaudit.judge.envelope_columns.VarianceColumn`, ``feed``)."""
 
-    __slots__ = ("steps", "a", "b", "n", "out", "_run")
+    __slots__ = ("steps", "a", "b", "n", "out", "_since", "_count")
 
     def __init__(self, steps: Sequence[int], a: float, b: float, n: int):
         self.steps, self.a, self.b, self.n = steps, a, b, n
         self.out: list[AlertRun] = []
-        self._run: list[int] = []
+        self._since, self._count = 0, 0  # the current run of samples meeting the condition
 
     def add(self, j: int, g_E: Sequence[float | None], v: float | None) -> None:
         """Sample ``j`` (the one after the last added): its norms and its V."""
         known = [g for g in g_E if g is not None]
         if v is not None and len(known) == len(g_E) and max(known) < self.a and v > self.b:
-            run, steps = self._run, self.steps
-            run.append(j)
-            if len(run) == self.n:
+            if not self._count:
+                self._since = j
+            self._count += 1
+            if self._count == self.n:
                 self.out.append(
                     {
-                        "step": steps[j],
-                        "since": steps[run[0]],
-                        "until": steps[j],
+                        "step": self.steps[j],
+                        "since": self.steps[self._since],
+                        "until": self.steps[j],
                         "samples": self.n,
                         "max_grad": max(known),
                         "value": v,
                     }
                 )
-            elif len(run) > self.n:
-                self.out[-1]["until"], self.out[-1]["samples"] = steps[j], len(run)
+            elif self._count > self.n:
+                self.out[-1]["until"], self.out[-1]["samples"] = self.steps[j], self._count
         else:
-            self._run = []
+            self._count = 0
 
 
 def alerts(
