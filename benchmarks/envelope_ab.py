@@ -10,9 +10,10 @@ anywhere else is refused. Two modes:
   no numpy loaded before it): ``read_metrics`` (hashed), ``series.envelope_evidence`` over the
   log, the report serialised by ``jsonio.dumps``.
 
-Printed per run: seconds inside the child, wall seconds and peak RSS of the whole process, the
-SHA-256 of what it wrote (the report; for ``envelope`` also its terminal output) and whether numpy
-was loaded; then per mode and log the medians and the per-round ratios B/A. Any digest that differs
+Printed per run: seconds inside the child, wall and CPU (user + system) seconds and peak RSS of
+the whole process, the SHA-256 of what it wrote (the report; for ``envelope`` also its terminal
+output) and whether numpy was loaded; then per mode and log the medians and the per-round ratios
+B/A. Any digest that differs
 between the arms is reported (and the exit status is 1).
 
     OMP_NUM_THREADS=1 python3 benchmarks/envelope_ab.py --a /tmp/base --b . \\
@@ -90,9 +91,12 @@ def run_arm(tree: Path, mode: str, log: Path, out: Path) -> dict[str, object]:
         raise SystemExit(f"{tree}: the child imported {row['moeaudit']}, not this tree's moeaudit")
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
-    assert rss and wall, done.stderr
+    user = re.search(r"User time \(seconds\): ([\d.]+)", done.stderr)
+    system = re.search(r"System time \(seconds\): ([\d.]+)", done.stderr)
+    assert rss and wall and user and system, done.stderr
     h, m, s = wall.groups()
     row["wall"] = int(h or 0) * 3600 + int(m) * 60 + float(s)
+    row["cpu"] = float(user.group(1)) + float(system.group(1))  # less moved by other processes' load
     row["peak_mib"] = int(rss.group(1)) / 1024
     return row
 
@@ -151,6 +155,7 @@ def main() -> None:
                 same = {(x["report"], x["printed"]) for x in a + b}
                 differ |= len(same) != 1
                 ratios = [float(y["wall"]) / float(x["wall"]) for x, y in zip(a, b)]  # type: ignore[arg-type]
+                cpu = [float(y["cpu"]) / float(x["cpu"]) for x, y in zip(a, b)]  # type: ignore[arg-type]
                 summary = {
                     "log": log.name,
                     "mode": mode,
@@ -158,6 +163,9 @@ def main() -> None:
                     "seconds_median": {k: statistics.median(float(x["seconds"]) for x in v) for k, v in rows.items()},  # type: ignore[arg-type]
                     "ratio_median": statistics.median(ratios),
                     "ratios": [round(x, 3) for x in ratios],
+                    "cpu_median": {k: statistics.median(float(x["cpu"]) for x in v) for k, v in rows.items()},  # type: ignore[arg-type]
+                    "cpu_ratio_median": statistics.median(cpu),
+                    "cpu_ratios": [round(x, 3) for x in cpu],
                     "peak_mib_median": {k: statistics.median(float(x["peak_mib"]) for x in v) for k, v in rows.items()},  # type: ignore[arg-type]
                     "numpy": {k: sorted({bool(x["numpy"]) for x in v}) for k, v in rows.items()},
                     "identical": len(same) == 1,
