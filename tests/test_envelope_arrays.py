@@ -169,7 +169,15 @@ from moeaudit.metrics import read_metrics
 from moeaudit.policy import EnvelopeSettings
 log, how, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
 parsed = read_metrics(log)
-if how == "evaluate":
+if how == "command":  # `moeaudit envelope LOG --json OUT` as the command line runs it
+    from moeaudit.cli import cli
+    out = log + ".json"
+    try:
+        cli.main(["envelope", log, "--json", out, "--force"], prog_name="moeaudit", standalone_mode=False)
+    except SystemExit as exc:
+        assert exc.code in (0, 1, None), exc.code
+    report = json.loads(open(out).read())
+elif how == "evaluate":
     report = env.evaluate(env.from_metrics(parsed, "raw"), EnvelopeSettings(), numpy_rows=rows)
 else:
     from types import SimpleNamespace
@@ -190,7 +198,7 @@ def test_numpy_is_imported_for_the_level_rule_only_where_the_budget_allows(tmp_p
     log.write_text(_text(list(range(1, n + 1)), {"0": rows}))
     env_vars = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
-    def child(how: str, rows: int) -> dict[str, Any]:
+    def child(how: str, rows: int, log: Path = log) -> dict[str, Any]:
         done = subprocess.run(
             [sys.executable, "-c", CHILD, str(log), how, str(rows)],
             cwd=ROOT,
@@ -216,6 +224,12 @@ def test_numpy_is_imported_for_the_level_rule_only_where_the_budget_allows(tmp_p
         assert got["numpy"] is imported, (how, limit)
         seen.append(got["starvation"])
     assert seen[0] and all(s == seen[0] for s in seen)  # the same finding either way
+    got = child("command", 0)
+    assert got["numpy"] is True and got["starvation"] == seen[0]  # `moeaudit envelope`: any size
+    short = tmp_path / "short.jsonl"  # under VECTOR_FROM steps: the loop, nothing imported
+    short.write_text(_text(list(range(1, 501)), {"0": rows[:500]}))
+    got = child("command", 0, short)
+    assert got["numpy"] is False and got["starvation"]
     assert columns.ENVELOPE_NUMPY_ROWS >= 1_000_000 > columns.CERTIFY_NUMPY_ROWS >= columns.VECTOR_FROM
 
 
