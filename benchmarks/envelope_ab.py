@@ -13,8 +13,7 @@ anywhere else is refused. Two modes:
 Printed per run: seconds inside the child, wall and CPU (user + system) seconds and peak RSS of
 the whole process, the SHA-256 of what it wrote (the report; for ``envelope`` also its terminal
 output) and whether numpy was loaded; then per mode and log the medians and the per-round ratios
-B/A. Any digest that differs
-between the arms is reported (and the exit status is 1).
+B/A. Any digest that differs between the arms is reported (and the exit status is 1).
 
     OMP_NUM_THREADS=1 python3 benchmarks/envelope_ab.py --a /tmp/base --b . \\
         --logs /work/logs/healthy-20000.jsonl /work/logs/healthy-100000.jsonl --rounds 3
