@@ -18,6 +18,9 @@ B/A. Any digest that differs between the arms is reported (and the exit status i
     OMP_NUM_THREADS=1 python3 benchmarks/envelope_ab.py --a /tmp/base --b . \\
         --logs /work/logs/healthy-20000.jsonl /work/logs/healthy-100000.jsonl --rounds 3
 
+``--loop`` keeps the level rule's loop in both arms (the budgets for importing numpy set to 0), so
+the ratio is what computing V once a sample saves alone.
+
 ``--stress PATH --lines N`` writes a long 4-layer × 8-expert log whose rules fire (a starved
 expert, a dead one, alert runs of tiny norms, null norms and all-zero layer rows) and exits.
 """
@@ -41,7 +44,10 @@ CHILD = r"""
 import hashlib, io, json, os, sys, time
 from contextlib import redirect_stdout
 import moeaudit
-mode, log, out = sys.argv[1:4]
+mode, log, out, loop = sys.argv[1:5]
+if loop == "loop":  # no numpy for the level rule in either arm: what V once a sample saves alone
+    import moeaudit.judge.envelope_columns as columns
+    columns.ENVELOPE_NUMPY_ROWS = columns.CERTIFY_NUMPY_ROWS = 0
 t0 = time.perf_counter()
 if mode == "envelope":
     from moeaudit.cli import cli
@@ -75,10 +81,10 @@ print(json.dumps({"moeaudit": moeaudit.__file__, "seconds": seconds, "report": d
 """
 
 
-def run_arm(tree: Path, mode: str, log: Path, out: Path) -> dict[str, object]:
+def run_arm(tree: Path, mode: str, log: Path, out: Path, loop: bool = False) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(
-        ["/usr/bin/time", "-v", sys.executable, "-c", CHILD, mode, str(log), str(out)],
+        ["/usr/bin/time", "-v", sys.executable, "-c", CHILD, mode, str(log), str(out), "loop" if loop else "-"],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -129,6 +135,9 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, nargs="+", default=[])
     parser.add_argument("--modes", nargs="+", default=["envelope", "certify"], choices=["envelope", "certify"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--loop", action="store_true", help="keep the level rule's loop in both arms (no numpy import for it)"
+    )
     parser.add_argument("--stress", type=Path, help="write a stress log here and exit")
     parser.add_argument("--lines", type=int, default=20_000)
     args = parser.parse_args()
@@ -145,7 +154,7 @@ def main() -> None:
                 rows: dict[str, list[dict[str, object]]] = {"A": [], "B": []}
                 for r in range(args.rounds):
                     for arm, tree in trees.items():
-                        row = run_arm(tree, mode, log, Path(tmp) / f"{arm}.json")
+                        row = run_arm(tree, mode, log, Path(tmp) / f"{arm}.json", args.loop)
                         rows[arm].append(row)
                         print(
                             json.dumps({"log": str(log), "mode": mode, "round": r + 1, "arm": arm, **row}), flush=True
