@@ -11,6 +11,8 @@ Two measurements per size, each in a fresh process, on the log ``metrics_memory.
   then), and the report serialised as certify writes it (``jsonio.dumps``).
 
 Peak = ``ru_maxrss`` above the process's RSS once moeaudit (and the command line) is imported.
+Each child runs in the directory the script was started from (``python -c`` puts it first on
+``sys.path``); it reports which moeaudit it imported and whether numpy was loaded.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python3 benchmarks/envelope_memory.py --dir W --lines 100000 250000 500000 1000000
 """
@@ -29,6 +31,7 @@ from metrics_memory import write_log
 CHILD = r"""
 import json, os, resource, sys, time
 from types import SimpleNamespace
+import moeaudit
 from moeaudit.cli import cli
 from moeaudit.jsonio import dumps, finite_document
 from moeaudit.metrics import read_metrics
@@ -66,7 +69,8 @@ print(json.dumps({"mode": mode, "seconds": dt, "peak_above_base_mib": (peak - ba
                   "evidence_peak_above_base_mib": evidence,
                   "base_mib": base / 1024, "compliant": report["compliant"],
                   "evaluated": shown.get("evaluated"), "shown": shown.get("shown"),
-                  "report_bytes": os.path.getsize(out)}))
+                  "report_bytes": os.path.getsize(out), "numpy": "numpy" in sys.modules,
+                  "moeaudit": moeaudit.__file__}))
 """
 
 

@@ -211,6 +211,7 @@ def evaluate_run(
     """
     from moeaudit.judge import envelope as env
     from moeaudit.judge import envelope_compare as cmp
+    from moeaudit.judge.envelope_columns import ENVELOPE_NUMPY_ROWS
 
     def get(where: Path, src: str, check_probe: bool = False) -> tuple[Any, list[int]]:
         return run_series(where, src, settings.variant, canary_path, progress, warn, cache, check_probe)
@@ -244,7 +245,8 @@ def evaluate_run(
         )
     trimmed = {src: s.since(settings.warmup_steps) for src, s in series.items()}
     reports = {
-        src: env.evaluate(s, constants[src], breaks=breaks, policy_path=policy_path) for src, s in trimmed.items()
+        src: env.evaluate(s, constants[src], breaks=breaks, policy_path=policy_path, numpy_rows=ENVELOPE_NUMPY_ROWS)
+        for src, s in trimmed.items()
     }
     report = reports[primary.source]
     if compare:
@@ -347,6 +349,7 @@ def envelope_evidence(
     were rotated away by ``save_total_limit``).
     """
     from moeaudit.judge import envelope as env
+    from moeaudit.judge.envelope_columns import CERTIFY_NUMPY_ROWS
     from moeaudit.metrics import read_metrics
 
     settings = policy.envelope
@@ -398,7 +401,7 @@ def envelope_evidence(
             f"could not be evaluated: fewer than two samples of the {series.source} series in steps "
             f"{start}–{end} after the warm-up (step {settings.warmup_steps})"
         )
-    report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source)
+    report = env.evaluate(series, settings, breaks=breaks, policy_path=policy.source, numpy_rows=CERTIFY_NUMPY_ROWS)
     if fallback is not None:
         report["fallback"] = fallback
     return report, None

@@ -25,7 +25,7 @@ import heapq
 import math
 import sys
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, overload
 
@@ -33,6 +33,7 @@ from moeaudit.metrics import POOLED, Column, Norms, Rows, RowSequence, layer_tot
 from moeaudit.records import DeadRun, EnvelopeSample, PairCheck, ShownCount, ShownRows, StarvedWindow, WindowCheck
 
 Vectors = Sequence[Sequence[float | None]]  # [S] vectors of [E] norms, as EnvelopeSeries.norms
+Feed = Callable[[int, Sequence[float | None], float | None], None]  # (sample, its norms, its V): VarianceColumn's feed
 
 # What the report shows of a long series (docs/envelope.md "Long series"): every row up to
 # SHOW_CAP; beyond it every stride-th row (stride = ceil(n / SHOW_CAP)), the first and last,
@@ -107,22 +108,47 @@ class PooledRows(RowSequence):
 class VarianceColumn(Sequence[float | None]):
     """V of one series at every sample, each computed when read (with
     :func:`moeaudit.metrics.variance`, as :func:`moeaudit.metrics.variance_series` does) and
-    never stored: the checks read it once in step order, the alert rule once more."""
+    never stored: the checks read it once in step order.
 
-    __slots__ = ("_vectors", "_variant", "_memo")
+    ``feed``: called once per sample, in step order, with ``(j, norms, V)`` as V is computed
+    (the alert rule, :class:`moeaudit.judge.envelope_rules.AlertStream`): samples a reader skips
+    are computed for it on the way, and :meth:`finish` feeds the rest, so a reader in step order
+    and the rule share one V per sample."""
 
-    def __init__(self, vectors: Vectors, variant: str):
+    __slots__ = ("_vectors", "_variant", "_memo", "_feed", "_fed")
+
+    def __init__(self, vectors: Vectors, variant: str, feed: Feed | None = None):
         self._vectors = vectors
         self._variant = variant
         self._memo: tuple[int, float | None, str | None] = (-1, None, None)
+        self._feed = feed
+        self._fed = 0  # the samples before this one were fed
 
     def __len__(self) -> int:
         return len(self._vectors)
 
     def _at(self, j: int) -> tuple[float | None, str | None]:
         if self._memo[0] != j:
-            self._memo = (j, *variance(self._vectors[j], self._variant))
+            g_E = self._vectors[j]
+            self._memo = (j, *variance(g_E, self._variant))
+            if self._feed is not None and j >= self._fed:
+                self._feed_to(j)
+                self._feed(j, g_E, self._memo[1])
+                self._fed = j + 1
         return self._memo[1], self._memo[2]
+
+    def _feed_to(self, stop: int) -> None:
+        """Feed the samples from the last fed up to ``stop`` (exclusive), computing their V."""
+        assert self._feed is not None
+        for i in range(self._fed, stop):
+            g_E = self._vectors[i]
+            self._feed(i, g_E, variance(g_E, self._variant)[0])
+        self._fed = max(self._fed, stop)
+
+    def finish(self) -> None:
+        """Feed every sample not fed yet (those after the last one read)."""
+        if self._feed is not None:
+            self._feed_to(len(self))
 
     @overload
     def __getitem__(self, j: int) -> float | None: ...
@@ -153,12 +179,14 @@ class VarianceColumn(Sequence[float | None]):
 
 class LazyValues(Mapping[str, Sequence[float | None]]):
     """V per series ("pooled" first, then layers) as :class:`VarianceColumn` s: nothing per
-    sample is held (``notes``: :class:`LazyNotes`)."""
+    sample is held (``notes``: :class:`LazyNotes`). :meth:`feeding` gives one column per series,
+    each feeding a consumer as its V is computed."""
 
     def __init__(self, norms: Mapping[str, Vectors], variant: str):
         self._norms = norms
         self._variant = variant
         self._keys = [POOLED, *norms]
+        self._fixed: dict[str, VarianceColumn] = {}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -172,7 +200,25 @@ class LazyValues(Mapping[str, Sequence[float | None]]):
     def __getitem__(self, key: str) -> VarianceColumn:
         if key not in self._keys:
             raise KeyError(key)
-        return VarianceColumn(PooledRows(self._norms) if key == POOLED else self._norms[key], self._variant)
+        if key in self._fixed:
+            return self._fixed[key]
+        return VarianceColumn(self.vectors(key), self._variant)
+
+    def vectors(self, key: str) -> Vectors:
+        """The series' per-step norm vectors (pooled: every layer's, concatenated per step)."""
+        return PooledRows(self._norms) if key == POOLED else self._norms[key]
+
+    def feeding(self, feeds: Mapping[str, Feed]) -> LazyValues:
+        """The same values, the series in ``feeds`` each one column for every reader, fed as it
+        computes V (:class:`VarianceColumn`): finish them (:meth:`finish`) when read."""
+        out = LazyValues(self._norms, self._variant)
+        out._fixed = {k: VarianceColumn(self.vectors(k), self._variant, feed) for k, feed in feeds.items()}
+        return out
+
+    def finish(self) -> None:
+        """Feed every fed column's samples not read yet."""
+        for column in self._fixed.values():
+            column.finish()
 
 
 class SampleNotes(Mapping[int, str]):
@@ -327,17 +373,25 @@ def dead_experts_columns(steps: Sequence[int], norms: Vectors, dead_grad: float,
 
 
 def starvation_columns(
-    steps: Sequence[int], norms: Vectors, share: float, max_steps: int, fraction: float = 0.5
+    steps: Sequence[int],
+    norms: Vectors,
+    share: float,
+    max_steps: int,
+    fraction: float = 0.5,
+    *,
+    numpy_rows: int = 0,
 ) -> list[StarvedWindow]:
     """:func:`moeaudit.judge.envelope.starvation` with the counts of the window (t − max_steps, t]
     kept as it slides (two pointers), not recounted at every sample: O(samples × experts). A
-    parsed log of at least :data:`VECTOR_FROM` samples is judged by :func:`_starvation_arrays`."""
+    parsed log of at least :data:`VECTOR_FROM` samples is judged by :func:`_starvation_arrays`
+    where numpy is loaded, or may be (``numpy_rows``: the most samples for which the caller's
+    memory budget allows importing it; :data:`ENVELOPE_NUMPY_ROWS`, :data:`CERTIFY_NUMPY_ROWS`)."""
     out: list[StarvedWindow] = []
     n = len(steps)
     if not n:
         return out
     view = compact(norms)
-    if view is not None and n >= VECTOR_FROM and 1 <= max_steps <= BLOCK and "numpy" in sys.modules:
+    if view is not None and n >= VECTOR_FROM and 1 <= max_steps <= BLOCK and arrays_for(n, numpy_rows):
         return _starvation_arrays(steps, view, share, max_steps, fraction)
     width = len(norms[0])
     start = steps[0]
@@ -385,13 +439,27 @@ def starvation_columns(
 
 
 # Samples from which a parsed log's level rule runs on numpy arrays, where numpy is loaded already
-# (a replay's torch loads it): a process without it (`moeaudit envelope`, a certify served from the
-# cache) keeps the loop rather than pay numpy's import, 14 MiB that would take a 10⁶-line log past
-# the envelope's 300 MB budget (docs/benchmarks.md §10). BLOCK: the rows formed at once, with the
-# window reaching back before them (steps strictly increase, so a window of max_steps steps holds at
-# most max_steps rows): a few MB whatever the log's length.
+# (a replay's torch loads it) or the command's memory budget lets it import numpy (below). BLOCK:
+# the rows formed at once, with the window reaching back before them (steps strictly increase, so a
+# window of max_steps steps holds at most max_steps rows): a few MB whatever the log's length.
 VECTOR_FROM = 4096
 BLOCK = 1 << 15
+
+# The most samples of a log for which a command imports numpy itself for the level rule, by the
+# peak each was measured at with it (docs/benchmarks.md §10, budget 300 MB above the process's
+# baseline for a 10⁶-line 8 × 8 log): `moeaudit envelope` stays inside it at 10⁶ lines, so it
+# imports numpy for any long log; certify's envelope part (the parsed log kept alive while the
+# report is serialised) went over by numpy's import at 10⁶ lines, so a certify that has not
+# loaded numpy (served from the cache) imports it only up to half that. Below VECTOR_FROM samples
+# no command imports it (a short log's cached certify stays numpy-free, tests/test_torch_free.py).
+ENVELOPE_NUMPY_ROWS = sys.maxsize
+CERTIFY_NUMPY_ROWS = 500_000
+
+
+def arrays_for(n: int, numpy_rows: int) -> bool:
+    """Does the level rule of ``n`` samples run on arrays: numpy loaded, or ``n`` within what the
+    caller may import it for (``numpy_rows``)?"""
+    return "numpy" in sys.modules or n <= numpy_rows
 
 
 def _starvation_arrays(

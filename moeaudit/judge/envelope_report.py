@@ -5,12 +5,13 @@ the policy's settings, the rules on its per-expert norms, its sampling and its f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Literal, TypedDict
 
 from moeaudit.errors import InputError
 from moeaudit.judge import envelope_columns as columns
 from moeaudit.judge.envelope_checks import SeriesCheck, budget, check_series_long, composed_bound, segments
-from moeaudit.judge.envelope_rules import alerts, unevaluable_rules
+from moeaudit.judge.envelope_rules import AlertStream, alerts, unevaluable_rules
 from moeaudit.judge.envelope_series import EnvelopeSeries, median_gap, resample
 from moeaudit.metrics import POOLED
 from moeaudit.policy import EnvelopeSettings, alert_rule_problem
@@ -34,16 +35,32 @@ class _Optional(TypedDict, total=False):
 
 
 def evaluate(
-    series: EnvelopeSeries, settings: EnvelopeSettings, *, breaks: Iterable[int] = (), policy_path: str | None = None
+    series: EnvelopeSeries,
+    settings: EnvelopeSettings,
+    *,
+    breaks: Iterable[int] = (),
+    policy_path: str | None = None,
+    numpy_rows: int = 0,
 ) -> EnvelopeReport:
     """Check every series of ``series`` under ``settings``; the plain-dict envelope report.
 
     ``breaks``: steps of resume / regime-change events; windows re-anchor at the first sample at
     or after each, and the discrete pair across it is not checked (listed under ``skipped``).
+    ``numpy_rows``: up to how many samples the caller's memory budget allows the level rule to
+    import numpy (:func:`moeaudit.judge.envelope_columns.starvation_columns`).
     """
     _check_fit(series, settings, policy_path)
     d, e, tau = settings.delta, settings.epsilon, settings.window
     breaks = sorted(breaks)
+    streams: dict[str, AlertStream] = {}
+    fed: columns.LazyValues | None = None
+    if isinstance(series.values, columns.LazyValues) and series.norms is not None:
+        # a parsed log: V of a sample is computed once, as the checks (or the block means) read
+        # it, and fed to the alert rule of its series on the way (docs/envelope.md, "Long series")
+        s = settings
+        streams = {k: AlertStream(series.steps, s.alert_a, s.alert_b, s.alert_n) for k in series.values}
+        fed = series.values.feeding({k: stream.add for k, stream in streams.items()})
+        series = replace(series, values=fed, notes=columns.LazyNotes(fed))
     native = series
     if settings.calibrated:  # the variance bound at the sampling it was fitted at
         series = resample(series, settings.sampling_interval)
@@ -114,7 +131,9 @@ def evaluate(
     }
     if native.precision:  # a canary probe over bf16/fp16 weights: not the replay's float32
         report["precision"] = native.precision
-    _rules(native, settings, report)  # the level rules on every logged sample
+    if fed is not None:
+        fed.finish()  # the samples no check read (a partial block left out by resample)
+    _rules(native, settings, report, streams, numpy_rows)  # the level rules on every logged sample
     if report["starvation"]:
         report["compliant"] = False
         first = min(report["starvation"], key=lambda r: (r["step"], r["layer"] == POOLED))
@@ -216,7 +235,13 @@ def first_violation(checks: Mapping[str, SeriesCheck | columns.LongCheck]) -> Vi
     return out
 
 
-def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: EnvelopeReport) -> None:
+def _rules(
+    series: EnvelopeSeries,
+    settings: EnvelopeSettings,
+    report: EnvelopeReport,
+    streams: Mapping[str, AlertStream],
+    numpy_rows: int,
+) -> None:
     if series.norms is None:
         for check in ("alert rule (000 Eq. 21)", "dead experts (000 §10.3)", "starvation (000 §8.1 level side)"):
             report["skipped"].append(
@@ -226,12 +251,17 @@ def _rules(series: EnvelopeSeries, settings: EnvelopeSettings, report: EnvelopeR
     s = settings
     by_series = {POOLED: columns.PooledRows(series.norms), **series.norms}  # with_pooled, a step at a time
     for key, vectors in by_series.items():
-        for a in alerts(series.steps, vectors, series.values[key], s.alert_a, s.alert_b, s.alert_n):
+        found = (
+            streams[key].out
+            if key in streams
+            else alerts(series.steps, vectors, series.values[key], s.alert_a, s.alert_b, s.alert_n)
+        )
+        for a in found:
             report["alerts"].append({"series": key, **a})
     for layer, norms in series.norms.items():
         for dead in columns.dead_experts_columns(series.steps, norms, s.dead_grad, s.dead_steps):
             report["dead_experts"].append({"layer": layer, **dead})
         for starved in columns.starvation_columns(
-            series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction
+            series.steps, norms, s.starve_share, s.starve_steps, s.starve_fraction, numpy_rows=numpy_rows
         ):
             report["starvation"].append({"layer": layer, **starved})

@@ -18,6 +18,42 @@ if TYPE_CHECKING:
 # --- alert rule (`000` Eq. 21) and dead experts (§10.3) ------------------------------------------
 
 
+class AlertStream:
+    """Eq. 21 on one series fed a sample at a time, in step order (:func:`alerts` is this over a
+    whole series): a long log's V is computed once per sample, for the checks and this rule alike
+    (:class:`moeaudit.judge.envelope_columns.VarianceColumn`, ``feed``)."""
+
+    __slots__ = ("steps", "a", "b", "n", "out", "_since", "_count")
+
+    def __init__(self, steps: Sequence[int], a: float, b: float, n: int):
+        self.steps, self.a, self.b, self.n = steps, a, b, n
+        self.out: list[AlertRun] = []
+        self._since, self._count = 0, 0  # the current run of samples meeting the condition
+
+    def add(self, j: int, g_E: Sequence[float | None], v: float | None) -> None:
+        """Sample ``j`` (the one after the last added): its norms and its V."""
+        known = [g for g in g_E if g is not None]
+        if v is not None and len(known) == len(g_E) and max(known) < self.a and v > self.b:
+            if not self._count:
+                self._since = j
+            self._count += 1
+            if self._count == self.n:
+                self.out.append(
+                    {
+                        "step": self.steps[j],
+                        "since": self.steps[self._since],
+                        "until": self.steps[j],
+                        "samples": self.n,
+                        "max_grad": max(known),
+                        "value": v,
+                    }
+                )
+            elif self._count > self.n:
+                self.out[-1]["until"], self.out[-1]["samples"] = self.steps[j], self._count
+        else:
+            self._count = 0
+
+
 def alerts(
     steps: Sequence[int],
     norms: Sequence[Sequence[float | None]],
@@ -31,28 +67,10 @@ def alerts(
     One alert per run of consecutive samples meeting the condition, firing at the n-th; a
     sample with a non-finite norm or value ends a run (it is already a finding).
     """
-    out: list[AlertRun] = []
-    run: list[int] = []
+    stream = AlertStream(steps, a, b, n)
     for j, (g_E, v) in enumerate(zip(norms, values, strict=True)):
-        known = [g for g in g_E if g is not None]
-        if v is not None and len(known) == len(g_E) and max(known) < a and v > b:
-            run.append(j)
-            if len(run) == n:
-                out.append(
-                    {
-                        "step": steps[j],
-                        "since": steps[run[0]],
-                        "until": steps[j],
-                        "samples": n,
-                        "max_grad": max(known),
-                        "value": v,
-                    }
-                )
-            elif len(run) > n:
-                out[-1]["until"], out[-1]["samples"] = steps[j], len(run)
-        else:
-            run = []
-    return out
+        stream.add(j, g_E, v)
+    return stream.out
 
 
 def dead_experts(
