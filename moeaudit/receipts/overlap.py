@@ -182,8 +182,9 @@ def overlap_pending(
     if E == K + 1:  # the one expert outside R_k is e(k+1): the difference is 0 by definition,
         spec_N = torch.zeros_like(spec_N)  # not the last bits of two separately batched products
     # the gate probability outside the candidates: none when they are every expert (K' = E), and
-    # never below 0 (1 − Σρ of every expert is a rounding error, not a mass)
-    left_out_N = torch.zeros_like(rho_NC[:, 0]) if cand_NC.shape[1] == E else (1.0 - rho_NC.sum(1)).clamp_min(0.0)
+    # never below 0 (1 − Σρ of every expert is a rounding error, not a mass); the same operators
+    # either way, so a layer's op count does not depend on E (tests/test_op_counts.py)
+    left_out_N = (1.0 - rho_NC.sum(1)).clamp_min(0.0) * float(cand_NC.shape[1] < E)
     boundary_N = m_N < settings.boundary_layer_eta
     n_boundary = boundary_N.sum()
     # C2 where the pair weight vanishes (docs/policy.md): such tokens are left out of the mean
