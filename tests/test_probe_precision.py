@@ -89,7 +89,8 @@ def test_the_probe_records_its_precision_and_compare_names_it(tmp_path: Path, dt
 
 
 def test_a_certificate_on_a_bf16_probe_says_so(tmp_path: Path) -> None:
-    """A policy whose envelope reads the probe: the signed predicate's envelope names its precision."""
+    """A policy whose envelope reads the probe: the signed predicate's envelope names its precision,
+    and the certificate page's envelope section says it."""
     import base64
 
     run = tmp_path / "run"
@@ -105,3 +106,5 @@ def test_a_certificate_on_a_bf16_probe_says_so(tmp_path: Path) -> None:
         base64.b64decode(json.loads((tmp_path / "cert" / "certificate.json").read_text())["payload"])
     )["predicate"]["envelope"]
     assert envelope["source"] == "probe" and envelope["precision"] == "bfloat16"
+    page = (tmp_path / "cert" / "certificate.html").read_text(encoding="utf-8")
+    assert "from probe, computed in bfloat16 (a replay computes in float32)</dd>" in page

@@ -435,7 +435,9 @@ def envelope_view(report: EnvelopeReport | None, checks: Sequence[Check]) -> dic
         ),
         "check_status": check.get("status") or "—",
         "panels": [_envelope_panel(k, series[k], report, i == 0, gated) for i, k in enumerate(keys)],
-        "source": report.get("source") or "—",
+        # a probe over bf16/fp16 weights computed the series in that precision, a replay in float32
+        "source": (report.get("source") or "—")
+        + (f", computed in {p} (a replay computes in float32)" if (p := report.get("precision")) else ""),
         "variant": report.get("variant") or "—",
         "constants": {k: const.get(k) for k in ("delta", "epsilon", "window", "budget")},
         "calibration": ("calibrated" if report.get("calibrated") else "not calibrated")
