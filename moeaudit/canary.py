@@ -789,10 +789,6 @@ def _stored_digest(path: Path) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    from moeaudit.limits import open_regular
+    from moeaudit.limits import file_sha256
 
-    h = hashlib.sha256()
-    with open_regular(path, "tokenizer file") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(path, "tokenizer file")

@@ -140,6 +140,16 @@ class Hashed:
         return {"path": name, "sha256": self.sha256, "bytes": self.size}
 
 
+def file_sha256(path: str | Path, what: str) -> str:
+    """The SHA-256 (hex) of a regular file's bytes, streamed in 1 MiB blocks (:func:`open_regular`
+    names ``what`` in its errors)."""
+    digest = hashlib.sha256()
+    with open_regular(path, what) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_hashed(data: bytes, name: str) -> dict[str, Any]:
     """The ``predicate.inputs`` entry of bytes already read whole (``read_regular``)."""
     h = Hashed()

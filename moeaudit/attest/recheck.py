@@ -36,7 +36,6 @@ and ``--run-dir`` says where it is (docs/security.md, "What the signature binds"
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -414,13 +413,9 @@ def _check(item: _Bound) -> Finding | None:
 
 
 def _file_sha256(path: Path) -> str:
-    from moeaudit.limits import open_regular
+    from moeaudit.limits import file_sha256
 
-    digest = hashlib.sha256()
-    with open_regular(path, "certified input") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path, "certified input")
 
 
 def _root_digest(path: Path) -> str:

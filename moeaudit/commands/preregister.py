@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moeaudit.commands.common import QUIET, Hooks, check_output, signing_key
+from moeaudit.limits import file_sha256
 
 if TYPE_CHECKING:
     from moeaudit.records import PreregistrationStatement
@@ -43,23 +44,11 @@ def preregister(
         calibrated=policy.envelope.calibrated or policy.gates.calibrated,
         canary_name=canary_path.name,
         canary_digest=probe.digest,
-        canary_sha256=_file_sha256(canary_path),  # the subject names the file: its bytes' digest
+        canary_sha256=file_sha256(canary_path, "canary"),  # the subject names the file: its bytes' digest
         tool_version=__version__,
     )
     atomic_write(out, sign(stmt, signer), force=force)
     return stmt
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    from moeaudit.limits import open_regular
-
-    digest = hashlib.sha256()
-    with open_regular(path, "canary") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_for_certify(run_dir: Path, given: Path | None, pubkeys: tuple[Path, ...], signing_key: Any) -> Any:
